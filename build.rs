@@ -1,0 +1,21 @@
+//! Compiles proto/ with protox (pure Rust, no system protoc) and tonic-prost-build.
+//! The encoded descriptor set is kept for gRPC reflection and the proto3 JSON mapping.
+
+use std::path::PathBuf;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let out = PathBuf::from(std::env::var("OUT_DIR")?);
+    let fds = protox::compile(["vak/v1/agent.proto"], ["proto"])?;
+    std::fs::write(
+        out.join("vak_descriptor.bin"),
+        prost::Message::encode_to_vec(&fds),
+    )?;
+    let mut config = prost_build::Config::new();
+    config.enable_type_names();
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds_with_config(fds, config)?;
+    println!("cargo:rerun-if-changed=proto");
+    Ok(())
+}

@@ -1,0 +1,255 @@
+//! Event types: what the agent loop emits internally, what clients see, and the projection between them.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::sync::{Arc, OnceLock};
+
+/// How a run (a turn chain) ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunOutcome {
+    Completed,
+    Cancelled,
+    Failed,
+}
+
+impl RunOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunOutcome::Completed => "completed",
+            RunOutcome::Cancelled => "cancelled",
+            RunOutcome::Failed => "failed",
+        }
+    }
+}
+
+/// How an approval request was settled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalOutcome {
+    Approved,
+    Denied,
+    Expired,
+}
+
+impl ApprovalOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApprovalOutcome::Approved => "approved",
+            ApprovalOutcome::Denied => "denied",
+            ApprovalOutcome::Expired => "expired",
+        }
+    }
+}
+
+/// A client-visible event: what the bus numbers, the ledger persists and every
+/// surface streams. Stream-level frames (stream_opened, resync, session_closed)
+/// are not events: they belong to one subscription and carry no seq.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ClientEvent {
+    UserMessage {
+        text: String,
+        request_id: String,
+    },
+    TurnStarted {
+        request_id: String,
+    },
+    TextDelta {
+        text: String,
+    },
+    ThinkingDelta {
+        text: String,
+    },
+    ToolCall {
+        call_id: String,
+        tool: String,
+        input: Value,
+    },
+    ToolResult {
+        call_id: String,
+        ok: bool,
+        output: String,
+    },
+    ApprovalRequested {
+        request_id: String,
+        tool: String,
+        reason: String,
+        input: Value,
+        call_id: String,
+    },
+    ApprovalResolved {
+        request_id: String,
+        outcome: ApprovalOutcome,
+        reason: String,
+    },
+    Status {
+        busy: bool,
+    },
+    RunFinished {
+        outcome: RunOutcome,
+        message: String,
+    },
+}
+
+impl ClientEvent {
+    /// The snake_case kind: the SSE `event:` name and the gRPC oneof case.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ClientEvent::UserMessage { .. } => "user_message",
+            ClientEvent::TurnStarted { .. } => "turn_started",
+            ClientEvent::TextDelta { .. } => "text_delta",
+            ClientEvent::ThinkingDelta { .. } => "thinking_delta",
+            ClientEvent::ToolCall { .. } => "tool_call",
+            ClientEvent::ToolResult { .. } => "tool_result",
+            ClientEvent::ApprovalRequested { .. } => "approval_requested",
+            ClientEvent::ApprovalResolved { .. } => "approval_resolved",
+            ClientEvent::Status { .. } => "status",
+            ClientEvent::RunFinished { .. } => "run_finished",
+        }
+    }
+
+    /// Appends `next` to `self` when both are deltas of the same kind: the
+    /// lossless merge a full subscriber queue relies on. Returns false (and
+    /// leaves both untouched) otherwise.
+    pub fn try_merge(&mut self, next: &ClientEvent) -> bool {
+        match (self, next) {
+            (ClientEvent::TextDelta { text: a }, ClientEvent::TextDelta { text: b })
+            | (ClientEvent::ThinkingDelta { text: a }, ClientEvent::ThinkingDelta { text: b }) => {
+                a.push_str(b);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The payload size that merging grows: used to bound a merged frame.
+    pub fn delta_len(&self) -> Option<usize> {
+        match self {
+            ClientEvent::TextDelta { text } | ClientEvent::ThinkingDelta { text } => Some(text.len()),
+            _ => None,
+        }
+    }
+}
+
+/// What the agent loop emits. Most of it is client-visible; the rest is
+/// internal bookkeeping that `project` keeps off every client stream.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AgentEvent {
+    Client(ClientEvent),
+    /// The provider failed and the runtime is trying again.
+    Retry {
+        attempt: u32,
+        error: String,
+    },
+    /// A different model route was chosen (reserved for real providers).
+    RouteFallback {
+        from: String,
+        to: String,
+    },
+    /// The history was compacted (reserved for real providers).
+    Compaction {
+        dropped: usize,
+    },
+    /// A stop-gate note (reserved for real providers).
+    StopGate {
+        note: String,
+    },
+    /// A provider error as the provider reported it.
+    RawError(String),
+    /// Tokens consumed by one provider turn: persisted, never streamed.
+    Usage {
+        input_tokens: u64,
+        output_tokens: u64,
+    },
+}
+
+/// Maps an agent event to what clients may see; internal traffic maps to None.
+pub fn project(event: AgentEvent) -> Option<ClientEvent> {
+    match event {
+        AgentEvent::Client(e) => Some(e),
+        AgentEvent::Retry { .. }
+        | AgentEvent::RouteFallback { .. }
+        | AgentEvent::Compaction { .. }
+        | AgentEvent::StopGate { .. }
+        | AgentEvent::RawError(_)
+        | AgentEvent::Usage { .. } => None,
+    }
+}
+
+/// A numbered event as the bus holds it. Frames are shared (`Arc`) between the
+/// ring and every subscriber queue; `encoded` lets an edge serialize a frame
+/// once for all of its subscribers.
+#[derive(Debug)]
+pub struct Frame {
+    pub seq: u64,
+    pub session_id: Arc<str>,
+    pub event: ClientEvent,
+    encoded: [OnceLock<bytes::Bytes>; 2],
+}
+
+/// The wire encodings an edge may cache on a frame.
+#[derive(Clone, Copy, Debug)]
+pub enum Encoding {
+    Protobuf = 0,
+    SseJson = 1,
+}
+
+impl Frame {
+    pub fn new(seq: u64, session_id: Arc<str>, event: ClientEvent) -> Self {
+        Frame {
+            seq,
+            session_id,
+            event,
+            encoded: Default::default(),
+        }
+    }
+
+    /// Returns this frame's bytes in `encoding`, computing them at most once.
+    pub fn encoded(&self, encoding: Encoding, make: impl FnOnce(&Frame) -> bytes::Bytes) -> bytes::Bytes {
+        self.encoded[encoding as usize].get_or_init(|| make(self)).clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn internal_events_never_project() {
+        for e in [
+            AgentEvent::Retry {
+                attempt: 1,
+                error: "x".into(),
+            },
+            AgentEvent::RouteFallback {
+                from: "a".into(),
+                to: "b".into(),
+            },
+            AgentEvent::Compaction { dropped: 3 },
+            AgentEvent::StopGate { note: "n".into() },
+            AgentEvent::RawError("boom".into()),
+            AgentEvent::Usage {
+                input_tokens: 1,
+                output_tokens: 2,
+            },
+        ] {
+            assert_eq!(project(e), None);
+        }
+        let ev = ClientEvent::Status { busy: true };
+        assert_eq!(project(AgentEvent::Client(ev.clone())), Some(ev));
+    }
+
+    #[test]
+    fn only_same_kind_deltas_merge() {
+        let mut a = ClientEvent::TextDelta { text: "a".into() };
+        assert!(a.try_merge(&ClientEvent::TextDelta { text: "b".into() }));
+        assert_eq!(a, ClientEvent::TextDelta { text: "ab".into() });
+        assert!(!a.try_merge(&ClientEvent::ThinkingDelta { text: "c".into() }));
+        assert!(!a.try_merge(&ClientEvent::Status { busy: false }));
+        let mut t = ClientEvent::ThinkingDelta { text: "x".into() };
+        assert!(t.try_merge(&ClientEvent::ThinkingDelta { text: "y".into() }));
+        assert_eq!(a.delta_len(), Some(2));
+        assert_eq!(ClientEvent::Status { busy: true }.delta_len(), None);
+    }
+}

@@ -1,0 +1,311 @@
+//! The embedded offline model: deterministic, streaming, and able to drive every tool through prompt directives.
+//!
+//! Each non-blank prompt line runs in order. Lines starting with a directive
+//! (`/think`, `/read`, `/write`, `/bash`, `/sleep`, `/burst`, `/fail`) act;
+//! any other line L is answered `echo: L`, one text_delta per word. A tool
+//! directive ends the turn with that tool call; the next turn resumes after
+//! it (the number of tool results since the prompt says where), so the
+//! model keeps no state of its own.
+
+use super::{Provider, ProviderError, ProviderEvent, ToolRequest, TurnFuture, TurnOutput};
+use crate::core::transcript::{Message, Role};
+use serde_json::json;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// The largest `/burst` the model accepts.
+pub const MAX_BURST: u64 = 10_000_000;
+
+#[derive(Default)]
+pub struct OfflineModel;
+
+#[derive(Clone, Debug, PartialEq)]
+enum Directive<'a> {
+    Echo(&'a str),
+    Think(&'a str),
+    Tool(ToolRequest),
+    Sleep(u64),
+    Burst(u64),
+    Fail(&'a str),
+    /// A directive with a malformed argument: answered with this explanation.
+    Invalid(String),
+}
+
+fn parse(line: &str) -> Directive<'_> {
+    let word = |name: &str| -> Option<&str> {
+        let rest = line.strip_prefix(name)?;
+        if rest.is_empty() {
+            Some("")
+        } else if rest.starts_with(char::is_whitespace) {
+            Some(rest.trim_start())
+        } else {
+            None
+        }
+    };
+    let number = |name: &str, arg: &str, max: u64| -> Result<u64, String> {
+        match arg.trim().parse::<u64>() {
+            Ok(n) if n <= max => Ok(n),
+            _ => Err(format!(
+                "{name} expects a whole number up to {max}, got {:?}",
+                arg.trim()
+            )),
+        }
+    };
+    if let Some(t) = word("/think") {
+        return Directive::Think(t);
+    }
+    if let Some(p) = word("/read") {
+        return Directive::Tool(ToolRequest {
+            tool: "read_file".into(),
+            input: json!({ "path": p.trim() }),
+        });
+    }
+    if let Some(rest) = word("/write") {
+        let (path, content) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
+        return Directive::Tool(ToolRequest {
+            tool: "write_file".into(),
+            input: json!({ "path": path, "content": content }),
+        });
+    }
+    if let Some(cmd) = word("/bash") {
+        return Directive::Tool(ToolRequest {
+            tool: "bash".into(),
+            input: json!({ "command": cmd }),
+        });
+    }
+    if let Some(ms) = word("/sleep") {
+        return number("/sleep", ms, 3_600_000).map_or_else(Directive::Invalid, Directive::Sleep);
+    }
+    if let Some(n) = word("/burst") {
+        return number("/burst", n, MAX_BURST).map_or_else(Directive::Invalid, Directive::Burst);
+    }
+    if let Some(msg) = word("/fail") {
+        return Directive::Fail(msg);
+    }
+    Directive::Echo(line)
+}
+
+/// Splits `text` into words that keep their trailing space, so they concatenate back to `text`.
+fn words(text: &str) -> impl Iterator<Item = &str> {
+    text.split_inclusive(' ')
+}
+
+impl OfflineModel {
+    async fn answer(
+        &self,
+        history: &[Message],
+        sink: &(dyn Fn(ProviderEvent) + Send + Sync),
+        cancel: &CancellationToken,
+    ) -> Result<TurnOutput, ProviderError> {
+        let (prompt, prompt_words, done_tools) = match history.iter().rposition(|m| m.role == Role::User) {
+            Some(i) => (
+                history[i].text.as_str(),
+                history[i].text.split_whitespace().count() as u64,
+                history[i + 1..].iter().filter(|m| m.role == Role::Tool).count(),
+            ),
+            None => ("", 0, 0),
+        };
+        let mut out = TurnOutput {
+            input_tokens: prompt_words,
+            ..TurnOutput::default()
+        };
+        let mut skip_tools = done_tools;
+        let mut wrote_text = false;
+        for line in prompt.lines().map(str::trim_end).filter(|l| !l.trim().is_empty()) {
+            let directive = parse(line);
+            if skip_tools > 0 {
+                if matches!(directive, Directive::Tool(_)) {
+                    skip_tools -= 1;
+                }
+                continue;
+            }
+            if cancel.is_cancelled() {
+                return Err(ProviderError::Cancelled);
+            }
+            let mut say = |text: String| {
+                let mut first = true;
+                for w in words(&text) {
+                    let w = if first && wrote_text {
+                        format!("\n{w}")
+                    } else {
+                        w.to_string()
+                    };
+                    first = false;
+                    sink(ProviderEvent::Text(w));
+                    out.output_tokens += 1;
+                }
+                wrote_text = true;
+            };
+            match directive {
+                Directive::Echo(l) => say(format!("echo: {l}")),
+                Directive::Invalid(why) => say(format!("error: {why}")),
+                Directive::Think(t) => {
+                    for w in words(t) {
+                        sink(ProviderEvent::Thinking(w.to_string()));
+                        out.output_tokens += 1;
+                    }
+                }
+                Directive::Tool(req) => {
+                    out.tool_calls.push(req);
+                    out.output_tokens += 1;
+                    return Ok(out);
+                }
+                Directive::Sleep(ms) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(ms)) => {}
+                        _ = cancel.cancelled() => return Err(ProviderError::Cancelled),
+                    }
+                }
+                Directive::Burst(n) => {
+                    for i in 0..n {
+                        if i % 1024 == 1023 {
+                            if cancel.is_cancelled() {
+                                return Err(ProviderError::Cancelled);
+                            }
+                            tokio::task::yield_now().await;
+                        }
+                        sink(ProviderEvent::Text(format!("t{i} ")));
+                    }
+                    out.output_tokens += n;
+                    wrote_text = true;
+                }
+                Directive::Fail(msg) => return Err(ProviderError::Failed(msg.to_string())),
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Provider for OfflineModel {
+    fn name(&self) -> &str {
+        "offline"
+    }
+
+    fn turn<'a>(
+        &'a self,
+        history: &'a [Message],
+        sink: &'a (dyn Fn(ProviderEvent) + Send + Sync),
+        cancel: &'a CancellationToken,
+    ) -> TurnFuture<'a> {
+        Box::pin(self.answer(history, sink, cancel))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::event::ClientEvent;
+    use crate::core::transcript::Transcript;
+    use std::sync::Mutex;
+
+    fn user(t: &mut Transcript, text: &str) {
+        t.apply(
+            1,
+            &ClientEvent::UserMessage {
+                text: text.into(),
+                request_id: "r".into(),
+            },
+        );
+    }
+
+    async fn turn(t: &Transcript) -> (Result<TurnOutput, ProviderError>, Vec<ProviderEvent>) {
+        let got = Mutex::new(Vec::new());
+        let sink = |e: ProviderEvent| got.lock().unwrap().push(e);
+        let r = OfflineModel
+            .turn(&t.messages, &sink, &CancellationToken::new())
+            .await;
+        (r, got.into_inner().unwrap())
+    }
+
+    fn text(evs: &[ProviderEvent]) -> String {
+        evs.iter()
+            .filter_map(|e| match e {
+                ProviderEvent::Text(t) => Some(t.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_plain_line_is_echoed_one_delta_per_word() {
+        let mut t = Transcript::default();
+        user(&mut t, "hello big world");
+        let (r, evs) = turn(&t).await;
+        assert!(r.unwrap().tool_calls.is_empty());
+        assert_eq!(
+            evs,
+            ["echo: ", "hello ", "big ", "world"].map(|w| ProviderEvent::Text(w.into()))
+        );
+    }
+
+    #[tokio::test]
+    async fn directives_run_in_order_and_resume_after_each_tool() {
+        let mut t = Transcript::default();
+        user(
+            &mut t,
+            "/think why not\nfirst\n/read a.txt\nsecond\n/bash ls -la\n/burst 3",
+        );
+        let (r, evs) = turn(&t).await;
+        let out = r.unwrap();
+        assert_eq!(evs[0], ProviderEvent::Thinking("why ".into()));
+        assert_eq!(text(&evs), "echo: first");
+        assert_eq!(out.tool_calls[0].tool, "read_file");
+        assert_eq!(out.tool_calls[0].input, json!({"path": "a.txt"}));
+        t.apply(
+            2,
+            &ClientEvent::ToolCall {
+                call_id: "c".into(),
+                tool: "read_file".into(),
+                input: json!({}),
+            },
+        );
+        let (r, evs) = turn(&t).await;
+        assert_eq!(text(&evs), "echo: second");
+        assert_eq!(r.unwrap().tool_calls[0].input, json!({"command": "ls -la"}));
+        t.apply(
+            3,
+            &ClientEvent::ToolCall {
+                call_id: "d".into(),
+                tool: "bash".into(),
+                input: json!({}),
+            },
+        );
+        let (r, evs) = turn(&t).await;
+        assert!(r.unwrap().tool_calls.is_empty());
+        assert_eq!(text(&evs), "t0 t1 t2 ");
+    }
+
+    #[tokio::test]
+    async fn fail_and_bad_arguments() {
+        let mut t = Transcript::default();
+        user(&mut t, "/fail boom");
+        assert_eq!(turn(&t).await.0, Err(ProviderError::Failed("boom".into())));
+        user(&mut t, "/sleep soon\n/writer x");
+        let (_, evs) = turn(&t).await;
+        assert_eq!(
+            text(&evs),
+            "error: /sleep expects a whole number up to 3600000, got \"soon\"\necho: /writer x"
+        );
+        user(&mut t, "/write notes/a.md two words");
+        let out = turn(&t).await.0.unwrap();
+        assert_eq!(
+            out.tool_calls[0].input,
+            json!({"path": "notes/a.md", "content": "two words"})
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sleep_is_cancellable() {
+        let mut t = Transcript::default();
+        user(&mut t, "/sleep 100000");
+        let cancel = CancellationToken::new();
+        let c2 = cancel.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            c2.cancel();
+        });
+        let sink = |_e: ProviderEvent| {};
+        let r = OfflineModel.turn(&t.messages, &sink, &cancel).await;
+        assert_eq!(r, Err(ProviderError::Cancelled));
+    }
+}

@@ -1,0 +1,437 @@
+//! One live session: admission of runs and steering into a single turn chain, cancel, approvals, and the publish path into the bus, the ledger and the transcript.
+
+use super::agent;
+use super::approvals::{Answer, Approvals};
+use super::bus::{Bus, Subscription};
+use super::event::{project, AgentEvent, ApprovalOutcome, ClientEvent, Frame, RunOutcome};
+use super::ledger::{Ledger, Record};
+use super::provider::Provider;
+use super::transcript::Transcript;
+use super::CoreConfig;
+use crate::error::{Error, ErrorKind, Result};
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// How many admitted request ids a session remembers for idempotency.
+const REMEMBERED_REQUESTS: usize = 4096;
+
+/// Shared by every session of a server.
+pub struct Runtime {
+    pub cfg: CoreConfig,
+    pub provider: Arc<dyn Provider>,
+}
+
+/// What admission did with an input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AdmissionState {
+    Started,
+    Queued,
+    Duplicate,
+}
+
+impl AdmissionState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AdmissionState::Started => "started",
+            AdmissionState::Queued => "queued",
+            AdmissionState::Duplicate => "duplicate",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Admission {
+    pub request_id: String,
+    pub state: AdmissionState,
+}
+
+/// One leg's input: a prompt or steering text.
+#[derive(Clone, Debug)]
+pub struct Input {
+    pub request_id: String,
+    pub text: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CancelResult {
+    pub cancelled: bool,
+    pub discarded: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionInfo {
+    pub session_id: String,
+    pub created_at: String,
+    pub title: String,
+    pub latest_seq: u64,
+    pub loaded: bool,
+    pub busy: bool,
+}
+
+pub struct Session {
+    id: Arc<str>,
+    created_at: String,
+    rt: Arc<Runtime>,
+    bus: Bus,
+    ledger: Arc<Ledger>,
+    transcript: Mutex<Transcript>,
+    approvals: Approvals,
+    run: Mutex<RunState>,
+    busy: watch::Sender<bool>,
+}
+
+#[derive(Default)]
+struct RunState {
+    running: bool,
+    closing: bool,
+    queue: VecDeque<Input>,
+    leg_cancel: Option<CancellationToken>,
+    admitted: HashSet<String>,
+    admitted_order: VecDeque<String>,
+}
+
+impl RunState {
+    fn remember(&mut self, id: &str) {
+        if self.admitted.insert(id.to_string()) {
+            self.admitted_order.push_back(id.to_string());
+            if self.admitted_order.len() > REMEMBERED_REQUESTS {
+                if let Some(old) = self.admitted_order.pop_front() {
+                    self.admitted.remove(&old);
+                }
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Session {
+    /// A brand-new session with an empty ledger.
+    pub fn create(rt: Arc<Runtime>, id: &str, created_at: String, ledger: Ledger) -> Arc<Session> {
+        Self::build(rt, id, created_at, Arc::new(ledger), 0, Vec::new())
+    }
+
+    /// Rebuilds a session from its ledger records: transcript, seq, the
+    /// replay ring and remembered request ids. A run the server died in the
+    /// middle of is settled now (failed), so clients never wait forever.
+    pub fn restore(rt: Arc<Runtime>, ledger: Ledger, records: Vec<Record>) -> Result<Arc<Session>> {
+        let mut header = None;
+        let mut latest = 0;
+        let mut ring: VecDeque<Arc<Frame>> = VecDeque::new();
+        let mut transcript = Transcript::default();
+        let mut busy = false;
+        let mut open_approvals: Vec<String> = Vec::new();
+        let mut settled = Vec::new();
+        let mut request_ids = Vec::new();
+        for record in records {
+            match record {
+                Record::Header {
+                    session_id,
+                    created_at,
+                } => header = Some((session_id, created_at)),
+                Record::Usage {
+                    input_tokens,
+                    output_tokens,
+                } => transcript.add_usage(input_tokens, output_tokens),
+                Record::Event { seq, event } => {
+                    if seq <= latest {
+                        tracing::warn!(seq, latest, "ignoring an out-of-order ledger event");
+                        continue;
+                    }
+                    latest = seq;
+                    transcript.apply(seq, &event);
+                    match &event {
+                        ClientEvent::Status { busy: b } => busy = *b,
+                        ClientEvent::UserMessage { request_id, .. } => request_ids.push(request_id.clone()),
+                        ClientEvent::ApprovalRequested { request_id, .. } => {
+                            open_approvals.push(request_id.clone())
+                        }
+                        ClientEvent::ApprovalResolved {
+                            request_id, outcome, ..
+                        } => {
+                            open_approvals.retain(|r| r != request_id);
+                            settled.push((request_id.clone(), *outcome));
+                        }
+                        _ => {}
+                    }
+                    if ring.len() == rt.cfg.bus.ring.max(1) {
+                        ring.pop_front();
+                    }
+                    ring.push_back(Arc::new(Frame::new(seq, Arc::from(""), event)));
+                }
+            }
+        }
+        let (id, created_at) = header.ok_or_else(|| Error::internal("ledger has no header"))?;
+        let sid: Arc<str> = Arc::from(id.as_str());
+        let ring = ring
+            .into_iter()
+            .map(|f| Arc::new(Frame::new(f.seq, sid.clone(), f.event.clone())))
+            .collect();
+        let ledger = Arc::new(ledger);
+        let session = Self::build(rt, &id, created_at, ledger, latest, ring);
+        *lock(&session.transcript) = transcript;
+        for (rid, outcome) in settled {
+            session.approvals.remember(&rid, outcome);
+        }
+        {
+            let mut run = lock(&session.run);
+            for rid in request_ids {
+                run.remember(&rid);
+            }
+        }
+        if busy {
+            for rid in open_approvals {
+                session.approvals.remember(&rid, ApprovalOutcome::Expired);
+                session.publish(ClientEvent::ApprovalResolved {
+                    request_id: rid,
+                    outcome: ApprovalOutcome::Expired,
+                    reason: "the server stopped during this run".into(),
+                });
+            }
+            session.publish(ClientEvent::Status { busy: false });
+            session.publish(ClientEvent::RunFinished {
+                outcome: RunOutcome::Failed,
+                message: "interrupted: the server stopped during this run".into(),
+            });
+        }
+        Ok(session)
+    }
+
+    fn build(
+        rt: Arc<Runtime>,
+        id: &str,
+        created_at: String,
+        ledger: Arc<Ledger>,
+        latest: u64,
+        ring: Vec<Arc<Frame>>,
+    ) -> Arc<Session> {
+        let sid: Arc<str> = Arc::from(id);
+        let bus = Bus::new(
+            sid.clone(),
+            rt.cfg.bus.clone(),
+            Some(ledger.clone()),
+            latest,
+            ring,
+        );
+        Arc::new(Session {
+            id: sid,
+            created_at,
+            rt,
+            bus,
+            ledger,
+            transcript: Mutex::new(Transcript::default()),
+            approvals: Approvals::default(),
+            run: Mutex::new(RunState::default()),
+            busy: watch::channel(false).0,
+        })
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn runtime(&self) -> &Runtime {
+        &self.rt
+    }
+
+    pub fn info(&self) -> SessionInfo {
+        let title = lock(&self.transcript)
+            .messages
+            .iter()
+            .find(|m| m.role == super::transcript::Role::User)
+            .map(|m| {
+                m.text
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .chars()
+                    .take(80)
+                    .collect()
+            })
+            .unwrap_or_default();
+        SessionInfo {
+            session_id: self.id.to_string(),
+            created_at: self.created_at.clone(),
+            title,
+            latest_seq: self.bus.latest_seq(),
+            loaded: true,
+            busy: lock(&self.run).running,
+        }
+    }
+
+    /// Routes an agent event: usage to the ledger and transcript, client
+    /// events through the bus (numbered, persisted, fanned out) and into the
+    /// transcript, internal traffic nowhere.
+    pub fn emit(&self, event: AgentEvent) {
+        if let AgentEvent::Usage {
+            input_tokens,
+            output_tokens,
+        } = event
+        {
+            let mut t = lock(&self.transcript);
+            t.add_usage(input_tokens, output_tokens);
+            if let Err(e) = self.ledger.append(&Record::Usage {
+                input_tokens,
+                output_tokens,
+            }) {
+                tracing::error!(session = %self.id, "ledger write failed: {e}");
+            }
+            return;
+        }
+        let Some(client) = project(event) else {
+            return;
+        };
+        // The transcript lock orders the fold exactly as the bus numbers.
+        let mut t = lock(&self.transcript);
+        let seq = self.bus.publish(client.clone());
+        t.apply(seq, &client);
+    }
+
+    pub fn publish(&self, event: ClientEvent) {
+        self.emit(AgentEvent::Client(event));
+    }
+
+    pub fn subscribe(&self, after: Option<u64>) -> Subscription {
+        self.bus.subscribe(after)
+    }
+
+    pub fn latest_seq(&self) -> u64 {
+        self.bus.latest_seq()
+    }
+
+    pub fn transcript(&self) -> Transcript {
+        lock(&self.transcript).clone()
+    }
+
+    pub fn approvals(&self) -> &Approvals {
+        &self.approvals
+    }
+
+    /// Admits a prompt or steering text. Never rejects a busy session: the
+    /// input starts a chain when idle and is queued as its next leg otherwise.
+    pub fn admit(self: &Arc<Self>, text: String, request_id: Option<String>) -> Result<Admission> {
+        if text.trim().is_empty() {
+            return Err(Error::invalid("the prompt is empty"));
+        }
+        let request_id = match request_id.filter(|r| !r.is_empty()) {
+            Some(r) => {
+                if r.len() > 128 || r.chars().any(|c| c.is_control()) {
+                    return Err(Error::invalid(
+                        "request_id must be at most 128 printable characters",
+                    ));
+                }
+                r
+            }
+            None => format!("req_{}", uuid::Uuid::new_v4().simple()),
+        };
+        let mut run = lock(&self.run);
+        if run.admitted.contains(&request_id) {
+            return Ok(Admission {
+                request_id,
+                state: AdmissionState::Duplicate,
+            });
+        }
+        if run.closing {
+            return Err(Error::new(ErrorKind::Unavailable, "the server is shutting down"));
+        }
+        run.remember(&request_id);
+        let input = Input {
+            request_id: request_id.clone(),
+            text,
+        };
+        if run.running {
+            run.queue.push_back(input);
+            return Ok(Admission {
+                request_id,
+                state: AdmissionState::Queued,
+            });
+        }
+        run.running = true;
+        run.leg_cancel = Some(CancellationToken::new());
+        self.busy.send_replace(true);
+        drop(run);
+        tokio::spawn(self.clone().chain(input));
+        Ok(Admission {
+            request_id,
+            state: AdmissionState::Started,
+        })
+    }
+
+    /// Runs legs until the steering queue is empty, then settles: exactly one
+    /// run_finished per chain, published after the session is idle again so a
+    /// client reacting to it is admitted as `started`.
+    async fn chain(self: Arc<Self>, first: Input) {
+        let leg_token = |run: &RunState| run.leg_cancel.clone().unwrap_or_default();
+        if self.bus.subscriber_count() == 0 {
+            let cancel = leg_token(&lock(&self.run));
+            tokio::select! {
+                _ = self.bus.wait_for_subscriber(self.rt.cfg.first_subscriber_wait) => {}
+                _ = cancel.cancelled() => {}
+            }
+        }
+        self.publish(ClientEvent::Status { busy: true });
+        let mut input = first;
+        loop {
+            let cancel = leg_token(&lock(&self.run));
+            let (outcome, message) = agent::run_leg(&self, &input, &cancel).await;
+            self.approvals.expire_all("the run ended", |e| self.publish(e));
+            let mut run = lock(&self.run);
+            match run.queue.pop_front() {
+                Some(next) if !run.closing => {
+                    input = next;
+                    run.leg_cancel = Some(CancellationToken::new());
+                }
+                _ => {
+                    run.queue.clear();
+                    run.running = false;
+                    run.leg_cancel = None;
+                    self.publish(ClientEvent::Status { busy: false });
+                    self.publish(ClientEvent::RunFinished { outcome, message });
+                    self.busy.send_replace(false);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Stops the live leg and discards queued continuation input.
+    pub fn cancel(&self) -> CancelResult {
+        let mut run = lock(&self.run);
+        let discarded = run.queue.len() as u32;
+        run.queue.clear();
+        let cancelled = run.running;
+        if let Some(c) = &run.leg_cancel {
+            c.cancel();
+        }
+        CancelResult { cancelled, discarded }
+    }
+
+    /// Answers a pending approval.
+    pub fn answer(&self, request_id: &str, answer: Answer) -> Result<ApprovalOutcome> {
+        self.approvals.answer(request_id, answer, |e| self.publish(e))
+    }
+
+    /// Refuses new input, cancels what runs, waits (bounded) for the chain
+    /// to settle, then ends every subscription and syncs the ledger.
+    pub async fn shutdown(&self, grace: Duration) {
+        {
+            let mut run = lock(&self.run);
+            run.closing = true;
+            run.queue.clear();
+            if let Some(c) = &run.leg_cancel {
+                c.cancel();
+            }
+        }
+        let mut busy = self.busy.subscribe();
+        let _ = tokio::time::timeout(grace, busy.wait_for(|b| !*b)).await;
+        self.bus.close("server shutting down");
+        if let Err(e) = self.ledger.sync() {
+            tracing::error!(session = %self.id, "ledger sync failed: {e}");
+        }
+    }
+}

@@ -1,0 +1,204 @@
+//! The transcript: a fold of client events into messages and usage, shared by the live session, a reload from the ledger, and Markdown export.
+
+use super::event::ClientEvent;
+use serde_json::Value;
+use std::fmt::Write;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    User,
+    Assistant,
+    Tool,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+        }
+    }
+}
+
+/// One transcript entry; see proto `Message` for which fields each role uses.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Message {
+    pub role: Role,
+    pub text: String,
+    pub thinking: String,
+    pub call_id: String,
+    pub tool: String,
+    pub input: Value,
+    pub ok: bool,
+    pub seq: u64,
+}
+
+impl Message {
+    fn new(role: Role, seq: u64) -> Self {
+        Message {
+            role,
+            text: String::new(),
+            thinking: String::new(),
+            call_id: String::new(),
+            tool: String::new(),
+            input: Value::Null,
+            ok: false,
+            seq,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Transcript {
+    pub messages: Vec<Message>,
+    pub usage: Usage,
+}
+
+impl Transcript {
+    /// Folds one published event in; events that do not shape the
+    /// conversation (status, approvals, run bookkeeping) leave it unchanged.
+    pub fn apply(&mut self, seq: u64, event: &ClientEvent) {
+        match event {
+            ClientEvent::UserMessage { text, .. } => {
+                let mut m = Message::new(Role::User, seq);
+                m.text = text.clone();
+                self.messages.push(m);
+            }
+            ClientEvent::TextDelta { text } => self.assistant(seq).text.push_str(text),
+            ClientEvent::ThinkingDelta { text } => self.assistant(seq).thinking.push_str(text),
+            ClientEvent::ToolCall { call_id, tool, input } => {
+                let mut m = Message::new(Role::Tool, seq);
+                m.call_id = call_id.clone();
+                m.tool = tool.clone();
+                m.input = input.clone();
+                self.messages.push(m);
+            }
+            ClientEvent::ToolResult { call_id, ok, output } => {
+                if let Some(m) = self
+                    .messages
+                    .iter_mut()
+                    .rev()
+                    .find(|m| m.role == Role::Tool && &m.call_id == call_id)
+                {
+                    m.ok = *ok;
+                    m.text = output.clone();
+                }
+            }
+            _ => {}
+        }
+    }
+
+    pub fn add_usage(&mut self, input_tokens: u64, output_tokens: u64) {
+        self.usage.input_tokens += input_tokens;
+        self.usage.output_tokens += output_tokens;
+    }
+
+    fn assistant(&mut self, seq: u64) -> &mut Message {
+        if self.messages.last().is_none_or(|m| m.role != Role::Assistant) {
+            self.messages.push(Message::new(Role::Assistant, seq));
+        }
+        self.messages.last_mut().expect("just pushed")
+    }
+
+    /// The messages after the last user message (what the model has produced for it so far).
+    pub fn since_last_user(&self) -> (&str, &[Message]) {
+        match self.messages.iter().rposition(|m| m.role == Role::User) {
+            Some(i) => (&self.messages[i].text, &self.messages[i + 1..]),
+            None => ("", &[]),
+        }
+    }
+
+    /// The Markdown export served at /sessions/:id/transcript.md.
+    pub fn markdown(&self, session_id: &str) -> String {
+        let mut out = format!("# Session {session_id}\n");
+        for m in &self.messages {
+            match m.role {
+                Role::User => {
+                    let _ = write!(out, "\n## User\n\n{}\n", m.text);
+                }
+                Role::Assistant => {
+                    out.push_str("\n## Assistant\n\n");
+                    if !m.thinking.is_empty() {
+                        for line in m.thinking.lines() {
+                            let _ = writeln!(out, "> {line}");
+                        }
+                        out.push('\n');
+                    }
+                    if !m.text.is_empty() {
+                        let _ = writeln!(out, "{}", m.text);
+                    }
+                }
+                Role::Tool => {
+                    let status = if m.ok { "ok" } else { "failed" };
+                    let _ = write!(
+                        out,
+                        "\n### Tool `{}` ({status})\n\n```json\n{}\n```\n\n```text\n{}\n```\n",
+                        m.tool, m.input, m.text
+                    );
+                }
+            }
+        }
+        let _ = write!(
+            out,
+            "\n---\n\nUsage: {} input tokens, {} output tokens.\n",
+            self.usage.input_tokens, self.usage.output_tokens
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn events_fold_into_messages() {
+        let mut t = Transcript::default();
+        let evs = [
+            ClientEvent::UserMessage {
+                text: "/read a\nhi".into(),
+                request_id: "r".into(),
+            },
+            ClientEvent::ThinkingDelta { text: "hm".into() },
+            ClientEvent::ToolCall {
+                call_id: "c1".into(),
+                tool: "read_file".into(),
+                input: json!({"path": "a"}),
+            },
+            ClientEvent::Status { busy: true },
+            ClientEvent::ToolResult {
+                call_id: "c1".into(),
+                ok: true,
+                output: "A".into(),
+            },
+            ClientEvent::TextDelta {
+                text: "echo: ".into(),
+            },
+            ClientEvent::TextDelta { text: "hi".into() },
+        ];
+        for (i, e) in evs.iter().enumerate() {
+            t.apply(i as u64 + 1, e);
+        }
+        let roles: Vec<_> = t.messages.iter().map(|m| m.role).collect();
+        assert_eq!(roles, [Role::User, Role::Assistant, Role::Tool, Role::Assistant]);
+        assert_eq!(t.messages[2].text, "A");
+        assert!(t.messages[2].ok);
+        assert_eq!(t.messages[3].text, "echo: hi");
+        assert_eq!(t.messages[3].seq, 6);
+        let (prompt, since) = t.since_last_user();
+        assert_eq!(prompt, "/read a\nhi");
+        assert_eq!(since.len(), 3);
+        let md = t.markdown("s");
+        assert!(md.contains("## User\n\n/read a\nhi\n"));
+        assert!(md.contains("echo: hi"));
+        assert!(md.contains("### Tool `read_file` (ok)"));
+    }
+}

@@ -1,0 +1,93 @@
+//! The one table that maps core errors to gRPC codes and gRPC codes to HTTP statuses and `{"error": {"code", "message"}}` bodies.
+
+use crate::error::{Error, ErrorKind};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use tonic::{Code, Status};
+
+pub fn to_status(e: Error) -> Status {
+    let code = match e.kind {
+        ErrorKind::InvalidArgument => Code::InvalidArgument,
+        ErrorKind::NotFound => Code::NotFound,
+        ErrorKind::Conflict => Code::FailedPrecondition,
+        ErrorKind::Internal => Code::Internal,
+        ErrorKind::Unavailable => Code::Unavailable,
+    };
+    Status::new(code, e.message)
+}
+
+/// The HTTP status and body code for a gRPC code.
+pub fn http_of(code: Code) -> (StatusCode, &'static str) {
+    match code {
+        Code::InvalidArgument | Code::OutOfRange => (StatusCode::BAD_REQUEST, "invalid_argument"),
+        Code::NotFound => (StatusCode::NOT_FOUND, "not_found"),
+        Code::AlreadyExists | Code::FailedPrecondition | Code::Aborted => (StatusCode::CONFLICT, "conflict"),
+        Code::Unauthenticated => (StatusCode::UNAUTHORIZED, "unauthenticated"),
+        Code::PermissionDenied => (StatusCode::FORBIDDEN, "forbidden"),
+        Code::ResourceExhausted => (StatusCode::TOO_MANY_REQUESTS, "resource_exhausted"),
+        Code::Unimplemented => (StatusCode::NOT_IMPLEMENTED, "unimplemented"),
+        Code::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+        Code::DeadlineExceeded => (StatusCode::GATEWAY_TIMEOUT, "deadline_exceeded"),
+        _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+    }
+}
+
+/// A structured JSON error response.
+pub fn json_error(status: StatusCode, code: &str, message: &str) -> Response {
+    let body = serde_json::json!({ "error": { "code": code, "message": message } });
+    let mut resp = (status, body.to_string()).into_response();
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}
+
+/// A gRPC status as a REST response.
+pub fn status_response(s: &Status) -> Response {
+    let (status, code) = http_of(s.code());
+    json_error(status, code, s.message())
+}
+
+/// Whether a request speaks gRPC or gRPC-web (and so wants its errors as grpc-status).
+pub fn is_grpc(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("application/grpc"))
+}
+
+/// Refuses a request in the dialect it speaks: grpc-status for gRPC, JSON otherwise.
+pub fn refuse(grpc: bool, status: Status) -> Response {
+    if grpc {
+        status.into_http::<axum::body::Body>()
+    } else {
+        status_response(&status)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_core_error_has_one_status() {
+        let cases = [
+            (ErrorKind::InvalidArgument, 400),
+            (ErrorKind::NotFound, 404),
+            (ErrorKind::Conflict, 409),
+            (ErrorKind::Internal, 500),
+            (ErrorKind::Unavailable, 503),
+        ];
+        for (kind, http) in cases {
+            let s = to_status(Error::new(kind, "m"));
+            assert_eq!(http_of(s.code()).0.as_u16(), http);
+            assert_eq!(
+                http_of(s.code()).1,
+                if kind == ErrorKind::Conflict {
+                    "conflict"
+                } else {
+                    kind.code()
+                }
+            );
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! Every conversion between core types and wire (proto) types, in one place.
+
+use crate::core::event::{ClientEvent, Frame};
+use crate::core::session::{Admission, CancelResult, SessionInfo};
+use crate::core::transcript::Transcript;
+use crate::proto::v1 as pb;
+use pb::event::Kind;
+use prost_types::value::Kind as Pv;
+use serde_json::Value;
+
+pub fn json_to_value(v: &Value) -> prost_types::Value {
+    let kind = match v {
+        Value::Null => Pv::NullValue(0),
+        Value::Bool(b) => Pv::BoolValue(*b),
+        Value::Number(n) => Pv::NumberValue(n.as_f64().unwrap_or(0.0)),
+        Value::String(s) => Pv::StringValue(s.clone()),
+        Value::Array(a) => Pv::ListValue(prost_types::ListValue {
+            values: a.iter().map(json_to_value).collect(),
+        }),
+        Value::Object(_) => Pv::StructValue(json_to_struct(v)),
+    };
+    prost_types::Value { kind: Some(kind) }
+}
+
+/// A JSON object as a Struct; any other value is wrapped as `{"value": v}`.
+pub fn json_to_struct(v: &Value) -> prost_types::Struct {
+    match v {
+        Value::Object(map) => prost_types::Struct {
+            fields: map.iter().map(|(k, v)| (k.clone(), json_to_value(v))).collect(),
+        },
+        other => prost_types::Struct {
+            fields: [("value".to_string(), json_to_value(other))]
+                .into_iter()
+                .collect(),
+        },
+    }
+}
+
+pub fn kind(event: &ClientEvent) -> Kind {
+    match event.clone() {
+        ClientEvent::UserMessage { text, request_id } => {
+            Kind::UserMessage(pb::UserMessage { text, request_id })
+        }
+        ClientEvent::TurnStarted { request_id } => Kind::TurnStarted(pb::TurnStarted { request_id }),
+        ClientEvent::TextDelta { text } => Kind::TextDelta(pb::TextDelta { text }),
+        ClientEvent::ThinkingDelta { text } => Kind::ThinkingDelta(pb::ThinkingDelta { text }),
+        ClientEvent::ToolCall { call_id, tool, input } => Kind::ToolCall(pb::ToolCall {
+            call_id,
+            tool,
+            input: Some(json_to_struct(&input)),
+        }),
+        ClientEvent::ToolResult { call_id, ok, output } => {
+            Kind::ToolResult(pb::ToolResult { call_id, ok, output })
+        }
+        ClientEvent::ApprovalRequested {
+            request_id,
+            tool,
+            reason,
+            input,
+            call_id,
+        } => Kind::ApprovalRequested(pb::ApprovalRequested {
+            request_id,
+            tool,
+            reason,
+            input: Some(json_to_struct(&input)),
+            call_id,
+        }),
+        ClientEvent::ApprovalResolved {
+            request_id,
+            outcome,
+            reason,
+        } => Kind::ApprovalResolved(pb::ApprovalResolved {
+            request_id,
+            outcome: outcome.as_str().into(),
+            reason,
+        }),
+        ClientEvent::Status { busy } => Kind::Status(pb::Status { busy }),
+        ClientEvent::RunFinished { outcome, message } => Kind::RunFinished(pb::RunFinished {
+            outcome: outcome.as_str().into(),
+            message,
+        }),
+    }
+}
+
+pub fn frame(f: &Frame) -> pb::Event {
+    pb::Event {
+        seq: f.seq,
+        session_id: f.session_id.to_string(),
+        kind: Some(kind(&f.event)),
+    }
+}
+
+/// A stream-level frame: seq 0, so it never moves a cursor.
+fn stream_frame(session_id: &str, kind: Kind) -> pb::Event {
+    pb::Event {
+        seq: 0,
+        session_id: session_id.to_string(),
+        kind: Some(kind),
+    }
+}
+
+pub fn stream_opened(session_id: &str, latest_seq: u64) -> pb::Event {
+    stream_frame(
+        session_id,
+        Kind::StreamOpened(pb::StreamOpened {
+            session_id: session_id.to_string(),
+            latest_seq,
+        }),
+    )
+}
+
+pub fn resync(session_id: &str, reason: String, latest_seq: u64) -> pb::Event {
+    stream_frame(session_id, Kind::Resync(pb::Resync { reason, latest_seq }))
+}
+
+pub fn session_closed(session_id: &str, reason: String) -> pb::Event {
+    stream_frame(session_id, Kind::SessionClosed(pb::SessionClosed { reason }))
+}
+
+/// The snake_case name of an event's kind: SSE `event:` and the oneof case.
+pub fn kind_name(kind: &Kind) -> &'static str {
+    match kind {
+        Kind::StreamOpened(_) => "stream_opened",
+        Kind::UserMessage(_) => "user_message",
+        Kind::TurnStarted(_) => "turn_started",
+        Kind::TextDelta(_) => "text_delta",
+        Kind::ThinkingDelta(_) => "thinking_delta",
+        Kind::ToolCall(_) => "tool_call",
+        Kind::ToolResult(_) => "tool_result",
+        Kind::ApprovalRequested(_) => "approval_requested",
+        Kind::ApprovalResolved(_) => "approval_resolved",
+        Kind::Status(_) => "status",
+        Kind::RunFinished(_) => "run_finished",
+        Kind::Resync(_) => "resync",
+        Kind::SessionClosed(_) => "session_closed",
+    }
+}
+
+pub fn summary(s: SessionInfo) -> pb::SessionSummary {
+    pb::SessionSummary {
+        session_id: s.session_id,
+        created_at: s.created_at,
+        title: s.title,
+        latest_seq: s.latest_seq,
+        loaded: s.loaded,
+        busy: s.busy,
+    }
+}
+
+pub fn admission(a: Admission) -> pb::Admission {
+    pb::Admission {
+        request_id: a.request_id,
+        state: a.state.as_str().into(),
+    }
+}
+
+pub fn cancel(c: CancelResult) -> pb::CancelResponse {
+    pb::CancelResponse {
+        cancelled: c.cancelled,
+        discarded: c.discarded,
+    }
+}
+
+pub fn transcript(session_id: &str, t: Transcript) -> pb::Transcript {
+    pb::Transcript {
+        session_id: session_id.to_string(),
+        messages: t
+            .messages
+            .into_iter()
+            .map(|m| pb::Message {
+                role: m.role.as_str().into(),
+                text: m.text,
+                thinking: m.thinking,
+                call_id: m.call_id,
+                tool: m.tool,
+                input: (!m.input.is_null()).then(|| json_to_struct(&m.input)),
+                ok: m.ok,
+                seq: m.seq,
+            })
+            .collect(),
+        usage: Some(pb::Usage {
+            input_tokens: t.usage.input_tokens,
+            output_tokens: t.usage.output_tokens,
+        }),
+    }
+}

@@ -1,0 +1,209 @@
+//! The REST routes of the endpoint table, each a thin translation onto an `AgentService` call.
+
+use super::json::{from_json, to_json};
+use super::sse;
+use crate::edge::errors::{json_error, status_response};
+use crate::edge::grpc::AgentApi;
+use crate::proto::v1 as pb;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use http_body_util::BodyExt;
+use pb::agent_service_server::AgentService;
+use prost::{Message, Name};
+use tonic::Request;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub api: AgentApi,
+    /// The largest request body accepted (413 beyond).
+    pub max_body: usize,
+}
+
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/sessions", post(create_session).get(list_sessions))
+        .route("/sessions/{id}/run", post(run))
+        .route("/sessions/{id}/steering", post(steering))
+        .route("/sessions/{id}/approvals/{rid}", post(approve))
+        .route("/sessions/{id}/cancel", post(cancel))
+        .route("/sessions/{id}/events", get(sse::events))
+        .route("/sessions/{id}/transcript", get(transcript))
+        .route("/sessions/{id}/transcript.md", get(transcript_md))
+        .route("/sessions/{id}/attach", post(attach))
+        .method_not_allowed_fallback(|| async {
+            json_error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this method is not allowed on this path",
+            )
+        })
+        .with_state(state)
+}
+
+/// A JSON response in the proto3 mapping.
+pub fn json<M: Message + Name>(status: StatusCode, msg: &M) -> Response {
+    let mut resp = (status, to_json(msg)).into_response();
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}
+
+fn reply<M: Message + Name>(
+    status: StatusCode,
+    result: Result<tonic::Response<M>, tonic::Status>,
+) -> Response {
+    match result {
+        Ok(r) => json(status, r.get_ref()),
+        Err(s) => status_response(&s),
+    }
+}
+
+/// Reads and parses a JSON body, answering 413 past the limit and 400 when malformed.
+async fn body<M: Message + Name + Default>(st: &AppState, body: Body) -> Result<M, Response> {
+    let bytes = match http_body_util::Limited::new(body, st.max_body).collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            return Err(json_error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                &format!("the request body is larger than {} bytes", st.max_body),
+            ))
+        }
+        Err(e) => {
+            return Err(json_error(
+                StatusCode::BAD_REQUEST,
+                "invalid_argument",
+                &format!("cannot read the request body: {e}"),
+            ))
+        }
+    };
+    from_json(&bytes).map_err(|m| json_error(StatusCode::BAD_REQUEST, "invalid_argument", &m))
+}
+
+/// The path names the session; a body that names another one is refused.
+fn session_mismatch(path: &str, body: &mut String) -> Option<Response> {
+    if !body.is_empty() && body != path {
+        return Some(json_error(
+            StatusCode::BAD_REQUEST,
+            "invalid_argument",
+            "session_id in the body does not match the path",
+        ));
+    }
+    *body = path.to_string();
+    None
+}
+
+async fn health() -> Response {
+    let mut resp = r#"{"status":"ok"}"#.into_response();
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}
+
+async fn create_session(State(st): State<AppState>, b: Body) -> Response {
+    let req: pb::CreateSessionRequest = match body(&st, b).await {
+        Ok(r) => r,
+        Err(e) => return e,
+    };
+    reply(
+        StatusCode::CREATED,
+        st.api.create_session(Request::new(req)).await,
+    )
+}
+
+async fn list_sessions(State(st): State<AppState>) -> Response {
+    reply(
+        StatusCode::OK,
+        st.api
+            .list_sessions(Request::new(pb::ListSessionsRequest {}))
+            .await,
+    )
+}
+
+async fn run(State(st): State<AppState>, Path(id): Path<String>, b: Body) -> Response {
+    let mut req: pb::RunRequest = match body(&st, b).await {
+        Ok(r) => r,
+        Err(e) => return e,
+    };
+    if let Some(e) = session_mismatch(&id, &mut req.session_id) {
+        return e;
+    }
+    reply(StatusCode::ACCEPTED, st.api.run(Request::new(req)).await)
+}
+
+async fn steering(State(st): State<AppState>, Path(id): Path<String>, b: Body) -> Response {
+    let mut req: pb::SteerRequest = match body(&st, b).await {
+        Ok(r) => r,
+        Err(e) => return e,
+    };
+    if let Some(e) = session_mismatch(&id, &mut req.session_id) {
+        return e;
+    }
+    reply(StatusCode::ACCEPTED, st.api.steer(Request::new(req)).await)
+}
+
+async fn approve(State(st): State<AppState>, Path((id, rid)): Path<(String, String)>, b: Body) -> Response {
+    let mut req: pb::ApproveRequest = match body(&st, b).await {
+        Ok(r) => r,
+        Err(e) => return e,
+    };
+    if let Some(e) = session_mismatch(&id, &mut req.session_id) {
+        return e;
+    }
+    if !req.request_id.is_empty() && req.request_id != rid {
+        return json_error(
+            StatusCode::BAD_REQUEST,
+            "invalid_argument",
+            "request_id in the body does not match the path",
+        );
+    }
+    req.request_id = rid;
+    reply(StatusCode::OK, st.api.approve(Request::new(req)).await)
+}
+
+async fn cancel(State(st): State<AppState>, Path(id): Path<String>, b: Body) -> Response {
+    let mut req: pb::CancelRequest = match body(&st, b).await {
+        Ok(r) => r,
+        Err(e) => return e,
+    };
+    if let Some(e) = session_mismatch(&id, &mut req.session_id) {
+        return e;
+    }
+    reply(StatusCode::OK, st.api.cancel(Request::new(req)).await)
+}
+
+async fn attach(State(st): State<AppState>, Path(id): Path<String>, b: Body) -> Response {
+    let mut req: pb::AttachSessionRequest = match body(&st, b).await {
+        Ok(r) => r,
+        Err(e) => return e,
+    };
+    if let Some(e) = session_mismatch(&id, &mut req.session_id) {
+        return e;
+    }
+    reply(StatusCode::OK, st.api.attach_session(Request::new(req)).await)
+}
+
+async fn transcript(State(st): State<AppState>, Path(id): Path<String>) -> Response {
+    let req = pb::GetTranscriptRequest { session_id: id };
+    reply(StatusCode::OK, st.api.get_transcript(Request::new(req)).await)
+}
+
+async fn transcript_md(State(st): State<AppState>, Path(id): Path<String>) -> Response {
+    let req = pb::GetTranscriptRequest { session_id: id };
+    match st.api.get_transcript_markdown(Request::new(req)).await {
+        Ok(r) => {
+            let mut resp = r.into_inner().markdown.into_response();
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/markdown; charset=utf-8"),
+            );
+            resp
+        }
+        Err(s) => status_response(&s),
+    }
+}

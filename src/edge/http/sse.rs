@@ -1,0 +1,113 @@
+//! SSE framing of a session's event stream: `id: <seq>`, `event: <kind>`, `data: <json>`, cursors from Last-Event-ID or `?after=`.
+
+use super::json::to_json;
+use super::routes::AppState;
+use crate::edge::errors::{json_error, status_response};
+use crate::edge::grpc::convert::kind_name;
+use crate::proto::v1 as pb;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+use pb::agent_service_server::AgentService;
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::time::Duration;
+
+pub const KEEPALIVE: Duration = Duration::from_secs(15);
+
+/// Parses a cursor (a seq): decimal digits only, within u64.
+pub fn parse_cursor(raw: &str) -> Result<u64, String> {
+    let s = raw.trim();
+    if s.is_empty() || s.len() > 20 || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!(
+            "malformed cursor {:?}: expected a decimal seq",
+            raw.chars().take(40).collect::<String>()
+        ));
+    }
+    s.parse::<u64>()
+        .map_err(|_| format!("malformed cursor {s:?}: out of range"))
+}
+
+/// One event as an SSE frame; stream-level frames (seq 0) carry no id.
+pub fn frame(e: &pb::Event) -> SseEvent {
+    let name = e.kind.as_ref().map_or("unknown", kind_name);
+    let data = String::from_utf8(to_json(e)).expect("JSON is UTF-8");
+    let ev = SseEvent::default().event(name).data(data);
+    if e.seq > 0 {
+        ev.id(e.seq.to_string())
+    } else {
+        ev
+    }
+}
+
+pub async fn events(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    query: Result<Query<HashMap<String, String>>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+) -> Response {
+    let bad = |m: String| json_error(StatusCode::BAD_REQUEST, "invalid_argument", &m);
+    let query = match query {
+        Ok(Query(q)) => q,
+        Err(e) => return bad(format!("malformed query: {e}")),
+    };
+    // A browser's reconnect sends Last-Event-ID while its URL keeps the
+    // original ?after=, so the header is the fresher cursor.
+    let raw = match headers.get("last-event-id") {
+        Some(v) => match v.to_str() {
+            Ok(s) => Some(s.to_string()),
+            Err(_) => return bad("malformed Last-Event-ID header".into()),
+        },
+        None => query.get("after").cloned(),
+    };
+    let after = match raw.map(|r| parse_cursor(&r)).transpose() {
+        Ok(a) => a,
+        Err(m) => return bad(m),
+    };
+    let req = pb::SubscribeRequest {
+        session_id: id,
+        after,
+    };
+    let stream = match st.api.subscribe(tonic::Request::new(req)).await {
+        Ok(r) => r.into_inner(),
+        Err(s) => return status_response(&s),
+    };
+    // A lagged subscriber's stream ends with an error: the SSE stream just
+    // ends, and EventSource reconnects with its Last-Event-ID.
+    let frames = stream
+        .take_while(|r| std::future::ready(r.is_ok()))
+        .filter_map(|r| std::future::ready(r.ok().map(|e| Ok::<_, Infallible>(frame(&e)))));
+    let mut resp = Sse::new(frames)
+        .keep_alive(KeepAlive::new().interval(KEEPALIVE).text("keepalive"))
+        .into_response();
+    let h = resp.headers_mut();
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors() {
+        assert_eq!(parse_cursor("0"), Ok(0));
+        assert_eq!(parse_cursor(" 42 "), Ok(42));
+        assert_eq!(parse_cursor("18446744073709551615"), Ok(u64::MAX));
+        for bad in [
+            "",
+            "-1",
+            "1.5",
+            "abc",
+            "18446744073709551616",
+            "1 2",
+            "0x10",
+            "+3",
+        ] {
+            assert!(parse_cursor(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,7 @@
+//! The network edge: the one listener, the auth guard, and the gRPC and REST/SSE adapters over the core. The only code that imports tonic or axum.
+
+pub mod auth;
+pub mod errors;
+pub mod grpc;
+pub mod http;
+pub mod server;

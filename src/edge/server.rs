@@ -1,0 +1,160 @@
+//! The one listener: gRPC (h2c), gRPC-web (HTTP/1.1), reflection, health, REST and SSE on one port, behind the auth guard, with graceful shutdown.
+
+use super::auth::{guard, Auth};
+use super::errors::{is_grpc, json_error};
+use super::grpc::AgentApi;
+use super::http::routes::{self, AppState};
+use crate::core::hub::Hub;
+use crate::core::provider::offline::OfflineModel;
+use crate::core::provider::Provider;
+use crate::core::CoreConfig;
+use crate::error::{Error, Result};
+use crate::proto::v1::agent_service_server::AgentServiceServer;
+use crate::proto::FILE_DESCRIPTOR_SET;
+use axum::extract::Request;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use std::future::{Future, IntoFuture};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tonic::server::NamedService;
+use tower::{Layer, ServiceExt};
+
+/// Everything `vak serve` decides at startup.
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    pub core: CoreConfig,
+    /// The bearer token every request but liveness must present.
+    pub token: String,
+    /// The largest request body (REST) or message (gRPC) accepted.
+    pub max_body: usize,
+    /// How long shutdown waits for runs to settle and connections to end.
+    pub shutdown_grace: Duration,
+}
+
+impl ServeConfig {
+    pub fn new(core: CoreConfig, token: String) -> Self {
+        ServeConfig {
+            core,
+            token,
+            max_body: 4 << 20,
+            shutdown_grace: Duration::from_secs(5),
+        }
+    }
+}
+
+pub struct Server {
+    hub: Arc<Hub>,
+    cfg: ServeConfig,
+}
+
+impl Server {
+    /// Prepares the home and the core with the embedded offline model.
+    pub fn new(cfg: ServeConfig) -> Result<Server> {
+        Self::with_provider(cfg, Arc::new(OfflineModel))
+    }
+
+    pub fn with_provider(cfg: ServeConfig, provider: Arc<dyn Provider>) -> Result<Server> {
+        let hub = Arc::new(Hub::new(cfg.core.clone(), provider)?);
+        Ok(Server { hub, cfg })
+    }
+
+    pub fn hub(&self) -> &Arc<Hub> {
+        &self.hub
+    }
+
+    /// Serves on `listener` until `shutdown` resolves, then stops gracefully:
+    /// runs are cancelled and settle, streams get session_closed, ledgers are synced.
+    pub async fn run(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<()> {
+        let app = app(self.hub.clone(), &self.cfg).await?;
+        let hub = self.hub.clone();
+        let grace = self.cfg.shutdown_grace;
+        let (drained_tx, drained_rx) = tokio::sync::oneshot::channel::<()>();
+        let signal = async move {
+            shutdown.await;
+            tracing::info!("shutting down");
+            hub.shutdown(grace).await;
+            let _ = drained_tx.send(());
+        };
+        let serve = axum::serve(listener, app)
+            .with_graceful_shutdown(signal)
+            .into_future();
+        tokio::pin!(serve);
+        tokio::select! {
+            r = &mut serve => r.map_err(|e| Error::internal(format!("server failed: {e}"))),
+            _ = async { if drained_rx.await.is_ok() { tokio::time::sleep(grace).await } else { std::future::pending().await } } => {
+                tracing::warn!("connections still open {grace:?} after shutdown; closing them");
+                Ok(())
+            }
+        }
+    }
+}
+
+async fn unknown_rpc() -> Response {
+    tonic::Status::unimplemented("no such RPC").into_http()
+}
+
+/// The whole HTTP surface as one router.
+pub async fn app(hub: Arc<Hub>, cfg: &ServeConfig) -> Result<Router> {
+    let api = AgentApi::new(hub);
+    let agent = AgentServiceServer::new(api.clone())
+        .max_decoding_message_size(cfg.max_body)
+        .max_encoding_message_size(usize::MAX);
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter.set_serving::<AgentServiceServer<AgentApi>>().await;
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let v1 = reflection()
+        .build_v1()
+        .map_err(|e| Error::internal(format!("reflection: {e}")))?;
+    let v1alpha = reflection()
+        .build_v1alpha()
+        .map_err(|e| Error::internal(format!("reflection: {e}")))?;
+
+    let grpc = Router::new()
+        .route_service(&grpc_path_of(&agent), agent)
+        .route_service(&grpc_path_of(&health), health)
+        .route_service(&grpc_path_of(&v1), v1)
+        .route_service(&grpc_path_of(&v1alpha), v1alpha)
+        .fallback(unknown_rpc);
+    // gRPC-web (binary and text) is translated to gRPC in front of the services.
+    let grpc = tonic_web::GrpcWebLayer::new().layer(grpc);
+    // What no REST route matched: gRPC and gRPC-web by content type, else a JSON 404.
+    let dispatch = move |req: Request| {
+        let grpc = grpc.clone();
+        async move {
+            if !is_grpc(req.headers()) {
+                return json_error(StatusCode::NOT_FOUND, "not_found", "no such route");
+            }
+            match grpc.oneshot(req).await {
+                Ok(resp) => resp.into_response(),
+                Err(never) => match never {},
+            }
+        }
+    };
+
+    let state = AppState {
+        api,
+        max_body: cfg.max_body,
+    };
+    Ok(routes::router(state)
+        .fallback(dispatch)
+        .layer(axum::middleware::from_fn_with_state(
+            Auth::new(cfg.token.clone()),
+            guard,
+        )))
+}
+
+/// The route a tonic service answers on: `/<package.Service>/<Method>`.
+fn grpc_path_of<S: NamedService>(_: &S) -> String {
+    format!("/{}/{{*rest}}", S::NAME)
+}

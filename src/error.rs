@@ -1,0 +1,75 @@
+//! The crate-wide error: a kind the edges branch on (to pick an HTTP status and a gRPC code) plus a message for humans.
+
+use std::fmt;
+
+/// What went wrong, in the terms a client can act on. The edge maps each kind
+/// to exactly one HTTP status and one gRPC code (`edge::errors`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The request is malformed or misses a required field.
+    InvalidArgument,
+    /// The named session, approval or resource does not exist.
+    NotFound,
+    /// The request is well-formed but conflicts with the current state.
+    Conflict,
+    /// The server failed; the message says how.
+    Internal,
+    /// The server is shutting down.
+    Unavailable,
+}
+
+impl ErrorKind {
+    /// The stable, snake_case code carried in `{"error": {"code"}}`.
+    pub fn code(self) -> &'static str {
+        match self {
+            ErrorKind::InvalidArgument => "invalid_argument",
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::Conflict => "conflict",
+            ErrorKind::Internal => "internal",
+            ErrorKind::Unavailable => "unavailable",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Error {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Error {
+            kind,
+            message: message.into(),
+        }
+    }
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::InvalidArgument, message)
+    }
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::NotFound, message)
+    }
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Conflict, message)
+    }
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Internal, message)
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        Error::internal(format!("i/o error: {e}"))
+    }
+}

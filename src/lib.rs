@@ -1,0 +1,30 @@
+//! vak: a server for AI coding agents. One headless agent core, served to
+//! every surface (gRPC, gRPC-web, REST/SSE) on one port.
+//!
+//! # Layout
+//!
+//! The modules follow the data path of a request and of the events it causes:
+//!
+//! - [`cli`]: `vak serve` parses flags, prepares the home, binds the listener.
+//! - [`edge::server`]: the one listener; gRPC, gRPC-web and REST/SSE share it.
+//! - [`edge::auth`]: every request passes the Host and bearer-token guard.
+//! - [`edge::grpc`]: the tonic `AgentService`, the only service implementation;
+//!   [`edge::grpc::convert`] holds every core-to-wire conversion.
+//! - [`edge::http`]: REST routes and SSE framing, translated onto that service;
+//!   [`edge::http::json`] is the proto3 JSON mapping.
+//! - [`edge::errors`]: the one table from core errors to gRPC codes and HTTP statuses.
+//! - [`core`]: knows nothing of the wire. [`core::hub`] holds the sessions,
+//!   [`core::session`] admits input into turn chains, [`core::agent`] runs a leg
+//!   against a [`core::provider`] and [`core::tools`], [`core::approvals`] parks
+//!   permission asks, and events flow through [`core::bus`] (numbered, persisted
+//!   by [`core::ledger`], folded into [`core::transcript`]) to every subscriber.
+//! - [`proto`]: the code build.rs generates from proto/.
+
+pub mod cli;
+pub mod core;
+pub mod edge;
+pub mod error;
+pub mod home;
+pub mod proto;
+
+pub use error::{Error, ErrorKind, Result};

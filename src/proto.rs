@@ -1,0 +1,10 @@
+//! The code generated from proto/ by build.rs, and the encoded descriptor set it was compiled from.
+
+#![allow(clippy::all, missing_docs)]
+
+pub mod v1 {
+    tonic::include_proto!("vak.v1");
+}
+
+/// The encoded `FileDescriptorSet` of proto/: feeds gRPC reflection and the proto3 JSON mapping.
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/vak_descriptor.bin"));
