@@ -1,0 +1,476 @@
+//! REST + SSE end to end: runs, admission, cancel, approvals, tools, errors, transcripts.
+
+mod support;
+
+use serde_json::json;
+use support::*;
+
+const KNOWN: &[&str] = &[
+    "user_message",
+    "turn_started",
+    "text_delta",
+    "thinking_delta",
+    "tool_call",
+    "tool_result",
+    "approval_requested",
+    "approval_resolved",
+    "status",
+    "run_finished",
+];
+
+#[tokio::test]
+async fn a_prompt_streams_its_echo_and_finishes_once() {
+    let s = TestServer::start().await;
+    let sid = s.create_session().await;
+    let mut sse = s.events(&sid, None).await;
+    assert_eq!(sse.opened.as_ref().unwrap().body()["latest_seq"], 0);
+    let (code, adm) = s.run(&sid, "hello world").await;
+    assert_eq!(code, 202);
+    assert_eq!(adm["state"], "started");
+    let frames = sse.until("run_finished").await;
+    assert_kinds(
+        &frames,
+        &[
+            "status",
+            "user_message",
+            "turn_started",
+            "text_delta",
+            "text_delta",
+            "text_delta",
+            "status",
+            "run_finished",
+        ],
+    );
+    assert_numbered(&frames);
+    assert_eq!(frames[0].seq(), 1, "the first event of a session is seq 1");
+    assert_eq!(text_of(&frames), "echo: hello world");
+    assert!(frames.iter().all(|f| f.data["session_id"] == sid.as_str()));
+    assert_eq!(frames[1].body()["request_id"], adm["request_id"]);
+    assert_eq!(frames[6].body()["busy"], false);
+    assert_eq!(frames[7].body()["outcome"], "completed");
+}
+
+#[tokio::test]
+async fn admission_queues_dedups_and_cancel_settles_the_chain_once() {
+    let s = TestServer::start().await;
+    let sid = s.create_session().await;
+    let mut sse = s.events(&sid, None).await;
+    let (code, a) = s.run(&sid, "/sleep 60000").await;
+    assert_eq!((code, a["state"].as_str()), (202, Some("started")));
+    sse.until("turn_started").await;
+    let (_, b) = s
+        .post(
+            &format!("/sessions/{sid}/run"),
+            json!({"prompt": "two", "request_id": "r-2"}),
+        )
+        .await;
+    assert_eq!(b, json!({"request_id": "r-2", "state": "queued"}));
+    let (code, dup) = s
+        .post(
+            &format!("/sessions/{sid}/run"),
+            json!({"prompt": "two", "request_id": "r-2"}),
+        )
+        .await;
+    assert_eq!(
+        (code, dup),
+        (202, json!({"request_id": "r-2", "state": "duplicate"}))
+    );
+    let (code, st) = s
+        .post(&format!("/sessions/{sid}/steering"), json!({"text": "steer"}))
+        .await;
+    assert_eq!((code, st["state"].as_str()), (202, Some("queued")));
+
+    let (code, c) = s.post(&format!("/sessions/{sid}/cancel"), json!({})).await;
+    assert_eq!((code, c), (200, json!({"cancelled": true, "discarded": 2})));
+    let frames = sse.until("run_finished").await;
+    let last = frames.last().unwrap();
+    assert_eq!(last.body()["outcome"], "cancelled");
+    assert!(
+        !frames.iter().any(|f| f.event == "user_message"),
+        "queued input was discarded: {frames:?}"
+    );
+
+    // Idle again: steering starts a run, and the dedup memory still holds.
+    let (_, again) = s
+        .post(&format!("/sessions/{sid}/steering"), json!({"text": "fresh"}))
+        .await;
+    assert_eq!(again["state"], "started");
+    let frames = sse.until("run_finished").await;
+    assert_eq!(text_of(&frames), "echo: fresh");
+    let (_, dup) = s
+        .post(
+            &format!("/sessions/{sid}/run"),
+            json!({"prompt": "x", "request_id": "r-2"}),
+        )
+        .await;
+    assert_eq!(dup["state"], "duplicate");
+    let (code, idle) = s.post(&format!("/sessions/{sid}/cancel"), json!({})).await;
+    assert_eq!((code, idle), (200, json!({"cancelled": false, "discarded": 0})));
+}
+
+#[tokio::test]
+async fn queued_input_runs_as_the_next_leg_of_the_same_chain() {
+    let s = TestServer::start().await;
+    let sid = s.create_session().await;
+    let mut sse = s.events(&sid, None).await;
+    s.run(&sid, "/sleep 300\nfirst").await;
+    sse.until("turn_started").await;
+    let (_, q) = s
+        .post(&format!("/sessions/{sid}/steering"), json!({"text": "second"}))
+        .await;
+    assert_eq!(q["state"], "queued");
+    let frames = sse.until("run_finished").await;
+    assert_eq!(frames.iter().filter(|f| f.event == "run_finished").count(), 1);
+    assert_eq!(frames.iter().filter(|f| f.event == "user_message").count(), 1);
+    assert_eq!(text_of(&frames), "echo: firstecho: second");
+    assert_eq!(frames.last().unwrap().body()["outcome"], "completed");
+    let busy: Vec<bool> = frames
+        .iter()
+        .filter(|f| f.event == "status")
+        .map(|f| f.body()["busy"].as_bool().unwrap())
+        .collect();
+    assert_eq!(busy, [false], "one chain: busy stays true across legs");
+}
+
+#[tokio::test]
+async fn approvals_resolve_exactly_once_and_gate_the_tool() {
+    let s = TestServer::start().await;
+    let sid = s.create_session().await;
+    let mut sse = s.events(&sid, None).await;
+    s.run(&sid, "/write notes/a.txt hello there\n/write b.txt nope")
+        .await;
+    let frames = sse.until("approval_requested").await;
+    let call = frames
+        .iter()
+        .find(|f| f.event == "tool_call")
+        .unwrap()
+        .body()
+        .clone();
+    assert_eq!(call["tool"], "write_file");
+    assert_eq!(
+        call["input"],
+        json!({"path": "notes/a.txt", "content": "hello there"})
+    );
+    let ask = frames.last().unwrap().body().clone();
+    assert_eq!(ask["tool"], "write_file");
+    assert_eq!(ask["input"]["path"], "notes/a.txt");
+    assert!(!ask["reason"].as_str().unwrap().is_empty());
+    let rid = ask["request_id"].as_str().unwrap().to_string();
+    assert!(
+        !s.workspace.join("notes/a.txt").exists(),
+        "nothing written before approval"
+    );
+
+    let (code, bad) = s
+        .post(&format!("/sessions/{sid}/approvals/{rid}"), json!({}))
+        .await;
+    assert_eq!(
+        (code, bad["error"]["code"].as_str()),
+        (400, Some("invalid_argument"))
+    );
+    let (code, ok) = s
+        .post(
+            &format!("/sessions/{sid}/approvals/{rid}"),
+            json!({"approve": true}),
+        )
+        .await;
+    assert_eq!(
+        (code, ok),
+        (200, json!({"request_id": rid, "outcome": "approved"}))
+    );
+    let (code, again) = s
+        .post(
+            &format!("/sessions/{sid}/approvals/{rid}"),
+            json!({"approve": false}),
+        )
+        .await;
+    assert_eq!((code, again["error"]["code"].as_str()), (409, Some("conflict")));
+    let (code, _) = s
+        .post(
+            &format!("/sessions/{sid}/approvals/ap_nope"),
+            json!({"approve": true}),
+        )
+        .await;
+    assert_eq!(code, 404);
+
+    let frames = sse.until("approval_requested").await;
+    assert_kinds(&frames[..2], &["approval_resolved", "tool_result"]);
+    assert_eq!(frames[0].body()["outcome"], "approved");
+    assert_eq!(frames[1].body()["ok"], true);
+    assert_eq!(
+        std::fs::read_to_string(s.workspace.join("notes/a.txt")).unwrap(),
+        "hello there"
+    );
+
+    let rid2 = frames.last().unwrap().body()["request_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (code, no) = s
+        .post(
+            &format!("/sessions/{sid}/approvals/{rid2}"),
+            json!({"approve": false, "reason": "not now"}),
+        )
+        .await;
+    assert_eq!((code, no["outcome"].as_str()), (200, Some("denied")));
+    let frames = sse.until("run_finished").await;
+    let result = frames.iter().find(|f| f.event == "tool_result").unwrap().body();
+    assert_eq!(result["ok"], false);
+    assert!(result["output"].as_str().unwrap().contains("not now"));
+    assert!(!s.workspace.join("b.txt").exists());
+}
+
+#[tokio::test]
+async fn a_pending_approval_expires_when_its_run_is_cancelled() {
+    let s = TestServer::start().await;
+    let sid = s.create_session().await;
+    let mut sse = s.events(&sid, None).await;
+    s.run(&sid, "/bash echo hi > out.txt").await;
+    let frames = sse.until("approval_requested").await;
+    let rid = frames.last().unwrap().body()["request_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    s.post(&format!("/sessions/{sid}/cancel"), json!({})).await;
+    let frames = sse.until("run_finished").await;
+    let resolved = frames.iter().find(|f| f.event == "approval_resolved").unwrap();
+    assert_eq!(resolved.body()["outcome"], "expired");
+    assert_eq!(resolved.body()["request_id"], rid.as_str());
+    assert_eq!(frames.last().unwrap().body()["outcome"], "cancelled");
+    let (code, _) = s
+        .post(
+            &format!("/sessions/{sid}/approvals/{rid}"),
+            json!({"approve": true}),
+        )
+        .await;
+    assert_eq!(code, 409, "an expired approval cannot be answered");
+    assert!(!s.workspace.join("out.txt").exists());
+}
+
+#[tokio::test]
+async fn tools_read_and_run_inside_the_workspace_only() {
+    let s = TestServer::start_with(|c| c.core.permission = vak::core::PermissionMode::Allow).await;
+    std::fs::write(s.workspace.join("a.txt"), "file body").unwrap();
+    let sid = s.create_session().await;
+    let mut sse = s.events(&sid, None).await;
+    s.run(
+        &sid,
+        "/read a.txt\n/read ../etc/passwd\n/read /etc/passwd\n/bash pwd; echo made > made.txt",
+    )
+    .await;
+    let frames = sse.until("run_finished").await;
+    let results: Vec<_> = frames
+        .iter()
+        .filter(|f| f.event == "tool_result")
+        .map(|f| f.body().clone())
+        .collect();
+    assert_eq!(results.len(), 4);
+    assert_eq!(
+        (results[0]["ok"].clone(), results[0]["output"].clone()),
+        (json!(true), json!("file body"))
+    );
+    for escaped in &results[1..3] {
+        assert_eq!(escaped["ok"], false);
+        assert!(!escaped["output"].as_str().unwrap().contains("root:"));
+    }
+    assert_eq!(results[3]["ok"], true);
+    assert_eq!(
+        std::fs::read_to_string(s.workspace.join("made.txt")).unwrap(),
+        "made\n"
+    );
+    assert!(
+        !frames.iter().any(|f| f.event == "approval_requested"),
+        "allow mode asks nobody"
+    );
+}
+
+#[tokio::test]
+async fn a_failing_provider_fails_the_run_without_leaking_internal_events() {
+    let s = TestServer::start().await;
+    let sid = s.create_session().await;
+    let mut sse = s.events(&sid, None).await;
+    s.run(&sid, "/think first\n/fail upstream exploded").await;
+    let frames = sse.until("run_finished").await;
+    let fin = frames.last().unwrap().body();
+    assert_eq!(fin["outcome"], "failed");
+    assert!(fin["message"].as_str().unwrap().contains("upstream exploded"));
+    for f in &frames {
+        assert!(KNOWN.contains(&f.event.as_str()), "internal event leaked: {f:?}");
+    }
+    // The retries are invisible: the thinking streamed once.
+    assert_eq!(frames.iter().filter(|f| f.event == "thinking_delta").count(), 1);
+}
+
+#[tokio::test]
+async fn transcripts_list_and_markdown() {
+    let s = TestServer::start_with(|c| c.core.permission = vak::core::PermissionMode::Allow).await;
+    std::fs::write(s.workspace.join("x.md"), "X").unwrap();
+    let sid = s.create_session().await;
+    let mut sse = s.events(&sid, None).await;
+    s.run(&sid, "/think pondering\nhi there\n/read x.md").await;
+    sse.until("run_finished").await;
+    let (code, t) = s.get(&format!("/sessions/{sid}/transcript")).await;
+    assert_eq!(code, 200);
+    let roles: Vec<&str> = t["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, ["user", "assistant", "tool"]);
+    assert_eq!(t["messages"][1]["text"], "echo: hi there");
+    assert_eq!(t["messages"][1]["thinking"], "pondering");
+    assert_eq!(t["messages"][2]["text"], "X");
+    assert!(t["usage"]["output_tokens"].as_u64().unwrap() > 0);
+
+    let md = s
+        .http()
+        .get(format!("{}/sessions/{sid}/transcript.md", s.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(md.status(), 200);
+    assert!(md.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/markdown"));
+    let md = md.text().await.unwrap();
+    assert!(md.contains("echo: hi there") && md.contains("read_file"));
+
+    let (code, list) = s.get("/sessions").await;
+    assert_eq!(code, 200);
+    let entry = &list["sessions"][0];
+    assert_eq!(entry["session_id"], sid.as_str());
+    assert_eq!(entry["title"], "/think pondering");
+    assert!(entry["latest_seq"].as_u64().unwrap() > 5);
+}
+
+#[tokio::test]
+async fn bad_requests_get_structured_errors() {
+    let s = TestServer::start_with(|c| c.max_body = 64 * 1024).await;
+    let sid = s.create_session().await;
+    let h = s.http();
+    let u = &s.url;
+
+    for path in ["run", "events", "transcript", "transcript.md"] {
+        let method = if path == "run" {
+            reqwest::Method::POST
+        } else {
+            reqwest::Method::GET
+        };
+        let r = h
+            .request(method, format!("{u}/sessions/nosuch/{path}"))
+            .json(&json!({"prompt": "x"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 404, "{path}");
+        let v: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "not_found", "{path}");
+        assert!(v["error"]["message"].as_str().unwrap().contains("nosuch"));
+    }
+    for (path, body) in [
+        ("attach", json!({})),
+        ("cancel", json!({})),
+        ("steering", json!({"text": "x"})),
+    ] {
+        let (code, _) = s.post(&format!("/sessions/nosuch/{path}"), body).await;
+        assert_eq!(code, 404, "{path}");
+    }
+    let r = h
+        .post(format!("{u}/sessions/{sid}/run"))
+        .body("{\"prompt\":")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let (code, e) = s.post(&format!("/sessions/{sid}/run"), json!({})).await;
+    assert_eq!(
+        (code, e["error"]["code"].as_str()),
+        (400, Some("invalid_argument"))
+    );
+    let (code, _) = s
+        .post(&format!("/sessions/{sid}/run"), json!({"prompt": 5}))
+        .await;
+    assert_eq!(code, 400);
+    let (code, _) = s
+        .post(
+            &format!("/sessions/{sid}/run"),
+            json!({"prompt": "x", "session_id": "other"}),
+        )
+        .await;
+    assert_eq!(code, 400);
+    let (code, _) = s
+        .post("/sessions/..%2F..%2Fetc/run", json!({"prompt": "x"}))
+        .await;
+    assert_eq!(code, 400, "session ids are validated before touching the disk");
+
+    let big = "x".repeat(100 * 1024);
+    let (code, e) = s
+        .post(&format!("/sessions/{sid}/run"), json!({"prompt": big}))
+        .await;
+    assert_eq!(
+        (code, e["error"]["code"].as_str()),
+        (413, Some("payload_too_large"))
+    );
+
+    for cursor in ["abc", "-1", "99999999999999999999999"] {
+        let r = h
+            .get(format!("{u}/sessions/{sid}/events"))
+            .header("last-event-id", cursor)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "{cursor}");
+    }
+    let r = h
+        .get(format!("{u}/sessions/{sid}/events?after=1x"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+
+    let r = h.get(format!("{u}/no/such/route")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "not_found");
+    let r = h.delete(format!("{u}/sessions")).send().await.unwrap();
+    assert_eq!(r.status(), 405);
+}
+
+#[tokio::test]
+async fn auth_and_host_rules() {
+    let s = TestServer::start().await;
+    let plain = reqwest::Client::new();
+    let r = plain.get(format!("{}/health", s.url)).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<serde_json::Value>().await.unwrap()["status"], "ok");
+    let r = plain.get(format!("{}/sessions", s.url)).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    assert_eq!(
+        r.json::<serde_json::Value>().await.unwrap()["error"]["code"],
+        "unauthenticated"
+    );
+    let r = plain
+        .get(format!("{}/sessions", s.url))
+        .bearer_auth("wrong")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let r = plain
+        .get(format!("{}/sessions", s.url))
+        .bearer_auth(TOKEN)
+        .header("host", "attacker.example:8901")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403, "DNS rebinding: a foreign Host is refused");
+    let r = plain
+        .get(format!("http://localhost:{}/sessions", s.addr.port()))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
