@@ -20,6 +20,9 @@ pub enum Record {
     Header { session_id: String, created_at: String },
     /// A client event with the seq it was published under.
     Event { seq: u64, event: ClientEvent },
+    /// An input was admitted under this request id (so a retry stays a
+    /// duplicate after a restart, even if the input never ran).
+    Admitted { request_id: String },
     /// Tokens one provider turn consumed.
     Usage { input_tokens: u64, output_tokens: u64 },
 }

@@ -134,6 +134,7 @@ impl Session {
                     session_id,
                     created_at,
                 } => header = Some((session_id, created_at)),
+                Record::Admitted { request_id } => request_ids.push(request_id),
                 Record::Usage {
                     input_tokens,
                     output_tokens,
@@ -340,6 +341,11 @@ impl Session {
             return Err(Error::new(ErrorKind::Unavailable, "the server is shutting down"));
         }
         run.remember(&request_id);
+        if let Err(e) = self.ledger.append(&Record::Admitted {
+            request_id: request_id.clone(),
+        }) {
+            tracing::error!(session = %self.id, "ledger write failed: {e}");
+        }
         let input = Input {
             request_id: request_id.clone(),
             text,

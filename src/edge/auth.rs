@@ -1,6 +1,6 @@
 //! The guard every request passes first: the Host must be loopback (DNS rebinding), and every route but liveness needs the bearer token.
 
-use super::errors::{is_grpc, refuse};
+use super::errors::{grpc_content_type, refuse};
 use axum::extract::{Request, State};
 use axum::http::header;
 use axum::middleware::Next;
@@ -52,7 +52,7 @@ fn exempt(req: &Request) -> bool {
 }
 
 pub async fn guard(State(auth): State<Arc<Auth>>, req: Request, next: Next) -> Response {
-    let grpc = is_grpc(req.headers());
+    let grpc = grpc_content_type(req.headers());
     let host = req
         .headers()
         .get(header::HOST)

@@ -47,20 +47,29 @@ pub fn status_response(s: &Status) -> Response {
     json_error(status, code, s.message())
 }
 
-/// Whether a request speaks gRPC or gRPC-web (and so wants its errors as grpc-status).
-pub fn is_grpc(headers: &axum::http::HeaderMap) -> bool {
+/// The content type of a gRPC or gRPC-web request (which wants its errors as grpc-status), if it is one.
+pub fn grpc_content_type(headers: &axum::http::HeaderMap) -> Option<HeaderValue> {
     headers
         .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|ct| ct.starts_with("application/grpc"))
+        .filter(|v| v.to_str().is_ok_and(|ct| ct.starts_with("application/grpc")))
+        .cloned()
 }
 
-/// Refuses a request in the dialect it speaks: grpc-status for gRPC, JSON otherwise.
-pub fn refuse(grpc: bool, status: Status) -> Response {
-    if grpc {
-        status.into_http::<axum::body::Body>()
-    } else {
-        status_response(&status)
+pub fn is_grpc(headers: &axum::http::HeaderMap) -> bool {
+    grpc_content_type(headers).is_some()
+}
+
+/// Refuses a request in the dialect it speaks: a trailers-only grpc-status
+/// response labelled with the request's own gRPC or gRPC-web content type
+/// (browser clients check it before the status), JSON otherwise.
+pub fn refuse(grpc: Option<HeaderValue>, status: Status) -> Response {
+    match grpc {
+        Some(content_type) => {
+            let mut resp = status.into_http::<axum::body::Body>();
+            resp.headers_mut().insert(header::CONTENT_TYPE, content_type);
+            resp
+        }
+        None => status_response(&status),
     }
 }
 

@@ -299,3 +299,152 @@ pub fn assert_kinds(frames: &[Frame], kinds: &[&str]) {
     let got: Vec<&str> = frames.iter().map(|f| f.event.as_str()).collect();
     assert_eq!(got, kinds);
 }
+
+// ---- gRPC event streams ----------------------------------------------------
+
+/// The snake_case name of a gRPC event's oneof case (the SSE `event:` name), written
+/// out here rather than borrowed from the server so the tests check the mapping.
+pub fn kind_of(e: &pb::Event) -> &'static str {
+    use pb::event::Kind;
+    match e.kind.as_ref() {
+        None => "none",
+        Some(Kind::StreamOpened(_)) => "stream_opened",
+        Some(Kind::UserMessage(_)) => "user_message",
+        Some(Kind::TurnStarted(_)) => "turn_started",
+        Some(Kind::TextDelta(_)) => "text_delta",
+        Some(Kind::ThinkingDelta(_)) => "thinking_delta",
+        Some(Kind::ToolCall(_)) => "tool_call",
+        Some(Kind::ToolResult(_)) => "tool_result",
+        Some(Kind::ApprovalRequested(_)) => "approval_requested",
+        Some(Kind::ApprovalResolved(_)) => "approval_resolved",
+        Some(Kind::Status(_)) => "status",
+        Some(Kind::RunFinished(_)) => "run_finished",
+        Some(Kind::Resync(_)) => "resync",
+        Some(Kind::SessionClosed(_)) => "session_closed",
+    }
+}
+
+/// A gRPC Subscribe stream read with deadlines.
+pub struct GrpcEvents {
+    pub stream: tonic::Streaming<pb::Event>,
+}
+
+impl GrpcEvents {
+    /// The next event; None when the stream ended cleanly. Panics on a status or past the deadline.
+    pub async fn next(&mut self) -> Option<pb::Event> {
+        tokio::time::timeout(DEADLINE, self.stream.message())
+            .await
+            .expect("a gRPC event within the deadline")
+            .expect("the stream carries no error status")
+    }
+
+    /// The next event, which must exist.
+    pub async fn expect_next(&mut self) -> pb::Event {
+        self.next().await.expect("the stream is still open")
+    }
+
+    /// Events up to and including the first of kind `kind`.
+    pub async fn until(&mut self, kind: &str) -> Vec<pb::Event> {
+        let mut out = Vec::new();
+        loop {
+            let e = self
+                .next()
+                .await
+                .unwrap_or_else(|| panic!("stream ended before {kind}: {out:?}"));
+            let done = kind_of(&e) == kind;
+            out.push(e);
+            if done {
+                return out;
+            }
+        }
+    }
+}
+
+/// Subscribes over gRPC and returns the stream with its first message (which must be
+/// stream_opened, seq 0, naming the session) already read.
+pub async fn grpc_subscribe(
+    client: &mut GrpcClient,
+    sid: &str,
+    after: Option<u64>,
+) -> (GrpcEvents, pb::StreamOpened) {
+    let resp = tokio::time::timeout(
+        DEADLINE,
+        client.subscribe(pb::SubscribeRequest {
+            session_id: sid.to_string(),
+            after,
+        }),
+    )
+    .await
+    .expect("Subscribe answers within the deadline")
+    .expect("Subscribe succeeds");
+    let mut events = GrpcEvents {
+        stream: resp.into_inner(),
+    };
+    let first = events.expect_next().await;
+    assert_eq!(first.seq, 0, "stream_opened carries seq 0: {first:?}");
+    assert_eq!(first.session_id, sid);
+    let opened = match first.kind {
+        Some(pb::event::Kind::StreamOpened(o)) => o,
+        other => panic!("the first message must be stream_opened, got {other:?}"),
+    };
+    assert_eq!(opened.session_id, sid);
+    (events, opened)
+}
+
+/// The concatenated text of the text_delta events.
+pub fn grpc_text_of(events: &[pb::Event]) -> String {
+    events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            Some(pb::event::Kind::TextDelta(t)) => Some(t.text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Asserts that the events are numbered: seq > 0 and strictly increasing.
+#[track_caller]
+pub fn assert_grpc_numbered(events: &[pb::Event]) {
+    let mut last = 0;
+    for e in events {
+        assert!(e.seq > last, "seq {} after {last}: {events:?}", e.seq);
+        last = e.seq;
+    }
+}
+
+/// Asserts the kinds of gRPC `events`, in order.
+#[track_caller]
+pub fn assert_grpc_kinds(events: &[pb::Event], kinds: &[&str]) {
+    let got: Vec<&str> = events.iter().map(kind_of).collect();
+    assert_eq!(got, kinds);
+}
+
+/// The outcome of a run_finished event (panics on any other kind).
+#[track_caller]
+pub fn outcome_of(e: &pb::Event) -> String {
+    match &e.kind {
+        Some(pb::event::Kind::RunFinished(r)) => r.outcome.clone(),
+        other => panic!("expected run_finished, got {other:?}"),
+    }
+}
+
+// ---- REST helpers shared by several files ------------------------------------
+
+impl TestServer {
+    /// GET `path` as text: (status, content-type, body).
+    pub async fn get_text(&self, path: &str) -> (u16, String, String) {
+        let r = self
+            .http()
+            .get(format!("{}{path}", self.url))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let ct = r
+            .headers()
+            .get("content-type")
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        (status, ct, r.text().await.unwrap())
+    }
+}

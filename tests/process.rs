@@ -1,0 +1,405 @@
+//! The real `vak` binary: the startup line, server.json, SIGTERM, startup failures, and the
+//! VAK_TOKEN / VAK_HOME environment.
+
+mod support;
+
+use serde_json::Value;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{ExitStatus, Stdio};
+use support::*;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+use vak::proto::v1 as pb;
+
+/// `vak` with a clean environment: no VAK_* or RUST_LOG inherited from whoever runs the tests.
+fn vak(args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vak"));
+    cmd.args(args)
+        .env_remove("VAK_TOKEN")
+        .env_remove("VAK_HOME")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// A running `vak serve`, killed when dropped (a failing test never leaks a server).
+struct Vak {
+    child: Child,
+    stdout: mpsc::UnboundedReceiver<String>,
+}
+
+impl Vak {
+    fn spawn(mut cmd: Command) -> Vak {
+        let mut child = cmd.spawn().expect("vak starts");
+        let out = child.stdout.take().unwrap();
+        let mut err = child.stderr.take().unwrap();
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(out).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        // Drained all along, so a chatty log never fills the pipe and stalls the server.
+        tokio::spawn(async move {
+            let mut sink = Vec::new();
+            let _ = err.read_to_end(&mut sink).await;
+        });
+        Vak { child, stdout: rx }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id().expect("still running")
+    }
+
+    /// Waits for the startup line and returns the URL it announces.
+    async fn url(&mut self) -> String {
+        let mut seen = Vec::new();
+        loop {
+            let line = tokio::time::timeout(DEADLINE, self.stdout.recv())
+                .await
+                .unwrap_or_else(|_| panic!("no `listening on` line within the deadline; stdout: {seen:?}"))
+                .unwrap_or_else(|| panic!("stdout closed before `listening on`; stdout: {seen:?}"));
+            if let Some(at) = line.find("listening on http://") {
+                let url = line[at + "listening on ".len()..].trim().to_string();
+                return url;
+            }
+            seen.push(line);
+        }
+    }
+
+    async fn wait(&mut self) -> ExitStatus {
+        tokio::time::timeout(DEADLINE, self.child.wait())
+            .await
+            .expect("vak exits within the deadline")
+            .unwrap()
+    }
+
+    /// Sends a signal by name ("TERM", "INT") with kill(1).
+    fn signal(&self, name: &str) {
+        let ok = std::process::Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.pid().to_string())
+            .status()
+            .expect("kill runs")
+            .success();
+        assert!(ok, "SIG{name} delivered");
+    }
+}
+
+impl Drop for Vak {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
+
+/// Runs a `vak` that is expected to fail at startup: (status, stdout, stderr).
+async fn run_to_exit(cmd: Command) -> (ExitStatus, String, String) {
+    let mut cmd = cmd;
+    let out = tokio::time::timeout(DEADLINE, cmd.output())
+        .await
+        .expect("vak exits within the deadline")
+        .unwrap();
+    (
+        out.status,
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+/// The one non-empty line of `stderr` (panics when there are several or none).
+#[track_caller]
+fn one_line(stderr: &str) -> &str {
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "exactly one line on stderr, got {stderr:?}");
+    lines[0]
+}
+
+fn server_json(home: &Path) -> Value {
+    let raw = std::fs::read(home.join("server.json")).expect("server.json exists");
+    serde_json::from_slice(&raw).expect("server.json is JSON")
+}
+
+async fn get_status(url: &str, path: &str, token: Option<&str>) -> u16 {
+    let mut req = reqwest::Client::new().get(format!("{url}{path}"));
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    tokio::time::timeout(DEADLINE, req.send())
+        .await
+        .expect("an answer within the deadline")
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[tokio::test]
+async fn serve_announces_its_real_port_answers_there_and_writes_server_json_owner_only() {
+    let home = tempfile::tempdir().unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut cmd = vak(&["serve", "--listen", "127.0.0.1:0", "--token", "T0k"]);
+    cmd.arg("--home")
+        .arg(home.path())
+        .arg("--workspace")
+        .arg(ws.path());
+    let mut v = Vak::spawn(cmd);
+    let url = v.url().await;
+    let port: u16 = url
+        .strip_prefix("http://127.0.0.1:")
+        .unwrap_or_else(|| panic!("a loopback URL: {url}"))
+        .parse()
+        .unwrap_or_else(|_| panic!("a numeric port: {url}"));
+    assert_ne!(port, 0, "the real port, not the requested 0");
+
+    let health = reqwest::get(format!("{url}/health")).await.unwrap();
+    assert_eq!(health.status(), 200);
+    assert_eq!(health.json::<Value>().await.unwrap()["status"], "ok");
+    assert_eq!(get_status(&url, "/sessions", Some("T0k")).await, 200);
+    assert_eq!(get_status(&url, "/sessions", None).await, 401);
+
+    let path = home.path().join("server.json");
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "server.json holds the token: owner only");
+    let info = server_json(home.path());
+    assert_eq!(info["url"], url.as_str());
+    assert_eq!(info["token"], "T0k");
+}
+
+/// Starts vak, opens an SSE and a gRPC stream on a session sleeping in a run, sends `signal`,
+/// and checks both streams see the run cancelled and the session closed, and vak exits 0.
+async fn signal_stops_gracefully(signal: &str) {
+    let home = tempfile::tempdir().unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut cmd = vak(&["serve", "--listen", "127.0.0.1:0", "--token", "T"]);
+    cmd.arg("--home")
+        .arg(home.path())
+        .arg("--workspace")
+        .arg(ws.path());
+    let mut v = Vak::spawn(cmd);
+    let url = v.url().await;
+    let http = reqwest::Client::new();
+
+    let created: Value = http
+        .post(format!("{url}/sessions"))
+        .bearer_auth("T")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let sid = created["session_id"].as_str().unwrap().to_string();
+    let resp = http
+        .get(format!("{url}/sessions/{sid}/events"))
+        .bearer_auth("T")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut sse = Sse::new(resp);
+    assert_eq!(sse.next().await.unwrap().event, "stream_opened");
+    let channel = tonic::transport::Endpoint::from_shared(url.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = pb::agent_service_client::AgentServiceClient::with_interceptor(channel, Auth("T".into()));
+    let (mut events, _) = grpc_subscribe(&mut grpc, &sid, None).await;
+
+    let r = http
+        .post(format!("{url}/sessions/{sid}/run"))
+        .bearer_auth("T")
+        .json(&serde_json::json!({"prompt": "/sleep 60000"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    sse.until("turn_started").await;
+    events.until("turn_started").await;
+
+    v.signal(signal);
+    let frames = sse.until("run_finished").await;
+    assert_eq!(
+        frames.last().unwrap().body()["outcome"],
+        "cancelled",
+        "{frames:?}"
+    );
+    let closed = sse.next().await.expect("session_closed follows");
+    assert_eq!(closed.event, "session_closed", "{closed:?}");
+    assert!(
+        sse.next().await.is_none(),
+        "the SSE stream ends after session_closed"
+    );
+
+    let got = events.until("run_finished").await;
+    assert_eq!(outcome_of(got.last().unwrap()), "cancelled");
+    let closed = events.expect_next().await;
+    assert_eq!(kind_of(&closed), "session_closed", "{closed:?}");
+    assert!(
+        events.next().await.is_none(),
+        "the gRPC stream ends after session_closed"
+    );
+
+    let status = v.wait().await;
+    assert_eq!(status.code(), Some(0), "graceful shutdown on SIG{signal} exits 0");
+
+    // The ledger was flushed: the settled run is on disk.
+    let ledger = std::fs::read_to_string(home.path().join(format!("sessions/{sid}.jsonl"))).unwrap();
+    let last: Value = serde_json::from_str(ledger.lines().last().unwrap()).unwrap();
+    assert_eq!(last["event"]["event"]["kind"], "run_finished", "{ledger}");
+    assert_eq!(last["event"]["event"]["outcome"], "cancelled", "{ledger}");
+}
+
+#[tokio::test]
+async fn sigterm_settles_the_run_closes_every_stream_and_exits_zero() {
+    signal_stops_gracefully("TERM").await;
+}
+
+#[tokio::test]
+async fn sigint_settles_the_run_closes_every_stream_and_exits_zero() {
+    signal_stops_gracefully("INT").await;
+}
+
+#[tokio::test]
+async fn a_taken_port_exits_nonzero_with_one_line_naming_the_address() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let home = tempfile::tempdir().unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut cmd = vak(&["serve", "--listen", &addr, "--token", "T"]);
+    cmd.arg("--home")
+        .arg(home.path())
+        .arg("--workspace")
+        .arg(ws.path());
+    let (status, stdout, stderr) = run_to_exit(cmd).await;
+    assert!(!status.success(), "a taken port is fatal: {status:?}");
+    assert!(!stdout.contains("listening on"), "{stdout}");
+    let line = one_line(&stderr);
+    assert!(line.contains(&addr), "the line names {addr}: {line:?}");
+    drop(taken);
+}
+
+#[tokio::test]
+async fn an_unwritable_home_exits_nonzero_with_one_clear_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "not a directory").unwrap();
+    let home = file.join("home");
+    let ws = tempfile::tempdir().unwrap();
+    let mut cmd = vak(&["serve", "--listen", "127.0.0.1:0", "--token", "T"]);
+    cmd.arg("--home").arg(&home).arg("--workspace").arg(ws.path());
+    let (status, stdout, stderr) = run_to_exit(cmd).await;
+    assert!(!status.success(), "{status:?}");
+    assert!(!stdout.contains("listening on"), "{stdout}");
+    let line = one_line(&stderr);
+    assert!(
+        line.contains(&*file.to_string_lossy()),
+        "the line names the home: {line:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_non_loopback_listen_address_is_refused() {
+    let home = tempfile::tempdir().unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut cmd = vak(&["serve", "--listen", "0.0.0.0:0", "--token", "T"]);
+    cmd.arg("--home")
+        .arg(home.path())
+        .arg("--workspace")
+        .arg(ws.path());
+    let (status, stdout, stderr) = run_to_exit(cmd).await;
+    assert!(!status.success(), "{status:?}");
+    assert!(!stdout.contains("listening on"), "{stdout}");
+    let line = one_line(&stderr);
+    assert!(line.contains("0.0.0.0"), "{line:?}");
+}
+
+#[tokio::test]
+async fn vak_token_and_vak_home_are_honoured_without_flags() {
+    let home = tempfile::tempdir().unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut cmd = vak(&["serve", "--listen", "127.0.0.1:0"]);
+    cmd.arg("--workspace")
+        .arg(ws.path())
+        .env("VAK_TOKEN", "from-env")
+        .env("VAK_HOME", home.path());
+    let mut v = Vak::spawn(cmd);
+    let url = v.url().await;
+    assert_eq!(get_status(&url, "/sessions", Some("from-env")).await, 200);
+    assert_eq!(get_status(&url, "/sessions", Some("other")).await, 401);
+    let info = server_json(home.path());
+    assert_eq!(info["url"], url.as_str());
+    assert_eq!(info["token"], "from-env");
+    assert!(
+        home.path().join("sessions").is_dir(),
+        "VAK_HOME holds the ledgers"
+    );
+}
+
+#[tokio::test]
+async fn without_a_token_one_is_generated_written_to_server_json_and_accepted() {
+    let home = tempfile::tempdir().unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut cmd = vak(&["serve", "--listen", "127.0.0.1:0"]);
+    cmd.arg("--home")
+        .arg(home.path())
+        .arg("--workspace")
+        .arg(ws.path());
+    let mut v = Vak::spawn(cmd);
+    let url = v.url().await;
+    let info = server_json(home.path());
+    assert_eq!(info["url"], url.as_str());
+    let token = info["token"]
+        .as_str()
+        .expect("a token in server.json")
+        .to_string();
+    assert!(token.len() >= 32, "a random token of real length: {token:?}");
+    assert_eq!(get_status(&url, "/sessions", Some(&token)).await, 200);
+    assert_eq!(get_status(&url, "/sessions", None).await, 401);
+    let mode = std::fs::metadata(home.path().join("server.json"))
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600);
+
+    // A second server generates a different token.
+    let home2 = tempfile::tempdir().unwrap();
+    let mut cmd = vak(&["serve", "--listen", "127.0.0.1:0"]);
+    cmd.arg("--home")
+        .arg(home2.path())
+        .arg("--workspace")
+        .arg(ws.path());
+    let mut v2 = Vak::spawn(cmd);
+    let url2 = v2.url().await;
+    let token2 = server_json(home2.path())["token"].as_str().unwrap().to_string();
+    assert_ne!(token, token2, "tokens are random");
+    assert_eq!(get_status(&url2, "/sessions", Some(&token)).await, 401);
+}
+
+#[tokio::test]
+async fn flags_take_precedence_over_the_environment() {
+    let flag_home = tempfile::tempdir().unwrap();
+    let env_home = tempfile::tempdir().unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut cmd = vak(&["serve", "--listen", "127.0.0.1:0", "--token", "from-flag"]);
+    cmd.arg("--home")
+        .arg(flag_home.path())
+        .arg("--workspace")
+        .arg(ws.path())
+        .env("VAK_TOKEN", "from-env")
+        .env("VAK_HOME", env_home.path());
+    let mut v = Vak::spawn(cmd);
+    let url = v.url().await;
+    assert_eq!(get_status(&url, "/sessions", Some("from-flag")).await, 200);
+    assert_eq!(get_status(&url, "/sessions", Some("from-env")).await, 401);
+    assert_eq!(server_json(flag_home.path())["token"], "from-flag");
+    assert!(!env_home.path().join("server.json").exists());
+}
