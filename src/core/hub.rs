@@ -1,18 +1,39 @@
 //! The session hub: creates sessions, lists them from disk, and keeps exactly one live state per loaded session (loading a persisted one on first use).
 
 use super::ledger::{self, Ledger};
+use super::mux::Control;
 use super::provider::Provider;
 use super::session::{Runtime, Session, SessionInfo};
 use super::CoreConfig;
+use super::PermissionMode;
 use crate::error::{Error, Result};
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 pub struct Hub {
     rt: Arc<Runtime>,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
+    /// Live multiplexed streams by stream id, for follow/unfollow.
+    streams: Mutex<HashMap<String, mpsc::Sender<Control>>>,
+    closing: CancellationToken,
+}
+
+/// What host frames describe.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostInfo {
+    pub version: String,
+    pub workspace: String,
+}
+
+/// What config frames describe.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigInfo {
+    pub permission_mode: String,
+    pub ring: u64,
 }
 
 /// Session ids are path components and cursor-vector keys: keep them plain.
@@ -45,6 +66,8 @@ impl Hub {
         Ok(Hub {
             rt: Arc::new(Runtime { cfg, provider }),
             sessions: Mutex::new(HashMap::new()),
+            streams: Mutex::new(HashMap::new()),
+            closing: CancellationToken::new(),
         })
     }
 
@@ -52,12 +75,48 @@ impl Hub {
         &self.rt.cfg
     }
 
+    pub fn host_info(&self) -> HostInfo {
+        HostInfo {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            workspace: self.rt.cfg.workspace.display().to_string(),
+        }
+    }
+
+    pub fn config_info(&self) -> ConfigInfo {
+        ConfigInfo {
+            permission_mode: match self.rt.cfg.permission {
+                PermissionMode::Ask => "ask",
+                PermissionMode::Allow => "allow",
+                PermissionMode::Deny => "deny",
+            }
+            .to_string(),
+            ring: self.rt.cfg.bus.ring as u64,
+        }
+    }
+
+    /// Resolves once the hub has shut down (every session closed).
+    pub async fn closed(&self) {
+        self.closing.cancelled().await
+    }
+
+    pub fn register_stream(&self, stream_id: &str, control: mpsc::Sender<Control>) {
+        lock(&self.streams).insert(stream_id.to_string(), control);
+    }
+
+    pub fn unregister_stream(&self, stream_id: &str) {
+        lock(&self.streams).remove(stream_id);
+    }
+
+    pub fn stream_control(&self, stream_id: &str) -> Option<mpsc::Sender<Control>> {
+        lock(&self.streams).get(stream_id).cloned()
+    }
+
     fn ledger_path(&self, id: &str) -> PathBuf {
         self.rt.cfg.sessions_dir().join(format!("{id}.jsonl"))
     }
 
-    fn loaded(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Session>>> {
-        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    fn loaded(&self) -> MutexGuard<'_, HashMap<String, Arc<Session>>> {
+        lock(&self.sessions)
     }
 
     pub fn create(&self) -> Result<Arc<Session>> {
@@ -143,5 +202,10 @@ impl Hub {
         for t in tasks {
             let _ = t.await;
         }
+        self.closing.cancel();
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }

@@ -3,9 +3,12 @@
 pub mod agent;
 pub mod approvals;
 pub mod bus;
+pub mod cursor;
 pub mod event;
 pub mod hub;
 pub mod ledger;
+pub mod mux;
+pub mod presentation;
 pub mod provider;
 pub mod session;
 pub mod tools;

@@ -5,6 +5,7 @@ use super::approvals::{Answer, Approvals};
 use super::bus::{Bus, Subscription};
 use super::event::{project, AgentEvent, ApprovalOutcome, ClientEvent, Frame, RunOutcome};
 use super::ledger::{Ledger, Record};
+use super::presentation::{PresentationEvent, Presenter, Timeline};
 use super::provider::Provider;
 use super::transcript::Transcript;
 use super::CoreConfig;
@@ -77,10 +78,52 @@ pub struct Session {
     rt: Arc<Runtime>,
     bus: Bus,
     ledger: Arc<Ledger>,
-    transcript: Mutex<Transcript>,
+    folds: Mutex<Folds>,
+    presence: watch::Sender<Vec<Client>>,
     approvals: Approvals,
     run: Mutex<RunState>,
     busy: watch::Sender<bool>,
+}
+
+/// The projections of the published events, folded under one lock in seq order.
+struct Folds {
+    transcript: Transcript,
+    presenter: Presenter,
+}
+
+impl Folds {
+    fn apply(&mut self, seq: u64, event: &ClientEvent) -> Vec<PresentationEvent> {
+        self.transcript.apply(seq, event);
+        self.presenter.apply(seq, event)
+    }
+}
+
+/// A client attached to a session (a stream of any surface), for coworking frames.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Client {
+    pub client_id: String,
+    /// "sse", "grpc" or "stream".
+    pub surface: String,
+}
+
+/// Keeps a client listed as attached until dropped.
+pub struct PresenceGuard {
+    presence: watch::Sender<Vec<Client>>,
+    client_id: String,
+}
+
+impl Drop for PresenceGuard {
+    fn drop(&mut self) {
+        self.presence
+            .send_modify(|clients| clients.retain(|c| c.client_id != self.client_id));
+    }
+}
+
+/// A subscription opened together with the timeline it starts from.
+pub struct Presented {
+    pub subscription: Subscription,
+    /// The presenter at the subscription point: feed it the frames that follow.
+    pub presenter: Presenter,
 }
 
 #[derive(Default)]
@@ -123,7 +166,8 @@ impl Session {
         let mut header = None;
         let mut latest = 0;
         let mut ring: VecDeque<Arc<Frame>> = VecDeque::new();
-        let mut transcript = Transcript::default();
+        let mut folds: Option<Folds> = None;
+        let mut usage = Vec::new();
         let mut busy = false;
         let mut open_approvals: Vec<String> = Vec::new();
         let mut settled = Vec::new();
@@ -138,14 +182,20 @@ impl Session {
                 Record::Usage {
                     input_tokens,
                     output_tokens,
-                } => transcript.add_usage(input_tokens, output_tokens),
+                } => usage.push((input_tokens, output_tokens)),
                 Record::Event { seq, event } => {
                     if seq <= latest {
                         tracing::warn!(seq, latest, "ignoring an out-of-order ledger event");
                         continue;
                     }
                     latest = seq;
-                    transcript.apply(seq, &event);
+                    let sid = header.as_ref().map_or("", |h: &(String, String)| h.0.as_str());
+                    folds
+                        .get_or_insert_with(|| Folds {
+                            transcript: Transcript::default(),
+                            presenter: Presenter::new(sid),
+                        })
+                        .apply(seq, &event);
                     match &event {
                         ClientEvent::Status { busy: b } => busy = *b,
                         ClientEvent::UserMessage { request_id, .. } => request_ids.push(request_id.clone()),
@@ -175,7 +225,15 @@ impl Session {
             .collect();
         let ledger = Arc::new(ledger);
         let session = Self::build(rt, &id, created_at, ledger, latest, ring);
-        *lock(&session.transcript) = transcript;
+        {
+            let mut f = lock(&session.folds);
+            if let Some(restored) = folds {
+                *f = restored;
+            }
+            for (i, o) in usage {
+                f.transcript.add_usage(i, o);
+            }
+        }
         for (rid, outcome) in settled {
             session.approvals.remember(&rid, outcome);
         }
@@ -225,7 +283,11 @@ impl Session {
             rt,
             bus,
             ledger,
-            transcript: Mutex::new(Transcript::default()),
+            folds: Mutex::new(Folds {
+                transcript: Transcript::default(),
+                presenter: Presenter::new(id),
+            }),
+            presence: watch::channel(Vec::new()).0,
             approvals: Approvals::default(),
             run: Mutex::new(RunState::default()),
             busy: watch::channel(false).0,
@@ -241,7 +303,8 @@ impl Session {
     }
 
     pub fn info(&self) -> SessionInfo {
-        let title = lock(&self.transcript)
+        let title = lock(&self.folds)
+            .transcript
             .messages
             .iter()
             .find(|m| m.role == super::transcript::Role::User)
@@ -274,8 +337,8 @@ impl Session {
             output_tokens,
         } = event
         {
-            let mut t = lock(&self.transcript);
-            t.add_usage(input_tokens, output_tokens);
+            let mut f = lock(&self.folds);
+            f.transcript.add_usage(input_tokens, output_tokens);
             if let Err(e) = self.ledger.append(&Record::Usage {
                 input_tokens,
                 output_tokens,
@@ -287,10 +350,10 @@ impl Session {
         let Some(client) = project(event) else {
             return;
         };
-        // The transcript lock orders the fold exactly as the bus numbers.
-        let mut t = lock(&self.transcript);
+        // The folds lock orders the folds exactly as the bus numbers.
+        let mut f = lock(&self.folds);
         let seq = self.bus.publish(client.clone());
-        t.apply(seq, &client);
+        f.apply(seq, &client);
     }
 
     pub fn publish(&self, event: ClientEvent) {
@@ -305,8 +368,38 @@ impl Session {
         self.bus.latest_seq()
     }
 
+    /// Subscribes and captures the presenter at exactly the subscription point.
+    pub fn subscribe_presented(&self, after: Option<u64>) -> Presented {
+        let f = lock(&self.folds);
+        Presented {
+            subscription: self.bus.subscribe(after),
+            presenter: f.presenter.clone(),
+        }
+    }
+
+    pub fn timeline(&self) -> Timeline {
+        lock(&self.folds).presenter.timeline().clone()
+    }
+
+    /// Lists a client as attached until the guard drops.
+    pub fn join(&self, client_id: &str, surface: &str) -> PresenceGuard {
+        let client = Client {
+            client_id: client_id.to_string(),
+            surface: surface.to_string(),
+        };
+        self.presence.send_modify(|clients| clients.push(client));
+        PresenceGuard {
+            presence: self.presence.clone(),
+            client_id: client_id.to_string(),
+        }
+    }
+
+    pub fn watch_presence(&self) -> watch::Receiver<Vec<Client>> {
+        self.presence.subscribe()
+    }
+
     pub fn transcript(&self) -> Transcript {
-        lock(&self.transcript).clone()
+        lock(&self.folds).transcript.clone()
     }
 
     pub fn approvals(&self) -> &Approvals {

@@ -1,6 +1,10 @@
 //! Every conversion between core types and wire (proto) types, in one place.
 
 use crate::core::event::{ClientEvent, Frame};
+use crate::core::hub::{ConfigInfo, HostInfo};
+use crate::core::mux::{MuxFrame, MuxItem};
+use crate::core::presentation::{Item, PresentationEvent, Timeline};
+use crate::core::session::Client;
 use crate::core::session::{Admission, CancelResult, SessionInfo};
 use crate::core::transcript::Transcript;
 use crate::proto::v1 as pb;
@@ -105,6 +109,7 @@ pub fn stream_opened(session_id: &str, latest_seq: u64) -> pb::Event {
         Kind::StreamOpened(pb::StreamOpened {
             session_id: session_id.to_string(),
             latest_seq,
+            ..Default::default()
         }),
     )
 }
@@ -182,5 +187,144 @@ pub fn transcript(session_id: &str, t: Transcript) -> pb::Transcript {
             input_tokens: t.usage.input_tokens,
             output_tokens: t.usage.output_tokens,
         }),
+    }
+}
+
+pub fn timeline(t: &Timeline) -> pb::OutputTimeline {
+    pb::OutputTimeline {
+        schema_version: t.schema_version,
+        session_id: t.session_id.clone(),
+        seq: t.seq,
+        items: t.items.iter().map(item).collect(),
+    }
+}
+
+pub fn item(i: &Item) -> pb::TimelineItem {
+    pb::TimelineItem {
+        id: i.id.clone(),
+        kind: i.kind.as_str().into(),
+        status: i.status.clone(),
+        text: i.text.clone(),
+        seq: i.seq,
+        tool: i.tool.clone(),
+        call_id: i.call_id.clone(),
+        input: (!i.input.is_null()).then(|| json_to_struct(&i.input)),
+        request_id: i.request_id.clone(),
+    }
+}
+
+pub fn presentation(session_id: &str, e: &PresentationEvent) -> pb::PresentationEvent {
+    use pb::presentation_event::Kind as P;
+    let kind = match e {
+        PresentationEvent::Snapshot(t) => P::Snapshot(timeline(t)),
+        PresentationEvent::ItemStarted(i) => P::ItemStarted(item(i)),
+        PresentationEvent::TextDelta { item_id, text, .. } => P::TextDelta(pb::PresentationTextDelta {
+            item_id: item_id.clone(),
+            text: text.clone(),
+        }),
+        PresentationEvent::ItemReplaced(i) => P::ItemReplaced(item(i)),
+        PresentationEvent::ItemCompleted { item_id, status, .. } => P::ItemCompleted(pb::ItemCompleted {
+            item_id: item_id.clone(),
+            status: status.clone(),
+        }),
+    };
+    pb::PresentationEvent {
+        seq: e.seq(),
+        session_id: session_id.to_string(),
+        kind: Some(kind),
+    }
+}
+
+fn client(c: &Client) -> pb::Client {
+    pb::Client {
+        client_id: c.client_id.clone(),
+        surface: c.surface.clone(),
+    }
+}
+
+pub fn host(h: HostInfo) -> pb::HostInfo {
+    pb::HostInfo {
+        version: h.version,
+        workspace: h.workspace,
+    }
+}
+
+pub fn config(c: ConfigInfo) -> pb::ConfigInfo {
+    pb::ConfigInfo {
+        permission_mode: c.permission_mode,
+        ring: c.ring,
+    }
+}
+
+pub fn mux_opened(stream_id: &str, cursor: String) -> pb::StreamMessage {
+    pb::StreamMessage {
+        id: String::new(),
+        session_id: String::new(),
+        frame: Some(pb::stream_message::Frame::StreamOpened(pb::StreamOpened {
+            stream_id: stream_id.to_string(),
+            cursor,
+            ..Default::default()
+        })),
+    }
+}
+
+pub fn mux_item(m: MuxItem) -> pb::StreamMessage {
+    use pb::stream_message::Frame as F;
+    let sid = m.session_id.as_str();
+    let frame = match m.frame {
+        MuxFrame::Agent(f) => F::Agent(frame(&f)),
+        MuxFrame::Presentation(e) => F::Presentation(presentation(sid, &e)),
+        MuxFrame::Resync { reason, latest_seq } => F::Resync(resync(sid, reason, latest_seq)),
+        MuxFrame::Coworking {
+            clients,
+            joined,
+            left,
+        } => F::Coworking(pb::Coworking {
+            session_id: sid.to_string(),
+            clients: clients.iter().map(client).collect(),
+            joined: joined.iter().map(client).collect(),
+            left: left.iter().map(client).collect(),
+        }),
+        MuxFrame::Closed { reason } => F::SessionClosed(session_closed(sid, reason)),
+    };
+    pb::StreamMessage {
+        id: m.cursor.unwrap_or_default(),
+        session_id: m.session_id,
+        frame: Some(frame),
+    }
+}
+
+pub fn mux_extra(frame: pb::stream_message::Frame) -> pb::StreamMessage {
+    pb::StreamMessage {
+        id: String::new(),
+        session_id: String::new(),
+        frame: Some(frame),
+    }
+}
+
+/// The SSE `event:` name of a multiplexed message.
+pub fn mux_kind_name(frame: &pb::stream_message::Frame) -> &'static str {
+    use pb::stream_message::Frame as F;
+    match frame {
+        F::StreamOpened(_) => "stream_opened",
+        F::Agent(_) => "agent",
+        F::Presentation(_) => "presentation",
+        F::Resync(_) => "resync",
+        F::Coworking(_) => "coworking",
+        F::Host(_) => "host",
+        F::Config(_) => "config",
+        F::SessionClosed(_) => "session_closed",
+    }
+}
+
+/// The SSE `event:` name of a presentation event.
+pub fn presentation_kind_name(kind: &pb::presentation_event::Kind) -> &'static str {
+    use pb::presentation_event::Kind as P;
+    match kind {
+        P::Snapshot(_) => "snapshot",
+        P::ItemStarted(_) => "item_started",
+        P::TextDelta(_) => "text_delta",
+        P::ItemReplaced(_) => "item_replaced",
+        P::ItemCompleted(_) => "item_completed",
     }
 }

@@ -3,7 +3,10 @@
 use super::convert;
 use crate::core::approvals::Answer;
 use crate::core::bus::{Delivery, End};
+use crate::core::cursor::CursorVector;
 use crate::core::hub::Hub;
+use crate::core::mux::{self, Control, Mux};
+use crate::core::presentation::PresentationEvent;
 use crate::edge::errors::to_status;
 use crate::proto::v1 as pb;
 use futures_util::stream::{self, Stream, StreamExt};
@@ -13,6 +16,21 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 pub type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send>>;
+pub type MuxStream = Pin<Box<dyn Stream<Item = Result<pb::StreamMessage, Status>> + Send>>;
+pub type PresentationStream = Pin<Box<dyn Stream<Item = Result<pb::PresentationEvent, Status>> + Send>>;
+
+/// Which surface a stream request came from, for coworking frames. The REST
+/// adapter marks its requests "sse"; without a mark a request is "grpc".
+#[derive(Clone, Copy, Debug)]
+pub struct Surface(pub &'static str);
+
+fn surface<T>(req: &Request<T>) -> &'static str {
+    req.extensions().get::<Surface>().map_or("grpc", |s| s.0)
+}
+
+fn client_id() -> String {
+    format!("c_{}", &uuid::Uuid::new_v4().simple().to_string()[..12])
+}
 
 #[derive(Clone)]
 pub struct AgentApi {
@@ -127,8 +145,10 @@ impl AgentService for AgentApi {
     type SubscribeStream = EventStream;
 
     async fn subscribe(&self, req: Request<pb::SubscribeRequest>) -> Result<Response<EventStream>, Status> {
+        let surface = surface(&req);
         let r = req.into_inner();
         let s = self.session(&r.session_id)?;
+        let presence = s.join(&client_id(), surface);
         let sub = s.subscribe(r.after);
         let sid = s.id().to_string();
         let opened = convert::stream_opened(&sid, sub.latest_seq());
@@ -136,6 +156,7 @@ impl AgentService for AgentApi {
         // Subscribed before announcing: nothing published after stream_opened can be missed.
         let rest = stream::unfold(Some((sub, last)), move |state| {
             let sid = sid.clone();
+            let _attached = &presence;
             async move {
                 let (mut sub, last) = state?;
                 match sub.recv().await? {
@@ -177,5 +198,121 @@ impl AgentService for AgentApi {
         ok(pb::TranscriptMarkdown {
             markdown: s.transcript().markdown(s.id()),
         })
+    }
+
+    type StreamStream = MuxStream;
+
+    async fn stream(&self, req: Request<pb::StreamRequest>) -> Result<Response<MuxStream>, Status> {
+        use pb::stream_message::Frame as F;
+        let r = req.into_inner();
+        let cursor = CursorVector::parse(&r.cursor).map_err(to_status)?;
+        let mux = Mux::open(self.hub.clone(), &r.sessions, &cursor).map_err(to_status)?;
+        let mut first = vec![convert::mux_opened(mux.stream_id(), mux.cursor())];
+        if r.host {
+            first.push(convert::mux_extra(F::Host(convert::host(self.hub.host_info()))));
+        }
+        if r.config {
+            first.push(convert::mux_extra(F::Config(convert::config(
+                self.hub.config_info(),
+            ))));
+        }
+        let rest = stream::unfold(mux, |mut mux| async move {
+            let item = mux.next().await?;
+            Some((Ok(convert::mux_item(item)), mux))
+        });
+        ok(Box::pin(stream::iter(first.into_iter().map(Ok)).chain(rest)) as MuxStream)
+    }
+
+    async fn follow(&self, req: Request<pb::FollowRequest>) -> Result<Response<pb::FollowResponse>, Status> {
+        let r = req.into_inner();
+        let session = self.session(&r.session_id)?;
+        let after = r.after;
+        let sessions = mux::control(&self.hub, &r.stream_id, |reply| Control::Follow {
+            session,
+            after,
+            reply,
+        })
+        .await
+        .map_err(to_status)?;
+        ok(pb::FollowResponse {
+            stream_id: r.stream_id,
+            sessions,
+        })
+    }
+
+    async fn unfollow(
+        &self,
+        req: Request<pb::UnfollowRequest>,
+    ) -> Result<Response<pb::FollowResponse>, Status> {
+        let r = req.into_inner();
+        if r.session_id.is_empty() {
+            return Err(Status::invalid_argument("session_id is required"));
+        }
+        let session_id = r.session_id;
+        let sessions = mux::control(&self.hub, &r.stream_id, |reply| Control::Unfollow {
+            session_id,
+            reply,
+        })
+        .await
+        .map_err(to_status)?;
+        ok(pb::FollowResponse {
+            stream_id: r.stream_id,
+            sessions,
+        })
+    }
+
+    async fn get_presentation(
+        &self,
+        req: Request<pb::GetPresentationRequest>,
+    ) -> Result<Response<pb::OutputTimeline>, Status> {
+        let s = self.session(&req.into_inner().session_id)?;
+        ok(convert::timeline(&s.timeline()))
+    }
+
+    type PresentationEventsStream = PresentationStream;
+
+    async fn presentation_events(
+        &self,
+        req: Request<pb::GetPresentationRequest>,
+    ) -> Result<Response<PresentationStream>, Status> {
+        let surface = surface(&req);
+        let s = self.session(&req.into_inner().session_id)?;
+        let presence = s.join(&client_id(), surface);
+        let presented = s.subscribe_presented(None);
+        let sid = s.id().to_string();
+        let snapshot = PresentationEvent::Snapshot(presented.presenter.timeline().clone());
+        let first = convert::presentation(&sid, &snapshot);
+        let state = (presented.subscription, presented.presenter, presence);
+        let rest = stream::unfold(Some(state), move |state| {
+            let sid = sid.clone();
+            async move {
+                let (mut sub, mut presenter, presence) = state?;
+                loop {
+                    match sub.recv().await? {
+                        Delivery::Frame(f) => {
+                            let events = presenter.apply(f.seq, &f.event);
+                            if events.is_empty() {
+                                continue;
+                            }
+                            let batch: Vec<_> = events
+                                .iter()
+                                .map(|e| Ok(convert::presentation(&sid, e)))
+                                .collect();
+                            return Some((stream::iter(batch), Some((sub, presenter, presence))));
+                        }
+                        Delivery::Resync { .. } => continue,
+                        Delivery::End(End::Lagged) => {
+                            let err = Status::unavailable(
+                                "this subscriber fell too far behind; reconnect for a fresh snapshot",
+                            );
+                            return Some((stream::iter(vec![Err(err)]), None));
+                        }
+                        Delivery::End(End::Closed(_)) => return None,
+                    }
+                }
+            }
+        })
+        .flatten();
+        ok(Box::pin(stream::once(async move { Ok(first) }).chain(rest)) as PresentationStream)
     }
 }

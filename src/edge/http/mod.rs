@@ -3,3 +3,4 @@
 pub mod json;
 pub mod routes;
 pub mod sse;
+pub mod stream;

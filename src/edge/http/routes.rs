@@ -1,7 +1,7 @@
 //! The REST routes of the endpoint table, each a thin translation onto an `AgentService` call.
 
 use super::json::{from_json, to_json};
-use super::sse;
+use super::{sse, stream};
 use crate::edge::errors::{json_error, status_response};
 use crate::edge::grpc::AgentApi;
 use crate::proto::v1 as pb;
@@ -35,6 +35,14 @@ pub fn router(state: AppState) -> Router {
         .route("/sessions/{id}/transcript", get(transcript))
         .route("/sessions/{id}/transcript.md", get(transcript_md))
         .route("/sessions/{id}/attach", post(attach))
+        .route("/sessions/{id}/presentation", get(presentation))
+        .route(
+            "/sessions/{id}/presentation/events",
+            get(sse::presentation_events),
+        )
+        .route("/stream", get(stream::stream))
+        .route("/stream/{stream_id}/follow", post(stream::follow))
+        .route("/stream/{stream_id}/unfollow", post(stream::unfollow))
         .method_not_allowed_fallback(|| async {
             json_error(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -64,7 +72,7 @@ fn reply<M: Message + Name>(
 }
 
 /// Reads and parses a JSON body, answering 413 past the limit and 400 when malformed.
-async fn body<M: Message + Name + Default>(st: &AppState, body: Body) -> Result<M, Response> {
+pub async fn body<M: Message + Name + Default>(st: &AppState, body: Body) -> Result<M, Response> {
     let bytes = match http_body_util::Limited::new(body, st.max_body).collect().await {
         Ok(c) => c.to_bytes(),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => {
@@ -206,4 +214,9 @@ async fn transcript_md(State(st): State<AppState>, Path(id): Path<String>) -> Re
         }
         Err(s) => status_response(&s),
     }
+}
+
+async fn presentation(State(st): State<AppState>, Path(id): Path<String>) -> Response {
+    let req = pb::GetPresentationRequest { session_id: id };
+    reply(StatusCode::OK, st.api.get_presentation(Request::new(req)).await)
 }

@@ -3,7 +3,8 @@
 use super::json::to_json;
 use super::routes::AppState;
 use crate::edge::errors::{json_error, status_response};
-use crate::edge::grpc::convert::kind_name;
+use crate::edge::grpc::convert::{kind_name, presentation_kind_name};
+use crate::edge::grpc::service::Surface;
 use crate::proto::v1 as pb;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -30,15 +31,55 @@ pub fn parse_cursor(raw: &str) -> Result<u64, String> {
         .map_err(|_| format!("malformed cursor {s:?}: out of range"))
 }
 
+/// One SSE frame: `id:` (when given), `event:`, and the JSON as `data:`.
+pub fn sse_frame(name: &str, id: Option<String>, json: Vec<u8>) -> SseEvent {
+    let ev = SseEvent::default()
+        .event(name)
+        .data(String::from_utf8(json).expect("JSON is UTF-8"));
+    match id {
+        Some(id) => ev.id(id),
+        None => ev,
+    }
+}
+
 /// One event as an SSE frame; stream-level frames (seq 0) carry no id.
 pub fn frame(e: &pb::Event) -> SseEvent {
     let name = e.kind.as_ref().map_or("unknown", kind_name);
-    let data = String::from_utf8(to_json(e)).expect("JSON is UTF-8");
-    let ev = SseEvent::default().event(name).data(data);
-    if e.seq > 0 {
-        ev.id(e.seq.to_string())
-    } else {
-        ev
+    sse_frame(name, (e.seq > 0).then(|| e.seq.to_string()), to_json(e))
+}
+
+/// A gRPC server stream as an SSE response: frames until the stream ends or
+/// fails (a lagged subscriber: the client reconnects with its last id),
+/// keepalive comments, and no caching or proxy buffering.
+pub fn respond<T, S>(stream: S, to_frame: fn(T) -> SseEvent) -> Response
+where
+    T: Send + 'static,
+    S: futures_util::Stream<Item = Result<T, tonic::Status>> + Send + 'static,
+{
+    let frames = stream
+        .take_while(|r| std::future::ready(r.is_ok()))
+        .filter_map(move |r| std::future::ready(r.ok().map(|m| Ok::<_, Infallible>(to_frame(m)))));
+    let mut resp = Sse::new(frames)
+        .keep_alive(KeepAlive::new().interval(KEEPALIVE).text("keepalive"))
+        .into_response();
+    let h = resp.headers_mut();
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    resp
+}
+
+fn presentation_frame(e: pb::PresentationEvent) -> SseEvent {
+    let name = e.kind.as_ref().map_or("unknown", presentation_kind_name);
+    sse_frame(name, None, to_json(&e))
+}
+
+/// GET /sessions/:id/presentation/events: a snapshot, then semantic deltas.
+pub async fn presentation_events(State(st): State<AppState>, Path(id): Path<String>) -> Response {
+    let mut req = tonic::Request::new(pb::GetPresentationRequest { session_id: id });
+    req.extensions_mut().insert(Surface("sse"));
+    match st.api.presentation_events(req).await {
+        Ok(r) => respond(r.into_inner(), presentation_frame),
+        Err(s) => status_response(&s),
     }
 }
 
@@ -66,26 +107,15 @@ pub async fn events(
         Ok(a) => a,
         Err(m) => return bad(m),
     };
-    let req = pb::SubscribeRequest {
+    let mut req = tonic::Request::new(pb::SubscribeRequest {
         session_id: id,
         after,
-    };
-    let stream = match st.api.subscribe(tonic::Request::new(req)).await {
-        Ok(r) => r.into_inner(),
-        Err(s) => return status_response(&s),
-    };
-    // A lagged subscriber's stream ends with an error: the SSE stream just
-    // ends, and EventSource reconnects with its Last-Event-ID.
-    let frames = stream
-        .take_while(|r| std::future::ready(r.is_ok()))
-        .filter_map(|r| std::future::ready(r.ok().map(|e| Ok::<_, Infallible>(frame(&e)))));
-    let mut resp = Sse::new(frames)
-        .keep_alive(KeepAlive::new().interval(KEEPALIVE).text("keepalive"))
-        .into_response();
-    let h = resp.headers_mut();
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    resp
+    });
+    req.extensions_mut().insert(Surface("sse"));
+    match st.api.subscribe(req).await {
+        Ok(r) => respond(r.into_inner(), |e| frame(&e)),
+        Err(s) => status_response(&s),
+    }
 }
 
 #[cfg(test)]
