@@ -474,3 +474,27 @@ async fn auth_and_host_rules() {
         .unwrap();
     assert_eq!(r.status(), 200);
 }
+
+#[tokio::test]
+async fn a_failed_leg_settles_its_own_run_and_queued_input_starts_the_next() {
+    let s = TestServer::start().await;
+    let sid = s.create_session().await;
+    let mut sse = s.events(&sid, None).await;
+    s.run(&sid, "/sleep 200\n/fail broken").await;
+    sse.until("turn_started").await;
+    let (_, q) = s
+        .post(&format!("/sessions/{sid}/steering"), json!({"text": "after"}))
+        .await;
+    assert_eq!(q["state"], "queued");
+    let first = sse.until("run_finished").await;
+    assert_eq!(
+        first.last().unwrap().body()["outcome"],
+        "failed",
+        "the failure is not hidden"
+    );
+    let second = sse.until("run_finished").await;
+    assert_eq!(second[0].event, "status");
+    assert_eq!(second[0].body()["busy"], true);
+    assert_eq!(text_of(&second), "echo: after");
+    assert_eq!(second.last().unwrap().body()["outcome"], "completed");
+}

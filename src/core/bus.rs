@@ -1,10 +1,11 @@
 //! The per-session event bus: gap-free seq numbering, a replay ring, and one bounded, lossless queue per subscriber.
 //!
 //! `publish` never blocks on a subscriber. Each subscriber owns a queue of at
-//! most `queue` frames; when it is full, consecutive deltas of one kind merge
-//! (the merged frame carries the last seq), and if that still frees no room the
-//! subscriber is ended with `End::Lagged`: it has been handed every frame up to
-//! its last delivered seq and resumes by subscribing again with that cursor.
+//! most `queue` frames and `max_queued_bytes` of payload; when the frame count
+//! is reached, consecutive deltas of one kind merge (the merged frame carries
+//! the last seq), and if that still frees no room, or the byte budget is spent,
+//! the subscriber is ended with `End::Lagged`: it has been handed every frame up
+//! to its last delivered seq and resumes by subscribing again with that cursor.
 
 use super::event::{ClientEvent, Frame};
 use super::ledger::Ledger;
@@ -20,8 +21,9 @@ pub struct BusConfig {
     pub ring: usize,
     /// Frames a subscriber may have queued before merging or lag kicks in.
     pub queue: usize,
-    /// The largest payload a merged delta frame may grow to.
-    pub max_merged_bytes: usize,
+    /// The most payload bytes (merged or not) a subscriber may have queued:
+    /// the memory bound of a stalled client.
+    pub max_queued_bytes: usize,
 }
 
 impl Default for BusConfig {
@@ -29,7 +31,7 @@ impl Default for BusConfig {
         BusConfig {
             ring: 1024,
             queue: 1024,
-            max_merged_bytes: 4 << 20,
+            max_queued_bytes: 16 << 20,
         }
     }
 }
@@ -79,7 +81,7 @@ impl Bus {
         let cfg = BusConfig {
             ring: cfg.ring.max(1),
             queue: cfg.queue.max(2),
-            max_merged_bytes: cfg.max_merged_bytes.max(1),
+            max_queued_bytes: cfg.max_queued_bytes.max(1),
         };
         let skip = retained.len().saturating_sub(cfg.ring);
         Bus {
@@ -161,7 +163,7 @@ impl Bus {
                     .map(Delivery::Frame),
             );
         }
-        let queue = Arc::new(SubQueue::new(self.cfg.queue, self.cfg.max_merged_bytes));
+        let queue = Arc::new(SubQueue::new(self.cfg.queue, self.cfg.max_queued_bytes));
         match &inner.closed {
             Some(reason) => queue.end(End::Closed(reason.clone())),
             None => inner.subs.push(queue.clone()),
@@ -210,26 +212,29 @@ struct SubQueue {
     state: Mutex<QueueState>,
     notify: Notify,
     cap: usize,
-    max_merged: usize,
+    budget: usize,
 }
 
 struct QueueState {
     frames: VecDeque<Arc<Frame>>,
+    /// The summed `Frame::size` of `frames`.
+    bytes: usize,
     end: Option<End>,
     detached: bool,
 }
 
 impl SubQueue {
-    fn new(cap: usize, max_merged: usize) -> Self {
+    fn new(cap: usize, budget: usize) -> Self {
         SubQueue {
             state: Mutex::new(QueueState {
                 frames: VecDeque::new(),
+                bytes: 0,
                 end: None,
                 detached: false,
             }),
             notify: Notify::new(),
             cap,
-            max_merged,
+            budget,
         }
     }
 
@@ -244,53 +249,30 @@ impl SubQueue {
 
     /// Queues `frame`; false means this subscriber is gone and the bus drops it.
     fn offer(&self, frame: &Arc<Frame>) -> bool {
-        let mut st = self.lock();
+        let mut guard = self.lock();
+        let st = &mut *guard;
         if st.detached || st.end.is_some() {
             return false;
         }
-        if st.frames.len() >= self.cap && !self.merge_into_tail(&mut st.frames, frame) {
-            self.compact(&mut st.frames);
-            if st.frames.len() >= self.cap && !self.merge_into_tail(&mut st.frames, frame) {
-                st.end = Some(End::Lagged);
-                drop(st);
-                self.notify.notify_one();
-                return false;
-            }
+        let fits = st.bytes + frame.size <= self.budget;
+        let placed = fits
+            && (st.frames.len() < self.cap || merge_into_tail(&mut st.frames, frame) || {
+                compact(&mut st.frames);
+                st.frames.len() < self.cap || merge_into_tail(&mut st.frames, frame)
+            });
+        if !placed {
+            st.end = Some(End::Lagged);
+            drop(guard);
+            self.notify.notify_one();
+            return false;
         }
         if st.frames.back().is_none_or(|b| b.seq < frame.seq) {
             st.frames.push_back(frame.clone());
         }
-        drop(st);
+        st.bytes += frame.size;
+        drop(guard);
         self.notify.notify_one();
         true
-    }
-
-    /// Merges `frame` into the last queued frame when both are same-kind
-    /// deltas and the result stays within `max_merged`.
-    fn merge_into_tail(&self, frames: &mut VecDeque<Arc<Frame>>, frame: &Arc<Frame>) -> bool {
-        let Some(tail) = frames.back_mut() else {
-            return false;
-        };
-        match merged(tail, frame, self.max_merged) {
-            Some(m) => {
-                *tail = m;
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Merges every run of consecutive same-kind deltas in the queue.
-    fn compact(&self, frames: &mut VecDeque<Arc<Frame>>) {
-        let mut out: VecDeque<Arc<Frame>> = VecDeque::with_capacity(frames.len());
-        for f in frames.drain(..) {
-            if let Some(m) = out.back().and_then(|t| merged(t, &f, self.max_merged)) {
-                *out.back_mut().expect("checked non-empty") = m;
-            } else {
-                out.push_back(f);
-            }
-        }
-        *frames = out;
     }
 
     fn end(&self, end: End) {
@@ -303,16 +285,41 @@ impl SubQueue {
     }
 }
 
-/// `a` followed by `b` as one frame carrying `b`'s seq, if they may merge.
-fn merged(a: &Arc<Frame>, b: &Arc<Frame>, max: usize) -> Option<Arc<Frame>> {
-    let total = a.event.delta_len()? + b.event.delta_len()?;
-    if total > max {
-        return None;
-    }
+/// `a` followed by `b` as one frame carrying `b`'s seq, if both are same-kind deltas.
+fn merged(a: &Arc<Frame>, b: &Arc<Frame>) -> Option<Arc<Frame>> {
     let mut event = a.event.clone();
     event
         .try_merge(&b.event)
         .then(|| Arc::new(Frame::new(b.seq, b.session_id.clone(), event)))
+}
+
+/// Merges `frame` into the last queued frame when both are same-kind deltas.
+fn merge_into_tail(frames: &mut VecDeque<Arc<Frame>>, frame: &Arc<Frame>) -> bool {
+    let Some(tail) = frames.back_mut() else {
+        return false;
+    };
+    match merged(tail, frame) {
+        Some(m) => {
+            *tail = m;
+            true
+        }
+        None => false,
+    }
+}
+
+/// Merges every run of consecutive same-kind deltas in the queue. The byte
+/// count is left as it was: it over-counts merged frames by their overhead,
+/// which only makes the budget stricter until the queue next drains.
+fn compact(frames: &mut VecDeque<Arc<Frame>>) {
+    let mut out: VecDeque<Arc<Frame>> = VecDeque::with_capacity(frames.len());
+    for f in frames.drain(..) {
+        if let Some(m) = out.back().and_then(|t| merged(t, &f)) {
+            *out.back_mut().expect("checked non-empty") = m;
+        } else {
+            out.push_back(f);
+        }
+    }
+    *frames = out;
 }
 
 /// One subscriber's view of a bus.
@@ -357,9 +364,16 @@ impl Subscription {
                 let mut st = self.queue.lock();
                 while out.len() < max {
                     match st.frames.pop_front() {
-                        Some(f) => out.push(Delivery::Frame(f)),
+                        Some(f) => {
+                            st.bytes = st.bytes.saturating_sub(f.size);
+                            out.push(Delivery::Frame(f));
+                        }
                         None => break,
                     }
+                }
+                if st.frames.is_empty() {
+                    // Merged frames were counted part by part: settle the count.
+                    st.bytes = 0;
                 }
                 if out.is_empty() {
                     if let Some(end) = st.end.clone() {
@@ -392,7 +406,7 @@ mod tests {
         let cfg = BusConfig {
             ring,
             queue,
-            max_merged_bytes: 1 << 20,
+            max_queued_bytes: 1 << 20,
         };
         Bus::new("s".into(), cfg, None, 0, Vec::new())
     }
@@ -510,24 +524,31 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn merged_frames_respect_the_size_bound() {
+    async fn a_stalled_subscriber_holds_at_most_its_byte_budget() {
+        let budget = 64 * 1024;
         let cfg = BusConfig {
             ring: 8,
-            queue: 2,
-            max_merged_bytes: 10,
+            queue: 16,
+            max_queued_bytes: budget,
         };
         let b = Bus::new("s".into(), cfg, None, 0, Vec::new());
         let mut sub = b.subscribe(None);
-        for _ in 0..20 {
-            b.publish(text("abcd"));
+        let chunk = "x".repeat(1000);
+        for _ in 0..1000 {
+            b.publish(text(&chunk));
         }
+        assert_eq!(b.subscriber_count(), 0, "over budget: dropped, not grown");
         let got = drain(&mut sub).await;
         assert!(matches!(got.last(), Some(Delivery::End(End::Lagged))));
-        for d in &got {
-            if let Delivery::Frame(f) = d {
-                assert!(f.event.delta_len().unwrap() <= 10);
-            }
-        }
+        let held: usize = got
+            .iter()
+            .map(|d| match d {
+                Delivery::Frame(f) => f.event.delta_len().unwrap(),
+                _ => 0,
+            })
+            .sum();
+        assert!(held <= budget, "held {held} bytes");
+        assert!(held > budget / 2, "the budget is used before lagging ({held})");
     }
 
     #[tokio::test]

@@ -123,12 +123,28 @@ impl ClientEvent {
         }
     }
 
-    /// The payload size that merging grows: used to bound a merged frame.
+    /// The payload size that merging grows.
     pub fn delta_len(&self) -> Option<usize> {
         match self {
             ClientEvent::TextDelta { text } | ClientEvent::ThinkingDelta { text } => Some(text.len()),
             _ => None,
         }
+    }
+
+    /// Roughly the bytes this event holds: what a subscriber's queue budget counts.
+    pub fn approx_size(&self) -> usize {
+        const OVERHEAD: usize = 64;
+        OVERHEAD
+            + match self {
+                ClientEvent::UserMessage { text, request_id } => text.len() + request_id.len(),
+                ClientEvent::TextDelta { text } | ClientEvent::ThinkingDelta { text } => text.len(),
+                ClientEvent::ToolCall { input, .. } | ClientEvent::ApprovalRequested { input, .. } => {
+                    input.to_string().len()
+                }
+                ClientEvent::ToolResult { output, .. } => output.len(),
+                ClientEvent::RunFinished { message, .. } => message.len(),
+                _ => 0,
+            }
     }
 }
 
@@ -185,6 +201,8 @@ pub struct Frame {
     pub seq: u64,
     pub session_id: Arc<str>,
     pub event: ClientEvent,
+    /// `event.approx_size()`, computed once.
+    pub size: usize,
     encoded: [OnceLock<bytes::Bytes>; 2],
 }
 
@@ -200,6 +218,7 @@ impl Frame {
         Frame {
             seq,
             session_id,
+            size: event.approx_size(),
             event,
             encoded: Default::default(),
         }

@@ -462,7 +462,7 @@ impl Session {
     }
 
     /// Runs legs until the steering queue is empty, then settles: exactly one
-    /// run_finished per chain, published after the session is idle again so a
+    /// run_finished per chain (a failed or cancelled leg ends its chain), published after the session is idle again so a
     /// client reacting to it is admitted as `started`.
     async fn chain(self: Arc<Self>, first: Input) {
         let leg_token = |run: &RunState| run.leg_cancel.clone().unwrap_or_default();
@@ -477,15 +477,27 @@ impl Session {
         let mut input = first;
         loop {
             let cancel = leg_token(&lock(&self.run));
-            let (outcome, message) = agent::run_leg(&self, &input, &cancel).await;
+            let (outcome, mut message) = agent::run_leg(&self, &input, &cancel).await;
             self.approvals.expire_all("the run ended", |e| self.publish(e));
             let mut run = lock(&self.run);
-            match run.queue.pop_front() {
-                Some(next) if !run.closing => {
-                    input = next;
+            if outcome == RunOutcome::Cancelled && run.closing {
+                message = "cancelled: the server is shutting down".into();
+            }
+            let next = if run.closing { None } else { run.queue.pop_front() };
+            match next {
+                Some(next) => {
                     run.leg_cancel = Some(CancellationToken::new());
+                    if outcome != RunOutcome::Completed {
+                        // A failed or cancelled leg settles its own run, so its
+                        // outcome is never hidden; what was queued after it
+                        // starts the next run at once.
+                        self.publish(ClientEvent::Status { busy: false });
+                        self.publish(ClientEvent::RunFinished { outcome, message });
+                        self.publish(ClientEvent::Status { busy: true });
+                    }
+                    input = next;
                 }
-                _ => {
+                None => {
                     run.queue.clear();
                     run.running = false;
                     run.leg_cancel = None;
