@@ -2,6 +2,7 @@
 
 use crate::core::{CoreConfig, PermissionMode};
 use crate::edge::server::{ServeConfig, Server};
+use crate::edge::tls;
 use crate::error::{Error, Result};
 use crate::home;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -31,9 +32,35 @@ pub enum PermissionArg {
 
 #[derive(Parser, Debug)]
 pub struct ServeArgs {
-    /// Address to listen on; must be loopback. Port 0 picks a free port.
+    /// Address to listen on; loopback unless --allow-remote. Port 0 picks a free port.
     #[arg(long, default_value = "127.0.0.1:8901")]
     pub listen: SocketAddr,
+    /// Allow a non-loopback --listen address (use TLS with it).
+    #[arg(long)]
+    pub allow_remote: bool,
+    /// A host name the Host header may carry besides loopback (repeatable;
+    /// also `[server] trusted_hosts` in the home's config.toml).
+    #[arg(long = "trusted-host", value_name = "HOST")]
+    pub trusted_hosts: Vec<String>,
+    /// An origin allowed to call the server from a browser, e.g. an IDE
+    /// webview (repeatable; also `[server] allow_origins` in config.toml).
+    #[arg(long = "allow-origin", value_name = "ORIGIN")]
+    pub allow_origins: Vec<String>,
+    /// PEM certificate chain for TLS (with --tls-key).
+    #[arg(long, requires = "tls_key", conflicts_with = "tls_self_signed")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for TLS (with --tls-cert).
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Serve TLS with a development certificate made once in the home.
+    #[arg(long)]
+    pub tls_self_signed: bool,
+    /// Streams (SSE or gRPC) open at once, in total.
+    #[arg(long, default_value_t = 16384)]
+    pub max_streams: usize,
+    /// Streams open at once from one client address.
+    #[arg(long, default_value_t = 256)]
+    pub max_streams_per_client: usize,
     /// The data home (ledgers, server.json).
     #[arg(long, env = "VAK_HOME")]
     pub home: Option<PathBuf>,
@@ -79,12 +106,53 @@ impl ServeArgs {
             PermissionArg::Allow => PermissionMode::Allow,
             PermissionArg::Deny => PermissionMode::Deny,
         };
+        let file = FileConfig::load(&core.home)?;
         let token = match &self.token {
             Some(t) if t.trim().is_empty() => return Err(Error::invalid("the token is empty")),
             Some(t) => t.clone(),
             None => generate_token(),
         };
-        Ok(ServeConfig::new(core, token))
+        let mut cfg = ServeConfig::new(core, token);
+        cfg.trusted_hosts = [file.server.trusted_hosts, self.trusted_hosts.clone()].concat();
+        cfg.allow_origins = [file.server.allow_origins, self.allow_origins.clone()].concat();
+        for o in &cfg.allow_origins {
+            if o == "*" || o == "null" || !o.contains("://") {
+                return Err(Error::invalid(format!(
+                    "--allow-origin {o:?}: give an exact origin such as http://localhost:5173 (no wildcards)"
+                )));
+            }
+        }
+        cfg.max_streams = self.max_streams;
+        cfg.max_streams_per_client = self.max_streams_per_client;
+        Ok(cfg)
+    }
+}
+
+/// `$VAK_HOME/config.toml`: settings that belong to the machine, not one run.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    #[serde(default)]
+    server: FileServer,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileServer {
+    #[serde(default)]
+    trusted_hosts: Vec<String>,
+    #[serde(default)]
+    allow_origins: Vec<String>,
+}
+
+impl FileConfig {
+    fn load(home: &std::path::Path) -> Result<FileConfig> {
+        let path = home.join("config.toml");
+        match std::fs::read_to_string(&path) {
+            Ok(text) => toml::from_str(&text).map_err(|e| Error::invalid(format!("{}: {e}", path.display()))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(FileConfig::default()),
+            Err(e) => Err(Error::invalid(format!("cannot read {}: {e}", path.display()))),
+        }
     }
 }
 
@@ -102,21 +170,42 @@ async fn shutdown_signal() {
 
 /// `vak serve`: any startup failure is one clear line and a non-zero exit.
 pub async fn serve(args: ServeArgs) -> Result<()> {
-    if !args.listen.ip().is_loopback() {
+    if !args.listen.ip().is_loopback() && !args.allow_remote {
         return Err(Error::invalid(format!(
-            "refusing to listen on {}: vak serves loopback only",
+            "refusing to listen on {}: vak serves loopback only unless --allow-remote is given",
             args.listen
         )));
     }
-    let cfg = args.config()?;
+    let mut cfg = args.config()?;
     let home = cfg.core.home.clone();
+    let tls = if args.tls_self_signed {
+        Some(tls::self_signed(&home)?)
+    } else if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+        Some(tls::load(cert, key)?)
+    } else {
+        None
+    };
+    if let Some(t) = &tls {
+        println!(
+            "vak: TLS certificate {} sha256 fingerprint {}",
+            t.cert_path.display(),
+            t.fingerprint
+        );
+    }
+    cfg.tls = tls.map(|t| t.config);
+    if args.allow_remote && cfg.tls.is_none() && !args.listen.ip().is_loopback() {
+        eprintln!(
+            "vak: warning: remote access without TLS: the token and every byte cross the network unencrypted"
+        );
+    }
+    let scheme = if cfg.tls.is_some() { "https" } else { "http" };
     let token = cfg.token.clone();
     let server = Server::new(cfg)?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| Error::internal(format!("cannot listen on {}: {e}", args.listen)))?;
     let addr = listener.local_addr()?;
-    let url = format!("http://{addr}");
+    let url = format!("{scheme}://{addr}");
     home::write_server_json(&home, &url, &token)?;
     println!("vak: listening on {url}");
     let _ = std::io::stdout().flush();

@@ -4,4 +4,7 @@ pub mod auth;
 pub mod errors;
 pub mod grpc;
 pub mod http;
+pub mod limits;
+pub mod listener;
 pub mod server;
+pub mod tls;

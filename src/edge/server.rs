@@ -1,9 +1,11 @@
 //! The one listener: gRPC (h2c), gRPC-web (HTTP/1.1), reflection, health, REST and SSE on one port, behind the auth guard, with graceful shutdown.
 
-use super::auth::{guard, Auth};
+use super::auth::{self, guard, Auth, AuthConfig};
 use super::errors::{is_grpc, json_error};
 use super::grpc::AgentApi;
 use super::http::routes::{self, AppState};
+use super::limits::StreamLimits;
+use super::listener::{self, ListenConfig};
 use crate::core::hub::Hub;
 use crate::core::provider::offline::OfflineModel;
 use crate::core::provider::Provider;
@@ -15,7 +17,7 @@ use axum::extract::Request;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Router;
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -28,10 +30,23 @@ pub struct ServeConfig {
     pub core: CoreConfig,
     /// The bearer token every request but liveness must present.
     pub token: String,
+    /// Host names accepted besides loopback (behind a proxy, or with --allow-remote).
+    pub trusted_hosts: Vec<String>,
+    /// Cross origins allowed to call the server from a browser.
+    pub allow_origins: Vec<String>,
     /// The largest request body (REST) or message (gRPC) accepted.
     pub max_body: usize,
     /// How long shutdown waits for runs to settle and connections to end.
     pub shutdown_grace: Duration,
+    /// TLS for the one port; None serves plain HTTP (h2c for gRPC).
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// How long a client may take to send a request's headers.
+    pub header_read_timeout: Duration,
+    /// Streams (any surface) open at once, in total and per client address.
+    pub max_streams: usize,
+    pub max_streams_per_client: usize,
+    /// How long one write may stay blocked before a stalled client is dropped.
+    pub write_timeout: Duration,
 }
 
 impl ServeConfig {
@@ -39,8 +54,15 @@ impl ServeConfig {
         ServeConfig {
             core,
             token,
+            trusted_hosts: Vec::new(),
+            allow_origins: Vec::new(),
             max_body: 4 << 20,
             shutdown_grace: Duration::from_secs(5),
+            tls: None,
+            header_read_timeout: Duration::from_secs(10),
+            max_streams: 16384,
+            max_streams_per_client: 256,
+            write_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -66,7 +88,8 @@ impl Server {
     }
 
     /// Serves on `listener` until `shutdown` resolves, then stops gracefully:
-    /// runs are cancelled and settle, streams get session_closed, ledgers are synced.
+    /// runs are cancelled and settle, streams get session_closed, ledgers are
+    /// synced, and open connections get a bounded time to finish.
     pub async fn run(
         self,
         listener: TcpListener,
@@ -75,24 +98,20 @@ impl Server {
         let app = app(self.hub.clone(), &self.cfg).await?;
         let hub = self.hub.clone();
         let grace = self.cfg.shutdown_grace;
-        let (drained_tx, drained_rx) = tokio::sync::oneshot::channel::<()>();
         let signal = async move {
             shutdown.await;
             tracing::info!("shutting down");
             hub.shutdown(grace).await;
-            let _ = drained_tx.send(());
         };
-        let serve = axum::serve(listener, app)
-            .with_graceful_shutdown(signal)
-            .into_future();
-        tokio::pin!(serve);
-        tokio::select! {
-            r = &mut serve => r.map_err(|e| Error::internal(format!("server failed: {e}"))),
-            _ = async { if drained_rx.await.is_ok() { tokio::time::sleep(grace).await } else { std::future::pending().await } } => {
-                tracing::warn!("connections still open {grace:?} after shutdown; closing them");
-                Ok(())
-            }
-        }
+        let cfg = ListenConfig {
+            tls: self.cfg.tls.clone(),
+            header_read_timeout: self.cfg.header_read_timeout,
+            write_timeout: self.cfg.write_timeout,
+            handshake_timeout: Duration::from_secs(10),
+            drain: grace,
+        };
+        listener::serve(listener, app, cfg, signal).await;
+        Ok(())
     }
 }
 
@@ -102,7 +121,10 @@ async fn unknown_rpc() -> Response {
 
 /// The whole HTTP surface as one router.
 pub async fn app(hub: Arc<Hub>, cfg: &ServeConfig) -> Result<Router> {
-    let api = AgentApi::new(hub);
+    let api = AgentApi::new(
+        hub,
+        StreamLimits::new(cfg.max_streams, cfg.max_streams_per_client),
+    );
     let agent = AgentServiceServer::new(api.clone())
         .max_decoding_message_size(cfg.max_body)
         .max_encoding_message_size(usize::MAX);
@@ -146,12 +168,21 @@ pub async fn app(hub: Arc<Hub>, cfg: &ServeConfig) -> Result<Router> {
         api,
         max_body: cfg.max_body,
     };
+    let auth = Auth::new(AuthConfig {
+        token: cfg.token.clone(),
+        trusted_hosts: cfg.trusted_hosts.clone(),
+        allow_origins: cfg.allow_origins.clone(),
+        login_ttl: Duration::from_secs(12 * 3600),
+    });
+    let login = Router::new()
+        .route("/auth/login", axum::routing::post(auth::login))
+        .route("/auth/logout", axum::routing::post(auth::logout))
+        .route("/auth/session", axum::routing::get(auth::session))
+        .with_state(auth.clone());
     Ok(routes::router(state)
+        .merge(login)
         .fallback(dispatch)
-        .layer(axum::middleware::from_fn_with_state(
-            Auth::new(cfg.token.clone()),
-            guard,
-        )))
+        .layer(axum::middleware::from_fn_with_state(auth, guard)))
 }
 
 /// The route a tonic service answers on: `/<package.Service>/<Method>`.

@@ -8,6 +8,8 @@ use crate::core::hub::Hub;
 use crate::core::mux::{self, Control, Mux};
 use crate::core::presentation::PresentationEvent;
 use crate::edge::errors::to_status;
+use crate::edge::limits::{StreamLimits, StreamPermit};
+use crate::edge::listener::PeerAddr;
 use crate::proto::v1 as pb;
 use futures_util::stream::{self, Stream, StreamExt};
 use pb::agent_service_server::AgentService;
@@ -35,11 +37,18 @@ fn client_id() -> String {
 #[derive(Clone)]
 pub struct AgentApi {
     hub: Arc<Hub>,
+    limits: Arc<StreamLimits>,
 }
 
 impl AgentApi {
-    pub fn new(hub: Arc<Hub>) -> Self {
-        AgentApi { hub }
+    pub fn new(hub: Arc<Hub>, limits: Arc<StreamLimits>) -> Self {
+        AgentApi { hub, limits }
+    }
+
+    /// A stream slot for the request's client (429 / RESOURCE_EXHAUSTED past the caps).
+    fn permit<T>(&self, req: &Request<T>) -> Result<StreamPermit, Status> {
+        let client = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
+        self.limits.acquire(client)
     }
 
     fn session(&self, id: &str) -> Result<Arc<crate::core::session::Session>, Status> {
@@ -146,6 +155,7 @@ impl AgentService for AgentApi {
 
     async fn subscribe(&self, req: Request<pb::SubscribeRequest>) -> Result<Response<EventStream>, Status> {
         let surface = surface(&req);
+        let permit = self.permit(&req)?;
         let r = req.into_inner();
         let s = self.session(&r.session_id)?;
         let presence = s.join(&client_id(), surface);
@@ -156,7 +166,7 @@ impl AgentService for AgentApi {
         // Subscribed before announcing: nothing published after stream_opened can be missed.
         let rest = stream::unfold(Some((sub, last)), move |state| {
             let sid = sid.clone();
-            let _attached = &presence;
+            let _attached = (&presence, &permit);
             async move {
                 let (mut sub, last) = state?;
                 match sub.recv().await? {
@@ -204,6 +214,7 @@ impl AgentService for AgentApi {
 
     async fn stream(&self, req: Request<pb::StreamRequest>) -> Result<Response<MuxStream>, Status> {
         use pb::stream_message::Frame as F;
+        let permit = self.permit(&req)?;
         let r = req.into_inner();
         let cursor = CursorVector::parse(&r.cursor).map_err(to_status)?;
         let mux = Mux::open(self.hub.clone(), &r.sessions, &cursor).map_err(to_status)?;
@@ -216,9 +227,9 @@ impl AgentService for AgentApi {
                 self.hub.config_info(),
             ))));
         }
-        let rest = stream::unfold(mux, |mut mux| async move {
+        let rest = stream::unfold((mux, permit), |(mut mux, permit)| async move {
             let item = mux.next().await?;
-            Some((Ok(convert::mux_item(item)), mux))
+            Some((Ok(convert::mux_item(item)), (mux, permit)))
         });
         ok(Box::pin(stream::iter(first.into_iter().map(Ok)).chain(rest)) as MuxStream)
     }
@@ -276,8 +287,9 @@ impl AgentService for AgentApi {
         req: Request<pb::GetPresentationRequest>,
     ) -> Result<Response<PresentationStream>, Status> {
         let surface = surface(&req);
+        let permit = self.permit(&req)?;
         let s = self.session(&req.into_inner().session_id)?;
-        let presence = s.join(&client_id(), surface);
+        let presence = (s.join(&client_id(), surface), permit);
         let presented = s.subscribe_presented(None);
         let sid = s.id().to_string();
         let snapshot = PresentationEvent::Snapshot(presented.presenter.timeline().clone());

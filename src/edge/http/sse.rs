@@ -5,11 +5,13 @@ use super::routes::AppState;
 use crate::edge::errors::{json_error, status_response};
 use crate::edge::grpc::convert::{kind_name, presentation_kind_name};
 use crate::edge::grpc::service::Surface;
+use crate::edge::listener::PeerAddr;
 use crate::proto::v1 as pb;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use futures_util::StreamExt;
 use pb::agent_service_server::AgentService;
 use std::collections::HashMap;
@@ -73,10 +75,24 @@ fn presentation_frame(e: pb::PresentationEvent) -> SseEvent {
     sse_frame(name, None, to_json(&e))
 }
 
-/// GET /sessions/:id/presentation/events: a snapshot, then semantic deltas.
-pub async fn presentation_events(State(st): State<AppState>, Path(id): Path<String>) -> Response {
-    let mut req = tonic::Request::new(pb::GetPresentationRequest { session_id: id });
+/// A service request made on behalf of an SSE client: it keeps the client's
+/// address (stream caps) and is marked "sse" (coworking frames).
+pub fn sse_request<T>(msg: T, peer: Option<Extension<PeerAddr>>) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
     req.extensions_mut().insert(Surface("sse"));
+    if let Some(Extension(p)) = peer {
+        req.extensions_mut().insert(p);
+    }
+    req
+}
+
+/// GET /sessions/:id/presentation/events: a snapshot, then semantic deltas.
+pub async fn presentation_events(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    peer: Option<Extension<PeerAddr>>,
+) -> Response {
+    let req = sse_request(pb::GetPresentationRequest { session_id: id }, peer);
     match st.api.presentation_events(req).await {
         Ok(r) => respond(r.into_inner(), presentation_frame),
         Err(s) => status_response(&s),
@@ -88,6 +104,7 @@ pub async fn events(
     Path(id): Path<String>,
     query: Result<Query<HashMap<String, String>>, axum::extract::rejection::QueryRejection>,
     headers: HeaderMap,
+    peer: Option<Extension<PeerAddr>>,
 ) -> Response {
     let bad = |m: String| json_error(StatusCode::BAD_REQUEST, "invalid_argument", &m);
     let query = match query {
@@ -107,11 +124,13 @@ pub async fn events(
         Ok(a) => a,
         Err(m) => return bad(m),
     };
-    let mut req = tonic::Request::new(pb::SubscribeRequest {
-        session_id: id,
-        after,
-    });
-    req.extensions_mut().insert(Surface("sse"));
+    let req = sse_request(
+        pb::SubscribeRequest {
+            session_id: id,
+            after,
+        },
+        peer,
+    );
     match st.api.subscribe(req).await {
         Ok(r) => respond(r.into_inner(), |e| frame(&e)),
         Err(s) => status_response(&s),

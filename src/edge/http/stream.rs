@@ -2,16 +2,17 @@
 
 use super::json::to_json;
 use super::routes::{body, json, AppState};
-use super::sse::{respond, sse_frame};
+use super::sse::{respond, sse_frame, sse_request};
 use crate::edge::errors::{json_error, status_response};
 use crate::edge::grpc::convert::mux_kind_name;
-use crate::edge::grpc::service::Surface;
+use crate::edge::listener::PeerAddr;
 use crate::proto::v1 as pb;
 use axum::body::Body;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::Event as SseEvent;
 use axum::response::Response;
+use axum::Extension;
 use pb::agent_service_server::AgentService;
 use pb::stream_message::Frame as F;
 
@@ -60,7 +61,12 @@ fn mux_frame(m: pb::StreamMessage) -> SseEvent {
     sse_frame(name, id, data)
 }
 
-pub async fn stream(State(st): State<AppState>, RawQuery(query): RawQuery, headers: HeaderMap) -> Response {
+pub async fn stream(
+    State(st): State<AppState>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+    peer: Option<Extension<PeerAddr>>,
+) -> Response {
     let bad = |m: String| json_error(StatusCode::BAD_REQUEST, "invalid_argument", &m);
     let mut req = match parse_query(query.as_deref().unwrap_or("")) {
         Ok(r) => r,
@@ -73,8 +79,7 @@ pub async fn stream(State(st): State<AppState>, RawQuery(query): RawQuery, heade
             Err(_) => return bad("malformed Last-Event-ID header".into()),
         }
     }
-    let mut req = tonic::Request::new(req);
-    req.extensions_mut().insert(Surface("sse"));
+    let req = sse_request(req, peer);
     match st.api.stream(req).await {
         Ok(r) => respond(r.into_inner(), mux_frame),
         Err(s) => status_response(&s),
