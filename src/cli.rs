@@ -149,7 +149,13 @@ impl FileConfig {
     fn load(home: &std::path::Path) -> Result<FileConfig> {
         let path = home.join("config.toml");
         match std::fs::read_to_string(&path) {
-            Ok(text) => toml::from_str(&text).map_err(|e| Error::invalid(format!("{}: {e}", path.display()))),
+            Ok(text) => toml::from_str(&text).map_err(|e| {
+                // One line: where, and what.
+                let line = e
+                    .span()
+                    .map_or(0, |sp| text[..sp.start.min(text.len())].lines().count().max(1));
+                Error::invalid(format!("{} line {line}: {}", path.display(), e.message()))
+            }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(FileConfig::default()),
             Err(e) => Err(Error::invalid(format!("cannot read {}: {e}", path.display()))),
         }

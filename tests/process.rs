@@ -403,3 +403,181 @@ async fn flags_take_precedence_over_the_environment() {
     assert_eq!(server_json(flag_home.path())["token"], "from-flag");
     assert!(!env_home.path().join("server.json").exists());
 }
+
+/// Spawns `vak serve` with stdout and stderr collected line by line.
+fn spawn_collecting(
+    cmd: &mut Command,
+) -> (
+    Child,
+    mpsc::UnboundedReceiver<String>,
+    std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+) {
+    let mut child = cmd.spawn().expect("vak starts");
+    let out = child.stdout.take().unwrap();
+    let err = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(out).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            let _ = tx.send(line);
+        }
+    });
+    let errs = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = errs.clone();
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(err).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            sink.lock().unwrap().push(line);
+        }
+    });
+    (child, rx, errs)
+}
+
+/// Reads stdout lines until one contains `needle`; returns all lines read.
+async fn read_until(rx: &mut mpsc::UnboundedReceiver<String>, needle: &str) -> Vec<String> {
+    let mut seen = Vec::new();
+    loop {
+        let line = tokio::time::timeout(DEADLINE, rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no {needle:?} within the deadline: {seen:?}"))
+            .unwrap_or_else(|| panic!("stdout closed before {needle:?}: {seen:?}"));
+        let done = line.contains(needle);
+        seen.push(line);
+        if done {
+            return seen;
+        }
+    }
+}
+
+#[tokio::test]
+async fn allow_remote_binds_any_address_and_warns_without_tls() {
+    let home = tempfile::tempdir().unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut cmd = vak(&["serve", "--listen", "0.0.0.0:0", "--allow-remote", "--token", "T"]);
+    cmd.arg("--home")
+        .arg(home.path())
+        .arg("--workspace")
+        .arg(ws.path());
+    let (mut child, mut out, errs) = spawn_collecting(&mut cmd);
+    let lines = read_until(&mut out, "listening on http://0.0.0.0:").await;
+    let url = lines
+        .last()
+        .unwrap()
+        .split("listening on ")
+        .nth(1)
+        .unwrap()
+        .replace("0.0.0.0", "127.0.0.1");
+    assert_eq!(get_status(&url, "/health", None).await, 200);
+    let warned = errs
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|l| l.contains("warning") && l.contains("without TLS"));
+    assert!(warned, "stderr: {:?}", errs.lock().unwrap());
+    let _ = child.start_kill();
+}
+
+#[tokio::test]
+async fn tls_self_signed_prints_its_fingerprint_and_serves_https() {
+    let home = tempfile::tempdir().unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut cmd = vak(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--tls-self-signed",
+        "--token",
+        "T",
+    ]);
+    cmd.arg("--home")
+        .arg(home.path())
+        .arg("--workspace")
+        .arg(ws.path());
+    let (mut child, mut out, _errs) = spawn_collecting(&mut cmd);
+    let lines = read_until(&mut out, "listening on https://127.0.0.1:").await;
+    let fp = lines
+        .iter()
+        .find(|l| l.contains("sha256 fingerprint"))
+        .expect("a fingerprint line");
+    let fp = fp.rsplit(' ').next().unwrap();
+    assert_eq!(fp.len(), 32 * 3 - 1, "colon-separated SHA-256: {fp}");
+    let port = lines
+        .last()
+        .unwrap()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .trim()
+        .to_string();
+    let pem = std::fs::read(home.path().join("tls/dev-cert.pem")).unwrap();
+    let key_mode = std::fs::metadata(home.path().join("tls/dev-key.pem"))
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(key_mode, 0o600);
+    let c = reqwest::Client::builder()
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(reqwest::Certificate::from_pem(&pem).unwrap())
+        .build()
+        .unwrap();
+    let r = c
+        .get(format!("https://localhost:{port}/health"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let _ = child.start_kill();
+}
+
+#[tokio::test]
+async fn config_toml_trusted_hosts_apply_and_a_bad_config_stops_startup() {
+    let home = tempfile::tempdir().unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(
+        home.path().join("config.toml"),
+        "[server]\ntrusted_hosts = [\"vak.test\"]\n",
+    )
+    .unwrap();
+    let mut cmd = vak(&["serve", "--listen", "127.0.0.1:0", "--token", "T"]);
+    cmd.arg("--home")
+        .arg(home.path())
+        .arg("--workspace")
+        .arg(ws.path());
+    let mut v = Vak::spawn(cmd);
+    let url = v.url().await;
+    let r = reqwest::Client::new()
+        .get(format!("{url}/sessions"))
+        .bearer_auth("T")
+        .header("host", "vak.test:8901")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "a trusted host from config.toml");
+    drop(v);
+
+    std::fs::write(home.path().join("config.toml"), "[server]\ntrusted_host = 1\n").unwrap();
+    let mut cmd = vak(&["serve", "--listen", "127.0.0.1:0", "--token", "T"]);
+    cmd.arg("--home")
+        .arg(home.path())
+        .arg("--workspace")
+        .arg(ws.path());
+    let (status, _, stderr) = run_to_exit(cmd).await;
+    assert!(!status.success());
+    assert!(one_line(&stderr).contains("config.toml"), "{stderr}");
+
+    let mut cmd = vak(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--token",
+        "T",
+        "--allow-origin",
+        "*",
+    ]);
+    cmd.arg("--home").arg(ws.path()).arg("--workspace").arg(ws.path());
+    let (status, _, stderr) = run_to_exit(cmd).await;
+    assert!(!status.success(), "a wildcard origin is refused");
+    assert!(one_line(&stderr).contains("no wildcards"), "{stderr}");
+}

@@ -1,0 +1,551 @@
+//! Secure exposure end to end: TLS on the one port (every surface, both ALPN protocols), Host pinning, browser login, origin rules and CORS, `?token=` from loopback only, stream caps, and reaping of slow or stalled clients.
+
+mod support;
+
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tower::ServiceExt;
+use vak::edge::listener::PeerAddr;
+use vak::proto::v1 as pb;
+
+/// A TLS server with a fresh self-signed certificate; returns it and the certificate PEM.
+async fn tls_server() -> (TestServer, Vec<u8>, tempfile::TempDir) {
+    let certs = tempfile::tempdir().unwrap();
+    let tls = vak::edge::tls::self_signed(certs.path()).unwrap();
+    let pem = std::fs::read(&tls.cert_path).unwrap();
+    let s = TestServer::start_with(|c| c.tls = Some(tls.config.clone())).await;
+    (s, pem, certs)
+}
+
+fn https(s: &TestServer) -> String {
+    format!("https://localhost:{}", s.addr.port())
+}
+
+fn tls_client(pem: &[u8], http1: bool) -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
+    let b = reqwest::Client::builder()
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(reqwest::Certificate::from_pem(pem).unwrap())
+        .default_headers(headers);
+    let b = if http1 { b.http1_only() } else { b };
+    b.build().unwrap()
+}
+
+#[tokio::test]
+async fn rest_and_sse_run_over_tls_with_alpn_h2_and_http1() {
+    let (s, pem, _certs) = tls_server().await;
+    for (http1, version) in [
+        (false, reqwest::Version::HTTP_2),
+        (true, reqwest::Version::HTTP_11),
+    ] {
+        let c = tls_client(&pem, http1);
+        let r = c.post(format!("{}/sessions", https(&s))).send().await.unwrap();
+        assert_eq!(r.version(), version, "ALPN picked {version:?}");
+        assert_eq!(r.status(), 201);
+        let sid = r.json::<Value>().await.unwrap()["session_id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let events = c
+            .get(format!("{}/sessions/{sid}/events", https(&s)))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(events.version(), version);
+        let mut sse = Sse::new(events);
+        assert_eq!(sse.next().await.unwrap().event, "stream_opened");
+        let r = c
+            .post(format!("{}/sessions/{sid}/run", https(&s)))
+            .json(&json!({"prompt": "over tls"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 202);
+        let frames = sse.until("run_finished").await;
+        assert_eq!(text_of(&frames), "echo: over tls");
+    }
+}
+
+#[tokio::test]
+async fn grpc_and_grpc_web_run_over_tls() {
+    let (s, pem, _certs) = tls_server().await;
+    let tls = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(&pem))
+        .domain_name("localhost");
+    let channel = tonic::transport::Endpoint::from_shared(https(&s))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut g = pb::agent_service_client::AgentServiceClient::with_interceptor(channel, Auth(TOKEN.into()));
+    let sid = g
+        .create_session(pb::CreateSessionRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .session_id;
+    let mut stream = g
+        .subscribe(pb::SubscribeRequest {
+            session_id: sid.clone(),
+            after: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = stream.message().await.unwrap().unwrap();
+    assert!(matches!(first.kind, Some(pb::event::Kind::StreamOpened(_))));
+    g.run(pb::RunRequest {
+        session_id: sid.clone(),
+        prompt: "grpc tls".into(),
+        request_id: String::new(),
+    })
+    .await
+    .unwrap();
+    let mut text = String::new();
+    loop {
+        let e = tokio::time::timeout(DEADLINE, stream.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        match e.kind {
+            Some(pb::event::Kind::TextDelta(t)) => text.push_str(&t.text),
+            Some(pb::event::Kind::RunFinished(_)) => break,
+            _ => {}
+        }
+    }
+    assert_eq!(text, "echo: grpc tls");
+
+    // gRPC-web over HTTP/1.1 on the same TLS port.
+    let c = tls_client(&pem, true);
+    let msg = prost::Message::encode_to_vec(&pb::GetTranscriptRequest { session_id: sid });
+    let mut body = vec![0u8];
+    body.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+    body.extend_from_slice(&msg);
+    let r = c
+        .post(format!("{}/vak.v1.AgentService/GetTranscript", https(&s)))
+        .header("content-type", "application/grpc-web+proto")
+        .header("x-grpc-web", "1")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.version(), reqwest::Version::HTTP_11);
+    let bytes = r.bytes().await.unwrap();
+    assert_eq!(bytes[0], 0, "a data frame first");
+    let len = u32::from_be_bytes(bytes[1..5].try_into().unwrap()) as usize;
+    let t: pb::Transcript = prost::Message::decode(&bytes[5..5 + len]).unwrap();
+    assert_eq!(t.messages[1].text, "echo: grpc tls");
+    assert!(String::from_utf8_lossy(&bytes[5 + len..]).contains("grpc-status:0"));
+}
+
+#[tokio::test]
+async fn plain_http_to_the_tls_port_is_refused_cleanly() {
+    let (s, _pem, _certs) = tls_server().await;
+    let r = reqwest::get(format!("http://127.0.0.1:{}/health", s.addr.port()))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(r.text().await.unwrap().contains("https://"));
+}
+
+#[tokio::test]
+async fn bad_tls_files_stop_startup_with_one_clear_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = vak::edge::tls::load(&dir.path().join("nope.pem"), &dir.path().join("nope.key"))
+        .err()
+        .unwrap();
+    assert!(
+        missing.message.contains("cannot read the TLS certificate"),
+        "{missing}"
+    );
+    let a = tempfile::tempdir().unwrap();
+    let b = tempfile::tempdir().unwrap();
+    vak::edge::tls::self_signed(a.path()).unwrap();
+    vak::edge::tls::self_signed(b.path()).unwrap();
+    let mismatched = vak::edge::tls::load(
+        &a.path().join("tls/dev-cert.pem"),
+        &b.path().join("tls/dev-key.pem"),
+    )
+    .err()
+    .unwrap();
+    assert!(mismatched.message.contains("does not fit"), "{mismatched}");
+    assert!(!mismatched.message.contains('\n'));
+    std::fs::write(dir.path().join("junk.pem"), "not pem").unwrap();
+    let junk = vak::edge::tls::load(&dir.path().join("junk.pem"), &a.path().join("tls/dev-key.pem"))
+        .err()
+        .unwrap();
+    assert!(junk.message.contains("no certificate"), "{junk}");
+    // The development certificate is made once and reused.
+    let first = vak::edge::tls::self_signed(a.path()).unwrap().fingerprint;
+    assert_eq!(vak::edge::tls::self_signed(a.path()).unwrap().fingerprint, first);
+}
+
+#[tokio::test]
+async fn host_pinning_accepts_loopback_and_trusted_hosts_only() {
+    let plain = TestServer::start().await;
+    let trusting = TestServer::start_with(|c| c.trusted_hosts = vec!["vak.example.com".into()]).await;
+    let c = reqwest::Client::new();
+    for (s, host, want) in [
+        (&plain, "vak.example.com", 403),
+        (&plain, "localhost:1", 200),
+        (&trusting, "vak.example.com", 200),
+        (&trusting, "VAK.EXAMPLE.COM:8443", 200),
+        (&trusting, "evil.example.com", 403),
+    ] {
+        let r = c
+            .get(format!("{}/sessions", s.url))
+            .bearer_auth(TOKEN)
+            .header("host", host)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), want, "{host}");
+    }
+}
+
+fn set_cookie(r: &reqwest::Response) -> String {
+    r.headers()["set-cookie"].to_str().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn browser_login_sets_a_strict_cookie_that_works_on_rest_and_sse() {
+    let s = TestServer::start().await;
+    let c = reqwest::Client::new();
+    let u = &s.url;
+    let r = c.get(format!("{u}/auth/session")).send().await.unwrap();
+    assert_eq!(
+        (r.status().as_u16(), r.json::<Value>().await.unwrap()),
+        (200, json!({"authenticated": false}))
+    );
+    let r = c
+        .post(format!("{u}/auth/login"))
+        .json(&json!({"token": "wrong"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    assert!(r.headers().get("set-cookie").is_none());
+    let body = r.text().await.unwrap();
+    assert!(!body.contains("wrong"), "the presented value is never echoed");
+
+    let r = c
+        .post(format!("{u}/auth/login"))
+        .json(&json!({"token": TOKEN}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let cookie = set_cookie(&r);
+    assert!(cookie.starts_with("vak_session="));
+    for flag in ["HttpOnly", "SameSite=Strict", "Path=/"] {
+        assert!(cookie.contains(flag), "{cookie}");
+    }
+    assert!(
+        !cookie.contains("Secure"),
+        "no Secure flag over plain HTTP: {cookie}"
+    );
+    assert!(
+        !cookie.contains(TOKEN),
+        "the cookie is an opaque id, not the token"
+    );
+    let pair = cookie.split(';').next().unwrap().to_string();
+
+    let r = c
+        .post(format!("{u}/sessions"))
+        .header("cookie", &pair)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201, "cookie-authenticated REST");
+    let sid = r.json::<Value>().await.unwrap()["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let r = c
+        .get(format!("{u}/sessions/{sid}/events"))
+        .header("cookie", &pair)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "cookie-authenticated SSE");
+    let r = c
+        .get(format!("{u}/auth/session"))
+        .header("cookie", &pair)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.json::<Value>().await.unwrap(), json!({"authenticated": true}));
+
+    let r = c
+        .post(format!("{u}/auth/logout"))
+        .header("cookie", &pair)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(set_cookie(&r).contains("Max-Age=0"));
+    let r = c
+        .get(format!("{u}/sessions"))
+        .header("cookie", &pair)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401, "a logged-out cookie no longer works");
+}
+
+#[tokio::test]
+async fn the_login_cookie_is_secure_under_tls() {
+    let (s, pem, _certs) = tls_server().await;
+    let c = tls_client(&pem, true);
+    let r = c
+        .post(format!("{}/auth/login", https(&s)))
+        .json(&json!({"token": TOKEN}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(set_cookie(&r).contains("; Secure"));
+}
+
+/// Sends `req` straight into the router as if it came from `peer`.
+async fn from_peer(s: &TestServer, peer: &str, req: axum::http::Request<axum::body::Body>) -> u16 {
+    let cfg = vak::edge::server::ServeConfig::new(
+        vak::core::CoreConfig::new(s.home.clone(), s.workspace.clone()),
+        TOKEN.to_string(),
+    );
+    let hub = Arc::new(
+        vak::core::hub::Hub::new(
+            cfg.core.clone(),
+            Arc::new(vak::core::provider::offline::OfflineModel),
+        )
+        .unwrap(),
+    );
+    let app = vak::edge::server::app(hub, &cfg).await.unwrap();
+    let mut req = req;
+    req.extensions_mut().insert(PeerAddr(peer.parse().unwrap()));
+    app.oneshot(req).await.unwrap().status().as_u16()
+}
+
+#[tokio::test]
+async fn a_url_token_is_accepted_only_from_loopback_peers() {
+    let s = TestServer::start().await;
+    let r = reqwest::get(format!("{}/sessions?token={TOKEN}", s.url))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "loopback: EventSource-style ?token= works");
+    let r = reqwest::get(format!("{}/sessions?token=nope", s.url))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let req = |q: &str| {
+        axum::http::Request::get(format!("/sessions{q}"))
+            .header("host", "127.0.0.1")
+            .body(axum::body::Body::empty())
+            .unwrap()
+    };
+    assert_eq!(
+        from_peer(&s, "10.1.2.3:5555", req(&format!("?token={TOKEN}"))).await,
+        401
+    );
+    assert_eq!(
+        from_peer(&s, "127.0.0.1:5555", req(&format!("?token={TOKEN}"))).await,
+        200
+    );
+}
+
+#[tokio::test]
+async fn cross_origin_mutations_are_refused_and_cors_answers_allowed_origins_only() {
+    let s = TestServer::start_with(|c| c.allow_origins = vec!["vscode-webview://ide".into()]).await;
+    let h = s.http();
+    let u = &s.url;
+    let own = format!("http://{}", s.addr);
+    let r = h
+        .post(format!("{u}/sessions"))
+        .header("origin", "https://evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403, "a foreign page cannot create sessions");
+    assert!(r.headers().get("access-control-allow-origin").is_none());
+    let r = h
+        .post(format!("{u}/sessions"))
+        .header("origin", &own)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201, "same origin");
+    let r = h
+        .post(format!("{u}/sessions"))
+        .header("origin", "vscode-webview://ide")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201, "allowed origin");
+    assert_eq!(r.headers()["access-control-allow-origin"], "vscode-webview://ide");
+    assert_eq!(r.headers()["access-control-allow-credentials"], "true");
+    // A foreign GET is not a mutation, but CORS never lets the page read it.
+    let r = h
+        .get(format!("{u}/sessions"))
+        .header("origin", "https://evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert!(r.headers().get("access-control-allow-origin").is_none());
+
+    let c = reqwest::Client::new();
+    let pre = |origin: &str| {
+        c.request(reqwest::Method::OPTIONS, format!("{u}/sessions"))
+            .header("origin", origin)
+            .header("access-control-request-method", "POST")
+            .header("access-control-request-headers", "authorization, content-type")
+            .send()
+    };
+    let r = pre("vscode-webview://ide").await.unwrap();
+    assert_eq!(r.status(), 204);
+    assert_eq!(r.headers()["access-control-allow-origin"], "vscode-webview://ide");
+    assert!(r.headers()["access-control-allow-headers"]
+        .to_str()
+        .unwrap()
+        .contains("authorization"));
+    let r = pre("https://evil.example").await.unwrap();
+    assert_eq!(r.status(), 403);
+    assert!(r.headers().get("access-control-allow-origin").is_none());
+    // A cross-origin login is a mutation too.
+    let r = c
+        .post(format!("{u}/auth/login"))
+        .header("origin", "https://evil.example")
+        .json(&json!({"token": TOKEN}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+}
+
+#[tokio::test]
+async fn stream_caps_refuse_with_429_and_resource_exhausted_then_free_up() {
+    let s = TestServer::start_with(|c| {
+        c.max_streams_per_client = 2;
+        c.max_streams = 1000;
+    })
+    .await;
+    let sid = s.create_session().await;
+    let a = s.events(&sid, None).await;
+    let _b = s.events(&sid, None).await;
+    let r = s
+        .http()
+        .get(format!("{}/sessions/{sid}/events", s.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "resource_exhausted");
+    assert!(v["error"]["message"].as_str().unwrap().contains("limit"));
+    let mut g = s.grpc().await;
+    let e = g
+        .subscribe(pb::SubscribeRequest {
+            session_id: sid.clone(),
+            after: None,
+        })
+        .await
+        .err()
+        .expect("over the cap");
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+    drop(a);
+    // The slot frees once the server notices the closed stream.
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let r = s
+            .http()
+            .get(format!("{}/sessions/{sid}/events", s.url))
+            .send()
+            .await
+            .unwrap();
+        if r.status() == 200 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the slot was never freed");
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test]
+async fn a_slow_header_writer_is_cut_off() {
+    let s = TestServer::start_with(|c| c.header_read_timeout = Duration::from_millis(300)).await;
+    let mut tcp = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    tcp.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    // The server closes the connection (read_to_end returns) instead of waiting forever.
+    let _ = tokio::time::timeout(DEADLINE, tcp.read_to_end(&mut buf))
+        .await
+        .expect("closed within the deadline");
+    assert!(
+        !String::from_utf8_lossy(&buf).contains("200 OK"),
+        "no response to half a request"
+    );
+}
+
+/// Polls until a new SSE stream on `sid` is admitted (its slot is free), within the deadline.
+async fn wait_for_a_free_slot(s: &TestServer, sid: &str) {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let r = s
+            .http()
+            .get(format!("{}/sessions/{sid}/events", s.url))
+            .send()
+            .await
+            .unwrap();
+        if r.status() == 200 {
+            return;
+        }
+        assert_eq!(r.status(), 429);
+        assert!(tokio::time::Instant::now() < deadline, "the slot was never freed");
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_is_reaped_and_its_stream_released() {
+    // One stream per client: the stalled client's slot shows whether it still holds a subscription.
+    let s = TestServer::start_with(|c| {
+        c.write_timeout = Duration::from_millis(300);
+        c.max_streams_per_client = 1;
+        // So large that the bus never drops it for lagging: only the write timeout can.
+        c.core.bus.max_queued_bytes = 1 << 30;
+        c.core.bus.queue = 1 << 20;
+    })
+    .await;
+    let busy = s.create_session().await;
+    let idle = s.create_session().await;
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    let mut stalled = sock.connect(s.addr).await.unwrap();
+    let req = format!(
+        "GET /sessions/{busy}/events HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\n\r\n"
+    );
+    stalled.write_all(req.as_bytes()).await.unwrap();
+    let mut head = [0u8; 12];
+    stalled.read_exact(&mut head).await.unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+    let r = s
+        .http()
+        .get(format!("{}/sessions/{idle}/events", s.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429, "the stalled client holds its one slot");
+    // Flood its session far past what the socket buffers hold; it never reads.
+    s.run(&busy, "/burst 300000").await;
+    wait_for_a_free_slot(&s, &idle).await;
+    drop(stalled);
+}
