@@ -93,4 +93,25 @@ mod tests {
             pb::CancelRequest::default()
         );
     }
+
+    proptest::proptest! {
+        #[test]
+        fn any_body_parses_or_errs_without_panicking(body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256)) {
+            let _ = from_json::<pb::RunRequest>(&body);
+            let _ = from_json::<pb::ApproveRequest>(&body);
+            let _ = from_json::<pb::StreamRequest>(&body);
+        }
+
+        #[test]
+        fn json_like_bodies_parse_or_err_without_panicking(s in r#"\{("[a-z_]{1,12}": ?("[^"]{0,8}"|-?[0-9]{1,22}|true|null|\[\]|\{\}),? ?){0,4}\}"#) {
+            let _ = from_json::<pb::RunRequest>(s.as_bytes());
+            let _ = from_json::<pb::FollowRequest>(s.as_bytes());
+        }
+
+        #[test]
+        fn run_requests_round_trip(prompt in ".{0,40}", request_id in "[a-z0-9-]{0,16}") {
+            let r = pb::RunRequest { session_id: "s".into(), prompt, request_id };
+            proptest::prop_assert_eq!(from_json::<pb::RunRequest>(&to_json(&r)).unwrap(), r);
+        }
+    }
 }

@@ -159,4 +159,16 @@ mod tests {
             assert!(parse_cursor(bad).is_err(), "{bad}");
         }
     }
+
+    proptest::proptest! {
+        #[test]
+        fn any_last_event_id_parses_or_errs_without_panicking(s in ".{0,64}") {
+            let _ = parse_cursor(&s);
+        }
+
+        #[test]
+        fn every_seq_round_trips(n in proptest::prelude::any::<u64>()) {
+            proptest::prop_assert_eq!(parse_cursor(&n.to_string()), Ok(n));
+        }
+    }
 }
