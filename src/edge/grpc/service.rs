@@ -2,11 +2,13 @@
 
 use super::convert;
 use crate::core::approvals::Answer;
+use crate::core::bus::Subscription;
 use crate::core::bus::{Delivery, End};
 use crate::core::cursor::CursorVector;
 use crate::core::hub::Hub;
 use crate::core::mux::{self, Control, Mux};
 use crate::core::presentation::PresentationEvent;
+use crate::core::session::PresenceGuard;
 use crate::edge::errors::to_status;
 use crate::edge::limits::{StreamLimits, StreamPermit};
 use crate::edge::listener::PeerAddr;
@@ -56,6 +58,37 @@ impl AgentApi {
             return Err(Status::invalid_argument("session_id is required"));
         }
         self.hub.get(id).map_err(to_status)
+    }
+}
+
+/// A subscription opened for one client, with what holds its stream slot and
+/// its place in the session's coworking list for as long as it lives.
+pub struct Opened {
+    pub session_id: String,
+    pub latest_seq: u64,
+    /// The cursor the client resumed from (None: live only).
+    pub after: Option<u64>,
+    pub subscription: Subscription,
+    pub hold: (PresenceGuard, StreamPermit),
+}
+
+impl AgentApi {
+    /// Opens a session subscription: what Subscribe streams as messages and
+    /// SSE streams as pre-encoded frames.
+    pub fn open_subscription(&self, req: Request<pb::SubscribeRequest>) -> Result<Opened, Status> {
+        let surface = surface(&req);
+        let permit = self.permit(&req)?;
+        let r = req.into_inner();
+        let s = self.session(&r.session_id)?;
+        let presence = s.join(&client_id(), surface);
+        let subscription = s.subscribe(r.after);
+        Ok(Opened {
+            session_id: s.id().to_string(),
+            latest_seq: subscription.latest_seq(),
+            after: r.after,
+            subscription,
+            hold: (presence, permit),
+        })
     }
 }
 
@@ -154,19 +187,19 @@ impl AgentService for AgentApi {
     type SubscribeStream = EventStream;
 
     async fn subscribe(&self, req: Request<pb::SubscribeRequest>) -> Result<Response<EventStream>, Status> {
-        let surface = surface(&req);
-        let permit = self.permit(&req)?;
-        let r = req.into_inner();
-        let s = self.session(&r.session_id)?;
-        let presence = s.join(&client_id(), surface);
-        let sub = s.subscribe(r.after);
-        let sid = s.id().to_string();
-        let opened = convert::stream_opened(&sid, sub.latest_seq());
-        let last = r.after.unwrap_or(sub.latest_seq());
+        let Opened {
+            session_id: sid,
+            latest_seq,
+            after,
+            subscription: sub,
+            hold,
+        } = self.open_subscription(req)?;
+        let opened = convert::stream_opened(&sid, latest_seq);
+        let last = after.unwrap_or(latest_seq);
         // Subscribed before announcing: nothing published after stream_opened can be missed.
         let rest = stream::unfold(Some((sub, last)), move |state| {
             let sid = sid.clone();
-            let _attached = (&presence, &permit);
+            let _attached = &hold;
             async move {
                 let (mut sub, last) = state?;
                 match sub.recv().await? {

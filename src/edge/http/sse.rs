@@ -2,16 +2,24 @@
 
 use super::json::to_json;
 use super::routes::AppState;
+use crate::core::bus::{Delivery, End, Subscription};
+use crate::core::event::Encoding;
+use crate::core::session::PresenceGuard;
 use crate::edge::errors::{json_error, status_response};
+use crate::edge::grpc::convert;
 use crate::edge::grpc::convert::{kind_name, presentation_kind_name};
+use crate::edge::grpc::service::Opened;
 use crate::edge::grpc::service::Surface;
+use crate::edge::limits::StreamPermit;
 use crate::edge::listener::PeerAddr;
 use crate::proto::v1 as pb;
+use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
+use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use pb::agent_service_server::AgentService;
 use std::collections::HashMap;
@@ -131,10 +139,111 @@ pub async fn events(
         },
         peer,
     );
-    match st.api.subscribe(req).await {
-        Ok(r) => respond(r.into_inner(), |e| frame(&e)),
+    match st.api.open_subscription(req) {
+        Ok(opened) => event_stream(opened),
         Err(s) => status_response(&s),
     }
+}
+
+/// Appends one SSE frame: `id:` when given, `event:`, and the JSON as one `data:` line
+/// (compact JSON never contains a raw newline).
+fn write_frame(out: &mut BytesMut, name: &str, id: Option<u64>, json: &[u8]) {
+    if let Some(id) = id {
+        out.extend_from_slice(b"id: ");
+        out.extend_from_slice(id.to_string().as_bytes());
+        out.extend_from_slice(b"\n");
+    }
+    out.extend_from_slice(b"event: ");
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b"\ndata: ");
+    out.extend_from_slice(json);
+    out.extend_from_slice(b"\n\n");
+}
+
+/// Frames taken from the subscription per write.
+const BATCH: usize = 256;
+
+/// The per-session event stream as SSE. Each frame's JSON is made once and
+/// shared by every subscriber (`Frame::encoded`); whatever is queued goes out
+/// as one chunk, so a busy stream costs one write per batch, not per frame.
+fn event_stream(opened: Opened) -> Response {
+    let Opened {
+        session_id,
+        latest_seq,
+        subscription,
+        hold,
+        ..
+    } = opened;
+    let mut first = BytesMut::new();
+    write_frame(
+        &mut first,
+        "stream_opened",
+        None,
+        &to_json(&convert::stream_opened(&session_id, latest_seq)),
+    );
+    struct State {
+        sid: String,
+        sub: Subscription,
+        first: Option<Bytes>,
+        done: bool,
+        _hold: (PresenceGuard, StreamPermit),
+    }
+    let state = State {
+        sid: session_id,
+        sub: subscription,
+        first: Some(first.freeze()),
+        done: false,
+        _hold: hold,
+    };
+    let body = futures_util::stream::unfold(state, |mut st| async move {
+        if let Some(first) = st.first.take() {
+            return Some((Ok::<_, Infallible>(first), st));
+        }
+        if st.done {
+            return None;
+        }
+        let batch = tokio::select! {
+            b = st.sub.recv_many(BATCH) => b,
+            _ = tokio::time::sleep(KEEPALIVE) => return Some((Ok(Bytes::from_static(b": keepalive\n\n")), st)),
+        };
+        if batch.is_empty() {
+            return None;
+        }
+        let mut out = BytesMut::new();
+        for d in batch {
+            match d {
+                Delivery::Frame(f) => {
+                    let json = f.encoded(Encoding::SseJson, |f| Bytes::from(to_json(&convert::frame(f))));
+                    write_frame(&mut out, f.event.kind(), Some(f.seq), &json);
+                }
+                Delivery::Resync { reason, latest_seq } => {
+                    write_frame(
+                        &mut out,
+                        "resync",
+                        None,
+                        &to_json(&convert::resync(&st.sid, reason, latest_seq)),
+                    );
+                }
+                Delivery::End(End::Closed(reason)) => {
+                    let closed = convert::session_closed(&st.sid, reason);
+                    write_frame(&mut out, "session_closed", None, &to_json(&closed));
+                    st.done = true;
+                }
+                // The stream just ends; the client reconnects with its last id.
+                Delivery::End(End::Lagged) => st.done = true,
+            }
+        }
+        Some((Ok(out.freeze()), st))
+    });
+    let mut resp = Body::from_stream(body).into_response();
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    resp
 }
 
 #[cfg(test)]
