@@ -26,6 +26,11 @@ enum Directive<'a> {
     Tool(ToolRequest),
     Sleep(u64),
     Burst(u64),
+    /// N deltas at a fixed rate, each stamped with its send time (benchmarks).
+    Pace {
+        n: u64,
+        per_sec: u64,
+    },
     Fail(&'a str),
     /// A directive with a malformed argument: answered with this explanation.
     Invalid(String),
@@ -78,6 +83,16 @@ fn parse(line: &str) -> Directive<'_> {
     }
     if let Some(n) = word("/burst") {
         return number("/burst", n, MAX_BURST).map_or_else(Directive::Invalid, Directive::Burst);
+    }
+    if let Some(args) = word("/pace") {
+        let mut it = args.split_whitespace();
+        let n = number("/pace", it.next().unwrap_or(""), MAX_BURST);
+        let rate = number("/pace", it.next().unwrap_or(""), 10_000_000);
+        return match (n, rate) {
+            (Ok(n), Ok(per_sec)) if per_sec > 0 => Directive::Pace { n, per_sec },
+            (Err(e), _) | (_, Err(e)) => Directive::Invalid(e),
+            _ => Directive::Invalid("/pace needs a rate above 0".into()),
+        };
     }
     if let Some(msg) = word("/fail") {
         return Directive::Fail(msg);
@@ -165,6 +180,25 @@ impl OfflineModel {
                             tokio::task::yield_now().await;
                         }
                         sink(ProviderEvent::Text(format!("t{i} ")));
+                    }
+                    out.output_tokens += n;
+                    wrote_text = true;
+                }
+                Directive::Pace { n, per_sec } => {
+                    // Deltas are sent on a fixed schedule from the start, so a
+                    // slow tick is caught up rather than stretching the stream.
+                    let start = tokio::time::Instant::now();
+                    let period = Duration::from_nanos(1_000_000_000 / per_sec);
+                    for i in 0..n {
+                        let due = start + period * (i as u32);
+                        tokio::select! {
+                            _ = tokio::time::sleep_until(due) => {}
+                            _ = cancel.cancelled() => return Err(ProviderError::Cancelled),
+                        }
+                        let micros = std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map_or(0, |d| d.as_micros());
+                        sink(ProviderEvent::Text(format!("p{i}@{micros} ")));
                     }
                     out.output_tokens += n;
                     wrote_text = true;
@@ -292,6 +326,34 @@ mod tests {
             out.tool_calls[0].input,
             json!({"path": "notes/a.md", "content": "two words"})
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pace_sends_stamped_deltas_on_schedule() {
+        let mut t = Transcript::default();
+        user(&mut t, "/pace 5 1000");
+        let start = tokio::time::Instant::now();
+        let (r, evs) = turn(&t).await;
+        assert!(r.is_ok());
+        assert_eq!(
+            start.elapsed(),
+            Duration::from_millis(4),
+            "5 deltas at 1 ms spacing"
+        );
+        let texts: Vec<String> = evs
+            .iter()
+            .map(|e| match e {
+                ProviderEvent::Text(t) => t.clone(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        for (i, t) in texts.iter().enumerate() {
+            let (tag, stamp) = t.trim_end().split_once('@').unwrap();
+            assert_eq!(tag, format!("p{i}"));
+            assert!(stamp.parse::<u128>().unwrap() > 0);
+        }
+        user(&mut t, "/pace 5 0");
+        assert!(text(&turn(&t).await.1).starts_with("error: "));
     }
 
     #[tokio::test(start_paused = true)]
