@@ -1,4 +1,4 @@
-//! The `vak` binary: parses the command line and runs it; errors end the process with one line and exit code 1, `vak term` chooses its own exit code.
+//! The `vak` binary: parses the command line and runs it; errors end the process with one line and exit code 1.
 
 use clap::Parser;
 use vak::cli::{Cli, Command};
@@ -20,17 +20,11 @@ fn main() {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Serve(args) => vak::cli::serve(args).await.map(|()| 0),
-            Command::Term(args) => vak::term::run(args).await,
+            Command::Serve(args) => vak::cli::serve(args).await,
         }
     });
-    match result {
-        // Exit without dropping the runtime: `vak term` may leave a thread
-        // blocked reading stdin, which a runtime drop would wait for.
-        Ok(code) => std::process::exit(code),
-        Err(e) => {
-            eprintln!("vak: error: {e}");
-            std::process::exit(1);
-        }
+    if let Err(e) = result {
+        eprintln!("vak: error: {e}");
+        std::process::exit(1);
     }
 }
