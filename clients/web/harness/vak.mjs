@@ -1,0 +1,62 @@
+// Starts `vak serve` on a free loopback port for a test and stops it again.
+import { spawn } from "node:child_process";
+import { existsSync } from "node:fs";
+import { dirname, join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+
+const repo = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..", "..");
+
+/** VAK_BIN, else <repo>/target/debug/vak (build it with `cargo build`). */
+export function vakBin() {
+  const bin = process.env.VAK_BIN || join(repo, "target", "debug", "vak");
+  if (!existsSync(bin)) {
+    throw new Error(`no vak binary at ${bin}: run \`cargo build\` in ${repo} or set VAK_BIN`);
+  }
+  return bin;
+}
+
+/**
+ * Runs `vak serve --listen 127.0.0.1:0 ...args` and waits (at most
+ * `timeoutMs`) for its "vak: listening on URL" line.
+ * Resolves to { url, port, output(), stop() }.
+ */
+export function startVak(args, { timeoutMs = 20_000, env = {} } = {}) {
+  const bin = vakBin();
+  const child = spawn(bin, ["serve", "--listen", "127.0.0.1:0", ...args], {
+    stdio: ["ignore", "pipe", "pipe"],
+    env: { ...process.env, RUST_LOG: process.env.RUST_LOG ?? "warn", ...env },
+  });
+  let out = "";
+  child.stdout.setEncoding("utf8").on("data", (d) => (out += d));
+  child.stderr.setEncoding("utf8").on("data", (d) => (out += d));
+  const exited = new Promise((r) => child.once("exit", (code, signal) => r({ code, signal })));
+
+  const stop = async () => {
+    if (child.exitCode !== null || child.signalCode !== null) return exited;
+    child.kill("SIGTERM");
+    const t = setTimeout(() => child.kill("SIGKILL"), 10_000);
+    const r = await exited;
+    clearTimeout(t);
+    return r;
+  };
+
+  return new Promise((resolveStart, reject) => {
+    const timer = setTimeout(() => {
+      void stop();
+      reject(new Error(`vak did not print its URL within ${timeoutMs} ms; output:\n${out}`));
+    }, timeoutMs);
+    const onData = () => {
+      const m = /vak: listening on (http:\/\/\S+)/.exec(out);
+      if (!m) return;
+      clearTimeout(timer);
+      child.stdout.off("data", onData);
+      const url = m[1];
+      resolveStart({ url, port: Number(new URL(url).port), output: () => out, stop });
+    };
+    child.stdout.on("data", onData);
+    void exited.then(({ code, signal }) => {
+      clearTimeout(timer);
+      reject(new Error(`vak exited (${code ?? signal}) before listening; output:\n${out}`));
+    });
+  });
+}

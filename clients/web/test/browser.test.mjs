@@ -1,0 +1,315 @@
+// The browser test: Debian's chromium (headless, via playwright-core) loads the
+// demo page from a static server; the page talks gRPC-web to a live `vak serve`
+// and follows GET /stream through a TCP proxy that cuts the SSE connection from
+// the server's side in the middle of a frame. Run by `npm test` (after the build).
+//
+//   VAK_BIN      the vak binary (default: <repo>/target/debug/vak)
+//   CHROMIUM_BIN the browser (default: /usr/bin/chromium)
+import { after, before, test } from "node:test";
+import assert from "node:assert/strict";
+import { randomBytes } from "node:crypto";
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { chromium } from "playwright-core";
+import { startProxy } from "../harness/proxy.mjs";
+import { serveStatic } from "../harness/static.mjs";
+import { startVak } from "../harness/vak.mjs";
+
+const root = join(dirname(fileURLToPath(import.meta.url)), "..");
+const artifacts = join(root, "artifacts");
+const CHROMIUM = process.env.CHROMIUM_BIN || "/usr/bin/chromium";
+
+// One text line, an approval-gated write, a pause, a 300-delta burst, one more line.
+const PROMPT = "hello browser\n/write f.txt hello from the browser\n/sleep 300\n/burst 300\nbye";
+const BURST = Array.from({ length: 300 }, (_, i) => `t${i} `).join("");
+// Turn 1 ends at the tool directive; turn 2 starts after the tool result (no
+// leading newline), and its second text line starts with one.
+const EXPECTED = `echo: hello browser${BURST}\necho: bye`;
+// The proxy forwards the stream up to the end of this text, inside the agent
+// frame of burst delta 100, and the test then closes the connection there.
+const TRIGGER = '"text":"t100 "';
+
+let tmp, workspace, token, site, vak, proxy, vak2, proxy2, ctx, page, sessionId, cut;
+const consoleLines = [];
+
+/** Rejects if `p` does not settle within `ms`. */
+function within(ms, p, what) {
+  let timer;
+  const deadline = new Promise((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`timed out after ${ms} ms: ${what}`)), ms);
+  });
+  return Promise.race([p, deadline]).finally(() => clearTimeout(timer));
+}
+
+async function shot(p, name) {
+  await within(10_000, p.screenshot({ path: join(artifacts, `${name}.png`), fullPage: true }), `screenshot ${name}`);
+}
+
+/** A test step: on failure it saves a screenshot and the page's state before rethrowing. */
+function step(name, fn) {
+  test(name, { timeout: 90_000 }, async () => {
+    try {
+      await fn();
+    } catch (err) {
+      const slug = name.replace(/[^a-z0-9]+/gi, "-").slice(0, 40);
+      for (const [i, p] of (ctx?.pages() ?? []).entries()) {
+        await shot(p, `failed-${slug}-tab${i}`).catch(() => {});
+        const st = await p
+          .evaluate(() => JSON.stringify(window.vakPage?.state ?? null, null, 1))
+          .catch((e) => String(e));
+        writeFileSync(join(artifacts, `failed-${slug}-tab${i}.json`), st);
+      }
+      throw err;
+    }
+  });
+}
+
+const pageState = (p) =>
+  p.evaluate(() => {
+    const v = window.vakPage;
+    return {
+      ...v.state,
+      cursor: v.follower?.cursor,
+      reconnects: v.follower?.reconnects,
+      duplicates: v.follower?.duplicates,
+      conn: v.follower?.state,
+    };
+  });
+
+async function openPage(hash) {
+  const p = await within(10_000, ctx.newPage(), "a new tab");
+  p.setDefaultTimeout(15_000);
+  p.on("console", (m) => consoleLines.push(`[${m.type()}] ${m.text()}`));
+  p.on("pageerror", (e) => consoleLines.push(`[pageerror] ${e.message}`));
+  await p.goto(`${site.url}/#${new URLSearchParams(hash)}`, { timeout: 15_000 });
+  return p;
+}
+
+before(
+  async () => {
+    rmSync(artifacts, { recursive: true, force: true });
+    mkdirSync(artifacts, { recursive: true });
+    if (!existsSync(join(root, "dist", "app.js"))) throw new Error("dist/app.js is missing: run `npm run build`");
+    if (!existsSync(CHROMIUM)) throw new Error(`no browser at ${CHROMIUM}: apt-get install -y chromium`);
+    tmp = mkdtempSync(join(tmpdir(), "vak-web-"));
+    workspace = join(tmp, "workspace");
+    mkdirSync(workspace);
+    token = randomBytes(24).toString("hex");
+    site = await serveStatic(join(root, "dist"));
+    vak = await startVak([
+      "--home", join(tmp, "home"),
+      "--workspace", workspace,
+      "--token", token,
+      "--allow-origin", site.url,
+    ]);
+    proxy = await startProxy(vak.port);
+    ctx = await within(
+      30_000,
+      // A fresh profile (--user-data-dir) per run; never a downloaded browser.
+      chromium.launchPersistentContext(join(tmp, "profile"), {
+        executablePath: CHROMIUM,
+        headless: true,
+        timeout: 30_000,
+        args: [
+          "--no-sandbox",
+          "--disable-gpu",
+          "--disable-background-networking",
+          "--disable-component-update",
+          "--disable-quic",
+          "--no-first-run",
+          "--disable-sync",
+        ],
+      }),
+      "chromium start",
+    );
+  },
+  { timeout: 90_000 },
+);
+
+after(async () => {
+  writeFileSync(join(artifacts, "console.log"), consoleLines.join("\n") + "\n");
+  if (proxy) writeFileSync(join(artifacts, "proxy-requests.json"), JSON.stringify(proxy.requests, null, 1));
+  await within(15_000, ctx?.close() ?? Promise.resolve(), "closing chromium").catch(() => {});
+  await proxy?.close();
+  await proxy2?.close();
+  for (const [v, name] of [[vak, "vak"], [vak2, "vak-ring16"]]) {
+    if (!v) continue;
+    await v.stop();
+    writeFileSync(join(artifacts, `${name}.log`), v.output());
+  }
+  await site?.close();
+  if (tmp) rmSync(tmp, { recursive: true, force: true });
+});
+
+step("the page creates a session over gRPC-web and opens GET /stream", async () => {
+  cut = proxy.cutWhen("/stream", TRIGGER);
+  page = await openPage({ server: vak.url, stream: proxy.url, token });
+  await page.waitForFunction(() => window.vakPage?.state.sessionId && window.vakPage.follower?.state === "open", null, {
+    timeout: 15_000,
+  });
+  const st = await pageState(page);
+  sessionId = st.sessionId;
+  assert.match(sessionId, /^[0-9a-f]{32}$/);
+  assert.deepEqual(st.errors, []);
+  assert.equal(st.cursor, `${sessionId}:0`);
+  await shot(page, "01-session-open");
+});
+
+step("a prompt runs over gRPC-web and its approval is answered in the page", async () => {
+  await page.fill("#prompt", PROMPT);
+  await page.click("#run");
+  const approve = page.locator("#approvals button.approve");
+  await approve.waitFor({ timeout: 15_000 });
+  assert.match(await page.locator("#approvals li").first().innerText(), /write 22 bytes to f\.txt/);
+  await shot(page, "02-approval-requested");
+  await approve.click();
+  await page.locator("#approvals li .outcome").waitFor({ timeout: 15_000 });
+  assert.equal(await page.locator("#approvals li .outcome").innerText(), "approved");
+  await shot(page, "03-approved");
+});
+
+step("a server-side cut mid-frame resumes with Last-Event-ID: nothing lost or repeated", async () => {
+  const held = await within(20_000, cut, "the proxy to see burst delta 100 on /stream");
+  assert.ok(held.request.path.startsWith("/stream?"), held.request.path);
+  // The page has everything before the held frame: delta 99 is the last text.
+  await page.waitForFunction(() => window.vakPage.state.text.endsWith(" t99 "), null, { timeout: 10_000 });
+  held.cut();
+  await page.waitForFunction(() => window.vakPage.state.drops.length > 0, null, { timeout: 10_000 });
+  await shot(page, "04-cut");
+  await page.waitForFunction(
+    (len) => {
+      const v = window.vakPage;
+      return v.follower.reconnects >= 1 && v.state.outcome === "completed" && v.state.text.length >= len;
+    },
+    EXPECTED.length,
+    { timeout: 30_000 },
+  );
+  // Frames that were still coming would show up as extra text: give them a moment.
+  await new Promise((r) => setTimeout(r, 500));
+  const st = await pageState(page);
+  await shot(page, "05-resumed-complete");
+
+  assert.equal(st.text, EXPECTED, "the text on the page");
+  assert.equal(await page.locator("#text").innerText(), EXPECTED, "the rendered text");
+  assert.equal(st.duplicates, 0, "frames the follower had to drop as repeats");
+  assert.equal(st.resyncs, 0);
+  assert.deepEqual(st.errors, []);
+  assert.equal(st.reconnects, 1);
+
+  // The cut came in the middle of the stream (inside the frame of delta 100).
+  const drop = st.drops[0];
+  assert.equal(drop.textLength, EXPECTED.indexOf("t100 "), "the page had the text up to delta 99 at the cut");
+
+  // The browser's own reconnect carried the cursor vector as Last-Event-ID.
+  const gets = proxy.requests.filter((r) => r.method === "GET" && r.path.startsWith("/stream?"));
+  assert.equal(gets.length, 2, JSON.stringify(gets, null, 1));
+  assert.equal(gets[0].headers["last-event-id"], undefined);
+  const resumed = gets[1].headers["last-event-id"];
+  assert.match(resumed ?? "", new RegExp(`^${sessionId}:\\d+$`));
+  assert.equal(resumed, drop.cursor, "Last-Event-ID is the cursor of the last frame the page got");
+  assert.equal(gets[1].path, gets[0].path, "EventSource reconnects to the same URL");
+  assert.ok(gets[1].conn !== gets[0].conn, "on a new connection");
+});
+
+step("the gRPC-web server stream (Subscribe) carried the same text", async () => {
+  await page.waitForFunction(() => window.vakPage.state.grpcOutcome === "completed", null, { timeout: 15_000 });
+  const st = await pageState(page);
+  assert.equal(st.grpcText, EXPECTED);
+});
+
+step("the approved write_file reached the workspace", () => {
+  assert.equal(readFileSync(join(workspace, "f.txt"), "utf8"), "hello from the browser");
+});
+
+step("follow and unfollow change the live stream", async () => {
+  const r = await page.evaluate(async () => {
+    const { follower, client } = window.vakPage;
+    const { sessionId: b } = await client.createSession({});
+    let text = "";
+    let finished;
+    const done = new Promise((res) => (finished = res));
+    const off = follower.on("agent", (ev) => {
+      if (ev.sessionId !== b) return;
+      if (ev.kind.case === "textDelta") text += ev.kind.value.text;
+      if (ev.kind.case === "runFinished") finished(ev.kind.value.outcome);
+    });
+    const followed = [...(await follower.follow(b))];
+    await client.run({ sessionId: b, prompt: "second session" });
+    const outcome = await Promise.race([
+      done,
+      new Promise((_, rej) => setTimeout(() => rej(new Error("no run_finished for the followed session")), 10_000)),
+    ]);
+    off();
+    const cursor = follower.cursor;
+    const unfollowed = [...(await follower.unfollow(b))];
+    return { b, followed, outcome, text, cursor, unfollowed };
+  });
+  assert.deepEqual(r.followed, [sessionId, r.b]);
+  assert.equal(r.outcome, "completed");
+  assert.equal(r.text, "echo: second session");
+  assert.match(r.cursor, new RegExp(`^${sessionId}:\\d+,${r.b}:\\d+$`));
+  assert.deepEqual(r.unfollowed, [sessionId]);
+  const posts = proxy.requests.filter((q) => q.method === "POST").map((q) => q.path.replace(/st_[0-9a-f]+/, "ST"));
+  assert.deepEqual(posts, ["/stream/ST/follow", "/stream/ST/unfollow"]);
+});
+
+step("a login cookie works instead of the token (gRPC-web and EventSource)", async () => {
+  const p = await openPage({ server: vak.url, stream: proxy.url, token, auth: "cookie" });
+  await p.waitForFunction(() => window.vakPage?.state.sessionId && window.vakPage.follower?.state === "open", null, {
+    timeout: 15_000,
+  });
+  await p.fill("#prompt", "hello cookie");
+  await p.click("#run");
+  await p.waitForFunction(() => window.vakPage.state.outcome === "completed", null, { timeout: 15_000 });
+  const st = await pageState(p);
+  await shot(p, "06-cookie-login");
+  assert.equal(st.text, "echo: hello cookie");
+  assert.deepEqual(st.errors, []);
+  const get = proxy.requests.find((q) => q.method === "GET" && q.path.includes(`session=${st.sessionId}`));
+  assert.ok(get, "the cookie page's GET /stream went through the proxy");
+  assert.ok(!get.path.includes("token="), get.path);
+  assert.match(get.headers.cookie ?? "", /(^|; )vak_session=/);
+  await p.close();
+});
+
+step("a cursor older than the ring: resync is surfaced, the page refetches, the text stays exact", async () => {
+  vak2 = await startVak([
+    "--home", join(tmp, "home2"),
+    "--workspace", workspace,
+    "--token", token,
+    "--ring", "16",
+    "--allow-origin", site.url,
+  ]);
+  proxy2 = await startProxy(vak2.port);
+  const cut2 = proxy2.cutWhen("/stream", '"text":"t20 "');
+  const p = await openPage({ server: vak2.url, stream: proxy2.url, token });
+  await p.waitForFunction(() => window.vakPage?.state.sessionId && window.vakPage.follower?.state === "open", null, {
+    timeout: 15_000,
+  });
+  await p.fill("#prompt", "/burst 100\nbye");
+  await p.click("#run");
+  const held = await within(20_000, cut2, "the proxy to see burst delta 20");
+  await p.waitForFunction(() => window.vakPage.state.text.endsWith(" t19 "), null, { timeout: 10_000 });
+  // The run ends while the stream is held: far more than 16 frames pass the page's cursor.
+  await p.waitForFunction(() => window.vakPage.state.grpcOutcome === "completed", null, { timeout: 15_000 });
+  held.cut();
+  await p.waitForFunction(
+    () => window.vakPage.state.resyncs === 1 && window.vakPage.state.outcome === "completed",
+    null,
+    { timeout: 20_000 },
+  );
+  await new Promise((r) => setTimeout(r, 300));
+  const st = await pageState(p);
+  await shot(p, "07-resync");
+  const burst = Array.from({ length: 100 }, (_, i) => `t${i} `).join("");
+  assert.equal(st.text, `${burst}\necho: bye`);
+  assert.equal(st.grpcText, `${burst}\necho: bye`);
+  assert.deepEqual(st.errors, []);
+  assert.ok(st.log.includes("resync: cursor_too_old"), st.log.join("\n"));
+  const gets = proxy2.requests.filter((r) => r.method === "GET" && r.path.startsWith("/stream?"));
+  assert.equal(gets.length, 2);
+  assert.equal(gets[1].headers["last-event-id"], st.drops[0].cursor);
+  await p.close();
+});
