@@ -191,7 +191,9 @@ pub struct Mux {
     cursors: CursorVector,
     feeds: StreamMap<String, BoxStream<'static, Vec<MuxFrame>>>,
     control: mpsc::Receiver<Control>,
-    pending: VecDeque<MuxItem>,
+    /// Frames taken from feeds but not yet handed out. Cursors move only when
+    /// a frame is handed out, so an id never runs ahead of what was delivered.
+    pending: VecDeque<(String, MuxFrame)>,
 }
 
 impl Mux {
@@ -245,6 +247,8 @@ impl Mux {
 
     fn follow(&mut self, session: Arc<Session>, after: Option<u64>) {
         let id = session.id().to_string();
+        // A re-follow replaces the old subscription: none of its frames may follow.
+        self.pending.retain(|(sid, _)| *sid != id);
         let (feed, start) = Feed::open(session, after, &self.stream_id);
         self.cursors.set(&id, start);
         self.feeds.insert(id, feed_stream(feed));
@@ -277,6 +281,7 @@ impl Mux {
             }
             Control::Unfollow { session_id, reply } => {
                 self.feeds.remove(&session_id);
+                self.pending.retain(|(sid, _)| *sid != session_id);
                 self.cursors.remove(&session_id);
                 let _ = reply.send(Ok(self.followed()));
             }
@@ -286,24 +291,26 @@ impl Mux {
     /// The next item; None when the server shuts down.
     pub async fn next(&mut self) -> Option<MuxItem> {
         loop {
-            if let Some(item) = self.pending.pop_front() {
-                return Some(item);
+            if let Some((sid, frame)) = self.pending.pop_front() {
+                let cursor = match &frame {
+                    MuxFrame::Agent(f) => {
+                        self.cursors.set(&sid, f.seq);
+                        Some(self.cursors.to_string())
+                    }
+                    MuxFrame::Presentation(_) => Some(self.cursors.to_string()),
+                    _ => None,
+                };
+                return Some(MuxItem {
+                    session_id: sid,
+                    frame,
+                    cursor,
+                });
             }
             tokio::select! {
                 biased;
                 Some(c) = self.control.recv() => self.control(c),
                 Some((sid, batch)) = self.feeds.next(), if !self.feeds.is_empty() => {
-                    for frame in batch {
-                        let cursor = match &frame {
-                            MuxFrame::Agent(f) => {
-                                self.cursors.set(&sid, f.seq);
-                                Some(self.cursors.to_string())
-                            }
-                            MuxFrame::Presentation(_) => Some(self.cursors.to_string()),
-                            _ => None,
-                        };
-                        self.pending.push_back(MuxItem { session_id: sid.clone(), frame, cursor });
-                    }
+                    self.pending.extend(batch.into_iter().map(|frame| (sid.clone(), frame)));
                 }
                 _ = self.hub.closed() => {
                     if self.feeds.is_empty() {
@@ -311,11 +318,7 @@ impl Mux {
                     }
                     // Sessions close before the hub does: drain their last frames.
                     match tokio::time::timeout(Duration::from_millis(200), self.feeds.next()).await {
-                        Ok(Some((sid, batch))) => self.pending.extend(batch.into_iter().map(|frame| MuxItem {
-                            session_id: sid.clone(),
-                            frame,
-                            cursor: None,
-                        })),
+                        Ok(Some((sid, batch))) => self.pending.extend(batch.into_iter().map(|frame| (sid.clone(), frame))),
                         _ => return None,
                     }
                 }
