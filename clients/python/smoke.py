@@ -176,11 +176,10 @@ def describe(event: Event) -> str:
 def expect_unauthenticated_rpc(client: Client, session_id: str, label: str) -> None:
     try:
         client.create_session()
-    except grpc.RpcError as err:
-        code = err.code()
+    except VakError as err:
         check(
-            code == grpc.StatusCode.UNAUTHENTICATED,
-            f"CreateSession with {label}: expected UNAUTHENTICATED, got {code} ({err.details()})",
+            err.grpc_code == grpc.StatusCode.UNAUTHENTICATED and err.status == 401,
+            f"CreateSession with {label}: expected UNAUTHENTICATED, got {err.grpc_code} ({err.message})",
         )
     else:
         raise SmokeFailure(f"CreateSession with {label} succeeded; expected UNAUTHENTICATED")
@@ -223,7 +222,8 @@ def smoke(binary: Path, workdir: Path, report: dict[str, Any]) -> str:
     report["server"] = server
     url = server.wait_listening(START_DEADLINE)
 
-    client = Client(url, token, timeout=RPC_TIMEOUT)
+    client = Client(url, token, timeout=RPC_TIMEOUT)  # unary calls over gRPC
+    rest = Client(url, token, timeout=RPC_TIMEOUT, unary="rest")  # ... and over REST
     anon = Client(url, None, timeout=RPC_TIMEOUT)
     wrong = Client(url, "not-" + token, timeout=RPC_TIMEOUT)
     try:
@@ -267,7 +267,7 @@ def smoke(binary: Path, workdir: Path, report: dict[str, Any]) -> str:
         # REST: start the run on the same server.
         request_id = f"smoke-{secrets.token_hex(6)}"
         try:
-            admission = client.run(session_id, PROMPT, request_id=request_id)
+            admission = rest.run(session_id, PROMPT, request_id=request_id)
         except VakError as err:
             raise SmokeFailure(f"POST /sessions/{{id}}/run: {err}") from None
         check(admission.state == "started", f"admission state is {admission.state!r}, expected 'started'")
@@ -343,7 +343,7 @@ def smoke(binary: Path, workdir: Path, report: dict[str, Any]) -> str:
             f"SIGTERM -> exit 0 in {waited:.2f}s{closed}"
         )
     finally:
-        for c in (client, anon, wrong):
+        for c in (client, rest, anon, wrong):
             c.close()
 
 

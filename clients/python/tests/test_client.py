@@ -1,0 +1,169 @@
+"""Every `Client` method, over gRPC and over REST (the `unary` fixture)."""
+
+from __future__ import annotations
+
+import re
+import secrets
+
+import pytest
+from helpers import Server, burst_text, finished, kind, take_until, texts, wait_finished
+
+from vak_client import Client, VakError, agent_pb2
+
+
+def test_create_list_attach(client: Client) -> None:
+    sid = client.create_session()
+    assert re.fullmatch(r"[0-9a-f]{32}", sid), sid
+    listed = {s.session_id: s for s in client.list_sessions()}
+    assert sid in listed
+    assert listed[sid].title == "" and listed[sid].latest_seq == 0
+    summary = client.attach(sid)
+    assert isinstance(summary, agent_pb2.SessionSummary)
+    assert summary.session_id == sid and summary.loaded and not summary.busy
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", summary.created_at), summary.created_at
+
+
+def test_run_transcript_presentation(client: Client) -> None:
+    sid = client.create_session()
+    rid = f"r-{secrets.token_hex(4)}"
+    with client.follow(sid, after=0) as events:
+        admission = client.run(sid, "hello world\nbye", request_id=rid)
+        assert (admission.request_id, admission.state) == (rid, "started")
+        got = take_until(events, finished, events)
+    assert texts(got) == "echo: hello world\necho: bye"
+    assert got[-1].run_finished.outcome == "completed"
+    # Retrying with the same request id is safe.
+    assert client.run(sid, "hello world\nbye", request_id=rid).state == "duplicate"
+
+    transcript = client.transcript(sid)
+    assert transcript.session_id == sid
+    assert [(m.role, m.text) for m in transcript.messages] == [
+        ("user", "hello world\nbye"),
+        ("assistant", "echo: hello world\necho: bye"),
+    ]
+    assert transcript.usage.output_tokens > 0
+
+    markdown = client.transcript_markdown(sid)
+    assert markdown.startswith(f"# Session {sid}")
+    assert "echo: hello world" in markdown
+
+    timeline = client.presentation(sid)
+    assert timeline.schema_version == 2 and timeline.session_id == sid
+    assert timeline.seq == got[-1].seq
+    assert [i.kind for i in timeline.items][:2] == ["user_input", "assistant_text"]
+    assert client.attach(sid).title == "hello world"
+
+
+def test_run_generates_request_id(client: Client) -> None:
+    sid = client.create_session()
+    admission = client.run(sid, "hi")
+    assert re.fullmatch(r"req_[0-9a-f]{32}", admission.request_id), admission.request_id
+    wait_finished(client, sid)
+
+
+def test_steer_and_cancel(client: Client) -> None:
+    sid = client.create_session()
+    with client.follow(sid, after=0) as events:
+        assert client.run(sid, "/sleep 60000").state == "started"
+        take_until(events, lambda e: kind(e) == "turn_started", events)
+        steered = client.steer(sid, "also this", request_id="s1")
+        assert (steered.request_id, steered.state) == ("s1", "queued")
+        assert client.steer(sid, "also this", request_id="s1").state == "duplicate"
+        assert client.steer(sid, "and this").state == "queued"
+        cancelled = client.cancel(sid)
+        assert cancelled.cancelled and cancelled.discarded == 2
+        got = take_until(events, finished, events)
+    assert got[-1].run_finished.outcome == "cancelled"
+    assert got[-1].run_finished.message == "cancelled by a client"
+    # Discarded input never appears; an idle cancel is not an error.
+    assert not any(kind(e) == "user_message" for e in got)
+    idle = client.cancel(sid)
+    assert not idle.cancelled and idle.discarded == 0
+
+
+def test_steer_starts_a_run_when_idle(client: Client) -> None:
+    sid = client.create_session()
+    with client.follow(sid, after=0) as events:
+        assert client.steer(sid, "steered").state == "started"
+        got = take_until(events, finished, events)
+    assert texts(got) == "echo: steered"
+
+
+@pytest.mark.parametrize("approve", [True, False])
+def test_approval_round_trip(server: Server, client: Client, approve: bool) -> None:
+    sid = client.create_session()
+    name = f"f-{secrets.token_hex(4)}.txt"
+    answers: list[agent_pb2.ApproveResponse] = []
+
+    def answer(ev: agent_pb2.Event) -> None:
+        if kind(ev) == "approval_requested":
+            req = ev.approval_requested
+            assert req.tool == "write_file" and req.reason == f"write 2 bytes to {name}"
+            assert dict(req.input) == {"path": name, "content": "hi"}
+            answers.append(client.approve(sid, req.request_id, approve, reason="" if approve else "no thanks"))
+
+    with client.follow(sid, after=0) as events:
+        client.run(sid, f"/write {name} hi")
+        got = take_until(events, finished, events, on_item=answer)
+
+    assert len(answers) == 1
+    assert answers[0].outcome == ("approved" if approve else "denied")
+    resolved = [e.approval_resolved for e in got if kind(e) == "approval_resolved"]
+    assert [r.outcome for r in resolved] == [answers[0].outcome]
+    result = next(e.tool_result for e in got if kind(e) == "tool_result")
+    path = server.workspace / name
+    if approve:
+        assert result.ok and result.output == f"wrote 2 bytes to {name}"
+        assert path.read_text() == "hi"
+    else:
+        assert not result.ok and result.output == "denied by the user: no thanks"
+        assert not path.exists()
+    assert got[-1].run_finished.outcome == "completed"
+
+    # An approval resolves exactly once.
+    with pytest.raises(VakError) as err:
+        client.approve(sid, answers[0].request_id, True)
+    assert (err.value.status, err.value.code) == (409, "conflict")
+
+
+def test_errors_are_the_same_on_both_transports(server: Server, client: Client, unary: str) -> None:
+    sid = client.create_session()
+    cases: list[tuple[int, str, object]] = [
+        (404, "not_found", lambda: client.run("nosuch", "x")),
+        (404, "not_found", lambda: client.approve(sid, "ap_nope", True)),
+        (400, "invalid_argument", lambda: client.run(sid, "   ")),
+        (400, "invalid_argument", lambda: client.steer(sid, "")),
+        (400, "invalid_argument", lambda: client.transcript("bad.id")),
+    ]
+    for status, code, call in cases:
+        with pytest.raises(VakError) as err:
+            call()  # type: ignore[operator]
+        assert (err.value.status, err.value.code) == (status, code), err.value
+        assert not err.value.retryable
+        if unary == "grpc":
+            assert err.value.grpc_code is not None
+
+    with Client(server.url, "wrong-token", unary=unary) as wrong:  # type: ignore[arg-type]
+        with pytest.raises(VakError) as err:
+            wrong.create_session()
+    assert (err.value.status, err.value.code) == (401, "unauthenticated")
+
+
+def test_unreachable_server_is_unavailable(unary: str) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port with nothing listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with Client(f"http://127.0.0.1:{port}", "t", unary=unary, timeout=5) as c:  # type: ignore[arg-type]
+        with pytest.raises(VakError) as err:
+            c.list_sessions()
+    assert err.value.status == 503 and err.value.retryable
+
+
+def test_burst_is_exact(direct: Client) -> None:
+    sid = direct.create_session()
+    with direct.follow(sid, after=0) as events:
+        direct.run(sid, "/burst 300")
+        got = take_until(events, finished, events)
+    assert texts(got) == burst_text(300)

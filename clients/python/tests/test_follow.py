@@ -1,0 +1,267 @@
+"""`Client.follow`: one session's events over SSE and gRPC, resumed across
+connection losses without a duplicate or a gap, and resync surfaced."""
+
+from __future__ import annotations
+
+import re
+import threading
+from pathlib import Path
+
+import pytest
+from helpers import (
+    Proxy,
+    Server,
+    assert_gap_free,
+    burst_text,
+    deadline,
+    finished,
+    kind,
+    take_until,
+    texts,
+    wait_finished,
+)
+
+from vak_client import Backoff, Client, Event, VakError
+
+
+def test_follow_yields_the_whole_echo(direct: Client, transport: str) -> None:
+    sid = direct.create_session()
+    with direct.follow(sid, after=0, transport=transport) as events:  # type: ignore[arg-type]
+        assert events.opened is not None and events.opened.session_id == sid
+        direct.run(sid, "hello world\nbye")
+        got = take_until(events, finished, events)
+    assert [kind(e) for e in got[:3]] == ["status", "user_message", "turn_started"]
+    assert texts(got) == "echo: hello world\necho: bye"
+    assert all(e.session_id == sid for e in got)
+    assert_gap_free(got, first=1)
+    assert events.cursor == got[-1].seq
+    assert events.reconnects == 0 and events.duplicates_dropped == 0
+
+
+def test_live_follow_starts_at_the_latest_seq(direct: Client, transport: str) -> None:
+    sid = direct.create_session()
+    direct.run(sid, "first")
+    first = wait_finished(direct, sid)
+    with direct.follow(sid, transport=transport) as events:  # type: ignore[arg-type]
+        # Live only: the cursor is the latest seq when the stream opened.
+        assert events.cursor == first[-1].seq
+        direct.run(sid, "second")
+        got = take_until(events, finished, events)
+    assert texts(got) == "echo: second"
+    assert_gap_free(got, first=first[-1].seq + 1)
+
+
+def test_follow_replays_after_a_cursor(direct: Client, transport: str) -> None:
+    sid = direct.create_session()
+    direct.run(sid, "one two")
+    whole = wait_finished(direct, sid)
+    with direct.follow(sid, after=4, transport=transport) as events:  # type: ignore[arg-type]
+        got = take_until(events, finished, events)
+    assert [e.seq for e in got] == [e.seq for e in whole if e.seq > 4]
+
+
+def _cut_twice(proxy: Proxy) -> tuple[list[str], object]:
+    """An on_item hook: cut at turn_started (the connection is idle during
+    `/sleep`) and again at the 100th text delta (mid-burst)."""
+    seen: list[str] = []
+
+    def hook(ev: Event) -> None:
+        k = kind(ev)
+        if k == "turn_started" and "turn" not in seen:
+            seen.append("turn")
+            proxy.cut()
+        elif k == "text_delta" and ev.text_delta.text == "t99 ":
+            seen.append("burst")
+            proxy.cut()
+
+    return seen, hook
+
+
+def test_follow_resumes_across_connection_loss(server: Server, direct: Client, proxy: Proxy, transport: str) -> None:
+    sid = direct.create_session()
+    cuts, hook = _cut_twice(proxy)
+    with Client(proxy.url, server.token, transport=transport) as via:  # type: ignore[arg-type]
+        with via.follow(sid, after=0) as events:
+            direct.run(sid, "/sleep 300\n/burst 500")
+            got = take_until(events, finished, events, on_item=hook)  # type: ignore[arg-type]
+    assert cuts == ["turn", "burst"]
+    assert events.reconnects >= 1, "the cut did not make the follower reconnect"
+    assert proxy.accepted >= 2
+    assert texts(got) == burst_text(500)
+    assert_gap_free(got, first=1)
+    assert events.duplicates_dropped == 0, "the server resent frames at or below the cursor"
+    if transport == "sse":
+        # Every reconnect resumed from the last seq handed over.
+        resumed = [re.search(rb"(?i)last-event-id: *(\d+)", r) for r in proxy.requests[1:]]
+        assert all(resumed), proxy.requests
+        assert int(resumed[0].group(1)) >= 3  # type: ignore[union-attr]
+
+
+def test_follow_surfaces_resync_after_a_long_outage(
+    ring_server: Server, ring_proxy: Proxy, transport: str
+) -> None:
+    """The follower loses its connection, the session moves on by more than
+    the ring holds, and the reconnect yields `resync` and then every
+    retained frame."""
+    direct = ring_server.client()
+    sid = direct.create_session()
+    backoff = Backoff(initial=0.02, maximum=0.2, give_up_after=30)
+    with Client(ring_proxy.url, ring_server.token, transport=transport, backoff=backoff) as via:  # type: ignore[arg-type]
+        with via.follow(sid, after=0) as events:
+            direct.run(sid, "/sleep 300\n/burst 40")
+            before = take_until(events, lambda e: kind(e) == "turn_started", events)
+            ring_proxy.hold()  # cut, and refuse reconnects until released
+            # (The follower reconnects on its next read; the session moves on meanwhile.)
+            done = wait_finished(direct, sid, after=before[-1].seq)
+            ring_proxy.release()
+            after = take_until(events, finished, events)
+    latest = done[-1].seq
+    assert kind(after[0]) == "resync"
+    assert after[0].seq == 0
+    assert after[0].resync.reason == "cursor_too_old"
+    assert after[0].resync.latest_seq == latest
+    assert [e.seq for e in after[1:]] == list(range(latest - 7, latest + 1))
+    assert events.cursor == latest
+    assert events.reconnects == 1
+    direct.close()
+
+
+def test_follow_retries_until_the_server_is_back(server: Server, direct: Client, proxy: Proxy, transport: str) -> None:
+    sid = direct.create_session()
+    backoff = Backoff(initial=0.02, maximum=0.2, give_up_after=30)
+    with Client(proxy.url, server.token, transport=transport, backoff=backoff) as via:  # type: ignore[arg-type]
+        events = via.follow(sid, after=0)
+        events.open()
+        proxy.hold()
+        result: list[list[Event]] = []
+        consumer = threading.Thread(target=lambda: result.append(take_until(events, finished, events)), daemon=True)
+        consumer.start()  # its reads fail, then its reconnects are refused
+        proxy.wait_refused(3)
+        direct.run(sid, "hello again")
+        proxy.release()
+        consumer.join(30)
+        events.close()
+    assert result, "the follower did not deliver the run"
+    assert texts(result[0]) == "echo: hello again"
+    assert_gap_free(result[0], first=1)
+    assert events.reconnects == 1
+
+
+@pytest.mark.parametrize("cursor", ["too_old", "ahead"])
+def test_follow_surfaces_resync_for_an_unservable_cursor(ring_server: Server, transport: str, cursor: str) -> None:
+    with ring_server.client(transport=transport) as c:
+        sid = c.create_session()
+        c.run(sid, "/burst 20")
+        latest = wait_finished(c, sid)[-1].seq
+        after = 1 if cursor == "too_old" else latest + 100
+        with c.follow(sid, after=after) as events:
+            got = take_until(events, lambda e: e.seq == latest, events)
+    assert kind(got[0]) == "resync"
+    assert got[0].resync.reason == f"cursor_{cursor}"
+    # After a resync the retained frames follow, even below a cursor that was ahead.
+    assert [e.seq for e in got[1:]] == list(range(latest - 7, latest + 1))
+    assert events.duplicates_dropped == 0
+
+
+def test_follow_errors_that_retrying_cannot_fix(server: Server, transport: str) -> None:
+    with server.client(transport=transport) as c:
+        with pytest.raises(VakError) as err:
+            c.follow("nosuch").open()
+        assert (err.value.status, err.value.code) == (404, "not_found")
+        with pytest.raises(VakError) as err:
+            next(iter(c.follow("bad.id")))
+        assert err.value.status == 400
+    with Client(server.url, "wrong", transport=transport) as wrong:  # type: ignore[arg-type]
+        with pytest.raises(VakError) as err:
+            wrong.follow("nosuch").open()
+        assert err.value.status == 401
+
+
+def test_follow_gives_up_on_a_dead_server(transport: str) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    backoff = Backoff(initial=0.01, maximum=0.05, give_up_after=0.5)
+    with Client(f"http://127.0.0.1:{port}", "t", transport=transport, backoff=backoff) as c:  # type: ignore[arg-type]
+        follower = c.follow("abc")
+        with deadline(20, follower) as fired, pytest.raises(VakError) as err:
+            follower.open()
+        assert not fired.is_set()
+    assert err.value.status == 503
+
+
+def test_close_from_another_thread_ends_iteration(direct: Client, transport: str) -> None:
+    sid = direct.create_session()
+    events = direct.follow(sid, transport=transport)  # type: ignore[arg-type]
+    events.open()
+    started = threading.Event()
+    result: list[object] = []
+
+    def consume() -> None:
+        started.set()
+        result.append(list(events))
+
+    t = threading.Thread(target=consume, daemon=True)
+    t.start()
+    started.wait(5)
+    events.close()
+    t.join(10)
+    assert not t.is_alive() and result == [[]]
+
+
+def test_follow_resumes_across_a_server_crash_and_restart(tmp_path: Path, transport: str) -> None:
+    """SIGKILL mid-run, a new server on the same home: the follower resumes
+    from the ledger-backed ring and sees the interrupted run settle."""
+    first = Server(tmp_path)
+    second: Server | None = None
+    proxy = Proxy(first.port)
+    backoff = Backoff(initial=0.02, maximum=0.2, give_up_after=30)
+    try:
+        with first.client() as direct:
+            sid = direct.create_session()
+        with Client(proxy.url, first.token, transport=transport, backoff=backoff) as via:  # type: ignore[arg-type]
+            with via.follow(sid, after=0) as events:
+                with first.client() as direct:
+                    direct.run(sid, "before\n/sleep 60000")
+                before = take_until(events, lambda e: kind(e) == "text_delta" and e.text_delta.text == "before", events)
+                first.kill()
+                second = Server(tmp_path, token=first.token)
+                proxy.retarget(second.port)
+                after = take_until(events, finished, events)
+        got = before + after
+        assert_gap_free(got, first=1)
+        assert texts(got) == "echo: before"
+        assert got[-1].run_finished.outcome == "failed"
+        assert got[-1].run_finished.message == "interrupted: the server stopped during this run"
+        assert events.reconnects >= 1 and events.duplicates_dropped == 0
+        assert second.terminate() == 0
+    finally:
+        proxy.close()
+        first.kill()
+        if second is not None:
+            second.kill()
+
+
+def test_session_closed_ends_the_follower(tmp_path: Path, transport: str) -> None:
+    server = Server(tmp_path)
+    try:
+        with server.client(transport=transport) as c:
+            sid = c.create_session()
+            with c.follow(sid, after=0) as events:
+                c.run(sid, "/sleep 60000")
+                take_until(events, lambda e: kind(e) == "turn_started", events)
+                stopper = threading.Thread(target=lambda: result.append(server.terminate()), daemon=True)
+                result: list[int] = []
+                stopper.start()
+                with deadline(20, events) as fired:
+                    rest = list(events)
+                assert not fired.is_set()
+            stopper.join(20)
+        assert result == [0]
+        assert [kind(e) for e in rest][-3:] == ["status", "run_finished", "session_closed"]
+        assert rest[-2].run_finished.outcome == "cancelled"
+        assert rest[-1].session_closed.reason == "server shutting down"
+    finally:
+        server.kill()

@@ -1,0 +1,139 @@
+"""The pure parts, without a server: SSE parsing, cursor vectors, the
+resume state machines, backoff and error mapping."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from vak_client import Backoff, ProtocolError, agent_pb2
+from vak_client._common import (
+    MuxFrame,
+    SessionCursor,
+    SseEvent,
+    SseParser,
+    VectorCursor,
+    format_vector,
+    grpc_error,
+    mux_from_sse,
+    parse_vector,
+    rest_error,
+)
+
+
+def feed(parser: SseParser, text: bytes) -> list[SseEvent]:
+    out = []
+    for line in text.splitlines(keepends=True):
+        ev = parser.feed(line)
+        if ev is not None:
+            out.append(ev)
+    return out
+
+
+def test_sse_parser() -> None:
+    stream = (
+        b": keepalive\n\n"
+        b"event: agent\r\ndata: {\"a\":\r\ndata:1}\r\nid: s:1\r\n\r\n"
+        b"id: 7\nevent: text_delta\ndata:{}\n\n"
+        b"data: x\nid: bad\0id\n\n"
+        b"event: ignored-no-data\n\n"
+    )
+    assert feed(SseParser(), stream) == [
+        SseEvent("agent", '{"a":\n1}', "s:1"),
+        SseEvent("text_delta", "{}", "7"),
+        SseEvent("message", "x", None),
+    ]
+
+
+def test_mux_from_sse_types_and_session() -> None:
+    f = mux_from_sse(SseEvent("agent", '{"seq":3,"session_id":"a","text_delta":{"text":"hi"},"new_field":1}', "a:3"))
+    assert f is not None and f.kind == "agent" and f.session_id == "a" and f.id == "a:3"
+    assert isinstance(f.message, agent_pb2.Event) and f.message.text_delta.text == "hi"
+    host = mux_from_sse(SseEvent("host", '{"version":"1","workspace":"/w"}', None))
+    assert host is not None and host.session_id == "" and isinstance(host.message, agent_pb2.HostInfo)
+    assert mux_from_sse(SseEvent("from_the_future", "{}", None)) is None
+
+
+def test_vectors() -> None:
+    assert parse_vector("a:1, b-2:0 ,c_3:18446744073709551615") == {"a": 1, "b-2": 0, "c_3": 2**64 - 1}
+    assert parse_vector("") == {}
+    assert format_vector({"a": 1, "b": 2}) == "a:1,b:2"
+    for bad in ["a", "a:", ":1", "a:x"]:
+        with pytest.raises(ValueError):
+            parse_vector(bad)
+
+
+def ev(seq: int, kind: str = "text_delta") -> agent_pb2.Event:
+    e = agent_pb2.Event(seq=seq, session_id="s")
+    if kind == "text_delta":
+        e.text_delta.text = f"t{seq}"
+    elif kind == "resync":
+        e.resync.reason = "cursor_ahead"
+    elif kind == "session_closed":
+        e.session_closed.reason = "bye"
+    return e
+
+
+def opened(latest: int) -> agent_pb2.Event:
+    e = agent_pb2.Event(session_id="s")
+    e.stream_opened.latest_seq = latest
+    return e
+
+
+def test_session_cursor() -> None:
+    live = SessionCursor("s", None)
+    live.on_opened(opened(5))
+    assert live.cursor == 5  # a live follow resumes from the latest seq at open
+    c = SessionCursor("s", 2)
+    c.on_opened(opened(9))
+    assert c.cursor == 2
+    assert [c.accept(ev(3)), c.accept(ev(4))] == [ev(3), ev(4)]
+    assert c.accept(ev(4)) is None and c.duplicates == 1  # a resend is dropped
+    assert c.accept(ev(0, "resync")) is not None and c.cursor == 4  # seq 0 never moves it
+    assert c.accept(ev(1)) == ev(1) and c.cursor == 1  # the replay after a resync is taken
+    assert c.accept(ev(0, "session_closed")) is not None and c.finished
+    with pytest.raises(ProtocolError):
+        SessionCursor("s", None).on_opened(ev(1))
+
+
+def mux(kind: str, sid: str, seq: int, id_: str | None) -> MuxFrame:
+    e = agent_pb2.Event(seq=seq, session_id=sid)
+    e.status.busy = True
+    return MuxFrame(kind, sid, e, id_)
+
+
+def test_vector_cursor() -> None:
+    v = VectorCursor.new(["a", "b"], "a:3,c:1")
+    assert v.sessions == ["a", "b", "c"]
+    opened_frame = MuxFrame("stream_opened", "", agent_pb2.StreamOpened(stream_id="st_1", cursor="a:3,b:7,c:1"), None)
+    v.on_opened(opened_frame)
+    # The server's vector only fills in what the client had no entry for.
+    assert v.stream_id == "st_1" and v.cursor == "a:3,c:1,b:7"
+    assert v.accept(mux("agent", "a", 4, "a:4,b:7,c:1")) is not None
+    assert v.accept(mux("agent", "a", 4, "a:4,b:7,c:1")) is None and v.duplicates == 1
+    # A server vector ahead of what was handed over does not skip anything.
+    assert v.accept(mux("presentation", "b", 0, "a:9,b:9,c:9")) is not None
+    assert v.accept(mux("agent", "a", 5, None)) is not None
+    assert parse_vector(v.cursor) == {"a": 5, "b": 7, "c": 1}
+    v.dropped("c")
+    assert v.request() == (["a", "b"], "a:5,b:7")
+    assert v.accept(mux("agent", "c", 2, None)) is None
+    v.followed("d", 0)
+    assert v.request() == (["a", "b", "d"], "a:5,b:7,d:0")
+
+
+def test_backoff_is_bounded() -> None:
+    b = Backoff(initial=0.1, maximum=1.0)
+    assert b.delay(0) == 0
+    for n in range(1, 30):
+        assert 0 < b.delay(n) <= 1.0
+
+
+def test_error_mapping() -> None:
+    e = grpc_error(grpc.StatusCode.FAILED_PRECONDITION, "settled")
+    assert (e.status, e.code, e.message, e.retryable) == (409, "conflict", "settled", False)
+    assert grpc_error(grpc.StatusCode.UNAVAILABLE, "x").retryable
+    assert grpc_error(grpc.StatusCode.CANCELLED, "x").status == 500
+    r = rest_error(404, b'{"error":{"code":"not_found","message":"no session x"}}')
+    assert (r.status, r.code, r.message) == (404, "not_found", "no session x")
+    assert rest_error(502, b"<html>").code == ""

@@ -1,0 +1,694 @@
+"""What the sync and the asyncio clients share: errors, URLs, the unary call
+table (gRPC and REST), SSE parsing, and the resume logic of the followers
+(pure state machines, no I/O)."""
+
+from __future__ import annotations
+
+import json
+import random
+import urllib.parse
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, NamedTuple, TypeAlias, TypeVar
+
+import grpc
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+try:
+    from vak_client._gen import agent_pb2
+except ModuleNotFoundError as exc:  # pragma: no cover - depends on the build step
+    if not (exc.name or "").startswith("vak_client._gen"):
+        raise
+    raise ImportError(
+        "vak_client: the generated protobuf modules are missing; "
+        "run `python clients/python/generate.py` first"
+    ) from exc
+
+Transport: TypeAlias = Literal["sse", "grpc"]
+"""How a follower reads its stream: Server-Sent Events or gRPC."""
+
+Unary: TypeAlias = Literal["grpc", "rest"]
+"""How a client makes its unary calls: gRPC (default) or REST/JSON."""
+
+SERVICE = "vak.v1.AgentService"
+DEFAULT_TIMEOUT = 10.0
+# The server sends a keepalive comment every 15 s on SSE; three missed ones
+# mean the connection is dead.
+DEFAULT_IDLE_TIMEOUT = 45.0
+# The longest SSE line accepted (a tool output is cut at 1 MiB, JSON-escaped).
+MAX_LINE = 32 * 1024 * 1024
+
+GRPC_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.enable_http_proxy", 0),
+    # Messages may be as large as the server's own limits allow.
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    # Detect a dead connection under a long-lived stream.
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    # Reconnect quickly after a connection loss; the followers have their own
+    # backoff. (Not grpc.min_reconnect_backoff_ms: it is also the timeout of
+    # one connection attempt, 20 s by default, and a small value fails
+    # connections to a busy server.)
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
+]
+
+
+# -- errors ---------------------------------------------------------------
+
+
+class VakError(Exception):
+    """A call failed: the server refused it, or the server could not be reached.
+
+    The same error for both transports. `status` is the HTTP status (a gRPC
+    status is mapped to the HTTP status the REST facade would have answered,
+    per docs/protocol.md section 6); `code` the protocol's code string
+    (`invalid_argument`, `unauthenticated`, `forbidden`, `not_found`,
+    `conflict`, `unavailable`, ...); `message` the server's human text;
+    `body` the raw REST body ("" for gRPC); `grpc_code` the gRPC status code
+    when the call was made over gRPC. A connection failure is `503
+    unavailable`. `retryable` says whether the followers retry it.
+    """
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        body: str = "",
+        grpc_code: grpc.StatusCode | None = None,
+    ) -> None:
+        super().__init__(f"HTTP {status}: {code or '-'}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.body = body
+        self.grpc_code = grpc_code
+
+    @property
+    def retryable(self) -> bool:
+        return self.status in (429, 500, 502, 503, 504)
+
+
+class ProtocolError(VakError):
+    """The server answered something this client cannot read (never retried)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(0, "protocol_error", message)
+
+
+def connection_error(what: str, exc: BaseException) -> VakError:
+    return VakError(503, "unavailable", f"{what}: {type(exc).__name__}: {exc}")
+
+
+_GRPC_TO_HTTP: dict[grpc.StatusCode, tuple[int, str]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_argument"),
+    grpc.StatusCode.OUT_OF_RANGE: (400, "invalid_argument"),
+    grpc.StatusCode.UNAUTHENTICATED: (401, "unauthenticated"),
+    grpc.StatusCode.PERMISSION_DENIED: (403, "forbidden"),
+    grpc.StatusCode.NOT_FOUND: (404, "not_found"),
+    grpc.StatusCode.FAILED_PRECONDITION: (409, "conflict"),
+    grpc.StatusCode.ALREADY_EXISTS: (409, "conflict"),
+    grpc.StatusCode.ABORTED: (409, "conflict"),
+    grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "resource_exhausted"),
+    grpc.StatusCode.UNIMPLEMENTED: (501, "unimplemented"),
+    grpc.StatusCode.UNAVAILABLE: (503, "unavailable"),
+    grpc.StatusCode.DEADLINE_EXCEEDED: (504, "deadline_exceeded"),
+}
+
+
+def grpc_error(code: grpc.StatusCode | None, details: str | None) -> VakError:
+    """A gRPC status as a VakError (any unlisted code is 500 internal)."""
+    status, name = _GRPC_TO_HTTP.get(code, (500, "internal")) if code is not None else (500, "internal")
+    return VakError(status, name, details or (code.name if code is not None else "unknown"), "", code)
+
+
+def rest_error(status: int, raw: bytes) -> VakError:
+    """A non-2xx REST answer as a VakError, reading the `{"error": {...}}` envelope."""
+    text = raw.decode("utf-8", "replace")
+    try:
+        err = json.loads(text)["error"]
+        return VakError(status, str(err["code"]), str(err["message"]), text)
+    except (ValueError, KeyError, TypeError):
+        return VakError(status, "", text[:500], text)
+
+
+# -- URLs and auth ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    scheme: str
+    host: str  # bracketed when IPv6
+    port: int
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.scheme}://{self.host}:{self.port}"
+
+    @property
+    def target(self) -> str:
+        """host:port, for gRPC channels and the Host header."""
+        return f"{self.host}:{self.port}"
+
+    @property
+    def connect_host(self) -> str:
+        """The host for socket connections (IPv6 without brackets)."""
+        return self.host[1:-1] if self.host.startswith("[") else self.host
+
+
+def parse_url(url: str) -> Endpoint:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"expected an http(s)://host[:port] URL, got {url!r}")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    host = parts.hostname
+    if ":" in host:  # IPv6 literal
+        host = f"[{host}]"
+    return Endpoint(parts.scheme, host, port)
+
+
+def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {token}"),) if token is not None else ()
+
+
+def auth_headers(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token is not None else {}
+
+
+def quote(segment: str) -> str:
+    return urllib.parse.quote(segment, safe="")
+
+
+# -- backoff ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """How a follower reconnects after losing its stream.
+
+    The first attempt after a loss is immediate; each failed attempt then
+    waits `initial * factor**(n-1)` seconds, capped at `maximum`, with
+    jitter (a random 50-100% of that). After `give_up_after` seconds
+    without a successful connection (None: never) the follower raises the
+    last error. Errors that retrying cannot fix (4xx, such as an unknown
+    session or a wrong token) are raised at once.
+    """
+
+    initial: float = 0.05
+    maximum: float = 2.0
+    factor: float = 2.0
+    give_up_after: float | None = 30.0
+
+    def delay(self, failures: int) -> float:
+        if failures <= 0:
+            return 0.0
+        base = min(self.maximum, self.initial * self.factor ** (failures - 1))
+        return base * random.uniform(0.5, 1.0)
+
+
+# A connection that lived at least this long counts as healthy: the next
+# loss starts the backoff sequence over.
+HEALTHY_CONNECTION = 2.0
+
+
+# -- unary calls --------------------------------------------------------------
+
+Req = TypeVar("Req", bound=Message)
+Resp = TypeVar("Resp", bound=Message)
+
+
+@dataclass(frozen=True)
+class UnaryCall(Generic[Req, Resp]):
+    """One unary RPC and its REST equivalent."""
+
+    rpc: str
+    request: Req
+    response: type[Resp]
+    http_method: str
+    path: str
+    body: dict[str, Any] | None = None
+    # The REST answer is text (not JSON), to be put in this field of the response.
+    text_field: str | None = None
+
+    @property
+    def method(self) -> str:
+        return f"/{SERVICE}/{self.rpc}"
+
+
+def parse_json(data: str | bytes, message: Resp) -> Resp:
+    """The proto3 JSON mapping of `message`, tolerant of fields this client
+    does not know (a newer server)."""
+    try:
+        json_format.Parse(data, message, ignore_unknown_fields=True)
+    except json_format.ParseError as err:
+        raise ProtocolError(f"cannot read {type(message).__name__} from {str(data)[:200]!r}: {err}") from None
+    return message
+
+
+def rest_response(call: UnaryCall[Req, Resp], raw: bytes) -> Resp:
+    msg = call.response()
+    if call.text_field is not None:
+        setattr(msg, call.text_field, raw.decode("utf-8", "replace"))
+        return msg
+    if not raw.strip():
+        return msg
+    return parse_json(raw, msg)
+
+
+def rest_body(call: UnaryCall[Req, Resp]) -> bytes | None:
+    return json.dumps(call.body).encode() if call.body is not None else None
+
+
+def _with_request_id(body: dict[str, Any], request_id: str | None) -> dict[str, Any]:
+    if request_id is not None:
+        body["request_id"] = request_id
+    return body
+
+
+def call_create_session() -> UnaryCall[agent_pb2.CreateSessionRequest, agent_pb2.CreateSessionResponse]:
+    return UnaryCall(
+        "CreateSession", agent_pb2.CreateSessionRequest(), agent_pb2.CreateSessionResponse, "POST", "/sessions"
+    )
+
+
+def call_list_sessions() -> UnaryCall[agent_pb2.ListSessionsRequest, agent_pb2.ListSessionsResponse]:
+    return UnaryCall("ListSessions", agent_pb2.ListSessionsRequest(), agent_pb2.ListSessionsResponse, "GET", "/sessions")
+
+
+def call_attach(session_id: str) -> UnaryCall[agent_pb2.AttachSessionRequest, agent_pb2.AttachSessionResponse]:
+    return UnaryCall(
+        "AttachSession",
+        agent_pb2.AttachSessionRequest(session_id=session_id),
+        agent_pb2.AttachSessionResponse,
+        "POST",
+        f"/sessions/{quote(session_id)}/attach",
+    )
+
+
+def call_run(
+    session_id: str, prompt: str, request_id: str | None
+) -> UnaryCall[agent_pb2.RunRequest, agent_pb2.Admission]:
+    return UnaryCall(
+        "Run",
+        agent_pb2.RunRequest(session_id=session_id, prompt=prompt, request_id=request_id or ""),
+        agent_pb2.Admission,
+        "POST",
+        f"/sessions/{quote(session_id)}/run",
+        _with_request_id({"prompt": prompt}, request_id),
+    )
+
+
+def call_steer(
+    session_id: str, text: str, request_id: str | None
+) -> UnaryCall[agent_pb2.SteerRequest, agent_pb2.Admission]:
+    return UnaryCall(
+        "Steer",
+        agent_pb2.SteerRequest(session_id=session_id, text=text, request_id=request_id or ""),
+        agent_pb2.Admission,
+        "POST",
+        f"/sessions/{quote(session_id)}/steering",
+        _with_request_id({"text": text}, request_id),
+    )
+
+
+def call_approve(
+    session_id: str, request_id: str, approve: bool, reason: str
+) -> UnaryCall[agent_pb2.ApproveRequest, agent_pb2.ApproveResponse]:
+    return UnaryCall(
+        "Approve",
+        agent_pb2.ApproveRequest(session_id=session_id, request_id=request_id, approve=approve, reason=reason),
+        agent_pb2.ApproveResponse,
+        "POST",
+        f"/sessions/{quote(session_id)}/approvals/{quote(request_id)}",
+        {"approve": approve, "reason": reason},
+    )
+
+
+def call_cancel(session_id: str) -> UnaryCall[agent_pb2.CancelRequest, agent_pb2.CancelResponse]:
+    return UnaryCall(
+        "Cancel",
+        agent_pb2.CancelRequest(session_id=session_id),
+        agent_pb2.CancelResponse,
+        "POST",
+        f"/sessions/{quote(session_id)}/cancel",
+    )
+
+
+def call_transcript(session_id: str) -> UnaryCall[agent_pb2.GetTranscriptRequest, agent_pb2.Transcript]:
+    return UnaryCall(
+        "GetTranscript",
+        agent_pb2.GetTranscriptRequest(session_id=session_id),
+        agent_pb2.Transcript,
+        "GET",
+        f"/sessions/{quote(session_id)}/transcript",
+    )
+
+
+def call_transcript_markdown(
+    session_id: str,
+) -> UnaryCall[agent_pb2.GetTranscriptRequest, agent_pb2.TranscriptMarkdown]:
+    return UnaryCall(
+        "GetTranscriptMarkdown",
+        agent_pb2.GetTranscriptRequest(session_id=session_id),
+        agent_pb2.TranscriptMarkdown,
+        "GET",
+        f"/sessions/{quote(session_id)}/transcript.md",
+        text_field="markdown",
+    )
+
+
+def call_presentation(session_id: str) -> UnaryCall[agent_pb2.GetPresentationRequest, agent_pb2.OutputTimeline]:
+    return UnaryCall(
+        "GetPresentation",
+        agent_pb2.GetPresentationRequest(session_id=session_id),
+        agent_pb2.OutputTimeline,
+        "GET",
+        f"/sessions/{quote(session_id)}/presentation",
+    )
+
+
+def call_follow(
+    stream_id: str, session_id: str, after: int | None
+) -> UnaryCall[agent_pb2.FollowRequest, agent_pb2.FollowResponse]:
+    req = agent_pb2.FollowRequest(stream_id=stream_id, session_id=session_id)
+    body: dict[str, Any] = {"session_id": session_id}
+    if after is not None:
+        req.after = after
+        body["after"] = after
+    return UnaryCall("Follow", req, agent_pb2.FollowResponse, "POST", f"/stream/{quote(stream_id)}/follow", body)
+
+
+def call_unfollow(stream_id: str, session_id: str) -> UnaryCall[agent_pb2.UnfollowRequest, agent_pb2.FollowResponse]:
+    return UnaryCall(
+        "Unfollow",
+        agent_pb2.UnfollowRequest(stream_id=stream_id, session_id=session_id),
+        agent_pb2.FollowResponse,
+        "POST",
+        f"/stream/{quote(stream_id)}/unfollow",
+        {"session_id": session_id},
+    )
+
+
+# -- server-sent events -------------------------------------------------------
+
+
+class SseEvent(NamedTuple):
+    event: str
+    data: str
+    # The event's own `id:` field; None when it had none.
+    id: str | None
+
+
+class SseParser:
+    """Turns the lines of a text/event-stream into events (the WHATWG
+    rules that matter here: fields, comments, multi-line data, dispatch on
+    a blank line)."""
+
+    def __init__(self) -> None:
+        self._event = ""
+        self._data: list[str] = []
+        self._id: str | None = None
+
+    def feed(self, raw: bytes) -> SseEvent | None:
+        """One line (with or without its line ending); an event when it completes one."""
+        line = raw.decode("utf-8", "replace").rstrip("\r\n")
+        if not line:
+            event, data, id_ = self._event, self._data, self._id
+            self._event, self._data, self._id = "", [], None
+            if not data:
+                return None
+            return SseEvent(event or "message", "\n".join(data), id_)
+        if line.startswith(":"):
+            return None
+        name, sep, value = line.partition(":")
+        if sep and value.startswith(" "):
+            value = value[1:]
+        if name == "event":
+            self._event = value
+        elif name == "data":
+            self._data.append(value)
+        elif name == "id" and "\0" not in value:
+            self._id = value
+        return None
+
+
+def sse_headers(token: str | None, last_event_id: str | None) -> dict[str, str]:
+    headers = {"Accept": "text/event-stream", "Cache-Control": "no-cache", **auth_headers(token)}
+    if last_event_id:
+        headers["Last-Event-ID"] = last_event_id
+    return headers
+
+
+def events_path(session_id: str) -> str:
+    return f"/sessions/{quote(session_id)}/events"
+
+
+def stream_path(sessions: Iterable[str], host: bool, config: bool) -> str:
+    query: list[tuple[str, str]] = [("session", s) for s in sessions]
+    if host:
+        query.append(("host", "1"))
+    if config:
+        query.append(("config", "1"))
+    return "/stream" + (f"?{urllib.parse.urlencode(query)}" if query else "")
+
+
+def event_from_sse(ev: SseEvent) -> agent_pb2.Event:
+    return parse_json(ev.data, agent_pb2.Event())
+
+
+# -- the multiplexed stream ---------------------------------------------------
+
+StreamMessage: TypeAlias = (
+    agent_pb2.StreamOpened
+    | agent_pb2.Event
+    | agent_pb2.PresentationEvent
+    | agent_pb2.Coworking
+    | agent_pb2.HostInfo
+    | agent_pb2.ConfigInfo
+)
+
+
+class StreamItem(NamedTuple):
+    """One frame of a multiplexed stream.
+
+    `kind` names the frame (the `StreamMessage.frame` case and the SSE event
+    name): "agent" (an `Event` of the session), "presentation" (a
+    `PresentationEvent`), "resync" (an `Event` whose kind is `resync`: refetch
+    that session's transcript), "coworking" (`Coworking`), "session_closed"
+    (an `Event`), "host" (`HostInfo`) or "config" (`ConfigInfo`). `session_id`
+    is "" for host and config frames.
+    """
+
+    session_id: str
+    kind: str
+    message: StreamMessage
+
+
+class MuxFrame(NamedTuple):
+    """A frame as read from either transport, before the resume logic."""
+
+    kind: str
+    session_id: str
+    message: StreamMessage
+    id: str | None  # the cursor vector after this frame (agent and presentation frames)
+
+
+_MUX_TYPES: dict[str, type[StreamMessage]] = {
+    "stream_opened": agent_pb2.StreamOpened,
+    "agent": agent_pb2.Event,
+    "resync": agent_pb2.Event,
+    "session_closed": agent_pb2.Event,
+    "presentation": agent_pb2.PresentationEvent,
+    "coworking": agent_pb2.Coworking,
+    "host": agent_pb2.HostInfo,
+    "config": agent_pb2.ConfigInfo,
+}
+
+
+def mux_from_sse(ev: SseEvent) -> MuxFrame | None:
+    """A /stream SSE event as a frame; None for a kind this client does not know."""
+    cls = _MUX_TYPES.get(ev.event)
+    if cls is None:
+        return None
+    msg = parse_json(ev.data, cls())
+    sid = msg.session_id if isinstance(msg, (agent_pb2.Event, agent_pb2.PresentationEvent, agent_pb2.Coworking)) else ""
+    return MuxFrame(ev.event, sid, msg, ev.id or None)
+
+
+def mux_from_grpc(m: agent_pb2.StreamMessage) -> MuxFrame | None:
+    kind = m.WhichOneof("frame")
+    if kind is None:
+        return None
+    msg: StreamMessage = getattr(m, kind)
+    return MuxFrame(kind, m.session_id, msg, m.id or None)
+
+
+def parse_vector(raw: str) -> dict[str, int]:
+    """A cursor vector "<session>:<seq>,..." as an ordered dict."""
+    out: dict[str, int] = {}
+    for entry in raw.split(","):
+        entry = entry.strip()
+        if not entry:
+            continue
+        sid, sep, seq = entry.rpartition(":")
+        if not sep or not sid or not seq.isdigit():
+            raise ValueError(f"malformed cursor vector entry {entry!r}: expected <session>:<seq>")
+        out[sid] = int(seq)
+    return out
+
+
+def format_vector(vector: dict[str, int]) -> str:
+    return ",".join(f"{sid}:{seq}" for sid, seq in vector.items())
+
+
+# -- resume logic ---------------------------------------------------------------
+
+
+@dataclass
+class SessionCursor:
+    """The resume state of `follow()`: the last seq handed to the caller.
+
+    Stream-level frames (seq 0) never move it. `stream_opened` is consumed
+    (its `latest_seq` is the start point of a live-only follow); `resync` and
+    `session_closed` are handed over. A session event at or below the cursor
+    is dropped (counted in `duplicates`), except right after a resync, whose
+    replay may legitimately restart below it.
+    """
+
+    session_id: str
+    cursor: int | None
+    opened: agent_pb2.StreamOpened | None = None
+    finished: bool = False
+    duplicates: int = 0
+    _resynced: bool = False
+
+    def on_opened(self, first: agent_pb2.Event) -> None:
+        if first.WhichOneof("kind") != "stream_opened":
+            raise ProtocolError(f"the stream did not start with stream_opened (seq {first.seq})")
+        self.opened = first.stream_opened
+        if self.cursor is None:
+            self.cursor = first.stream_opened.latest_seq
+        self._resynced = False
+
+    def accept(self, ev: agent_pb2.Event) -> agent_pb2.Event | None:
+        kind = ev.WhichOneof("kind")
+        if kind == "stream_opened":
+            return None
+        if kind == "resync":
+            self._resynced = True
+            return ev
+        if kind == "session_closed":
+            self.finished = True
+            return ev
+        if ev.seq == 0:
+            return ev  # a stream-level frame of a newer server
+        if not self._resynced and self.cursor is not None and ev.seq <= self.cursor:
+            self.duplicates += 1
+            return None
+        self._resynced = False
+        self.cursor = ev.seq
+        return ev
+
+
+@dataclass
+class VectorCursor:
+    """The resume state of `follow_many()`: the cursor vector of what was
+    handed to the caller, the followed sessions, and the live stream's id.
+
+    The vector is the client's own: each agent frame handed over sets its
+    session's entry to its seq. The server's vectors (`stream_opened.cursor`,
+    the `id` of agent and presentation frames) only add entries for sessions
+    this follower has none for yet (a live start point, a session followed
+    through the stream id by somebody else), so a server that resent old
+    frames could not make the client skip anything: the resent frames are
+    dropped (counted in `duplicates`). Right after a resync of a session its
+    replay is accepted whatever its seqs. `stream_opened` is consumed (it sets
+    `stream_id`); frames of a session unfollowed through this follower are
+    dropped."""
+
+    sessions: list[str]
+    vector: dict[str, int]
+    stream_id: str = ""
+    opened: agent_pb2.StreamOpened | None = None
+    duplicates: int = 0
+    saw_closed: bool = False
+    unfollowed: set[str] = field(default_factory=set)
+    _resynced: set[str] = field(default_factory=set)
+
+    @classmethod
+    def new(cls, sessions: Iterable[str], cursor: str | None) -> VectorCursor:
+        vector = parse_vector(cursor or "")
+        order: list[str] = []
+        for s in [*sessions, *vector]:
+            if s not in order:
+                order.append(s)
+        return cls(order, vector)
+
+    @property
+    def cursor(self) -> str:
+        return format_vector(self.vector)
+
+    def request(self) -> tuple[list[str], str]:
+        """What to (re)open the stream with: the sessions and the cursor vector."""
+        return list(self.sessions), self.cursor
+
+    def on_opened(self, first: MuxFrame) -> None:
+        if first.kind != "stream_opened" or not isinstance(first.message, agent_pb2.StreamOpened):
+            raise ProtocolError(f"the stream did not start with stream_opened (got {first.kind})")
+        self.opened = first.message
+        self.stream_id = first.message.stream_id
+        self._adopt(first.message.cursor)
+        self._resynced.clear()
+        self.saw_closed = False
+
+    def followed(self, session_id: str, after: int | None) -> None:
+        self.unfollowed.discard(session_id)
+        if session_id not in self.sessions:
+            self.sessions.append(session_id)
+        if after is not None:
+            # An explicit start point, also for a session already followed
+            # (the server then resubscribes it from there).
+            self.vector[session_id] = after
+
+    def dropped(self, session_id: str) -> None:
+        self.unfollowed.add(session_id)
+        if session_id in self.sessions:
+            self.sessions.remove(session_id)
+        self.vector.pop(session_id, None)
+
+    def accept(self, f: MuxFrame) -> StreamItem | None:
+        if f.kind == "stream_opened":
+            return None
+        if f.session_id and f.session_id in self.unfollowed:
+            return None
+        if f.kind == "agent" and isinstance(f.message, agent_pb2.Event):
+            seq = f.message.seq
+            last = self.vector.get(f.session_id)
+            if f.session_id not in self._resynced and last is not None and seq <= last:
+                self.duplicates += 1
+                return None
+            self._resynced.discard(f.session_id)
+            if seq > 0:
+                self.vector[f.session_id] = seq
+        elif f.kind == "resync":
+            self._resynced.add(f.session_id)
+        elif f.kind == "session_closed":
+            self.saw_closed = True
+        self._adopt(f.id)
+        return StreamItem(f.session_id, f.kind, f.message)
+
+    def _adopt(self, raw: str | None) -> None:
+        """Takes the server's entries for sessions this follower has none for."""
+        if not raw:
+            return
+        try:
+            vector = parse_vector(raw)
+        except ValueError as err:
+            raise ProtocolError(f"the server sent a malformed cursor vector: {err}") from None
+        for sid, seq in vector.items():
+            if sid not in self.vector and sid not in self.unfollowed:
+                self.vector[sid] = seq
+                if sid not in self.sessions:
+                    self.sessions.append(sid)
