@@ -289,10 +289,9 @@ impl AgentService for AgentApi {
         req: Request<pb::UnfollowRequest>,
     ) -> Result<Response<pb::FollowResponse>, Status> {
         let r = req.into_inner();
-        if r.session_id.is_empty() {
-            return Err(Status::invalid_argument("session_id is required"));
-        }
-        let session_id = r.session_id;
+        // Unknown or malformed sessions are refused like Follow's; a known
+        // session that is not followed is a no-op (retries are safe).
+        let session_id = self.session(&r.session_id)?.id().to_string();
         let sessions = mux::control(&self.hub, &r.stream_id, |reply| Control::Unfollow {
             session_id,
             reply,
