@@ -1,4 +1,4 @@
-//! The `vak` command line: `vak serve` parses its flags into a `ServeConfig`, binds, announces itself and runs until SIGINT or SIGTERM.
+//! The `vak` command line: `vak serve` parses its flags into a `ServeConfig`, binds, announces itself and runs until SIGINT or SIGTERM; `vak term` is the client in `term/`.
 
 use crate::core::{CoreConfig, PermissionMode};
 use crate::edge::server::{ServeConfig, Server};
@@ -21,6 +21,8 @@ pub struct Cli {
 pub enum Command {
     /// Serve the agent over gRPC, gRPC-web and REST/SSE on one port.
     Serve(ServeArgs),
+    /// A terminal client of a running server: an interactive prompt, or one run with -p.
+    Term(crate::term::TermArgs),
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]

@@ -19,6 +19,7 @@
 //!   permission asks, and events flow through [`core::bus`] (numbered, persisted
 //!   by [`core::ledger`], folded into [`core::transcript`]) to every subscriber.
 //! - [`proto`]: the code build.rs generates from proto/.
+//! - [`term`]: `vak term`, a client of the server over the same API (REST/SSE or gRPC).
 
 pub mod cli;
 pub mod core;
@@ -26,5 +27,6 @@ pub mod edge;
 pub mod error;
 pub mod home;
 pub mod proto;
+pub mod term;
 
 pub use error::{Error, ErrorKind, Result};

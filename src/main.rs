@@ -1,4 +1,4 @@
-//! The `vak` binary: parses the command line and runs it; errors end the process with one line and exit code 1.
+//! The `vak` binary: parses the command line and runs it; errors end the process with one line and exit code 1, `vak term` chooses its own exit code.
 
 use clap::Parser;
 use vak::cli::{Cli, Command};
@@ -20,11 +20,17 @@ fn main() {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Serve(args) => vak::cli::serve(args).await,
+            Command::Serve(args) => vak::cli::serve(args).await.map(|()| 0),
+            Command::Term(args) => vak::term::run(args).await,
         }
     });
-    if let Err(e) = result {
-        eprintln!("vak: error: {e}");
-        std::process::exit(1);
+    match result {
+        Ok(0) => {}
+        // `vak term`'s way of saying how a run ended (failed, cancelled).
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("vak: error: {e}");
+            std::process::exit(1);
+        }
     }
 }

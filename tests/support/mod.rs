@@ -448,3 +448,467 @@ impl TestServer {
         (status, ct, r.text().await.unwrap())
     }
 }
+
+// ---- the multiplexed /stream ---------------------------------------------------
+
+impl TestServer {
+    /// Opens `GET {base}/stream?{query}` (base: this server's url or a proxy's), with
+    /// `last_event_id` as the Last-Event-ID header, and reads its first frame, which must be
+    /// stream_opened without an id.
+    pub async fn open_stream(&self, base: &str, query: &str, last_event_id: Option<&str>) -> Sse {
+        let resp = self.stream_request(base, query, last_event_id).await;
+        assert_eq!(resp.status(), 200, "/stream?{query} opens");
+        let mut sse = Sse::new(resp);
+        let first = sse.next().await.expect("a first frame");
+        assert_eq!(first.event, "stream_opened", "{first:?}");
+        assert_eq!(first.id, None, "stream_opened carries no id");
+        sse.opened = Some(first);
+        sse
+    }
+
+    /// The raw response to `GET {base}/stream?{query}`, for refusals.
+    pub async fn stream_request(
+        &self,
+        base: &str,
+        query: &str,
+        last_event_id: Option<&str>,
+    ) -> reqwest::Response {
+        let mut req = self.http().get(format!("{base}/stream?{query}"));
+        if let Some(id) = last_event_id {
+            req = req.header("last-event-id", id);
+        }
+        tokio::time::timeout(DEADLINE, req.send())
+            .await
+            .expect("/stream answers within the deadline")
+            .unwrap()
+    }
+
+    /// The session's latest seq, from GET /sessions.
+    pub async fn latest_seq(&self, sid: &str) -> u64 {
+        let (code, list) = self.get("/sessions").await;
+        assert_eq!(code, 200);
+        list["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["session_id"] == sid)
+            .unwrap_or_else(|| panic!("session {sid} is listed: {list}"))["latest_seq"]
+            .as_u64()
+            .unwrap()
+    }
+}
+
+/// `session=A&session=B...` for a /stream query.
+pub fn sessions_query(sids: &[&str]) -> String {
+    sids.iter()
+        .map(|s| format!("session={s}"))
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+/// The kind of an agent frame's event (its one key besides seq and session_id).
+pub fn agent_kind(data: &Value) -> String {
+    let keys: Vec<&String> = data
+        .as_object()
+        .unwrap_or_else(|| panic!("an agent frame's data is an object: {data}"))
+        .keys()
+        .filter(|k| *k != "seq" && *k != "session_id")
+        .collect();
+    assert_eq!(keys.len(), 1, "one event kind per frame: {data}");
+    keys[0].clone()
+}
+
+/// Parses a cursor vector `<session>:<seq>,...` (the test's own parser, not the server's).
+#[track_caller]
+pub fn parse_vector(id: &str) -> Vec<(String, u64)> {
+    if id.is_empty() {
+        return Vec::new();
+    }
+    id.split(',')
+        .map(|e| {
+            let (s, q) = e
+                .rsplit_once(':')
+                .unwrap_or_else(|| panic!("malformed cursor entry {e:?} in {id:?}"));
+            (
+                s.to_string(),
+                q.parse().unwrap_or_else(|_| panic!("bad seq in {id:?}")),
+            )
+        })
+        .collect()
+}
+
+// ---- a TCP proxy that can cut its connections ------------------------------------
+
+/// A TCP proxy on 127.0.0.1:0 in front of `target`. It counts the connections it
+/// accepted, records the first request head (request line and headers) each one
+/// carried, and can cut every live connection at once, as a network failure would.
+pub struct Proxy {
+    pub addr: SocketAddr,
+    pub url: String,
+    state: std::sync::Arc<ProxyState>,
+    accept: JoinHandle<()>,
+}
+
+#[derive(Default)]
+struct ProxyState {
+    live: std::sync::Mutex<Vec<tokio::task::AbortHandle>>,
+    heads: std::sync::Mutex<Vec<String>>,
+    accepted: std::sync::atomic::AtomicUsize,
+    changed: tokio::sync::Notify,
+}
+
+impl Proxy {
+    pub async fn start(target: SocketAddr) -> Proxy {
+        use std::sync::Arc;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(ProxyState::default());
+        let st = state.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                st.accepted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let conn = tokio::spawn(Self::forward(client, target, st.clone()));
+                let mut live = st.live.lock().unwrap();
+                live.retain(|h| !h.is_finished());
+                live.push(conn.abort_handle());
+            }
+        });
+        Proxy {
+            addr,
+            url: format!("http://{addr}"),
+            state,
+            accept,
+        }
+    }
+
+    async fn forward(mut client: tokio::net::TcpStream, target: SocketAddr, st: std::sync::Arc<ProxyState>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let Ok(mut server) = tokio::net::TcpStream::connect(target).await else {
+            return;
+        };
+        // Read the first request head so the tests can see what the client sent.
+        let mut head = Vec::new();
+        let mut buf = [0u8; 8192];
+        while find(&head, b"\r\n\r\n").is_none() && head.len() < 64 * 1024 {
+            match client.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => head.extend_from_slice(&buf[..n]),
+            }
+        }
+        let end = find(&head, b"\r\n\r\n").map_or(head.len(), |p| p + 4);
+        st.heads
+            .lock()
+            .unwrap()
+            .push(String::from_utf8_lossy(&head[..end]).into_owned());
+        st.changed.notify_waiters();
+        if server.write_all(&head).await.is_err() {
+            return;
+        }
+        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+    }
+
+    /// Cuts every live connection (both sockets close); returns how many there were.
+    pub fn cut(&self) -> usize {
+        let mut live = self.state.live.lock().unwrap();
+        let n = live.iter().filter(|h| !h.is_finished()).count();
+        for h in live.drain(..) {
+            h.abort();
+        }
+        n
+    }
+
+    /// How many connections the proxy has accepted so far.
+    pub fn accepted(&self) -> usize {
+        self.state.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The first request head of each connection, in the order they arrived.
+    pub fn request_heads(&self) -> Vec<String> {
+        self.state.heads.lock().unwrap().clone()
+    }
+
+    /// Waits until `n` request heads have been seen; panics past the deadline.
+    pub async fn wait_for_requests(&self, n: usize) -> Vec<String> {
+        tokio::time::timeout(DEADLINE, async {
+            loop {
+                let changed = self.state.changed.notified();
+                tokio::pin!(changed);
+                changed.as_mut().enable();
+                let heads = self.request_heads();
+                if heads.len() >= n {
+                    return heads;
+                }
+                changed.await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "{n} requests through the proxy within the deadline: {:?}",
+                self.request_heads()
+            )
+        })
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+        self.cut();
+    }
+}
+
+/// The value of header `name` (case-insensitive) in a raw request head.
+pub fn header_of(head: &str, name: &str) -> Option<String> {
+    head.lines().skip(1).find_map(|line| {
+        let (k, v) = line.split_once(':')?;
+        k.trim().eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+    })
+}
+
+// ---- a pseudo-terminal for interactive clients (vak term) -----------------------
+
+/// A program running in a real pseudo-terminal. What it writes is fed to a vt100
+/// emulator, so a test reads the screen as a person would see it.
+pub struct Pty {
+    pub child: Box<dyn portable_pty::Child + Send + Sync>,
+    master: Box<dyn portable_pty::MasterPty + Send>,
+    writer: Box<dyn std::io::Write + Send>,
+    screen: std::sync::Arc<std::sync::Mutex<vt100::Parser>>,
+    changed: std::sync::Arc<tokio::sync::Notify>,
+    /// The output ended: every holder of the terminal (the program) closed it.
+    ended: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Pty {
+    /// Starts `cmd` in a `rows` x `cols` terminal.
+    pub fn spawn(cmd: portable_pty::CommandBuilder, rows: u16, cols: u16) -> Pty {
+        use std::io::Read;
+        use std::sync::{Arc, Mutex};
+        let pair = portable_pty::native_pty_system()
+            .openpty(portable_pty::PtySize {
+                rows,
+                cols,
+                pixel_width: 0,
+                pixel_height: 0,
+            })
+            .expect("a pseudo-terminal");
+        let child = pair
+            .slave
+            .spawn_command(cmd)
+            .expect("the program starts in the pty");
+        // Only the child keeps the slave open, so the reader sees EOF when it exits.
+        drop(pair.slave);
+        let mut reader = pair.master.try_clone_reader().unwrap();
+        let writer = pair.master.take_writer().unwrap();
+        let screen = Arc::new(Mutex::new(vt100::Parser::new(
+            rows.try_into().expect("rows > 0"),
+            cols.try_into().expect("cols > 0"),
+            0,
+        )));
+        let changed = Arc::new(tokio::sync::Notify::new());
+        let ended: Arc<std::sync::atomic::AtomicBool> = Arc::default();
+        let (s, c, e) = (screen.clone(), changed.clone(), ended.clone());
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 8192];
+            while let Ok(n) = reader.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                s.lock().unwrap().process(&buf[..n]);
+                c.notify_waiters();
+            }
+            e.store(true, std::sync::atomic::Ordering::SeqCst);
+            c.notify_waiters();
+        });
+        Pty {
+            child,
+            master: pair.master,
+            writer,
+            screen,
+            changed,
+            ended,
+        }
+    }
+
+    /// Types `text` (raw bytes: "\r" is Enter, "\x03" Ctrl-C, "\x04" Ctrl-D).
+    pub fn send(&mut self, text: &str) {
+        use std::io::Write;
+        self.writer.write_all(text.as_bytes()).unwrap();
+        self.writer.flush().unwrap();
+    }
+
+    /// The screen's text, row by row.
+    pub fn screen(&self) -> String {
+        self.screen.lock().unwrap().screen().contents()
+    }
+
+    /// Waits until the screen shows `needle`; returns the screen. Panics past the deadline.
+    pub async fn wait_for(&self, needle: &str) -> String {
+        self.wait_until(needle, |screen| screen.contains(needle)).await
+    }
+
+    /// Waits until the screen has a row that is exactly `line` (trailing blanks aside).
+    pub async fn wait_for_line(&self, line: &str) -> String {
+        self.wait_until(line, |screen| screen.lines().any(|l| l.trim_end() == line))
+            .await
+    }
+
+    /// Waits until `ok(screen)`; `what` names the wait in the panic past the deadline.
+    pub async fn wait_until(&self, what: &str, ok: impl Fn(&str) -> bool) -> String {
+        let found = tokio::time::timeout(DEADLINE, async {
+            loop {
+                let changed = self.changed.notified();
+                tokio::pin!(changed);
+                changed.as_mut().enable();
+                let screen = self.screen();
+                if ok(&screen) {
+                    return screen;
+                }
+                changed.await;
+            }
+        })
+        .await;
+        found.unwrap_or_else(|_| {
+            panic!(
+                "the screen shows {what:?} within the deadline; it shows:\n{}",
+                self.screen()
+            )
+        })
+    }
+
+    /// Waits for the program to exit (its output ends when it does); returns its exit code.
+    pub async fn wait_exit(&mut self) -> u32 {
+        tokio::time::timeout(DEADLINE, async {
+            loop {
+                let changed = self.changed.notified();
+                tokio::pin!(changed);
+                changed.as_mut().enable();
+                if self.ended.load(std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
+                changed.await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "the program exits within the deadline; screen:\n{}",
+                self.screen()
+            )
+        });
+        self.child.wait().expect("the exit status").exit_code()
+    }
+
+    /// Whether the first cell of the last place the screen shows `needle` is dimmed (None: not shown).
+    pub fn is_dim(&self, needle: &str) -> Option<bool> {
+        let parser = self.screen.lock().unwrap();
+        let screen = parser.screen();
+        let (rows, cols) = (screen.size().0.get(), screen.size().1.get());
+        let lines: Vec<String> = screen.rows(0, cols).collect();
+        (0..rows).rev().find_map(|r| {
+            let line = &lines[r as usize];
+            let at = line.rfind(needle)?;
+            let col = line[..at].chars().count() as u16;
+            screen.cell(r, col).map(|c| c.dim())
+        })
+    }
+
+    /// Whether the terminal is in its normal (cooked) mode: line editing and echo on.
+    pub fn is_cooked(&self) -> bool {
+        let fd = self.master.as_raw_fd().expect("a unix pty");
+        let mut t: libc::termios = unsafe { std::mem::zeroed() };
+        // SAFETY: fd is the open master of this pty; t is a valid termios to fill.
+        let rc = unsafe { libc::tcgetattr(fd, &mut t) };
+        assert_eq!(rc, 0, "tcgetattr on the pty");
+        t.c_lflag & libc::ICANON != 0 && t.c_lflag & libc::ECHO != 0
+    }
+}
+
+impl Drop for Pty {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+    }
+}
+
+// ---- a proxy that can hold new connections ------------------------------------
+
+/// A TCP proxy on 127.0.0.1:0 that can cut every live connection and, while
+/// held, accepts new ones without forwarding them: a client that reconnects
+/// waits until `release`, as it would while a network is down.
+pub struct HoldProxy {
+    pub addr: SocketAddr,
+    pub url: String,
+    open: std::sync::Arc<tokio::sync::watch::Sender<bool>>,
+    live: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    accept: JoinHandle<()>,
+}
+
+impl HoldProxy {
+    pub async fn start(target: SocketAddr) -> HoldProxy {
+        use std::sync::Arc;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let open = Arc::new(tokio::sync::watch::channel(true).0);
+        let live: Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
+        let accepted: Arc<std::sync::atomic::AtomicUsize> = Arc::default();
+        let (o, l, a) = (open.clone(), live.clone(), accepted.clone());
+        let accept = tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                a.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut gate = o.subscribe();
+                let conn = tokio::spawn(async move {
+                    if gate.wait_for(|open| *open).await.is_err() {
+                        return;
+                    }
+                    let Ok(mut server) = tokio::net::TcpStream::connect(target).await else {
+                        return;
+                    };
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                });
+                let mut live = l.lock().unwrap();
+                live.retain(|h| !h.is_finished());
+                live.push(conn.abort_handle());
+            }
+        });
+        HoldProxy {
+            addr,
+            url: format!("http://{addr}"),
+            open,
+            live,
+            accepted,
+            accept,
+        }
+    }
+
+    /// Holds new connections (they wait) until `release`.
+    pub fn hold(&self) {
+        self.open.send_replace(false);
+    }
+
+    pub fn release(&self) {
+        self.open.send_replace(true);
+    }
+
+    /// Cuts every live connection; returns how many there were.
+    pub fn cut(&self) -> usize {
+        let mut live = self.live.lock().unwrap();
+        let n = live.iter().filter(|h| !h.is_finished()).count();
+        for h in live.drain(..) {
+            h.abort();
+        }
+        n
+    }
+
+    pub fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for HoldProxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+        self.cut();
+    }
+}

@@ -1,0 +1,361 @@
+//! Finding the server (flags, else $VAK_HOME/server.json) and the one `Transport` trait that the REST/SSE and gRPC clients both implement.
+
+use crate::home;
+use crate::proto::v1 as pb;
+use futures_util::Stream;
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Where the server is and how to authenticate to it.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub url: String,
+    pub token: String,
+    /// PEM roots to trust for an https server (`--ca-cert`, or the development
+    /// certificate `vak serve --tls-self-signed` keeps in the home).
+    pub ca_pem: Option<Vec<u8>>,
+}
+
+/// What a failed call means to the client: retry it, or tell the user.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailKind {
+    /// The connection failed or the server is briefly unavailable: retrying may succeed.
+    Transient,
+    /// The session (or approval) does not exist.
+    NotFound,
+    /// The request conflicts with the state (an approval already settled).
+    Conflict,
+    /// Retrying cannot help (bad token, bad request, a server error).
+    Fatal,
+}
+
+#[derive(Clone, Debug)]
+pub struct Failure {
+    pub kind: FailKind,
+    pub message: String,
+}
+
+impl Failure {
+    pub fn new(kind: FailKind, message: impl Into<String>) -> Failure {
+        Failure {
+            kind,
+            message: message.into(),
+        }
+    }
+    pub fn fatal(message: impl Into<String>) -> Failure {
+        Self::new(FailKind::Fatal, message)
+    }
+    pub fn transient(message: impl Into<String>) -> Failure {
+        Self::new(FailKind::Transient, message)
+    }
+    pub fn is_transient(&self) -> bool {
+        self.kind == FailKind::Transient
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl From<Failure> for crate::Error {
+    fn from(f: Failure) -> crate::Error {
+        match f.kind {
+            FailKind::NotFound => crate::Error::not_found(f.message),
+            FailKind::Conflict => crate::Error::conflict(f.message),
+            FailKind::Transient => crate::Error::new(crate::ErrorKind::Unavailable, f.message),
+            FailKind::Fatal => crate::Error::invalid(f.message),
+        }
+    }
+}
+
+pub type Fut<'a, T> = Pin<Box<dyn Future<Output = Result<T, Failure>> + Send + 'a>>;
+/// A session's events: `Ok` frames, then the end (`None`) or one `Err`.
+pub type Events = Pin<Box<dyn Stream<Item = Result<pb::Event, Failure>> + Send>>;
+
+/// The calls `vak term` makes. The two implementations (REST/SSE in `rest.rs`,
+/// gRPC in `grpc.rs`) must be indistinguishable to the code above them, which
+/// is what `--transport` promises.
+pub trait Transport: Send + Sync {
+    /// "sse" or "grpc", for messages.
+    fn name(&self) -> &'static str;
+    fn create_session(&self) -> Fut<'_, String>;
+    fn list_sessions(&self) -> Fut<'_, Vec<pb::SessionSummary>>;
+    fn attach(&self, session_id: &str) -> Fut<'_, pb::SessionSummary>;
+    fn run(&self, req: pb::RunRequest) -> Fut<'_, pb::Admission>;
+    fn steer(&self, req: pb::SteerRequest) -> Fut<'_, pb::Admission>;
+    fn approve(&self, req: pb::ApproveRequest) -> Fut<'_, pb::ApproveResponse>;
+    fn cancel(&self, session_id: &str) -> Fut<'_, pb::CancelResponse>;
+    fn transcript(&self, session_id: &str) -> Fut<'_, pb::Transcript>;
+    /// Opens the session's event stream; the server sends stream_opened first.
+    fn subscribe(&self, session_id: &str, after: Option<u64>) -> Fut<'_, Events>;
+}
+
+/// How long to wait for a TCP connection before calling the server unreachable.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransportKind {
+    Sse,
+    Grpc,
+}
+
+pub fn connect(target: &Target, kind: TransportKind) -> Result<Arc<dyn Transport>, Failure> {
+    Ok(match kind {
+        TransportKind::Sse => Arc::new(super::rest::Rest::new(target)?),
+        TransportKind::Grpc => Arc::new(super::grpc::Grpc::new(target)?),
+    })
+}
+
+/// `--url` and `--token` when given; otherwise (or for the token alone) the
+/// server.json that `vak serve` writes in its home.
+pub fn discover(
+    url: Option<String>,
+    token: Option<String>,
+    home: Option<PathBuf>,
+    ca_cert: Option<PathBuf>,
+) -> Result<Target, Failure> {
+    let token = token.filter(|t| !t.trim().is_empty());
+    let dev_cert = home::resolve(home.clone())
+        .ok()
+        .map(|h| h.join("tls").join("dev-cert.pem"))
+        .filter(|p| p.exists());
+    let from_file = || -> Result<(String, String), Failure> {
+        let home = home::resolve(home.clone()).map_err(|e| Failure::fatal(e.message))?;
+        let path = home::server_json(&home);
+        let raw = std::fs::read(&path).map_err(|e| {
+            Failure::fatal(if e.kind() == std::io::ErrorKind::NotFound {
+                format!(
+                    "no server found: {} does not exist (start one with `vak serve`, or pass --url and --token)",
+                    path.display()
+                )
+            } else {
+                format!("cannot read {}: {e}", path.display())
+            })
+        })?;
+        let v: serde_json::Value = serde_json::from_slice(&raw)
+            .map_err(|e| Failure::fatal(format!("{} is not JSON: {e}", path.display())))?;
+        let field = |k: &str| {
+            v.get(k)
+                .and_then(|x| x.as_str())
+                .map(str::to_string)
+                .ok_or_else(|| Failure::fatal(format!("{} has no {k:?}", path.display())))
+        };
+        Ok((field("url")?, field("token")?))
+    };
+    let target = match (url, token) {
+        (Some(url), Some(token)) => Target {
+            url,
+            token,
+            ca_pem: None,
+        },
+        (Some(url), None) => {
+            // The token of a local server whose URL was given explicitly.
+            let (file_url, file_token) = from_file()
+                .map_err(|_| Failure::fatal(format!("--url {url} needs --token (or VAK_TOKEN)")))?;
+            if file_url.trim_end_matches('/') != url.trim_end_matches('/') {
+                return Err(Failure::fatal(format!(
+                    "--url {url} needs --token (or VAK_TOKEN)"
+                )));
+            }
+            Target {
+                url,
+                token: file_token,
+                ca_pem: None,
+            }
+        }
+        (None, token) => {
+            let (url, file_token) = from_file()?;
+            Target {
+                url,
+                token: token.unwrap_or(file_token),
+                ca_pem: None,
+            }
+        }
+    };
+    let ca_path = ca_cert.or(if target.url.starts_with("https://") {
+        dev_cert
+    } else {
+        None
+    });
+    let ca_pem = match ca_path {
+        Some(p) => {
+            Some(std::fs::read(&p).map_err(|e| Failure::fatal(format!("cannot read {}: {e}", p.display())))?)
+        }
+        None => None,
+    };
+    if !(target.url.starts_with("http://") || target.url.starts_with("https://")) {
+        return Err(Failure::fatal(format!(
+            "the server URL {:?} must start with http:// or https://",
+            target.url
+        )));
+    }
+    Ok(Target {
+        url: target.url.trim_end_matches('/').to_string(),
+        token: target.token.trim().to_string(),
+        ca_pem,
+    })
+}
+
+/// Session ids travel in URL paths: the server's own rule, checked before any request.
+pub fn check_id(what: &str, id: &str) -> Result<(), Failure> {
+    let ok = !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(Failure::fatal(format!(
+            "invalid {what} {id:?}: 1 to 64 of A-Z a-z 0-9 - _"
+        )))
+    }
+}
+
+/// Retries a call that is safe to repeat (every call vak term repeats carries
+/// its request id, or is idempotent) while it fails transiently, a few times.
+pub async fn retry<T, F>(mut call: F) -> Result<T, Failure>
+where
+    F: FnMut() -> Fut<'static, T>,
+{
+    let mut delay = Duration::from_millis(100);
+    let mut attempt = 1;
+    loop {
+        match call().await {
+            Err(f) if f.is_transient() && attempt < 8 => {
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(2));
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Convenience wrappers that clone what a retried call needs into a `'static` future.
+pub fn run_call(
+    conn: &Arc<dyn Transport>,
+    req: pb::RunRequest,
+) -> impl FnMut() -> Fut<'static, pb::Admission> {
+    let conn = conn.clone();
+    move || {
+        let (conn, req) = (conn.clone(), req.clone());
+        Box::pin(async move { conn.run(req).await })
+    }
+}
+
+pub fn steer_call(
+    conn: &Arc<dyn Transport>,
+    req: pb::SteerRequest,
+) -> impl FnMut() -> Fut<'static, pb::Admission> {
+    let conn = conn.clone();
+    move || {
+        let (conn, req) = (conn.clone(), req.clone());
+        Box::pin(async move { conn.steer(req).await })
+    }
+}
+
+pub fn cancel_call(
+    conn: &Arc<dyn Transport>,
+    session_id: &str,
+) -> impl FnMut() -> Fut<'static, pb::CancelResponse> {
+    let (conn, sid) = (conn.clone(), session_id.to_string());
+    move || {
+        let (conn, sid) = (conn.clone(), sid.clone());
+        Box::pin(async move { conn.cancel(&sid).await })
+    }
+}
+
+/// Answers an approval. A retry after a lost answer finds it already settled
+/// (409): that is success when the settled outcome is the one we sent.
+pub async fn answer_approval(
+    conn: &Arc<dyn Transport>,
+    session_id: &str,
+    request_id: &str,
+    approve: bool,
+    reason: &str,
+) -> Result<String, Failure> {
+    check_id("approval id", request_id)?;
+    let req = pb::ApproveRequest {
+        session_id: session_id.to_string(),
+        request_id: request_id.to_string(),
+        approve: Some(approve),
+        reason: reason.to_string(),
+    };
+    let mut sent_once = false;
+    let c = conn.clone();
+    let result = retry(move || {
+        let (c, req) = (c.clone(), req.clone());
+        let retried = sent_once;
+        sent_once = true;
+        Box::pin(async move {
+            match c.approve(req).await {
+                Err(f) if retried && f.kind == FailKind::Conflict => {
+                    let want = if approve { "(approved)" } else { "(denied)" };
+                    if f.message.contains(want) {
+                        Ok(pb::ApproveResponse {
+                            request_id: String::new(),
+                            outcome: if approve { "approved" } else { "denied" }.into(),
+                        })
+                    } else {
+                        Err(f)
+                    }
+                }
+                other => other,
+            }
+        })
+    })
+    .await?;
+    Ok(result.outcome)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn explicit_url_and_token_win() {
+        let t = discover(Some("http://127.0.0.1:9/".into()), Some(" T ".into()), None, None).unwrap();
+        assert_eq!((t.url.as_str(), t.token.as_str()), ("http://127.0.0.1:9", "T"));
+    }
+
+    #[test]
+    fn server_json_is_read_from_the_home() {
+        let home = tempfile::tempdir().unwrap();
+        let err = discover(None, None, Some(home.path().into()), None).unwrap_err();
+        assert!(err.message.contains("no server found"), "{err}");
+        home::write_server_json(home.path(), "http://127.0.0.1:7", "tok").unwrap();
+        let t = discover(None, None, Some(home.path().into()), None).unwrap();
+        assert_eq!((t.url.as_str(), t.token.as_str()), ("http://127.0.0.1:7", "tok"));
+        // --url naming the same server takes the token from the file; another server needs --token.
+        let t = discover(
+            Some("http://127.0.0.1:7".into()),
+            None,
+            Some(home.path().into()),
+            None,
+        )
+        .unwrap();
+        assert_eq!(t.token, "tok");
+        assert!(discover(
+            Some("http://127.0.0.1:8".into()),
+            None,
+            Some(home.path().into()),
+            None
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn urls_need_a_scheme_and_ids_the_server_rule() {
+        assert!(discover(Some("127.0.0.1:9".into()), Some("t".into()), None, None).is_err());
+        assert!(check_id("session id", "abc-DEF_09").is_ok());
+        for bad in ["", "a/b", "a.b", &"x".repeat(65)] {
+            assert!(check_id("session id", bad).is_err(), "{bad:?}");
+        }
+    }
+}

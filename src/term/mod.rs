@@ -1,0 +1,218 @@
+//! `vak term`: the terminal client. It finds a running server, creates or attaches a session, and either runs one prompt (`-p`) or opens an interactive prompt.
+//!
+//! It is a client like any other: everything goes through the public API, over
+//! REST/SSE or gRPC (`--transport`), with identical behaviour on both.
+//!
+//! - `conn.rs`: finding the server; the `Transport` trait, implemented by
+//!   `rest.rs` (reqwest, with the SSE parser in `sse.rs`) and `grpc.rs` (tonic).
+//! - `follow.rs`: the event stream, resumed from the last seq after any cut.
+//! - `render.rs`: how each frame is shown.
+//! - `oneshot.rs`: `-p PROMPT`; `interactive.rs` with `screen.rs` and `editor.rs`: the prompt.
+
+pub mod conn;
+pub mod editor;
+pub mod follow;
+pub mod grpc;
+pub mod interactive;
+pub mod oneshot;
+pub mod render;
+pub mod rest;
+pub mod screen;
+pub mod sse;
+
+use crate::edge::http::json::to_json;
+use crate::proto::v1 as pb;
+use clap::{Parser, ValueEnum};
+use conn::{check_id, connect, discover, TransportKind};
+use std::io::{IsTerminal, Read, Write};
+use std::path::PathBuf;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum TransportArg {
+    /// REST calls and the SSE event stream.
+    Sse,
+    /// gRPC (HTTP/2 cleartext).
+    Grpc,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OutputArg {
+    /// The answer's text (one-shot) or a table of sessions (--list).
+    Text,
+    /// One JSON object per line: every frame, in the schema of the SSE data.
+    Json,
+}
+
+/// What to do with approval requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Policy {
+    /// Ask: `[y]es / [n]o / [a]lways` (one-shot: read from stdin).
+    Ask,
+    /// Deny every request.
+    Deny,
+    /// Approve every request.
+    Allow,
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    after_help = "Exit status of a one-shot run (-p): 0 completed, 1 failed (or vak term could not do its job), 130 cancelled."
+)]
+pub struct TermArgs {
+    /// The server's URL. Default: the one in server.json in the home.
+    #[arg(long, env = "VAK_URL")]
+    pub url: Option<String>,
+    /// The bearer token. Default: the one in server.json in the home.
+    #[arg(long, env = "VAK_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// The data home whose server.json names the server.
+    #[arg(long, env = "VAK_HOME")]
+    pub home: Option<PathBuf>,
+    /// PEM certificate(s) to trust for an https server. Default: the home's
+    /// development certificate (`vak serve --tls-self-signed`), if any.
+    #[arg(long, value_name = "PEM")]
+    pub ca_cert: Option<PathBuf>,
+    /// How to talk to the server.
+    #[arg(long, value_enum, default_value = "sse")]
+    pub transport: TransportArg,
+    /// Attach to this session instead of creating one.
+    #[arg(long, value_name = "ID")]
+    pub session: Option<String>,
+    /// List the server's sessions and exit.
+    #[arg(long, conflicts_with_all = ["prompt", "session"])]
+    pub list: bool,
+    /// Run one prompt, print the answer and exit ("-" reads it from stdin).
+    #[arg(short = 'p', long)]
+    pub prompt: Option<String>,
+    /// What a one-shot run (or --list) prints on stdout.
+    #[arg(long, value_enum, default_value = "text")]
+    pub output: OutputArg,
+    /// What to do with approval requests. Default: ask when stdin is a
+    /// terminal, else deny.
+    #[arg(long, value_enum)]
+    pub approve: Option<Policy>,
+}
+
+/// Runs `vak term`; the result is the process's exit code.
+pub async fn run(args: TermArgs) -> crate::Result<i32> {
+    let target = discover(
+        args.url.clone(),
+        args.token.clone(),
+        args.home.clone(),
+        args.ca_cert.clone(),
+    )?;
+    let kind = match args.transport {
+        TransportArg::Sse => TransportKind::Sse,
+        TransportArg::Grpc => TransportKind::Grpc,
+    };
+    let conn = connect(&target, kind)?;
+    let json = args.output == OutputArg::Json;
+
+    if args.list {
+        let sessions = conn::retry({
+            let c = conn.clone();
+            move || {
+                let c = c.clone();
+                Box::pin(async move { c.list_sessions().await })
+            }
+        })
+        .await?;
+        print_sessions(sessions, json);
+        return Ok(0);
+    }
+
+    let interactive = args.prompt.is_none();
+    if interactive {
+        if json {
+            return Err(crate::Error::invalid("--output json needs -p PROMPT or --list"));
+        }
+        if !(std::io::stdin().is_terminal() && std::io::stdout().is_terminal()) {
+            return Err(crate::Error::invalid(
+                "the interactive mode needs a terminal; pass -p PROMPT to run one prompt",
+            ));
+        }
+    }
+    let prompt = match args.prompt.as_deref() {
+        Some("-") => {
+            let mut s = String::new();
+            std::io::stdin().read_to_string(&mut s)?;
+            Some(s)
+        }
+        other => other.map(str::to_string),
+    };
+    if prompt.as_ref().is_some_and(|p| p.trim().is_empty()) {
+        return Err(crate::Error::invalid("the prompt is empty"));
+    }
+
+    // The session, and the seq to follow it from.
+    let summary = match &args.session {
+        Some(id) => {
+            check_id("session id", id)?;
+            conn.attach(id).await?
+        }
+        None => {
+            let id = conn.create_session().await?;
+            conn.attach(&id).await?
+        }
+    };
+    let sid = summary.session_id.clone();
+
+    match prompt {
+        Some(prompt) => {
+            // Reading answers from a pipe by default would consume input meant for no one.
+            let policy = args.approve.unwrap_or(
+                if std::io::stdin().is_terminal() && args.prompt.as_deref() != Some("-") {
+                    Policy::Ask
+                } else {
+                    Policy::Deny
+                },
+            );
+            let after = summary.latest_seq;
+            let code = oneshot::run(conn, sid, after, oneshot::OneShot { prompt, json, policy }).await?;
+            let _ = std::io::stdout().flush();
+            Ok(code)
+        }
+        None => {
+            let header = vec![
+                format!("vak term · session {sid} · {} over {}", target.url, conn.name()),
+                "Enter sends (steers while a run is going) · Ctrl-C cancels · Ctrl-D exits".to_string(),
+            ];
+            interactive::run(
+                conn,
+                sid,
+                summary,
+                interactive::Options {
+                    policy: args.approve.unwrap_or(Policy::Ask),
+                    header,
+                },
+            )
+            .await
+        }
+    }
+}
+
+fn print_sessions(sessions: Vec<pb::SessionSummary>, json: bool) {
+    let mut out = std::io::stdout().lock();
+    if json {
+        let mut line = to_json(&pb::ListSessionsResponse { sessions });
+        line.push(b'\n');
+        let _ = out.write_all(&line);
+    } else {
+        for s in sessions {
+            let state = if s.busy {
+                "busy"
+            } else if s.loaded {
+                "idle"
+            } else {
+                "on disk"
+            };
+            let title = render::clean(&s.title).replace('\n', " ");
+            let _ = writeln!(
+                out,
+                "{}  {}  {:>6} events  {:<7}  {}",
+                s.session_id, s.created_at, s.latest_seq, state, title
+            );
+        }
+    }
+    let _ = out.flush();
+}

@@ -1,0 +1,441 @@
+//! `vak term -p PROMPT`: one run, its answer on stdout (or every frame as a JSON line), and an exit code that says how it ended.
+
+use super::conn::{answer_approval, cancel_call, retry, run_call, FailKind, Failure, Transport};
+use super::follow::{follow, transcript_at, Update};
+use super::render::{clean, Piece, Render};
+use super::Policy;
+use crate::edge::http::json::to_json;
+use crate::proto::v1 as pb;
+use pb::event::Kind;
+use std::collections::{HashSet, VecDeque};
+use std::io::{IsTerminal, Write};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// Exit codes: completed, failed (the run, or vak term itself), cancelled.
+pub const EXIT_COMPLETED: i32 = 0;
+pub const EXIT_FAILED: i32 = 1;
+pub const EXIT_CANCELLED: i32 = 130;
+
+/// A one-shot run stops trying to reach a server that has been away this long.
+const GIVE_UP: Duration = Duration::from_secs(60);
+
+pub struct OneShot {
+    pub prompt: String,
+    pub json: bool,
+    pub policy: Policy,
+}
+
+/// What has been written to stdout in text mode, so a resync can print only what is missing.
+#[derive(Default)]
+struct Answer {
+    printed: String,
+    /// A tool ran since the last text: the next text starts on a new line.
+    need_sep: bool,
+    clean: bool,
+}
+
+impl Answer {
+    fn push(&mut self, text: &str) {
+        let mut s = String::new();
+        if self.need_sep && !self.printed.is_empty() && !self.printed.ends_with('\n') {
+            s.push('\n');
+        }
+        self.need_sep = false;
+        s.push_str(text);
+        self.write(&s);
+    }
+
+    fn write(&mut self, s: &str) {
+        if s.is_empty() {
+            return;
+        }
+        self.printed.push_str(s);
+        let shown = if self.clean { clean(s) } else { s.to_string() };
+        let mut out = std::io::stdout().lock();
+        // A closed stdout (`| head`) is the reader's choice, not an error of the run.
+        let _ = out.write_all(shown.as_bytes()).and_then(|_| out.flush());
+    }
+
+    fn finish(&mut self) {
+        if !self.printed.is_empty() && !self.printed.ends_with('\n') {
+            self.write("\n");
+        }
+    }
+}
+
+/// The answer text of the leg whose user message is `user`, rebuilt from the
+/// transcript exactly as `Answer::push` would have printed it live.
+fn transcript_answer(t: &pb::Transcript, user: usize) -> String {
+    let mut a = String::new();
+    let mut need_sep = false;
+    for m in &t.messages[user + 1..] {
+        match m.role.as_str() {
+            "user" => break,
+            "tool" => need_sep = true,
+            "assistant" if !m.text.is_empty() => {
+                if need_sep && !a.is_empty() && !a.ends_with('\n') {
+                    a.push('\n');
+                }
+                need_sep = false;
+                a.push_str(&m.text);
+            }
+            _ => {}
+        }
+    }
+    a
+}
+
+/// Progress and outcome notes go to stderr, so stdout holds only the answer (or the JSON lines).
+fn note(msg: &str) {
+    eprintln!("vak: {msg}");
+}
+
+/// Reads answers to approval questions from stdin, one line each, on a thread
+/// of its own (stdin has no async reader that can be abandoned mid-read).
+fn stdin_lines() -> mpsc::UnboundedReceiver<Option<String>> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        let stdin = std::io::stdin();
+        loop {
+            let mut line = String::new();
+            match stdin.read_line(&mut line) {
+                Ok(0) | Err(_) => {
+                    let _ = tx.send(None);
+                    return;
+                }
+                Ok(_) => {
+                    if tx.send(Some(line.trim().to_string())).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    rx
+}
+
+struct Pending {
+    request_id: String,
+    tool: String,
+    reason: String,
+}
+
+pub async fn run(conn: Arc<dyn Transport>, sid: String, after: u64, o: OneShot) -> crate::Result<i32> {
+    let json = o.json;
+    let mut answer = Answer {
+        clean: std::io::stdout().is_terminal(),
+        ..Answer::default()
+    };
+    let emit_json = |e: &pb::Event| {
+        let mut line = to_json(e);
+        line.push(b'\n');
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(&line).and_then(|_| out.flush());
+    };
+
+    // Ctrl-C cancels the run instead of killing the process; registered
+    // before the run exists, so no interrupt can fall in between.
+    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+
+    // Open the stream first and wait until it is open, so the run is seen from
+    // its first frame; `after` also replays anything published since the
+    // caller looked at the session.
+    let mut follower = follow(conn.clone(), sid.clone(), Some(after), Some(GIVE_UP));
+    let mut reconnecting = false;
+    loop {
+        match follower.updates.recv().await {
+            None => return Err(crate::Error::internal("the event stream stopped")),
+            Some(Update::Fatal(f)) => return Err(f.into()),
+            Some(Update::Reconnecting(why)) => {
+                if !reconnecting {
+                    note(&format!("reconnecting: {why}"));
+                    reconnecting = true;
+                }
+            }
+            Some(Update::Event(e)) => {
+                if json {
+                    emit_json(&e);
+                }
+                if matches!(e.kind, Some(Kind::StreamOpened(_))) {
+                    if reconnecting {
+                        note("reconnected");
+                        reconnecting = false;
+                    }
+                    break;
+                }
+            }
+        }
+    }
+
+    let request_id = format!("term_{}", uuid::Uuid::new_v4().simple());
+    let admission = retry(run_call(
+        &conn,
+        pb::RunRequest {
+            session_id: sid.clone(),
+            prompt: o.prompt.clone(),
+            request_id: request_id.clone(),
+        },
+    ))
+    .await?;
+    let queued = admission.state == "queued";
+
+    let mut render = Render::default();
+    let mut in_our_leg = false;
+    let mut our_user_seq: Option<u64> = None;
+    // After a resync the transcript stands for every frame up to this seq.
+    let mut skip_through = 0u64;
+    let mut pending: VecDeque<Pending> = VecDeque::new();
+    let mut asked: Option<String> = None;
+    let mut always: HashSet<String> = HashSet::new();
+    let mut answers: Option<mpsc::UnboundedReceiver<Option<String>>> = None;
+    let mut stdin_closed = false;
+    let mut interrupted = false;
+
+    loop {
+        // With no one left to ask, what is still waiting is denied.
+        if stdin_closed {
+            for p in pending.drain(..) {
+                spawn_answer(&conn, &sid, &p.request_id, false, "");
+            }
+        }
+        // Ask the next queued approval question, one at a time.
+        if asked.is_none() {
+            if let Some(p) = pending.front() {
+                if o.policy == Policy::Ask {
+                    eprintln!(
+                        "vak: {} wants approval: {}  [y]es / [n]o / [a]lways ",
+                        p.tool,
+                        clean(&p.reason)
+                    );
+                    asked = Some(p.request_id.clone());
+                    answers.get_or_insert_with(stdin_lines);
+                }
+            }
+        }
+        let update = tokio::select! {
+            u = follower.updates.recv() => u,
+            line = async { answers.as_mut().unwrap().recv().await }, if asked.is_some() => {
+                let Some(p) = pending.pop_front() else { continue };
+                asked = None;
+                let verdict = match line.flatten() {
+                    None => {
+                        stdin_closed = true;
+                        note("stdin closed: denying");
+                        Some(false)
+                    }
+                    Some(l) => match l.to_ascii_lowercase().as_str() {
+                        "y" | "yes" => Some(true),
+                        "n" | "no" => Some(false),
+                        "a" | "always" => {
+                            always.insert(p.tool.clone());
+                            Some(true)
+                        }
+                        _ => None,
+                    },
+                };
+                match verdict {
+                    Some(v) => spawn_answer(&conn, &sid, &p.request_id, v, ""),
+                    None => pending.push_front(p), // asked again
+                }
+                // `always` also answers the same tool's questions already waiting.
+                pending.retain(|q| {
+                    let auto = always.contains(&q.tool);
+                    if auto {
+                        spawn_answer(&conn, &sid, &q.request_id, true, "");
+                    }
+                    !auto
+                });
+                continue;
+            }
+            _ = sigint.recv() => {
+                if interrupted {
+                    // A second Ctrl-C quits without waiting for the run to settle.
+                    answer.finish();
+                    return Ok(EXIT_CANCELLED);
+                }
+                interrupted = true;
+                note("cancelling the run (Ctrl-C again to quit)");
+                let (c, s) = (conn.clone(), sid.clone());
+                tokio::spawn(async move {
+                    if let Err(f) = retry(cancel_call(&c, &s)).await {
+                        note(&format!("cannot cancel: {f}"));
+                    }
+                });
+                continue;
+            }
+        };
+        let e = match update {
+            None => return Err(crate::Error::internal("the event stream stopped")),
+            Some(Update::Fatal(f)) => return Err(f.into()),
+            Some(Update::Reconnecting(why)) => {
+                if !reconnecting {
+                    note(&format!("reconnecting: {why}"));
+                    reconnecting = true;
+                }
+                continue;
+            }
+            Some(Update::Event(e)) => e,
+        };
+        if json {
+            emit_json(&e);
+        }
+        let replayed = e.seq > 0 && e.seq <= skip_through;
+        let Some(kind) = &e.kind else { continue };
+        match kind {
+            Kind::StreamOpened(_) if reconnecting => {
+                note("reconnected");
+                reconnecting = false;
+            }
+            Kind::Resync(_) => {
+                let (t, summary) = transcript_at(&conn, &sid).await?;
+                skip_through = summary.latest_seq;
+                note("resynced from the transcript");
+                // The retained frames that follow ask again the questions still open.
+                pending.clear();
+                asked = None;
+                let user = t.messages.iter().rposition(|m| {
+                    m.role == "user" && our_user_seq.map_or(m.text == o.prompt, |s| m.seq == s)
+                });
+                if let Some(i) = user {
+                    in_our_leg = !t.messages[i + 1..].iter().any(|m| m.role == "user");
+                    our_user_seq = Some(t.messages[i].seq);
+                    if !json {
+                        let full = transcript_answer(&t, i);
+                        match full.strip_prefix(answer.printed.as_str()) {
+                            Some(rest) => {
+                                let rest = rest.to_string();
+                                answer.write(&rest);
+                            }
+                            None => note("resynced: the text above may differ from the transcript"),
+                        }
+                        answer.need_sep = t.messages.last().is_some_and(|m| m.role == "tool");
+                    }
+                }
+            }
+            Kind::UserMessage(m) => {
+                in_our_leg = m.request_id == request_id;
+                if in_our_leg {
+                    our_user_seq = Some(e.seq);
+                }
+            }
+            Kind::TextDelta(t) if in_our_leg && !json && !replayed => answer.push(&t.text),
+            Kind::ToolCall(_) | Kind::ToolResult(_) | Kind::ApprovalResolved(_) if in_our_leg => {
+                if matches!(kind, Kind::ToolCall(_)) && !replayed {
+                    answer.need_sep = true;
+                }
+                if let Kind::ApprovalResolved(r) = kind {
+                    pending.retain(|p| p.request_id != r.request_id);
+                    if asked.as_deref() == Some(r.request_id.as_str()) {
+                        asked = None;
+                    }
+                }
+                for p in render.event(&e) {
+                    if let (false, false, Piece::Line { text, .. }) = (json, replayed, p) {
+                        eprintln!("vak: {text}");
+                    }
+                }
+            }
+            Kind::ApprovalRequested(a) if in_our_leg => {
+                render.event(&e);
+                let verdict = match o.policy {
+                    _ if always.contains(&a.tool) => Some(true),
+                    Policy::Allow => Some(true),
+                    Policy::Deny => Some(false),
+                    Policy::Ask if stdin_closed => Some(false),
+                    Policy::Ask => None,
+                };
+                match verdict {
+                    Some(v) => {
+                        if !json {
+                            let how = if v { "approving" } else { "denying" };
+                            note(&format!("{how} {}: {}", a.tool, clean(&a.reason)));
+                        }
+                        spawn_answer(
+                            &conn,
+                            &sid,
+                            &a.request_id,
+                            v,
+                            if v { "" } else { "vak term --approve deny" },
+                        );
+                    }
+                    None => pending.push_back(Pending {
+                        request_id: a.request_id.clone(),
+                        tool: a.tool.clone(),
+                        reason: a.reason.clone(),
+                    }),
+                }
+            }
+            // Ours: the first after our prompt's leg began (a replay after a
+            // resync may carry an older one), or a cancel that discarded it queued.
+            Kind::RunFinished(r)
+                if our_user_seq.map_or(queued && r.outcome == "cancelled", |u| e.seq > u) =>
+            {
+                if !json {
+                    answer.finish();
+                    if our_user_seq.is_none() {
+                        note("run cancelled before the prompt ran");
+                    } else if r.outcome != "completed" {
+                        note(&format!("run {}: {}", r.outcome, clean(&r.message)));
+                    }
+                }
+                return Ok(match r.outcome.as_str() {
+                    "completed" => EXIT_COMPLETED,
+                    "cancelled" => EXIT_CANCELLED,
+                    _ => EXIT_FAILED,
+                });
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Sends an approval answer without holding up the stream; a failure is reported, not fatal.
+fn spawn_answer(conn: &Arc<dyn Transport>, sid: &str, rid: &str, approve: bool, reason: &'static str) {
+    let (conn, sid, rid) = (conn.clone(), sid.to_string(), rid.to_string());
+    tokio::spawn(async move {
+        match answer_approval(&conn, &sid, &rid, approve, reason).await {
+            Ok(_) => {}
+            // Someone else answered first, or the run ended: the stream says which.
+            Err(Failure {
+                kind: FailKind::Conflict | FailKind::NotFound,
+                ..
+            }) => {}
+            Err(f) => eprintln!("vak: cannot answer approval {rid}: {f}"),
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(role: &str, text: &str) -> pb::Message {
+        pb::Message {
+            role: role.into(),
+            text: text.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_transcript_answer_matches_the_live_text() {
+        let t = pb::Transcript {
+            messages: vec![
+                msg("user", "old"),
+                msg("assistant", "echo: old"),
+                msg("user", "p"),
+                msg("assistant", "echo: before"),
+                msg("tool", "wrote"),
+                msg("assistant", "echo: after"),
+                msg("user", "next"),
+                msg("assistant", "echo: next"),
+            ],
+            ..Default::default()
+        };
+        // As printed live: the text after a tool starts on a line of its own; the leg ends at the next prompt.
+        assert_eq!(transcript_answer(&t, 2), "echo: before\necho: after");
+        assert_eq!(transcript_answer(&t, 0), "echo: old");
+    }
+}

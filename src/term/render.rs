@@ -1,0 +1,252 @@
+//! How frames are shown: streamed text and thinking, and one-line entries for prompts, tool calls, tool results, approvals and run outcomes.
+//!
+//! The renderer only decides what to show; `screen.rs` (interactive) and
+//! `oneshot.rs` (stdout and stderr) decide where it goes.
+
+use crate::proto::v1 as pb;
+use pb::event::Kind;
+use std::collections::HashMap;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Style {
+    Plain,
+    /// Dimmed, and cut to one line: tool calls and other entries.
+    Dim,
+    /// Dimmed, and wrapped rather than cut: the header and notes worth reading whole
+    /// (`Note` and `User` wrap too; `Dim`, `Good` and `Bad` entries are cut to one line).
+    Info,
+    User,
+    Good,
+    Bad,
+    Note,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Piece {
+    /// A piece of the assistant's answer (`thinking`: of its thinking, shown dimmed).
+    Stream { thinking: bool, text: String },
+    /// A complete entry, shown on a line of its own.
+    Line { style: Style, text: String },
+}
+
+fn line(style: Style, text: impl Into<String>) -> Piece {
+    Piece::Line {
+        style,
+        text: text.into(),
+    }
+}
+
+/// Remembers what later frames refer back to (a result names only its call).
+#[derive(Default)]
+pub struct Render {
+    tools: HashMap<String, String>,
+    approvals: HashMap<String, String>,
+}
+
+impl Render {
+    pub fn event(&mut self, e: &pb::Event) -> Vec<Piece> {
+        let Some(kind) = &e.kind else {
+            return Vec::new();
+        };
+        match kind {
+            Kind::UserMessage(m) => user_lines(&m.text),
+            Kind::TextDelta(t) => vec![Piece::Stream {
+                thinking: false,
+                text: clean(&t.text),
+            }],
+            Kind::ThinkingDelta(t) => vec![Piece::Stream {
+                thinking: true,
+                text: clean(&t.text),
+            }],
+            Kind::ToolCall(c) => {
+                self.tools.insert(c.call_id.clone(), c.tool.clone());
+                vec![line(Style::Dim, tool_call_line(&c.tool, c.input.as_ref()))]
+            }
+            Kind::ToolResult(r) => {
+                let tool = self.tools.remove(&r.call_id).unwrap_or_else(|| "tool".into());
+                vec![tool_result_line(&tool, r.ok, &r.output)]
+            }
+            Kind::ApprovalRequested(a) => {
+                self.approvals.insert(a.request_id.clone(), a.tool.clone());
+                Vec::new()
+            }
+            Kind::ApprovalResolved(a) => {
+                let tool = self
+                    .approvals
+                    .remove(&a.request_id)
+                    .unwrap_or_else(|| "tool".into());
+                let reason = if a.reason.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", clean(&a.reason))
+                };
+                vec![match a.outcome.as_str() {
+                    "approved" => line(Style::Good, format!("✓ {tool} approved{reason}")),
+                    "denied" => line(Style::Bad, format!("✗ {tool} denied{reason}")),
+                    other => line(Style::Note, format!("· {tool} approval {other}{reason}")),
+                }]
+            }
+            Kind::RunFinished(r) => match r.outcome.as_str() {
+                "completed" => Vec::new(),
+                "cancelled" => vec![line(Style::Note, format!("⊘ {}", clean(&r.message)))],
+                _ => vec![line(
+                    Style::Bad,
+                    format!("✗ run {}: {}", r.outcome, clean(&r.message)),
+                )],
+            },
+            Kind::StreamOpened(_)
+            | Kind::TurnStarted(_)
+            | Kind::Status(_)
+            | Kind::Resync(_)
+            | Kind::SessionClosed(_) => Vec::new(),
+        }
+    }
+
+    /// A transcript as the pieces its events would have rendered (the redraw after a resync).
+    pub fn transcript(&mut self, t: &pb::Transcript) -> Vec<Piece> {
+        let mut out = Vec::new();
+        for m in &t.messages {
+            match m.role.as_str() {
+                "user" => out.extend(user_lines(&m.text)),
+                "assistant" => {
+                    if !m.thinking.is_empty() {
+                        out.push(Piece::Stream {
+                            thinking: true,
+                            text: clean(&m.thinking),
+                        });
+                    }
+                    if !m.text.is_empty() {
+                        out.push(Piece::Stream {
+                            thinking: false,
+                            text: clean(&m.text),
+                        });
+                    }
+                }
+                "tool" => {
+                    out.push(line(Style::Dim, tool_call_line(&m.tool, m.input.as_ref())));
+                    // A call still waiting for its result has neither output nor ok.
+                    if m.ok || !m.text.is_empty() {
+                        out.push(tool_result_line(&m.tool, m.ok, &m.text));
+                    }
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+}
+
+fn user_lines(text: &str) -> Vec<Piece> {
+    clean(text)
+        .lines()
+        .enumerate()
+        .map(|(i, l)| line(Style::User, format!("{} {l}", if i == 0 { "›" } else { " " })))
+        .collect()
+}
+
+/// `write_file notes.md (11 bytes)`, `bash $ ls`, `read_file a.txt`; other tools show their input as JSON.
+pub fn tool_call_line(tool: &str, input: Option<&prost_types::Struct>) -> String {
+    let input = input.map(struct_json).unwrap_or(serde_json::Value::Null);
+    let s = |k: &str| input.get(k).and_then(|v| v.as_str()).unwrap_or("").to_string();
+    let detail = match tool {
+        "read_file" => s("path"),
+        "write_file" => format!("{} ({} bytes)", s("path"), s("content").len()),
+        "bash" => format!("$ {}", s("command")),
+        _ if input.is_null() => String::new(),
+        _ => input.to_string(),
+    };
+    clean(&format!("⚙ {tool} {detail}")).replace('\n', " ⏎ ")
+}
+
+/// `✓ write_file: wrote 11 bytes to notes.md`: the first line of the output, and how many more there are.
+pub fn tool_result_line(tool: &str, ok: bool, output: &str) -> Piece {
+    let output = clean(output);
+    let mut lines = output.lines().filter(|l| !l.trim().is_empty());
+    let first = lines.next().unwrap_or("");
+    let more = lines.count();
+    let more = if more > 0 {
+        format!(" (+{more} lines)")
+    } else {
+        String::new()
+    };
+    let (mark, style) = if ok {
+        ("✓", Style::Good)
+    } else {
+        ("✗", Style::Bad)
+    };
+    line(style, format!("{mark} {tool}: {first}{more}"))
+}
+
+/// Server text is data, never terminal commands: control characters (an
+/// escape sequence could move the cursor or retitle the window) are dropped,
+/// tabs become spaces, CRLF becomes LF.
+pub fn clean(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\n' => out.push('\n'),
+            '\t' => out.push_str("    "),
+            c if c.is_control() => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A protobuf Struct as plain JSON.
+pub fn struct_json(s: &prost_types::Struct) -> serde_json::Value {
+    serde_json::Value::Object(s.fields.iter().map(|(k, v)| (k.clone(), value_json(v))).collect())
+}
+
+fn value_json(v: &prost_types::Value) -> serde_json::Value {
+    use prost_types::value::Kind as V;
+    match &v.kind {
+        None | Some(V::NullValue(_)) => serde_json::Value::Null,
+        Some(V::NumberValue(n)) => serde_json::json!(n),
+        Some(V::StringValue(s)) => serde_json::Value::String(s.clone()),
+        Some(V::BoolValue(b)) => serde_json::Value::Bool(*b),
+        Some(V::StructValue(s)) => struct_json(s),
+        Some(V::ListValue(l)) => serde_json::Value::Array(l.values.iter().map(value_json).collect()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input(pairs: &[(&str, &str)]) -> prost_types::Struct {
+        prost_types::Struct {
+            fields: pairs
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.to_string(),
+                        prost_types::Value {
+                            kind: Some(prost_types::value::Kind::StringValue(v.to_string())),
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn tool_entries_are_one_line() {
+        let i = input(&[("path", "f.txt"), ("content", "hi")]);
+        assert_eq!(
+            tool_call_line("write_file", Some(&i)),
+            "⚙ write_file f.txt (2 bytes)"
+        );
+        let i = input(&[("command", "echo a\necho b")]);
+        assert_eq!(tool_call_line("bash", Some(&i)), "⚙ bash $ echo a ⏎ echo b");
+        assert_eq!(
+            tool_result_line("bash", false, "a\nb\n\n[exit status: 1]"),
+            line(Style::Bad, "✗ bash: a (+2 lines)")
+        );
+    }
+
+    #[test]
+    fn control_characters_never_reach_the_terminal() {
+        assert_eq!(clean("a\x1b[2Jb\r\n\tc\u{7}"), "a[2Jb\n    c");
+    }
+}

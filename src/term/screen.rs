@@ -1,0 +1,298 @@
+//! The interactive terminal: raw mode entered once and left on every exit path (return, error, panic), and a live region at the bottom (status, the unfinished streamed line, the prompt) redrawn below output that scrolls away above it.
+//!
+//! Finished output is printed once and never touched again, so the
+//! terminal's own scrollback holds the conversation. Only the live region is
+//! redrawn, and it is kept small: a streamed line is committed row by row as
+//! soon as it is wider than the terminal.
+
+use super::render::{Piece, Style};
+use crossterm::cursor::{MoveTo, MoveToColumn, MoveUp, Show};
+use crossterm::event::{DisableBracketedPaste, EnableBracketedPaste};
+use crossterm::style::{Attribute, Color, Print, ResetColor, SetAttribute, SetForegroundColor};
+use crossterm::terminal::{self, Clear, ClearType};
+use crossterm::{execute, queue};
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use unicode_width::{UnicodeWidthChar, UnicodeWidthStr};
+
+static RAW: AtomicBool = AtomicBool::new(false);
+static HOOK: std::sync::Once = std::sync::Once::new();
+
+/// Raw mode for as long as it lives. Dropping it, or a panic anywhere (the
+/// hook runs before the default one prints the message), gives the terminal
+/// back as it was.
+pub struct TerminalGuard(());
+
+impl TerminalGuard {
+    pub fn enter() -> std::io::Result<TerminalGuard> {
+        HOOK.call_once(|| {
+            let previous = std::panic::take_hook();
+            std::panic::set_hook(Box::new(move |info| {
+                restore();
+                previous(info);
+            }));
+        });
+        terminal::enable_raw_mode()?;
+        RAW.store(true, Ordering::SeqCst);
+        execute!(std::io::stdout(), EnableBracketedPaste)?;
+        Ok(TerminalGuard(()))
+    }
+}
+
+impl Drop for TerminalGuard {
+    fn drop(&mut self) {
+        restore();
+    }
+}
+
+/// Leaves raw mode (once; later calls do nothing).
+pub fn restore() {
+    if RAW.swap(false, Ordering::SeqCst) {
+        let _ = execute!(
+            std::io::stdout(),
+            DisableBracketedPaste,
+            SetAttribute(Attribute::Reset),
+            ResetColor,
+            Show
+        );
+        let _ = terminal::disable_raw_mode();
+    }
+}
+
+/// What the bottom line shows: a prefix (the prompt, or an approval question) and the input being edited.
+pub struct PromptLine {
+    pub prefix: String,
+    pub style: Style,
+    pub input: String,
+    /// The cursor, in characters into `input`.
+    pub cursor: usize,
+}
+
+pub struct Screen {
+    out: std::io::Stdout,
+    cols: usize,
+    /// The streamed line not finished yet, and whether it is thinking.
+    partial: String,
+    partial_thinking: bool,
+    /// A state shown above the prompt (`reconnecting…`), empty when none.
+    status: String,
+    /// The cursor's row within the live region, counted from its top.
+    cursor_row: usize,
+}
+
+pub fn width(s: &str) -> usize {
+    UnicodeWidthStr::width(s)
+}
+
+/// The longest prefix of `s` that fits in `cols` columns, as a byte index.
+fn fit(s: &str, cols: usize) -> usize {
+    let mut w = 0;
+    for (i, c) in s.char_indices() {
+        w += c.width().unwrap_or(0);
+        if w > cols {
+            return i;
+        }
+    }
+    s.len()
+}
+
+fn style_on(out: &mut impl Write, style: Style) -> std::io::Result<()> {
+    match style {
+        Style::Plain => Ok(()),
+        Style::Dim | Style::Info => queue!(out, SetAttribute(Attribute::Dim)),
+        Style::User => queue!(out, SetAttribute(Attribute::Bold)),
+        Style::Good => queue!(out, SetForegroundColor(Color::Green)),
+        Style::Bad => queue!(out, SetForegroundColor(Color::Red)),
+        Style::Note => queue!(out, SetForegroundColor(Color::Yellow)),
+    }
+}
+
+fn style_off(out: &mut impl Write) -> std::io::Result<()> {
+    queue!(out, SetAttribute(Attribute::Reset), ResetColor)
+}
+
+impl Default for Screen {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Screen {
+    pub fn new() -> Screen {
+        let mut s = Screen {
+            out: std::io::stdout(),
+            cols: 80,
+            partial: String::new(),
+            partial_thinking: false,
+            status: String::new(),
+            cursor_row: 0,
+        };
+        s.resize();
+        s
+    }
+
+    pub fn resize(&mut self) {
+        self.cols = terminal::size().map_or(80, |(c, _)| c.max(10) as usize);
+    }
+
+    pub fn set_status(&mut self, status: impl Into<String>) {
+        self.status = status.into();
+    }
+
+    /// Erases the live region, prints `pieces` above it, and draws it again.
+    pub fn show(&mut self, pieces: Vec<Piece>, prompt: &PromptLine) -> std::io::Result<()> {
+        self.erase()?;
+        for p in pieces {
+            self.piece(p)?;
+        }
+        self.draw(prompt)
+    }
+
+    /// Clears the whole screen and scrollback (a resync redraws from the transcript).
+    pub fn clear_all(&mut self) -> std::io::Result<()> {
+        self.partial.clear();
+        self.cursor_row = 0;
+        queue!(
+            self.out,
+            Clear(ClearType::All),
+            Clear(ClearType::Purge),
+            MoveTo(0, 0)
+        )
+    }
+
+    /// Leaves the screen for the shell: the live region erased, an unfinished line ended.
+    pub fn close(&mut self) -> std::io::Result<()> {
+        self.erase()?;
+        self.end_partial()?;
+        self.out.flush()
+    }
+
+    fn erase(&mut self) -> std::io::Result<()> {
+        queue!(self.out, MoveToColumn(0))?;
+        if self.cursor_row > 0 {
+            queue!(self.out, MoveUp(self.cursor_row as u16))?;
+        }
+        self.cursor_row = 0;
+        queue!(self.out, Clear(ClearType::FromCursorDown))
+    }
+
+    fn permanent(&mut self, style: Style, text: &str) -> std::io::Result<()> {
+        style_on(&mut self.out, style)?;
+        queue!(self.out, Print(text))?;
+        style_off(&mut self.out)?;
+        queue!(self.out, Print("\r\n"))
+    }
+
+    fn stream_style(thinking: bool) -> Style {
+        if thinking {
+            Style::Dim
+        } else {
+            Style::Plain
+        }
+    }
+
+    fn end_partial(&mut self) -> std::io::Result<()> {
+        if !self.partial.is_empty() {
+            let text = std::mem::take(&mut self.partial);
+            self.permanent(Self::stream_style(self.partial_thinking), &text)?;
+        }
+        Ok(())
+    }
+
+    fn piece(&mut self, p: Piece) -> std::io::Result<()> {
+        match p {
+            Piece::Stream { thinking, text } => {
+                if thinking != self.partial_thinking {
+                    self.end_partial()?;
+                    self.partial_thinking = thinking;
+                }
+                let style = Self::stream_style(thinking);
+                for (i, chunk) in text.split('\n').enumerate() {
+                    if i > 0 {
+                        let line = std::mem::take(&mut self.partial);
+                        self.permanent(style, &line)?;
+                    }
+                    self.partial.push_str(chunk);
+                    // Rows that are full will not change: commit them.
+                    while width(&self.partial) > self.cols {
+                        let cut = fit(&self.partial, self.cols).max(1);
+                        let row: String = self.partial.drain(..cut).collect();
+                        self.permanent(style, &row)?;
+                    }
+                }
+                Ok(())
+            }
+            Piece::Line { style, text } => {
+                self.end_partial()?;
+                // Entries are one line: cut to the terminal's width.
+                let cut = matches!(style, Style::Dim | Style::Good | Style::Bad);
+                let text = if cut && width(&text) > self.cols {
+                    format!("{}…", &text[..fit(&text, self.cols - 1)])
+                } else {
+                    text
+                };
+                self.permanent(style, &text)
+            }
+        }
+    }
+
+    fn draw(&mut self, prompt: &PromptLine) -> std::io::Result<()> {
+        let cols = self.cols;
+        let rows_of = |w: usize| w.div_ceil(cols).max(1);
+        let mut rows = 0;
+        if !self.status.is_empty() {
+            let s = &self.status[..fit(&self.status, cols)];
+            style_on(&mut self.out, Style::Note)?;
+            queue!(self.out, Print(s))?;
+            style_off(&mut self.out)?;
+            queue!(self.out, Print("\r\n"))?;
+            rows += 1;
+        }
+        if !self.partial.is_empty() {
+            style_on(&mut self.out, Self::stream_style(self.partial_thinking))?;
+            queue!(self.out, Print(&self.partial))?;
+            style_off(&mut self.out)?;
+            queue!(self.out, Print("\r\n"))?;
+            rows += rows_of(width(&self.partial));
+        }
+        // Pasted newlines show as ⏎ so the input stays one logical line.
+        let shown: String = prompt
+            .input
+            .chars()
+            .map(|c| if c == '\n' { '⏎' } else { c })
+            .collect();
+        style_on(&mut self.out, prompt.style)?;
+        queue!(self.out, Print(&prompt.prefix))?;
+        style_off(&mut self.out)?;
+        queue!(self.out, Print(&shown))?;
+        let total = width(&prompt.prefix) + width(&shown);
+        let before: String = shown.chars().take(prompt.cursor).collect();
+        let at = width(&prompt.prefix) + width(&before);
+        let mut end_row = rows + total.saturating_sub(1) / cols;
+        let (row, col) = (rows + at / cols, at % cols);
+        if row > end_row {
+            // The cursor sits just past a full last row: open the row it belongs on.
+            queue!(self.out, Print("\r\n"))?;
+            end_row = row;
+        }
+        if end_row > row {
+            queue!(self.out, MoveUp((end_row - row) as u16))?;
+        }
+        queue!(self.out, MoveToColumn(col as u16))?;
+        self.cursor_row = row;
+        self.out.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fit_counts_columns_not_bytes() {
+        assert_eq!(fit("abcdef", 4), 4);
+        assert_eq!(fit("ab", 4), 2);
+        // Each of these is two columns wide: only two fit in five.
+        assert_eq!(fit("日本語", 5), "日本".len());
+    }
+}

@@ -1,0 +1,695 @@
+//! `vak term` against a real server: one-shot runs over both transports (text, JSON, exit codes, approvals), --list, server.json discovery, resuming across cut connections and a resync, and the interactive mode in a real pseudo-terminal.
+
+mod support;
+
+use serde_json::Value;
+use std::path::Path;
+use std::process::Stdio;
+use support::*;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+
+const TRANSPORTS: [&str; 2] = ["sse", "grpc"];
+
+/// `vak term ARGS` with a clean environment (no VAK_* or RUST_LOG from whoever runs the tests).
+fn term(args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vak"));
+    cmd.arg("term")
+        .args(args)
+        .env_remove("VAK_URL")
+        .env_remove("VAK_TOKEN")
+        .env_remove("VAK_HOME")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// `vak term --url URL --token TOKEN --transport T ARGS`.
+fn term_at(url: &str, transport: &str, args: &[&str]) -> Command {
+    let mut cmd = term(&["--url", url, "--token", TOKEN, "--transport", transport]);
+    cmd.args(args);
+    cmd
+}
+
+struct Output {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+async fn output(mut cmd: Command) -> Output {
+    let out = tokio::time::timeout(DEADLINE, cmd.output())
+        .await
+        .expect("vak term exits within the deadline")
+        .unwrap();
+    Output {
+        code: out.status.code().expect("an exit code, not a signal"),
+        stdout: String::from_utf8(out.stdout).unwrap(),
+        stderr: String::from_utf8(out.stderr).unwrap(),
+    }
+}
+
+/// A running `vak term` whose stderr is read line by line (it asks its questions there).
+struct Running {
+    child: Child,
+    stderr: mpsc::UnboundedReceiver<String>,
+    seen: Vec<String>,
+}
+
+impl Running {
+    fn spawn(mut cmd: Command) -> Running {
+        cmd.stdin(Stdio::piped());
+        let mut child = cmd.spawn().expect("vak term starts");
+        let err = child.stderr.take().unwrap();
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(err).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                let _ = tx.send(line);
+            }
+        });
+        Running {
+            child,
+            stderr: rx,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits for a stderr line containing `needle`.
+    async fn stderr_line(&mut self, needle: &str) -> String {
+        loop {
+            let line = tokio::time::timeout(DEADLINE, self.stderr.recv())
+                .await
+                .unwrap_or_else(|_| panic!("stderr shows {needle:?} within the deadline: {:?}", self.seen))
+                .unwrap_or_else(|| panic!("stderr ended before {needle:?}: {:?}", self.seen));
+            self.seen.push(line.clone());
+            if line.contains(needle) {
+                return line;
+            }
+        }
+    }
+
+    async fn write_stdin(&mut self, text: &str) {
+        let stdin = self.child.stdin.as_mut().unwrap();
+        stdin.write_all(text.as_bytes()).await.unwrap();
+        stdin.flush().await.unwrap();
+    }
+
+    /// Waits for the exit: (code, stdout, the rest of stderr).
+    async fn finish(mut self) -> Output {
+        let out = tokio::time::timeout(DEADLINE, self.child.wait_with_output())
+            .await
+            .expect("vak term exits within the deadline")
+            .unwrap();
+        // The reader task ends at stderr's EOF, which the exit brings.
+        while let Some(l) = tokio::time::timeout(DEADLINE, self.stderr.recv())
+            .await
+            .expect("stderr ends within the deadline")
+        {
+            self.seen.push(l);
+        }
+        Output {
+            code: out.status.code().expect("an exit code, not a signal"),
+            stdout: String::from_utf8(out.stdout).unwrap(),
+            stderr: self.seen.join("\n"),
+        }
+    }
+}
+
+fn json_lines(stdout: &str) -> Vec<Value> {
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("a JSON line: {e}: {l:?}")))
+        .collect()
+}
+
+// ---- one-shot ----------------------------------------------------------------
+
+#[tokio::test]
+async fn one_shot_prints_exactly_the_answer_and_exits_0() {
+    let server = TestServer::start().await;
+    for t in TRANSPORTS {
+        let out = output(term_at(&server.url, t, &["-p", "hello world"])).await;
+        assert_eq!(out.code, 0, "{t}: {}", out.stderr);
+        assert_eq!(out.stdout, "echo: hello world\n", "{t}");
+        assert_eq!(out.stderr, "", "{t}: nothing but the answer on a completed run");
+        // Lines of one turn are joined by the model; text after a tool starts a new line.
+        let out = output(term_at(
+            &server.url,
+            t,
+            &["-p", "one\ntwo\n/read nothing.txt\nthree"],
+        ))
+        .await;
+        assert_eq!(out.code, 0, "{t}: {}", out.stderr);
+        assert_eq!(out.stdout, "echo: one\necho: two\necho: three\n", "{t}");
+        assert!(
+            out.stderr.contains("read_file"),
+            "{t}: tool entries go to stderr: {}",
+            out.stderr
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_failed_run_exits_1_with_the_reason() {
+    let server = TestServer::start().await;
+    for t in TRANSPORTS {
+        let out = output(term_at(&server.url, t, &["-p", "/fail x"])).await;
+        assert_eq!(out.code, 1, "{t}: {}", out.stderr);
+        assert_eq!(out.stdout, "", "{t}");
+        assert!(
+            out.stderr.contains("run failed: the model failed: x"),
+            "{t}: {}",
+            out.stderr
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_run_cancelled_by_another_client_exits_130() {
+    let server = TestServer::start().await;
+    for t in TRANSPORTS {
+        let sid = server.create_session().await;
+        let mut events = server.events(&sid, None).await;
+        let running = Running::spawn(term_at(
+            &server.url,
+            t,
+            &["--session", &sid, "-p", "/sleep 60000"],
+        ));
+        events.until("turn_started").await;
+        let (code, body) = server
+            .post(&format!("/sessions/{sid}/cancel"), serde_json::json!({}))
+            .await;
+        assert_eq!((code, body["cancelled"].as_bool()), (200, Some(true)), "{t}");
+        let out = running.finish().await;
+        assert_eq!(out.code, 130, "{t}: {}", out.stderr);
+        assert!(out.stderr.contains("run cancelled"), "{t}: {}", out.stderr);
+    }
+}
+
+#[tokio::test]
+async fn ctrl_c_cancels_the_run_and_exits_130() {
+    let server = TestServer::start().await;
+    for t in TRANSPORTS {
+        let sid = server.create_session().await;
+        let mut events = server.events(&sid, None).await;
+        let running = Running::spawn(term_at(
+            &server.url,
+            t,
+            &["--session", &sid, "-p", "/sleep 60000"],
+        ));
+        events.until("turn_started").await;
+        let pid = running.child.id().unwrap().to_string();
+        let sent = std::process::Command::new("kill")
+            .args(["-INT", &pid])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        let finished = events.until("run_finished").await;
+        assert_eq!(
+            finished.last().unwrap().body()["outcome"],
+            "cancelled",
+            "{t}: the server saw a cancel"
+        );
+        let out = running.finish().await;
+        assert_eq!(out.code, 130, "{t}: {}", out.stderr);
+    }
+}
+
+#[tokio::test]
+async fn json_output_is_every_frame_as_a_line_in_the_sse_schema() {
+    let server = TestServer::start().await;
+    let mut kinds_by_transport = Vec::new();
+    for t in TRANSPORTS {
+        let out = output(term_at(
+            &server.url,
+            t,
+            &["--output", "json", "-p", "a b\n/think hm"],
+        ))
+        .await;
+        assert_eq!(out.code, 0, "{t}: {}", out.stderr);
+        let frames = json_lines(&out.stdout);
+        assert_eq!(agent_kind(&frames[0]), "stream_opened", "{t}: {frames:?}");
+        assert_eq!(frames[0]["seq"], 0);
+        let sid = frames[0]["session_id"].as_str().unwrap();
+        let numbered = &frames[1..];
+        let mut last = 0;
+        for f in numbered {
+            let seq = f["seq"]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{t}: seq is a number: {f}"));
+            assert!(seq > last, "{t}: seq {seq} after {last}");
+            last = seq;
+            assert_eq!(f["session_id"], sid);
+        }
+        let text: String = numbered
+            .iter()
+            .filter(|f| agent_kind(f) == "text_delta")
+            .map(|f| f["text_delta"]["text"].as_str().unwrap())
+            .collect();
+        assert_eq!(text, "echo: a b", "{t}");
+        let end = numbered.last().unwrap();
+        assert_eq!(end["run_finished"]["outcome"], "completed", "{t}");
+        // Exactly what the server's SSE stream carries for the same frames.
+        let mut sse = server.events(sid, Some(0)).await;
+        let replay = sse.until("run_finished").await;
+        let replay: Vec<Value> = replay.into_iter().map(|f| f.data).collect();
+        assert_eq!(
+            numbered,
+            replay.as_slice(),
+            "{t}: the SSE data, byte for byte in meaning"
+        );
+        kinds_by_transport.push(numbered.iter().map(agent_kind).collect::<Vec<_>>());
+    }
+    assert_eq!(
+        kinds_by_transport[0], kinds_by_transport[1],
+        "both transports show the same frames"
+    );
+}
+
+#[tokio::test]
+async fn approvals_follow_the_approve_flag_and_default_to_deny_without_a_terminal() {
+    let server = TestServer::start().await;
+    for t in TRANSPORTS {
+        let file = format!("allowed-{t}.txt");
+        let prompt = format!("/write {file} hi");
+        let out = output(term_at(&server.url, t, &["--approve", "allow", "-p", &prompt])).await;
+        assert_eq!(out.code, 0, "{t}: {}", out.stderr);
+        assert_eq!(
+            std::fs::read_to_string(server.workspace.join(&file)).unwrap(),
+            "hi",
+            "{t}"
+        );
+        assert!(out.stderr.contains("wrote 2 bytes"), "{t}: {}", out.stderr);
+
+        for (name, flags) in [("denied", &["--approve", "deny"][..]), ("default", &[][..])] {
+            let file = format!("{name}-{t}.txt");
+            let prompt = format!("/write {file} hi");
+            let mut args = flags.to_vec();
+            args.extend(["-p", prompt.as_str()]);
+            let out = output(term_at(&server.url, t, &args)).await;
+            assert_eq!(
+                out.code, 0,
+                "{t} {name}: a refused tool does not fail the run: {}",
+                out.stderr
+            );
+            assert!(
+                !server.workspace.join(&file).exists(),
+                "{t} {name}: nothing written"
+            );
+            assert!(out.stderr.contains("denied"), "{t} {name}: {}", out.stderr);
+        }
+    }
+}
+
+#[tokio::test]
+async fn approve_ask_reads_the_answer_from_stdin() {
+    let server = TestServer::start().await;
+    for t in TRANSPORTS {
+        let file = format!("asked-{t}.txt");
+        let prompt = format!("/write {file} yes");
+        let mut running = Running::spawn(term_at(&server.url, t, &["--approve", "ask", "-p", &prompt]));
+        let q = running.stderr_line("[y]es / [n]o / [a]lways").await;
+        assert!(q.contains(&format!("write 3 bytes to {file}")), "{t}: {q}");
+        running.write_stdin("y\n").await;
+        let out = running.finish().await;
+        assert_eq!(out.code, 0, "{t}: {}", out.stderr);
+        assert_eq!(
+            std::fs::read_to_string(server.workspace.join(&file)).unwrap(),
+            "yes",
+            "{t}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn attaching_prints_only_the_new_answer() {
+    let server = TestServer::start().await;
+    for t in TRANSPORTS {
+        let sid = server.create_session().await;
+        let first = output(term_at(&server.url, t, &["--session", &sid, "-p", "first"])).await;
+        assert_eq!(first.stdout, "echo: first\n", "{t}");
+        let second = output(term_at(&server.url, t, &["--session", &sid, "-p", "second"])).await;
+        assert_eq!(second.stdout, "echo: second\n", "{t}");
+        let missing = output(term_at(&server.url, t, &["--session", "nosuch", "-p", "x"])).await;
+        assert_eq!(missing.code, 1, "{t}");
+        assert!(
+            missing.stderr.contains("no session nosuch"),
+            "{t}: {}",
+            missing.stderr
+        );
+    }
+}
+
+#[tokio::test]
+async fn list_shows_the_sessions() {
+    let server = TestServer::start().await;
+    let sid = server.create_session().await;
+    let mut events = server.events(&sid, None).await;
+    server.run(&sid, "a title\nmore").await;
+    events.until("run_finished").await;
+    for t in TRANSPORTS {
+        let out = output(term_at(&server.url, t, &["--list"])).await;
+        assert_eq!(out.code, 0, "{t}: {}", out.stderr);
+        let line = out
+            .stdout
+            .lines()
+            .find(|l| l.starts_with(&sid))
+            .unwrap_or_else(|| panic!("{t}: {sid} is listed: {}", out.stdout));
+        assert!(line.ends_with("a title"), "{t}: {line}");
+
+        let out = output(term_at(&server.url, t, &["--list", "--output", "json"])).await;
+        let v: Value = serde_json::from_str(out.stdout.trim()).unwrap();
+        let s = v["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["session_id"] == sid.as_str())
+            .unwrap();
+        assert_eq!(s["title"], "a title", "{t}");
+        assert!(s["latest_seq"].as_u64().unwrap() > 0);
+    }
+}
+
+#[tokio::test]
+async fn the_server_is_found_through_server_json_in_the_home() {
+    let server = TestServer::start().await;
+    let home = tempfile::tempdir().unwrap();
+    vak::home::write_server_json(home.path(), &server.url, TOKEN).unwrap();
+    let home_arg = home.path().to_str().unwrap();
+    for t in TRANSPORTS {
+        let out = output(term(&["--home", home_arg, "--transport", t, "-p", "found"])).await;
+        assert_eq!(
+            (out.code, out.stdout.as_str()),
+            (0, "echo: found\n"),
+            "{t}: {}",
+            out.stderr
+        );
+        let mut cmd = term(&["--transport", t, "-p", "by env"]);
+        cmd.env("VAK_HOME", home.path());
+        let out = output(cmd).await;
+        assert_eq!(out.stdout, "echo: by env\n", "{t}: {}", out.stderr);
+    }
+    let empty = tempfile::tempdir().unwrap();
+    let out = output(term(&["--home", empty.path().to_str().unwrap(), "-p", "x"])).await;
+    assert_eq!(out.code, 1);
+    let want = format!("{} does not exist", empty.path().join("server.json").display());
+    assert!(out.stderr.contains(&want), "{}", out.stderr);
+    let out = output(term(&["--url", &server.url, "--token", "wrong", "-p", "x"])).await;
+    assert_eq!(out.code, 1);
+    assert!(
+        out.stderr.starts_with("vak: error: ") && out.stderr.contains("Bearer"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[tokio::test]
+async fn an_https_server_is_trusted_through_its_certificate_only() {
+    let home = tempfile::tempdir().unwrap();
+    let tls = vak::edge::tls::self_signed(home.path()).unwrap();
+    let server = TestServer::start_with(|c| c.tls = Some(tls.config.clone())).await;
+    let url = format!("https://{}", server.addr);
+    vak::home::write_server_json(home.path(), &url, TOKEN).unwrap();
+    let no_home = tempfile::tempdir().unwrap();
+    let cert = tls.cert_path.to_str().unwrap();
+    for t in TRANSPORTS {
+        // Found through the home, whose development certificate is then trusted.
+        let out = output(term(&[
+            "--home",
+            home.path().to_str().unwrap(),
+            "--transport",
+            t,
+            "-p",
+            "found",
+        ]))
+        .await;
+        assert_eq!(
+            (out.code, out.stdout.as_str()),
+            (0, "echo: found\n"),
+            "{t}: {}",
+            out.stderr
+        );
+        let mut cmd = term_at(&url, t, &["--ca-cert", cert, "-p", "named"]);
+        cmd.env("HOME", no_home.path());
+        let out = output(cmd).await;
+        assert_eq!(
+            (out.code, out.stdout.as_str()),
+            (0, "echo: named\n"),
+            "{t}: {}",
+            out.stderr
+        );
+        // No roots are built in: without the certificate there is nothing to trust.
+        let mut cmd = term_at(&url, t, &["-p", "x"]);
+        cmd.env("HOME", no_home.path());
+        let out = output(cmd).await;
+        assert_eq!(out.code, 1, "{t}");
+        assert!(out.stderr.contains("--ca-cert"), "{t}: {}", out.stderr);
+    }
+}
+
+// ---- resuming ------------------------------------------------------------------
+
+/// The run waits on an approval while every connection is cut; the answer
+/// then lets it finish while the client reconnects with its cursor.
+#[tokio::test]
+async fn a_cut_connection_resumes_with_no_text_lost_or_repeated() {
+    let server = TestServer::start().await;
+    for t in TRANSPORTS {
+        let proxy = Proxy::start(server.addr).await;
+        let file = format!("cut-{t}.txt");
+        let prompt = format!("before\n/write {file} x\nafter");
+        let mut running = Running::spawn(term_at(&proxy.url, t, &["--approve", "ask", "-p", &prompt]));
+        running.stderr_line("[y]es / [n]o / [a]lways").await;
+        let accepted = proxy.accepted();
+        assert!(proxy.cut() >= 1, "{t}: the stream's connection was live");
+        running.write_stdin("y\n").await;
+        let out = running.finish().await;
+        assert_eq!(out.code, 0, "{t}: {}", out.stderr);
+        assert_eq!(
+            out.stdout, "echo: before\necho: after\n",
+            "{t}: the whole text, once"
+        );
+        assert!(out.stderr.contains("reconnecting"), "{t}: {}", out.stderr);
+        assert!(proxy.accepted() > accepted, "{t}: it connected again");
+        assert_eq!(
+            std::fs::read_to_string(server.workspace.join(&file)).unwrap(),
+            "x",
+            "{t}"
+        );
+    }
+}
+
+/// Disconnected while more frames than the ring holds go by, the client gets a
+/// resync: it rebuilds the answer from the transcript, still printing each piece once.
+#[tokio::test]
+async fn a_resync_rebuilds_the_rest_of_the_answer_from_the_transcript() {
+    let server = TestServer::start_with(|cfg| cfg.core.bus.ring = 4).await;
+    for t in TRANSPORTS {
+        let proxy = HoldProxy::start(server.addr).await;
+        let sid = server.create_session().await;
+        let mut events = server.events(&sid, None).await;
+        let file = format!("resync-{t}.txt");
+        let prompt = format!("before\n/write {file} x\n/burst 20\nafter");
+        let mut running = Running::spawn(term_at(
+            &proxy.url,
+            t,
+            &["--session", &sid, "--approve", "ask", "-p", &prompt],
+        ));
+        running.stderr_line("[y]es / [n]o / [a]lways").await;
+        proxy.hold();
+        assert!(proxy.cut() >= 1, "{t}");
+        // Answered by another client while this one is away; the run then ends.
+        let asked = events.until("approval_requested").await;
+        let rid = asked.last().unwrap().body()["request_id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let (code, _) = server
+            .post(
+                &format!("/sessions/{sid}/approvals/{rid}"),
+                serde_json::json!({"approve": true}),
+            )
+            .await;
+        assert_eq!(code, 200);
+        events.until("run_finished").await;
+        proxy.release();
+        let out = running.finish().await;
+        assert_eq!(out.code, 0, "{t}: {}", out.stderr);
+        let burst: String = (0..20).map(|i| format!("t{i} ")).collect();
+        assert_eq!(out.stdout, format!("echo: before\n{burst}\necho: after\n"), "{t}");
+        assert!(out.stderr.contains("reconnecting"), "{t}: {}", out.stderr);
+        assert!(
+            out.stderr.contains("resynced from the transcript"),
+            "{t}: {}",
+            out.stderr
+        );
+    }
+}
+
+// ---- interactive -----------------------------------------------------------------
+
+fn term_in_pty(url: &str, transport: &str, cwd: &Path) -> portable_pty::CommandBuilder {
+    let mut cmd = portable_pty::CommandBuilder::new(env!("CARGO_BIN_EXE_vak"));
+    cmd.args(["term", "--url", url, "--token", TOKEN, "--transport", transport]);
+    for v in ["VAK_URL", "VAK_TOKEN", "VAK_HOME", "RUST_LOG"] {
+        cmd.env_remove(v);
+    }
+    cmd.env("TERM", "xterm-256color");
+    cmd.cwd(cwd);
+    cmd
+}
+
+#[tokio::test]
+async fn interactive_prompt_approval_and_exit_in_a_real_terminal() {
+    let server = TestServer::start().await;
+    for t in TRANSPORTS {
+        let mut pty = Pty::spawn(term_in_pty(&server.url, t, &server.workspace), 30, 100);
+        pty.wait_for("vak term · session").await;
+        let file = format!("typed-{t}.txt");
+        pty.send(&format!("/write {file} hello\r"));
+        let screen = pty.wait_for("[y]es / [n]o / [a]lways").await;
+        assert!(
+            screen.contains(&format!("write 5 bytes to {file}")),
+            "{t}:\n{screen}"
+        );
+        pty.send("y");
+        let screen = pty.wait_for(&format!("wrote 5 bytes to {file}")).await;
+        assert!(
+            screen.contains(&format!("› /write {file} hello")),
+            "{t}: the prompt is shown:\n{screen}"
+        );
+        assert!(screen.contains("✓ write_file approved"), "{t}:\n{screen}");
+        assert_eq!(
+            std::fs::read_to_string(server.workspace.join(&file)).unwrap(),
+            "hello",
+            "{t}"
+        );
+        pty.send("\x04");
+        assert_eq!(pty.wait_exit().await, 0, "{t}: Ctrl-D at an empty prompt exits 0");
+        assert!(pty.is_cooked(), "{t}: the terminal is restored");
+    }
+}
+
+#[tokio::test]
+async fn interactive_steering_is_queued_and_ctrl_c_cancels_then_exits() {
+    let server = TestServer::start().await;
+    for t in TRANSPORTS {
+        let mut pty = Pty::spawn(term_in_pty(&server.url, t, &server.workspace), 30, 100);
+        pty.wait_for("vak term · session").await;
+        pty.send("/think pondering\r");
+        pty.wait_for_line("pondering").await;
+        assert_eq!(pty.is_dim("pondering"), Some(true), "{t}: thinking is dimmed");
+        assert_eq!(
+            pty.is_dim("› /think pondering"),
+            Some(false),
+            "{t}: the prompt is not"
+        );
+        pty.send("/sleep 60000\r");
+        pty.wait_for("steer> ").await;
+        pty.send("also this\r");
+        pty.wait_for("⋯ queued: also this").await;
+        pty.send("\x03");
+        let screen = pty.wait_for("cancelled by a client").await;
+        assert!(screen.contains("Ctrl-C again to exit"), "{t}:\n{screen}");
+        pty.send("\x03");
+        assert_eq!(pty.wait_exit().await, 0, "{t}: the second Ctrl-C exits");
+        assert!(pty.is_cooked(), "{t}: the terminal is restored");
+    }
+}
+
+#[tokio::test]
+async fn a_panic_still_restores_the_terminal() {
+    let server = TestServer::start().await;
+    let mut cmd = term_in_pty(&server.url, "sse", &server.workspace);
+    cmd.env("VAK_TERM_TEST_PANIC", "1");
+    let mut pty = Pty::spawn(cmd, 30, 100);
+    pty.wait_for("VAK_TERM_TEST_PANIC is set").await;
+    assert_eq!(pty.wait_exit().await, 101, "a panic's exit code");
+    assert!(pty.is_cooked(), "the panic hook restored the terminal");
+}
+
+/// An interactive session loses its connection while a run waits on an
+/// approval that another client then answers; `burst` frames make the gap
+/// longer than a small ring (a resync) or not (an exact replay).
+async fn interactive_resumes(ring: Option<usize>) {
+    let server = TestServer::start_with(|cfg| {
+        if let Some(r) = ring {
+            cfg.core.bus.ring = r;
+        }
+    })
+    .await;
+    for t in TRANSPORTS {
+        let proxy = HoldProxy::start(server.addr).await;
+        let sid = server.create_session().await;
+        let mut events = server.events(&sid, None).await;
+        let mut cmd = term_in_pty(&proxy.url, t, &server.workspace);
+        cmd.args(["--session", &sid]);
+        let mut pty = Pty::spawn(cmd, 30, 120);
+        pty.wait_for("vak term · session").await;
+        let file = format!("resume-{t}.txt");
+        // A bracketed paste: one prompt of several lines.
+        pty.send(&format!(
+            "\x1b[200~before\n/write {file} x\n/burst 20\nafter\x1b[201~\r"
+        ));
+        pty.wait_for("[y]es / [n]o / [a]lways").await;
+        proxy.hold();
+        assert!(proxy.cut() >= 1, "{t}");
+        pty.wait_for("reconnecting").await;
+        let asked = events.until("approval_requested").await;
+        let rid = asked.last().unwrap().body()["request_id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let (code, _) = server
+            .post(
+                &format!("/sessions/{sid}/approvals/{rid}"),
+                serde_json::json!({"approve": true}),
+            )
+            .await;
+        assert_eq!(code, 200);
+        events.until("run_finished").await;
+        proxy.release();
+        let screen = pty.wait_for("echo: after").await;
+        if ring.is_some() {
+            assert!(
+                screen.contains("resynced session"),
+                "{t}: a resync redraws:\n{screen}"
+            );
+        }
+        for once in [
+            "echo: before",
+            "t0 t1 ",
+            "t19",
+            "echo: after",
+            &format!("wrote 1 bytes to {file}"),
+        ] {
+            assert_eq!(
+                screen.matches(once).count(),
+                1,
+                "{t}: {once:?} is shown once:\n{screen}"
+            );
+        }
+        assert!(
+            !screen.contains("[y]es"),
+            "{t}: the question answered elsewhere is gone:\n{screen}"
+        );
+        pty.send("\x04");
+        assert_eq!(pty.wait_exit().await, 0, "{t}");
+        assert!(pty.is_cooked(), "{t}");
+    }
+}
+
+#[tokio::test]
+async fn interactive_reconnects_with_its_cursor() {
+    interactive_resumes(None).await;
+}
+
+#[tokio::test]
+async fn interactive_redraws_from_the_transcript_on_resync() {
+    interactive_resumes(Some(4)).await;
+}
