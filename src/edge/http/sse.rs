@@ -27,6 +27,8 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 pub const KEEPALIVE: Duration = Duration::from_secs(15);
+/// How soon an EventSource should reconnect after a cut (the SSE `retry:` field).
+pub const RETRY: &[u8] = b"retry: 1000\n";
 
 /// Parses a cursor (a seq): decimal digits only, within u64.
 pub fn parse_cursor(raw: &str) -> Result<u64, String> {
@@ -175,6 +177,8 @@ fn event_stream(opened: Opened) -> Response {
         ..
     } = opened;
     let mut first = BytesMut::new();
+    // EventSource waits ~3 s before reconnecting unless told otherwise.
+    first.extend_from_slice(RETRY);
     write_frame(
         &mut first,
         "stream_opened",

@@ -50,6 +50,7 @@ fn mux_frame(m: pb::StreamMessage) -> SseEvent {
     };
     let name = mux_kind_name(&frame);
     let id = (!m.id.is_empty()).then_some(m.id);
+    let opening = matches!(frame, F::StreamOpened(_));
     let data = match &frame {
         F::StreamOpened(o) => to_json(o),
         F::Agent(e) | F::Resync(e) | F::SessionClosed(e) => to_json(e),
@@ -58,7 +59,13 @@ fn mux_frame(m: pb::StreamMessage) -> SseEvent {
         F::Host(h) => to_json(h),
         F::Config(c) => to_json(c),
     };
-    sse_frame(name, id, data)
+    let ev = sse_frame(name, id, data);
+    if opening {
+        // EventSource waits ~3 s before reconnecting unless told otherwise.
+        ev.retry(std::time::Duration::from_secs(1))
+    } else {
+        ev
+    }
 }
 
 pub async fn stream(
