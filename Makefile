@@ -1,24 +1,51 @@
 # The README's two commands are `make serve` and `make test`.
 CARGO ?= cargo
 
-.PHONY: serve test test-rust test-python lint build
+.PHONY: serve test test-rust test-python test-web lint build fuzz
 
 ## Start `vak serve` on the embedded offline model (loopback, port 8901).
 serve:
 	$(CARGO) run --release -- serve
 
-## Every test: Rust unit and end-to-end tests, then the Python client smoke test.
-test: lint test-rust test-python
+## Every test: Rust unit and end-to-end tests, then the Python and browser clients' tests.
+test: lint test-rust test-python test-web
 
 lint:
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
 
-test-rust:
+test-rust: tests/node/node_modules/.package-lock.json
 	$(CARGO) test --all-targets
 
+## The npm packages the Rust tests drive (tests/eventsource_client.rs runs tests/node/follow.mjs),
+## installed from tests/node/package-lock.json when missing or older than the lock.
+tests/node/node_modules/.package-lock.json: tests/node/package.json tests/node/package-lock.json
+	npm ci --prefix tests/node --no-audit --no-fund
+
+## The Python client: its pytest suite, then its smoke test (both against target/debug/vak).
 test-python: build
-	clients/python/run-smoke.sh
+	clients/python/run-tests.sh
 
 build:
 	$(CARGO) build
+
+## The browser client (clients/web): generate from proto/, typecheck, bundle, then drive
+## Debian's chromium against target/debug/vak (npm ci first when node_modules is missing).
+test-web: build
+	test -d clients/web/node_modules || npm ci --prefix clients/web
+	npm test --prefix clients/web
+
+## Fuzz every parser that sees client bytes (fuzz/), FUZZ_SECONDS each; CI does not run it.
+## cargo-fuzz needs nightly flags (-Z sanitizer): RUSTC_BOOTSTRAP=1 lets stable accept them.
+FUZZ_SECONDS ?= 30
+FUZZ_TARGETS ?= cursor_vector last_event_id stream_query request_json login_cookie_host
+
+fuzz:
+	$(CARGO) fuzz --version >/dev/null 2>&1 || $(CARGO) install cargo-fuzz --locked
+	RUSTC_BOOTSTRAP=1 $(CARGO) fuzz build
+	set -e; for t in $(FUZZ_TARGETS); do \
+		mkdir -p fuzz/corpus/$$t; \
+		echo "== fuzz $$t for $(FUZZ_SECONDS)s"; \
+		RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run $$t fuzz/corpus/$$t fuzz/seeds/$$t -- \
+			-max_total_time=$(FUZZ_SECONDS) -max_len=16384 -print_final_stats=1; \
+	done
