@@ -203,18 +203,8 @@ pub fn discover(
 
 /// Session ids travel in URL paths: the server's own rule, checked before any request.
 pub fn check_id(what: &str, id: &str) -> Result<(), Failure> {
-    let ok = !id.is_empty()
-        && id.len() <= 64
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-    if ok {
-        Ok(())
-    } else {
-        Err(Failure::fatal(format!(
-            "invalid {what} {id:?}: 1 to 64 of A-Z a-z 0-9 - _"
-        )))
-    }
+    crate::core::hub::validate_session_id(id)
+        .map_err(|_| Failure::fatal(format!("invalid {what} {id:?}: 1 to 64 of A-Z a-z 0-9 - _")))
 }
 
 /// Retries a call that is safe to repeat (every call vak term repeats carries
