@@ -1,14 +1,15 @@
 # The README's two commands are `make serve` and `make test`.
 CARGO ?= cargo
 
-.PHONY: serve test test-rust test-python test-web lint build fuzz
+.PHONY: serve test test-rust test-python test-web lint build fuzz bench bench-quick
 
 ## Start `vak serve` on the embedded offline model (loopback, port 8901).
 serve:
 	$(CARGO) run --release -- serve
 
-## Every test: Rust unit and end-to-end tests, then the Python and browser clients' tests.
-test: lint test-rust test-python test-web
+## Every test: Rust unit and end-to-end tests, then the Python and browser clients' tests,
+## then one quick benchmark pass so the bench cannot rot.
+test: lint test-rust test-python test-web bench-quick
 
 lint:
 	$(CARGO) fmt --check
@@ -28,6 +29,20 @@ test-python: build
 
 build:
 	$(CARGO) build
+
+## The benchmark (src/bin/vak-bench): a release `vak serve` driven by the bench's
+## own SSE and gRPC clients, against a raw tonic baseline; prints the table and
+## writes it to BENCHMARKS.md (under 10 minutes on a 2-core machine).
+bench:
+	$(CARGO) build --release --bins
+	VAK_BENCH_COMMAND="make bench (cargo build --release --bins && target/release/vak-bench)" target/release/vak-bench
+
+## The same code at small sizes, one run, nothing written (under a minute). It
+## runs the debug build `make test` already has: it checks the bench works, its
+## figures mean nothing.
+bench-quick:
+	$(CARGO) build --bins
+	target/debug/vak-bench --quick
 
 ## The browser client (clients/web): generate from proto/, typecheck, bundle, then drive
 ## Debian's chromium against target/debug/vak (npm ci first when node_modules is missing).

@@ -1,0 +1,754 @@
+//! `vak-bench`: fan-out, latency, many-session, idle-cost and stalled-client
+//! benchmarks of a release `vak serve` over SSE and gRPC, against a raw tonic
+//! baseline, with this process's own async clients. `make bench` runs it and
+//! writes BENCHMARKS.md; `make bench-quick` runs the same code at small sizes.
+
+mod baseline;
+mod clients;
+mod machine;
+mod report;
+mod scenarios;
+
+use clap::{Parser, Subcommand};
+use report::{Goal, Row, Unit};
+use scenarios::{Env, Transport};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "vak-bench",
+    about = "Benchmarks a release `vak serve`: fan-out, latency, many sessions, idle cost, stalled client, vs raw tonic"
+)]
+struct Args {
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+    /// Small sizes and one run (< 1 minute); writes nothing unless --out is given.
+    #[arg(long)]
+    quick: bool,
+    /// Runs per figure (the median and min–max are reported).
+    #[arg(long)]
+    runs: Option<usize>,
+    /// The vak binary to benchmark (default: `vak` next to this binary).
+    #[arg(long)]
+    vak: Option<PathBuf>,
+    /// Where to write the report (default BENCHMARKS.md, none with --quick).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Print the table only.
+    #[arg(long)]
+    no_write: bool,
+    /// Only these scenarios: fanout, latency, sessions, idle, stalled (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// gRPC streams per HTTP/2 connection.
+    #[arg(long, default_value_t = 100)]
+    per_conn: usize,
+    /// Fan-out subscriber counts (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    subs: Vec<usize>,
+    /// Deltas per fan-out burst.
+    #[arg(long)]
+    burst: Option<u64>,
+    /// Sessions in the many-sessions scenario, and deltas each bursts.
+    #[arg(long)]
+    sessions: Option<usize>,
+    #[arg(long)]
+    session_burst: Option<u64>,
+    /// Idle streams per transport.
+    #[arg(long)]
+    idle: Option<usize>,
+    /// Subscribers and paced deltas (at --pace-rate per second) of the latency scenario.
+    #[arg(long)]
+    latency_subs: Option<usize>,
+    #[arg(long)]
+    pace: Option<u64>,
+    #[arg(long)]
+    pace_rate: Option<u64>,
+    /// Deltas in the stalled-client runs (default: the fan-out burst).
+    #[arg(long)]
+    stall_burst: Option<u64>,
+    /// Transports to run (sse, grpc; raw tonic runs whenever grpc fan-out does).
+    #[arg(long, value_delimiter = ',')]
+    transports: Vec<String>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// The raw tonic baseline server (the bench starts it itself).
+    #[command(hide = true)]
+    BaselineServer {
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: SocketAddr,
+        #[arg(long, default_value_t = 1 << 17)]
+        capacity: usize,
+    },
+}
+
+/// Every size the scenarios use.
+#[derive(Clone, Debug)]
+struct Sizes {
+    runs: usize,
+    fanout_subs: Vec<usize>,
+    burst: u64,
+    latency_subs: usize,
+    pace: u64,
+    pace_rate: u64,
+    sessions: usize,
+    session_burst: u64,
+    idle: usize,
+    stalled_subs: usize,
+    stall_burst: u64,
+}
+
+impl Sizes {
+    fn full() -> Sizes {
+        Sizes {
+            runs: 3,
+            fanout_subs: vec![1, 100, 1000],
+            burst: 100_000,
+            latency_subs: 1000,
+            pace: 10_000,
+            pace_rate: 10_000,
+            sessions: 1000,
+            session_burst: 2_000,
+            idle: 10_000,
+            stalled_subs: 100,
+            stall_burst: 100_000,
+        }
+    }
+
+    fn quick() -> Sizes {
+        Sizes {
+            runs: 1,
+            fanout_subs: vec![1, 10, 50],
+            burst: 10_000,
+            latency_subs: 50,
+            pace: 2_000,
+            pace_rate: 10_000,
+            sessions: 50,
+            session_burst: 2_000,
+            idle: 200,
+            stalled_subs: 10,
+            stall_burst: 10_000,
+        }
+    }
+}
+
+/// One measurement: which run, how many subscribers, which transport, what came out.
+struct Sample<T> {
+    run: usize,
+    subs: usize,
+    t: Transport,
+    r: Result<T, String>,
+}
+
+/// Every figure of every run, by scenario.
+#[derive(Default)]
+struct Samples {
+    fanout: Vec<Sample<scenarios::Throughput>>,
+    latency: Vec<Sample<scenarios::Latency>>,
+    sessions: Vec<Sample<scenarios::Throughput>>,
+    idle: Vec<Sample<scenarios::Idle>>,
+    /// (unstalled, stalled), measured back to back.
+    stalled: Vec<Sample<(scenarios::Throughput, scenarios::Throughput)>>,
+}
+
+fn log(msg: String) {
+    eprintln!("vak-bench: {msg}");
+}
+
+fn cpu_note(c: &machine::CpuUse) -> String {
+    let w = c.wall.max(1e-9);
+    format!(
+        "CPU: server {:.2} cores, bench {:.2}, others {:.2}",
+        c.server / w,
+        c.bench / w,
+        c.others / w
+    )
+}
+
+fn main() {
+    let args = Args::parse();
+    if let Some(Cmd::BaselineServer { listen, capacity }) = args.cmd {
+        if let Err(e) = baseline::serve(listen, capacity) {
+            eprintln!("baseline: error: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    let (before, after) = machine::raise_nofile();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let code = runtime.block_on(bench(args, before, after));
+    std::process::exit(code);
+}
+
+async fn bench(args: Args, nofile_before: (u64, u64), nofile_after: u64) -> i32 {
+    let started = Instant::now();
+    let mut sizes = if args.quick { Sizes::quick() } else { Sizes::full() };
+    if let Some(r) = args.runs {
+        sizes.runs = r.max(1);
+    }
+    if !args.subs.is_empty() {
+        sizes.fanout_subs = args.subs.clone();
+    }
+    sizes.burst = args.burst.unwrap_or(sizes.burst);
+    sizes.stall_burst = args.stall_burst.or(args.burst).unwrap_or(sizes.stall_burst);
+    sizes.sessions = args.sessions.unwrap_or(sizes.sessions);
+    sizes.session_burst = args.session_burst.unwrap_or(sizes.session_burst);
+    sizes.idle = args.idle.unwrap_or(sizes.idle);
+    sizes.latency_subs = args.latency_subs.unwrap_or(sizes.latency_subs);
+    sizes.pace = args.pace.unwrap_or(sizes.pace);
+    sizes.pace_rate = args.pace_rate.unwrap_or(sizes.pace_rate);
+
+    let exe = std::env::current_exe().expect("the bench's own path");
+    let vak = args.vak.clone().unwrap_or_else(|| scenarios::default_vak(&exe));
+    if !vak.is_file() {
+        log(format!(
+            "no vak binary at {} (build it: cargo build --release --bins)",
+            vak.display()
+        ));
+        return 2;
+    }
+    let env = Env {
+        vak,
+        exe,
+        per_conn: args.per_conn.max(1),
+        capacity: (sizes.burst as usize + 64).next_power_of_two(),
+        limit: Duration::from_secs(if args.quick { 30 } else { 120 }),
+    };
+    let machine = machine::Machine::probe(nofile_before, nofile_after);
+    log(format!("machine: {machine}"));
+    log(format!("sizes: {sizes:?}"));
+    let want = |s: &str| args.only.is_empty() || args.only.iter().any(|o| o == s);
+    let transports: Vec<Transport> = [Transport::Sse, Transport::Grpc]
+        .into_iter()
+        .filter(|t| {
+            args.transports.is_empty()
+                || args
+                    .transports
+                    .iter()
+                    .any(|a| a.eq_ignore_ascii_case(t.label()) || (a == "grpc" && *t == Transport::Grpc))
+        })
+        .collect();
+
+    let mut s = Samples::default();
+    let log_result = |what: String, at: Instant, r: Result<String, &String>| match r {
+        Ok(m) => log(format!("{what}: {m} [{:.1} s]", at.elapsed().as_secs_f64())),
+        Err(e) => log(format!("{what}: FAILED: {e}")),
+    };
+    let tp = |x: &scenarios::Throughput| {
+        format!(
+            "{:.0} events/s, last at {:.1} ms, {} frames for {} events, peak RSS {} KiB, {}",
+            x.eps,
+            x.last_s * 1e3,
+            x.frames,
+            x.events,
+            x.peak_kib,
+            cpu_note(&x.cpu)
+        )
+    };
+    for run in 1..=sizes.runs {
+        let tag = format!("run {run}/{}", sizes.runs);
+        if want("fanout") {
+            for &subs in &sizes.fanout_subs {
+                let mut order = transports.clone();
+                if transports.contains(&Transport::Grpc) {
+                    order.push(Transport::Tonic);
+                }
+                for t in order {
+                    let at = Instant::now();
+                    let r = scenarios::fanout(&env, t, subs, sizes.burst, false).await;
+                    log_result(
+                        format!("{tag} fan-out {} x{subs}", t.label()),
+                        at,
+                        r.as_ref().map(tp),
+                    );
+                    s.fanout.push(Sample { run, subs, t, r });
+                }
+            }
+        }
+        if want("latency") {
+            for &t in &transports {
+                let at = Instant::now();
+                let subs = sizes.latency_subs;
+                let r = scenarios::latency(&env, t, subs, sizes.pace, sizes.pace_rate).await;
+                let msg = r.as_ref().map(|x| {
+                    format!(
+                        "p50 {:.2} ms p99 {:.2} ms max {:.2} ms ({} samples), {}",
+                        x.p50_us / 1e3,
+                        x.p99_us / 1e3,
+                        x.max_us / 1e3,
+                        x.samples,
+                        cpu_note(&x.cpu)
+                    )
+                });
+                log_result(format!("{tag} latency {} x{subs}", t.label()), at, msg);
+                s.latency.push(Sample { run, subs, t, r });
+            }
+        }
+        if want("sessions") {
+            for &t in &transports {
+                let at = Instant::now();
+                let subs = sizes.sessions;
+                let r = scenarios::many_sessions(&env, t, subs, sizes.session_burst).await;
+                log_result(
+                    format!("{tag} sessions {} x{subs}", t.label()),
+                    at,
+                    r.as_ref().map(tp),
+                );
+                s.sessions.push(Sample { run, subs, t, r });
+            }
+        }
+        if want("idle") {
+            for &t in &transports {
+                let at = Instant::now();
+                let subs = sizes.idle;
+                let r = scenarios::idle(&env, t, subs).await;
+                let msg = r.as_ref().map(|x| {
+                    format!(
+                        "{:.2} KiB per stream (VmRSS {} -> {} KiB, {} connections, server RLIMIT_NOFILE {})",
+                        x.kib_per_stream, x.before_kib, x.after_kib, x.connections, x.server_nofile
+                    )
+                });
+                log_result(format!("{tag} idle {} x{subs}", t.label()), at, msg);
+                s.idle.push(Sample { run, subs, t, r });
+            }
+        }
+        if want("stalled") {
+            for &t in &transports {
+                let at = Instant::now();
+                let subs = sizes.stalled_subs;
+                let n = sizes.stall_burst;
+                let r = match scenarios::fanout(&env, t, subs, n, false).await {
+                    Ok(base) => scenarios::fanout(&env, t, subs, n, true)
+                        .await
+                        .map(|st| (base, st)),
+                    Err(e) => Err(e),
+                };
+                let msg = r.as_ref().map(|(b, x)| {
+                    format!(
+                        "unstalled: {}; with one stalled, the {} readers: {}",
+                        tp(b),
+                        subs - 1,
+                        tp(x)
+                    )
+                });
+                log_result(format!("{tag} stalled {} x{subs}", t.label()), at, msg);
+                s.stalled.push(Sample { run, subs, t, r });
+            }
+        }
+    }
+
+    let (rows, failures) = rows(&s, &sizes, &transports);
+    let table = report::table(&rows);
+    println!("\n{table}");
+    println!("{}", report::goals(&rows));
+    let wall = started.elapsed().as_secs_f64();
+    log(format!("done in {wall:.0} s"));
+
+    let out = match (&args.out, args.quick, args.no_write) {
+        (_, _, true) => None,
+        (Some(p), _, _) => Some(p.clone()),
+        (None, false, _) => Some(PathBuf::from("BENCHMARKS.md")),
+        (None, true, _) => None,
+    };
+    if let Some(path) = out {
+        let command = std::env::var("VAK_BENCH_COMMAND").unwrap_or_else(|_| {
+            std::env::args()
+                .map(|a| if a.contains(' ') { format!("'{a}'") } else { a })
+                .collect::<Vec<_>>()
+                .join(" ")
+        });
+        let method = method(&sizes, &env);
+        let ctx = report::Context {
+            machine: &machine,
+            command: &command,
+            revision: revision(),
+            method: &method,
+            wall_s: wall,
+            load_at_end: machine::load_average(),
+            others_cores: others_cores(&s),
+        };
+        match report::write_markdown(&path, &report::section(&ctx, &rows)) {
+            Ok(()) => log(format!("wrote {}", path.display())),
+            Err(e) => {
+                log(format!("cannot write {}: {e}", path.display()));
+                return 1;
+            }
+        }
+    }
+    if failures > 0 {
+        log(format!("{failures} measurements failed"));
+        return 1;
+    }
+    0
+}
+
+/// The median share of the cores other processes used during the measurements.
+fn others_cores(s: &Samples) -> Option<f64> {
+    let mut all = Vec::new();
+    let mut add = |c: &machine::CpuUse| {
+        if c.wall >= MIN_CPU_WALL {
+            all.push(c.others / c.wall);
+        }
+    };
+    s.fanout
+        .iter()
+        .chain(&s.sessions)
+        .filter_map(|x| x.r.as_ref().ok())
+        .for_each(|x| add(&x.cpu));
+    s.latency
+        .iter()
+        .filter_map(|x| x.r.as_ref().ok())
+        .for_each(|x| add(&x.cpu));
+    s.stalled
+        .iter()
+        .filter_map(|x| x.r.as_ref().ok())
+        .for_each(|(b, x)| {
+            add(&b.cpu);
+            add(&x.cpu)
+        });
+    report::Stat::of(&all).map(|st| st.median)
+}
+
+/// The commit measured, from git when available.
+fn revision() -> String {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    match git(&["rev-parse", "--short", "HEAD"]) {
+        Some(rev) => {
+            let dirty =
+                git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+            format!(
+                "commit {rev}{}",
+                if dirty { " (with uncommitted changes)" } else { "" }
+            )
+        }
+        None => "an unknown revision".into(),
+    }
+}
+
+fn method(sizes: &Sizes, env: &Env) -> String {
+    format!(
+        "How: the bench starts `target/release/vak serve --listen 127.0.0.1:0` as a child process \
+(its own temp home and workspace, a random token, `--max-streams` and `--max-streams-per-client` \
+raised to 1 000 000 because every client shares one address), a fresh server for every measurement, \
+and drives it with its own clients on a multi-threaded tokio runtime in a separate process. \
+Both processes share this machine's cores: the CPU column says how much each used. \
+SSE subscribers are raw HTTP/1.1 connections, one per subscriber; gRPC subscribers are tonic \
+streams, {per} per HTTP/2 connection (so 1000 subscribers use {c1000} connections and {idle} idle streams \
+{cidle}). A run is started with gRPC `Run` after every subscriber has its `stream_opened`. \
+Delivered events are counted as `t{{i}} ` tokens in text_delta text, not frames: under backpressure vak \
+merges queued deltas into one frame. Every frame's first and last token are checked to continue the \
+sequence and one frame in 1024 is decoded in full (serde_json / prost) and compared. \
+Throughput = subscribers x deltas / time from `Run` until the last subscriber has its last delta. \
+Latency: `/pace {pace} {rate}` stamps each delta with its send time (unix microseconds) in the server; \
+the client subtracts it from its receipt time; both clocks are this machine's one clock. \
+Raw tonic: the bench re-executes itself as a plain tonic server of vak's own generated `AgentService` whose \
+Subscribe is a `tokio::sync::broadcast` receiver (capacity {cap}, so nothing lags) and whose `Run(\"/burst N\")` \
+sends the same Events; same client code, same connection sharing. \
+Idle: VmRSS of the server before the streams and after every one had stream_opened (plus 1 s), divided \
+by the streams. Stalled: one of {stalled} subscribers reads stream_opened and then never reads again (on gRPC on its own \
+connection); its peers' time to the last delta is compared with an unstalled {stalled}-subscriber fan-out run just \
+before it; peak RSS is the server's VmHWM; /burst {sburst_stall}. The CPU column is the median share of the measured interval each \
+process used, in cores; \"others\" is everything else on the machine (/proc/stat), which competes for the same cores. Sizes: burst {burst}, {sessions} sessions x {sburst}, {runs} runs each.\n",
+        per = env.per_conn,
+        c1000 = 1000usize.div_ceil(env.per_conn),
+        idle = sizes.idle,
+        cidle = format_args!("{} connections", sizes.idle.div_ceil(env.per_conn)),
+        pace = sizes.pace,
+        rate = sizes.pace_rate,
+        cap = env.capacity,
+        stalled = sizes.stalled_subs,
+        burst = sizes.burst,
+        sessions = sizes.sessions,
+        sburst = sizes.session_burst,
+        sburst_stall = sizes.stall_burst,
+        runs = sizes.runs,
+    )
+}
+
+/// The successful figures of `t` (and the last error, if any run failed).
+fn ok_values<T: Copy>(
+    items: &[Sample<T>],
+    t: Transport,
+    subs: Option<usize>,
+) -> (Vec<(usize, T)>, Option<String>) {
+    let mut v = Vec::new();
+    let mut err = None;
+    for x in items
+        .iter()
+        .filter(|x| x.t == t && subs.is_none_or(|n| n == x.subs))
+    {
+        match &x.r {
+            Ok(val) => v.push((x.run, *val)),
+            Err(e) => err = Some(e.clone()),
+        }
+    }
+    (v, err)
+}
+
+/// CPU time comes from /proc in clock ticks (10 ms): shorter intervals say nothing.
+const MIN_CPU_WALL: f64 = 0.25;
+
+fn median_cpu(c: &[machine::CpuUse]) -> Option<(f64, f64, f64)> {
+    let m = |f: fn(&machine::CpuUse) -> f64| {
+        report::Stat::of(
+            &c.iter()
+                .filter(|c| c.wall >= MIN_CPU_WALL)
+                .map(|c| f(c) / c.wall)
+                .collect::<Vec<_>>(),
+        )
+        .map(|s| s.median)
+    };
+    Some((m(|c| c.server)?, m(|c| c.bench)?, m(|c| c.others)?))
+}
+
+/// Server CPU per delivered event, the median over runs, in nanoseconds:
+/// less sensitive to other load than events/s.
+fn ns_per_event(v: &[scenarios::Throughput]) -> Option<f64> {
+    report::Stat::of(
+        &v.iter()
+            .filter(|x| x.events > 0 && x.cpu.wall >= MIN_CPU_WALL)
+            .map(|x| x.cpu.server * 1e9 / x.events as f64)
+            .collect::<Vec<_>>(),
+    )
+    .map(|s| s.median)
+}
+
+fn throughput_note(v: &[scenarios::Throughput]) -> String {
+    let (frames, events) = v
+        .iter()
+        .fold((0u64, 0u64), |a, x| (a.0 + x.frames, a.1 + x.events));
+    if events == 0 {
+        return String::new();
+    }
+    let merged = format!("{:.2} events per frame", events as f64 / frames.max(1) as f64);
+    match ns_per_event(v) {
+        Some(ns) => format!("{merged}; server CPU {ns:.0} ns per event"),
+        None => merged,
+    }
+}
+
+fn fail(row: &mut Row, err: Option<String>, failures: &mut usize) {
+    if let Some(e) = err {
+        *failures += 1;
+        row.failure = Some(e);
+    }
+}
+
+fn values<T>(v: &[(usize, T)], f: impl Fn(&T) -> f64) -> Vec<f64> {
+    v.iter().map(|(_, x)| f(x)).collect()
+}
+
+/// The table's rows from every run's figures.
+fn rows(s: &Samples, sizes: &Sizes, transports: &[Transport]) -> (Vec<Row>, usize) {
+    let mut rows = Vec::new();
+    let mut failures = 0;
+    let fanout_subs: Vec<usize> = sizes
+        .fanout_subs
+        .iter()
+        .copied()
+        .filter(|n| s.fanout.iter().any(|x| x.subs == *n))
+        .collect();
+    for subs in fanout_subs {
+        let (tonic, _) = ok_values(&s.fanout, Transport::Tonic, Some(subs));
+        let mut order = transports.to_vec();
+        if transports.contains(&Transport::Grpc) {
+            order.push(Transport::Tonic);
+        }
+        for t in order {
+            let (v, err) = ok_values(&s.fanout, t, Some(subs));
+            let tps: Vec<_> = v.iter().map(|(_, x)| *x).collect();
+            let scen = format!(
+                "1. Fan-out, {subs} subscriber{}",
+                if subs == 1 { "" } else { "s" }
+            );
+            let mut r = Row::new(
+                &scen,
+                t.label(),
+                "delivered events/s",
+                &values(&v, |x| x.eps),
+                Unit::Rate,
+            );
+            r.cpu = median_cpu(&tps.iter().map(|x| x.cpu).collect::<Vec<_>>());
+            r.note = throughput_note(&tps);
+            // Ratios to raw tonic pair the measurements of one run (taken back to back).
+            let ratios = |f: fn(&scenarios::Throughput) -> f64| -> Vec<f64> {
+                v.iter()
+                    .filter_map(|(run, x)| tonic.iter().find(|(r, _)| r == run).map(|(_, b)| f(x) / f(b)))
+                    .collect()
+            };
+            if t == Transport::Sse && subs == 1000 {
+                if let Some(st) = &r.stat {
+                    r.goal = Some(Goal::at_least(st.median, 1e6, ">= 1 M/s"));
+                }
+            }
+            if t == Transport::Grpc {
+                if let Some(x) = report::Stat::of(&ratios(|x| x.eps)) {
+                    r.vs_tonic = Some(x.median);
+                    r.goal = Some(Goal::at_least(x.median, 0.8, ">= 0.8x raw tonic"));
+                    if x.runs > 1 {
+                        r.note = format!("ratio {:.2}–{:.2} over runs; {}", x.min, x.max, r.note);
+                    }
+                }
+            }
+            fail(&mut r, err.clone(), &mut failures);
+            rows.push(r);
+            if !v.is_empty() {
+                let mut r = Row::new(
+                    &scen,
+                    t.label(),
+                    "last subscriber has all",
+                    &values(&v, |x| x.last_s),
+                    Unit::Seconds,
+                );
+                if t == Transport::Grpc {
+                    r.vs_tonic = report::Stat::of(&ratios(|x| 1.0 / x.last_s)).map(|x| x.median);
+                }
+                rows.push(r);
+            }
+        }
+    }
+    for &t in transports {
+        let (v, err) = ok_values(&s.latency, t, None);
+        if v.is_empty() && err.is_none() {
+            continue;
+        }
+        let scen = format!(
+            "2. Latency, {} subscribers, {}/s",
+            sizes.latency_subs, sizes.pace_rate
+        );
+        let cpu = median_cpu(&v.iter().map(|(_, x)| x.cpu).collect::<Vec<_>>());
+        for (metric, vals) in [
+            ("p50", values(&v, |x| x.p50_us)),
+            ("p99", values(&v, |x| x.p99_us)),
+            ("max", values(&v, |x| x.max_us)),
+        ] {
+            let mut r = Row::new(&scen, t.label(), metric, &vals, Unit::Micros);
+            if metric == "p99" {
+                r.cpu = cpu;
+                if let Some(st) = &r.stat {
+                    r.goal = Some(Goal::at_most(st.median, 10_000.0, true, "< 10 ms"));
+                }
+                fail(&mut r, err.clone(), &mut failures);
+            } else if v.is_empty() {
+                continue;
+            }
+            rows.push(r);
+        }
+    }
+    for &t in transports {
+        let (v, err) = ok_values(&s.sessions, t, None);
+        if v.is_empty() && err.is_none() {
+            continue;
+        }
+        let tps: Vec<_> = v.iter().map(|(_, x)| *x).collect();
+        let scen = format!(
+            "3. Many sessions, {} x /burst {}",
+            sizes.sessions, sizes.session_burst
+        );
+        let mut r = Row::new(
+            &scen,
+            t.label(),
+            "delivered events/s",
+            &values(&v, |x| x.eps),
+            Unit::Rate,
+        );
+        r.cpu = median_cpu(&tps.iter().map(|x| x.cpu).collect::<Vec<_>>());
+        r.note = throughput_note(&tps);
+        if let Some(peak) = report::Stat::of(&values(&v, |x| x.peak_kib as f64 / 1024.0)) {
+            r.note = format!("{}; server peak RSS {:.0} MiB", r.note, peak.median);
+        }
+        fail(&mut r, err, &mut failures);
+        rows.push(r);
+    }
+    for &t in transports {
+        let (v, err) = ok_values(&s.idle, t, None);
+        if v.is_empty() && err.is_none() {
+            continue;
+        }
+        let scen = format!("4. Idle, {} streams", sizes.idle);
+        let mut r = Row::new(
+            &scen,
+            t.label(),
+            "server RSS per stream",
+            &values(&v, |x| x.kib_per_stream),
+            Unit::KiB,
+        );
+        if t == Transport::Sse {
+            if let Some(st) = &r.stat {
+                r.goal = Some(Goal::at_most(st.median, 4.0, false, "<= 4 KiB"));
+            }
+        }
+        if let Some((_, x)) = v.first() {
+            r.note = format!(
+                "{} TCP connections; server RLIMIT_NOFILE {}",
+                x.connections, x.server_nofile
+            );
+        }
+        fail(&mut r, err, &mut failures);
+        rows.push(r);
+    }
+    for &t in transports {
+        let (v, err) = ok_values(&s.stalled, t, None);
+        if v.is_empty() && err.is_none() {
+            continue;
+        }
+        let scen = format!(
+            "5. Stalled client, 1 of {}, /burst {}",
+            sizes.stalled_subs, sizes.stall_burst
+        );
+        // Per-reader throughput is burst / time-to-last, so the kept share is
+        // the unstalled time over the stalled time of the same run.
+        let kept = values(&v, |(b, x)| b.last_s / x.last_s);
+        let mut r = Row::new(
+            &scen,
+            t.label(),
+            "readers' throughput kept",
+            &kept,
+            Unit::Fraction,
+        );
+        if let Some(st) = &r.stat {
+            r.goal = Some(Goal::at_least(st.median, 0.9, ">= 90% of unstalled"));
+        }
+        r.cpu = median_cpu(&v.iter().map(|(_, (_, x))| x.cpu).collect::<Vec<_>>());
+        if let (Some(b), Some(x)) = (
+            report::Stat::of(&values(&v, |(b, _)| b.eps)),
+            report::Stat::of(&values(&v, |(_, x)| x.eps)),
+        ) {
+            r.note = format!(
+                "readers {} unstalled, {} with the stalled one (medians)",
+                report::fmt_value(b.median, Unit::Rate),
+                report::fmt_value(x.median, Unit::Rate)
+            );
+        }
+        fail(&mut r, err, &mut failures);
+        rows.push(r);
+        if !v.is_empty() {
+            let mut r = Row::new(
+                &scen,
+                t.label(),
+                "server peak RSS",
+                &values(&v, |(_, x)| x.peak_kib as f64 / 1024.0),
+                Unit::MiB,
+            );
+            if let Some(b) = report::Stat::of(&values(&v, |(b, _)| b.peak_kib as f64 / 1024.0)) {
+                r.note = format!("unstalled: {:.0} MiB", b.median);
+            }
+            rows.push(r);
+        }
+    }
+    (rows, failures)
+}

@@ -1,0 +1,494 @@
+//! The servers under test (a release `vak serve`, or the raw tonic baseline,
+//! each a child process with its own temp home) and one run of each scenario
+//! against a fresh server: fan-out, latency, many sessions, idle cost, stalled client.
+
+use crate::clients::{self, Control, Mode, Shared, SubResult, Target};
+use crate::machine::{self, CpuMark, CpuUse};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::task::JoinHandle;
+
+/// How the bench reaches the server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// vak, `GET /sessions/:id/events`.
+    Sse,
+    /// vak, gRPC `Subscribe`.
+    Grpc,
+    /// The raw tonic baseline, gRPC `Subscribe` (same client code).
+    Tonic,
+}
+
+impl Transport {
+    pub fn label(self) -> &'static str {
+        match self {
+            Transport::Sse => "SSE",
+            Transport::Grpc => "gRPC",
+            Transport::Tonic => "raw tonic",
+        }
+    }
+}
+
+/// What the bench was told to use.
+#[derive(Clone, Debug)]
+pub struct Env {
+    /// The `vak` binary to serve with.
+    pub vak: PathBuf,
+    /// This bench binary (re-executed as the baseline server).
+    pub exe: PathBuf,
+    /// gRPC streams per HTTP/2 connection.
+    pub per_conn: usize,
+    /// The baseline's broadcast capacity (must hold a whole burst: it is lossless only then).
+    pub capacity: usize,
+    /// How long one scenario run may take before it is abandoned.
+    pub limit: Duration,
+}
+
+/// A server child process with its temp home; killed when dropped.
+pub struct Server {
+    child: tokio::process::Child,
+    pub target: Target,
+    pub pid: u32,
+    dir: PathBuf,
+}
+
+static RUN: AtomicUsize = AtomicUsize::new(0);
+
+impl Server {
+    /// `vak serve` on loopback port 0 with its own home and workspace, a
+    /// random token, and stream caps raised above what the scenarios open.
+    pub async fn start(env: &Env, transport: Transport) -> Result<Server, String> {
+        let dir = std::env::temp_dir().join(format!(
+            "vak-bench-{}-{}",
+            std::process::id(),
+            RUN.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("home")).map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(dir.join("workspace")).map_err(|e| e.to_string())?;
+        let token = format!(
+            "{}{}",
+            uuid::Uuid::new_v4().simple(),
+            uuid::Uuid::new_v4().simple()
+        );
+        let log = std::fs::File::create(dir.join("server.log")).map_err(|e| e.to_string())?;
+        let mut cmd = match transport {
+            Transport::Tonic => {
+                let mut c = tokio::process::Command::new(&env.exe);
+                c.args(["baseline-server", "--listen", "127.0.0.1:0", "--capacity"])
+                    .arg(env.capacity.to_string());
+                c
+            }
+            Transport::Sse | Transport::Grpc => {
+                let mut c = tokio::process::Command::new(&env.vak);
+                c.args(["serve", "--listen", "127.0.0.1:0", "--home"])
+                    .arg(dir.join("home"))
+                    .arg("--workspace")
+                    .arg(dir.join("workspace"))
+                    .args(["--max-streams", "1000000", "--max-streams-per-client", "1000000"])
+                    .env("VAK_TOKEN", &token);
+                c
+            }
+        };
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", env.vak.display()))?;
+        let pid = child.id().unwrap_or(0);
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        let mut lines = BufReader::new(stdout).lines();
+        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .map_err(|_| "the server did not announce itself within 30 s".to_string())?
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| {
+                let log = std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
+                format!("the server exited at startup: {}", log.trim())
+            })?;
+        let url = line
+            .rsplit_once("listening on http://")
+            .map(|(_, u)| u.trim().to_string())
+            .ok_or_else(|| format!("unexpected first line {line:?}"))?;
+        let addr = url.parse().map_err(|e| format!("bad address {url:?}: {e}"))?;
+        // Keep draining stdout so the child never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Ok(Server {
+            child,
+            target: Target { addr, token },
+            pid,
+            dir,
+        })
+    }
+
+    /// SIGTERM (vak shuts down gracefully), SIGKILL after 5 s; removes the temp home.
+    pub async fn stop(mut self) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.pid as i32, libc::SIGTERM);
+        }
+        if tokio::time::timeout(Duration::from_secs(5), self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.kill().await;
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Opens one subscriber per entry of `sessions` (SSE connections, or gRPC
+/// streams `per_conn` to an HTTP/2 connection). Subscriber `stalled`, if any,
+/// stops reading after stream_opened; on gRPC it gets a connection of its own.
+async fn open(
+    env: &Env,
+    transport: Transport,
+    target: &Target,
+    sessions: &[String],
+    mode: Mode,
+    stalled: Option<usize>,
+    shared: &Arc<Shared>,
+) -> Result<Vec<JoinHandle<SubResult>>, String> {
+    let mode_of = |i: usize| if Some(i) == stalled { Mode::Stalled } else { mode };
+    let mut handles = Vec::with_capacity(sessions.len());
+    match transport {
+        Transport::Sse => {
+            for (i, sid) in sessions.iter().enumerate() {
+                handles.push(tokio::spawn(clients::sse_subscriber(
+                    target.clone(),
+                    sid.clone(),
+                    mode_of(i),
+                    shared.clone(),
+                )));
+            }
+        }
+        Transport::Grpc | Transport::Tonic => {
+            let n = sessions.len();
+            let conns = clients::grpc_connections(target, n.div_ceil(env.per_conn).max(1)).await?;
+            let own = match stalled {
+                Some(_) => Some(clients::grpc_connections(target, 1).await?.remove(0)),
+                None => None,
+            };
+            for (i, sid) in sessions.iter().enumerate() {
+                let ch = match (&own, Some(i) == stalled) {
+                    (Some(c), true) => c.clone(),
+                    _ => conns[i / env.per_conn].clone(),
+                };
+                handles.push(tokio::spawn(clients::grpc_subscriber(
+                    ch,
+                    target.token.clone(),
+                    sid.clone(),
+                    mode_of(i),
+                    shared.clone(),
+                )));
+            }
+        }
+    }
+    Ok(handles)
+}
+
+/// Awaits every subscriber; past `limit` the rest are cancelled.
+async fn collect(handles: Vec<JoinHandle<SubResult>>, shared: &Shared, limit: Duration) -> Vec<SubResult> {
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut out = Vec::with_capacity(handles.len());
+    for mut h in handles {
+        let r = match tokio::time::timeout_at(deadline, &mut h).await {
+            Ok(r) => r,
+            Err(_) => {
+                shared.cancel.cancel();
+                h.await
+            }
+        };
+        out.push(r.unwrap_or_else(|e| SubResult {
+            error: Some(format!("subscriber task failed: {e}")),
+            ..Default::default()
+        }));
+    }
+    out
+}
+
+fn first_error(results: &[SubResult]) -> Result<(), String> {
+    let failed = results.iter().filter(|r| r.error.is_some()).count();
+    match results.iter().find_map(|r| r.error.as_ref()) {
+        Some(e) => Err(format!(
+            "{failed} of {} subscribers failed; first: {e}",
+            results.len()
+        )),
+        None => Ok(()),
+    }
+}
+
+/// When the last subscriber had every event, from the moment Run was sent.
+fn last_complete(results: &[SubResult], t0: Instant) -> Result<f64, String> {
+    let mut last = t0;
+    for r in results {
+        last = last.max(r.all_at.ok_or("a subscriber never had all of its events")?);
+    }
+    Ok(last.duration_since(t0).as_secs_f64().max(1e-9))
+}
+
+/// One fan-out (or stalled-client) run.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Throughput {
+    /// Delivered events per second, all (reading) subscribers together.
+    pub eps: f64,
+    /// Seconds from Run until the last (reading) subscriber had every event.
+    pub last_s: f64,
+    /// Frames the subscribers received (events / frames = how much merged).
+    pub frames: u64,
+    pub events: u64,
+    /// Peak server RSS (VmHWM) in KiB.
+    pub peak_kib: u64,
+    pub cpu: CpuUse,
+}
+
+/// Fan-out: one session, `subs` subscribers, `/burst n`. With `stall`,
+/// subscriber 0 stops reading after stream_opened and is left out of the figures.
+pub async fn fanout(
+    env: &Env,
+    transport: Transport,
+    subs: usize,
+    n: u64,
+    stall: bool,
+) -> Result<Throughput, String> {
+    let server = Server::start(env, transport).await?;
+    let r = fanout_on(env, &server, transport, subs, n, stall).await;
+    server.stop().await;
+    r
+}
+
+async fn fanout_on(
+    env: &Env,
+    server: &Server,
+    transport: Transport,
+    subs: usize,
+    n: u64,
+    stall: bool,
+) -> Result<Throughput, String> {
+    let ctl = Control::connect(&server.target).await?;
+    let sid = ctl.create_session().await?;
+    let shared = Shared::new();
+    let sessions = vec![sid.clone(); subs];
+    let stalled = stall.then_some(0);
+    let mut handles = open(
+        env,
+        transport,
+        &server.target,
+        &sessions,
+        Mode::Count { expect: n },
+        stalled,
+        &shared,
+    )
+    .await?;
+    shared.wait_opened(subs, Duration::from_secs(120)).await?;
+    let stalled_handle = stalled.map(|i| handles.remove(i));
+    let mark = CpuMark::now(server.pid);
+    let t0 = Instant::now();
+    ctl.run(&sid, &format!("/burst {n}")).await?;
+    let results = collect(handles, &shared, env.limit).await;
+    let cpu = mark.since(server.pid);
+    let peak_kib = machine::hwm_kib(server.pid).unwrap_or(0);
+    shared.cancel.cancel();
+    if let Some(h) = stalled_handle {
+        let _ = h.await;
+    }
+    first_error(&results)?;
+    let last_s = last_complete(&results, t0)?;
+    let events: u64 = results.iter().map(|r| r.tokens).sum();
+    Ok(Throughput {
+        eps: events as f64 / last_s,
+        last_s,
+        frames: results.iter().map(|r| r.frames).sum(),
+        events,
+        peak_kib,
+        cpu,
+    })
+}
+
+/// Publish-to-receipt latency of a paced stream, in microseconds.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Latency {
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub max_us: f64,
+    pub samples: u64,
+    pub cpu: CpuUse,
+}
+
+/// Latency: one session, `subs` subscribers, `/pace n rate`; each delta
+/// carries its send time, each subscriber stamps its receipt (same clock).
+pub async fn latency(
+    env: &Env,
+    transport: Transport,
+    subs: usize,
+    n: u64,
+    rate: u64,
+) -> Result<Latency, String> {
+    let server = Server::start(env, transport).await?;
+    let r = async {
+        let ctl = Control::connect(&server.target).await?;
+        let sid = ctl.create_session().await?;
+        let shared = Shared::new();
+        let handles = open(
+            env,
+            transport,
+            &server.target,
+            &vec![sid.clone(); subs],
+            Mode::Latency { expect: n },
+            None,
+            &shared,
+        )
+        .await?;
+        shared.wait_opened(subs, Duration::from_secs(120)).await?;
+        let mark = CpuMark::now(server.pid);
+        ctl.run(&sid, &format!("/pace {n} {rate}")).await?;
+        let results = collect(handles, &shared, env.limit).await;
+        let cpu = mark.since(server.pid);
+        first_error(&results)?;
+        let mut all: Vec<u32> = Vec::with_capacity(subs * n as usize);
+        for r in results {
+            all.extend_from_slice(&r.latencies);
+        }
+        if all.is_empty() {
+            return Err("no latency samples".into());
+        }
+        let samples = all.len();
+        let pct = |all: &mut Vec<u32>, p: f64| {
+            let k = (((samples as f64) * p).ceil() as usize).clamp(1, samples) - 1;
+            f64::from(*all.select_nth_unstable(k).1)
+        };
+        let p50_us = pct(&mut all, 0.50);
+        let p99_us = pct(&mut all, 0.99);
+        let max_us = f64::from(all.iter().copied().max().unwrap_or(0));
+        Ok(Latency {
+            p50_us,
+            p99_us,
+            max_us,
+            samples: samples as u64,
+            cpu,
+        })
+    }
+    .await;
+    server.stop().await;
+    r
+}
+
+/// Many sessions: `sessions` sessions with one subscriber each, all running `/burst n` at once.
+pub async fn many_sessions(
+    env: &Env,
+    transport: Transport,
+    sessions: usize,
+    n: u64,
+) -> Result<Throughput, String> {
+    let server = Server::start(env, transport).await?;
+    let r = async {
+        let ctl = Control::connect(&server.target).await?;
+        let mut ids = Vec::with_capacity(sessions);
+        for chunk in (0..sessions).collect::<Vec<_>>().chunks(64) {
+            let made = futures_util::future::join_all(chunk.iter().map(|_| ctl.create_session())).await;
+            for m in made {
+                ids.push(m?);
+            }
+        }
+        let shared = Shared::new();
+        let handles = open(
+            env,
+            transport,
+            &server.target,
+            &ids,
+            Mode::Count { expect: n },
+            None,
+            &shared,
+        )
+        .await?;
+        shared.wait_opened(sessions, Duration::from_secs(120)).await?;
+        let mark = CpuMark::now(server.pid);
+        let t0 = Instant::now();
+        let prompt = format!("/burst {n}");
+        let runs = futures_util::future::join_all(ids.iter().map(|sid| ctl.run(sid, &prompt))).await;
+        for r in runs {
+            r?;
+        }
+        let results = collect(handles, &shared, env.limit).await;
+        let cpu = mark.since(server.pid);
+        first_error(&results)?;
+        let last_s = last_complete(&results, t0)?;
+        let events: u64 = results.iter().map(|r| r.tokens).sum();
+        Ok(Throughput {
+            eps: events as f64 / last_s,
+            last_s,
+            frames: results.iter().map(|r| r.frames).sum(),
+            events,
+            peak_kib: machine::hwm_kib(server.pid).unwrap_or(0),
+            cpu,
+        })
+    }
+    .await;
+    server.stop().await;
+    r
+}
+
+/// Server memory held by idle streams.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Idle {
+    pub kib_per_stream: f64,
+    pub before_kib: u64,
+    pub after_kib: u64,
+    /// The server's soft RLIMIT_NOFILE, from /proc/<pid>/limits.
+    pub server_nofile: u64,
+    pub connections: usize,
+}
+
+/// Idle cost: `streams` subscribers to one session that never receive an
+/// event; VmRSS before opening them and after all have had stream_opened.
+pub async fn idle(env: &Env, transport: Transport, streams: usize) -> Result<Idle, String> {
+    let server = Server::start(env, transport).await?;
+    let r = async {
+        let ctl = Control::connect(&server.target).await?;
+        let sid = ctl.create_session().await?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let before_kib = machine::rss_kib(server.pid).ok_or("no VmRSS")?;
+        let shared = Shared::new();
+        let handles = open(
+            env,
+            transport,
+            &server.target,
+            &vec![sid.clone(); streams],
+            Mode::Idle,
+            None,
+            &shared,
+        )
+        .await?;
+        shared.wait_opened(streams, Duration::from_secs(180)).await?;
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        let after_kib = machine::rss_kib(server.pid).ok_or("no VmRSS")?;
+        let server_nofile = machine::nofile_of(server.pid).unwrap_or(0);
+        shared.cancel.cancel();
+        let results = collect(handles, &shared, Duration::from_secs(60)).await;
+        first_error(&results)?;
+        Ok(Idle {
+            kib_per_stream: after_kib.saturating_sub(before_kib) as f64 / streams as f64,
+            before_kib,
+            after_kib,
+            server_nofile,
+            connections: match transport {
+                Transport::Sse => streams,
+                _ => streams.div_ceil(env.per_conn),
+            },
+        })
+    }
+    .await;
+    server.stop().await;
+    r
+}
+
+/// The vak binary next to this one (target/release/vak for target/release/vak-bench).
+pub fn default_vak(exe: &Path) -> PathBuf {
+    exe.with_file_name("vak")
+}
