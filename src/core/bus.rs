@@ -285,26 +285,27 @@ impl SubQueue {
     }
 }
 
-/// `a` followed by `b` as one frame carrying `b`'s seq, if both are same-kind deltas.
-fn merged(a: &Arc<Frame>, b: &Arc<Frame>) -> Option<Arc<Frame>> {
-    let mut event = a.event.clone();
-    event
-        .try_merge(&b.event)
-        .then(|| Arc::new(Frame::new(b.seq, b.session_id.clone(), event)))
+/// Merges `frame` into `tail` when both are same-kind deltas. A tail that is
+/// already this subscriber's own merged frame grows in place; a shared one
+/// (still in the ring or other queues) is copied once.
+fn merge_into(tail: &mut Arc<Frame>, frame: &Frame) -> bool {
+    if tail.event.delta_len().is_none() || frame.event.delta_len().is_none() {
+        return false;
+    }
+    if let Some(own) = Arc::get_mut(tail) {
+        return own.absorb(frame);
+    }
+    let mut copy = Frame::new(tail.seq, tail.session_id.clone(), tail.event.clone());
+    let merged = copy.absorb(frame);
+    if merged {
+        *tail = Arc::new(copy);
+    }
+    merged
 }
 
 /// Merges `frame` into the last queued frame when both are same-kind deltas.
 fn merge_into_tail(frames: &mut VecDeque<Arc<Frame>>, frame: &Arc<Frame>) -> bool {
-    let Some(tail) = frames.back_mut() else {
-        return false;
-    };
-    match merged(tail, frame) {
-        Some(m) => {
-            *tail = m;
-            true
-        }
-        None => false,
-    }
+    frames.back_mut().is_some_and(|tail| merge_into(tail, frame))
 }
 
 /// Merges every run of consecutive same-kind deltas in the queue. The byte
@@ -313,9 +314,7 @@ fn merge_into_tail(frames: &mut VecDeque<Arc<Frame>>, frame: &Arc<Frame>) -> boo
 fn compact(frames: &mut VecDeque<Arc<Frame>>) {
     let mut out: VecDeque<Arc<Frame>> = VecDeque::with_capacity(frames.len());
     for f in frames.drain(..) {
-        if let Some(m) = out.back().and_then(|t| merged(t, &f)) {
-            *out.back_mut().expect("checked non-empty") = m;
-        } else {
+        if !out.back_mut().is_some_and(|t| merge_into(t, &f)) {
             out.push_back(f);
         }
     }

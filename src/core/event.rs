@@ -224,6 +224,18 @@ impl Frame {
         }
     }
 
+    /// Appends `next` to this frame when both are same-kind deltas: the frame
+    /// then carries `next`'s seq, and any cached encoding is dropped.
+    pub fn absorb(&mut self, next: &Frame) -> bool {
+        if !self.event.try_merge(&next.event) {
+            return false;
+        }
+        self.seq = next.seq;
+        self.size = self.event.approx_size();
+        self.encoded = Default::default();
+        true
+    }
+
     /// Returns this frame's bytes in `encoding`, computing them at most once.
     pub fn encoded(&self, encoding: Encoding, make: impl FnOnce(&Frame) -> bytes::Bytes) -> bytes::Bytes {
         self.encoded[encoding as usize].get_or_init(|| make(self)).clone()
