@@ -322,6 +322,11 @@ async fn transcripts_list_and_markdown() {
     assert_eq!(t["messages"][1]["thinking"], "pondering");
     assert_eq!(t["messages"][2]["text"], "X");
     assert!(t["usage"]["output_tokens"].as_u64().unwrap() > 0);
+    let (_, list) = s.get("/sessions").await;
+    assert_eq!(
+        t["seq"], list["sessions"][0]["latest_seq"],
+        "the transcript is exact as of the latest seq"
+    );
 
     let md = s
         .http()

@@ -59,12 +59,15 @@ pub struct Usage {
 pub struct Transcript {
     pub messages: Vec<Message>,
     pub usage: Usage,
+    /// The seq of the last event folded in: the transcript is exact as of it.
+    pub seq: u64,
 }
 
 impl Transcript {
     /// Folds one published event in; events that do not shape the
     /// conversation (status, approvals, run bookkeeping) leave it unchanged.
     pub fn apply(&mut self, seq: u64, event: &ClientEvent) {
+        self.seq = self.seq.max(seq);
         match event {
             ClientEvent::UserMessage { text, .. } => {
                 let mut m = Message::new(Role::User, seq);
@@ -196,6 +199,7 @@ mod tests {
         let (prompt, since) = t.since_last_user();
         assert_eq!(prompt, "/read a\nhi");
         assert_eq!(since.len(), 3);
+        assert_eq!(t.seq, 7, "exact as of the last event folded in");
         let md = t.markdown("s");
         assert!(md.contains("## User\n\n/read a\nhi\n"));
         assert!(md.contains("echo: hi"));

@@ -169,6 +169,7 @@ pub fn cancel(c: CancelResult) -> pb::CancelResponse {
 pub fn transcript(session_id: &str, t: Transcript) -> pb::Transcript {
     pb::Transcript {
         session_id: session_id.to_string(),
+        seq: t.seq,
         messages: t
             .messages
             .into_iter()
