@@ -194,7 +194,7 @@ pub fn project(event: AgentEvent) -> Option<ClientEvent> {
 }
 
 /// A numbered event as the bus holds it. Frames are shared (`Arc`) between the
-/// ring and every subscriber queue; `encoded` lets an edge serialize a frame
+/// ring and every subscriber queue; `encoded_json` lets an edge serialize a frame
 /// once for all of its subscribers.
 #[derive(Debug)]
 pub struct Frame {
@@ -203,14 +203,7 @@ pub struct Frame {
     pub event: ClientEvent,
     /// `event.approx_size()`, computed once.
     pub size: usize,
-    encoded: [OnceLock<bytes::Bytes>; 2],
-}
-
-/// The wire encodings an edge may cache on a frame.
-#[derive(Clone, Copy, Debug)]
-pub enum Encoding {
-    Protobuf = 0,
-    SseJson = 1,
+    json: OnceLock<bytes::Bytes>,
 }
 
 impl Frame {
@@ -220,7 +213,7 @@ impl Frame {
             session_id,
             size: event.approx_size(),
             event,
-            encoded: Default::default(),
+            json: OnceLock::new(),
         }
     }
 
@@ -232,13 +225,13 @@ impl Frame {
         }
         self.seq = next.seq;
         self.size = self.event.approx_size();
-        self.encoded = Default::default();
+        self.json = OnceLock::new();
         true
     }
 
     /// Returns this frame's bytes in `encoding`, computing them at most once.
-    pub fn encoded(&self, encoding: Encoding, make: impl FnOnce(&Frame) -> bytes::Bytes) -> bytes::Bytes {
-        self.encoded[encoding as usize].get_or_init(|| make(self)).clone()
+    pub fn encoded_json(&self, make: impl FnOnce(&Frame) -> bytes::Bytes) -> bytes::Bytes {
+        self.json.get_or_init(|| make(self)).clone()
     }
 }
 

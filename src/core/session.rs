@@ -165,7 +165,7 @@ impl Session {
     pub fn restore(rt: Arc<Runtime>, ledger: Ledger, records: Vec<Record>) -> Result<Arc<Session>> {
         let mut header = None;
         let mut latest = 0;
-        let mut ring: VecDeque<Arc<Frame>> = VecDeque::new();
+        let mut ring: VecDeque<(u64, ClientEvent)> = VecDeque::new();
         let mut folds: Option<Folds> = None;
         let mut usage = Vec::new();
         let mut busy = false;
@@ -213,7 +213,7 @@ impl Session {
                     if ring.len() == rt.cfg.bus.ring.max(1) {
                         ring.pop_front();
                     }
-                    ring.push_back(Arc::new(Frame::new(seq, Arc::from(""), event)));
+                    ring.push_back((seq, event));
                 }
             }
         }
@@ -221,7 +221,7 @@ impl Session {
         let sid: Arc<str> = Arc::from(id.as_str());
         let ring = ring
             .into_iter()
-            .map(|f| Arc::new(Frame::new(f.seq, sid.clone(), f.event.clone())))
+            .map(|(seq, event)| Arc::new(Frame::new(seq, sid.clone(), event)))
             .collect();
         let ledger = Arc::new(ledger);
         let session = Self::build(rt, &id, created_at, ledger, latest, ring);

@@ -122,25 +122,6 @@ pub fn session_closed(session_id: &str, reason: String) -> pb::Event {
     stream_frame(session_id, Kind::SessionClosed(pb::SessionClosed { reason }))
 }
 
-/// The snake_case name of an event's kind: SSE `event:` and the oneof case.
-pub fn kind_name(kind: &Kind) -> &'static str {
-    match kind {
-        Kind::StreamOpened(_) => "stream_opened",
-        Kind::UserMessage(_) => "user_message",
-        Kind::TurnStarted(_) => "turn_started",
-        Kind::TextDelta(_) => "text_delta",
-        Kind::ThinkingDelta(_) => "thinking_delta",
-        Kind::ToolCall(_) => "tool_call",
-        Kind::ToolResult(_) => "tool_result",
-        Kind::ApprovalRequested(_) => "approval_requested",
-        Kind::ApprovalResolved(_) => "approval_resolved",
-        Kind::Status(_) => "status",
-        Kind::RunFinished(_) => "run_finished",
-        Kind::Resync(_) => "resync",
-        Kind::SessionClosed(_) => "session_closed",
-    }
-}
-
 pub fn summary(s: SessionInfo) -> pb::SessionSummary {
     pb::SessionSummary {
         session_id: s.session_id,

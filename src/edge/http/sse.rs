@@ -3,11 +3,10 @@
 use super::json::to_json;
 use super::routes::AppState;
 use crate::core::bus::{Delivery, End, Subscription};
-use crate::core::event::Encoding;
 use crate::core::session::PresenceGuard;
 use crate::edge::errors::{json_error, status_response};
 use crate::edge::grpc::convert;
-use crate::edge::grpc::convert::{kind_name, presentation_kind_name};
+use crate::edge::grpc::convert::presentation_kind_name;
 use crate::edge::grpc::service::Opened;
 use crate::edge::grpc::service::Surface;
 use crate::edge::limits::StreamPermit;
@@ -52,12 +51,6 @@ pub fn sse_frame(name: &str, id: Option<String>, json: Vec<u8>) -> SseEvent {
         Some(id) => ev.id(id),
         None => ev,
     }
-}
-
-/// One event as an SSE frame; stream-level frames (seq 0) carry no id.
-pub fn frame(e: &pb::Event) -> SseEvent {
-    let name = e.kind.as_ref().map_or("unknown", kind_name);
-    sse_frame(name, (e.seq > 0).then(|| e.seq.to_string()), to_json(e))
 }
 
 /// A gRPC server stream as an SSE response: frames until the stream ends or
@@ -217,7 +210,7 @@ fn event_stream(opened: Opened) -> Response {
         for d in batch {
             match d {
                 Delivery::Frame(f) => {
-                    let json = f.encoded(Encoding::SseJson, |f| Bytes::from(to_json(&convert::frame(f))));
+                    let json = f.encoded_json(|f| Bytes::from(to_json(&convert::frame(f))));
                     write_frame(&mut out, f.event.kind(), Some(f.seq), &json);
                 }
                 Delivery::Resync { reason, latest_seq } => {
