@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Python client smoke test: one vak server shared by gRPC and REST.
-# Creates clients/python/.venv when missing, installs the pinned client
-# with its test extra, regenerates the protobuf modules from proto/, then
-# runs smoke.py (run-tests.sh runs the pytest suite first). Works from any
-# cwd, needs no stdin. Env: PYTHON (default python3) to create the venv,
-# VAK_BIN (default <repo>/target/debug/vak). Arguments go to smoke.py (-v
-# prints the events and server output); --setup-only stops before it.
+# Creates clients/python/.venv when missing and installs the client into it
+# with its test extra (`pip install -e '.[test]'`: the build hook generates
+# vak_client/_gen from proto/), reinstalling whenever pyproject.toml, the
+# build hook or the proto changed; then runs smoke.py (run-tests.sh runs the
+# pytest suite first). Works from any cwd, needs no stdin. Env: PYTHON
+# (default python3) to create the venv, VAK_BIN (default
+# <repo>/target/debug/vak). Arguments go to smoke.py (-v prints the events and
+# server output); --setup-only stops before it.
 set -euo pipefail
 
 here="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
@@ -16,15 +18,13 @@ if [[ ! -x "$py" ]]; then
   "${PYTHON:-python3}" -m venv "$venv"
 fi
 
-# Reinstall only when pyproject.toml changed since the last install.
 stamp="$venv/.vak-client-installed"
-want="$(cksum <"$here/pyproject.toml") test"
-if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
+want="$(cat "$here/pyproject.toml" "$here/hatch_build.py" "$here/../../proto/vak/v1/agent.proto" | cksum) test"
+if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" || ! -f "$here/vak_client/_gen/agent_pb2.py" ]]; then
   "$py" -m pip install --quiet --disable-pip-version-check -e "$here[test]" </dev/null
   printf '%s\n' "$want" >"$stamp"
 fi
 
-"$py" "$here/generate.py" </dev/null
 if [[ "${1:-}" == "--setup-only" ]]; then
   exit 0
 fi

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The Python client's tests: the pytest suite (tests/, against live `vak
 # serve` processes it starts itself), then the smoke test (smoke.py).
-# Creates clients/python/.venv when missing, installs the package with its
-# test extra (`pip install -e .[test]`, pinned versions), regenerates the
-# protobuf modules from proto/, then runs both. Works from any cwd, needs no
+# Creates clients/python/.venv when missing and installs the package into it
+# (see run-smoke.sh: `pip install -e .[test]`, whose build hook generates the
+# protobuf modules from proto/), then runs both. Works from any cwd, needs no
 # stdin. Env: PYTHON (default python3) to create the venv, VAK_BIN (default
 # <repo>/target/debug/vak). Arguments go to pytest (e.g. -k follow_many -x).
 set -euo pipefail
