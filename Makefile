@@ -44,10 +44,12 @@ bench-quick:
 	$(CARGO) build --bins
 	target/debug/vak-bench --quick
 
-## The browser client (clients/web): generate from proto/, typecheck, bundle, then drive
-## Debian's chromium against target/debug/vak (npm ci first when node_modules is missing).
+## The TypeScript client (clients/web): build the @vak/client package (generated from proto/)
+## and bundle the demo page, drive Debian's chromium against target/debug/vak, then install the
+## package into a new project as its README shows and run it (npm ci first when node_modules
+## is missing or older than the lock).
 test-web: build
-	test -d clients/web/node_modules || npm ci --prefix clients/web
+	test clients/web/node_modules/.package-lock.json -nt clients/web/package-lock.json || npm ci --prefix clients/web --no-audit --no-fund
 	npm test --prefix clients/web
 
 ## Fuzz every parser that sees client bytes (fuzz/), FUZZ_SECONDS each; CI does not run it.

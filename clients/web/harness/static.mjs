@@ -1,5 +1,5 @@
-// A static file server on 127.0.0.1 for the bundled page (dist/).
-//   node harness/static.mjs [port]     serves dist/ and prints its URL
+// A static file server on 127.0.0.1 for the bundled demo page (dist-page/).
+//   node harness/static.mjs [port]     serves dist-page/ and prints its URL
 import { createServer } from "node:http";
 import { readFile } from "node:fs/promises";
 import { extname, join, normalize, dirname } from "node:path";
@@ -49,7 +49,7 @@ export function serveStatic(dir, port = 0) {
 }
 
 if (process.argv[1] === fileURLToPath(import.meta.url)) {
-  const dir = join(dirname(fileURLToPath(import.meta.url)), "..", "dist");
+  const dir = join(dirname(fileURLToPath(import.meta.url)), "..", "dist-page");
   const { url } = await serveStatic(dir, Number(process.argv[2] ?? 0));
   console.log(`serving ${dir} on ${url}`);
 }

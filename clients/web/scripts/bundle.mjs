@@ -1,4 +1,4 @@
-// `npm run bundle`: the demo page into dist/ (index.html + app.js, one ES module
+// `npm run bundle`: the demo page into dist-page/ (index.html + app.js, one ES module
 // with the client library and its dependencies inside).
 import { build } from "esbuild";
 import { copyFileSync, mkdirSync } from "node:fs";
@@ -6,7 +6,7 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
 const root = join(dirname(fileURLToPath(import.meta.url)), "..");
-const out = join(root, "dist");
+const out = join(root, "dist-page");
 mkdirSync(out, { recursive: true });
 await build({
   entryPoints: [join(root, "page/app.ts")],

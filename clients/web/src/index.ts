@@ -1,10 +1,13 @@
-// vak's browser client: the generated proto types, a gRPC-web AgentService
-// client, and StreamFollower for the multiplexed SSE stream.
+// @vak/client: the generated proto types, a gRPC-web AgentService client, and
+// StreamFollower for the multiplexed SSE stream. Browsers and Node 20+.
 export * from "./gen/vak/v1/agent_pb.js";
 export { bearer, createAgentClient, login, logout, type AgentClient, type ClientOptions } from "./client.js";
 export {
   parseCursor,
   StreamFollower,
+  type EventSourceConstructor,
+  type EventSourceLike,
+  type EventSourceMessage,
   type FollowerEvents,
   type FollowerState,
   type StreamFollowerOptions,

@@ -1,4 +1,6 @@
-// StreamFollower: the multiplexed GET /stream over the browser's own EventSource.
+// StreamFollower: the multiplexed GET /stream over an EventSource: the browser's
+// own, or an injected one (Node 20 has no global EventSource: pass the
+// `eventsource` package's).
 //
 // One connection carries every followed session. Each agent and presentation
 // frame has an SSE `id:` holding the cursor vector of the whole stream
@@ -52,6 +54,30 @@ export interface FollowerEvents {
 
 type Listeners = { [K in keyof FollowerEvents]: Set<FollowerEvents[K]> };
 
+/** The part of an SSE message event StreamFollower reads. */
+export interface EventSourceMessage {
+  data: string;
+  lastEventId: string;
+}
+
+/**
+ * What StreamFollower needs of an EventSource. The browser's `EventSource`
+ * and the `eventsource` npm package's (for Node) both fit; so does any
+ * WHATWG-compatible implementation.
+ */
+export interface EventSourceLike {
+  readonly readyState: number;
+  onerror: ((this: any, ev: any) => unknown) | null;
+  addEventListener(type: string, listener: (ev: EventSourceMessage) => unknown): void;
+  close(): void;
+}
+
+/** An EventSource constructor, as `new EventSource(url, { withCredentials })` takes it. */
+export interface EventSourceConstructor {
+  new (url: string, init?: { withCredentials?: boolean }): EventSourceLike;
+  readonly CLOSED: number;
+}
+
 export interface StreamFollowerOptions {
   /** The server's URL, e.g. "http://127.0.0.1:8901". */
   baseUrl: string;
@@ -73,8 +99,12 @@ export interface StreamFollowerOptions {
   /** First and longest delay before reopening a stream the browser gave up on (ms). */
   retryMs?: number;
   maxRetryMs?: number;
-  /** An EventSource implementation (default: the browser's). */
-  EventSource?: typeof EventSource;
+  /**
+   * An EventSource implementation. Default: the global one (every browser;
+   * Deno, Bun). Node 20 has none: pass one, e.g. `EventSource` from the
+   * `eventsource` package.
+   */
+  EventSource?: EventSourceConstructor;
   /** A fetch for follow/unfollow (default: the global one). */
   fetch?: typeof fetch;
 }
@@ -119,7 +149,7 @@ export class StreamFollower {
     state: new Set(),
     error: new Set(),
   };
-  private es: EventSource | undefined;
+  private es: EventSourceLike | undefined;
   private opens = 0;
   private retryTimer: ReturnType<typeof setTimeout> | undefined;
   private retryDelay: number;
@@ -231,15 +261,21 @@ export class StreamFollower {
   }
 
   private connect(): void {
+    const ES = this.opts.EventSource ?? (globalThis as { EventSource?: EventSourceConstructor }).EventSource;
+    if (ES === undefined) {
+      throw new Error(
+        "StreamFollower: there is no global EventSource (Node 20 has none): pass one as the EventSource option, " +
+          'e.g. `import { EventSource } from "eventsource"`',
+      );
+    }
     this.setState(this.opens === 0 ? "connecting" : "reconnecting");
-    const ES = this.opts.EventSource ?? globalThis.EventSource;
     const es = new ES(this.url(), { withCredentials: this.withCredentials() });
     this.es = es;
-    const on = (name: string, fn: (e: MessageEvent<string>) => void) =>
+    const on = (name: string, fn: (e: EventSourceMessage) => void) =>
       es.addEventListener(name, (e) => {
         if (this.es !== es) return;
         try {
-          fn(e as MessageEvent<string>);
+          fn(e);
         } catch (err) {
           this.emit("error", new Error(`bad ${name} frame: ${String(err)}`));
         }

@@ -91,13 +91,13 @@ before(
   async () => {
     rmSync(artifacts, { recursive: true, force: true });
     mkdirSync(artifacts, { recursive: true });
-    if (!existsSync(join(root, "dist", "app.js"))) throw new Error("dist/app.js is missing: run `npm run build`");
+    if (!existsSync(join(root, "dist-page", "app.js"))) throw new Error("dist-page/app.js is missing: run `npm run build:page`");
     if (!existsSync(CHROMIUM)) throw new Error(`no browser at ${CHROMIUM}: apt-get install -y chromium`);
     tmp = mkdtempSync(join(tmpdir(), "vak-web-"));
     workspace = join(tmp, "workspace");
     mkdirSync(workspace);
     token = randomBytes(24).toString("hex");
-    site = await serveStatic(join(root, "dist"));
+    site = await serveStatic(join(root, "dist-page"));
     vak = await startVak([
       "--home", join(tmp, "home"),
       "--workspace", workspace,
