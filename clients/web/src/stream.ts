@@ -100,8 +100,8 @@ export interface StreamFollowerOptions {
   retryMs?: number;
   maxRetryMs?: number;
   /**
-   * An EventSource implementation. Default: the global one (every browser;
-   * Deno, Bun). Node 20 has none: pass one, e.g. `EventSource` from the
+   * An EventSource implementation. Default: the global one (every browser
+   * has it). Node 20 has none: pass one, e.g. `EventSource` from the
    * `eventsource` package.
    */
   EventSource?: EventSourceConstructor;

@@ -159,6 +159,35 @@ test("the README's examples typecheck against the installed package", { timeout:
       2,
     ),
   );
-  const r = await run(join(web, "node_modules", ".bin", "tsc"), ["-p", "."], { cwd: app, ms: 100_000 });
-  assert.equal(r.code, 0, `tsc found errors:\n${r.out}`);
+  const tsc = join(web, "node_modules", ".bin", "tsc");
+  const r = await run(tsc, ["-p", "."], { cwd: app, ms: 100_000 });
+  assert.equal(r.code, 0, `tsc (browser.mts and app.mjs, with the DOM library) found errors:\n${r.out}`);
+
+  // Node without the DOM library: the package's own declarations need none
+  // (skipLibCheck only because @connectrpc/connect's name DOM's HeadersInit).
+  writeFileSync(
+    join(app, "tsconfig.node.json"),
+    JSON.stringify(
+      {
+        compilerOptions: {
+          target: "es2022",
+          module: "nodenext",
+          moduleResolution: "nodenext",
+          lib: ["es2022"],
+          typeRoots: [join(web, "node_modules", "@types")],
+          types: ["node"],
+          strict: true,
+          allowJs: true,
+          checkJs: true,
+          skipLibCheck: true,
+          noEmit: true,
+        },
+        files: ["app.mjs"],
+      },
+      null,
+      2,
+    ),
+  );
+  const n = await run(tsc, ["-p", "tsconfig.node.json"], { cwd: app, ms: 100_000 });
+  assert.equal(n.code, 0, `tsc (app.mjs, Node types, no DOM library) found errors:\n${n.out}`);
 });
