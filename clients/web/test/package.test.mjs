@@ -130,6 +130,21 @@ test("the README's Node script runs a prompt against vak serve", { timeout: 120_
   assert.equal(r.out, "echo: hello world\n(completed)\n");
 });
 
+test("without --install-links npm links the folder, and the package still imports by name", { timeout: 120_000 }, async (t) => {
+  if (!app) return t.skip("no project (the install failed)");
+  const linked = join(tmp, "linked");
+  mkdirSync(linked);
+  const env = { npm_config_prefer_offline: "true", npm_config_audit: "false", npm_config_fund: "false" };
+  for (const args of [["init", "-y"], ["install", web]]) {
+    const r = await run("npm", args, { cwd: linked, env, ms: 100_000 });
+    assert.equal(r.code, 0, `npm ${args.join(" ")} failed:\n${r.out}`);
+  }
+  assert.ok(lstatSync(join(linked, "node_modules", "@vak", "client")).isSymbolicLink());
+  const probe = `import("${NAME}").then((m) => console.log(typeof m.createAgentClient, typeof m.StreamFollower, typeof m.EventSchema))`;
+  const r = await run(process.execPath, ["--input-type=module", "-e", probe], { cwd: linked, ms: 30_000 });
+  assert.equal(r.out, "function function object\n", r.out);
+});
+
 test("the README's examples typecheck against the installed package", { timeout: 120_000 }, async (t) => {
   if (!app || !existsSync(join(app, "app.mjs"))) return t.skip("no project or no app.mjs");
   const browser = readmeBlock(join(web, "README.md"), "typechecks this block");
