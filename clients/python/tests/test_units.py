@@ -1,18 +1,19 @@
-"""The pure parts, without a server: SSE parsing, cursor vectors, the
+"""The pure parts, without a server: SSE decoding, cursor vectors, the
 resume state machines, backoff and error mapping."""
 
 from __future__ import annotations
 
 import grpc
+import httpx
 import pytest
+from httpx_sse import EventSource, ServerSentEvent
 
 from vak_client import Backoff, ProtocolError, agent_pb2
 from vak_client._common import (
     MuxFrame,
     SessionCursor,
-    SseEvent,
-    SseParser,
     VectorCursor,
+    event_from_sse,
     format_vector,
     grpc_error,
     mux_from_sse,
@@ -21,37 +22,47 @@ from vak_client._common import (
 )
 
 
-def feed(parser: SseParser, text: bytes) -> list[SseEvent]:
-    out = []
-    for line in text.splitlines(keepends=True):
-        ev = parser.feed(line)
-        if ev is not None:
-            out.append(ev)
-    return out
+def sse_events(stream: bytes, chunk: int) -> list[ServerSentEvent]:
+    """Decodes `stream` as the client does (httpx-sse on an httpx response),
+    delivered in chunks of `chunk` bytes."""
+    parts = [stream[i : i + chunk] for i in range(0, len(stream), chunk)]
+    response = httpx.Response(200, headers={"content-type": "text/event-stream"}, content=iter(parts))
+    return list(EventSource(response).iter_sse())
 
 
-def test_sse_parser() -> None:
+@pytest.mark.parametrize("chunk", [1, 7, 1 << 20])
+def test_sse_decoding(chunk: int) -> None:
+    delta = '{"seq":5,"session_id":"s","text_delta":{"text":"a\u2028b\u0085c é"}}'
     stream = (
         b": keepalive\n\n"
         b"event: agent\r\ndata: {\"a\":\r\ndata:1}\r\nid: s:1\r\n\r\n"
         b"id: 7\nevent: text_delta\ndata:{}\n\n"
         b"data: x\nid: bad\0id\n\n"
-        b"event: ignored-no-data\n\n"
+        + b"event: text_delta\rdata: " + delta.encode() + b"\rid: 5\r\r"
     )
-    assert feed(SseParser(), stream) == [
-        SseEvent("agent", '{"a":\n1}', "s:1"),
-        SseEvent("text_delta", "{}", "7"),
-        SseEvent("message", "x", None),
+    got = [(e.event, e.data, e.id) for e in sse_events(stream, chunk)]
+    assert got == [
+        ("agent", '{"a":\n1}', "s:1"),
+        ("text_delta", "{}", "7"),
+        ("message", "x", "7"),  # an id with NUL is ignored; the last id stays
+        ("text_delta", delta, "5"),  # only CR, LF and CRLF end a line
     ]
+    ev = event_from_sse(sse_events(stream, chunk)[-1])
+    assert ev is not None and ev.seq == 5 and ev.text_delta.text == "a\u2028b\u0085c é"
 
 
 def test_mux_from_sse_types_and_session() -> None:
-    f = mux_from_sse(SseEvent("agent", '{"seq":3,"session_id":"a","text_delta":{"text":"hi"},"new_field":1}', "a:3"))
+    f = mux_from_sse(
+        ServerSentEvent("agent", '{"seq":3,"session_id":"a","text_delta":{"text":"hi"},"new_field":1}', "a:3")
+    )
     assert f is not None and f.kind == "agent" and f.session_id == "a" and f.id == "a:3"
     assert isinstance(f.message, agent_pb2.Event) and f.message.text_delta.text == "hi"
-    host = mux_from_sse(SseEvent("host", '{"version":"1","workspace":"/w"}', None))
-    assert host is not None and host.session_id == "" and isinstance(host.message, agent_pb2.HostInfo)
-    assert mux_from_sse(SseEvent("from_the_future", "{}", None)) is None
+    # Only agent and presentation frames carry a cursor vector of their own.
+    host = mux_from_sse(ServerSentEvent("host", '{"version":"1","workspace":"/w"}', "a:3"))
+    assert host is not None and host.session_id == "" and host.id is None
+    assert isinstance(host.message, agent_pb2.HostInfo)
+    assert mux_from_sse(ServerSentEvent("from_the_future", "{}", None)) is None
+    assert mux_from_sse(ServerSentEvent("agent", "", None)) is None
 
 
 def test_vectors() -> None:

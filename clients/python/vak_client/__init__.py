@@ -5,8 +5,9 @@ both of its surfaces, which share one port and one bearer token: unary calls
 over gRPC (or REST with `unary="rest"`), event streams over SSE (or gRPC
 with `transport="grpc"`). `follow()` and `follow_many()` return iterators
 that resume transparently after a connection loss, with no duplicate and no
-gap. Messages are the classes generated from proto/vak/v1/agent.proto by
-generate.py (`vak_client.agent_pb2`); every failure is a `VakError`.
+gap. REST and SSE go through httpx and httpx-sse, gRPC through grpcio.
+Messages are the classes generated from proto/vak/v1/agent.proto when the
+package is built (`vak_client.agent_pb2`); every failure is a `VakError`.
 
 Proxy settings from the environment are ignored: the server is reached
 directly.

@@ -1,19 +1,26 @@
-"""What the sync and the asyncio clients share: errors, URLs, the unary call
-table (gRPC and REST), SSE parsing, and the resume logic of the followers
-(pure state machines, no I/O)."""
+"""What the sync and the asyncio clients share: errors, URLs, the client
+configuration (httpx and gRPC channel options), the unary call table (gRPC
+and REST: request building and response/error mapping), SSE frame decoding,
+and the cursor bookkeeping of the followers (pure state machines, no I/O).
+The followers' resume logic is in _follow.py."""
 
 from __future__ import annotations
 
 import json
 import random
+import socket
+import ssl
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, NamedTuple, TypeAlias, TypeVar
 
 import grpc
+import httpx
 from google.protobuf import json_format
 from google.protobuf.message import Message
+from httpx_sse import ServerSentEvent
 
 try:
     from vak_client._gen import agent_pb2
@@ -21,8 +28,9 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the build st
     if not (exc.name or "").startswith("vak_client._gen"):
         raise
     raise ImportError(
-        "vak_client: the generated protobuf modules are missing; "
-        "run `python clients/python/generate.py` first"
+        "vak_client: the generated protobuf modules (vak_client._gen) are missing: "
+        "install the package with pip (`pip install ./clients/python`, or `pip install -e` "
+        "for development), whose build generates them from proto/"
     ) from exc
 
 Transport: TypeAlias = Literal["sse", "grpc"]
@@ -36,8 +44,6 @@ DEFAULT_TIMEOUT = 10.0
 # The server sends a keepalive comment every 15 s on SSE; three missed ones
 # mean the connection is dead.
 DEFAULT_IDLE_TIMEOUT = 45.0
-# The longest SSE line accepted (a tool output is cut at 1 MiB, JSON-escaped).
-MAX_LINE = 32 * 1024 * 1024
 
 GRPC_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.enable_http_proxy", 0),
@@ -102,6 +108,15 @@ def connection_error(what: str, exc: BaseException) -> VakError:
     return VakError(503, "unavailable", f"{what}: {type(exc).__name__}: {exc}")
 
 
+@contextmanager
+def http_errors(what: str) -> Iterator[None]:
+    """Turns httpx's transport failures inside the block into `503 unavailable`."""
+    try:
+        yield
+    except (httpx.TransportError, httpx.DecodingError, httpx.StreamError) as exc:
+        raise connection_error(what, exc) from None
+
+
 _GRPC_TO_HTTP: dict[grpc.StatusCode, tuple[int, str]] = {
     grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_argument"),
     grpc.StatusCode.OUT_OF_RANGE: (400, "invalid_argument"),
@@ -122,6 +137,15 @@ def grpc_error(code: grpc.StatusCode | None, details: str | None) -> VakError:
     """A gRPC status as a VakError (any unlisted code is 500 internal)."""
     status, name = _GRPC_TO_HTTP.get(code, (500, "internal")) if code is not None else (500, "internal")
     return VakError(status, name, details or (code.name if code is not None else "unknown"), "", code)
+
+
+def rpc_error(err: grpc.RpcError) -> VakError:
+    """A failed gRPC call (blocking or grpc.aio) as a VakError."""
+    code = getattr(err, "code", None)
+    details = getattr(err, "details", None)
+    if callable(code) and callable(details):
+        return grpc_error(code(), details())
+    return grpc_error(None, str(err))
 
 
 def rest_error(status: int, raw: bytes) -> VakError:
@@ -175,6 +199,61 @@ def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
 
 def auth_headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token is not None else {}
+
+
+class ClientConfig:
+    """What `Client` and `AsyncClient` are configured with, and how their
+    httpx clients and gRPC channels are set up."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        *,
+        timeout: float,
+        unary: Unary,
+        transport: Transport,
+        backoff: Backoff | None,
+        idle_timeout: float,
+    ) -> None:
+        if unary not in ("grpc", "rest"):
+            raise ValueError(f"unary must be 'grpc' or 'rest', not {unary!r}")
+        if transport not in ("sse", "grpc"):
+            raise ValueError(f"transport must be 'sse' or 'grpc', not {transport!r}")
+        self.endpoint = parse_url(url)
+        self.base_url = self.endpoint.base_url
+        self.token = token
+        self.timeout = timeout
+        self.unary: Unary = unary
+        self.transport: Transport = transport
+        self.backoff = backoff or Backoff()
+        self.idle_timeout = idle_timeout
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """gRPC metadata (the bearer token) to pass to any raw gRPC call."""
+        return auth_metadata(self.token)
+
+    def _httpx_options(self) -> dict[str, Any]:
+        """Keyword arguments for httpx.Client / httpx.AsyncClient."""
+        return {
+            "base_url": self.base_url,
+            "headers": auth_headers(self.token),
+            "timeout": self.timeout,
+            # The server is reached directly: no proxy or netrc from the environment.
+            "trust_env": False,
+            # Each open event stream holds a connection: no pool limit.
+            "limits": httpx.Limits(max_connections=None, max_keepalive_connections=8),
+            # The system's CA store (as ssl.create_default_context() finds it).
+            "verify": ssl.create_default_context() if self.endpoint.scheme == "https" else True,
+        }
+
+    def _sse_timeout(self) -> httpx.Timeout:
+        # A read may wait idle_timeout (the server sends a keepalive every 15 s).
+        return httpx.Timeout(self.timeout, read=self.idle_timeout)
+
+    def _use_rest(self, rest: bool | None) -> bool:
+        return self.unary == "rest" if rest is None else rest
 
 
 def quote(segment: str) -> str:
@@ -259,6 +338,33 @@ def rest_response(call: UnaryCall[Req, Resp], raw: bytes) -> Resp:
 
 def rest_body(call: UnaryCall[Req, Resp]) -> bytes | None:
     return json.dumps(call.body).encode() if call.body is not None else None
+
+
+def json_body(body: Any) -> bytes | None:
+    return json.dumps(body).encode() if body is not None else None
+
+
+def rest_headers(data: bytes | None) -> dict[str, str]:
+    headers = {"Accept": "application/json"}
+    if data is not None:
+        headers["Content-Type"] = "application/json"
+    return headers
+
+
+def check_rest(response: httpx.Response) -> bytes:
+    """The body of a (read) REST answer; a non-2xx answer raises its VakError."""
+    if not 200 <= response.status_code < 300:
+        raise rest_error(response.status_code, response.content)
+    return response.content
+
+
+def parse_rest_json(status: int, raw: bytes) -> Any:
+    """A raw REST answer's JSON body (None when empty)."""
+    try:
+        return json.loads(raw) if raw.strip() else None
+    except ValueError:
+        text = raw.decode("utf-8", "replace")
+        raise VakError(status, "", f"response is not JSON: {text[:200]!r}", text) from None
 
 
 def _with_request_id(body: dict[str, Any], request_id: str | None) -> dict[str, Any]:
@@ -392,53 +498,42 @@ def call_unfollow(stream_id: str, session_id: str) -> UnaryCall[agent_pb2.Unfoll
 
 
 # -- server-sent events -------------------------------------------------------
+# Frames are decoded by httpx-sse (httpx_sse.EventSource); these turn them into
+# messages.
 
 
-class SseEvent(NamedTuple):
-    event: str
-    data: str
-    # The event's own `id:` field; None when it had none.
-    id: str | None
-
-
-class SseParser:
-    """Turns the lines of a text/event-stream into events (the WHATWG
-    rules that matter here: fields, comments, multi-line data, dispatch on
-    a blank line)."""
-
-    def __init__(self) -> None:
-        self._event = ""
-        self._data: list[str] = []
-        self._id: str | None = None
-
-    def feed(self, raw: bytes) -> SseEvent | None:
-        """One line (with or without its line ending); an event when it completes one."""
-        line = raw.decode("utf-8", "replace").rstrip("\r\n")
-        if not line:
-            event, data, id_ = self._event, self._data, self._id
-            self._event, self._data, self._id = "", [], None
-            if not data:
-                return None
-            return SseEvent(event or "message", "\n".join(data), id_)
-        if line.startswith(":"):
-            return None
-        name, sep, value = line.partition(":")
-        if sep and value.startswith(" "):
-            value = value[1:]
-        if name == "event":
-            self._event = value
-        elif name == "data":
-            self._data.append(value)
-        elif name == "id" and "\0" not in value:
-            self._id = value
-        return None
-
-
-def sse_headers(token: str | None, last_event_id: str | None) -> dict[str, str]:
-    headers = {"Accept": "text/event-stream", "Cache-Control": "no-cache", **auth_headers(token)}
+def sse_headers(last_event_id: str | None) -> dict[str, str]:
+    # identity: an event must not wait in a decompressor's buffer.
+    headers = {"Accept": "text/event-stream", "Cache-Control": "no-cache", "Accept-Encoding": "identity"}
     if last_event_id:
         headers["Last-Event-ID"] = last_event_id
     return headers
+
+
+def check_sse(response: httpx.Response, path: str) -> None:
+    """Raises for an answer that is not an open event stream (its body, if
+    any, must have been read)."""
+    if response.status_code != 200:
+        raise rest_error(response.status_code, response.content)
+    ctype = response.headers.get("content-type", "")
+    if not ctype.startswith("text/event-stream"):
+        raise ProtocolError(f"GET {path}: expected text/event-stream, got {ctype!r}")
+
+
+def socket_of(response: httpx.Response) -> socket.socket | None:
+    """The socket under a streaming response (to shut it down from another
+    thread or task, which ends a blocked read at once)."""
+    stream = response.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    return sock if isinstance(sock, socket.socket) else None
+
+
+def shutdown(sock: socket.socket | None) -> None:
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
 
 def events_path(session_id: str) -> str:
@@ -454,7 +549,10 @@ def stream_path(sessions: Iterable[str], host: bool, config: bool) -> str:
     return "/stream" + (f"?{urllib.parse.urlencode(query)}" if query else "")
 
 
-def event_from_sse(ev: SseEvent) -> agent_pb2.Event:
+def event_from_sse(ev: ServerSentEvent) -> agent_pb2.Event | None:
+    """A /events frame (None for one without data, which carries nothing)."""
+    if not ev.data:
+        return None
     return parse_json(ev.data, agent_pb2.Event())
 
 
@@ -507,14 +605,20 @@ _MUX_TYPES: dict[str, type[StreamMessage]] = {
 }
 
 
-def mux_from_sse(ev: SseEvent) -> MuxFrame | None:
-    """A /stream SSE event as a frame; None for a kind this client does not know."""
+# The /stream frames whose SSE id is theirs (a cursor vector). Other frames
+# have none, and an SSE decoder reports the last id seen for them.
+_MUX_WITH_ID = frozenset({"agent", "presentation"})
+
+
+def mux_from_sse(ev: ServerSentEvent) -> MuxFrame | None:
+    """A /stream SSE event as a frame; None for a kind this client does not
+    know (or a frame without data)."""
     cls = _MUX_TYPES.get(ev.event)
-    if cls is None:
+    if cls is None or not ev.data:
         return None
     msg = parse_json(ev.data, cls())
     sid = msg.session_id if isinstance(msg, (agent_pb2.Event, agent_pb2.PresentationEvent, agent_pb2.Coworking)) else ""
-    return MuxFrame(ev.event, sid, msg, ev.id or None)
+    return MuxFrame(ev.event, sid, msg, (ev.id or None) if ev.event in _MUX_WITH_ID else None)
 
 
 def mux_from_grpc(m: agent_pb2.StreamMessage) -> MuxFrame | None:
