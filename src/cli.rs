@@ -34,8 +34,9 @@ pub enum PermissionArg {
 
 #[derive(Parser, Debug)]
 pub struct ServeArgs {
-    /// Address to listen on; loopback unless --allow-remote. Port 0 picks a free port.
-    #[arg(long, default_value = "127.0.0.1:8901")]
+    /// Address to listen on (IP:PORT or localhost:PORT); loopback unless
+    /// --allow-remote. Port 0 picks a free port.
+    #[arg(long, env = "VAK_LISTEN", default_value = "127.0.0.1:8901", value_parser = parse_listen)]
     pub listen: SocketAddr,
     /// Allow a non-loopback --listen address (use TLS with it).
     #[arg(long)]
@@ -66,9 +67,14 @@ pub struct ServeArgs {
     /// The data home (ledgers, server.json).
     #[arg(long, env = "VAK_HOME")]
     pub home: Option<PathBuf>,
-    /// The bearer token; generated at random when absent.
+    /// The bearer token. Default: the one kept in the home's `token` file
+    /// (made at random on first start, mode 0600), so restarts keep clients'
+    /// credentials valid.
     #[arg(long, env = "VAK_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Replace the home's kept token with a new random one before serving.
+    #[arg(long, conflicts_with = "token")]
+    pub rotate_token: bool,
     /// Where tools act. Defaults to the current directory.
     #[arg(long)]
     pub workspace: Option<PathBuf>,
@@ -78,19 +84,37 @@ pub struct ServeArgs {
     /// What tools that need permission (write_file, bash) do.
     #[arg(long, value_enum, default_value = "ask")]
     pub permission_mode: PermissionArg,
+    /// Log lines on stderr: `text` for people, `json` (one object per line)
+    /// for machines. RUST_LOG filters them (default `vak=info`).
+    #[arg(long, value_enum, default_value = "text")]
+    pub log_format: LogFormat,
 }
 
-pub fn generate_token() -> String {
-    format!(
-        "{}{}",
-        uuid::Uuid::new_v4().simple(),
-        uuid::Uuid::new_v4().simple()
-    )
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// `IP:PORT`, `[IPv6]:PORT` or `localhost:PORT` (which means 127.0.0.1:PORT:
+/// resolving it could pick ::1 on one machine and 127.0.0.1 on another).
+fn parse_listen(s: &str) -> std::result::Result<SocketAddr, String> {
+    if let Ok(addr) = s.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    match s.rsplit_once(':') {
+        Some((host, port)) if host.eq_ignore_ascii_case("localhost") => port
+            .parse::<u16>()
+            .map(|p| SocketAddr::from(([127, 0, 0, 1], p)))
+            .map_err(|_| format!("{port:?} is not a port number")),
+        _ => Err("expected IP:PORT or localhost:PORT, e.g. 127.0.0.1:8901".into()),
+    }
 }
 
 impl ServeArgs {
-    pub fn config(&self) -> Result<ServeConfig> {
-        let home = home::resolve(self.home.clone())?;
+    /// The configuration for a home this process has locked (the kept token
+    /// may be rotated, so only the home's owner may call this).
+    pub fn config(&self, home: PathBuf) -> Result<ServeConfig> {
         let workspace = match &self.workspace {
             Some(w) => w.clone(),
             None => std::env::current_dir()?,
@@ -112,7 +136,7 @@ impl ServeArgs {
         let token = match &self.token {
             Some(t) if t.trim().is_empty() => return Err(Error::invalid("the token is empty")),
             Some(t) => t.clone(),
-            None => generate_token(),
+            None => home::stable_token(&core.home, self.rotate_token)?,
         };
         let mut cfg = ServeConfig::new(core, token);
         cfg.trusted_hosts = [file.server.trusted_hosts, self.trusted_hosts.clone()].concat();
@@ -184,8 +208,21 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
             args.listen
         )));
     }
-    let mut cfg = args.config()?;
-    let home = cfg.core.home.clone();
+    let home = home::resolve(args.home.clone())?;
+    // Before anything reads or writes the home: one server per home.
+    let _lock = match home::HomeLock::acquire(&home) {
+        Ok(lock) => lock,
+        Err(home::LockError::Io(e)) => return Err(e),
+        Err(home::LockError::Owned { pid, url }) => {
+            let pid = pid.map_or("pid unknown".to_string(), |p| format!("pid {p}"));
+            let url = url.map_or(String::new(), |u| format!(", {u}"));
+            return Err(Error::conflict(format!(
+                "another vak server ({pid}{url}) owns the home {}; stop it, or pass another --home",
+                home.display()
+            )));
+        }
+    };
+    let mut cfg = args.config(home.clone())?;
     let tls = if args.tls_self_signed {
         Some(tls::self_signed(&home)?)
     } else if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
@@ -213,7 +250,10 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
         .await
         .map_err(|e| Error::internal(format!("cannot listen on {}: {e}", args.listen)))?;
     let addr = listener.local_addr()?;
-    let url = format!("{scheme}://{addr}");
+    let url = home::local_url(scheme, addr);
+    if addr.ip().is_unspecified() {
+        println!("vak: bound to {addr} (every interface)");
+    }
     home::write_server_json(&home, &url, &token)?;
     println!("vak: listening on {url}");
     let _ = std::io::stdout().flush();

@@ -50,3 +50,147 @@ pub fn remove_server_json(home: &Path) {
         let _ = std::fs::remove_file(path);
     }
 }
+
+/// The home's owner: an exclusive OS lock on `server.lock`, held for the
+/// process's life. The kernel releases it when the process dies however it
+/// dies, so a killed server never blocks a restart, and two live servers can
+/// never write one ledger.
+#[derive(Debug)]
+pub struct HomeLock {
+    _file: std::fs::File,
+}
+
+/// Why the home could not be locked.
+#[derive(Debug)]
+pub enum LockError {
+    /// A live server owns it; what it says about itself.
+    Owned {
+        pid: Option<u32>,
+        url: Option<String>,
+    },
+    Io(Error),
+}
+
+impl HomeLock {
+    /// Creates the home if needed and takes its lock, writing our pid into the
+    /// lock file so a refused second server can name the owner.
+    pub fn acquire(home: &Path) -> std::result::Result<HomeLock, LockError> {
+        std::fs::create_dir_all(home).map_err(|e| {
+            LockError::Io(Error::internal(format!(
+                "cannot create the home {}: {e}",
+                home.display()
+            )))
+        })?;
+        let path = home.join("server.lock");
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| LockError::Io(Error::internal(format!("cannot open {}: {e}", path.display()))))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let mut text = String::new();
+                let _ = std::io::Read::read_to_string(&mut file, &mut text);
+                let pid = text.trim().parse::<u32>().ok();
+                let url = read_server_json(home)
+                    .filter(|info| pid.is_some() && info.pid == pid)
+                    .map(|info| info.url);
+                return Err(LockError::Owned { pid, url });
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(LockError::Io(Error::internal(format!(
+                    "cannot lock {}: {e}",
+                    path.display()
+                ))))
+            }
+        }
+        // Ours now: record who we are (the lock, not this text, is what excludes).
+        let pid = std::process::id().to_string();
+        let written = file
+            .set_len(0)
+            .and_then(|()| std::io::Seek::rewind(&mut file))
+            .and_then(|()| file.write_all(pid.as_bytes()));
+        if let Err(e) = written {
+            return Err(LockError::Io(Error::internal(format!(
+                "cannot write {}: {e}",
+                path.display()
+            ))));
+        }
+        Ok(HomeLock { _file: file })
+    }
+}
+
+/// What server.json says.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+pub struct ServerInfo {
+    pub url: String,
+    pub token: String,
+    #[serde(default)]
+    pub pid: Option<u32>,
+}
+
+/// server.json, if it exists and parses.
+pub fn read_server_json(home: &Path) -> Option<ServerInfo> {
+    let bytes = std::fs::read(server_json(home)).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// The bearer token kept in the home (`token`, mode 0600), so restarts keep
+/// every client's credentials valid. Made when missing (or empty) or when
+/// `rotate` asks for a new one; written to a temporary file and renamed, so a
+/// crash never leaves half a token.
+pub fn stable_token(home: &Path, rotate: bool) -> Result<String> {
+    let path = home.join("token");
+    if !rotate {
+        match std::fs::read_to_string(&path) {
+            Ok(t) if !t.trim().is_empty() => {
+                // Someone widened it: the token is a credential, keep it owner-only.
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+                return Ok(t.trim().to_string());
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::internal(format!("cannot read {}: {e}", path.display()))),
+        }
+    }
+    let token = generate_token();
+    let tmp = home.join("token.tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(|e| Error::internal(format!("cannot write {}: {e}", tmp.display())))?;
+    f.write_all(format!("{token}\n").as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, &path)
+        .map_err(|e| Error::internal(format!("cannot write {}: {e}", path.display())))?;
+    Ok(token)
+}
+
+/// 256 random bits as hex.
+pub fn generate_token() -> String {
+    format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+/// The URL a local client uses to reach a listener bound to `addr`: an
+/// unspecified address (0.0.0.0, ::) is reached through loopback, which the
+/// Host check always accepts.
+pub fn local_url(scheme: &str, addr: std::net::SocketAddr) -> String {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    let ip = match addr.ip() {
+        IpAddr::V4(v4) if v4.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(v6) if v6.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    format!("{scheme}://{}", std::net::SocketAddr::new(ip, addr.port()))
+}

@@ -1,16 +1,29 @@
-//! The `vak` binary: parses the command line and runs it; errors end the process with one line and exit code 1, `vak term` chooses its own exit code.
+//! The `vak` binary: parses the command line and runs it. Errors end the process with one line: exit code 2 when the home is owned by another running server, 1 otherwise; `vak term` chooses its own exit code.
 
 use clap::Parser;
-use vak::cli::{Cli, Command};
+use std::io::IsTerminal;
+use vak::cli::{Cli, Command, LogFormat};
+
+/// Log lines go to stderr, filtered by RUST_LOG (default `vak=info`); colour
+/// only when stderr is a terminal, so files and pipes get plain text.
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "vak=info".into());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
 
 fn main() {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "vak=info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    init_logging(match &cli.command {
+        Command::Serve(args) => args.log_format,
+        Command::Term(_) => LogFormat::Text,
+    });
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
@@ -20,7 +33,15 @@ fn main() {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Serve(args) => vak::cli::serve(args).await.map(|()| 0),
+            Command::Serve(args) => match vak::cli::serve(args).await {
+                Ok(()) => Ok(0),
+                // The only conflict `vak serve` reports at startup: the home is owned.
+                Err(e) if e.kind == vak::ErrorKind::Conflict => {
+                    eprintln!("vak: error: {e}");
+                    Ok(2)
+                }
+                Err(e) => Err(e),
+            },
             Command::Term(args) => vak::term::run(args).await,
         }
     });

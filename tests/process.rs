@@ -82,6 +82,18 @@ impl Vak {
             .unwrap()
     }
 
+    /// Kills (SIGKILL) and reaps it, so its home lock is gone when this returns.
+    async fn kill(mut self) {
+        let _ = self.child.start_kill();
+        self.wait().await;
+    }
+
+    /// Stops it with SIGTERM and waits for the exit status.
+    async fn terminate(mut self) -> ExitStatus {
+        self.signal("TERM");
+        self.wait().await
+    }
+
     /// Sends a signal by name ("TERM", "INT") with kill(1).
     fn signal(&self, name: &str) {
         let ok = std::process::Command::new("kill")
@@ -450,7 +462,7 @@ async fn read_until(rx: &mut mpsc::UnboundedReceiver<String>, needle: &str) -> V
 }
 
 #[tokio::test]
-async fn allow_remote_binds_any_address_and_warns_without_tls() {
+async fn allow_remote_binds_any_address_names_a_loopback_url_and_warns_without_tls() {
     let home = tempfile::tempdir().unwrap();
     let ws = tempfile::tempdir().unwrap();
     let mut cmd = vak(&["serve", "--listen", "0.0.0.0:0", "--allow-remote", "--token", "T"]);
@@ -459,15 +471,24 @@ async fn allow_remote_binds_any_address_and_warns_without_tls() {
         .arg("--workspace")
         .arg(ws.path());
     let (mut child, mut out, errs) = spawn_collecting(&mut cmd);
-    let lines = read_until(&mut out, "listening on http://0.0.0.0:").await;
+    let lines = read_until(&mut out, "listening on http://").await;
+    assert!(
+        lines.iter().any(|l| l.contains("bound to 0.0.0.0:")),
+        "the bound address is said too: {lines:?}"
+    );
     let url = lines
         .last()
         .unwrap()
         .split("listening on ")
         .nth(1)
         .unwrap()
-        .replace("0.0.0.0", "127.0.0.1");
-    assert_eq!(get_status(&url, "/health", None).await, 200);
+        .to_string();
+    assert!(
+        url.starts_with("http://127.0.0.1:"),
+        "a URL a local client can use (the Host check refuses 0.0.0.0): {url}"
+    );
+    assert_eq!(server_json(home.path())["url"], url.as_str());
+    assert_eq!(get_status(&url, "/sessions", Some("T")).await, 200);
     let warned = errs
         .lock()
         .unwrap()
@@ -475,6 +496,27 @@ async fn allow_remote_binds_any_address_and_warns_without_tls() {
         .any(|l| l.contains("warning") && l.contains("without TLS"));
     assert!(warned, "stderr: {:?}", errs.lock().unwrap());
     let _ = child.start_kill();
+}
+
+#[tokio::test]
+async fn listen_accepts_localhost_as_a_name_for_127_0_0_1() {
+    let home = tempfile::tempdir().unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut cmd = vak(&["serve", "--listen", "localhost:0", "--token", "T"]);
+    cmd.arg("--home")
+        .arg(home.path())
+        .arg("--workspace")
+        .arg(ws.path());
+    let mut v = Vak::spawn(cmd);
+    let url = v.url().await;
+    assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+    assert_eq!(get_status(&url, "/sessions", Some("T")).await, 200);
+
+    let mut cmd = vak(&["serve", "--listen", "localhost:http", "--token", "T"]);
+    cmd.arg("--home").arg(ws.path()).arg("--workspace").arg(ws.path());
+    let (status, _, stderr) = run_to_exit(cmd).await;
+    assert!(!status.success());
+    assert!(stderr.contains("--listen"), "clap names the flag: {stderr}");
 }
 
 #[tokio::test]
@@ -555,7 +597,7 @@ async fn config_toml_trusted_hosts_apply_and_a_bad_config_stops_startup() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200, "a trusted host from config.toml");
-    drop(v);
+    v.kill().await;
 
     std::fs::write(home.path().join("config.toml"), "[server]\ntrusted_host = 1\n").unwrap();
     let mut cmd = vak(&["serve", "--listen", "127.0.0.1:0", "--token", "T"]);
@@ -580,4 +622,241 @@ async fn config_toml_trusted_hosts_apply_and_a_bad_config_stops_startup() {
     let (status, _, stderr) = run_to_exit(cmd).await;
     assert!(!status.success(), "a wildcard origin is refused");
     assert!(one_line(&stderr).contains("no wildcards"), "{stderr}");
+}
+
+/// `vak serve --home H` with a fresh workspace and no token flag.
+fn serve_on(home: &Path, ws: &Path, extra: &[&str]) -> Command {
+    let mut cmd = vak(&["serve", "--listen", "127.0.0.1:0"]);
+    cmd.args(extra).arg("--home").arg(home).arg("--workspace").arg(ws);
+    cmd
+}
+
+#[tokio::test]
+async fn a_second_server_on_a_live_home_exits_2_naming_the_first_and_leaves_it_untouched() {
+    let home = tempfile::tempdir().unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut first = Vak::spawn(serve_on(home.path(), ws.path(), &["--token", "T"]));
+    let url = first.url().await;
+    let http = reqwest::Client::new();
+    let sid = http
+        .post(format!("{url}/sessions"))
+        .bearer_auth("T")
+        .send()
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap()["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let before = std::fs::read(home.path().join("server.json")).unwrap();
+
+    let (status, stdout, stderr) = run_to_exit(serve_on(home.path(), ws.path(), &["--token", "OTHER"])).await;
+    assert_eq!(status.code(), Some(2), "a second server on an owned home exits 2");
+    assert!(!stdout.contains("listening on"), "{stdout}");
+    let line = one_line(&stderr);
+    assert!(
+        line.contains(&format!("pid {}", first.pid())),
+        "names the pid: {line}"
+    );
+    assert!(line.contains(&url), "names the URL: {line}");
+    assert_eq!(
+        std::fs::read(home.path().join("server.json")).unwrap(),
+        before,
+        "the first server's server.json is untouched"
+    );
+    // Also with --rotate-token: the owner's token is not replaced behind its back.
+    let (status, _, _) = run_to_exit(serve_on(home.path(), ws.path(), &["--rotate-token"])).await;
+    assert_eq!(status.code(), Some(2));
+    assert!(
+        !home.path().join("token").exists(),
+        "nothing was written to the home"
+    );
+    assert_eq!(
+        get_status(&url, "/sessions", Some("T")).await,
+        200,
+        "the first still serves"
+    );
+
+    // A killed server leaves its lock behind in name only: a restart is not blocked.
+    first.kill().await;
+    let mut next = Vak::spawn(serve_on(home.path(), ws.path(), &["--token", "T"]));
+    let url = next.url().await;
+    let list: Value = http
+        .get(format!("{url}/sessions"))
+        .bearer_auth("T")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(list["sessions"][0]["session_id"], sid.as_str());
+    assert_eq!(server_json(home.path())["pid"], next.pid());
+}
+
+#[tokio::test]
+async fn the_token_is_kept_in_the_home_across_restarts_until_rotated() {
+    let home = tempfile::tempdir().unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut v = Vak::spawn(serve_on(home.path(), ws.path(), &[]));
+    let url = v.url().await;
+    let first = server_json(home.path())["token"].as_str().unwrap().to_string();
+    let kept = std::fs::read_to_string(home.path().join("token")).unwrap();
+    assert_eq!(kept.trim(), first, "the generated token is kept in the home");
+    let mode = std::fs::metadata(home.path().join("token"))
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600, "owner only");
+    assert_eq!(get_status(&url, "/sessions", Some(&first)).await, 200);
+    assert_eq!(v.terminate().await.code(), Some(0));
+
+    let mut v = Vak::spawn(serve_on(home.path(), ws.path(), &[]));
+    let url = v.url().await;
+    assert_eq!(
+        server_json(home.path())["token"],
+        first.as_str(),
+        "a restart keeps it"
+    );
+    assert_eq!(get_status(&url, "/sessions", Some(&first)).await, 200);
+    assert_eq!(v.terminate().await.code(), Some(0));
+
+    let mut v = Vak::spawn(serve_on(home.path(), ws.path(), &["--rotate-token"]));
+    let url = v.url().await;
+    let rotated = server_json(home.path())["token"].as_str().unwrap().to_string();
+    assert_ne!(rotated, first, "--rotate-token makes a new one");
+    assert!(rotated.len() >= 32);
+    assert_eq!(get_status(&url, "/sessions", Some(&first)).await, 401);
+    assert_eq!(get_status(&url, "/sessions", Some(&rotated)).await, 200);
+    assert_eq!(v.terminate().await.code(), Some(0));
+
+    // --token overrides for one run without replacing what is kept.
+    let mut v = Vak::spawn(serve_on(home.path(), ws.path(), &["--token", "just-this-once"]));
+    let url = v.url().await;
+    assert_eq!(get_status(&url, "/sessions", Some("just-this-once")).await, 200);
+    assert_eq!(get_status(&url, "/sessions", Some(&rotated)).await, 401);
+    assert_eq!(
+        std::fs::read_to_string(home.path().join("token")).unwrap().trim(),
+        rotated
+    );
+    v.kill().await;
+
+    let (status, _, stderr) = run_to_exit(serve_on(
+        home.path(),
+        ws.path(),
+        &["--token", "x", "--rotate-token"],
+    ))
+    .await;
+    assert!(!status.success());
+    assert!(stderr.contains("--rotate-token"), "{stderr}");
+}
+
+/// Every stderr line of a server that served a few requests and was stopped.
+async fn logs_of(extra: &[&str], token: &str) -> Vec<String> {
+    let home = tempfile::tempdir().unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut args = vec!["--token", token];
+    args.extend_from_slice(extra);
+    let mut cmd = serve_on(home.path(), ws.path(), &args);
+    let (mut child, mut out, errs) = spawn_collecting(&mut cmd);
+    let line = read_until(&mut out, "listening on http://").await;
+    let url = line
+        .last()
+        .unwrap()
+        .split("listening on ")
+        .nth(1)
+        .unwrap()
+        .to_string();
+    assert_eq!(get_status(&url, "/sessions", Some(token)).await, 200);
+    assert_eq!(get_status(&url, "/sessions", None).await, 401);
+    assert_eq!(
+        get_status(&url, &format!("/sessions?token={token}"), None).await,
+        200
+    );
+    let channel = tonic::transport::Endpoint::from_shared(url.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc =
+        pb::agent_service_client::AgentServiceClient::with_interceptor(channel, Auth(token.into()));
+    grpc.list_sessions(pb::ListSessionsRequest {}).await.unwrap();
+    drop(grpc);
+    let kill = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().unwrap().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let status = tokio::time::timeout(DEADLINE, child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    // The collector has read to EOF once the process is gone and its pipe closed.
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let lines = errs.lock().unwrap().clone();
+        if lines.iter().any(|l| l.contains("shutting down")) {
+            return lines;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no shutdown line: {lines:?}"
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test]
+async fn logs_are_plain_one_line_per_request_and_never_hold_the_token() {
+    let token = "SeCrEt-t0ken-value";
+    let lines = logs_of(&[], token).await;
+    let all = lines.join("\n");
+    assert!(
+        !all.contains('\x1b'),
+        "no ANSI codes when stderr is not a terminal: {all}"
+    );
+    assert!(!all.contains(token), "the token never reaches a log: {all}");
+    let requests: Vec<&String> = lines.iter().filter(|l| l.contains("vak::access")).collect();
+    assert_eq!(requests.len(), 4, "one line per request: {requests:#?}");
+    let has = |parts: &[&str]| requests.iter().any(|l| parts.iter().all(|p| l.contains(p)));
+    assert!(
+        has(&[
+            "method=GET",
+            "path=/sessions ",
+            "status=200",
+            "peer=127.0.0.1:",
+            "latency_ms="
+        ]),
+        "{all}"
+    );
+    assert!(has(&["path=/sessions ", "status=401"]), "{all}");
+    assert!(has(&["path=/sessions?token=[redacted]", "status=200"]), "{all}");
+    assert!(
+        has(&[
+            "method=POST",
+            "path=/vak.v1.AgentService/ListSessions",
+            "grpc_status=0"
+        ]),
+        "{all}"
+    );
+}
+
+#[tokio::test]
+async fn log_format_json_writes_one_json_object_per_line() {
+    let token = "json-t0ken-value";
+    let lines = logs_of(&["--log-format", "json"], token).await;
+    let objects: Vec<Value> = lines
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let access: Vec<&Value> = objects.iter().filter(|o| o["target"] == "vak::access").collect();
+    assert_eq!(access.len(), 4, "{objects:#?}");
+    assert!(access
+        .iter()
+        .any(|o| o["method"] == "GET" && o["path"] == "/sessions" && o["status"] == 401));
+    assert!(!lines.join("\n").contains(token));
 }

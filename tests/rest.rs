@@ -478,6 +478,77 @@ async fn auth_and_host_rules() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
+    // The auth scheme is case-insensitive (RFC 9110), on REST and in /auth/session.
+    for scheme in ["bearer", "BEARER", "Bearer"] {
+        let r = plain
+            .get(format!("{}/sessions", s.url))
+            .header("authorization", format!("{scheme} {TOKEN}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{scheme}");
+    }
+    let r = plain
+        .get(format!("{}/auth/session", s.url))
+        .header("authorization", format!("bearer {TOKEN}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.json::<serde_json::Value>().await.unwrap()["authenticated"],
+        true
+    );
+}
+
+#[tokio::test]
+async fn unknown_query_parameters_are_refused_with_their_name() {
+    let s = TestServer::start().await;
+    let sid = s.create_session().await;
+    let h = s.http();
+    let status_and_message = |path: String| {
+        let h = h.clone();
+        let url = format!("{}{path}", s.url);
+        async move {
+            let r = h.get(url).send().await.unwrap();
+            let status = r.status().as_u16();
+            let body: serde_json::Value = r.json().await.unwrap_or_default();
+            (
+                status,
+                body["error"]["message"].as_str().unwrap_or("").to_string(),
+            )
+        }
+    };
+    // The gRPC field name on the REST route: refused, not an empty stream.
+    let (status, message) = status_and_message(format!("/stream?sessions={sid}")).await;
+    assert_eq!(status, 400);
+    assert!(message.contains("\"sessions\""), "names the parameter: {message}");
+    for path in [
+        "/sessions?limit=5".to_string(),
+        format!("/sessions/{sid}/transcript?format=md"),
+        format!("/sessions/{sid}/events?afterr=3"),
+        "/health?verbose=1".to_string(),
+    ] {
+        let (status, message) = status_and_message(path.clone()).await;
+        assert_eq!(status, 400, "{path}");
+        assert!(message.contains("unknown query parameter"), "{path}: {message}");
+    }
+    // What a route reads is accepted, and so is the loopback token everywhere.
+    let r = h
+        .get(format!("{}/sessions/{sid}/transcript?token={TOKEN}", s.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let _stream = s
+        .open_stream(&s.url, &format!("session={sid}&host=1"), None)
+        .await;
+    let mut events = Sse::new(
+        h.get(format!("{}/sessions/{sid}/events?after=0", s.url))
+            .send()
+            .await
+            .unwrap(),
+    );
+    assert_eq!(events.next().await.unwrap().event, "stream_opened");
 }
 
 #[tokio::test]

@@ -156,11 +156,24 @@ fn is_state_changing(m: &Method) -> bool {
     !matches!(*m, Method::GET | Method::HEAD | Method::OPTIONS)
 }
 
+/// What needs no credentials: liveness, gRPC health, the login routes, and
+/// reflection, whose answer is the public proto of this repository (so
+/// grpcurl and buf curl can discover the API before they hold a token).
 fn exempt(req: &Request) -> bool {
     let path = req.uri().path();
     (path == "/health" && req.method() == Method::GET)
         || path.starts_with("/grpc.health.v1.Health/")
+        || path.starts_with("/grpc.reflection.v1.ServerReflection/")
+        || path.starts_with("/grpc.reflection.v1alpha.ServerReflection/")
         || path.starts_with("/auth/")
+}
+
+/// The credentials of `Authorization: Bearer <token>`; the scheme is
+/// case-insensitive (RFC 9110 §11.1), so `bearer` and `BEARER` work too.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.trim_start().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then_some(token.trim())
 }
 
 fn header_str(req: &Request, name: header::HeaderName) -> Option<&str> {
@@ -240,10 +253,7 @@ pub async fn guard(State(auth): State<Arc<Auth>>, req: Request, next: Next) -> R
     let cross = origin.filter(|o| auth.allowed_cross_origin(o));
 
     let allowed = exempt(&req) || {
-        let bearer = header_str(&req, header::AUTHORIZATION)
-            .and_then(|h| h.strip_prefix("Bearer "))
-            .map(str::trim);
-        match bearer {
+        match bearer(req.headers()) {
             Some(t) => auth.token_ok(t),
             None => {
                 auth.cookie_ok(req.headers())
@@ -345,11 +355,7 @@ pub async fn logout(State(auth): State<Arc<Auth>>, req: Request<Body>) -> Respon
 /// GET /auth/session: 200 {authenticated} either way, so "not logged in" is
 /// distinguishable from "unreachable".
 pub async fn session(State(auth): State<Arc<Auth>>, headers: HeaderMap) -> Response {
-    let bearer = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|h| h.to_str().ok())
-        .and_then(|h| h.strip_prefix("Bearer "))
-        .is_some_and(|t| auth.token_ok(t.trim()));
+    let bearer = bearer(&headers).is_some_and(|t| auth.token_ok(t));
     authenticated(bearer || auth.cookie_ok(&headers))
 }
 
@@ -405,6 +411,21 @@ mod tests {
         assert!(!constant_time_eq(b"secret2", b"secret"));
         assert!(!constant_time_eq(b"", b"x"));
         assert!(constant_time_eq(b"", b""));
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        let with = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::AUTHORIZATION, HeaderValue::from_static(v));
+            bearer(&h).map(str::to_string)
+        };
+        for v in ["Bearer tok", "bearer tok", "BEARER tok", "bEaReR  tok "] {
+            assert_eq!(with(v).as_deref(), Some("tok"), "{v}");
+        }
+        for v in ["Basic tok", "Bearertok", "Bearer", "tok"] {
+            assert_eq!(with(v), None, "{v}");
+        }
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The network edge: the one listener, the auth guard, and the gRPC and REST/SSE adapters over the core. The only code that imports tonic or axum.
 
+pub mod access_log;
 pub mod auth;
 pub mod errors;
 pub mod grpc;

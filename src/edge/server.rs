@@ -181,8 +181,10 @@ pub async fn app(hub: Arc<Hub>, cfg: &ServeConfig) -> Result<Router> {
         .with_state(auth.clone());
     Ok(routes::router(state)
         .merge(login)
+        .route_layer(axum::middleware::from_fn(super::http::query::refuse_unknown))
         .fallback(dispatch)
-        .layer(axum::middleware::from_fn_with_state(auth, guard)))
+        .layer(axum::middleware::from_fn_with_state(auth, guard))
+        .layer(axum::middleware::from_fn(super::access_log::access_log)))
 }
 
 /// The route a tonic service answers on: `/<package.Service>/<Method>`.

@@ -142,7 +142,7 @@ impl Tally {
 
     /// Whether this frame gets the full decode.
     fn sample(&self) -> bool {
-        self.res.frames % VALIDATE_EVERY == 0
+        self.res.frames.is_multiple_of(VALIDATE_EVERY)
     }
 
     /// One text_delta's text: `t{i} ` tokens (Count, Idle, Stalled) or

@@ -23,7 +23,11 @@ fn flag(v: &str) -> bool {
     matches!(v, "1" | "true" | "yes" | "on")
 }
 
-/// Parses `session=A&session=B&host=1&config=1&cursor=V`.
+/// The query parameters `/stream` reads (besides the loopback `token`).
+pub const PARAMS: &[&str] = &["session", "host", "config", "cursor"];
+
+/// Parses `session=A&session=B&host=1&config=1&cursor=V`; the `query`
+/// middleware has already refused any other parameter but `token`.
 pub fn parse_query(raw: &str) -> Result<pb::StreamRequest, String> {
     let pairs: Vec<(String, String)> =
         serde_urlencoded::from_str(raw).map_err(|e| format!("malformed query string: {e}"))?;

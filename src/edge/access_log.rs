@@ -1,0 +1,157 @@
+//! One log line per request on every surface (REST, SSE, gRPC, gRPC-web): method, path, status, latency, peer; written when the response body ends, so a stream's line carries its whole duration and a gRPC call its grpc-status.
+
+use super::listener::PeerAddr;
+use axum::body::{Body, Bytes, HttpBody};
+use axum::extract::Request;
+use axum::http::{HeaderMap, Method, Uri};
+use axum::middleware::Next;
+use axum::response::Response;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+/// The middleware: outermost, so refusals by the guard are logged too.
+pub async fn access_log(req: Request, next: Next) -> Response {
+    let start = Instant::now();
+    let method = req.method().clone();
+    let target = redacted(req.uri());
+    let peer = req
+        .extensions()
+        .get::<PeerAddr>()
+        .map_or_else(|| "-".to_string(), |p| p.0.to_string());
+    let resp = next.run(req).await;
+    let line = Line {
+        method,
+        target,
+        peer,
+        status: resp.status().as_u16(),
+        grpc_status: grpc_status(resp.headers()),
+        start,
+        headers_after: start.elapsed(),
+    };
+    let (parts, body) = resp.into_parts();
+    let body = Body::new(Logged {
+        inner: body,
+        line: Some(line),
+        complete: false,
+    });
+    Response::from_parts(parts, body)
+}
+
+/// Path and query, with the value of any `token` parameter replaced: a
+/// credential never reaches a log.
+fn redacted(uri: &Uri) -> String {
+    let Some(query) = uri.query() else {
+        return uri.path().to_string();
+    };
+    let query: Vec<&str> = query
+        .split('&')
+        .map(|pair| {
+            // Decoded as the guard decodes it, so `to%6Ben=` is caught too.
+            let key = serde_urlencoded::from_str::<Vec<(String, String)>>(pair)
+                .ok()
+                .and_then(|kv| kv.into_iter().next())
+                .map(|(k, _)| k);
+            if key.as_deref() == Some("token") {
+                "token=[redacted]"
+            } else {
+                pair
+            }
+        })
+        .collect();
+    format!("{}?{}", uri.path(), query.join("&"))
+}
+
+fn grpc_status(headers: &HeaderMap) -> Option<u16> {
+    headers.get("grpc-status")?.to_str().ok()?.parse().ok()
+}
+
+struct Line {
+    method: Method,
+    target: String,
+    peer: String,
+    status: u16,
+    /// From the headers (a trailers-only answer) or, later, the trailers.
+    grpc_status: Option<u16>,
+    start: Instant,
+    headers_after: Duration,
+}
+
+/// The response body, passed through untouched; logs the line when dropped
+/// (ended, or cut by the client).
+struct Logged {
+    inner: Body,
+    line: Option<Line>,
+    complete: bool,
+}
+
+impl HttpBody for Logged {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(code) = frame.trailers_ref().and_then(grpc_status) {
+                    if let Some(line) = self.line.as_mut() {
+                        line.grpc_status = Some(code);
+                    }
+                }
+            }
+            Poll::Ready(None) => self.complete = true,
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        let Some(l) = self.line.take() else { return };
+        let complete = self.complete || self.inner.is_end_stream();
+        tracing::info!(
+            target: "vak::access",
+            method = %l.method,
+            path = %l.target,
+            status = l.status,
+            grpc_status = l.grpc_status,
+            latency_ms = l.headers_after.as_millis() as u64,
+            duration_ms = l.start.elapsed().as_millis() as u64,
+            peer = %l.peer,
+            ended = if complete { "complete" } else { "cut" },
+            "request"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_values_never_reach_the_line() {
+        let uri: Uri = "/sessions/a/events?after=3&token=s3cret&x=token&to%6Ben=s3cret"
+            .parse()
+            .unwrap();
+        let line = redacted(&uri);
+        assert_eq!(
+            line,
+            "/sessions/a/events?after=3&token=[redacted]&x=token&token=[redacted]"
+        );
+        assert!(!line.contains("s3cret"));
+        let uri: Uri = "/health".parse().unwrap();
+        assert_eq!(redacted(&uri), "/health");
+    }
+}
