@@ -549,7 +549,7 @@ async fn interactive_prompt_approval_and_exit_in_a_real_terminal() {
     let server = TestServer::start().await;
     for t in TRANSPORTS {
         let mut pty = Pty::spawn(term_in_pty(&server.url, t, &server.workspace), 30, 100);
-        pty.wait_for("vak term · session").await;
+        pty.wait_for("vak term · new session").await;
         let file = format!("typed-{t}.txt");
         pty.send(&format!("/write {file} hello\r"));
         let screen = pty.wait_for("[y]es / [n]o / [a]lways").await;
@@ -580,7 +580,7 @@ async fn interactive_steering_is_queued_and_ctrl_c_cancels_then_exits() {
     let server = TestServer::start().await;
     for t in TRANSPORTS {
         let mut pty = Pty::spawn(term_in_pty(&server.url, t, &server.workspace), 30, 100);
-        pty.wait_for("vak term · session").await;
+        pty.wait_for("vak term · new session").await;
         pty.send("/think pondering\r");
         pty.wait_for_line("pondering").await;
         assert_eq!(pty.is_dim("pondering"), Some(true), "{t}: thinking is dimmed");
@@ -666,7 +666,7 @@ async fn interactive_resumes(ring: Option<usize>) {
             "t0 t1 ",
             "t19",
             "echo: after",
-            &format!("wrote 1 bytes to {file}"),
+            &format!("wrote 1 byte to {file}"),
         ] {
             assert_eq!(
                 screen.matches(once).count(),
@@ -692,4 +692,154 @@ async fn interactive_reconnects_with_its_cursor() {
 #[tokio::test]
 async fn interactive_redraws_from_the_transcript_on_resync() {
     interactive_resumes(Some(4)).await;
+}
+
+// ---- interactive: local commands, indicators, layout -------------------------------
+
+/// The rows of `screen` from the first that starts with `first` up to (not
+/// including) the next that starts with `stop`, trailing blanks trimmed.
+fn rows_from(screen: &str, first: &str, stop: &str) -> Vec<String> {
+    let rows: Vec<&str> = screen.lines().map(str::trim_end).collect();
+    let start = rows
+        .iter()
+        .position(|r| r.starts_with(first))
+        .unwrap_or_else(|| panic!("a row starts with {first:?}:\n{screen}"));
+    rows[start..]
+        .iter()
+        .enumerate()
+        .take_while(|(i, r)| *i == 0 || !r.starts_with(stop))
+        .map(|(_, r)| r.to_string())
+        .collect()
+}
+
+async fn session_count(server: &TestServer) -> usize {
+    let (code, body) = server.get("/sessions").await;
+    assert_eq!(code, 200, "{body}");
+    body["sessions"].as_array().map_or(0, Vec::len)
+}
+
+#[tokio::test]
+async fn help_exit_and_quit_are_handled_by_vak_term_and_double_slash_reaches_the_model() {
+    let server = TestServer::start().await;
+    for t in TRANSPORTS {
+        let sessions = session_count(&server).await;
+        let mut pty = Pty::spawn(term_in_pty(&server.url, t, &server.workspace), 40, 110);
+        let screen = pty.wait_for("Ctrl-D exits · /help").await;
+        assert!(screen.contains("vak term · new session"), "{t}:\n{screen}");
+        pty.send("/help\r");
+        let screen = pty.wait_for("/exit, /quit").await;
+        for shown in [
+            "/show [N]",
+            "Ctrl-C",
+            "cancel the running run",
+            "Ctrl-D",
+            "//text",
+        ] {
+            assert!(screen.contains(shown), "{t}: /help lists {shown:?}:\n{screen}");
+        }
+        assert!(
+            !screen.contains("echo: /help"),
+            "{t}: /help is not a prompt:\n{screen}"
+        );
+        pty.send("/exit\r");
+        assert_eq!(pty.wait_exit().await, 0, "{t}: /exit exits 0");
+        assert!(pty.is_cooked(), "{t}");
+        assert_eq!(
+            session_count(&server).await,
+            sessions,
+            "{t}: nothing was sent to a model (no session was even made)"
+        );
+
+        let mut pty = Pty::spawn(term_in_pty(&server.url, t, &server.workspace), 40, 110);
+        pty.wait_for("vak term · new session").await;
+        pty.send("//help\r");
+        pty.wait_for_line("echo: /help").await;
+        // Other slash lines are the model's, as before.
+        pty.send("/think deep\r");
+        pty.wait_for_line("deep").await;
+        pty.send("/quit\r");
+        assert_eq!(pty.wait_exit().await, 0, "{t}: /quit exits 0");
+        assert!(pty.is_cooked(), "{t}");
+    }
+}
+
+#[tokio::test]
+async fn a_busy_indicator_shows_while_a_run_is_live_and_goes_when_it_ends() {
+    let server = TestServer::start().await;
+    for t in TRANSPORTS {
+        let mut pty = Pty::spawn(term_in_pty(&server.url, t, &server.workspace), 30, 100);
+        pty.wait_for("vak term · new session").await;
+        assert!(!pty.screen().contains("running"), "{t}: idle at the start");
+        pty.send("/sleep 60000\r");
+        let screen = pty.wait_for("running…").await;
+        let rows = rows_from(&screen, "› /sleep 60000", "steer> ");
+        assert!(
+            rows.iter().any(|r| r.contains("running… · Ctrl-C cancels")),
+            "{t}: the indicator is in the live region above the prompt:\n{screen}"
+        );
+        pty.send("\x03");
+        pty.wait_for("cancelled by a client").await;
+        pty.wait_until("no indicator after the cancel", |s| {
+            !s.contains("running…") && !s.contains("cancelling…")
+        })
+        .await;
+        pty.send("quick\r");
+        pty.wait_for_line("echo: quick").await;
+        let screen = pty
+            .wait_until("no indicator after a completed run", |s| !s.contains("running…"))
+            .await;
+        assert!(
+            screen.lines().any(|l| l.trim_end() == ">"),
+            "{t}: the idle prompt:\n{screen}"
+        );
+        pty.send("\x04");
+        assert_eq!(pty.wait_exit().await, 0, "{t}");
+    }
+}
+
+#[tokio::test]
+async fn streamed_text_wraps_between_words_and_only_long_words_break() {
+    let server = TestServer::start().await;
+    let words = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa quebec";
+    let long = "x".repeat(70);
+    for t in TRANSPORTS {
+        let mut pty = Pty::spawn(term_in_pty(&server.url, t, &server.workspace), 30, 40);
+        pty.wait_for("vak term · new session").await;
+        pty.send(&format!("{words}\r"));
+        let screen = pty
+            .wait_until("the whole answer, the run over", |s| {
+                s.contains("quebec") && s.matches("quebec").count() == 2 && !s.contains("running…")
+            })
+            .await;
+        // Rows broken at spaces join back, with one space each, into the text.
+        let answer = rows_from(&screen, "echo: alpha", ">");
+        assert!(answer.len() > 1, "{t}: the answer needs several rows:\n{screen}");
+        assert_eq!(
+            answer.join(" "),
+            format!("echo: {words}"),
+            "{t}: no word cut:\n{screen}"
+        );
+        let prompt = rows_from(&screen, "› alpha", "echo: alpha");
+        assert_eq!(
+            prompt.join(" "),
+            format!("› {words}"),
+            "{t}: the prompt's entry too:\n{screen}"
+        );
+
+        pty.send(&format!("{long}\r"));
+        // The word moves to a row of its own, and breaks at the terminal's edge.
+        let rows = [
+            "echo:".to_string(),
+            "x".repeat(40),
+            "x".repeat(30),
+            ">".to_string(),
+        ];
+        pty.wait_until("the long word in rows of 40 and 30", |s| {
+            let all: Vec<&str> = s.lines().map(str::trim_end).collect();
+            all.windows(4).any(|w| w == rows)
+        })
+        .await;
+        pty.send("\x04");
+        assert_eq!(pty.wait_exit().await, 0, "{t}");
+    }
 }

@@ -28,6 +28,8 @@ pub enum FailKind {
     NotFound,
     /// The request conflicts with the state (an approval already settled).
     Conflict,
+    /// The server refused the token (HTTP 401, gRPC UNAUTHENTICATED).
+    Unauthenticated,
     /// Retrying cannot help (bad token, bad request, a server error).
     Fatal,
 }
@@ -68,7 +70,7 @@ impl From<Failure> for crate::Error {
             FailKind::NotFound => crate::Error::not_found(f.message),
             FailKind::Conflict => crate::Error::conflict(f.message),
             FailKind::Transient => crate::Error::new(crate::ErrorKind::Unavailable, f.message),
-            FailKind::Fatal => crate::Error::invalid(f.message),
+            FailKind::Fatal | FailKind::Unauthenticated => crate::Error::invalid(f.message),
         }
     }
 }
@@ -109,6 +111,168 @@ pub fn connect(target: &Target, kind: TransportKind) -> Result<Arc<dyn Transport
         TransportKind::Sse => Arc::new(super::rest::Rest::new(target)?),
         TransportKind::Grpc => Arc::new(super::grpc::Grpc::new(target)?),
     })
+}
+
+/// Where the server's URL and token come from: the flags, or the home's server.json.
+#[derive(Clone, Debug, Default)]
+pub struct Source {
+    pub url: Option<String>,
+    pub token: Option<String>,
+    pub home: Option<PathBuf>,
+    pub ca_cert: Option<PathBuf>,
+}
+
+impl Source {
+    pub fn discover(&self) -> Result<Target, Failure> {
+        discover(
+            self.url.clone(),
+            self.token.clone(),
+            self.home.clone(),
+            self.ca_cert.clone(),
+        )
+    }
+
+    /// The token comes from server.json, which a restarted (or re-keyed)
+    /// server rewrites: worth reading again when the server refuses it.
+    pub fn token_from_file(&self) -> bool {
+        self.token.as_ref().is_none_or(|t| t.trim().is_empty())
+    }
+}
+
+/// The transport for what `source` names. When the token comes from
+/// server.json, a call the server refuses (401), or one that cannot reach it,
+/// reads server.json again and, if it names another token or URL (the server
+/// restarted with a new one), is made again there.
+pub fn open(source: &Source, kind: TransportKind) -> Result<(Target, Arc<dyn Transport>), Failure> {
+    let target = source.discover()?;
+    let inner = connect(&target, kind)?;
+    if !source.token_from_file() {
+        return Ok((target, inner));
+    }
+    let reloading = Reloading {
+        source: source.clone(),
+        kind,
+        name: inner.name(),
+        current: std::sync::Mutex::new(Current {
+            target: target.clone(),
+            transport: inner,
+            generation: 0,
+        }),
+    };
+    Ok((target, Arc::new(reloading)))
+}
+
+struct Current {
+    target: Target,
+    transport: Arc<dyn Transport>,
+    /// Bumped on every switch, so concurrent failures switch once.
+    generation: u64,
+}
+
+/// A transport that follows server.json (see `open`).
+struct Reloading {
+    source: Source,
+    kind: TransportKind,
+    name: &'static str,
+    current: std::sync::Mutex<Current>,
+}
+
+impl Reloading {
+    fn now(&self) -> (Arc<dyn Transport>, u64) {
+        let c = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        (c.transport.clone(), c.generation)
+    }
+
+    /// The transport to try again with after a failure on generation `tried`:
+    /// one another call switched to already, or one for what server.json says
+    /// now if that differs; None when there is nothing new to try.
+    fn next_after(&self, tried: u64) -> Option<Arc<dyn Transport>> {
+        let fresh = self.source.discover().ok();
+        let mut c = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        if c.generation != tried {
+            return Some(c.transport.clone());
+        }
+        let fresh = fresh?;
+        if fresh.url == c.target.url && fresh.token == c.target.token {
+            return None;
+        }
+        let transport = connect(&fresh, self.kind).ok()?;
+        c.target = fresh;
+        c.transport = transport.clone();
+        c.generation += 1;
+        Some(transport)
+    }
+
+    async fn call<T>(&self, f: impl Fn(Arc<dyn Transport>) -> Fut<'static, T>) -> Result<T, Failure> {
+        let (transport, generation) = self.now();
+        match f(transport).await {
+            Err(e) if e.kind == FailKind::Unauthenticated || e.is_transient() => {
+                match self.next_after(generation) {
+                    Some(next) => f(next).await,
+                    None => Err(e),
+                }
+            }
+            other => other,
+        }
+    }
+}
+
+impl Transport for Reloading {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn create_session(&self) -> Fut<'_, String> {
+        Box::pin(self.call(|t| Box::pin(async move { t.create_session().await })))
+    }
+    fn list_sessions(&self) -> Fut<'_, Vec<pb::SessionSummary>> {
+        Box::pin(self.call(|t| Box::pin(async move { t.list_sessions().await })))
+    }
+    fn attach(&self, session_id: &str) -> Fut<'_, pb::SessionSummary> {
+        let sid = session_id.to_string();
+        Box::pin(self.call(move |t| {
+            let sid = sid.clone();
+            Box::pin(async move { t.attach(&sid).await })
+        }))
+    }
+    fn run(&self, req: pb::RunRequest) -> Fut<'_, pb::Admission> {
+        Box::pin(self.call(move |t| {
+            let req = req.clone();
+            Box::pin(async move { t.run(req).await })
+        }))
+    }
+    fn steer(&self, req: pb::SteerRequest) -> Fut<'_, pb::Admission> {
+        Box::pin(self.call(move |t| {
+            let req = req.clone();
+            Box::pin(async move { t.steer(req).await })
+        }))
+    }
+    fn approve(&self, req: pb::ApproveRequest) -> Fut<'_, pb::ApproveResponse> {
+        Box::pin(self.call(move |t| {
+            let req = req.clone();
+            Box::pin(async move { t.approve(req).await })
+        }))
+    }
+    fn cancel(&self, session_id: &str) -> Fut<'_, pb::CancelResponse> {
+        let sid = session_id.to_string();
+        Box::pin(self.call(move |t| {
+            let sid = sid.clone();
+            Box::pin(async move { t.cancel(&sid).await })
+        }))
+    }
+    fn transcript(&self, session_id: &str) -> Fut<'_, pb::Transcript> {
+        let sid = session_id.to_string();
+        Box::pin(self.call(move |t| {
+            let sid = sid.clone();
+            Box::pin(async move { t.transcript(&sid).await })
+        }))
+    }
+    fn subscribe(&self, session_id: &str, after: Option<u64>) -> Fut<'_, Events> {
+        let sid = session_id.to_string();
+        Box::pin(self.call(move |t| {
+            let sid = sid.clone();
+            Box::pin(async move { t.subscribe(&sid, after).await })
+        }))
+    }
 }
 
 /// `--url` and `--token` when given; otherwise (or for the token alone) the

@@ -69,6 +69,7 @@ fn failure(s: tonic::Status) -> Failure {
     use tonic::Code::*;
     let kind = match s.code() {
         NotFound => FailKind::NotFound,
+        Unauthenticated => FailKind::Unauthenticated,
         FailedPrecondition | AlreadyExists | Aborted => FailKind::Conflict,
         // Connection loss surfaces as Unavailable, Unknown or Internal (an h2
         // stream reset), Cancelled or DeadlineExceeded; a lagged subscriber as

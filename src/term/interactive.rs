@@ -2,8 +2,8 @@
 
 use super::conn::{answer_approval, cancel_call, retry, run_call, steer_call, FailKind, Transport};
 use super::editor::{Action, Editor};
-use super::follow::{follow, transcript_at, Update};
-use super::render::{clean, Piece, Render, Style};
+use super::follow::{follow, transcript_at, Follower, Update};
+use super::render::{clean, full_output, tool_text, Piece, Render, Style};
 use super::screen::{PromptLine, Screen, TerminalGuard};
 use super::Policy;
 use crate::proto::v1 as pb;
@@ -12,8 +12,64 @@ use futures_util::StreamExt;
 use pb::event::Kind;
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
+
+/// The local commands and keys, as `/help` lists them.
+pub const HELP: &[&str] = &[
+    "vak term's own commands (any other line, /write or /bash included, goes to the model):",
+    "  /help           this list",
+    "  /show [N]       the last tool output in full; /show N the Nth (a collapsed entry names its N)",
+    "  /exit, /quit    leave vak term; the session stays on the server (--session ID attaches again)",
+    "  //text          sends /text to the model (//help sends \"/help\")",
+    "Keys:",
+    "  Enter           send; while a run is going, steer it (the text is queued as its next step)",
+    "  Ctrl-C          cancel the running run; at an idle prompt, press it twice to exit",
+    "  Ctrl-D          exit (on an empty line)",
+    "  Up / Down       history · Ctrl-A / Ctrl-E start / end of line · Ctrl-W delete a word",
+    "  Ctrl-U / Ctrl-K delete to the start / end of line · Ctrl-L clear the screen",
+    "Approval questions: y approves, n denies, a approves this request and every later one",
+    "  of the same tool in this session until vak term exits (vak term answers them for you;",
+    "  the server keeps no such rule: other clients, and vak term started again, are asked).",
+];
+
+/// What a submitted line means.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Command {
+    Help,
+    Exit,
+    /// `/show` (the last tool output) or `/show N`.
+    Show(Option<usize>),
+    /// `/show` with something that is not a number.
+    BadShow,
+    /// Text for the model (a prompt, or steering while a run is going).
+    Send(String),
+}
+
+/// Only these exact lines are vak term's own: everything else, other `/`
+/// lines included, is the model's. `//` sends a line that starts with one `/`.
+pub fn command(line: &str) -> Command {
+    if let Some(rest) = line.strip_prefix("//") {
+        return Command::Send(format!("/{rest}"));
+    }
+    match line.trim() {
+        "/help" => Command::Help,
+        "/exit" | "/quit" => Command::Exit,
+        "/show" => Command::Show(None),
+        t => match t.strip_prefix("/show ") {
+            Some(n) => match n.trim().parse::<usize>() {
+                Ok(n) if n > 0 => Command::Show(Some(n)),
+                _ => Command::BadShow,
+            },
+            None => Command::Send(line.to_string()),
+        },
+    }
+}
+
+const SPINNER: [char; 10] = ['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'];
+/// How often the busy indicator moves.
+const TICK: Duration = Duration::from_millis(120);
 
 pub struct Options {
     pub policy: Policy,
@@ -29,13 +85,24 @@ struct Approval {
 
 /// What a call made in the background reports back to the loop.
 enum Notice {
-    Admitted { state: String, text: String },
+    Admitted {
+        state: String,
+        text: String,
+    },
     Failed(String),
+    /// The session made for the first prompt, or why it could not be.
+    Created(Result<String, String>),
 }
 
 struct Ui {
     conn: Arc<dyn Transport>,
-    sid: String,
+    /// None until the first prompt creates the session (unless one was attached).
+    sid: Option<String>,
+    /// Lines sent while the session is being created, sent once it exists.
+    unsent: Vec<String>,
+    creating: bool,
+    /// The busy indicator's frame.
+    spin: usize,
     policy: Policy,
     screen: Screen,
     editor: Editor,
@@ -58,10 +125,11 @@ enum Step {
     Exit(i32),
 }
 
+/// `session`: the attached session and its summary; None creates one with the first prompt,
+/// so quitting before sending anything leaves no empty session behind.
 pub async fn run(
     conn: Arc<dyn Transport>,
-    sid: String,
-    summary: pb::SessionSummary,
+    session: Option<(String, pb::SessionSummary)>,
     o: Options,
 ) -> crate::Result<i32> {
     let guard = TerminalGuard::enter()
@@ -69,14 +137,17 @@ pub async fn run(
     let (tx, notices) = mpsc::unbounded_channel();
     let mut ui = Ui {
         conn: conn.clone(),
-        sid: sid.clone(),
+        sid: session.as_ref().map(|(sid, _)| sid.clone()),
+        unsent: Vec::new(),
+        creating: false,
+        spin: 0,
         policy: o.policy,
         screen: Screen::new(),
         editor: Editor::default(),
-        render: Render::default(),
+        render: Render::interactive(),
         approvals: VecDeque::new(),
         always: HashSet::new(),
-        busy: summary.busy,
+        busy: session.as_ref().is_some_and(|(_, s)| s.busy),
         cancel_sent: false,
         interrupted: false,
         reconnecting: false,
@@ -87,17 +158,23 @@ pub async fn run(
         // Lets the tests prove that a panic gives the terminal back.
         panic!("VAK_TERM_TEST_PANIC is set");
     }
-    let result = event_loop(&mut ui, conn, sid, o.header, notices).await;
+    let result = event_loop(&mut ui, conn, o.header, notices).await;
     // Every way out, an error included, leaves the screen tidy for the shell.
     let _ = ui.screen.close();
     drop(guard);
     result
 }
 
+async fn next_update(follower: &mut Option<Follower>) -> Option<Update> {
+    match follower {
+        Some(f) => f.updates.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
 async fn event_loop(
     ui: &mut Ui,
     conn: Arc<dyn Transport>,
-    sid: String,
     header: Vec<String>,
     mut notices: mpsc::UnboundedReceiver<Notice>,
 ) -> crate::Result<i32> {
@@ -115,14 +192,17 @@ async fn event_loop(
             .collect(),
     )?;
     // From seq 0: an attached session's history replays (or resyncs from the transcript).
-    let mut follower = follow(conn, sid, Some(0), None);
+    let mut follower = ui.sid.clone().map(|sid| follow(conn.clone(), sid, Some(0), None));
     let mut keys = EventStream::new();
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         let step = tokio::select! {
-            u = follower.updates.recv() => {
+            u = next_update(&mut follower) => {
                 let Some(mut u) = u else {
                     return Err(crate::Error::internal("the event stream stopped"));
                 };
+                let follower = follower.as_mut().expect("an update came from it");
                 let mut pieces = Vec::new();
                 // Take everything already waiting, then draw once: a burst of
                 // deltas costs one redraw, not one per frame.
@@ -152,8 +232,31 @@ async fn event_loop(
                     }],
                     Notice::Admitted { .. } => Vec::new(),
                     Notice::Failed(m) => vec![Piece::Line { style: Style::Note, text: format!("✗ {m}") }],
+                    Notice::Created(Ok(sid)) => {
+                        ui.creating = false;
+                        ui.sid = Some(sid.clone());
+                        // From seq 0, like an attached session: nothing of the first run is missed.
+                        follower = Some(follow(conn.clone(), sid.clone(), Some(0), None));
+                        for text in std::mem::take(&mut ui.unsent) {
+                            ui.send(text);
+                        }
+                        vec![Piece::Line { style: Style::Info, text: format!("· session {sid}") }]
+                    }
+                    Notice::Created(Err(m)) => {
+                        ui.creating = false;
+                        let lost = std::mem::take(&mut ui.unsent).len();
+                        vec![Piece::Line {
+                            style: Style::Note,
+                            text: format!("✗ cannot create a session: {m} (not sent: {})", super::render::count(lost, "line")),
+                        }]
+                    }
                 };
                 ui.show(p)?;
+                Step::Continue
+            }
+            _ = tick.tick(), if ui.busy || ui.creating => {
+                ui.spin = ui.spin.wrapping_add(1);
+                ui.show(Vec::new())?;
                 Step::Continue
             }
             _ = int.recv() => ui.interrupt()?,
@@ -171,9 +274,10 @@ impl Ui {
         if let Some(a) = self.approvals.front() {
             return PromptLine {
                 prefix: format!(
-                    "? {} {}  [y]es / [n]o / [a]lways ",
+                    "? {} {}  [y]es / [n]o / [a]lways allow {} until vak term exits ",
                     a.tool,
-                    clean(&a.reason).replace('\n', " ⏎ ")
+                    tool_text(&a.tool, &a.reason).replace('\n', " ⏎ "),
+                    a.tool
                 ),
                 style: Style::Note,
                 input: String::new(),
@@ -188,7 +292,29 @@ impl Ui {
         }
     }
 
+    /// The line under the output while something is going on: a run, or the session being made.
+    fn activity(&self) -> String {
+        let spin = SPINNER[self.spin % SPINNER.len()];
+        if self.busy && self.cancel_sent {
+            format!("{spin} cancelling…")
+        } else if self.busy && !self.approvals.is_empty() {
+            "● running · waiting for your answer".to_string()
+        } else if self.busy {
+            format!("{spin} running… · Ctrl-C cancels · Enter steers")
+        } else if self.creating {
+            format!("{spin} creating the session…")
+        } else {
+            String::new()
+        }
+    }
+
+    fn sid(&self) -> String {
+        self.sid.clone().unwrap_or_default()
+    }
+
     fn show(&mut self, pieces: Vec<Piece>) -> crate::Result<()> {
+        let activity = self.activity();
+        self.screen.set_activity(activity);
         let prompt = self.prompt();
         self.screen.show(pieces, &prompt)?;
         Ok(())
@@ -221,18 +347,18 @@ impl Ui {
             Some(Kind::Resync(_)) => {
                 // The cursor cannot be served exactly: redraw from the transcript.
                 self.show(std::mem::take(pieces))?;
-                let (t, summary) = transcript_at(&self.conn, &self.sid).await?;
+                let (t, summary) = transcript_at(&self.conn, &self.sid()).await?;
                 self.skip_through = summary.latest_seq;
                 self.busy = summary.busy;
                 // Whether a question is still open cannot be told from the
                 // transcript: the retained frames that follow ask again those
                 // still in the ring (one older than the ring cannot be answered here).
                 self.approvals.clear();
-                self.render = Render::default();
+                self.render = Render::interactive();
                 self.screen.clear_all()?;
                 pieces.push(Piece::Line {
                     style: Style::Info,
-                    text: format!("· resynced session {} from its transcript", self.sid),
+                    text: format!("· resynced session {} from its transcript", self.sid()),
                 });
                 pieces.extend(self.render.transcript(&t));
                 return Ok(());
@@ -260,7 +386,7 @@ impl Ui {
                             let how = if v { "auto-approving" } else { "auto-denying" };
                             pieces.push(Piece::Line {
                                 style: Style::Dim,
-                                text: format!("· {how} {}: {}", a.tool, clean(&a.reason)),
+                                text: format!("· {how} {}: {}", a.tool, tool_text(&a.tool, &a.reason)),
                             });
                         }
                         self.answer(&a.request_id, v);
@@ -285,7 +411,7 @@ impl Ui {
     fn answer(&self, request_id: &str, approve: bool) {
         let (conn, sid, rid, tx) = (
             self.conn.clone(),
-            self.sid.clone(),
+            self.sid(),
             request_id.to_string(),
             self.notices.clone(),
         );
@@ -308,7 +434,7 @@ impl Ui {
         self.interrupted = true;
         if self.busy && !self.cancel_sent {
             self.cancel_sent = true;
-            let (conn, sid, tx) = (self.conn.clone(), self.sid.clone(), self.notices.clone());
+            let (conn, sid, tx) = (self.conn.clone(), self.sid(), self.notices.clone());
             tokio::spawn(async move {
                 if let Err(f) = retry(cancel_call(&conn, &sid)).await {
                     let _ = tx.send(Notice::Failed(format!("cannot cancel: {f}")));
@@ -380,23 +506,67 @@ impl Ui {
                 self.screen.clear_all()?;
                 self.show(Vec::new())?;
             }
-            Action::Submit(text) => {
-                self.send(text);
-                self.show(Vec::new())?;
-            }
+            Action::Submit(text) => match command(&text) {
+                Command::Exit => return Ok(Step::Exit(0)),
+                Command::Help => {
+                    let lines = HELP
+                        .iter()
+                        .map(|l| Piece::Line {
+                            style: Style::Info,
+                            text: l.to_string(),
+                        })
+                        .collect();
+                    self.show(lines)?;
+                }
+                Command::Show(n) => {
+                    let outputs = self.render.outputs();
+                    let pieces = match n.or((!outputs.is_empty()).then_some(outputs.len())) {
+                        None => vec![Piece::Line {
+                            style: Style::Note,
+                            text: "no tool output to show yet".into(),
+                        }],
+                        Some(n) => match outputs.get(n - 1) {
+                            Some(o) => full_output(n, o),
+                            None => vec![Piece::Line {
+                                style: Style::Note,
+                                text: format!(
+                                    "no tool output {n}: there {} ({})",
+                                    if outputs.len() == 1 { "is" } else { "are" },
+                                    super::render::count(outputs.len(), "output")
+                                ),
+                            }],
+                        },
+                    };
+                    self.show(pieces)?;
+                }
+                Command::BadShow => self.note(Style::Note, "usage: /show [N] (N: a number from 1)")?,
+                Command::Send(text) => {
+                    self.send(text);
+                    self.show(Vec::new())?;
+                }
+            },
             Action::Edited | Action::Ignored => self.show(Vec::new())?,
         }
         Ok(Step::Continue)
     }
 
     /// Idle: a new run. Busy: steering, which the server queues as the run's next leg.
-    fn send(&self, text: String) {
-        let (conn, sid, tx, busy) = (
-            self.conn.clone(),
-            self.sid.clone(),
-            self.notices.clone(),
-            self.busy,
-        );
+    /// The first line sent creates the session.
+    fn send(&mut self, text: String) {
+        let Some(sid) = self.sid.clone() else {
+            self.unsent.push(text);
+            if !self.creating {
+                self.creating = true;
+                let (conn, tx) = (self.conn.clone(), self.notices.clone());
+                tokio::spawn(async move {
+                    // Not retried: a create that reached the server would make a second session.
+                    let r = conn.create_session().await.map_err(|f| f.to_string());
+                    let _ = tx.send(Notice::Created(r));
+                });
+            }
+            return;
+        };
+        let (conn, tx, busy) = (self.conn.clone(), self.notices.clone(), self.busy);
         tokio::spawn(async move {
             let request_id = format!("term_{}", uuid::Uuid::new_v4().simple());
             let r = if busy {

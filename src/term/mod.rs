@@ -23,7 +23,7 @@ pub mod sse;
 use crate::edge::http::json::to_json;
 use crate::proto::v1 as pb;
 use clap::{Parser, ValueEnum};
-use conn::{check_id, connect, discover, TransportKind};
+use conn::{check_id, open, Source, TransportKind};
 use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
 
@@ -95,17 +95,17 @@ pub struct TermArgs {
 
 /// Runs `vak term`; the result is the process's exit code.
 pub async fn run(args: TermArgs) -> crate::Result<i32> {
-    let target = discover(
-        args.url.clone(),
-        args.token.clone(),
-        args.home.clone(),
-        args.ca_cert.clone(),
-    )?;
+    let source = Source {
+        url: args.url.clone(),
+        token: args.token.clone(),
+        home: args.home.clone(),
+        ca_cert: args.ca_cert.clone(),
+    };
     let kind = match args.transport {
         TransportArg::Sse => TransportKind::Sse,
         TransportArg::Grpc => TransportKind::Grpc,
     };
-    let conn = connect(&target, kind)?;
+    let (target, conn) = open(&source, kind)?;
     let json = args.output == OutputArg::Json;
 
     if args.list {
@@ -144,21 +144,26 @@ pub async fn run(args: TermArgs) -> crate::Result<i32> {
         return Err(crate::Error::invalid("the prompt is empty"));
     }
 
-    // The session, and the seq to follow it from.
-    let summary = match &args.session {
+    // The session, and the seq to follow it from. The interactive prompt
+    // creates its session with the first prompt: quitting before that leaves none behind.
+    let attached = match &args.session {
         Some(id) => {
             check_id("session id", id)?;
-            conn.attach(id).await?
+            Some(conn.attach(id).await?)
         }
-        None => {
-            let id = conn.create_session().await?;
-            conn.attach(&id).await?
-        }
+        None => None,
     };
-    let sid = summary.session_id.clone();
 
     match prompt {
         Some(prompt) => {
+            let summary = match attached {
+                Some(s) => s,
+                None => {
+                    let id = conn.create_session().await?;
+                    conn.attach(&id).await?
+                }
+            };
+            let sid = summary.session_id.clone();
             // Reading answers from a pipe by default would consume input meant for no one.
             let policy = args.approve.unwrap_or(
                 if std::io::stdin().is_terminal() && args.prompt.as_deref() != Some("-") {
@@ -173,14 +178,19 @@ pub async fn run(args: TermArgs) -> crate::Result<i32> {
             Ok(code)
         }
         None => {
+            let summary = attached;
+            let which = match &summary {
+                Some(s) => format!("session {}", s.session_id),
+                None => "new session".to_string(),
+            };
             let header = vec![
-                format!("vak term · session {sid} · {} over {}", target.url, conn.name()),
-                "Enter sends (steers while a run is going) · Ctrl-C cancels · Ctrl-D exits".to_string(),
+                format!("vak term · {which} · {} over {}", target.url, conn.name()),
+                "Enter sends (steers while a run is going) · Ctrl-C cancels · Ctrl-D exits · /help"
+                    .to_string(),
             ];
             interactive::run(
                 conn,
-                sid,
-                summary,
+                summary.map(|s| (s.session_id.clone(), s)),
                 interactive::Options {
                     policy: args.approve.unwrap_or(Policy::Ask),
                     header,

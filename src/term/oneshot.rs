@@ -2,7 +2,7 @@
 
 use super::conn::{answer_approval, cancel_call, retry, run_call, FailKind, Failure, Transport};
 use super::follow::{follow, transcript_at, Update};
-use super::render::{clean, Piece, Render};
+use super::render::{clean, tool_text, Piece, Render};
 use super::Policy;
 use crate::edge::http::json::to_json;
 use crate::proto::v1 as pb;
@@ -205,9 +205,10 @@ pub async fn run(conn: Arc<dyn Transport>, sid: String, after: u64, o: OneShot) 
             if let Some(p) = pending.front() {
                 if o.policy == Policy::Ask {
                     eprintln!(
-                        "vak: {} wants approval: {}  [y]es / [n]o / [a]lways ",
+                        "vak: {} wants approval: {}  [y]es / [n]o / [a]lways allow {} in this run ",
                         p.tool,
-                        clean(&p.reason)
+                        tool_text(&p.tool, &p.reason),
+                        p.tool
                     );
                     asked = Some(p.request_id.clone());
                     answers.get_or_insert_with(stdin_lines);
@@ -350,7 +351,7 @@ pub async fn run(conn: Arc<dyn Transport>, sid: String, after: u64, o: OneShot) 
                     Some(v) => {
                         if !json {
                             let how = if v { "approving" } else { "denying" };
-                            note(&format!("{how} {}: {}", a.tool, clean(&a.reason)));
+                            note(&format!("{how} {}: {}", a.tool, tool_text(&a.tool, &a.reason)));
                         }
                         spawn_answer(
                             &conn,

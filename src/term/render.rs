@@ -36,14 +36,53 @@ fn line(style: Style, text: impl Into<String>) -> Piece {
     }
 }
 
+/// A tool's result, kept whole so `/show N` can print what the one-line entry collapsed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolOutput {
+    pub tool: String,
+    pub ok: bool,
+    pub output: String,
+}
+
 /// Remembers what later frames refer back to (a result names only its call).
 #[derive(Default)]
 pub struct Render {
     tools: HashMap<String, String>,
     approvals: HashMap<String, String>,
+    /// Every tool result shown, in order (numbered from 1 for `/show N`), when `keep_outputs`.
+    outputs: Vec<ToolOutput>,
+    keep_outputs: bool,
 }
 
 impl Render {
+    /// A renderer for the interactive prompt: it keeps tool outputs, and a
+    /// collapsed result names the `/show N` that prints it whole.
+    pub fn interactive() -> Render {
+        Render {
+            keep_outputs: true,
+            ..Render::default()
+        }
+    }
+
+    /// The tool outputs seen so far (the first is `/show 1`).
+    pub fn outputs(&self) -> &[ToolOutput] {
+        &self.outputs
+    }
+
+    fn result(&mut self, tool: &str, ok: bool, output: &str) -> Piece {
+        let shown = if self.keep_outputs {
+            self.outputs.push(ToolOutput {
+                tool: tool.to_string(),
+                ok,
+                output: output.to_string(),
+            });
+            Some(self.outputs.len())
+        } else {
+            None
+        };
+        tool_result_line(tool, ok, output, shown)
+    }
+
     pub fn event(&mut self, e: &pb::Event) -> Vec<Piece> {
         let Some(kind) = &e.kind else {
             return Vec::new();
@@ -64,7 +103,7 @@ impl Render {
             }
             Kind::ToolResult(r) => {
                 let tool = self.tools.remove(&r.call_id).unwrap_or_else(|| "tool".into());
-                vec![tool_result_line(&tool, r.ok, &r.output)]
+                vec![self.result(&tool, r.ok, &r.output)]
             }
             Kind::ApprovalRequested(a) => {
                 self.approvals.insert(a.request_id.clone(), a.tool.clone());
@@ -126,7 +165,7 @@ impl Render {
                     out.push(line(Style::Dim, tool_call_line(&m.tool, m.input.as_ref())));
                     // A call still waiting for its result has neither output nor ok.
                     if m.ok || !m.text.is_empty() {
-                        out.push(tool_result_line(&m.tool, m.ok, &m.text));
+                        out.push(self.result(&m.tool, m.ok, &m.text));
                     }
                 }
                 _ => {}
@@ -144,13 +183,42 @@ fn user_lines(text: &str) -> Vec<Piece> {
         .collect()
 }
 
+/// `n` and the noun, singular for one: `1 byte`, `2 bytes`.
+pub fn count(n: usize, noun: &str) -> String {
+    format!("{n} {}", noun_for(n, noun))
+}
+
+/// The noun alone, singular for one: `line`, `lines`.
+pub fn noun_for(n: usize, noun: &str) -> String {
+    if n == 1 {
+        noun.to_string()
+    } else {
+        format!("{noun}s")
+    }
+}
+
+/// What the server says about a tool, as shown: cleaned of control
+/// characters, and "1 bytes" in write_file's own phrases said as "1 byte".
+/// (Only the server's fixed phrasing is touched, never a path or a command's output.)
+pub fn tool_text(tool: &str, text: &str) -> String {
+    let text = clean(text);
+    if tool == "write_file" {
+        for verb in ["write", "wrote"] {
+            if let Some(rest) = text.strip_prefix(&format!("{verb} 1 bytes ")) {
+                return format!("{verb} 1 byte {rest}");
+            }
+        }
+    }
+    text
+}
+
 /// `write_file notes.md (11 bytes)`, `bash $ ls`, `read_file a.txt`; other tools show their input as JSON.
 pub fn tool_call_line(tool: &str, input: Option<&prost_types::Struct>) -> String {
     let input = input.map(struct_json).unwrap_or(serde_json::Value::Null);
     let s = |k: &str| input.get(k).and_then(|v| v.as_str()).unwrap_or("").to_string();
     let detail = match tool {
         "read_file" => s("path"),
-        "write_file" => format!("{} ({} bytes)", s("path"), s("content").len()),
+        "write_file" => format!("{} ({})", s("path"), count(s("content").len(), "byte")),
         "bash" => format!("$ {}", s("command")),
         _ if input.is_null() => String::new(),
         _ => input.to_string(),
@@ -158,16 +226,18 @@ pub fn tool_call_line(tool: &str, input: Option<&prost_types::Struct>) -> String
     clean(&format!("⚙ {tool} {detail}")).replace('\n', " ⏎ ")
 }
 
-/// `✓ write_file: wrote 11 bytes to notes.md`: the first line of the output, and how many more there are.
-pub fn tool_result_line(tool: &str, ok: bool, output: &str) -> Piece {
-    let output = clean(output);
+/// `✓ write_file: wrote 11 bytes to notes.md`: the first line of the output,
+/// and how many more there are. `shown`: the output's number for `/show N`,
+/// named when the entry hides lines.
+pub fn tool_result_line(tool: &str, ok: bool, output: &str, shown: Option<usize>) -> Piece {
+    let output = tool_text(tool, output);
     let mut lines = output.lines().filter(|l| !l.trim().is_empty());
     let first = lines.next().unwrap_or("");
     let more = lines.count();
-    let more = if more > 0 {
-        format!(" (+{more} lines)")
-    } else {
-        String::new()
+    let more = match (more, shown) {
+        (0, _) => String::new(),
+        (n, None) => format!(" (+{n} more {})", noun_for(n, "line")),
+        (n, Some(i)) => format!(" (+{n} more {}: /show {i})", noun_for(n, "line")),
     };
     let (mark, style) = if ok {
         ("✓", Style::Good)
@@ -175,6 +245,26 @@ pub fn tool_result_line(tool: &str, ok: bool, output: &str) -> Piece {
         ("✗", Style::Bad)
     };
     line(style, format!("{mark} {tool}: {first}{more}"))
+}
+
+/// A tool output in full, for `/show`: a heading, then every line.
+pub fn full_output(n: usize, o: &ToolOutput) -> Vec<Piece> {
+    let mark = if o.ok { "✓" } else { "✗" };
+    let mut out = vec![line(
+        Style::Info,
+        format!("── /show {n}: {mark} {} output ──", o.tool),
+    )];
+    let text = tool_text(&o.tool, &o.output);
+    let text = text.trim_end_matches('\n');
+    if text.is_empty() {
+        out.push(line(Style::Info, "(no output)"));
+    }
+    out.extend(
+        text.split('\n')
+            .filter(|_| !text.is_empty())
+            .map(|l| line(Style::Plain, l)),
+    );
+    out
 }
 
 /// Server text is data, never terminal commands: control characters (an
@@ -240,9 +330,84 @@ mod tests {
         let i = input(&[("command", "echo a\necho b")]);
         assert_eq!(tool_call_line("bash", Some(&i)), "⚙ bash $ echo a ⏎ echo b");
         assert_eq!(
-            tool_result_line("bash", false, "a\nb\n\n[exit status: 1]"),
-            line(Style::Bad, "✗ bash: a (+2 lines)")
+            tool_result_line("bash", false, "a\nb\n\n[exit status: 1]", None),
+            line(Style::Bad, "✗ bash: a (+2 more lines)")
         );
+        assert_eq!(
+            tool_result_line("bash", true, "a\nb", Some(3)),
+            line(Style::Good, "✓ bash: a (+1 more line: /show 3)")
+        );
+    }
+
+    #[test]
+    fn one_is_singular_everywhere() {
+        assert_eq!(count(1, "byte"), "1 byte");
+        assert_eq!(
+            (count(0, "byte"), count(2, "line")),
+            ("0 bytes".into(), "2 lines".into())
+        );
+        let i = input(&[("path", "f.txt"), ("content", "x")]);
+        assert_eq!(
+            tool_call_line("write_file", Some(&i)),
+            "⚙ write_file f.txt (1 byte)"
+        );
+        // The server's own phrases for write_file, as the approval question and the result show them.
+        assert_eq!(
+            tool_text("write_file", "write 1 bytes to a.txt"),
+            "write 1 byte to a.txt"
+        );
+        assert_eq!(
+            tool_result_line("write_file", true, "wrote 1 bytes to 1 bytes.txt", None),
+            line(Style::Good, "✓ write_file: wrote 1 byte to 1 bytes.txt")
+        );
+        assert_eq!(
+            tool_text("write_file", "wrote 11 bytes to a"),
+            "wrote 11 bytes to a"
+        );
+        // Anything else is the command's own output, shown as it is.
+        assert_eq!(tool_text("bash", "wrote 1 bytes to x"), "wrote 1 bytes to x");
+    }
+
+    #[test]
+    fn outputs_are_kept_for_show_only_when_interactive() {
+        let mut r = Render::interactive();
+        let call = pb::Event {
+            kind: Some(Kind::ToolCall(pb::ToolCall {
+                call_id: "c1".into(),
+                tool: "bash".into(),
+                ..Default::default()
+            })),
+            ..Default::default()
+        };
+        let result = pb::Event {
+            kind: Some(Kind::ToolResult(pb::ToolResult {
+                call_id: "c1".into(),
+                ok: true,
+                output: "one\ntwo\nthree\n".into(),
+            })),
+            ..Default::default()
+        };
+        r.event(&call);
+        assert_eq!(
+            r.event(&result),
+            vec![line(Style::Good, "✓ bash: one (+2 more lines: /show 1)")]
+        );
+        assert_eq!(
+            full_output(1, &r.outputs()[0]),
+            vec![
+                line(Style::Info, "── /show 1: ✓ bash output ──"),
+                line(Style::Plain, "one"),
+                line(Style::Plain, "two"),
+                line(Style::Plain, "three"),
+            ]
+        );
+        let mut plain = Render::default();
+        plain.event(&call);
+        assert_eq!(
+            plain.event(&result),
+            vec![line(Style::Good, "✓ bash: one (+2 more lines)")]
+        );
+        assert!(plain.outputs().is_empty());
     }
 
     #[test]

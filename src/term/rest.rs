@@ -107,6 +107,7 @@ fn status_failure(status: u16, body: &[u8]) -> Failure {
         .unwrap_or_else(|| format!("HTTP {status}: {}", String::from_utf8_lossy(body).trim()));
     let kind = match status {
         404 => FailKind::NotFound,
+        401 => FailKind::Unauthenticated,
         409 => FailKind::Conflict,
         429 | 502 | 503 | 504 => FailKind::Transient,
         _ => FailKind::Fatal,

@@ -1,4 +1,4 @@
-//! The interactive terminal: raw mode entered once and left on every exit path (return, error, panic), and a live region at the bottom (status, the unfinished streamed line, the prompt) redrawn below output that scrolls away above it.
+//! The interactive terminal: raw mode entered once and left on every exit path (return, error, panic), and a live region at the bottom (the unfinished streamed line, the status and activity lines, the prompt) redrawn below output that scrolls away above it.
 //!
 //! Finished output is printed once and never touched again, so the
 //! terminal's own scrollback holds the conversation. Only the live region is
@@ -76,12 +76,47 @@ pub struct Screen {
     partial_thinking: bool,
     /// A state shown above the prompt (`reconnecting…`), empty when none.
     status: String,
+    /// What is going on (`⠋ running…` while a run is live), shown under the status; empty when idle.
+    activity: String,
     /// The cursor's row within the live region, counted from its top.
     cursor_row: usize,
 }
 
 pub fn width(s: &str) -> usize {
     UnicodeWidthStr::width(s)
+}
+
+/// Where to end the first row of `s` when it is wider than `cols`: at the
+/// last space that leaves the row within `cols` (the space itself is dropped),
+/// else (one word wider than the row) mid-word at the edge. Returns the byte
+/// index the row ends at and the one the rest starts at.
+pub fn break_row(s: &str, cols: usize) -> (usize, usize) {
+    let cut = fit(s, cols);
+    if cut == 0 {
+        // Not even one character fits (a wide one in a 1-column space): take it anyway.
+        let n = s.chars().next().map_or(0, char::len_utf8);
+        return (n, n);
+    }
+    if s[cut..].starts_with(' ') {
+        return (cut, cut + 1);
+    }
+    match s[..cut].rfind(' ') {
+        Some(sp) if !s[..sp].trim().is_empty() => (sp, sp + 1),
+        _ => (cut, cut),
+    }
+}
+
+/// `s` as rows of at most `cols` columns, broken at spaces where there are any.
+pub fn wrap(s: &str, cols: usize) -> Vec<String> {
+    let mut rows = Vec::new();
+    let mut rest = s;
+    while width(rest) > cols {
+        let (end, next) = break_row(rest, cols);
+        rows.push(rest[..end].trim_end().to_string());
+        rest = &rest[next..];
+    }
+    rows.push(rest.to_string());
+    rows
 }
 
 /// The longest prefix of `s` that fits in `cols` columns, as a byte index.
@@ -125,6 +160,7 @@ impl Screen {
             partial: String::new(),
             partial_thinking: false,
             status: String::new(),
+            activity: String::new(),
             cursor_row: 0,
         };
         s.resize();
@@ -137,6 +173,10 @@ impl Screen {
 
     pub fn set_status(&mut self, status: impl Into<String>) {
         self.status = status.into();
+    }
+
+    pub fn set_activity(&mut self, activity: impl Into<String>) {
+        self.activity = activity.into();
     }
 
     /// Erases the live region, prints `pieces` above it, and draws it again.
@@ -213,10 +253,12 @@ impl Screen {
                         self.permanent(style, &line)?;
                     }
                     self.partial.push_str(chunk);
-                    // Rows that are full will not change: commit them.
+                    // Rows that are full will not change: commit them, broken
+                    // between words (a word is only cut when it is wider than a row).
                     while width(&self.partial) > self.cols {
-                        let cut = fit(&self.partial, self.cols).max(1);
-                        let row: String = self.partial.drain(..cut).collect();
+                        let (end, next) = break_row(&self.partial, self.cols);
+                        let row = self.partial[..end].trim_end().to_string();
+                        self.partial.drain(..next);
                         self.permanent(style, &row)?;
                     }
                 }
@@ -226,12 +268,15 @@ impl Screen {
                 self.end_partial()?;
                 // Entries are one line: cut to the terminal's width.
                 let cut = matches!(style, Style::Dim | Style::Good | Style::Bad);
-                let text = if cut && width(&text) > self.cols {
-                    format!("{}…", &text[..fit(&text, self.cols - 1)])
-                } else {
-                    text
-                };
-                self.permanent(style, &text)
+                if cut && width(&text) > self.cols {
+                    let text = format!("{}…", &text[..fit(&text, self.cols - 1)]);
+                    return self.permanent(style, &text);
+                }
+                // The others wrap, between words.
+                for row in wrap(&text, self.cols) {
+                    self.permanent(style, &row)?;
+                }
+                Ok(())
             }
         }
     }
@@ -240,20 +285,25 @@ impl Screen {
         let cols = self.cols;
         let rows_of = |w: usize| w.div_ceil(cols).max(1);
         let mut rows = 0;
-        if !self.status.is_empty() {
-            let s = &self.status[..fit(&self.status, cols)];
-            style_on(&mut self.out, Style::Note)?;
-            queue!(self.out, Print(s))?;
-            style_off(&mut self.out)?;
-            queue!(self.out, Print("\r\n"))?;
-            rows += 1;
-        }
+        // The unfinished output line first, right under the output it continues;
+        // then what is going on (a reconnect, a run), then the prompt.
         if !self.partial.is_empty() {
             style_on(&mut self.out, Self::stream_style(self.partial_thinking))?;
             queue!(self.out, Print(&self.partial))?;
             style_off(&mut self.out)?;
             queue!(self.out, Print("\r\n"))?;
             rows += rows_of(width(&self.partial));
+        }
+        for (text, style) in [(&self.status, Style::Note), (&self.activity, Style::Dim)] {
+            if text.is_empty() {
+                continue;
+            }
+            let s = &text[..fit(text, cols)];
+            style_on(&mut self.out, style)?;
+            queue!(self.out, Print(s))?;
+            style_off(&mut self.out)?;
+            queue!(self.out, Print("\r\n"))?;
+            rows += 1;
         }
         // Pasted newlines show as ⏎ so the input stays one logical line.
         let shown: String = prompt
@@ -294,5 +344,19 @@ mod tests {
         assert_eq!(fit("ab", 4), 2);
         // Each of these is two columns wide: only two fit in five.
         assert_eq!(fit("日本語", 5), "日本".len());
+    }
+
+    #[test]
+    fn wrapping_breaks_between_words() {
+        assert_eq!(wrap("the quick brown fox", 10), ["the quick", "brown fox"]);
+        // A space exactly at the edge: the row is full, the space dropped.
+        assert_eq!(wrap("abcde fghij", 5), ["abcde", "fghij"]);
+        // A word wider than a row still breaks, at the edge.
+        assert_eq!(wrap("abcdefghijkl mn", 5), ["abcde", "fghij", "kl mn"]);
+        assert_eq!(wrap("short", 10), ["short"]);
+        // Columns, not bytes: two-column characters.
+        assert_eq!(wrap("日本 語語語", 5), ["日本", "語語", "語"]);
+        // Leading indentation is not a place to break.
+        assert_eq!(wrap("    abcdefgh", 6), ["    ab", "cdefgh"]);
     }
 }
