@@ -53,7 +53,6 @@ from vak_client._common import (
     rpc_error,
     shutdown,
     socket_of,
-    sse_headers,
 )
 from vak_client._follow import (
     Call,
@@ -363,10 +362,9 @@ class AsyncClient(ClientConfig):
 
     def _channel(self) -> grpc.aio.Channel:
         if self._aio_channel is None:
-            if self.endpoint.scheme == "https":
-                self._aio_channel = grpc.aio.secure_channel(
-                    self.endpoint.target, grpc.ssl_channel_credentials(), GRPC_OPTIONS
-                )
+            credentials = self._grpc_credentials()
+            if credentials is not None:
+                self._aio_channel = grpc.aio.secure_channel(self.endpoint.target, credentials, GRPC_OPTIONS)
             else:
                 self._aio_channel = grpc.aio.insecure_channel(self.endpoint.target, GRPC_OPTIONS)
         return self._aio_channel
@@ -400,9 +398,7 @@ class AsyncClient(ClientConfig):
                 spec.method, request_serializer=_serialize, response_deserializer=spec.response.FromString
             )
             return _AGrpcConn(rpc(spec.request, metadata=self.metadata), spec.convert)
-        request = self._http.build_request(
-            "GET", spec.path, headers=sse_headers(spec.last_event_id), timeout=self._sse_timeout()
-        )
+        request = self._sse_request(self._http, spec.path, spec.last_event_id)
         with http_errors(f"GET {spec.path}"):
             response = await self._http.send(request, stream=True)
             try:

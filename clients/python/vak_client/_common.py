@@ -173,13 +173,8 @@ class Endpoint:
 
     @property
     def target(self) -> str:
-        """host:port, for gRPC channels and the Host header."""
+        """host:port, for gRPC channels."""
         return f"{self.host}:{self.port}"
-
-    @property
-    def connect_host(self) -> str:
-        """The host for socket connections (IPv6 without brackets)."""
-        return self.host[1:-1] if self.host.startswith("[") else self.host
 
 
 def parse_url(url: str) -> Endpoint:
@@ -248,9 +243,19 @@ class ClientConfig:
             "verify": ssl.create_default_context() if self.endpoint.scheme == "https" else True,
         }
 
-    def _sse_timeout(self) -> httpx.Timeout:
-        # A read may wait idle_timeout (the server sends a keepalive every 15 s).
-        return httpx.Timeout(self.timeout, read=self.idle_timeout)
+    def _grpc_credentials(self) -> grpc.ChannelCredentials | None:
+        """TLS credentials for an https URL (None: a plaintext channel)."""
+        return grpc.ssl_channel_credentials() if self.endpoint.scheme == "https" else None
+
+    def _sse_request(self, http: httpx.Client | httpx.AsyncClient, path: str, last_event_id: str | None) -> httpx.Request:
+        """The GET that opens an event stream. A read may wait idle_timeout
+        (the server sends a keepalive every 15 s)."""
+        return http.build_request(
+            "GET",
+            path,
+            headers=sse_headers(last_event_id),
+            timeout=httpx.Timeout(self.timeout, read=self.idle_timeout),
+        )
 
     def _use_rest(self, rest: bool | None) -> bool:
         return self.unary == "rest" if rest is None else rest

@@ -52,7 +52,6 @@ from vak_client._common import (
     rpc_error,
     shutdown,
     socket_of,
-    sse_headers,
 )
 from vak_client._follow import (
     Call,
@@ -445,8 +444,9 @@ class Client(ClientConfig):
             backoff=backoff,
             idle_timeout=idle_timeout,
         )
-        if self.endpoint.scheme == "https":
-            self._channel = grpc.secure_channel(self.endpoint.target, grpc.ssl_channel_credentials(), GRPC_OPTIONS)
+        credentials = self._grpc_credentials()
+        if credentials is not None:
+            self._channel = grpc.secure_channel(self.endpoint.target, credentials, GRPC_OPTIONS)
         else:
             self._channel = grpc.insecure_channel(self.endpoint.target, GRPC_OPTIONS)
         self._subscribe_rpc = self._channel.unary_stream(
@@ -497,9 +497,7 @@ class Client(ClientConfig):
                 spec.method, request_serializer=_serialize, response_deserializer=spec.response.FromString
             )
             return _GrpcConn(rpc(spec.request, metadata=self.metadata), spec.convert)
-        request = self._http.build_request(
-            "GET", spec.path, headers=sse_headers(spec.last_event_id), timeout=self._sse_timeout()
-        )
+        request = self._sse_request(self._http, spec.path, spec.last_event_id)
         with http_errors(f"GET {spec.path}"):
             response = self._http.send(request, stream=True)
             try:
