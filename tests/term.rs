@@ -533,6 +533,14 @@ async fn a_resync_rebuilds_the_rest_of_the_answer_from_the_transcript() {
 
 // ---- interactive -----------------------------------------------------------------
 
+/// Waits until vak term is idle: the run over (no busy indicator) and the plain prompt drawn.
+async fn wait_idle(pty: &Pty) -> String {
+    pty.wait_until("an idle prompt", |s| {
+        !s.contains("running…") && s.lines().any(|l| l.trim_end() == ">")
+    })
+    .await
+}
+
 fn term_in_pty(url: &str, transport: &str, cwd: &Path) -> portable_pty::CommandBuilder {
     let mut cmd = portable_pty::CommandBuilder::new(env!("CARGO_BIN_EXE_vak"));
     cmd.args(["term", "--url", url, "--token", TOKEN, "--transport", transport]);
@@ -583,6 +591,7 @@ async fn interactive_steering_is_queued_and_ctrl_c_cancels_then_exits() {
         pty.wait_for("vak term · new session").await;
         pty.send("/think pondering\r");
         pty.wait_for_line("pondering").await;
+        wait_idle(&pty).await;
         assert_eq!(pty.is_dim("pondering"), Some(true), "{t}: thinking is dimmed");
         assert_eq!(
             pty.is_dim("› /think pondering"),
@@ -727,7 +736,7 @@ async fn help_exit_and_quit_are_handled_by_vak_term_and_double_slash_reaches_the
         let screen = pty.wait_for("Ctrl-D exits · /help").await;
         assert!(screen.contains("vak term · new session"), "{t}:\n{screen}");
         pty.send("/help\r");
-        let screen = pty.wait_for("/exit, /quit").await;
+        let screen = pty.wait_for("the server keeps no such rule").await;
         for shown in [
             "/show [N]",
             "Ctrl-C",
@@ -785,13 +794,8 @@ async fn a_busy_indicator_shows_while_a_run_is_live_and_goes_when_it_ends() {
         .await;
         pty.send("quick\r");
         pty.wait_for_line("echo: quick").await;
-        let screen = pty
-            .wait_until("no indicator after a completed run", |s| !s.contains("running…"))
-            .await;
-        assert!(
-            screen.lines().any(|l| l.trim_end() == ">"),
-            "{t}: the idle prompt:\n{screen}"
-        );
+        // No indicator once the run completed.
+        wait_idle(&pty).await;
         pty.send("\x04");
         assert_eq!(pty.wait_exit().await, 0, "{t}");
     }
@@ -806,11 +810,9 @@ async fn streamed_text_wraps_between_words_and_only_long_words_break() {
         let mut pty = Pty::spawn(term_in_pty(&server.url, t, &server.workspace), 30, 40);
         pty.wait_for("vak term · new session").await;
         pty.send(&format!("{words}\r"));
-        let screen = pty
-            .wait_until("the whole answer, the run over", |s| {
-                s.contains("quebec") && s.matches("quebec").count() == 2 && !s.contains("running…")
-            })
+        pty.wait_until("the whole answer", |s| s.matches("quebec").count() == 2)
             .await;
+        let screen = wait_idle(&pty).await;
         // Rows broken at spaces join back, with one space each, into the text.
         let answer = rows_from(&screen, "echo: alpha", ">");
         assert!(answer.len() > 1, "{t}: the answer needs several rows:\n{screen}");
@@ -839,6 +841,295 @@ async fn streamed_text_wraps_between_words_and_only_long_words_break() {
             all.windows(4).any(|w| w == rows)
         })
         .await;
+        pty.send("\x04");
+        assert_eq!(pty.wait_exit().await, 0, "{t}");
+    }
+}
+
+#[tokio::test]
+async fn the_reconnect_notice_is_drawn_below_the_last_output_line() {
+    let server = TestServer::start().await;
+    for t in TRANSPORTS {
+        let proxy = HoldProxy::start(server.addr).await;
+        let mut pty = Pty::spawn(term_in_pty(&proxy.url, t, &server.workspace), 20, 80);
+        pty.wait_for("vak term · new session").await;
+        pty.send("hello there\r");
+        pty.wait_for_line("echo: hello there").await;
+        // The answer's line is still the unfinished one at the bottom when the connection drops.
+        proxy.hold();
+        assert!(proxy.cut() >= 1, "{t}");
+        let screen = pty.wait_for("reconnecting…").await;
+        let rows = rows_from(&screen, "› hello there", ">");
+        assert_eq!(
+            rows[1], "echo: hello there",
+            "{t}: the answer is intact:\n{screen}"
+        );
+        assert!(
+            rows[2].starts_with("reconnecting…"),
+            "{t}: the notice comes right below it:\n{screen}"
+        );
+        proxy.release();
+        let screen = pty
+            .wait_until("the notice gone", |s| !s.contains("reconnecting…"))
+            .await;
+        assert_eq!(screen.matches("echo: hello there").count(), 1, "{t}:\n{screen}");
+        pty.send("again\r");
+        let screen = pty.wait_for_line("echo: again").await;
+        assert_eq!(
+            rows_from(&screen, "› hello there", "echo: again"),
+            ["› hello there", "echo: hello there", "› again"],
+            "{t}: nothing of the notice is left in the output:\n{screen}"
+        );
+        pty.send("\x04");
+        assert_eq!(pty.wait_exit().await, 0, "{t}");
+    }
+}
+
+#[tokio::test]
+async fn one_byte_is_singular_in_what_vak_term_shows() {
+    let server = TestServer::start().await;
+    for t in TRANSPORTS {
+        let file = format!("one-{t}.txt");
+        let mut pty = Pty::spawn(term_in_pty(&server.url, t, &server.workspace), 30, 120);
+        pty.wait_for("vak term · new session").await;
+        pty.send(&format!("/write {file} x\r"));
+        let screen = pty.wait_for("[y]es / [n]o").await;
+        assert!(
+            screen.contains(&format!("⚙ write_file {file} (1 byte)")),
+            "{t}:\n{screen}"
+        );
+        assert!(
+            screen.contains(&format!("write 1 byte to {file}")),
+            "{t}:\n{screen}"
+        );
+        pty.send("y");
+        let screen = pty
+            .wait_for(&format!("✓ write_file: wrote 1 byte to {file}"))
+            .await;
+        assert!(!screen.contains("1 bytes"), "{t}:\n{screen}");
+        pty.send("\x04");
+        assert_eq!(pty.wait_exit().await, 0, "{t}");
+
+        // The one-shot run's entries on stderr too; more than one stays plural.
+        let prompt = format!("/write one-shot-{t}.txt y\n/write two-{t}.txt yz");
+        let out = output(term_at(&server.url, t, &["--approve", "allow", "-p", &prompt])).await;
+        assert_eq!(out.code, 0, "{t}: {}", out.stderr);
+        for shown in [
+            format!("write_file one-shot-{t}.txt (1 byte)"),
+            format!("wrote 1 byte to one-shot-{t}.txt"),
+            format!("write_file two-{t}.txt (2 bytes)"),
+            format!("wrote 2 bytes to two-{t}.txt"),
+        ] {
+            assert!(out.stderr.contains(&shown), "{t}: {shown:?} in {}", out.stderr);
+        }
+        assert!(!out.stderr.contains("1 bytes"), "{t}: {}", out.stderr);
+    }
+}
+
+#[tokio::test]
+async fn always_approves_that_tool_for_as_long_as_vak_term_runs_and_says_so() {
+    let server = TestServer::start().await;
+    for t in TRANSPORTS {
+        let (a, b, c) = (format!("a-{t}.txt"), format!("b-{t}.txt"), format!("c-{t}.txt"));
+        let mut pty = Pty::spawn(term_in_pty(&server.url, t, &server.workspace), 30, 140);
+        pty.wait_for("vak term · new session").await;
+        pty.send(&format!(
+            "\x1b[200~/write {a} 1\n/write {b} 2\n/bash echo from-bash\x1b[201~\r"
+        ));
+        let screen = pty.wait_for("[y]es / [n]o").await;
+        assert!(
+            screen.contains("[y]es / [n]o / [a]lways allow write_file until vak term exits"),
+            "{t}: the question says what always covers:\n{screen}"
+        );
+        pty.send("a");
+        // The second write is not asked; the bash call, another tool, is.
+        let screen = pty.wait_for("[a]lways allow bash until vak term exits").await;
+        assert!(screen.contains(&format!("wrote 1 byte to {b}")), "{t}:\n{screen}");
+        assert!(screen.contains("· auto-approving write_file"), "{t}:\n{screen}");
+        pty.send("n");
+        pty.wait_for("✗ bash denied").await;
+        let screen = wait_idle(&pty).await;
+        let sid = screen
+            .lines()
+            .find_map(|l| l.trim_end().strip_prefix("· session "))
+            .unwrap_or_else(|| panic!("{t}: the new session is named:\n{screen}"))
+            .to_string();
+        pty.send("/exit\r");
+        assert_eq!(pty.wait_exit().await, 0, "{t}");
+        assert_eq!(std::fs::read_to_string(server.workspace.join(&b)).unwrap(), "2");
+
+        // The rule lived in that vak term: attached again, the same tool is asked again.
+        let mut cmd = term_in_pty(&server.url, t, &server.workspace);
+        cmd.args(["--session", &sid]);
+        let mut pty = Pty::spawn(cmd, 30, 140);
+        pty.wait_for(&format!("vak term · session {sid}")).await;
+        pty.send(&format!("/write {c} 3\r"));
+        pty.wait_for("[a]lways allow write_file until vak term exits")
+            .await;
+        pty.send("\x04");
+        assert_eq!(pty.wait_exit().await, 0, "{t}");
+    }
+}
+
+#[tokio::test]
+async fn show_prints_a_collapsed_tool_output_in_full() {
+    let server = TestServer::start().await;
+    std::fs::write(server.workspace.join("lines.txt"), "first\nsecond\nthird\n").unwrap();
+    for t in TRANSPORTS {
+        let mut pty = Pty::spawn(term_in_pty(&server.url, t, &server.workspace), 30, 100);
+        pty.wait_for("vak term · new session").await;
+        pty.send("/show\r");
+        pty.wait_for("no tool output to show yet").await;
+        pty.send("/read lines.txt\r");
+        pty.wait_for("✓ read_file: first (+2 more lines: /show 1)").await;
+        assert!(!pty.screen().contains("second"), "{t}: collapsed");
+        pty.send("/show\r");
+        let screen = pty.wait_for_line("third").await;
+        assert_eq!(
+            rows_from(&screen, "── /show 1", ">"),
+            ["── /show 1: ✓ read_file output ──", "first", "second", "third"],
+            "{t}:\n{screen}"
+        );
+        pty.send("/read missing.txt\r");
+        pty.wait_for("✗ read_file: cannot read missing.txt").await;
+        pty.send("/show 1\r");
+        pty.wait_until("the first output again, whole", |s| {
+            s.matches("── /show 1").count() == 2 && s.matches("third").count() == 2
+        })
+        .await;
+        pty.send("/show 3\r");
+        pty.wait_for("no tool output 3: 2 outputs so far").await;
+        pty.send("/show x\r");
+        pty.wait_for("usage: /show [N]").await;
+        pty.send("\x04");
+        assert_eq!(pty.wait_exit().await, 0, "{t}");
+    }
+}
+
+#[tokio::test]
+async fn quitting_before_the_first_prompt_leaves_no_session_behind() {
+    let server = TestServer::start().await;
+    for t in TRANSPORTS {
+        for keys in ["\x04", "\x03\x03", "/help\r/quit\r"] {
+            let mut pty = Pty::spawn(term_in_pty(&server.url, t, &server.workspace), 30, 100);
+            pty.wait_for("vak term · new session").await;
+            pty.send(keys);
+            assert_eq!(pty.wait_exit().await, 0, "{t} {keys:?}");
+        }
+        let out = output(term_at(&server.url, t, &["--list"])).await;
+        assert_eq!((out.code, out.stdout.as_str()), (0, ""), "{t}: {}", out.stderr);
+    }
+    // The first prompt makes the session, which then stays.
+    let mut pty = Pty::spawn(term_in_pty(&server.url, "sse", &server.workspace), 30, 100);
+    pty.wait_for("vak term · new session").await;
+    pty.send("keep me\r");
+    let screen = pty.wait_for_line("echo: keep me").await;
+    let sid = screen
+        .lines()
+        .find_map(|l| l.trim_end().strip_prefix("· session "))
+        .unwrap_or_else(|| panic!("the new session is named:\n{screen}"))
+        .to_string();
+    pty.send("\x04");
+    assert_eq!(pty.wait_exit().await, 0);
+    let out = output(term_at(&server.url, "grpc", &["--list"])).await;
+    assert_eq!(out.stdout.lines().count(), 1, "{}", out.stdout);
+    assert!(out.stdout.starts_with(&sid), "{}", out.stdout);
+}
+
+// ---- a restarted server with a new token ----------------------------------------------
+
+/// A `vak serve` process on `port` with `home` and `token`; killed when dropped.
+struct Served {
+    child: Child,
+    url: String,
+}
+
+impl Served {
+    async fn start(home: &Path, workspace: &Path, port: u16, token: &str) -> Served {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_vak"));
+        cmd.args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--token",
+            token,
+        ])
+        .arg("--home")
+        .arg(home)
+        .arg("--workspace")
+        .arg(workspace)
+        .env_remove("VAK_TOKEN")
+        .env_remove("VAK_HOME")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+        let mut child = cmd.spawn().expect("vak serve starts");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let url = tokio::time::timeout(DEADLINE, async {
+            while let Some(line) = lines.next_line().await.unwrap() {
+                if let Some(at) = line.find("listening on ") {
+                    return line[at + "listening on ".len()..].trim().to_string();
+                }
+            }
+            panic!("vak serve ended before its `listening on` line");
+        })
+        .await
+        .expect("vak serve listens within the deadline");
+        // Keep reading stdout so the server never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Served { child, url }
+    }
+}
+
+#[tokio::test]
+async fn a_server_restarted_with_a_new_token_is_followed_through_server_json() {
+    for t in TRANSPORTS {
+        let (home, workspace) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut first = Served::start(home.path(), workspace.path(), port, "token-a").await;
+
+        // No --url or --token: both come from the home's server.json.
+        let mut cmd = portable_pty::CommandBuilder::new(env!("CARGO_BIN_EXE_vak"));
+        cmd.args(["term", "--transport", t, "--home"]);
+        cmd.arg(home.path());
+        for v in ["VAK_URL", "VAK_TOKEN", "VAK_HOME", "RUST_LOG"] {
+            cmd.env_remove(v);
+        }
+        cmd.env("TERM", "xterm-256color");
+        cmd.cwd(workspace.path());
+        let mut pty = Pty::spawn(cmd, 30, 100);
+        pty.wait_for("vak term · new session").await;
+        pty.send("before the restart\r");
+        pty.wait_for_line("echo: before the restart").await;
+
+        first.child.kill().await.unwrap();
+        pty.wait_for("reconnecting…").await;
+        let second = Served::start(home.path(), workspace.path(), port, "token-b").await;
+        assert_eq!(second.url, first.url, "{t}: the same address");
+        let old = reqwest::Client::new()
+            .get(format!("{}/sessions", second.url))
+            .bearer_auth("token-a")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(old.status(), 401, "{t}: the old token is refused now");
+
+        pty.wait_until("reconnected", |s| !s.contains("reconnecting…"))
+            .await;
+        pty.send("after the restart\r");
+        let screen = pty.wait_for_line("echo: after the restart").await;
+        assert!(!screen.contains("credentials"), "{t}:\n{screen}");
+        assert_eq!(
+            screen.matches("echo: before the restart").count(),
+            1,
+            "{t}:\n{screen}"
+        );
         pty.send("\x04");
         assert_eq!(pty.wait_exit().await, 0, "{t}");
     }

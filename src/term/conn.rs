@@ -505,6 +505,20 @@ mod tests {
     }
 
     #[test]
+    fn server_json_is_followed_only_when_the_token_came_from_it() {
+        let from_file = |token: Option<&str>| {
+            Source {
+                token: token.map(str::to_string),
+                ..Source::default()
+            }
+            .token_from_file()
+        };
+        assert!(from_file(None));
+        assert!(from_file(Some(" ")), "an empty VAK_TOKEN is no token");
+        assert!(!from_file(Some("T")), "--token or VAK_TOKEN is used as given");
+    }
+
+    #[test]
     fn urls_need_a_scheme_and_ids_the_server_rule() {
         assert!(discover(Some("127.0.0.1:9".into()), Some("t".into()), None, None).is_err());
         assert!(check_id("session id", "abc-DEF_09").is_ok());

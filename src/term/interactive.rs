@@ -530,8 +530,7 @@ impl Ui {
                             None => vec![Piece::Line {
                                 style: Style::Note,
                                 text: format!(
-                                    "no tool output {n}: there {} ({})",
-                                    if outputs.len() == 1 { "is" } else { "are" },
+                                    "no tool output {n}: {} so far",
                                     super::render::count(outputs.len(), "output")
                                 ),
                             }],
@@ -595,5 +594,52 @@ impl Ui {
                 Err(f) => Notice::Failed(format!("not sent: {f}")),
             });
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_exact_local_commands_stay_local() {
+        assert_eq!(command("/help"), Command::Help);
+        assert_eq!(command(" /help "), Command::Help);
+        assert_eq!(command("/exit"), Command::Exit);
+        assert_eq!(command("/quit"), Command::Exit);
+        assert_eq!(command("/show"), Command::Show(None));
+        assert_eq!(command("/show 2"), Command::Show(Some(2)));
+        assert_eq!(command("/show 0"), Command::BadShow);
+        assert_eq!(command("/show all"), Command::BadShow);
+        // The model's directives, and anything else, are sent as typed.
+        for sent in [
+            "/helpme",
+            "/write a.txt x",
+            "/bash ls",
+            "/sleep 10",
+            "hello",
+            "/help\nmore",
+        ] {
+            assert_eq!(command(sent), Command::Send(sent.into()), "{sent:?}");
+        }
+        // `//` sends a line that starts with one slash.
+        assert_eq!(command("//help"), Command::Send("/help".into()));
+        assert_eq!(command("//write x y"), Command::Send("/write x y".into()));
+    }
+
+    #[test]
+    fn help_names_every_local_command() {
+        let help = HELP.join("\n");
+        for c in [
+            "/help",
+            "/show [N]",
+            "/exit",
+            "/quit",
+            "//text",
+            "Ctrl-C",
+            "Ctrl-D",
+        ] {
+            assert!(help.contains(c), "{c}");
+        }
     }
 }
