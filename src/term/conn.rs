@@ -1,4 +1,4 @@
-//! Finding the server (flags, else $VAK_HOME/server.json) and the one `Transport` trait that the REST/SSE and gRPC clients both implement.
+//! Finding the server (flags, else $VAK_HOME/server.json, read again when a restarted server refuses the old token) and the one `Transport` trait that the REST/SSE and gRPC clients both implement.
 
 use crate::home;
 use crate::proto::v1 as pb;

@@ -209,20 +209,52 @@ fn print_sessions(sessions: Vec<pb::SessionSummary>, json: bool) {
         let _ = out.write_all(&line);
     } else {
         for s in sessions {
-            let state = if s.busy {
-                "busy"
-            } else if s.loaded {
-                "idle"
-            } else {
-                "on disk"
-            };
-            let title = render::clean(&s.title).replace('\n', " ");
-            let _ = writeln!(
-                out,
-                "{}  {}  {:>6} events  {:<7}  {}",
-                s.session_id, s.created_at, s.latest_seq, state, title
-            );
+            let _ = writeln!(out, "{}", session_row(&s));
         }
     }
     let _ = out.flush();
+}
+
+/// One `--list` row: id, creation time, events, state, title.
+fn session_row(s: &pb::SessionSummary) -> String {
+    let state = if s.busy {
+        "busy"
+    } else if s.loaded {
+        "idle"
+    } else {
+        "on disk"
+    };
+    let title = render::clean(&s.title).replace('\n', " ");
+    let events = render::noun_for(s.latest_seq as usize, "event");
+    format!(
+        "{}  {}  {:>6} {events:<6}  {state:<7}  {title}",
+        s.session_id, s.created_at, s.latest_seq
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn list_rows_count_events_in_the_singular_for_one() {
+        let row = |latest_seq| {
+            session_row(&pb::SessionSummary {
+                session_id: "s1".into(),
+                created_at: "2025-01-01T00:00:00Z".into(),
+                latest_seq,
+                loaded: true,
+                title: "a\ntitle".into(),
+                ..Default::default()
+            })
+        };
+        assert_eq!(
+            row(1),
+            "s1  2025-01-01T00:00:00Z       1 event   idle     a title"
+        );
+        assert_eq!(
+            row(12),
+            "s1  2025-01-01T00:00:00Z      12 events  idle     a title"
+        );
+    }
 }
