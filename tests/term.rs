@@ -1130,6 +1130,16 @@ async fn a_server_restarted_with_a_new_token_is_followed_through_server_json() {
             1,
             "{t}:\n{screen}"
         );
+
+        // Restarted elsewhere (another port, another token): server.json still leads to it.
+        drop(second);
+        pty.wait_for("reconnecting…").await;
+        let third = Served::start(home.path(), workspace.path(), 0, "token-c").await;
+        assert_ne!(third.url, first.url, "{t}");
+        pty.wait_until("reconnected", |s| !s.contains("reconnecting…"))
+            .await;
+        pty.send("on another port\r");
+        pty.wait_for_line("echo: on another port").await;
         pty.send("\x04");
         assert_eq!(pty.wait_exit().await, 0, "{t}");
     }
