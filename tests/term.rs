@@ -1108,9 +1108,10 @@ async fn a_server_restarted_with_a_new_token_is_followed_through_server_json() {
         pty.send("before the restart\r");
         pty.wait_for_line("echo: before the restart").await;
 
+        // kill() waits for the exit, so the home's lock and the port are free again.
         first.child.kill().await.unwrap();
         pty.wait_for("reconnecting…").await;
-        let second = Served::start(home.path(), workspace.path(), port, "token-b").await;
+        let mut second = Served::start(home.path(), workspace.path(), port, "token-b").await;
         assert_eq!(second.url, first.url, "{t}: the same address");
         let old = reqwest::Client::new()
             .get(format!("{}/sessions", second.url))
@@ -1132,7 +1133,7 @@ async fn a_server_restarted_with_a_new_token_is_followed_through_server_json() {
         );
 
         // Restarted elsewhere (another port, another token): server.json still leads to it.
-        drop(second);
+        second.child.kill().await.unwrap();
         pty.wait_for("reconnecting…").await;
         let third = Served::start(home.path(), workspace.path(), 0, "token-c").await;
         assert_ne!(third.url, first.url, "{t}");
