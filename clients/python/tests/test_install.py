@@ -1,8 +1,12 @@
-"""The package installs like any other: `pip install <repo>/clients/python`
+"""The package installs like any other: `pip install ./clients/python`
 (not editable) into a fresh virtual environment gives a working client whose
 generated modules were made by the build, without writing anything into the
 source tree; its metadata has version ranges, not pins, and no build tools;
 `python -m build` makes an sdist from which a complete wheel builds.
+
+The install and the type-check are the shell blocks of README.md, run as
+written from the repository root with HOME a temporary directory (pip's
+cache stays the real one).
 
 These tests need PyPI (pip installs the dependencies and the build
 requirements); each subprocess has a deadline."""
@@ -25,22 +29,45 @@ import pytest
 from helpers import REPO, Server
 
 PACKAGE = REPO / "clients" / "python"
+README = PACKAGE / "README.md"
+TOP_README = REPO / "README.md"
 INSTALL_DEADLINE = 600.0
 
 
-def _env() -> dict[str, str]:
-    """The environment without anything that would put the source tree on sys.path."""
+def _env(home: Path | None = None) -> dict[str, str]:
+    """The environment without anything that would put the source tree on
+    sys.path; with `home`, HOME is that directory."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    if home is not None:
+        env.setdefault("PIP_CACHE_DIR", str(Path.home() / ".cache" / "pip"))
+        env["HOME"] = str(home)
     return env
 
 
-def _run(argv: list[str], cwd: Path, timeout: float = INSTALL_DEADLINE) -> str:
+def _run(argv: list[str], cwd: Path, timeout: float = INSTALL_DEADLINE, home: Path | None = None) -> str:
     proc = subprocess.run(
-        argv, cwd=cwd, env=_env(), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout
+        argv, cwd=cwd, env=_env(home), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout
     )
     assert proc.returncode == 0, f"{argv} exited with {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
     return proc.stdout
+
+
+def shell_blocks(doc: Path) -> list[str]:
+    """The bodies of a Markdown document's ```sh blocks."""
+    return re.findall(r"^```sh\n(.*?)^```$", doc.read_text(), re.MULTILINE | re.DOTALL)
+
+
+def readme_block(containing: str) -> str:
+    """The one sh block of clients/python/README.md that contains `containing`."""
+    blocks = [b for b in shell_blocks(README) if containing in b]
+    assert len(blocks) == 1, f"{len(blocks)} sh blocks of {README} contain {containing!r}"
+    return blocks[0]
+
+
+def run_block(block: str, home: Path, timeout: float = INSTALL_DEADLINE) -> str:
+    """Runs a README block with bash -eu from the repository root."""
+    return _run(["bash", "--noprofile", "--norc", "-euc", block], cwd=REPO, timeout=timeout, home=home)
 
 
 def git_status() -> str | None:
@@ -64,16 +91,28 @@ class Installed:
     status_after: str | None
 
 
+INSTALL_COMMAND = "pip install ./clients/python"
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
-    """A fresh venv with `pip install <repo>/clients/python` (non-editable)."""
-    root = tmp_path_factory.mktemp("venv")
-    venv = root / "venv"
-    _run([sys.executable, "-m", "venv", str(venv)], cwd=root)
-    python = venv / "bin" / "python"
+    """A fresh venv in a temporary HOME with `pip install ./clients/python`
+    (non-editable): README.md's install block, run as written."""
+    home = tmp_path_factory.mktemp("home")
+    block = readme_block(INSTALL_COMMAND)
     before = git_status()
-    _run([str(python), "-m", "pip", "install", "--quiet", str(PACKAGE)], cwd=root)
+    out = run_block(block, home)
+    assert "vak_client._sync.Client" in out, out
+    (python,) = home.glob(".venvs/*/bin/python")
     yield Installed(python, before, git_status())
+
+
+def test_the_top_readme_shows_the_tested_install() -> None:
+    """The top-level README's Python block is the first line of the block run above."""
+    section = TOP_README.read_text().split("### Python (`clients/python`)", 1)[1].split("\n### ", 1)[0]
+    (block,) = re.findall(r"^```sh\n(.*?)^```$", section, re.MULTILINE | re.DOTALL)
+    assert INSTALL_COMMAND in block
+    assert block.strip() == readme_block(INSTALL_COMMAND).splitlines()[0].strip()
 
 
 def test_pip_install_leaves_the_source_tree_alone(installed: Installed) -> None:
@@ -182,3 +221,11 @@ def test_build_makes_an_sdist_that_builds_a_complete_wheel(tmp_path: Path) -> No
     assert generated <= files, sorted(files)
     assert "vak_client/py.typed" in files
     assert not any(f.startswith(("tests/", "proto/")) or f == "hatch_build.py" for f in files), sorted(files)
+
+
+def test_readme_type_check_passes(tmp_path: Path) -> None:
+    """README.md's mypy block, with its venv in a temporary directory."""
+    block = readme_block("mypy --strict").replace("/tmp/mypy", str(tmp_path / "mypy"))
+    (tmp_path / "home").mkdir()
+    out = run_block(block, tmp_path / "home")
+    assert "Success: no issues found" in out, out
