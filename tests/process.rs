@@ -860,3 +860,50 @@ async fn log_format_json_writes_one_json_object_per_line() {
         .any(|o| o["method"] == "GET" && o["path"] == "/sessions" && o["status"] == 401));
     assert!(!lines.join("\n").contains(token));
 }
+
+#[tokio::test]
+async fn remote_exposure_serves_tls_to_a_trusted_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let made = rcgen::generate_simple_self_signed(vec!["vak.example.com".to_string()]).unwrap();
+    std::fs::write(dir.path().join("cert.pem"), made.cert.pem()).unwrap();
+    std::fs::write(dir.path().join("key.pem"), made.key_pair.serialize_pem()).unwrap();
+    let mut cmd = vak(&["serve", "--listen", "0.0.0.0:0", "--allow-remote", "--token", "T"]);
+    cmd.current_dir(dir.path())
+        .args(["--tls-cert", "cert.pem", "--tls-key", "key.pem"])
+        .args(["--trusted-host", "vak.example.com"])
+        .arg("--home")
+        .arg(dir.path().join("home"))
+        .arg("--workspace")
+        .arg(ws.path());
+    let (mut child, mut out, errs) = spawn_collecting(&mut cmd);
+    let lines = read_until(&mut out, "listening on https://127.0.0.1:").await;
+    let port: u16 = lines
+        .last()
+        .unwrap()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let client = reqwest::Client::builder()
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(reqwest::Certificate::from_pem(made.cert.pem().as_bytes()).unwrap())
+        .resolve("vak.example.com", ([127, 0, 0, 1], port).into())
+        .build()
+        .unwrap();
+    let r = client
+        .get(format!("https://vak.example.com:{port}/sessions"))
+        .bearer_auth("T")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "the trusted name, over TLS");
+    assert!(
+        !errs.lock().unwrap().iter().any(|l| l.contains("without TLS")),
+        "no plaintext warning with TLS on"
+    );
+    let _ = child.start_kill();
+}

@@ -302,6 +302,45 @@ async fn a_failing_provider_fails_the_run_without_leaking_internal_events() {
 }
 
 #[tokio::test]
+async fn transcripts_say_how_a_failed_or_cancelled_run_ended() {
+    let s = TestServer::start().await;
+    let sid = s.create_session().await;
+    let mut sse = s.events(&sid, None).await;
+    s.run(&sid, "/fail upstream exploded").await;
+    let failed = sse.until("run_finished").await.last().unwrap().body().clone();
+    s.run(&sid, "/sleep 60000").await;
+    sse.until("turn_started").await;
+    s.post(&format!("/sessions/{sid}/cancel"), json!({})).await;
+    let cancelled = sse.until("run_finished").await.last().unwrap().body().clone();
+    s.run(&sid, "fine").await;
+    sse.until("run_finished").await;
+
+    let (_, t) = s.get(&format!("/sessions/{sid}/transcript")).await;
+    let msgs = t["messages"].as_array().unwrap();
+    let roles: Vec<&str> = msgs.iter().map(|m| m["role"].as_str().unwrap()).collect();
+    assert_eq!(roles, ["user", "run", "user", "run", "user", "assistant"], "{t}");
+    assert_eq!(msgs[1]["outcome"], "failed");
+    assert_eq!(msgs[1]["text"], failed["message"]);
+    assert!(msgs[1]["text"].as_str().unwrap().contains("upstream exploded"));
+    assert_eq!(msgs[3]["outcome"], "cancelled");
+    assert_eq!(msgs[3]["text"], cancelled["message"]);
+    let mut keys: Vec<&String> = msgs[1].as_object().unwrap().keys().collect();
+    keys.sort();
+    assert_eq!(keys, ["outcome", "role", "seq", "text"]);
+
+    let (_, _, md) = s.get_text(&format!("/sessions/{sid}/transcript.md")).await;
+    let failed_at = md.find("## Run failed").expect("the failure is in transcript.md");
+    assert!(md[failed_at..].contains("upstream exploded"), "{md}");
+    assert!(
+        md.contains(&format!(
+            "## Run cancelled\n\n{}",
+            cancelled["message"].as_str().unwrap()
+        )),
+        "{md}"
+    );
+}
+
+#[tokio::test]
 async fn transcripts_list_and_markdown() {
     let s = TestServer::start_with(|c| c.core.permission = vak::core::PermissionMode::Allow).await;
     std::fs::write(s.workspace.join("x.md"), "X").unwrap();
@@ -318,6 +357,20 @@ async fn transcripts_list_and_markdown() {
         .map(|m| m["role"].as_str().unwrap())
         .collect();
     assert_eq!(roles, ["user", "assistant", "tool"]);
+    // Each entry carries its role's fields and no empty others.
+    let keys = |i: usize| -> Vec<String> {
+        let mut k: Vec<String> = t["messages"][i].as_object().unwrap().keys().cloned().collect();
+        k.sort();
+        k
+    };
+    assert_eq!(
+        keys(0),
+        ["role", "seq", "text"],
+        "a user message: {}",
+        t["messages"][0]
+    );
+    assert_eq!(keys(1), ["role", "seq", "text", "thinking"]);
+    assert_eq!(keys(2), ["call_id", "input", "ok", "role", "seq", "text", "tool"]);
     assert_eq!(t["messages"][1]["text"], "echo: hi there");
     assert_eq!(t["messages"][1]["thinking"], "pondering");
     assert_eq!(t["messages"][2]["text"], "X");

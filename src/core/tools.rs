@@ -43,7 +43,7 @@ pub fn approval_reason(tool: &str, input: &Value) -> String {
             .to_string()
     };
     match tool {
-        "write_file" => format!("write {} bytes to {}", arg("content").len(), arg("path")),
+        "write_file" => format!("write {} to {}", bytes(arg("content").len()), arg("path")),
         "bash" => format!("run `{}` in the workspace", arg("command")),
         other => format!("run {other}"),
     }
@@ -80,7 +80,7 @@ pub async fn run(workspace: &Path, tool: &str, input: &Value, cancel: &Cancellat
                 }
             }
             match tokio::fs::write(&p, content).await {
-                Ok(()) => ToolOutput::ok(format!("wrote {} bytes to {path}", content.len())),
+                Ok(()) => ToolOutput::ok(format!("wrote {} to {path}", bytes(content.len()))),
                 Err(e) => ToolOutput::err(format!("cannot write {path}: {e}")),
             }
         }
@@ -111,6 +111,15 @@ pub async fn run(workspace: &Path, tool: &str, input: &Value, cancel: &Cancellat
             }
         }
         other => ToolOutput::err(format!("unknown tool {other}")),
+    }
+}
+
+/// `1 byte`, `2 bytes`: what people read in approvals and results.
+fn bytes(n: usize) -> String {
+    if n == 1 {
+        "1 byte".to_string()
+    } else {
+        format!("{n} bytes")
     }
 }
 
@@ -170,6 +179,14 @@ pub fn confine(workspace: &Path, path: &str) -> Result<PathBuf, String> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn one_byte_is_singular() {
+        let ask = |content: &str| approval_reason("write_file", &json!({"path": "a", "content": content}));
+        assert_eq!(ask("x"), "write 1 byte to a");
+        assert_eq!(ask("xy"), "write 2 bytes to a");
+        assert_eq!(ask(""), "write 0 bytes to a");
+    }
 
     #[test]
     fn paths_cannot_escape_the_workspace() {

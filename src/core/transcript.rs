@@ -1,6 +1,6 @@
 //! The transcript: a fold of client events into messages and usage, shared by the live session, a reload from the ledger, and Markdown export.
 
-use super::event::ClientEvent;
+use super::event::{ClientEvent, RunOutcome};
 use serde_json::Value;
 use std::fmt::Write;
 
@@ -9,6 +9,8 @@ pub enum Role {
     User,
     Assistant,
     Tool,
+    /// How a run ended, when it did not complete: its outcome and the human message.
+    Run,
 }
 
 impl Role {
@@ -17,6 +19,7 @@ impl Role {
             Role::User => "user",
             Role::Assistant => "assistant",
             Role::Tool => "tool",
+            Role::Run => "run",
         }
     }
 }
@@ -31,6 +34,8 @@ pub struct Message {
     pub tool: String,
     pub input: Value,
     pub ok: bool,
+    /// Role::Run only: how the run ended (never Completed).
+    pub outcome: Option<RunOutcome>,
     pub seq: u64,
 }
 
@@ -44,6 +49,7 @@ impl Message {
             tool: String::new(),
             input: Value::Null,
             ok: false,
+            outcome: None,
             seq,
         }
     }
@@ -93,6 +99,14 @@ impl Transcript {
                     m.ok = *ok;
                     m.text = output.clone();
                 }
+            }
+            // A completed run speaks for itself; one that failed or was
+            // cancelled says so, with the message its clients were shown.
+            ClientEvent::RunFinished { outcome, message } if *outcome != RunOutcome::Completed => {
+                let mut m = Message::new(Role::Run, seq);
+                m.outcome = Some(*outcome);
+                m.text = message.clone();
+                self.messages.push(m);
             }
             _ => {}
         }
@@ -145,6 +159,10 @@ impl Transcript {
                         "\n### Tool `{}` ({status})\n\n```json\n{}\n```\n\n```text\n{}\n```\n",
                         m.tool, m.input, m.text
                     );
+                }
+                Role::Run => {
+                    let outcome = m.outcome.map_or("ended", |o| o.as_str());
+                    let _ = write!(out, "\n## Run {outcome}\n\n{}\n", m.text);
                 }
             }
         }
@@ -204,5 +222,50 @@ mod tests {
         assert!(md.contains("## User\n\n/read a\nhi\n"));
         assert!(md.contains("echo: hi"));
         assert!(md.contains("### Tool `read_file` (ok)"));
+    }
+
+    #[test]
+    fn runs_that_did_not_complete_say_how_they_ended() {
+        let mut t = Transcript::default();
+        let finished = |outcome, message: &str| ClientEvent::RunFinished {
+            outcome,
+            message: message.into(),
+        };
+        t.apply(
+            1,
+            &ClientEvent::UserMessage {
+                text: "a".into(),
+                request_id: "r".into(),
+            },
+        );
+        t.apply(2, &finished(RunOutcome::Completed, "completed"));
+        t.apply(
+            3,
+            &ClientEvent::UserMessage {
+                text: "b".into(),
+                request_id: "s".into(),
+            },
+        );
+        t.apply(4, &finished(RunOutcome::Failed, "the model failed: boom"));
+        t.apply(
+            5,
+            &ClientEvent::UserMessage {
+                text: "c".into(),
+                request_id: "u".into(),
+            },
+        );
+        t.apply(6, &finished(RunOutcome::Cancelled, "cancelled by a client"));
+        let roles: Vec<_> = t.messages.iter().map(|m| m.role).collect();
+        assert_eq!(roles, [Role::User, Role::User, Role::Run, Role::User, Role::Run]);
+        assert_eq!(t.messages[2].outcome, Some(RunOutcome::Failed));
+        assert_eq!(t.messages[2].text, "the model failed: boom");
+        assert_eq!(t.messages[2].seq, 4);
+        let md = t.markdown("s");
+        assert!(md.contains("\n## Run failed\n\nthe model failed: boom\n"), "{md}");
+        assert!(
+            md.contains("\n## Run cancelled\n\ncancelled by a client\n"),
+            "{md}"
+        );
+        assert!(!md.contains("Run completed"));
     }
 }

@@ -125,14 +125,7 @@ impl Render {
                     other => line(Style::Note, format!("· {tool} approval {other}{reason}")),
                 }]
             }
-            Kind::RunFinished(r) => match r.outcome.as_str() {
-                "completed" => Vec::new(),
-                "cancelled" => vec![line(Style::Note, format!("⊘ {}", clean(&r.message)))],
-                _ => vec![line(
-                    Style::Bad,
-                    format!("✗ run {}: {}", r.outcome, clean(&r.message)),
-                )],
-            },
+            Kind::RunFinished(r) => run_end(&r.outcome, &r.message),
             Kind::StreamOpened(_)
             | Kind::TurnStarted(_)
             | Kind::Status(_)
@@ -148,10 +141,10 @@ impl Render {
             match m.role.as_str() {
                 "user" => out.extend(user_lines(&m.text)),
                 "assistant" => {
-                    if !m.thinking.is_empty() {
+                    if !m.thinking().is_empty() {
                         out.push(Piece::Stream {
                             thinking: true,
-                            text: clean(&m.thinking),
+                            text: clean(m.thinking()),
                         });
                     }
                     if !m.text.is_empty() {
@@ -162,16 +155,26 @@ impl Render {
                     }
                 }
                 "tool" => {
-                    out.push(line(Style::Dim, tool_call_line(&m.tool, m.input.as_ref())));
+                    out.push(line(Style::Dim, tool_call_line(m.tool(), m.input.as_ref())));
                     // A call still waiting for its result has neither output nor ok.
-                    if m.ok || !m.text.is_empty() {
-                        out.push(self.result(&m.tool, m.ok, &m.text));
+                    if m.ok() || !m.text.is_empty() {
+                        out.push(self.result(m.tool(), m.ok(), &m.text));
                     }
                 }
+                "run" => out.extend(run_end(m.outcome(), &m.text)),
                 _ => {}
             }
         }
         out
+    }
+}
+
+/// How a run that did not complete is shown, live (run_finished) and on a redraw (a "run" entry).
+fn run_end(outcome: &str, message: &str) -> Vec<Piece> {
+    match outcome {
+        "completed" => Vec::new(),
+        "cancelled" => vec![line(Style::Note, format!("⊘ {}", clean(message)))],
+        _ => vec![line(Style::Bad, format!("✗ run {outcome}: {}", clean(message)))],
     }
 }
 
@@ -198,8 +201,9 @@ pub fn noun_for(n: usize, noun: &str) -> String {
 }
 
 /// What the server says about a tool, as shown: cleaned of control
-/// characters, and "1 bytes" in write_file's own phrases said as "1 byte".
-/// (Only the server's fixed phrasing is touched, never a path or a command's output.)
+/// characters, and "1 bytes" in write_file's own phrases said as "1 byte"
+/// (earlier builds said so, and their ledgers still do; only that
+/// fixed phrasing is touched, never a path or a command's output).
 pub fn tool_text(tool: &str, text: &str) -> String {
     let text = clean(text);
     if tool == "write_file" {

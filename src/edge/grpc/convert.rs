@@ -6,7 +6,7 @@ use crate::core::mux::{MuxFrame, MuxItem};
 use crate::core::presentation::{Item, PresentationEvent, Timeline};
 use crate::core::session::Client;
 use crate::core::session::{Admission, CancelResult, SessionInfo};
-use crate::core::transcript::Transcript;
+use crate::core::transcript::{self, Role, Transcript};
 use crate::proto::v1 as pb;
 use pb::event::Kind;
 use prost_types::value::Kind as Pv;
@@ -147,24 +147,33 @@ pub fn cancel(c: CancelResult) -> pb::CancelResponse {
     }
 }
 
+/// One transcript entry with only its role's fields present (see proto `Message`).
+fn message(m: transcript::Message) -> pb::Message {
+    let mut out = pb::Message {
+        role: m.role.as_str().into(),
+        text: m.text,
+        seq: m.seq,
+        ..Default::default()
+    };
+    match m.role {
+        Role::User => {}
+        Role::Assistant => out.thinking = (!m.thinking.is_empty()).then_some(m.thinking),
+        Role::Tool => {
+            out.call_id = Some(m.call_id);
+            out.tool = Some(m.tool);
+            out.input = (!m.input.is_null()).then(|| json_to_struct(&m.input));
+            out.ok = Some(m.ok);
+        }
+        Role::Run => out.outcome = m.outcome.map(|o| o.as_str().to_string()),
+    }
+    out
+}
+
 pub fn transcript(session_id: &str, t: Transcript) -> pb::Transcript {
     pb::Transcript {
         session_id: session_id.to_string(),
         seq: t.seq,
-        messages: t
-            .messages
-            .into_iter()
-            .map(|m| pb::Message {
-                role: m.role.as_str().into(),
-                text: m.text,
-                thinking: m.thinking,
-                call_id: m.call_id,
-                tool: m.tool,
-                input: (!m.input.is_null()).then(|| json_to_struct(&m.input)),
-                ok: m.ok,
-                seq: m.seq,
-            })
-            .collect(),
+        messages: t.messages.into_iter().map(message).collect(),
         usage: Some(pb::Usage {
             input_tokens: t.usage.input_tokens,
             output_tokens: t.usage.output_tokens,
