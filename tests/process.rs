@@ -112,6 +112,13 @@ impl Drop for Vak {
     }
 }
 
+/// `vak serve --listen LISTEN EXTRA… --home HOME --workspace WS`.
+fn serve_at(listen: &str, home: &Path, ws: &Path, extra: &[&str]) -> Command {
+    let mut cmd = vak(&["serve", "--listen", listen]);
+    cmd.args(extra).arg("--home").arg(home).arg("--workspace").arg(ws);
+    cmd
+}
+
 /// Runs a `vak` that is expected to fail at startup: (status, stdout, stderr).
 async fn run_to_exit(cmd: Command) -> (ExitStatus, String, String) {
     let mut cmd = cmd;
@@ -156,11 +163,7 @@ async fn get_status(url: &str, path: &str, token: Option<&str>) -> u16 {
 async fn serve_announces_its_real_port_answers_there_and_writes_server_json_owner_only() {
     let home = tempfile::tempdir().unwrap();
     let ws = tempfile::tempdir().unwrap();
-    let mut cmd = vak(&["serve", "--listen", "127.0.0.1:0", "--token", "T0k"]);
-    cmd.arg("--home")
-        .arg(home.path())
-        .arg("--workspace")
-        .arg(ws.path());
+    let cmd = serve_at("127.0.0.1:0", home.path(), ws.path(), &["--token", "T0k"]);
     let mut v = Vak::spawn(cmd);
     let url = v.url().await;
     let port: u16 = url
@@ -189,11 +192,7 @@ async fn serve_announces_its_real_port_answers_there_and_writes_server_json_owne
 async fn signal_stops_gracefully(signal: &str) {
     let home = tempfile::tempdir().unwrap();
     let ws = tempfile::tempdir().unwrap();
-    let mut cmd = vak(&["serve", "--listen", "127.0.0.1:0", "--token", "T"]);
-    cmd.arg("--home")
-        .arg(home.path())
-        .arg("--workspace")
-        .arg(ws.path());
+    let cmd = serve_at("127.0.0.1:0", home.path(), ws.path(), &["--token", "T"]);
     let mut v = Vak::spawn(cmd);
     let url = v.url().await;
     let http = reqwest::Client::new();
@@ -305,8 +304,7 @@ async fn an_unwritable_home_exits_nonzero_with_one_clear_line() {
     std::fs::write(&file, "not a directory").unwrap();
     let home = file.join("home");
     let ws = tempfile::tempdir().unwrap();
-    let mut cmd = vak(&["serve", "--listen", "127.0.0.1:0", "--token", "T"]);
-    cmd.arg("--home").arg(&home).arg("--workspace").arg(ws.path());
+    let cmd = serve_at("127.0.0.1:0", &home, ws.path(), &["--token", "T"]);
     let (status, stdout, stderr) = run_to_exit(cmd).await;
     assert!(!status.success(), "{status:?}");
     assert!(!stdout.contains("listening on"), "{stdout}");
@@ -321,11 +319,7 @@ async fn an_unwritable_home_exits_nonzero_with_one_clear_line() {
 async fn a_non_loopback_listen_address_is_refused() {
     let home = tempfile::tempdir().unwrap();
     let ws = tempfile::tempdir().unwrap();
-    let mut cmd = vak(&["serve", "--listen", "0.0.0.0:0", "--token", "T"]);
-    cmd.arg("--home")
-        .arg(home.path())
-        .arg("--workspace")
-        .arg(ws.path());
+    let cmd = serve_at("0.0.0.0:0", home.path(), ws.path(), &["--token", "T"]);
     let (status, stdout, stderr) = run_to_exit(cmd).await;
     assert!(!status.success(), "{status:?}");
     assert!(!stdout.contains("listening on"), "{stdout}");
@@ -359,11 +353,7 @@ async fn vak_token_and_vak_home_are_honoured_without_flags() {
 async fn without_a_token_one_is_generated_written_to_server_json_and_accepted() {
     let home = tempfile::tempdir().unwrap();
     let ws = tempfile::tempdir().unwrap();
-    let mut cmd = vak(&["serve", "--listen", "127.0.0.1:0"]);
-    cmd.arg("--home")
-        .arg(home.path())
-        .arg("--workspace")
-        .arg(ws.path());
+    let cmd = serve_at("127.0.0.1:0", home.path(), ws.path(), &[]);
     let mut v = Vak::spawn(cmd);
     let url = v.url().await;
     let info = server_json(home.path());
@@ -384,11 +374,7 @@ async fn without_a_token_one_is_generated_written_to_server_json_and_accepted() 
 
     // A second server generates a different token.
     let home2 = tempfile::tempdir().unwrap();
-    let mut cmd = vak(&["serve", "--listen", "127.0.0.1:0"]);
-    cmd.arg("--home")
-        .arg(home2.path())
-        .arg("--workspace")
-        .arg(ws.path());
+    let cmd = serve_at("127.0.0.1:0", home2.path(), ws.path(), &[]);
     let mut v2 = Vak::spawn(cmd);
     let url2 = v2.url().await;
     let token2 = server_json(home2.path())["token"].as_str().unwrap().to_string();
@@ -465,11 +451,12 @@ async fn read_until(rx: &mut mpsc::UnboundedReceiver<String>, needle: &str) -> V
 async fn allow_remote_binds_any_address_names_a_loopback_url_and_warns_without_tls() {
     let home = tempfile::tempdir().unwrap();
     let ws = tempfile::tempdir().unwrap();
-    let mut cmd = vak(&["serve", "--listen", "0.0.0.0:0", "--allow-remote", "--token", "T"]);
-    cmd.arg("--home")
-        .arg(home.path())
-        .arg("--workspace")
-        .arg(ws.path());
+    let mut cmd = serve_at(
+        "0.0.0.0:0",
+        home.path(),
+        ws.path(),
+        &["--allow-remote", "--token", "T"],
+    );
     let (mut child, mut out, errs) = spawn_collecting(&mut cmd);
     let lines = read_until(&mut out, "listening on http://").await;
     assert!(
@@ -502,18 +489,13 @@ async fn allow_remote_binds_any_address_names_a_loopback_url_and_warns_without_t
 async fn listen_accepts_localhost_as_a_name_for_127_0_0_1() {
     let home = tempfile::tempdir().unwrap();
     let ws = tempfile::tempdir().unwrap();
-    let mut cmd = vak(&["serve", "--listen", "localhost:0", "--token", "T"]);
-    cmd.arg("--home")
-        .arg(home.path())
-        .arg("--workspace")
-        .arg(ws.path());
+    let cmd = serve_at("localhost:0", home.path(), ws.path(), &["--token", "T"]);
     let mut v = Vak::spawn(cmd);
     let url = v.url().await;
     assert!(url.starts_with("http://127.0.0.1:"), "{url}");
     assert_eq!(get_status(&url, "/sessions", Some("T")).await, 200);
 
-    let mut cmd = vak(&["serve", "--listen", "localhost:http", "--token", "T"]);
-    cmd.arg("--home").arg(ws.path()).arg("--workspace").arg(ws.path());
+    let cmd = serve_at("localhost:http", ws.path(), ws.path(), &["--token", "T"]);
     let (status, _, stderr) = run_to_exit(cmd).await;
     assert!(!status.success());
     assert!(stderr.contains("--listen"), "clap names the flag: {stderr}");
@@ -523,18 +505,12 @@ async fn listen_accepts_localhost_as_a_name_for_127_0_0_1() {
 async fn tls_self_signed_prints_its_fingerprint_and_serves_https() {
     let home = tempfile::tempdir().unwrap();
     let ws = tempfile::tempdir().unwrap();
-    let mut cmd = vak(&[
-        "serve",
-        "--listen",
+    let mut cmd = serve_at(
         "127.0.0.1:0",
-        "--tls-self-signed",
-        "--token",
-        "T",
-    ]);
-    cmd.arg("--home")
-        .arg(home.path())
-        .arg("--workspace")
-        .arg(ws.path());
+        home.path(),
+        ws.path(),
+        &["--tls-self-signed", "--token", "T"],
+    );
     let (mut child, mut out, _errs) = spawn_collecting(&mut cmd);
     let lines = read_until(&mut out, "listening on https://127.0.0.1:").await;
     let fp = lines
@@ -582,11 +558,7 @@ async fn config_toml_trusted_hosts_apply_and_a_bad_config_stops_startup() {
         "[server]\ntrusted_hosts = [\"vak.test\"]\n",
     )
     .unwrap();
-    let mut cmd = vak(&["serve", "--listen", "127.0.0.1:0", "--token", "T"]);
-    cmd.arg("--home")
-        .arg(home.path())
-        .arg("--workspace")
-        .arg(ws.path());
+    let cmd = serve_at("127.0.0.1:0", home.path(), ws.path(), &["--token", "T"]);
     let mut v = Vak::spawn(cmd);
     let url = v.url().await;
     let r = reqwest::Client::new()
@@ -600,25 +572,17 @@ async fn config_toml_trusted_hosts_apply_and_a_bad_config_stops_startup() {
     v.kill().await;
 
     std::fs::write(home.path().join("config.toml"), "[server]\ntrusted_host = 1\n").unwrap();
-    let mut cmd = vak(&["serve", "--listen", "127.0.0.1:0", "--token", "T"]);
-    cmd.arg("--home")
-        .arg(home.path())
-        .arg("--workspace")
-        .arg(ws.path());
+    let cmd = serve_at("127.0.0.1:0", home.path(), ws.path(), &["--token", "T"]);
     let (status, _, stderr) = run_to_exit(cmd).await;
     assert!(!status.success());
     assert!(one_line(&stderr).contains("config.toml"), "{stderr}");
 
-    let mut cmd = vak(&[
-        "serve",
-        "--listen",
+    let cmd = serve_at(
         "127.0.0.1:0",
-        "--token",
-        "T",
-        "--allow-origin",
-        "*",
-    ]);
-    cmd.arg("--home").arg(ws.path()).arg("--workspace").arg(ws.path());
+        ws.path(),
+        ws.path(),
+        &["--token", "T", "--allow-origin", "*"],
+    );
     let (status, _, stderr) = run_to_exit(cmd).await;
     assert!(!status.success(), "a wildcard origin is refused");
     assert!(one_line(&stderr).contains("no wildcards"), "{stderr}");
@@ -626,9 +590,7 @@ async fn config_toml_trusted_hosts_apply_and_a_bad_config_stops_startup() {
 
 /// `vak serve --home H` with a fresh workspace and no token flag.
 fn serve_on(home: &Path, ws: &Path, extra: &[&str]) -> Command {
-    let mut cmd = vak(&["serve", "--listen", "127.0.0.1:0"]);
-    cmd.args(extra).arg("--home").arg(home).arg("--workspace").arg(ws);
-    cmd
+    serve_at("127.0.0.1:0", home, ws, extra)
 }
 
 #[tokio::test]
