@@ -528,3 +528,60 @@ fn the_readme_tour_runs_against_a_live_server() {
 fn the_protocol_examples_run_against_a_live_server() {
     run_document("docs/protocol.md");
 }
+
+/// Every source file under `dir`, recursively.
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+#[test]
+fn every_invariant_in_architecture_md_names_tests_that_exist() {
+    let text = std::fs::read_to_string(repo().join("ARCHITECTURE.md")).unwrap();
+    let section = text
+        .split("## Invariants")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("ARCHITECTURE.md has an Invariants section");
+    let mut files = Vec::new();
+    rust_files(&repo().join("src"), &mut files);
+    rust_files(&repo().join("tests"), &mut files);
+    let mut problems = Vec::new();
+    let bullets: Vec<&str> = section.split("\n- ").skip(1).collect();
+    assert!(bullets.len() > 5, "{section}");
+    for bullet in bullets {
+        if bullet.starts_with("Deliberately absent") {
+            continue;
+        }
+        // `module::test` or `module::tests::test`: the file is tests/module.rs or src/**/module.rs.
+        let names: Vec<&str> = bullet
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .filter(|n| n.contains("::") && !n.contains(' '))
+            .collect();
+        if names.is_empty() {
+            problems.push(format!("no test named for: {}", bullet.lines().next().unwrap()));
+        }
+        for name in names {
+            let parts: Vec<&str> = name.split("::").collect();
+            let (module, test) = (parts[0], parts[parts.len() - 1]);
+            let found = files.iter().any(|f| {
+                f.file_stem().is_some_and(|s| s == module)
+                    && std::fs::read_to_string(f)
+                        .unwrap()
+                        .contains(&format!("fn {test}("))
+            });
+            if !found {
+                problems.push(format!("{name}: no such test"));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
