@@ -179,7 +179,7 @@ impl FileConfig {
                 // One line: where, and what.
                 let line = e
                     .span()
-                    .map_or(0, |sp| text[..sp.start.min(text.len())].lines().count().max(1));
+                    .map_or(0, |sp| text[..sp.start.min(text.len())].matches('\n').count() + 1);
                 Error::invalid(format!("{} line {line}: {}", path.display(), e.message()))
             }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(FileConfig::default()),

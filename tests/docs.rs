@@ -122,13 +122,15 @@ fn fences(doc: &Path) -> Vec<Fence> {
     let mut out = Vec::new();
     let mut i = 0;
     while i < lines.len() {
-        let Some(info) = lines[i].strip_prefix("```") else {
+        // Fences inside list items are indented; their body is, by as much.
+        let indent = lines[i].len() - lines[i].trim_start().len();
+        let Some(info) = lines[i].trim_start().strip_prefix("```") else {
             i += 1;
             continue;
         };
         let start = i;
         let end = (i + 1..lines.len())
-            .find(|&j| lines[j].trim_end() == "```")
+            .find(|&j| lines[j].trim() == "```")
             .unwrap_or_else(|| panic!("{}:{}: a fence that is never closed", doc.display(), i + 1));
         let marker = start
             .checked_sub(1)
@@ -140,7 +142,16 @@ fn fences(doc: &Path) -> Vec<Fence> {
             line: start + 1,
             info: info.trim().to_string(),
             marker,
-            body: lines[start + 1..end].join("\n") + "\n",
+            body: lines[start + 1..end]
+                .iter()
+                .map(|l| {
+                    l.get(indent..)
+                        .filter(|_| l.starts_with(&" ".repeat(indent)))
+                        .unwrap_or(l.trim_start())
+                })
+                .collect::<Vec<_>>()
+                .join("\n")
+                + "\n",
         });
         i = end + 1;
     }
@@ -242,6 +253,17 @@ fn the_marker_rules_catch_what_they_promise() {
         "no marker"
     );
     assert!(check_fence(&doc, &fence(Some("doc-test: run"), "sh", "ls\n")).is_none());
+    let dir = tempfile::tempdir().unwrap();
+    let listed = dir.path().join("list.md");
+    std::fs::write(
+        &listed,
+        "1. Step:\n\n   <!-- doc-test: run -->\n   ```sh\n   echo a\n     echo b\n   ```\n",
+    )
+    .unwrap();
+    let found = fences(&listed);
+    assert_eq!(found.len(), 1, "a fence in a list item is seen");
+    assert_eq!(found[0].body, "echo a\n  echo b\n", "and its body dedented");
+    assert_eq!(found[0].doc_test(), Some("run"));
     let transcript = fence(
         None,
         "console",
@@ -508,7 +530,16 @@ fn run_document(rel: &str) {
     }
     for (i, b) in blocks.iter().enumerate() {
         if let Some(expect) = b.expect() {
-            let got = output_of(i);
+            // A background stream may still be catching up when the last block is done.
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            let mut got = output_of(i);
+            while b.doc_test() == Some("background")
+                && !got.contains(expect)
+                && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(Duration::from_millis(20));
+                got = output_of(i);
+            }
             assert!(
                 got.contains(expect),
                 "{rel}:{}: the block's output lacks {expect:?}:\n{got}",

@@ -575,7 +575,11 @@ async fn config_toml_trusted_hosts_apply_and_a_bad_config_stops_startup() {
     let cmd = serve_at("127.0.0.1:0", home.path(), ws.path(), &["--token", "T"]);
     let (status, _, stderr) = run_to_exit(cmd).await;
     assert!(!status.success());
-    assert!(one_line(&stderr).contains("config.toml"), "{stderr}");
+    let line = one_line(&stderr);
+    assert!(
+        line.contains("config.toml line 2:"),
+        "the line of the bad key: {line}"
+    );
 
     let cmd = serve_at(
         "127.0.0.1:0",

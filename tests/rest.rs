@@ -503,6 +503,10 @@ async fn auth_and_host_rules() {
     let r = plain.get(format!("{}/health", s.url)).send().await.unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(r.json::<serde_json::Value>().await.unwrap()["status"], "ok");
+    let r = plain.head(format!("{}/health", s.url)).send().await.unwrap();
+    assert_eq!(r.status(), 200, "HEAD /health needs no token either");
+    let r = plain.post(format!("{}/health", s.url)).send().await.unwrap();
+    assert_eq!(r.status(), 405, "a wrong method on /health is a 405, not a 401");
     let r = plain.get(format!("{}/sessions", s.url)).send().await.unwrap();
     assert_eq!(r.status(), 401);
     assert_eq!(

@@ -416,7 +416,7 @@ impl Session {
             Some(r) => {
                 if r.len() > 128 || r.chars().any(|c| c.is_control()) {
                     return Err(Error::invalid(
-                        "request_id must be at most 128 printable characters",
+                        "request_id must be at most 128 bytes, with no control characters",
                     ));
                 }
                 r

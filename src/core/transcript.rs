@@ -146,10 +146,11 @@ impl Transcript {
                         for line in m.thinking.lines() {
                             let _ = writeln!(out, "> {line}");
                         }
-                        out.push('\n');
                     }
                     if !m.text.is_empty() {
-                        let _ = writeln!(out, "{}", m.text);
+                        // A blank line between the quoted thinking and the answer.
+                        let gap = if m.thinking.is_empty() { "" } else { "\n" };
+                        let _ = writeln!(out, "{gap}{}", m.text);
                     }
                 }
                 Role::Tool => {
@@ -267,5 +268,43 @@ mod tests {
             "{md}"
         );
         assert!(!md.contains("Run completed"));
+    }
+
+    #[test]
+    fn markdown_has_one_blank_line_between_sections() {
+        let mut t = Transcript::default();
+        t.apply(
+            1,
+            &ClientEvent::UserMessage {
+                text: "q".into(),
+                request_id: "r".into(),
+            },
+        );
+        t.apply(2, &ClientEvent::ThinkingDelta { text: "hmm".into() });
+        t.apply(
+            3,
+            &ClientEvent::RunFinished {
+                outcome: RunOutcome::Failed,
+                message: "boom".into(),
+            },
+        );
+        t.apply(
+            4,
+            &ClientEvent::UserMessage {
+                text: "q2".into(),
+                request_id: "s".into(),
+            },
+        );
+        t.apply(5, &ClientEvent::ThinkingDelta { text: "a\nb".into() });
+        t.apply(
+            6,
+            &ClientEvent::TextDelta {
+                text: "answer".into(),
+            },
+        );
+        let md = t.markdown("s");
+        assert!(!md.contains("\n\n\n"), "{md:?}");
+        assert!(md.contains("> hmm\n\n## Run failed\n\nboom\n"), "{md:?}");
+        assert!(md.contains("> a\n> b\n\nanswer\n"), "{md:?}");
     }
 }

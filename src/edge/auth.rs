@@ -161,7 +161,7 @@ fn is_state_changing(m: &Method) -> bool {
 /// grpcurl and buf curl can discover the API before they hold a token).
 fn exempt(req: &Request) -> bool {
     let path = req.uri().path();
-    (path == "/health" && req.method() == Method::GET)
+    path == "/health"
         || path.starts_with("/grpc.health.v1.Health/")
         || path.starts_with("/grpc.reflection.v1.ServerReflection/")
         || path.starts_with("/grpc.reflection.v1alpha.ServerReflection/")

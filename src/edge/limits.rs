@@ -41,16 +41,16 @@ impl StreamLimits {
         let mut open = self.lock();
         if open.total >= self.total {
             return Err(Status::resource_exhausted(format!(
-                "the server has {} streams open, its limit; try again later",
-                self.total
+                "the server has {} open, its limit; try again later",
+                streams(self.total)
             )));
         }
         if let Some(ip) = client {
             let n = open.by_client.entry(ip).or_default();
             if *n >= self.per_client {
                 return Err(Status::resource_exhausted(format!(
-                    "{ip} already has {} streams open, the per-client limit; close one first",
-                    self.per_client
+                    "{ip} already has {} open, the per-client limit; close one first",
+                    streams(self.per_client)
                 )));
             }
             *n += 1;
@@ -64,6 +64,15 @@ impl StreamLimits {
 
     pub fn open_streams(&self) -> usize {
         self.lock().total
+    }
+}
+
+/// `1 stream`, `2 streams`.
+fn streams(n: usize) -> String {
+    if n == 1 {
+        "1 stream".to_string()
+    } else {
+        format!("{n} streams")
     }
 }
 
@@ -85,6 +94,16 @@ impl Drop for StreamPermit {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_limit_of_one_says_1_stream() {
+        let l = StreamLimits::new(1, 1);
+        let a: IpAddr = "127.0.0.1".parse().unwrap();
+        let _p = l.acquire(Some(a)).unwrap();
+        let e = l.acquire(Some(a)).err().unwrap();
+        assert!(e.message().contains("has 1 stream open"), "{}", e.message());
+        assert!(!e.message().contains("1 streams"), "{}", e.message());
+    }
 
     #[test]
     fn caps_per_client_and_in_total_and_frees_on_drop() {
