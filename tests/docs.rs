@@ -421,16 +421,12 @@ fn make_install_puts_a_working_vak_in_prefix_bin() {
 }
 
 /// The tools the documents use, besides bash and curl: where `make test` installs them.
-fn tool_path() -> String {
+/// `bin` gets a `vak` link to the binary under test, first on the PATH.
+fn tool_path(bin: &Path) -> String {
     let root = repo();
-    let bin = tempfile::Builder::new()
-        .prefix("vak-doc-bin")
-        .tempdir()
-        .unwrap()
-        .keep();
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_vak"), bin.join("vak")).unwrap();
     let dirs = [
-        bin,
+        bin.to_path_buf(),
         root.join("target/tools/venv/bin"),
         root.join("clients/web/node_modules/.bin"),
     ];
@@ -457,10 +453,11 @@ fn run_document(rel: &str) {
         .filter(|f| f.is_shell() && matches!(f.doc_test(), Some("run" | "background")))
         .collect();
     assert!(!blocks.is_empty(), "{rel} has blocks to run");
-    let path = tool_path();
-    require_tools(&path);
-
     let tmp = tempfile::tempdir().unwrap();
+    let bin = tmp.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let path = tool_path(&bin);
+    require_tools(&path);
     let (home_dir, ws, out) = (
         tmp.path().join("home"),
         tmp.path().join("ws"),
