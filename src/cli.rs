@@ -64,6 +64,22 @@ pub struct ServeArgs {
     /// Streams open at once from one client address.
     #[arg(long, default_value_t = 256)]
     pub max_streams_per_client: usize,
+    /// Connections open at once; more are closed as soon as they are
+    /// accepted. Default: three quarters of the open-files limit (raised to
+    /// its hard limit at startup), at most 65536.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections: Option<u64>,
+    /// How long a new connection may take to send its first request head
+    /// (any protocol), and an HTTP/1.1 client any request's headers.
+    #[arg(long, default_value = "10s", value_parser = parse_timeout)]
+    pub header_read_timeout: std::time::Duration,
+    /// How long a connection may stay open with no request in flight
+    /// (HTTP/1.1 keep-alive, HTTP/2 with no open stream).
+    #[arg(long, default_value = "60s", value_parser = parse_timeout)]
+    pub idle_timeout: std::time::Duration,
+    /// How long a request body may take to arrive after its headers.
+    #[arg(long, default_value = "30s", value_parser = parse_timeout)]
+    pub body_read_timeout: std::time::Duration,
     /// The data home (ledgers, server.json).
     #[arg(long, env = "VAK_HOME")]
     pub home: Option<PathBuf>,
@@ -111,6 +127,15 @@ fn parse_listen(s: &str) -> std::result::Result<SocketAddr, String> {
     }
 }
 
+/// A timeout such as `10s`, `500ms` or `2m`; zero is refused.
+fn parse_timeout(s: &str) -> std::result::Result<std::time::Duration, String> {
+    match humantime::parse_duration(s) {
+        Ok(d) if d.is_zero() => Err("a timeout must be longer than zero".into()),
+        Ok(d) => Ok(d),
+        Err(e) => Err(format!("{e}: expected a duration such as 10s, 500ms or 2m")),
+    }
+}
+
 impl ServeArgs {
     /// The configuration for a home this process has locked (the kept token
     /// may be rotated, so only the home's owner may call this).
@@ -150,6 +175,12 @@ impl ServeArgs {
         }
         cfg.max_streams = self.max_streams;
         cfg.max_streams_per_client = self.max_streams_per_client;
+        if let Some(n) = self.max_connections {
+            cfg.max_connections = usize::try_from(n).unwrap_or(usize::MAX);
+        }
+        cfg.header_read_timeout = self.header_read_timeout;
+        cfg.idle_timeout = self.idle_timeout;
+        cfg.body_read_timeout = self.body_read_timeout;
         Ok(cfg)
     }
 }
@@ -222,7 +253,20 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
             )));
         }
     };
+    // Before the default connection cap is derived from it.
+    let nofile = crate::edge::fdlimit::raise_nofile();
     let mut cfg = args.config(home.clone())?;
+    match nofile {
+        Ok((before, now)) if before < now => tracing::info!(
+            "open-files limit {now} (raised from {before}); at most {} connections at once",
+            cfg.max_connections
+        ),
+        Ok((_, now)) => tracing::info!(
+            "open-files limit {now}; at most {} connections at once",
+            cfg.max_connections
+        ),
+        Err(e) => tracing::warn!("{e}; at most {} connections at once", cfg.max_connections),
+    }
     let tls = if args.tls_self_signed {
         Some(tls::self_signed(&home)?)
     } else if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {

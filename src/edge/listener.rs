@@ -1,18 +1,23 @@
-//! The accept loop: plain TCP or TLS on one port, hyper serving HTTP/1.1 and HTTP/2 (h2c or ALPN) to one router, with each request tagged by its peer address, a header-read timeout, a write timeout that reaps stalled clients, and a bounded graceful drain.
+//! The accept loop: plain TCP or TLS on one port, hyper serving HTTP/1.1 and HTTP/2 (h2c or ALPN) to one router, with each request tagged by its peer address; a cap on concurrent connections (the excess closed at once); accept errors backed off; deadlines for the first bytes and request head, the request body, and a connection with no request in flight (`reaper.rs`); a write timeout that reaps clients that stop reading; and a bounded graceful drain.
 
+use super::errors::{is_grpc, json_error};
+use super::reaper::{ConnState, DeadlineBody, Tally, Tracked};
 use axum::Router;
+use http::StatusCode;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::service::TowerToHyperService;
+use std::convert::Infallible;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Semaphore};
 use tokio::time::Sleep;
 use tower::ServiceExt;
 
@@ -27,8 +32,15 @@ pub struct Secure(pub bool);
 #[derive(Clone)]
 pub struct ListenConfig {
     pub tls: Option<Arc<rustls::ServerConfig>>,
-    /// How long a client may take to send a request's headers (slowloris).
+    /// How long a new connection may take to complete its first request
+    /// head (the first bytes, the HTTP/2 preface, a HEADERS block), and an
+    /// HTTP/1.1 client to send any request's headers (slowloris).
     pub header_read_timeout: Duration,
+    /// How long a connection may stay open with no request in flight
+    /// (HTTP/1.1 keep-alive, HTTP/2 with no open stream).
+    pub idle_timeout: Duration,
+    /// How long a request body may take to arrive after its head.
+    pub body_read_timeout: Duration,
     /// How long one write may stay blocked before the connection is dropped:
     /// a client that stops reading is reaped and its memory released.
     pub write_timeout: Duration,
@@ -36,10 +48,20 @@ pub struct ListenConfig {
     pub handshake_timeout: Duration,
     /// How long open connections get to finish after shutdown.
     pub drain: Duration,
+    /// Connections open at once; more are closed as soon as they are accepted.
+    pub max_connections: usize,
 }
 
 /// What a plain-HTTP client hears on a TLS port.
 const PLAIN_ON_TLS: &[u8] = b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\nContent-Length: 46\r\n\r\nThis port speaks TLS: connect with https://.\r\n";
+
+/// How long a connection being closed for idleness gets to say goodbye
+/// (an HTTP/2 GOAWAY) before it is dropped.
+const GOODBYE: Duration = Duration::from_secs(1);
+
+/// The accept loop's back-off after an error such as EMFILE, doubled up to the max.
+const BACKOFF_MIN: Duration = Duration::from_millis(10);
+const BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 /// Serves `app` on `listener` until `shutdown` resolves, then drains.
 pub async fn serve(
@@ -53,57 +75,212 @@ pub async fn serve(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(cfg.header_read_timeout);
-    builder.http2().timer(TokioTimer::new());
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        // A peer that vanished under a quiet stream is noticed.
+        .keep_alive_interval(Duration::from_secs(30))
+        .keep_alive_timeout(Duration::from_secs(20));
+    let builder = Arc::new(builder);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let slots = Arc::new(Semaphore::new(
+        cfg.max_connections.clamp(1, Semaphore::MAX_PERMITS),
+    ));
     let acceptor = cfg.tls.clone().map(tokio_rustls::TlsAcceptor::from);
+    let cfg = Arc::new(cfg);
+    let mut refused = Tally::default();
+    let mut failed = Tally::default();
+    let mut last_error = String::new();
+    let mut backoff = BACKOFF_MIN;
     tokio::pin!(shutdown);
     loop {
+        let flush_at = [refused.due(), failed.due()].into_iter().flatten().min();
         let (tcp, peer) = tokio::select! {
             r = listener.accept() => match r {
-                Ok(c) => c,
+                Ok(c) => {
+                    backoff = BACKOFF_MIN;
+                    c
+                }
+                Err(e) if is_per_connection(&e) => {
+                    tracing::debug!("accept: {e}");
+                    continue;
+                }
                 Err(e) => {
-                    // Out of descriptors and the like: back off instead of spinning.
-                    tracing::warn!("accept failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    // Out of descriptors and the like: back off instead of
+                    // spinning; idle connections are reaped meanwhile.
+                    last_error = e.to_string();
+                    if let Some(n) = failed.hit() {
+                        log_accept_errors(n, &last_error, backoff);
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = &mut shutdown => break,
+                    }
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
                     continue;
                 }
             },
+            _ = sleep_until_opt(flush_at) => {
+                if let Some(n) = refused.flush() {
+                    log_refused(n, cfg.max_connections);
+                }
+                if let Some(n) = failed.flush() {
+                    log_accept_errors(n, &last_error, backoff);
+                }
+                continue;
+            }
             _ = &mut shutdown => break,
         };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            // Over the cap: closed at once, before it costs anything more.
+            drop(tcp);
+            if let Some(n) = refused.hit() {
+                log_refused(n, cfg.max_connections);
+            }
+            continue;
+        };
         let _ = tcp.set_nodelay(true);
-        let app = app.clone();
-        let builder = builder.clone();
-        let watcher = graceful.watcher();
+        let conn = Connection {
+            app: app.clone(),
+            builder: builder.clone(),
+            cfg: cfg.clone(),
+            peer,
+            stop: stop_rx.clone(),
+        };
         let acceptor = acceptor.clone();
-        let cfg = cfg.clone();
         tokio::spawn(async move {
-            let secure = acceptor.is_some();
-            let tag = move |req: http::Request<hyper::body::Incoming>| {
-                let mut req = req.map(axum::body::Body::new);
-                req.extensions_mut().insert(PeerAddr(peer));
-                req.extensions_mut().insert(Secure(secure));
-                req
-            };
-            let service = TowerToHyperService::new(app.map_request(tag));
+            let _slot = slot;
             match acceptor {
-                None => {
-                    let io = TokioIo::new(WriteTimeout::new(tcp, cfg.write_timeout));
-                    let conn = builder.serve_connection_with_upgrades(io, service);
-                    let _ = watcher.watch(conn.into_owned()).await;
-                }
+                None => conn.serve(tcp, false).await,
                 Some(acceptor) => {
-                    let Some(tls) = handshake(tcp, &acceptor, cfg.handshake_timeout).await else {
-                        return;
-                    };
-                    let io = TokioIo::new(WriteTimeout::new(tls, cfg.write_timeout));
-                    let conn = builder.serve_connection_with_upgrades(io, service);
-                    let _ = watcher.watch(conn.into_owned()).await;
+                    if let Some(tls) = handshake(tcp, &acceptor, conn.cfg.handshake_timeout).await {
+                        conn.serve(tls, true).await;
+                    }
                 }
             }
         });
     }
     drop(listener);
-    let _ = tokio::time::timeout(cfg.drain, graceful.shutdown()).await;
+    drop(stop_rx);
+    let _ = stop_tx.send(true);
+    // Resolves when every connection task has ended (each holds a receiver).
+    let _ = tokio::time::timeout(cfg.drain, stop_tx.closed()).await;
+}
+
+fn log_refused(n: u64, max: usize) {
+    tracing::warn!(
+        "refused {n} connection{}: {max} open already, the limit (--max-connections)",
+        if n == 1 { "" } else { "s" }
+    );
+}
+
+fn log_accept_errors(n: u64, error: &str, backoff: Duration) {
+    tracing::warn!(
+        "accept failed {n} time{} ({error}); retrying after {}",
+        if n == 1 { "" } else { "s" },
+        humantime::format_duration(backoff)
+    );
+}
+
+/// Errors that concern one connection (it went away before it was
+/// accepted), not the listener: no reason to pause.
+fn is_per_connection(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionRefused
+    )
+}
+
+async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// One accepted connection and what serving it needs.
+struct Connection {
+    app: Router,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    cfg: Arc<ListenConfig>,
+    peer: SocketAddr,
+    stop: watch::Receiver<bool>,
+}
+
+impl Connection {
+    async fn serve<T>(mut self, io: T, secure: bool)
+    where
+        T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let state = ConnState::new();
+        let (app, peer, limit) = (self.app.clone(), self.peer, self.cfg.body_read_timeout);
+        let requests = state.clone();
+        let service = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+            let guard = requests.begin();
+            let timed_out = Arc::new(AtomicBool::new(false));
+            let http1 = req.version() < http::Version::HTTP_2;
+            let grpc = is_grpc(req.headers());
+            let mut req = req.map(|b| axum::body::Body::new(DeadlineBody::new(b, limit, timed_out.clone())));
+            req.extensions_mut().insert(PeerAddr(peer));
+            req.extensions_mut().insert(Secure(secure));
+            let app = app.clone();
+            async move {
+                let resp = match app.oneshot(req).await {
+                    Ok(r) => r,
+                    Err(never) => match never {},
+                };
+                let resp = if timed_out.load(Ordering::SeqCst) && !grpc {
+                    body_timeout(limit, http1)
+                } else {
+                    resp
+                };
+                Ok::<_, Infallible>(resp.map(|b| axum::body::Body::new(Tracked::new(b, guard))))
+            }
+        });
+        let io = TokioIo::new(WriteTimeout::new(io, self.cfg.write_timeout));
+        let conn = self.builder.serve_connection_with_upgrades(io, service);
+        tokio::pin!(conn);
+        let idle = state.idle_for(self.cfg.header_read_timeout, self.cfg.idle_timeout);
+        tokio::pin!(idle);
+        let mut stopping = false;
+        loop {
+            tokio::select! {
+                _ = conn.as_mut() => return,
+                _ = stopped(&mut self.stop), if !stopping => {
+                    stopping = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+                _ = idle.as_mut(), if !stopping => {
+                    // HTTP/2 gets a GOAWAY; whatever has not finished soon is dropped.
+                    conn.as_mut().graceful_shutdown();
+                    let _ = tokio::time::timeout(GOODBYE, conn.as_mut()).await;
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Resolves once shutdown has begun (or the accept loop is gone).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await.map(|_| ());
+}
+
+/// The answer to a request whose body did not arrive in time.
+fn body_timeout(limit: Duration, http1: bool) -> axum::response::Response {
+    let mut resp = json_error(
+        StatusCode::REQUEST_TIMEOUT,
+        "request_timeout",
+        &format!(
+            "the request body did not arrive within {} (--body-read-timeout)",
+            humantime::format_duration(limit)
+        ),
+    );
+    if http1 {
+        resp.headers_mut()
+            .insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
+    }
+    resp
 }
 
 /// Completes a TLS handshake, answering plain HTTP with a clear 400 instead.

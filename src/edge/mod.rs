@@ -3,9 +3,11 @@
 pub mod access_log;
 pub mod auth;
 pub mod errors;
+pub mod fdlimit;
 pub mod grpc;
 pub mod http;
 pub mod limits;
 pub mod listener;
+pub mod reaper;
 pub mod server;
 pub mod tls;

@@ -47,6 +47,14 @@ pub struct ServeConfig {
     pub max_streams_per_client: usize,
     /// How long one write may stay blocked before a stalled client is dropped.
     pub write_timeout: Duration,
+    /// How long a connection may stay open with no request in flight
+    /// (HTTP/1.1 keep-alive, HTTP/2 with no open stream).
+    pub idle_timeout: Duration,
+    /// How long a request body may take to arrive after its head.
+    pub body_read_timeout: Duration,
+    /// Connections open at once; the excess is closed as soon as accepted.
+    /// Default: three quarters of the open-files limit, at most 65 536.
+    pub max_connections: usize,
 }
 
 impl ServeConfig {
@@ -63,6 +71,9 @@ impl ServeConfig {
             max_streams: 16384,
             max_streams_per_client: 256,
             write_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(60),
+            body_read_timeout: Duration::from_secs(30),
+            max_connections: super::fdlimit::default_max_connections(),
         }
     }
 }
@@ -107,6 +118,9 @@ impl Server {
             tls: self.cfg.tls.clone(),
             header_read_timeout: self.cfg.header_read_timeout,
             write_timeout: self.cfg.write_timeout,
+            idle_timeout: self.cfg.idle_timeout,
+            body_read_timeout: self.cfg.body_read_timeout,
+            max_connections: self.cfg.max_connections,
             handshake_timeout: Duration::from_secs(10),
             drain: grace,
         };
