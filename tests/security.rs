@@ -1,4 +1,4 @@
-//! Secure exposure end to end: TLS on the one port (every surface, both ALPN protocols), Host pinning, browser login, origin rules and CORS, `?token=` from loopback only, stream caps, and reaping of slow or stalled clients.
+//! Secure exposure end to end: TLS on the one port (every surface, both ALPN protocols), Host pinning (HTTP/2 `:authority`, one Host on HTTP/1.1), browser login (a cookie counts only with its session key, and is named per server), origin rules and CORS, `?token=` from an unproxied loopback peer only, stream caps (every loopback address one client), a weak `--token` warned about, and reaping of slow or stalled clients.
 
 mod support;
 
@@ -244,7 +244,7 @@ async fn browser_login_sets_a_strict_cookie_that_works_on_rest_and_sse() {
         .unwrap();
     assert_eq!(r.status(), 200);
     let cookie = set_cookie(&r);
-    assert!(cookie.starts_with("vak_session="));
+    assert!(cookie.starts_with("vak_session_"), "{cookie}");
     for flag in ["HttpOnly", "SameSite=Strict", "Path=/"] {
         assert!(cookie.contains(flag), "{cookie}");
     }
@@ -257,10 +257,18 @@ async fn browser_login_sets_a_strict_cookie_that_works_on_rest_and_sse() {
         "the cookie is an opaque id, not the token"
     );
     let pair = cookie.split(';').next().unwrap().to_string();
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["authenticated"], true);
+    let key = body["key"]
+        .as_str()
+        .expect("the login answers a session key")
+        .to_string();
+    assert!(key.len() >= 32 && !pair.contains(&key), "{key}");
 
     let r = c
         .post(format!("{u}/sessions"))
         .header("cookie", &pair)
+        .header("x-vak-key", &key)
         .send()
         .await
         .unwrap();
@@ -272,6 +280,7 @@ async fn browser_login_sets_a_strict_cookie_that_works_on_rest_and_sse() {
     let r = c
         .get(format!("{u}/sessions/{sid}/events"))
         .header("cookie", &pair)
+        .header("x-vak-key", &key)
         .send()
         .await
         .unwrap();
@@ -279,6 +288,7 @@ async fn browser_login_sets_a_strict_cookie_that_works_on_rest_and_sse() {
     let r = c
         .get(format!("{u}/auth/session"))
         .header("cookie", &pair)
+        .header("x-vak-key", &key)
         .send()
         .await
         .unwrap();
@@ -292,13 +302,261 @@ async fn browser_login_sets_a_strict_cookie_that_works_on_rest_and_sse() {
         .unwrap();
     assert_eq!(r.status(), 200);
     assert!(set_cookie(&r).contains("Max-Age=0"));
+    assert!(set_cookie(&r).starts_with(cookie.split('=').next().unwrap()));
     let r = c
         .get(format!("{u}/sessions"))
         .header("cookie", &pair)
+        .header("x-vak-key", &key)
         .send()
         .await
         .unwrap();
     assert_eq!(r.status(), 401, "a logged-out cookie no longer works");
+}
+
+/// POST /auth/login: the `name=value` of its cookie and the session key of its body.
+async fn login(c: &reqwest::Client, url: &str) -> (String, String) {
+    let r = c
+        .post(format!("{url}/auth/login"))
+        .json(&json!({"token": TOKEN}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let pair = set_cookie(&r).split(';').next().unwrap().to_string();
+    let key = r.json::<Value>().await.unwrap()["key"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    (pair, key)
+}
+
+/// A gRPC-web unary call (binary framing, HTTP/1.1) with these headers; returns its grpc-status.
+async fn grpc_web_status(url: &str, method: &str, msg: Vec<u8>, headers: &[(&str, &str)]) -> String {
+    let mut body = vec![0u8];
+    body.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+    body.extend_from_slice(&msg);
+    let mut req = reqwest::Client::new()
+        .post(format!("{url}/vak.v1.AgentService/{method}"))
+        .header("content-type", "application/grpc-web+proto")
+        .header("x-grpc-web", "1");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let r = req.body(body).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    if let Some(s) = r.headers().get("grpc-status") {
+        return s.to_str().unwrap().to_string();
+    }
+    let bytes = r.bytes().await.unwrap();
+    let text = String::from_utf8_lossy(&bytes);
+    let at = text.find("grpc-status:").expect("a grpc-status trailer");
+    text[at + "grpc-status:".len()..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_login_cookie_is_a_credential_only_with_its_session_key() {
+    let s = TestServer::start().await;
+    let u = &s.url;
+    let sid = s.create_session().await;
+    let c = reqwest::Client::new();
+    let (cookie, key) = login(&c, u).await;
+    let (other_cookie, other_key) = login(&c, u).await;
+    assert_ne!(key, other_key);
+
+    // What another local web app that received the cookie can do with it: nothing.
+    let get = |path: String, headers: Vec<(&'static str, String)>| {
+        let mut r = c.get(format!("{u}{path}"));
+        for (k, v) in headers {
+            r = r.header(k, v);
+        }
+        async move { r.send().await.unwrap().status().as_u16() }
+    };
+    let rest = "/sessions".to_string();
+    let sse = format!("/sessions/{sid}/events");
+    let stream = format!("/stream?session={sid}");
+    for path in [&rest, &sse, &stream] {
+        assert_eq!(
+            get(path.clone(), vec![("cookie", cookie.clone())]).await,
+            401,
+            "cookie alone: {path}"
+        );
+        assert_eq!(
+            get(path.clone(), vec![("x-vak-key", key.clone())]).await,
+            401,
+            "key alone: {path}"
+        );
+        assert_eq!(
+            get(
+                path.clone(),
+                vec![("cookie", cookie.clone()), ("x-vak-key", other_key.clone())]
+            )
+            .await,
+            401,
+            "another login's key: {path}"
+        );
+        assert_eq!(
+            get(
+                path.clone(),
+                vec![("cookie", cookie.clone()), ("x-vak-key", key.clone())]
+            )
+            .await,
+            200,
+            "cookie and key: {path}"
+        );
+        assert_eq!(
+            get(
+                path.clone(),
+                vec![("cookie", other_cookie.clone()), ("x-vak-key", other_key.clone())]
+            )
+            .await,
+            200,
+            "the other login, whole: {path}"
+        );
+    }
+    // EventSource cannot send headers: `?key=` stands in for the header, on a GET.
+    let sep = |p: &str| if p.contains('?') { '&' } else { '?' };
+    for path in [&sse, &stream] {
+        let with_key = format!("{path}{}key={key}", sep(path));
+        assert_eq!(
+            get(with_key.clone(), vec![("cookie", cookie.clone())]).await,
+            200,
+            "{with_key}"
+        );
+        assert_eq!(
+            get(with_key.clone(), vec![]).await,
+            401,
+            "?key= alone: {with_key}"
+        );
+        let wrong = format!("{path}{}key={other_key}", sep(path));
+        assert_eq!(get(wrong, vec![("cookie", cookie.clone())]).await, 401);
+    }
+    // Not on a mutation, where fetch can always send the header.
+    let r = c
+        .post(format!("{u}/sessions?key={key}"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401, "?key= on a POST");
+    let r = c
+        .post(format!("{u}/sessions"))
+        .header("cookie", &cookie)
+        .header("x-vak-key", &key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+
+    // gRPC-web, as a browser page's fetch would send it.
+    let msg = prost::Message::encode_to_vec(&pb::GetTranscriptRequest {
+        session_id: sid.clone(),
+    });
+    let call = |h: Vec<(&'static str, String)>| {
+        let msg = msg.clone();
+        async move {
+            let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            grpc_web_status(u, "GetTranscript", msg, &h).await
+        }
+    };
+    assert_eq!(
+        call(vec![("cookie", cookie.clone())]).await,
+        "16",
+        "gRPC-web, cookie alone"
+    );
+    assert_eq!(
+        call(vec![("x-vak-key", key.clone())]).await,
+        "16",
+        "gRPC-web, key alone"
+    );
+    assert_eq!(
+        call(vec![("cookie", cookie.clone()), ("x-vak-key", other_key.clone())]).await,
+        "16",
+        "gRPC-web, another login's key"
+    );
+    assert_eq!(
+        call(vec![("cookie", cookie.clone()), ("x-vak-key", key.clone())]).await,
+        "0",
+        "gRPC-web, cookie and key"
+    );
+
+    // GET /auth/session says the same.
+    for (headers, want) in [
+        (vec![("cookie", cookie.clone())], false),
+        (vec![("cookie", cookie.clone()), ("x-vak-key", key.clone())], true),
+    ] {
+        let mut r = c.get(format!("{u}/auth/session"));
+        for (k, v) in headers {
+            r = r.header(k, v);
+        }
+        let v: Value = r.send().await.unwrap().json().await.unwrap();
+        assert_eq!(v, json!({"authenticated": want}));
+    }
+    // A browser page calling cross-origin may send the key header.
+    let s2 = TestServer::start_with(|c| c.allow_origins = vec!["http://127.0.0.1:1".into()]).await;
+    let r = c
+        .request(reqwest::Method::OPTIONS, format!("{}/sessions", s2.url))
+        .header("origin", "http://127.0.0.1:1")
+        .header("access-control-request-method", "POST")
+        .header("access-control-request-headers", "x-vak-key")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    assert!(r.headers()["access-control-allow-headers"]
+        .to_str()
+        .unwrap()
+        .contains("x-vak-key"));
+}
+
+#[tokio::test]
+async fn two_servers_on_one_host_keep_separate_login_cookies() {
+    let a = TestServer::start().await;
+    let b = TestServer::start().await;
+    // One cookie jar for the host, as a browser keeps it: cookies ignore ports.
+    let c = reqwest::Client::builder().cookie_store(true).build().unwrap();
+    let (cookie_a, key_a) = login(&c, &a.url).await;
+    let (cookie_b, key_b) = login(&c, &b.url).await;
+    let name = |pair: &str| pair.split('=').next().unwrap().to_string();
+    assert_ne!(name(&cookie_a), name(&cookie_b), "the cookie names differ");
+    assert!(name(&cookie_a).starts_with("vak_session_"));
+    // Logging into b did not overwrite a's cookie in the shared jar.
+    for (s, key) in [(&a, &key_a), (&b, &key_b)] {
+        let r = c
+            .get(format!("{}/sessions", s.url))
+            .header("x-vak-key", key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{}", s.url);
+        let v: Value = c
+            .get(format!("{}/auth/session", s.url))
+            .header("x-vak-key", key)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(v, json!({"authenticated": true}));
+    }
+    // Logging out of a leaves b logged in.
+    let r = c.post(format!("{}/auth/logout", a.url)).send().await.unwrap();
+    assert!(set_cookie(&r).starts_with(&format!("{}=;", name(&cookie_a))));
+    let r = c
+        .get(format!("{}/sessions", b.url))
+        .header("x-vak-key", &key_b)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // The same home keeps its name across restarts.
+    let (home, ws) = a.stop().await.unwrap();
+    let again = TestServer::start_in(home.path(), ws.path(), |_| {}).await;
+    let (cookie_again, _) = login(&c, &again.url).await;
+    assert_eq!(name(&cookie_again), name(&cookie_a));
 }
 
 #[tokio::test]
@@ -548,4 +806,285 @@ async fn a_client_that_stops_reading_is_reaped_and_its_stream_released() {
     s.run(&busy, "/burst 300000").await;
     wait_for_a_free_slot(&s, &idle).await;
     drop(stalled);
+}
+
+/// An h2c (prior knowledge) client that connects every name to this server, as a
+/// proxy or a DNS rebinding page would reach it under another name.
+fn h2_client(s: &TestServer) -> reqwest::Client {
+    reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .resolve("evil.example", s.addr)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn on_http2_the_authority_is_checked_and_a_conflicting_host_is_refused() {
+    let s = TestServer::start().await;
+    let c = h2_client(&s);
+    let port = s.addr.port();
+    let evil = format!("http://evil.example:{port}/sessions");
+    let own = format!("http://127.0.0.1:{port}/sessions");
+    for (url, host, want) in [
+        // `:authority: evil.example` with `host: 127.0.0.1` is not let through by the host header.
+        (&evil, Some("127.0.0.1"), 403),
+        (&evil, Some(format!("127.0.0.1:{port}")).as_deref(), 403),
+        (&evil, None, 403),
+        (&own, Some("evil.example"), 403),
+        (&own, Some("127.0.0.2"), 403),
+        (&own, None, 200),
+        (&own, Some(format!("127.0.0.1:{port}")).as_deref(), 200),
+    ] {
+        let mut req = c.get(url.as_str()).bearer_auth(TOKEN);
+        if let Some(h) = host {
+            req = req.header("host", h);
+        }
+        let r = req.send().await.unwrap();
+        assert_eq!(r.version(), reqwest::Version::HTTP_2);
+        assert_eq!(r.status(), want, "{url} with host {host:?}");
+        if want == 403 {
+            let v: Value = r.json().await.unwrap();
+            assert_eq!(v["error"]["code"], "forbidden", "{v}");
+        }
+    }
+
+    // gRPC: the channel's origin is the :authority.
+    #[derive(Clone)]
+    struct Host(Option<&'static str>);
+    impl tonic::service::Interceptor for Host {
+        fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+            req.metadata_mut()
+                .insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
+            if let Some(h) = self.0 {
+                req.metadata_mut().insert("host", h.parse().unwrap());
+            }
+            Ok(req)
+        }
+    }
+    for (origin, host, want) in [
+        (
+            "http://evil.example:1",
+            Some("127.0.0.1"),
+            tonic::Code::PermissionDenied,
+        ),
+        (
+            "http://127.0.0.1:1",
+            Some("evil.example"),
+            tonic::Code::PermissionDenied,
+        ),
+        ("http://evil.example:1", None, tonic::Code::PermissionDenied),
+        ("http://127.0.0.1:1", None, tonic::Code::Ok),
+    ] {
+        let channel = tonic::transport::Endpoint::from_shared(s.url.clone())
+            .unwrap()
+            .origin(origin.parse().unwrap())
+            .connect()
+            .await
+            .unwrap();
+        let mut g = pb::agent_service_client::AgentServiceClient::with_interceptor(channel, Host(host));
+        let got = g
+            .list_sessions(pb::ListSessionsRequest {})
+            .await
+            .map_or_else(|e| e.code(), |_| tonic::Code::Ok);
+        assert_eq!(got, want, "gRPC to {origin} with host {host:?}");
+    }
+}
+
+/// Writes one raw HTTP/1.1 request and returns the response's status line.
+async fn raw_http1(s: &TestServer, head: &str) -> String {
+    let mut tcp = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(DEADLINE, tcp.read_to_end(&mut buf))
+        .await
+        .expect("the server answers and closes");
+    let text = String::from_utf8_lossy(&buf).to_string();
+    text.lines().next().unwrap_or("").to_string()
+}
+
+#[tokio::test]
+async fn two_host_headers_on_http1_are_a_400() {
+    let s = TestServer::start().await;
+    let req = |hosts: &[&str]| {
+        let mut head =
+            format!("GET /sessions HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\nConnection: close\r\n");
+        for h in hosts {
+            head.push_str(&format!("Host: {h}\r\n"));
+        }
+        head + "\r\n"
+    };
+    assert_eq!(raw_http1(&s, &req(&["127.0.0.1"])).await, "HTTP/1.1 200 OK");
+    for hosts in [
+        &["127.0.0.1", "evil.example"][..],
+        &["evil.example", "127.0.0.1"],
+        &["127.0.0.1", "127.0.0.1"],
+    ] {
+        assert_eq!(
+            raw_http1(&s, &req(hosts)).await,
+            "HTTP/1.1 400 Bad Request",
+            "{hosts:?}"
+        );
+    }
+    // An absolute-form target names the authority; a Host that disagrees is refused.
+    let head = format!(
+        "GET http://evil.example/sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n"
+    );
+    assert_eq!(raw_http1(&s, &head).await, "HTTP/1.1 403 Forbidden");
+}
+
+#[tokio::test]
+async fn a_url_token_is_refused_through_a_proxy_and_with_allow_remote() {
+    let s = TestServer::start().await;
+    let c = reqwest::Client::new();
+    let url = format!("{}/sessions?token={TOKEN}", s.url);
+    assert_eq!(
+        c.get(&url).send().await.unwrap().status(),
+        200,
+        "loopback, no proxy"
+    );
+    for (name, value) in [
+        ("forwarded", "for=203.0.113.9;proto=https"),
+        ("x-forwarded-for", "203.0.113.9"),
+        ("x-forwarded-host", "vak.example.com"),
+        ("x-forwarded-proto", "https"),
+        ("x-real-ip", "203.0.113.9"),
+    ] {
+        let r = c.get(&url).header(name, value).send().await.unwrap();
+        assert_eq!(r.status(), 401, "{name}");
+        let v: Value = r.json().await.unwrap();
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("never through a proxy"),
+            "{v}"
+        );
+        // The header is still fine.
+        let r = c
+            .get(format!("{}/sessions", s.url))
+            .bearer_auth(TOKEN)
+            .header(name, value)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "bearer through a proxy ({name})");
+    }
+    // A login's `?key=` is half a credential, so it is kept behind a proxy (EventSource needs it).
+    let sid = s.create_session().await;
+    let (cookie, key) = login(&c, &s.url).await;
+    let r = c
+        .get(format!("{}/sessions/{sid}/events?key={key}", s.url))
+        .header("cookie", &cookie)
+        .header("x-forwarded-for", "203.0.113.9")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "cookie + ?key= through a proxy");
+
+    let remote = TestServer::start_with(|c| c.allow_remote = true).await;
+    let r = c
+        .get(format!("{}/sessions?token={TOKEN}", remote.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401, "--allow-remote: no ?token= even from loopback");
+    let r = c
+        .get(format!("{}/sessions", remote.url))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test]
+async fn every_loopback_address_shares_one_stream_quota() {
+    let s = TestServer::start_with(|c| {
+        c.max_streams_per_client = 1;
+        c.max_streams = 1000;
+    })
+    .await;
+    let sid = s.create_session().await;
+    let from = |ip: [u8; 4]| {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
+        reqwest::Client::builder()
+            .local_address(std::net::IpAddr::from(ip))
+            .default_headers(headers)
+            .build()
+            .unwrap()
+    };
+    let url = format!("{}/sessions/{sid}/events", s.url);
+    let held = from([127, 0, 0, 1]).get(&url).send().await.unwrap();
+    assert_eq!(held.status(), 200);
+    for ip in [[127, 0, 0, 2], [127, 1, 2, 3]] {
+        let r = from(ip).get(&url).send().await.unwrap();
+        assert_eq!(r.status(), 429, "{ip:?} is this machine too");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(
+            v["error"]["message"],
+            "loopback already has 1 stream open, the per-client limit; close one first"
+        );
+    }
+    drop(held);
+}
+
+/// Starts `vak serve --token <token>`, waits for its listening line, stops it;
+/// returns what it wrote on stderr.
+fn serve_stderr_with_token(token: &str) -> String {
+    use std::io::{BufRead, Read};
+    let home = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_vak"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--token", token])
+        .arg("--home")
+        .arg(home.path())
+        .arg("--workspace")
+        .arg(home.path())
+        .env_remove("VAK_TOKEN")
+        .env_remove("VAK_HOME")
+        .env_remove("VAK_LISTEN")
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("listening on") {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "vak serve exited before listening"
+        );
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    err
+}
+
+#[test]
+fn a_weak_token_on_the_command_line_is_warned_about() {
+    let err = serve_stderr_with_token("T");
+    let warning = err
+        .lines()
+        .find(|l| l.starts_with("vak: warning: the token"))
+        .unwrap_or_else(|| panic!("no warning on stderr:\n{err}"));
+    assert!(
+        warning.contains("1 character (about 6 bits, under 128)"),
+        "{warning}"
+    );
+    // 31 hex characters are 124 bits; 21 base64 ones 126.
+    for weak in ["0123456789abcdef0123456789abcde", "AbCdEfGhIjKlMnOpQrStU"] {
+        assert!(serve_stderr_with_token(weak).contains("under 128"), "{weak}");
+    }
+    for strong in [
+        "0123456789abcdef0123456789abcdef",
+        "AbCdEfGhIjKlMnOpQrStUv",
+        "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+    ] {
+        let err = serve_stderr_with_token(strong);
+        assert!(!err.contains("warning: the token"), "{strong}: {err}");
+    }
 }

@@ -1,4 +1,4 @@
-//! The guard every request passes first: Host pinning (DNS rebinding), CORS and the cross-origin rule for browsers, then credentials (bearer token, login cookie, or `?token=` from loopback), plus the browser login routes.
+//! The guard every request passes first: Host pinning (DNS rebinding), CORS and the cross-origin rule for browsers, then credentials (bearer token, login cookie with its session key, or `?token=` from an unproxied loopback peer), plus the browser login routes.
 
 use super::errors::{grpc_content_type, json_error, refuse};
 use super::listener::{PeerAddr, Secure};
@@ -9,11 +9,15 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tonic::Status;
 
+/// The login cookie's name without its instance suffix (see [`cookie_name`]).
 pub const COOKIE: &str = "vak_session";
+/// The header that carries a login's session key next to its cookie.
+pub const KEY_HEADER: &str = "x-vak-key";
 /// Browser login sessions a server keeps at once; the oldest go first.
 const MAX_LOGINS: usize = 10_000;
 
@@ -27,12 +31,53 @@ pub struct AuthConfig {
     pub allow_origins: Vec<String>,
     /// How long a login cookie lives.
     pub login_ttl: Duration,
+    /// The login cookie's name, unique to this server's home ([`cookie_name`]);
+    /// empty means plain `vak_session`.
+    pub cookie_name: String,
+    /// `--allow-remote`: a `?token=` URL credential is never accepted.
+    pub allow_remote: bool,
+}
+
+/// One browser login: the cookie's id maps to it.
+struct Login {
+    /// The session key the login answered in its body; every cookie-authenticated
+    /// request must present it (`x-vak-key`, or `?key=` on a GET).
+    key: String,
+    expires: Instant,
+}
+
+/// `vak_session_<16 hex>`: the home's path hashed, so two servers on one host
+/// (which never share a home) never overwrite each other's cookie: browsers
+/// scope cookies by host, not port.
+pub fn cookie_name(home: &Path) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, home.as_os_str().as_encoded_bytes());
+    let hex: String = digest.as_ref()[..8].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{COOKIE}_{hex}")
+}
+
+/// A warning for a token given on the command line (or VAK_TOKEN) that carries
+/// under 128 bits: counted as 4 bits a character when it is all hex digits,
+/// else 6 (the base64 alphabet), so 32 hex or 22 other characters are enough.
+pub fn weak_token(token: &str) -> Option<String> {
+    let chars = token.chars().count();
+    let per_char = if token.chars().all(|c| c.is_ascii_hexdigit()) {
+        4
+    } else {
+        6
+    };
+    let bits = chars * per_char;
+    (bits < 128).then(|| {
+        format!(
+            "the token from --token/VAK_TOKEN is {chars} character{} (about {bits} bits, under 128): use at least 32 hex or 22 base64 characters (`openssl rand -hex 16`), or leave it out to use the home's kept 256-bit token",
+            if chars == 1 { "" } else { "s" }
+        )
+    })
 }
 
 pub struct Auth {
     cfg: AuthConfig,
-    /// Login cookie id -> expiry. Opaque random ids: the token never leaves the server.
-    logins: Mutex<HashMap<String, Instant>>,
+    /// Login cookie id -> its key and expiry. Opaque random ids: the token never leaves the server.
+    logins: Mutex<HashMap<String, Login>>,
 }
 
 impl Auth {
@@ -47,37 +92,80 @@ impl Auth {
         constant_time_eq(presented.as_bytes(), self.cfg.token.as_bytes())
     }
 
-    fn logins(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
+    fn logins(&self) -> std::sync::MutexGuard<'_, HashMap<String, Login>> {
         self.logins.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn cookie_ok(&self, headers: &HeaderMap) -> bool {
-        let Some(id) = cookie(headers, COOKIE) else {
+    fn cookie_name(&self) -> &str {
+        if self.cfg.cookie_name.is_empty() {
+            COOKIE
+        } else {
+            &self.cfg.cookie_name
+        }
+    }
+
+    /// A live login's cookie together with that login's session key: the
+    /// cookie alone is never enough, since browsers send it to every port of
+    /// the host (another local web app would receive it).
+    fn cookie_ok(&self, headers: &HeaderMap, url_key: Option<&str>) -> bool {
+        let Some(id) = cookie(headers, self.cookie_name()) else {
+            return false;
+        };
+        let Some(key) = headers.get(KEY_HEADER).and_then(|v| v.to_str().ok()).or(url_key) else {
             return false;
         };
         let logins = self.logins();
+        let now = Instant::now();
         // Looked up by value, then compared in constant time.
-        logins
-            .iter()
-            .any(|(k, exp)| constant_time_eq(k.as_bytes(), id.as_bytes()) && *exp > Instant::now())
+        logins.iter().any(|(k, l)| {
+            constant_time_eq(k.as_bytes(), id.as_bytes())
+                & constant_time_eq(l.key.as_bytes(), key.trim().as_bytes())
+                && l.expires > now
+        })
     }
 
-    fn login(&self) -> String {
-        let id = format!(
-            "{}{}",
-            uuid::Uuid::new_v4().simple(),
-            uuid::Uuid::new_v4().simple()
-        );
+    /// A new login: its cookie id and its session key.
+    fn login(&self) -> (String, String) {
+        let random = || {
+            format!(
+                "{}{}",
+                uuid::Uuid::new_v4().simple(),
+                uuid::Uuid::new_v4().simple()
+            )
+        };
+        let (id, key) = (random(), random());
         let mut logins = self.logins();
         let now = Instant::now();
-        logins.retain(|_, exp| *exp > now);
+        logins.retain(|_, l| l.expires > now);
         if logins.len() >= MAX_LOGINS {
-            if let Some(oldest) = logins.iter().min_by_key(|(_, e)| **e).map(|(k, _)| k.clone()) {
+            if let Some(oldest) = logins
+                .iter()
+                .min_by_key(|(_, l)| l.expires)
+                .map(|(k, _)| k.clone())
+            {
                 logins.remove(&oldest);
             }
         }
-        logins.insert(id.clone(), now + self.cfg.login_ttl);
-        id
+        logins.insert(
+            id.clone(),
+            Login {
+                key: key.clone(),
+                expires: now + self.cfg.login_ttl,
+            },
+        );
+        (id, key)
+    }
+
+    /// Whether a `?token=` may be taken from this request: only from a
+    /// loopback peer, with no proxy in between (a reverse proxy on loopback
+    /// would make every remote client a loopback peer) and not when the
+    /// server is exposed with --allow-remote.
+    fn url_token_allowed(&self, req: &Request) -> bool {
+        let loopback = req
+            .extensions()
+            .get::<PeerAddr>()
+            .is_some_and(|p| p.0.ip().to_canonical().is_loopback());
+        loopback && !self.cfg.allow_remote && !proxied(req.headers())
     }
 
     fn host_ok(&self, host: &str) -> bool {
@@ -145,11 +233,51 @@ fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
         .map(|(_, v)| v.trim())
 }
 
-/// The `token` query parameter, if any.
-fn query_token(req: &Request) -> Option<String> {
+/// A query parameter's value, if any.
+fn query_param(req: &Request, name: &str) -> Option<String> {
     let q = req.uri().query()?;
     let pairs: Vec<(String, String)> = serde_urlencoded::from_str(q).ok()?;
-    pairs.into_iter().find(|(k, _)| k == "token").map(|(_, v)| v)
+    pairs.into_iter().find(|(k, _)| k == name).map(|(_, v)| v)
+}
+
+/// Whether a proxy says it forwarded this request (`Forwarded`,
+/// `X-Forwarded-*`, `X-Real-IP`): its peer address is then the proxy's.
+fn proxied(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::FORWARDED)
+        || headers.contains_key("x-real-ip")
+        || headers.keys().any(|k| k.as_str().starts_with("x-forwarded-"))
+}
+
+/// The authority a request names, or why it is refused: on HTTP/2 (and an
+/// HTTP/1.1 absolute-form target) the request target's authority
+/// (`:authority`), with any `host` header required to agree with it; on
+/// HTTP/1.1 exactly one `Host` header (RFC 9112 §3.2: two are a 400).
+fn authority(req: &Request) -> Result<Option<String>, Status> {
+    let hosts: Vec<&str> = req
+        .headers()
+        .get_all(header::HOST)
+        .iter()
+        .map(|v| v.to_str().unwrap_or("\u{fffd}"))
+        .collect();
+    match req.uri().authority() {
+        Some(a) => {
+            if let Some(h) = hosts.iter().find(|h| !h.eq_ignore_ascii_case(a.as_str())) {
+                return Err(Status::permission_denied(format!(
+                    "the host header ({}) disagrees with the request's authority ({})",
+                    h.chars().take(100).collect::<String>(),
+                    a.as_str().chars().take(100).collect::<String>()
+                )));
+            }
+            Ok(Some(a.as_str().to_string()))
+        }
+        None if hosts.len() > 1 && req.version() < axum::http::Version::HTTP_2 => Err(
+            Status::invalid_argument("a request must carry exactly one Host header (RFC 9112)"),
+        ),
+        None if hosts.len() > 1 => Err(Status::permission_denied(
+            "a request must carry at most one host header",
+        )),
+        None => Ok(hosts.first().map(|h| h.to_string())),
+    }
 }
 
 fn is_state_changing(m: &Method) -> bool {
@@ -208,7 +336,7 @@ fn preflight(origin: &str) -> Response {
     h.insert(
         header::ACCESS_CONTROL_ALLOW_HEADERS,
         HeaderValue::from_static(
-            "authorization, content-type, last-event-id, x-grpc-web, x-user-agent, grpc-timeout, connect-protocol-version",
+            "authorization, content-type, last-event-id, x-grpc-web, x-user-agent, grpc-timeout, connect-protocol-version, x-vak-key",
         ),
     );
     h.insert(header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static("600"));
@@ -217,9 +345,10 @@ fn preflight(origin: &str) -> Response {
 
 pub async fn guard(State(auth): State<Arc<Auth>>, req: Request, next: Next) -> Response {
     let grpc = grpc_content_type(req.headers());
-    let host = header_str(&req, header::HOST)
-        .or_else(|| req.uri().authority().map(|a| a.as_str()))
-        .map(str::to_string);
+    let host = match authority(&req) {
+        Ok(host) => host,
+        Err(status) => return refuse(grpc, status),
+    };
     let Some(host) = host.filter(|h| auth.host_ok(h)) else {
         return refuse(
             grpc,
@@ -252,25 +381,31 @@ pub async fn guard(State(auth): State<Arc<Auth>>, req: Request, next: Next) -> R
     }
     let cross = origin.filter(|o| auth.allowed_cross_origin(o));
 
-    let allowed = exempt(&req) || {
-        match bearer(req.headers()) {
+    // EventSource cannot send headers: a URL token is taken only from this
+    // machine with no proxy in between (where no proxy logs it), and a URL
+    // session key only on a GET (it is half a credential: the cookie is the other).
+    let url_token = query_param(&req, "token");
+    let url_token_refused = url_token.is_some() && !auth.url_token_allowed(&req);
+    let url_key = (req.method() == Method::GET)
+        .then(|| query_param(&req, "key"))
+        .flatten();
+    let allowed = exempt(&req)
+        || match bearer(req.headers()) {
             Some(t) => auth.token_ok(t),
             None => {
-                auth.cookie_ok(req.headers())
-                    || query_token(&req).is_some_and(|t| {
-                        // EventSource cannot send headers; a URL token is only
-                        // taken from this machine, where no proxy logs it.
-                        let loopback = req
-                            .extensions()
-                            .get::<PeerAddr>()
-                            .is_some_and(|p| p.0.ip().is_loopback());
-                        loopback && auth.token_ok(&t)
-                    })
+                auth.cookie_ok(req.headers(), url_key.as_deref())
+                    || (!url_token_refused && url_token.is_some_and(|t| auth.token_ok(&t)))
             }
-        }
-    };
+        };
     let mut resp = if allowed {
         next.run(req).await
+    } else if url_token_refused {
+        refuse(
+            grpc,
+            Status::unauthenticated(
+                "`?token=` is accepted only from this machine, never through a proxy or with --allow-remote: send `Authorization: Bearer <token>` or log in",
+            ),
+        )
     } else {
         refuse(
             grpc,
@@ -286,15 +421,19 @@ pub async fn guard(State(auth): State<Arc<Auth>>, req: Request, next: Next) -> R
 }
 
 fn authenticated(yes: bool) -> Response {
-    let mut resp = format!(r#"{{"authenticated":{yes}}}"#).into_response();
+    json_body(format!(r#"{{"authenticated":{yes}}}"#))
+}
+
+fn json_body(body: String) -> Response {
+    let mut resp = body.into_response();
     resp.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     resp
 }
 
-fn set_cookie(resp: &mut Response, value: &str, max_age: u64, secure: bool) {
+fn set_cookie(resp: &mut Response, name: &str, value: &str, max_age: u64, secure: bool) {
     let cookie = format!(
-        "{COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}{}",
+        "{name}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}{}",
         if secure { "; Secure" } else { "" }
     );
     if let Ok(v) = HeaderValue::from_str(&cookie) {
@@ -302,7 +441,9 @@ fn set_cookie(resp: &mut Response, value: &str, max_age: u64, secure: bool) {
     }
 }
 
-/// POST /auth/login {token}: a `vak_session` cookie for a browser.
+/// POST /auth/login {token}: a `vak_session_<instance>` cookie for a browser,
+/// and in the body `{"authenticated":true,"key":"..."}`, the session key the
+/// page keeps in its origin's storage and sends with every request.
 pub async fn login(State(auth): State<Arc<Auth>>, req: Request<Body>) -> Response {
     let secure = req.extensions().get::<Secure>().is_some_and(|s| s.0);
     let peer = req.extensions().get::<PeerAddr>().map(|p| p.0);
@@ -335,28 +476,37 @@ pub async fn login(State(auth): State<Arc<Auth>>, req: Request<Body>) -> Respons
             "the token is not valid",
         );
     }
-    let id = auth.login();
-    let mut resp = authenticated(true);
-    set_cookie(&mut resp, &id, auth.cfg.login_ttl.as_secs(), secure);
+    let (id, key) = auth.login();
+    let mut resp = json_body(format!(r#"{{"authenticated":true,"key":"{key}"}}"#));
+    set_cookie(
+        &mut resp,
+        auth.cookie_name(),
+        &id,
+        auth.cfg.login_ttl.as_secs(),
+        secure,
+    );
     resp
 }
 
-/// POST /auth/logout: forgets the cookie on both sides.
+/// POST /auth/logout: forgets the cookie on both sides. The cookie alone is
+/// enough here: ending a login only ever takes access away.
 pub async fn logout(State(auth): State<Arc<Auth>>, req: Request<Body>) -> Response {
     let secure = req.extensions().get::<Secure>().is_some_and(|s| s.0);
-    if let Some(id) = cookie(req.headers(), COOKIE) {
+    if let Some(id) = cookie(req.headers(), auth.cookie_name()) {
         auth.logins().remove(id);
     }
     let mut resp = authenticated(false);
-    set_cookie(&mut resp, "", 0, secure);
+    set_cookie(&mut resp, auth.cookie_name(), "", 0, secure);
     resp
 }
 
 /// GET /auth/session: 200 {authenticated} either way, so "not logged in" is
-/// distinguishable from "unreachable".
-pub async fn session(State(auth): State<Arc<Auth>>, headers: HeaderMap) -> Response {
-    let bearer = bearer(&headers).is_some_and(|t| auth.token_ok(t));
-    authenticated(bearer || auth.cookie_ok(&headers))
+/// distinguishable from "unreachable". A cookie counts only with its key.
+pub async fn session(State(auth): State<Arc<Auth>>, req: Request<Body>) -> Response {
+    let headers = req.headers();
+    let bearer = bearer(headers).is_some_and(|t| auth.token_ok(t));
+    let url_key = query_param(&req, "key");
+    authenticated(bearer || auth.cookie_ok(headers, url_key.as_deref()))
 }
 
 #[cfg(test)]
@@ -426,6 +576,27 @@ mod tests {
         for v in ["Basic tok", "Bearertok", "Bearer", "tok"] {
             assert_eq!(with(v), None, "{v}");
         }
+    }
+
+    #[test]
+    fn a_token_under_128_bits_is_weak() {
+        assert!(weak_token("T").is_some_and(|w| w.contains("1 character (about 6 bits")));
+        assert!(weak_token(&"f".repeat(31)).is_some_and(|w| w.contains("about 124 bits")));
+        assert!(weak_token(&"f".repeat(32)).is_none());
+        assert!(weak_token(&"Z".repeat(21)).is_some());
+        assert!(weak_token(&"Z".repeat(22)).is_none());
+    }
+
+    #[test]
+    fn each_home_has_its_own_cookie_name() {
+        let a = cookie_name(Path::new("/home/a/.local/share/vak"));
+        let b = cookie_name(Path::new("/home/b/.local/share/vak"));
+        assert_ne!(a, b);
+        assert_eq!(a, cookie_name(Path::new("/home/a/.local/share/vak")));
+        assert!(
+            a.starts_with("vak_session_") && a.len() == "vak_session_".len() + 16,
+            "{a}"
+        );
     }
 
     #[test]

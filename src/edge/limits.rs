@@ -1,4 +1,4 @@
-//! Caps on open streams, per client address and in total, so that hostile or broken clients cannot pile up subscriptions.
+//! Caps on open streams, per client address and in total, so that hostile or broken clients cannot pile up subscriptions. Every loopback address counts as one client (this machine): 127.0.0.2 is no fresh quota.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -14,13 +14,42 @@ pub struct StreamLimits {
 #[derive(Default)]
 struct Open {
     total: usize,
-    by_client: HashMap<IpAddr, usize>,
+    by_client: HashMap<Client, usize>,
+}
+
+/// Whom a stream counts against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Client {
+    /// Every loopback address (127.0.0.0/8, ::1, their IPv4-mapped forms):
+    /// any local process can pick any of them as its source.
+    Loopback,
+    Remote(IpAddr),
+}
+
+impl Client {
+    fn of(ip: IpAddr) -> Client {
+        let ip = ip.to_canonical();
+        if ip.is_loopback() {
+            Client::Loopback
+        } else {
+            Client::Remote(ip)
+        }
+    }
+}
+
+impl std::fmt::Display for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Client::Loopback => f.write_str("loopback"),
+            Client::Remote(ip) => ip.fmt(f),
+        }
+    }
 }
 
 /// One open stream; dropping it frees the slot.
 pub struct StreamPermit {
     limits: Arc<StreamLimits>,
-    client: Option<IpAddr>,
+    client: Option<Client>,
 }
 
 impl StreamLimits {
@@ -45,11 +74,12 @@ impl StreamLimits {
                 streams(self.total)
             )));
         }
-        if let Some(ip) = client {
-            let n = open.by_client.entry(ip).or_default();
+        let client = client.map(Client::of);
+        if let Some(c) = client {
+            let n = open.by_client.entry(c).or_default();
             if *n >= self.per_client {
                 return Err(Status::resource_exhausted(format!(
-                    "{ip} already has {} open, the per-client limit; close one first",
+                    "{c} already has {} open, the per-client limit; close one first",
                     streams(self.per_client)
                 )));
             }
@@ -80,11 +110,11 @@ impl Drop for StreamPermit {
     fn drop(&mut self) {
         let mut open = self.limits.lock();
         open.total -= 1;
-        if let Some(ip) = self.client {
-            if let Some(n) = open.by_client.get_mut(&ip) {
+        if let Some(c) = self.client {
+            if let Some(n) = open.by_client.get_mut(&c) {
                 *n -= 1;
                 if *n == 0 {
-                    open.by_client.remove(&ip);
+                    open.by_client.remove(&c);
                 }
             }
         }
@@ -106,10 +136,33 @@ mod tests {
     }
 
     #[test]
+    fn every_loopback_address_is_one_client() {
+        let l = StreamLimits::new(100, 3);
+        let _a = l.acquire(Some("127.0.0.1".parse().unwrap())).unwrap();
+        let _b = l.acquire(Some("127.0.0.2".parse().unwrap())).unwrap();
+        let _c = l.acquire(Some("::1".parse().unwrap())).unwrap();
+        for more in ["127.9.9.9", "::ffff:127.0.0.3", "::1"] {
+            let e = l.acquire(Some(more.parse().unwrap())).err().unwrap();
+            assert!(
+                e.message().starts_with("loopback already has 3 streams open"),
+                "{more}: {}",
+                e.message()
+            );
+        }
+        let remote: IpAddr = "10.0.0.1".parse().unwrap();
+        let _r = l.acquire(Some(remote)).unwrap();
+        let mapped: IpAddr = "::ffff:10.0.0.1".parse().unwrap();
+        let _r2 = l.acquire(Some(mapped)).unwrap();
+        let _r3 = l.acquire(Some(remote)).unwrap();
+        let e = l.acquire(Some(mapped)).err().unwrap();
+        assert!(e.message().starts_with("10.0.0.1 already has"), "{}", e.message());
+    }
+
+    #[test]
     fn caps_per_client_and_in_total_and_frees_on_drop() {
         let l = StreamLimits::new(3, 2);
         let a: IpAddr = "127.0.0.1".parse().unwrap();
-        let b: IpAddr = "127.0.0.2".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
         let p1 = l.acquire(Some(a)).unwrap();
         let _p2 = l.acquire(Some(a)).unwrap();
         let e = l.acquire(Some(a)).err().unwrap();

@@ -34,6 +34,8 @@ pub struct ServeConfig {
     pub trusted_hosts: Vec<String>,
     /// Cross origins allowed to call the server from a browser.
     pub allow_origins: Vec<String>,
+    /// `--allow-remote`: exposed beyond this machine, so `?token=` is never accepted.
+    pub allow_remote: bool,
     /// The largest request body (REST) or message (gRPC) accepted.
     pub max_body: usize,
     /// How long shutdown waits for runs to settle and connections to end.
@@ -64,6 +66,7 @@ impl ServeConfig {
             token,
             trusted_hosts: Vec::new(),
             allow_origins: Vec::new(),
+            allow_remote: false,
             max_body: 4 << 20,
             shutdown_grace: Duration::from_secs(5),
             tls: None,
@@ -187,6 +190,8 @@ pub async fn app(hub: Arc<Hub>, cfg: &ServeConfig) -> Result<Router> {
         trusted_hosts: cfg.trusted_hosts.clone(),
         allow_origins: cfg.allow_origins.clone(),
         login_ttl: Duration::from_secs(12 * 3600),
+        cookie_name: auth::cookie_name(&cfg.core.home),
+        allow_remote: cfg.allow_remote,
     });
     let login = Router::new()
         .route("/auth/login", axum::routing::post(auth::login))

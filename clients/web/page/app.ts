@@ -5,7 +5,8 @@
 // Configured by the URL fragment (never sent to any server):
 //   #server=http://127.0.0.1:8901&token=T[&stream=URL][&auth=cookie]
 // `stream` is where GET /stream is opened (default: server). With
-// auth=cookie the page logs in (POST /auth/login) and sends no token itself.
+// auth=cookie the page logs in (POST /auth/login) and sends no token itself:
+// the login cookie goes with the session key the login answered.
 import { ConnectError } from "@connectrpc/connect";
 import {
   createAgentClient,
@@ -44,6 +45,8 @@ const state = {
 };
 
 let client: AgentClient;
+/** With auth=cookie: the login's session key, sent with the cookie. */
+let key: string | undefined;
 let follower: StreamFollower | undefined;
 /** While a resync refetches the timeline, agent frames wait here. */
 let held: Event[] | undefined;
@@ -179,6 +182,7 @@ function follow(sessionId: string): void {
     baseUrl: streamBase,
     sessions: [sessionId],
     token: cookieAuth ? undefined : token,
+    key,
   });
   follower = f;
   f.on("state", (s) => {
@@ -248,10 +252,10 @@ async function run(): Promise<void> {
 async function main(): Promise<void> {
   $("server").textContent = server;
   if (cookieAuth) {
-    await login(server, token);
-    log("logged in (vak_session cookie)");
+    key = await login(server, token);
+    log("logged in (login cookie and session key)");
   }
-  client = createAgentClient({ baseUrl: server, token: cookieAuth ? undefined : token });
+  client = createAgentClient({ baseUrl: server, token: cookieAuth ? undefined : token, key });
   $("new-session").onclick = () => void newSession();
   $("run").onclick = () => void run();
   setConn("idle");

@@ -12,9 +12,16 @@ export interface ClientOptions {
   /**
    * The bearer token, sent as `authorization: Bearer <token>` on every call.
    * Leave it out to rely on a login cookie instead (see `login`): the calls
-   * are then made with `credentials: "include"`.
+   * are then made with `credentials: "include"` and carry the login's
+   * session key as `x-vak-key`.
    */
   token?: string;
+  /**
+   * The session key `login` returned, sent as `x-vak-key` when there is no
+   * token: the server takes the login cookie only together with it. Default:
+   * the key `login` kept in this page's sessionStorage for `baseUrl`.
+   */
+  key?: string;
   /** A default deadline for every call, in milliseconds. */
   timeoutMs?: number;
   /** More interceptors, run after the one that adds the token. */
@@ -32,11 +39,27 @@ export function bearer(token: string): Interceptor {
   };
 }
 
+/** The header that carries a login's session key next to its cookie. */
+export const KEY_HEADER = "x-vak-key";
+
+/** An interceptor that sends a login's session key as `x-vak-key` on every call. */
+export function sessionKey(key: string): Interceptor {
+  return (next) => async (req) => {
+    req.header.set(KEY_HEADER, key);
+    return next(req);
+  };
+}
+
 /** A client for vak.v1.AgentService over gRPC-web. */
 export function createAgentClient(opts: ClientOptions): AgentClient {
   const baseFetch = opts.fetch ?? globalThis.fetch.bind(globalThis);
   const interceptors: Interceptor[] = [];
-  if (opts.token !== undefined) interceptors.push(bearer(opts.token));
+  if (opts.token !== undefined) {
+    interceptors.push(bearer(opts.token));
+  } else {
+    const key = opts.key ?? storedKey(opts.baseUrl);
+    if (key !== undefined) interceptors.push(sessionKey(key));
+  }
   interceptors.push(...(opts.interceptors ?? []));
   const transport = createGrpcWebTransport({
     baseUrl: trimSlash(opts.baseUrl),
@@ -54,11 +77,17 @@ export function createAgentClient(opts: ClientOptions): AgentClient {
 }
 
 /**
- * POST /auth/login {token}: the server sets the `vak_session` cookie
- * (HttpOnly, SameSite=Strict), which EventSource and fetch then send by
- * themselves. Cross-origin this needs the page's origin in --allow-origin.
+ * POST /auth/login {token}: the server sets its login cookie
+ * (`vak_session_<instance>`, HttpOnly, SameSite=Strict), which EventSource
+ * and fetch then send by themselves, and answers the login's session key.
+ * The cookie alone is no credential (browsers send it to every port of the
+ * host, so to other local web apps too): every call must also carry the key,
+ * which only this page's origin can read. It is returned and kept in this
+ * origin's sessionStorage (when there is one) for `baseUrl`, where
+ * `createAgentClient` and `StreamFollower` find it. Cross-origin this needs
+ * the page's origin in --allow-origin.
  */
-export async function login(baseUrl: string, token: string, f: typeof fetch = fetch): Promise<void> {
+export async function login(baseUrl: string, token: string, f: typeof fetch = fetch): Promise<string> {
   const resp = await f(`${trimSlash(baseUrl)}/auth/login`, {
     method: "POST",
     credentials: "include",
@@ -66,11 +95,40 @@ export async function login(baseUrl: string, token: string, f: typeof fetch = fe
     body: JSON.stringify({ token }),
   });
   if (!resp.ok) throw new Error(`login failed: HTTP ${resp.status} ${await resp.text()}`);
+  const { key } = (await resp.json()) as { key?: unknown };
+  if (typeof key !== "string" || !key) throw new Error("login failed: the server answered no session key");
+  storage()?.setItem(storageName(baseUrl), key);
+  return key;
 }
 
-/** POST /auth/logout: forgets the login cookie on both sides. */
+/** POST /auth/logout: forgets the login cookie on both sides, and the kept session key. */
 export async function logout(baseUrl: string, f: typeof fetch = fetch): Promise<void> {
+  storage()?.removeItem(storageName(baseUrl));
   await f(`${trimSlash(baseUrl)}/auth/logout`, { method: "POST", credentials: "include" });
+}
+
+/** The session key `login` kept in this origin's sessionStorage for `baseUrl`, if any. */
+export function storedKey(baseUrl: string): string | undefined {
+  return storage()?.getItem(storageName(baseUrl)) ?? undefined;
+}
+
+interface KeyStorage {
+  getItem(name: string): string | null;
+  setItem(name: string, value: string): void;
+  removeItem(name: string): void;
+}
+
+/** The page's sessionStorage; none in Node (or where storage is blocked). */
+function storage(): KeyStorage | undefined {
+  try {
+    return (globalThis as { sessionStorage?: KeyStorage }).sessionStorage;
+  } catch {
+    return undefined;
+  }
+}
+
+function storageName(baseUrl: string): string {
+  return `vak-key ${trimSlash(baseUrl)}`;
 }
 
 export function trimSlash(url: string): string {

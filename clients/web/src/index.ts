@@ -1,7 +1,17 @@
 // @vak/client: the generated proto types, a gRPC-web AgentService client, and
 // StreamFollower for the multiplexed SSE stream. Browsers and Node 20+.
 export * from "./gen/vak/v1/agent_pb.js";
-export { bearer, createAgentClient, login, logout, type AgentClient, type ClientOptions } from "./client.js";
+export {
+  bearer,
+  createAgentClient,
+  KEY_HEADER,
+  login,
+  logout,
+  sessionKey,
+  storedKey,
+  type AgentClient,
+  type ClientOptions,
+} from "./client.js";
 export {
   parseCursor,
   StreamFollower,

@@ -24,7 +24,7 @@ import {
   type PresentationEvent,
   type StreamOpened,
 } from "./gen/vak/v1/agent_pb.js";
-import { trimSlash } from "./client.js";
+import { KEY_HEADER, storedKey, trimSlash } from "./client.js";
 
 export type FollowerState = "idle" | "connecting" | "open" | "reconnecting" | "closed";
 
@@ -89,6 +89,12 @@ export interface StreamFollowerOptions {
    * Leave it out to use the login cookie (see `login`) instead.
    */
   token?: string;
+  /**
+   * With the login cookie: the session key `login` returned. EventSource
+   * cannot send headers, so it goes in the URL as `?key=`; follow/unfollow
+   * send it as `x-vak-key`. Default: the key `login` kept for `baseUrl`.
+   */
+  key?: string;
   /** Send cookies (the login cookie) cross-origin. Default: when there is no token. */
   withCredentials?: boolean;
   /** A cursor vector from an earlier stream to resume from. */
@@ -216,6 +222,10 @@ export class StreamFollower {
     if (after !== undefined) body.after = after.toString();
     const headers: Record<string, string> = { "content-type": "application/json" };
     if (this.opts.token !== undefined) headers.authorization = `Bearer ${this.opts.token}`;
+    else {
+      const key = this.key();
+      if (key !== undefined) headers[KEY_HEADER] = key;
+    }
     const resp = await f(`${trimSlash(this.opts.baseUrl)}/stream/${encodeURIComponent(this.streamId)}/${op}`, {
       method: "POST",
       headers,
@@ -231,6 +241,12 @@ export class StreamFollower {
     return this.opts.withCredentials ?? this.opts.token === undefined;
   }
 
+  /** The login's session key, when the cookie is the credential. */
+  private key(): string | undefined {
+    if (this.opts.token !== undefined) return undefined;
+    return this.opts.key ?? storedKey(this.opts.baseUrl);
+  }
+
   private url(): string {
     const q = new URLSearchParams();
     for (const s of this.wanted) q.append("session", s);
@@ -238,6 +254,8 @@ export class StreamFollower {
     if (this.opts.host) q.set("host", "1");
     if (this.opts.config) q.set("config", "1");
     if (this.opts.token !== undefined) q.set("token", this.opts.token);
+    const key = this.key();
+    if (key !== undefined) q.set("key", key);
     return `${trimSlash(this.opts.baseUrl)}/stream?${q}`;
   }
 

@@ -9,6 +9,7 @@ import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { request as httpRequest, createServer } from "node:http";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -31,7 +32,7 @@ const EXPECTED = `echo: hello browser${BURST}\necho: bye`;
 // frame of burst delta 100, and the test then closes the connection there.
 const TRIGGER = '"text":"t100 "';
 
-let tmp, workspace, token, site, vak, proxy, vak2, proxy2, ctx, page, sessionId, cut;
+let tmp, workspace, token, site, vak, proxy, vak2, proxy2, ctx, page, sessionId, cut, cookieSession;
 const consoleLines = [];
 
 /** Rejects if `p` does not settle within `ms`. */
@@ -270,8 +271,81 @@ step("a login cookie works instead of the token (gRPC-web and EventSource)", asy
   const get = proxy.requests.find((q) => q.method === "GET" && q.path.includes(`session=${st.sessionId}`));
   assert.ok(get, "the cookie page's GET /stream went through the proxy");
   assert.ok(!get.path.includes("token="), get.path);
-  assert.match(get.headers.cookie ?? "", /(^|; )vak_session=/);
+  assert.match(get.headers.cookie ?? "", /(^|; )vak_session_[0-9a-f]{16}=/);
+  // EventSource cannot send headers: the login's session key rides in the URL.
+  assert.match(get.path, /[?&]key=[0-9a-f]{64}(&|$)/, get.path);
+  cookieSession = st.sessionId;
   await p.close();
+});
+
+/** A request from Node (no browser, no Origin): resolves to { status, body } (a stream is cut after its head). */
+function replay(port, method, path, headers, body) {
+  return within(
+    10_000,
+    new Promise((resolve, reject) => {
+      const req = httpRequest({ host: "127.0.0.1", port, method, path, headers }, (res) => {
+        if ((res.headers["content-type"] ?? "").startsWith("text/event-stream")) {
+          res.destroy();
+          resolve({ status: res.statusCode, body: "(a stream)" });
+          return;
+        }
+        let text = "";
+        res.setEncoding("utf8").on("data", (d) => (text += d));
+        res.on("end", () => resolve({ status: res.statusCode, body: text }));
+      });
+      req.on("error", reject);
+      req.end(body);
+    }),
+    `${method} ${path}`,
+  );
+}
+
+step("another local web app gets the login cookie, but replaying it without the key is a 401", async () => {
+  // A little web app on another loopback port, opened in the same browser:
+  // its page makes a request to itself, and the app keeps the Cookie header it gets.
+  let gotProbe;
+  const probed = new Promise((r) => (gotProbe = r));
+  const other = createServer((req, res) => {
+    if (req.url === "/") {
+      res.writeHead(200, { "content-type": "text/html" });
+      res.end('<!doctype html><title>another app</title><script>fetch("/probe").then((r) => r.text()).then((t) => (document.title = t));</script>');
+    } else if (req.url === "/probe") {
+      gotProbe(req.headers.cookie ?? "");
+      res.writeHead(200, { "content-type": "text/plain" }).end("probed");
+    } else {
+      res.writeHead(404).end();
+    }
+  });
+  await new Promise((r) => other.listen(0, "127.0.0.1", r));
+  try {
+    const otherPort = other.address().port;
+    assert.notEqual(otherPort, vak.port);
+    const p = await within(10_000, ctx.newPage(), "a new tab");
+    await p.goto(`http://127.0.0.1:${otherPort}/`, { timeout: 15_000 });
+    const cookie = await within(10_000, probed, "the other app's page to call its own server");
+    await p.waitForFunction(() => document.title === "probed", null, { timeout: 10_000 });
+    await p.close();
+    // Browsers scope cookies by host, not port: the other app did receive vak's login cookie.
+    assert.match(cookie, /(^|; )vak_session_[0-9a-f]{16}=[0-9a-f]+/, `the cookie the other app got: ${cookie}`);
+
+    // Replayed server-side with no Origin and no session key, it opens nothing.
+    const sid = cookieSession;
+    for (const [method, path, body] of [
+      ["GET", "/sessions"],
+      ["GET", `/sessions/${sid}/events`],
+      ["GET", `/stream?session=${sid}`],
+      ["POST", `/sessions/${sid}/run`, JSON.stringify({ prompt: "/bash id" })],
+    ]) {
+      const r = await replay(vak.port, method, path, { cookie, "content-type": "application/json" }, body);
+      assert.equal(r.status, 401, `${method} ${path} with the cookie alone: ${r.body}`);
+      assert.match(r.body, /unauthenticated/);
+    }
+    const r = await replay(vak.port, "GET", "/auth/session", { cookie });
+    assert.deepEqual(JSON.parse(r.body), { authenticated: false });
+  } finally {
+    other.closeAllConnections();
+    await new Promise((r) => other.close(r));
+  }
 });
 
 step("a cursor older than the ring: resync is surfaced, the page refetches, the text stays exact", async () => {

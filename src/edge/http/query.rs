@@ -6,8 +6,9 @@ use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::Response;
 
-/// Accepted on every route: the loopback credential of EventSource (see the auth guard).
-const ALWAYS: &[&str] = &["token"];
+/// Accepted on every route: the credentials EventSource can carry, `token` (loopback
+/// only) and a login's session `key` (see the auth guard).
+const ALWAYS: &[&str] = &["token", "key"];
 
 /// The parameters a route reads, by its route pattern.
 fn params(route: &str) -> &'static [&'static str] {
