@@ -13,6 +13,7 @@ pub mod provider;
 pub mod session;
 pub mod tools;
 pub mod transcript;
+pub mod workspace;
 
 use std::path::PathBuf;
 use std::time::Duration;
