@@ -257,17 +257,7 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
     // Before the default connection cap is derived from it.
     let nofile = crate::edge::fdlimit::raise_nofile();
     let mut cfg = args.config(home.clone())?;
-    match nofile {
-        Ok((before, now)) if before < now => tracing::info!(
-            "open-files limit {now} (raised from {before}); at most {} connections at once",
-            cfg.max_connections
-        ),
-        Ok((_, now)) => tracing::info!(
-            "open-files limit {now}; at most {} connections at once",
-            cfg.max_connections
-        ),
-        Err(e) => tracing::warn!("{e}; at most {} connections at once", cfg.max_connections),
-    }
+    let max_connections = cfg.max_connections;
     if let Some(weak) = args.token.as_deref().and_then(crate::edge::auth::weak_token) {
         eprintln!("vak: warning: {weak}");
     }
@@ -298,6 +288,16 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
         .await
         .map_err(|e| Error::internal(format!("cannot listen on {}: {e}", args.listen)))?;
     let addr = listener.local_addr()?;
+    // Once startup can no longer fail, so a failure stays one line.
+    match nofile {
+        Ok((before, now)) if before < now => tracing::info!(
+            "open-files limit {now} (raised from {before}); at most {max_connections} connections at once"
+        ),
+        Ok((_, now)) => {
+            tracing::info!("open-files limit {now}; at most {max_connections} connections at once")
+        }
+        Err(e) => tracing::warn!("{e}; at most {max_connections} connections at once"),
+    }
     let url = home::local_url(scheme, addr);
     if addr.ip().is_unspecified() {
         println!("vak: bound to {addr} (every interface)");
