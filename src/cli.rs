@@ -258,9 +258,6 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
     let nofile = crate::edge::fdlimit::raise_nofile();
     let mut cfg = args.config(home.clone())?;
     let max_connections = cfg.max_connections;
-    if let Some(weak) = args.token.as_deref().and_then(crate::edge::auth::weak_token) {
-        eprintln!("vak: warning: {weak}");
-    }
     let tls = if args.tls_self_signed {
         Some(tls::self_signed(&home)?)
     } else if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
@@ -297,6 +294,10 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
             tracing::info!("open-files limit {now}; at most {max_connections} connections at once")
         }
         Err(e) => tracing::warn!("{e}; at most {max_connections} connections at once"),
+    }
+    // Also once startup can no longer fail.
+    if let Some(weak) = args.token.as_deref().and_then(crate::edge::auth::weak_token) {
+        eprintln!("vak: warning: {weak}");
     }
     let url = home::local_url(scheme, addr);
     if addr.ip().is_unspecified() {
