@@ -71,9 +71,15 @@ pub async fn run(workspace: &Path, tool: &str, input: &Value, cancel: &Cancellat
                     let mut text = String::from_utf8_lossy(&read.bytes).into_owned();
                     if read.truncated {
                         cut(&mut text, MAX_OUTPUT);
+                        // The size is fstat's at open time; a file that grew while
+                        // it was read is longer than that.
+                        let size = if read.size > MAX_OUTPUT as u64 {
+                            format!("is {}", bytes(read.size as usize))
+                        } else {
+                            "grew while it was read".to_string()
+                        };
                         text.push_str(&format!(
-                            "\n[output truncated: {path} is {}; this is the first {}]",
-                            bytes(read.size as usize),
+                            "\n[output truncated: {path} {size}; this is the first {}]",
                             bytes(MAX_OUTPUT)
                         ));
                     } else {
