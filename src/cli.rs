@@ -232,6 +232,15 @@ async fn shutdown_signal() {
     }
 }
 
+/// A startup warning: `vak: warning: …` on stderr for people, a log record
+/// with `--log-format json`, so machines get nothing but JSON lines.
+fn warn(format: LogFormat, message: &str) {
+    match format {
+        LogFormat::Text => eprintln!("vak: warning: {message}"),
+        LogFormat::Json => tracing::warn!("{message}"),
+    }
+}
+
 /// `vak serve`: any startup failure is one clear line and a non-zero exit.
 pub async fn serve(args: ServeArgs) -> Result<()> {
     if !args.listen.ip().is_loopback() && !args.allow_remote {
@@ -274,8 +283,9 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
     }
     cfg.tls = tls.map(|t| t.config);
     if args.allow_remote && cfg.tls.is_none() && !args.listen.ip().is_loopback() {
-        eprintln!(
-            "vak: warning: remote access without TLS: the token and every byte cross the network unencrypted"
+        warn(
+            args.log_format,
+            "remote access without TLS: the token and every byte cross the network unencrypted",
         );
     }
     let scheme = if cfg.tls.is_some() { "https" } else { "http" };
@@ -295,9 +305,18 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
         }
         Err(e) => tracing::warn!("{e}; at most {max_connections} connections at once"),
     }
-    // Also once startup can no longer fail.
+    // Warnings once startup can no longer fail, so a failed start stays one line.
     if let Some(weak) = args.token.as_deref().and_then(crate::edge::auth::weak_token) {
-        eprintln!("vak: warning: {weak}");
+        warn(args.log_format, &weak);
+    }
+    if let Some(mode) = home::readable_by_others(&home) {
+        warn(
+            args.log_format,
+            &format!(
+                "other users can read the home {} (mode {mode:o}), which holds every prompt and tool output; `chmod 700` it",
+                home.display()
+            ),
+        );
     }
     let url = home::local_url(scheme, addr);
     if addr.ip().is_unspecified() {

@@ -18,6 +18,19 @@ pub fn resolve(explicit: Option<PathBuf>) -> Result<PathBuf> {
     }
 }
 
+/// Creates `dir` and any missing parents owner-only (0700), whatever the
+/// umask; an existing directory keeps its mode.
+pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+}
+
+/// Whether other users can read or enter `dir` (its mode gives group or other any bit).
+pub fn readable_by_others(dir: &Path) -> Option<u32> {
+    let mode = std::fs::metadata(dir).ok()?.permissions().mode() & 0o777;
+    (mode & 0o077 != 0).then_some(mode)
+}
+
 pub fn server_json(home: &Path) -> PathBuf {
     home.join("server.json")
 }
@@ -75,7 +88,7 @@ impl HomeLock {
     /// Creates the home if needed and takes its lock, writing our pid into the
     /// lock file so a refused second server can name the owner.
     pub fn acquire(home: &Path) -> std::result::Result<HomeLock, LockError> {
-        std::fs::create_dir_all(home).map_err(|e| {
+        create_private_dir(home).map_err(|e| {
             LockError::Io(Error::internal(format!(
                 "cannot create the home {}: {e}",
                 home.display()

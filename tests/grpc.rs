@@ -690,3 +690,79 @@ async fn an_oversized_message_is_refused_and_runs_nothing() {
     let ok = c.run(run_req(&sid, "small", "")).await.unwrap().into_inner();
     assert_eq!(ok.state, "started");
 }
+
+#[tokio::test]
+async fn unauthenticated_health_watch_and_reflection_streams_count_against_the_caps() {
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_reflection::pb::v1;
+
+    let s = TestServer::start_with(|c| {
+        c.max_streams = 3;
+        c.max_streams_per_client = 3;
+    })
+    .await;
+    let channel = tonic::transport::Endpoint::from_shared(s.url.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel.clone());
+    let mut watches = Vec::new();
+    for _ in 0..2 {
+        let mut w = health
+            .watch(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .expect("a watch within the caps")
+            .into_inner();
+        // The first answer proves the stream is open and holding its slot.
+        tokio::time::timeout(DEADLINE, w.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        watches.push(w);
+    }
+    // A reflection stream takes the third slot (it stays open until the client ends it).
+    let mut reflection = v1::server_reflection_client::ServerReflectionClient::new(channel.clone());
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    let mut info = reflection
+        .server_reflection_info(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("reflection within the caps")
+        .into_inner();
+    tx.send(v1::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(v1::server_reflection_request::MessageRequest::ListServices(
+            String::new(),
+        )),
+    })
+    .await
+    .unwrap();
+    tokio::time::timeout(DEADLINE, info.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+
+    let refused = health
+        .watch(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await;
+    assert_eq!(
+        code_of(refused),
+        Code::ResourceExhausted,
+        "past the caps, without a token too"
+    );
+    // Unary health checks are not streams: they still answer.
+    health
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("Check is not capped");
+    drop((watches, tx, info));
+}

@@ -873,3 +873,185 @@ async fn remote_exposure_serves_tls_to_a_trusted_host() {
     );
     let _ = child.start_kill();
 }
+
+/// `vak ARGS` started through `sh -c 'PRELUDE; exec vak ARGS'` (umask, ulimit).
+fn vak_after(prelude: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg(format!("{prelude}; exec \"$0\" \"$@\""))
+        .arg(env!("CARGO_BIN_EXE_vak"))
+        .args(args)
+        .env_remove("VAK_TOKEN")
+        .env_remove("VAK_HOME")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+fn mode_of(p: &Path) -> u32 {
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+}
+
+#[tokio::test]
+async fn everything_in_the_home_is_owner_only_whatever_the_umask() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("fresh-home");
+    let ws = tempfile::tempdir().unwrap();
+    let home_s = home.to_str().unwrap();
+    let ws_s = ws.path().to_str().unwrap();
+    let args = [
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--home",
+        home_s,
+        "--workspace",
+        ws_s,
+        "--tls-self-signed",
+    ];
+    let (mut child, mut out, errs) = spawn_collecting(&mut vak_after("umask 000", &args));
+    let line = read_until(&mut out, "listening on https://").await;
+    let url = line
+        .last()
+        .unwrap()
+        .split("listening on ")
+        .nth(1)
+        .unwrap()
+        .to_string();
+    let token = server_json(&home)["token"].as_str().unwrap().to_string();
+    let pem = std::fs::read(home.join("tls/dev-cert.pem")).unwrap();
+    let client = reqwest::Client::builder()
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(reqwest::Certificate::from_pem(&pem).unwrap())
+        .build()
+        .unwrap();
+    let url = url.replace("127.0.0.1", "localhost");
+    let r = client
+        .post(format!("{url}/sessions"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let sid = r.json::<Value>().await.unwrap()["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for d in [home.clone(), home.join("sessions"), home.join("tls")] {
+        assert_eq!(mode_of(&d), 0o700, "{}", d.display());
+    }
+    for f in [
+        "server.json",
+        "server.lock",
+        "token",
+        "tls/dev-cert.pem",
+        "tls/dev-key.pem",
+    ] {
+        assert_eq!(mode_of(&home.join(f)), 0o600, "{f}");
+    }
+    assert_eq!(
+        mode_of(&home.join(format!("sessions/{sid}.jsonl"))),
+        0o600,
+        "the ledger"
+    );
+    assert!(
+        !errs
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("other users can read")),
+        "no warning for a home vak made itself"
+    );
+    let _ = child.start_kill();
+    let _ = child.wait().await;
+
+    // An existing home others can read: a warning, and vak's own files tightened.
+    std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(home.join("sessions"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let ledger = home.join(format!("sessions/{sid}.jsonl"));
+    std::fs::set_permissions(&ledger, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (mut child, mut out, errs) = spawn_collecting(&mut vak_after("umask 022", &args));
+    let line = read_until(&mut out, "listening on https://").await;
+    let url = line
+        .last()
+        .unwrap()
+        .split("listening on ")
+        .nth(1)
+        .unwrap()
+        .replace("127.0.0.1", "localhost");
+    let r = client
+        .get(format!("{url}/sessions/{sid}/transcript"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(mode_of(&home.join("sessions")), 0o700);
+    assert_eq!(mode_of(&ledger), 0o600, "a loaded ledger is tightened");
+    let warned = errs.lock().unwrap().clone();
+    assert!(
+        warned
+            .iter()
+            .any(|l| l.contains("other users can read the home") && l.contains("755")),
+        "{warned:?}"
+    );
+    let _ = child.start_kill();
+}
+
+#[tokio::test]
+async fn many_sessions_under_a_low_fd_limit_all_work() {
+    let home = tempfile::tempdir().unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let args = [
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--token",
+        "T",
+        "--home",
+        home.path().to_str().unwrap(),
+        "--workspace",
+        ws.path().to_str().unwrap(),
+    ];
+    let (mut child, mut out, _errs) = spawn_collecting(&mut vak_after("ulimit -n 200", &args));
+    let line = read_until(&mut out, "listening on http://").await;
+    let url = line
+        .last()
+        .unwrap()
+        .split("listening on ")
+        .nth(1)
+        .unwrap()
+        .to_string();
+    let http = reqwest::Client::new();
+    let mut sids = Vec::new();
+    for i in 0..400 {
+        let r = http
+            .post(format!("{url}/sessions"))
+            .bearer_auth("T")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201, "session {i}: {}", r.text().await.unwrap());
+        sids.push(
+            r.json::<Value>().await.unwrap()["session_id"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
+    }
+    for sid in [&sids[0], &sids[399]] {
+        let r = http
+            .post(format!("{url}/sessions/{sid}/run"))
+            .bearer_auth("T")
+            .json(&serde_json::json!({"prompt": "hello"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 202);
+    }
+    let _ = child.start_kill();
+}

@@ -631,3 +631,77 @@ async fn a_failed_leg_settles_its_own_run_and_queued_input_starts_the_next() {
     assert_eq!(text_of(&second), "echo: after");
     assert_eq!(second.last().unwrap().body()["outcome"], "completed");
 }
+
+#[tokio::test]
+async fn echoed_ids_are_plain_and_bounded() {
+    let s = TestServer::start().await;
+    let sid = s.create_session().await;
+    for bad in ["r\u{202e}1", "a b", "x\ny", &"r".repeat(129)] {
+        let (code, body) = s
+            .post(
+                &format!("/sessions/{sid}/run"),
+                json!({"prompt": "hi", "request_id": bad}),
+            )
+            .await;
+        assert_eq!(code, 400, "{bad:?}");
+        assert!(
+            !body.to_string().contains('\u{202e}'),
+            "a bidi control is never echoed: {body}"
+        );
+    }
+    for good in ["r1", "req_0f5a-1e00.fd:6c", &"r".repeat(128)] {
+        let (code, _) = s
+            .post(
+                &format!("/sessions/{sid}/run"),
+                json!({"prompt": "hi", "request_id": good}),
+            )
+            .await;
+        assert_eq!(code, 202, "{good:?}");
+    }
+    // An approval id of 10 000 characters is refused, and not echoed whole.
+    let long = "a".repeat(10_000);
+    let (code, body) = s
+        .post(
+            &format!("/sessions/{sid}/approvals/{long}"),
+            json!({"approve": true}),
+        )
+        .await;
+    assert_eq!(code, 400);
+    assert!(
+        body.to_string().len() < 500,
+        "{} bytes echoed",
+        body.to_string().len()
+    );
+    let (code, _) = s
+        .post(
+            &format!("/sessions/{sid}/approvals/ap_nope"),
+            json!({"approve": true}),
+        )
+        .await;
+    assert_eq!(code, 404, "a well-formed unknown id is still a 404");
+}
+
+#[tokio::test]
+async fn a_prompt_of_two_million_words_is_thousands_of_events_not_millions() {
+    let s = TestServer::start().await;
+    let sid = s.create_session().await;
+    let prompt = "a ".repeat(1_900_000);
+    let mut sse = s.events(&sid, None).await;
+    let (code, _) = s
+        .post(&format!("/sessions/{sid}/run"), json!({ "prompt": prompt }))
+        .await;
+    assert_eq!(code, 202);
+    let frames = sse.until("run_finished").await;
+    assert_eq!(frames.last().unwrap().body()["outcome"], "completed");
+    let latest = frames.last().unwrap().seq();
+    assert!(latest < 10_000, "{latest} events for one echo");
+    assert_eq!(
+        text_of(&frames),
+        format!("echo: {}", prompt.trim_end()),
+        "the whole text, once"
+    );
+    let ledger = std::fs::metadata(s.home.join(format!("sessions/{sid}.jsonl")))
+        .unwrap()
+        .len();
+    assert!(ledger < 20 << 20, "a ledger of {ledger} bytes");
+}

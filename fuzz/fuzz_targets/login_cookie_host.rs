@@ -74,6 +74,7 @@ fn app() -> Router {
         trusted_hosts: vec![TRUSTED.into()],
         allow_origins: vec![ALLOWED.into()],
         login_ttl: Duration::from_secs(3600),
+        ..Default::default()
     });
     Router::new()
         .route("/auth/login", post(auth::login))

@@ -1,10 +1,12 @@
 //! The agent loop: one leg of a turn chain. It asks the provider for a turn, runs the tools it calls (through approvals when needed), and repeats until the model answers without tools.
 
+use super::deltas::{Deltas, FREE};
 use super::event::{AgentEvent, ClientEvent, RunOutcome};
 use super::provider::{ProviderError, ProviderEvent, ToolRequest};
 use super::session::{Input, Session};
 use super::{tools, PermissionMode};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
 const CANCELLED: &str = "cancelled by a client";
@@ -27,14 +29,21 @@ pub async fn run_leg(session: &Session, input: &Input, cancel: &CancellationToke
         let mut attempt = 0;
         let output = loop {
             let streamed = AtomicBool::new(false);
+            // The sink is called synchronously by the provider; only this turn uses the lock.
+            let deltas = Mutex::new(Deltas::new(FREE));
             let sink = |e: ProviderEvent| {
                 streamed.store(true, Ordering::Relaxed);
-                session.publish(match e {
-                    ProviderEvent::Text(text) => ClientEvent::TextDelta { text },
-                    ProviderEvent::Thinking(text) => ClientEvent::ThinkingDelta { text },
-                });
+                let ready = deltas.lock().unwrap_or_else(|p| p.into_inner()).push(e);
+                for event in ready {
+                    session.publish(event);
+                }
             };
-            match rt.provider.turn(&history, &sink, cancel).await {
+            let result = rt.provider.turn(&history, &sink, cancel).await;
+            let held = deltas.lock().unwrap_or_else(|p| p.into_inner()).flush();
+            if let Some(event) = held {
+                session.publish(event);
+            }
+            match result {
                 Ok(o) => break o,
                 Err(ProviderError::Cancelled) => return (RunOutcome::Cancelled, CANCELLED.into()),
                 Err(ProviderError::Failed(msg)) => {

@@ -57,7 +57,13 @@ impl Hub {
     /// Prepares the home (creating `sessions/`); fails with a clear message when it is not writable.
     pub fn new(cfg: CoreConfig, provider: Arc<dyn Provider>) -> Result<Hub> {
         let dir = cfg.sessions_dir();
-        std::fs::create_dir_all(&dir)
+        // Prompts, outputs and file contents live here: owner-only, also when
+        // an earlier version created it readable.
+        crate::home::create_private_dir(&dir)
+            .and_then(|()| {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+            })
             .map_err(|e| Error::internal(format!("cannot create {}: {e}", dir.display())))?;
         let probe = dir.join(".write-probe");
         std::fs::write(&probe, b"")

@@ -3,14 +3,51 @@
 //! Every record is one line written with a single `write` call on a file
 //! opened for appending, so a crash can only ever leave a partial *last*
 //! line; `open` cuts such a tail off before appending again.
+//!
+//! Ledgers are owner-only (0600), and the files held open are bounded
+//! process-wide (`fd_budget`): past the budget a ledger opens its file for
+//! each append and closes it again, so many sessions never exhaust the fd table.
 
 use super::event::{ClientEvent, Frame};
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+/// Ledger files held open now, across the process.
+static OPEN: AtomicUsize = AtomicUsize::new(0);
+
+/// How many ledger files may stay open: a quarter of the fd limit (read once,
+/// after startup raised it), between 16 and 1024.
+fn fd_budget() -> usize {
+    static BUDGET: OnceLock<usize> = OnceLock::new();
+    *BUDGET.get_or_init(|| {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes into the struct we pass; nothing else is touched.
+        let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0;
+        let limit = if ok { lim.rlim_cur as usize } else { 1024 };
+        (limit / 4).clamp(16, 1024)
+    })
+}
+
+/// A slot for one more open ledger file, if the budget has room.
+fn reserve() -> bool {
+    OPEN.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+        (n < fd_budget()).then_some(n + 1)
+    })
+    .is_ok()
+}
+
+fn release() {
+    OPEN.fetch_sub(1, Ordering::AcqRel);
+}
 
 /// One ledger line.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -29,7 +66,21 @@ pub enum Record {
 
 pub struct Ledger {
     path: PathBuf,
-    file: Mutex<File>,
+    /// Held while the budget allows (`reserve`); None means open per append.
+    file: Mutex<Option<File>>,
+}
+
+impl Drop for Ledger {
+    fn drop(&mut self) {
+        if self.file.get_mut().is_ok_and(|f| f.is_some()) {
+            release();
+        }
+    }
+}
+
+/// Keeps `file` if the budget has room, else closes it.
+fn held(file: File) -> Option<File> {
+    reserve().then_some(file)
 }
 
 impl Ledger {
@@ -38,11 +89,12 @@ impl Ledger {
         let file = OpenOptions::new()
             .create_new(true)
             .append(true)
+            .mode(0o600)
             .open(path)
             .map_err(|e| Error::internal(format!("cannot create ledger {}: {e}", path.display())))?;
         let ledger = Ledger {
             path: path.to_path_buf(),
-            file: Mutex::new(file),
+            file: Mutex::new(held(file)),
         };
         ledger.append(&Record::Header {
             session_id: session_id.to_string(),
@@ -60,6 +112,8 @@ impl Ledger {
             .append(true)
             .open(path)
             .map_err(|e| Error::internal(format!("cannot open ledger {}: {e}", path.display())))?;
+        // Ours, so owner-only, also when an earlier version left it readable.
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
         let mut data = Vec::new();
         file.read_to_end(&mut data)?;
         let complete = data.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
@@ -83,7 +137,7 @@ impl Ledger {
         Ok((
             Ledger {
                 path: path.to_path_buf(),
-                file: Mutex::new(file),
+                file: Mutex::new(held(file)),
             },
             records,
         ))
@@ -96,9 +150,23 @@ impl Ledger {
     pub fn append(&self, record: &Record) -> Result<()> {
         let mut line = serde_json::to_vec(record).map_err(|e| Error::internal(e.to_string()))?;
         line.push(b'\n');
-        let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
-        file.write_all(&line)?;
+        let mut slot = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        match slot.as_mut() {
+            Some(file) => file.write_all(&line)?,
+            None => {
+                let mut file = self.reopen()?;
+                file.write_all(&line)?;
+                *slot = held(file);
+            }
+        }
         Ok(())
+    }
+
+    fn reopen(&self) -> Result<File> {
+        OpenOptions::new()
+            .append(true)
+            .open(&self.path)
+            .map_err(|e| Error::internal(format!("cannot open ledger {}: {e}", self.path.display())))
     }
 
     pub fn append_event(&self, frame: &Frame) -> Result<()> {
@@ -110,8 +178,12 @@ impl Ledger {
 
     /// Forces what was written to stable storage (shutdown).
     pub fn sync(&self) -> Result<()> {
-        let file = self.file.lock().unwrap_or_else(|p| p.into_inner());
-        file.sync_data()?;
+        let slot = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        match slot.as_ref() {
+            Some(file) => file.sync_data()?,
+            // fsync on any descriptor flushes the file's data.
+            None => self.reopen()?.sync_data()?,
+        }
         Ok(())
     }
 }
@@ -182,6 +254,44 @@ pub fn summarize(path: &Path) -> Result<LedgerSummary> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn open_fds() -> usize {
+        std::fs::read_dir("/proc/self/fd").unwrap().count()
+    }
+
+    #[test]
+    fn open_ledger_files_are_bounded_and_every_ledger_still_appends() {
+        let dir = tempfile::tempdir().unwrap();
+        let many = fd_budget() + 200;
+        let before = open_fds();
+        let ledgers: Vec<Ledger> = (0..many)
+            .map(|i| Ledger::create(&dir.path().join(format!("{i}.jsonl")), "s", "t").unwrap())
+            .collect();
+        // Other tests in this process open files too: allow them some slack.
+        let bound = fd_budget() + 32;
+        let grown = open_fds().saturating_sub(before);
+        assert!(
+            grown <= bound,
+            "{grown} fds for {many} ledgers (budget {})",
+            fd_budget()
+        );
+        for (i, l) in ledgers.iter().enumerate() {
+            let f = Frame::new(1, "s".into(), ClientEvent::TextDelta { text: format!("{i}") });
+            l.append_event(&f).unwrap();
+            l.sync().unwrap();
+        }
+        assert!(open_fds().saturating_sub(before) <= bound);
+        let last = dir.path().join(format!("{}.jsonl", many - 1));
+        let mode = std::fs::metadata(&last).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "ledgers are owner-only");
+        drop(ledgers);
+        let (_, records) = Ledger::open(&last).unwrap();
+        assert_eq!(
+            records.len(),
+            2,
+            "the header and the event past the budget: {records:?}"
+        );
+    }
 
     #[test]
     fn a_partial_last_line_is_cut_and_earlier_lines_survive() {

@@ -4,6 +4,7 @@ pub mod agent;
 pub mod approvals;
 pub mod bus;
 pub mod cursor;
+pub mod deltas;
 pub mod event;
 pub mod hub;
 pub mod ledger;

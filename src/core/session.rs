@@ -414,9 +414,12 @@ impl Session {
         }
         let request_id = match request_id.filter(|r| !r.is_empty()) {
             Some(r) => {
-                if r.len() > 128 || r.chars().any(|c| c.is_control()) {
+                // Echoed to every client: a plain charset, so no bidi or
+                // control characters ever reach a terminal or a page.
+                let plain = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':');
+                if r.len() > 128 || !r.bytes().all(plain) {
                     return Err(Error::invalid(
-                        "request_id must be at most 128 bytes, with no control characters",
+                        "request_id must be 1 to 128 of A-Z a-z 0-9 - _ . :",
                     ));
                 }
                 r
@@ -524,6 +527,19 @@ impl Session {
 
     /// Answers a pending approval.
     pub fn answer(&self, request_id: &str, answer: Answer) -> Result<ApprovalOutcome> {
+        // Approval ids are ours (`ap_` and 12 hex digits): anything far from
+        // that shape is refused before it is looked up or echoed back.
+        if request_id.is_empty()
+            || request_id.len() > 64
+            || !request_id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        {
+            return Err(Error::invalid(format!(
+                "invalid approval id {:?}: 1 to 64 of A-Z a-z 0-9 - _",
+                request_id.chars().take(64).collect::<String>()
+            )));
+        }
         self.approvals.answer(request_id, answer, |e| self.publish(e))
     }
 

@@ -38,8 +38,8 @@ pub async fn access_log(req: Request, next: Next) -> Response {
     Response::from_parts(parts, body)
 }
 
-/// Path and query, with the value of any `token` parameter replaced: a
-/// credential never reaches a log.
+/// Path and query, with the value of any `token` or `key` parameter
+/// replaced: a credential never reaches a log.
 fn redacted(uri: &Uri) -> String {
     let Some(query) = uri.query() else {
         return uri.path().to_string();
@@ -52,10 +52,10 @@ fn redacted(uri: &Uri) -> String {
                 .ok()
                 .and_then(|kv| kv.into_iter().next())
                 .map(|(k, _)| k);
-            if key.as_deref() == Some("token") {
-                "token=[redacted]"
-            } else {
-                pair
+            match key.as_deref() {
+                Some("token") => "token=[redacted]",
+                Some("key") => "key=[redacted]",
+                _ => pair,
             }
         })
         .collect();
@@ -151,6 +151,8 @@ mod tests {
             "/sessions/a/events?after=3&token=[redacted]&x=token&token=[redacted]"
         );
         assert!(!line.contains("s3cret"));
+        let uri: Uri = "/stream?session=a&key=k3y".parse().unwrap();
+        assert_eq!(redacted(&uri), "/stream?session=a&key=[redacted]");
         let uri: Uri = "/health".parse().unwrap();
         assert_eq!(redacted(&uri), "/health");
     }

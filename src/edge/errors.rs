@@ -5,12 +5,21 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use tonic::{Code, Status};
 
+/// A core error as the status a client sees. An internal error's message
+/// names files and system errors of this machine: it goes to the server log
+/// under an incident id, and the client gets the id, never the details.
 pub fn to_status(e: Error) -> Status {
     let code = match e.kind {
         ErrorKind::InvalidArgument => Code::InvalidArgument,
         ErrorKind::NotFound => Code::NotFound,
         ErrorKind::Conflict => Code::FailedPrecondition,
-        ErrorKind::Internal => Code::Internal,
+        ErrorKind::Internal => {
+            let incident = &uuid::Uuid::new_v4().simple().to_string()[..12];
+            tracing::error!(incident, "internal error: {}", e.message);
+            return Status::internal(format!(
+                "internal error {incident}: the server log has the details"
+            ));
+        }
         ErrorKind::Unavailable => Code::Unavailable,
     };
     Status::new(code, e.message)
@@ -76,6 +85,16 @@ pub fn refuse(grpc: Option<HeaderValue>, status: Status) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn internal_details_stay_in_the_log() {
+        let s = to_status(Error::internal(
+            "cannot create ledger /home/me/.local/share/vak/sessions/x.jsonl: Too many open files",
+        ));
+        assert_eq!(s.code(), Code::Internal);
+        assert!(!s.message().contains('/'), "{}", s.message());
+        assert!(s.message().starts_with("internal error "), "{}", s.message());
+    }
 
     #[test]
     fn every_core_error_has_one_status() {

@@ -10,4 +10,5 @@ pub mod limits;
 pub mod listener;
 pub mod reaper;
 pub mod server;
+pub mod stream_caps;
 pub mod tls;

@@ -138,10 +138,8 @@ async fn unknown_rpc() -> Response {
 
 /// The whole HTTP surface as one router.
 pub async fn app(hub: Arc<Hub>, cfg: &ServeConfig) -> Result<Router> {
-    let api = AgentApi::new(
-        hub,
-        StreamLimits::new(cfg.max_streams, cfg.max_streams_per_client),
-    );
+    let limits = StreamLimits::new(cfg.max_streams, cfg.max_streams_per_client);
+    let api = AgentApi::new(hub, limits.clone());
     let agent = AgentServiceServer::new(api.clone())
         .max_decoding_message_size(cfg.max_body)
         .max_encoding_message_size(usize::MAX);
@@ -159,11 +157,13 @@ pub async fn app(hub: Arc<Hub>, cfg: &ServeConfig) -> Result<Router> {
         .build_v1alpha()
         .map_err(|e| Error::internal(format!("reflection: {e}")))?;
 
+    // The streams anyone may open hold a stream permit like AgentService's own.
+    let capped = axum::middleware::from_fn_with_state(limits, super::stream_caps::cap);
     let grpc = Router::new()
         .route_service(&grpc_path_of(&agent), agent)
-        .route_service(&grpc_path_of(&health), health)
-        .route_service(&grpc_path_of(&v1), v1)
-        .route_service(&grpc_path_of(&v1alpha), v1alpha)
+        .route_service(&grpc_path_of(&health), capped.clone().layer(health))
+        .route_service(&grpc_path_of(&v1), capped.clone().layer(v1))
+        .route_service(&grpc_path_of(&v1alpha), capped.layer(v1alpha))
         .fallback(unknown_rpc);
     // gRPC-web (binary and text) is translated to gRPC in front of the services.
     let grpc = tonic_web::GrpcWebLayer::new().layer(grpc);

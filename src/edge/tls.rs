@@ -62,7 +62,7 @@ pub fn self_signed(home: &Path) -> Result<Tls> {
     let cert_path = dir.join("dev-cert.pem");
     let key_path = dir.join("dev-key.pem");
     if !(cert_path.exists() && key_path.exists()) {
-        std::fs::create_dir_all(&dir)
+        crate::home::create_private_dir(&dir)
             .map_err(|e| Error::internal(format!("cannot create {}: {e}", dir.display())))?;
         let names = vec![
             "localhost".to_string(),
@@ -72,8 +72,8 @@ pub fn self_signed(home: &Path) -> Result<Tls> {
         let made = rcgen::generate_simple_self_signed(names)
             .map_err(|e| Error::internal(format!("cannot make a self-signed certificate: {e}")))?;
         write_private(&key_path, made.key_pair.serialize_pem().as_bytes())?;
-        std::fs::write(&cert_path, made.cert.pem())
-            .map_err(|e| Error::internal(format!("cannot write {}: {e}", cert_path.display())))?;
+        // Public, but everything vak makes in the home is owner-only.
+        write_private(&cert_path, made.cert.pem().as_bytes())?;
     }
     load(&cert_path, &key_path)
 }

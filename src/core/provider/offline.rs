@@ -105,6 +105,33 @@ fn words(text: &str) -> impl Iterator<Item = &str> {
     text.split_inclusive(' ')
 }
 
+/// Words a line streams one delta each; past them, deltas of `ECHO_CHUNK` bytes.
+const ECHO_WORDS: usize = 256;
+const ECHO_CHUNK: usize = 8 * 1024;
+
+/// What a line streams as: a delta per word, like a model's tokens, for the
+/// first `ECHO_WORDS` words, then chunks, so echoing a 4 MiB prompt of two
+/// million words is hundreds of events rather than millions (merged at the
+/// source; `/burst N` keeps its N deltas).
+fn deltas(text: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut chunk = String::new();
+    for (i, w) in words(text).enumerate() {
+        if i < ECHO_WORDS {
+            out.push(w.to_string());
+            continue;
+        }
+        chunk.push_str(w);
+        if chunk.len() >= ECHO_CHUNK {
+            out.push(std::mem::take(&mut chunk));
+        }
+    }
+    if !chunk.is_empty() {
+        out.push(chunk);
+    }
+    out
+}
+
 impl OfflineModel {
     async fn answer(
         &self,
@@ -139,15 +166,12 @@ impl OfflineModel {
             }
             let mut say = |text: String| {
                 let mut first = true;
-                for w in words(&text) {
-                    let w = if first && wrote_text {
-                        format!("\n{w}")
-                    } else {
-                        w.to_string()
-                    };
+                for w in deltas(&text) {
+                    let w = if first && wrote_text { format!("\n{w}") } else { w };
                     first = false;
+                    // A token per word, however the words were grouped into deltas.
+                    out.output_tokens += w.split_whitespace().count().max(1) as u64;
                     sink(ProviderEvent::Text(w));
-                    out.output_tokens += 1;
                 }
                 wrote_text = true;
             };
@@ -270,6 +294,16 @@ mod tests {
             evs,
             ["echo: ", "hello ", "big ", "world"].map(|w| ProviderEvent::Text(w.into()))
         );
+    }
+
+    #[test]
+    fn a_long_line_streams_word_deltas_then_chunks_with_the_same_text() {
+        let line = "w ".repeat(100_000);
+        let d = deltas(&line);
+        assert!(d[..ECHO_WORDS].iter().all(|w| w == "w "), "word by word first");
+        assert!(d.len() < ECHO_WORDS + 30, "{} deltas", d.len());
+        assert_eq!(d.concat(), line, "nothing lost or reordered");
+        assert_eq!(deltas("a b"), ["a ", "b"]);
     }
 
     #[tokio::test]
