@@ -431,6 +431,17 @@ fn spawn_collecting(
     (child, rx, errs)
 }
 
+/// The URL of the `listening on` line that starts with `prefix` (scheme included).
+async fn announced_url(out: &mut mpsc::UnboundedReceiver<String>, prefix: &str) -> String {
+    let lines = read_until(out, prefix).await;
+    let line = lines.last().expect("read_until returns the matching line");
+    line.split("listening on ")
+        .nth(1)
+        .expect("a URL")
+        .trim()
+        .to_string()
+}
+
 /// Reads stdout lines until one contains `needle`; returns all lines read.
 async fn read_until(rx: &mut mpsc::UnboundedReceiver<String>, needle: &str) -> Vec<String> {
     let mut seen = Vec::new();
@@ -728,14 +739,7 @@ async fn logs_of(extra: &[&str], token: &str) -> Vec<String> {
     args.extend_from_slice(extra);
     let mut cmd = serve_on(home.path(), ws.path(), &args);
     let (mut child, mut out, errs) = spawn_collecting(&mut cmd);
-    let line = read_until(&mut out, "listening on http://").await;
-    let url = line
-        .last()
-        .unwrap()
-        .split("listening on ")
-        .nth(1)
-        .unwrap()
-        .to_string();
+    let url = announced_url(&mut out, "listening on http://").await;
     assert_eq!(get_status(&url, "/sessions", Some(token)).await, 200);
     assert_eq!(get_status(&url, "/sessions", None).await, 401);
     assert_eq!(
@@ -913,14 +917,7 @@ async fn everything_in_the_home_is_owner_only_whatever_the_umask() {
         "--tls-self-signed",
     ];
     let (mut child, mut out, errs) = spawn_collecting(&mut vak_after("umask 000", &args));
-    let line = read_until(&mut out, "listening on https://").await;
-    let url = line
-        .last()
-        .unwrap()
-        .split("listening on ")
-        .nth(1)
-        .unwrap()
-        .to_string();
+    let url = announced_url(&mut out, "listening on https://").await;
     let token = server_json(&home)["token"].as_str().unwrap().to_string();
     let pem = std::fs::read(home.join("tls/dev-cert.pem")).unwrap();
     let client = reqwest::Client::builder()
@@ -975,13 +972,8 @@ async fn everything_in_the_home_is_owner_only_whatever_the_umask() {
     let ledger = home.join(format!("sessions/{sid}.jsonl"));
     std::fs::set_permissions(&ledger, std::fs::Permissions::from_mode(0o644)).unwrap();
     let (mut child, mut out, errs) = spawn_collecting(&mut vak_after("umask 022", &args));
-    let line = read_until(&mut out, "listening on https://").await;
-    let url = line
-        .last()
-        .unwrap()
-        .split("listening on ")
-        .nth(1)
-        .unwrap()
+    let url = announced_url(&mut out, "listening on https://")
+        .await
         .replace("127.0.0.1", "localhost");
     let r = client
         .get(format!("{url}/sessions/{sid}/transcript"))
@@ -1018,14 +1010,7 @@ async fn many_sessions_under_a_low_fd_limit_all_work() {
         ws.path().to_str().unwrap(),
     ];
     let (mut child, mut out, _errs) = spawn_collecting(&mut vak_after("ulimit -n 200", &args));
-    let line = read_until(&mut out, "listening on http://").await;
-    let url = line
-        .last()
-        .unwrap()
-        .split("listening on ")
-        .nth(1)
-        .unwrap()
-        .to_string();
+    let url = announced_url(&mut out, "listening on http://").await;
     let http = reqwest::Client::new();
     let mut sids = Vec::new();
     for i in 0..400 {
