@@ -220,16 +220,21 @@ impl FileConfig {
     }
 }
 
-async fn shutdown_signal() {
+/// SIGINT or SIGTERM. The handlers are installed when this is called, not
+/// when the future is first polled, so a signal that arrives right after the
+/// `listening on` line stops the server gracefully instead of killing it.
+fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => return std::future::pending().await,
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
+    let install =
+        |kind| signal(kind).map_err(|e| Error::internal(format!("cannot install a signal handler: {e}")));
+    let mut term = install(SignalKind::terminate())?;
+    let mut int = install(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+    })
 }
 
 /// A startup warning: `vak: warning: …` on stderr for people, a log record
@@ -322,10 +327,11 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
     if addr.ip().is_unspecified() {
         println!("vak: bound to {addr} (every interface)");
     }
+    let stop = shutdown_signal()?;
     home::write_server_json(&home, &url, &token)?;
     println!("vak: listening on {url}");
     let _ = std::io::stdout().flush();
-    let result = server.run(listener, shutdown_signal()).await;
+    let result = server.run(listener, stop).await;
     home::remove_server_json(&home);
     result
 }

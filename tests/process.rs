@@ -1040,3 +1040,23 @@ async fn many_sessions_under_a_low_fd_limit_all_work() {
     }
     let _ = child.start_kill();
 }
+
+#[tokio::test]
+async fn sigterm_right_after_the_listening_line_is_a_graceful_stop() {
+    for _ in 0..10 {
+        let home = tempfile::tempdir().unwrap();
+        let ws = tempfile::tempdir().unwrap();
+        let mut v = Vak::spawn(serve_on(home.path(), ws.path(), &["--token", "T"]));
+        v.url().await;
+        let status = v.terminate().await;
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "stopped by its handler, not the default action"
+        );
+        assert!(
+            !home.path().join("server.json").exists(),
+            "a graceful stop removes server.json"
+        );
+    }
+}
