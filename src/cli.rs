@@ -97,6 +97,10 @@ pub struct ServeArgs {
     /// Frames each session keeps for replay.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub ring: u64,
+    /// Inputs (runs, steering) a busy session queues as its next legs; past
+    /// it, admission answers 429 / RESOURCE_EXHAUSTED (`queue_full`).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub max_queued_inputs: u64,
     /// What tools that need permission (write_file, bash) do.
     #[arg(long, value_enum, default_value = "ask")]
     pub permission_mode: PermissionArg,
@@ -152,6 +156,7 @@ impl ServeArgs {
         }
         let mut core = CoreConfig::new(home, workspace);
         core.bus.ring = self.ring as usize;
+        core.max_queued_inputs = self.max_queued_inputs as usize;
         core.permission = match self.permission_mode {
             PermissionArg::Ask => PermissionMode::Ask,
             PermissionArg::Allow => PermissionMode::Allow,

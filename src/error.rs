@@ -16,6 +16,8 @@ pub enum ErrorKind {
     Internal,
     /// The server is shutting down.
     Unavailable,
+    /// A bound was reached (a full queue); the message starts with the reason.
+    ResourceExhausted,
 }
 
 impl ErrorKind {
@@ -27,6 +29,7 @@ impl ErrorKind {
             ErrorKind::Conflict => "conflict",
             ErrorKind::Internal => "internal",
             ErrorKind::Unavailable => "unavailable",
+            ErrorKind::ResourceExhausted => "resource_exhausted",
         }
     }
 }

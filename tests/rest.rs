@@ -705,3 +705,46 @@ async fn a_prompt_of_two_million_words_is_thousands_of_events_not_millions() {
         .len();
     assert!(ledger < 20 << 20, "a ledger of {ledger} bytes");
 }
+
+#[tokio::test]
+async fn a_full_steering_queue_refuses_with_429_queue_full_and_frees_up() {
+    let s = TestServer::start_with(|c| c.core.max_queued_inputs = 2).await;
+    let sid = s.create_session().await;
+    let mut sse = s.events(&sid, None).await;
+    s.run(&sid, "/sleep 60000").await;
+    sse.until("turn_started").await;
+    for i in 0..2 {
+        let (code, body) = s
+            .post(
+                &format!("/sessions/{sid}/steering"),
+                json!({"text": format!("q{i}")}),
+            )
+            .await;
+        assert_eq!((code, body["state"].as_str()), (202, Some("queued")));
+    }
+    let (code, body) = s
+        .post(
+            &format!("/sessions/{sid}/steering"),
+            json!({"text": "one too many", "request_id": "late"}),
+        )
+        .await;
+    assert_eq!(code, 429, "{body}");
+    assert_eq!(body["error"]["code"], "resource_exhausted");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("queue_full"),
+        "{body}"
+    );
+    // The refused request id was not remembered: once the queue has room it is admitted.
+    s.post(&format!("/sessions/{sid}/cancel"), json!({})).await;
+    sse.until("run_finished").await;
+    let (code, body) = s
+        .post(
+            &format!("/sessions/{sid}/steering"),
+            json!({"text": "now", "request_id": "late"}),
+        )
+        .await;
+    assert_eq!((code, body["state"].as_str()), (202, Some("started")), "{body}");
+}

@@ -44,6 +44,8 @@ pub struct CoreConfig {
     /// Internal provider retries before a run fails.
     pub provider_retries: u32,
     pub retry_backoff: Duration,
+    /// Inputs a busy session queues as its next legs; past it, admission is refused.
+    pub max_queued_inputs: usize,
 }
 
 impl CoreConfig {
@@ -56,6 +58,7 @@ impl CoreConfig {
             first_subscriber_wait: Duration::from_secs(2),
             provider_retries: 2,
             retry_backoff: Duration::from_millis(50),
+            max_queued_inputs: 64,
         }
     }
 

@@ -436,6 +436,14 @@ impl Session {
         if run.closing {
             return Err(Error::new(ErrorKind::Unavailable, "the server is shutting down"));
         }
+        // Refused before it is remembered: the same request_id may come back later.
+        let cap = self.rt.cfg.max_queued_inputs;
+        if run.running && run.queue.len() >= cap {
+            return Err(Error::new(
+                ErrorKind::ResourceExhausted,
+                format!("queue_full: {cap} inputs are already queued behind the live run; wait for it or cancel it"),
+            ));
+        }
         run.remember(&request_id);
         if let Err(e) = self.ledger.append(&Record::Admitted {
             request_id: request_id.clone(),

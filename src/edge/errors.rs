@@ -21,6 +21,7 @@ pub fn to_status(e: Error) -> Status {
             ));
         }
         ErrorKind::Unavailable => Code::Unavailable,
+        ErrorKind::ResourceExhausted => Code::ResourceExhausted,
     };
     Status::new(code, e.message)
 }
@@ -104,6 +105,7 @@ mod tests {
             (ErrorKind::Conflict, 409),
             (ErrorKind::Internal, 500),
             (ErrorKind::Unavailable, 503),
+            (ErrorKind::ResourceExhausted, 429),
         ];
         for (kind, http) in cases {
             let s = to_status(Error::new(kind, "m"));
