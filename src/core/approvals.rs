@@ -2,7 +2,11 @@
 
 use super::event::{ApprovalOutcome, ClientEvent};
 use crate::error::{Error, Result};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+
+/// Settled approvals remembered per session (so a late second answer is a
+/// 409, not a 404); the oldest are forgotten first.
+pub const REMEMBERED_SETTLED: usize = 4096;
 use std::sync::Mutex;
 use tokio::sync::oneshot;
 
@@ -22,6 +26,21 @@ pub struct Approvals {
 struct Inner {
     pending: HashMap<String, oneshot::Sender<Answer>>,
     settled: HashMap<String, ApprovalOutcome>,
+    /// Settlement order, to forget the oldest past `REMEMBERED_SETTLED`.
+    order: VecDeque<String>,
+}
+
+impl Inner {
+    fn settle(&mut self, request_id: &str, outcome: ApprovalOutcome) {
+        if self.settled.insert(request_id.to_string(), outcome).is_none() {
+            self.order.push_back(request_id.to_string());
+            if self.order.len() > REMEMBERED_SETTLED {
+                if let Some(old) = self.order.pop_front() {
+                    self.settled.remove(&old);
+                }
+            }
+        }
+    }
 }
 
 impl Approvals {
@@ -38,7 +57,7 @@ impl Approvals {
 
     /// Records an approval settled in an earlier life of the session (reload).
     pub fn remember(&self, request_id: &str, outcome: ApprovalOutcome) {
-        self.lock().settled.insert(request_id.to_string(), outcome);
+        self.lock().settle(request_id, outcome);
     }
 
     /// Settles `request_id` with `answer`. `publish` runs under the lock, so
@@ -66,7 +85,7 @@ impl Approvals {
         } else {
             ApprovalOutcome::Denied
         };
-        inner.settled.insert(request_id.to_string(), outcome);
+        inner.settle(request_id, outcome);
         publish(ClientEvent::ApprovalResolved {
             request_id: request_id.to_string(),
             outcome,
@@ -82,7 +101,7 @@ impl Approvals {
         let ids: Vec<String> = inner.pending.keys().cloned().collect();
         for id in ids {
             inner.pending.remove(&id);
-            inner.settled.insert(id.clone(), ApprovalOutcome::Expired);
+            inner.settle(&id, ApprovalOutcome::Expired);
             publish(ClientEvent::ApprovalResolved {
                 request_id: id,
                 outcome: ApprovalOutcome::Expired,
@@ -95,6 +114,21 @@ impl Approvals {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn settled_approvals_are_remembered_up_to_a_bound() {
+        let a = Approvals::default();
+        for i in 0..REMEMBERED_SETTLED + 10 {
+            a.remember(&format!("ap{i}"), ApprovalOutcome::Denied);
+        }
+        let inner = a.lock();
+        assert_eq!(inner.settled.len(), REMEMBERED_SETTLED);
+        assert!(!inner.settled.contains_key("ap0"), "the oldest is forgotten");
+        assert!(inner
+            .settled
+            .contains_key(&format!("ap{}", REMEMBERED_SETTLED + 9)));
+        assert_eq!(inner.order.len(), REMEMBERED_SETTLED);
+    }
 
     #[test]
     fn an_approval_settles_exactly_once() {
