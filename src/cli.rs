@@ -101,6 +101,11 @@ pub struct ServeArgs {
     /// it, admission answers 429 / RESOURCE_EXHAUSTED (`queue_full`).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub max_queued_inputs: u64,
+    /// How long a freshly started run waits for a first subscriber when
+    /// nobody is watching its session (0: start at once; a client can then
+    /// subscribe with `after` = the admission's `after_seq`).
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    pub first_subscriber_wait_ms: u64,
     /// What tools that need permission (write_file, bash) do.
     #[arg(long, value_enum, default_value = "ask")]
     pub permission_mode: PermissionArg,
@@ -157,6 +162,7 @@ impl ServeArgs {
         let mut core = CoreConfig::new(home, workspace);
         core.bus.ring = self.ring as usize;
         core.max_queued_inputs = self.max_queued_inputs as usize;
+        core.first_subscriber_wait = std::time::Duration::from_millis(self.first_subscriber_wait_ms);
         core.permission = match self.permission_mode {
             PermissionArg::Ask => PermissionMode::Ask,
             PermissionArg::Allow => PermissionMode::Allow,

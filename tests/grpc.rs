@@ -207,8 +207,10 @@ async fn run_steer_and_cancel_over_grpc_admit_queue_dedup_and_settle_once() {
         a,
         pb::Admission {
             request_id: "g-1".into(),
-            state: "started".into()
-        }
+            state: "started".into(),
+            after_seq: 0,
+        },
+        "a fresh session: every event of the run comes after seq 0"
     );
     events.until("turn_started").await;
     let q = c
@@ -230,8 +232,8 @@ async fn run_steer_and_cancel_over_grpc_admit_queue_dedup_and_settle_once() {
         )
         .await;
     assert_eq!(
-        (code, dup),
-        (202, json!({"request_id": "g-1", "state": "duplicate"})),
+        (code, &dup["request_id"], &dup["state"]),
+        (202, &json!("g-1"), &json!("duplicate")),
         "a request_id admitted over gRPC is a duplicate over REST"
     );
 

@@ -64,7 +64,7 @@ async fn admission_queues_dedups_and_cancel_settles_the_chain_once() {
             json!({"prompt": "two", "request_id": "r-2"}),
         )
         .await;
-    assert_eq!(b, json!({"request_id": "r-2", "state": "queued"}));
+    assert_eq!((&b["request_id"], &b["state"]), (&json!("r-2"), &json!("queued")));
     let (code, dup) = s
         .post(
             &format!("/sessions/{sid}/run"),
@@ -72,8 +72,8 @@ async fn admission_queues_dedups_and_cancel_settles_the_chain_once() {
         )
         .await;
     assert_eq!(
-        (code, dup),
-        (202, json!({"request_id": "r-2", "state": "duplicate"}))
+        (code, &dup["request_id"], &dup["state"]),
+        (202, &json!("r-2"), &json!("duplicate"))
     );
     let (code, st) = s
         .post(&format!("/sessions/{sid}/steering"), json!({"text": "steer"}))
@@ -747,4 +747,27 @@ async fn a_full_steering_queue_refuses_with_429_queue_full_and_frees_up() {
         )
         .await;
     assert_eq!((code, body["state"].as_str()), (202, Some("started")), "{body}");
+}
+
+#[tokio::test]
+async fn admission_says_where_to_subscribe_so_a_late_stream_misses_nothing() {
+    // No first-subscriber grace: the run starts at once, before anyone watches.
+    let s = TestServer::start_with(|c| c.core.first_subscriber_wait = std::time::Duration::ZERO).await;
+    let sid = s.create_session().await;
+    let (_, first) = s.run(&sid, "one").await;
+    assert_eq!(first["after_seq"], 0, "a fresh session");
+    let mut sse = s.events(&sid, Some(0)).await;
+    let done = sse.until("run_finished").await.last().unwrap().seq();
+    drop(sse);
+    // Admitted while nobody watches; the stream opened afterwards with
+    // after = after_seq sees the whole run from its first event.
+    let (code, a) = s.run(&sid, "two words").await;
+    assert_eq!((code, a["state"].as_str()), (202, Some("started")));
+    let after = a["after_seq"].as_u64().expect("after_seq is a number");
+    assert_eq!(after, done, "the seq just before this run's first event");
+    let mut late = s.events(&sid, Some(after)).await;
+    let frames = late.until("run_finished").await;
+    assert_eq!(frames[0].seq(), after + 1);
+    assert_eq!(frames[0].event, "status");
+    assert_eq!(text_of(&frames), "echo: two words");
 }

@@ -47,6 +47,8 @@ impl AdmissionState {
 pub struct Admission {
     pub request_id: String,
     pub state: AdmissionState,
+    /// The latest seq at admission: every event this input causes is after it.
+    pub after_seq: u64,
 }
 
 /// One leg's input: a prompt or steering text.
@@ -431,6 +433,7 @@ impl Session {
             return Ok(Admission {
                 request_id,
                 state: AdmissionState::Duplicate,
+                after_seq: self.bus.latest_seq(),
             });
         }
         if run.closing {
@@ -459,16 +462,20 @@ impl Session {
             return Ok(Admission {
                 request_id,
                 state: AdmissionState::Queued,
+                after_seq: self.bus.latest_seq(),
             });
         }
         run.running = true;
         run.leg_cancel = Some(CancellationToken::new());
         self.busy.send_replace(true);
+        // Read before the chain exists: nothing of this run is published yet.
+        let after_seq = self.bus.latest_seq();
         drop(run);
         tokio::spawn(self.clone().chain(input));
         Ok(Admission {
             request_id,
             state: AdmissionState::Started,
+            after_seq,
         })
     }
 

@@ -100,6 +100,7 @@ impl AgentService for Baseline {
         Ok(Response::new(pb::Admission {
             request_id: r.request_id,
             state: "started".into(),
+            ..Default::default()
         }))
     }
 

@@ -137,6 +137,7 @@ pub fn admission(a: Admission) -> pb::Admission {
     pb::Admission {
         request_id: a.request_id,
         state: a.state.as_str().into(),
+        after_seq: a.after_seq,
     }
 }
 
