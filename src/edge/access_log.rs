@@ -1,13 +1,12 @@
 //! One log line per request on every surface (REST, SSE, gRPC, gRPC-web): method, path, status, latency, peer; written when the response body ends, so a stream's line carries its whole duration and a gRPC call its grpc-status.
 
+use super::body::{watched, Watch};
 use super::listener::PeerAddr;
-use axum::body::{Body, Bytes, HttpBody};
+use axum::body::Bytes;
 use axum::extract::Request;
 use axum::http::{HeaderMap, Method, Uri};
 use axum::middleware::Next;
 use axum::response::Response;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 /// The middleware: outermost, so refusals by the guard are logged too.
@@ -30,11 +29,13 @@ pub async fn access_log(req: Request, next: Next) -> Response {
         headers_after: start.elapsed(),
     };
     let (parts, body) = resp.into_parts();
-    let body = Body::new(Logged {
-        inner: body,
-        line: Some(line),
-        complete: false,
-    });
+    let body = watched(
+        body,
+        Logged {
+            line,
+            complete: false,
+        },
+    );
     Response::from_parts(parts, body)
 }
 
@@ -77,50 +78,28 @@ struct Line {
     headers_after: Duration,
 }
 
-/// The response body, passed through untouched; logs the line when dropped
-/// (ended, or cut by the client).
+/// The line, written when the response body is dropped (ended, or cut by the client).
 struct Logged {
-    inner: Body,
-    line: Option<Line>,
+    line: Line,
     complete: bool,
 }
 
-impl HttpBody for Logged {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(code) = frame.trailers_ref().and_then(grpc_status) {
-                    if let Some(line) = self.line.as_mut() {
-                        line.grpc_status = Some(code);
-                    }
-                }
-            }
-            Poll::Ready(None) => self.complete = true,
-            _ => {}
+impl Watch for Logged {
+    fn frame(&mut self, frame: &http_body::Frame<Bytes>) {
+        if let Some(code) = frame.trailers_ref().and_then(grpc_status) {
+            self.line.grpc_status = Some(code);
         }
-        polled
     }
 
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
+    fn end(&mut self) {
+        self.complete = true;
     }
 }
 
 impl Drop for Logged {
     fn drop(&mut self) {
-        let Some(l) = self.line.take() else { return };
-        let complete = self.complete || self.inner.is_end_stream();
+        let l = &self.line;
+        let complete = self.complete;
         tracing::info!(
             target: "vak::access",
             method = %l.method,

@@ -2,6 +2,7 @@
 
 pub mod access_log;
 pub mod auth;
+pub mod body;
 pub mod errors;
 pub mod fdlimit;
 pub mod grpc;

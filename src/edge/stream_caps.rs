@@ -1,15 +1,13 @@
 //! The stream caps for the long-lived streams that need no credentials (grpc.health Watch, reflection): each holds a `StreamPermit` for as long as its response body lives, like every AgentService stream does.
 
+use super::body::{watched, Watch};
 use super::errors::{grpc_content_type, refuse};
 use super::limits::{StreamLimits, StreamPermit};
 use super::listener::PeerAddr;
-use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 /// RPCs whose answer is a stream and that anyone may open.
 fn is_open_stream(path: &str) -> bool {
@@ -30,37 +28,8 @@ pub async fn cap(State(limits): State<Arc<StreamLimits>>, req: Request, next: Ne
         Err(status) => return refuse(grpc_content_type(req.headers()), status),
     };
     let (parts, body) = next.run(req).await.into_parts();
-    Response::from_parts(
-        parts,
-        Body::new(Holding {
-            inner: body,
-            _permit: permit,
-        }),
-    )
+    Response::from_parts(parts, watched(body, permit))
 }
 
-/// A response body that keeps its permit until it ends or is dropped.
-struct Holding {
-    inner: Body,
-    _permit: StreamPermit,
-}
-
-impl HttpBody for Holding {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
-    }
-}
+/// A permit rides along its stream's body, released when the body goes.
+impl Watch for StreamPermit {}
