@@ -24,6 +24,7 @@
 //!   sessions on one stream under one [`core::cursor`] vector.
 //! - [`proto`]: the code build.rs generates from proto/.
 //! - [`term`]: `vak term`, a client of the server over the same API (REST/SSE or gRPC).
+//! - [`text`]: wording the server and vak term share (counts with their nouns).
 
 pub mod cli;
 pub mod core;
@@ -32,5 +33,6 @@ pub mod error;
 pub mod home;
 pub mod proto;
 pub mod term;
+pub mod text;
 
 pub use error::{Error, ErrorKind, Result};

@@ -38,6 +38,12 @@ pub struct ConfigInfo {
 
 /// Session ids are path components and cursor-vector keys: keep them plain.
 pub fn validate_session_id(id: &str) -> Result<()> {
+    validate_plain_id("session id", id)
+}
+
+/// An id a client sends and the server echoes (session, approval): 1 to 64
+/// of A-Z a-z 0-9 - _; a refusal echoes at most 80 characters of it.
+pub fn validate_plain_id(what: &str, id: &str) -> Result<()> {
     let ok = !id.is_empty()
         && id.len() <= 64
         && id
@@ -47,7 +53,7 @@ pub fn validate_session_id(id: &str) -> Result<()> {
         Ok(())
     } else {
         Err(Error::invalid(format!(
-            "invalid session id {:?}: 1 to 64 of A-Z a-z 0-9 - _",
+            "invalid {what} {:?}: 1 to 64 of A-Z a-z 0-9 - _",
             id.chars().take(80).collect::<String>()
         )))
     }

@@ -544,17 +544,7 @@ impl Session {
     pub fn answer(&self, request_id: &str, answer: Answer) -> Result<ApprovalOutcome> {
         // Approval ids are ours (`ap_` and 12 hex digits): anything far from
         // that shape is refused before it is looked up or echoed back.
-        if request_id.is_empty()
-            || request_id.len() > 64
-            || !request_id
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-        {
-            return Err(Error::invalid(format!(
-                "invalid approval id {:?}: 1 to 64 of A-Z a-z 0-9 - _",
-                request_id.chars().take(64).collect::<String>()
-            )));
-        }
+        super::hub::validate_plain_id("approval id", request_id)?;
         self.approvals.answer(request_id, answer, |e| self.publish(e))
     }
 

@@ -215,11 +215,7 @@ async fn drain(pipe: Option<impl tokio::io::AsyncRead + Unpin>) -> Vec<u8> {
 
 /// `1 byte`, `2 bytes`: what people read in approvals and results.
 fn bytes(n: usize) -> String {
-    if n == 1 {
-        "1 byte".to_string()
-    } else {
-        format!("{n} bytes")
-    }
+    crate::text::count(n, "byte")
 }
 
 fn clip(mut s: String) -> String {

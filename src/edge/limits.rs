@@ -99,11 +99,7 @@ impl StreamLimits {
 
 /// `1 stream`, `2 streams`.
 fn streams(n: usize) -> String {
-    if n == 1 {
-        "1 stream".to_string()
-    } else {
-        format!("{n} streams")
-    }
+    crate::text::count(n, "stream")
 }
 
 impl Drop for StreamPermit {

@@ -186,19 +186,7 @@ fn user_lines(text: &str) -> Vec<Piece> {
         .collect()
 }
 
-/// `n` and the noun, singular for one: `1 byte`, `2 bytes`.
-pub fn count(n: usize, noun: &str) -> String {
-    format!("{n} {}", noun_for(n, noun))
-}
-
-/// The noun alone, singular for one: `line`, `lines`.
-pub fn noun_for(n: usize, noun: &str) -> String {
-    if n == 1 {
-        noun.to_string()
-    } else {
-        format!("{noun}s")
-    }
-}
+pub use crate::text::{count, noun_for};
 
 /// What the server says about a tool, as shown: cleaned of control
 /// characters, and "1 bytes" in write_file's own phrases said as "1 byte"
