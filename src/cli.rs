@@ -1,6 +1,6 @@
 //! The `vak` command line: `vak serve` parses its flags into a `ServeConfig`, binds, announces itself and runs until SIGINT or SIGTERM; `vak term` is the client in `term/`.
 
-use crate::core::{CoreConfig, PermissionMode};
+use crate::core::{CoreConfig, Durability, PermissionMode};
 use crate::edge::server::{ServeConfig, Server};
 use crate::edge::tls;
 use crate::error::{Error, Result};
@@ -30,6 +30,12 @@ pub enum PermissionArg {
     Ask,
     Allow,
     Deny,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum DurabilityArg {
+    Process,
+    Fsync,
 }
 
 #[derive(Parser, Debug)]
@@ -106,6 +112,20 @@ pub struct ServeArgs {
     /// subscribe with `after` = the admission's `after_seq`).
     #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(0..=60_000))]
     pub first_subscriber_wait_ms: u64,
+    /// What a published event has survived when a client sees it: `process`
+    /// (its ledger batch reached the kernel: survives a crash of vak) or
+    /// `fsync` (fdatasync per batch: survives a power loss, slower).
+    #[arg(long, value_enum, default_value = "process")]
+    pub durability: DurabilityArg,
+    /// Seconds after which a session with no run, no stream and no request
+    /// is unloaded from memory (its ledger keeps everything; the next use
+    /// loads it again).
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub unload_idle_after: u64,
+    /// The most event bytes all stream subscribers together may have queued
+    /// (MiB); a subscriber past it resumes from its cursor instead of growing.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    pub max_queued_mib: u64,
     /// What tools that need permission (write_file, bash) do.
     #[arg(long, value_enum, default_value = "ask")]
     pub permission_mode: PermissionArg,
@@ -163,6 +183,12 @@ impl ServeArgs {
         core.bus.ring = self.ring as usize;
         core.max_queued_inputs = self.max_queued_inputs as usize;
         core.first_subscriber_wait = std::time::Duration::from_millis(self.first_subscriber_wait_ms);
+        core.durability = match self.durability {
+            DurabilityArg::Process => Durability::Process,
+            DurabilityArg::Fsync => Durability::Fsync,
+        };
+        core.unload_idle_after = std::time::Duration::from_secs(self.unload_idle_after);
+        core.bus.max_total_queued_bytes = (self.max_queued_mib as usize) << 20;
         core.permission = match self.permission_mode {
             PermissionArg::Ask => PermissionMode::Ask,
             PermissionArg::Allow => PermissionMode::Allow,

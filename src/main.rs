@@ -19,6 +19,12 @@ fn init_logging(format: LogFormat) {
 }
 
 fn main() {
+    // A write past a file-size limit (`ulimit -f`) must fail with EFBIG like
+    // any other storage error, not kill the server with SIGXFSZ.
+    // SAFETY: setting a signal's disposition to ignore, before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
     let cli = Cli::parse();
     init_logging(match &cli.command {
         Command::Serve(args) => args.log_format,

@@ -394,7 +394,7 @@ async fn a_run_the_server_died_in_is_settled_as_failed_when_the_session_loads() 
 }
 
 #[tokio::test]
-async fn an_approval_pending_when_the_server_died_expires_when_the_session_loads() {
+async fn an_approval_and_a_tool_call_pending_when_the_server_died_settle_when_the_session_loads() {
     let mut keep = Vec::new();
     let s = TestServer::start().await;
     let sid = s.create_session().await;
@@ -413,10 +413,21 @@ async fn an_approval_pending_when_the_server_died_expires_when_the_session_loads
     let s = TestServer::start_in(&home, &ws, |_| {}).await;
     let mut sse = s.events(&sid, Some(cursor)).await;
     let settled = sse.until("run_finished").await;
-    assert_kinds(&settled, &["approval_resolved", "status", "run_finished"]);
+    assert_kinds(
+        &settled,
+        &["approval_resolved", "tool_result", "status", "run_finished"],
+    );
     assert_eq!(settled[0].body()["request_id"], rid.as_str());
     assert_eq!(settled[0].body()["outcome"], "expired");
-    assert_eq!(settled[2].body()["outcome"], "failed");
+    // The interrupted call gets its one result, like any other call.
+    let call_id = asked.last().unwrap().body()["call_id"].clone();
+    assert_eq!(settled[1].body()["call_id"], call_id);
+    assert_eq!(settled[1].body()["ok"], false);
+    assert!(settled[1].body()["output"]
+        .as_str()
+        .unwrap()
+        .contains("interrupted"));
+    assert_eq!(settled[3].body()["outcome"], "failed");
     let (code, e) = s
         .post(
             &format!("/sessions/{sid}/approvals/{rid}"),

@@ -637,7 +637,7 @@ async fn reflection_v1_and_v1alpha_answer_without_a_token_while_the_api_keeps_it
 }
 
 #[tokio::test]
-async fn a_cursor_older_than_the_ring_gets_a_resync_then_the_whole_ring() {
+async fn a_cursor_older_than_the_ring_is_replayed_from_the_ledger_without_resync() {
     let s = TestServer::start_with(|c| c.core.bus.ring = 4).await;
     let mut c = s.grpc().await;
     let sid = s.create_session().await;
@@ -648,25 +648,30 @@ async fn a_cursor_older_than_the_ring_gets_a_resync_then_the_whole_ring() {
     assert!(latest > 6);
 
     let (mut old, _) = grpc_subscribe(&mut c, &sid, Some(1)).await;
-    match old.expect_next().await.kind {
-        Some(pb::event::Kind::Resync(r)) => {
-            assert_eq!((r.reason.as_str(), r.latest_seq), ("cursor_too_old", latest))
-        }
-        other => panic!("expected resync, got {other:?}"),
-    }
-    let mut retained = Vec::new();
-    for _ in 0..4 {
-        retained.push(old.expect_next().await);
+    let mut replayed = Vec::new();
+    for _ in 1..latest {
+        replayed.push(old.expect_next().await);
     }
     assert_eq!(
-        retained,
-        all[all.len() - 4..].to_vec(),
-        "the 4 frames the ring keeps"
+        replayed,
+        all[1..].to_vec(),
+        "every frame after the cursor, as first sent"
     );
 
-    // The oldest cursor the ring still serves exactly gets no resync.
-    let (mut edge, _) = grpc_subscribe(&mut c, &sid, Some(latest - 4)).await;
-    assert_eq!(edge.expect_next().await, all[all.len() - 4]);
+    // A cursor 10 000 events back, with the default ring of 1024.
+    let s = TestServer::start().await;
+    let mut c = s.grpc().await;
+    let sid = s.create_session().await;
+    let (mut live, _) = grpc_subscribe(&mut c, &sid, None).await;
+    s.run(&sid, "/burst 12000").await;
+    let latest = live.until("run_finished").await.last().unwrap().seq;
+    let after = latest - 10_000;
+    let (mut old, _) = grpc_subscribe(&mut c, &sid, Some(after)).await;
+    for seq in after + 1..=latest {
+        let e = old.expect_next().await;
+        assert!(!matches!(e.kind, Some(pb::event::Kind::Resync(_))), "no resync");
+        assert_eq!(e.seq, seq);
+    }
 }
 
 #[tokio::test]

@@ -491,7 +491,7 @@ async fn a_cut_connection_resumes_all_three_sessions_exactly_from_the_last_id() 
 }
 
 #[tokio::test]
-async fn a_session_whose_gap_outgrew_its_ring_resyncs_while_the_others_replay_exactly() {
+async fn every_session_replays_exactly_even_one_whose_gap_outgrew_its_ring() {
     let s = TestServer::start_with(|c| c.core.bus.ring = 16).await;
     let mut sids = Vec::new();
     let mut watchers = Vec::new();
@@ -519,9 +519,9 @@ async fn a_session_whose_gap_outgrew_its_ring_resyncs_while_the_others_replay_ex
     drop(conn);
     let at_cut: Vec<u64> = direct.iter().map(|d| d.last().unwrap().seq()).collect();
 
-    // While disconnected: the first session bursts far past its ring of 16, the others
-    // publish fewer frames than the ring holds.
-    s.run(&sids[0], "/burst 100").await;
+    // While disconnected: the first session bursts 10 000 events past its ring of 16
+    // (replayed from its ledger), the others publish fewer frames than the ring holds.
+    s.run(&sids[0], "/burst 10000").await;
     s.run(&sids[1], "again").await;
     s.run(&sids[2], "once more").await;
     for i in 0..3 {
@@ -540,12 +540,7 @@ async fn a_session_whose_gap_outgrew_its_ring_resyncs_while_the_others_replay_ex
             .await
     );
     let resyncs = log.resyncs();
-    assert_eq!(resyncs.len(), 1, "exactly one session resyncs: {resyncs:?}");
-    assert_eq!(resyncs[0].data["session_id"], sids[0].as_str());
-    assert_eq!(
-        resyncs[0].body(),
-        &json!({"reason": "cursor_too_old", "latest_seq": latest[0]})
-    );
+    assert!(resyncs.is_empty(), "no session resyncs: {resyncs:?}");
     let new = &log.frames[first_new..];
     let seqs_of = |sid: &str| -> Vec<u64> {
         new.iter()
@@ -553,28 +548,19 @@ async fn a_session_whose_gap_outgrew_its_ring_resyncs_while_the_others_replay_ex
             .map(Frame::seq)
             .collect()
     };
-    let resync_at = new.iter().position(|f| f.event == "resync").unwrap();
-    assert!(
-        !new[..resync_at]
-            .iter()
-            .any(|f| f.event == "agent" && f.data["session_id"] == sids[0].as_str()),
-        "the resync comes before the session's frames"
-    );
-    assert_eq!(
-        seqs_of(&sids[0]),
-        (latest[0] - 15..=latest[0]).collect::<Vec<_>>(),
-        "then every frame the ring retains"
-    );
-    for i in 1..3 {
+    for i in 0..3 {
         assert_eq!(
             seqs_of(&sids[i]),
             (at_cut[i] + 1..=latest[i]).collect::<Vec<_>>(),
             "session {i} replays exactly the frames after its entry"
         );
-        assert_eq!(
-            datas(&log.agent(&sids[i])),
-            direct[i].iter().map(|f| f.data.clone()).collect::<Vec<_>>()
-        );
+        // (The direct watcher of the burst may hold merged deltas; the replay never does.)
+        if i > 0 {
+            assert_eq!(
+                datas(&log.agent(&sids[i])),
+                direct[i].iter().map(|f| f.data.clone()).collect::<Vec<_>>()
+            );
+        }
     }
 }
 

@@ -609,7 +609,7 @@ async fn unknown_query_parameters_are_refused_with_their_name() {
 }
 
 #[tokio::test]
-async fn a_failed_leg_settles_its_own_run_and_queued_input_starts_the_next() {
+async fn a_failed_leg_ends_its_run_and_a_client_reacting_to_run_finished_starts_the_next() {
     let s = TestServer::start().await;
     let sid = s.create_session().await;
     let mut sse = s.events(&sid, None).await;
@@ -620,16 +620,30 @@ async fn a_failed_leg_settles_its_own_run_and_queued_input_starts_the_next() {
         .await;
     assert_eq!(q["state"], "queued");
     let first = sse.until("run_finished").await;
-    assert_eq!(
-        first.last().unwrap().body()["outcome"],
-        "failed",
-        "the failure is not hidden"
+    let finished = first.last().unwrap().body();
+    assert_eq!(finished["outcome"], "failed", "the failure is not hidden");
+    assert!(
+        finished["message"]
+            .as_str()
+            .unwrap()
+            .ends_with("(1 queued input discarded)"),
+        "{finished}"
     );
+    let idle = &first[first.len() - 2];
+    assert_eq!(
+        (idle.event.as_str(), &idle.body()["busy"]),
+        ("status", &json!(false))
+    );
+    // Reacting to run_finished: the session is idle, so the next run starts.
+    let (_, again) = s.run(&sid, "again").await;
+    assert_eq!(again["state"], "started");
     let second = sse.until("run_finished").await;
-    assert_eq!(second[0].event, "status");
-    assert_eq!(second[0].body()["busy"], true);
-    assert_eq!(text_of(&second), "echo: after");
-    assert_eq!(second.last().unwrap().body()["outcome"], "completed");
+    assert_eq!(text_of(&second), "echo: again");
+    let (_, t) = s.get(&format!("/sessions/{sid}/transcript")).await;
+    assert!(
+        !t.to_string().contains("\"after\""),
+        "the discarded steering never ran: {t}"
+    );
 }
 
 #[tokio::test]

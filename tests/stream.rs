@@ -72,11 +72,21 @@ async fn without_a_cursor_a_stream_carries_new_frames_only() {
 }
 
 #[tokio::test]
-async fn a_cursor_older_than_the_ring_or_ahead_of_the_session_resyncs() {
+async fn a_cursor_older_than_the_ring_replays_from_disk_and_one_ahead_resyncs() {
     let s = TestServer::start_with(|c| c.core.bus.ring = 8).await;
     let (sid, frames) = finished_session(&s, "/burst 40").await;
     let latest = frames.last().unwrap().seq();
-    for (cursor, reason) in [(2, "cursor_too_old"), (latest + 5, "cursor_ahead")] {
+    // Older than the ring: the ledger serves it, exactly, with no resync.
+    let mut sse = s.events(&sid, Some(2)).await;
+    let mut replayed = Vec::new();
+    while replayed.len() < (latest - 2) as usize {
+        replayed.push(sse.next().await.unwrap());
+    }
+    assert_eq!(
+        replayed.iter().map(|f| f.data.clone()).collect::<Vec<_>>(),
+        frames[2..].iter().map(|f| f.data.clone()).collect::<Vec<_>>()
+    );
+    for (cursor, reason) in [(latest + 5, "cursor_ahead")] {
         let mut sse = s.events(&sid, Some(cursor)).await;
         let resync = sse.next().await.unwrap();
         assert_eq!(resync.event, "resync");
@@ -101,6 +111,32 @@ async fn a_cursor_older_than_the_ring_or_ahead_of_the_session_resyncs() {
     let first = sse.next().await.unwrap();
     assert_ne!(first.event, "resync");
     assert_eq!(first.seq(), latest - 7);
+}
+
+#[tokio::test]
+async fn a_cursor_10_000_events_back_resumes_exactly_over_sse() {
+    let s = TestServer::start().await;
+    let (sid, _) = finished_session(&s, "/burst 12000").await;
+    let (_, t) = s.get(&format!("/sessions/{sid}/transcript")).await;
+    let latest = t["seq"].as_u64().unwrap();
+    let after = latest - 10_000;
+    let mut sse = s.events(&sid, Some(after)).await;
+    let mut got = Vec::new();
+    while got.len() < 10_000 {
+        let f = sse.next().await.unwrap();
+        assert_ne!(f.event, "resync", "the ledger serves what the ring of 1024 lost");
+        got.push(f);
+    }
+    assert_eq!(
+        got.iter().map(Frame::seq).collect::<Vec<_>>(),
+        (after + 1..=latest).collect::<Vec<_>>()
+    );
+    assert_eq!(got.last().unwrap().event, "run_finished");
+    // The deltas continue each other: t{k} t{k+1} ... t11999.
+    let words: Vec<String> = text_of(&got).split_whitespace().map(str::to_string).collect();
+    let first: usize = words[0][1..].parse().unwrap();
+    let want: Vec<String> = (first..12_000).map(|i| format!("t{i}")).collect();
+    assert_eq!(words, want);
 }
 
 /// Reads a session's stream like a resuming client: on a cut it reconnects

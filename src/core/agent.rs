@@ -2,14 +2,39 @@
 
 use super::deltas::{Deltas, FREE};
 use super::event::{AgentEvent, ClientEvent, RunOutcome};
-use super::provider::{ProviderError, ProviderEvent, ToolRequest};
+use super::provider::{ProviderError, ProviderEvent, Sink, ToolRequest};
 use super::session::{Input, Session};
 use super::{tools, PermissionMode};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
 const CANCELLED: &str = "cancelled by a client";
+
+/// A provider turn's output on its way to the session: deltas bounded by
+/// `Deltas`, and the writer's backpressure as the provider's `ready`.
+struct TurnSink<'a> {
+    session: &'a Session,
+    streamed: AtomicBool,
+    deltas: Mutex<Deltas>,
+}
+
+impl Sink for TurnSink<'_> {
+    fn send(&self, e: ProviderEvent) {
+        self.streamed.store(true, Ordering::Relaxed);
+        // Only this turn uses the lock; the provider calls `send` in order.
+        let ready = self.deltas.lock().unwrap_or_else(|p| p.into_inner()).push(e);
+        for event in ready {
+            self.session.publish(event);
+        }
+    }
+
+    fn ready(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(self.session.pace())
+    }
+}
 
 /// Runs one leg for `input`; returns how it ended and the human message for run_finished.
 pub async fn run_leg(session: &Session, input: &Input, cancel: &CancellationToken) -> (RunOutcome, String) {
@@ -25,24 +50,25 @@ pub async fn run_leg(session: &Session, input: &Input, cancel: &CancellationToke
         if cancel.is_cancelled() {
             return (RunOutcome::Cancelled, CANCELLED.into());
         }
+        // The history is the transcript, which folds what is durable: wait
+        // until everything this leg published so far is.
+        if let Err(e) = session.flush().await {
+            return (RunOutcome::Failed, e.message);
+        }
         let history = session.transcript().messages;
         let mut attempt = 0;
         let output = loop {
-            let streamed = AtomicBool::new(false);
-            // The sink is called synchronously by the provider; only this turn uses the lock.
-            let deltas = Mutex::new(Deltas::new(FREE));
-            let sink = |e: ProviderEvent| {
-                streamed.store(true, Ordering::Relaxed);
-                let ready = deltas.lock().unwrap_or_else(|p| p.into_inner()).push(e);
-                for event in ready {
-                    session.publish(event);
-                }
+            let sink = TurnSink {
+                session,
+                streamed: AtomicBool::new(false),
+                deltas: Mutex::new(Deltas::new(FREE)),
             };
             let result = rt.provider.turn(&history, &sink, cancel).await;
-            let held = deltas.lock().unwrap_or_else(|p| p.into_inner()).flush();
+            let held = sink.deltas.lock().unwrap_or_else(|p| p.into_inner()).flush();
             if let Some(event) = held {
                 session.publish(event);
             }
+            let streamed = sink.streamed;
             match result {
                 Ok(o) => break o,
                 Err(ProviderError::Cancelled) => return (RunOutcome::Cancelled, CANCELLED.into()),

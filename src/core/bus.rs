@@ -1,18 +1,36 @@
-//! The per-session event bus: gap-free seq numbering, a replay ring, and one bounded, lossless queue per subscriber.
+//! The per-session event bus: the visible seq, a replay ring, and one bounded, lossless queue per subscriber.
 //!
-//! `publish` never blocks on a subscriber. Each subscriber owns a queue of at
-//! most `queue` frames and `max_queued_bytes` of payload; when the frame count
-//! is reached, consecutive deltas of one kind merge (the merged frame carries
-//! the last seq), and if that still frees no room, or the byte budget is spent,
-//! the subscriber is ended with `End::Lagged`: it has been handed every frame up
-//! to its last delivered seq and resumes by subscribing again with that cursor.
+//! Frames reach the bus already numbered and durable (`commit`, called by
+//! the session's writer). `commit` never blocks on a subscriber. Each
+//! subscriber owns a queue of at most `queue` frames and `max_queued_bytes`
+//! of payload, and all queues together at most `max_total_queued_bytes`;
+//! when the frame count is reached, consecutive deltas of one kind merge (the
+//! merged frame carries the last seq it covers), and if that still frees no
+//! room, or a byte budget is spent, the queue is dropped. Its `Subscription`
+//! does not end: it resumes from its own cursor (the ring, else the log on
+//! disk) inside the same stream, so a slow reader sees neither a gap nor a
+//! resync, and a stalled one costs no more than its budget.
 
-use super::event::{ClientEvent, Frame};
-use super::ledger::Ledger;
+use super::event::Frame;
+use super::ledger::Log;
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::Notify;
+
+/// Events read from the log per step of a replay from disk.
+const DISK_CHUNK: usize = 512;
+
+/// Queued payload bytes across every subscriber of the process.
+#[derive(Clone, Debug, Default)]
+pub struct QueuedTotal(Arc<AtomicUsize>);
+
+impl QueuedTotal {
+    pub fn get(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
+}
 
 /// Sizes that bound the memory one session and one subscriber can hold.
 #[derive(Clone, Debug)]
@@ -24,6 +42,10 @@ pub struct BusConfig {
     /// The most payload bytes (merged or not) a subscriber may have queued:
     /// the memory bound of a stalled client.
     pub max_queued_bytes: usize,
+    /// The most payload bytes all subscribers together may have queued.
+    pub max_total_queued_bytes: usize,
+    /// The running total behind `max_total_queued_bytes`, shared by every bus.
+    pub total: QueuedTotal,
 }
 
 impl Default for BusConfig {
@@ -32,6 +54,8 @@ impl Default for BusConfig {
             ring: 1024,
             queue: 1024,
             max_queued_bytes: 16 << 20,
+            max_total_queued_bytes: 512 << 20,
+            total: QueuedTotal::default(),
         }
     }
 }
@@ -39,14 +63,13 @@ impl Default for BusConfig {
 /// Why a subscription ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum End {
-    /// The session was closed (server shutdown); the reason says why.
+    /// The session was closed (server shutdown, storage failure); the reason says why.
     Closed(String),
-    /// The subscriber fell too far behind; reconnect with the last seq seen.
-    Lagged,
 }
 
-/// One item a subscription yields, in order: an optional resync, the replayed
-/// frames, live frames, and finally at most one end.
+/// One item a subscription yields, in order: replayed frames, live frames,
+/// and finally at most one end. A resync comes first when the cursor is
+/// ahead of the session, or wherever history the cursor needs is missing.
 #[derive(Clone, Debug)]
 pub enum Delivery {
     Resync { reason: String, latest_seq: u64 },
@@ -55,9 +78,13 @@ pub enum Delivery {
 }
 
 pub struct Bus {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
     session_id: Arc<str>,
     cfg: BusConfig,
-    ledger: Option<Arc<Ledger>>,
+    log: Option<Arc<dyn Log>>,
     inner: Mutex<Inner>,
     subscribed: Notify,
 }
@@ -69,12 +96,19 @@ struct Inner {
     closed: Option<String>,
 }
 
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 impl Bus {
-    /// A bus whose next seq is `latest + 1`, with `retained` (oldest first) already in the ring.
+    /// A bus whose latest seq is `latest`, with `retained` (oldest first)
+    /// already in the ring, replaying older cursors from `log`.
     pub fn new(
         session_id: Arc<str>,
         cfg: BusConfig,
-        ledger: Option<Arc<Ledger>>,
+        log: Option<Arc<dyn Log>>,
         latest: u64,
         retained: Vec<Arc<Frame>>,
     ) -> Self {
@@ -82,105 +116,60 @@ impl Bus {
             ring: cfg.ring.max(1),
             queue: cfg.queue.max(2),
             max_queued_bytes: cfg.max_queued_bytes.max(1),
+            ..cfg
         };
         let skip = retained.len().saturating_sub(cfg.ring);
         Bus {
-            session_id,
-            ledger,
-            inner: Mutex::new(Inner {
-                latest,
-                ring: retained.into_iter().skip(skip).collect(),
-                subs: Vec::new(),
-                closed: None,
+            shared: Arc::new(Shared {
+                session_id,
+                log,
+                inner: Mutex::new(Inner {
+                    latest,
+                    ring: retained.into_iter().skip(skip).collect(),
+                    subs: Vec::new(),
+                    closed: None,
+                }),
+                cfg,
+                subscribed: Notify::new(),
             }),
-            cfg,
-            subscribed: Notify::new(),
         }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn session_id(&self) -> &Arc<str> {
-        &self.session_id
+        &self.shared.session_id
     }
 
-    /// The highest seq published so far (0: none).
+    /// The highest seq visible so far (0: none).
     pub fn latest_seq(&self) -> u64 {
-        self.lock().latest
+        self.shared.lock().latest
     }
 
-    /// Numbers `event`, persists it, retains it and hands it to every subscriber.
-    /// The ledger line is written before any subscriber can see the seq, so a
-    /// seq a client has seen is never reused after a crash.
-    pub fn publish(&self, event: ClientEvent) -> u64 {
-        let mut inner = self.lock();
-        inner.latest += 1;
-        let frame = Arc::new(Frame::new(inner.latest, self.session_id.clone(), event));
-        if let Some(ledger) = &self.ledger {
-            if let Err(e) = ledger.append_event(&frame) {
-                tracing::error!(session = %self.session_id, seq = frame.seq, "ledger write failed: {e}");
+    /// Makes durable frames visible: retained for replay and handed to every
+    /// subscriber. Frames come numbered, in order, each one after the last.
+    pub fn commit(&self, frames: Vec<Arc<Frame>>) {
+        let mut inner = self.shared.lock();
+        let ring = self.shared.cfg.ring;
+        for frame in frames {
+            inner.latest = frame.seq;
+            if inner.ring.len() == ring {
+                inner.ring.pop_front();
             }
+            inner.ring.push_back(frame.clone());
+            inner.subs.retain(|q| q.offer(&frame));
         }
-        if inner.ring.len() == self.cfg.ring {
-            inner.ring.pop_front();
-        }
-        inner.ring.push_back(frame.clone());
-        inner.subs.retain(|q| q.offer(&frame));
-        frame.seq
     }
 
-    /// Subscribes: `after` None means live frames only; Some(n) replays every
-    /// retained frame with seq > n first, or a resync plus the whole ring when
-    /// n is older than the ring or ahead of the session.
+    /// Subscribes: `after` None means live frames only; Some(n) replays
+    /// every frame with seq > n first (from the ring, or from the log when
+    /// n is older than the ring), or a resync plus the ring when n is ahead
+    /// of the session or the history it needs is gone.
     pub fn subscribe(&self, after: Option<u64>) -> Subscription {
-        let mut inner = self.lock();
-        let latest = inner.latest;
-        let first_retained = inner.ring.front().map_or(latest + 1, |f| f.seq);
-        let mut replay = VecDeque::new();
-        if let Some(n) = after {
-            let resync = if n > latest {
-                Some("cursor_ahead")
-            } else if n.saturating_add(1) < first_retained {
-                Some("cursor_too_old")
-            } else {
-                None
-            };
-            if let Some(reason) = resync {
-                replay.push_back(Delivery::Resync {
-                    reason: reason.to_string(),
-                    latest_seq: latest,
-                });
-            }
-            let from = if resync.is_some() { 0 } else { n };
-            replay.extend(
-                inner
-                    .ring
-                    .iter()
-                    .filter(|f| f.seq > from)
-                    .cloned()
-                    .map(Delivery::Frame),
-            );
-        }
-        let queue = Arc::new(SubQueue::new(self.cfg.queue, self.cfg.max_queued_bytes));
-        match &inner.closed {
-            Some(reason) => queue.end(End::Closed(reason.clone())),
-            None => inner.subs.push(queue.clone()),
-        }
-        drop(inner);
-        self.subscribed.notify_waiters();
-        Subscription {
-            latest_seq: latest,
-            replay,
-            queue,
-            done: false,
-        }
+        subscribe(&self.shared, after)
     }
 
     /// How many subscriptions are attached right now.
     pub fn subscriber_count(&self) -> usize {
-        let mut inner = self.lock();
+        let mut inner = self.shared.lock();
         inner.subs.retain(|q| q.is_attached());
         inner.subs.len()
     }
@@ -188,7 +177,7 @@ impl Bus {
     /// Waits up to `timeout` for a first subscriber, returning at once when
     /// somebody is already watching.
     pub async fn wait_for_subscriber(&self, timeout: Duration) {
-        let notified = self.subscribed.notified();
+        let notified = self.shared.subscribed.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
         if self.subscriber_count() > 0 {
@@ -199,12 +188,57 @@ impl Bus {
 
     /// Ends every subscription with `End::Closed(reason)`; later subscribers end at once.
     pub fn close(&self, reason: &str) {
-        let mut inner = self.lock();
+        let mut inner = self.shared.lock();
         inner.closed = Some(reason.to_string());
         for q in inner.subs.drain(..) {
             q.end(End::Closed(reason.to_string()));
         }
     }
+}
+
+fn subscribe(shared: &Arc<Shared>, after: Option<u64>) -> Subscription {
+    let mut inner = shared.lock();
+    let latest = inner.latest;
+    let first_retained = inner.ring.front().map_or(latest + 1, |f| f.seq);
+    let mut sub = Subscription {
+        shared: shared.clone(),
+        latest_seq: latest,
+        cursor: after.unwrap_or(latest),
+        resync: None,
+        disk: None,
+        replay: VecDeque::new(),
+        queue: Arc::new(SubQueue::new(&shared.cfg)),
+        done: false,
+    };
+    if let Some(n) = after {
+        let from = if n > latest {
+            sub.resync = Some(("cursor_ahead", latest));
+            0
+        } else if n.saturating_add(1) < first_retained {
+            if shared.log.is_some() {
+                // Older than the ring: the log serves (n, first_retained).
+                sub.disk = Some(first_retained - 1);
+                n
+            } else {
+                sub.resync = Some(("cursor_too_old", latest));
+                0
+            }
+        } else {
+            n
+        };
+        sub.replay
+            .extend(inner.ring.iter().filter(|f| f.seq > from).cloned());
+        if sub.resync.is_some() {
+            sub.cursor = sub.replay.front().map_or(latest, |f| f.seq - 1);
+        }
+    }
+    match &inner.closed {
+        Some(reason) => sub.queue.end(End::Closed(reason.clone())),
+        None => inner.subs.push(sub.queue.clone()),
+    }
+    drop(inner);
+    shared.subscribed.notify_waiters();
+    sub
 }
 
 /// A subscriber's bounded queue, shared by the bus (producer) and one `Subscription` (consumer).
@@ -213,28 +247,35 @@ struct SubQueue {
     notify: Notify,
     cap: usize,
     budget: usize,
+    total_budget: usize,
+    total: QueuedTotal,
 }
 
 struct QueueState {
     frames: VecDeque<Arc<Frame>>,
-    /// The summed `Frame::size` of `frames`.
+    /// The summed `Frame::size` of `frames` (counted into `total` too).
     bytes: usize,
     end: Option<End>,
+    /// The bus dropped this queue for lag: its reader resumes from its cursor.
+    lagged: bool,
     detached: bool,
 }
 
 impl SubQueue {
-    fn new(cap: usize, budget: usize) -> Self {
+    fn new(cfg: &BusConfig) -> Self {
         SubQueue {
             state: Mutex::new(QueueState {
                 frames: VecDeque::new(),
                 bytes: 0,
                 end: None,
+                lagged: false,
                 detached: false,
             }),
             notify: Notify::new(),
-            cap,
-            budget,
+            cap: cfg.queue,
+            budget: cfg.max_queued_bytes,
+            total_budget: cfg.max_total_queued_bytes,
+            total: cfg.total.clone(),
         }
     }
 
@@ -242,26 +283,44 @@ impl SubQueue {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn is_attached(&self) -> bool {
-        let st = self.lock();
-        !st.detached && st.end.is_none()
+    /// Sets the queue's byte count, keeping the process-wide total in step.
+    fn set_bytes(&self, st: &mut QueueState, bytes: usize) {
+        if bytes >= st.bytes {
+            self.total.0.fetch_add(bytes - st.bytes, Ordering::Relaxed);
+        } else {
+            self.total.0.fetch_sub(st.bytes - bytes, Ordering::Relaxed);
+        }
+        st.bytes = bytes;
     }
 
-    /// Queues `frame`; false means this subscriber is gone and the bus drops it.
+    /// Empties the queue and returns its bytes to the total.
+    fn clear(&self, st: &mut QueueState) {
+        st.frames = VecDeque::new();
+        self.set_bytes(st, 0);
+    }
+
+    fn is_attached(&self) -> bool {
+        let st = self.lock();
+        !st.detached && !st.lagged && st.end.is_none()
+    }
+
+    /// Queues `frame`; false means this queue is gone and the bus drops it.
     fn offer(&self, frame: &Arc<Frame>) -> bool {
         let mut guard = self.lock();
         let st = &mut *guard;
-        if st.detached || st.end.is_some() {
+        if st.detached || st.lagged || st.end.is_some() {
             return false;
         }
-        let fits = st.bytes + frame.size <= self.budget;
+        let fits = st.bytes + frame.size <= self.budget && self.total.get() + frame.size <= self.total_budget;
         let placed = fits
             && (st.frames.len() < self.cap || merge_into_tail(&mut st.frames, frame) || {
                 compact(&mut st.frames);
                 st.frames.len() < self.cap || merge_into_tail(&mut st.frames, frame)
             });
         if !placed {
-            st.end = Some(End::Lagged);
+            // Everything queued stays deliverable; past it the reader
+            // resumes from its cursor, so nothing is lost by dropping here.
+            st.lagged = true;
             drop(guard);
             self.notify.notify_one();
             return false;
@@ -269,7 +328,8 @@ impl SubQueue {
         if st.frames.back().is_none_or(|b| b.seq < frame.seq) {
             st.frames.push_back(frame.clone());
         }
-        st.bytes += frame.size;
+        let bytes = st.bytes + frame.size;
+        self.set_bytes(st, bytes);
         drop(guard);
         self.notify.notify_one();
         true
@@ -321,10 +381,25 @@ fn compact(frames: &mut VecDeque<Arc<Frame>>) {
     *frames = out;
 }
 
+enum Queued {
+    Out(Vec<Delivery>),
+    /// The bus dropped the queue: resume from the cursor.
+    Lagged,
+    Empty,
+}
+
 /// One subscriber's view of a bus.
 pub struct Subscription {
+    shared: Arc<Shared>,
     latest_seq: u64,
-    replay: VecDeque<Delivery>,
+    /// The last seq handed out: the point a resume continues after.
+    cursor: u64,
+    /// A resync due next: (reason, latest seq).
+    resync: Option<(&'static str, u64)>,
+    /// Frames up to this seq are still due from the log on disk.
+    disk: Option<u64>,
+    /// Retained frames still due (seq > cursor).
+    replay: VecDeque<Arc<Frame>>,
     queue: Arc<SubQueue>,
     done: bool,
 }
@@ -345,47 +420,147 @@ impl Subscription {
     /// over), so an edge can coalesce what is queued into one write.
     pub async fn recv_many(&mut self, max: usize) -> Vec<Delivery> {
         let max = max.max(1);
-        let mut out = Vec::new();
-        if self.done {
-            return out;
+        loop {
+            if self.done {
+                return Vec::new();
+            }
+            if let Some((reason, latest_seq)) = self.resync.take() {
+                return vec![Delivery::Resync {
+                    reason: reason.to_string(),
+                    latest_seq,
+                }];
+            }
+            if let Some(upto) = self.disk {
+                let out = self.read_disk(upto, max).await;
+                if !out.is_empty() {
+                    return out;
+                }
+                continue;
+            }
+            if !self.replay.is_empty() {
+                let out = self.take_ring(max);
+                if !out.is_empty() {
+                    return out;
+                }
+                continue;
+            }
+            match self.take_queue(max) {
+                Queued::Out(out) => return out,
+                Queued::Lagged => self.resume(),
+                Queued::Empty => self.queue.notify.notified().await,
+            }
         }
+    }
+
+    /// A retained frame must follow the cursor exactly; where it does not
+    /// (history lost to a corrupt ledger line), a resync comes first.
+    fn follows(&mut self, seq: u64) -> bool {
+        if seq == self.cursor + 1 {
+            return true;
+        }
+        self.resync = Some(("history_unavailable", self.shared.lock().latest));
+        self.cursor = seq - 1;
+        false
+    }
+
+    fn take_ring(&mut self, max: usize) -> Vec<Delivery> {
+        let mut out = Vec::new();
         while out.len() < max {
-            match self.replay.pop_front() {
-                Some(d) => out.push(d),
+            let Some(f) = self.replay.front() else { break };
+            if f.seq <= self.cursor {
+                self.replay.pop_front();
+                continue;
+            }
+            if !self.follows(f.seq) {
+                break;
+            }
+            let f = self.replay.pop_front().expect("front was Some");
+            self.cursor = f.seq;
+            out.push(Delivery::Frame(f));
+        }
+        out
+    }
+
+    /// The next chunk of a replay from disk, read off the runtime.
+    async fn read_disk(&mut self, upto: u64, max: usize) -> Vec<Delivery> {
+        let Some(log) = self.shared.log.clone() else {
+            self.disk = None;
+            return Vec::new();
+        };
+        let after = self.cursor;
+        let want = max.clamp(1, DISK_CHUNK).min((upto - after) as usize);
+        let read = tokio::task::spawn_blocking(move || log.read_events(after, want)).await;
+        let events = match read {
+            Ok(Ok(events)) => events,
+            Ok(Err(e)) => {
+                tracing::warn!(session = %self.shared.session_id, after, "replay from the ledger failed: {e}");
+                Vec::new()
+            }
+            Err(e) => {
+                tracing::warn!(session = %self.shared.session_id, after, "replay from the ledger failed: {e}");
+                Vec::new()
+            }
+        };
+        let mut out = Vec::new();
+        for (seq, event) in events {
+            if seq > upto || !self.follows(seq) {
+                break;
+            }
+            self.cursor = seq;
+            out.push(Delivery::Frame(Arc::new(Frame::new(
+                seq,
+                self.shared.session_id.clone(),
+                event,
+            ))));
+        }
+        if out.is_empty() && self.resync.is_none() {
+            // The log has nothing more up to `upto`: say so, then go on.
+            self.resync = Some(("history_unavailable", self.shared.lock().latest));
+            self.cursor = upto;
+        }
+        if self.cursor >= upto {
+            self.disk = None;
+        }
+        out
+    }
+
+    /// What the live queue holds.
+    fn take_queue(&mut self, max: usize) -> Queued {
+        let mut st = self.queue.lock();
+        let mut out = Vec::new();
+        while out.len() < max {
+            match st.frames.pop_front() {
+                Some(f) => {
+                    let bytes = st.bytes.saturating_sub(f.size);
+                    self.queue.set_bytes(&mut st, bytes);
+                    self.cursor = self.cursor.max(f.seq);
+                    out.push(Delivery::Frame(f));
+                }
                 None => break,
             }
         }
+        if st.frames.is_empty() {
+            // Merged frames were counted part by part: settle the count.
+            self.queue.set_bytes(&mut st, 0);
+        }
         if !out.is_empty() {
-            return out;
+            return Queued::Out(out);
         }
-        loop {
-            {
-                let mut st = self.queue.lock();
-                while out.len() < max {
-                    match st.frames.pop_front() {
-                        Some(f) => {
-                            st.bytes = st.bytes.saturating_sub(f.size);
-                            out.push(Delivery::Frame(f));
-                        }
-                        None => break,
-                    }
-                }
-                if st.frames.is_empty() {
-                    // Merged frames were counted part by part: settle the count.
-                    st.bytes = 0;
-                }
-                if out.is_empty() {
-                    if let Some(end) = st.end.clone() {
-                        self.done = true;
-                        return vec![Delivery::End(end)];
-                    }
-                }
-            }
-            if !out.is_empty() {
-                return out;
-            }
-            self.queue.notify.notified().await;
+        if let Some(end) = st.end.clone() {
+            self.done = true;
+            return Queued::Out(vec![Delivery::End(end)]);
         }
+        if st.lagged {
+            return Queued::Lagged;
+        }
+        Queued::Empty
+    }
+
+    /// Replaces a dropped queue with a fresh subscription after the cursor.
+    fn resume(&mut self) {
+        let mut next = subscribe(&self.shared, Some(self.cursor));
+        next.latest_seq = self.latest_seq;
+        *self = next;
     }
 }
 
@@ -393,19 +568,30 @@ impl Drop for Subscription {
     fn drop(&mut self) {
         let mut st = self.queue.lock();
         st.detached = true;
-        st.frames.clear();
+        self.queue.clear(&mut st);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::event::ClientEvent;
+    use crate::core::ledger::{Batch, Ledger};
+    use crate::core::Durability;
+
+    /// What the session's writer does once an event is durable.
+    fn publish(b: &Bus, event: ClientEvent) -> u64 {
+        let seq = b.latest_seq() + 1;
+        b.commit(vec![Arc::new(Frame::new(seq, b.session_id().clone(), event))]);
+        seq
+    }
 
     fn bus(ring: usize, queue: usize) -> Bus {
         let cfg = BusConfig {
             ring,
             queue,
             max_queued_bytes: 1 << 20,
+            ..BusConfig::default()
         };
         Bus::new("s".into(), cfg, None, 0, Vec::new())
     }
@@ -438,14 +624,14 @@ mod tests {
     async fn seqs_are_gap_free_and_replay_follows_the_cursor() {
         let b = bus(8, 16);
         for i in 0..5 {
-            assert_eq!(b.publish(text(&i.to_string())), i + 1);
+            assert_eq!(publish(&b, text(&i.to_string())), i + 1);
         }
         let mut sub = b.subscribe(Some(2));
         assert_eq!(sub.latest_seq(), 5);
-        b.publish(text("live"));
+        publish(&b, text("live"));
         assert_eq!(seqs(&drain(&mut sub).await), vec![3, 4, 5, 6]);
         let mut live = b.subscribe(None);
-        b.publish(text("x"));
+        publish(&b, text("x"));
         assert_eq!(seqs(&drain(&mut live).await), vec![7]);
     }
 
@@ -453,7 +639,7 @@ mod tests {
     async fn a_cursor_older_than_the_ring_or_ahead_resyncs_then_replays_the_ring() {
         let b = bus(4, 16);
         for _ in 0..10 {
-            b.publish(text("x"));
+            publish(&b, text("x"));
         }
         for (after, reason) in [(2, "cursor_too_old"), (11, "cursor_ahead")] {
             let mut sub = b.subscribe(Some(after));
@@ -480,14 +666,14 @@ mod tests {
     async fn a_full_queue_merges_deltas_losslessly() {
         let b = bus(4, 4);
         let mut sub = b.subscribe(Some(0));
-        b.publish(ClientEvent::Status { busy: true });
+        publish(&b, ClientEvent::Status { busy: true });
         let mut expected = String::new();
         for i in 0..1000 {
             let t = format!("t{i} ");
             expected.push_str(&t);
-            b.publish(text(&t));
+            publish(&b, text(&t));
         }
-        b.publish(ClientEvent::Status { busy: false });
+        publish(&b, ClientEvent::Status { busy: false });
         let got = drain(&mut sub).await;
         assert!(got.len() <= 4, "queue stayed bounded: {}", got.len());
         let mut all = String::new();
@@ -507,54 +693,127 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_subscriber_too_far_behind_is_ended_with_what_it_was_given() {
+    async fn a_subscriber_too_far_behind_resumes_from_its_cursor_in_the_same_subscription() {
         let b = bus(64, 4);
         let mut sub = b.subscribe(None);
         for i in 0..10 {
-            b.publish(ClientEvent::Status { busy: i % 2 == 0 });
+            publish(&b, ClientEvent::Status { busy: i % 2 == 0 });
         }
-        assert_eq!(b.subscriber_count(), 0, "the lagging subscriber was dropped");
+        assert_eq!(b.subscriber_count(), 0, "the lagging queue was dropped");
         let got = drain(&mut sub).await;
-        assert_eq!(seqs(&got), vec![1, 2, 3, 4]);
-        assert!(matches!(got.last(), Some(Delivery::End(End::Lagged))));
-        // Its cursor resumes exactly.
-        let mut again = b.subscribe(Some(4));
-        assert_eq!(seqs(&drain(&mut again).await), (5..=10).collect::<Vec<_>>());
+        assert_eq!(
+            seqs(&got),
+            (1..=10).collect::<Vec<_>>(),
+            "no gap, no end: {got:?}"
+        );
+        assert!(got.iter().all(|d| matches!(d, Delivery::Frame(_))));
+        assert_eq!(b.subscriber_count(), 1, "attached again");
+        publish(&b, ClientEvent::Status { busy: true });
+        assert_eq!(seqs(&drain(&mut sub).await), vec![11]);
+    }
+
+    fn logged_bus(dir: &std::path::Path, ring: usize, queue: usize) -> (Bus, Arc<Ledger>) {
+        let ledger = Arc::new(Ledger::create(&dir.join("s.jsonl"), "s", "t", Durability::Process).unwrap());
+        let cfg = BusConfig {
+            ring,
+            queue,
+            max_queued_bytes: 1 << 20,
+            ..BusConfig::default()
+        };
+        let log: Arc<dyn Log> = ledger.clone();
+        (Bus::new("s".into(), cfg, Some(log), 0, Vec::new()), ledger)
+    }
+
+    /// Appends then commits, as the writer does.
+    fn write(b: &Bus, ledger: &Ledger, event: ClientEvent) {
+        let frame = Arc::new(Frame::new(b.latest_seq() + 1, b.session_id().clone(), event));
+        let mut batch = Batch::default();
+        batch.push_frame(&frame);
+        ledger.append(&batch).unwrap();
+        b.commit(vec![frame]);
     }
 
     #[tokio::test]
-    async fn a_stalled_subscriber_holds_at_most_its_byte_budget() {
-        let budget = 64 * 1024;
+    async fn a_cursor_older_than_the_ring_is_replayed_from_the_log_then_joins_live() {
+        let dir = tempfile::tempdir().unwrap();
+        let (b, ledger) = logged_bus(dir.path(), 16, 64);
+        for i in 0..3000 {
+            write(&b, &ledger, text(&format!("{i} ")));
+        }
+        let mut sub = b.subscribe(Some(500));
+        write(&b, &ledger, text("live"));
+        let got = drain(&mut sub).await;
+        assert!(got.iter().all(|d| matches!(d, Delivery::Frame(_))), "no resync");
+        assert_eq!(seqs(&got), (501..=3001).collect::<Vec<_>>());
+    }
+
+    #[tokio::test]
+    async fn a_stalled_subscriber_past_the_ring_resumes_from_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let (b, ledger) = logged_bus(dir.path(), 8, 4);
+        let mut sub = b.subscribe(None);
+        for i in 0..2000 {
+            // Status frames never merge: the queue overflows at once.
+            write(&b, &ledger, ClientEvent::Status { busy: i % 2 == 0 });
+        }
+        let got = drain(&mut sub).await;
+        assert!(
+            got.iter().all(|d| matches!(d, Delivery::Frame(_))),
+            "no resync, no end"
+        );
+        assert_eq!(seqs(&got), (1..=2000).collect::<Vec<_>>());
+    }
+
+    #[tokio::test]
+    async fn replay_across_missing_history_says_resync_instead_of_skipping() {
+        let dir = tempfile::tempdir().unwrap();
+        let (b, ledger) = logged_bus(dir.path(), 4, 64);
+        for i in 0..10 {
+            write(&b, &ledger, text(&i.to_string()));
+        }
+        // A ledger that lost seqs 3..=5 (a corrupt middle line left out).
+        let frames: Vec<Arc<Frame>> = [1u64, 2, 6, 7, 8, 9, 10]
+            .iter()
+            .map(|&s| Arc::new(Frame::new(s, "s".into(), text("x"))))
+            .collect();
+        let gappy = Bus::new("s".into(), BusConfig::default(), None, 10, frames);
+        let got = drain(&mut gappy.subscribe(Some(0))).await;
+        assert_eq!(seqs(&got[..2]), vec![1, 2]);
+        assert!(matches!(&got[2], Delivery::Resync { reason, .. } if reason == "history_unavailable"));
+        assert_eq!(seqs(&got[3..]), vec![6, 7, 8, 9, 10]);
+        drop(ledger);
+    }
+
+    fn cfg_total(b: &Bus) -> usize {
+        b.shared.cfg.total.get()
+    }
+
+    #[tokio::test]
+    async fn all_subscribers_together_hold_at_most_the_total_budget() {
         let cfg = BusConfig {
             ring: 8,
-            queue: 16,
-            max_queued_bytes: budget,
+            queue: 1 << 20,
+            max_queued_bytes: 1 << 20,
+            max_total_queued_bytes: 100 * 1024,
+            total: QueuedTotal::default(),
         };
         let b = Bus::new("s".into(), cfg, None, 0, Vec::new());
-        let mut sub = b.subscribe(None);
+        let subs: Vec<Subscription> = (0..10).map(|_| b.subscribe(None)).collect();
         let chunk = "x".repeat(1000);
         for _ in 0..1000 {
-            b.publish(text(&chunk));
+            publish(&b, ClientEvent::Status { busy: true });
+            publish(&b, text(&chunk));
         }
-        assert_eq!(b.subscriber_count(), 0, "over budget: dropped, not grown");
-        let got = drain(&mut sub).await;
-        assert!(matches!(got.last(), Some(Delivery::End(End::Lagged))));
-        let held: usize = got
-            .iter()
-            .map(|d| match d {
-                Delivery::Frame(f) => f.event.delta_len().unwrap(),
-                _ => 0,
-            })
-            .sum();
-        assert!(held <= budget, "held {held} bytes");
-        assert!(held > budget / 2, "the budget is used before lagging ({held})");
+        assert!(cfg_total(&b) <= 100 * 1024, "total {}", cfg_total(&b));
+        drop(subs);
+        assert_eq!(cfg_total(&b), 0);
     }
 
     #[tokio::test]
     async fn close_ends_every_subscription() {
         let b = bus(8, 8);
         let mut sub = b.subscribe(None);
-        b.publish(text("a"));
+        publish(&b, text("a"));
         b.close("shutdown");
         let got = drain(&mut sub).await;
         assert_eq!(seqs(&got), vec![1]);

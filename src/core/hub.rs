@@ -1,22 +1,35 @@
-//! The session hub: creates sessions, lists them from disk, and keeps exactly one live state per loaded session (loading a persisted one on first use).
+//! The session hub: creates sessions, lists them from disk, and keeps exactly one live state per loaded session (loading a persisted one on first use, unloading an idle one).
+//!
+//! The map of loaded sessions is locked only to find or insert a cell;
+//! loading a ledger happens outside it, on a blocking thread, and concurrent
+//! first accesses to one session share one load (`OnceCell`).
 
-use super::ledger::{self, Ledger};
+use super::ledger::{self, Ledger, OpenError};
 use super::mux::Control;
 use super::provider::Provider;
 use super::session::{Runtime, Session, SessionInfo};
 use super::CoreConfig;
 use super::PermissionMode;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OnceCell};
 use tokio_util::sync::CancellationToken;
+
+/// How long a session stopped by a storage failure answers with that
+/// failure before the next use tries to reload it from its ledger.
+const STORAGE_RETRY: Duration = Duration::from_secs(1);
+
+type Cell = Arc<OnceCell<Arc<Session>>>;
 
 pub struct Hub {
     rt: Arc<Runtime>,
-    sessions: Mutex<HashMap<String, Arc<Session>>>,
+    sessions: Mutex<HashMap<String, Cell>>,
+    /// Set when shutdown begins: no session is created or loaded after it.
+    stopping: AtomicBool,
     /// Live multiplexed streams by stream id, for follow/unfollow.
     streams: Mutex<HashMap<String, mpsc::Sender<Control>>>,
     closing: CancellationToken,
@@ -78,6 +91,7 @@ impl Hub {
         Ok(Hub {
             rt: Arc::new(Runtime { cfg, provider }),
             sessions: Mutex::new(HashMap::new()),
+            stopping: AtomicBool::new(false),
             streams: Mutex::new(HashMap::new()),
             closing: CancellationToken::new(),
         })
@@ -127,44 +141,168 @@ impl Hub {
         self.rt.cfg.sessions_dir().join(format!("{id}.jsonl"))
     }
 
-    fn loaded(&self) -> MutexGuard<'_, HashMap<String, Arc<Session>>> {
+    fn loaded(&self) -> MutexGuard<'_, HashMap<String, Cell>> {
         lock(&self.sessions)
     }
 
-    pub fn create(&self) -> Result<Arc<Session>> {
+    fn refuse_when_stopping(&self) -> Result<()> {
+        if self.stopping.load(Ordering::Acquire) {
+            return Err(Error::new(ErrorKind::Unavailable, "the server is shutting down"));
+        }
+        Ok(())
+    }
+
+    /// Every session in memory now (loads in flight are not).
+    fn live(&self) -> Vec<Arc<Session>> {
+        self.loaded().values().filter_map(|c| c.get().cloned()).collect()
+    }
+
+    pub async fn create(&self) -> Result<Arc<Session>> {
+        self.refuse_when_stopping()?;
         let id = uuid::Uuid::new_v4().simple().to_string();
         let created_at = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
-        let ledger = Ledger::create(&self.ledger_path(&id), &id, &created_at)?;
+        let path = self.ledger_path(&id);
+        let durability = self.rt.cfg.durability;
+        let (sid, at) = (id.clone(), created_at.clone());
+        let ledger = tokio::task::spawn_blocking(move || Ledger::create(&path, &sid, &at, durability))
+            .await
+            .map_err(|e| Error::internal(e.to_string()))??;
         let session = Session::create(self.rt.clone(), &id, created_at, ledger);
-        self.loaded().insert(id, session.clone());
+        self.loaded()
+            .insert(id, Arc::new(OnceCell::new_with(Some(session.clone()))));
         Ok(session)
     }
 
-    /// The live session `id`, loading it from its ledger when it is not in memory yet.
-    pub fn get(&self, id: &str) -> Result<Arc<Session>> {
+    /// The live session `id`, loading it from its ledger when it is not in
+    /// memory yet (or was stopped by a storage failure a while ago).
+    pub async fn get(&self, id: &str) -> Result<Arc<Session>> {
         validate_session_id(id)?;
-        let mut loaded = self.loaded();
-        if let Some(s) = loaded.get(id) {
-            return Ok(s.clone());
+        loop {
+            self.refuse_when_stopping()?;
+            let cell = self.loaded().entry(id.to_string()).or_default().clone();
+            let loaded = cell.get_or_try_init(|| self.load(id)).await.cloned();
+            match loaded {
+                Ok(session) => {
+                    if session
+                        .storage_failure()
+                        .is_some_and(|(_, at)| at.elapsed() >= STORAGE_RETRY)
+                    {
+                        // Its writer has stopped: a fresh load continues from
+                        // the last durable seq.
+                        self.forget(id, &cell);
+                        continue;
+                    }
+                    session.touch();
+                    return Ok(session);
+                }
+                Err(e) => {
+                    self.forget(id, &cell);
+                    return Err(e);
+                }
+            }
         }
+    }
+
+    /// Drops `cell` from the map if it is still the one for `id`.
+    fn forget(&self, id: &str, cell: &Cell) {
+        let mut map = self.loaded();
+        if map.get(id).is_some_and(|c| Arc::ptr_eq(c, cell)) {
+            map.remove(id);
+        }
+    }
+
+    async fn load(&self, id: &str) -> Result<Arc<Session>> {
         let path = self.ledger_path(id);
-        if !path.exists() {
-            return Err(Error::not_found(format!("no session {id}")));
-        }
-        let (ledger, records) = Ledger::open(&path)?;
-        let session = Session::restore(self.rt.clone(), ledger, records)?;
-        tracing::info!(
-            session = id,
-            latest_seq = session.latest_seq(),
-            "session loaded from its ledger"
-        );
-        loaded.insert(id.to_string(), session.clone());
-        Ok(session)
+        let durability = self.rt.cfg.durability;
+        let rt = self.rt.clone();
+        let sid = id.to_string();
+        tokio::task::spawn_blocking(move || {
+            let (ledger, records) = match Ledger::open(&path, durability) {
+                Ok(opened) => opened,
+                Err(OpenError::Io(_)) if !path.exists() => {
+                    return Err(Error::not_found(format!("no session {sid}")));
+                }
+                Err(OpenError::Io(e)) => return Err(e),
+                Err(OpenError::Corrupt(why)) => return Err(set_aside(&path, &sid, &why)),
+            };
+            let session = Session::restore(rt, ledger, records)?;
+            tracing::info!(
+                session = %sid,
+                latest_seq = session.latest_seq(),
+                "session loaded from its ledger"
+            );
+            Ok(session)
+        })
+        .await
+        .map_err(|e| Error::internal(e.to_string()))?
     }
 
     /// Explicit attach: the same as `get`, named for the API.
-    pub fn attach(&self, id: &str) -> Result<Arc<Session>> {
-        self.get(id)
+    pub async fn attach(&self, id: &str) -> Result<Arc<Session>> {
+        self.get(id).await
+    }
+
+    /// Unloads sessions nobody has used for `unload_idle_after`: no run,
+    /// no subscriber, no other holder. Their ledgers keep everything; the
+    /// next use loads them again.
+    pub async fn unload_idle(&self) -> usize {
+        let idle = self.rt.cfg.unload_idle_after;
+        let candidates: Vec<(String, Cell)> = self
+            .loaded()
+            .iter()
+            .filter(|(_, c)| c.get().is_some_and(|s| s.is_idle(idle)))
+            .map(|(id, c)| (id.clone(), c.clone()))
+            .collect();
+        let mut unloaded = 0;
+        for (id, cell) in candidates {
+            let Some(session) = cell.get().cloned() else {
+                continue;
+            };
+            // Everything it published is on disk before it goes.
+            if session.flush().await.is_err() {
+                continue;
+            }
+            let mut map = self.loaded();
+            // Only the cell and `session` hold it: nobody can publish into it.
+            let unused = Arc::strong_count(&session) == 2 && session.is_idle(idle);
+            if unused && map.get(&id).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
+                map.remove(&id);
+                unloaded += 1;
+            }
+        }
+        if unloaded > 0 {
+            tracing::debug!(unloaded, "idle sessions unloaded");
+        }
+        unloaded
+    }
+
+    /// Unloads idle sessions now and then, until shutdown.
+    pub async fn housekeep(self: Arc<Self>) {
+        let every =
+            (self.rt.cfg.unload_idle_after / 2).clamp(Duration::from_millis(500), Duration::from_secs(30));
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = self.closing.cancelled() => return,
+            }
+            if self.stopping.load(Ordering::Acquire) {
+                return;
+            }
+            self.unload_idle().await;
+        }
+    }
+
+    /// How many sessions are in memory.
+    pub fn loaded_count(&self) -> usize {
+        self.loaded().len()
+    }
+
+    /// Sessions stopped by a storage failure right now, with its reason.
+    pub fn storage_failures(&self) -> Vec<(String, String)> {
+        self.live()
+            .into_iter()
+            .filter_map(|s| s.storage_failure().map(|(r, _)| (s.id().to_string(), r)))
+            .collect()
     }
 
     /// Every persisted session, newest first; loaded ones report live state.
@@ -179,7 +317,8 @@ impl Hub {
             let Some(id) = path.file_stem().and_then(|s| s.to_str()) else {
                 continue;
             };
-            if let Some(s) = self.loaded().get(id).cloned() {
+            let live = self.loaded().get(id).and_then(|c| c.get().cloned());
+            if let Some(s) = live {
                 out.push(s.info());
                 continue;
             }
@@ -206,7 +345,8 @@ impl Hub {
     /// Graceful stop: every loaded session refuses new input, cancels its
     /// run, settles, closes its streams and syncs its ledger.
     pub async fn shutdown(&self, grace: Duration) {
-        let sessions: Vec<_> = self.loaded().values().cloned().collect();
+        self.stopping.store(true, Ordering::Release);
+        let sessions = self.live();
         let mut tasks = Vec::new();
         for s in sessions {
             tasks.push(tokio::spawn(async move { s.shutdown(grace).await }));
@@ -218,6 +358,134 @@ impl Hub {
     }
 }
 
+/// Moves an unusable ledger out of the way (`sessions/corrupt/`), so the id
+/// answers 404 from now on instead of failing on every request.
+fn set_aside(path: &std::path::Path, id: &str, why: &str) -> Error {
+    let dir = path.with_file_name("corrupt");
+    let stamp = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let to = dir.join(format!("{id}.{stamp}.jsonl"));
+    let moved = crate::home::create_private_dir(&dir).and_then(|()| std::fs::rename(path, &to));
+    match moved {
+        Ok(()) => {
+            tracing::error!(session = id, moved_to = %to.display(), "{why}: the ledger was set aside");
+            Error::not_found(format!(
+                "no session {id}: its ledger was unusable ({why}) and was set aside"
+            ))
+        }
+        Err(e) => {
+            tracing::error!(session = id, "{why}; setting it aside failed: {e}");
+            Error::new(
+                ErrorKind::Unavailable,
+                format!("session {id}: unusable ledger ({why})"),
+            )
+        }
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::event::ClientEvent;
+    use crate::core::provider::offline::OfflineModel;
+
+    fn hub(home: &std::path::Path, tweak: impl FnOnce(&mut CoreConfig)) -> Arc<Hub> {
+        let mut cfg = CoreConfig::new(home.to_path_buf(), home.to_path_buf());
+        tweak(&mut cfg);
+        Arc::new(Hub::new(cfg, Arc::new(OfflineModel)).unwrap())
+    }
+
+    async fn session_with_history(home: &std::path::Path, events: usize) -> String {
+        let h = hub(home, |_| {});
+        let s = h.create().await.unwrap();
+        for i in 0..events {
+            s.publish(ClientEvent::TextDelta {
+                text: format!("{i} "),
+            });
+        }
+        s.flush().await.unwrap();
+        h.shutdown(Duration::from_secs(5)).await;
+        s.id().to_string()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_first_loads_share_one_load_and_one_live_session() {
+        let home = tempfile::tempdir().unwrap();
+        let id = session_with_history(home.path(), 20_000).await;
+        let h = hub(home.path(), |_| {});
+        let gets: Vec<_> = (0..32)
+            .map(|_| {
+                let (h, id) = (h.clone(), id.clone());
+                tokio::spawn(async move { h.get(&id).await.unwrap() })
+            })
+            .collect();
+        // While the big ledger loads, other requests are not held up by it.
+        let other = h.create().await.unwrap();
+        assert_eq!(other.latest_seq(), 0);
+        let mut sessions = Vec::new();
+        for g in gets {
+            sessions.push(g.await.unwrap());
+        }
+        assert!(
+            sessions.iter().all(|s| Arc::ptr_eq(s, &sessions[0])),
+            "one live state"
+        );
+        assert_eq!(sessions[0].latest_seq(), 20_000);
+        assert_eq!(h.loaded_count(), 2);
+    }
+
+    #[tokio::test]
+    async fn an_idle_session_is_unloaded_and_loads_again_on_use() {
+        let home = tempfile::tempdir().unwrap();
+        let h = hub(home.path(), |c| c.unload_idle_after = Duration::ZERO);
+        let s = h.create().await.unwrap();
+        s.publish(ClientEvent::TextDelta { text: "kept".into() });
+        s.flush().await.unwrap();
+        let id = s.id().to_string();
+        let sub = s.subscribe(None);
+        drop(s);
+        assert_eq!(h.unload_idle().await, 0, "a subscriber keeps it loaded");
+        drop(sub);
+        assert_eq!(h.unload_idle().await, 1);
+        assert_eq!(h.loaded_count(), 0);
+        let again = h.get(&id).await.unwrap();
+        assert_eq!(again.latest_seq(), 1);
+        assert_eq!(again.transcript().messages[0].text, "kept");
+    }
+
+    #[tokio::test]
+    async fn nothing_is_created_or_loaded_once_shutdown_began() {
+        let home = tempfile::tempdir().unwrap();
+        let id = session_with_history(home.path(), 1).await;
+        let h = hub(home.path(), |_| {});
+        h.shutdown(Duration::from_secs(1)).await;
+        let created = h.create().await.map(|_| ()).unwrap_err();
+        assert_eq!(created.kind, ErrorKind::Unavailable);
+        let loaded = h.get(&id).await.map(|_| ()).unwrap_err();
+        assert_eq!(loaded.kind, ErrorKind::Unavailable);
+    }
+
+    #[tokio::test]
+    async fn an_unusable_ledger_is_set_aside_and_answers_not_found() {
+        let home = tempfile::tempdir().unwrap();
+        let h = hub(home.path(), |_| {});
+        let dir = h.config().sessions_dir();
+        std::fs::write(dir.join("empty.jsonl"), b"").unwrap();
+        std::fs::write(dir.join("garbled.jsonl"), b"{not json\n").unwrap();
+        for id in ["empty", "garbled"] {
+            let e = h.get(id).await.map(|_| ()).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::NotFound, "{e}");
+            assert!(e.message.contains("set aside"), "{e}");
+            assert!(!dir.join(format!("{id}.jsonl")).exists());
+            let e = h.get(id).await.map(|_| ()).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::NotFound);
+        }
+        let aside = std::fs::read_dir(dir.join("corrupt")).unwrap().count();
+        assert_eq!(aside, 2, "kept for a person to look at");
+    }
 }

@@ -1,22 +1,26 @@
 //! The per-session append-only JSONL ledger: the durable record that transcripts, seq numbering and replay are rebuilt from after a restart.
 //!
-//! Every record is one line written with a single `write` call on a file
-//! opened for appending, so a crash can only ever leave a partial *last*
-//! line; `open` cuts such a tail off before appending again.
+//! Only the session's writer appends (`Log::append`, one `write` per batch
+//! of records, off the runtime), so a crash can only ever leave a partial
+//! *last* line; `open` cuts such a tail off, and a failed append cuts its own
+//! partial batch off at once. Readers (replay from disk) open their own
+//! descriptor and read only what an append has finished, found through a
+//! sparse seq-to-offset index kept in memory.
 //!
 //! Ledgers are owner-only (0600), and the files held open are bounded
 //! process-wide (`fd_budget`): past the budget a ledger opens its file for
 //! each append and closes it again, so many sessions never exhaust the fd table.
 
 use super::event::{ClientEvent, Frame};
-use crate::error::{Error, Result};
+use super::Durability;
+use crate::error::{Error, ErrorKind, Result};
 use serde::{Deserialize, Serialize};
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 /// Ledger files held open now, across the process.
 static OPEN: AtomicUsize = AtomicUsize::new(0);
@@ -64,10 +68,113 @@ pub enum Record {
     Usage { input_tokens: u64, output_tokens: u64 },
 }
 
+/// `Record::Event` by reference, so a batch encodes frames without copying
+/// their events (the same JSON as `Record`).
+#[derive(Serialize)]
+#[serde(rename_all = "snake_case")]
+enum EventRef<'a> {
+    Event { seq: u64, event: &'a ClientEvent },
+}
+
+/// Records encoded for one append, with where each event line starts.
+#[derive(Default)]
+pub struct Batch {
+    bytes: Vec<u8>,
+    /// (seq, offset of its line in `bytes`) for every event, in order.
+    events: Vec<(u64, usize)>,
+}
+
+impl Batch {
+    pub fn push_frame(&mut self, frame: &Frame) {
+        let at = self.bytes.len();
+        let line = EventRef::Event {
+            seq: frame.seq,
+            event: &frame.event,
+        };
+        // Serializing plain data into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut self.bytes, &line);
+        self.bytes.push(b'\n');
+        self.events.push((frame.seq, at));
+    }
+
+    pub fn push(&mut self, record: &Record) {
+        let at = self.bytes.len();
+        let _ = serde_json::to_writer(&mut self.bytes, record);
+        self.bytes.push(b'\n');
+        if let Record::Event { seq, .. } = record {
+            self.events.push((*seq, at));
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+}
+
+/// Where a session's events are kept: append a batch, read a range, the last
+/// durable seq. The JSONL `Ledger` is the one implementation today; a
+/// replicated log can take its place without touching sessions or streams.
+pub trait Log: Send + Sync + 'static {
+    /// Appends `batch` whole, or fails having made none of it readable.
+    fn append(&self, batch: &Batch) -> std::io::Result<()>;
+    /// Up to `max` events with seq > `after`, in seq order, from what is durable.
+    fn read_events(&self, after: u64, max: usize) -> Result<Vec<(u64, ClientEvent)>>;
+    /// The highest seq appended so far (0: none).
+    fn durable_seq(&self) -> u64;
+    /// Forces what was appended to stable storage.
+    fn sync(&self) -> std::io::Result<()>;
+}
+
+/// A ledger line is indexed at least every this many bytes, so a read from
+/// any seq parses at most this much before its first wanted line.
+const MARK_EVERY: u64 = 64 * 1024;
+
+/// What has been appended: the file's good length and the sparse index.
+struct Written {
+    len: u64,
+    durable_seq: u64,
+    /// (seq, offset of its line), seqs ascending.
+    marks: Vec<(u64, u64)>,
+}
+
+impl Written {
+    fn note(&mut self, seq: u64, offset: u64) {
+        let due = self.marks.last().is_none_or(|&(_, at)| offset >= at + MARK_EVERY);
+        if due {
+            self.marks.push((seq, offset));
+        }
+        self.durable_seq = self.durable_seq.max(seq);
+    }
+
+    /// Where to start reading for seqs > `after`.
+    fn start_for(&self, after: u64) -> u64 {
+        let i = self
+            .marks
+            .partition_point(|&(seq, _)| seq <= after.saturating_add(1));
+        if i == 0 {
+            0
+        } else {
+            self.marks[i - 1].1
+        }
+    }
+}
+
 pub struct Ledger {
     path: PathBuf,
+    durability: Durability,
     /// Held while the budget allows (`reserve`); None means open per append.
+    /// Only the session's writer locks it (and shutdown's sync).
     file: Mutex<Option<File>>,
+    written: Mutex<Written>,
+}
+
+/// Why an existing ledger could not be opened.
+#[derive(Debug)]
+pub enum OpenError {
+    /// It cannot be used at all (empty, or no header line): set it aside.
+    Corrupt(String),
+    /// Reading it failed (permissions, I/O).
+    Io(Error),
 }
 
 impl Drop for Ledger {
@@ -83,61 +190,129 @@ fn held(file: File) -> Option<File> {
     reserve().then_some(file)
 }
 
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A storage failure as clients see it: the session cannot go on.
+pub fn storage_error(e: &std::io::Error) -> Error {
+    Error::new(ErrorKind::Unavailable, format!("storage_failed: {e}"))
+}
+
 impl Ledger {
-    /// Creates a new ledger at `path` and writes its header; fails if it exists.
-    pub fn create(path: &Path, session_id: &str, created_at: &str) -> Result<Ledger> {
+    /// Creates a new ledger at `path` and writes its header; fails if it
+    /// exists. A header that cannot be written leaves no file behind.
+    pub fn create(path: &Path, session_id: &str, created_at: &str, durability: Durability) -> Result<Ledger> {
         let file = OpenOptions::new()
             .create_new(true)
             .append(true)
             .mode(0o600)
             .open(path)
-            .map_err(|e| Error::internal(format!("cannot create ledger {}: {e}", path.display())))?;
+            .map_err(|e| storage_error(&e))?;
         let ledger = Ledger {
             path: path.to_path_buf(),
+            durability,
             file: Mutex::new(held(file)),
+            written: Mutex::new(Written {
+                len: 0,
+                durable_seq: 0,
+                marks: Vec::new(),
+            }),
         };
-        ledger.append(&Record::Header {
+        let mut batch = Batch::default();
+        batch.push(&Record::Header {
             session_id: session_id.to_string(),
             created_at: created_at.to_string(),
-        })?;
+        });
+        if let Err(e) = ledger.append(&batch) {
+            drop(ledger);
+            let _ = std::fs::remove_file(path);
+            return Err(storage_error(&e));
+        }
         Ok(ledger)
     }
 
     /// Opens an existing ledger, returning every intact record. A partial
     /// last line (a crash mid-write) is cut off; a corrupt line in the middle
-    /// is skipped with a warning rather than losing what follows it.
-    pub fn open(path: &Path) -> Result<(Ledger, Vec<Record>)> {
+    /// is reported with its file and line and left out (a replay across it
+    /// gets a resync rather than a silent gap); an empty ledger or one with
+    /// no header is `Corrupt`.
+    pub fn open(
+        path: &Path,
+        durability: Durability,
+    ) -> std::result::Result<(Ledger, Vec<Record>), OpenError> {
+        let io = |e: std::io::Error| {
+            OpenError::Io(Error::internal(format!(
+                "cannot read ledger {}: {e}",
+                path.display()
+            )))
+        };
         let mut file = OpenOptions::new()
             .read(true)
             .append(true)
             .open(path)
-            .map_err(|e| Error::internal(format!("cannot open ledger {}: {e}", path.display())))?;
+            .map_err(io)?;
         // Ours, so owner-only, also when an earlier version left it readable.
-        file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .map_err(io)?;
         let mut data = Vec::new();
-        file.read_to_end(&mut data)?;
+        file.read_to_end(&mut data).map_err(io)?;
         let complete = data.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
         if complete < data.len() {
             tracing::warn!(path = %path.display(), bytes = data.len() - complete, "cutting a partial last ledger line");
-            file.set_len(complete as u64)?;
-            file.seek(SeekFrom::End(0))?;
+            file.set_len(complete as u64).map_err(io)?;
+            file.seek(SeekFrom::End(0)).map_err(io)?;
         }
+        let mut written = Written {
+            len: complete as u64,
+            durable_seq: 0,
+            marks: Vec::new(),
+        };
         let mut records = Vec::new();
-        for (n, line) in data[..complete].split(|&b| b == b'\n').enumerate() {
-            if line.is_empty() {
+        let mut offset = 0u64;
+        for (n, line) in data[..complete].split_inclusive(|&b| b == b'\n').enumerate() {
+            let at = offset;
+            offset += line.len() as u64;
+            if line.len() <= 1 {
                 continue;
             }
             match serde_json::from_slice::<Record>(line) {
-                Ok(r) => records.push(r),
+                Ok(r) => {
+                    if records.is_empty() && !matches!(r, Record::Header { .. }) {
+                        return Err(OpenError::Corrupt(format!(
+                            "{}:1: the first line is not a ledger header",
+                            path.display()
+                        )));
+                    }
+                    if let Record::Event { seq, .. } = &r {
+                        written.note(*seq, at);
+                    }
+                    records.push(r)
+                }
+                Err(e) if records.is_empty() => {
+                    return Err(OpenError::Corrupt(format!(
+                        "{}:{}: unreadable ledger header: {e}",
+                        path.display(),
+                        n + 1
+                    )));
+                }
                 Err(e) => {
-                    tracing::warn!(path = %path.display(), line = n + 1, "skipping a corrupt ledger line: {e}")
+                    tracing::error!(path = %path.display(), line = n + 1, "a corrupt ledger line is left out: {e}")
                 }
             }
+        }
+        if records.is_empty() {
+            return Err(OpenError::Corrupt(format!(
+                "{}: the ledger is empty",
+                path.display()
+            )));
         }
         Ok((
             Ledger {
                 path: path.to_path_buf(),
+                durability,
                 file: Mutex::new(held(file)),
+                written: Mutex::new(written),
             },
             records,
         ))
@@ -147,44 +322,102 @@ impl Ledger {
         &self.path
     }
 
-    pub fn append(&self, record: &Record) -> Result<()> {
-        let mut line = serde_json::to_vec(record).map_err(|e| Error::internal(e.to_string()))?;
-        line.push(b'\n');
-        let mut slot = self.file.lock().unwrap_or_else(|p| p.into_inner());
-        match slot.as_mut() {
-            Some(file) => file.write_all(&line)?,
+    /// Appends one event (a batch of one): tools and tests.
+    pub fn append_event(&self, frame: &Frame) -> std::io::Result<()> {
+        let mut batch = Batch::default();
+        batch.push_frame(frame);
+        self.append(&batch)
+    }
+
+    fn reopen(&self) -> std::io::Result<File> {
+        OpenOptions::new().append(true).open(&self.path)
+    }
+
+    fn write_batch(&self, file: &mut File, batch: &Batch) -> std::io::Result<()> {
+        file.write_all(&batch.bytes)?;
+        if self.durability == Durability::Fsync {
+            file.sync_data()?;
+        }
+        Ok(())
+    }
+}
+
+impl Log for Ledger {
+    fn append(&self, batch: &Batch) -> std::io::Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let mut slot = lock(&self.file);
+        let mut transient;
+        let file = match slot.as_mut() {
+            Some(f) => f,
             None => {
-                let mut file = self.reopen()?;
-                file.write_all(&line)?;
-                *slot = held(file);
+                transient = self.reopen()?;
+                &mut transient
+            }
+        };
+        let start = lock(&self.written).len;
+        if let Err(e) = self.write_batch(file, batch) {
+            // Part of the batch may be on disk: cut it, so the file ends on
+            // a whole line and nothing unseen is ever read back. If even that
+            // fails, `open` cuts the partial tail on the next load.
+            if let Err(cut) = file.set_len(start) {
+                tracing::error!(path = %self.path.display(), "cannot cut a failed append: {cut}");
+            }
+            return Err(e);
+        }
+        let mut w = lock(&self.written);
+        for &(seq, at) in &batch.events {
+            w.note(seq, start + at as u64);
+        }
+        w.len = start + batch.bytes.len() as u64;
+        Ok(())
+    }
+
+    fn read_events(&self, after: u64, max: usize) -> Result<Vec<(u64, ClientEvent)>> {
+        let (from, len) = {
+            let w = lock(&self.written);
+            if w.durable_seq <= after {
+                return Ok(Vec::new());
+            }
+            (w.start_for(after), w.len)
+        };
+        let mut file = File::open(&self.path)?;
+        file.seek(SeekFrom::Start(from))?;
+        let mut reader = BufReader::new(file.take(len - from));
+        let mut out = Vec::new();
+        let mut line = Vec::new();
+        while out.len() < max {
+            line.clear();
+            if reader.read_until(b'\n', &mut line)? == 0 {
+                break;
+            }
+            // Cheap skip of lines that are not events, or events before `after`.
+            if !line.starts_with(b"{\"event\":") {
+                continue;
+            }
+            match serde_json::from_slice::<Record>(&line) {
+                Ok(Record::Event { seq, event }) if seq > after => out.push((seq, event)),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(path = %self.path.display(), "a corrupt ledger line is skipped in a replay: {e}")
+                }
             }
         }
-        Ok(())
+        Ok(out)
     }
 
-    fn reopen(&self) -> Result<File> {
-        OpenOptions::new()
-            .append(true)
-            .open(&self.path)
-            .map_err(|e| Error::internal(format!("cannot open ledger {}: {e}", self.path.display())))
+    fn durable_seq(&self) -> u64 {
+        lock(&self.written).durable_seq
     }
 
-    pub fn append_event(&self, frame: &Frame) -> Result<()> {
-        self.append(&Record::Event {
-            seq: frame.seq,
-            event: frame.event.clone(),
-        })
-    }
-
-    /// Forces what was written to stable storage (shutdown).
-    pub fn sync(&self) -> Result<()> {
-        let slot = self.file.lock().unwrap_or_else(|p| p.into_inner());
+    fn sync(&self) -> std::io::Result<()> {
+        let slot = lock(&self.file);
         match slot.as_ref() {
-            Some(file) => file.sync_data()?,
+            Some(file) => file.sync_data(),
             // fsync on any descriptor flushes the file's data.
-            None => self.reopen()?.sync_data()?,
+            None => self.reopen()?.sync_data(),
         }
-        Ok(())
     }
 }
 
@@ -265,7 +498,15 @@ mod tests {
         let many = fd_budget() + 200;
         let before = open_fds();
         let ledgers: Vec<Ledger> = (0..many)
-            .map(|i| Ledger::create(&dir.path().join(format!("{i}.jsonl")), "s", "t").unwrap())
+            .map(|i| {
+                Ledger::create(
+                    &dir.path().join(format!("{i}.jsonl")),
+                    "s",
+                    "t",
+                    Durability::Process,
+                )
+                .unwrap()
+            })
             .collect();
         // Other tests in this process open files too: allow them some slack.
         let bound = fd_budget() + 32;
@@ -285,7 +526,7 @@ mod tests {
         let mode = std::fs::metadata(&last).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600, "ledgers are owner-only");
         drop(ledgers);
-        let (_, records) = Ledger::open(&last).unwrap();
+        let (_, records) = Ledger::open(&last, Durability::Process).unwrap();
         assert_eq!(
             records.len(),
             2,
@@ -297,7 +538,7 @@ mod tests {
     fn a_partial_last_line_is_cut_and_earlier_lines_survive() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.jsonl");
-        let l = Ledger::create(&path, "s", "2026-01-01T00:00:00Z").unwrap();
+        let l = Ledger::create(&path, "s", "2026-01-01T00:00:00Z", Durability::Process).unwrap();
         let f = Frame::new(1, "s".into(), ClientEvent::TextDelta { text: "hi".into() });
         l.append_event(&f).unwrap();
         drop(l);
@@ -306,7 +547,7 @@ mod tests {
         raw.write_all(br#"{"event":{"seq":2,"ev"#).unwrap();
         drop(raw);
 
-        let (l, records) = Ledger::open(&path).unwrap();
+        let (l, records) = Ledger::open(&path, Durability::Process).unwrap();
         assert_eq!(records.len(), 2);
         assert_eq!(
             records[1],
@@ -318,7 +559,7 @@ mod tests {
         l.append_event(&Frame::new(2, "s".into(), ClientEvent::Status { busy: false }))
             .unwrap();
         drop(l);
-        let (_, records) = Ledger::open(&path).unwrap();
+        let (_, records) = Ledger::open(&path, Durability::Process).unwrap();
         assert_eq!(records.len(), 3, "the new line starts on a line of its own");
         let s = summarize(&path).unwrap();
         assert_eq!((s.session_id.as_str(), s.latest_seq), ("s", 2));

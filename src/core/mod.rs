@@ -15,6 +15,7 @@ pub mod session;
 pub mod tools;
 pub mod transcript;
 pub mod workspace;
+pub mod writer;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -28,6 +29,15 @@ pub enum PermissionMode {
     Allow,
     /// Refuse it without asking.
     Deny,
+}
+
+/// What a published event has survived by the time a client can see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// Its batch was written to the kernel: survives a crash of the process.
+    Process,
+    /// Its batch was also fdatasync'ed: survives a power loss.
+    Fsync,
 }
 
 /// Everything the core needs to know, fixed at startup.
@@ -46,6 +56,10 @@ pub struct CoreConfig {
     pub retry_backoff: Duration,
     /// Inputs a busy session queues as its next legs; past it, admission is refused.
     pub max_queued_inputs: usize,
+    pub durability: Durability,
+    /// A loaded session with no run, no subscriber and no other user for
+    /// this long is unloaded (its ledger keeps everything).
+    pub unload_idle_after: Duration,
 }
 
 impl CoreConfig {
@@ -59,6 +73,8 @@ impl CoreConfig {
             provider_retries: 2,
             retry_backoff: Duration::from_millis(50),
             max_queued_inputs: 64,
+            durability: Durability::Process,
+            unload_idle_after: Duration::from_secs(300),
         }
     }
 

@@ -4,9 +4,9 @@
 //! plus the presenter at the subscription point. Feeds are polled through a
 //! `StreamMap`, which starts each poll at a random feed, and each feed hands
 //! over at most `BATCH` frames per turn, so one session's burst cannot starve
-//! the others. A feed whose subscription lags resubscribes itself from its own
-//! cursor (a fresh presentation snapshot follows), so a slow connection never
-//! silently loses a frame and never holds more than one queue per session.
+//! the others. A feed whose queue overflows resumes from its own cursor inside
+//! its subscription (the bus does that for every consumer), so a slow
+//! connection never loses a frame and never holds more than one queue per session.
 
 use super::bus::{Delivery, End};
 use super::cursor::{CursorVector, MAX_SESSIONS};
@@ -65,7 +65,8 @@ pub enum Control {
 }
 
 struct Feed {
-    session: Arc<Session>,
+    /// Held so the session stays loaded while it is followed.
+    _session: Arc<Session>,
     sub: super::bus::Subscription,
     presenter: Presenter,
     /// Frames up to this seq are already in the presenter's state.
@@ -96,7 +97,7 @@ impl Feed {
             left: Vec::new(),
         });
         let feed = Feed {
-            session,
+            _session: session,
             sub: presented.subscription,
             presenter: presented.presenter,
             presented_through: latest,
@@ -136,16 +137,6 @@ impl Feed {
                                 out.extend(presented.into_iter().map(MuxFrame::Presentation));
                             }
                             Delivery::Resync { reason, latest_seq } => out.push(MuxFrame::Resync { reason, latest_seq }),
-                            Delivery::End(End::Lagged) => {
-                                // Resume from our own cursor; a fresh snapshot keeps the timeline exact.
-                                let presented = self.session.subscribe_presented(Some(self.last_seq));
-                                self.presented_through = presented.subscription.latest_seq();
-                                self.sub = presented.subscription;
-                                self.presenter = presented.presenter;
-                                out.push(MuxFrame::Presentation(PresentationEvent::Snapshot(
-                                    self.presenter.timeline().clone(),
-                                )));
-                            }
                             Delivery::End(End::Closed(reason)) => {
                                 self.done = true;
                                 out.push(MuxFrame::Closed { reason });
@@ -201,7 +192,7 @@ impl Mux {
     /// resuming from its entry in `cursor` when it has one, else live.
     /// Sessions named only in the cursor are followed too, so a reconnect
     /// keeps what was followed live. Every session must exist.
-    pub fn open(hub: Arc<Hub>, sessions: &[String], cursor: &CursorVector) -> Result<Mux> {
+    pub async fn open(hub: Arc<Hub>, sessions: &[String], cursor: &CursorVector) -> Result<Mux> {
         let mut order: Vec<&str> = Vec::new();
         for s in sessions.iter().map(String::as_str).chain(cursor.sessions()) {
             if !order.contains(&s) {
@@ -216,7 +207,7 @@ impl Mux {
         }
         let mut loaded = Vec::with_capacity(order.len());
         for s in &order {
-            loaded.push(hub.get(s)?);
+            loaded.push(hub.get(s).await?);
         }
         let stream_id = format!("st_{}", uuid::Uuid::new_v4().simple());
         let (tx, rx) = mpsc::channel(16);

@@ -4,15 +4,16 @@ use super::agent;
 use super::approvals::{Answer, Approvals};
 use super::bus::{Bus, Subscription};
 use super::event::{project, AgentEvent, ApprovalOutcome, ClientEvent, Frame, RunOutcome};
-use super::ledger::{Ledger, Record};
+use super::ledger::{Ledger, Log, Record};
 use super::presentation::{PresentationEvent, Presenter, Timeline};
 use super::provider::Provider;
 use super::transcript::Transcript;
+use super::writer::{self, Op, Pipe, Visible};
 use super::CoreConfig;
 use crate::error::{Error, ErrorKind, Result};
 use std::collections::{HashSet, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -80,11 +81,22 @@ pub struct Session {
     rt: Arc<Runtime>,
     bus: Bus,
     ledger: Arc<Ledger>,
+    /// To the session's writer, the only path into the ledger and the bus.
+    pipe: Arc<Pipe>,
     folds: Mutex<Folds>,
     presence: watch::Sender<Vec<Client>>,
     approvals: Approvals,
     run: Mutex<RunState>,
     busy: watch::Sender<bool>,
+    /// When a client last asked for this session (idle unloading).
+    last_used: Mutex<Instant>,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // Nobody can publish any more: the writer drains what is queued and stops.
+        self.pipe.close();
+    }
 }
 
 /// The projections of the published events, folded under one lock in seq order.
@@ -136,6 +148,8 @@ struct RunState {
     leg_cancel: Option<CancellationToken>,
     admitted: HashSet<String>,
     admitted_order: VecDeque<String>,
+    /// The storage failure that stopped this session, and when.
+    failed: Option<(String, Instant)>,
 }
 
 impl RunState {
@@ -147,6 +161,13 @@ impl RunState {
                     self.admitted.remove(&old);
                 }
             }
+        }
+    }
+
+    /// Forgets an id whose admission could not be made durable.
+    fn forget(&mut self, id: &str) {
+        if self.admitted.remove(id) {
+            self.admitted_order.retain(|r| r != id);
         }
     }
 }
@@ -172,6 +193,7 @@ impl Session {
         let mut usage = Vec::new();
         let mut busy = false;
         let mut open_approvals: Vec<String> = Vec::new();
+        let mut open_calls: Vec<String> = Vec::new();
         let mut settled = Vec::new();
         let mut request_ids = Vec::new();
         for record in records {
@@ -204,6 +226,8 @@ impl Session {
                         ClientEvent::ApprovalRequested { request_id, .. } => {
                             open_approvals.push(request_id.clone())
                         }
+                        ClientEvent::ToolCall { call_id, .. } => open_calls.push(call_id.clone()),
+                        ClientEvent::ToolResult { call_id, .. } => open_calls.retain(|c| c != call_id),
                         ClientEvent::ApprovalResolved {
                             request_id, outcome, ..
                         } => {
@@ -225,8 +249,7 @@ impl Session {
             .into_iter()
             .map(|(seq, event)| Arc::new(Frame::new(seq, sid.clone(), event)))
             .collect();
-        let ledger = Arc::new(ledger);
-        let session = Self::build(rt, &id, created_at, ledger, latest, ring);
+        let session = Self::build(rt, &id, created_at, Arc::new(ledger), latest, ring);
         {
             let mut f = lock(&session.folds);
             if let Some(restored) = folds {
@@ -254,6 +277,14 @@ impl Session {
                     reason: "the server stopped during this run".into(),
                 });
             }
+            // Every tool call gets exactly one result, also across a crash.
+            for call_id in open_calls {
+                session.publish(ClientEvent::ToolResult {
+                    call_id,
+                    ok: false,
+                    output: "interrupted: the server stopped during this call".into(),
+                });
+            }
             session.publish(ClientEvent::Status { busy: false });
             session.publish(ClientEvent::RunFinished {
                 outcome: RunOutcome::Failed,
@@ -272,19 +303,16 @@ impl Session {
         ring: Vec<Arc<Frame>>,
     ) -> Arc<Session> {
         let sid: Arc<str> = Arc::from(id);
-        let bus = Bus::new(
-            sid.clone(),
-            rt.cfg.bus.clone(),
-            Some(ledger.clone()),
-            latest,
-            ring,
-        );
-        Arc::new(Session {
-            id: sid,
+        let log: Arc<dyn Log> = ledger.clone();
+        let bus = Bus::new(sid.clone(), rt.cfg.bus.clone(), Some(log.clone()), latest, ring);
+        let pipe = Arc::new(Pipe::default());
+        let session = Arc::new(Session {
+            id: sid.clone(),
             created_at,
             rt,
             bus,
             ledger,
+            pipe: pipe.clone(),
             folds: Mutex::new(Folds {
                 transcript: Transcript::default(),
                 presenter: Presenter::new(id),
@@ -293,7 +321,11 @@ impl Session {
             approvals: Approvals::default(),
             run: Mutex::new(RunState::default()),
             busy: watch::channel(false).0,
-        })
+            last_used: Mutex::new(Instant::now()),
+        });
+        let visible: Weak<dyn Visible> = Arc::downgrade(&session) as Weak<Session>;
+        tokio::spawn(writer::run(sid, pipe, log, visible, latest));
+        session
     }
 
     pub fn id(&self) -> &str {
@@ -330,36 +362,61 @@ impl Session {
         }
     }
 
-    /// Routes an agent event: usage to the ledger and transcript, client
-    /// events through the bus (numbered, persisted, fanned out) and into the
-    /// transcript, internal traffic nowhere.
+    /// Routes an agent event to the session's writer: usage to the ledger
+    /// and transcript, client events to be numbered, persisted, folded and
+    /// fanned out (in that order), internal traffic nowhere. Never waits;
+    /// a fast producer calls `pace` to feel the writer's backpressure.
     pub fn emit(&self, event: AgentEvent) {
         if let AgentEvent::Usage {
             input_tokens,
             output_tokens,
         } = event
         {
-            let mut f = lock(&self.folds);
-            f.transcript.add_usage(input_tokens, output_tokens);
-            if let Err(e) = self.ledger.append(&Record::Usage {
+            self.pipe.push(Op::Usage {
                 input_tokens,
                 output_tokens,
-            }) {
-                tracing::error!(session = %self.id, "ledger write failed: {e}");
-            }
+            });
             return;
         }
-        let Some(client) = project(event) else {
-            return;
-        };
-        // The folds lock orders the folds exactly as the bus numbers.
-        let mut f = lock(&self.folds);
-        let seq = self.bus.publish(client.clone());
-        f.apply(seq, &client);
+        if let Some(client) = project(event) {
+            self.pipe.push(Op::Event(client));
+        }
     }
 
     pub fn publish(&self, event: ClientEvent) {
         self.emit(AgentEvent::Client(event));
+    }
+
+    /// Waits while the writer is far behind what was published.
+    pub async fn pace(&self) {
+        self.pipe.pace().await
+    }
+
+    /// Resolves once everything published so far is durable and visible.
+    pub async fn flush(&self) -> Result<()> {
+        self.pipe
+            .barrier()
+            .await
+            .map_err(|reason| Error::new(ErrorKind::Unavailable, reason))
+    }
+
+    /// The storage failure that stopped this session, with when it happened.
+    pub fn storage_failure(&self) -> Option<(String, Instant)> {
+        lock(&self.run).failed.clone()
+    }
+
+    /// Notes a use by a client (idle unloading counts from the last one).
+    pub fn touch(&self) {
+        *lock(&self.last_used) = Instant::now();
+    }
+
+    /// Whether nothing uses this session: no run, no subscriber, no pending
+    /// writes, and no client for `idle`.
+    pub fn is_idle(&self, idle: Duration) -> bool {
+        !lock(&self.run).running
+            && self.bus.subscriber_count() == 0
+            && self.pipe.backlog() == 0
+            && lock(&self.last_used).elapsed() >= idle
     }
 
     pub fn subscribe(&self, after: Option<u64>) -> Subscription {
@@ -410,7 +467,7 @@ impl Session {
 
     /// Admits a prompt or steering text. Never rejects a busy session: the
     /// input starts a chain when idle and is queued as its next leg otherwise.
-    pub fn admit(self: &Arc<Self>, text: String, request_id: Option<String>) -> Result<Admission> {
+    pub async fn admit(self: &Arc<Self>, text: String, request_id: Option<String>) -> Result<Admission> {
         if text.trim().is_empty() {
             return Err(Error::invalid("the prompt is empty"));
         }
@@ -428,30 +485,41 @@ impl Session {
             }
             None => format!("req_{}", uuid::Uuid::new_v4().simple()),
         };
-        let mut run = lock(&self.run);
-        if run.admitted.contains(&request_id) {
-            return Ok(Admission {
-                request_id,
-                state: AdmissionState::Duplicate,
-                after_seq: self.bus.latest_seq(),
-            });
+        {
+            let mut run = lock(&self.run);
+            if run.admitted.contains(&request_id) {
+                return Ok(Admission {
+                    request_id,
+                    state: AdmissionState::Duplicate,
+                    after_seq: self.bus.latest_seq(),
+                });
+            }
+            if let Some((reason, _)) = &run.failed {
+                return Err(Error::new(ErrorKind::Unavailable, reason.clone()));
+            }
+            if run.closing {
+                return Err(Error::new(ErrorKind::Unavailable, "the server is shutting down"));
+            }
+            // Refused before it is remembered: the same request_id may come back later.
+            let cap = self.rt.cfg.max_queued_inputs;
+            if run.running && run.queue.len() >= cap {
+                return Err(Error::new(
+                    ErrorKind::ResourceExhausted,
+                    format!("queue_full: {cap} inputs are already queued behind the live run; wait for it or cancel it"),
+                ));
+            }
+            // Remembered at once, so a concurrent retry is a duplicate.
+            run.remember(&request_id);
         }
+        // `started` or `queued` is answered only once the id is on disk: a
+        // retry after any crash or storage failure is then a duplicate.
+        if let Err(reason) = self.pipe.admitted(request_id.clone()).await {
+            lock(&self.run).forget(&request_id);
+            return Err(Error::new(ErrorKind::Unavailable, reason));
+        }
+        let mut run = lock(&self.run);
         if run.closing {
             return Err(Error::new(ErrorKind::Unavailable, "the server is shutting down"));
-        }
-        // Refused before it is remembered: the same request_id may come back later.
-        let cap = self.rt.cfg.max_queued_inputs;
-        if run.running && run.queue.len() >= cap {
-            return Err(Error::new(
-                ErrorKind::ResourceExhausted,
-                format!("queue_full: {cap} inputs are already queued behind the live run; wait for it or cancel it"),
-            ));
-        }
-        run.remember(&request_id);
-        if let Err(e) = self.ledger.append(&Record::Admitted {
-            request_id: request_id.clone(),
-        }) {
-            tracing::error!(session = %self.id, "ledger write failed: {e}");
         }
         let input = Input {
             request_id: request_id.clone(),
@@ -501,21 +569,28 @@ impl Session {
             if outcome == RunOutcome::Cancelled && run.closing {
                 message = "cancelled: the server is shutting down".into();
             }
-            let next = if run.closing { None } else { run.queue.pop_front() };
+            // A failed or cancelled leg ends its chain: steering queued for
+            // it is discarded (as `cancel` does), and run_finished says so,
+            // so a client reacting to run_finished is always admitted as
+            // `started`.
+            let next = if run.closing || outcome != RunOutcome::Completed {
+                None
+            } else {
+                run.queue.pop_front()
+            };
             match next {
                 Some(next) => {
                     run.leg_cancel = Some(CancellationToken::new());
-                    if outcome != RunOutcome::Completed {
-                        // A failed or cancelled leg settles its own run, so its
-                        // outcome is never hidden; what was queued after it
-                        // starts the next run at once.
-                        self.publish(ClientEvent::Status { busy: false });
-                        self.publish(ClientEvent::RunFinished { outcome, message });
-                        self.publish(ClientEvent::Status { busy: true });
-                    }
                     input = next;
                 }
                 None => {
+                    let discarded = run.queue.len();
+                    if discarded > 0 {
+                        message = format!(
+                            "{message} ({} discarded)",
+                            crate::text::count(discarded, "queued input")
+                        );
+                    }
                     run.queue.clear();
                     run.running = false;
                     run.leg_cancel = None;
@@ -561,9 +636,44 @@ impl Session {
         }
         let mut busy = self.busy.subscribe();
         let _ = tokio::time::timeout(grace, busy.wait_for(|b| !*b)).await;
+        // What the settled run published reaches the disk and its streams
+        // before they are closed.
+        let _ = tokio::time::timeout(grace, self.pipe.barrier()).await;
         self.bus.close("server shutting down");
-        if let Err(e) = self.ledger.sync() {
+        let ledger = self.ledger.clone();
+        let synced = tokio::task::spawn_blocking(move || ledger.sync()).await;
+        if let Ok(Err(e)) = synced {
             tracing::error!(session = %self.id, "ledger sync failed: {e}");
         }
+    }
+}
+
+impl Visible for Session {
+    fn commit(&self, frames: Vec<Arc<Frame>>, usage: Vec<(u64, u64)>) {
+        // Folds, then bus, under the folds lock: `subscribe_presented` sees
+        // both at the same point.
+        let mut f = lock(&self.folds);
+        for (input, output) in usage {
+            f.transcript.add_usage(input, output);
+        }
+        for frame in &frames {
+            f.apply(frame.seq, &frame.event);
+        }
+        self.bus.commit(frames);
+    }
+
+    /// The live run ends, queued input is dropped, every stream gets
+    /// session_closed with the reason, and new work is refused with it until
+    /// the session is reloaded.
+    fn failed(&self, reason: &str) {
+        {
+            let mut run = lock(&self.run);
+            run.failed = Some((reason.to_string(), Instant::now()));
+            run.queue.clear();
+            if let Some(c) = &run.leg_cancel {
+                c.cancel();
+            }
+        }
+        self.bus.close(reason);
     }
 }

@@ -110,6 +110,7 @@ impl Server {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<()> {
         let app = app(self.hub.clone(), &self.cfg).await?;
+        tokio::spawn(self.hub.clone().housekeep());
         let hub = self.hub.clone();
         let grace = self.cfg.shutdown_grace;
         let signal = async move {

@@ -38,6 +38,23 @@ pub enum ProviderError {
     Failed(String),
 }
 
+/// Where a turn streams to. `ready` is the consumer's backpressure: a
+/// provider that produces fast awaits it between chunks of output.
+pub trait Sink: Send + Sync {
+    fn send(&self, event: ProviderEvent);
+    fn ready(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
+}
+
+/// A plain closure is a sink that is always ready (tests, collectors).
+impl<F: Fn(ProviderEvent) + Send + Sync> Sink for F {
+    fn send(&self, event: ProviderEvent) {
+        self(event)
+    }
+    fn ready(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(std::future::ready(()))
+    }
+}
+
 pub type TurnFuture<'a> = Pin<Box<dyn Future<Output = Result<TurnOutput, ProviderError>> + Send + 'a>>;
 
 /// A model. `turn` answers the conversation so far (the last user message
@@ -47,7 +64,7 @@ pub trait Provider: Send + Sync + 'static {
     fn turn<'a>(
         &'a self,
         history: &'a [Message],
-        sink: &'a (dyn Fn(ProviderEvent) + Send + Sync),
+        sink: &'a dyn Sink,
         cancel: &'a CancellationToken,
     ) -> TurnFuture<'a>;
 }

@@ -7,7 +7,7 @@
 //! it (the number of tool results since the prompt says where), so the
 //! model keeps no state of its own.
 
-use super::{Provider, ProviderError, ProviderEvent, ToolRequest, TurnFuture, TurnOutput};
+use super::{Provider, ProviderError, ProviderEvent, Sink, ToolRequest, TurnFuture, TurnOutput};
 use crate::core::transcript::{Message, Role};
 use serde_json::json;
 use std::time::Duration;
@@ -136,7 +136,7 @@ impl OfflineModel {
     async fn answer(
         &self,
         history: &[Message],
-        sink: &(dyn Fn(ProviderEvent) + Send + Sync),
+        sink: &dyn Sink,
         cancel: &CancellationToken,
     ) -> Result<TurnOutput, ProviderError> {
         let (prompt, prompt_words, done_tools) = match history.iter().rposition(|m| m.role == Role::User) {
@@ -171,7 +171,7 @@ impl OfflineModel {
                     first = false;
                     // A token per word, however the words were grouped into deltas.
                     out.output_tokens += w.split_whitespace().count().max(1) as u64;
-                    sink(ProviderEvent::Text(w));
+                    sink.send(ProviderEvent::Text(w));
                 }
                 wrote_text = true;
             };
@@ -180,7 +180,7 @@ impl OfflineModel {
                 Directive::Invalid(why) => say(format!("error: {why}")),
                 Directive::Think(t) => {
                     for w in words(t) {
-                        sink(ProviderEvent::Thinking(w.to_string()));
+                        sink.send(ProviderEvent::Thinking(w.to_string()));
                         out.output_tokens += 1;
                     }
                 }
@@ -201,9 +201,10 @@ impl OfflineModel {
                             if cancel.is_cancelled() {
                                 return Err(ProviderError::Cancelled);
                             }
+                            sink.ready().await;
                             tokio::task::yield_now().await;
                         }
-                        sink(ProviderEvent::Text(format!("t{i} ")));
+                        sink.send(ProviderEvent::Text(format!("t{i} ")));
                     }
                     out.output_tokens += n;
                     wrote_text = true;
@@ -222,7 +223,7 @@ impl OfflineModel {
                         let micros = std::time::SystemTime::now()
                             .duration_since(std::time::UNIX_EPOCH)
                             .map_or(0, |d| d.as_micros());
-                        sink(ProviderEvent::Text(format!("p{i}@{micros} ")));
+                        sink.send(ProviderEvent::Text(format!("p{i}@{micros} ")));
                     }
                     out.output_tokens += n;
                     wrote_text = true;
@@ -242,7 +243,7 @@ impl Provider for OfflineModel {
     fn turn<'a>(
         &'a self,
         history: &'a [Message],
-        sink: &'a (dyn Fn(ProviderEvent) + Send + Sync),
+        sink: &'a dyn Sink,
         cancel: &'a CancellationToken,
     ) -> TurnFuture<'a> {
         Box::pin(self.answer(history, sink, cancel))

@@ -47,17 +47,22 @@ impl AgentApi {
         AgentApi { hub, limits }
     }
 
+    /// Sessions stopped by a storage failure, with the reason (for /health).
+    pub fn storage_failures(&self) -> Vec<(String, String)> {
+        self.hub.storage_failures()
+    }
+
     /// A stream slot for the request's client (429 / RESOURCE_EXHAUSTED past the caps).
     fn permit<T>(&self, req: &Request<T>) -> Result<StreamPermit, Status> {
         let client = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
         self.limits.acquire(client)
     }
 
-    fn session(&self, id: &str) -> Result<Arc<crate::core::session::Session>, Status> {
+    async fn session(&self, id: &str) -> Result<Arc<crate::core::session::Session>, Status> {
         if id.is_empty() {
             return Err(Status::invalid_argument("session_id is required"));
         }
-        self.hub.get(id).map_err(to_status)
+        self.hub.get(id).await.map_err(to_status)
     }
 }
 
@@ -75,11 +80,11 @@ pub struct Opened {
 impl AgentApi {
     /// Opens a session subscription: what Subscribe streams as messages and
     /// SSE streams as pre-encoded frames.
-    pub fn open_subscription(&self, req: Request<pb::SubscribeRequest>) -> Result<Opened, Status> {
+    pub async fn open_subscription(&self, req: Request<pb::SubscribeRequest>) -> Result<Opened, Status> {
         let surface = surface(&req);
         let permit = self.permit(&req)?;
         let r = req.into_inner();
-        let s = self.session(&r.session_id)?;
+        let s = self.session(&r.session_id).await?;
         let presence = s.join(&client_id(), surface);
         let subscription = s.subscribe(r.after);
         Ok(Opened {
@@ -102,7 +107,7 @@ impl AgentService for AgentApi {
         &self,
         _req: Request<pb::CreateSessionRequest>,
     ) -> Result<Response<pb::CreateSessionResponse>, Status> {
-        let s = self.hub.create().map_err(to_status)?;
+        let s = self.hub.create().await.map_err(to_status)?;
         ok(pb::CreateSessionResponse {
             session_id: s.id().to_string(),
         })
@@ -126,7 +131,7 @@ impl AgentService for AgentApi {
         if id.is_empty() {
             return Err(Status::invalid_argument("session_id is required"));
         }
-        let s = self.hub.attach(&id).map_err(to_status)?;
+        let s = self.hub.attach(&id).await.map_err(to_status)?;
         ok(pb::AttachSessionResponse {
             session: Some(convert::summary(s.info())),
         })
@@ -137,8 +142,8 @@ impl AgentService for AgentApi {
         if r.prompt.trim().is_empty() {
             return Err(Status::invalid_argument("prompt is required"));
         }
-        let s = self.session(&r.session_id)?;
-        let a = s.admit(r.prompt, Some(r.request_id)).map_err(to_status)?;
+        let s = self.session(&r.session_id).await?;
+        let a = s.admit(r.prompt, Some(r.request_id)).await.map_err(to_status)?;
         ok(convert::admission(a))
     }
 
@@ -147,8 +152,8 @@ impl AgentService for AgentApi {
         if r.text.trim().is_empty() {
             return Err(Status::invalid_argument("text is required"));
         }
-        let s = self.session(&r.session_id)?;
-        let a = s.admit(r.text, Some(r.request_id)).map_err(to_status)?;
+        let s = self.session(&r.session_id).await?;
+        let a = s.admit(r.text, Some(r.request_id)).await.map_err(to_status)?;
         ok(convert::admission(a))
     }
 
@@ -163,7 +168,7 @@ impl AgentService for AgentApi {
         if r.request_id.is_empty() {
             return Err(Status::invalid_argument("request_id is required"));
         }
-        let s = self.session(&r.session_id)?;
+        let s = self.session(&r.session_id).await?;
         let outcome = s
             .answer(
                 &r.request_id,
@@ -180,7 +185,7 @@ impl AgentService for AgentApi {
     }
 
     async fn cancel(&self, req: Request<pb::CancelRequest>) -> Result<Response<pb::CancelResponse>, Status> {
-        let s = self.session(&req.into_inner().session_id)?;
+        let s = self.session(&req.into_inner().session_id).await?;
         ok(convert::cancel(s.cancel()))
     }
 
@@ -193,7 +198,7 @@ impl AgentService for AgentApi {
             after,
             subscription: sub,
             hold,
-        } = self.open_subscription(req)?;
+        } = self.open_subscription(req).await?;
         let opened = convert::stream_opened(&sid, latest_seq);
         let last = after.unwrap_or(latest_seq);
         // Subscribed before announcing: nothing published after stream_opened can be missed.
@@ -213,12 +218,6 @@ impl AgentService for AgentApi {
                     Delivery::End(End::Closed(reason)) => {
                         Some((Ok(convert::session_closed(&sid, reason)), None))
                     }
-                    Delivery::End(End::Lagged) => Some((
-                        Err(Status::unavailable(format!(
-                            "this subscriber fell too far behind; subscribe again with after={last}"
-                        ))),
-                        None,
-                    )),
                 }
             }
         });
@@ -229,7 +228,7 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::GetTranscriptRequest>,
     ) -> Result<Response<pb::Transcript>, Status> {
-        let s = self.session(&req.into_inner().session_id)?;
+        let s = self.session(&req.into_inner().session_id).await?;
         ok(convert::transcript(s.id(), s.transcript()))
     }
 
@@ -237,7 +236,7 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::GetTranscriptRequest>,
     ) -> Result<Response<pb::TranscriptMarkdown>, Status> {
-        let s = self.session(&req.into_inner().session_id)?;
+        let s = self.session(&req.into_inner().session_id).await?;
         ok(pb::TranscriptMarkdown {
             markdown: s.transcript().markdown(s.id()),
         })
@@ -250,7 +249,9 @@ impl AgentService for AgentApi {
         let permit = self.permit(&req)?;
         let r = req.into_inner();
         let cursor = CursorVector::parse(&r.cursor).map_err(to_status)?;
-        let mux = Mux::open(self.hub.clone(), &r.sessions, &cursor).map_err(to_status)?;
+        let mux = Mux::open(self.hub.clone(), &r.sessions, &cursor)
+            .await
+            .map_err(to_status)?;
         let mut first = vec![convert::mux_opened(mux.stream_id(), mux.cursor())];
         if r.host {
             first.push(convert::mux_extra(F::Host(convert::host(self.hub.host_info()))));
@@ -269,7 +270,7 @@ impl AgentService for AgentApi {
 
     async fn follow(&self, req: Request<pb::FollowRequest>) -> Result<Response<pb::FollowResponse>, Status> {
         let r = req.into_inner();
-        let session = self.session(&r.session_id)?;
+        let session = self.session(&r.session_id).await?;
         let after = r.after;
         let sessions = mux::control(&self.hub, &r.stream_id, |reply| Control::Follow {
             session,
@@ -291,7 +292,7 @@ impl AgentService for AgentApi {
         let r = req.into_inner();
         // Unknown or malformed sessions are refused like Follow's; a known
         // session that is not followed is a no-op (retries are safe).
-        let session_id = self.session(&r.session_id)?.id().to_string();
+        let session_id = self.session(&r.session_id).await?.id().to_string();
         let sessions = mux::control(&self.hub, &r.stream_id, |reply| Control::Unfollow {
             session_id,
             reply,
@@ -308,7 +309,7 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::GetPresentationRequest>,
     ) -> Result<Response<pb::OutputTimeline>, Status> {
-        let s = self.session(&req.into_inner().session_id)?;
+        let s = self.session(&req.into_inner().session_id).await?;
         ok(convert::timeline(&s.timeline()))
     }
 
@@ -320,7 +321,7 @@ impl AgentService for AgentApi {
     ) -> Result<Response<PresentationStream>, Status> {
         let surface = surface(&req);
         let permit = self.permit(&req)?;
-        let s = self.session(&req.into_inner().session_id)?;
+        let s = self.session(&req.into_inner().session_id).await?;
         let presence = (s.join(&client_id(), surface), permit);
         let presented = s.subscribe_presented(None);
         let sid = s.id().to_string();
@@ -345,12 +346,6 @@ impl AgentService for AgentApi {
                             return Some((stream::iter(batch), Some((sub, presenter, presence))));
                         }
                         Delivery::Resync { .. } => continue,
-                        Delivery::End(End::Lagged) => {
-                            let err = Status::unavailable(
-                                "this subscriber fell too far behind; reconnect for a fresh snapshot",
-                            );
-                            return Some((stream::iter(vec![Err(err)]), None));
-                        }
                         Delivery::End(End::Closed(_)) => return None,
                     }
                 }

@@ -106,8 +106,20 @@ fn session_mismatch(path: &str, body: &mut String) -> Option<Response> {
     None
 }
 
-async fn health() -> Response {
-    let mut resp = r#"{"status":"ok"}"#.into_response();
+/// `ok`, or `degraded` with the sessions a storage failure stopped (the
+/// server still serves every other session).
+async fn health(State(st): State<AppState>) -> Response {
+    let failures = st.api.storage_failures();
+    let body = if failures.is_empty() {
+        serde_json::json!({"status": "ok"})
+    } else {
+        let list: Vec<_> = failures
+            .into_iter()
+            .map(|(session_id, reason)| serde_json::json!({"session_id": session_id, "reason": reason}))
+            .collect();
+        serde_json::json!({"status": "degraded", "storage_failures": list})
+    };
+    let mut resp = body.to_string().into_response();
     resp.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     resp

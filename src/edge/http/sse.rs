@@ -134,7 +134,7 @@ pub async fn events(
         },
         peer,
     );
-    match st.api.open_subscription(req) {
+    match st.api.open_subscription(req).await {
         Ok(opened) => event_stream(opened),
         Err(s) => status_response(&s),
     }
@@ -226,8 +226,6 @@ fn event_stream(opened: Opened) -> Response {
                     write_frame(&mut out, "session_closed", None, &to_json(&closed));
                     st.done = true;
                 }
-                // The stream just ends; the client reconnects with its last id.
-                Delivery::End(End::Lagged) => st.done = true,
             }
         }
         Some((Ok(out.freeze()), st))
