@@ -6,10 +6,11 @@
 mod support;
 
 use serde_json::{json, Value};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use support::{Frame, TestServer, DEADLINE};
+use support::{Frame, Sse, TestServer, DEADLINE, TOKEN};
 use tokio_util::sync::CancellationToken;
 use vak::core::tools;
 use vak::core::PermissionMode;
@@ -26,34 +27,151 @@ fn results(frames: &[Frame]) -> Vec<Value> {
         .collect()
 }
 
-/// kB of this process's peak resident set (VmHWM) since the last reset.
-fn peak_rss_kb() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+/// A `vak serve` child process (the built binary), so that its memory is
+/// measured alone, not mixed with the tests running beside it.
+struct ServerChild {
+    child: tokio::process::Child,
+    url: String,
+    workspace: PathBuf,
+    _dirs: (tempfile::TempDir, tempfile::TempDir),
 }
+
+impl ServerChild {
+    async fn start(permission_mode: &str) -> ServerChild {
+        use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+        let (home, ws) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_vak"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--token", TOKEN])
+            .args(["--permission-mode", permission_mode, "--home"])
+            .arg(home.path())
+            .arg("--workspace")
+            .arg(ws.path())
+            .env_remove("VAK_TOKEN")
+            .env_remove("VAK_HOME")
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("vak starts");
+        let mut err = child.stderr.take().unwrap();
+        // Drained all along, so a chatty log never fills the pipe and stalls the server.
+        tokio::spawn(async move {
+            let _ = tokio::io::copy(&mut err, &mut tokio::io::sink()).await;
+        });
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let url = tokio::time::timeout(DEADLINE, async {
+            let mut line = String::new();
+            while out.read_line(&mut line).await.unwrap() > 0 {
+                if let Some(at) = line.find("listening on ") {
+                    return line[at + "listening on ".len()..].trim().to_string();
+                }
+                line.clear();
+            }
+            panic!("stdout closed before `listening on`");
+        })
+        .await
+        .expect("the listening line within the deadline");
+        tokio::spawn(async move {
+            let mut sink = Vec::new();
+            let _ = out.read_to_end(&mut sink).await;
+        });
+        ServerChild {
+            child,
+            url,
+            workspace: ws.path().to_path_buf(),
+            _dirs: (home, ws),
+        }
+    }
+
+    /// A line of /proc/<pid>/status, in kB: `VmHWM` is the peak resident set.
+    fn status_kb(&self, field: &str) -> u64 {
+        let pid = self.child.id().expect("the server is running");
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let line = status
+            .lines()
+            .find(|l| l.starts_with(field))
+            .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"));
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
+    /// Resets the server's peak RSS to its current RSS (Linux 4.0+) and
+    /// returns it, so the peak measured afterwards is what came after.
+    fn reset_peak_rss_kb(&self) -> u64 {
+        let pid = self.child.id().expect("the server is running");
+        if let Err(e) = std::fs::write(format!("/proc/{pid}/clear_refs"), "5") {
+            // Without the reset the growth measured is a lower bound only.
+            eprintln!("cannot reset the server's peak RSS ({e}); measuring from its peak so far");
+        }
+        self.status_kb("VmHWM:")
+    }
+
+    fn http(&self) -> reqwest::Client {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
+        reqwest::Client::builder()
+            .default_headers(headers)
+            .build()
+            .unwrap()
+    }
+
+    /// A new session and its event stream, open before anything runs.
+    async fn session(&self) -> (String, Sse) {
+        let r = self
+            .http()
+            .post(format!("{}/sessions", self.url))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201);
+        let sid = r.json::<Value>().await.unwrap()["session_id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let resp = self
+            .http()
+            .get(format!("{}/sessions/{sid}/events", self.url))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "events stream opens");
+        let mut sse = Sse::new(resp);
+        assert_eq!(sse.next().await.expect("a first frame").event, "stream_opened");
+        (sid, sse)
+    }
+
+    async fn run(&self, sid: &str, prompt: &str) {
+        let r = self
+            .http()
+            .post(format!("{}/sessions/{sid}/run", self.url))
+            .json(&json!({ "prompt": prompt }))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{}", r.status());
+        assert_eq!(r.json::<Value>().await.unwrap()["state"], "started");
+    }
+}
+
+const CAP: usize = 1 << 20;
 
 #[tokio::test]
 async fn reading_a_huge_sparse_file_costs_the_server_at_most_its_cap() {
-    const GIB: u64 = 1 << 30;
-    const CAP: usize = 1 << 20;
-    let s = TestServer::start().await;
+    const SIZE: u64 = 10 << 30;
+    let s = ServerChild::start("ask").await;
     {
         use std::io::Write;
         let mut f = std::fs::File::create(s.workspace.join("big.bin")).unwrap();
         f.write_all(&vec![b'x'; 2 * CAP]).unwrap();
-        f.set_len(GIB).unwrap(); // the rest is a hole: no disk, all zeros when read
+        f.set_len(SIZE).unwrap(); // the rest is a hole: no disk, all zeros when read
     }
-    let sid = s.create_session().await;
-    let mut sse = s.events(&sid, None).await;
-    // Reset the peak to the current RSS (Linux 4.0+), so the peak measured
-    // afterwards is this read's, not whatever the test binary did before.
-    let _ = std::fs::write("/proc/self/clear_refs", "5");
-    let before = peak_rss_kb();
+    let (sid, mut sse) = s.session().await;
+    let before = s.reset_peak_rss_kb();
     s.run(&sid, "/read big.bin").await;
     let frames = sse.until("run_finished").await;
-    let grown_mib = peak_rss_kb().saturating_sub(before) / 1024;
-    eprintln!("peak RSS grew by {grown_mib} MiB");
+    let grown_mib = s.status_kb("VmHWM:").saturating_sub(before) / 1024;
+    eprintln!("reading 1 MiB of a 10 GiB file grew the server's peak RSS by {grown_mib} MiB");
 
     let r = &results(&frames)[0];
     assert_eq!(r["ok"], true, "read_file needs no approval and succeeds");
@@ -62,13 +180,48 @@ async fn reading_a_huge_sparse_file_costs_the_server_at_most_its_cap() {
     assert!(body.bytes().all(|b| b == b'x'), "the first MiB of the file");
     assert_eq!(
         note,
-        "\n[output truncated: big.bin is 1073741824 bytes; this is the first 1048576 bytes]"
+        "\n[output truncated: big.bin is 10737418240 bytes; this is the first 1048576 bytes]"
     );
     assert!(
         grown_mib < 64,
-        "reading 1 MiB of a 1 GiB file grew the server's peak RSS by {grown_mib} MiB"
+        "reading 1 MiB of a 10 GiB file grew the server's peak RSS by {grown_mib} MiB"
     );
     assert_eq!(frames.last().unwrap().body()["outcome"], "completed");
+}
+
+#[tokio::test]
+async fn bash_printing_200_mb_returns_the_first_mib_and_the_server_holds_far_less() {
+    const WRITTEN: usize = 200_000_000;
+    let s = ServerChild::start("allow").await;
+    let (sid, mut sse) = s.session().await;
+    let before = s.reset_peak_rss_kb();
+    s.run(
+        &sid,
+        &format!("/bash head -c {WRITTEN} /dev/zero | tr '\\0' x\nafter"),
+    )
+    .await;
+    let frames = sse.until("run_finished").await;
+    let grown_mib = s.status_kb("VmHWM:").saturating_sub(before) / 1024;
+    eprintln!("200 MB of bash output grew the server's peak RSS by {grown_mib} MiB");
+
+    let r = &results(&frames)[0];
+    assert_eq!(r["ok"], true, "the command succeeded");
+    let out = r["output"].as_str().unwrap();
+    let (body, note) = out.split_at(CAP);
+    assert!(body.bytes().all(|b| b == b'x'), "the first MiB of the output");
+    assert_eq!(
+        note,
+        format!(
+            "\n[output truncated: {} of {WRITTEN} bytes cut; this is the first {CAP} bytes]",
+            WRITTEN - CAP
+        )
+    );
+    assert!(
+        grown_mib < 64,
+        "200 MB of output grew the server's peak RSS by {grown_mib} MiB"
+    );
+    assert_eq!(frames.last().unwrap().body()["outcome"], "completed");
+    assert!(support::text_of(&frames).ends_with("echo: after"));
 }
 
 #[tokio::test]
@@ -172,6 +325,49 @@ async fn cancelling_a_slow_bash_settles_the_run_and_kills_its_process_group() {
         frames.iter().filter(|f| f.event == "run_finished").count(),
         1,
         "the cancelled chain published exactly one run_finished"
+    );
+}
+
+#[tokio::test]
+async fn a_command_that_prints_forever_is_stopped_by_cancel() {
+    let s = allow_server().await;
+    let ready = s.workspace.join("ready");
+    let c = std::ffi::CString::new(ready.to_str().unwrap()).unwrap();
+    // SAFETY: c is a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+    let sid = s.create_session().await;
+    let mut sse = s.events(&sid, None).await;
+    // The shell writes its pid into the FIFO, then becomes `yes`, which prints forever.
+    s.run(&sid, "/bash echo $$ > ready; exec yes\nnever").await;
+    let pid: i32 = tokio::time::timeout(
+        DEADLINE,
+        tokio::task::spawn_blocking(move || std::fs::read_to_string(ready).unwrap()),
+    )
+    .await
+    .expect("bash starts within the deadline")
+    .unwrap()
+    .trim()
+    .parse()
+    .unwrap();
+    let (status, body) = s.post(&format!("/sessions/{sid}/cancel"), json!({})).await;
+    assert_eq!((status, body["cancelled"].clone()), (200, json!(true)), "{body}");
+    let frames = sse.until("run_finished").await;
+    let r = results(&frames);
+    assert_eq!(r.len(), 1, "one tool_result");
+    assert_eq!(
+        (r[0]["ok"].clone(), r[0]["output"].clone()),
+        (
+            json!(false),
+            json!("cancelled: the command and its process group were killed")
+        )
+    );
+    assert_eq!(frames.last().unwrap().body()["outcome"], "cancelled");
+    assert!(!support::text_of(&frames).contains("never"));
+    assert!(
+        tokio::task::spawn_blocking(move || wait_exited(pid))
+            .await
+            .unwrap(),
+        "yes ({pid}) was killed with its group"
     );
 }
 

@@ -7,6 +7,7 @@ pub mod cursor;
 pub mod deltas;
 pub mod event;
 pub mod hub;
+pub mod index;
 pub mod ledger;
 pub mod mux;
 pub mod presentation;

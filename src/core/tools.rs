@@ -68,22 +68,20 @@ pub async fn run(workspace: &Path, tool: &str, input: &Value, cancel: &Cancellat
             let (ws, p) = (workspace.to_path_buf(), path.to_string());
             match blocking(cancel, move || workspace::read(&ws, &p, MAX_OUTPUT)).await {
                 Some(Ok(read)) => {
-                    let mut text = String::from_utf8_lossy(&read.bytes).into_owned();
-                    if read.truncated {
-                        cut(&mut text, MAX_OUTPUT);
+                    let kept = read.bytes.len();
+                    let (mut text, shown) = shown(read.bytes, MAX_OUTPUT, read.truncated);
+                    if read.truncated || shown < kept {
                         // The size is fstat's at open time; a file that grew while
                         // it was read is longer than that.
-                        let size = if read.size > MAX_OUTPUT as u64 {
-                            format!("is {}", bytes(read.size as usize))
-                        } else {
+                        let size = if read.truncated && read.size <= MAX_OUTPUT as u64 {
                             "grew while it was read".to_string()
+                        } else {
+                            format!("is {}", bytes(read.size as usize))
                         };
                         text.push_str(&format!(
                             "\n[output truncated: {path} {size}; this is the first {}]",
-                            bytes(MAX_OUTPUT)
+                            bytes(shown)
                         ));
-                    } else {
-                        text = clip(text);
                     }
                     ToolOutput::ok(text)
                 }
@@ -150,13 +148,32 @@ impl Drop for ProcessGroup {
 }
 
 async fn bash(workspace: &Path, command: &str, cancel: &CancellationToken) -> ToolOutput {
+    bash_capped(workspace, command, cancel, MAX_OUTPUT).await
+}
+
+/// Runs `command` with stdout and stderr on one pipe (interleaved as written,
+/// like `2>&1`), keeping the first `cap` bytes of it as it is produced and
+/// counting (then dropping) the rest.
+async fn bash_capped(workspace: &Path, command: &str, cancel: &CancellationToken, cap: usize) -> ToolOutput {
+    let pipe = std::io::pipe().and_then(|(r, w)| Ok((r, w.try_clone()?, w)));
+    let (reader, out, err) = match pipe {
+        Ok(p) => p,
+        Err(e) => return ToolOutput::err(format!("cannot make a pipe for sh: {e}")),
+    };
+    let reader = match tokio::net::unix::pipe::Receiver::from_owned_fd(reader.into()) {
+        Ok(r) => r,
+        Err(e) => return ToolOutput::err(format!("cannot read from sh: {e}")),
+    };
+    // The Command (and with it this side's copies of the write end) is a
+    // temporary dropped at the end of this statement, so the pipe ends when
+    // the command and whatever inherited it have closed it.
     let mut child = match tokio::process::Command::new("sh")
         .arg("-c")
         .arg(command)
         .current_dir(workspace)
         .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stdout(out)
+        .stderr(err)
         .process_group(0)
         .kill_on_drop(true)
         .spawn()
@@ -165,12 +182,11 @@ async fn bash(workspace: &Path, command: &str, cancel: &CancellationToken) -> To
         Err(e) => return ToolOutput::err(format!("cannot run sh: {e}")),
     };
     let mut group = ProcessGroup(child.id().and_then(|id| i32::try_from(id).ok()));
-    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
     let finished = tokio::select! {
-        r = async { tokio::join!(drain(stdout), drain(stderr), child.wait()) } => Some(r),
+        r = async { tokio::join!(capture(reader, cap), child.wait()) } => Some(r),
         _ = cancel.cancelled() => None,
     };
-    let Some((out, err, status)) = finished else {
+    let Some((captured, status)) = finished else {
         group.kill();
         // SIGKILL cannot be caught: the reap is prompt, but never wait unbounded.
         let _ = tokio::time::timeout(std::time::Duration::from_secs(5), child.wait()).await;
@@ -182,9 +198,17 @@ async fn bash(workspace: &Path, command: &str, cancel: &CancellationToken) -> To
         Ok(s) => s,
         Err(e) => return ToolOutput::err(format!("cannot wait for sh: {e}")),
     };
-    let mut text = String::from_utf8_lossy(&out).into_owned();
-    text.push_str(&String::from_utf8_lossy(&err));
-    let mut text = clip(text);
+    let total = captured.total;
+    let more = total > captured.kept.len() as u64;
+    let (mut text, shown) = shown(captured.kept, cap, more);
+    if (shown as u64) < total {
+        text.push_str(&format!(
+            "\n[output truncated: {} of {} cut; this is the first {}]",
+            total - shown as u64,
+            bytes_u64(total),
+            bytes(shown)
+        ));
+    }
     if !status.success() {
         text.push_str(&format!("\n[{status}]"));
     }
@@ -194,23 +218,95 @@ async fn bash(workspace: &Path, command: &str, cancel: &CancellationToken) -> To
     }
 }
 
-/// Reads a pipe to its end, keeping at most MAX_OUTPUT + 1 bytes (one more
-/// than fits says it was cut) and discarding the rest, so the writer never stalls.
-async fn drain(pipe: Option<impl tokio::io::AsyncRead + Unpin>) -> Vec<u8> {
+/// What a command wrote: its first bytes, and how many it wrote in all.
+struct Captured {
+    kept: Vec<u8>,
+    total: u64,
+}
+
+/// How much one read takes from the pipe (a Linux pipe's default capacity).
+const CHUNK: usize = 64 * 1024;
+
+/// Reads `pipe` to its end as it is produced, keeping at most `cap` bytes and
+/// counting the rest, which is read and dropped so the writer never stalls on
+/// a full pipe. Holds at most `cap` + one CHUNK.
+async fn capture(mut pipe: impl tokio::io::AsyncRead + Unpin, cap: usize) -> Captured {
     use tokio::io::AsyncReadExt;
-    let mut kept = Vec::new();
-    let Some(mut pipe) = pipe else {
-        return kept;
-    };
-    let mut buf = vec![0u8; 64 * 1024];
-    while let Ok(n) = pipe.read(&mut buf).await {
-        if n == 0 {
-            break;
+    let mut kept: Vec<u8> = Vec::new();
+    let mut total = 0u64;
+    let mut chunk = vec![0u8; CHUNK];
+    loop {
+        let n = match pipe.read(&mut chunk).await {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        };
+        total += n as u64;
+        let take = n.min(cap - kept.len());
+        if take > 0 {
+            // Grow by doubling, but never past the cap.
+            if kept.capacity() - kept.len() < take {
+                let want = (kept.capacity() * 2).max(kept.len() + take).min(cap);
+                kept.reserve_exact(want - kept.len());
+            }
+            kept.extend_from_slice(&chunk[..take]);
         }
-        let room = (MAX_OUTPUT + 1).saturating_sub(kept.len());
-        kept.extend_from_slice(&buf[..n.min(room)]);
     }
-    kept
+    Captured { kept, total }
+}
+
+/// `bytes` as text of at most `max` bytes: invalid UTF-8 is shown as U+FFFD,
+/// a character is never split, and when `more_follows` (the bytes were cut
+/// from something longer) a character left incomplete at the end is left out.
+/// Returns the text and how many of `bytes` it shows (always a prefix).
+fn shown(mut bytes: Vec<u8>, max: usize, more_follows: bool) -> (String, usize) {
+    let mut end = bytes.len();
+    if more_follows {
+        end -= incomplete_tail(&bytes);
+    }
+    if end <= max && std::str::from_utf8(&bytes[..end]).is_ok() {
+        bytes.truncate(end);
+        let text = String::from_utf8(bytes).expect("checked just above");
+        return (text, end);
+    }
+    let mut text = String::with_capacity(end.min(max));
+    let mut used = 0;
+    for chunk in bytes[..end].utf8_chunks() {
+        let valid = chunk.valid();
+        let room = max - text.len();
+        if valid.len() > room {
+            let mut at = room;
+            while !valid.is_char_boundary(at) {
+                at -= 1;
+            }
+            text.push_str(&valid[..at]);
+            return (text, used + at);
+        }
+        text.push_str(valid);
+        used += valid.len();
+        let bad = chunk.invalid();
+        if !bad.is_empty() {
+            if max - text.len() < char::REPLACEMENT_CHARACTER.len_utf8() {
+                return (text, used);
+            }
+            text.push(char::REPLACEMENT_CHARACTER);
+            used += bad.len();
+        }
+    }
+    (text, used)
+}
+
+/// How many bytes at the end of `b` begin a UTF-8 character they do not finish.
+fn incomplete_tail(b: &[u8]) -> usize {
+    let from = b.len().saturating_sub(3);
+    match (from..b.len()).rev().find(|&i| b[i] & 0xC0 != 0x80) {
+        Some(i) => match std::str::from_utf8(&b[i..]) {
+            Err(e) if e.error_len().is_none() => b.len() - i,
+            _ => 0,
+        },
+        None => 0,
+    }
 }
 
 /// `1 byte`, `2 bytes`: what people read in approvals and results.
@@ -218,22 +314,10 @@ fn bytes(n: usize) -> String {
     crate::text::count(n, "byte")
 }
 
-fn clip(mut s: String) -> String {
-    if s.len() > MAX_OUTPUT {
-        cut(&mut s, MAX_OUTPUT);
-        s.push_str("\n[output truncated]");
-    }
-    s
-}
-
-/// Truncates `s` to at most `max` bytes, on a character boundary.
-fn cut(s: &mut String, max: usize) {
-    if s.len() > max {
-        let mut at = max;
-        while !s.is_char_boundary(at) {
-            at -= 1;
-        }
-        s.truncate(at);
+fn bytes_u64(n: u64) -> String {
+    match usize::try_from(n) {
+        Ok(n) => bytes(n),
+        Err(_) => format!("{n} bytes"),
     }
 }
 
@@ -294,10 +378,80 @@ mod tests {
     }
 
     #[test]
-    fn cut_keeps_whole_characters() {
-        let mut s = "aé".to_string();
-        cut(&mut s, 2);
-        assert_eq!(s, "a");
+    fn shown_text_never_splits_a_character_and_shows_invalid_bytes_lossily() {
+        let show = |b: &[u8], max: usize, more: bool| shown(b.to_vec(), max, more);
+        let s = |t: &str, n: usize| (t.to_string(), n);
+        assert_eq!(show("aé".as_bytes(), 3, false), s("aé", 3));
+        assert_eq!(show("aé".as_bytes(), 2, false), s("a", 1), "é does not fit");
+        // The rest of a character was cut off: it is left out, not shown as U+FFFD.
+        assert_eq!(show(b"ab\xe2\x82", 10, true), s("ab", 2));
+        assert_eq!(show("x😀".as_bytes().split_at(4).0, 10, true), s("x", 1));
+        assert_eq!(show(b"a\xc3", 10, true), s("a", 1));
+        // At the true end it is invalid, so it is shown lossily.
+        assert_eq!(show(b"ab\xe2\x82", 10, false), s("ab\u{FFFD}", 4));
+        assert_eq!(show(b"a\xffb", 10, false), s("a\u{FFFD}b", 3));
+        assert_eq!(show(b"a\xff", 10, true), s("a\u{FFFD}", 2), "0xff starts nothing");
+        // Each invalid byte grows to three; the text still fits `max`.
+        assert_eq!(show(&[0xff; 10], 7, false), s("\u{FFFD}\u{FFFD}", 2));
+        assert_eq!(show(b"ab\xffcd", 4, false), s("ab", 2), "U+FFFD does not fit");
+        assert_eq!(show(b"", 4, true), s("", 0));
+        assert_eq!(show(b"\x80\x80\x80", 10, true), s("\u{FFFD}\u{FFFD}\u{FFFD}", 3));
+    }
+
+    #[tokio::test]
+    async fn capture_keeps_at_most_its_cap_and_counts_the_rest() {
+        use tokio::io::AsyncReadExt;
+        let cap = 100_000; // not a power of two: growth must stop at the cap
+        let c = capture(tokio::io::repeat(b'x').take(10_000_000), cap).await;
+        assert_eq!((c.kept.len(), c.total), (cap, 10_000_000));
+        assert!(c.kept.capacity() <= cap, "capacity {}", c.kept.capacity());
+        let c = capture(&b"short"[..], cap).await;
+        assert_eq!((c.kept.as_slice(), c.total), (&b"short"[..], 5));
+    }
+
+    async fn sh(command: &str, cap: usize) -> ToolOutput {
+        let ws = tempfile::tempdir().unwrap();
+        bash_capped(ws.path(), command, &CancellationToken::new(), cap).await
+    }
+
+    #[tokio::test]
+    async fn stdout_and_stderr_share_one_cap_in_the_order_written() {
+        let r = sh("printf abc; printf def >&2; printf ghijkl; printf mnop >&2", 10).await;
+        assert_eq!(
+            r,
+            ToolOutput::ok("abcdefghij\n[output truncated: 6 of 16 bytes cut; this is the first 10 bytes]")
+        );
+        let r = sh("printf abc; printf def >&2", 10).await;
+        assert_eq!(r, ToolOutput::ok("abcdef"));
+        let r = sh(
+            "head -c 1000000 /dev/zero | tr '\\0' x; echo oops >&2; exit 4",
+            10,
+        )
+        .await;
+        assert_eq!(
+            r,
+            ToolOutput::err(
+                "xxxxxxxxxx\n[output truncated: 999995 of 1000005 bytes cut; this is the first 10 bytes]\n[exit status: 4]"
+            )
+        );
+    }
+
+    #[tokio::test]
+    async fn a_cut_never_splits_a_character_and_invalid_output_is_lossy() {
+        let r = sh("printf 'abc\\303\\251'", 4).await;
+        assert_eq!(
+            r,
+            ToolOutput::ok("abc\n[output truncated: 2 of 5 bytes cut; this is the first 3 bytes]")
+        );
+        assert_eq!(sh("printf 'a\\377b'", 10).await, ToolOutput::ok("a\u{FFFD}b"));
+        // Ten invalid bytes would be thirty bytes of U+FFFD: three fit in 10.
+        let r = sh("printf '\\377\\377\\377\\377\\377\\377\\377\\377\\377\\377'", 10).await;
+        assert_eq!(
+            r,
+            ToolOutput::ok(
+                "\u{FFFD}\u{FFFD}\u{FFFD}\n[output truncated: 7 of 10 bytes cut; this is the first 3 bytes]"
+            )
+        );
     }
 
     #[tokio::test]
