@@ -4,7 +4,8 @@
 //! loading a ledger happens outside it, on a blocking thread, and concurrent
 //! first accesses to one session share one load (`OnceCell`).
 
-use super::ledger::{self, Ledger, OpenError};
+use super::index::{Entry, Index};
+use super::ledger::{Ledger, OpenError};
 use super::mux::Control;
 use super::provider::Provider;
 use super::session::{Runtime, Session, SessionInfo};
@@ -28,6 +29,10 @@ type Cell = Arc<OnceCell<Arc<Session>>>;
 pub struct Hub {
     rt: Arc<Runtime>,
     sessions: Mutex<HashMap<String, Cell>>,
+    /// Every session on disk, for listing without reading ledgers. Loaded
+    /// sessions report live state instead; an entry is refreshed when its
+    /// session loads, unloads or the server stops.
+    index: Arc<Index>,
     /// Set when shutdown begins: no session is created or loaded after it.
     stopping: AtomicBool,
     /// Live multiplexed streams by stream id, for follow/unfollow.
@@ -88,9 +93,12 @@ impl Hub {
         std::fs::write(&probe, b"")
             .and_then(|_| std::fs::remove_file(&probe))
             .map_err(|e| Error::internal(format!("the home {} is not writable: {e}", cfg.home.display())))?;
+        // Startup, before anything is served: reading the index here blocks nobody.
+        let index = Arc::new(Index::load(&dir));
         Ok(Hub {
             rt: Arc::new(Runtime { cfg, provider }),
             sessions: Mutex::new(HashMap::new()),
+            index,
             stopping: AtomicBool::new(false),
             streams: Mutex::new(HashMap::new()),
             closing: CancellationToken::new(),
@@ -168,6 +176,7 @@ impl Hub {
             .await
             .map_err(|e| Error::internal(e.to_string()))??;
         let session = Session::create(self.rt.clone(), &id, created_at, ledger);
+        self.note(&session);
         self.loaded()
             .insert(id, Arc::new(OnceCell::new_with(Some(session.clone()))));
         Ok(session)
@@ -197,9 +206,33 @@ impl Hub {
                 }
                 Err(e) => {
                     self.forget(id, &cell);
+                    if e.kind == ErrorKind::NotFound {
+                        self.index.remove(id);
+                    }
                     return Err(e);
                 }
             }
+        }
+    }
+
+    /// Keeps the index entry of `session` in step with its live state.
+    fn note(&self, session: &Session) {
+        let info = session.info();
+        self.index.upsert(Entry {
+            session_id: info.session_id,
+            created_at: info.created_at,
+            title: info.title,
+            latest_seq: info.latest_seq,
+        });
+    }
+
+    /// Writes the index if it changed, off the runtime.
+    async fn save_index(&self) {
+        let index = self.index.clone();
+        match tokio::task::spawn_blocking(move || index.save()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!("cannot save the session index: {e}"),
+            Err(e) => tracing::warn!("cannot save the session index: {e}"),
         }
     }
 
@@ -216,7 +249,7 @@ impl Hub {
         let durability = self.rt.cfg.durability;
         let rt = self.rt.clone();
         let sid = id.to_string();
-        tokio::task::spawn_blocking(move || {
+        let loaded = tokio::task::spawn_blocking(move || {
             let (ledger, records) = match Ledger::open(&path, durability) {
                 Ok(opened) => opened,
                 Err(OpenError::Io(_)) if !path.exists() => {
@@ -234,7 +267,9 @@ impl Hub {
             Ok(session)
         })
         .await
-        .map_err(|e| Error::internal(e.to_string()))?
+        .map_err(|e| Error::internal(e.to_string()))??;
+        self.note(&loaded);
+        Ok(loaded)
     }
 
     /// Explicit attach: the same as `get`, named for the API.
@@ -267,11 +302,14 @@ impl Hub {
             let unused = Arc::strong_count(&session) == 2 && session.is_idle(idle);
             if unused && map.get(&id).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
                 map.remove(&id);
+                drop(map);
+                self.note(&session);
                 unloaded += 1;
             }
         }
         if unloaded > 0 {
             tracing::debug!(unloaded, "idle sessions unloaded");
+            self.save_index().await;
         }
         unloaded
     }
@@ -307,33 +345,25 @@ impl Hub {
 
     /// Every persisted session, newest first; loaded ones report live state.
     pub fn list(&self) -> Result<Vec<SessionInfo>> {
-        let dir = self.rt.cfg.sessions_dir();
-        let mut out = Vec::new();
-        for entry in std::fs::read_dir(&dir)? {
-            let path = entry?.path();
-            if path.extension().and_then(|e| e.to_str()) != Some("jsonl") {
-                continue;
-            }
-            let Some(id) = path.file_stem().and_then(|s| s.to_str()) else {
-                continue;
-            };
-            let live = self.loaded().get(id).and_then(|c| c.get().cloned());
-            if let Some(s) = live {
-                out.push(s.info());
-                continue;
-            }
-            match ledger::summarize(&path) {
-                Ok(s) => out.push(SessionInfo {
-                    session_id: s.session_id,
-                    created_at: s.created_at,
-                    title: s.title,
-                    latest_seq: s.latest_seq,
-                    loaded: false,
-                    busy: false,
-                }),
-                Err(e) => tracing::warn!(path = %path.display(), "skipping an unreadable ledger: {e}"),
-            }
-        }
+        let mut out: Vec<SessionInfo> = self
+            .index
+            .list()
+            .into_iter()
+            .map(|e| {
+                let live = self.loaded().get(&e.session_id).and_then(|c| c.get().cloned());
+                match live {
+                    Some(s) => s.info(),
+                    None => SessionInfo {
+                        session_id: e.session_id,
+                        created_at: e.created_at,
+                        title: e.title,
+                        latest_seq: e.latest_seq,
+                        loaded: false,
+                        busy: false,
+                    },
+                }
+            })
+            .collect();
         out.sort_by(|a, b| {
             b.created_at
                 .cmp(&a.created_at)
@@ -354,6 +384,10 @@ impl Hub {
         for t in tasks {
             let _ = t.await;
         }
+        for s in self.live() {
+            self.note(&s);
+        }
+        self.save_index().await;
         self.closing.cancel();
     }
 }

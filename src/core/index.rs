@@ -116,7 +116,7 @@ impl Index {
         let saved = match read_file(&file, cap) {
             Ok(Some(saved)) => saved,
             Ok(None) => {
-                tracing::info!(path = %file.display(), "no session index yet: building it from the ledgers");
+                tracing::debug!(path = %file.display(), "no session index yet: building it from the ledgers");
                 Saved::default()
             }
             Err(why) => {
@@ -171,7 +171,7 @@ impl Index {
         }
         // Entries whose ledger is gone.
         changed |= !stored.is_empty();
-        tracing::info!(
+        tracing::debug!(
             sessions = entries.len(),
             ledgers_read = read,
             "session index loaded"
@@ -441,12 +441,14 @@ mod tests {
     use super::*;
     use crate::core::event::{ClientEvent, Frame};
     use crate::core::ledger::Ledger;
+    use crate::core::ledger::Log;
+    use crate::core::Durability;
     use std::os::unix::fs::MetadataExt;
 
     /// A real ledger `<id>.jsonl` with a first prompt and `events` events in all.
     fn make_ledger(dir: &Path, id: &str, created_at: &str, prompt: &str, events: u64) -> PathBuf {
         let path = dir.join(format!("{id}.jsonl"));
-        let l = Ledger::create(&path, id, created_at).unwrap();
+        let l = Ledger::create(&path, id, created_at, Durability::Process).unwrap();
         for seq in 1..=events {
             let event = if seq == 1 {
                 ClientEvent::UserMessage {
@@ -566,7 +568,7 @@ mod tests {
         index.save().unwrap();
         drop(index);
         // An unclean stop: the session went on after the last save.
-        let (l, _) = Ledger::open(&a).unwrap();
+        let (l, _) = Ledger::open(&a, Durability::Process).unwrap();
         let prompt = ClientEvent::UserMessage {
             text: "late prompt".into(),
             request_id: "r".into(),
@@ -771,7 +773,7 @@ mod tests {
     fn a_ledger_naming_another_session_is_left_out() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a.jsonl");
-        Ledger::create(&path, "b", "2026-01-01T00:00:00Z").unwrap();
+        Ledger::create(&path, "b", "2026-01-01T00:00:00Z", Durability::Process).unwrap();
         make_ledger(dir.path(), "c", "2026-01-01T00:00:00Z", "", 0);
         assert_eq!(ids(&Index::load(dir.path())), ["c"]);
         assert_eq!(

@@ -342,15 +342,7 @@ impl Session {
             .messages
             .iter()
             .find(|m| m.role == super::transcript::Role::User)
-            .map(|m| {
-                m.text
-                    .lines()
-                    .next()
-                    .unwrap_or_default()
-                    .chars()
-                    .take(80)
-                    .collect()
-            })
+            .map(|m| super::index::title_of(&m.text))
             .unwrap_or_default();
         SessionInfo {
             session_id: self.id.to_string(),
