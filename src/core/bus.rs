@@ -784,6 +784,33 @@ mod tests {
         drop(ledger);
     }
 
+    #[tokio::test]
+    async fn a_stalled_subscriber_holds_at_most_its_byte_budget() {
+        let budget = 64 * 1024;
+        let cfg = BusConfig {
+            ring: 8,
+            queue: 16,
+            max_queued_bytes: budget,
+            ..BusConfig::default()
+        };
+        let b = Bus::new("s".into(), cfg, None, 0, Vec::new());
+        let sub = b.subscribe(None);
+        let chunk = "x".repeat(1000);
+        let mut most = 0;
+        for _ in 0..1000 {
+            publish(&b, text(&chunk));
+            most = most.max(cfg_total(&b));
+        }
+        assert_eq!(b.subscriber_count(), 0, "over budget: dropped, not grown");
+        assert!(most <= budget, "held {most} bytes");
+        assert!(
+            most > budget / 2,
+            "the budget is used before the queue is dropped ({most})"
+        );
+        drop(sub);
+        assert_eq!(cfg_total(&b), 0, "the bytes are returned when the reader goes");
+    }
+
     fn cfg_total(b: &Bus) -> usize {
         b.shared.cfg.total.get()
     }
