@@ -68,6 +68,26 @@ async fn all_frames(s: &TestServer, sid: &str) -> Vec<Frame> {
 }
 
 #[tokio::test]
+async fn with_fsync_durability_a_session_serves_and_continues_after_a_restart() {
+    use vak::core::Durability;
+    let s = TestServer::start_with(|c| c.core.durability = Durability::Fsync).await;
+    let sid = s.create_session().await;
+    let mut sse = s.events(&sid, None).await;
+    s.run(&sid, "/burst 2000").await;
+    let before = sse.until("run_finished").await;
+    let latest = before.last().unwrap().seq();
+    drop(sse);
+    let (home, ws) = (s.home.clone(), s.workspace.clone());
+    let _keep = s.stop().await;
+    let s = TestServer::start_in(&home, &ws, |c| c.core.durability = Durability::Fsync).await;
+    let mut sse = s.events(&sid, None).await;
+    s.run(&sid, "after").await;
+    let after = sse.until("run_finished").await;
+    assert_eq!(after[0].seq(), latest + 1);
+    assert_eq!(text_of(&after), "echo: after");
+}
+
+#[tokio::test]
 async fn seq_continues_after_a_restart_and_is_never_reused() {
     let mut keep = Vec::new();
     let s = TestServer::start().await;

@@ -61,7 +61,16 @@ async fn a_failed_ledger_write_stops_only_its_session_and_no_seen_seq_is_lost_or
 
     // The stopped session refuses work with the reason; a retry of an id
     // admitted before the failure is still a duplicate.
-    let (code, e) = s.run(&full, "more").await;
+    let resp = s
+        .http()
+        .post(format!("{}/sessions/{full}/run", s.url))
+        .json(&json!({"prompt": "more"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["retry-after"], "1", "it will pass");
+    let code = resp.status().as_u16();
+    let e: Value = resp.json().await.unwrap();
     assert_eq!(
         (code, e["error"]["code"].as_str()),
         (503, Some("unavailable")),

@@ -48,6 +48,11 @@ pub fn json_error(status: StatusCode, code: &str, message: &str) -> Response {
     let mut resp = (status, body.to_string()).into_response();
     resp.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        // Shutdown or a storage failure: both pass (a restart, a reload after a second).
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
     resp
 }
 
