@@ -4,4 +4,5 @@ pub mod json;
 pub mod query;
 pub mod routes;
 pub mod sse;
+pub mod sse_encode;
 pub mod stream;

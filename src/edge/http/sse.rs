@@ -1,7 +1,8 @@
-//! SSE framing of a session's event stream: `id: <seq>`, `event: <kind>`, `data: <json>`, cursors from Last-Event-ID or `?after=`.
+//! The per-session SSE routes (events and presentation events): cursors from Last-Event-ID or `?after=`, frames through the one encoder (`sse_encode`).
 
 use super::json::to_json;
 use super::routes::AppState;
+use super::sse_encode::{self, write_frame};
 use crate::core::bus::{Delivery, End, Subscription};
 use crate::core::session::PresenceGuard;
 use crate::edge::errors::{json_error, status_response};
@@ -12,22 +13,14 @@ use crate::edge::grpc::service::Surface;
 use crate::edge::limits::StreamPermit;
 use crate::edge::listener::PeerAddr;
 use crate::proto::v1 as pb;
-use axum::body::Body;
 use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
-use axum::response::{IntoResponse, Response};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
 use axum::Extension;
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use pb::agent_service_server::AgentService;
 use std::collections::HashMap;
-use std::convert::Infallible;
-use std::time::Duration;
-
-pub const KEEPALIVE: Duration = Duration::from_secs(15);
-/// How soon an EventSource should reconnect after a cut (the SSE `retry:` field).
-pub const RETRY: &[u8] = b"retry: 1000\n";
 
 /// Parses a cursor (a seq): decimal digits only, within u64.
 pub fn parse_cursor(raw: &str) -> Result<u64, String> {
@@ -42,40 +35,22 @@ pub fn parse_cursor(raw: &str) -> Result<u64, String> {
         .map_err(|_| format!("malformed cursor {s:?}: out of range"))
 }
 
-/// One SSE frame: `id:` (when given), `event:`, and the JSON as `data:`.
-pub fn sse_frame(name: &str, id: Option<String>, json: Vec<u8>) -> SseEvent {
-    let ev = SseEvent::default()
-        .event(name)
-        .data(String::from_utf8(json).expect("JSON is UTF-8"));
-    match id {
-        Some(id) => ev.id(id),
-        None => ev,
-    }
-}
-
-/// A gRPC server stream as an SSE response: frames until the stream ends or
-/// fails (a lagged subscriber: the client reconnects with its last id),
-/// keepalive comments, and no caching or proxy buffering.
-pub fn respond<T, S>(stream: S, to_frame: fn(T) -> SseEvent) -> Response
+/// A gRPC server stream as an SSE response: one frame per message until the
+/// stream ends or fails.
+pub fn respond<T, S>(stream: S, to_frame: fn(T) -> Bytes) -> Response
 where
     T: Send + 'static,
     S: futures_util::Stream<Item = Result<T, tonic::Status>> + Send + 'static,
 {
     let frames = stream
         .take_while(|r| std::future::ready(r.is_ok()))
-        .filter_map(move |r| std::future::ready(r.ok().map(|m| Ok::<_, Infallible>(to_frame(m)))));
-    let mut resp = Sse::new(frames)
-        .keep_alive(KeepAlive::new().interval(KEEPALIVE).text("keepalive"))
-        .into_response();
-    let h = resp.headers_mut();
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    resp
+        .filter_map(move |r| std::future::ready(r.ok().map(to_frame)));
+    sse_encode::response(frames)
 }
 
-fn presentation_frame(e: pb::PresentationEvent) -> SseEvent {
+fn presentation_frame(e: pb::PresentationEvent) -> Bytes {
     let name = e.kind.as_ref().map_or("unknown", presentation_kind_name);
-    sse_frame(name, None, to_json(&e))
+    sse_encode::frame(name, None, &to_json(&e))
 }
 
 /// A service request made on behalf of an SSE client: it keeps the client's
@@ -140,21 +115,6 @@ pub async fn events(
     }
 }
 
-/// Appends one SSE frame: `id:` when given, `event:`, and the JSON as one `data:` line
-/// (compact JSON never contains a raw newline).
-fn write_frame(out: &mut BytesMut, name: &str, id: Option<u64>, json: &[u8]) {
-    if let Some(id) = id {
-        out.extend_from_slice(b"id: ");
-        out.extend_from_slice(id.to_string().as_bytes());
-        out.extend_from_slice(b"\n");
-    }
-    out.extend_from_slice(b"event: ");
-    out.extend_from_slice(name.as_bytes());
-    out.extend_from_slice(b"\ndata: ");
-    out.extend_from_slice(json);
-    out.extend_from_slice(b"\n\n");
-}
-
 /// Frames taken from the subscription per write.
 const BATCH: usize = 256;
 
@@ -170,8 +130,6 @@ fn event_stream(opened: Opened) -> Response {
         ..
     } = opened;
     let mut first = BytesMut::new();
-    // EventSource waits ~3 s before reconnecting unless told otherwise.
-    first.extend_from_slice(RETRY);
     write_frame(
         &mut first,
         "stream_opened",
@@ -192,17 +150,14 @@ fn event_stream(opened: Opened) -> Response {
         done: false,
         _hold: hold,
     };
-    let body = futures_util::stream::unfold(state, |mut st| async move {
+    let chunks = futures_util::stream::unfold(state, |mut st| async move {
         if let Some(first) = st.first.take() {
-            return Some((Ok::<_, Infallible>(first), st));
+            return Some((first, st));
         }
         if st.done {
             return None;
         }
-        let batch = tokio::select! {
-            b = st.sub.recv_many(BATCH) => b,
-            _ = tokio::time::sleep(KEEPALIVE) => return Some((Ok(Bytes::from_static(b": keepalive\n\n")), st)),
-        };
+        let batch = st.sub.recv_many(BATCH).await;
         if batch.is_empty() {
             return None;
         }
@@ -211,7 +166,7 @@ fn event_stream(opened: Opened) -> Response {
             match d {
                 Delivery::Frame(f) => {
                     let json = f.encoded_json(|f| Bytes::from(to_json(&convert::frame(f))));
-                    write_frame(&mut out, f.event.kind(), Some(f.seq), &json);
+                    write_frame(&mut out, f.event.kind(), Some(&f.seq.to_string()), &json);
                 }
                 Delivery::Resync { reason, latest_seq } => {
                     write_frame(
@@ -228,17 +183,9 @@ fn event_stream(opened: Opened) -> Response {
                 }
             }
         }
-        Some((Ok(out.freeze()), st))
+        Some((out.freeze(), st))
     });
-    let mut resp = Body::from_stream(body).into_response();
-    let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    resp
+    sse_encode::response(chunks)
 }
 
 #[cfg(test)]

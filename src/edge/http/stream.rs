@@ -2,7 +2,8 @@
 
 use super::json::to_json;
 use super::routes::{body, json, AppState};
-use super::sse::{respond, sse_frame, sse_request};
+use super::sse::{respond, sse_request};
+use super::sse_encode;
 use crate::edge::errors::{json_error, status_response};
 use crate::edge::grpc::convert::mux_kind_name;
 use crate::edge::listener::PeerAddr;
@@ -10,7 +11,6 @@ use crate::proto::v1 as pb;
 use axum::body::Body;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::sse::Event as SseEvent;
 use axum::response::Response;
 use axum::Extension;
 use pb::agent_service_server::AgentService;
@@ -48,13 +48,12 @@ pub fn parse_query(raw: &str) -> Result<pb::StreamRequest, String> {
     Ok(req)
 }
 
-fn mux_frame(m: pb::StreamMessage) -> SseEvent {
+fn mux_frame(m: pb::StreamMessage) -> bytes::Bytes {
     let Some(frame) = m.frame else {
-        return sse_frame("unknown", None, b"{}".to_vec());
+        return sse_encode::frame("unknown", None, b"{}");
     };
     let name = mux_kind_name(&frame);
-    let id = (!m.id.is_empty()).then_some(m.id);
-    let opening = matches!(frame, F::StreamOpened(_));
+    let id = (!m.id.is_empty()).then_some(m.id.as_str());
     let data = match &frame {
         F::StreamOpened(o) => to_json(o),
         F::Agent(e) | F::Resync(e) | F::SessionClosed(e) => to_json(e),
@@ -63,13 +62,7 @@ fn mux_frame(m: pb::StreamMessage) -> SseEvent {
         F::Host(h) => to_json(h),
         F::Config(c) => to_json(c),
     };
-    let ev = sse_frame(name, id, data);
-    if opening {
-        // EventSource waits ~3 s before reconnecting unless told otherwise.
-        ev.retry(std::time::Duration::from_secs(1))
-    } else {
-        ev
-    }
+    sse_encode::frame(name, id, &data)
 }
 
 pub async fn stream(
