@@ -16,7 +16,7 @@ use super::presentation::{PresentationEvent, Presenter};
 use super::session::{Client, PresenceGuard, Session};
 use crate::error::{Error, ErrorKind, Result};
 use futures_util::stream::{BoxStream, StreamExt};
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -155,8 +155,11 @@ impl Feed {
                         continue;
                     }
                     let now = self.presence.borrow_and_update().clone();
-                    let joined: Vec<Client> = now.iter().filter(|c| !self.seen.contains(c)).cloned().collect();
-                    let left: Vec<Client> = self.seen.iter().filter(|c| !now.contains(c)).cloned().collect();
+                    // Set lookups: a change costs O(clients), not O(clients²).
+                    let before: HashSet<&Client> = self.seen.iter().collect();
+                    let after: HashSet<&Client> = now.iter().collect();
+                    let joined: Vec<Client> = now.iter().filter(|c| !before.contains(c)).cloned().collect();
+                    let left: Vec<Client> = self.seen.iter().filter(|c| !after.contains(c)).cloned().collect();
                     self.seen = now.clone();
                     if !joined.is_empty() || !left.is_empty() {
                         return Some(vec![MuxFrame::Coworking { clients: now, joined, left }]);

@@ -113,7 +113,7 @@ impl Folds {
 }
 
 /// A client attached to a session (a stream of any surface), for coworking frames.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Client {
     pub client_id: String,
     /// "sse", "grpc" or "stream".
