@@ -246,19 +246,17 @@ impl Hub {
 
     async fn load(&self, id: &str) -> Result<Arc<Session>> {
         let path = self.ledger_path(id);
-        let durability = self.rt.cfg.durability;
         let rt = self.rt.clone();
         let sid = id.to_string();
         let loaded = tokio::task::spawn_blocking(move || {
-            let (ledger, records) = match Ledger::open(&path, durability) {
-                Ok(opened) => opened,
+            let session = match Session::restore(rt, &path) {
+                Ok(session) => session,
                 Err(OpenError::Io(_)) if !path.exists() => {
                     return Err(Error::not_found(format!("no session {sid}")));
                 }
                 Err(OpenError::Io(e)) => return Err(e),
                 Err(OpenError::Corrupt(why)) => return Err(set_aside(&path, &sid, &why)),
             };
-            let session = Session::restore(rt, ledger, records)?;
             tracing::info!(
                 session = %sid,
                 latest_seq = session.latest_seq(),

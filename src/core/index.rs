@@ -568,7 +568,7 @@ mod tests {
         index.save().unwrap();
         drop(index);
         // An unclean stop: the session went on after the last save.
-        let (l, _) = Ledger::open(&a, Durability::Process).unwrap();
+        let l = Ledger::open(&a, Durability::Process, |_| {}).unwrap();
         let prompt = ClientEvent::UserMessage {
             text: "late prompt".into(),
             request_id: "r".into(),

@@ -232,22 +232,24 @@ impl Ledger {
         Ok(ledger)
     }
 
-    /// Opens an existing ledger, returning every intact record. A partial
-    /// last line (a crash mid-write) is cut off; a corrupt line in the middle
-    /// is reported with its file and line and left out (a replay across it
-    /// gets a resync rather than a silent gap); an empty ledger or one with
-    /// no header is `Corrupt`.
+    /// Opens an existing ledger, handing every intact record to `visit` in
+    /// order as it is read (a line at a time: memory does not grow with the
+    /// ledger). A partial last line (a crash mid-write) is cut off; a
+    /// corrupt line in the middle is reported with its file and line and
+    /// left out (a replay across it gets a resync rather than a silent gap);
+    /// an empty ledger or one with no header is `Corrupt`.
     pub fn open(
         path: &Path,
         durability: Durability,
-    ) -> std::result::Result<(Ledger, Vec<Record>), OpenError> {
+        mut visit: impl FnMut(Record),
+    ) -> std::result::Result<Ledger, OpenError> {
         let io = |e: std::io::Error| {
             OpenError::Io(Error::internal(format!(
                 "cannot read ledger {}: {e}",
                 path.display()
             )))
         };
-        let mut file = OpenOptions::new()
+        let file = OpenOptions::new()
             .read(true)
             .append(true)
             .open(path)
@@ -255,67 +257,70 @@ impl Ledger {
         // Ours, so owner-only, also when an earlier version left it readable.
         file.set_permissions(std::fs::Permissions::from_mode(0o600))
             .map_err(io)?;
-        let mut data = Vec::new();
-        file.read_to_end(&mut data).map_err(io)?;
-        let complete = data.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-        if complete < data.len() {
-            tracing::warn!(path = %path.display(), bytes = data.len() - complete, "cutting a partial last ledger line");
-            file.set_len(complete as u64).map_err(io)?;
-            file.seek(SeekFrom::End(0)).map_err(io)?;
-        }
         let mut written = Written {
-            len: complete as u64,
+            len: 0,
             durable_seq: 0,
             marks: Vec::new(),
         };
-        let mut records = Vec::new();
-        let mut offset = 0u64;
-        for (n, line) in data[..complete].split_inclusive(|&b| b == b'\n').enumerate() {
-            let at = offset;
-            offset += line.len() as u64;
+        let mut reader = BufReader::with_capacity(256 * 1024, &file);
+        let mut line = Vec::new();
+        let mut seen_header = false;
+        let mut n = 0usize;
+        loop {
+            line.clear();
+            let read = reader.read_until(b'\n', &mut line).map_err(io)?;
+            if read == 0 {
+                break;
+            }
+            if line.last() != Some(&b'\n') {
+                tracing::warn!(path = %path.display(), bytes = line.len(), "cutting a partial last ledger line");
+                file.set_len(written.len).map_err(io)?;
+                break;
+            }
+            n += 1;
+            let at = written.len;
+            written.len += line.len() as u64;
             if line.len() <= 1 {
                 continue;
             }
-            match serde_json::from_slice::<Record>(line) {
+            match serde_json::from_slice::<Record>(&line) {
                 Ok(r) => {
-                    if records.is_empty() && !matches!(r, Record::Header { .. }) {
+                    if !seen_header && !matches!(r, Record::Header { .. }) {
                         return Err(OpenError::Corrupt(format!(
-                            "{}:1: the first line is not a ledger header",
+                            "{}:{n}: the first line is not a ledger header",
                             path.display()
                         )));
                     }
+                    seen_header = true;
                     if let Record::Event { seq, .. } = &r {
                         written.note(*seq, at);
                     }
-                    records.push(r)
+                    visit(r)
                 }
-                Err(e) if records.is_empty() => {
+                Err(e) if !seen_header => {
                     return Err(OpenError::Corrupt(format!(
-                        "{}:{}: unreadable ledger header: {e}",
-                        path.display(),
-                        n + 1
+                        "{}:{n}: unreadable ledger header: {e}",
+                        path.display()
                     )));
                 }
                 Err(e) => {
-                    tracing::error!(path = %path.display(), line = n + 1, "a corrupt ledger line is left out: {e}")
+                    tracing::error!(path = %path.display(), line = n, "a corrupt ledger line is left out: {e}")
                 }
             }
         }
-        if records.is_empty() {
+        drop(reader);
+        if !seen_header {
             return Err(OpenError::Corrupt(format!(
                 "{}: the ledger is empty",
                 path.display()
             )));
         }
-        Ok((
-            Ledger {
-                path: path.to_path_buf(),
-                durability,
-                file: Mutex::new(held(file)),
-                written: Mutex::new(written),
-            },
-            records,
-        ))
+        Ok(Ledger {
+            path: path.to_path_buf(),
+            durability,
+            file: Mutex::new(held(file)),
+            written: Mutex::new(written),
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -526,7 +531,8 @@ mod tests {
         let mode = std::fs::metadata(&last).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600, "ledgers are owner-only");
         drop(ledgers);
-        let (_, records) = Ledger::open(&last, Durability::Process).unwrap();
+        let mut records = Vec::new();
+        Ledger::open(&last, Durability::Process, |r| records.push(r)).unwrap();
         assert_eq!(
             records.len(),
             2,
@@ -547,7 +553,8 @@ mod tests {
         raw.write_all(br#"{"event":{"seq":2,"ev"#).unwrap();
         drop(raw);
 
-        let (l, records) = Ledger::open(&path, Durability::Process).unwrap();
+        let mut records = Vec::new();
+        let l = Ledger::open(&path, Durability::Process, |r| records.push(r)).unwrap();
         assert_eq!(records.len(), 2);
         assert_eq!(
             records[1],
@@ -559,7 +566,8 @@ mod tests {
         l.append_event(&Frame::new(2, "s".into(), ClientEvent::Status { busy: false }))
             .unwrap();
         drop(l);
-        let (_, records) = Ledger::open(&path, Durability::Process).unwrap();
+        let mut records = Vec::new();
+        Ledger::open(&path, Durability::Process, |r| records.push(r)).unwrap();
         assert_eq!(records.len(), 3, "the new line starts on a line of its own");
         let s = summarize(&path).unwrap();
         assert_eq!((s.session_id.as_str(), s.latest_seq), ("s", 2));

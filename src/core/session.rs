@@ -1,10 +1,11 @@
 //! One live session: admission of runs and steering into a single turn chain, cancel, approvals, and the publish path into the bus, the ledger and the transcript.
 
 use super::agent;
+use super::approvals::REMEMBERED_SETTLED;
 use super::approvals::{Answer, Approvals};
 use super::bus::{Bus, Subscription};
 use super::event::{project, AgentEvent, ApprovalOutcome, ClientEvent, Frame, RunOutcome};
-use super::ledger::{Ledger, Log, Record};
+use super::ledger::{Ledger, Log, OpenError, Record};
 use super::presentation::{PresentationEvent, Presenter, Timeline};
 use super::provider::Provider;
 use super::transcript::Transcript;
@@ -182,116 +183,14 @@ impl Session {
         Self::build(rt, id, created_at, Arc::new(ledger), 0, Vec::new())
     }
 
-    /// Rebuilds a session from its ledger records: transcript, seq, the
-    /// replay ring and remembered request ids. A run the server died in the
-    /// middle of is settled now (failed), so clients never wait forever.
-    pub fn restore(rt: Arc<Runtime>, ledger: Ledger, records: Vec<Record>) -> Result<Arc<Session>> {
-        let mut header = None;
-        let mut latest = 0;
-        let mut ring: VecDeque<(u64, ClientEvent)> = VecDeque::new();
-        let mut folds: Option<Folds> = None;
-        let mut usage = Vec::new();
-        let mut busy = false;
-        let mut open_approvals: Vec<String> = Vec::new();
-        let mut open_calls: Vec<String> = Vec::new();
-        let mut settled = Vec::new();
-        let mut request_ids = Vec::new();
-        for record in records {
-            match record {
-                Record::Header {
-                    session_id,
-                    created_at,
-                } => header = Some((session_id, created_at)),
-                Record::Admitted { request_id } => request_ids.push(request_id),
-                Record::Usage {
-                    input_tokens,
-                    output_tokens,
-                } => usage.push((input_tokens, output_tokens)),
-                Record::Event { seq, event } => {
-                    if seq <= latest {
-                        tracing::warn!(seq, latest, "ignoring an out-of-order ledger event");
-                        continue;
-                    }
-                    latest = seq;
-                    let sid = header.as_ref().map_or("", |h: &(String, String)| h.0.as_str());
-                    folds
-                        .get_or_insert_with(|| Folds {
-                            transcript: Transcript::default(),
-                            presenter: Presenter::new(sid),
-                        })
-                        .apply(seq, &event);
-                    match &event {
-                        ClientEvent::Status { busy: b } => busy = *b,
-                        ClientEvent::UserMessage { request_id, .. } => request_ids.push(request_id.clone()),
-                        ClientEvent::ApprovalRequested { request_id, .. } => {
-                            open_approvals.push(request_id.clone())
-                        }
-                        ClientEvent::ToolCall { call_id, .. } => open_calls.push(call_id.clone()),
-                        ClientEvent::ToolResult { call_id, .. } => open_calls.retain(|c| c != call_id),
-                        ClientEvent::ApprovalResolved {
-                            request_id, outcome, ..
-                        } => {
-                            open_approvals.retain(|r| r != request_id);
-                            settled.push((request_id.clone(), *outcome));
-                        }
-                        _ => {}
-                    }
-                    if ring.len() == rt.cfg.bus.ring.max(1) {
-                        ring.pop_front();
-                    }
-                    ring.push_back((seq, event));
-                }
-            }
-        }
-        let (id, created_at) = header.ok_or_else(|| Error::internal("ledger has no header"))?;
-        let sid: Arc<str> = Arc::from(id.as_str());
-        let ring = ring
-            .into_iter()
-            .map(|(seq, event)| Arc::new(Frame::new(seq, sid.clone(), event)))
-            .collect();
-        let session = Self::build(rt, &id, created_at, Arc::new(ledger), latest, ring);
-        {
-            let mut f = lock(&session.folds);
-            if let Some(restored) = folds {
-                *f = restored;
-            }
-            for (i, o) in usage {
-                f.transcript.add_usage(i, o);
-            }
-        }
-        for (rid, outcome) in settled {
-            session.approvals.remember(&rid, outcome);
-        }
-        {
-            let mut run = lock(&session.run);
-            for rid in request_ids {
-                run.remember(&rid);
-            }
-        }
-        if busy {
-            for rid in open_approvals {
-                session.approvals.remember(&rid, ApprovalOutcome::Expired);
-                session.publish(ClientEvent::ApprovalResolved {
-                    request_id: rid,
-                    outcome: ApprovalOutcome::Expired,
-                    reason: "the server stopped during this run".into(),
-                });
-            }
-            // Every tool call gets exactly one result, also across a crash.
-            for call_id in open_calls {
-                session.publish(ClientEvent::ToolResult {
-                    call_id,
-                    ok: false,
-                    output: "interrupted: the server stopped during this call".into(),
-                });
-            }
-            session.publish(ClientEvent::Status { busy: false });
-            session.publish(ClientEvent::RunFinished {
-                outcome: RunOutcome::Failed,
-                message: "interrupted: the server stopped during this run".into(),
-            });
-        }
-        Ok(session)
+    /// Rebuilds a session from its ledger, read a record at a time: the
+    /// transcript, seq, the replay ring and remembered request ids. A run
+    /// the server died in the middle of is settled now (failed), so clients
+    /// never wait forever.
+    pub fn restore(rt: Arc<Runtime>, path: &std::path::Path) -> std::result::Result<Arc<Session>, OpenError> {
+        let mut r = Restore::new(rt.cfg.bus.ring.max(1));
+        let ledger = Ledger::open(path, rt.cfg.durability, |record| r.visit(record))?;
+        r.finish(rt, ledger).map_err(OpenError::Io)
     }
 
     fn build(
@@ -667,5 +566,164 @@ impl Visible for Session {
             }
         }
         self.bus.close(reason);
+    }
+}
+
+/// What a ledger says about its session, folded a record at a time.
+struct Restore {
+    ring_size: usize,
+    header: Option<(String, String)>,
+    latest: u64,
+    ring: VecDeque<(u64, ClientEvent)>,
+    folds: Option<Folds>,
+    usage: (u64, u64),
+    busy: bool,
+    open_approvals: Vec<String>,
+    open_calls: Vec<String>,
+    /// The most recent ones only: what the session remembers anyway.
+    settled: VecDeque<(String, ApprovalOutcome)>,
+    request_ids: VecDeque<String>,
+}
+
+impl Restore {
+    fn new(ring_size: usize) -> Restore {
+        Restore {
+            ring_size,
+            header: None,
+            latest: 0,
+            ring: VecDeque::new(),
+            folds: None,
+            usage: (0, 0),
+            busy: false,
+            open_approvals: Vec::new(),
+            open_calls: Vec::new(),
+            settled: VecDeque::new(),
+            request_ids: VecDeque::new(),
+        }
+    }
+
+    fn remember_request(&mut self, id: String) {
+        if self.request_ids.len() == REMEMBERED_REQUESTS {
+            self.request_ids.pop_front();
+        }
+        self.request_ids.push_back(id);
+    }
+
+    fn visit(&mut self, record: Record) {
+        let (seq, event) = match record {
+            Record::Header {
+                session_id,
+                created_at,
+            } => {
+                self.header = Some((session_id, created_at));
+                return;
+            }
+            Record::Admitted { request_id } => return self.remember_request(request_id),
+            Record::Usage {
+                input_tokens,
+                output_tokens,
+            } => {
+                self.usage.0 += input_tokens;
+                self.usage.1 += output_tokens;
+                return;
+            }
+            Record::Event { seq, event } => (seq, event),
+        };
+        if seq <= self.latest {
+            tracing::warn!(seq, latest = self.latest, "ignoring an out-of-order ledger event");
+            return;
+        }
+        self.latest = seq;
+        let sid = self.header.as_ref().map_or("", |h| h.0.as_str());
+        self.folds
+            .get_or_insert_with(|| Folds {
+                transcript: Transcript::default(),
+                presenter: Presenter::new(sid),
+            })
+            .apply(seq, &event);
+        match &event {
+            ClientEvent::Status { busy } => self.busy = *busy,
+            ClientEvent::UserMessage { request_id, .. } => self.remember_request(request_id.clone()),
+            ClientEvent::ApprovalRequested { request_id, .. } => self.open_approvals.push(request_id.clone()),
+            ClientEvent::ToolCall { call_id, .. } => self.open_calls.push(call_id.clone()),
+            ClientEvent::ToolResult { call_id, .. } => self.open_calls.retain(|c| c != call_id),
+            ClientEvent::ApprovalResolved {
+                request_id, outcome, ..
+            } => {
+                self.open_approvals.retain(|r| r != request_id);
+                if self.settled.len() == REMEMBERED_SETTLED {
+                    self.settled.pop_front();
+                }
+                self.settled.push_back((request_id.clone(), *outcome));
+            }
+            _ => {}
+        }
+        if self.ring.len() == self.ring_size {
+            self.ring.pop_front();
+        }
+        self.ring.push_back((seq, event));
+    }
+
+    fn finish(self, rt: Arc<Runtime>, ledger: Ledger) -> Result<Arc<Session>> {
+        let Restore {
+            header,
+            latest,
+            ring,
+            folds,
+            usage,
+            busy,
+            open_approvals,
+            open_calls,
+            settled,
+            request_ids,
+            ..
+        } = self;
+        let (id, created_at) = header.ok_or_else(|| Error::internal("ledger has no header"))?;
+        let sid: Arc<str> = Arc::from(id.as_str());
+        let ring = ring
+            .into_iter()
+            .map(|(seq, event)| Arc::new(Frame::new(seq, sid.clone(), event)))
+            .collect();
+        let session = Session::build(rt, &id, created_at, Arc::new(ledger), latest, ring);
+        {
+            let mut f = lock(&session.folds);
+            if let Some(restored) = folds {
+                *f = restored;
+            }
+            f.transcript.add_usage(usage.0, usage.1);
+        }
+        for (rid, outcome) in settled {
+            session.approvals.remember(&rid, outcome);
+        }
+        {
+            let mut run = lock(&session.run);
+            for rid in request_ids {
+                run.remember(&rid);
+            }
+        }
+        if busy {
+            for rid in open_approvals {
+                session.approvals.remember(&rid, ApprovalOutcome::Expired);
+                session.publish(ClientEvent::ApprovalResolved {
+                    request_id: rid,
+                    outcome: ApprovalOutcome::Expired,
+                    reason: "the server stopped during this run".into(),
+                });
+            }
+            // Every tool call gets exactly one result, also across a crash.
+            for call_id in open_calls {
+                session.publish(ClientEvent::ToolResult {
+                    call_id,
+                    ok: false,
+                    output: "interrupted: the server stopped during this call".into(),
+                });
+            }
+            session.publish(ClientEvent::Status { busy: false });
+            session.publish(ClientEvent::RunFinished {
+                outcome: RunOutcome::Failed,
+                message: "interrupted: the server stopped during this run".into(),
+            });
+        }
+        Ok(session)
     }
 }
