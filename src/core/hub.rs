@@ -471,6 +471,78 @@ mod tests {
         assert_eq!(h.loaded_count(), 2);
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reload_reads_from_the_last_snapshot_and_equals_the_live_session() {
+        let home = tempfile::tempdir().unwrap();
+        let small = |c: &mut CoreConfig| c.snapshot_min_bytes = 64 * 1024;
+        let h = hub(home.path(), small);
+        let s = h.create().await.unwrap();
+        for round in 0..20 {
+            let admitted = s
+                .admit(format!("round {round}\n/burst 1000"), None)
+                .await
+                .unwrap();
+            assert_ne!(admitted.state, crate::core::session::AdmissionState::Duplicate);
+            // Let the round finish before the next, so each is its own run.
+            let mut busy = s.subscribe(Some(admitted.after_seq));
+            loop {
+                match busy.recv().await {
+                    Some(crate::core::bus::Delivery::Frame(f))
+                        if matches!(f.event, ClientEvent::RunFinished { .. }) =>
+                    {
+                        break
+                    }
+                    Some(_) => {}
+                    None => panic!("the stream ended"),
+                }
+            }
+        }
+        s.flush().await.unwrap();
+        let (transcript, timeline, latest) = (s.transcript(), s.timeline(), s.latest_seq());
+        let id = s.id().to_string();
+        drop(s);
+        h.shutdown(Duration::from_secs(5)).await;
+
+        let path = home.path().join("sessions").join(format!("{id}.jsonl"));
+        let lines = std::fs::read_to_string(&path).unwrap().lines().count();
+        let snapshots = std::fs::read_to_string(&path)
+            .unwrap()
+            .lines()
+            .filter(|l| l.starts_with("{\"snapshot\":"))
+            .count();
+        assert!(snapshots >= 2, "{snapshots} snapshots in {lines} lines");
+        let mut visited = 0;
+        Ledger::open(&path, crate::core::Durability::Process, |_| visited += 1).unwrap();
+        assert!(visited * 4 < lines, "a load parses {visited} of {lines} lines");
+
+        let h = hub(home.path(), small);
+        let again = h.get(&id).await.unwrap();
+        assert_eq!(again.latest_seq(), latest);
+        assert_eq!(again.transcript(), transcript);
+        assert_eq!(again.timeline(), timeline);
+        // Request ids from before the snapshot are still remembered.
+        let first = &transcript.messages[0];
+        assert_eq!(first.role, crate::core::transcript::Role::User);
+        let dup = again
+            .admit("again".into(), Some(first_request_id(&again)))
+            .await
+            .unwrap();
+        assert_eq!(dup.state, crate::core::session::AdmissionState::Duplicate);
+        // And the session goes on from there.
+        let next = again.admit("after".into(), None).await.unwrap();
+        assert_eq!(next.after_seq, latest);
+    }
+
+    /// The request id of the session's first run, from its timeline.
+    fn first_request_id(s: &Session) -> String {
+        s.timeline()
+            .items
+            .iter()
+            .find(|i| !i.request_id.is_empty())
+            .map(|i| i.request_id.clone())
+            .expect("a user input item carries its request id")
+    }
+
     #[tokio::test]
     async fn an_idle_session_is_unloaded_and_loads_again_on_use() {
         let home = tempfile::tempdir().unwrap();

@@ -66,6 +66,8 @@ pub enum Record {
     Admitted { request_id: String },
     /// Tokens one provider turn consumed.
     Usage { input_tokens: u64, output_tokens: u64 },
+    /// The session's folds as of a seq: a reload starts from the last one.
+    Snapshot(Box<super::session::Snapshot>),
 }
 
 /// `Record::Event` by reference, so a batch encodes frames without copying
@@ -109,6 +111,10 @@ impl Batch {
     pub fn is_empty(&self) -> bool {
         self.bytes.is_empty()
     }
+
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
 }
 
 /// Where a session's events are kept: append a batch, read a range, the last
@@ -123,6 +129,18 @@ pub trait Log: Send + Sync + 'static {
     fn durable_seq(&self) -> u64;
     /// Forces what was appended to stable storage.
     fn sync(&self) -> std::io::Result<()>;
+}
+
+/// How a snapshot line starts (`Record::Snapshot`, externally tagged).
+const SNAPSHOT_PREFIX: &[u8] = b"{\"snapshot\":";
+/// How an event line starts (`Record::Event`: seq is its first field).
+const EVENT_PREFIX: &[u8] = b"{\"event\":{\"seq\":";
+
+/// The seq of an event line, read from its prefix without parsing the rest.
+fn event_seq(line: &[u8]) -> Option<u64> {
+    let rest = line.strip_prefix(EVENT_PREFIX)?;
+    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+    std::str::from_utf8(&rest[..digits]).ok()?.parse().ok()
 }
 
 /// A ledger line is indexed at least every this many bytes, so a read from
@@ -232,12 +250,14 @@ impl Ledger {
         Ok(ledger)
     }
 
-    /// Opens an existing ledger, handing every intact record to `visit` in
-    /// order as it is read (a line at a time: memory does not grow with the
-    /// ledger). A partial last line (a crash mid-write) is cut off; a
-    /// corrupt line in the middle is reported with its file and line and
-    /// left out (a replay across it gets a resync rather than a silent gap);
-    /// an empty ledger or one with no header is `Corrupt`.
+    /// Opens an existing ledger and hands `visit` its header, then its last
+    /// snapshot (if any) and every intact record after it, in order, a line
+    /// at a time: the cost of a load follows what came after the last
+    /// snapshot, not the whole history (earlier lines are only scanned for
+    /// the seq index). A partial last line (a crash mid-write) is cut off; a
+    /// corrupt line after the snapshot is reported with its file and line
+    /// and left out (a replay across it gets a resync rather than a silent
+    /// gap); an empty ledger or one with no header is `Corrupt`.
     pub fn open(
         path: &Path,
         durability: Durability,
@@ -249,7 +269,8 @@ impl Ledger {
                 path.display()
             )))
         };
-        let file = OpenOptions::new()
+        let corrupt = |n: usize, why: String| OpenError::Corrupt(format!("{}:{n}: {why}", path.display()));
+        let mut file = OpenOptions::new()
             .read(true)
             .append(true)
             .open(path)
@@ -262,59 +283,67 @@ impl Ledger {
             durable_seq: 0,
             marks: Vec::new(),
         };
-        let mut reader = BufReader::with_capacity(256 * 1024, &file);
+        // Pass 1: the header, the seq index, and where the last snapshot starts.
+        let mut resume = None;
         let mut line = Vec::new();
-        let mut seen_header = false;
         let mut n = 0usize;
-        loop {
-            line.clear();
-            let read = reader.read_until(b'\n', &mut line).map_err(io)?;
-            if read == 0 {
-                break;
-            }
-            if line.last() != Some(&b'\n') {
-                tracing::warn!(path = %path.display(), bytes = line.len(), "cutting a partial last ledger line");
-                file.set_len(written.len).map_err(io)?;
-                break;
-            }
-            n += 1;
-            let at = written.len;
-            written.len += line.len() as u64;
-            if line.len() <= 1 {
-                continue;
-            }
-            match serde_json::from_slice::<Record>(&line) {
-                Ok(r) => {
-                    if !seen_header && !matches!(r, Record::Header { .. }) {
-                        return Err(OpenError::Corrupt(format!(
-                            "{}:{n}: the first line is not a ledger header",
-                            path.display()
-                        )));
-                    }
-                    seen_header = true;
-                    if let Record::Event { seq, .. } = &r {
-                        written.note(*seq, at);
-                    }
-                    visit(r)
+        {
+            let mut reader = BufReader::with_capacity(256 * 1024, &file);
+            loop {
+                line.clear();
+                if reader.read_until(b'\n', &mut line).map_err(io)? == 0 {
+                    break;
                 }
-                Err(e) if !seen_header => {
-                    return Err(OpenError::Corrupt(format!(
-                        "{}:{n}: unreadable ledger header: {e}",
-                        path.display()
-                    )));
+                if line.last() != Some(&b'\n') {
+                    tracing::warn!(path = %path.display(), bytes = line.len(), "cutting a partial last ledger line");
+                    file.set_len(written.len).map_err(io)?;
+                    break;
                 }
-                Err(e) => {
-                    tracing::error!(path = %path.display(), line = n, "a corrupt ledger line is left out: {e}")
+                n += 1;
+                let at = written.len;
+                written.len += line.len() as u64;
+                if n == 1 {
+                    match serde_json::from_slice::<Record>(&line) {
+                        Ok(header @ Record::Header { .. }) => visit(header),
+                        Ok(_) => return Err(corrupt(1, "the first line is not a ledger header".into())),
+                        Err(e) => return Err(corrupt(1, format!("unreadable ledger header: {e}"))),
+                    }
+                    resume = Some((written.len, 2));
+                } else if line.starts_with(SNAPSHOT_PREFIX) {
+                    resume = Some((at, n));
+                } else if let Some(seq) = event_seq(&line) {
+                    written.note(seq, at);
                 }
             }
         }
-        drop(reader);
-        if !seen_header {
+        let Some((from, first_line)) = resume else {
             return Err(OpenError::Corrupt(format!(
                 "{}: the ledger is empty",
                 path.display()
             )));
+        };
+        // Pass 2: every record from the last snapshot on.
+        file.seek(SeekFrom::Start(from)).map_err(io)?;
+        {
+            let mut reader = BufReader::with_capacity(256 * 1024, (&file).take(written.len - from));
+            let mut n = first_line;
+            loop {
+                line.clear();
+                if reader.read_until(b'\n', &mut line).map_err(io)? == 0 {
+                    break;
+                }
+                if line.len() > 1 {
+                    match serde_json::from_slice::<Record>(&line) {
+                        Ok(r) => visit(r),
+                        Err(e) => {
+                            tracing::error!(path = %path.display(), line = n, "a corrupt ledger line is left out: {e}")
+                        }
+                    }
+                }
+                n += 1;
+            }
         }
+        file.seek(SeekFrom::End(0)).map_err(io)?;
         Ok(Ledger {
             path: path.to_path_buf(),
             durability,

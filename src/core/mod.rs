@@ -61,6 +61,9 @@ pub struct CoreConfig {
     /// A loaded session with no run, no subscriber and no other user for
     /// this long is unloaded (its ledger keeps everything).
     pub unload_idle_after: Duration,
+    /// Ledger bytes between snapshots of a session's state, at least (they
+    /// also grow with the state: see `writer::SnapshotPolicy`).
+    pub snapshot_min_bytes: u64,
 }
 
 impl CoreConfig {
@@ -76,6 +79,7 @@ impl CoreConfig {
             max_queued_inputs: 64,
             durability: Durability::Process,
             unload_idle_after: Duration::from_secs(300),
+            snapshot_min_bytes: 8 << 20,
         }
     }
 

@@ -6,11 +6,12 @@
 //! Runtime bookkeeping (status, turn_started, admission) never becomes an item.
 
 use super::event::{ClientEvent, RunOutcome};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub const SCHEMA_VERSION: u32 = 2;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ItemKind {
     UserInput,
     AssistantText,
@@ -35,7 +36,7 @@ impl ItemKind {
 
 /// One display item. `status` is one of: streaming, running, pending,
 /// completed, failed, cancelled, approved, denied, expired.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Item {
     /// Stable across restarts: derived from the seq of the event that opened it.
     pub id: String,
@@ -68,7 +69,7 @@ impl Item {
     }
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Timeline {
     pub schema_version: u32,
     pub session_id: String,
@@ -165,7 +166,7 @@ impl Timeline {
 
 /// The fold from client events to a timeline, emitting the presentation
 /// events that describe each change.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Presenter {
     timeline: Timeline,
     /// The index of the item still streaming text or thinking, if any.

@@ -12,6 +12,7 @@ use super::transcript::Transcript;
 use super::writer::{self, Op, Pipe, Visible};
 use super::CoreConfig;
 use crate::error::{Error, ErrorKind, Result};
+use serde::{Deserialize, Serialize};
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
@@ -104,13 +105,74 @@ impl Drop for Session {
 struct Folds {
     transcript: Transcript,
     presenter: Presenter,
+    facts: Facts,
 }
 
 impl Folds {
+    fn new(session_id: &str) -> Folds {
+        Folds {
+            transcript: Transcript::default(),
+            presenter: Presenter::new(session_id),
+            facts: Facts::default(),
+        }
+    }
+
     fn apply(&mut self, seq: u64, event: &ClientEvent) -> Vec<PresentationEvent> {
         self.transcript.apply(seq, event);
+        self.facts.apply(event);
         self.presenter.apply(seq, event)
     }
+}
+
+/// What a reload needs beyond the transcript and the timeline: is a run in
+/// flight, what it left open, and the ids a retry must find again.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Facts {
+    busy: bool,
+    open_approvals: Vec<String>,
+    open_calls: Vec<String>,
+    /// The most recent ones only: what the session remembers anyway.
+    settled: VecDeque<(String, ApprovalOutcome)>,
+    request_ids: VecDeque<String>,
+}
+
+impl Facts {
+    fn remember_request(&mut self, id: String) {
+        if self.request_ids.len() == REMEMBERED_REQUESTS {
+            self.request_ids.pop_front();
+        }
+        self.request_ids.push_back(id);
+    }
+
+    fn apply(&mut self, event: &ClientEvent) {
+        match event {
+            ClientEvent::Status { busy } => self.busy = *busy,
+            ClientEvent::UserMessage { request_id, .. } => self.remember_request(request_id.clone()),
+            ClientEvent::ApprovalRequested { request_id, .. } => self.open_approvals.push(request_id.clone()),
+            ClientEvent::ToolCall { call_id, .. } => self.open_calls.push(call_id.clone()),
+            ClientEvent::ToolResult { call_id, .. } => self.open_calls.retain(|c| c != call_id),
+            ClientEvent::ApprovalResolved {
+                request_id, outcome, ..
+            } => {
+                self.open_approvals.retain(|r| r != request_id);
+                if self.settled.len() == REMEMBERED_SETTLED {
+                    self.settled.pop_front();
+                }
+                self.settled.push_back((request_id.clone(), *outcome));
+            }
+            _ => {}
+        }
+    }
+}
+
+/// A session's folds as of `seq`, written to its ledger now and then so a
+/// reload reads only what came after the last one.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub seq: u64,
+    transcript: Transcript,
+    presenter: Presenter,
+    facts: Facts,
 }
 
 /// A client attached to a session (a stream of any surface), for coworking frames.
@@ -212,10 +274,7 @@ impl Session {
             bus,
             ledger,
             pipe: pipe.clone(),
-            folds: Mutex::new(Folds {
-                transcript: Transcript::default(),
-                presenter: Presenter::new(id),
-            }),
+            folds: Mutex::new(Folds::new(id)),
             presence: watch::channel(Vec::new()).0,
             approvals: Approvals::default(),
             run: Mutex::new(RunState::default()),
@@ -223,7 +282,8 @@ impl Session {
             last_used: Mutex::new(Instant::now()),
         });
         let visible: Weak<dyn Visible> = Arc::downgrade(&session) as Weak<Session>;
-        tokio::spawn(writer::run(sid, pipe, log, visible, latest));
+        let snapshots = writer::SnapshotPolicy::new(session.rt.cfg.snapshot_min_bytes);
+        tokio::spawn(writer::run(sid, pipe, log, visible, latest, snapshots));
         session
     }
 
@@ -540,17 +600,30 @@ impl Session {
 }
 
 impl Visible for Session {
-    fn commit(&self, frames: Vec<Arc<Frame>>, usage: Vec<(u64, u64)>) {
+    fn commit(&self, frames: Vec<Arc<Frame>>, usage: Vec<(u64, u64)>, admitted: Vec<String>) {
         // Folds, then bus, under the folds lock: `subscribe_presented` sees
         // both at the same point.
         let mut f = lock(&self.folds);
         for (input, output) in usage {
             f.transcript.add_usage(input, output);
         }
+        for id in admitted {
+            f.facts.remember_request(id);
+        }
         for frame in &frames {
             f.apply(frame.seq, &frame.event);
         }
         self.bus.commit(frames);
+    }
+
+    fn snapshot(&self) -> Record {
+        let f = lock(&self.folds);
+        Record::Snapshot(Box::new(Snapshot {
+            seq: self.bus.latest_seq(),
+            transcript: f.transcript.clone(),
+            presenter: f.presenter.clone(),
+            facts: f.facts.clone(),
+        }))
     }
 
     /// The live run ends, queued input is dropped, every stream gets
@@ -569,20 +642,14 @@ impl Visible for Session {
     }
 }
 
-/// What a ledger says about its session, folded a record at a time.
+/// What a ledger says about its session, folded a record at a time from its
+/// last snapshot on.
 struct Restore {
     ring_size: usize,
     header: Option<(String, String)>,
     latest: u64,
     ring: VecDeque<(u64, ClientEvent)>,
     folds: Option<Folds>,
-    usage: (u64, u64),
-    busy: bool,
-    open_approvals: Vec<String>,
-    open_calls: Vec<String>,
-    /// The most recent ones only: what the session remembers anyway.
-    settled: VecDeque<(String, ApprovalOutcome)>,
-    request_ids: VecDeque<String>,
 }
 
 impl Restore {
@@ -593,20 +660,12 @@ impl Restore {
             latest: 0,
             ring: VecDeque::new(),
             folds: None,
-            usage: (0, 0),
-            busy: false,
-            open_approvals: Vec::new(),
-            open_calls: Vec::new(),
-            settled: VecDeque::new(),
-            request_ids: VecDeque::new(),
         }
     }
 
-    fn remember_request(&mut self, id: String) {
-        if self.request_ids.len() == REMEMBERED_REQUESTS {
-            self.request_ids.pop_front();
-        }
-        self.request_ids.push_back(id);
+    fn folds(&mut self) -> &mut Folds {
+        let sid = self.header.as_ref().map_or("", |h| h.0.as_str()).to_string();
+        self.folds.get_or_insert_with(|| Folds::new(&sid))
     }
 
     fn visit(&mut self, record: Record) {
@@ -618,13 +677,25 @@ impl Restore {
                 self.header = Some((session_id, created_at));
                 return;
             }
-            Record::Admitted { request_id } => return self.remember_request(request_id),
+            Record::Admitted { request_id } => return self.folds().facts.remember_request(request_id),
             Record::Usage {
                 input_tokens,
                 output_tokens,
-            } => {
-                self.usage.0 += input_tokens;
-                self.usage.1 += output_tokens;
+            } => return self.folds().transcript.add_usage(input_tokens, output_tokens),
+            Record::Snapshot(snap) => {
+                let Snapshot {
+                    seq,
+                    transcript,
+                    presenter,
+                    facts,
+                } = *snap;
+                self.latest = self.latest.max(seq);
+                self.ring.clear();
+                self.folds = Some(Folds {
+                    transcript,
+                    presenter,
+                    facts,
+                });
                 return;
             }
             Record::Event { seq, event } => (seq, event),
@@ -634,30 +705,7 @@ impl Restore {
             return;
         }
         self.latest = seq;
-        let sid = self.header.as_ref().map_or("", |h| h.0.as_str());
-        self.folds
-            .get_or_insert_with(|| Folds {
-                transcript: Transcript::default(),
-                presenter: Presenter::new(sid),
-            })
-            .apply(seq, &event);
-        match &event {
-            ClientEvent::Status { busy } => self.busy = *busy,
-            ClientEvent::UserMessage { request_id, .. } => self.remember_request(request_id.clone()),
-            ClientEvent::ApprovalRequested { request_id, .. } => self.open_approvals.push(request_id.clone()),
-            ClientEvent::ToolCall { call_id, .. } => self.open_calls.push(call_id.clone()),
-            ClientEvent::ToolResult { call_id, .. } => self.open_calls.retain(|c| c != call_id),
-            ClientEvent::ApprovalResolved {
-                request_id, outcome, ..
-            } => {
-                self.open_approvals.retain(|r| r != request_id);
-                if self.settled.len() == REMEMBERED_SETTLED {
-                    self.settled.pop_front();
-                }
-                self.settled.push_back((request_id.clone(), *outcome));
-            }
-            _ => {}
-        }
+        self.folds().apply(seq, &event);
         if self.ring.len() == self.ring_size {
             self.ring.pop_front();
         }
@@ -670,12 +718,6 @@ impl Restore {
             latest,
             ring,
             folds,
-            usage,
-            busy,
-            open_approvals,
-            open_calls,
-            settled,
-            request_ids,
             ..
         } = self;
         let (id, created_at) = header.ok_or_else(|| Error::internal("ledger has no header"))?;
@@ -685,24 +727,24 @@ impl Restore {
             .map(|(seq, event)| Arc::new(Frame::new(seq, sid.clone(), event)))
             .collect();
         let session = Session::build(rt, &id, created_at, Arc::new(ledger), latest, ring);
-        {
+        let facts = {
             let mut f = lock(&session.folds);
             if let Some(restored) = folds {
                 *f = restored;
             }
-            f.transcript.add_usage(usage.0, usage.1);
-        }
-        for (rid, outcome) in settled {
-            session.approvals.remember(&rid, outcome);
+            f.facts.clone()
+        };
+        for (rid, outcome) in &facts.settled {
+            session.approvals.remember(rid, *outcome);
         }
         {
             let mut run = lock(&session.run);
-            for rid in request_ids {
-                run.remember(&rid);
+            for rid in &facts.request_ids {
+                run.remember(rid);
             }
         }
-        if busy {
-            for rid in open_approvals {
+        if facts.busy {
+            for rid in facts.open_approvals {
                 session.approvals.remember(&rid, ApprovalOutcome::Expired);
                 session.publish(ClientEvent::ApprovalResolved {
                     request_id: rid,
@@ -711,7 +753,7 @@ impl Restore {
                 });
             }
             // Every tool call gets exactly one result, also across a crash.
-            for call_id in open_calls {
+            for call_id in facts.open_calls {
                 session.publish(ClientEvent::ToolResult {
                     call_id,
                     ok: false,

@@ -49,7 +49,9 @@ impl Op {
 
 /// What the writer hands back to the session once a batch is durable.
 pub trait Visible: Send + Sync + 'static {
-    fn commit(&self, frames: Vec<Arc<Frame>>, usage: Vec<(u64, u64)>);
+    fn commit(&self, frames: Vec<Arc<Frame>>, usage: Vec<(u64, u64)>, admitted: Vec<String>);
+    /// The session's state as of the last commit, as a ledger record.
+    fn snapshot(&self) -> Record;
     fn failed(&self, reason: &str);
 }
 
@@ -168,6 +170,58 @@ impl Pipe {
     }
 }
 
+/// One entry of a batch, in push order.
+enum Item {
+    Frame(Arc<Frame>),
+    Record(Record),
+}
+
+/// Encodes and appends `items` on a blocking thread; the bytes written.
+async fn append(log: &Arc<dyn Log>, items: Vec<Item>) -> std::io::Result<u64> {
+    let log = log.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut batch = Batch::default();
+        for item in &items {
+            match item {
+                Item::Frame(frame) => batch.push_frame(frame),
+                Item::Record(record) => batch.push(record),
+            }
+        }
+        log.append(&batch).map(|()| batch.len() as u64)
+    })
+    .await
+    .unwrap_or_else(|e| Err(std::io::Error::other(format!("the ledger writer panicked: {e}"))))
+}
+
+/// When the writer appends a snapshot: after at least `min` bytes, and at
+/// least four times the last snapshot's size, so snapshots never cost more
+/// than a quarter of the ledger however large a session's state grows.
+pub struct SnapshotPolicy {
+    pub min: u64,
+    since: u64,
+    last: u64,
+}
+
+impl SnapshotPolicy {
+    pub fn new(min: u64) -> Self {
+        SnapshotPolicy {
+            min,
+            since: 0,
+            last: 0,
+        }
+    }
+
+    fn due(&mut self, appended: u64) -> bool {
+        self.since += appended;
+        self.since >= self.min.max(self.last.saturating_mul(4))
+    }
+
+    fn taken(&mut self, size: u64) {
+        self.since = 0;
+        self.last = size;
+    }
+}
+
 /// The writer task of one session whose latest durable seq is `latest`.
 /// It ends when the pipe is closed and drained, or at the first failed append.
 pub async fn run(
@@ -176,61 +230,62 @@ pub async fn run(
     log: Arc<dyn Log>,
     visible: Weak<dyn Visible>,
     mut latest: u64,
+    mut snapshots: SnapshotPolicy,
 ) {
     while let Some(ops) = pipe.take().await {
         let mut frames = Vec::new();
         let mut usage = Vec::new();
+        let mut admitted = Vec::new();
         let mut replies = Vec::new();
-        // Records in push order: events as frames, the rest as records.
-        let mut items: Vec<Result<Arc<Frame>, Record>> = Vec::with_capacity(ops.len());
+        let mut items = Vec::with_capacity(ops.len());
         for op in ops {
             match op {
                 Op::Event(event) => {
                     latest += 1;
                     let frame = Arc::new(Frame::new(latest, session_id.clone(), event));
-                    items.push(Ok(frame.clone()));
+                    items.push(Item::Frame(frame.clone()));
                     frames.push(frame);
                 }
                 Op::Usage {
                     input_tokens,
                     output_tokens,
                 } => {
-                    items.push(Err(Record::Usage {
+                    items.push(Item::Record(Record::Usage {
                         input_tokens,
                         output_tokens,
                     }));
                     usage.push((input_tokens, output_tokens));
                 }
                 Op::Admitted { request_id, done } => {
-                    items.push(Err(Record::Admitted { request_id }));
+                    items.push(Item::Record(Record::Admitted {
+                        request_id: request_id.clone(),
+                    }));
+                    admitted.push(request_id);
                     replies.push(done);
                 }
                 Op::Barrier(done) => replies.push(done),
             }
         }
-        let appended = if items.is_empty() {
-            Ok(())
+        let mut appended = if items.is_empty() {
+            Ok(0)
         } else {
-            let log = log.clone();
-            // Encoding and the write both run on a blocking thread.
-            tokio::task::spawn_blocking(move || {
-                let mut batch = Batch::default();
-                for item in &items {
-                    match item {
-                        Ok(frame) => batch.push_frame(frame),
-                        Err(record) => batch.push(record),
-                    }
-                }
-                log.append(&batch)
-            })
-            .await
-            .unwrap_or_else(|e| Err(std::io::Error::other(format!("the ledger writer panicked: {e}"))))
+            append(&log, items).await
         };
-        match appended {
-            Ok(()) => {
-                if let Some(v) = visible.upgrade() {
-                    v.commit(frames, usage);
+        if let Ok(bytes) = appended {
+            let v = visible.upgrade();
+            if let Some(v) = &v {
+                v.commit(frames, usage, admitted);
+            }
+            if let Some(v) = v.filter(|_| snapshots.due(bytes)) {
+                // Taken right after the commit: exact as of its last seq.
+                appended = append(&log, vec![Item::Record(v.snapshot())]).await;
+                if let Ok(size) = appended {
+                    snapshots.taken(size);
                 }
+            }
+        }
+        match appended {
+            Ok(_) => {
                 for done in replies {
                     let _ = done.send(Ok(()));
                 }
