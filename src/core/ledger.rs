@@ -509,8 +509,10 @@ pub fn summarize(path: &Path) -> Result<LedgerSummary> {
     file.seek(SeekFrom::Start(start))?;
     let mut tail = Vec::new();
     file.read_to_end(&mut tail)?;
+    // The last event line's seq, read from its prefix (a snapshot line in
+    // the tail may be large and is never parsed here).
     for line in tail.split(|&b| b == b'\n').rev() {
-        if let Ok(Record::Event { seq, .. }) = serde_json::from_slice::<Record>(line) {
+        if let Some(seq) = event_seq(line) {
             summary.latest_seq = seq;
             break;
         }
