@@ -369,21 +369,39 @@ step("a cursor older than the ring: resync is surfaced, the page refetches, the 
   // The run ends while the stream is held: far more than 16 frames pass the page's cursor.
   await p.waitForFunction(() => window.vakPage.state.grpcOutcome === "completed", null, { timeout: 15_000 });
   held.cut();
+  const burst = Array.from({ length: 100 }, (_, i) => `t${i} `).join("");
+  // The follower stops reading the stream that resynced, fetches the transcript and
+  // opens /stream again after it. (The run ended before that transcript, so its
+  // run_finished is behind the new stream's start: the page, which takes the outcome
+  // only from that frame, does not show it here.)
   await p.waitForFunction(
-    () => window.vakPage.state.resyncs === 1 && window.vakPage.state.outcome === "completed",
-    null,
+    (want) =>
+      window.vakPage.state.resyncs === 1 &&
+      window.vakPage.state.text === want &&
+      window.vakPage.follower?.state === "open" &&
+      window.vakPage.follower?.resyncs === 1,
+    `${burst}\necho: bye`,
     { timeout: 20_000 },
   );
   await new Promise((r) => setTimeout(r, 300));
   const st = await pageState(p);
   await shot(p, "07-resync");
-  const burst = Array.from({ length: 100 }, (_, i) => `t${i} `).join("");
   assert.equal(st.text, `${burst}\necho: bye`);
   assert.equal(st.grpcText, `${burst}\necho: bye`);
   assert.deepEqual(st.errors, []);
   assert.ok(st.log.includes("resync: cursor_too_old"), st.log.join("\n"));
   const gets = proxy2.requests.filter((r) => r.method === "GET" && r.path.startsWith("/stream?"));
-  assert.equal(gets.length, 2);
+  assert.equal(gets.length, 3);
   assert.equal(gets[1].headers["last-event-id"], st.drops[0].cursor);
+  // The new stream: no Last-Event-ID, the cursor vector with the session at the transcript's seq.
+  const transcriptGets = proxy2.requests.filter((r) => r.method === "GET" && r.path.endsWith("/transcript"));
+  assert.equal(transcriptGets.length, 1);
+  assert.equal(gets[2].headers["last-event-id"], undefined);
+  const cursor = new URL(`http://x${gets[2].path}`).searchParams.get("cursor");
+  const seq = await p.evaluate(async (sid) => {
+    const r = await window.vakPage.client.getTranscript({ sessionId: sid });
+    return String(r.seq);
+  }, st.sessionId);
+  assert.equal(cursor, `${st.sessionId}:${seq}`);
   await p.close();
 });
