@@ -93,6 +93,8 @@ pub trait Transport: Send + Sync {
     fn approve(&self, req: pb::ApproveRequest) -> Fut<'_, pb::ApproveResponse>;
     fn cancel(&self, session_id: &str) -> Fut<'_, pb::CancelResponse>;
     fn transcript(&self, session_id: &str) -> Fut<'_, pb::Transcript>;
+    /// The presentation timeline (its pending approval items are what a resync asks again).
+    fn presentation(&self, session_id: &str) -> Fut<'_, pb::OutputTimeline>;
     /// Opens the session's event stream; the server sends stream_opened first.
     fn subscribe(&self, session_id: &str, after: Option<u64>) -> Fut<'_, Events>;
 }
@@ -264,6 +266,13 @@ impl Transport for Reloading {
         Box::pin(self.call(move |t| {
             let sid = sid.clone();
             Box::pin(async move { t.transcript(&sid).await })
+        }))
+    }
+    fn presentation(&self, session_id: &str) -> Fut<'_, pb::OutputTimeline> {
+        let sid = session_id.to_string();
+        Box::pin(self.call(move |t| {
+            let sid = sid.clone();
+            Box::pin(async move { t.presentation(&sid).await })
         }))
     }
     fn subscribe(&self, session_id: &str, after: Option<u64>) -> Fut<'_, Events> {

@@ -185,6 +185,19 @@ impl Transport for Grpc {
         })
     }
 
+    fn presentation(&self, session_id: &str) -> Fut<'_, pb::OutputTimeline> {
+        let sid = session_id.to_string();
+        Box::pin(async move {
+            check_id("session id", &sid)?;
+            let r = self
+                .client()
+                .get_presentation(pb::GetPresentationRequest { session_id: sid })
+                .await
+                .map_err(failure)?;
+            Ok(r.into_inner())
+        })
+    }
+
     fn subscribe(&self, session_id: &str, after: Option<u64>) -> Fut<'_, Events> {
         let sid = session_id.to_string();
         Box::pin(async move {

@@ -2,7 +2,7 @@
 
 use super::conn::{answer_approval, cancel_call, retry, run_call, steer_call, FailKind, Transport};
 use super::editor::{Action, Editor};
-use super::follow::{follow, transcript_at, Follower, Update};
+use super::follow::{follow, Follower, Update};
 use super::render::{clean, full_output, tool_text, Piece, Render, Style};
 use super::screen::{PromptLine, Screen, TerminalGuard};
 use super::Policy;
@@ -116,8 +116,6 @@ struct Ui {
     /// The last key was Ctrl-C: another one exits.
     interrupted: bool,
     reconnecting: bool,
-    /// After a resync the redrawn transcript stands for every frame up to this seq.
-    skip_through: u64,
     notices: mpsc::UnboundedSender<Notice>,
 }
 
@@ -152,7 +150,6 @@ pub async fn run(
         cancel_sent: false,
         interrupted: false,
         reconnecting: false,
-        skip_through: 0,
         notices: tx,
     };
     if std::env::var_os("VAK_TERM_TEST_PANIC").is_some() {
@@ -192,7 +189,7 @@ async fn event_loop(
             })
             .collect(),
     )?;
-    // From seq 0: an attached session's history replays (or resyncs from the transcript).
+    // From seq 0: an attached session's history replays (or is redrawn from its transcript on a resync).
     let mut follower = ui.sid.clone().map(|sid| follow(conn.clone(), sid, Some(0), None));
     let mut keys = EventStream::new();
     let mut tick = tokio::time::interval(TICK);
@@ -208,7 +205,7 @@ async fn event_loop(
                 // Take everything already waiting, then draw once: a burst of
                 // deltas costs one redraw, not one per frame.
                 loop {
-                    if let Err(e) = ui.update(u, &mut pieces).await {
+                    if let Err(e) = ui.update(u, &mut pieces) {
                         ui.show(pieces)?;
                         return Err(e);
                     }
@@ -329,7 +326,7 @@ impl Ui {
     }
 
     /// One update from the follower; what it shows is appended to `pieces`.
-    async fn update(&mut self, u: Update, pieces: &mut Vec<Piece>) -> crate::Result<()> {
+    fn update(&mut self, u: Update, pieces: &mut Vec<Piece>) -> crate::Result<()> {
         let e = match u {
             Update::Fatal(f) => return Err(f.into()),
             Update::Reconnecting(why) => {
@@ -337,32 +334,32 @@ impl Ui {
                 self.screen.set_status(format!("reconnecting… ({})", clean(&why)));
                 return Ok(());
             }
-            Update::Event(e) => e,
-        };
-        let shown = !(e.seq > 0 && e.seq <= self.skip_through);
-        match &e.kind {
-            Some(Kind::StreamOpened(_)) if self.reconnecting => {
-                self.reconnecting = false;
-                self.screen.set_status("");
-            }
-            Some(Kind::Resync(_)) => {
-                // The cursor cannot be served exactly: redraw from the transcript.
+            Update::Resynced(r) => {
+                // The stream could not be resumed exactly: the follower fetched
+                // the transcript and goes on after its seq. Redraw from it.
                 self.show(std::mem::take(pieces))?;
-                let (t, summary) = transcript_at(&self.conn, &self.sid()).await?;
-                self.skip_through = summary.latest_seq;
-                self.busy = summary.busy;
-                // Whether a question is still open cannot be told from the
-                // transcript: the retained frames that follow ask again those
-                // still in the ring (one older than the ring cannot be answered here).
-                self.approvals.clear();
+                self.busy = r.busy;
                 self.render = Render::interactive();
                 self.screen.clear_all()?;
                 pieces.push(Piece::Line {
                     style: Style::Info,
                     text: format!("· resynced session {} from its transcript", self.sid()),
                 });
-                pieces.extend(self.render.transcript(&t));
+                pieces.extend(self.render.transcript(&r.transcript));
+                // Questions still open are behind the new stream's start: ask them again.
+                self.approvals.clear();
+                for a in &r.pending_approvals {
+                    self.render.pending_approval(&a.request_id, &a.tool);
+                    self.approval_requested(&a.request_id, &a.tool, &a.text, pieces);
+                }
                 return Ok(());
+            }
+            Update::Event(e) => e,
+        };
+        match &e.kind {
+            Some(Kind::StreamOpened(_)) if self.reconnecting => {
+                self.reconnecting = false;
+                self.screen.set_status("");
             }
             Some(Kind::SessionClosed(c)) => {
                 self.screen
@@ -375,38 +372,38 @@ impl Ui {
                 }
             }
             Some(Kind::ApprovalRequested(a)) => {
-                let auto = match self.policy {
-                    _ if self.always.contains(&a.tool) => Some(true),
-                    Policy::Allow => Some(true),
-                    Policy::Deny => Some(false),
-                    Policy::Ask => None,
-                };
-                match auto {
-                    Some(v) => {
-                        if shown {
-                            let how = if v { "auto-approving" } else { "auto-denying" };
-                            pieces.push(Piece::Line {
-                                style: Style::Dim,
-                                text: format!("· {how} {}: {}", a.tool, tool_text(&a.tool, &a.reason)),
-                            });
-                        }
-                        self.answer(&a.request_id, v);
-                    }
-                    None => self.approvals.push_back(Approval {
-                        request_id: a.request_id.clone(),
-                        tool: a.tool.clone(),
-                        reason: a.reason.clone(),
-                    }),
-                }
+                self.approval_requested(&a.request_id, &a.tool, &a.reason, pieces)
             }
             Some(Kind::ApprovalResolved(r)) => self.approvals.retain(|a| a.request_id != r.request_id),
             _ => {}
         }
-        let p = self.render.event(&e);
-        if shown {
-            pieces.extend(p);
-        }
+        pieces.extend(self.render.event(&e));
         Ok(())
+    }
+
+    /// A question: answered at once by the policy (or an earlier `[a]lways`), else queued to be asked.
+    fn approval_requested(&mut self, request_id: &str, tool: &str, reason: &str, pieces: &mut Vec<Piece>) {
+        let auto = match self.policy {
+            _ if self.always.contains(tool) => Some(true),
+            Policy::Allow => Some(true),
+            Policy::Deny => Some(false),
+            Policy::Ask => None,
+        };
+        match auto {
+            Some(v) => {
+                let how = if v { "auto-approving" } else { "auto-denying" };
+                pieces.push(Piece::Line {
+                    style: Style::Dim,
+                    text: format!("· {how} {tool}: {}", tool_text(tool, reason)),
+                });
+                self.answer(request_id, v);
+            }
+            None => self.approvals.push_back(Approval {
+                request_id: request_id.to_string(),
+                tool: tool.to_string(),
+                reason: reason.to_string(),
+            }),
+        }
     }
 
     fn answer(&self, request_id: &str, approve: bool) {

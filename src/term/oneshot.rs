@@ -1,7 +1,7 @@
 //! `vak term -p PROMPT`: one run, its answer on stdout (or every frame as a JSON line), and an exit code that says how it ended.
 
 use super::conn::{answer_approval, cancel_call, retry, run_call, FailKind, Failure, Transport};
-use super::follow::{follow, transcript_at, Update};
+use super::follow::{follow, Resync, Update};
 use super::render::{clean, tool_text, Piece, Render};
 use super::Policy;
 use crate::edge::http::json::to_json;
@@ -166,6 +166,12 @@ pub async fn run(conn: Arc<dyn Transport>, sid: String, after: u64, o: OneShot) 
                     break;
                 }
             }
+            // Before our prompt is sent, nothing of it can be in a transcript.
+            Some(Update::Resynced(r)) => {
+                if json {
+                    emit_json(&r.event);
+                }
+            }
         }
     }
 
@@ -184,8 +190,6 @@ pub async fn run(conn: Arc<dyn Transport>, sid: String, after: u64, o: OneShot) 
     let mut render = Render::default();
     let mut in_our_leg = false;
     let mut our_user_seq: Option<u64> = None;
-    // After a resync the transcript stands for every frame up to this seq.
-    let mut skip_through = 0u64;
     let mut pending: VecDeque<Pending> = VecDeque::new();
     let mut asked: Option<String> = None;
     let mut always: HashSet<String> = HashSet::new();
@@ -277,27 +281,27 @@ pub async fn run(conn: Arc<dyn Transport>, sid: String, after: u64, o: OneShot) 
                 }
                 continue;
             }
-            Some(Update::Event(e)) => e,
-        };
-        if json {
-            emit_json(&e);
-        }
-        let replayed = e.seq > 0 && e.seq <= skip_through;
-        let Some(kind) = &e.kind else { continue };
-        match kind {
-            Kind::StreamOpened(_) if reconnecting => {
-                note("reconnected");
-                reconnecting = false;
-            }
-            Kind::Resync(_) => {
-                let (t, summary) = transcript_at(&conn, &sid).await?;
-                skip_through = summary.latest_seq;
+            Some(Update::Resynced(r)) => {
+                let Resync {
+                    event,
+                    transcript: t,
+                    pending_approvals,
+                    finished_runs,
+                    ..
+                } = *r;
+                if json {
+                    emit_json(&event);
+                }
                 note("resynced from the transcript");
-                // The retained frames that follow ask again the questions still open.
+                // The transcript stands for every frame up to its seq; the
+                // stream goes on after it. Questions still open are asked again.
                 pending.clear();
                 asked = None;
+                // Ours: every event our input causes is after the admission's after_seq.
                 let user = t.messages.iter().rposition(|m| {
-                    m.role == "user" && our_user_seq.map_or(m.text == o.prompt, |s| m.seq == s)
+                    m.role == "user"
+                        && our_user_seq
+                            .map_or(m.text == o.prompt && m.seq > admission.after_seq, |s| m.seq == s)
                 });
                 if let Some(i) = user {
                     in_our_leg = !t.messages[i + 1..].iter().any(|m| m.role == "user");
@@ -309,11 +313,49 @@ pub async fn run(conn: Arc<dyn Transport>, sid: String, after: u64, o: OneShot) 
                                 let rest = rest.to_string();
                                 answer.write(&rest);
                             }
-                            None => note("resynced: the text above may differ from the transcript"),
+                            None => note("resynced: the text above differs from the transcript"),
                         }
                         answer.need_sep = t.messages.last().is_some_and(|m| m.role == "tool");
                     }
                 }
+                // Our run may have ended at or before the transcript's seq: its
+                // run_finished is then behind the new stream's start.
+                let ended = finished_runs.iter().find(|r| match our_user_seq {
+                    Some(u) => r.seq > u,
+                    None => queued && r.status == "cancelled" && r.seq > admission.after_seq,
+                });
+                if let Some(r) = ended {
+                    return Ok(run_over(
+                        &mut answer,
+                        json,
+                        our_user_seq.is_some(),
+                        &r.status,
+                        &r.text,
+                    ));
+                }
+                if in_our_leg {
+                    for a in pending_approvals {
+                        let v = verdict(o.policy, &always, stdin_closed, &a.tool);
+                        let p = Pending {
+                            request_id: a.request_id,
+                            tool: a.tool,
+                            reason: a.text,
+                        };
+                        settle_or_queue(v, &conn, &sid, json, &mut pending, p);
+                    }
+                }
+                continue;
+            }
+            Some(Update::Event(e)) => e,
+        };
+        if json {
+            emit_json(&e);
+        }
+        let Some(kind) = &e.kind else { continue };
+        match kind {
+            Kind::StreamOpened(_) if reconnecting => {
+                note("reconnected");
+                reconnecting = false;
             }
             Kind::UserMessage(m) => {
                 in_our_leg = m.request_id == request_id;
@@ -321,9 +363,9 @@ pub async fn run(conn: Arc<dyn Transport>, sid: String, after: u64, o: OneShot) 
                     our_user_seq = Some(e.seq);
                 }
             }
-            Kind::TextDelta(t) if in_our_leg && !json && !replayed => answer.push(&t.text),
+            Kind::TextDelta(t) if in_our_leg && !json => answer.push(&t.text),
             Kind::ToolCall(_) | Kind::ToolResult(_) | Kind::ApprovalResolved(_) if in_our_leg => {
-                if matches!(kind, Kind::ToolCall(_)) && !replayed {
+                if matches!(kind, Kind::ToolCall(_)) {
                     answer.need_sep = true;
                 }
                 if let Kind::ApprovalResolved(r) = kind {
@@ -333,62 +375,91 @@ pub async fn run(conn: Arc<dyn Transport>, sid: String, after: u64, o: OneShot) 
                     }
                 }
                 for p in render.event(&e) {
-                    if let (false, false, Piece::Line { text, .. }) = (json, replayed, p) {
+                    if let (false, Piece::Line { text, .. }) = (json, p) {
                         eprintln!("vak: {text}");
                     }
                 }
             }
             Kind::ApprovalRequested(a) if in_our_leg => {
                 render.event(&e);
-                let verdict = match o.policy {
-                    _ if always.contains(&a.tool) => Some(true),
-                    Policy::Allow => Some(true),
-                    Policy::Deny => Some(false),
-                    Policy::Ask if stdin_closed => Some(false),
-                    Policy::Ask => None,
+                let v = verdict(o.policy, &always, stdin_closed, &a.tool);
+                let p = Pending {
+                    request_id: a.request_id.clone(),
+                    tool: a.tool.clone(),
+                    reason: a.reason.clone(),
                 };
-                match verdict {
-                    Some(v) => {
-                        if !json {
-                            let how = if v { "approving" } else { "denying" };
-                            note(&format!("{how} {}: {}", a.tool, tool_text(&a.tool, &a.reason)));
-                        }
-                        spawn_answer(
-                            &conn,
-                            &sid,
-                            &a.request_id,
-                            v,
-                            if v { "" } else { "vak term --approve deny" },
-                        );
-                    }
-                    None => pending.push_back(Pending {
-                        request_id: a.request_id.clone(),
-                        tool: a.tool.clone(),
-                        reason: a.reason.clone(),
-                    }),
-                }
+                settle_or_queue(v, &conn, &sid, json, &mut pending, p);
             }
-            // Ours: the first after our prompt's leg began (a replay after a
-            // resync may carry an older one), or a cancel that discarded it queued.
+            // Ours: the first after our prompt's leg began, or a cancel that discarded it queued.
             Kind::RunFinished(r)
                 if our_user_seq.map_or(queued && r.outcome == "cancelled", |u| e.seq > u) =>
             {
-                if !json {
-                    answer.finish();
-                    if our_user_seq.is_none() {
-                        note("run cancelled before the prompt ran");
-                    } else if r.outcome != "completed" {
-                        note(&format!("run {}: {}", r.outcome, clean(&r.message)));
-                    }
-                }
-                return Ok(match r.outcome.as_str() {
-                    "completed" => EXIT_COMPLETED,
-                    "cancelled" => EXIT_CANCELLED,
-                    _ => EXIT_FAILED,
-                });
+                return Ok(run_over(
+                    &mut answer,
+                    json,
+                    our_user_seq.is_some(),
+                    &r.outcome,
+                    &r.message,
+                ));
             }
             _ => {}
         }
+    }
+}
+
+/// Our run is over (`outcome`, `message`: its run_finished's): ends the answer
+/// and says how it ended; the exit code. `ran`: our prompt's leg began.
+fn run_over(answer: &mut Answer, json: bool, ran: bool, outcome: &str, message: &str) -> i32 {
+    if !json {
+        answer.finish();
+        if !ran {
+            note("run cancelled before the prompt ran");
+        } else if outcome != "completed" {
+            note(&format!("run {outcome}: {}", clean(message)));
+        }
+    }
+    match outcome {
+        "completed" => EXIT_COMPLETED,
+        "cancelled" => EXIT_CANCELLED,
+        _ => EXIT_FAILED,
+    }
+}
+
+/// What the policy says to a question of our leg: Some(answer) at once, None: ask.
+fn verdict(policy: Policy, always: &HashSet<String>, stdin_closed: bool, tool: &str) -> Option<bool> {
+    match policy {
+        _ if always.contains(tool) => Some(true),
+        Policy::Allow => Some(true),
+        Policy::Deny => Some(false),
+        Policy::Ask if stdin_closed => Some(false),
+        Policy::Ask => None,
+    }
+}
+
+/// Answers a question of our leg at once (`verdict`), or queues it to be asked.
+fn settle_or_queue(
+    verdict: Option<bool>,
+    conn: &Arc<dyn Transport>,
+    sid: &str,
+    json: bool,
+    pending: &mut VecDeque<Pending>,
+    p: Pending,
+) {
+    match verdict {
+        Some(v) => {
+            if !json {
+                let how = if v { "approving" } else { "denying" };
+                note(&format!("{how} {}: {}", p.tool, tool_text(&p.tool, &p.reason)));
+            }
+            spawn_answer(
+                conn,
+                sid,
+                &p.request_id,
+                v,
+                if v { "" } else { "vak term --approve deny" },
+            );
+        }
+        None => pending.push_back(p),
     }
 }
 

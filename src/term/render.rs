@@ -134,6 +134,11 @@ impl Render {
         }
     }
 
+    /// An approval still pending when a transcript was redrawn: its resolution comes later, naming only its id.
+    pub fn pending_approval(&mut self, request_id: &str, tool: &str) {
+        self.approvals.insert(request_id.to_string(), tool.to_string());
+    }
+
     /// A transcript as the pieces its events would have rendered (the redraw after a resync).
     pub fn transcript(&mut self, t: &pb::Transcript) -> Vec<Piece> {
         let mut out = Vec::new();
@@ -156,9 +161,12 @@ impl Render {
                 }
                 "tool" => {
                     out.push(line(Style::Dim, tool_call_line(m.tool(), m.input.as_ref())));
-                    // A call still waiting for its result has neither output nor ok.
+                    // A call still waiting for its result has neither output nor ok:
+                    // its result comes later, naming only the call.
                     if m.ok() || !m.text.is_empty() {
                         out.push(self.result(m.tool(), m.ok(), &m.text));
+                    } else {
+                        self.tools.insert(m.call_id().to_string(), m.tool().to_string());
                     }
                 }
                 "run" => out.extend(run_end(m.outcome(), &m.text)),

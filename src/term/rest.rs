@@ -211,6 +211,19 @@ impl Transport for Rest {
         })
     }
 
+    fn presentation(&self, session_id: &str) -> Fut<'_, pb::OutputTimeline> {
+        let sid = session_id.to_string();
+        Box::pin(async move {
+            check_id("session id", &sid)?;
+            self.call::<pb::GetPresentationRequest, _>(
+                Method::GET,
+                format!("/sessions/{sid}/presentation"),
+                None,
+            )
+            .await
+        })
+    }
+
     fn subscribe(&self, session_id: &str, after: Option<u64>) -> Fut<'_, Events> {
         let sid = session_id.to_string();
         Box::pin(async move {

@@ -1,5 +1,6 @@
 """`Client.follow`: one session's events over SSE and gRPC, resumed across
-connection losses without a duplicate or a gap, and resync surfaced."""
+connection losses without a duplicate or a gap, and resynced from the
+transcript."""
 
 from __future__ import annotations
 
@@ -97,32 +98,38 @@ def test_follow_resumes_across_connection_loss(server: Server, direct: Client, p
         assert int(resumed[0].group(1)) >= 3  # type: ignore[union-attr]
 
 
-def test_follow_surfaces_resync_after_a_long_outage(
+def test_follow_resyncs_from_the_transcript_when_the_cursor_is_ahead(
     ring_server: Server, ring_proxy: Proxy, transport: str
 ) -> None:
-    """The follower loses its connection, the session moves on by more than
-    the ring holds, and the reconnect yields `resync` and then every
-    retained frame."""
+    """A cursor ahead of the session (its home was reset, say) cannot be
+    served: the stream starts with `resync`, the follower fetches the
+    transcript and goes on after its seq (nothing of that stream is handed
+    over), so the next run follows exactly. (A cursor merely older than the
+    ring is replayed from the server's ledger, with no resync.)"""
     direct = ring_server.client()
     sid = direct.create_session()
+    direct.run(sid, "/burst 40")
+    done = wait_finished(direct, sid, after=0)
+    latest = done[-1].seq
     backoff = Backoff(initial=0.02, maximum=0.2, give_up_after=30)
     with Client(ring_proxy.url, ring_server.token, transport=transport, backoff=backoff) as via:  # type: ignore[arg-type]
-        with via.follow(sid, after=0) as events:
-            direct.run(sid, "/sleep 300\n/burst 40")
-            before = take_until(events, lambda e: kind(e) == "turn_started", events)
-            ring_proxy.hold()  # cut, and refuse reconnects until released
-            # (The follower reconnects on its next read; the session moves on meanwhile.)
-            done = wait_finished(direct, sid, after=before[-1].seq)
-            ring_proxy.release()
+        with via.follow(sid, after=latest + 50) as events:
+            resync = next(events)
+            assert events.transcript is not None
+            transcript = events.transcript
+            direct.run(sid, "next")
             after = take_until(events, finished, events)
-    latest = done[-1].seq
-    assert kind(after[0]) == "resync"
-    assert after[0].seq == 0
-    assert after[0].resync.reason == "cursor_too_old"
-    assert after[0].resync.latest_seq == latest
-    assert [e.seq for e in after[1:]] == list(range(latest - 7, latest + 1))
-    assert events.cursor == latest
-    assert events.reconnects == 1
+    assert kind(resync) == "resync"
+    assert resync.seq == 0
+    assert resync.resync.reason == "cursor_ahead"
+    assert resync.resync.latest_seq == latest
+    assert transcript.seq == latest
+    assert [m.text for m in transcript.messages if m.role == "assistant"] == [burst_text(40)]
+    # The new stream starts right after the transcript: the second run, whole.
+    assert_gap_free(after, first=latest + 1)
+    assert texts(after) == "echo: next"
+    assert events.cursor == after[-1].seq
+    assert events.resyncs == 1
     direct.close()
 
 
@@ -148,19 +155,26 @@ def test_follow_retries_until_the_server_is_back(server: Server, direct: Client,
 
 
 @pytest.mark.parametrize("cursor", ["too_old", "ahead"])
-def test_follow_surfaces_resync_for_an_unservable_cursor(ring_server: Server, transport: str, cursor: str) -> None:
+def test_follow_resyncs_an_unservable_cursor_from_the_transcript(ring_server: Server, transport: str, cursor: str) -> None:
     with ring_server.client(transport=transport) as c:
         sid = c.create_session()
         c.run(sid, "/burst 20")
         latest = wait_finished(c, sid)[-1].seq
         after = 1 if cursor == "too_old" else latest + 100
         with c.follow(sid, after=after) as events:
-            got = take_until(events, lambda e: e.seq == latest, events)
-    assert kind(got[0]) == "resync"
-    assert got[0].resync.reason == f"cursor_{cursor}"
-    # After a resync the retained frames follow, even below a cursor that was ahead.
-    assert [e.seq for e in got[1:]] == list(range(latest - 7, latest + 1))
-    assert events.duplicates_dropped == 0
+            resync = next(events)
+            transcript = events.transcript
+            c.run(sid, "more")
+            got = take_until(events, finished, events)
+    assert kind(resync) == "resync"
+    assert resync.resync.reason == f"cursor_{cursor}"
+    assert transcript is not None and transcript.seq == latest
+    assert [m.text for m in transcript.messages if m.role == "assistant"] == [burst_text(20)]
+    # After the resync the stream goes on after the transcript's seq, even
+    # below a cursor that was ahead; no retained frame is handed over again.
+    assert_gap_free(got, first=latest + 1)
+    assert texts(got) == "echo: more"
+    assert events.duplicates_dropped == 0 and events.resyncs == 1
 
 
 def test_follow_errors_that_retrying_cannot_fix(server: Server, transport: str) -> None:

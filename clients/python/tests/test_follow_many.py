@@ -1,6 +1,6 @@
 """`Client.follow_many`: many sessions on one multiplexed stream, resumed
 across connection losses with the cursor vector; follow/unfollow on the live
-stream; resync surfaced."""
+stream; a resync of one session resumed after its transcript."""
 
 from __future__ import annotations
 
@@ -153,7 +153,7 @@ def test_follow_and_unfollow_on_the_live_stream(direct: Client, transport: str) 
     assert a not in parse_vector(stream.cursor)
 
 
-def test_follow_many_surfaces_resync(ring_server: Server, transport: str) -> None:
+def test_follow_many_resyncs_one_session_from_its_transcript(ring_server: Server, transport: str) -> None:
     with ring_server.client(transport=transport) as c:
         sids = [c.create_session() for _ in range(2)]
         with c.follow_many(sids) as stream:
@@ -161,16 +161,24 @@ def test_follow_many_surfaces_resync(ring_server: Server, transport: str) -> Non
                 c.run(sid, "/burst 20")
             take_until(stream, RunsDone(sids), stream)
             latest = parse_vector(stream.cursor)
-        stale = f"{sids[0]}:1,{sids[1]}:{latest[sids[1]]}"
+        # The first entry is ahead of its session (a cursor from a home that was reset).
+        stale = f"{sids[0]}:{latest[sids[0]] + 50},{sids[1]}:{latest[sids[1]]}"
         with c.follow_many(sids, cursor=stale) as stream:
-            items = take_until(
-                stream, lambda i: i.session_id == sids[0] and getattr(i.message, "seq", -1) == latest[sids[0]]
-                and i.kind == "agent", stream
-            )
-    resyncs = [i for i in items if i.kind == "resync"]
-    assert [i.session_id for i in resyncs] == [sids[0]]
-    resync = resyncs[0].message
-    assert isinstance(resync, agent_pb2.Event) and resync.resync.reason == "cursor_too_old"
-    replayed = [e.seq for e in per_session(items)[sids[0]]]
-    assert replayed == list(range(latest[sids[0]] - 7, latest[sids[0]] + 1))
-    assert not per_session(items).get(sids[1])
+            first = take_until(stream, lambda i: i.kind == "resync", stream)
+            transcript = stream.transcripts[sids[0]]
+            assert parse_vector(stream.cursor) == latest
+            for sid in sids:
+                c.run(sid, "again")
+            items = take_until(stream, RunsDone(sids), stream)
+    assert not [i for i in first if i.kind == "agent"], "no agent frame before the resync"
+    resync = first[-1]
+    assert resync.session_id == sids[0]
+    assert isinstance(resync.message, agent_pb2.Event) and resync.message.resync.reason == "cursor_ahead"
+    assert transcript.seq == latest[sids[0]]
+    assert [m.text for m in transcript.messages if m.role == "assistant"] == [burst_text(20)]
+    assert not [i for i in items if i.kind == "resync"]
+    # Both sessions go on exactly after their entries: the resynced one after the transcript.
+    for sid in sids:
+        seqs = [e.seq for e in per_session(items)[sid]]
+        assert seqs == list(range(latest[sid] + 1, latest[sid] + 1 + len(seqs))), (sid, seqs)
+    assert stream.resyncs == 1

@@ -100,8 +100,9 @@ def test_session_cursor() -> None:
     assert c.cursor == 2
     assert [c.accept(ev(3)), c.accept(ev(4))] == [ev(3), ev(4)]
     assert c.accept(ev(4)) is None and c.duplicates == 1  # a resend is dropped
-    assert c.accept(ev(0, "resync")) is not None and c.cursor == 4  # seq 0 never moves it
-    assert c.accept(ev(1)) == ev(1) and c.cursor == 1  # the replay after a resync is taken
+    c.resynced(agent_pb2.Transcript(session_id="s", seq=2))  # a cursor ahead: the transcript is behind it
+    assert c.cursor == 2 and c.transcript is not None and c.transcript.seq == 2
+    assert c.accept(ev(3)) == ev(3) and c.cursor == 3  # the new stream goes on after the transcript
     assert c.accept(ev(0, "session_closed")) is not None and c.finished
     with pytest.raises(ProtocolError):
         SessionCursor("s", None).on_opened(ev(1))
@@ -131,6 +132,11 @@ def test_vector_cursor() -> None:
     assert v.accept(mux("agent", "c", 2, None)) is None
     v.followed("d", 0)
     assert v.request() == (["a", "b", "d"], "a:5,b:7,d:0")
+    # A resync sets that session's entry to the transcript's seq, lower or higher.
+    v.resynced("a", agent_pb2.Transcript(session_id="a", seq=2))
+    v.resynced("b", agent_pb2.Transcript(session_id="b", seq=12))
+    assert v.request() == (["a", "b", "d"], "a:2,b:12,d:0")
+    assert v.transcripts["a"].seq == 2
 
 
 def test_backoff_is_bounded() -> None:

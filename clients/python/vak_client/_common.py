@@ -578,8 +578,9 @@ class StreamItem(NamedTuple):
 
     `kind` names the frame (the `StreamMessage.frame` case and the SSE event
     name): "agent" (an `Event` of the session), "presentation" (a
-    `PresentationEvent`), "resync" (an `Event` whose kind is `resync`: refetch
-    that session's transcript), "coworking" (`Coworking`), "session_closed"
+    `PresentationEvent`), "resync" (an `Event` whose kind is `resync`: the
+    follower has fetched that session's transcript, `transcripts[session_id]`,
+    and its agent frames continue after the transcript's seq), "coworking" (`Coworking`), "session_closed"
     (an `Event`), "host" (`HostInfo`) or "config" (`ConfigInfo`). `session_id`
     is "" for host and config frames.
     """
@@ -660,10 +661,11 @@ class SessionCursor:
     """The resume state of `follow()`: the last seq handed to the caller.
 
     Stream-level frames (seq 0) never move it. `stream_opened` is consumed
-    (its `latest_seq` is the start point of a live-only follow); `resync` and
-    `session_closed` are handed over. A session event at or below the cursor
-    is dropped (counted in `duplicates`), except right after a resync, whose
-    replay may legitimately restart below it.
+    (its `latest_seq` is the start point of a live-only follow);
+    `session_closed` is handed over. A session event at or below the cursor
+    is dropped (counted in `duplicates`). A `resync` never reaches `accept`:
+    the follower fetches the transcript and `resynced` sets the cursor to its
+    seq (lower than before for a cursor that was ahead of the session).
     """
 
     session_id: str
@@ -671,7 +673,7 @@ class SessionCursor:
     opened: agent_pb2.StreamOpened | None = None
     finished: bool = False
     duplicates: int = 0
-    _resynced: bool = False
+    transcript: agent_pb2.Transcript | None = None
 
     def on_opened(self, first: agent_pb2.Event) -> None:
         if first.WhichOneof("kind") != "stream_opened":
@@ -679,24 +681,23 @@ class SessionCursor:
         self.opened = first.stream_opened
         if self.cursor is None:
             self.cursor = first.stream_opened.latest_seq
-        self._resynced = False
+
+    def resynced(self, transcript: agent_pb2.Transcript) -> None:
+        self.transcript = transcript
+        self.cursor = transcript.seq
 
     def accept(self, ev: agent_pb2.Event) -> agent_pb2.Event | None:
         kind = ev.WhichOneof("kind")
         if kind == "stream_opened":
             return None
-        if kind == "resync":
-            self._resynced = True
-            return ev
         if kind == "session_closed":
             self.finished = True
             return ev
         if ev.seq == 0:
             return ev  # a stream-level frame of a newer server
-        if not self._resynced and self.cursor is not None and ev.seq <= self.cursor:
+        if self.cursor is not None and ev.seq <= self.cursor:
             self.duplicates += 1
             return None
-        self._resynced = False
         self.cursor = ev.seq
         return ev
 
@@ -712,8 +713,9 @@ class VectorCursor:
     this follower has none for yet (a live start point, a session followed
     through the stream id by somebody else), so a server that resent old
     frames could not make the client skip anything: the resent frames are
-    dropped (counted in `duplicates`). Right after a resync of a session its
-    replay is accepted whatever its seqs. `stream_opened` is consumed (it sets
+    dropped (counted in `duplicates`). A resync of a session sets its entry
+    to the seq of the transcript fetched for it (`resynced`); the stream is
+    then opened again with that vector. `stream_opened` is consumed (it sets
     `stream_id`); frames of a session unfollowed through this follower are
     dropped."""
 
@@ -724,7 +726,7 @@ class VectorCursor:
     duplicates: int = 0
     saw_closed: bool = False
     unfollowed: set[str] = field(default_factory=set)
-    _resynced: set[str] = field(default_factory=set)
+    transcripts: dict[str, agent_pb2.Transcript] = field(default_factory=dict)
 
     @classmethod
     def new(cls, sessions: Iterable[str], cursor: str | None) -> VectorCursor:
@@ -749,7 +751,6 @@ class VectorCursor:
         self.opened = first.message
         self.stream_id = first.message.stream_id
         self._adopt(first.message.cursor)
-        self._resynced.clear()
         self.saw_closed = False
 
     def followed(self, session_id: str, after: int | None) -> None:
@@ -767,6 +768,12 @@ class VectorCursor:
             self.sessions.remove(session_id)
         self.vector.pop(session_id, None)
 
+    def resynced(self, session_id: str, transcript: agent_pb2.Transcript) -> None:
+        self.transcripts[session_id] = transcript
+        self.vector[session_id] = transcript.seq
+        if session_id not in self.sessions:
+            self.sessions.append(session_id)
+
     def accept(self, f: MuxFrame) -> StreamItem | None:
         if f.kind == "stream_opened":
             return None
@@ -775,14 +782,11 @@ class VectorCursor:
         if f.kind == "agent" and isinstance(f.message, agent_pb2.Event):
             seq = f.message.seq
             last = self.vector.get(f.session_id)
-            if f.session_id not in self._resynced and last is not None and seq <= last:
+            if last is not None and seq <= last:
                 self.duplicates += 1
                 return None
-            self._resynced.discard(f.session_id)
             if seq > 0:
                 self.vector[f.session_id] = seq
-        elif f.kind == "resync":
-            self._resynced.add(f.session_id)
         elif f.kind == "session_closed":
             self.saw_closed = True
         self._adopt(f.id)

@@ -10,6 +10,15 @@ exception thrown back in. `_sync.py` runs them with blocking calls and
 The stream kinds are mixins: `SessionStream` (`follow()`: one session's
 `Event`s, resumed with a seq) and `MuxStream` (`follow_many()`: the
 multiplexed stream, resumed with a cursor vector).
+
+The resync rule (docs/protocol.md, section 8) is here too: on a `resync`
+frame the follower stops reading that stream, fetches the session's
+transcript (exact as of its `seq`), hands the resync over with that
+transcript, and opens a new stream after the transcript's seq. It never
+lines frames up with the transcript by comparing seqs: under backpressure
+the server merges consecutive deltas into one frame that carries only the
+last seq it covers, so a frame after a resync may hold text from both sides
+of the transcript's seq.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ from vak_client._common import (
     VakError,
     VectorCursor,
     call_follow,
+    call_transcript,
     call_unfollow,
     event_from_sse,
     events_path,
@@ -160,6 +170,8 @@ class Resume(Generic[F, I]):
     transport: Transport
     reconnects: int
     """How many times the stream was reopened after a loss."""
+    resyncs: int
+    """How many resyncs were handed over (each reopened the stream after a transcript)."""
 
     def _init_resume(self, transport: Transport, backoff: Backoff) -> None:
         self.transport = transport
@@ -167,7 +179,9 @@ class Resume(Generic[F, I]):
         self._failures = 0
         self._loss_since: float | None = None
         self._ever_opened = False
+        self._after_resync = False
         self.reconnects = 0
+        self.resyncs = 0
 
     # the stream kind's part
     def _spec(self) -> Spec:
@@ -183,6 +197,14 @@ class Resume(Generic[F, I]):
         raise NotImplementedError
 
     def _accept(self, frame: F) -> I | None:
+        raise NotImplementedError
+
+    def _resync_of(self, frame: F) -> str | None:
+        """The session a `resync` frame is about (None: not a resync to act on)."""
+        raise NotImplementedError
+
+    def _on_resync(self, frame: F, transcript: agent_pb2.Transcript) -> I:
+        """Resume after the transcript's seq; the item handing the resync over."""
         raise NotImplementedError
 
     # the protocol
@@ -217,9 +239,10 @@ class Resume(Generic[F, I]):
                 continue
             yield Live(conn)
             conn.opened_at = time.monotonic()
-            if self._ever_opened:
+            if self._ever_opened and not self._after_resync:
                 self.reconnects += 1
             self._ever_opened = True
+            self._after_resync = False
             self._loss_since = None
             return conn
 
@@ -252,9 +275,42 @@ class Resume(Generic[F, I]):
         while True:
             if self._finished():
                 raise Stop
-            item = self._accept((yield from self._next_frame()))
+            frame = yield from self._next_frame()
+            session_id = self._resync_of(frame)
+            if session_id is not None:
+                return (yield from self._resync(frame, session_id))
+            item = self._accept(frame)
             if item is not None:
                 return item
+
+    def _resync(self, frame: F, session_id: str) -> Steps[I]:
+        """The resync rule: nothing more is read from this stream; the
+        transcript (exact as of its seq) stands for everything up to that
+        seq, and a new stream opens after it. Over SSE the transcript comes
+        over REST, over gRPC from the GetTranscript RPC; a failure that
+        retrying can fix is retried with the reconnect backoff."""
+        live = yield Current()
+        if live is not None:
+            yield Drop(live)
+        failures = 0
+        since = time.monotonic()
+        while True:
+            try:
+                transcript: agent_pb2.Transcript = yield Call(call_transcript(session_id), self.transport == "sse")
+                break
+            except VakError as err:
+                if not err.retryable:
+                    raise
+                failures += 1
+                limit = self._backoff.give_up_after
+                if limit is not None and time.monotonic() - since > limit:
+                    raise
+                yield Sleep(self._backoff.delay(failures))
+        # The server answered: the new stream opens at once, and is no reconnect.
+        self._failures = 0
+        self._after_resync = True
+        self.resyncs += 1
+        return self._on_resync(frame, transcript)
 
     def _open_steps(self) -> Steps[agent_pb2.StreamOpened]:
         yield from self._ensure()
@@ -293,6 +349,13 @@ class SessionStream(Resume[agent_pb2.Event, agent_pb2.Event]):
         """Events the server sent again at or below the cursor (dropped)."""
         return self._state.duplicates
 
+    @property
+    def transcript(self) -> agent_pb2.Transcript | None:
+        """The transcript fetched for the last `resync` handed over (None
+        before any): the session exactly as of its `seq`, which is where the
+        events handed over after that resync continue."""
+        return self._state.transcript
+
     def _opened(self) -> agent_pb2.StreamOpened | None:
         return self._state.opened
 
@@ -316,6 +379,13 @@ class SessionStream(Resume[agent_pb2.Event, agent_pb2.Event]):
 
     def _accept(self, frame: agent_pb2.Event) -> agent_pb2.Event | None:
         return self._state.accept(frame)
+
+    def _resync_of(self, frame: agent_pb2.Event) -> str | None:
+        return self.session_id if frame.WhichOneof("kind") == "resync" else None
+
+    def _on_resync(self, frame: agent_pb2.Event, transcript: agent_pb2.Transcript) -> agent_pb2.Event:
+        self._state.resynced(transcript)
+        return frame
 
 
 class MuxStream(Resume[MuxFrame, StreamItem]):
@@ -362,6 +432,13 @@ class MuxStream(Resume[MuxFrame, StreamItem]):
     def duplicates_dropped(self) -> int:
         return self._state.duplicates
 
+    @property
+    def transcripts(self) -> dict[str, agent_pb2.Transcript]:
+        """Per session, the transcript fetched for its last `resync` handed
+        over: that session exactly as of the transcript's `seq`, where its
+        agent frames handed over after that resync continue."""
+        return dict(self._state.transcripts)
+
     def _opened(self) -> agent_pb2.StreamOpened | None:
         return self._state.opened
 
@@ -383,6 +460,17 @@ class MuxStream(Resume[MuxFrame, StreamItem]):
 
     def _accept(self, frame: MuxFrame) -> StreamItem | None:
         return self._state.accept(frame)
+
+    def _resync_of(self, frame: MuxFrame) -> str | None:
+        if frame.kind != "resync" or frame.session_id in self._state.unfollowed:
+            return None
+        return frame.session_id
+
+    def _on_resync(self, frame: MuxFrame, transcript: agent_pb2.Transcript) -> StreamItem:
+        # The new stream resumes this session after the transcript, every
+        # other one after the last agent frame handed over.
+        self._state.resynced(frame.session_id, transcript)
+        return StreamItem(frame.session_id, frame.kind, frame.message)
 
     def _follow_steps(self, session_id: str, after: int | None) -> Steps[list[str]]:
         resp = yield from self._control(call_follow(self.stream_id, session_id, after))

@@ -310,10 +310,13 @@ class Follower(_Blocking[agent_pb2.Event, agent_pb2.Event], SessionStream, Itera
     session event exactly once, in order, across reconnects.
 
     Stream-level frames: `stream_opened` is consumed, never yielded (see
-    `open()` and `opened`); `resync` is yielded (the cursor could not be
-    served exactly: refetch the transcript; the retained frames follow);
-    `session_closed` (server shutdown) is yielded and ends the iteration.
-    None of them moves the cursor.
+    `open()` and `opened`); `resync` is yielded once the follower has acted
+    on it: the cursor could not be served exactly, so it stopped reading that
+    stream, fetched the transcript (`transcript`, exact as of its `seq`),
+    set the cursor to that seq and opened a new stream after it; show the
+    transcript in place of what you had, and the events that follow continue
+    it. `session_closed` (server shutdown) is yielded and ends the iteration.
+    Only session events and a resync move the cursor.
 
     With `after=None` the follower starts live: `cursor` becomes the
     session's latest seq when the stream opens, so what follows is still
@@ -338,8 +341,11 @@ class StreamFollower(_Blocking[MuxFrame, StreamItem], MuxStream, Iterator[Stream
     over; a reconnect resumes from it (SSE `Last-Event-ID`, gRPC `cursor`)
     and agent frames at or below a session's entry are never handed over
     twice. `stream_opened` is consumed, not yielded: it sets `stream_id`
-    (which changes on every reconnect). `resync` is yielded (refetch that
-    session's transcript). The iteration ends after the server closed the
+    (which changes on every reconnect). `resync` is yielded once the
+    follower has acted on it: it stopped reading that stream, fetched that
+    session's transcript (`transcripts[session_id]`, exact as of its `seq`)
+    and opened the stream again with that session's entry set to that seq;
+    show the transcript in place of what you had for that session. The iteration ends after the server closed the
     stream with `session_closed` frames (shutdown), or on `close()`.
 
     `follow()` / `unfollow()` change the live stream (over REST

@@ -9,6 +9,13 @@
 // session exactly after the last frame this page received. When the browser
 // gives up (an HTTP error ends an EventSource for good), the follower opens a
 // new one with `?cursor=<last id>`, which the server reads the same way.
+//
+// A `resync` frame says the server could not resume one session exactly. The
+// follower then stops reading that stream (frames merged under backpressure
+// carry only their last seq, so what follows cannot be lined up with a
+// transcript by seq), fetches that session's transcript (exact as of its
+// `seq`), hands it to the `resync` listeners, and opens a new stream whose
+// cursor vector has that session's entry set to the transcript's seq.
 import { fromJsonString } from "@bufbuild/protobuf";
 import {
   ConfigInfoSchema,
@@ -17,12 +24,14 @@ import {
   HostInfoSchema,
   PresentationEventSchema,
   StreamOpenedSchema,
+  TranscriptSchema,
   type ConfigInfo,
   type Coworking,
   type Event,
   type HostInfo,
   type PresentationEvent,
   type StreamOpened,
+  type Transcript,
 } from "./gen/vak/v1/agent_pb.js";
 import { KEY_HEADER, storedKey, trimSlash } from "./client.js";
 
@@ -38,10 +47,13 @@ export interface FollowerEvents {
   presentation: (event: PresentationEvent, cursor: string) => void;
   /**
    * The server could not resume this session exactly from the cursor
-   * (`event.kind.value.reason`: cursor_too_old or cursor_ahead): refetch the
-   * session's state (GetPresentation / GetTranscript); every retained frame follows.
+   * (`event.kind.value.reason`: cursor_too_old or cursor_ahead). The follower
+   * stopped reading that stream and fetched the session's transcript, exact
+   * as of `transcript.seq`: show it in place of what you had for that
+   * session. The stream is opened again with that session's entry set to
+   * `transcript.seq`, so its agent frames continue right after the transcript.
    */
-  resync: (event: Event) => void;
+  resync: (event: Event, transcript: Transcript) => void;
   coworking: (coworking: Coworking) => void;
   host: (host: HostInfo) => void;
   config: (config: ConfigInfo) => void;
@@ -115,6 +127,19 @@ export interface StreamFollowerOptions {
   fetch?: typeof fetch;
 }
 
+/** The cursor vector `cursor` with `session`'s entry set to `seq` (added at the end when missing). */
+export function withCursorEntry(cursor: string, session: string, seq: bigint): string {
+  const entries = cursor
+    .split(",")
+    .map((e) => e.trim())
+    .filter((e) => e !== "");
+  const i = entries.findIndex((e) => e.slice(0, e.lastIndexOf(":")) === session);
+  const entry = `${session}:${seq}`;
+  if (i >= 0) entries[i] = entry;
+  else entries.push(entry);
+  return entries.join(",");
+}
+
 /** Parses a cursor vector `<session>:<seq>,...` into session -> seq. */
 export function parseCursor(cursor: string): Map<string, bigint> {
   const out = new Map<string, bigint>();
@@ -139,6 +164,8 @@ export class StreamFollower {
   reconnects = 0;
   /** Agent frames dropped because their seq was already delivered (should stay 0). */
   duplicates = 0;
+  /** How many resyncs were handed to the listeners (each opened the stream again). */
+  resyncs = 0;
 
   private readonly opts: StreamFollowerOptions;
   private readonly wanted: string[];
@@ -217,24 +244,39 @@ export class StreamFollower {
   }
 
   private async control(op: "follow" | "unfollow", sessionId: string, after?: bigint): Promise<string[]> {
-    const f = this.opts.fetch ?? fetch;
     const body: Record<string, unknown> = { session_id: sessionId };
     if (after !== undefined) body.after = after.toString();
-    const headers: Record<string, string> = { "content-type": "application/json" };
+    const path = `/stream/${encodeURIComponent(this.streamId)}/${op}`;
+    const text = await this.call("POST", path, body, `${op} ${sessionId}`);
+    return (JSON.parse(text) as { sessions: string[] }).sessions;
+  }
+
+  /** GET /sessions/{id}/transcript: the session exactly as of the transcript's `seq`. */
+  private async transcript(sessionId: string): Promise<Transcript> {
+    const path = `/sessions/${encodeURIComponent(sessionId)}/transcript`;
+    const text = await this.call("GET", path, undefined, `transcript of ${sessionId}`);
+    return fromJsonString(TranscriptSchema, text, json);
+  }
+
+  /** One REST call with this follower's credentials; the answer's body, or an error naming `what`. */
+  private async call(method: "GET" | "POST", path: string, body: unknown, what: string): Promise<string> {
+    const f = this.opts.fetch ?? fetch;
+    const headers: Record<string, string> = {};
+    if (body !== undefined) headers["content-type"] = "application/json";
     if (this.opts.token !== undefined) headers.authorization = `Bearer ${this.opts.token}`;
     else {
       const key = this.key();
       if (key !== undefined) headers[KEY_HEADER] = key;
     }
-    const resp = await f(`${trimSlash(this.opts.baseUrl)}/stream/${encodeURIComponent(this.streamId)}/${op}`, {
-      method: "POST",
+    const resp = await f(`${trimSlash(this.opts.baseUrl)}${path}`, {
+      method,
       headers,
-      body: JSON.stringify(body),
+      body: body === undefined ? undefined : JSON.stringify(body),
       credentials: this.withCredentials() ? "include" : "same-origin",
     });
     const text = await resp.text();
-    if (!resp.ok) throw new Error(`${op} ${sessionId}: HTTP ${resp.status} ${text}`);
-    return (JSON.parse(text) as { sessions: string[] }).sessions;
+    if (!resp.ok) throw new Error(`${what}: HTTP ${resp.status} ${text}`);
+    return text;
   }
 
   private withCredentials(): boolean {
@@ -306,9 +348,12 @@ export class StreamFollower {
     });
     on("resync", (e) => {
       const ev = fromJsonString(EventSchema, e.data, json);
-      // Frames the page already has are replayed after a resync: let them through.
-      this.lastSeq.delete(ev.sessionId);
-      this.emit("resync", ev);
+      // Nothing more is read from this stream: the transcript stands for
+      // that session up to its seq, and a new stream goes on from there.
+      es.close();
+      this.es = undefined;
+      this.setState("reconnecting");
+      void this.resync(ev);
     });
     on("coworking", (e) => this.emit("coworking", fromJsonString(CoworkingSchema, e.data, json)));
     on("host", (e) => this.emit("host", fromJsonString(HostInfoSchema, e.data, json)));
@@ -331,6 +376,35 @@ export class StreamFollower {
         this.setState("reconnecting");
       }
     };
+  }
+
+  /** Fetches the transcript for a resync of `ev.sessionId`, hands it over, and opens the stream after it. */
+  private async resync(ev: Event): Promise<void> {
+    let t: Transcript;
+    try {
+      t = await this.transcript(ev.sessionId);
+    } catch (err) {
+      if (this.isClosed()) return;
+      this.emit("error", new Error(`resync: ${String(err)}; trying again in ${this.retryDelay} ms`));
+      clearTimeout(this.retryTimer);
+      this.retryTimer = setTimeout(() => {
+        if (!this.isClosed()) void this.resync(ev);
+      }, this.retryDelay);
+      this.retryDelay = Math.min(this.retryDelay * 2, this.opts.maxRetryMs ?? 15000);
+      return;
+    }
+    if (this.isClosed() || this.es !== undefined) return;
+    this.lastSeq.set(ev.sessionId, t.seq);
+    this.cursor = withCursorEntry(this.cursor, ev.sessionId, t.seq);
+    this.resyncs++;
+    this.emit("resync", ev, t);
+    // A listener may have closed the follower.
+    if (!this.isClosed() && this.es === undefined) this.connect();
+  }
+
+  /** (A method, not a comparison TypeScript would narrow: listeners may close the follower meanwhile.) */
+  private isClosed(): boolean {
+    return this.state === "closed";
   }
 
   private advance(id: string): void {
