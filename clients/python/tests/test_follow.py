@@ -154,20 +154,24 @@ def test_follow_retries_until_the_server_is_back(server: Server, direct: Client,
     assert events.reconnects == 1
 
 
-@pytest.mark.parametrize("cursor", ["too_old", "ahead"])
-def test_follow_resyncs_an_unservable_cursor_from_the_transcript(ring_server: Server, transport: str, cursor: str) -> None:
+def test_follow_an_old_cursor_is_replayed_and_one_ahead_resyncs(ring_server: Server, transport: str) -> None:
     with ring_server.client(transport=transport) as c:
         sid = c.create_session()
         c.run(sid, "/burst 20")
         latest = wait_finished(c, sid)[-1].seq
-        after = 1 if cursor == "too_old" else latest + 100
-        with c.follow(sid, after=after) as events:
+        # Older than the ring: the server replays it from its ledger, exactly.
+        with c.follow(sid, after=1) as events:
+            old = take_until(events, finished, events)
+        assert_gap_free(old, first=2)
+        assert old[-1].seq == latest and events.resyncs == 0
+        # Ahead of the session: resync, the transcript, then on after its seq.
+        with c.follow(sid, after=latest + 100) as events:
             resync = next(events)
             transcript = events.transcript
             c.run(sid, "more")
             got = take_until(events, finished, events)
     assert kind(resync) == "resync"
-    assert resync.resync.reason == f"cursor_{cursor}"
+    assert resync.resync.reason == "cursor_ahead"
     assert transcript is not None and transcript.seq == latest
     assert [m.text for m in transcript.messages if m.role == "assistant"] == [burst_text(20)]
     # After the resync the stream goes on after the transcript's seq, even
