@@ -44,6 +44,11 @@ pub enum Mode {
     Idle,
     /// Reads until stream_opened, then never reads again until cancelled.
     Stalled,
+    /// Replays history: every frame after the subscriber's cursor up to seq
+    /// `until`, gap-free (each seq one past the last, or a merged delta
+    /// covering exactly its tokens) and without a resync; the burst tokens
+    /// continue from whichever one comes first.
+    Replay { until: u64 },
 }
 
 /// State every subscriber of one scenario run shares.
@@ -92,6 +97,9 @@ pub struct SubResult {
     pub latencies: Vec<u32>,
     /// Frames fully decoded and checked against the fast path.
     pub validated: u64,
+    /// Replay mode: the last seq received and the frames that carried a seq.
+    pub last_seq: u64,
+    pub seq_frames: u64,
     pub error: Option<String>,
 }
 
@@ -99,7 +107,9 @@ pub struct SubResult {
 struct Tally {
     mode: Mode,
     session: String,
+    /// The next token due, and the first one (0 unless a replay started mid-burst).
     next: u64,
+    start: u64,
     res: SubResult,
 }
 
@@ -124,13 +134,42 @@ fn digits(s: &[u8]) -> Option<u64> {
 }
 
 impl Tally {
-    fn new(mode: Mode, session: &str) -> Tally {
+    fn new(mode: Mode, session: &str, after: Option<u64>) -> Tally {
         Tally {
             mode,
             session: session.to_string(),
             next: 0,
-            res: SubResult::default(),
+            start: 0,
+            res: SubResult {
+                last_seq: after.unwrap_or(0),
+                ..Default::default()
+            },
         }
+    }
+
+    /// Replay mode: a frame with `seq` arrived (`tokens`: the burst tokens it
+    /// carries, if it is a text_delta). It must continue the last seq
+    /// exactly, or be a merged delta covering exactly the seqs it skips.
+    /// Returns whether the replay is complete.
+    fn seq(&mut self, seq: u64, tokens: Option<u64>) -> Result<bool, String> {
+        let Mode::Replay { until } = self.mode else {
+            return Ok(false);
+        };
+        let last = self.res.last_seq;
+        let covers = seq.saturating_sub(last);
+        if covers == 0 || (covers > 1 && tokens != Some(covers)) {
+            return Err(format!(
+                "replay gap: seq {seq} after seq {last} ({} tokens in the frame)",
+                tokens.map_or("no".to_string(), |t| t.to_string())
+            ));
+        }
+        self.res.last_seq = seq;
+        self.res.seq_frames += 1;
+        if seq >= until && self.res.all_at.is_none() {
+            self.res.all_at = Some(Instant::now());
+            return Ok(true);
+        }
+        Ok(false)
     }
 
     fn expect(&self) -> Option<u64> {
@@ -145,9 +184,10 @@ impl Tally {
         self.res.frames.is_multiple_of(VALIDATE_EVERY)
     }
 
-    /// One text_delta's text: `t{i} ` tokens (Count, Idle, Stalled) or
-    /// `p{i}@{micros} ` tokens (Latency), continuing the sequence exactly.
-    fn text(&mut self, text: &[u8]) -> Result<(), String> {
+    /// One text_delta's text: `t{i} ` tokens (Count, Idle, Stalled, Replay)
+    /// or `p{i}@{micros} ` tokens (Latency), continuing the sequence exactly.
+    /// Returns how many tokens it carried.
+    fn text(&mut self, text: &[u8]) -> Result<u64, String> {
         self.res.frames += 1;
         let bad = |what: &str| {
             format!(
@@ -182,6 +222,11 @@ impl Tally {
                 }
                 let first_end = memchr::memchr(b' ', text).unwrap_or(0);
                 let first = digits(&text[1..first_end]).ok_or_else(|| bad("a malformed first token"))?;
+                if matches!(self.mode, Mode::Replay { .. }) && self.res.frames == 1 {
+                    // A replay starts mid-burst: its first token sets the sequence.
+                    self.next = first;
+                    self.start = first;
+                }
                 let body = &text[..text.len() - 1];
                 let last_start = memchr::memrchr(b' ', body).map_or(0, |i| i + 1);
                 let last = body
@@ -198,11 +243,25 @@ impl Tally {
                 self.next += count;
             }
         }
-        self.res.tokens = self.next;
+        let delivered = self.next - self.start - self.res.tokens;
+        self.res.tokens += delivered;
         if self.expect() == Some(self.next) && self.res.all_at.is_none() {
             self.res.all_at = Some(Instant::now());
         }
-        Ok(())
+        Ok(delivered)
+    }
+
+    /// A resync frame: a replay must never need one (the ledger has every
+    /// event), so in Replay mode it is an error; elsewhere it is ignored.
+    fn resync(&self, data: &[u8]) -> Result<Option<u64>, String> {
+        match self.mode {
+            Mode::Replay { .. } => Err(format!(
+                "resync after seq {}: {}",
+                self.res.last_seq,
+                String::from_utf8_lossy(&data[..data.len().min(200)])
+            )),
+            _ => Ok(None),
+        }
     }
 
     /// Whether the stream is complete: run_finished seen (the caller checks
@@ -291,6 +350,7 @@ enum Kind<'a> {
     Opened,
     Text(&'a [u8]),
     Finished,
+    Resync,
     Other,
 }
 
@@ -348,6 +408,7 @@ fn sse_kind<'a>(event: &[u8], data: &'a [u8]) -> Result<Kind<'a>, String> {
         b"text_delta" => Kind::Text(sse_delta_text(data).ok_or("a text_delta without text")?),
         b"stream_opened" => Kind::Opened,
         b"run_finished" => Kind::Finished,
+        b"resync" => Kind::Resync,
         _ => Kind::Other,
     })
 }
@@ -383,16 +444,29 @@ async fn read_head(tcp: &mut TcpStream, buf: &mut [u8]) -> Result<Vec<u8>, Strin
     }
 }
 
-/// One SSE subscriber of `GET /sessions/:id/events` (live only).
-pub async fn sse_subscriber(target: Target, session: String, mode: Mode, shared: Arc<Shared>) -> SubResult {
-    let mut tally = Tally::new(mode, &session);
-    if let Err(e) = sse_run(&target, &session, &mut tally, &shared).await {
+/// One SSE subscriber of `GET /sessions/:id/events`: live only, or from
+/// `?after=` a cursor.
+pub async fn sse_subscriber(
+    target: Target,
+    session: String,
+    after: Option<u64>,
+    mode: Mode,
+    shared: Arc<Shared>,
+) -> SubResult {
+    let mut tally = Tally::new(mode, &session, after);
+    if let Err(e) = sse_run(&target, &session, after, &mut tally, &shared).await {
         tally.res.error = Some(e);
     }
     tally.res
 }
 
-async fn sse_run(target: &Target, session: &str, tally: &mut Tally, shared: &Shared) -> Result<(), String> {
+async fn sse_run(
+    target: &Target,
+    session: &str,
+    after: Option<u64>,
+    tally: &mut Tally,
+    shared: &Shared,
+) -> Result<(), String> {
     let read_size = match tally.mode {
         Mode::Idle | Mode::Stalled => 2048,
         _ => 64 * 1024,
@@ -403,8 +477,9 @@ async fn sse_run(target: &Target, session: &str, tally: &mut Tally, shared: &Sha
             .await
             .map_err(|e| format!("connect: {e}"))?;
         let _ = tcp.set_nodelay(true);
+        let query = after.map_or(String::new(), |a| format!("?after={a}"));
         let req = format!(
-            "GET /sessions/{session}/events HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\nAccept: text/event-stream\r\n\r\n",
+            "GET /sessions/{session}/events{query} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\nAccept: text/event-stream\r\n\r\n",
             target.addr, target.token
         );
         tcp.write_all(req.as_bytes())
@@ -433,27 +508,36 @@ async fn sse_run(target: &Target, session: &str, tally: &mut Tally, shared: &Sha
                 continue; // keepalive comment
             }
             let (event, data, id) = sse_fields(frame);
-            match sse_kind(event, data)? {
+            let kind = sse_kind(event, data)?;
+            let tokens = match kind {
                 Kind::Opened => {
                     if !opened {
                         opened = true;
                         shared.opened.fetch_add(1, Ordering::AcqRel);
                     }
+                    None
                 }
                 Kind::Text(text) => {
                     if tally.sample() {
                         sse_validate(data, id, text, &tally.session)?;
                         tally.res.validated += 1;
                     }
-                    tally.text(text)?;
+                    Some(tally.text(text)?)
                 }
                 Kind::Finished => {
                     tally.check_complete()?;
                     if tally.expect().is_some() {
                         return Ok(());
                     }
+                    None
                 }
-                Kind::Other => {}
+                Kind::Resync => tally.resync(data)?,
+                Kind::Other => None,
+            };
+            if let (Mode::Replay { .. }, Some(seq)) = (tally.mode, digits(id)) {
+                if tally.seq(seq, tokens)? {
+                    return Ok(());
+                }
             }
         }
         sse.drain(..pos);
@@ -559,15 +643,19 @@ fn pb_fields<'a>(mut msg: &'a [u8], mut each: impl FnMut(u64, u64, &'a [u8])) ->
     Some(())
 }
 
-/// An Event's kind (its oneof field number) and payload, read by walking its
-/// fields: 10 stream_opened, 13 text_delta (field 1: text), 20 run_finished.
-fn pb_kind(msg: &[u8]) -> Result<Kind<'_>, String> {
+/// An Event's seq (field 1), kind (its oneof field number) and payload, read
+/// by walking its fields: 10 stream_opened, 13 text_delta (field 1: text),
+/// 20 run_finished, 21 resync.
+fn pb_kind(msg: &[u8]) -> Result<(u64, Kind<'_>), String> {
     let mut kind = Kind::Other;
+    let mut seq = 0;
     let mut text_delta: Option<&[u8]> = None;
-    pb_fields(msg, |field, _, body| match field {
+    pb_fields(msg, |field, v, body| match field {
+        1 => seq = v,
         10 => kind = Kind::Opened,
         13 => text_delta = Some(body),
         20 => kind = Kind::Finished,
+        21 => kind = Kind::Resync,
         _ => {}
     })
     .ok_or("a malformed Event message")?;
@@ -581,7 +669,7 @@ fn pb_kind(msg: &[u8]) -> Result<Kind<'_>, String> {
         .ok_or("a malformed TextDelta")?;
         kind = Kind::Text(text);
     }
-    Ok(kind)
+    Ok((seq, kind))
 }
 
 fn pb_validate(msg: &[u8], text: &[u8], session: &str) -> Result<(), String> {
@@ -613,16 +701,17 @@ pub async fn grpc_connections(target: &Target, n: usize) -> Result<Vec<Channel>,
     Ok(out)
 }
 
-/// One gRPC `Subscribe` stream (live only) on a shared connection.
+/// One gRPC `Subscribe` stream (live only, or after a cursor) on a shared connection.
 pub async fn grpc_subscriber(
     channel: Channel,
     token: String,
     session: String,
+    after: Option<u64>,
     mode: Mode,
     shared: Arc<Shared>,
 ) -> SubResult {
-    let mut tally = Tally::new(mode, &session);
-    if let Err(e) = grpc_run(channel, &token, &session, &mut tally, &shared).await {
+    let mut tally = Tally::new(mode, &session, after);
+    if let Err(e) = grpc_run(channel, &token, &session, after, &mut tally, &shared).await {
         tally.res.error = Some(e);
     }
     tally.res
@@ -632,6 +721,7 @@ async fn grpc_run(
     channel: Channel,
     token: &str,
     session: &str,
+    after: Option<u64>,
     tally: &mut Tally,
     shared: &Shared,
 ) -> Result<(), String> {
@@ -641,7 +731,7 @@ async fn grpc_run(
         grpc.ready().await.map_err(|e| format!("gRPC not ready: {e}"))?;
         let mut req = tonic::Request::new(pb::SubscribeRequest {
             session_id: session.to_string(),
-            after: None,
+            after,
         });
         req.metadata_mut().insert(
             "authorization",
@@ -671,27 +761,34 @@ async fn grpc_run(
         let Some(msg) = msg else {
             return Err(format!("the stream ended after {} tokens", tally.next));
         };
-        match pb_kind(&msg)? {
+        let (seq, kind) = pb_kind(&msg)?;
+        let tokens = match kind {
             Kind::Opened => {
                 if !opened {
                     opened = true;
                     shared.opened.fetch_add(1, Ordering::AcqRel);
                 }
+                None
             }
             Kind::Text(text) => {
                 if tally.sample() {
                     pb_validate(&msg, text, session)?;
                     tally.res.validated += 1;
                 }
-                tally.text(text)?;
+                Some(tally.text(text)?)
             }
             Kind::Finished => {
                 tally.check_complete()?;
                 if tally.expect().is_some() {
                     return Ok(());
                 }
+                None
             }
-            Kind::Other => {}
+            Kind::Resync => tally.resync(b"")?,
+            Kind::Other => None,
+        };
+        if matches!(tally.mode, Mode::Replay { .. }) && seq > 0 && tally.seq(seq, tokens)? {
+            return Ok(());
         }
     }
 }
@@ -729,6 +826,21 @@ impl Control {
             .await
             .map(|r| r.into_inner().session_id)
             .map_err(|s| format!("CreateSession: {s}"))
+    }
+
+    /// Every session's (id, latest seq, busy), as `ListSessions` reports them.
+    pub async fn list_sessions(&self) -> Result<Vec<(String, u64, bool)>, String> {
+        let mut c = pb::agent_service_client::AgentServiceClient::new(self.channel.clone());
+        c.list_sessions(self.request(pb::ListSessionsRequest {}))
+            .await
+            .map(|r| {
+                r.into_inner()
+                    .sessions
+                    .into_iter()
+                    .map(|s| (s.session_id, s.latest_seq, s.busy))
+                    .collect()
+            })
+            .map_err(|s| format!("ListSessions: {s}"))
     }
 
     pub async fn run(&self, session: &str, prompt: &str) -> Result<(), String> {
@@ -770,11 +882,11 @@ mod tests {
 
     #[test]
     fn burst_deltas_count_tokens_and_check_the_sequence() {
-        let mut t = Tally::new(Mode::Count { expect: 5 }, "s");
+        let mut t = Tally::new(Mode::Count { expect: 5 }, "s", None);
         t.text(b"t0 ").unwrap();
         t.text(b"t1 t2 t3 ").unwrap();
         assert!(t.text(b"t5 ").is_err(), "a gap is an error");
-        let mut t2 = Tally::new(Mode::Count { expect: 2 }, "s");
+        let mut t2 = Tally::new(Mode::Count { expect: 2 }, "s", None);
         t2.text(b"t0 t1 ").unwrap();
         assert_eq!(t2.res.tokens, 2);
         assert!(t2.res.all_at.is_some());
@@ -802,9 +914,10 @@ mod tests {
             })),
         };
         let bytes = ev.encode_to_vec();
-        let Kind::Text(text) = pb_kind(&bytes).unwrap() else {
+        let (seq, Kind::Text(text)) = pb_kind(&bytes).unwrap() else {
             panic!("not a delta")
         };
+        assert_eq!(seq, 9);
         assert_eq!(text, b"t3 t4 ");
         pb_validate(&bytes, text, "s").unwrap();
         let fin = pb::Event {
@@ -812,12 +925,32 @@ mod tests {
             session_id: "s".into(),
             kind: Some(pb::event::Kind::RunFinished(pb::RunFinished::default())),
         };
-        assert!(matches!(pb_kind(&fin.encode_to_vec()).unwrap(), Kind::Finished));
+        assert!(matches!(
+            pb_kind(&fin.encode_to_vec()).unwrap(),
+            (10, Kind::Finished)
+        ));
+    }
+
+    #[test]
+    fn a_replay_starts_mid_burst_and_must_follow_its_cursor_exactly() {
+        let mut t = Tally::new(Mode::Replay { until: 14 }, "s", Some(10));
+        assert_eq!(t.text(b"t7 ").unwrap(), 1);
+        assert!(!t.seq(11, Some(1)).unwrap());
+        // A merged delta covers exactly the seqs it skips.
+        assert_eq!(t.text(b"t8 t9 ").unwrap(), 2);
+        assert!(!t.seq(13, Some(2)).unwrap());
+        assert_eq!(t.res.tokens, 3);
+        assert!(t.seq(14, None).unwrap(), "seq 14 completes the replay");
+        let mut gap = Tally::new(Mode::Replay { until: 20 }, "s", Some(10));
+        assert!(gap.seq(12, None).is_err(), "a skipped seq is an error");
+        let mut back = Tally::new(Mode::Replay { until: 20 }, "s", Some(10));
+        assert!(back.seq(10, None).is_err(), "a repeated seq is an error");
+        assert!(back.resync(b"{}").is_err(), "a replay never needs a resync");
     }
 
     #[test]
     fn paced_tokens_yield_latencies() {
-        let mut t = Tally::new(Mode::Latency { expect: 2 }, "s");
+        let mut t = Tally::new(Mode::Latency { expect: 2 }, "s", None);
         let now = unix_micros();
         t.text(format!("p0@{} p1@{} ", now - 500, now - 100).as_bytes())
             .unwrap();

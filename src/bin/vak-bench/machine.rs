@@ -124,6 +124,13 @@ pub fn hwm_kib(pid: u32) -> Option<u64> {
     status_kib(pid, "VmHWM")
 }
 
+/// Resets a process's VmHWM to its current RSS (writing 5 to
+/// /proc/<pid>/clear_refs, Linux 4.0 and later), so a later VmHWM is the
+/// peak of what came after. False when the kernel refused.
+pub fn reset_hwm(pid: u32) -> bool {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").is_ok()
+}
+
 /// The soft "Max open files" of a process, from /proc/<pid>/limits.
 pub fn nofile_of(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/limits")).ok()?;

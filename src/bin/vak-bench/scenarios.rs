@@ -48,6 +48,22 @@ pub struct Env {
     pub limit: Duration,
 }
 
+/// `vak serve` flags a scenario sets beyond the common ones.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServeOpts {
+    /// `--durability fsync` instead of the default `process`.
+    pub fsync: bool,
+    /// `--first-subscriber-wait-ms 0`: runs start at once with nobody watching.
+    pub no_subscriber_wait: bool,
+}
+
+impl ServeOpts {
+    pub const FSYNC: ServeOpts = ServeOpts {
+        fsync: true,
+        no_subscriber_wait: false,
+    };
+}
+
 /// A server child process with its temp home; killed when dropped.
 pub struct Server {
     child: tokio::process::Child,
@@ -61,7 +77,7 @@ static RUN: AtomicUsize = AtomicUsize::new(0);
 impl Server {
     /// `vak serve` on loopback port 0 with its own home and workspace, a
     /// random token, and stream caps raised above what the scenarios open.
-    pub async fn start(env: &Env, transport: Transport) -> Result<Server, String> {
+    pub async fn start(env: &Env, transport: Transport, opts: ServeOpts) -> Result<Server, String> {
         let dir = std::env::temp_dir().join(format!(
             "vak-bench-{}-{}",
             std::process::id(),
@@ -91,6 +107,12 @@ impl Server {
                     .arg(dir.join("workspace"))
                     .args(["--max-streams", "1000000", "--max-streams-per-client", "1000000"])
                     .env("VAK_TOKEN", &token);
+                if opts.fsync {
+                    c.args(["--durability", "fsync"]);
+                }
+                if opts.no_subscriber_wait {
+                    c.args(["--first-subscriber-wait-ms", "0"]);
+                }
                 c
             }
         };
@@ -125,6 +147,21 @@ impl Server {
             pid,
             dir,
         })
+    }
+
+    /// Bytes of every file under the server's home (its ledgers and index).
+    pub fn home_bytes(&self) -> u64 {
+        fn walk(p: &Path) -> u64 {
+            let Ok(rd) = std::fs::read_dir(p) else { return 0 };
+            rd.flatten()
+                .map(|e| match e.metadata() {
+                    Ok(m) if m.is_dir() => walk(&e.path()),
+                    Ok(m) => m.len(),
+                    Err(_) => 0,
+                })
+                .sum()
+        }
+        walk(&self.dir.join("home"))
     }
 
     /// SIGTERM (vak shuts down gracefully), SIGKILL after 5 s; removes the temp home.
@@ -163,6 +200,7 @@ async fn open(
                 handles.push(tokio::spawn(clients::sse_subscriber(
                     target.clone(),
                     sid.clone(),
+                    None,
                     mode_of(i),
                     shared.clone(),
                 )));
@@ -184,6 +222,7 @@ async fn open(
                     ch,
                     target.token.clone(),
                     sid.clone(),
+                    None,
                     mode_of(i),
                     shared.clone(),
                 )));
@@ -248,16 +287,18 @@ pub struct Throughput {
     pub cpu: CpuUse,
 }
 
-/// Fan-out: one session, `subs` subscribers, `/burst n`. With `stall`,
-/// subscriber 0 stops reading after stream_opened and is left out of the figures.
+/// Fan-out: one session, `subs` subscribers, `/burst n`, on a server started
+/// with `opts`. With `stall`, subscriber 0 stops reading after stream_opened
+/// and is left out of the figures.
 pub async fn fanout(
     env: &Env,
     transport: Transport,
     subs: usize,
     n: u64,
     stall: bool,
+    opts: ServeOpts,
 ) -> Result<Throughput, String> {
-    let server = Server::start(env, transport).await?;
+    let server = Server::start(env, transport, opts).await?;
     let r = fanout_on(env, &server, transport, subs, n, stall).await;
     server.stop().await;
     r
@@ -330,7 +371,7 @@ pub async fn latency(
     n: u64,
     rate: u64,
 ) -> Result<Latency, String> {
-    let server = Server::start(env, transport).await?;
+    let server = Server::start(env, transport, ServeOpts::default()).await?;
     let r = async {
         let ctl = Control::connect(&server.target).await?;
         let sid = ctl.create_session().await?;
@@ -379,6 +420,18 @@ pub async fn latency(
     r
 }
 
+/// `n` new sessions, created 64 at a time.
+async fn create_sessions(ctl: &Control, n: usize) -> Result<Vec<String>, String> {
+    let mut ids = Vec::with_capacity(n);
+    for chunk in (0..n).collect::<Vec<_>>().chunks(64) {
+        let made = futures_util::future::join_all(chunk.iter().map(|_| ctl.create_session())).await;
+        for m in made {
+            ids.push(m?);
+        }
+    }
+    Ok(ids)
+}
+
 /// Many sessions: `sessions` sessions with one subscriber each, all running `/burst n` at once.
 pub async fn many_sessions(
     env: &Env,
@@ -386,16 +439,10 @@ pub async fn many_sessions(
     sessions: usize,
     n: u64,
 ) -> Result<Throughput, String> {
-    let server = Server::start(env, transport).await?;
+    let server = Server::start(env, transport, ServeOpts::default()).await?;
     let r = async {
         let ctl = Control::connect(&server.target).await?;
-        let mut ids = Vec::with_capacity(sessions);
-        for chunk in (0..sessions).collect::<Vec<_>>().chunks(64) {
-            let made = futures_util::future::join_all(chunk.iter().map(|_| ctl.create_session())).await;
-            for m in made {
-                ids.push(m?);
-            }
-        }
+        let ids = create_sessions(&ctl, sessions).await?;
         let shared = Shared::new();
         let handles = open(
             env,
@@ -448,7 +495,7 @@ pub struct Idle {
 /// Idle cost: `streams` subscribers to one session that never receive an
 /// event; VmRSS before opening them and after all have had stream_opened.
 pub async fn idle(env: &Env, transport: Transport, streams: usize) -> Result<Idle, String> {
-    let server = Server::start(env, transport).await?;
+    let server = Server::start(env, transport, ServeOpts::default()).await?;
     let r = async {
         let ctl = Control::connect(&server.target).await?;
         let sid = ctl.create_session().await?;
@@ -486,6 +533,221 @@ pub async fn idle(env: &Env, transport: Transport, streams: usize) -> Result<Idl
     .await;
     server.stop().await;
     r
+}
+
+/// Replay from the ledger on disk, with a stalled subscriber per session.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Replay {
+    /// Seconds from opening the readers until the last one had its last event.
+    pub replay_s: f64,
+    /// Events replayed per second, all readers together.
+    pub eps: f64,
+    pub events: u64,
+    /// Frames the readers received (fewer than events only if deltas merged).
+    pub frames: u64,
+    /// Server VmRSS once the history was written (sessions loaded, nobody subscribed).
+    pub written_kib: u64,
+    /// Server VmRSS once the stalled subscribers were attached, just before the readers.
+    pub before_kib: u64,
+    /// Peak server RSS while the readers replayed: VmHWM, reset just before
+    /// them through /proc/<pid>/clear_refs (`hwm_reset`), else VmRSS sampled every 20 ms.
+    pub peak_kib: u64,
+    pub hwm_reset: bool,
+    /// VmHWM before the readers: writing the history and attaching the stalled subscribers.
+    pub lifetime_peak_kib: u64,
+    /// Seconds it took to write the history, and the home's bytes on disk then.
+    pub write_s: f64,
+    pub ledger_bytes: u64,
+    pub cpu: CpuUse,
+}
+
+/// Each of `ids`' latest seq, once none is busy and two looks 250 ms apart
+/// agree: a session is idle as soon as its run ends, while its writer may
+/// still be making the run's last events visible.
+async fn wait_idle(ctl: &Control, ids: &[String], limit: Duration) -> Result<Vec<u64>, String> {
+    let start = Instant::now();
+    let mut before: Option<Vec<u64>> = None;
+    loop {
+        let listed = ctl.list_sessions().await?;
+        let state: std::collections::HashMap<&str, (u64, bool)> = listed
+            .iter()
+            .map(|(id, latest, busy)| (id.as_str(), (*latest, *busy)))
+            .collect();
+        let latest: Option<Vec<u64>> = ids
+            .iter()
+            .map(|id| state.get(id.as_str()).filter(|(_, busy)| !busy).map(|(l, _)| *l))
+            .collect();
+        match latest {
+            Some(latest) if before.as_ref() == Some(&latest) => return Ok(latest),
+            latest => before = latest,
+        }
+        if start.elapsed() > limit {
+            let busy = ids
+                .iter()
+                .filter(|id| state.get(id.as_str()).is_none_or(|(_, b)| *b))
+                .count();
+            return Err(format!(
+                "{busy} of {} sessions still busy after {limit:?}",
+                ids.len()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Replay from disk: `sessions` sessions each get `history` events (one
+/// `/burst history` run each, all at once, nobody watching), then one
+/// stalled subscriber each (a stream from `after=0` that reads stream_opened
+/// and nothing more), then one reader each from a cursor `history` events
+/// before the session's latest seq (far older than the replay ring) to the
+/// end. Measures the readers' time to the last event and the server's peak
+/// RSS while they replay.
+pub async fn replay(
+    env: &Env,
+    transport: Transport,
+    sessions: usize,
+    history: u64,
+) -> Result<Replay, String> {
+    let opts = ServeOpts {
+        no_subscriber_wait: true,
+        ..ServeOpts::default()
+    };
+    let server = Server::start(env, transport, opts).await?;
+    let r = replay_on(env, &server, transport, sessions, history).await;
+    server.stop().await;
+    r
+}
+
+async fn replay_on(
+    env: &Env,
+    server: &Server,
+    transport: Transport,
+    sessions: usize,
+    history: u64,
+) -> Result<Replay, String> {
+    let ctl = Control::connect(&server.target).await?;
+    let ids = create_sessions(&ctl, sessions).await?;
+    let written = Instant::now();
+    let prompt = format!("/burst {history}");
+    for r in futures_util::future::join_all(ids.iter().map(|sid| ctl.run(sid, &prompt))).await {
+        r?;
+    }
+    let latest = wait_idle(&ctl, &ids, Duration::from_secs(900)).await?;
+    let write_s = written.elapsed().as_secs_f64();
+    let ledger_bytes = server.home_bytes();
+    let written_kib = machine::rss_kib(server.pid).ok_or("no VmRSS")?;
+
+    // One stalled subscriber per session, replaying from the start (on gRPC
+    // each on a connection of its own, so its flow-control window holds up
+    // nobody else).
+    let stalled = Shared::new();
+    let mut stalled_handles = Vec::with_capacity(sessions);
+    match transport {
+        Transport::Sse => {
+            for sid in &ids {
+                stalled_handles.push(tokio::spawn(clients::sse_subscriber(
+                    server.target.clone(),
+                    sid.clone(),
+                    Some(0),
+                    Mode::Stalled,
+                    stalled.clone(),
+                )));
+            }
+        }
+        Transport::Grpc | Transport::Tonic => {
+            let conns = clients::grpc_connections(&server.target, sessions).await?;
+            for (sid, ch) in ids.iter().zip(conns) {
+                stalled_handles.push(tokio::spawn(clients::grpc_subscriber(
+                    ch,
+                    server.target.token.clone(),
+                    sid.clone(),
+                    Some(0),
+                    Mode::Stalled,
+                    stalled.clone(),
+                )));
+            }
+        }
+    }
+    stalled.wait_opened(sessions, Duration::from_secs(120)).await?;
+    // Let the stalled streams fill their socket buffers and stop.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let lifetime_peak_kib = machine::hwm_kib(server.pid).unwrap_or(0);
+    let hwm_reset = machine::reset_hwm(server.pid);
+    let before_kib = machine::rss_kib(server.pid).ok_or("no VmRSS")?;
+    let sampling = tokio_util::sync::CancellationToken::new();
+    let sampler = {
+        let (pid, stop) = (server.pid, sampling.clone());
+        tokio::spawn(async move {
+            let mut peak = 0;
+            while !stop.is_cancelled() {
+                peak = peak.max(machine::rss_kib(pid).unwrap_or(0));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            peak
+        })
+    };
+    let mark = CpuMark::now(server.pid);
+    let t0 = Instant::now();
+    let readers = Shared::new();
+    let mut handles = Vec::with_capacity(sessions);
+    let afters: Vec<u64> = latest.iter().map(|l| l.saturating_sub(history)).collect();
+    let conns = match transport {
+        Transport::Sse => Vec::new(),
+        _ => clients::grpc_connections(&server.target, sessions.div_ceil(env.per_conn).max(1)).await?,
+    };
+    for (i, sid) in ids.iter().enumerate() {
+        let mode = Mode::Replay { until: latest[i] };
+        handles.push(match transport {
+            Transport::Sse => tokio::spawn(clients::sse_subscriber(
+                server.target.clone(),
+                sid.clone(),
+                Some(afters[i]),
+                mode,
+                readers.clone(),
+            )),
+            _ => tokio::spawn(clients::grpc_subscriber(
+                conns[i / env.per_conn].clone(),
+                server.target.token.clone(),
+                sid.clone(),
+                Some(afters[i]),
+                mode,
+                readers.clone(),
+            )),
+        });
+    }
+    let results = collect(handles, &readers, env.limit * 3).await;
+    let cpu = mark.since(server.pid);
+    sampling.cancel();
+    let sampled = sampler.await.unwrap_or(0);
+    let peak_kib = match hwm_reset {
+        true => machine::hwm_kib(server.pid).unwrap_or(0),
+        false => sampled,
+    };
+    stalled.cancel.cancel();
+    let stalled_results = collect(stalled_handles, &stalled, Duration::from_secs(30)).await;
+    first_error(&results)?;
+    first_error(&stalled_results).map_err(|e| format!("stalled subscribers: {e}"))?;
+    let now: Vec<u64> = wait_idle(&ctl, &ids, Duration::from_secs(10)).await?;
+    if now != latest {
+        return Err("the history grew after it was taken as written".into());
+    }
+    let replay_s = last_complete(&results, t0)?;
+    let events: u64 = results.iter().zip(&afters).map(|(r, a)| r.last_seq - a).sum();
+    Ok(Replay {
+        replay_s,
+        eps: events as f64 / replay_s,
+        events,
+        frames: results.iter().map(|r| r.seq_frames).sum(),
+        written_kib,
+        before_kib,
+        peak_kib,
+        hwm_reset,
+        lifetime_peak_kib,
+        write_s,
+        ledger_bytes,
+        cpu,
+    })
 }
 
 /// The vak binary next to this one (target/release/vak for target/release/vak-bench).
