@@ -19,6 +19,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::Notify;
 
+/// The most payload one merged delta frame carries: a client's message
+/// limit (gRPC's default is 4 MiB) must never be what ends its stream. Past
+/// it the queue fills, is dropped, and its reader resumes from its cursor.
+const MAX_MERGED: usize = 1 << 20;
+
 /// Events read from the log per step of a replay from disk.
 const DISK_CHUNK: usize = 512;
 
@@ -350,6 +355,9 @@ impl SubQueue {
 /// (still in the ring or other queues) is copied once.
 fn merge_into(tail: &mut Arc<Frame>, frame: &Frame) -> bool {
     if tail.event.delta_len().is_none() || frame.event.delta_len().is_none() {
+        return false;
+    }
+    if tail.size + frame.size > MAX_MERGED {
         return false;
     }
     if let Some(own) = Arc::get_mut(tail) {
@@ -690,6 +698,28 @@ mod tests {
             1002,
             "the last frame carries the last seq"
         );
+    }
+
+    #[tokio::test]
+    async fn a_merged_delta_never_grows_past_its_cap_and_nothing_is_lost() {
+        let dir = tempfile::tempdir().unwrap();
+        let (b, ledger) = logged_bus(dir.path(), 8, 4);
+        let mut sub = b.subscribe(None);
+        let chunk = "y".repeat(10_000);
+        for _ in 0..500 {
+            write(&b, &ledger, text(&chunk));
+        }
+        let got = drain(&mut sub).await;
+        let mut all = 0;
+        for d in &got {
+            if let Delivery::Frame(f) = d {
+                let len = f.event.delta_len().unwrap();
+                assert!(len <= MAX_MERGED, "a merged frame of {len} bytes");
+                all += len;
+            }
+        }
+        assert_eq!(all, 500 * 10_000, "every byte arrives");
+        assert_eq!(*seqs(&got).last().unwrap(), 500);
     }
 
     #[tokio::test]

@@ -511,7 +511,9 @@ pub fn summarize(path: &Path) -> Result<LedgerSummary> {
     file.read_to_end(&mut tail)?;
     // The last event line's seq, read from its prefix (a snapshot line in
     // the tail may be large and is never parsed here).
-    for line in tail.split(|&b| b == b'\n').rev() {
+    // Only whole lines: a torn last line (a crash mid-write) is not an event.
+    let whole = tail.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    for line in tail[..whole].split(|&b| b == b'\n').rev() {
         if let Some(seq) = event_seq(line) {
             summary.latest_seq = seq;
             break;
