@@ -57,9 +57,10 @@ const TOKEN: &str = "5eb1c7a4d2e94f0c8b3a6d1e7f209c4b";
 /// Frames each session keeps for replay: a cursor of 1 is older than the ring once
 /// the run has published a few more than this.
 const RING: u64 = 256;
-/// A paced run longer than any trial (the test cancels it), asking for more deltas a
-/// second than a debug build publishes, so it publishes as fast as it can.
-const PROMPT: &str = "/pace 10000000 200000";
+/// A paced run longer than any trial (the test cancels it), fast enough that a held
+/// stream's queue fills in a fraction of a second, slow enough that the watcher (and a
+/// client replaying from seq 1) keeps up on a debug build.
+const PROMPT: &str = "/pace 10000000 20000";
 /// Far ahead of any trial's session.
 const AHEAD: u64 = 1_000_000_000;
 /// Frames published after the held streams opened before the proxy lets go: enough to
@@ -81,6 +82,17 @@ const LIVE_MAX: u64 = 8_000;
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// How long a trial's clients may take to end: a client from a cursor older than the
+/// ring reads the whole run (the server replays it from its ledger) before the end.
+const END: std::time::Duration = std::time::Duration::from_secs(180);
+
+/// Waits for a trial's clients to end, up to `END`.
+async fn within_end<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(END, fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what} within {END:?}"))
 }
 
 /// Waits for `fut` up to the deadline, naming `what` when it does not come.
@@ -697,13 +709,16 @@ async fn sse_clients_end_with_the_transcript_text_in_100_trials() {
             sid.clone(),
             1,
         ));
-        let expected = stall_then_end(&vak, &valve, &sid, &mut watch, 3, 2, STALL_SSE).await;
+        let expected = stall_then_end(&vak, &valve, &sid, &mut watch, 3, 1, STALL_SSE).await;
         let mut tallies = Vec::new();
         for f in followers {
-            tallies.push(within("the SSE clients' end", f).await.unwrap());
+            tallies.push(within_end("the SSE clients' end", f).await.unwrap());
         }
         check(&mut stats, trial, &kinds, &tallies, &expected);
-        stats.old_rule(within("the old-rule reader's end", old).await.unwrap(), &expected);
+        stats.old_rule(
+            within_end("the old-rule reader's end", old).await.unwrap(),
+            &expected,
+        );
     }
     stats.report("SSE", &kinds, true);
 }
@@ -828,13 +843,16 @@ async fn grpc_clients_end_with_the_transcript_text_in_100_trials() {
             .map(|after| tokio::spawn(grpc_follow(via.clone(), sid.clone(), after)))
             .collect();
         let old = tokio::spawn(grpc_follow_old_rule(via.clone(), grpc.clone(), sid.clone(), 1));
-        let expected = stall_then_end(&vak, &valve, &sid, &mut watch, 3, 2, STALL_GRPC).await;
+        let expected = stall_then_end(&vak, &valve, &sid, &mut watch, 3, 1, STALL_GRPC).await;
         let mut tallies = Vec::new();
         for f in followers {
-            tallies.push(within("the gRPC clients' end", f).await.unwrap());
+            tallies.push(within_end("the gRPC clients' end", f).await.unwrap());
         }
         check(&mut stats, trial, &kinds, &tallies, &expected);
-        stats.old_rule(within("the old-rule reader's end", old).await.unwrap(), &expected);
+        stats.old_rule(
+            within_end("the old-rule reader's end", old).await.unwrap(),
+            &expected,
+        );
     }
     stats.report("gRPC", &kinds, true);
 }
@@ -897,10 +915,10 @@ async fn stream_clients_end_with_the_transcript_text_in_100_trials() {
             .into_iter()
             .map(|after| tokio::spawn(stream_follow(via.clone(), valve.url.clone(), sid.clone(), after)))
             .collect();
-        let expected = stall_then_end(&vak, &valve, &sid, &mut watch, 2, 2, STALL_STREAM).await;
+        let expected = stall_then_end(&vak, &valve, &sid, &mut watch, 2, 1, STALL_STREAM).await;
         let mut tallies = Vec::new();
         for f in followers {
-            tallies.push(within("the /stream clients' end", f).await.unwrap());
+            tallies.push(within_end("the /stream clients' end", f).await.unwrap());
         }
         check(&mut stats, trial, &kinds, &tallies, &expected);
     }
@@ -961,7 +979,7 @@ async fn vak_term_ends_with_the_transcript_text_in_100_trials() {
         valve.cut();
         // Its first stream, and the one it opens again after the cut.
         let expected = stall_then_end(&vak, &valve, &sid, &mut watch, 2, 1, stall).await;
-        let out = within("vak term's exit", out).await.unwrap().unwrap();
+        let out = within_end("vak term's exit", out).await.unwrap().unwrap();
         let (stdout, stderr) = (
             String::from_utf8(out.stdout).unwrap(),
             String::from_utf8(out.stderr).unwrap(),
@@ -1010,7 +1028,7 @@ impl Driver {
     }
 
     async fn line(&mut self) -> Value {
-        let line = within("a line from the driver", self.lines.next_line())
+        let line = within_end("a line from the driver", self.lines.next_line())
             .await
             .unwrap()
             .expect("the driver is still running (its stderr says why not)");
@@ -1040,7 +1058,7 @@ async fn driven_trials(name: &str, vak: &Vak, valve: &Valve, mut driver: Driver,
         let (sid, mut watch) = begin(vak, &mut grpc).await;
         valve.hold();
         driver.send(json!({"trial": trial, "session": sid})).await;
-        let expected = stall_then_end(vak, valve, &sid, &mut watch, 2, 2, stall).await;
+        let expected = stall_then_end(vak, valve, &sid, &mut watch, 2, 1, stall).await;
         let result = driver.line().await;
         assert_eq!(result["trial"], trial, "{result}");
         let variant = result["variant"].as_str().unwrap_or(name).to_string();

@@ -213,6 +213,7 @@ fn subscribe(shared: &Arc<Shared>, after: Option<u64>) -> Subscription {
         disk: None,
         replay: VecDeque::new(),
         queue: Arc::new(SubQueue::new(&shared.cfg)),
+        catching_up: false,
         done: false,
     };
     if let Some(n) = after {
@@ -409,6 +410,8 @@ pub struct Subscription {
     /// Retained frames still due (seq > cursor).
     replay: VecDeque<Arc<Frame>>,
     queue: Arc<SubQueue>,
+    /// Resumed after its queue overflowed: replayed deltas merge.
+    catching_up: bool,
     done: bool,
 }
 
@@ -484,9 +487,24 @@ impl Subscription {
             }
             let f = self.replay.pop_front().expect("front was Some");
             self.cursor = f.seq;
-            out.push(Delivery::Frame(f));
+            self.hand(&mut out, f);
         }
         out
+    }
+
+    /// Adds a replayed frame to `out`. A subscription catching up after its
+    /// queue overflowed merges consecutive deltas as its queue would have
+    /// (up to `MAX_MERGED`), so a slow reader catches up in few frames; a
+    /// replay a client asked for hands every frame as it was published.
+    fn hand(&self, out: &mut Vec<Delivery>, f: Arc<Frame>) {
+        if self.catching_up {
+            if let Some(Delivery::Frame(tail)) = out.last_mut() {
+                if merge_into(tail, &f) {
+                    return;
+                }
+            }
+        }
+        out.push(Delivery::Frame(f));
     }
 
     /// The next chunk of a replay from disk, read off the runtime.
@@ -515,11 +533,8 @@ impl Subscription {
                 break;
             }
             self.cursor = seq;
-            out.push(Delivery::Frame(Arc::new(Frame::new(
-                seq,
-                self.shared.session_id.clone(),
-                event,
-            ))));
+            let frame = Arc::new(Frame::new(seq, self.shared.session_id.clone(), event));
+            self.hand(&mut out, frame);
         }
         if out.is_empty() && self.resync.is_none() {
             // The log has nothing more up to `upto`: say so, then go on.
@@ -568,6 +583,7 @@ impl Subscription {
     fn resume(&mut self) {
         let mut next = subscribe(&self.shared, Some(self.cursor));
         next.latest_seq = self.latest_seq;
+        next.catching_up = true;
         *self = next;
     }
 }
