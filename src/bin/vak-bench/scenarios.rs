@@ -13,7 +13,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::task::JoinHandle;
 
 /// How the bench reaches the server.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Transport {
     /// vak, `GET /sessions/:id/events`.
     Sse,
@@ -46,6 +46,8 @@ pub struct Env {
     pub capacity: usize,
     /// How long one scenario run may take before it is abandoned.
     pub limit: Duration,
+    /// Extra `vak serve` flags (--serve-arg).
+    pub serve_args: Vec<String>,
 }
 
 /// `vak serve` flags a scenario sets beyond the common ones.
@@ -113,6 +115,7 @@ impl Server {
                 if opts.no_subscriber_wait {
                     c.args(["--first-subscriber-wait-ms", "0"]);
                 }
+                c.args(&env.serve_args);
                 c
             }
         };
@@ -252,6 +255,26 @@ async fn collect(handles: Vec<JoinHandle<SubResult>>, shared: &Shared, limit: Du
     out
 }
 
+/// How the error of a run that hit its time limit starts.
+pub const NOT_FINISHED: &str = "not finished within the";
+
+/// When `collect` hit its limit (it cancels the rest only then): how far the
+/// subscribers got, which says more than the cancellation errors.
+fn timed_out(results: &[SubResult], shared: &Shared, limit: Duration, expect: u64) -> Result<(), String> {
+    if !shared.cancel.is_cancelled() {
+        return Ok(());
+    }
+    let delivered: u64 = results.iter().map(|r| r.tokens).sum();
+    let done = results.iter().filter(|r| r.all_at.is_some()).count();
+    Err(format!(
+        "{NOT_FINISHED} {} s limit: {delivered} of {} events delivered ({:.0}/s), {done} of {} subscribers had all of theirs",
+        limit.as_secs(),
+        expect * results.len() as u64,
+        delivered as f64 / limit.as_secs_f64(),
+        results.len()
+    ))
+}
+
 fn first_error(results: &[SubResult]) -> Result<(), String> {
     let failed = results.iter().filter(|r| r.error.is_some()).count();
     match results.iter().find_map(|r| r.error.as_ref()) {
@@ -335,10 +358,12 @@ async fn fanout_on(
     let results = collect(handles, &shared, env.limit).await;
     let cpu = mark.since(server.pid);
     let peak_kib = machine::hwm_kib(server.pid).unwrap_or(0);
+    let late = timed_out(&results, &shared, env.limit, n);
     shared.cancel.cancel();
     if let Some(h) = stalled_handle {
         let _ = h.await;
     }
+    late?;
     first_error(&results)?;
     let last_s = last_complete(&results, t0)?;
     let events: u64 = results.iter().map(|r| r.tokens).sum();
@@ -464,6 +489,7 @@ pub async fn many_sessions(
         }
         let results = collect(handles, &shared, env.limit).await;
         let cpu = mark.since(server.pid);
+        timed_out(&results, &shared, env.limit, n)?;
         first_error(&results)?;
         let last_s = last_complete(&results, t0)?;
         let events: u64 = results.iter().map(|r| r.tokens).sum();
