@@ -192,7 +192,12 @@ pub fn table(rows: &[Row]) -> String {
             r.cpu
                 .map(|(s, b, o)| format!("{s:.2} / {b:.2} / {o:.2}"))
                 .unwrap_or_default(),
-            cell_escape(&r.note),
+            cell_escape(&match (&r.stat, &r.failure) {
+                // Some runs measured, another failed: the failure is part of the figure.
+                (Some(_), Some(f)) if r.note.is_empty() => format!("another run failed: {f}"),
+                (Some(_), Some(f)) => format!("{}; another run failed: {f}", r.note),
+                _ => r.note.clone(),
+            }),
         );
     }
     out
