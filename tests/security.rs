@@ -579,13 +579,8 @@ async fn from_peer(s: &TestServer, peer: &str, req: axum::http::Request<axum::bo
         vak::core::CoreConfig::new(s.home.clone(), s.workspace.clone()),
         TOKEN.to_string(),
     );
-    let hub = Arc::new(
-        vak::core::hub::Hub::new(
-            cfg.core.clone(),
-            Arc::new(vak::core::provider::offline::OfflineModel),
-        )
-        .unwrap(),
-    );
+    let hub =
+        Arc::new(vak::core::hub::Hub::new(cfg.core.clone(), vak::core::session::Route::offline()).unwrap());
     let app = vak::edge::server::app(hub, &cfg).await.unwrap();
     let mut req = req;
     req.extensions_mut().insert(PeerAddr(peer.parse().unwrap()));

@@ -43,6 +43,8 @@ impl Deltas {
         let (thinking, text) = match e {
             ProviderEvent::Text(t) => (false, t),
             ProviderEvent::Thinking(t) => (true, t),
+            // Not a delta: the caller routes signatures elsewhere.
+            ProviderEvent::ThinkingSignature(_) => return self.flush().into_iter().collect(),
         };
         self.seen += 1;
         if self.seen <= self.free {

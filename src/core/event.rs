@@ -1,5 +1,6 @@
 //! Event types: what the agent loop emits internally, what clients see, and the projection between them.
 
+use super::provider::TokenUsage;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::sync::{Arc, OnceLock};
@@ -11,6 +12,8 @@ pub enum RunOutcome {
     Completed,
     Cancelled,
     Failed,
+    /// The leg reached the max-turns cap with the model still calling tools.
+    MaxTurns,
 }
 
 impl RunOutcome {
@@ -19,6 +22,7 @@ impl RunOutcome {
             RunOutcome::Completed => "completed",
             RunOutcome::Cancelled => "cancelled",
             RunOutcome::Failed => "failed",
+            RunOutcome::MaxTurns => "max_turns",
         }
     }
 }
@@ -174,10 +178,18 @@ pub enum AgentEvent {
     /// A provider error as the provider reported it.
     RawError(String),
     /// Tokens consumed by one provider turn: persisted, never streamed.
-    Usage {
-        input_tokens: u64,
-        output_tokens: u64,
-    },
+    Usage(TokenUsage),
+    /// The provider's signature over the thinking just streamed: persisted
+    /// (the model needs it back), never streamed.
+    ThinkingSignature(String),
+}
+
+/// An internal fact the ledger keeps between events, folded into the
+/// transcript in order with them.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Note {
+    Usage(TokenUsage),
+    Signature(String),
 }
 
 /// Maps an agent event to what clients may see; internal traffic maps to None.
@@ -189,7 +201,8 @@ pub fn project(event: AgentEvent) -> Option<ClientEvent> {
         | AgentEvent::Compaction { .. }
         | AgentEvent::StopGate { .. }
         | AgentEvent::RawError(_)
-        | AgentEvent::Usage { .. } => None,
+        | AgentEvent::Usage(_)
+        | AgentEvent::ThinkingSignature(_) => None,
     }
 }
 
@@ -253,10 +266,12 @@ mod tests {
             AgentEvent::Compaction { dropped: 3 },
             AgentEvent::StopGate { note: "n".into() },
             AgentEvent::RawError("boom".into()),
-            AgentEvent::Usage {
+            AgentEvent::Usage(TokenUsage {
                 input_tokens: 1,
                 output_tokens: 2,
-            },
+                ..TokenUsage::default()
+            }),
+            AgentEvent::ThinkingSignature("sig".into()),
         ] {
             assert_eq!(project(e), None);
         }

@@ -7,8 +7,7 @@
 use super::index::{Entry, Index};
 use super::ledger::{Ledger, OpenError};
 use super::mux::Control;
-use super::provider::Provider;
-use super::session::{Runtime, Session, SessionInfo};
+use super::session::{Route, Runtime, Session, SessionInfo};
 use super::CoreConfig;
 use super::PermissionMode;
 use crate::error::{Error, ErrorKind, Result};
@@ -79,7 +78,7 @@ pub fn validate_plain_id(what: &str, id: &str) -> Result<()> {
 
 impl Hub {
     /// Prepares the home (creating `sessions/`); fails with a clear message when it is not writable.
-    pub fn new(cfg: CoreConfig, provider: Arc<dyn Provider>) -> Result<Hub> {
+    pub fn new(cfg: CoreConfig, route: Route) -> Result<Hub> {
         let dir = cfg.sessions_dir();
         // Prompts, outputs and file contents live here: owner-only, also when
         // an earlier version created it readable.
@@ -96,7 +95,7 @@ impl Hub {
         // Startup, before anything is served: reading the index here blocks nobody.
         let index = Arc::new(Index::load(&dir));
         Ok(Hub {
-            rt: Arc::new(Runtime { cfg, provider }),
+            rt: Arc::new(Runtime::new(cfg, route)),
             sessions: Mutex::new(HashMap::new()),
             index,
             stopping: AtomicBool::new(false),
@@ -424,12 +423,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 mod tests {
     use super::*;
     use crate::core::event::ClientEvent;
-    use crate::core::provider::offline::OfflineModel;
 
     fn hub(home: &std::path::Path, tweak: impl FnOnce(&mut CoreConfig)) -> Arc<Hub> {
         let mut cfg = CoreConfig::new(home.to_path_buf(), home.to_path_buf());
         tweak(&mut cfg);
-        Arc::new(Hub::new(cfg, Arc::new(OfflineModel)).unwrap())
+        Arc::new(Hub::new(cfg, Route::offline()).unwrap())
     }
 
     async fn session_with_history(home: &std::path::Path, events: usize) -> String {

@@ -12,6 +12,7 @@
 //! each append and closes it again, so many sessions never exhaust the fd table.
 
 use super::event::{ClientEvent, Frame};
+use super::provider::TokenUsage;
 use super::Durability;
 use crate::error::{Error, ErrorKind, Result};
 use serde::{Deserialize, Serialize};
@@ -65,7 +66,9 @@ pub enum Record {
     /// duplicate after a restart, even if the input never ran).
     Admitted { request_id: String },
     /// Tokens one provider turn consumed.
-    Usage { input_tokens: u64, output_tokens: u64 },
+    Usage(TokenUsage),
+    /// The provider's signature over the thinking published just before.
+    Signature { signature: String },
     /// The session's folds as of a seq: a reload starts from the last one.
     Snapshot(Box<super::session::Snapshot>),
 }

@@ -11,6 +11,7 @@ pub mod index;
 pub mod ledger;
 pub mod mux;
 pub mod presentation;
+pub mod prompt;
 pub mod provider;
 pub mod session;
 pub mod tools;
@@ -64,6 +65,12 @@ pub struct CoreConfig {
     /// Ledger bytes between snapshots of a session's state, at least (they
     /// also grow with the state: see `writer::SnapshotPolicy`).
     pub snapshot_min_bytes: u64,
+    /// Model turns one leg may take before it ends with `max_turns`.
+    pub max_turns: u32,
+    /// The output token limit of one model turn.
+    pub max_output_tokens: u32,
+    /// Sampling temperature; None leaves it to the provider.
+    pub temperature: Option<f32>,
 }
 
 impl CoreConfig {
@@ -74,12 +81,15 @@ impl CoreConfig {
             bus: bus::BusConfig::default(),
             permission: PermissionMode::Ask,
             first_subscriber_wait: Duration::from_secs(2),
-            provider_retries: 2,
-            retry_backoff: Duration::from_millis(50),
+            provider_retries: 4,
+            retry_backoff: Duration::from_millis(500),
             max_queued_inputs: 64,
             durability: Durability::Process,
             unload_idle_after: Duration::from_secs(300),
             snapshot_min_bytes: 8 << 20,
+            max_turns: 50,
+            max_output_tokens: 8192,
+            temperature: None,
         }
     }
 

@@ -5,7 +5,7 @@
 //! always yields the timeline the session itself holds at that point.
 //! Runtime bookkeeping (status, turn_started, admission) never becomes an item.
 
-use super::event::{ClientEvent, RunOutcome};
+use super::event::ClientEvent;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -192,9 +192,13 @@ impl Presenter {
     }
 
     fn close_open(&mut self, seq: u64, out: &mut Vec<PresentationEvent>) {
+        self.close_open_as("completed", seq, out)
+    }
+
+    fn close_open_as(&mut self, status: &str, seq: u64, out: &mut Vec<PresentationEvent>) {
         if let Some(idx) = self.open.take() {
             let item = &mut self.timeline.items[idx];
-            item.status = "completed".into();
+            item.status = status.into();
             item.seq = seq;
             out.push(PresentationEvent::ItemCompleted {
                 item_id: item.id.clone(),
@@ -296,17 +300,16 @@ impl Presenter {
             ),
             ClientEvent::RunFinished { outcome, message } => {
                 self.close_open(seq, &mut out);
-                let status = match outcome {
-                    RunOutcome::Completed => "completed",
-                    RunOutcome::Cancelled => "cancelled",
-                    RunOutcome::Failed => "failed",
-                };
+                let status = outcome.as_str();
                 let item = Item::new(ItemKind::FinalResult, "result-", seq, status, message.clone());
                 self.start(item, &mut out);
                 self.timeline.seq = seq;
                 out.push(PresentationEvent::Snapshot(self.timeline.clone()));
             }
-            ClientEvent::TurnStarted { .. } | ClientEvent::Status { .. } => {}
+            // A turn_started inside a run: the model's stream broke and the
+            // turn starts over; what it had streamed stays, marked so.
+            ClientEvent::TurnStarted { .. } => self.close_open_as("interrupted", seq, &mut out),
+            ClientEvent::Status { .. } => {}
         }
         if let Some(last) = out.last() {
             self.timeline.seq = last.seq().max(self.timeline.seq);
@@ -318,7 +321,7 @@ impl Presenter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::event::ApprovalOutcome;
+    use crate::core::event::{ApprovalOutcome, RunOutcome};
     use proptest::prelude::*;
     use serde_json::json;
 

@@ -4,7 +4,7 @@ use super::agent;
 use super::approvals::REMEMBERED_SETTLED;
 use super::approvals::{Answer, Approvals};
 use super::bus::{Bus, Subscription};
-use super::event::{project, AgentEvent, ApprovalOutcome, ClientEvent, Frame, RunOutcome};
+use super::event::{project, AgentEvent, ApprovalOutcome, ClientEvent, Frame, Note, RunOutcome};
 use super::ledger::{Ledger, Log, OpenError, Record};
 use super::presentation::{PresentationEvent, Presenter, Timeline};
 use super::provider::Provider;
@@ -25,7 +25,43 @@ const REMEMBERED_REQUESTS: usize = 4096;
 /// Shared by every session of a server.
 pub struct Runtime {
     pub cfg: CoreConfig,
+    route: std::sync::RwLock<Route>,
+}
+
+/// The model a leg talks to: a provider and the model name it is asked for.
+#[derive(Clone)]
+pub struct Route {
     pub provider: Arc<dyn Provider>,
+    pub model: String,
+}
+
+impl Route {
+    /// The embedded offline model.
+    pub fn offline() -> Route {
+        Route {
+            provider: Arc::new(super::provider::offline::OfflineModel),
+            model: "offline".into(),
+        }
+    }
+}
+
+impl Runtime {
+    pub fn new(cfg: CoreConfig, route: Route) -> Runtime {
+        Runtime {
+            cfg,
+            route: std::sync::RwLock::new(route),
+        }
+    }
+
+    /// The current route; a leg takes it once and keeps it.
+    pub fn route(&self) -> Route {
+        self.route.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Replaces the route for legs that start from now on.
+    pub fn set_route(&self, route: Route) {
+        *self.route.write().unwrap_or_else(|p| p.into_inner()) = route;
+    }
 }
 
 /// What admission did with an input.
@@ -318,19 +354,14 @@ impl Session {
     /// fanned out (in that order), internal traffic nowhere. Never waits;
     /// a fast producer calls `pace` to feel the writer's backpressure.
     pub fn emit(&self, event: AgentEvent) {
-        if let AgentEvent::Usage {
-            input_tokens,
-            output_tokens,
-        } = event
-        {
-            self.pipe.push(Op::Usage {
-                input_tokens,
-                output_tokens,
-            });
-            return;
-        }
-        if let Some(client) = project(event) {
-            self.pipe.push(Op::Event(client));
+        match event {
+            AgentEvent::Usage(u) => self.pipe.push(Op::Note(Note::Usage(u))),
+            AgentEvent::ThinkingSignature(s) => self.pipe.push(Op::Note(Note::Signature(s))),
+            event => {
+                if let Some(client) = project(event) {
+                    self.pipe.push(Op::Event(client));
+                }
+            }
         }
     }
 
@@ -600,18 +631,22 @@ impl Session {
 }
 
 impl Visible for Session {
-    fn commit(&self, frames: Vec<Arc<Frame>>, usage: Vec<(u64, u64)>, admitted: Vec<String>) {
+    fn commit(&self, frames: Vec<Arc<Frame>>, notes: Vec<(u64, Note)>, admitted: Vec<String>) {
         // Folds, then bus, under the folds lock: `subscribe_presented` sees
         // both at the same point.
         let mut f = lock(&self.folds);
-        for (input, output) in usage {
-            f.transcript.add_usage(input, output);
-        }
         for id in admitted {
             f.facts.remember_request(id);
         }
+        let mut notes = notes.into_iter().peekable();
         for frame in &frames {
+            while let Some((_, note)) = notes.next_if(|(after, _)| *after < frame.seq) {
+                f.transcript.note(&note);
+            }
             f.apply(frame.seq, &frame.event);
+        }
+        for (_, note) in notes {
+            f.transcript.note(&note);
         }
         self.bus.commit(frames);
     }
@@ -678,10 +713,10 @@ impl Restore {
                 return;
             }
             Record::Admitted { request_id } => return self.folds().facts.remember_request(request_id),
-            Record::Usage {
-                input_tokens,
-                output_tokens,
-            } => return self.folds().transcript.add_usage(input_tokens, output_tokens),
+            Record::Usage(u) => return self.folds().transcript.note(&Note::Usage(u)),
+            Record::Signature { signature } => {
+                return self.folds().transcript.note(&Note::Signature(signature))
+            }
             Record::Snapshot(snap) => {
                 let Snapshot {
                     seq,

@@ -1,7 +1,8 @@
 //! The tools the agent can call (read_file, write_file, bash), each confined to the workspace.
 
+use super::provider::ToolDef;
 use super::workspace;
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::path::Path;
 use std::process::Stdio;
 use tokio_util::sync::CancellationToken;
@@ -28,6 +29,52 @@ impl ToolOutput {
             output: output.into(),
         }
     }
+}
+
+/// The tools as a model sees them: name, what they do, and the JSON Schema
+/// of their input.
+pub fn definitions() -> Vec<ToolDef> {
+    let def = |name: &str, description: &str, input_schema: Value| ToolDef {
+        name: name.into(),
+        description: description.into(),
+        input_schema,
+    };
+    vec![
+        def(
+            "read_file",
+            "Read a text file in the workspace. Output is cut at 1 MiB with a note.",
+            json!({
+                "type": "object",
+                "properties": {"path": {"type": "string", "description": "Path relative to the workspace root"}},
+                "required": ["path"],
+                "additionalProperties": false
+            }),
+        ),
+        def(
+            "write_file",
+            "Create or overwrite a file in the workspace with the given content (parent folders are created).",
+            json!({
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "description": "Path relative to the workspace root"},
+                    "content": {"type": "string", "description": "The whole new content of the file"}
+                },
+                "required": ["path", "content"],
+                "additionalProperties": false
+            }),
+        ),
+        def(
+            "bash",
+            "Run a shell command (sh -c) with the workspace as working directory and no input. \
+             Output is stdout and stderr interleaved, cut at 1 MiB with a note; a non-zero exit status is appended.",
+            json!({
+                "type": "object",
+                "properties": {"command": {"type": "string", "description": "The command line"}},
+                "required": ["command"],
+                "additionalProperties": false
+            }),
+        ),
+    ]
 }
 
 /// Whether `tool` asks the user before it runs (in the default permission mode).

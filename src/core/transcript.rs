@@ -1,6 +1,7 @@
 //! The transcript: a fold of client events into messages and usage, shared by the live session, a reload from the ledger, and Markdown export.
 
-use super::event::{ClientEvent, RunOutcome};
+use super::event::{ClientEvent, Note, RunOutcome};
+use super::provider::{ChatMessage, Thinking, TokenUsage, ToolCall};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::fmt::Write;
@@ -31,6 +32,14 @@ pub struct Message {
     pub role: Role,
     pub text: String,
     pub thinking: String,
+    /// Assistant only: the provider's signature over `thinking`, sent back with it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub signature: String,
+    /// Assistant only: the model's stream broke in this message and the turn
+    /// was started again (a second turn_started in the run); the model never
+    /// sees it again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub interrupted: bool,
     pub call_id: String,
     pub tool: String,
     pub input: Value,
@@ -46,6 +55,8 @@ impl Message {
             role,
             text: String::new(),
             thinking: String::new(),
+            signature: String::new(),
+            interrupted: false,
             call_id: String::new(),
             tool: String::new(),
             input: Value::Null,
@@ -56,16 +67,10 @@ impl Message {
     }
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Usage {
-    pub input_tokens: u64,
-    pub output_tokens: u64,
-}
-
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Transcript {
     pub messages: Vec<Message>,
-    pub usage: Usage,
+    pub usage: TokenUsage,
     /// The seq of the last event folded in: the transcript is exact as of it.
     pub seq: u64,
 }
@@ -81,8 +86,24 @@ impl Transcript {
                 m.text = text.clone();
                 self.messages.push(m);
             }
+            ClientEvent::TurnStarted { .. } => {
+                // Within a run the model's turns follow each other without a
+                // turn_started; a second one means the stream broke and the
+                // turn starts over.
+                if let Some(m) = self.messages.last_mut().filter(|m| m.role == Role::Assistant) {
+                    m.interrupted = true;
+                }
+            }
             ClientEvent::TextDelta { text } => self.assistant(seq).text.push_str(text),
-            ClientEvent::ThinkingDelta { text } => self.assistant(seq).thinking.push_str(text),
+            ClientEvent::ThinkingDelta { text } => {
+                // Thinking after a signed block starts a new message: one
+                // signature covers one block.
+                let m = self.assistant(seq);
+                if !m.signature.is_empty() {
+                    self.messages.push(Message::new(Role::Assistant, seq));
+                }
+                self.assistant(seq).thinking.push_str(text)
+            }
             ClientEvent::ToolCall { call_id, tool, input } => {
                 let mut m = Message::new(Role::Tool, seq);
                 m.call_id = call_id.clone();
@@ -113,9 +134,76 @@ impl Transcript {
         }
     }
 
-    pub fn add_usage(&mut self, input_tokens: u64, output_tokens: u64) {
-        self.usage.input_tokens += input_tokens;
-        self.usage.output_tokens += output_tokens;
+    /// Folds in an internal fact the ledger keeps beside the events.
+    pub fn note(&mut self, note: &Note) {
+        match note {
+            Note::Usage(u) => self.usage.add(*u),
+            Note::Signature(sig) => {
+                if let Some(m) = self.messages.last_mut().filter(|m| m.role == Role::Assistant) {
+                    m.signature = sig.clone();
+                }
+            }
+        }
+    }
+
+    /// The conversation as a model sees it: the assistant's tool calls
+    /// grouped with the text before them, each followed by its result;
+    /// interrupted attempts and run notes left out.
+    pub fn chat(&self) -> Vec<ChatMessage> {
+        let mut out: Vec<ChatMessage> = Vec::new();
+        let mut results: Vec<ChatMessage> = Vec::new();
+        for m in &self.messages {
+            if m.role != Role::Tool {
+                out.append(&mut results);
+            }
+            match m.role {
+                Role::User => out.push(ChatMessage::User { text: m.text.clone() }),
+                Role::Assistant if m.interrupted => {}
+                Role::Assistant => {
+                    let thinking = if m.thinking.is_empty() {
+                        Vec::new()
+                    } else {
+                        vec![Thinking {
+                            text: m.thinking.clone(),
+                            signature: m.signature.clone(),
+                        }]
+                    };
+                    out.push(ChatMessage::Assistant {
+                        thinking,
+                        text: m.text.clone(),
+                        tool_calls: Vec::new(),
+                    });
+                }
+                Role::Tool => {
+                    let call = ToolCall {
+                        id: m.call_id.clone(),
+                        name: m.tool.clone(),
+                        input: m.input.clone(),
+                    };
+                    // A call belongs to the assistant message of the turn
+                    // that made it (the last one pushed), or to an empty one
+                    // when that turn said nothing.
+                    if results.is_empty() && !matches!(out.last(), Some(ChatMessage::Assistant { .. })) {
+                        out.push(ChatMessage::Assistant {
+                            thinking: Vec::new(),
+                            text: String::new(),
+                            tool_calls: Vec::new(),
+                        });
+                    }
+                    if let Some(ChatMessage::Assistant { tool_calls, .. }) = out.last_mut() {
+                        tool_calls.push(call);
+                    }
+                    results.push(ChatMessage::ToolResult {
+                        call_id: m.call_id.clone(),
+                        content: m.text.clone(),
+                        is_error: !m.ok,
+                    });
+                }
+                Role::Run => {}
+            }
+        }
+        out.append(&mut results);
+        out
     }
 
     fn assistant(&mut self, seq: u64) -> &mut Message {

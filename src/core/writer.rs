@@ -9,7 +9,7 @@
 //! of that batch or after it becomes visible, and every later push is
 //! refused with the storage reason.
 
-use super::event::{ClientEvent, Frame};
+use super::event::{ClientEvent, Frame, Note};
 use super::ledger::{Batch, Log, Record};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use tokio::sync::{oneshot, Notify};
@@ -23,10 +23,8 @@ pub type Done = oneshot::Sender<Result<(), String>>;
 
 pub enum Op {
     Event(ClientEvent),
-    Usage {
-        input_tokens: u64,
-        output_tokens: u64,
-    },
+    /// An internal fact, kept in order with the events around it.
+    Note(Note),
     /// A request id admitted; replied to once it is durable.
     Admitted {
         request_id: String,
@@ -42,14 +40,15 @@ impl Op {
             Op::Admitted { done, .. } | Op::Barrier(done) => {
                 let _ = done.send(Err(reason.to_string()));
             }
-            Op::Event(_) | Op::Usage { .. } => {}
+            Op::Event(_) | Op::Note(_) => {}
         }
     }
 }
 
 /// What the writer hands back to the session once a batch is durable.
 pub trait Visible: Send + Sync + 'static {
-    fn commit(&self, frames: Vec<Arc<Frame>>, usage: Vec<(u64, u64)>, admitted: Vec<String>);
+    /// `notes` each carry the seq of the last event published before them.
+    fn commit(&self, frames: Vec<Arc<Frame>>, notes: Vec<(u64, Note)>, admitted: Vec<String>);
     /// The session's state as of the last commit, as a ledger record.
     fn snapshot(&self) -> Record;
     fn failed(&self, reason: &str);
@@ -234,7 +233,7 @@ pub async fn run(
 ) {
     while let Some(ops) = pipe.take().await {
         let mut frames = Vec::new();
-        let mut usage = Vec::new();
+        let mut notes = Vec::new();
         let mut admitted = Vec::new();
         let mut replies = Vec::new();
         let mut items = Vec::with_capacity(ops.len());
@@ -246,15 +245,12 @@ pub async fn run(
                     items.push(Item::Frame(frame.clone()));
                     frames.push(frame);
                 }
-                Op::Usage {
-                    input_tokens,
-                    output_tokens,
-                } => {
-                    items.push(Item::Record(Record::Usage {
-                        input_tokens,
-                        output_tokens,
+                Op::Note(note) => {
+                    items.push(Item::Record(match &note {
+                        Note::Usage(u) => Record::Usage(*u),
+                        Note::Signature(s) => Record::Signature { signature: s.clone() },
                     }));
-                    usage.push((input_tokens, output_tokens));
+                    notes.push((latest, note));
                 }
                 Op::Admitted { request_id, done } => {
                     items.push(Item::Record(Record::Admitted {
@@ -274,7 +270,7 @@ pub async fn run(
         if let Ok(bytes) = appended {
             let v = visible.upgrade();
             if let Some(v) = &v {
-                v.commit(frames, usage, admitted);
+                v.commit(frames, notes, admitted);
             }
             if let Some(v) = v.filter(|_| snapshots.due(bytes)) {
                 // Taken right after the commit: exact as of its last seq.

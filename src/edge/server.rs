@@ -7,8 +7,7 @@ use super::http::routes::{self, AppState};
 use super::limits::StreamLimits;
 use super::listener::{self, ListenConfig};
 use crate::core::hub::Hub;
-use crate::core::provider::offline::OfflineModel;
-use crate::core::provider::Provider;
+use crate::core::session::Route;
 use crate::core::CoreConfig;
 use crate::error::{Error, Result};
 use crate::proto::v1::agent_service_server::AgentServiceServer;
@@ -89,11 +88,11 @@ pub struct Server {
 impl Server {
     /// Prepares the home and the core with the embedded offline model.
     pub fn new(cfg: ServeConfig) -> Result<Server> {
-        Self::with_provider(cfg, Arc::new(OfflineModel))
+        Self::with_route(cfg, Route::offline())
     }
 
-    pub fn with_provider(cfg: ServeConfig, provider: Arc<dyn Provider>) -> Result<Server> {
-        let hub = Arc::new(Hub::new(cfg.core.clone(), provider)?);
+    pub fn with_route(cfg: ServeConfig, route: Route) -> Result<Server> {
+        let hub = Arc::new(Hub::new(cfg.core.clone(), route)?);
         Ok(Server { hub, cfg })
     }
 

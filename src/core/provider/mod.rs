@@ -1,41 +1,194 @@
-//! The model seam: a streaming chat turn that yields text, thinking and tool calls. The agent loop talks to models only through `Provider`.
+//! The model seam: one streaming chat turn (system prompt, history, tool definitions in; text, thinking and assembled tool calls out). The agent loop talks to models only through `Provider`.
 
 pub mod offline;
 
-use super::transcript::Message;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::future::Future;
 use std::pin::Pin;
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+
+/// A tool as the model sees it: its input is described by a JSON Schema.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolDef {
+    pub name: String,
+    pub description: String,
+    pub input_schema: Value,
+}
+
+/// One block of the model's reasoning, with the provider's signature over it
+/// (Anthropic refuses a history whose thinking lost its signature).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Thinking {
+    pub text: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub signature: String,
+}
+
+/// A tool call as the model made it. `id` is the provider's own id (a
+/// `toolu_…` or `call_…`); the tool result sent back must carry it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    pub input: Value,
+}
+
+/// One message of the history a turn answers.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ChatMessage {
+    User {
+        text: String,
+    },
+    /// What the model said in one turn: its reasoning, then its text, then
+    /// the tools it called.
+    Assistant {
+        thinking: Vec<Thinking>,
+        text: String,
+        tool_calls: Vec<ToolCall>,
+    },
+    /// The result of one tool call (consecutive results belong together:
+    /// Anthropic sends them as one user message).
+    ToolResult {
+        call_id: String,
+        content: String,
+        is_error: bool,
+    },
+}
+
+/// Everything one turn needs.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TurnRequest {
+    pub model: String,
+    pub system: String,
+    pub messages: Vec<ChatMessage>,
+    pub tools: Vec<ToolDef>,
+    pub max_tokens: u32,
+    pub temperature: Option<f32>,
+}
 
 /// Streamed output of one provider turn.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ProviderEvent {
     Text(String),
     Thinking(String),
+    /// The signature that closes the current thinking block.
+    ThinkingSignature(String),
 }
 
-/// A tool the model asks the runtime to run.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ToolRequest {
-    pub tool: String,
-    pub input: Value,
-}
-
-/// What a turn ends with: the tool calls to run (none: the answer is complete) and its token usage.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct TurnOutput {
-    pub tool_calls: Vec<ToolRequest>,
+/// Tokens one turn consumed, as the provider reported them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenUsage {
     pub input_tokens: u64,
     pub output_tokens: u64,
+    #[serde(default)]
+    pub cache_read_tokens: u64,
+    #[serde(default)]
+    pub cache_write_tokens: u64,
+}
+
+impl TokenUsage {
+    pub fn add(&mut self, other: TokenUsage) {
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+        self.cache_read_tokens += other.cache_read_tokens;
+        self.cache_write_tokens += other.cache_write_tokens;
+    }
+}
+
+/// Why the model stopped.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StopReason {
+    /// It answered (also: an empty or unknown finish reason).
+    #[default]
+    EndTurn,
+    /// It called tools and waits for their results.
+    ToolUse,
+    /// It hit the output token limit.
+    MaxTokens,
+    /// It refused (content filter, refusal).
+    Refusal,
+}
+
+/// What a turn ends with: the tool calls to run (none: the answer is complete), usage and why it stopped.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TurnOutput {
+    pub tool_calls: Vec<ToolCall>,
+    pub usage: TokenUsage,
+    pub stop: StopReason,
+}
+
+/// What kind of failure a provider hit: each has one fixed human message,
+/// what `run_finished` says when retries run out (the raw error goes to the
+/// log only: it can carry request ids, account names, even echoed input).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FailureKind {
+    /// The key was refused (401, 403).
+    Auth,
+    /// Too many requests (429).
+    RateLimit,
+    /// The service is overloaded (529, overloaded_error, 503).
+    Overloaded,
+    /// The conversation does not fit the model's context window.
+    ContextTooLong,
+    /// Could not connect, the connection broke, or the service went silent.
+    Network,
+    /// The service answered something that is not a valid response (a 4xx
+    /// other than the above, a 5xx, malformed JSON or SSE).
+    BadResponse,
+    /// No model is configured for this provider or no key is reachable.
+    NotConfigured,
+    /// The offline model's `/fail MSG` directive: its message is the user's own text.
+    Directive(String),
+}
+
+impl FailureKind {
+    pub fn message(&self) -> String {
+        match self {
+            FailureKind::Auth => "the model service refused the API key".into(),
+            FailureKind::RateLimit => "the model service is rate limiting requests; try again later".into(),
+            FailureKind::Overloaded => "the model service is overloaded; try again later".into(),
+            FailureKind::ContextTooLong => {
+                "the conversation is too long for the model's context window".into()
+            }
+            FailureKind::Network => "could not reach the model service".into(),
+            FailureKind::BadResponse => "the model service sent an invalid response".into(),
+            FailureKind::NotConfigured => "no model service is configured (no API key)".into(),
+            FailureKind::Directive(msg) => format!("the model failed: {msg}"),
+        }
+    }
+}
+
+/// One failed attempt at a turn.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Failure {
+    pub kind: FailureKind,
+    /// The raw error, for the log only.
+    pub detail: String,
+    /// Whether trying the same request again may succeed.
+    pub retryable: bool,
+    /// How long the service asked us to wait before trying again.
+    pub retry_after: Option<Duration>,
+}
+
+impl Failure {
+    pub fn new(kind: FailureKind, detail: impl Into<String>, retryable: bool) -> Self {
+        Failure {
+            kind,
+            detail: detail.into(),
+            retryable,
+            retry_after: None,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum ProviderError {
     /// The turn was cancelled.
     Cancelled,
-    /// The provider failed; the runtime may retry.
-    Failed(String),
+    /// The attempt failed; the agent loop decides whether to retry.
+    Failed(Failure),
 }
 
 /// Where a turn streams to. `ready` is the consumer's backpressure: a
@@ -57,14 +210,116 @@ impl<F: Fn(ProviderEvent) + Send + Sync> Sink for F {
 
 pub type TurnFuture<'a> = Pin<Box<dyn Future<Output = Result<TurnOutput, ProviderError>> + Send + 'a>>;
 
-/// A model. `turn` answers the conversation so far (the last user message
-/// and what followed it), streaming through `sink` as it goes.
+/// A model listed by a provider.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelInfo {
+    pub id: String,
+    pub display_name: String,
+}
+
+pub type ModelsFuture<'a> = Pin<Box<dyn Future<Output = Result<Vec<ModelInfo>, Failure>> + Send + 'a>>;
+
+/// A model service. `turn` is one attempt: it answers `request` once,
+/// streaming through `sink` as it goes; retrying is the agent loop's job.
 pub trait Provider: Send + Sync + 'static {
     fn name(&self) -> &str;
     fn turn<'a>(
         &'a self,
-        history: &'a [Message],
+        request: &'a TurnRequest,
         sink: &'a dyn Sink,
         cancel: &'a CancellationToken,
     ) -> TurnFuture<'a>;
+    /// The models this provider's key can reach, asked live.
+    fn list_models(&self) -> ModelsFuture<'_>;
+}
+
+/// The provider families vak speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ProviderKind {
+    /// The embedded offline echo model (no key, no network).
+    Offline,
+    /// OpenAI Chat Completions and every server that speaks it by base URL
+    /// (vLLM, llama.cpp's server, Ollama, LM Studio).
+    OpenAi,
+    /// Anthropic Messages.
+    Anthropic,
+}
+
+impl ProviderKind {
+    pub const ALL: [ProviderKind; 3] = [
+        ProviderKind::Offline,
+        ProviderKind::OpenAi,
+        ProviderKind::Anthropic,
+    ];
+
+    /// The name in flags, config and URLs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderKind::Offline => "offline",
+            ProviderKind::OpenAi => "openai",
+            ProviderKind::Anthropic => "anthropic",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<ProviderKind> {
+        ProviderKind::ALL.into_iter().find(|k| k.as_str() == name)
+    }
+
+    /// The name everyday screens show.
+    pub fn label(self) -> &'static str {
+        match self {
+            ProviderKind::Offline => "Offline echo model",
+            ProviderKind::OpenAi => "OpenAI-compatible",
+            ProviderKind::Anthropic => "Anthropic",
+        }
+    }
+
+    /// The environment variable a key may come from.
+    pub fn key_env(self) -> Option<&'static str> {
+        match self {
+            ProviderKind::Offline => None,
+            ProviderKind::OpenAi => Some("OPENAI_API_KEY"),
+            ProviderKind::Anthropic => Some("ANTHROPIC_API_KEY"),
+        }
+    }
+}
+
+/// How to reach one provider: its kind, an optional base URL (None: the
+/// service's own) and its key (None: keyless, e.g. a local llama.cpp).
+#[derive(Clone)]
+pub struct Endpoint {
+    pub kind: ProviderKind,
+    pub base_url: Option<String>,
+    pub key: Option<Secret>,
+}
+
+/// An API key. Its Debug never shows it; only the provider clients read it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(key: String) -> Secret {
+        Secret(key)
+    }
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(…)")
+    }
+}
+
+/// A provider client for `endpoint`.
+pub fn connect(endpoint: &Endpoint) -> Result<std::sync::Arc<dyn Provider>, Failure> {
+    match endpoint.kind {
+        ProviderKind::Offline => Ok(std::sync::Arc::new(offline::OfflineModel)),
+        ProviderKind::OpenAi | ProviderKind::Anthropic => Err(Failure::new(
+            FailureKind::NotConfigured,
+            format!("the {} provider is not built yet", endpoint.kind.as_str()),
+            false,
+        )),
+    }
 }

@@ -7,11 +7,16 @@
 //! it (the number of tool results since the prompt says where), so the
 //! model keeps no state of its own.
 
-use super::{Provider, ProviderError, ProviderEvent, Sink, ToolRequest, TurnFuture, TurnOutput};
-use crate::core::transcript::{Message, Role};
-use serde_json::json;
+use super::{
+    ChatMessage, Failure, FailureKind, ModelInfo, ModelsFuture, Provider, ProviderError, ProviderEvent, Sink,
+    StopReason, ToolCall, TurnFuture, TurnOutput, TurnRequest,
+};
+use serde_json::{json, Value};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+
+/// How soon a `/fail` asks to be retried.
+pub const FAIL_RETRY_AFTER: Duration = Duration::from_millis(50);
 
 /// The largest `/burst` the model accepts.
 pub const MAX_BURST: u64 = 10_000_000;
@@ -23,7 +28,7 @@ pub struct OfflineModel;
 enum Directive<'a> {
     Echo(&'a str),
     Think(&'a str),
-    Tool(ToolRequest),
+    Tool(&'static str, Value),
     Sleep(u64),
     Burst(u64),
     /// N deltas at a fixed rate, each stamped with its send time (benchmarks).
@@ -60,23 +65,14 @@ fn parse(line: &str) -> Directive<'_> {
         return Directive::Think(t);
     }
     if let Some(p) = word("/read") {
-        return Directive::Tool(ToolRequest {
-            tool: "read_file".into(),
-            input: json!({ "path": p.trim() }),
-        });
+        return Directive::Tool("read_file", json!({ "path": p.trim() }));
     }
     if let Some(rest) = word("/write") {
         let (path, content) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
-        return Directive::Tool(ToolRequest {
-            tool: "write_file".into(),
-            input: json!({ "path": path, "content": content }),
-        });
+        return Directive::Tool("write_file", json!({ "path": path, "content": content }));
     }
     if let Some(cmd) = word("/bash") {
-        return Directive::Tool(ToolRequest {
-            tool: "bash".into(),
-            input: json!({ "command": cmd }),
-        });
+        return Directive::Tool("bash", json!({ "command": cmd }));
     }
     if let Some(ms) = word("/sleep") {
         return number("/sleep", ms, 3_600_000).map_or_else(Directive::Invalid, Directive::Sleep);
@@ -135,28 +131,35 @@ fn deltas(text: &str) -> Vec<String> {
 impl OfflineModel {
     async fn answer(
         &self,
-        history: &[Message],
+        request: &TurnRequest,
         sink: &dyn Sink,
         cancel: &CancellationToken,
     ) -> Result<TurnOutput, ProviderError> {
-        let (prompt, prompt_words, done_tools) = match history.iter().rposition(|m| m.role == Role::User) {
+        let history = &request.messages;
+        let last_user = history
+            .iter()
+            .rposition(|m| matches!(m, ChatMessage::User { .. }));
+        let (prompt, done_tools) = match last_user {
             Some(i) => (
-                history[i].text.as_str(),
-                history[i].text.split_whitespace().count() as u64,
-                history[i + 1..].iter().filter(|m| m.role == Role::Tool).count(),
+                match &history[i] {
+                    ChatMessage::User { text } => text.as_str(),
+                    _ => "",
+                },
+                history[i + 1..]
+                    .iter()
+                    .filter(|m| matches!(m, ChatMessage::ToolResult { .. }))
+                    .count(),
             ),
-            None => ("", 0, 0),
+            None => ("", 0),
         };
-        let mut out = TurnOutput {
-            input_tokens: prompt_words,
-            ..TurnOutput::default()
-        };
+        let mut out = TurnOutput::default();
+        out.usage.input_tokens = prompt.split_whitespace().count() as u64;
         let mut skip_tools = done_tools;
         let mut wrote_text = false;
         for line in prompt.lines().map(str::trim_end).filter(|l| !l.trim().is_empty()) {
             let directive = parse(line);
             if skip_tools > 0 {
-                if matches!(directive, Directive::Tool(_)) {
+                if matches!(directive, Directive::Tool(..)) {
                     skip_tools -= 1;
                 }
                 continue;
@@ -170,7 +173,7 @@ impl OfflineModel {
                     let w = if first && wrote_text { format!("\n{w}") } else { w };
                     first = false;
                     // A token per word, however the words were grouped into deltas.
-                    out.output_tokens += w.split_whitespace().count().max(1) as u64;
+                    out.usage.output_tokens += w.split_whitespace().count().max(1) as u64;
                     sink.send(ProviderEvent::Text(w));
                 }
                 wrote_text = true;
@@ -181,12 +184,17 @@ impl OfflineModel {
                 Directive::Think(t) => {
                     for w in words(t) {
                         sink.send(ProviderEvent::Thinking(w.to_string()));
-                        out.output_tokens += 1;
+                        out.usage.output_tokens += 1;
                     }
                 }
-                Directive::Tool(req) => {
-                    out.tool_calls.push(req);
-                    out.output_tokens += 1;
+                Directive::Tool(name, input) => {
+                    out.tool_calls.push(ToolCall {
+                        id: format!("call_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]),
+                        name: name.into(),
+                        input,
+                    });
+                    out.usage.output_tokens += 1;
+                    out.stop = StopReason::ToolUse;
                     return Ok(out);
                 }
                 Directive::Sleep(ms) => {
@@ -206,7 +214,7 @@ impl OfflineModel {
                         }
                         sink.send(ProviderEvent::Text(format!("t{i} ")));
                     }
-                    out.output_tokens += n;
+                    out.usage.output_tokens += n;
                     wrote_text = true;
                 }
                 Directive::Pace { n, per_sec } => {
@@ -225,10 +233,15 @@ impl OfflineModel {
                             .map_or(0, |d| d.as_micros());
                         sink.send(ProviderEvent::Text(format!("p{i}@{micros} ")));
                     }
-                    out.output_tokens += n;
+                    out.usage.output_tokens += n;
                     wrote_text = true;
                 }
-                Directive::Fail(msg) => return Err(ProviderError::Failed(msg.to_string())),
+                Directive::Fail(msg) => {
+                    // Retryable, and soon: tests of the retry path stay fast.
+                    let mut f = Failure::new(FailureKind::Directive(msg.to_string()), msg, true);
+                    f.retry_after = Some(FAIL_RETRY_AFTER);
+                    return Err(ProviderError::Failed(f));
+                }
             }
         }
         Ok(out)
@@ -242,11 +255,18 @@ impl Provider for OfflineModel {
 
     fn turn<'a>(
         &'a self,
-        history: &'a [Message],
+        request: &'a TurnRequest,
         sink: &'a dyn Sink,
         cancel: &'a CancellationToken,
     ) -> TurnFuture<'a> {
-        Box::pin(self.answer(history, sink, cancel))
+        Box::pin(self.answer(request, sink, cancel))
+    }
+
+    fn list_models(&self) -> ModelsFuture<'_> {
+        Box::pin(std::future::ready(Ok(vec![ModelInfo {
+            id: "offline".into(),
+            display_name: "the offline echo model".into(),
+        }])))
     }
 }
 
@@ -270,9 +290,11 @@ mod tests {
     async fn turn(t: &Transcript) -> (Result<TurnOutput, ProviderError>, Vec<ProviderEvent>) {
         let got = Mutex::new(Vec::new());
         let sink = |e: ProviderEvent| got.lock().unwrap().push(e);
-        let r = OfflineModel
-            .turn(&t.messages, &sink, &CancellationToken::new())
-            .await;
+        let req = TurnRequest {
+            messages: t.chat(),
+            ..TurnRequest::default()
+        };
+        let r = OfflineModel.turn(&req, &sink, &CancellationToken::new()).await;
         (r, got.into_inner().unwrap())
     }
 
@@ -318,7 +340,7 @@ mod tests {
         let out = r.unwrap();
         assert_eq!(evs[0], ProviderEvent::Thinking("why ".into()));
         assert_eq!(text(&evs), "echo: first");
-        assert_eq!(out.tool_calls[0].tool, "read_file");
+        assert_eq!(out.tool_calls[0].name, "read_file");
         assert_eq!(out.tool_calls[0].input, json!({"path": "a.txt"}));
         t.apply(
             2,
@@ -348,7 +370,10 @@ mod tests {
     async fn fail_and_bad_arguments() {
         let mut t = Transcript::default();
         user(&mut t, "/fail boom");
-        assert_eq!(turn(&t).await.0, Err(ProviderError::Failed("boom".into())));
+        match turn(&t).await.0 {
+            Err(ProviderError::Failed(f)) => assert_eq!(f.kind.message(), "the model failed: boom"),
+            other => panic!("{other:?}"),
+        }
         user(&mut t, "/sleep soon\n/writer x");
         let (_, evs) = turn(&t).await;
         assert_eq!(
@@ -402,7 +427,11 @@ mod tests {
             c2.cancel();
         });
         let sink = |_e: ProviderEvent| {};
-        let r = OfflineModel.turn(&t.messages, &sink, &cancel).await;
+        let req = TurnRequest {
+            messages: t.chat(),
+            ..TurnRequest::default()
+        };
+        let r = OfflineModel.turn(&req, &sink, &cancel).await;
         assert_eq!(r, Err(ProviderError::Cancelled));
     }
 }
