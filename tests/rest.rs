@@ -297,8 +297,20 @@ async fn a_failing_provider_fails_the_run_without_leaking_internal_events() {
     for f in &frames {
         assert!(KNOWN.contains(&f.event.as_str()), "internal event leaked: {f:?}");
     }
-    // The retries are invisible: the thinking streamed once.
-    assert_eq!(frames.iter().filter(|f| f.event == "thinking_delta").count(), 1);
+    // The retries themselves are invisible; each attempt that streamed
+    // something before failing is closed by a fresh turn_started, so the
+    // thinking streamed once per attempt (1 + 4 retries).
+    let count = |kind: &str| frames.iter().filter(|f| f.event == kind).count();
+    assert_eq!(count("thinking_delta"), 5);
+    assert_eq!(count("turn_started"), 5);
+    let (_, t) = s.get(&format!("/sessions/{sid}/transcript")).await;
+    let msgs = t["messages"].as_array().unwrap();
+    let interrupted: Vec<_> = msgs.iter().map(|m| m["interrupted"] == true).collect();
+    assert_eq!(
+        interrupted,
+        [false, true, true, true, true, false, false],
+        "user, 4 interrupted attempts, the last attempt, run: {t}"
+    );
 }
 
 #[tokio::test]

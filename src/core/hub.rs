@@ -590,4 +590,51 @@ mod tests {
         let aside = std::fs::read_dir(dir.join("corrupt")).unwrap().count();
         assert_eq!(aside, 2, "kept for a person to look at");
     }
+
+    #[tokio::test]
+    async fn thinking_signatures_and_usage_survive_a_reload_beside_the_events_they_follow() {
+        use crate::core::event::AgentEvent;
+        use crate::core::provider::{ChatMessage, Thinking, TokenUsage};
+        let home = tempfile::tempdir().unwrap();
+        let h = hub(home.path(), |_| {});
+        let s = h.create().await.unwrap();
+        let id = s.id().to_string();
+        let usage = TokenUsage {
+            input_tokens: 5,
+            output_tokens: 3,
+            cache_read_tokens: 2,
+            cache_write_tokens: 1,
+        };
+        // One batch as the writer may see it: two signed blocks and their usage.
+        for (thinking, sig) in [("a", "sig-a"), ("b", "sig-b")] {
+            s.publish(ClientEvent::ThinkingDelta {
+                text: thinking.into(),
+            });
+            s.emit(AgentEvent::ThinkingSignature(sig.into()));
+            s.publish(ClientEvent::TextDelta { text: "t".into() });
+            s.emit(AgentEvent::Usage(usage));
+        }
+        s.flush().await.unwrap();
+        let live = s.transcript();
+        h.shutdown(Duration::from_secs(5)).await;
+        drop(s);
+
+        let h = hub(home.path(), |_| {});
+        let reloaded = h.get(&id).await.unwrap().transcript();
+        assert_eq!(reloaded, live);
+        let signed: Vec<Thinking> = reloaded
+            .chat()
+            .into_iter()
+            .flat_map(|m| match m {
+                ChatMessage::Assistant { thinking, .. } => thinking,
+                _ => vec![],
+            })
+            .collect();
+        let sigs: Vec<_> = signed
+            .iter()
+            .map(|t| (t.text.as_str(), t.signature.as_str()))
+            .collect();
+        assert_eq!(sigs, [("a", "sig-a"), ("b", "sig-b")]);
+        assert_eq!(reloaded.usage.cache_read_tokens, 4);
+    }
 }

@@ -40,6 +40,10 @@ pub struct Message {
     /// sees it again.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub interrupted: bool,
+    /// Tool only: the first call of a model turn (the turn's usage was
+    /// noted just before it), so `chat` can tell turns apart.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub first_of_turn: bool,
     pub call_id: String,
     pub tool: String,
     pub input: Value,
@@ -57,6 +61,7 @@ impl Message {
             thinking: String::new(),
             signature: String::new(),
             interrupted: false,
+            first_of_turn: false,
             call_id: String::new(),
             tool: String::new(),
             input: Value::Null,
@@ -73,6 +78,10 @@ pub struct Transcript {
     pub usage: TokenUsage,
     /// The seq of the last event folded in: the transcript is exact as of it.
     pub seq: u64,
+    /// A model turn just ended (its usage was noted): the next tool call is
+    /// the first of that turn's calls.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub turn_ended: bool,
 }
 
 impl Transcript {
@@ -80,6 +89,13 @@ impl Transcript {
     /// conversation (status, approvals, run bookkeeping) leave it unchanged.
     pub fn apply(&mut self, seq: u64, event: &ClientEvent) {
         self.seq = self.seq.max(seq);
+        let turn_ended = match event {
+            ClientEvent::ToolCall { .. }
+            | ClientEvent::UserMessage { .. }
+            | ClientEvent::TextDelta { .. }
+            | ClientEvent::ThinkingDelta { .. } => std::mem::take(&mut self.turn_ended),
+            _ => self.turn_ended,
+        };
         match event {
             ClientEvent::UserMessage { text, .. } => {
                 let mut m = Message::new(Role::User, seq);
@@ -106,6 +122,7 @@ impl Transcript {
             }
             ClientEvent::ToolCall { call_id, tool, input } => {
                 let mut m = Message::new(Role::Tool, seq);
+                m.first_of_turn = turn_ended;
                 m.call_id = call_id.clone();
                 m.tool = tool.clone();
                 m.input = input.clone();
@@ -137,7 +154,10 @@ impl Transcript {
     /// Folds in an internal fact the ledger keeps beside the events.
     pub fn note(&mut self, note: &Note) {
         match note {
-            Note::Usage(u) => self.usage.add(*u),
+            Note::Usage(u) => {
+                self.usage.add(*u);
+                self.turn_ended = true;
+            }
             Note::Signature(sig) => {
                 if let Some(m) = self.messages.last_mut().filter(|m| m.role == Role::Assistant) {
                     m.signature = sig.clone();
@@ -175,6 +195,9 @@ impl Transcript {
                     });
                 }
                 Role::Tool => {
+                    if m.first_of_turn {
+                        out.append(&mut results);
+                    }
                     let call = ToolCall {
                         id: m.call_id.clone(),
                         name: m.tool.clone(),
@@ -207,7 +230,11 @@ impl Transcript {
     }
 
     fn assistant(&mut self, seq: u64) -> &mut Message {
-        if self.messages.last().is_none_or(|m| m.role != Role::Assistant) {
+        if self
+            .messages
+            .last()
+            .is_none_or(|m| m.role != Role::Assistant || m.interrupted)
+        {
             self.messages.push(Message::new(Role::Assistant, seq));
         }
         self.messages.last_mut().expect("just pushed")
@@ -230,7 +257,8 @@ impl Transcript {
                     let _ = write!(out, "\n## User\n\n{}\n", m.text);
                 }
                 Role::Assistant => {
-                    out.push_str("\n## Assistant\n\n");
+                    let note = if m.interrupted { " (interrupted)" } else { "" };
+                    let _ = write!(out, "\n## Assistant{note}\n\n");
                     if !m.thinking.is_empty() {
                         for line in m.thinking.lines() {
                             let _ = writeln!(out, "> {line}");
@@ -395,5 +423,194 @@ mod tests {
         assert!(!md.contains("\n\n\n"), "{md:?}");
         assert!(md.contains("> hmm\n\n## Run failed\n\nboom\n"), "{md:?}");
         assert!(md.contains("> a\n> b\n\nanswer\n"), "{md:?}");
+    }
+
+    fn fold(events: &[ClientEvent]) -> Transcript {
+        let mut t = Transcript::default();
+        for (i, e) in events.iter().enumerate() {
+            t.apply(i as u64 + 1, e);
+        }
+        t
+    }
+
+    fn call(id: &str) -> ClientEvent {
+        ClientEvent::ToolCall {
+            call_id: id.into(),
+            tool: "read_file".into(),
+            input: json!({"path": id}),
+        }
+    }
+
+    fn result(id: &str, ok: bool) -> ClientEvent {
+        ClientEvent::ToolResult {
+            call_id: id.into(),
+            ok,
+            output: format!("out {id}"),
+        }
+    }
+
+    #[test]
+    fn chat_groups_a_turns_tool_calls_with_its_text_and_follows_them_with_their_results() {
+        let user = |t: &str| ClientEvent::UserMessage {
+            text: t.into(),
+            request_id: "r".into(),
+        };
+        let text = |t: &str| ClientEvent::TextDelta { text: t.into() };
+        // As the agent publishes them: each turn's usage is noted when the
+        // turn ends, before its calls run one after the other.
+        let turn_end = ClientEvent::Status { busy: true };
+        let mut t = Transcript::default();
+        for (i, e) in [
+            user("q"),
+            ClientEvent::TurnStarted {
+                request_id: "r".into(),
+            },
+            text("let me look"),
+            turn_end.clone(),
+            call("toolu_1"),
+            result("toolu_1", true),
+            call("toolu_2"),
+            result("toolu_2", false),
+            turn_end.clone(),
+            call("toolu_3"),
+            result("toolu_3", true),
+            text("done"),
+            turn_end,
+            ClientEvent::RunFinished {
+                outcome: RunOutcome::Completed,
+                message: "completed".into(),
+            },
+        ]
+        .iter()
+        .enumerate()
+        {
+            if *e == (ClientEvent::Status { busy: true }) {
+                t.note(&Note::Usage(TokenUsage::default()));
+            } else {
+                t.apply(i as u64 + 1, e);
+            }
+        }
+        let assistant = |text: &str, ids: &[&str]| ChatMessage::Assistant {
+            thinking: vec![],
+            text: text.into(),
+            tool_calls: ids
+                .iter()
+                .map(|id| ToolCall {
+                    id: id.to_string(),
+                    name: "read_file".into(),
+                    input: json!({"path": id}),
+                })
+                .collect(),
+        };
+        let res = |id: &str, is_error: bool| ChatMessage::ToolResult {
+            call_id: id.into(),
+            content: format!("out {id}"),
+            is_error,
+        };
+        assert_eq!(
+            t.chat(),
+            [
+                ChatMessage::User { text: "q".into() },
+                assistant("let me look", &["toolu_1", "toolu_2"]),
+                res("toolu_1", false),
+                res("toolu_2", true),
+                assistant("", &["toolu_3"]),
+                res("toolu_3", false),
+                assistant("done", &[]),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_restarted_turn_marks_the_broken_attempt_which_the_model_never_sees_again() {
+        let t = fold(&[
+            ClientEvent::UserMessage {
+                text: "q".into(),
+                request_id: "r".into(),
+            },
+            ClientEvent::TurnStarted {
+                request_id: "r".into(),
+            },
+            ClientEvent::TextDelta { text: "Hel".into() },
+            ClientEvent::TurnStarted {
+                request_id: "r".into(),
+            },
+            ClientEvent::TextDelta {
+                text: "Hello!".into(),
+            },
+        ]);
+        let kinds: Vec<_> = t
+            .messages
+            .iter()
+            .map(|m| (m.role, m.interrupted, m.text.as_str()))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                (Role::User, false, "q"),
+                (Role::Assistant, true, "Hel"),
+                (Role::Assistant, false, "Hello!")
+            ]
+        );
+        assert_eq!(
+            t.chat()[1],
+            ChatMessage::Assistant {
+                thinking: vec![],
+                text: "Hello!".into(),
+                tool_calls: vec![]
+            }
+        );
+        assert!(t.markdown("s").contains("## Assistant (interrupted)\n\nHel\n"));
+    }
+
+    #[test]
+    fn signatures_stay_with_the_thinking_they_sign_and_usage_adds_up() {
+        let mut t = Transcript::default();
+        t.apply(1, &ClientEvent::ThinkingDelta { text: "first".into() });
+        t.note(&Note::Signature("sig-1".into()));
+        t.apply(
+            2,
+            &ClientEvent::ThinkingDelta {
+                text: "second".into(),
+            },
+        );
+        t.note(&Note::Signature("sig-2".into()));
+        t.apply(
+            3,
+            &ClientEvent::TextDelta {
+                text: "answer".into(),
+            },
+        );
+        let u = TokenUsage {
+            input_tokens: 10,
+            output_tokens: 2,
+            cache_read_tokens: 7,
+            cache_write_tokens: 1,
+        };
+        t.note(&Note::Usage(u));
+        t.note(&Note::Usage(u));
+        let thinking: Vec<_> = t
+            .chat()
+            .into_iter()
+            .filter_map(|m| match m {
+                ChatMessage::Assistant { thinking, .. } => Some(thinking),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            thinking,
+            [
+                vec![Thinking {
+                    text: "first".into(),
+                    signature: "sig-1".into()
+                }],
+                vec![Thinking {
+                    text: "second".into(),
+                    signature: "sig-2".into()
+                }]
+            ]
+        );
+        assert_eq!(t.usage.cache_read_tokens, 14);
+        assert_eq!(t.usage.input_tokens, 20);
     }
 }

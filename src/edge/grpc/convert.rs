@@ -158,7 +158,10 @@ fn message(m: transcript::Message) -> pb::Message {
     };
     match m.role {
         Role::User => {}
-        Role::Assistant => out.thinking = (!m.thinking.is_empty()).then_some(m.thinking),
+        Role::Assistant => {
+            out.thinking = (!m.thinking.is_empty()).then_some(m.thinking);
+            out.interrupted = m.interrupted.then_some(true);
+        }
         Role::Tool => {
             out.call_id = Some(m.call_id);
             out.tool = Some(m.tool);
@@ -178,6 +181,8 @@ pub fn transcript(session_id: &str, t: Transcript) -> pb::Transcript {
         usage: Some(pb::Usage {
             input_tokens: t.usage.input_tokens,
             output_tokens: t.usage.output_tokens,
+            cache_read_tokens: t.usage.cache_read_tokens,
+            cache_write_tokens: t.usage.cache_write_tokens,
         }),
     }
 }
