@@ -1,9 +1,11 @@
 //! The agent loop: one leg of a turn chain. It asks the provider for a turn, runs the tools it calls (through approvals when needed), and repeats until the model answers without tools or the max-turns cap.
 
 use super::deltas::{Deltas, FREE};
-use super::event::{AgentEvent, ClientEvent, RunOutcome};
-use super::provider::{Failure, ProviderError, ProviderEvent, Sink, ToolCall, TurnRequest};
-use super::session::{Input, Session};
+use super::event::{AgentEvent, ClientEvent, Compaction, RunOutcome};
+use super::provider::{
+    ChatMessage, Failure, FailureKind, ProviderError, ProviderEvent, Sink, ToolCall, ToolDef, TurnRequest,
+};
+use super::session::{Input, Route, Session};
 use super::{prompt, tools, PermissionMode};
 use std::future::Future;
 use std::pin::Pin;
@@ -70,6 +72,69 @@ fn random_unit() -> f64 {
     (uuid::Uuid::new_v4().as_u128() & 0xffff_ffff) as f64 / u32::MAX as f64
 }
 
+/// The share of the context window past which the history is compacted
+/// before the next turn, in percent.
+pub const COMPACT_AT_PERCENT: u64 = 80;
+
+/// What the model is asked when the history is compacted.
+const COMPACT_PROMPT: &str = "The conversation is about to exceed your context window. \
+Write a summary of it that lets you continue the work without it: the user's requests and constraints, \
+what you did and found (files, commands, results, decisions), what is in progress, and what remains. \
+Be specific and complete; do not call tools.";
+
+fn near_full(context_tokens: u64, window: Option<u64>) -> bool {
+    window.is_some_and(|w| context_tokens.saturating_mul(100) >= w.saturating_mul(COMPACT_AT_PERCENT))
+}
+
+/// Asks the model to summarise the history so far and records the summary
+/// (a ledger note, internal to clients): from then on the model sees the
+/// summary in place of the messages it covers.
+async fn compact(
+    session: &Session,
+    route: &Route,
+    system: &str,
+    tools: &[ToolDef],
+    max_tokens: u32,
+    cancel: &CancellationToken,
+) -> Result<(), ProviderError> {
+    let transcript = session.transcript();
+    let mut messages = transcript.chat();
+    messages.push(ChatMessage::User {
+        text: COMPACT_PROMPT.into(),
+    });
+    let request = TurnRequest {
+        model: route.model.clone(),
+        system: system.to_string(),
+        messages,
+        // Histories with tool calls need the tools defined (Anthropic).
+        tools: tools.to_vec(),
+        max_tokens,
+        temperature: None,
+    };
+    let summary = Mutex::new(String::new());
+    let sink = |e: ProviderEvent| {
+        if let ProviderEvent::Text(t) = e {
+            summary.lock().unwrap_or_else(|p| p.into_inner()).push_str(&t);
+        }
+    };
+    let out = route.provider.turn(&request, &sink, cancel).await?;
+    session.emit(AgentEvent::Usage(out.usage));
+    let summary = summary.into_inner().unwrap_or_else(|p| p.into_inner());
+    if summary.trim().is_empty() {
+        return Err(ProviderError::Failed(Failure::new(
+            FailureKind::BadResponse,
+            "the compaction answer was empty",
+            false,
+        )));
+    }
+    tracing::info!(session = %session.id(), upto_seq = transcript.seq, "history compacted");
+    session.emit(AgentEvent::Compaction(Compaction {
+        summary,
+        upto_seq: transcript.seq,
+    }));
+    Ok(())
+}
+
 /// Runs one leg for `input`; returns how it ended and the human message for run_finished.
 pub async fn run_leg(session: &Session, input: &Input, cancel: &CancellationToken) -> (RunOutcome, String) {
     session.publish(ClientEvent::UserMessage {
@@ -100,11 +165,32 @@ pub async fn run_leg(session: &Session, input: &Input, cancel: &CancellationToke
         }
         turns += 1;
         let mut attempt = 0;
+        let mut compacted = false;
         let output = loop {
             // The history is the transcript, which folds what is durable: wait
             // until everything this leg published so far is.
             if let Err(e) = session.flush().await {
                 return (RunOutcome::Failed, e.message);
+            }
+            if !compacted && near_full(session.transcript().context_tokens, route.context_window) {
+                compacted = true;
+                match compact(
+                    session,
+                    &route,
+                    &system,
+                    &tool_defs,
+                    rt.cfg.max_output_tokens,
+                    cancel,
+                )
+                .await
+                {
+                    Ok(()) => continue,
+                    Err(ProviderError::Cancelled) => return (RunOutcome::Cancelled, CANCELLED.into()),
+                    // The turn itself may still fit; if not, it fails on its own.
+                    Err(ProviderError::Failed(f)) => {
+                        tracing::warn!(session = %session.id(), kind = ?f.kind, error = %f.detail, "compaction failed")
+                    }
+                }
             }
             let request = TurnRequest {
                 model: route.model.clone(),
@@ -139,6 +225,24 @@ pub async fn run_leg(session: &Session, input: &Input, cancel: &CancellationToke
                 "model turn failed"
             );
             session.emit(AgentEvent::RawError(failure.detail.clone()));
+            if failure.kind == FailureKind::ContextTooLong && !compacted {
+                // The window is smaller than we knew: compact now, once.
+                compacted = true;
+                match compact(
+                    session,
+                    &route,
+                    &system,
+                    &tool_defs,
+                    rt.cfg.max_output_tokens,
+                    cancel,
+                )
+                .await
+                {
+                    Ok(()) => continue,
+                    Err(ProviderError::Cancelled) => return (RunOutcome::Cancelled, CANCELLED.into()),
+                    Err(ProviderError::Failed(_)) => return (RunOutcome::Failed, failure.kind.message()),
+                }
+            }
             if !failure.retryable || attempt >= rt.cfg.provider_retries {
                 return (RunOutcome::Failed, failure.kind.message());
             }
@@ -260,5 +364,174 @@ mod tests {
         assert_eq!(retry_delay(base, 1, &asked, 0.5), Duration::from_secs(3));
         asked.retry_after = Some(Duration::from_secs(3600));
         assert_eq!(retry_delay(base, 1, &asked, 0.5), MAX_RETRY_AFTER);
+    }
+
+    use crate::core::hub::Hub;
+    use crate::core::provider::{
+        ModelInfo, ModelsFuture, Provider, StopReason, TokenUsage, TurnFuture, TurnOutput,
+    };
+    use crate::core::CoreConfig;
+    use std::sync::Arc;
+
+    /// A model that calls one tool while reporting a nearly full context,
+    /// answers a compaction request with a summary, then answers in text;
+    /// it keeps every request it got.
+    #[derive(Default)]
+    struct Filling {
+        requests: Mutex<Vec<TurnRequest>>,
+    }
+
+    impl Provider for Filling {
+        fn name(&self) -> &str {
+            "filling"
+        }
+        fn turn<'a>(
+            &'a self,
+            request: &'a TurnRequest,
+            sink: &'a dyn Sink,
+            _: &'a CancellationToken,
+        ) -> TurnFuture<'a> {
+            let n = {
+                let mut r = self.requests.lock().unwrap();
+                r.push(request.clone());
+                r.len()
+            };
+            let compacting =
+                matches!(request.messages.last(), Some(ChatMessage::User { text }) if text == COMPACT_PROMPT);
+            let usage = |input_tokens| TokenUsage {
+                input_tokens,
+                output_tokens: 10,
+                ..TokenUsage::default()
+            };
+            let out = if compacting {
+                sink.send(ProviderEvent::Text(
+                    "SUMMARY: the user said go; README.md was read".into(),
+                ));
+                TurnOutput {
+                    usage: usage(850),
+                    ..TurnOutput::default()
+                }
+            } else if n == 1 {
+                TurnOutput {
+                    tool_calls: vec![ToolCall {
+                        id: "toolu_01".into(),
+                        name: "read_file".into(),
+                        input: serde_json::json!({"path": "README.md"}),
+                    }],
+                    usage: usage(850),
+                    stop: StopReason::ToolUse,
+                }
+            } else {
+                sink.send(ProviderEvent::Text("done".into()));
+                TurnOutput {
+                    usage: usage(120),
+                    ..TurnOutput::default()
+                }
+            };
+            Box::pin(std::future::ready(Ok(out)))
+        }
+        fn list_models(&self) -> ModelsFuture<'_> {
+            Box::pin(std::future::ready(Ok(vec![ModelInfo {
+                id: "filling".into(),
+                display_name: "filling".into(),
+            }])))
+        }
+    }
+
+    async fn run_to_end(s: &Arc<Session>, prompt: &str) -> Vec<ClientEvent> {
+        let admitted = s.admit(prompt.into(), None).await.unwrap();
+        let mut sub = s.subscribe(Some(admitted.after_seq));
+        let mut seen = Vec::new();
+        loop {
+            match tokio::time::timeout(Duration::from_secs(30), sub.recv()).await {
+                Ok(Some(crate::core::bus::Delivery::Frame(f))) => {
+                    seen.push(f.event.clone());
+                    if matches!(f.event, ClientEvent::RunFinished { .. }) {
+                        return seen;
+                    }
+                }
+                Ok(Some(_)) => {}
+                other => panic!("the stream ended or stalled: {:?}", other.is_ok()),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_history_near_the_context_window_is_compacted_and_the_model_continues_from_the_summary() {
+        let home = tempfile::tempdir().unwrap();
+        std::fs::write(home.path().join("README.md"), "hello").unwrap();
+        let model = Arc::new(Filling::default());
+        let route = Route {
+            provider: model.clone(),
+            model: "m".into(),
+            context_window: Some(1000),
+        };
+        let hub = Hub::new(CoreConfig::new(home.path().into(), home.path().into()), route).unwrap();
+        let s = hub.create().await.unwrap();
+        let seen = run_to_end(&s, "go").await;
+        assert!(
+            matches!(
+                seen.last(),
+                Some(ClientEvent::RunFinished {
+                    outcome: RunOutcome::Completed,
+                    ..
+                })
+            ),
+            "{seen:?}"
+        );
+        // Clients saw the conversation, never the summary.
+        assert!(!seen.iter().any(|e| format!("{e:?}").contains("SUMMARY")));
+        let requests = model.requests.lock().unwrap().clone();
+        assert_eq!(requests.len(), 3, "turn, compaction, turn");
+        assert!(
+            matches!(requests[1].messages.last(), Some(ChatMessage::User { text }) if text == COMPACT_PROMPT)
+        );
+        // After it, the model sees the summary instead of what it covers.
+        match &requests[2].messages[..] {
+            [ChatMessage::User { text }] => {
+                assert!(text.starts_with(crate::core::transcript::COMPACTED), "{text}");
+                assert!(text.contains("SUMMARY: the user said go"));
+            }
+            other => panic!("{other:?}"),
+        }
+        // The compaction is in the ledger: a reloaded session sends the same history.
+        let id = s.id().to_string();
+        let live = s.transcript();
+        hub.shutdown(Duration::from_secs(5)).await;
+        drop(s);
+        let hub = Hub::new(
+            CoreConfig::new(home.path().into(), home.path().into()),
+            Route::offline(),
+        )
+        .unwrap();
+        let reloaded = hub.get(&id).await.unwrap().transcript();
+        assert_eq!(reloaded.chat(), live.chat());
+        assert_eq!(reloaded.usage.input_tokens, 850 + 850 + 120);
+        // Clients still see every message.
+        assert_eq!(reloaded.messages.len(), live.messages.len());
+        assert!(reloaded.messages.iter().any(|m| m.text == "done"));
+    }
+
+    #[tokio::test]
+    async fn a_leg_that_keeps_calling_tools_stops_at_max_turns() {
+        let home = tempfile::tempdir().unwrap();
+        std::fs::write(home.path().join("a"), "A").unwrap();
+        let mut cfg = CoreConfig::new(home.path().into(), home.path().into());
+        cfg.max_turns = 2;
+        let hub = Hub::new(cfg, Route::offline()).unwrap();
+        let s = hub.create().await.unwrap();
+        let seen = run_to_end(&s, "/read a\n/read a\n/read a").await;
+        let calls = seen
+            .iter()
+            .filter(|e| matches!(e, ClientEvent::ToolCall { .. }))
+            .count();
+        assert_eq!(calls, 2);
+        match seen.last() {
+            Some(ClientEvent::RunFinished { outcome, message }) => {
+                assert_eq!(*outcome, RunOutcome::MaxTurns);
+                assert_eq!(message, "stopped after 2 model turns (the max-turns limit)");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -167,10 +167,9 @@ pub enum AgentEvent {
         from: String,
         to: String,
     },
-    /// The history was compacted (reserved for real providers).
-    Compaction {
-        dropped: usize,
-    },
+    /// The model summarised the history: persisted (the model sees the
+    /// summary from then on), never streamed.
+    Compaction(Compaction),
     /// A stop-gate note (reserved for real providers).
     StopGate {
         note: String,
@@ -190,6 +189,15 @@ pub enum AgentEvent {
 pub enum Note {
     Usage(TokenUsage),
     Signature(String),
+    Compaction(Compaction),
+}
+
+/// The history up to `upto_seq` summarised by the model: from then on the
+/// model sees `summary` in place of those messages (clients still see them all).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Compaction {
+    pub summary: String,
+    pub upto_seq: u64,
 }
 
 /// Maps an agent event to what clients may see; internal traffic maps to None.
@@ -198,7 +206,7 @@ pub fn project(event: AgentEvent) -> Option<ClientEvent> {
         AgentEvent::Client(e) => Some(e),
         AgentEvent::Retry { .. }
         | AgentEvent::RouteFallback { .. }
-        | AgentEvent::Compaction { .. }
+        | AgentEvent::Compaction(_)
         | AgentEvent::StopGate { .. }
         | AgentEvent::RawError(_)
         | AgentEvent::Usage(_)
@@ -263,7 +271,10 @@ mod tests {
                 from: "a".into(),
                 to: "b".into(),
             },
-            AgentEvent::Compaction { dropped: 3 },
+            AgentEvent::Compaction(Compaction {
+                summary: "s".into(),
+                upto_seq: 3,
+            }),
             AgentEvent::StopGate { note: "n".into() },
             AgentEvent::RawError("boom".into()),
             AgentEvent::Usage(TokenUsage {

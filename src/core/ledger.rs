@@ -69,6 +69,8 @@ pub enum Record {
     Usage(TokenUsage),
     /// The provider's signature over the thinking published just before.
     Signature { signature: String },
+    /// The history up to a seq, summarised for the model.
+    Compaction(super::event::Compaction),
     /// The session's folds as of a seq: a reload starts from the last one.
     Snapshot(Box<super::session::Snapshot>),
 }

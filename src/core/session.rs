@@ -33,6 +33,9 @@ pub struct Runtime {
 pub struct Route {
     pub provider: Arc<dyn Provider>,
     pub model: String,
+    /// The model's context window in tokens; None: unbounded (the offline
+    /// model). The history is compacted when a turn comes near it.
+    pub context_window: Option<u64>,
 }
 
 impl Route {
@@ -41,6 +44,7 @@ impl Route {
         Route {
             provider: Arc::new(super::provider::offline::OfflineModel),
             model: "offline".into(),
+            context_window: None,
         }
     }
 }
@@ -357,6 +361,7 @@ impl Session {
         match event {
             AgentEvent::Usage(u) => self.pipe.push(Op::Note(Note::Usage(u))),
             AgentEvent::ThinkingSignature(s) => self.pipe.push(Op::Note(Note::Signature(s))),
+            AgentEvent::Compaction(c) => self.pipe.push(Op::Note(Note::Compaction(c))),
             event => {
                 if let Some(client) = project(event) {
                     self.pipe.push(Op::Event(client));
@@ -717,6 +722,7 @@ impl Restore {
             Record::Signature { signature } => {
                 return self.folds().transcript.note(&Note::Signature(signature))
             }
+            Record::Compaction(c) => return self.folds().transcript.note(&Note::Compaction(c)),
             Record::Snapshot(snap) => {
                 let Snapshot {
                     seq,

@@ -1,6 +1,6 @@
 //! The transcript: a fold of client events into messages and usage, shared by the live session, a reload from the ledger, and Markdown export.
 
-use super::event::{ClientEvent, Note, RunOutcome};
+use super::event::{ClientEvent, Compaction, Note, RunOutcome};
 use super::provider::{ChatMessage, Thinking, TokenUsage, ToolCall};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -82,7 +82,19 @@ pub struct Transcript {
     /// the first of that turn's calls.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub turn_ended: bool,
+    /// The latest compaction: the model sees its summary instead of the
+    /// messages up to its seq.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compaction: Option<Compaction>,
+    /// What the last model turn's request and answer came to, in tokens:
+    /// how full the model's context window is.
+    #[serde(default)]
+    pub context_tokens: u64,
 }
+
+/// How a compacted history begins, before the summary.
+pub const COMPACTED: &str =
+    "[The earlier conversation was compacted to save context. Its summary, which you wrote:]";
 
 impl Transcript {
     /// Folds one published event in; events that do not shape the
@@ -157,6 +169,13 @@ impl Transcript {
             Note::Usage(u) => {
                 self.usage.add(*u);
                 self.turn_ended = true;
+                self.context_tokens =
+                    u.input_tokens + u.cache_read_tokens + u.cache_write_tokens + u.output_tokens;
+            }
+            Note::Compaction(c) => {
+                self.compaction = Some(c.clone());
+                // Unknown until the next turn reports it; small by design.
+                self.context_tokens = 0;
             }
             Note::Signature(sig) => {
                 if let Some(m) = self.messages.last_mut().filter(|m| m.role == Role::Assistant) {
@@ -172,7 +191,13 @@ impl Transcript {
     pub fn chat(&self) -> Vec<ChatMessage> {
         let mut out: Vec<ChatMessage> = Vec::new();
         let mut results: Vec<ChatMessage> = Vec::new();
-        for m in &self.messages {
+        let upto = self.compaction.as_ref().map_or(0, |c| c.upto_seq);
+        if let Some(c) = &self.compaction {
+            out.push(ChatMessage::User {
+                text: format!("{COMPACTED}\n\n{}", c.summary),
+            });
+        }
+        for m in self.messages.iter().filter(|m| m.seq > upto) {
             if m.role != Role::Tool {
                 out.append(&mut results);
             }

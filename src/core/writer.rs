@@ -249,6 +249,7 @@ pub async fn run(
                     items.push(Item::Record(match &note {
                         Note::Usage(u) => Record::Usage(*u),
                         Note::Signature(s) => Record::Signature { signature: s.clone() },
+                        Note::Compaction(c) => Record::Compaction(c.clone()),
                     }));
                     notes.push((latest, note));
                 }
