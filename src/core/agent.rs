@@ -86,53 +86,62 @@ fn near_full(context_tokens: u64, window: Option<u64>) -> bool {
     window.is_some_and(|w| context_tokens.saturating_mul(100) >= w.saturating_mul(COMPACT_AT_PERCENT))
 }
 
-/// Asks the model to summarise the history so far and records the summary
-/// (a ledger note, internal to clients): from then on the model sees the
-/// summary in place of the messages it covers.
-async fn compact(
-    session: &Session,
-    route: &Route,
-    system: &str,
-    tools: &[ToolDef],
-    max_tokens: u32,
-    cancel: &CancellationToken,
-) -> Result<(), ProviderError> {
-    let transcript = session.transcript();
-    let mut messages = transcript.chat();
-    messages.push(ChatMessage::User {
-        text: COMPACT_PROMPT.into(),
-    });
-    let request = TurnRequest {
-        model: route.model.clone(),
-        system: system.to_string(),
-        messages,
-        // Histories with tool calls need the tools defined (Anthropic).
-        tools: tools.to_vec(),
-        max_tokens,
-        temperature: None,
-    };
-    let summary = Mutex::new(String::new());
-    let sink = |e: ProviderEvent| {
-        if let ProviderEvent::Text(t) = e {
-            summary.lock().unwrap_or_else(|p| p.into_inner()).push_str(&t);
+/// What every model call of one leg shares.
+struct Leg<'a> {
+    session: &'a Session,
+    route: Route,
+    system: String,
+    tools: Vec<ToolDef>,
+}
+
+impl Leg<'_> {
+    fn request(&self, messages: Vec<ChatMessage>) -> TurnRequest {
+        let cfg = &self.session.runtime().cfg;
+        TurnRequest {
+            model: self.route.model.clone(),
+            system: self.system.clone(),
+            messages,
+            // Also when compacting: histories with tool calls need the
+            // tools defined (Anthropic).
+            tools: self.tools.clone(),
+            max_tokens: cfg.max_output_tokens,
+            temperature: cfg.temperature,
         }
-    };
-    let out = route.provider.turn(&request, &sink, cancel).await?;
-    session.emit(AgentEvent::Usage(out.usage));
-    let summary = summary.into_inner().unwrap_or_else(|p| p.into_inner());
-    if summary.trim().is_empty() {
-        return Err(ProviderError::Failed(Failure::new(
-            FailureKind::BadResponse,
-            "the compaction answer was empty",
-            false,
-        )));
     }
-    tracing::info!(session = %session.id(), upto_seq = transcript.seq, "history compacted");
-    session.emit(AgentEvent::Compaction(Compaction {
-        summary,
-        upto_seq: transcript.seq,
-    }));
-    Ok(())
+
+    /// Asks the model to summarise the history so far and records the
+    /// summary (a ledger note, internal to clients): from then on the model
+    /// sees the summary in place of the messages it covers.
+    async fn compact(&self, cancel: &CancellationToken) -> Result<(), ProviderError> {
+        let transcript = self.session.transcript();
+        let mut messages = transcript.chat();
+        messages.push(ChatMessage::User {
+            text: COMPACT_PROMPT.into(),
+        });
+        let request = self.request(messages);
+        let summary = Mutex::new(String::new());
+        let sink = |e: ProviderEvent| {
+            if let ProviderEvent::Text(t) = e {
+                summary.lock().unwrap_or_else(|p| p.into_inner()).push_str(&t);
+            }
+        };
+        let out = self.route.provider.turn(&request, &sink, cancel).await?;
+        self.session.emit(AgentEvent::Usage(out.usage));
+        let summary = summary.into_inner().unwrap_or_else(|p| p.into_inner());
+        if summary.trim().is_empty() {
+            return Err(ProviderError::Failed(Failure::new(
+                FailureKind::BadResponse,
+                "the compaction answer was empty",
+                false,
+            )));
+        }
+        tracing::info!(session = %self.session.id(), upto_seq = transcript.seq, "history compacted");
+        self.session.emit(AgentEvent::Compaction(Compaction {
+            summary,
+            upto_seq: transcript.seq,
+        }));
+        Ok(())
+    }
 }
 
 /// Runs one leg for `input`; returns how it ended and the human message for run_finished.
@@ -145,10 +154,13 @@ pub async fn run_leg(session: &Session, input: &Input, cancel: &CancellationToke
         request_id: input.request_id.clone(),
     });
     let rt = session.runtime();
-    // The route is fixed for the whole leg: a config change applies to the next one.
-    let route = rt.route();
-    let system = prompt::system(&rt.cfg.workspace).await;
-    let tool_defs = tools::definitions();
+    let leg = Leg {
+        session,
+        // Fixed for the whole leg: a config change applies to the next one.
+        route: rt.route(),
+        system: prompt::system(&rt.cfg.workspace).await,
+        tools: tools::definitions(),
+    };
     let mut turns = 0;
     loop {
         if cancel.is_cancelled() {
@@ -172,18 +184,9 @@ pub async fn run_leg(session: &Session, input: &Input, cancel: &CancellationToke
             if let Err(e) = session.flush().await {
                 return (RunOutcome::Failed, e.message);
             }
-            if !compacted && near_full(session.transcript().context_tokens, route.context_window) {
+            if !compacted && near_full(session.transcript().context_tokens, leg.route.context_window) {
                 compacted = true;
-                match compact(
-                    session,
-                    &route,
-                    &system,
-                    &tool_defs,
-                    rt.cfg.max_output_tokens,
-                    cancel,
-                )
-                .await
-                {
+                match leg.compact(cancel).await {
                     Ok(()) => continue,
                     Err(ProviderError::Cancelled) => return (RunOutcome::Cancelled, CANCELLED.into()),
                     // The turn itself may still fit; if not, it fails on its own.
@@ -192,20 +195,13 @@ pub async fn run_leg(session: &Session, input: &Input, cancel: &CancellationToke
                     }
                 }
             }
-            let request = TurnRequest {
-                model: route.model.clone(),
-                system: system.clone(),
-                messages: session.transcript().chat(),
-                tools: tool_defs.clone(),
-                max_tokens: rt.cfg.max_output_tokens,
-                temperature: rt.cfg.temperature,
-            };
+            let request = leg.request(session.transcript().chat());
             let sink = TurnSink {
                 session,
                 streamed: AtomicBool::new(false),
                 deltas: Mutex::new(Deltas::new(FREE)),
             };
-            let result = route.provider.turn(&request, &sink, cancel).await;
+            let result = leg.route.provider.turn(&request, &sink, cancel).await;
             let held = sink.deltas.lock().unwrap_or_else(|p| p.into_inner()).flush();
             if let Some(event) = held {
                 session.publish(event);
@@ -218,7 +214,7 @@ pub async fn run_leg(session: &Session, input: &Input, cancel: &CancellationToke
             };
             tracing::warn!(
                 session = %session.id(),
-                provider = route.provider.name(),
+                provider = leg.route.provider.name(),
                 attempt,
                 kind = ?failure.kind,
                 error = %failure.detail,
@@ -228,16 +224,7 @@ pub async fn run_leg(session: &Session, input: &Input, cancel: &CancellationToke
             if failure.kind == FailureKind::ContextTooLong && !compacted {
                 // The window is smaller than we knew: compact now, once.
                 compacted = true;
-                match compact(
-                    session,
-                    &route,
-                    &system,
-                    &tool_defs,
-                    rt.cfg.max_output_tokens,
-                    cancel,
-                )
-                .await
-                {
+                match leg.compact(cancel).await {
                     Ok(()) => continue,
                     Err(ProviderError::Cancelled) => return (RunOutcome::Cancelled, CANCELLED.into()),
                     Err(ProviderError::Failed(_)) => return (RunOutcome::Failed, failure.kind.message()),
