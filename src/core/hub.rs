@@ -222,6 +222,7 @@ impl Hub {
             created_at: info.created_at,
             title: info.title,
             latest_seq: info.latest_seq,
+            usage: info.usage,
         });
     }
 
@@ -357,6 +358,7 @@ impl Hub {
                         latest_seq: e.latest_seq,
                         loaded: false,
                         busy: false,
+                        usage: e.usage,
                     },
                 }
             })

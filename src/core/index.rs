@@ -12,6 +12,7 @@
 
 use super::hub::validate_session_id;
 use super::ledger;
+use super::provider::TokenUsage;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::fs::OpenOptions;
@@ -49,6 +50,10 @@ pub struct Entry {
     pub created_at: String,
     pub title: String,
     pub latest_seq: u64,
+    /// As of the last time the session was live on this server (a session
+    /// indexed from its ledger alone shows 0 until it is loaded).
+    #[serde(default)]
+    pub usage: TokenUsage,
 }
 
 /// A session's title: the first line of its first user message, at most
@@ -153,7 +158,12 @@ impl Index {
             // without a seq, say) is not read again at every startup.
             changed = true;
             match summarize(&id, &on_disk.path) {
-                Ok(e) => {
+                Ok(mut e) => {
+                    // The ledger's head and tail do not say how many tokens
+                    // its turns used: keep what the index last knew.
+                    if let Some(k) = &known {
+                        e.usage = k.usage;
+                    }
                     entries.insert(id, e);
                 }
                 // A ledger we cannot read now still had what the index
@@ -201,6 +211,11 @@ impl Index {
         let merged = match st.entries.get(&e.session_id) {
             Some(old) => Entry {
                 latest_seq: e.latest_seq.max(old.latest_seq),
+                usage: if e.usage == TokenUsage::default() {
+                    old.usage
+                } else {
+                    e.usage
+                },
                 title: if e.title.is_empty() {
                     old.title.clone()
                 } else {
@@ -433,6 +448,7 @@ fn summarize(id: &str, path: &Path) -> Result<Entry, String> {
         created_at: s.created_at,
         title: title_of(&s.title),
         latest_seq: s.latest_seq,
+        usage: TokenUsage::default(),
     })
 }
 
@@ -472,6 +488,7 @@ mod tests {
             created_at: created_at.to_string(),
             title: title.to_string(),
             latest_seq,
+            usage: TokenUsage::default(),
         }
     }
 

@@ -7,7 +7,7 @@ use super::bus::{Bus, Subscription};
 use super::event::{project, AgentEvent, ApprovalOutcome, ClientEvent, Frame, Note, RunOutcome};
 use super::ledger::{Ledger, Log, OpenError, Record};
 use super::presentation::{PresentationEvent, Presenter, Timeline};
-use super::provider::Provider;
+use super::provider::{Provider, TokenUsage};
 use super::transcript::Transcript;
 use super::writer::{self, Op, Pipe, Visible};
 use super::CoreConfig;
@@ -115,6 +115,8 @@ pub struct SessionInfo {
     pub latest_seq: u64,
     pub loaded: bool,
     pub busy: bool,
+    /// Tokens the session's model turns have consumed.
+    pub usage: TokenUsage,
 }
 
 pub struct Session {
@@ -336,13 +338,17 @@ impl Session {
     }
 
     pub fn info(&self) -> SessionInfo {
-        let title = lock(&self.folds)
-            .transcript
-            .messages
-            .iter()
-            .find(|m| m.role == super::transcript::Role::User)
-            .map(|m| super::index::title_of(&m.text))
-            .unwrap_or_default();
+        let (title, usage) = {
+            let f = lock(&self.folds);
+            let title = f
+                .transcript
+                .messages
+                .iter()
+                .find(|m| m.role == super::transcript::Role::User)
+                .map(|m| super::index::title_of(&m.text))
+                .unwrap_or_default();
+            (title, f.transcript.usage)
+        };
         SessionInfo {
             session_id: self.id.to_string(),
             created_at: self.created_at.clone(),
@@ -350,6 +356,7 @@ impl Session {
             latest_seq: self.bus.latest_seq(),
             loaded: true,
             busy: lock(&self.run).running,
+            usage,
         }
     }
 

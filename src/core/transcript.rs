@@ -76,6 +76,9 @@ impl Message {
 pub struct Transcript {
     pub messages: Vec<Message>,
     pub usage: TokenUsage,
+    /// Each model turn's usage, with the seq of the last event before it ended.
+    #[serde(default)]
+    pub turns: Vec<(u64, TokenUsage)>,
     /// The seq of the last event folded in: the transcript is exact as of it.
     pub seq: u64,
     /// A model turn just ended (its usage was noted): the next tool call is
@@ -168,6 +171,7 @@ impl Transcript {
         match note {
             Note::Usage(u) => {
                 self.usage.add(*u);
+                self.turns.push((self.seq, *u));
                 self.turn_ended = true;
                 self.context_tokens =
                     u.input_tokens + u.cache_read_tokens + u.cache_write_tokens + u.output_tokens;

@@ -4,6 +4,7 @@ use crate::core::event::{ClientEvent, Frame};
 use crate::core::hub::{ConfigInfo, HostInfo};
 use crate::core::mux::{MuxFrame, MuxItem};
 use crate::core::presentation::{Item, PresentationEvent, Timeline};
+use crate::core::provider::TokenUsage;
 use crate::core::session::Client;
 use crate::core::session::{Admission, CancelResult, SessionInfo};
 use crate::core::transcript::{self, Role, Transcript};
@@ -130,6 +131,7 @@ pub fn summary(s: SessionInfo) -> pb::SessionSummary {
         latest_seq: s.latest_seq,
         loaded: s.loaded,
         busy: s.busy,
+        usage: Some(usage(s.usage)),
     }
 }
 
@@ -173,17 +175,29 @@ fn message(m: transcript::Message) -> pb::Message {
     out
 }
 
+fn usage(u: TokenUsage) -> pb::Usage {
+    pb::Usage {
+        input_tokens: u.input_tokens,
+        output_tokens: u.output_tokens,
+        cache_read_tokens: u.cache_read_tokens,
+        cache_write_tokens: u.cache_write_tokens,
+    }
+}
+
 pub fn transcript(session_id: &str, t: Transcript) -> pb::Transcript {
     pb::Transcript {
         session_id: session_id.to_string(),
         seq: t.seq,
         messages: t.messages.into_iter().map(message).collect(),
-        usage: Some(pb::Usage {
-            input_tokens: t.usage.input_tokens,
-            output_tokens: t.usage.output_tokens,
-            cache_read_tokens: t.usage.cache_read_tokens,
-            cache_write_tokens: t.usage.cache_write_tokens,
-        }),
+        usage: Some(usage(t.usage)),
+        turns: t
+            .turns
+            .into_iter()
+            .map(|(seq, u)| pb::TurnUsage {
+                seq,
+                usage: Some(usage(u)),
+            })
+            .collect(),
     }
 }
 
