@@ -200,6 +200,8 @@ async fn patch_changes_the_route_keylessly_for_a_local_server_with_revisions() {
     assert_eq!(st, 400, "switching provider needs a model: {v}");
     let (st, v) = patch(&s, json!({"base_url": "ftp://x"})).await;
     assert_eq!(st, 400, "{v}");
+    let (st, v) = patch(&s, json!({"provider": "offline", "base_url": LOCAL})).await;
+    assert_eq!(st, 400, "{v}");
     let (st, v) = patch(&s, json!({"modle": "x"})).await;
     assert_eq!(st, 400, "unknown fields are refused: {v}");
     assert_eq!(s.get("/config").await.1, at);
@@ -334,6 +336,11 @@ async fn a_stored_key_shows_as_a_fingerprint_and_never_as_itself() {
     assert_eq!(openai["pool_size"], 1);
     assert_eq!(openai["fingerprints"], json!([fingerprint(KEY)]));
     assert_eq!(openai["key_sources"], json!(["store"]));
+    // A session's ledger, the index, config.toml: no file under the home holds it.
+    let sid = s.create_session().await;
+    let mut ev = s.events(&sid, None).await;
+    s.run(&sid, "hello").await;
+    ev.until("run_finished").await;
     assert_key_in_no_file(&s.home);
     let mode = |p: &str| {
         use std::os::unix::fs::PermissionsExt;
@@ -809,4 +816,27 @@ async fn a_real_provider_without_a_key_is_a_clear_startup_error() {
         (Some("offline"), Some("flag"))
     );
     v.stop().await;
+}
+
+#[tokio::test]
+async fn a_running_leg_keeps_its_route_and_the_next_one_takes_the_new_route() {
+    let s = TestServer::start_with(|cfg| {
+        with_standin(cfg);
+        cfg.core.provider_retries = 0;
+    })
+    .await;
+    let sid = s.create_session().await;
+    let mut ev = s.events(&sid, None).await;
+    let (st, _) = s.run(&sid, "/sleep 400\nstill offline").await;
+    assert_eq!(st, 202);
+    ev.until("turn_started").await;
+    let (st, v) = patch(&s, json!({"provider": "openai", "model": "m", "base_url": LOCAL})).await;
+    assert_eq!(st, 200, "{v}");
+    let frames = ev.until("run_finished").await;
+    assert!(text_of(&frames).contains("echo: still offline"), "{frames:?}");
+    assert_eq!(frames.last().unwrap().body()["outcome"], "completed");
+    // The next leg asks the new route (the stand-in fails every turn).
+    s.run(&sid, "hello").await;
+    let frames = ev.until("run_finished").await;
+    assert_eq!(frames.last().unwrap().body()["outcome"], "failed", "{frames:?}");
 }

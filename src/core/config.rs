@@ -237,6 +237,7 @@ pub fn resolve_spec(flags: &RouteLayer, env: &RouteLayer, file: &RouteLayer) -> 
     validate_model(&model, "model")?;
     if let Some(u) = &base_url {
         validate_base_url(u, "base_url")?;
+        offline_takes_no_url(provider)?;
     }
     Ok(RouteSpec {
         provider,
@@ -555,6 +556,7 @@ impl Settings {
             Some(u) if u.is_empty() => None,
             Some(u) => {
                 validate_base_url(&u, "base_url")?;
+                offline_takes_no_url(provider)?;
                 Some(u)
             }
             None if switched => None,
@@ -702,6 +704,13 @@ impl Settings {
             .with_reason("timeout")),
         }
     }
+}
+
+fn offline_takes_no_url(provider: ProviderKind) -> Result<()> {
+    if provider == ProviderKind::Offline {
+        return Err(Error::invalid("the offline provider takes no base_url"));
+    }
+    Ok(())
 }
 
 fn no_ai_service(kind: ProviderKind) -> Error {
