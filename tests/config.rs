@@ -792,7 +792,7 @@ async fn a_real_provider_without_a_key_is_a_clear_startup_error() {
     let (ok, stderr) = exit_of(vak_serve(
         home.path(),
         ws.path(),
-        &["--provider", "openai", "--model", "gpt-x"],
+        &["--provider", "openai", "--model", "gpt-4o"],
     ))
     .await;
     assert!(!ok);
