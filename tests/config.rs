@@ -178,6 +178,16 @@ async fn patch_changes_the_route_keylessly_for_a_local_server_with_revisions() {
     assert_eq!(v["route"]["base_url"], LOCAL);
     assert_ne!(v["revision"], rev1.as_str());
 
+    let r = s
+        .http()
+        .patch(format!("{}/config", s.url))
+        .header("if-match", "*")
+        .json(&json!({"model": "llama3.2"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "If-Match: * checks nothing");
+
     // Refusals change nothing.
     let (_, at) = s.get("/config").await;
     let (st, v) = patch(&s, json!({"provider": "gemini"})).await;

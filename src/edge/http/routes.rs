@@ -245,7 +245,7 @@ async fn get_config(State(st): State<AppState>) -> Response {
 }
 
 /// `If-Match: <revision>` (quotes and a weak `W/` prefix are tolerated) is the
-/// body's `revision`; both at once must agree.
+/// body's `revision`; both at once must agree. `If-Match: *` asks for no check.
 async fn update_config(State(st): State<AppState>, headers: axum::http::HeaderMap, b: Body) -> Response {
     let mut req: pb::UpdateConfigRequest = match body(&st, b).await {
         Ok(r) => r,
@@ -261,6 +261,7 @@ async fn update_config(State(st): State<AppState>, headers: axum::http::HeaderMa
         };
         let v = v.trim().trim_start_matches("W/").trim_matches('"').to_string();
         match &req.revision {
+            _ if v == "*" => {}
             Some(r) if *r != v => {
                 return json_error(
                     StatusCode::BAD_REQUEST,
