@@ -238,10 +238,20 @@ async fn presentation(State(st): State<AppState>, Path(id): Path<String>) -> Res
 }
 
 async fn get_config(State(st): State<AppState>) -> Response {
-    reply(
-        StatusCode::OK,
-        st.api.get_config(Request::new(pb::GetConfigRequest {})).await,
-    )
+    config_reply(st.api.get_config(Request::new(pb::GetConfigRequest {})).await)
+}
+
+/// A configuration answer, with its revision also as the ETag (for `If-Match`).
+fn config_reply(result: Result<tonic::Response<pb::ConfigInfo>, tonic::Status>) -> Response {
+    let etag = result
+        .as_ref()
+        .ok()
+        .and_then(|r| HeaderValue::from_str(&format!("\"{}\"", r.get_ref().revision)).ok());
+    let mut resp = reply(StatusCode::OK, result);
+    if let Some(v) = etag {
+        resp.headers_mut().insert(header::ETAG, v);
+    }
+    resp
 }
 
 /// `If-Match: <revision>` (quotes and a weak `W/` prefix are tolerated) is the
@@ -272,7 +282,7 @@ async fn update_config(State(st): State<AppState>, headers: axum::http::HeaderMa
             _ => req.revision = Some(v),
         }
     }
-    reply(StatusCode::OK, st.api.update_config(Request::new(req)).await)
+    config_reply(st.api.update_config(Request::new(req)).await)
 }
 
 async fn set_key(State(st): State<AppState>, b: Body) -> Response {
