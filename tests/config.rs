@@ -586,6 +586,27 @@ async fn the_same_over_grpc() {
     assert_eq!(providers.providers[2].pool_size, 1);
     assert!(!format!("{providers:?}").contains(KEY));
 
+    // A Stream that asked for config frames gets one now and one per change.
+    let mut stream = c
+        .stream(pb::StreamRequest {
+            config: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut next_config = async || loop {
+        let m = tokio::time::timeout(DEADLINE, stream.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        if let Some(pb::stream_message::Frame::Config(c)) = m.frame {
+            return c;
+        }
+    };
+    assert_eq!(next_config().await.revision, cfg.revision);
+
     let stale = c
         .update_config(pb::UpdateConfigRequest {
             model: Some("x".into()),
@@ -605,8 +626,13 @@ async fn the_same_over_grpc() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(updated.route.unwrap().source, "api");
+    assert_eq!(updated.route.as_ref().unwrap().source, "api");
     assert_ne!(updated.revision, cfg.revision);
+    assert_eq!(
+        next_config().await,
+        updated,
+        "the config frame is the new configuration"
+    );
 
     let none = c
         .list_models(pb::ListModelsRequest {
