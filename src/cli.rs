@@ -1,5 +1,7 @@
 //! The `vak` command line: `vak serve` parses its flags into a `ServeConfig`, binds, announces itself and runs until SIGINT or SIGTERM; `vak term` is the client in `term/`.
 
+use crate::core::config::{self, Environment, FileConfig, RouteLayer};
+use crate::core::provider::ProviderKind;
 use crate::core::{CoreConfig, Durability, PermissionMode};
 use crate::edge::server::{ServeConfig, Server};
 use crate::edge::tls;
@@ -17,6 +19,8 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Parsed once at startup: its size does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Serve the agent over gRPC, gRPC-web and REST/SSE on one port.
@@ -129,6 +133,22 @@ pub struct ServeArgs {
     /// What tools that need permission (write_file, bash) do.
     #[arg(long, value_enum, default_value = "ask")]
     pub permission_mode: PermissionArg,
+    /// The model provider: offline (the embedded echo model), openai (also
+    /// any OpenAI-compatible server by --base-url) or anthropic. Also
+    /// VAK_PROVIDER and `[model] provider` in config.toml.
+    #[arg(long, value_parser = parse_provider_flag)]
+    pub provider: Option<ProviderKind>,
+    /// The model name the provider is asked for (needed for openai and
+    /// anthropic). Also VAK_MODEL and `[model] model`.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// The provider's endpoint, e.g. http://127.0.0.1:11434/v1 for a local
+    /// server (which needs no key). Also VAK_BASE_URL and `[model] base_url`.
+    #[arg(long)]
+    pub base_url: Option<String>,
+    /// Model turns one run leg may take before it ends with `max_turns`.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub max_turns: u32,
     /// Log lines on stderr: `text` for people, `json` (one object per line)
     /// for machines. RUST_LOG filters them (default `vak=info`).
     #[arg(long, value_enum, default_value = "text")]
@@ -156,6 +176,10 @@ fn parse_listen(s: &str) -> std::result::Result<SocketAddr, String> {
     }
 }
 
+fn parse_provider_flag(s: &str) -> std::result::Result<ProviderKind, String> {
+    config::parse_provider(s, "--provider").map_err(|e| e.message)
+}
+
 /// A timeout such as `10s`, `500ms` or `2m`; zero is refused.
 fn parse_timeout(s: &str) -> std::result::Result<std::time::Duration, String> {
     match humantime::parse_duration(s) {
@@ -169,6 +193,12 @@ impl ServeArgs {
     /// The configuration for a home this process has locked (the kept token
     /// may be rotated, so only the home's owner may call this).
     pub fn config(&self, home: PathBuf) -> Result<ServeConfig> {
+        self.config_and_file(home).map(|(cfg, _)| cfg)
+    }
+
+    /// The configuration and what config.toml said (its ignored sections are
+    /// reported once the server is up).
+    fn config_and_file(&self, home: PathBuf) -> Result<(ServeConfig, FileConfig)> {
         let workspace = match &self.workspace {
             Some(w) => w.clone(),
             None => std::env::current_dir()?,
@@ -194,15 +224,29 @@ impl ServeArgs {
             PermissionArg::Allow => PermissionMode::Allow,
             PermissionArg::Deny => PermissionMode::Deny,
         };
-        let file = FileConfig::load(&core.home)?;
+        core.max_turns = self.max_turns;
+        if let Some(m) = &self.model {
+            config::validate_model(m, "--model")?;
+        }
+        if let Some(u) = &self.base_url {
+            config::validate_base_url(u, "--base-url")?;
+        }
+        core.route_flags = RouteLayer {
+            provider: self.provider,
+            model: self.model.clone(),
+            base_url: self.base_url.clone(),
+        };
+        core.env = Environment::from_process()?;
+        let mut file = FileConfig::load(&core.home)?;
         let token = match &self.token {
             Some(t) if t.trim().is_empty() => return Err(Error::invalid("the token is empty")),
             Some(t) => t.clone(),
             None => home::stable_token(&core.home, self.rotate_token)?,
         };
         let mut cfg = ServeConfig::new(core, token);
-        cfg.trusted_hosts = [file.server.trusted_hosts, self.trusted_hosts.clone()].concat();
-        cfg.allow_origins = [file.server.allow_origins, self.allow_origins.clone()].concat();
+        let server = std::mem::take(&mut file.server);
+        cfg.trusted_hosts = [server.trusted_hosts, self.trusted_hosts.clone()].concat();
+        cfg.allow_origins = [server.allow_origins, self.allow_origins.clone()].concat();
         for o in &cfg.allow_origins {
             if o == "*" || o == "null" || !o.contains("://") {
                 return Err(Error::invalid(format!(
@@ -219,41 +263,7 @@ impl ServeArgs {
         cfg.idle_timeout = self.idle_timeout;
         cfg.body_read_timeout = self.body_read_timeout;
         cfg.allow_remote = self.allow_remote;
-        Ok(cfg)
-    }
-}
-
-/// `$VAK_HOME/config.toml`: settings that belong to the machine, not one run.
-#[derive(Debug, Default, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileConfig {
-    #[serde(default)]
-    server: FileServer,
-}
-
-#[derive(Debug, Default, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileServer {
-    #[serde(default)]
-    trusted_hosts: Vec<String>,
-    #[serde(default)]
-    allow_origins: Vec<String>,
-}
-
-impl FileConfig {
-    fn load(home: &std::path::Path) -> Result<FileConfig> {
-        let path = home.join("config.toml");
-        match std::fs::read_to_string(&path) {
-            Ok(text) => toml::from_str(&text).map_err(|e| {
-                // One line: where, and what.
-                let line = e
-                    .span()
-                    .map_or(0, |sp| text[..sp.start.min(text.len())].matches('\n').count() + 1);
-                Error::invalid(format!("{} line {line}: {}", path.display(), e.message()))
-            }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(FileConfig::default()),
-            Err(e) => Err(Error::invalid(format!("cannot read {}: {e}", path.display()))),
-        }
+        Ok((cfg, file))
     }
 }
 
@@ -307,7 +317,7 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
     };
     // Before the default connection cap is derived from it.
     let nofile = crate::edge::fdlimit::raise_nofile();
-    let mut cfg = args.config(home.clone())?;
+    let (mut cfg, file) = args.config_and_file(home.clone())?;
     let max_connections = cfg.max_connections;
     let tls = if args.tls_self_signed {
         Some(tls::self_signed(&home)?)
@@ -351,6 +361,27 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
     if let Some(weak) = args.token.as_deref().and_then(crate::edge::auth::weak_token) {
         warn(args.log_format, &weak);
     }
+    if !file.ignored.is_empty() {
+        warn(
+            args.log_format,
+            &format!(
+                "{} has sections this version does not implement, ignored: {}",
+                config::config_path(&home).display(),
+                file.ignored
+                    .iter()
+                    .map(|n| format!("[{n}]"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        );
+    }
+    let route = server.hub().config_info().route;
+    tracing::info!(
+        provider = route.provider.as_str(),
+        model = %route.model,
+        source = route.source.as_str(),
+        "model route"
+    );
     if let Some(mode) = home::readable_by_others(&home) {
         warn(
             args.log_format,

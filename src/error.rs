@@ -18,6 +18,12 @@ pub enum ErrorKind {
     Unavailable,
     /// A bound was reached (a full queue); the message starts with the reason.
     ResourceExhausted,
+    /// No model service is reachable for the provider asked for: no API key
+    /// (in the environment or the key store) and no base URL of a local server.
+    NoAiService,
+    /// The model service was asked and failed; `reason` says how (`network`,
+    /// `auth`, `rate_limit`, …).
+    Upstream,
 }
 
 impl ErrorKind {
@@ -30,6 +36,8 @@ impl ErrorKind {
             ErrorKind::Internal => "internal",
             ErrorKind::Unavailable => "unavailable",
             ErrorKind::ResourceExhausted => "resource_exhausted",
+            ErrorKind::NoAiService => "no_ai_service",
+            ErrorKind::Upstream => "bad_gateway",
         }
     }
 }
@@ -38,6 +46,9 @@ impl ErrorKind {
 pub struct Error {
     pub kind: ErrorKind,
     pub message: String,
+    /// A machine-readable why, for kinds that have several (an upstream
+    /// failure's `network`, `auth`, …); carried as `reason` in JSON bodies.
+    pub reason: Option<&'static str>,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -47,7 +58,12 @@ impl Error {
         Error {
             kind,
             message: message.into(),
+            reason: None,
         }
+    }
+    pub fn with_reason(mut self, reason: &'static str) -> Self {
+        self.reason = Some(reason);
+        self
     }
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::InvalidArgument, message)

@@ -475,6 +475,12 @@ fn run_document(rel: &str) {
             .env_remove("VAK_URL")
             .env_remove("VAK_LISTEN")
             .env_remove("RUST_LOG")
+            // The documents show a server with no model keys and the default route.
+            .env_remove("VAK_PROVIDER")
+            .env_remove("VAK_MODEL")
+            .env_remove("VAK_BASE_URL")
+            .env_remove("OPENAI_API_KEY")
+            .env_remove("ANTHROPIC_API_KEY")
             .current_dir(&cwd);
     };
     let mut serve = Command::new(env!("CARGO_BIN_EXE_vak"));

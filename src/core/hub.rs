@@ -4,6 +4,7 @@
 //! loading a ledger happens outside it, on a blocking thread, and concurrent
 //! first accesses to one session share one load (`OnceCell`).
 
+use super::config::{RoutePatch, RouteSpec, Settings};
 use super::index::{Entry, Index};
 use super::ledger::{Ledger, OpenError};
 use super::mux::Control;
@@ -37,6 +38,8 @@ pub struct Hub {
     /// Live multiplexed streams by stream id, for follow/unfollow.
     streams: Mutex<HashMap<String, mpsc::Sender<Control>>>,
     closing: CancellationToken,
+    /// The model route's description and revision, keys, config.toml.
+    settings: Settings,
 }
 
 /// What host frames describe.
@@ -46,11 +49,15 @@ pub struct HostInfo {
     pub workspace: String,
 }
 
-/// What config frames describe.
+/// The effective configuration: what GetConfig answers and config frames carry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConfigInfo {
     pub permission_mode: String,
     pub ring: u64,
+    pub route: RouteSpec,
+    /// Changes on every route change (and with every server start).
+    pub revision: String,
+    pub max_turns: u32,
 }
 
 /// Session ids are path components and cursor-vector keys: keep them plain.
@@ -79,6 +86,19 @@ pub fn validate_plain_id(what: &str, id: &str) -> Result<()> {
 impl Hub {
     /// Prepares the home (creating `sessions/`); fails with a clear message when it is not writable.
     pub fn new(cfg: CoreConfig, route: Route) -> Result<Hub> {
+        let settings = Settings::open(&cfg)?;
+        Self::with_settings(cfg, route, settings)
+    }
+
+    /// A hub on the route its settings resolve to (a missing key or an
+    /// unknown provider is a startup error).
+    pub fn resolved(cfg: CoreConfig) -> Result<Hub> {
+        let settings = Settings::open(&cfg)?;
+        let route = settings.startup_route()?;
+        Self::with_settings(cfg, route, settings)
+    }
+
+    fn with_settings(cfg: CoreConfig, route: Route, settings: Settings) -> Result<Hub> {
         let dir = cfg.sessions_dir();
         // Prompts, outputs and file contents live here: owner-only, also when
         // an earlier version created it readable.
@@ -101,7 +121,39 @@ impl Hub {
             stopping: AtomicBool::new(false),
             streams: Mutex::new(HashMap::new()),
             closing: CancellationToken::new(),
+            settings,
         })
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// Changes the model route (resolved, persisted, then applied to legs
+    /// that start from now on); the new effective configuration.
+    pub async fn update_route(&self, patch: RoutePatch) -> Result<ConfigInfo> {
+        let rt = self.rt.clone();
+        self.settings
+            .update(patch, move |route| rt.set_route(route))
+            .await?;
+        Ok(self.config_info())
+    }
+
+    /// Stores a provider key; its fingerprint. A route of that provider
+    /// picks it up for its next legs.
+    pub async fn set_key(&self, kind: super::provider::ProviderKind, key: &str) -> Result<String> {
+        let rt = self.rt.clone();
+        self.settings
+            .set_key(kind, key, move |route| rt.set_route(route))
+            .await
+    }
+
+    /// Deletes a stored key: (deleted, the environment still exports one).
+    pub async fn delete_key(&self, kind: super::provider::ProviderKind) -> Result<(bool, bool)> {
+        let rt = self.rt.clone();
+        self.settings
+            .delete_key(kind, move |route| rt.set_route(route))
+            .await
     }
 
     pub fn config(&self) -> &CoreConfig {
@@ -116,6 +168,7 @@ impl Hub {
     }
 
     pub fn config_info(&self) -> ConfigInfo {
+        let (route, revision) = self.settings.current();
         ConfigInfo {
             permission_mode: match self.rt.cfg.permission {
                 PermissionMode::Ask => "ask",
@@ -124,6 +177,9 @@ impl Hub {
             }
             .to_string(),
             ring: self.rt.cfg.bus.ring as u64,
+            route,
+            revision,
+            max_turns: self.rt.cfg.max_turns,
         }
     }
 

@@ -3,6 +3,7 @@
 pub mod agent;
 pub mod approvals;
 pub mod bus;
+pub mod config;
 pub mod cursor;
 pub mod deltas;
 pub mod event;
@@ -13,6 +14,7 @@ pub mod mux;
 pub mod presentation;
 pub mod prompt;
 pub mod provider;
+pub mod secrets;
 pub mod session;
 pub mod tools;
 pub mod transcript;
@@ -71,6 +73,12 @@ pub struct CoreConfig {
     pub max_output_tokens: u32,
     /// Sampling temperature; None leaves it to the provider.
     pub temperature: Option<f32>,
+    /// The route the flags name (`--provider`, `--model`, `--base-url`).
+    pub route_flags: config::RouteLayer,
+    /// The environment's route variables and API keys, captured at startup.
+    pub env: config::Environment,
+    /// How route clients are made (`provider::connect` unless a test says otherwise).
+    pub connector: config::Connector,
 }
 
 impl CoreConfig {
@@ -90,6 +98,9 @@ impl CoreConfig {
             max_turns: 50,
             max_output_tokens: 8192,
             temperature: None,
+            route_flags: config::RouteLayer::default(),
+            env: config::Environment::default(),
+            connector: config::Connector::default(),
         }
     }
 

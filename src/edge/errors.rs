@@ -22,8 +22,57 @@ pub fn to_status(e: Error) -> Status {
         }
         ErrorKind::Unavailable => Code::Unavailable,
         ErrorKind::ResourceExhausted => Code::ResourceExhausted,
+        // Both travel with their kind (and reason) in metadata, so REST can
+        // tell them from the plain codes they share.
+        ErrorKind::NoAiService => Code::FailedPrecondition,
+        ErrorKind::Upstream => Code::Unavailable,
     };
-    Status::new(code, e.message)
+    match e.kind {
+        ErrorKind::NoAiService | ErrorKind::Upstream => {
+            let mut md = tonic::metadata::MetadataMap::new();
+            md.insert(
+                KIND_HEADER,
+                tonic::metadata::MetadataValue::from_static(e.kind.code()),
+            );
+            if let Some(reason) = e.reason {
+                md.insert(REASON_HEADER, tonic::metadata::MetadataValue::from_static(reason));
+            }
+            Status::with_metadata(code, e.message, md)
+        }
+        _ => Status::new(code, e.message),
+    }
+}
+
+/// gRPC metadata naming the error kind of a status whose code alone is
+/// ambiguous (`no_ai_service`, `bad_gateway`).
+pub const KIND_HEADER: &str = "vak-error-kind";
+/// gRPC metadata with the machine-readable reason of an upstream failure.
+pub const REASON_HEADER: &str = "vak-error-reason";
+
+/// The REST answer of a status that carries a kind: `no_ai_service` is 400
+/// with `"kind": "no_ai_service"`, an upstream failure 502 with its `reason`.
+fn kind_response(s: &Status) -> Option<Response> {
+    let kind = s.metadata().get(KIND_HEADER)?.to_str().ok()?;
+    let reason = s.metadata().get(REASON_HEADER).and_then(|v| v.to_str().ok());
+    let (status, mut error) = match kind {
+        "no_ai_service" => (
+            StatusCode::BAD_REQUEST,
+            serde_json::json!({"code": "no_ai_service", "kind": "no_ai_service", "message": s.message()}),
+        ),
+        "bad_gateway" => (
+            StatusCode::BAD_GATEWAY,
+            serde_json::json!({"code": "bad_gateway", "message": s.message()}),
+        ),
+        _ => return None,
+    };
+    if let Some(r) = reason {
+        error["reason"] = r.into();
+    }
+    let body = serde_json::json!({ "error": error });
+    let mut resp = (status, body.to_string()).into_response();
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    Some(resp)
 }
 
 /// The HTTP status and body code for a gRPC code.
@@ -58,6 +107,9 @@ pub fn json_error(status: StatusCode, code: &str, message: &str) -> Response {
 
 /// A gRPC status as a REST response.
 pub fn status_response(s: &Status) -> Response {
+    if let Some(resp) = kind_response(s) {
+        return resp;
+    }
     let (status, code) = http_of(s.code());
     json_error(status, code, s.message())
 }
@@ -102,8 +154,8 @@ mod tests {
         assert!(s.message().starts_with("internal error "), "{}", s.message());
     }
 
-    #[test]
-    fn every_core_error_has_one_status() {
+    #[tokio::test]
+    async fn every_core_error_has_one_status() {
         let cases = [
             (ErrorKind::InvalidArgument, 400),
             (ErrorKind::NotFound, 404),
@@ -111,12 +163,18 @@ mod tests {
             (ErrorKind::Internal, 500),
             (ErrorKind::Unavailable, 503),
             (ErrorKind::ResourceExhausted, 429),
+            (ErrorKind::NoAiService, 400),
+            (ErrorKind::Upstream, 502),
         ];
         for (kind, http) in cases {
             let s = to_status(Error::new(kind, "m"));
-            assert_eq!(http_of(s.code()).0.as_u16(), http);
+            let resp = status_response(&s);
+            assert_eq!(resp.status().as_u16(), http, "{kind:?}");
+            if !matches!(kind, ErrorKind::NoAiService | ErrorKind::Upstream) {
+                assert_eq!(http_of(s.code()).0.as_u16(), http);
+            }
             assert_eq!(
-                http_of(s.code()).1,
+                code_of(resp).await,
                 if kind == ErrorKind::Conflict {
                     "conflict"
                 } else {
@@ -124,5 +182,34 @@ mod tests {
                 }
             );
         }
+    }
+
+    async fn code_of(resp: Response) -> String {
+        use http_body_util::BodyExt;
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        v["error"]["code"].as_str().unwrap().to_string()
+    }
+
+    #[tokio::test]
+    async fn no_ai_service_and_upstream_failures_keep_their_kind_and_reason() {
+        use http_body_util::BodyExt;
+        let s = to_status(Error::new(ErrorKind::NoAiService, "no key"));
+        assert_eq!(s.code(), Code::FailedPrecondition);
+        let body = status_response(&s)
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["error"]["kind"], "no_ai_service");
+        let s = to_status(Error::new(ErrorKind::Upstream, "could not reach").with_reason("network"));
+        let resp = status_response(&s);
+        assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["error"]["reason"], "network");
+        assert_eq!(v["error"]["code"], "bad_gateway");
     }
 }

@@ -86,9 +86,11 @@ pub struct Server {
 }
 
 impl Server {
-    /// Prepares the home and the core with the embedded offline model.
+    /// Prepares the home and the core on the model route the configuration
+    /// resolves to (flags, environment, config.toml; else the offline model).
     pub fn new(cfg: ServeConfig) -> Result<Server> {
-        Self::with_route(cfg, Route::offline())
+        let hub = Arc::new(Hub::resolved(cfg.core.clone())?);
+        Ok(Server { hub, cfg })
     }
 
     pub fn with_route(cfg: ServeConfig, route: Route) -> Result<Server> {

@@ -191,6 +191,36 @@ impl AgentService for Baseline {
     ) -> Result<Response<Self::PresentationEventsStream>, Status> {
         unimplemented()
     }
+    async fn get_config(&self, _: Request<pb::GetConfigRequest>) -> Result<Response<pb::ConfigInfo>, Status> {
+        unimplemented()
+    }
+    async fn update_config(
+        &self,
+        _: Request<pb::UpdateConfigRequest>,
+    ) -> Result<Response<pb::ConfigInfo>, Status> {
+        unimplemented()
+    }
+    async fn set_key(&self, _: Request<pb::SetKeyRequest>) -> Result<Response<pb::SetKeyResponse>, Status> {
+        unimplemented()
+    }
+    async fn delete_key(
+        &self,
+        _: Request<pb::DeleteKeyRequest>,
+    ) -> Result<Response<pb::DeleteKeyResponse>, Status> {
+        unimplemented()
+    }
+    async fn list_providers(
+        &self,
+        _: Request<pb::ListProvidersRequest>,
+    ) -> Result<Response<pb::ListProvidersResponse>, Status> {
+        unimplemented()
+    }
+    async fn list_models(
+        &self,
+        _: Request<pb::ListModelsRequest>,
+    ) -> Result<Response<pb::ListModelsResponse>, Status> {
+        unimplemented()
+    }
 }
 
 /// `vak-bench baseline-server`: serves until killed, announcing its address

@@ -264,6 +264,33 @@ pub fn config(c: ConfigInfo) -> pb::ConfigInfo {
     pb::ConfigInfo {
         permission_mode: c.permission_mode,
         ring: c.ring,
+        route: Some(pb::ModelRoute {
+            provider: c.route.provider.as_str().to_string(),
+            model: c.route.model,
+            base_url: c.route.base_url,
+            source: c.route.source.as_str().to_string(),
+            label: c.route.provider.label().to_string(),
+        }),
+        revision: c.revision,
+        max_turns: c.max_turns,
+    }
+}
+
+pub fn provider_info(p: crate::core::config::ProviderStatus) -> pb::ProviderInfo {
+    pb::ProviderInfo {
+        name: p.kind.as_str().to_string(),
+        label: p.kind.label().to_string(),
+        configured: p.configured,
+        pool_size: p.fingerprints.len() as u32,
+        fingerprints: p.fingerprints,
+        key_sources: p.key_sources.iter().map(|s| s.as_str().to_string()).collect(),
+    }
+}
+
+pub fn model_entry(m: crate::core::provider::ModelInfo) -> pb::ModelEntry {
+    pb::ModelEntry {
+        id: m.id,
+        display_name: m.display_name,
     }
 }
 

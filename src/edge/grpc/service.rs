@@ -4,6 +4,7 @@ use super::convert;
 use crate::core::approvals::Answer;
 use crate::core::bus::Subscription;
 use crate::core::bus::{Delivery, End};
+use crate::core::config::{self, RoutePatch};
 use crate::core::cursor::CursorVector;
 use crate::core::hub::Hub;
 use crate::core::mux::{self, Control, Mux};
@@ -261,10 +262,28 @@ impl AgentService for AgentApi {
                 self.hub.config_info(),
             ))));
         }
-        let rest = stream::unfold((mux, permit), |(mut mux, permit)| async move {
-            let item = mux.next().await?;
-            Some((Ok(convert::mux_item(item)), (mux, permit)))
-        });
+        // Config frames: one now (above), then one on every route change.
+        let changes = r.config.then(|| self.hub.settings().changes());
+        let hub = self.hub.clone();
+        let rest = stream::unfold(
+            (mux, permit, changes, hub),
+            |(mut mux, permit, mut changes, hub)| async move {
+                let msg = loop {
+                    let Some(watch) = changes.as_mut() else {
+                        break convert::mux_item(mux.next().await?);
+                    };
+                    tokio::select! {
+                        biased;
+                        changed = watch.changed() => match changed {
+                            Ok(()) => break convert::mux_extra(F::Config(convert::config(hub.config_info()))),
+                            Err(_) => changes = None,
+                        },
+                        item = mux.next() => break convert::mux_item(item?),
+                    }
+                };
+                Some((Ok(msg), (mux, permit, changes, hub)))
+            },
+        );
         ok(Box::pin(stream::iter(first.into_iter().map(Ok)).chain(rest)) as MuxStream)
     }
 
@@ -311,6 +330,90 @@ impl AgentService for AgentApi {
     ) -> Result<Response<pb::OutputTimeline>, Status> {
         let s = self.session(&req.into_inner().session_id).await?;
         ok(convert::timeline(&s.timeline()))
+    }
+
+    async fn get_config(
+        &self,
+        _req: Request<pb::GetConfigRequest>,
+    ) -> Result<Response<pb::ConfigInfo>, Status> {
+        ok(convert::config(self.hub.config_info()))
+    }
+
+    async fn update_config(
+        &self,
+        req: Request<pb::UpdateConfigRequest>,
+    ) -> Result<Response<pb::ConfigInfo>, Status> {
+        let r = req.into_inner();
+        let provider = match r.provider.as_deref() {
+            Some(p) => Some(config::parse_provider(p, "provider").map_err(to_status)?),
+            None => None,
+        };
+        if let Some(rev) = &r.revision {
+            if rev.len() > 128 {
+                return Err(Status::invalid_argument("revision is longer than 128 characters"));
+            }
+        }
+        let patch = RoutePatch {
+            provider,
+            model: r.model,
+            base_url: r.base_url,
+            revision: r.revision,
+        };
+        let info = self.hub.update_route(patch).await.map_err(to_status)?;
+        ok(convert::config(info))
+    }
+
+    async fn set_key(&self, req: Request<pb::SetKeyRequest>) -> Result<Response<pb::SetKeyResponse>, Status> {
+        let r = req.into_inner();
+        let kind = config::parse_provider(&r.provider, "provider").map_err(to_status)?;
+        let fingerprint = self.hub.set_key(kind, &r.key).await.map_err(to_status)?;
+        ok(pb::SetKeyResponse {
+            provider: kind.as_str().to_string(),
+            stored: true,
+            fingerprint,
+        })
+    }
+
+    async fn delete_key(
+        &self,
+        req: Request<pb::DeleteKeyRequest>,
+    ) -> Result<Response<pb::DeleteKeyResponse>, Status> {
+        let r = req.into_inner();
+        let kind = config::parse_provider(&r.provider, "provider").map_err(to_status)?;
+        let (deleted, shadowed_by_env) = self.hub.delete_key(kind).await.map_err(to_status)?;
+        ok(pb::DeleteKeyResponse {
+            provider: kind.as_str().to_string(),
+            deleted,
+            shadowed_by_env,
+        })
+    }
+
+    async fn list_providers(
+        &self,
+        _req: Request<pb::ListProvidersRequest>,
+    ) -> Result<Response<pb::ListProvidersResponse>, Status> {
+        ok(pb::ListProvidersResponse {
+            providers: self
+                .hub
+                .settings()
+                .providers()
+                .into_iter()
+                .map(convert::provider_info)
+                .collect(),
+        })
+    }
+
+    async fn list_models(
+        &self,
+        req: Request<pb::ListModelsRequest>,
+    ) -> Result<Response<pb::ListModelsResponse>, Status> {
+        let r = req.into_inner();
+        let kind = config::parse_provider(&r.provider, "provider").map_err(to_status)?;
+        let models = self.hub.settings().list_models(kind).await.map_err(to_status)?;
+        ok(pb::ListModelsResponse {
+            provider: kind.as_str().to_string(),
+            models: models.into_iter().map(convert::model_entry).collect(),
+        })
     }
 
     type PresentationEventsStream = PresentationStream;

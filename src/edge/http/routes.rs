@@ -9,7 +9,7 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::Router;
 use http_body_util::BodyExt;
 use pb::agent_service_server::AgentService;
@@ -43,6 +43,10 @@ pub fn router(state: AppState) -> Router {
         .route("/stream", get(stream::stream))
         .route("/stream/{stream_id}/follow", post(stream::follow))
         .route("/stream/{stream_id}/unfollow", post(stream::unfollow))
+        .route("/config", get(get_config).patch(update_config))
+        .route("/config/key", put(set_key).delete(delete_key))
+        .route("/providers", get(list_providers))
+        .route("/providers/{name}/models", get(list_models))
         .method_not_allowed_fallback(|| async {
             json_error(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -231,4 +235,82 @@ async fn transcript_md(State(st): State<AppState>, Path(id): Path<String>) -> Re
 async fn presentation(State(st): State<AppState>, Path(id): Path<String>) -> Response {
     let req = pb::GetPresentationRequest { session_id: id };
     reply(StatusCode::OK, st.api.get_presentation(Request::new(req)).await)
+}
+
+async fn get_config(State(st): State<AppState>) -> Response {
+    config_reply(st.api.get_config(Request::new(pb::GetConfigRequest {})).await)
+}
+
+/// A configuration answer, with its revision also as the ETag (for `If-Match`).
+fn config_reply(result: Result<tonic::Response<pb::ConfigInfo>, tonic::Status>) -> Response {
+    let etag = result
+        .as_ref()
+        .ok()
+        .and_then(|r| HeaderValue::from_str(&format!("\"{}\"", r.get_ref().revision)).ok());
+    let mut resp = reply(StatusCode::OK, result);
+    if let Some(v) = etag {
+        resp.headers_mut().insert(header::ETAG, v);
+    }
+    resp
+}
+
+/// `If-Match: <revision>` (quotes and a weak `W/` prefix are tolerated) is the
+/// body's `revision`; both at once must agree. `If-Match: *` asks for no check.
+async fn update_config(State(st): State<AppState>, headers: axum::http::HeaderMap, b: Body) -> Response {
+    let mut req: pb::UpdateConfigRequest = match body(&st, b).await {
+        Ok(r) => r,
+        Err(e) => return e,
+    };
+    if let Some(v) = headers.get(header::IF_MATCH) {
+        let Ok(v) = v.to_str() else {
+            return json_error(
+                StatusCode::BAD_REQUEST,
+                "invalid_argument",
+                "malformed If-Match header",
+            );
+        };
+        let v = v.trim().trim_start_matches("W/").trim_matches('"').to_string();
+        match &req.revision {
+            _ if v == "*" => {}
+            Some(r) if *r != v => {
+                return json_error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_argument",
+                    "If-Match and the body's revision differ",
+                )
+            }
+            _ => req.revision = Some(v),
+        }
+    }
+    config_reply(st.api.update_config(Request::new(req)).await)
+}
+
+async fn set_key(State(st): State<AppState>, b: Body) -> Response {
+    let req: pb::SetKeyRequest = match body(&st, b).await {
+        Ok(r) => r,
+        Err(e) => return e,
+    };
+    reply(StatusCode::OK, st.api.set_key(Request::new(req)).await)
+}
+
+async fn delete_key(State(st): State<AppState>, b: Body) -> Response {
+    let req: pb::DeleteKeyRequest = match body(&st, b).await {
+        Ok(r) => r,
+        Err(e) => return e,
+    };
+    reply(StatusCode::OK, st.api.delete_key(Request::new(req)).await)
+}
+
+async fn list_providers(State(st): State<AppState>) -> Response {
+    reply(
+        StatusCode::OK,
+        st.api
+            .list_providers(Request::new(pb::ListProvidersRequest {}))
+            .await,
+    )
+}
+
+async fn list_models(State(st): State<AppState>, Path(name): Path<String>) -> Response {
+    let req = pb::ListModelsRequest { provider: name };
+    reply(StatusCode::OK, st.api.list_models(Request::new(req)).await)
 }
