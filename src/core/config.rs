@@ -522,6 +522,7 @@ impl Settings {
         Ok(Route {
             provider,
             model: spec.model.clone(),
+            context_window: spec.provider.context_window(),
         })
     }
 
@@ -606,6 +607,7 @@ impl Settings {
                 apply(Route {
                     provider: Arc::new(Unconfigured),
                     model: spec.model,
+                    context_window: None,
                 })
             }
         }

@@ -274,6 +274,17 @@ impl ProviderKind {
         }
     }
 
+    /// The context window vak assumes for this family's models, in tokens:
+    /// every current Claude model has 200k. OpenAI-compatible servers range
+    /// from 2k (a local llama.cpp) to 1M, so none is assumed: their
+    /// context-length error triggers the compaction instead.
+    pub fn context_window(self) -> Option<u64> {
+        match self {
+            ProviderKind::Anthropic => Some(200_000),
+            ProviderKind::Offline | ProviderKind::OpenAi => None,
+        }
+    }
+
     /// The environment variable a key may come from.
     pub fn key_env(self) -> Option<&'static str> {
         match self {
