@@ -408,6 +408,16 @@ async fn openai_turn_reports_usage_ollama_whole_calls_keyless_and_models() {
     fake.script([Reply::status(401, r#"{"error":{"message":"bad key"}}"#)]);
     let f = p.list_models().await.unwrap_err();
     assert_eq!((f.kind, f.retryable), (FailureKind::Auth, false));
+
+    // A server that answers 200 with a JSON error instead of a stream.
+    fake.script([Reply::status(
+        200,
+        r#"{"error":{"message":"model 'llama9' not found","type":"invalid_request_error","code":"model_not_found"}}"#,
+    )]);
+    match p.turn(&request("llama9", "hi"), &sink, &cancel).await {
+        Err(ProviderError::Failed(f)) => assert_eq!((f.kind, f.retryable), (FailureKind::BadResponse, false)),
+        other => panic!("{other:?}"),
+    }
 }
 
 #[tokio::test]

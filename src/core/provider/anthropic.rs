@@ -64,7 +64,7 @@ impl Anthropic {
             .header("accept", "text/event-stream")
             .json(&request_body(request));
         let resp = http::send(rb, &self.opts, key, cancel).await?;
-        let mut events = http::SseStream::new(resp, &self.opts);
+        let mut events = http::event_stream(resp, &self.opts, key, cancel).await?;
         let mut asm = Assembler::new(self.opts.max_tool_args_bytes);
         loop {
             let Some(event) = events.next(cancel).await.map_err(scrub)? else {
@@ -253,7 +253,9 @@ enum Event {
         index: usize,
         delta: Value,
     },
-    ContentBlockStop {},
+    ContentBlockStop {
+        index: usize,
+    },
     MessageDelta {
         #[serde(default)]
         delta: Value,
@@ -293,8 +295,9 @@ struct Usage {
 enum Block {
     Text,
     Thinking {
-        /// Its signature was emitted.
-        signed: bool,
+        /// The signature so far (one `signature_delta` in practice; more
+        /// would be fragments), emitted when the block stops.
+        signature: String,
     },
     ToolUse {
         id: String,
@@ -380,7 +383,9 @@ impl Assembler {
                         if !t.is_empty() {
                             events.push(ProviderEvent::Thinking(t));
                         }
-                        Block::Thinking { signed: false }
+                        Block::Thinking {
+                            signature: str_of(&content_block, "signature"),
+                        }
                     }
                     Some("tool_use") => Block::ToolUse {
                         id: str_of(&content_block, "id"),
@@ -413,12 +418,16 @@ impl Assembler {
                             events.push(ProviderEvent::Thinking(t));
                         }
                     }
-                    (Some("signature_delta"), Block::Thinking { signed }) => {
-                        let s = str_of(&delta, "signature");
-                        if !s.is_empty() && !*signed {
-                            *signed = true;
-                            events.push(ProviderEvent::ThinkingSignature(s));
+                    (Some("signature_delta"), Block::Thinking { signature }) => {
+                        let part = str_of(&delta, "signature");
+                        if signature.len() + part.len() > self.max_args {
+                            return Err(Failure::new(
+                                FailureKind::BadResponse,
+                                format!("a thinking signature is larger than {} bytes", self.max_args),
+                                false,
+                            ));
                         }
+                        signature.push_str(&part);
                     }
                     (Some("input_json_delta"), Block::ToolUse { json, .. }) => {
                         let part = str_of(&delta, "partial_json");
@@ -436,7 +445,14 @@ impl Assembler {
                     _ => {}
                 }
             }
-            Event::ContentBlockStop { .. } => {}
+            Event::ContentBlockStop { index } => {
+                // The signature closes its thinking block, before whatever comes next.
+                if let Some(Block::Thinking { signature }) = self.blocks.get_mut(&index) {
+                    if !signature.is_empty() {
+                        events.push(ProviderEvent::ThinkingSignature(std::mem::take(signature)));
+                    }
+                }
+            }
             Event::MessageDelta { delta, usage } => {
                 if let Some(r) = delta.get("stop_reason").and_then(Value::as_str) {
                     self.stop = Some(r.to_string());
@@ -447,6 +463,14 @@ impl Assembler {
             }
             Event::MessageStop => {
                 self.stopped = true;
+                // A thinking block that never got its stop still has its signature sent.
+                for block in self.blocks.values_mut() {
+                    if let Block::Thinking { signature } = block {
+                        if !signature.is_empty() {
+                            events.push(ProviderEvent::ThinkingSignature(std::mem::take(signature)));
+                        }
+                    }
+                }
                 return Ok(Step { events, done: true });
             }
             Event::Ping | Event::Unknown => {}
@@ -560,6 +584,32 @@ mod tests {
                 cache_read_tokens: 2000,
                 cache_write_tokens: 100
             }
+        );
+    }
+
+    #[test]
+    fn a_signature_in_fragments_is_emitted_whole_when_its_block_stops() {
+        let mut asm = Assembler::new(1 << 20);
+        let events = feed(
+            &mut asm,
+            &[
+                START,
+                r#"{"type":"content_block_start","index":0,"content_block":{"type":"thinking","thinking":""}}"#,
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"a"}}"#,
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"signature_delta","signature":"Eq"}}"#,
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"signature_delta","signature":"AB"}}"#,
+                r#"{"type":"content_block_stop","index":0}"#,
+                r#"{"type":"content_block_start","index":1,"content_block":{"type":"redacted_thinking","data":"EmwKAhgBEgy"}}"#,
+                r#"{"type":"content_block_stop","index":1}"#,
+                r#"{"type":"message_stop"}"#,
+            ],
+        );
+        assert_eq!(
+            events,
+            vec![
+                ProviderEvent::Thinking("a".into()),
+                ProviderEvent::ThinkingSignature("EqAB".into())
+            ]
         );
     }
 

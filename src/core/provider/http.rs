@@ -239,6 +239,50 @@ pub async fn send(
     )))
 }
 
+/// The 2xx response as an event stream. A JSON body instead (a server that
+/// ignored `stream: true`, or a proxy answering an error with 200) is read
+/// and reported: as the error it carries, else as a bad response.
+pub async fn event_stream(
+    resp: reqwest::Response,
+    opts: &ClientOptions,
+    key: Option<&Secret>,
+    cancel: &CancellationToken,
+) -> Result<SseStream, ProviderError> {
+    let json = resp
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.contains("json") && !ct.contains("event-stream"));
+    if !json {
+        return Ok(SseStream::new(resp, opts));
+    }
+    let body = tokio::select! {
+        biased;
+        _ = cancel.cancelled() => return Err(ProviderError::Cancelled),
+        b = tokio::time::timeout(opts.idle_timeout, bounded_text(resp, MAX_DETAIL)) => b.unwrap_or_default(),
+    };
+    let error = serde_json::from_str::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v.get("error").cloned());
+    let failure = match error {
+        Some(e) => {
+            let kind = e
+                .get("type")
+                .and_then(|t| t.as_str())
+                .filter(|t| !t.is_empty())
+                .or_else(|| e.get("code").and_then(|c| c.as_str()))
+                .unwrap_or("");
+            classify_error_type(kind, &body)
+        }
+        None => Failure::new(
+            FailureKind::BadResponse,
+            truncate(&format!("expected an event stream, got JSON: {body}"), MAX_DETAIL),
+            false,
+        ),
+    };
+    Err(ProviderError::Failed(scrub(failure, key)))
+}
+
 /// Why the byte stream under the SSE parser stopped.
 #[derive(Debug)]
 pub enum StreamError {

@@ -5,6 +5,8 @@ pub mod http;
 pub mod offline;
 pub mod openai;
 
+pub use http::ClientOptions;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::future::Future;

@@ -94,7 +94,7 @@ impl OpenAi {
             .json(&body);
         let key = self.key.as_ref();
         let resp = http::send(rb, &self.opts, key, cancel).await?;
-        let mut events = http::SseStream::new(resp, &self.opts);
+        let mut events = http::event_stream(resp, &self.opts, key, cancel).await?;
         let mut asm = Assembler::new(self.opts.max_tool_args_bytes);
         loop {
             let Some(event) = events.next(cancel).await.map_err(|e| scrub(e, key))? else {
@@ -398,10 +398,13 @@ impl Assembler {
         // Only the first choice: vak never asks for n > 1.
         for choice in chunk.choices.into_iter().filter(|c| c.index == 0) {
             if let Some(delta) = choice.delta {
-                for thought in [delta.reasoning_content, delta.reasoning].into_iter().flatten() {
-                    if !thought.is_empty() {
-                        events.push(ProviderEvent::Thinking(thought));
-                    }
+                // Servers that send both carry the same text in each.
+                let thought = delta
+                    .reasoning_content
+                    .filter(|t| !t.is_empty())
+                    .or(delta.reasoning.filter(|t| !t.is_empty()));
+                if let Some(t) = thought {
+                    events.push(ProviderEvent::Thinking(t));
                 }
                 if let Some(text) = delta.content.filter(|t| !t.is_empty()) {
                     events.push(ProviderEvent::Text(text));
@@ -682,6 +685,7 @@ mod tests {
                 r#"{"choices":[]}"#,
                 r#"{"choices":[{"index":0,"delta":{"reasoning_content":"hmm"}}]}"#,
                 r#"{"choices":[{"index":0,"delta":{"reasoning":"ok"}}]}"#,
+                r#"{"choices":[{"index":0,"delta":{"reasoning_content":"ok","reasoning":"ok"}}]}"#,
                 r#"{"choices":[{"index":0,"delta":{"content":"hi"}}]}"#,
             ],
         );
@@ -689,6 +693,7 @@ mod tests {
             events,
             vec![
                 ProviderEvent::Thinking("hmm".into()),
+                ProviderEvent::Thinking("ok".into()),
                 ProviderEvent::Thinking("ok".into()),
                 ProviderEvent::Text("hi".into())
             ]
