@@ -289,6 +289,8 @@ pub enum StreamError {
     Transport(reqwest::Error),
     /// One event or line went past `ClientOptions::max_event_bytes`.
     TooLarge(usize),
+    /// No bytes for this long.
+    Idle(Duration),
 }
 
 impl std::fmt::Display for StreamError {
@@ -296,6 +298,7 @@ impl std::fmt::Display for StreamError {
         match self {
             StreamError::Transport(e) => write!(f, "{e}"),
             StreamError::TooLarge(max) => write!(f, "an SSE event is larger than {max} bytes"),
+            StreamError::Idle(idle) => write!(f, "nothing for {idle:?}"),
         }
     }
 }
@@ -350,8 +353,6 @@ type Events = Pin<Box<dyn Stream<Item = Result<Event, EventStreamError<StreamErr
 /// A response body as SSE events, with the idle timeout, the size bound and cancellation.
 pub struct SseStream {
     events: Events,
-    idle: Duration,
-    max: usize,
 }
 
 impl SseStream {
@@ -363,50 +364,67 @@ impl SseStream {
     }
 
     /// From any byte stream (unit tests feed recorded chunks).
+    ///
+    /// The idle timeout runs between chunks of bytes, not between events:
+    /// a comment (`: PROCESSING`, a keep-alive) is a sign of life although
+    /// the parser drops it.
     pub fn from_bytes(
         bytes: impl Stream<Item = Result<Bytes, StreamError>> + Send + 'static,
         opts: &ClientOptions,
     ) -> Self {
-        let mut bound = EventBound::new(opts.max_event_bytes);
-        let max = opts.max_event_bytes;
-        let checked = bytes.map(move |r| match r {
-            Ok(chunk) if !bound.feed(&chunk) => Err(StreamError::TooLarge(max)),
-            other => other,
-        });
+        let idle = opts.idle_timeout;
+        let bound = EventBound::new(opts.max_event_bytes);
+        // State: the byte stream, the bound, and whether it already failed
+        // (after an error nothing more is read).
+        let checked = futures_util::stream::unfold(
+            (Box::pin(bytes), bound, false),
+            move |(mut bytes, mut bound, failed)| async move {
+                if failed {
+                    return None;
+                }
+                let item = match tokio::time::timeout(idle, bytes.next()).await {
+                    Err(_) => Err(StreamError::Idle(idle)),
+                    Ok(None) => return None,
+                    Ok(Some(Ok(chunk))) if !bound.feed(&chunk) => Err(StreamError::TooLarge(bound.max)),
+                    Ok(Some(other)) => other,
+                };
+                let failed = item.is_err();
+                Some((item, (bytes, bound, failed)))
+            },
+        );
         SseStream {
             events: Box::pin(checked.eventsource()),
-            idle: opts.idle_timeout,
-            max,
         }
     }
 
-    /// The next event; None at the end of the body. Comments (`: PROCESSING`)
-    /// never surface: the parser drops them, but they do reset the idle timer.
+    /// The next event; None at the end of the body.
     pub async fn next(&mut self, cancel: &CancellationToken) -> Result<Option<Event>, ProviderError> {
         let next = tokio::select! {
             biased;
             _ = cancel.cancelled() => return Err(ProviderError::Cancelled),
-            n = tokio::time::timeout(self.idle, self.events.next()) => n,
+            n = self.events.next() => n,
         };
         match next {
-            Err(_) => Err(ProviderError::Failed(Failure::new(
-                FailureKind::Network,
-                format!("the stream stalled: nothing for {:?}", self.idle),
-                true,
-            ))),
-            Ok(None) => Ok(None),
-            Ok(Some(Ok(event))) => Ok(Some(event)),
-            Ok(Some(Err(EventStreamError::Transport(StreamError::TooLarge(_))))) => {
+            None => Ok(None),
+            Some(Ok(event)) => Ok(Some(event)),
+            Some(Err(EventStreamError::Transport(StreamError::Idle(idle)))) => {
+                Err(ProviderError::Failed(Failure::new(
+                    FailureKind::Network,
+                    format!("the stream stalled: nothing for {idle:?}"),
+                    true,
+                )))
+            }
+            Some(Err(EventStreamError::Transport(StreamError::TooLarge(max)))) => {
                 Err(ProviderError::Failed(Failure::new(
                     FailureKind::BadResponse,
-                    format!("an SSE event is larger than {} bytes", self.max),
+                    format!("an SSE event is larger than {max} bytes"),
                     false,
                 )))
             }
-            Ok(Some(Err(EventStreamError::Transport(StreamError::Transport(e))))) => {
+            Some(Err(EventStreamError::Transport(StreamError::Transport(e)))) => {
                 Err(ProviderError::Failed(network("the stream broke", &e)))
             }
-            Ok(Some(Err(e))) => Err(ProviderError::Failed(Failure::new(
+            Some(Err(e)) => Err(ProviderError::Failed(Failure::new(
                 FailureKind::BadResponse,
                 truncate(&format!("malformed SSE: {e}"), MAX_DETAIL),
                 false,
@@ -588,5 +606,26 @@ mod tests {
         }
         cancel.cancel();
         assert_eq!(s.next(&cancel).await.unwrap_err(), ProviderError::Cancelled);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn keepalive_comments_keep_a_slow_stream_alive() {
+        let opts = ClientOptions {
+            idle_timeout: Duration::from_millis(50),
+            ..Default::default()
+        };
+        let cancel = CancellationToken::new();
+        // Ten comments 30 ms apart (300 ms in all, past the idle timeout), then an event.
+        let chunks = futures_util::stream::unfold(0, |i| async move {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            match i {
+                0..10 => Some((Ok(Bytes::from_static(b": keep-alive\n\n")), i + 1)),
+                10 => Some((Ok(Bytes::from_static(b"data: {}\n\n")), i + 1)),
+                _ => None,
+            }
+        });
+        let mut s = SseStream::from_bytes(chunks, &opts);
+        assert_eq!(s.next(&cancel).await.unwrap().unwrap().data, "{}");
+        assert!(s.next(&cancel).await.unwrap().is_none());
     }
 }

@@ -200,6 +200,9 @@ pub fn request_body(req: &TurnRequest, limit: LimitField) -> Value {
             // Thinking is not sent back: Chat Completions has no field for
             // it, and some servers (DeepSeek's) reject `reasoning_content`
             // in input.
+            // A turn that only thought has nothing to send back (and an
+            // empty assistant message is refused by some servers).
+            ChatMessage::Assistant { text, tool_calls, .. } if text.is_empty() && tool_calls.is_empty() => {}
             ChatMessage::Assistant { text, tool_calls, .. } => {
                 let mut msg = Map::new();
                 msg.insert("role".into(), json!("assistant"));
