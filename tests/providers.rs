@@ -232,7 +232,7 @@ async fn openai_429_with_retry_after_is_retried_after_the_asked_wait() {
     let body = r#"{"error":{"message":"Rate limit reached for gpt-4.1 in organization org-abc on tokens per min (TPM): Limit 30000, Used 30000, Requested 1200.","type":"tokens","param":null,"code":"rate_limit_exceeded"}}"#;
     fake.script([
         Reply::status(429, body)
-            .header("retry-after", "1")
+            .header("retry-after", "30")
             .header("retry-after-ms", "300"),
         Reply::fixture("openai/text.sse"),
     ]);
@@ -243,9 +243,9 @@ async fn openai_429_with_retry_after_is_retried_after_the_asked_wait() {
     let reqs = fake.requests();
     assert_eq!(reqs.len(), 2, "one refusal, one success");
     let waited = reqs[1].at - reqs[0].at;
-    // retry-after-ms (300 ms) wins over retry-after and over the 10 ms backoff.
+    // retry-after-ms (300 ms) wins over retry-after (30 s) and over the 10 ms backoff.
     assert!(waited >= Duration::from_millis(300), "waited {waited:?}");
-    assert!(waited < Duration::from_millis(1000), "waited {waited:?}");
+    assert!(waited < Duration::from_secs(10), "waited {waited:?}");
     assert!(!all_text(&frames).contains("Rate limit reached"));
 }
 
@@ -270,6 +270,16 @@ async fn openai_401_fails_at_once_without_leaking_the_key_or_the_body() {
     );
     let (_, transcript) = s.get(&format!("/sessions/{sid}/transcript")).await;
     assert!(!transcript.to_string().contains(KEY));
+    // Nor does it reach the session's ledger on disk.
+    let home = s.home.clone();
+    let dirs = s.stop().await;
+    let ledger = std::fs::read_to_string(home.join("sessions").join(format!("{sid}.jsonl"))).unwrap();
+    assert!(
+        ledger.contains("the model service refused the API key"),
+        "{ledger}"
+    );
+    assert!(!ledger.contains(KEY), "the key reached the ledger: {ledger}");
+    drop(dirs);
 }
 
 #[tokio::test]
