@@ -20,6 +20,8 @@ pub struct Anthropic {
     http: reqwest::Client,
     base: String,
     key: Option<Secret>,
+    /// The `x-api-key` value, marked sensitive.
+    key_header: Option<reqwest::header::HeaderValue>,
     opts: ClientOptions,
 }
 
@@ -32,18 +34,24 @@ pub fn normalize_base(base: Option<&str>) -> String {
 
 impl Anthropic {
     pub fn new(base: Option<&str>, key: Option<Secret>, opts: ClientOptions) -> Result<Anthropic, Failure> {
+        let key = key.filter(|k| !k.expose().is_empty());
+        let key_header = match &key {
+            Some(k) => Some(http::key_header(k.expose())?),
+            None => None,
+        };
         Ok(Anthropic {
             http: http::client(&opts)?,
             base: normalize_base(base),
-            key: key.filter(|k| !k.expose().is_empty()),
+            key,
+            key_header,
             opts,
         })
     }
 
     fn headers(&self, rb: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
         let rb = rb.header("anthropic-version", API_VERSION);
-        match &self.key {
-            Some(k) => rb.header("x-api-key", k.expose()),
+        match &self.key_header {
+            Some(v) => rb.header("x-api-key", v.clone()),
             None => rb,
         }
     }

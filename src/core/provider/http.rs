@@ -61,6 +61,21 @@ pub fn client(opts: &ClientOptions) -> Result<reqwest::Client, Failure> {
         })
 }
 
+/// A header value carrying a key: marked sensitive (never shown in Debug
+/// output); a key that cannot be a header value is refused up front rather
+/// than failing every request.
+pub fn key_header(value: &str) -> Result<reqwest::header::HeaderValue, Failure> {
+    let mut v = reqwest::header::HeaderValue::from_str(value).map_err(|_| {
+        Failure::new(
+            FailureKind::NotConfigured,
+            "the API key contains characters an HTTP header cannot carry",
+            false,
+        )
+    })?;
+    v.set_sensitive(true);
+    Ok(v)
+}
+
 /// `s` cut to at most `max` bytes on a character boundary.
 pub fn truncate(s: &str, max: usize) -> String {
     if s.len() <= max {
@@ -122,8 +137,9 @@ pub fn says_context_too_long(text: &str) -> bool {
 pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
     if let Some(ms) = text("retry-after-ms").and_then(|v| v.parse::<f64>().ok()) {
+        // Clamped: from_secs_f64 panics past u64 seconds (the agent caps the wait anyway).
         if ms.is_finite() && ms >= 0.0 {
-            return Some(Duration::from_secs_f64(ms / 1000.0));
+            return Some(Duration::from_secs_f64(ms.min(86_400_000.0) / 1000.0));
         }
     }
     let v = text("retry-after")?;
@@ -522,6 +538,14 @@ mod tests {
             classify_status(429, &headers(&[("retry-after", "soon")]), "").retry_after,
             None
         );
+        let huge = classify_status(
+            429,
+            &headers(&[("retry-after-ms", "1e300"), ("retry-after", "1e300")]),
+            "",
+        );
+        assert_eq!(huge.retry_after, Some(Duration::from_secs(86_400)));
+        let negative = classify_status(429, &headers(&[("retry-after", "-5")]), "");
+        assert_eq!(negative.retry_after, None);
         assert!(!classify_status(500, &headers(&[("x-should-retry", "false")]), "").retryable);
         assert!(classify_status(400, &headers(&[("x-should-retry", "true")]), "").retryable);
     }
@@ -539,6 +563,14 @@ mod tests {
         let f = scrub(f, Some(&Secret::new("sk-secret-123".into())));
         assert!(!f.detail.contains("sk-secret-123"), "{}", f.detail);
         assert_eq!(truncate("héllo", 2), "h… (6 bytes in all)");
+    }
+
+    #[test]
+    fn key_headers_are_sensitive_and_bad_keys_refused() {
+        assert!(key_header("sk-abc").unwrap().is_sensitive());
+        let f = key_header("sk-abc\nX-Evil: 1").unwrap_err();
+        assert_eq!(f.kind, FailureKind::NotConfigured);
+        assert!(!f.detail.contains("sk-abc"));
     }
 
     #[test]

@@ -17,6 +17,8 @@ pub struct OpenAi {
     http: reqwest::Client,
     base: String,
     key: Option<Secret>,
+    /// `Bearer KEY`, marked sensitive.
+    authorization: Option<reqwest::header::HeaderValue>,
     opts: ClientOptions,
     limit_field: LimitField,
 }
@@ -64,19 +66,29 @@ impl OpenAi {
     /// `base`: None is OpenAI's own; a given one is used as is, less a
     /// trailing `/` (SDK convention: `http://localhost:11434/v1`).
     pub fn new(base: Option<&str>, key: Option<Secret>, opts: ClientOptions) -> Result<OpenAi, Failure> {
-        let base = base.unwrap_or(DEFAULT_BASE).trim_end_matches('/').to_string();
+        let base = base
+            .unwrap_or(DEFAULT_BASE)
+            .trim()
+            .trim_end_matches('/')
+            .to_string();
+        let key = key.filter(|k| !k.expose().is_empty());
+        let authorization = match &key {
+            Some(k) => Some(http::key_header(&format!("Bearer {}", k.expose()))?),
+            None => None,
+        };
         Ok(OpenAi {
             http: http::client(&opts)?,
             limit_field: LimitField::for_base(&base),
             base,
-            key: key.filter(|k| !k.expose().is_empty()),
+            key,
+            authorization,
             opts,
         })
     }
 
     fn authorized(&self, rb: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
-        match &self.key {
-            Some(k) => rb.bearer_auth(k.expose()),
+        match &self.authorization {
+            Some(v) => rb.header(reqwest::header::AUTHORIZATION, v.clone()),
             None => rb,
         }
     }
