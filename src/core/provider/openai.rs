@@ -310,6 +310,9 @@ struct Delta {
     reasoning: Option<String>,
     #[serde(default)]
     tool_calls: Option<Vec<ToolCallDelta>>,
+    /// OpenAI's refusal text (structured outputs): shown like text.
+    #[serde(default)]
+    refusal: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -371,6 +374,7 @@ pub struct Assembler {
     max_args: usize,
     finish: Option<String>,
     usage: TokenUsage,
+    refused: bool,
 }
 
 impl Assembler {
@@ -381,6 +385,7 @@ impl Assembler {
             max_args,
             finish: None,
             usage: TokenUsage::default(),
+            refused: false,
         }
     }
 
@@ -424,6 +429,10 @@ impl Assembler {
                 if let Some(text) = delta.content.filter(|t| !t.is_empty()) {
                     events.push(ProviderEvent::Text(text));
                 }
+                if let Some(text) = delta.refusal.filter(|t| !t.is_empty()) {
+                    self.refused = true;
+                    events.push(ProviderEvent::Text(text));
+                }
                 for call in delta.tool_calls.unwrap_or_default() {
                     self.on_call(call)?;
                 }
@@ -436,21 +445,27 @@ impl Assembler {
     }
 
     fn on_call(&mut self, call: ToolCallDelta) -> Result<(), Failure> {
-        // Without an index (some servers send whole calls), a new id is a
-        // new call and no id continues the last one.
-        let slot = match call.index {
-            Some(i) => i,
-            None => match &call.id {
-                Some(id) if !self.calls.values().any(|c| &c.id == id) => {
-                    self.calls.keys().next_back().map_or(0, |k| k + 1)
-                }
-                Some(id) => *self
-                    .calls
-                    .iter()
-                    .find(|(_, c)| &c.id == id)
-                    .map(|(k, _)| k)
-                    .unwrap_or(&0),
-                None => self.calls.keys().next_back().copied().unwrap_or(0),
+        // Without an index (some servers send whole calls): a known id
+        // continues its call and a new one starts one; with no id either, a
+        // name starts a new call once the last has its own, and a bare
+        // fragment continues the last.
+        let id = call.id.as_deref().filter(|s| !s.is_empty());
+        let named = call
+            .function
+            .as_ref()
+            .and_then(|f| f.name.as_deref())
+            .is_some_and(|n| !n.is_empty());
+        let last = self.calls.keys().next_back().copied();
+        let slot = match (call.index, id) {
+            (Some(i), _) => i,
+            (None, Some(id)) => match self.calls.iter().find(|(_, c)| c.id == id) {
+                Some((k, _)) => *k,
+                None => last.map_or(0, |k| k + 1),
+            },
+            (None, None) => match last {
+                Some(k) if named && self.calls.get(&k).is_some_and(|c| !c.name.is_empty()) => k + 1,
+                Some(k) => k,
+                None => 0,
             },
         };
         if slot > 1024 {
@@ -536,6 +551,9 @@ impl Assembler {
         // Ollama and some llama.cpp builds say "stop" after tool calls.
         if stop == StopReason::EndTurn && !tool_calls.is_empty() {
             stop = StopReason::ToolUse;
+        }
+        if stop == StopReason::EndTurn && self.refused {
+            stop = StopReason::Refusal;
         }
         Ok(TurnOutput {
             tool_calls,
@@ -670,6 +688,24 @@ mod tests {
         assert_eq!(out.tool_calls.len(), 2);
         assert_eq!(out.tool_calls[0].input, json!({"x": 1}));
         assert_eq!(out.tool_calls[1].name, "b");
+        // Neither index nor id: names start calls, bare fragments continue them.
+        let mut asm = Assembler::new(1 << 20);
+        feed(
+            &mut asm,
+            &[
+                r#"{"choices":[{"delta":{"tool_calls":[{"id":"","function":{"name":"a","arguments":"{\"x\""}}]}}]}"#,
+                r#"{"choices":[{"delta":{"tool_calls":[{"id":"","function":{"arguments":":1}"}}]}}]}"#,
+                r#"{"choices":[{"delta":{"tool_calls":[{"function":{"name":"b","arguments":"{}"}}]}}]}"#,
+                r#"{"choices":[{"delta":{},"finish_reason":"tool_calls"}]}"#,
+            ],
+        );
+        let out = asm.finish(false).unwrap();
+        let got: Vec<(&str, &Value)> = out
+            .tool_calls
+            .iter()
+            .map(|c| (c.name.as_str(), &c.input))
+            .collect();
+        assert_eq!(got, vec![("a", &json!({"x": 1})), ("b", &json!({}))]);
     }
 
     #[test]
@@ -713,6 +749,24 @@ mod tests {
                 ProviderEvent::Text("hi".into())
             ]
         );
+    }
+
+    #[test]
+    fn a_refusal_streams_as_text_and_stops_as_refusal() {
+        let mut asm = Assembler::new(1 << 20);
+        let (events, _) = feed(
+            &mut asm,
+            &[
+                r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":null,"refusal":""}}]}"#,
+                r#"{"choices":[{"index":0,"delta":{"refusal":"I can't help with that."}}]}"#,
+                r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#,
+            ],
+        );
+        assert_eq!(
+            events,
+            vec![ProviderEvent::Text("I can't help with that.".into())]
+        );
+        assert_eq!(asm.finish(false).unwrap().stop, StopReason::Refusal);
     }
 
     #[test]
