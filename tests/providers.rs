@@ -516,15 +516,22 @@ async fn anthropic_thinking_text_and_tool_use_go_back_signed_and_with_the_tool_u
     assert_eq!(first.body["model"], "claude-sonnet-4-5");
     assert_eq!(first.body["stream"], true);
     assert!(first.body["max_tokens"].as_u64().unwrap() > 0);
-    assert!(!first.body["system"].as_str().unwrap().is_empty());
+    assert!(!first.body["system"][0]["text"].as_str().unwrap().is_empty());
     assert!(first.body["tools"]
         .as_array()
         .unwrap()
         .iter()
         .any(|t| t["name"] == "read_file" && t["input_schema"].is_object()));
+    // The last user message and the system prompt are prompt-cache breakpoints.
     assert_eq!(
         first.body["messages"],
-        json!([{"role": "user", "content": "what do my notes say?"}])
+        json!([{"role": "user", "content": [
+            {"type": "text", "text": "what do my notes say?", "cache_control": {"type": "ephemeral"}}
+        ]}])
+    );
+    assert_eq!(
+        first.body["system"][0]["cache_control"],
+        json!({"type": "ephemeral"})
     );
 
     let msgs = reqs[1].body["messages"].as_array().unwrap();
@@ -702,7 +709,7 @@ async fn anthropic_turn_usage_is_cumulative_and_models_list() {
         "the signature closes the thinking before the text: {got:?}"
     );
     let body = &fake.requests()[0].body;
-    assert_eq!(body["system"], "sys");
+    assert_eq!(body["system"][0]["text"], "sys");
     assert!(body.get("tools").is_none());
 
     fake.script([Reply::status(

@@ -217,6 +217,7 @@ pub fn request_body(req: &TurnRequest) -> Value {
         }
     }
     flush(&mut results, &mut messages);
+    mark_cache_breakpoint(&mut messages);
     let mut body = Map::new();
     body.insert("model".into(), json!(req.model));
     let max = if req.max_tokens == 0 {
@@ -226,7 +227,12 @@ pub fn request_body(req: &TurnRequest) -> Value {
     };
     body.insert("max_tokens".into(), json!(max));
     if !req.system.is_empty() {
-        body.insert("system".into(), json!(req.system));
+        // A cache breakpoint after the system prompt caches tools and
+        // system, which every turn of every session repeats.
+        body.insert(
+            "system".into(),
+            json!([{"type": "text", "text": req.system, "cache_control": EPHEMERAL.clone()}]),
+        );
     }
     body.insert("messages".into(), Value::Array(messages));
     if !req.tools.is_empty() {
@@ -242,6 +248,31 @@ pub fn request_body(req: &TurnRequest) -> Value {
         body.insert("temperature".into(), json!(t));
     }
     Value::Object(body)
+}
+
+static EPHEMERAL: std::sync::LazyLock<Value> = std::sync::LazyLock::new(|| json!({"type": "ephemeral"}));
+
+/// Marks the last block of the last user message as a prompt-cache
+/// breakpoint: the next turn of the agent loop re-sends the same history
+/// plus a little, so it reads the whole conversation from the cache (the
+/// usage's cache_read tokens) instead of paying for it again. Anthropic
+/// allows four breakpoints; vak uses two (system, last message).
+fn mark_cache_breakpoint(messages: &mut [Value]) {
+    let Some(last) = messages.last_mut() else { return };
+    if last["role"] != "user" {
+        return;
+    }
+    if let Some(text) = last["content"].as_str() {
+        if text.is_empty() {
+            return;
+        }
+        last["content"] = json!([{"type": "text", "text": text}]);
+    }
+    if let Some(block) = last["content"].as_array_mut().and_then(|b| b.last_mut()) {
+        if let Some(obj) = block.as_object_mut() {
+            obj.insert("cache_control".into(), EPHEMERAL.clone());
+        }
+    }
 }
 
 // ---- the streamed events -----------------------------------------------------
@@ -760,7 +791,10 @@ mod tests {
         };
         let b = request_body(&req);
         assert_eq!(b["max_tokens"], FALLBACK_MAX_TOKENS);
-        assert_eq!(b["system"], "sys");
+        assert_eq!(
+            b["system"],
+            json!([{"type": "text", "text": "sys", "cache_control": {"type": "ephemeral"}}])
+        );
         assert_eq!(b["temperature"], 0.5);
         assert_eq!(b["tools"][0]["input_schema"], json!({"type": "object"}));
         let msgs = b["messages"].as_array().unwrap();
@@ -781,6 +815,44 @@ mod tests {
             ]})
         );
         assert_eq!(msgs[3]["content"], json!([{"type": "text", "text": "done"}]));
+    }
+
+    #[test]
+    fn the_last_user_message_is_a_cache_breakpoint() {
+        let mut req = TurnRequest {
+            model: "m".into(),
+            messages: vec![ChatMessage::User { text: "hi".into() }],
+            ..Default::default()
+        };
+        let b = request_body(&req);
+        assert!(b.get("system").is_none());
+        assert_eq!(
+            b["messages"],
+            json!([{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]}])
+        );
+        req.messages.push(ChatMessage::Assistant {
+            thinking: vec![],
+            text: String::new(),
+            tool_calls: vec![ToolCall {
+                id: "toolu_1".into(),
+                name: "bash".into(),
+                input: json!({}),
+            }],
+        });
+        req.messages.push(ChatMessage::ToolResult {
+            call_id: "toolu_1".into(),
+            content: "ok".into(),
+            is_error: false,
+        });
+        let b = request_body(&req);
+        assert_eq!(
+            b["messages"][0]["content"], "hi",
+            "only the last message is marked"
+        );
+        assert_eq!(
+            b["messages"][2]["content"][0]["cache_control"],
+            json!({"type": "ephemeral"})
+        );
     }
 
     #[test]
