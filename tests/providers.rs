@@ -726,3 +726,29 @@ async fn anthropic_turn_usage_is_cumulative_and_models_list() {
     let f = p.list_models().await.unwrap_err();
     assert_eq!((f.kind, f.retryable), (FailureKind::Overloaded, true));
 }
+
+#[tokio::test]
+async fn cancelling_a_run_aborts_a_silent_stream_at_once() {
+    let fake = FakeProvider::start().await;
+    fake.script([Reply::stalling("openai/stalls.sse")]);
+    let endpoint = Endpoint {
+        kind: ProviderKind::OpenAi,
+        base_url: Some(format!("{}/v1", fake.url)),
+        key: None,
+    };
+    let slow = ClientOptions {
+        idle_timeout: Duration::from_secs(600),
+        ..options()
+    };
+    let s = vak(connect_with(&endpoint, &slow).unwrap(), "llama").await;
+    let sid = s.create_session().await;
+    let mut sse = s.events(&sid, None).await;
+    s.run(&sid, "hi").await;
+    sse.until("turn_started").await;
+    fake.wait_requests(1).await;
+    let (code, _) = s.post(&format!("/sessions/{sid}/cancel"), json!({})).await;
+    assert!(code < 300);
+    let frames = sse.until("run_finished").await;
+    assert_eq!(finished(&frames)["outcome"], "cancelled");
+    assert_eq!(fake.requests().len(), 1, "a cancelled turn is not retried");
+}
