@@ -35,8 +35,11 @@ impl Default for ClientOptions {
     fn default() -> Self {
         ClientOptions {
             connect_timeout: Duration::from_secs(10),
-            response_timeout: Duration::from_secs(120),
-            idle_timeout: Duration::from_secs(120),
+            // Ollama loads a model before it answers, which can take minutes.
+            response_timeout: Duration::from_secs(300),
+            // OpenAI's reasoning models may be silent while they think (the
+            // SDKs allow a 10-minute request; Codex's stream idle limit is 5).
+            idle_timeout: Duration::from_secs(300),
             max_event_bytes: 4 * 1024 * 1024,
             max_tool_args_bytes: 4 * 1024 * 1024,
         }
