@@ -21,6 +21,9 @@ pub struct Rest {
 impl Rest {
     pub fn new(target: &Target) -> Result<Rest, Failure> {
         let mut builder = reqwest::Client::builder()
+            // The model providers enable reqwest's web PKI roots; a vak
+            // server is trusted only through the PEM named below.
+            .tls_built_in_root_certs(false)
             .connect_timeout(CONNECT_TIMEOUT)
             .read_timeout(READ_TIMEOUT)
             .tcp_keepalive(Duration::from_secs(15));

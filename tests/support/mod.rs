@@ -912,3 +912,38 @@ impl Drop for HoldProxy {
         self.cut();
     }
 }
+
+// ---- a server whose route is a given provider ---------------------------------
+
+impl TestServer {
+    /// A server with fresh home and workspace whose model route is `route`
+    /// (e.g. a real provider client pointed at a fake model service).
+    pub async fn start_with_route(
+        route: vak::core::session::Route,
+        tweak: impl FnOnce(&mut ServeConfig),
+    ) -> TestServer {
+        let home = tempfile::tempdir().unwrap();
+        let ws = tempfile::tempdir().unwrap();
+        let mut cfg = ServeConfig::new(
+            CoreConfig::new(home.path().to_path_buf(), ws.path().to_path_buf()),
+            TOKEN.to_string(),
+        );
+        tweak(&mut cfg);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = Server::with_route(cfg, route).unwrap();
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(server.run(listener, async move {
+            let _ = rx.await;
+        }));
+        TestServer {
+            addr,
+            url: format!("http://{addr}"),
+            home: home.path().to_path_buf(),
+            workspace: ws.path().to_path_buf(),
+            _dirs: Some((home, ws)),
+            shutdown: Some(tx),
+            task: Some(task),
+        }
+    }
+}

@@ -1,6 +1,11 @@
 //! The model seam: one streaming chat turn (system prompt, history, tool definitions in; text, thinking and assembled tool calls out). The agent loop talks to models only through `Provider`.
 
+pub mod anthropic;
+pub mod http;
 pub mod offline;
+pub mod openai;
+
+pub use http::ClientOptions;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -323,14 +328,29 @@ impl std::fmt::Debug for Secret {
     }
 }
 
-/// A provider client for `endpoint`.
+/// A provider client for `endpoint`, with the default timeouts and bounds.
 pub fn connect(endpoint: &Endpoint) -> Result<std::sync::Arc<dyn Provider>, Failure> {
+    connect_with(endpoint, &http::ClientOptions::default())
+}
+
+/// A provider client for `endpoint` with its own timeouts and bounds (each
+/// HTTP provider holds one connection pool).
+pub fn connect_with(
+    endpoint: &Endpoint,
+    options: &http::ClientOptions,
+) -> Result<std::sync::Arc<dyn Provider>, Failure> {
+    let base = endpoint.base_url.as_deref().filter(|b| !b.trim().is_empty());
     match endpoint.kind {
         ProviderKind::Offline => Ok(std::sync::Arc::new(offline::OfflineModel)),
-        ProviderKind::OpenAi | ProviderKind::Anthropic => Err(Failure::new(
-            FailureKind::NotConfigured,
-            format!("the {} provider is not built yet", endpoint.kind.as_str()),
-            false,
-        )),
+        ProviderKind::OpenAi => Ok(std::sync::Arc::new(openai::OpenAi::new(
+            base,
+            endpoint.key.clone(),
+            options.clone(),
+        )?)),
+        ProviderKind::Anthropic => Ok(std::sync::Arc::new(anthropic::Anthropic::new(
+            base,
+            endpoint.key.clone(),
+            options.clone(),
+        )?)),
     }
 }
