@@ -199,9 +199,12 @@ impl Vak {
             .env_remove("VAK_TOKEN")
             .env_remove("VAK_HOME")
             .env_remove("RUST_LOG")
-            // llama.cpp's server asks for no key; a client that wants one gets a dummy.
-            .env("OPENAI_API_KEY", "sk-local-llama")
-            .env("ANTHROPIC_API_KEY", "sk-ant-local-llama")
+            // llama.cpp's server wants no key, and a developer's own key stays out of it.
+            .env_remove("OPENAI_API_KEY")
+            .env_remove("ANTHROPIC_API_KEY")
+            .env_remove("VAK_PROVIDER")
+            .env_remove("VAK_MODEL")
+            .env_remove("VAK_BASE_URL")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
