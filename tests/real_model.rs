@@ -7,7 +7,8 @@
 //! `make test` installs the model and sets VAK_REAL_MODEL_PYTHON; by hand:
 //! `make real-model`, then
 //! `VAK_REAL_MODEL_PYTHON=$PWD/target/real-model-venv/bin/python cargo test --test real_model`.
-//! Without the variable these tests fail (they never skip) and say so.
+//! Without the variable these tests fail (they never skip) and say so. docs/testing.md says
+//! what `make real-model` installs and how tests/real_model/serve.py serves the model.
 
 mod support;
 
@@ -382,6 +383,10 @@ async fn a_real_model_streams_through_vak(provider: impl FnOnce(&str) -> Vec<Str
 
     // vak spoke the provider's own API to the model server.
     let requests = model.requests();
+    eprintln!(
+        "{endpoint}: {} text_delta frames, usage {usage}, requests {requests:?}, answer {streamed:?}",
+        deltas.len()
+    );
     assert!(
         !requests.is_empty() && requests.iter().all(|r| r.starts_with(&format!("{endpoint}:"))),
         "vak posted to {endpoint}: {requests:?}"
