@@ -55,6 +55,7 @@ async fn vak(provider: Arc<dyn Provider>, model: &str) -> TestServer {
     let route = Route {
         provider,
         model: model.to_string(),
+        context_window: None,
     };
     TestServer::start_with_route(route, |c| {
         c.core.permission = PermissionMode::Allow;
