@@ -149,6 +149,10 @@ pub struct ServeArgs {
     /// Model turns one run leg may take before it ends with `max_turns`.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub max_turns: u32,
+    /// The most tokens one model turn may produce (the request's
+    /// max_tokens). Also VAK_MAX_OUTPUT_TOKENS.
+    #[arg(long, env = "VAK_MAX_OUTPUT_TOKENS", default_value_t = 8192, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_output_tokens: u32,
     /// Log lines on stderr: `text` for people, `json` (one object per line)
     /// for machines. RUST_LOG filters them (default `vak=info`).
     #[arg(long, value_enum, default_value = "text")]
@@ -225,6 +229,7 @@ impl ServeArgs {
             PermissionArg::Deny => PermissionMode::Deny,
         };
         core.max_turns = self.max_turns;
+        core.max_output_tokens = self.max_output_tokens;
         if let Some(m) = &self.model {
             config::validate_model(m, "--model")?;
         }
