@@ -283,17 +283,59 @@ async fn openai_401_fails_at_once_without_leaking_the_key_or_the_body() {
     drop(dirs);
 }
 
+const CONTEXT_TOO_LONG: &str = r#"{"error":{"message":"This model's maximum context length is 128000 tokens. However, your messages resulted in 130412 tokens. Please reduce the length of the messages.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#;
+
 #[tokio::test]
-async fn openai_400_context_too_long_fails_without_retry() {
+async fn openai_400_context_too_long_compacts_the_history_once_and_goes_on() {
     let fake = FakeProvider::start().await;
-    let body = r#"{"error":{"message":"This model's maximum context length is 128000 tokens. However, your messages resulted in 130412 tokens. Please reduce the length of the messages.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#;
-    fake.script([Reply::status(400, body)]);
+    // Too long; the summary (text.sse's text); the turn again, which fits now.
+    fake.script([
+        Reply::status(400, CONTEXT_TOO_LONG),
+        Reply::fixture("openai/text.sse"),
+        Reply::fixture("openai/text.sse"),
+    ]);
     let s = vak(openai(&fake), "gpt-4.1").await;
     let (_, frames) = run(&s, "a very long prompt").await;
+    assert_eq!(finished(&frames)["outcome"], "completed");
+    // The summary was not streamed: clients see the answer once.
+    assert_eq!(text_of(&frames), "Hello! How can I help you today?");
+    let reqs = fake.requests();
+    assert_eq!(reqs.len(), 3, "turn, compaction, turn");
+    let last_user = |r: &Value| {
+        r["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|m| m["role"] == "user")
+            .map(|m| m["content"].to_string())
+            .unwrap_or_default()
+    };
+    assert!(
+        last_user(&reqs[1].body).contains("exceed your context window"),
+        "{}",
+        reqs[1].raw
+    );
+    let after = reqs[2].body["messages"].as_array().unwrap();
+    let roles: Vec<&str> = after.iter().map(|m| m["role"].as_str().unwrap()).collect();
+    assert_eq!(
+        roles,
+        ["system", "user"],
+        "the summary stands for the history: {}",
+        reqs[2].raw
+    );
+    assert!(last_user(&reqs[2].body).contains("Hello! How can I help you today?"));
+
+    // When even the compaction does not fit, the run fails with the fixed message.
+    fake.script([
+        Reply::status(400, CONTEXT_TOO_LONG),
+        Reply::status(400, CONTEXT_TOO_LONG),
+    ]);
+    let (_, frames) = run(&s, "another very long prompt").await;
     let fin = finished(&frames);
     assert_eq!(fin["outcome"], "failed");
     assert_eq!(fin["message"], FailureKind::ContextTooLong.message());
-    assert_eq!(fake.requests().len(), 1);
+    assert_eq!(fake.requests().len(), 5, "no retry past the failed compaction");
 }
 
 #[tokio::test]
