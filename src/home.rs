@@ -171,19 +171,28 @@ pub fn stable_token(home: &Path, rotate: bool) -> Result<String> {
         }
     }
     let token = generate_token();
-    let tmp = home.join("token.tmp");
+    write_private_file(home, "token", format!("{token}\n").as_bytes())?;
+    Ok(token)
+}
+
+/// Writes `dir/name` with mode 0600 through a temporary file and a rename, so
+/// a crash leaves the old file or the new one, never half of one.
+pub fn write_private_file(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
+    let path = dir.join(name);
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let err = |e: std::io::Error| Error::internal(format!("cannot write {}: {e}", path.display()));
     let _ = std::fs::remove_file(&tmp);
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .open(&tmp)
-        .map_err(|e| Error::internal(format!("cannot write {}: {e}", tmp.display())))?;
-    f.write_all(format!("{token}\n").as_bytes())?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, &path)
-        .map_err(|e| Error::internal(format!("cannot write {}: {e}", path.display())))?;
-    Ok(token)
+        .map_err(err)?;
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .map_err(err)?;
+    f.write_all(bytes).and_then(|()| f.sync_all()).map_err(err)?;
+    std::fs::rename(&tmp, &path).map_err(err)?;
+    Ok(())
 }
 
 /// 256 random bits as hex.

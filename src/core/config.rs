@@ -367,7 +367,7 @@ fn persist(home: &Path, spec: &RouteSpec) -> Result<()> {
             table.remove("base_url");
         }
     }
-    secrets::write_file(home, "config.toml", doc.to_string().as_bytes())
+    crate::home::write_private_file(home, "config.toml", doc.to_string().as_bytes())
 }
 
 /// Sets `key` to `v`, keeping the comments around an existing value.

@@ -16,8 +16,7 @@ use crate::error::{Error, Result};
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, CHACHA20_POLY1305, NONCE_LEN};
 use ring::rand::{SecureRandom, SystemRandom};
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -138,7 +137,7 @@ fn key_of(dir: &Path, create: bool) -> Result<LessSafeKey> {
             SystemRandom::new()
                 .fill(&mut b)
                 .map_err(|_| Error::internal("no randomness for the key store's master key"))?;
-            write_file(dir, "master.key", &b)?;
+            crate::home::write_private_file(dir, "master.key", &b)?;
             b
         }
         Err(e) => return Err(Error::internal(format!("cannot read {}: {e}", path.display()))),
@@ -193,27 +192,7 @@ fn write(dir: &Path, keys: &BTreeMap<&str, String>) -> Result<()> {
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&nonce);
     out.extend_from_slice(&buf);
-    write_file(dir, "keys.enc", &out)
-}
-
-/// Writes `dir/name` with mode 0600 through a temporary file and a rename, so
-/// a crash leaves the old file or the new one, never half of one.
-pub fn write_file(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
-    let path = dir.join(name);
-    let tmp = dir.join(format!(".{name}.tmp"));
-    let err = |e: std::io::Error| Error::internal(format!("cannot write {}: {e}", path.display()));
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(err)?;
-    f.set_permissions(std::fs::Permissions::from_mode(0o600))
-        .map_err(err)?;
-    f.write_all(bytes).and_then(|()| f.sync_all()).map_err(err)?;
-    std::fs::rename(&tmp, &path).map_err(err)?;
-    Ok(())
+    crate::home::write_private_file(dir, "keys.enc", &out)
 }
 
 #[cfg(test)]

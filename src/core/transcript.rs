@@ -373,38 +373,6 @@ mod tests {
     }
 
     #[test]
-    fn a_retried_turn_is_a_new_message_after_the_interrupted_one() {
-        let mut t = Transcript::default();
-        let evs = [
-            ClientEvent::UserMessage {
-                text: "hi".into(),
-                request_id: "r".into(),
-            },
-            ClientEvent::TurnStarted {
-                request_id: "r".into(),
-            },
-            ClientEvent::TextDelta { text: "Hel".into() },
-            // The stream broke; the agent starts the turn over.
-            ClientEvent::TurnStarted {
-                request_id: "r".into(),
-            },
-            ClientEvent::TextDelta { text: "Hello".into() },
-        ];
-        for (i, e) in evs.iter().enumerate() {
-            t.apply(i as u64 + 1, e);
-        }
-        let texts: Vec<(&str, bool)> = t
-            .messages
-            .iter()
-            .map(|m| (m.text.as_str(), m.interrupted))
-            .collect();
-        assert_eq!(texts, [("hi", false), ("Hel", true), ("Hello", false)]);
-        let chat = t.chat();
-        assert_eq!(chat.len(), 2, "the model sees the retried answer only: {chat:?}");
-        assert!(matches!(&chat[1], ChatMessage::Assistant { text, .. } if text == "Hello"));
-    }
-
-    #[test]
     fn runs_that_did_not_complete_say_how_they_ended() {
         let mut t = Transcript::default();
         let finished = |outcome, message: &str| ClientEvent::RunFinished {
