@@ -1,7 +1,10 @@
-//! The configuration surface end to end: GET/PATCH /config with revisions and persistence, the key store behind PUT/DELETE /config/key, GET /providers and live model listings, config frames on /stream, the same over gRPC, and config.toml at startup of the real binary.
+//! The configuration surface end to end: GET/PATCH /config with revisions and persistence, the key store behind PUT/DELETE /config/key, GET /providers and live model listings, config frames on /stream, the same over gRPC, and config.toml at startup of the real binary. A provider is reached through the real OpenAI/Anthropic clients against a fake model service (tests/support/fake_provider.rs).
 
+#[path = "support/fake_provider.rs"]
+mod fake_provider;
 mod support;
 
+use fake_provider::{fixture, FakeProvider, Reply};
 use serde_json::{json, Value};
 use std::path::Path;
 use std::process::Stdio;
@@ -9,95 +12,28 @@ use std::sync::Arc;
 use support::*;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
-use vak::core::config::Connector;
-use vak::core::provider::{
-    self, Endpoint, Failure, FailureKind, ModelInfo, ModelsFuture, Provider, ProviderError, ProviderKind,
-    Sink, TurnFuture, TurnRequest,
-};
-use vak::edge::server::ServeConfig;
+use vak::core::provider::{ProviderKind, Secret};
 use vak::proto::v1 as pb;
 
 /// A key no test would find by accident.
 const KEY: &str = "sk-vaktest-5f2b9c1e7a3d4b6f8e0a1c2d3e4f5a6b";
+/// Another, for a second provider.
+const ANTHROPIC_KEY: &str = "sk-ant-vaktest-9d8c7b6a5f4e3d2c1b0a9f8e7d6c5b4a";
 
-/// Stands in for the OpenAI/Anthropic clients (built elsewhere): it lists
-/// models by connecting to the base URL's port, so an unreachable one fails
-/// as the real client would, with `network`.
-struct Standin {
-    base_url: Option<String>,
+/// A base URL that is only ever stored, never asked.
+const LOCAL: &str = "http://127.0.0.1:9/v1";
+
+/// A base URL where nothing listens: a port taken, then let go.
+async fn unreachable_url() -> String {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    format!("http://{}/v1", l.local_addr().unwrap())
 }
 
-impl Provider for Standin {
-    fn name(&self) -> &str {
-        "standin"
-    }
-    fn turn<'a>(
-        &'a self,
-        _r: &'a TurnRequest,
-        _s: &'a dyn Sink,
-        _c: &'a tokio_util::sync::CancellationToken,
-    ) -> TurnFuture<'a> {
-        Box::pin(async {
-            Err(ProviderError::Failed(Failure::new(
-                FailureKind::Network,
-                "standin",
-                false,
-            )))
-        })
-    }
-    fn list_models(&self) -> ModelsFuture<'_> {
-        Box::pin(async move {
-            let url = self
-                .base_url
-                .clone()
-                .unwrap_or_else(|| "https://api.invalid".into());
-            let host = url
-                .split("://")
-                .nth(1)
-                .unwrap_or("")
-                .split('/')
-                .next()
-                .unwrap_or("")
-                .to_string();
-            match tokio::net::TcpStream::connect(&host).await {
-                Ok(_) => Ok(vec![ModelInfo {
-                    id: "standin-model".into(),
-                    display_name: "Stand-in".into(),
-                }]),
-                Err(e) => Err(Failure::new(
-                    FailureKind::Network,
-                    format!("connect {host}: {e}"),
-                    true,
-                )),
-            }
-        })
-    }
-}
-
-fn standin() -> Connector {
-    Connector::new(|ep: &Endpoint| match ep.kind {
-        ProviderKind::Offline => provider::connect(ep),
-        _ => Ok(Arc::new(Standin {
-            base_url: ep.base_url.clone(),
-        }) as Arc<dyn Provider>),
-    })
-}
-
-/// Whether `provider::connect` has real OpenAI/Anthropic clients yet (they
-/// are built in parallel): then the tests use them, else the stand-in.
-fn real_clients() -> bool {
-    provider::connect(&Endpoint {
-        kind: ProviderKind::OpenAi,
-        base_url: Some(LOCAL.into()),
-        key: None,
-    })
-    .is_ok()
-}
-
-fn with_standin(cfg: &mut ServeConfig) {
-    if !real_clients() {
-        cfg.core.connector = standin();
-    }
+/// An OpenAI-style 401 that quotes the key back, as api.openai.com does.
+fn refused_key_body(key: &str) -> String {
+    format!(
+        r#"{{"error":{{"message":"Incorrect API key provided: {key}. You can find your API key at https://platform.openai.com/account/api-keys.","type":"invalid_request_error","param":null,"code":"invalid_api_key"}}}}"#
+    )
 }
 
 async fn send(
@@ -121,7 +57,40 @@ async fn patch(s: &TestServer, body: Value) -> (u16, Value) {
     (st, v)
 }
 
-const LOCAL: &str = "http://127.0.0.1:9/v1";
+async fn put_key(s: &TestServer, provider: &str, key: &str) {
+    let (st, v, _) = send(
+        s,
+        reqwest::Method::PUT,
+        "/config/key",
+        Some(json!({"provider": provider, "key": key})),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+}
+
+/// Runs `prompt` on `sid` and returns its frames up to run_finished.
+async fn run_to_end(s: &TestServer, ev: &mut Sse, sid: &str, prompt: &str) -> Vec<Frame> {
+    let (st, v) = s.run(sid, prompt).await;
+    assert_eq!(st, 202, "{v}");
+    ev.until("run_finished").await
+}
+
+#[track_caller]
+fn assert_completed(frames: &[Frame]) {
+    assert_eq!(
+        frames.last().unwrap().body()["outcome"],
+        "completed",
+        "{frames:#?}"
+    );
+}
+
+fn all_text(frames: &[Frame]) -> String {
+    frames
+        .iter()
+        .map(|f| f.data.to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
 
 #[tokio::test]
 async fn get_config_shows_the_default_offline_route() {
@@ -140,7 +109,7 @@ async fn get_config_shows_the_default_offline_route() {
 
 #[tokio::test]
 async fn patch_changes_the_route_keylessly_for_a_local_server_with_revisions() {
-    let s = TestServer::start_with(with_standin).await;
+    let s = TestServer::start().await;
     let r = s.http().get(format!("{}/config", s.url)).send().await.unwrap();
     let etag = r.headers()["etag"].to_str().unwrap().to_string();
     let before: Value = r.json().await.unwrap();
@@ -241,7 +210,7 @@ async fn patch_changes_the_route_keylessly_for_a_local_server_with_revisions() {
 
 #[tokio::test]
 async fn a_patched_route_is_persisted_and_a_restart_starts_on_it() {
-    let s = TestServer::start_with(with_standin).await;
+    let s = TestServer::start().await;
     std::fs::write(
         s.home.join("config.toml"),
         "# my settings\n[server]\ntrusted_hosts = [\"vak.test\"] # keep me\n",
@@ -272,7 +241,7 @@ async fn a_patched_route_is_persisted_and_a_restart_starts_on_it() {
     let revision = v["revision"].clone();
 
     let dirs = s.stop().await.unwrap();
-    let again = TestServer::start_in(dirs.0.path(), dirs.1.path(), with_standin).await;
+    let again = TestServer::start_in(dirs.0.path(), dirs.1.path(), |_| {}).await;
     let (_, v) = again.get("/config").await;
     assert_eq!(v["route"]["provider"], "openai");
     assert_eq!(v["route"]["model"], "qwen");
@@ -282,7 +251,6 @@ async fn a_patched_route_is_persisted_and_a_restart_starts_on_it() {
     // Flags win over the file.
     again.stop().await;
     let flagged = TestServer::start_in(dirs.0.path(), dirs.1.path(), |cfg| {
-        with_standin(cfg);
         cfg.core.route_flags.provider = Some(ProviderKind::Offline);
     })
     .await;
@@ -327,7 +295,7 @@ fn fingerprint(key: &str) -> String {
 
 #[tokio::test]
 async fn a_stored_key_shows_as_a_fingerprint_and_never_as_itself() {
-    let s = TestServer::start_with(with_standin).await;
+    let s = TestServer::start().await;
     let (st, v, _) = send(&s, reqwest::Method::GET, "/providers", None).await;
     assert_eq!(st, 200);
     let names: Vec<_> = v["providers"]
@@ -436,7 +404,7 @@ async fn a_stored_key_shows_as_a_fingerprint_and_never_as_itself() {
     .await;
     assert_eq!(st, 200);
     let dirs = s.stop().await.unwrap();
-    let again = TestServer::start_in(dirs.0.path(), dirs.1.path(), with_standin).await;
+    let again = TestServer::start_in(dirs.0.path(), dirs.1.path(), |_| {}).await;
     let (_, v, _) = send(&again, reqwest::Method::GET, "/providers", None).await;
     assert_eq!(v["providers"][2]["fingerprints"], json!([fingerprint(KEY)]));
     assert_key_in_no_file(&again.home);
@@ -445,18 +413,12 @@ async fn a_stored_key_shows_as_a_fingerprint_and_never_as_itself() {
 
 #[tokio::test]
 async fn environment_keys_win_and_pool_with_stored_ones() {
+    let fake = FakeProvider::start().await;
     let s = TestServer::start_with(|cfg| {
-        with_standin(cfg);
-        cfg.core.env.keys = vec![(ProviderKind::OpenAi, provider::Secret::new("sk-from-env".into()))];
+        cfg.core.env.keys = vec![(ProviderKind::OpenAi, Secret::new("sk-from-env".into()))];
     })
     .await;
-    send(
-        &s,
-        reqwest::Method::PUT,
-        "/config/key",
-        Some(json!({"provider": "openai", "key": KEY})),
-    )
-    .await;
+    put_key(&s, "openai", KEY).await;
     let (_, v, _) = send(&s, reqwest::Method::GET, "/providers", None).await;
     let openai = &v["providers"][1];
     assert_eq!(openai["pool_size"], 2);
@@ -465,6 +427,22 @@ async fn environment_keys_win_and_pool_with_stored_ones() {
         openai["fingerprints"],
         json!([fingerprint("sk-from-env"), fingerprint(KEY)])
     );
+    // The service is asked with the environment's key.
+    let base = format!("{}/v1", fake.url);
+    let (st, v) = patch(
+        &s,
+        json!({"provider": "openai", "model": "gpt-4.1", "base_url": base}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    fake.script([Reply::status(200, &fixture("openai/models.json"))]);
+    let (st, v, _) = send(&s, reqwest::Method::GET, "/providers/openai/models", None).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        fake.requests()[0].header("authorization"),
+        Some("Bearer sk-from-env")
+    );
+
     let (_, v, _) = send(
         &s,
         reqwest::Method::DELETE,
@@ -480,7 +458,8 @@ async fn environment_keys_win_and_pool_with_stored_ones() {
 
 #[tokio::test]
 async fn model_listings_are_live_and_fail_with_a_reason_never_a_fallback() {
-    let s = TestServer::start_with(with_standin).await;
+    let fake = FakeProvider::start().await;
+    let s = TestServer::start().await;
     let (st, v, _) = send(&s, reqwest::Method::GET, "/providers/offline/models", None).await;
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["provider"], "offline");
@@ -496,9 +475,91 @@ async fn model_listings_are_live_and_fail_with_a_reason_never_a_fallback() {
 
     let (st, v, _) = send(&s, reqwest::Method::GET, "/providers/nope/models", None).await;
     assert_eq!(st, 400, "{v}");
+    assert!(fake.requests().is_empty());
+
+    // With a stored key, against the route's service: what it lists, asked
+    // with the key; the answer never holds the key.
+    put_key(&s, "openai", KEY).await;
+    let base = format!("{}/v1", fake.url);
+    let (st, v) = patch(
+        &s,
+        json!({"provider": "openai", "model": "gpt-4.1", "base_url": base}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    fake.script([Reply::status(200, &fixture("openai/models.json"))]);
+    let (st, v, text) = send(&s, reqwest::Method::GET, "/providers/openai/models", None).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["provider"], "openai");
+    assert_eq!(
+        v["models"],
+        json!([
+            {"id": "gpt-4.1", "display_name": "gpt-4.1"},
+            {"id": "gpt-4.1-mini", "display_name": "gpt-4.1-mini"},
+            {"id": "o3", "display_name": "o3"},
+            {"id": "text-embedding-3-small", "display_name": "text-embedding-3-small"},
+        ])
+    );
+    assert!(!text.contains(KEY), "{text}");
+    let reqs = fake.requests();
+    assert_eq!(reqs.len(), 1);
+    assert_eq!(
+        (reqs[0].method.as_str(), reqs[0].path.as_str()),
+        ("GET", "/v1/models")
+    );
+    assert_eq!(
+        reqs[0].header("authorization"),
+        Some(format!("Bearer {KEY}").as_str())
+    );
+
+    // A refused key: 502 with the reason; neither the key nor the service's
+    // body (which quotes it) comes back.
+    fake.script([Reply::status(401, &refused_key_body(KEY))]);
+    let (st, v, text) = send(&s, reqwest::Method::GET, "/providers/openai/models", None).await;
+    assert_eq!(st, 502, "{v}");
+    assert_eq!(v["error"]["code"], "bad_gateway");
+    assert_eq!(v["error"]["reason"], "auth");
+    assert_eq!(v["error"]["message"], "the model service refused the API key");
+    assert!(
+        !text.contains(KEY) && !text.contains("Incorrect API key"),
+        "{text}"
+    );
+    assert_eq!(fake.requests().len(), 2, "a refused listing is not retried");
+
+    // Anthropic: its own wire format, its own key, as x-api-key.
+    put_key(&s, "anthropic", ANTHROPIC_KEY).await;
+    let (st, v) = patch(
+        &s,
+        json!({"provider": "anthropic", "model": "claude-sonnet-4-5", "base_url": fake.url}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    fake.script([Reply::status(200, &fixture("anthropic/models.json"))]);
+    let (st, v, text) = send(&s, reqwest::Method::GET, "/providers/anthropic/models", None).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["provider"], "anthropic");
+    assert_eq!(
+        v["models"],
+        json!([
+            {"id": "claude-sonnet-4-5-20250929", "display_name": "Claude Sonnet 4.5"},
+            {"id": "claude-opus-4-1-20250805", "display_name": "Claude Opus 4.1"},
+            {"id": "claude-3-5-haiku-20241022", "display_name": "Claude Haiku 3.5"},
+        ])
+    );
+    assert!(!text.contains(ANTHROPIC_KEY), "{text}");
+    let r = &fake.requests()[2];
+    assert_eq!((r.method.as_str(), r.path.as_str()), ("GET", "/v1/models"));
+    assert_eq!(r.header("x-api-key"), Some(ANTHROPIC_KEY));
+    assert!(r.header("anthropic-version").is_some());
+    assert_eq!(r.header("authorization"), None);
 
     // Against an unreachable local server: 502 with the reason.
-    patch(&s, json!({"provider": "openai", "model": "m", "base_url": LOCAL})).await;
+    let (st, v) = patch(
+        &s,
+        json!({"provider": "openai", "model": "m", "base_url": unreachable_url().await}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
     let (st, v, _) = send(&s, reqwest::Method::GET, "/providers/openai/models", None).await;
     assert_eq!(st, 502, "{v}");
     assert_eq!(v["error"]["code"], "bad_gateway");
@@ -510,26 +571,67 @@ async fn model_listings_are_live_and_fail_with_a_reason_never_a_fallback() {
             .contains("could not reach"),
         "{v}"
     );
+    assert_eq!(fake.requests().len(), 3);
+    assert_key_in_no_file(&s.home);
+}
 
-    if real_clients() {
-        return;
-    }
-    // A reachable one answers with what it lists.
-    let up = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/v1", up.local_addr().unwrap());
-    let (st, _) = patch(&s, json!({"base_url": url})).await;
-    assert_eq!(st, 200);
-    let (st, v, _) = send(&s, reqwest::Method::GET, "/providers/openai/models", None).await;
+#[tokio::test]
+async fn a_patched_route_is_live_and_carries_the_stored_key_to_the_service_only() {
+    let fake = FakeProvider::start().await;
+    let s = TestServer::start().await;
+    put_key(&s, "openai", KEY).await;
+    let base = format!("{}/v1", fake.url);
+    let (st, v) = patch(
+        &s,
+        json!({"provider": "openai", "model": "gpt-4.1", "base_url": base}),
+    )
+    .await;
     assert_eq!(st, 200, "{v}");
+
+    fake.script([Reply::fixture("openai/text.sse")]);
+    let sid = s.create_session().await;
+    let mut ev = s.events(&sid, None).await;
+    let frames = run_to_end(&s, &mut ev, &sid, "say hello").await;
+    assert_completed(&frames);
+    assert_eq!(text_of(&frames), "Hello! How can I help you today?");
+    let reqs = fake.requests();
+    assert_eq!(reqs.len(), 1);
+    let r = &reqs[0];
     assert_eq!(
-        v["models"],
-        json!([{"id": "standin-model", "display_name": "Stand-in"}])
+        (r.method.as_str(), r.path.as_str()),
+        ("POST", "/v1/chat/completions")
     );
+    assert_eq!(r.header("authorization"), Some(format!("Bearer {KEY}").as_str()));
+    assert_eq!(r.body["model"], "gpt-4.1");
+    assert_eq!(
+        r.body["messages"].as_array().unwrap().last().unwrap(),
+        &json!({"role": "user", "content": "say hello"})
+    );
+    assert!(!all_text(&frames).contains(KEY));
+    let (_, transcript) = s.get(&format!("/sessions/{sid}/transcript")).await;
+    assert!(!transcript.to_string().contains(KEY));
+
+    // A deleted key is no longer sent: the route goes on keyless (a local
+    // server needs none).
+    let (st, v, _) = send(
+        &s,
+        reqwest::Method::DELETE,
+        "/config/key",
+        Some(json!({"provider": "openai"})),
+    )
+    .await;
+    assert_eq!((st, &v["deleted"]), (200, &json!(true)), "{v}");
+    fake.script([Reply::fixture("openai/text.sse")]);
+    let frames = run_to_end(&s, &mut ev, &sid, "again").await;
+    assert_completed(&frames);
+    let reqs = fake.wait_requests(2).await;
+    assert_eq!(reqs[1].header("authorization"), None);
+    assert_key_in_no_file(&s.home);
 }
 
 #[tokio::test]
 async fn stream_clients_that_asked_get_a_config_frame_on_every_route_change() {
-    let s = TestServer::start_with(with_standin).await;
+    let s = TestServer::start().await;
     let sid = s.create_session().await;
     let resp = s
         .http()
@@ -559,7 +661,7 @@ async fn next_config(sse: &mut Sse) -> Value {
 
 #[tokio::test]
 async fn the_same_over_grpc() {
-    let s = TestServer::start_with(with_standin).await;
+    let s = TestServer::start().await;
     let mut c = s.grpc().await;
     let cfg = c.get_config(pb::GetConfigRequest {}).await.unwrap().into_inner();
     let route = cfg.route.clone().unwrap();
@@ -809,6 +911,59 @@ async fn delete_says_whether_the_environment_still_exports_a_key_and_no_log_line
 }
 
 #[tokio::test]
+async fn a_stored_key_reaches_the_service_and_no_log_line() {
+    let fake = FakeProvider::start().await;
+    let home = tempfile::tempdir().unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let v = Running::start(vak_serve(home.path(), ws.path(), &[])).await;
+    let (st, body) = v
+        .call(
+            reqwest::Method::PUT,
+            "/config/key",
+            Some(json!({"provider": "openai", "key": KEY})),
+        )
+        .await;
+    assert_eq!(st, 200, "{body}");
+    let (st, body) = v
+        .call(
+            reqwest::Method::PATCH,
+            "/config",
+            Some(json!({"provider": "openai", "model": "gpt-4.1", "base_url": format!("{}/v1", fake.url)})),
+        )
+        .await;
+    assert_eq!(st, 200, "{body}");
+    fake.script([
+        Reply::status(200, &fixture("openai/models.json")),
+        Reply::status(401, &refused_key_body(KEY)),
+    ]);
+    let (st, body) = v
+        .call(reqwest::Method::GET, "/providers/openai/models", None)
+        .await;
+    assert_eq!(st, 200, "{body}");
+    assert_eq!(body["models"][0]["id"], "gpt-4.1");
+    let (st, body) = v
+        .call(reqwest::Method::GET, "/providers/openai/models", None)
+        .await;
+    assert_eq!((st, &body["error"]["reason"]), (502, &json!("auth")), "{body}");
+    assert!(!body.to_string().contains(KEY), "{body}");
+    for r in fake.requests() {
+        assert_eq!(r.header("authorization"), Some(format!("Bearer {KEY}").as_str()));
+    }
+    let lines = v.stop().await;
+    // The service's refusal is logged, with the key it quoted taken out.
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("Incorrect API key provided: [redacted]")),
+        "{lines:?}"
+    );
+    for l in &lines {
+        assert!(!l.contains(KEY), "a log line holds the key: {l}");
+    }
+    assert_key_in_no_file(home.path());
+}
+
+#[tokio::test]
 async fn config_toml_sections_this_version_ignores_warn_once_and_typos_in_known_ones_stop_startup() {
     let home = tempfile::tempdir().unwrap();
     let ws = tempfile::tempdir().unwrap();
@@ -875,23 +1030,49 @@ async fn a_real_provider_without_a_key_is_a_clear_startup_error() {
 
 #[tokio::test]
 async fn a_running_leg_keeps_its_route_and_the_next_one_takes_the_new_route() {
-    let s = TestServer::start_with(|cfg| {
-        with_standin(cfg);
-        cfg.core.provider_retries = 0;
-    })
+    let (old, new) = (FakeProvider::start().await, FakeProvider::start().await);
+    old.script([Reply::fixture("openai/text.sse")]);
+    new.script([Reply::fixture("anthropic/text.sse")]);
+    // The old service is reached through a proxy that holds the connection
+    // until let through: the leg is surely running when the route changes.
+    let gate = HoldProxy::start(old.addr).await;
+    gate.hold();
+    let s = TestServer::start_with(|cfg| cfg.core.provider_retries = 0).await;
+    let (st, v) = patch(
+        &s,
+        json!({"provider": "openai", "model": "gpt-4.1", "base_url": format!("{}/v1", gate.url)}),
+    )
     .await;
+    assert_eq!(st, 200, "{v}");
     let sid = s.create_session().await;
     let mut ev = s.events(&sid, None).await;
-    let (st, _) = s.run(&sid, "/sleep 400\nstill offline").await;
+    let (st, _) = s.run(&sid, "first").await;
     assert_eq!(st, 202);
     ev.until("turn_started").await;
-    let (st, v) = patch(&s, json!({"provider": "openai", "model": "m", "base_url": LOCAL})).await;
+    let (st, v) = patch(
+        &s,
+        json!({"provider": "anthropic", "model": "claude-sonnet-4-5", "base_url": new.url}),
+    )
+    .await;
     assert_eq!(st, 200, "{v}");
+    gate.release();
     let frames = ev.until("run_finished").await;
-    assert!(text_of(&frames).contains("echo: still offline"), "{frames:?}");
-    assert_eq!(frames.last().unwrap().body()["outcome"], "completed");
-    // The next leg asks the new route (the stand-in fails every turn).
-    s.run(&sid, "hello").await;
-    let frames = ev.until("run_finished").await;
-    assert_eq!(frames.last().unwrap().body()["outcome"], "failed", "{frames:?}");
+    assert_completed(&frames);
+    assert_eq!(text_of(&frames), "Hello! How can I help you today?");
+    let asked = old.wait_requests(1).await;
+    assert_eq!(asked[0].path, "/v1/chat/completions");
+    assert_eq!(asked[0].body["model"], "gpt-4.1");
+    assert!(new.requests().is_empty(), "the running leg kept the old route");
+
+    // The next leg asks the new route.
+    let frames = run_to_end(&s, &mut ev, &sid, "second").await;
+    assert_completed(&frames);
+    assert_eq!(text_of(&frames), "Hello! How can I help you today?");
+    let asked = new.requests();
+    assert_eq!(asked.len(), 1);
+    assert_eq!(
+        (asked[0].path.as_str(), &asked[0].body["model"]),
+        ("/v1/messages", &json!("claude-sonnet-4-5"))
+    );
+    assert_eq!(old.requests().len(), 1);
 }

@@ -130,35 +130,6 @@ impl Environment {
     }
 }
 
-type ConnectFn = dyn Fn(&Endpoint) -> std::result::Result<Arc<dyn Provider>, Failure> + Send + Sync;
-
-/// How a route's client is made: `provider::connect`, or a stand-in a test gives.
-#[derive(Clone)]
-pub struct Connector(Arc<ConnectFn>);
-
-impl Connector {
-    pub fn new(
-        f: impl Fn(&Endpoint) -> std::result::Result<Arc<dyn Provider>, Failure> + Send + Sync + 'static,
-    ) -> Connector {
-        Connector(Arc::new(f))
-    }
-    pub fn connect(&self, endpoint: &Endpoint) -> std::result::Result<Arc<dyn Provider>, Failure> {
-        (self.0)(endpoint)
-    }
-}
-
-impl Default for Connector {
-    fn default() -> Self {
-        Connector::new(provider::connect)
-    }
-}
-
-impl std::fmt::Debug for Connector {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Connector")
-    }
-}
-
 /// A provider name from `origin` (a flag, a variable, a request field). A
 /// refusal echoes the name only when it looks like one (never a pasted key).
 pub fn parse_provider(name: &str, origin: &str) -> Result<ProviderKind> {
@@ -445,7 +416,6 @@ struct Current {
 pub struct Settings {
     home: PathBuf,
     env: Environment,
-    connector: Connector,
     store: SecretStore,
     current: Mutex<Current>,
     /// One route change at a time, from resolution to apply (async: a
@@ -465,7 +435,6 @@ impl Settings {
         Ok(Settings {
             home: cfg.home.clone(),
             env: cfg.env.clone(),
-            connector: cfg.connector.clone(),
             store,
             current: Mutex::new(Current { spec, n: 1 }),
             changing: tokio::sync::Mutex::new(()),
@@ -515,10 +484,7 @@ impl Settings {
             base_url: spec.base_url.clone(),
             key,
         };
-        let provider = self
-            .connector
-            .connect(&endpoint)
-            .map_err(|f| failure_error(spec.provider, f))?;
+        let provider = provider::connect(&endpoint).map_err(|f| failure_error(spec.provider, f))?;
         Ok(Route {
             provider,
             model: spec.model.clone(),
@@ -688,10 +654,7 @@ impl Settings {
             return Err(no_ai_service(kind));
         }
         let endpoint = Endpoint { kind, base_url, key };
-        let client = self
-            .connector
-            .connect(&endpoint)
-            .map_err(|f| failure_error(kind, f))?;
+        let client = provider::connect(&endpoint).map_err(|f| failure_error(kind, f))?;
         match tokio::time::timeout(LIST_MODELS_TIMEOUT, client.list_models()).await {
             Ok(Ok(models)) => Ok(models),
             Ok(Err(f)) => Err(failure_error(kind, f)),

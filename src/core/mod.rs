@@ -77,8 +77,6 @@ pub struct CoreConfig {
     pub route_flags: config::RouteLayer,
     /// The environment's route variables and API keys, captured at startup.
     pub env: config::Environment,
-    /// How route clients are made (`provider::connect` unless a test says otherwise).
-    pub connector: config::Connector,
 }
 
 impl CoreConfig {
@@ -100,7 +98,6 @@ impl CoreConfig {
             temperature: None,
             route_flags: config::RouteLayer::default(),
             env: config::Environment::default(),
-            connector: config::Connector::default(),
         }
     }
 
