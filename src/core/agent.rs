@@ -266,6 +266,10 @@ pub async fn run_leg(session: &Session, input: &Input, cancel: &CancellationToke
     }
 }
 
+fn tool_defs_contain(tool: &str) -> bool {
+    tools::definitions().iter().any(|d| d.name == tool)
+}
+
 /// Publishes tool_call, settles permission, runs the tool and publishes its
 /// tool_result: every call gets exactly one result, also when refused or cancelled.
 async fn call_tool(session: &Session, call: ToolCall, cancel: &CancellationToken) {
@@ -285,7 +289,11 @@ async fn call_tool(session: &Session, call: ToolCall, cancel: &CancellationToken
         input: input.clone(),
     });
     let rt = session.runtime();
-    let permitted: Result<(), String> = if !tools::needs_approval(&tool) {
+    let known = tool_defs_contain(&tool);
+    let permitted: Result<(), String> = if !known {
+        // Nothing to approve: it cannot run.
+        Err(format!("unknown tool {tool}"))
+    } else if !tools::needs_approval(&tool) {
         Ok(())
     } else {
         match rt.cfg.permission {

@@ -77,9 +77,33 @@ pub fn definitions() -> Vec<ToolDef> {
     ]
 }
 
+/// What a tool can do, which is what permission modes decide on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ToolClass {
+    /// Reads the workspace only (read_file, list_dir, glob, grep).
+    Read,
+    /// Changes files in the workspace (write_file, edit_file).
+    Edit,
+    /// Runs programs (bash); also any tool this server does not know.
+    Exec,
+    /// Asks to leave plan mode with a plan (exit_plan_mode).
+    Plan,
+}
+
+/// The class of `tool`; a name this server does not know is `Exec`, the
+/// most guarded.
+pub fn class(tool: &str) -> ToolClass {
+    match tool {
+        "read_file" | "list_dir" | "glob" | "grep" => ToolClass::Read,
+        "write_file" | "edit_file" => ToolClass::Edit,
+        "exit_plan_mode" => ToolClass::Plan,
+        _ => ToolClass::Exec,
+    }
+}
+
 /// Whether `tool` asks the user before it runs (in the default permission mode).
 pub fn needs_approval(tool: &str) -> bool {
-    matches!(tool, "write_file" | "bash")
+    class(tool) != ToolClass::Read
 }
 
 /// A one-line human reason shown with an approval request.
