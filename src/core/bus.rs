@@ -13,6 +13,7 @@
 
 use super::event::Frame;
 use super::ledger::Log;
+use super::replay::{ReplayCache, CHUNK};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -23,9 +24,6 @@ use tokio::sync::Notify;
 /// limit (gRPC's default is 4 MiB) must never be what ends its stream. Past
 /// it the queue fills, is dropped, and its reader resumes from its cursor.
 const MAX_MERGED: usize = 1 << 20;
-
-/// Events read from the log per step of a replay from disk.
-const DISK_CHUNK: usize = 512;
 
 /// Queued payload bytes across every subscriber of the process.
 #[derive(Clone, Debug, Default)]
@@ -92,6 +90,8 @@ struct Shared {
     log: Option<Arc<dyn Log>>,
     inner: Mutex<Inner>,
     subscribed: Notify,
+    /// What replays from disk have read lately, shared by every subscription.
+    replay: ReplayCache,
 }
 
 struct Inner {
@@ -136,6 +136,7 @@ impl Bus {
                 }),
                 cfg,
                 subscribed: Notify::new(),
+                replay: ReplayCache::default(),
             }),
         }
     }
@@ -232,8 +233,20 @@ fn subscribe(shared: &Arc<Shared>, after: Option<u64>) -> Subscription {
         } else {
             n
         };
-        sub.replay
-            .extend(inner.ring.iter().filter(|f| f.seq > from).cloned());
+        if sub.disk.is_none() {
+            // Ring seqs are consecutive (a restore after a corrupt line may
+            // leave a gap: then scan): start at the first one after `from`.
+            let skip = from.saturating_add(1).saturating_sub(first_retained) as usize;
+            match inner.ring.get(skip) {
+                Some(f) if f.seq == from + 1 => sub.replay.extend(inner.ring.range(skip..).cloned()),
+                _ => sub
+                    .replay
+                    .extend(inner.ring.iter().filter(|f| f.seq > from).cloned()),
+            }
+        }
+        // With a replay from disk first, the ring is copied when it is done
+        // (`rejoin`): by then it has moved on, and copying it now, under the
+        // bus lock, for a reader that may lag again would be wasted.
         if sub.resync.is_some() {
             sub.cursor = sub.replay.front().map_or(latest, |f| f.seq - 1);
         }
@@ -443,6 +456,13 @@ impl Subscription {
             }
             if let Some(upto) = self.disk {
                 let out = self.read_disk(upto, max).await;
+                if self.disk.is_none() {
+                    // Past what the log had to serve: the ring and the live
+                    // queue follow, taken now (after a resync it owes).
+                    let resync = self.resync.take();
+                    self.rejoin(self.catching_up);
+                    self.resync = resync.or(self.resync.take());
+                }
                 if !out.is_empty() {
                     return out;
                 }
@@ -514,27 +534,25 @@ impl Subscription {
             return Vec::new();
         };
         let after = self.cursor;
-        let want = max.clamp(1, DISK_CHUNK).min((upto - after) as usize);
-        let read = tokio::task::spawn_blocking(move || log.read_events(after, want)).await;
-        let events = match read {
-            Ok(Ok(events)) => events,
-            Ok(Err(e)) => {
-                tracing::warn!(session = %self.shared.session_id, after, "replay from the ledger failed: {e}");
-                Vec::new()
-            }
+        let chunk = match self
+            .shared
+            .replay
+            .chunk(after / CHUNK, &log, &self.shared.session_id)
+            .await
+        {
+            Ok(chunk) => chunk,
             Err(e) => {
                 tracing::warn!(session = %self.shared.session_id, after, "replay from the ledger failed: {e}");
-                Vec::new()
+                Arc::from(Vec::new())
             }
         };
         let mut out = Vec::new();
-        for (seq, event) in events {
-            if seq > upto || !self.follows(seq) {
+        for frame in chunk.iter().filter(|f| f.seq > after) {
+            if frame.seq > upto || out.len() >= max.max(1) || !self.follows(frame.seq) {
                 break;
             }
-            self.cursor = seq;
-            let frame = Arc::new(Frame::new(seq, self.shared.session_id.clone(), event));
-            self.hand(&mut out, frame);
+            self.cursor = frame.seq;
+            self.hand(&mut out, frame.clone());
         }
         if out.is_empty() && self.resync.is_none() {
             // The log has nothing more up to `upto`: say so, then go on.
@@ -581,9 +599,14 @@ impl Subscription {
 
     /// Replaces a dropped queue with a fresh subscription after the cursor.
     fn resume(&mut self) {
+        self.rejoin(true)
+    }
+
+    /// A fresh subscription after the cursor, in place of this one.
+    fn rejoin(&mut self, catching_up: bool) {
         let mut next = subscribe(&self.shared, Some(self.cursor));
         next.latest_seq = self.latest_seq;
-        next.catching_up = true;
+        next.catching_up = catching_up;
         *self = next;
     }
 }

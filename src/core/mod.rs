@@ -14,6 +14,7 @@ pub mod mux;
 pub mod presentation;
 pub mod prompt;
 pub mod provider;
+pub mod replay;
 pub mod secrets;
 pub mod session;
 pub mod tools;
