@@ -211,44 +211,20 @@ fn subscribe(shared: &Arc<Shared>, after: Option<u64>) -> Subscription {
         latest_seq: latest,
         cursor: after.unwrap_or(latest),
         resync: None,
-        disk: None,
-        replay: VecDeque::new(),
+        retained_upto: latest,
         queue: Arc::new(SubQueue::new(&shared.cfg)),
         catching_up: false,
         done: false,
     };
     if let Some(n) = after {
-        let from = if n > latest {
+        // What is due up to `latest` is read from the ring (or, older, the
+        // log) lazily as the reader asks, never copied here under the lock.
+        if n > latest {
             sub.resync = Some(("cursor_ahead", latest));
-            0
-        } else if n.saturating_add(1) < first_retained {
-            if shared.log.is_some() {
-                // Older than the ring: the log serves (n, first_retained).
-                sub.disk = Some(first_retained - 1);
-                n
-            } else {
-                sub.resync = Some(("cursor_too_old", latest));
-                0
-            }
-        } else {
-            n
-        };
-        if sub.disk.is_none() {
-            // Ring seqs are consecutive (a restore after a corrupt line may
-            // leave a gap: then scan): start at the first one after `from`.
-            let skip = from.saturating_add(1).saturating_sub(first_retained) as usize;
-            match inner.ring.get(skip) {
-                Some(f) if f.seq == from + 1 => sub.replay.extend(inner.ring.range(skip..).cloned()),
-                _ => sub
-                    .replay
-                    .extend(inner.ring.iter().filter(|f| f.seq > from).cloned()),
-            }
-        }
-        // With a replay from disk first, the ring is copied when it is done
-        // (`rejoin`): by then it has moved on, and copying it now, under the
-        // bus lock, for a reader that may lag again would be wasted.
-        if sub.resync.is_some() {
-            sub.cursor = sub.replay.front().map_or(latest, |f| f.seq - 1);
+            sub.cursor = first_retained - 1;
+        } else if n.saturating_add(1) < first_retained && shared.log.is_none() {
+            sub.resync = Some(("cursor_too_old", latest));
+            sub.cursor = first_retained - 1;
         }
     }
     match &inner.closed {
@@ -418,10 +394,9 @@ pub struct Subscription {
     cursor: u64,
     /// A resync due next: (reason, latest seq).
     resync: Option<(&'static str, u64)>,
-    /// Frames up to this seq are still due from the log on disk.
-    disk: Option<u64>,
-    /// Retained frames still due (seq > cursor).
-    replay: VecDeque<Arc<Frame>>,
+    /// Frames up to this seq (the latest when the queue was attached) come
+    /// from the ring or the log; later ones from the queue.
+    retained_upto: u64,
     queue: Arc<SubQueue>,
     /// Resumed after its queue overflowed: replayed deltas merge.
     catching_up: bool,
@@ -454,22 +429,8 @@ impl Subscription {
                     latest_seq,
                 }];
             }
-            if let Some(upto) = self.disk {
-                let out = self.read_disk(upto, max).await;
-                if self.disk.is_none() {
-                    // Past what the log had to serve: the ring and the live
-                    // queue follow, taken now (after a resync it owes).
-                    let resync = self.resync.take();
-                    self.rejoin(self.catching_up);
-                    self.resync = resync.or(self.resync.take());
-                }
-                if !out.is_empty() {
-                    return out;
-                }
-                continue;
-            }
-            if !self.replay.is_empty() {
-                let out = self.take_ring(max);
+            if self.cursor < self.retained_upto {
+                let out = self.take_retained(max).await;
                 if !out.is_empty() {
                     return out;
                 }
@@ -494,43 +455,91 @@ impl Subscription {
         false
     }
 
-    fn take_ring(&mut self, max: usize) -> Vec<Delivery> {
-        let mut out = Vec::new();
-        while out.len() < max {
-            let Some(f) = self.replay.front() else { break };
-            if f.seq <= self.cursor {
-                self.replay.pop_front();
-                continue;
+    /// The next retained frames after the cursor: from the ring while it
+    /// still holds them, else from the log.
+    async fn take_retained(&mut self, max: usize) -> Vec<Delivery> {
+        let upto = self.retained_upto;
+        let from_ring: Result<Vec<Arc<Frame>>, u64> = {
+            let inner = self.shared.lock();
+            match inner.ring.front().map(|f| f.seq) {
+                Some(first) if first <= self.cursor + 1 => {
+                    // Ring seqs are consecutive (a restore after a corrupt
+                    // line may leave a gap: then scan).
+                    let skip = (self.cursor + 1 - first) as usize;
+                    // Catching up merges many frames into few: take a chunk.
+                    let max = if self.catching_up {
+                        max.max(CHUNK as usize)
+                    } else {
+                        max
+                    };
+                    let frames: Vec<Arc<Frame>> = match inner.ring.get(skip) {
+                        Some(f) if f.seq == self.cursor + 1 => {
+                            inner.ring.range(skip..).take(max).cloned().collect()
+                        }
+                        _ => inner
+                            .ring
+                            .iter()
+                            .filter(|f| f.seq > self.cursor)
+                            .take(max)
+                            .cloned()
+                            .collect(),
+                    };
+                    Ok(frames)
+                }
+                Some(first) => Err(first - 1),
+                None => Err(upto),
             }
-            if !self.follows(f.seq) {
+        };
+        let frames = match from_ring {
+            Ok(frames) => frames,
+            Err(older) => return self.read_disk(older.min(upto), max).await,
+        };
+        let mut out = Vec::new();
+        for f in &frames {
+            if !self.accept(&mut out, f, upto, max) {
                 break;
             }
-            let f = self.replay.pop_front().expect("front was Some");
-            self.cursor = f.seq;
-            self.hand(&mut out, f);
+        }
+        if out.is_empty() && self.resync.is_none() {
+            // The ring has nothing more up to `upto` (it cannot lose what it
+            // holds, so only a gap does this): say so, go on live.
+            self.resync = Some(("history_unavailable", self.shared.lock().latest));
+            self.cursor = upto;
         }
         out
     }
 
-    /// Adds a replayed frame to `out`. A subscription catching up after its
-    /// queue overflowed merges consecutive deltas as its queue would have
-    /// (up to `MAX_MERGED`), so a slow reader catches up in few frames; a
-    /// replay a client asked for hands every frame as it was published.
-    fn hand(&self, out: &mut Vec<Delivery>, f: Arc<Frame>) {
+    /// Adds retained frame `f` to `out` if it is due and there is room;
+    /// false when the replay stops here for now. A subscription catching up
+    /// after its queue overflowed merges consecutive deltas as its queue
+    /// would have (up to `MAX_MERGED`), so a slow reader catches up in few
+    /// frames; a replay a client asked for hands every frame as published.
+    fn accept(&mut self, out: &mut Vec<Delivery>, f: &Arc<Frame>, upto: u64, max: usize) -> bool {
+        if f.seq > upto || !self.follows(f.seq) {
+            return false;
+        }
         if self.catching_up {
             if let Some(Delivery::Frame(tail)) = out.last_mut() {
-                if merge_into(tail, &f) {
-                    return;
+                if merge_into(tail, f) {
+                    self.cursor = f.seq;
+                    return true;
                 }
             }
         }
-        out.push(Delivery::Frame(f));
+        if out.len() >= max {
+            return false;
+        }
+        self.cursor = f.seq;
+        out.push(Delivery::Frame(f.clone()));
+        true
     }
 
     /// The next chunk of a replay from disk, read off the runtime.
     async fn read_disk(&mut self, upto: u64, max: usize) -> Vec<Delivery> {
         let Some(log) = self.shared.log.clone() else {
-            self.disk = None;
+            // Rotated out of the ring and no log to read it from.
+            self.resync = Some(("history_unavailable", self.shared.lock().latest));
+            self.cursor = upto;
             return Vec::new();
         };
         let after = self.cursor;
@@ -548,19 +557,14 @@ impl Subscription {
         };
         let mut out = Vec::new();
         for frame in chunk.iter().filter(|f| f.seq > after) {
-            if frame.seq > upto || out.len() >= max.max(1) || !self.follows(frame.seq) {
+            if !self.accept(&mut out, frame, upto, max) {
                 break;
             }
-            self.cursor = frame.seq;
-            self.hand(&mut out, frame.clone());
         }
         if out.is_empty() && self.resync.is_none() {
             // The log has nothing more up to `upto`: say so, then go on.
             self.resync = Some(("history_unavailable", self.shared.lock().latest));
             self.cursor = upto;
-        }
-        if self.cursor >= upto {
-            self.disk = None;
         }
         out
     }
@@ -599,14 +603,9 @@ impl Subscription {
 
     /// Replaces a dropped queue with a fresh subscription after the cursor.
     fn resume(&mut self) {
-        self.rejoin(true)
-    }
-
-    /// A fresh subscription after the cursor, in place of this one.
-    fn rejoin(&mut self, catching_up: bool) {
         let mut next = subscribe(&self.shared, Some(self.cursor));
         next.latest_seq = self.latest_seq;
-        next.catching_up = catching_up;
+        next.catching_up = true;
         *self = next;
     }
 }
