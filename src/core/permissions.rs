@@ -47,6 +47,11 @@ impl PermissionMode {
 
     /// A mode by its name (what `SetMode` takes); anything else is a clear error.
     pub fn parse(name: &str) -> Result<PermissionMode> {
+        if name.is_empty() {
+            return Err(Error::invalid(
+                "mode is required: one of default, accept-edits, plan, bypass",
+            ));
+        }
         MODES.into_iter().find(|m| m.as_str() == name).ok_or_else(|| {
             Error::invalid(format!(
                 "unknown permission mode {}: expected one of default, accept-edits, plan, bypass",
@@ -156,6 +161,10 @@ mod tests {
                 .contains("expected one of default, accept-edits, plan, bypass"),
             "{e:?}"
         );
+        assert!(PermissionMode::parse("")
+            .unwrap_err()
+            .message
+            .starts_with("mode is required"));
         assert!(PermissionMode::parse_plan_exit("plan").is_err());
         assert!(PermissionMode::parse_plan_exit("bypass").is_err());
         assert_eq!(
