@@ -336,16 +336,15 @@ async fn call_tool(session: &Session, call: ToolCall, cancel: &CancellationToken
                 input: input.clone(),
                 call_id: call_id.clone(),
             });
-            let denied = |a: &Answer| match (a.reason.is_empty(), class) {
-                (true, ToolClass::Plan) => "denied by the user (the session stays in plan mode)".to_string(),
-                (false, ToolClass::Plan) => {
-                    format!(
-                        "denied by the user: {} (the session stays in plan mode)",
-                        a.reason
-                    )
+            let denied = |a: &Answer| {
+                let mut why = String::from("denied by the user");
+                if !a.reason.is_empty() {
+                    why = format!("{why}: {}", a.reason);
                 }
-                (true, _) => "denied by the user".into(),
-                (false, _) => format!("denied by the user: {}", a.reason),
+                if class == ToolClass::Plan {
+                    why.push_str(" (the session stays in plan mode)");
+                }
+                why
             };
             tokio::select! {
                 a = answer => match a {
