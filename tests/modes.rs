@@ -408,13 +408,22 @@ async fn get_config_and_config_frames_follow_the_mode() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
-    // An approved plan changes the mode too, and says so on the stream.
+    // An approved plan (here over gRPC) changes the mode too, and says so
+    // on the stream.
     assert_eq!(set_mode(&s, "plan").await.0, 200);
     assert_eq!(next_config(&mut stream).await, "plan");
     let (sid, _sse, ask) = plan_asked(&s, "/plan p").await;
-    let rid = ask["request_id"].as_str().unwrap();
-    let body = json!({"approve": true, "mode": "accept-edits"});
-    assert_eq!(answer(&s, &sid, rid, body).await.0, 200);
+    let approve = |mode: &str| pb::ApproveRequest {
+        session_id: sid.clone(),
+        request_id: ask["request_id"].as_str().unwrap().into(),
+        approve: Some(true),
+        reason: String::new(),
+        mode: Some(mode.into()),
+    };
+    let e = grpc.approve(approve("plan")).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    let r = grpc.approve(approve("accept-edits")).await.unwrap().into_inner();
+    assert_eq!(r.outcome, "approved");
     assert_eq!(next_config(&mut stream).await, "accept-edits");
     assert_eq!(mode_of(&s).await, "accept-edits");
 }
