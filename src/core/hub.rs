@@ -174,8 +174,8 @@ impl Hub {
 
     /// Switches the permission mode. A change denies every pending approval
     /// and cancels every run of every loaded session, and returns once those
-    /// runs have settled (their run_finished published; bounded by
-    /// `MODE_CHANGE_GRACE`); the same mode changes nothing. `bypass` needs a
+    /// runs have settled and what they published is visible (all together
+    /// bounded by `MODE_CHANGE_GRACE`); the same mode changes nothing. `bypass` needs a
     /// server that allows it.
     pub async fn set_mode(&self, mode: PermissionMode) -> Result<ModeChange> {
         mode.check(self.rt.bypass_allowed())?;
@@ -191,10 +191,15 @@ impl Hub {
                 cancelled_runs += usize::from(cancelled);
                 denied_approvals += denied;
             }
+            // One deadline for all of them: the answer waits at most the grace.
+            let deadline = tokio::time::Instant::now() + MODE_CHANGE_GRACE;
             for s in &sessions {
-                s.settled(MODE_CHANGE_GRACE).await;
-                // Visible (durable, on every stream) before the answer.
-                let _ = tokio::time::timeout(MODE_CHANGE_GRACE, s.flush()).await;
+                let settled = async {
+                    s.settled().await;
+                    // Visible (durable, on every stream) before the answer.
+                    let _ = s.flush().await;
+                };
+                let _ = tokio::time::timeout_at(deadline, settled).await;
             }
         }
         Ok(ModeChange {

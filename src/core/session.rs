@@ -659,10 +659,10 @@ impl Session {
         (self.cancel().cancelled, denied)
     }
 
-    /// Waits, at most `grace`, until no run is in flight (its run_finished published).
-    pub async fn settled(&self, grace: Duration) {
+    /// Resolves once no run is in flight (its run_finished published).
+    pub async fn settled(&self) {
         let mut busy = self.busy.subscribe();
-        let _ = tokio::time::timeout(grace, busy.wait_for(|b| !*b)).await;
+        let _ = busy.wait_for(|b| !*b).await;
     }
 
     /// Refuses new input, cancels what runs, waits (bounded) for the chain
