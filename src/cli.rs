@@ -29,11 +29,17 @@ pub enum Command {
     Term(crate::term::TermArgs),
 }
 
+/// `--permission-mode`; `ask`, `allow` and `deny`, its values before modes
+/// existed, are aliases of `default`, `bypass` and `plan`.
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum PermissionArg {
-    Ask,
-    Allow,
-    Deny,
+    #[value(alias = "ask")]
+    Default,
+    AcceptEdits,
+    #[value(alias = "deny")]
+    Plan,
+    #[value(alias = "allow")]
+    Bypass,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -130,9 +136,16 @@ pub struct ServeArgs {
     /// (MiB); a subscriber past it resumes from its cursor instead of growing.
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..=65_536))]
     pub max_queued_mib: u64,
-    /// What tools that need permission (write_file, bash) do.
-    #[arg(long, value_enum, default_value = "ask")]
+    /// The permission mode the server starts in: default (edits and
+    /// commands ask), accept-edits (commands ask), plan (read-only tools
+    /// only) or bypass (nothing asks; needs --allow-bypass). Clients change it
+    /// with POST /config/mode.
+    #[arg(long, value_enum, default_value = "default")]
     pub permission_mode: PermissionArg,
+    /// Allow the bypass mode, at startup and through the API: the model then
+    /// runs any command without asking.
+    #[arg(long)]
+    pub allow_bypass: bool,
     /// The model provider: offline (the embedded echo model), openai (also
     /// any OpenAI-compatible server by --base-url) or anthropic. Also
     /// VAK_PROVIDER and `[model] provider` in config.toml.
@@ -224,10 +237,19 @@ impl ServeArgs {
         core.unload_idle_after = std::time::Duration::from_secs(self.unload_idle_after);
         core.bus.max_total_queued_bytes = (self.max_queued_mib as usize) << 20;
         core.permission = match self.permission_mode {
-            PermissionArg::Ask => PermissionMode::Ask,
-            PermissionArg::Allow => PermissionMode::Allow,
-            PermissionArg::Deny => PermissionMode::Deny,
+            PermissionArg::Default => PermissionMode::Default,
+            PermissionArg::AcceptEdits => PermissionMode::AcceptEdits,
+            PermissionArg::Plan => PermissionMode::Plan,
+            PermissionArg::Bypass => PermissionMode::Bypass,
         };
+        core.permission.check(self.allow_bypass).map_err(|e| {
+            Error::invalid(format!(
+                "--permission-mode {}: {}",
+                core.permission.as_str(),
+                e.message
+            ))
+        })?;
+        core.allow_bypass = self.allow_bypass;
         core.max_turns = self.max_turns;
         core.max_output_tokens = self.max_output_tokens;
         if let Some(m) = &self.model {

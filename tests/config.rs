@@ -102,7 +102,7 @@ async fn get_config_shows_the_default_offline_route() {
     assert_eq!(v["route"]["source"], "default");
     assert_eq!(v["route"]["label"], "Offline echo model");
     assert!(v["route"].get("base_url").is_none(), "{v}");
-    assert_eq!(v["permission_mode"], "ask");
+    assert_eq!(v["permission_mode"], "default");
     assert_eq!(v["max_turns"], 50);
     assert!(!v["revision"].as_str().unwrap().is_empty());
 }

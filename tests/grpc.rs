@@ -31,6 +31,7 @@ fn approve_req(sid: &str, rid: &str, approve: Option<bool>) -> pb::ApproveReques
         request_id: rid.into(),
         approve,
         reason: String::new(),
+        mode: None,
     }
 }
 

@@ -42,7 +42,7 @@ impl ServerChild {
         let (home, ws) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_vak"))
             .args(["serve", "--listen", "127.0.0.1:0", "--token", TOKEN])
-            .args(["--permission-mode", permission_mode, "--home"])
+            .args(["--permission-mode", permission_mode, "--allow-bypass", "--home"])
             .arg(home.path())
             .arg("--workspace")
             .arg(ws.path())

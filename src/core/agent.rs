@@ -1,11 +1,14 @@
 //! The agent loop: one leg of a turn chain. It asks the provider for a turn, runs the tools it calls (through approvals when needed), and repeats until the model answers without tools or the max-turns cap.
 
+use super::approvals::Answer;
 use super::deltas::{Deltas, FREE};
 use super::event::{AgentEvent, ClientEvent, Compaction, RunOutcome};
+use super::permissions::{self, Decision};
 use super::provider::{
     ChatMessage, Failure, FailureKind, ProviderError, ProviderEvent, Sink, ToolCall, ToolDef, TurnRequest,
 };
 use super::session::{Input, Route, Session};
+use super::tools::ToolClass;
 use super::{prompt, tools, PermissionMode};
 use std::future::Future;
 use std::pin::Pin;
@@ -266,6 +269,22 @@ pub async fn run_leg(session: &Session, input: &Input, cancel: &CancellationToke
     }
 }
 
+/// The most a plan may hold.
+pub const MAX_PLAN_BYTES: usize = 64 * 1024;
+
+/// Checks exit_plan_mode's input: a plan that is not blank and at most `MAX_PLAN_BYTES`.
+fn plan_of(input: &serde_json::Value) -> Result<(), String> {
+    match input.get("plan").and_then(serde_json::Value::as_str) {
+        None => Err("exit_plan_mode needs a string `plan`".into()),
+        Some(p) if p.trim().is_empty() => Err("exit_plan_mode needs a plan that is not empty".into()),
+        Some(p) if p.len() > MAX_PLAN_BYTES => Err(format!(
+            "the plan is {} bytes; at most {MAX_PLAN_BYTES} are accepted: shorten it",
+            p.len()
+        )),
+        Some(_) => Ok(()),
+    }
+}
+
 fn tool_defs_contain(tool: &str) -> bool {
     tools::definitions().iter().any(|d| d.name == tool)
 }
@@ -289,43 +308,71 @@ async fn call_tool(session: &Session, call: ToolCall, cancel: &CancellationToken
         input: input.clone(),
     });
     let rt = session.runtime();
-    let known = tool_defs_contain(&tool);
-    let permitted: Result<(), String> = if !known {
-        // Nothing to approve: it cannot run.
-        Err(format!("unknown tool {tool}"))
-    } else if !tools::needs_approval(&tool) {
-        Ok(())
+    let class = tools::class(&tool);
+    let decision = if tool_defs_contain(&tool) {
+        permissions::decide(rt.mode(), class)
     } else {
-        match rt.cfg.permission {
-            PermissionMode::Allow => Ok(()),
-            PermissionMode::Deny => Err("denied: the server's permission mode refuses this tool".into()),
-            PermissionMode::Ask => {
-                let request_id = format!("ap_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-                let answer = session.approvals().register(&request_id);
-                session.publish(ClientEvent::ApprovalRequested {
-                    request_id: request_id.clone(),
-                    tool: tool.clone(),
-                    reason: tools::approval_reason(&tool, &input),
-                    input: input.clone(),
-                    call_id: call_id.clone(),
-                });
-                tokio::select! {
-                    a = answer => match a {
-                        Ok(a) if a.approve => Ok(()),
-                        Ok(a) if a.reason.is_empty() => Err("denied by the user".into()),
-                        Ok(a) => Err(format!("denied by the user: {}", a.reason)),
-                        Err(_) => Err("the approval expired".into()),
-                    },
-                    _ = cancel.cancelled() => {
-                        session.approvals().expire_all("the run was cancelled", |e| session.publish(e));
-                        Err(CANCELLED.into())
-                    }
+        // Nothing to approve: it cannot run.
+        Decision::Refuse(format!("unknown tool {tool}"))
+    };
+    let decision = match (decision, class) {
+        // A plan must be there before anyone is asked to approve it.
+        (Decision::Ask, ToolClass::Plan) => match plan_of(&input) {
+            Ok(()) => Decision::Ask,
+            Err(why) => Decision::Refuse(why),
+        },
+        (d, _) => d,
+    };
+    let permitted: Result<Option<Answer>, String> = match decision {
+        Decision::Run => Ok(None),
+        Decision::Refuse(why) => Err(why),
+        Decision::Ask => {
+            let request_id = format!("ap_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+            let answer = session.approvals().register(&request_id, &tool);
+            session.publish(ClientEvent::ApprovalRequested {
+                request_id: request_id.clone(),
+                tool: tool.clone(),
+                reason: tools::approval_reason(&tool, &input),
+                input: input.clone(),
+                call_id: call_id.clone(),
+            });
+            let denied = |a: &Answer| {
+                let mut why = String::from("denied by the user");
+                if !a.reason.is_empty() {
+                    why = format!("{why}: {}", a.reason);
+                }
+                if class == ToolClass::Plan {
+                    why.push_str(" (the session stays in plan mode)");
+                }
+                why
+            };
+            tokio::select! {
+                a = answer => match a {
+                    Ok(a) if a.approve => Ok(Some(a)),
+                    Ok(a) => Err(denied(&a)),
+                    Err(_) => Err("the approval expired".into()),
+                },
+                _ = cancel.cancelled() => {
+                    session.approvals().expire_all("the run was cancelled", |e| session.publish(e));
+                    Err(CANCELLED.into())
                 }
             }
         }
     };
     let result = match permitted {
-        Ok(()) => tools::run(&rt.cfg.workspace, &tool, &input, cancel).await,
+        // The approval itself was the work: the session left plan mode
+        // when it was answered.
+        Ok(approved) if class == ToolClass::Plan => tools::ToolOutput {
+            ok: true,
+            output: format!(
+                "the user approved the plan; the permission mode is now {}: carry out the plan",
+                approved
+                    .and_then(|a| a.mode)
+                    .unwrap_or(PermissionMode::Default)
+                    .as_str()
+            ),
+        },
+        Ok(_) => tools::run(&rt.cfg.workspace, &tool, &input, cancel).await,
         Err(why) => tools::ToolOutput {
             ok: false,
             output: why,

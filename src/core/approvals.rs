@@ -1,6 +1,7 @@
 //! Pending approvals: each tool call that needs permission parks on a oneshot until exactly one answer, or expiry, settles it.
 
 use super::event::{ApprovalOutcome, ClientEvent};
+use super::PermissionMode;
 use crate::error::{Error, Result};
 use std::collections::{HashMap, VecDeque};
 
@@ -15,6 +16,27 @@ use tokio::sync::oneshot;
 pub struct Answer {
     pub approve: bool,
     pub reason: String,
+    /// For an approved `exit_plan_mode`: the mode to leave plan mode for
+    /// (`accept-edits` or `default`; None: `default`).
+    pub mode: Option<PermissionMode>,
+}
+
+impl Answer {
+    pub fn new(approve: bool, reason: impl Into<String>) -> Answer {
+        Answer {
+            approve,
+            reason: reason.into(),
+            mode: None,
+        }
+    }
+}
+
+/// The tool whose approval carries a plan, and may carry a mode.
+pub const PLAN_TOOL: &str = "exit_plan_mode";
+
+struct Pending {
+    tx: oneshot::Sender<Answer>,
+    tool: String,
 }
 
 #[derive(Default)]
@@ -24,7 +46,7 @@ pub struct Approvals {
 
 #[derive(Default)]
 struct Inner {
-    pending: HashMap<String, oneshot::Sender<Answer>>,
+    pending: HashMap<String, Pending>,
     settled: HashMap<String, ApprovalOutcome>,
     /// Settlement order, to forget the oldest past `REMEMBERED_SETTLED`.
     order: VecDeque<String>,
@@ -48,10 +70,16 @@ impl Approvals {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Parks a new request; the receiver yields the answer.
-    pub fn register(&self, request_id: &str) -> oneshot::Receiver<Answer> {
+    /// Parks a new request for a call of `tool`; the receiver yields the answer.
+    pub fn register(&self, request_id: &str, tool: &str) -> oneshot::Receiver<Answer> {
         let (tx, rx) = oneshot::channel();
-        self.lock().pending.insert(request_id.to_string(), tx);
+        self.lock().pending.insert(
+            request_id.to_string(),
+            Pending {
+                tx,
+                tool: tool.to_string(),
+            },
+        );
         rx
     }
 
@@ -60,18 +88,21 @@ impl Approvals {
         self.lock().settle(request_id, outcome);
     }
 
-    /// Settles `request_id` with `answer`. `publish` runs under the lock, so
-    /// the approval_resolved event is published exactly once and before the
-    /// waiting tool call resumes. NotFound for an id never issued, Conflict
-    /// for one already answered or expired.
+    /// Settles `request_id` with `answer`. `settle` runs under the lock with
+    /// the request's tool, the answer and its approval_resolved event, so the
+    /// event is published exactly once and whatever the answer changes (a plan's
+    /// mode) is in effect before the waiting tool call resumes. NotFound for an
+    /// id never issued, Conflict for one already answered or expired, and
+    /// InvalidArgument, leaving it pending, for a `mode` on anything but an
+    /// approved exit_plan_mode.
     pub fn answer(
         &self,
         request_id: &str,
         answer: Answer,
-        publish: impl FnOnce(ClientEvent),
+        settle: impl FnOnce(&str, &Answer, ClientEvent),
     ) -> Result<ApprovalOutcome> {
         let mut inner = self.lock();
-        let Some(tx) = inner.pending.remove(request_id) else {
+        let Some(pending) = inner.pending.get(request_id) else {
             return Err(match inner.settled.get(request_id) {
                 Some(o) => Error::conflict(format!(
                     "approval {request_id} is already settled ({})",
@@ -80,19 +111,56 @@ impl Approvals {
                 None => Error::not_found(format!("no approval request {request_id}")),
             });
         };
+        if answer.mode.is_some() {
+            if pending.tool != PLAN_TOOL {
+                return Err(Error::invalid(format!(
+                    "mode answers only an {PLAN_TOOL} approval; {request_id} is for {}",
+                    pending.tool
+                )));
+            }
+            if !answer.approve {
+                return Err(Error::invalid(
+                    "mode goes with approve: true (denying keeps plan mode)",
+                ));
+            }
+        }
+        let Some(Pending { tx, tool }) = inner.pending.remove(request_id) else {
+            return Err(Error::internal("an approval vanished under its lock"));
+        };
         let outcome = if answer.approve {
             ApprovalOutcome::Approved
         } else {
             ApprovalOutcome::Denied
         };
         inner.settle(request_id, outcome);
-        publish(ClientEvent::ApprovalResolved {
+        let event = ClientEvent::ApprovalResolved {
             request_id: request_id.to_string(),
             outcome,
             reason: answer.reason.clone(),
-        });
+        };
+        settle(&tool, &answer, event);
         let _ = tx.send(answer);
         Ok(outcome)
+    }
+
+    /// Denies every pending request with `reason` (the permission mode
+    /// changed); how many there were.
+    pub fn deny_all(&self, reason: &str, mut publish: impl FnMut(ClientEvent)) -> usize {
+        let mut inner = self.lock();
+        let ids: Vec<String> = inner.pending.keys().cloned().collect();
+        for id in &ids {
+            let Some(pending) = inner.pending.remove(id) else {
+                continue;
+            };
+            inner.settle(id, ApprovalOutcome::Denied);
+            publish(ClientEvent::ApprovalResolved {
+                request_id: id.clone(),
+                outcome: ApprovalOutcome::Denied,
+                reason: reason.to_string(),
+            });
+            let _ = pending.tx.send(Answer::new(false, reason));
+        }
+        ids.len()
     }
 
     /// Expires every pending request (its run ended or was cancelled).
@@ -133,25 +201,26 @@ mod tests {
     #[test]
     fn an_approval_settles_exactly_once() {
         let a = Approvals::default();
-        let mut rx = a.register("ap1");
+        let mut rx = a.register("ap1", "write_file");
         let mut published = Vec::new();
-        let yes = Answer {
-            approve: true,
-            reason: String::new(),
-        };
+        let yes = Answer::new(true, "");
         assert_eq!(
-            a.answer("ap1", yes.clone(), |e| published.push(e)).unwrap(),
+            a.answer("ap1", yes.clone(), |_, _, e| published.push(e)).unwrap(),
             ApprovalOutcome::Approved
         );
         assert!(rx.try_recv().unwrap().approve);
         assert_eq!(published.len(), 1);
-        let again = a.answer("ap1", yes.clone(), |e| published.push(e)).unwrap_err();
+        let again = a
+            .answer("ap1", yes.clone(), |_, _, e| published.push(e))
+            .unwrap_err();
         assert_eq!(again.kind, crate::error::ErrorKind::Conflict);
-        let unknown = a.answer("nope", yes.clone(), |e| published.push(e)).unwrap_err();
+        let unknown = a
+            .answer("nope", yes.clone(), |_, _, e| published.push(e))
+            .unwrap_err();
         assert_eq!(unknown.kind, crate::error::ErrorKind::NotFound);
         assert_eq!(published.len(), 1);
 
-        let _rx2 = a.register("ap2");
+        let _rx2 = a.register("ap2", "bash");
         a.expire_all("run ended", |e| published.push(e));
         assert!(matches!(
             &published[1],
@@ -160,7 +229,49 @@ mod tests {
                 ..
             }
         ));
-        let late = a.answer("ap2", yes, |e| published.push(e)).unwrap_err();
+        let late = a.answer("ap2", yes, |_, _, e| published.push(e)).unwrap_err();
         assert_eq!(late.kind, crate::error::ErrorKind::Conflict);
+    }
+
+    #[test]
+    fn a_mode_answers_only_an_approved_plan_and_a_refused_one_stays_pending() {
+        let a = Approvals::default();
+        let mut write = a.register("ap1", "write_file");
+        let mut plan = a.register("ap2", PLAN_TOOL);
+        let with_mode = |approve| Answer {
+            mode: Some(PermissionMode::AcceptEdits),
+            ..Answer::new(approve, "")
+        };
+        let mut published = Vec::new();
+        for (id, answer) in [("ap1", with_mode(true)), ("ap2", with_mode(false))] {
+            let e = a.answer(id, answer, |_, _, e| published.push(e)).unwrap_err();
+            assert_eq!(e.kind, crate::error::ErrorKind::InvalidArgument, "{e:?}");
+        }
+        assert!(published.is_empty());
+        assert!(
+            write.try_recv().is_err() && plan.try_recv().is_err(),
+            "both still pending"
+        );
+        let mut seen = None;
+        a.answer("ap2", with_mode(true), |tool, answer, _| {
+            seen = Some((tool.to_string(), answer.mode))
+        })
+        .unwrap();
+        assert_eq!(
+            seen,
+            Some((PLAN_TOOL.to_string(), Some(PermissionMode::AcceptEdits)))
+        );
+        assert_eq!(plan.try_recv().unwrap().mode, Some(PermissionMode::AcceptEdits));
+        // A mode change denies what is left, with its reason.
+        assert_eq!(a.deny_all("the mode changed", |e| published.push(e)), 1);
+        let denied = write.try_recv().unwrap();
+        assert!(!denied.approve && denied.reason == "the mode changed");
+        assert!(matches!(
+            &published[..],
+            [ClientEvent::ApprovalResolved {
+                outcome: ApprovalOutcome::Denied,
+                ..
+            }]
+        ));
     }
 }

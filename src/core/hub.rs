@@ -40,7 +40,22 @@ pub struct Hub {
     closing: CancellationToken,
     /// The model route's description and revision, keys, config.toml.
     settings: Settings,
+    /// One permission mode change at a time, from switch to settled runs.
+    mode_change: tokio::sync::Mutex<()>,
 }
+
+/// What a permission mode change did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModeChange {
+    pub config: ConfigInfo,
+    /// False when the mode was already the one asked for (nothing happened).
+    pub changed: bool,
+    pub cancelled_runs: usize,
+    pub denied_approvals: usize,
+}
+
+/// How long a mode change waits for the runs it cancelled to settle.
+const MODE_CHANGE_GRACE: Duration = Duration::from_secs(10);
 
 /// What host frames describe.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -122,6 +137,7 @@ impl Hub {
             streams: Mutex::new(HashMap::new()),
             closing: CancellationToken::new(),
             settings,
+            mode_change: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -156,6 +172,49 @@ impl Hub {
             .await
     }
 
+    /// Switches the permission mode. A change denies every pending approval
+    /// and cancels every run of every loaded session, and returns once those
+    /// runs have settled and what they published is visible (all together
+    /// bounded by `MODE_CHANGE_GRACE`); the same mode changes nothing. `bypass` needs a
+    /// server that allows it.
+    pub async fn set_mode(&self, mode: PermissionMode) -> Result<ModeChange> {
+        mode.check(self.rt.bypass_allowed())?;
+        let _one = self.mode_change.lock().await;
+        let changed = self.rt.set_mode(mode);
+        let (mut cancelled_runs, mut denied_approvals) = (0, 0);
+        if changed {
+            tracing::info!(mode = mode.as_str(), "permission mode changed");
+            let reason = format!("the permission mode changed to {}", mode.as_str());
+            let sessions = self.live();
+            for s in &sessions {
+                let (cancelled, denied) = s.interrupt(&reason);
+                cancelled_runs += usize::from(cancelled);
+                denied_approvals += denied;
+            }
+            // One deadline for all of them: the answer waits at most the grace.
+            let deadline = tokio::time::Instant::now() + MODE_CHANGE_GRACE;
+            for s in &sessions {
+                let settled = async {
+                    s.settled().await;
+                    // Visible (durable, on every stream) before the answer.
+                    let _ = s.flush().await;
+                };
+                let _ = tokio::time::timeout_at(deadline, settled).await;
+            }
+        }
+        Ok(ModeChange {
+            config: self.config_info(),
+            changed,
+            cancelled_runs,
+            denied_approvals,
+        })
+    }
+
+    /// Notified on every permission mode change (config frames).
+    pub fn watch_mode(&self) -> tokio::sync::watch::Receiver<PermissionMode> {
+        self.rt.watch_mode()
+    }
+
     pub fn config(&self) -> &CoreConfig {
         &self.rt.cfg
     }
@@ -170,12 +229,7 @@ impl Hub {
     pub fn config_info(&self) -> ConfigInfo {
         let (route, revision) = self.settings.current();
         ConfigInfo {
-            permission_mode: match self.rt.cfg.permission {
-                PermissionMode::Ask => "ask",
-                PermissionMode::Allow => "allow",
-                PermissionMode::Deny => "deny",
-            }
-            .to_string(),
+            permission_mode: self.rt.mode().as_str().to_string(),
             ring: self.rt.cfg.bus.ring as u64,
             route,
             revision,

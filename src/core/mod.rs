@@ -11,6 +11,7 @@ pub mod hub;
 pub mod index;
 pub mod ledger;
 pub mod mux;
+pub mod permissions;
 pub mod presentation;
 pub mod prompt;
 pub mod provider;
@@ -25,16 +26,7 @@ pub mod writer;
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// What a tool call that needs permission does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PermissionMode {
-    /// Ask the clients (approval_requested) and wait for an answer.
-    Ask,
-    /// Run it without asking.
-    Allow,
-    /// Refuse it without asking.
-    Deny,
-}
+pub use permissions::PermissionMode;
 
 /// What a published event has survived by the time a client can see it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,7 +45,13 @@ pub struct CoreConfig {
     /// Where tools act; nothing outside it is read or written.
     pub workspace: PathBuf,
     pub bus: bus::BusConfig,
+    /// The permission mode the server starts in (the live one is the
+    /// runtime's: `Runtime::mode`).
     pub permission: PermissionMode,
+    /// Whether `bypass` may be chosen (`--allow-bypass`). A server started
+    /// in `bypass` allows it too: the command line refuses that start
+    /// without the flag.
+    pub allow_bypass: bool,
     /// How long a freshly admitted chain waits for a first subscriber.
     pub first_subscriber_wait: Duration,
     /// Internal provider retries before a run fails.
@@ -86,7 +84,8 @@ impl CoreConfig {
             home,
             workspace,
             bus: bus::BusConfig::default(),
-            permission: PermissionMode::Ask,
+            permission: PermissionMode::Default,
+            allow_bypass: false,
             first_subscriber_wait: Duration::from_secs(2),
             provider_retries: 4,
             retry_backoff: Duration::from_millis(500),

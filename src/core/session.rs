@@ -2,7 +2,7 @@
 
 use super::agent;
 use super::approvals::REMEMBERED_SETTLED;
-use super::approvals::{Answer, Approvals};
+use super::approvals::{Answer, Approvals, PLAN_TOOL};
 use super::bus::{Bus, Subscription};
 use super::event::{project, AgentEvent, ApprovalOutcome, ClientEvent, Frame, Note, RunOutcome};
 use super::ledger::{Ledger, Log, OpenError, Record};
@@ -10,7 +10,7 @@ use super::presentation::{PresentationEvent, Presenter, Timeline};
 use super::provider::{Provider, TokenUsage};
 use super::transcript::Transcript;
 use super::writer::{self, Op, Pipe, Visible};
-use super::CoreConfig;
+use super::{CoreConfig, PermissionMode};
 use crate::error::{Error, ErrorKind, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashSet, VecDeque};
@@ -26,6 +26,8 @@ const REMEMBERED_REQUESTS: usize = 4096;
 pub struct Runtime {
     pub cfg: CoreConfig,
     route: std::sync::RwLock<Route>,
+    /// The live permission mode; watched by config frames.
+    mode: watch::Sender<PermissionMode>,
 }
 
 /// The model a leg talks to: a provider and the model name it is asked for.
@@ -51,10 +53,33 @@ impl Route {
 
 impl Runtime {
     pub fn new(cfg: CoreConfig, route: Route) -> Runtime {
+        let mode = watch::channel(cfg.permission).0;
         Runtime {
             cfg,
             route: std::sync::RwLock::new(route),
+            mode,
         }
+    }
+
+    /// The permission mode in effect now; each tool call reads it when it is decided.
+    pub fn mode(&self) -> PermissionMode {
+        *self.mode.borrow()
+    }
+
+    /// Whether `bypass` may be chosen: `--allow-bypass`, or a server started in it.
+    pub fn bypass_allowed(&self) -> bool {
+        self.cfg.allow_bypass || self.cfg.permission == PermissionMode::Bypass
+    }
+
+    /// Switches the mode (the caller checked `bypass`); true when it changed.
+    /// Watchers (config frames) hear of a change.
+    pub fn set_mode(&self, mode: PermissionMode) -> bool {
+        self.mode.send_if_modified(|m| std::mem::replace(m, mode) != mode)
+    }
+
+    /// Notified on every mode change.
+    pub fn watch_mode(&self) -> watch::Receiver<PermissionMode> {
+        self.mode.subscribe()
     }
 
     /// The current route; a leg takes it once and keeps it.
@@ -614,7 +639,30 @@ impl Session {
         // Approval ids are ours (`ap_` and 12 hex digits): anything far from
         // that shape is refused before it is looked up or echoed back.
         super::hub::validate_plain_id("approval id", request_id)?;
-        self.approvals.answer(request_id, answer, |e| self.publish(e))
+        self.approvals.answer(request_id, answer, |tool, answer, event| {
+            // An approved plan leaves plan mode before its call resumes, so
+            // the run goes on in the new mode.
+            if tool == PLAN_TOOL && answer.approve {
+                let mode = answer.mode.unwrap_or(PermissionMode::Default);
+                self.rt.set_mode(mode);
+                tracing::info!(session = %self.id, mode = mode.as_str(), "plan approved: permission mode changed");
+            }
+            self.publish(event)
+        })
+    }
+
+    /// The permission mode changed: denies every pending approval with
+    /// `reason`, then cancels the live run (and its queue). Whether a run
+    /// was cancelled, and how many approvals were denied.
+    pub fn interrupt(&self, reason: &str) -> (bool, usize) {
+        let denied = self.approvals.deny_all(reason, |e| self.publish(e));
+        (self.cancel().cancelled, denied)
+    }
+
+    /// Resolves once no run is in flight (its run_finished published).
+    pub async fn settled(&self) {
+        let mut busy = self.busy.subscribe();
+        let _ = busy.wait_for(|b| !*b).await;
     }
 
     /// Refuses new input, cancels what runs, waits (bounded) for the chain

@@ -74,6 +74,18 @@ pub fn definitions() -> Vec<ToolDef> {
                 "additionalProperties": false
             }),
         ),
+        def(
+            "exit_plan_mode",
+            "In plan mode, where only tools that read the workspace run: propose your plan to the user. \
+             If they approve it, plan mode ends and you carry it out; if not, you get their reason and stay in plan mode. \
+             Outside plan mode it does nothing.",
+            json!({
+                "type": "object",
+                "properties": {"plan": {"type": "string", "description": "The plan, in Markdown: what you will change and how, step by step"}},
+                "required": ["plan"],
+                "additionalProperties": false
+            }),
+        ),
     ]
 }
 
@@ -118,6 +130,7 @@ pub fn approval_reason(tool: &str, input: &Value) -> String {
     match tool {
         "write_file" => format!("write {} to {}", bytes(arg("content").len()), arg("path")),
         "bash" => format!("run `{}` in the workspace", arg("command")),
+        "exit_plan_mode" => "leave plan mode and carry out this plan".into(),
         other => format!("run {other}"),
     }
 }

@@ -449,6 +449,7 @@ pub async fn answer_approval(
         request_id: request_id.to_string(),
         approve: Some(approve),
         reason: reason.to_string(),
+        mode: None,
     };
     let mut sent_once = false;
     let c = conn.clone();

@@ -45,7 +45,7 @@ def _start(tmp_path_factory: pytest.TempPathFactory, name: str, *extra: str) -> 
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """The shared server (default ring, permission mode ask)."""
+    """The shared server (default ring, permission mode default)."""
     yield from _start(tmp_path_factory, "vak")
 
 

@@ -59,7 +59,7 @@ def test_follow_many_three_sessions(direct: Client, transport: str) -> None:
     host = next(i.message for i in items if i.kind == "host")
     assert isinstance(host, agent_pb2.HostInfo) and host.version
     config = next(i.message for i in items if i.kind == "config")
-    assert isinstance(config, agent_pb2.ConfigInfo) and config.permission_mode == "ask"
+    assert isinstance(config, agent_pb2.ConfigInfo) and config.permission_mode == "default"
     by = per_session(items)
     for i, sid in enumerate(sids):
         assert_exact(by[sid], f"echo: hello {i}", first=1)

@@ -200,6 +200,12 @@ impl AgentService for Baseline {
     ) -> Result<Response<pb::ConfigInfo>, Status> {
         unimplemented()
     }
+    async fn set_mode(
+        &self,
+        _: Request<pb::SetModeRequest>,
+    ) -> Result<Response<pb::SetModeResponse>, Status> {
+        unimplemented()
+    }
     async fn set_key(&self, _: Request<pb::SetKeyRequest>) -> Result<Response<pb::SetKeyResponse>, Status> {
         unimplemented()
     }

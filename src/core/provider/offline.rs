@@ -1,7 +1,7 @@
 //! The embedded offline model: deterministic, streaming, and able to drive every tool through prompt directives.
 //!
 //! Each non-blank prompt line runs in order. Lines starting with a directive
-//! (`/think`, `/read`, `/write`, `/bash`, `/sleep`, `/burst`, `/fail`) act;
+//! (`/think`, `/read`, `/write`, `/bash`, `/plan`, `/sleep`, `/burst`, `/fail`) act;
 //! any other line L is answered `echo: L`, one text_delta per word. A tool
 //! directive ends the turn with that tool call; the next turn resumes after
 //! it (the number of tool results since the prompt says where), so the
@@ -73,6 +73,9 @@ fn parse(line: &str) -> Directive<'_> {
     }
     if let Some(cmd) = word("/bash") {
         return Directive::Tool("bash", json!({ "command": cmd }));
+    }
+    if let Some(plan) = word("/plan") {
+        return Directive::Tool("exit_plan_mode", json!({ "plan": plan }));
     }
     if let Some(ms) = word("/sleep") {
         return number("/sleep", ms, 3_600_000).map_or_else(Directive::Invalid, Directive::Sleep);
@@ -327,6 +330,15 @@ mod tests {
         assert!(d.len() < ECHO_WORDS + 30, "{} deltas", d.len());
         assert_eq!(d.concat(), line, "nothing lost or reordered");
         assert_eq!(deltas("a b"), ["a ", "b"]);
+    }
+
+    #[test]
+    fn plan_proposes_the_rest_of_its_line_with_exit_plan_mode() {
+        assert_eq!(
+            parse("/plan 1. read  2. edit"),
+            Directive::Tool("exit_plan_mode", json!({"plan": "1. read  2. edit"}))
+        );
+        assert_eq!(parse("/planet"), Directive::Echo("/planet"));
     }
 
     #[tokio::test]

@@ -1,7 +1,7 @@
 //! Every conversion between core types and wire (proto) types, in one place.
 
 use crate::core::event::{ClientEvent, Frame};
-use crate::core::hub::{ConfigInfo, HostInfo};
+use crate::core::hub::{ConfigInfo, HostInfo, ModeChange};
 use crate::core::mux::{MuxFrame, MuxItem};
 use crate::core::presentation::{Item, PresentationEvent, Timeline};
 use crate::core::provider::TokenUsage;
@@ -257,6 +257,15 @@ pub fn host(h: HostInfo) -> pb::HostInfo {
     pb::HostInfo {
         version: h.version,
         workspace: h.workspace,
+    }
+}
+
+pub fn mode_change(m: ModeChange) -> pb::SetModeResponse {
+    pb::SetModeResponse {
+        config: Some(config(m.config)),
+        changed: m.changed,
+        cancelled_runs: m.cancelled_runs as u32,
+        denied_approvals: m.denied_approvals as u32,
     }
 }
 

@@ -10,6 +10,7 @@ use crate::core::hub::Hub;
 use crate::core::mux::{self, Control, Mux};
 use crate::core::presentation::PresentationEvent;
 use crate::core::session::PresenceGuard;
+use crate::core::PermissionMode;
 use crate::edge::errors::to_status;
 use crate::edge::limits::{StreamLimits, StreamPermit};
 use crate::edge::listener::PeerAddr;
@@ -169,6 +170,10 @@ impl AgentService for AgentApi {
         if r.request_id.is_empty() {
             return Err(Status::invalid_argument("request_id is required"));
         }
+        let mode = match r.mode.as_deref() {
+            Some(m) => Some(PermissionMode::parse_plan_exit(m).map_err(to_status)?),
+            None => None,
+        };
         let s = self.session(&r.session_id).await?;
         let outcome = s
             .answer(
@@ -176,6 +181,7 @@ impl AgentService for AgentApi {
                 Answer {
                     approve,
                     reason: r.reason,
+                    mode,
                 },
             )
             .map_err(to_status)?;
@@ -262,19 +268,26 @@ impl AgentService for AgentApi {
                 self.hub.config_info(),
             ))));
         }
-        // Config frames: one now (above), then one on every route change.
-        let changes = r.config.then(|| self.hub.settings().changes());
+        // Config frames: one now (above), then one on every route change
+        // and every permission mode change.
+        let changes = r
+            .config
+            .then(|| (self.hub.settings().changes(), self.hub.watch_mode()));
         let hub = self.hub.clone();
         let rest = stream::unfold(
             (mux, permit, changes, hub),
             |(mut mux, permit, mut changes, hub)| async move {
                 let msg = loop {
-                    let Some(watch) = changes.as_mut() else {
+                    let Some((route, mode)) = changes.as_mut() else {
                         break convert::mux_item(mux.next().await?);
                     };
                     tokio::select! {
                         biased;
-                        changed = watch.changed() => match changed {
+                        changed = route.changed() => match changed {
+                            Ok(()) => break convert::mux_extra(F::Config(convert::config(hub.config_info()))),
+                            Err(_) => changes = None,
+                        },
+                        changed = mode.changed() => match changed {
                             Ok(()) => break convert::mux_extra(F::Config(convert::config(hub.config_info()))),
                             Err(_) => changes = None,
                         },
@@ -361,6 +374,15 @@ impl AgentService for AgentApi {
         };
         let info = self.hub.update_route(patch).await.map_err(to_status)?;
         ok(convert::config(info))
+    }
+
+    async fn set_mode(
+        &self,
+        req: Request<pb::SetModeRequest>,
+    ) -> Result<Response<pb::SetModeResponse>, Status> {
+        let mode = PermissionMode::parse(&req.into_inner().mode).map_err(to_status)?;
+        let change = self.hub.set_mode(mode).await.map_err(to_status)?;
+        ok(convert::mode_change(change))
     }
 
     async fn set_key(&self, req: Request<pb::SetKeyRequest>) -> Result<Response<pb::SetKeyResponse>, Status> {

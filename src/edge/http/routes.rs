@@ -44,6 +44,7 @@ pub fn router(state: AppState) -> Router {
         .route("/stream/{stream_id}/follow", post(stream::follow))
         .route("/stream/{stream_id}/unfollow", post(stream::unfollow))
         .route("/config", get(get_config).patch(update_config))
+        .route("/config/mode", post(set_mode))
         .route("/config/key", put(set_key).delete(delete_key))
         .route("/providers", get(list_providers))
         .route("/providers/{name}/models", get(list_models))
@@ -283,6 +284,14 @@ async fn update_config(State(st): State<AppState>, headers: axum::http::HeaderMa
         }
     }
     config_reply(st.api.update_config(Request::new(req)).await)
+}
+
+async fn set_mode(State(st): State<AppState>, b: Body) -> Response {
+    let req: pb::SetModeRequest = match body(&st, b).await {
+        Ok(r) => r,
+        Err(e) => return e,
+    };
+    reply(StatusCode::OK, st.api.set_mode(Request::new(req)).await)
 }
 
 async fn set_key(State(st): State<AppState>, b: Body) -> Response {
