@@ -16,6 +16,9 @@ use tokio_util::sync::CancellationToken;
 
 const CANCELLED: &str = "cancelled by a client";
 
+/// Live tool output pieces in flight between a tool and the session.
+const LIVE_QUEUE: usize = 16;
+
 /// The longest wait a provider's `retry-after` may ask for; a longer one is
 /// capped (the run would look hung).
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
@@ -325,7 +328,25 @@ async fn call_tool(session: &Session, call: ToolCall, cancel: &CancellationToken
         }
     };
     let result = match permitted {
-        Ok(()) => tools::run(&rt.cfg.workspace, &tool, &input, cancel).await,
+        Ok(()) => {
+            // Live output is published as it comes, every piece before the
+            // result; the channel's bound holds the tool up (and with it the
+            // command) while the writer is behind.
+            let (live, mut pieces) = tokio::sync::mpsc::channel::<tools::Chunk>(LIVE_QUEUE);
+            let publish = async {
+                while let Some(c) = pieces.recv().await {
+                    session.pace().await;
+                    session.publish(ClientEvent::ToolOutput {
+                        call_id: call_id.clone(),
+                        stream: c.stream,
+                        text: c.text,
+                    });
+                }
+            };
+            let run =
+                async move { tools::run_live(&rt.cfg.workspace, &tool, &input, cancel, Some(&live)).await };
+            tokio::join!(run, publish).0
+        }
         Err(why) => tools::ToolOutput {
             ok: false,
             output: why,

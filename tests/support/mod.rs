@@ -315,6 +315,7 @@ pub fn kind_of(e: &pb::Event) -> &'static str {
         Some(Kind::ThinkingDelta(_)) => "thinking_delta",
         Some(Kind::ToolCall(_)) => "tool_call",
         Some(Kind::ToolResult(_)) => "tool_result",
+        Some(Kind::ToolOutput(_)) => "tool_output",
         Some(Kind::ApprovalRequested(_)) => "approval_requested",
         Some(Kind::ApprovalResolved(_)) => "approval_resolved",
         Some(Kind::Status(_)) => "status",
