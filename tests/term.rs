@@ -581,6 +581,36 @@ async fn interactive_prompt_approval_and_exit_in_a_real_terminal() {
 }
 
 #[tokio::test]
+async fn a_running_command_s_output_shows_live_dimmed_under_its_call() {
+    let server = TestServer::start_with(|c| c.core.permission = vak::core::PermissionMode::Allow).await;
+    for t in TRANSPORTS {
+        let go = server.workspace.join(format!("go-{t}"));
+        mkfifo(&go);
+        let mut pty = Pty::spawn(term_in_pty(&server.url, t, &server.workspace), 30, 100);
+        pty.wait_for("vak term · new session").await;
+        // It prints, then waits until the test saw the print on the screen.
+        pty.send(&format!(
+            "/bash echo started; echo warned >&2; read x < go-{t}; echo \"got $x\"\r"
+        ));
+        let screen = pty.wait_for("│ started").await;
+        pty.wait_for("! warned").await;
+        assert!(
+            !screen.contains("✓ bash"),
+            "{t}: the command still runs:\n{screen}"
+        );
+        assert_eq!(pty.is_dim("│ started"), Some(true), "{t}: live output is dimmed");
+        let go2 = go.clone();
+        tokio::task::spawn_blocking(move || std::fs::write(go2, "it\n").unwrap())
+            .await
+            .unwrap();
+        pty.wait_for("│ got it").await;
+        pty.wait_for("✓ bash: ").await;
+        pty.send("\x04");
+        assert_eq!(pty.wait_exit().await, 0, "{t}");
+    }
+}
+
+#[tokio::test]
 async fn interactive_steering_is_queued_and_ctrl_c_cancels_then_exits() {
     let server = TestServer::start().await;
     for t in TRANSPORTS {

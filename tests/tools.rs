@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use support::{Frame, Sse, TestServer, DEADLINE, TOKEN};
+use support::{mkfifo, Frame, Sse, TestServer, DEADLINE, TOKEN};
 use tokio_util::sync::CancellationToken;
 use vak::core::tools;
 use vak::core::PermissionMode;
@@ -262,13 +262,6 @@ async fn a_fifo_is_refused_at_once_and_the_run_finishes() {
     // The session is idle again: the next prompt starts at once.
     let (_, body) = s.run(&sid, "again").await;
     assert_eq!(body["state"], "started", "the session is idle: {body}");
-}
-
-/// Makes a FIFO at `path`.
-fn mkfifo(path: &Path) {
-    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
-    // SAFETY: c is a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
 }
 
 /// Waits (bounded) for process `pid` to exit; false past the deadline.
