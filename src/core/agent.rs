@@ -529,6 +529,69 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_stalled_subscriber_gets_every_byte_of_live_output_in_order_up_to_the_cap() {
+        use crate::core::event::OutputStream;
+        let home = tempfile::tempdir().unwrap();
+        let mut cfg = CoreConfig::new(home.path().into(), home.path().into());
+        cfg.permission = PermissionMode::Allow;
+        cfg.bus.queue = 8;
+        let hub = Hub::new(cfg, Route::offline()).unwrap();
+        let s = hub.create().await.unwrap();
+        // Subscribed before the run and not read until it is over.
+        let mut stalled = s.subscribe(Some(0));
+        let command = "/bash for i in $(seq 1 3000); do echo \"line $i\"; echo \"err $i\" >&2; done; \
+                       head -c 20000000 /dev/zero | tr '\\0' z";
+        let seen = run_to_end(&s, command).await;
+        let live = |evs: &[ClientEvent], which| -> (String, usize) {
+            let mut text = String::new();
+            let mut n = 0;
+            for e in evs {
+                if let ClientEvent::ToolOutput { stream, text: t, .. } = e {
+                    if *stream == which {
+                        text.push_str(t);
+                        n += 1;
+                    }
+                }
+            }
+            (text, n)
+        };
+        let mut late = Vec::new();
+        while let Ok(Some(d)) = tokio::time::timeout(Duration::from_secs(30), stalled.recv()).await {
+            if let crate::core::bus::Delivery::Frame(f) = d {
+                let done = matches!(f.event, ClientEvent::RunFinished { .. });
+                late.push(f.event.clone());
+                if done {
+                    break;
+                }
+            }
+        }
+        let (out, _) = live(&seen, OutputStream::Stdout);
+        let (err, _) = live(&seen, OutputStream::Stderr);
+        let lines: String = (1..=3000).map(|i| format!("line {i}\n")).collect();
+        assert!(out.starts_with(&lines), "stdout in order");
+        assert_eq!(err, (1..=3000).map(|i| format!("err {i}\n")).collect::<String>());
+        assert_eq!(
+            out.len() + err.len(),
+            crate::core::tools::LIVE_CAP + crate::core::tools::LIVE_STOPPED.len()
+        );
+        assert!(
+            out.ends_with(crate::core::tools::LIVE_STOPPED)
+                || err.ends_with(crate::core::tools::LIVE_STOPPED)
+        );
+        // The stalled subscriber: the same bytes in the same order.
+        let (late_out, late_out_frames) = live(&late, OutputStream::Stdout);
+        assert_eq!(late_out, out);
+        assert_eq!(live(&late, OutputStream::Stderr).0, err);
+        // Merged in its queue or on replay: pieces far larger than the source sends.
+        let biggest = late.iter().filter_map(ClientEvent::delta_len).max().unwrap_or(0);
+        assert!(
+            biggest > 256 * 1024,
+            "{late_out_frames} frames, the biggest {biggest} bytes"
+        );
+        assert!(matches!(late.last(), Some(ClientEvent::RunFinished { .. })));
+    }
+
+    #[tokio::test]
     async fn a_leg_that_keeps_calling_tools_stops_at_max_turns() {
         let home = tempfile::tempdir().unwrap();
         std::fs::write(home.path().join("a"), "A").unwrap();
