@@ -272,6 +272,24 @@ async fn json_output_is_every_frame_as_a_line_in_the_sse_schema() {
 }
 
 #[tokio::test]
+async fn a_one_shot_run_prints_a_command_s_live_output_to_stderr() {
+    let server = TestServer::start().await;
+    for t in TRANSPORTS {
+        let prompt = "/bash echo hi; echo oops >&2; exit 3";
+        let out = output(term_at(&server.url, t, &["--approve", "allow", "-p", prompt])).await;
+        assert_eq!(out.code, 0, "{t}: {}", out.stderr);
+        assert!(out.stderr.contains("vak:   │ hi\n"), "{t}: {}", out.stderr);
+        assert!(out.stderr.contains("vak:   ! oops\n"), "{t}: {}", out.stderr);
+        assert!(out.stderr.contains("vak: ✗ bash: "), "{t}: {}", out.stderr);
+        assert!(
+            !out.stdout.contains("hi"),
+            "{t}: stdout is the answer only: {}",
+            out.stdout
+        );
+    }
+}
+
+#[tokio::test]
 async fn approvals_follow_the_approve_flag_and_default_to_deny_without_a_terminal() {
     let server = TestServer::start().await;
     for t in TRANSPORTS {

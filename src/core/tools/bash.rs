@@ -172,7 +172,7 @@ async fn read_both(
             r = out.read(&mut out_buf), if out_open => (OutputStream::Stdout, r),
             r = err.read(&mut err_buf), if err_open => (OutputStream::Stderr, r),
             _ = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => {
-                feed.flush().await;
+                feed.flush_whole().await;
                 continue;
             }
         };
@@ -273,9 +273,10 @@ impl<'a> Feed<'a> {
         }
     }
 
-    /// When what is held is due, if anything is.
+    /// When what is held is due, if anything is (a character still
+    /// incomplete waits for its end, not for the clock).
     fn due(&self) -> Option<Instant> {
-        let held = self.held.iter().any(|(_, b)| !b.is_empty());
+        let held = self.held.iter().any(|(_, b)| b.len() > incomplete_tail(b));
         match (held, self.last) {
             (true, Some(last)) => Some(last + LIVE_INTERVAL),
             (true, None) => Some(Instant::now()),
@@ -294,7 +295,9 @@ impl<'a> Feed<'a> {
             None => self.held.push((stream, b[..take].to_vec())),
         }
         if take < b.len() {
-            self.flush().await;
+            // Whole characters only: what a cut left incomplete is dropped.
+            self.flush_whole().await;
+            self.held.clear();
             self.stopped = true;
             self.send(stream, LIVE_STOPPED.to_string()).await;
             return;
@@ -323,7 +326,7 @@ impl<'a> Feed<'a> {
         self.held.retain(|(_, b)| !b.is_empty());
     }
 
-    /// Hands on everything held (the command is over, or the cap reached).
+    /// Hands on everything held (the command is over).
     async fn flush(&mut self) {
         self.last = Some(Instant::now());
         for (stream, held) in std::mem::take(&mut self.held) {
@@ -470,6 +473,31 @@ mod tests {
             }
         }
         assert_eq!(r.output.len(), o.len() + e.len());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_character_split_between_reads_is_handed_on_whole() {
+        let (tx, mut rx) = mpsc::channel(16);
+        let mut feed = Feed::new(Some(&tx));
+        feed.push(OutputStream::Stdout, b"caf\xc3").await;
+        assert_eq!(
+            rx.try_recv().unwrap().text,
+            "caf",
+            "at once, without the half character"
+        );
+        tokio::time::advance(LIVE_INTERVAL * 3).await;
+        assert_eq!(feed.due(), None, "half a character is not due");
+        feed.push(OutputStream::Stdout, b"\xa9!").await;
+        assert_eq!(rx.try_recv().unwrap().text, "é!");
+        // Within the interval output is held, then handed on merged.
+        feed.push(OutputStream::Stderr, b"a").await;
+        feed.push(OutputStream::Stderr, b"b").await;
+        assert!(rx.try_recv().is_err());
+        assert_eq!(feed.due(), Some(feed.last.unwrap() + LIVE_INTERVAL));
+        tokio::time::advance(LIVE_INTERVAL).await;
+        feed.flush_whole().await;
+        let c = rx.try_recv().unwrap();
+        assert_eq!((c.stream, c.text.as_str()), (OutputStream::Stderr, "ab"));
     }
 
     #[tokio::test]
