@@ -87,6 +87,7 @@ fn event_json(e: &pb::Event) -> Value {
         K::ThinkingDelta(t) => json!({"text": t.text}),
         K::ToolCall(t) => json!({"call_id": t.call_id, "tool": t.tool, "input": input(&t.input)}),
         K::ToolResult(t) => json!({"call_id": t.call_id, "ok": t.ok, "output": t.output}),
+        K::ToolOutput(t) => json!({"call_id": t.call_id, "stream": t.stream, "text": t.text}),
         K::ApprovalRequested(a) => json!({
             "request_id": a.request_id, "tool": a.tool, "reason": a.reason,
             "input": input(&a.input), "call_id": a.call_id

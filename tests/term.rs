@@ -272,6 +272,24 @@ async fn json_output_is_every_frame_as_a_line_in_the_sse_schema() {
 }
 
 #[tokio::test]
+async fn a_one_shot_run_prints_a_command_s_live_output_to_stderr() {
+    let server = TestServer::start().await;
+    for t in TRANSPORTS {
+        let prompt = "/bash echo hi; echo oops >&2; exit 3";
+        let out = output(term_at(&server.url, t, &["--approve", "allow", "-p", prompt])).await;
+        assert_eq!(out.code, 0, "{t}: {}", out.stderr);
+        assert!(out.stderr.contains("vak:   │ hi\n"), "{t}: {}", out.stderr);
+        assert!(out.stderr.contains("vak:   ! oops\n"), "{t}: {}", out.stderr);
+        assert!(out.stderr.contains("vak: ✗ bash: "), "{t}: {}", out.stderr);
+        assert!(
+            !out.stdout.contains("hi"),
+            "{t}: stdout is the answer only: {}",
+            out.stdout
+        );
+    }
+}
+
+#[tokio::test]
 async fn approvals_follow_the_approve_flag_and_default_to_deny_without_a_terminal() {
     let server = TestServer::start().await;
     for t in TRANSPORTS {
@@ -577,6 +595,36 @@ async fn interactive_prompt_approval_and_exit_in_a_real_terminal() {
         pty.send("\x04");
         assert_eq!(pty.wait_exit().await, 0, "{t}: Ctrl-D at an empty prompt exits 0");
         assert!(pty.is_cooked(), "{t}: the terminal is restored");
+    }
+}
+
+#[tokio::test]
+async fn a_running_command_s_output_shows_live_dimmed_under_its_call() {
+    let server = TestServer::start_with(|c| c.core.permission = vak::core::PermissionMode::Allow).await;
+    for t in TRANSPORTS {
+        let go = server.workspace.join(format!("go-{t}"));
+        mkfifo(&go);
+        let mut pty = Pty::spawn(term_in_pty(&server.url, t, &server.workspace), 30, 100);
+        pty.wait_for("vak term · new session").await;
+        // It prints, then waits until the test saw the print on the screen.
+        pty.send(&format!(
+            "/bash echo started; echo warned >&2; read x < go-{t}; echo \"got $x\"\r"
+        ));
+        let screen = pty.wait_for("│ started").await;
+        pty.wait_for("! warned").await;
+        assert!(
+            !screen.contains("✓ bash"),
+            "{t}: the command still runs:\n{screen}"
+        );
+        assert_eq!(pty.is_dim("│ started"), Some(true), "{t}: live output is dimmed");
+        let go2 = go.clone();
+        tokio::task::spawn_blocking(move || std::fs::write(go2, "it\n").unwrap())
+            .await
+            .unwrap();
+        pty.wait_for("│ got it").await;
+        pty.wait_for("✓ bash: ").await;
+        pty.send("\x04");
+        assert_eq!(pty.wait_exit().await, 0, "{t}");
     }
 }
 

@@ -1,7 +1,8 @@
 //! The file tools and bash as a user meets them: reads cost at most their
 //! cap, nothing outside the workspace is read or written even while a
-//! symlink is flipped underneath, FIFOs are refused, and a cancel always
-//! settles the run and kills what bash started.
+//! symlink is flipped underneath, FIFOs are refused, a cancel or a timeout
+//! always settles the run and kills what bash started, and bash output
+//! reaches clients live, tagged by stream and bounded.
 
 mod support;
 
@@ -10,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use support::{Frame, Sse, TestServer, DEADLINE, TOKEN};
+use support::{mkfifo, Frame, Sse, TestServer, DEADLINE, TOKEN};
 use tokio_util::sync::CancellationToken;
 use vak::core::tools;
 use vak::core::PermissionMode;
@@ -190,7 +191,7 @@ async fn reading_a_huge_sparse_file_costs_the_server_at_most_its_cap() {
 }
 
 #[tokio::test]
-async fn bash_printing_200_mb_returns_the_first_mib_and_the_server_holds_far_less() {
+async fn bash_printing_200_mb_streams_live_returns_the_first_mib_and_the_server_holds_far_less() {
     const WRITTEN: usize = 200_000_000;
     let s = ServerChild::start("allow").await;
     let (sid, mut sse) = s.session().await;
@@ -222,15 +223,20 @@ async fn bash_printing_200_mb_returns_the_first_mib_and_the_server_holds_far_les
     );
     assert_eq!(frames.last().unwrap().body()["outcome"], "completed");
     assert!(support::text_of(&frames).ends_with("echo: after"));
+    // Clients saw it live, up to the live cap, then one note.
+    let live = live_text(&frames, "stdout");
+    assert_eq!(live.len(), tools::LIVE_CAP + tools::LIVE_STOPPED.len());
+    assert!(live[..tools::LIVE_CAP].bytes().all(|b| b == b'x'));
+    assert!(live.ends_with(tools::LIVE_STOPPED));
+    let pieces = frames.iter().filter(|f| f.event == "tool_output").count();
+    assert!(pieces < 2_000, "batched at the source: {pieces} frames");
 }
 
 #[tokio::test]
 async fn a_fifo_is_refused_at_once_and_the_run_finishes() {
     let s = allow_server().await;
     let fifo = s.workspace.join("fifo");
-    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-    // SAFETY: c is a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+    mkfifo(&fifo);
     let sid = s.create_session().await;
     let mut sse = s.events(&sid, None).await;
     s.run(&sid, "/read fifo\n/write fifo data\nstill here").await;
@@ -281,9 +287,7 @@ fn wait_exited(pid: i32) -> bool {
 async fn cancelling_a_slow_bash_settles_the_run_and_kills_its_process_group() {
     let s = allow_server().await;
     let ready = s.workspace.join("ready");
-    let c = std::ffi::CString::new(ready.to_str().unwrap()).unwrap();
-    // SAFETY: c is a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+    mkfifo(&ready);
     let sid = s.create_session().await;
     let mut sse = s.events(&sid, None).await;
     s.run(&sid, "/bash sleep 600 & echo $! > ready; wait\nnever")
@@ -332,9 +336,7 @@ async fn cancelling_a_slow_bash_settles_the_run_and_kills_its_process_group() {
 async fn a_command_that_prints_forever_is_stopped_by_cancel() {
     let s = allow_server().await;
     let ready = s.workspace.join("ready");
-    let c = std::ffi::CString::new(ready.to_str().unwrap()).unwrap();
-    // SAFETY: c is a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+    mkfifo(&ready);
     let sid = s.create_session().await;
     let mut sse = s.events(&sid, None).await;
     // The shell writes its pid into the FIFO, then becomes `yes`, which prints forever.
@@ -369,6 +371,147 @@ async fn a_command_that_prints_forever_is_stopped_by_cancel() {
             .unwrap(),
         "yes ({pid}) was killed with its group"
     );
+}
+
+/// The text of the `tool_output` frames of `stream`, in order.
+fn live_text(frames: &[Frame], stream: &str) -> String {
+    frames
+        .iter()
+        .filter(|f| f.event == "tool_output" && f.body()["stream"] == stream)
+        .map(|f| f.body()["text"].as_str().unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn bash_output_reaches_clients_live_tagged_by_stream_before_the_command_ends() {
+    let s = allow_server().await;
+    let go = s.workspace.join("go");
+    mkfifo(&go);
+    let sid = s.create_session().await;
+    let mut sse = s.events(&sid, None).await;
+    // It prints, then waits for the test, which opens `go` only once it saw the print.
+    s.run(&sid, "/bash echo started; read x < go; echo \"after $x\" >&2")
+        .await;
+    let mut seen = Vec::new();
+    let call_id = loop {
+        let f = sse.next().await.expect("the stream goes on");
+        assert_ne!(f.event, "tool_result", "output came live, before the result");
+        seen.push(f.clone());
+        if f.event == "tool_output" {
+            assert_eq!(f.body()["stream"], "stdout");
+            assert_eq!(f.body()["text"], "started\n");
+            break f.body()["call_id"].as_str().unwrap().to_string();
+        }
+    };
+    let call = seen
+        .iter()
+        .find(|f| f.event == "tool_call")
+        .expect("its tool_call first");
+    assert_eq!(call.body()["call_id"], call_id.as_str());
+    // The presentation's tool item shows the live output while the command runs.
+    let (_, timeline) = s.get(&format!("/sessions/{sid}/presentation")).await;
+    let item = timeline["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["kind"] == "tool_call")
+        .expect("the tool item");
+    assert_eq!(
+        (item["status"].as_str(), item["text"].as_str()),
+        (Some("running"), Some("started\n"))
+    );
+    tokio::task::spawn_blocking(move || std::fs::write(go, "now\n").unwrap())
+        .await
+        .unwrap();
+    let frames = sse.until("run_finished").await;
+    assert_eq!(live_text(&frames, "stderr"), "after now\n");
+    assert_eq!(live_text(&frames, "stdout"), "");
+    assert!(frames
+        .iter()
+        .filter(|f| f.event == "tool_output")
+        .all(|f| f.body()["call_id"] == call_id.as_str()));
+    let r = &results(&frames)[0];
+    assert_eq!(
+        (r["ok"].as_bool(), r["output"].as_str()),
+        (Some(true), Some("started\nafter now\n"))
+    );
+    // The transcript has the result, not the live pieces; the timeline ends the same.
+    let (_, t) = s.get(&format!("/sessions/{sid}/transcript")).await;
+    let tool_msgs: Vec<_> = t["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .collect();
+    assert_eq!(tool_msgs.len(), 1);
+    assert_eq!(tool_msgs[0]["text"], "started\nafter now\n");
+    let (_, timeline) = s.get(&format!("/sessions/{sid}/presentation")).await;
+    let item = timeline["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["kind"] == "tool_call")
+        .unwrap();
+    assert_eq!(
+        (item["status"].as_str(), item["text"].as_str()),
+        (Some("completed"), Some("started\nafter now\n"))
+    );
+}
+
+#[tokio::test]
+async fn a_bash_command_past_its_timeout_leaves_no_process_behind() {
+    let s = allow_server().await;
+    let sid = s.create_session().await;
+    let mut sse = s.events(&sid, None).await;
+    s.run(
+        &sid,
+        "/bash-timeout 1 echo $$; sleep 600 & echo $!; wait\nstill here",
+    )
+    .await;
+    let frames = sse.until("run_finished").await;
+    let r = &results(&frames)[0];
+    assert_eq!(r["ok"], false);
+    let out = r["output"].as_str().unwrap();
+    let (pids, note) = out.split_once("\n\n").expect("the pids, then the note");
+    assert_eq!(
+        note,
+        "[timed out after 1 s; the command and its process group were killed]"
+    );
+    let pids: Vec<i32> = pids.lines().map(|l| l.parse().unwrap()).collect();
+    assert_eq!(pids.len(), 2, "the shell and its background sleep: {out}");
+    for pid in pids {
+        assert!(
+            tokio::task::spawn_blocking(move || wait_exited(pid))
+                .await
+                .unwrap(),
+            "{pid} was killed with its group"
+        );
+    }
+    assert_eq!(frames.last().unwrap().body()["outcome"], "completed");
+    assert!(support::text_of(&frames).ends_with("echo: still here"));
+}
+
+#[tokio::test]
+async fn a_bad_bash_timeout_is_a_tool_error_and_the_run_goes_on() {
+    let s = allow_server().await;
+    let sid = s.create_session().await;
+    let mut sse = s.events(&sid, None).await;
+    s.run(&sid, "/bash-timeout 0 echo no\n/bash-timeout 601 echo no\n/bash-timeout soon echo no\n/bash-timeout 600 echo yes")
+        .await;
+    let frames = sse.until("run_finished").await;
+    let r = results(&frames);
+    let bad = |v: &str| format!("bash `timeout` must be a whole number of seconds from 1 to 600, got {v}");
+    assert_eq!(
+        r[0],
+        json!({"call_id": r[0]["call_id"], "ok": false, "output": bad("0")})
+    );
+    assert_eq!(r[1]["output"], bad("601"));
+    assert_eq!(r[2]["output"], bad("\"soon\""));
+    assert_eq!(
+        (r[3]["ok"].as_bool(), r[3]["output"].as_str()),
+        (Some(true), Some("yes\n"))
+    );
+    assert_eq!(frames.last().unwrap().body()["outcome"], "completed");
 }
 
 async fn tool(ws: &Path, name: &str, input: Value) -> tools::ToolOutput {

@@ -19,6 +19,9 @@ use tokio_util::sync::CancellationToken;
 
 const CANCELLED: &str = "cancelled by a client";
 
+/// Live tool output pieces in flight between a tool and the session.
+const LIVE_QUEUE: usize = 16;
+
 /// The longest wait a provider's `retry-after` may ask for; a longer one is
 /// capped (the run would look hung).
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
@@ -372,7 +375,25 @@ async fn call_tool(session: &Session, call: ToolCall, cancel: &CancellationToken
                     .as_str()
             ),
         },
-        Ok(_) => tools::run(&rt.cfg.workspace, &tool, &input, cancel).await,
+        Ok(_) => {
+            // Live output is published as it comes, every piece before the
+            // result; the channel's bound holds the tool up (and with it the
+            // command) while the writer is behind.
+            let (live, mut pieces) = tokio::sync::mpsc::channel::<tools::Chunk>(LIVE_QUEUE);
+            let publish = async {
+                while let Some(c) = pieces.recv().await {
+                    session.pace().await;
+                    session.publish(ClientEvent::ToolOutput {
+                        call_id: call_id.clone(),
+                        stream: c.stream,
+                        text: c.text,
+                    });
+                }
+            };
+            let run =
+                async move { tools::run_live(&rt.cfg.workspace, &tool, &input, cancel, Some(&live)).await };
+            tokio::join!(run, publish).0
+        }
         Err(why) => tools::ToolOutput {
             ok: false,
             output: why,
@@ -552,6 +573,69 @@ mod tests {
         // Clients still see every message.
         assert_eq!(reloaded.messages.len(), live.messages.len());
         assert!(reloaded.messages.iter().any(|m| m.text == "done"));
+    }
+
+    #[tokio::test]
+    async fn a_stalled_subscriber_gets_every_byte_of_live_output_in_order_up_to_the_cap() {
+        use crate::core::event::OutputStream;
+        let home = tempfile::tempdir().unwrap();
+        let mut cfg = CoreConfig::new(home.path().into(), home.path().into());
+        cfg.permission = PermissionMode::Allow;
+        cfg.bus.queue = 8;
+        let hub = Hub::new(cfg, Route::offline()).unwrap();
+        let s = hub.create().await.unwrap();
+        // Subscribed before the run and not read until it is over.
+        let mut stalled = s.subscribe(Some(0));
+        let command = "/bash for i in $(seq 1 3000); do echo \"line $i\"; echo \"err $i\" >&2; done; \
+                       head -c 20000000 /dev/zero | tr '\\0' z";
+        let seen = run_to_end(&s, command).await;
+        let live = |evs: &[ClientEvent], which| -> (String, usize) {
+            let mut text = String::new();
+            let mut n = 0;
+            for e in evs {
+                if let ClientEvent::ToolOutput { stream, text: t, .. } = e {
+                    if *stream == which {
+                        text.push_str(t);
+                        n += 1;
+                    }
+                }
+            }
+            (text, n)
+        };
+        let mut late = Vec::new();
+        while let Ok(Some(d)) = tokio::time::timeout(Duration::from_secs(30), stalled.recv()).await {
+            if let crate::core::bus::Delivery::Frame(f) = d {
+                let done = matches!(f.event, ClientEvent::RunFinished { .. });
+                late.push(f.event.clone());
+                if done {
+                    break;
+                }
+            }
+        }
+        let (out, _) = live(&seen, OutputStream::Stdout);
+        let (err, _) = live(&seen, OutputStream::Stderr);
+        let lines: String = (1..=3000).map(|i| format!("line {i}\n")).collect();
+        assert!(out.starts_with(&lines), "stdout in order");
+        assert_eq!(err, (1..=3000).map(|i| format!("err {i}\n")).collect::<String>());
+        assert_eq!(
+            out.len() + err.len(),
+            crate::core::tools::LIVE_CAP + crate::core::tools::LIVE_STOPPED.len()
+        );
+        assert!(
+            out.ends_with(crate::core::tools::LIVE_STOPPED)
+                || err.ends_with(crate::core::tools::LIVE_STOPPED)
+        );
+        // The stalled subscriber: the same bytes in the same order.
+        let (late_out, late_out_frames) = live(&late, OutputStream::Stdout);
+        assert_eq!(late_out, out);
+        assert_eq!(live(&late, OutputStream::Stderr).0, err);
+        // Merged in its queue or on replay: pieces far larger than the source sends.
+        let biggest = late.iter().filter_map(ClientEvent::delta_len).max().unwrap_or(0);
+        assert!(
+            biggest > 256 * 1024,
+            "{late_out_frames} frames, the biggest {biggest} bytes"
+        );
+        assert!(matches!(late.last(), Some(ClientEvent::RunFinished { .. })));
     }
 
     #[tokio::test]

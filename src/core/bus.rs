@@ -739,6 +739,55 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_full_queue_merges_tool_output_per_call_and_stream_in_order() {
+        use crate::core::event::OutputStream::{Stderr, Stdout};
+        let b = bus(4, 4);
+        let mut sub = b.subscribe(Some(0));
+        let out = |call: &str, stream, text: String| ClientEvent::ToolOutput {
+            call_id: call.into(),
+            stream,
+            text,
+        };
+        let runs = [
+            ("c", Stdout, 400),
+            ("c", Stderr, 300),
+            ("c", Stdout, 200),
+            ("d", Stdout, 100),
+        ];
+        let mut expected = Vec::new();
+        for (call, stream, n) in runs {
+            let mut all = String::new();
+            for i in 0..n {
+                let t = format!("{call}{i} ");
+                all.push_str(&t);
+                publish(&b, out(call, stream, t));
+            }
+            expected.push((call.to_string(), stream, all));
+        }
+        let got = drain(&mut sub).await;
+        assert!(got.len() <= 4, "queue stayed bounded: {}", got.len());
+        let frames: Vec<_> = got
+            .iter()
+            .map(|d| match d {
+                Delivery::Frame(f) => match &f.event {
+                    ClientEvent::ToolOutput {
+                        call_id,
+                        stream,
+                        text,
+                    } => (call_id.clone(), *stream, text.clone()),
+                    other => panic!("{other:?}"),
+                },
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            frames, expected,
+            "every byte, in order, never mixing calls or streams"
+        );
+        assert_eq!(*seqs(&got).last().unwrap(), 1000);
+    }
+
+    #[tokio::test]
     async fn a_merged_delta_never_grows_past_its_cap_and_nothing_is_lost() {
         let dir = tempfile::tempdir().unwrap();
         let (b, ledger) = logged_bus(dir.path(), 8, 4);

@@ -46,6 +46,23 @@ impl ApprovalOutcome {
     }
 }
 
+/// Which of a command's output pipes a `tool_output` came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutputStream {
+    Stdout,
+    Stderr,
+}
+
+impl OutputStream {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutputStream::Stdout => "stdout",
+            OutputStream::Stderr => "stderr",
+        }
+    }
+}
+
 /// A client-visible event: what the bus numbers, the ledger persists and every
 /// surface streams. Stream-level frames (stream_opened, resync, session_closed)
 /// are not events: they belong to one subscription and carry no seq.
@@ -74,6 +91,13 @@ pub enum ClientEvent {
         call_id: String,
         ok: bool,
         output: String,
+    },
+    /// Output of a running tool (bash) as it arrives: live only, its
+    /// tool_result carries the output that counts.
+    ToolOutput {
+        call_id: String,
+        stream: OutputStream,
+        text: String,
     },
     ApprovalRequested {
         request_id: String,
@@ -106,6 +130,7 @@ impl ClientEvent {
             ClientEvent::ThinkingDelta { .. } => "thinking_delta",
             ClientEvent::ToolCall { .. } => "tool_call",
             ClientEvent::ToolResult { .. } => "tool_result",
+            ClientEvent::ToolOutput { .. } => "tool_output",
             ClientEvent::ApprovalRequested { .. } => "approval_requested",
             ClientEvent::ApprovalResolved { .. } => "approval_resolved",
             ClientEvent::Status { .. } => "status",
@@ -113,13 +138,29 @@ impl ClientEvent {
         }
     }
 
-    /// Appends `next` to `self` when both are deltas of the same kind: the
-    /// lossless merge a full subscriber queue relies on. Returns false (and
-    /// leaves both untouched) otherwise.
+    /// Appends `next` to `self` when both are deltas of the same kind (and
+    /// for tool_output, of the same call and stream): the lossless merge a
+    /// full subscriber queue relies on. Returns false (and leaves both
+    /// untouched) otherwise.
     pub fn try_merge(&mut self, next: &ClientEvent) -> bool {
         match (self, next) {
             (ClientEvent::TextDelta { text: a }, ClientEvent::TextDelta { text: b })
             | (ClientEvent::ThinkingDelta { text: a }, ClientEvent::ThinkingDelta { text: b }) => {
+                a.push_str(b);
+                true
+            }
+            (
+                ClientEvent::ToolOutput {
+                    call_id: c1,
+                    stream: s1,
+                    text: a,
+                },
+                ClientEvent::ToolOutput {
+                    call_id: c2,
+                    stream: s2,
+                    text: b,
+                },
+            ) if c1 == c2 && s1 == s2 => {
                 a.push_str(b);
                 true
             }
@@ -130,7 +171,9 @@ impl ClientEvent {
     /// The payload size that merging grows.
     pub fn delta_len(&self) -> Option<usize> {
         match self {
-            ClientEvent::TextDelta { text } | ClientEvent::ThinkingDelta { text } => Some(text.len()),
+            ClientEvent::TextDelta { text }
+            | ClientEvent::ThinkingDelta { text }
+            | ClientEvent::ToolOutput { text, .. } => Some(text.len()),
             _ => None,
         }
     }
@@ -142,6 +185,7 @@ impl ClientEvent {
             + match self {
                 ClientEvent::UserMessage { text, request_id } => text.len() + request_id.len(),
                 ClientEvent::TextDelta { text } | ClientEvent::ThinkingDelta { text } => text.len(),
+                ClientEvent::ToolOutput { call_id, text, .. } => call_id.len() + text.len(),
                 ClientEvent::ToolCall { input, .. } | ClientEvent::ApprovalRequested { input, .. } => {
                     input.to_string().len()
                 }
@@ -301,5 +345,29 @@ mod tests {
         assert!(t.try_merge(&ClientEvent::ThinkingDelta { text: "y".into() }));
         assert_eq!(a.delta_len(), Some(2));
         assert_eq!(ClientEvent::Status { busy: true }.delta_len(), None);
+    }
+
+    #[test]
+    fn tool_output_merges_only_within_one_call_and_stream() {
+        let out = |call: &str, stream, text: &str| ClientEvent::ToolOutput {
+            call_id: call.into(),
+            stream,
+            text: text.into(),
+        };
+        let mut a = out("c1", OutputStream::Stdout, "ab");
+        assert!(a.try_merge(&out("c1", OutputStream::Stdout, "cd")));
+        assert_eq!(a, out("c1", OutputStream::Stdout, "abcd"));
+        assert!(
+            !a.try_merge(&out("c1", OutputStream::Stderr, "x")),
+            "another stream"
+        );
+        assert!(
+            !a.try_merge(&out("c2", OutputStream::Stdout, "x")),
+            "another call"
+        );
+        assert!(!a.try_merge(&ClientEvent::TextDelta { text: "x".into() }));
+        assert_eq!(a.delta_len(), Some(4));
+        assert_eq!(a.kind(), "tool_output");
+        assert!(a.approx_size() >= 6);
     }
 }

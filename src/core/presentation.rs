@@ -11,6 +11,10 @@ use serde_json::Value;
 
 pub const SCHEMA_VERSION: u32 = 2;
 
+/// The most live output (tool_output) a running tool item shows; its
+/// tool_result replaces it with the output that counts.
+pub const LIVE_TEXT: usize = 1 << 20;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ItemKind {
     UserInput,
@@ -273,6 +277,28 @@ impl Presenter {
                 },
                 &mut out,
             ),
+            ClientEvent::ToolOutput { call_id, text, .. } => {
+                let running =
+                    self.timeline.items.iter_mut().rev().find(|i| {
+                        i.kind == ItemKind::ToolCall && &i.call_id == call_id && i.status == "running"
+                    });
+                if let Some(item) = running {
+                    // The first LIVE_TEXT bytes, never a split character.
+                    let mut take = LIVE_TEXT.saturating_sub(item.text.len()).min(text.len());
+                    while !text.is_char_boundary(take) {
+                        take -= 1;
+                    }
+                    if take > 0 {
+                        item.text.push_str(&text[..take]);
+                        item.seq = seq;
+                        out.push(PresentationEvent::TextDelta {
+                            item_id: item.id.clone(),
+                            text: text[..take].to_string(),
+                            seq,
+                        });
+                    }
+                }
+            }
             ClientEvent::ApprovalRequested {
                 request_id,
                 tool,
@@ -321,7 +347,7 @@ impl Presenter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::event::{ApprovalOutcome, RunOutcome};
+    use crate::core::event::{ApprovalOutcome, OutputStream, RunOutcome};
     use proptest::prelude::*;
     use serde_json::json;
 
@@ -331,11 +357,21 @@ mod tests {
         let step = prop_oneof![
             "[a-z ]{0,6}".prop_map(|t| vec![ClientEvent::TextDelta { text: t }]),
             "[a-z ]{0,6}".prop_map(|t| vec![ClientEvent::ThinkingDelta { text: t }]),
-            ("[a-z]{1,4}", any::<bool>()).prop_map(|(c, ok)| vec![
+            ("[a-z]{1,4}", any::<bool>(), "[a-zé\n]{0,6}").prop_map(|(c, ok, live)| vec![
                 ClientEvent::ToolCall {
                     call_id: c.clone(),
                     tool: "bash".into(),
                     input: json!({"command": c})
+                },
+                ClientEvent::ToolOutput {
+                    call_id: c.clone(),
+                    stream: OutputStream::Stdout,
+                    text: live.clone(),
+                },
+                ClientEvent::ToolOutput {
+                    call_id: c.clone(),
+                    stream: OutputStream::Stderr,
+                    text: live,
                 },
                 ClientEvent::ToolResult {
                     call_id: c,
@@ -469,5 +505,53 @@ mod tests {
         assert_eq!((t.items[1].status.as_str(), t.items[1].seq), ("completed", 5));
         assert_eq!(t.items[2].kind, ItemKind::FinalResult);
         assert_eq!(t.seq, 5);
+    }
+
+    #[test]
+    fn live_output_grows_its_tool_item_up_to_a_cap_and_the_result_replaces_it() {
+        let mut p = Presenter::new("s");
+        let call = |id: &str| ClientEvent::ToolCall {
+            call_id: id.into(),
+            tool: "bash".into(),
+            input: json!({"command": "x"}),
+        };
+        let out = |id: &str, text: &str| ClientEvent::ToolOutput {
+            call_id: id.into(),
+            stream: OutputStream::Stderr,
+            text: text.into(),
+        };
+        p.apply(1, &call("a"));
+        let ev = p.apply(2, &out("a", "hi\n"));
+        assert_eq!(
+            ev,
+            vec![PresentationEvent::TextDelta {
+                item_id: "tool-1".into(),
+                text: "hi\n".into(),
+                seq: 2
+            }]
+        );
+        assert!(p.apply(3, &out("nope", "x")).is_empty(), "no such call");
+        // Past the cap nothing more is shown, and a character is never split.
+        let big = "é".repeat(LIVE_TEXT);
+        let ev = p.apply(4, &out("a", &big));
+        let PresentationEvent::TextDelta { text, .. } = &ev[0] else {
+            panic!("{ev:?}")
+        };
+        assert_eq!(text.len(), LIVE_TEXT - 3 - 1, "whole characters that fit");
+        assert!(p.apply(5, &out("a", "é")).is_empty());
+        assert_eq!(p.timeline().items[0].status, "running");
+        p.apply(
+            6,
+            &ClientEvent::ToolResult {
+                call_id: "a".into(),
+                ok: true,
+                output: "final".into(),
+            },
+        );
+        assert_eq!(p.timeline().items[0].text, "final");
+        assert!(
+            p.apply(7, &out("a", "late")).is_empty(),
+            "a settled call shows no more"
+        );
     }
 }

@@ -4,8 +4,10 @@ use super::provider::ToolDef;
 use super::workspace;
 use serde_json::{json, Value};
 use std::path::Path;
-use std::process::Stdio;
 use tokio_util::sync::CancellationToken;
+
+mod bash;
+pub use bash::{Chunk, Live, DEFAULT_TIMEOUT_SECS, LIVE_CAP, LIVE_STOPPED, MAX_TIMEOUT_SECS};
 
 /// The most a tool returns as output; the rest is cut with a note.
 const MAX_OUTPUT: usize = 1 << 20;
@@ -66,10 +68,19 @@ pub fn definitions() -> Vec<ToolDef> {
         def(
             "bash",
             "Run a shell command (sh -c) with the workspace as working directory and no input. \
-             Output is stdout and stderr interleaved, cut at 1 MiB with a note; a non-zero exit status is appended.",
+             Output is stdout and stderr interleaved as they arrive, cut at 1 MiB with a note; a non-zero exit status is appended. \
+             The command and everything it started are killed after `timeout` seconds (default 120).",
             json!({
                 "type": "object",
-                "properties": {"command": {"type": "string", "description": "The command line"}},
+                "properties": {
+                    "command": {"type": "string", "description": "The command line"},
+                    "timeout": {
+                        "type": "integer",
+                        "minimum": 1,
+                        "maximum": MAX_TIMEOUT_SECS,
+                        "description": "Seconds before the command is killed (default 120, at most 600)"
+                    }
+                },
                 "required": ["command"],
                 "additionalProperties": false
             }),
@@ -140,6 +151,18 @@ pub fn approval_reason(tool: &str, input: &Value) -> String {
 /// tool ends when `cancel` fires: file tools stop waiting for their (bounded)
 /// blocking work, bash kills its whole process group.
 pub async fn run(workspace: &Path, tool: &str, input: &Value, cancel: &CancellationToken) -> ToolOutput {
+    run_live(workspace, tool, input, cancel, None).await
+}
+
+/// `run`, with a tool's live output (bash's stdout and stderr as they
+/// arrive) handed to `live` until the tool returns.
+pub async fn run_live(
+    workspace: &Path,
+    tool: &str,
+    input: &Value,
+    cancel: &CancellationToken,
+    live: Option<&Live>,
+) -> ToolOutput {
     let arg = |k: &str| input.get(k).and_then(Value::as_str);
     if cancel.is_cancelled() {
         return ToolOutput::err(CANCELLED);
@@ -189,7 +212,11 @@ pub async fn run(workspace: &Path, tool: &str, input: &Value, cancel: &Cancellat
             let Some(command) = arg("command") else {
                 return ToolOutput::err("bash needs a string `command`");
             };
-            bash(workspace, command, cancel).await
+            let limit = match bash::timeout(input) {
+                Ok(t) => t,
+                Err(e) => return ToolOutput::err(e),
+            };
+            bash::run(workspace, command, limit, cancel, live, MAX_OUTPUT).await
         }
         other => ToolOutput::err(format!("unknown tool {other}")),
     }
@@ -209,135 +236,6 @@ async fn blocking<T: Send + 'static>(
         }
         _ = cancel.cancelled() => None,
     }
-}
-
-/// Kills a process group when dropped, unless disarmed: a bash command that
-/// is cancelled (or whose run is dropped) takes its children with it.
-struct ProcessGroup(Option<i32>);
-
-impl ProcessGroup {
-    fn kill(&mut self) {
-        if let Some(pgid) = self.0.take() {
-            // SAFETY: killpg only sends a signal. The group's leader is our
-            // unreaped child, so its id cannot have been reused.
-            unsafe { libc::killpg(pgid, libc::SIGKILL) };
-        }
-    }
-}
-
-impl Drop for ProcessGroup {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-async fn bash(workspace: &Path, command: &str, cancel: &CancellationToken) -> ToolOutput {
-    bash_capped(workspace, command, cancel, MAX_OUTPUT).await
-}
-
-/// Runs `command` with stdout and stderr on one pipe (interleaved as written,
-/// like `2>&1`), keeping the first `cap` bytes of it as it is produced and
-/// counting (then dropping) the rest.
-async fn bash_capped(workspace: &Path, command: &str, cancel: &CancellationToken, cap: usize) -> ToolOutput {
-    let pipe = std::io::pipe().and_then(|(r, w)| Ok((r, w.try_clone()?, w)));
-    let (reader, out, err) = match pipe {
-        Ok(p) => p,
-        Err(e) => return ToolOutput::err(format!("cannot make a pipe for sh: {e}")),
-    };
-    let reader = match tokio::net::unix::pipe::Receiver::from_owned_fd(reader.into()) {
-        Ok(r) => r,
-        Err(e) => return ToolOutput::err(format!("cannot read from sh: {e}")),
-    };
-    // The Command (and with it this side's copies of the write end) is a
-    // temporary dropped at the end of this statement, so the pipe ends when
-    // the command and whatever inherited it have closed it.
-    let mut child = match tokio::process::Command::new("sh")
-        .arg("-c")
-        .arg(command)
-        .current_dir(workspace)
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .process_group(0)
-        .kill_on_drop(true)
-        .spawn()
-    {
-        Ok(c) => c,
-        Err(e) => return ToolOutput::err(format!("cannot run sh: {e}")),
-    };
-    let mut group = ProcessGroup(child.id().and_then(|id| i32::try_from(id).ok()));
-    let finished = tokio::select! {
-        r = async { tokio::join!(capture(reader, cap), child.wait()) } => Some(r),
-        _ = cancel.cancelled() => None,
-    };
-    let Some((captured, status)) = finished else {
-        group.kill();
-        // SIGKILL cannot be caught: the reap is prompt, but never wait unbounded.
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), child.wait()).await;
-        return ToolOutput::err("cancelled: the command and its process group were killed");
-    };
-    // Finished on its own: background jobs that let go of the output live on.
-    group.0 = None;
-    let status = match status {
-        Ok(s) => s,
-        Err(e) => return ToolOutput::err(format!("cannot wait for sh: {e}")),
-    };
-    let total = captured.total;
-    let more = total > captured.kept.len() as u64;
-    let (mut text, shown) = shown(captured.kept, cap, more);
-    if (shown as u64) < total {
-        text.push_str(&format!(
-            "\n[output truncated: {} of {} cut; this is the first {}]",
-            total - shown as u64,
-            bytes_u64(total),
-            bytes(shown)
-        ));
-    }
-    if !status.success() {
-        text.push_str(&format!("\n[{status}]"));
-    }
-    ToolOutput {
-        ok: status.success(),
-        output: text,
-    }
-}
-
-/// What a command wrote: its first bytes, and how many it wrote in all.
-struct Captured {
-    kept: Vec<u8>,
-    total: u64,
-}
-
-/// How much one read takes from the pipe (a Linux pipe's default capacity).
-const CHUNK: usize = 64 * 1024;
-
-/// Reads `pipe` to its end as it is produced, keeping at most `cap` bytes and
-/// counting the rest, which is read and dropped so the writer never stalls on
-/// a full pipe. Holds at most `cap` + one CHUNK.
-async fn capture(mut pipe: impl tokio::io::AsyncRead + Unpin, cap: usize) -> Captured {
-    use tokio::io::AsyncReadExt;
-    let mut kept: Vec<u8> = Vec::new();
-    let mut total = 0u64;
-    let mut chunk = vec![0u8; CHUNK];
-    loop {
-        let n = match pipe.read(&mut chunk).await {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => break,
-        };
-        total += n as u64;
-        let take = n.min(cap - kept.len());
-        if take > 0 {
-            // Grow by doubling, but never past the cap.
-            if kept.capacity() - kept.len() < take {
-                let want = (kept.capacity() * 2).max(kept.len() + take).min(cap);
-                kept.reserve_exact(want - kept.len());
-            }
-            kept.extend_from_slice(&chunk[..take]);
-        }
-    }
-    Captured { kept, total }
 }
 
 /// `bytes` as text of at most `max` bytes: invalid UTF-8 is shown as U+FFFD,
@@ -480,62 +378,6 @@ mod tests {
         assert_eq!(show(b"ab\xffcd", 4, false), s("ab", 2), "U+FFFD does not fit");
         assert_eq!(show(b"", 4, true), s("", 0));
         assert_eq!(show(b"\x80\x80\x80", 10, true), s("\u{FFFD}\u{FFFD}\u{FFFD}", 3));
-    }
-
-    #[tokio::test]
-    async fn capture_keeps_at_most_its_cap_and_counts_the_rest() {
-        use tokio::io::AsyncReadExt;
-        let cap = 100_000; // not a power of two: growth must stop at the cap
-        let c = capture(tokio::io::repeat(b'x').take(10_000_000), cap).await;
-        assert_eq!((c.kept.len(), c.total), (cap, 10_000_000));
-        assert!(c.kept.capacity() <= cap, "capacity {}", c.kept.capacity());
-        let c = capture(&b"short"[..], cap).await;
-        assert_eq!((c.kept.as_slice(), c.total), (&b"short"[..], 5));
-    }
-
-    async fn sh(command: &str, cap: usize) -> ToolOutput {
-        let ws = tempfile::tempdir().unwrap();
-        bash_capped(ws.path(), command, &CancellationToken::new(), cap).await
-    }
-
-    #[tokio::test]
-    async fn stdout_and_stderr_share_one_cap_in_the_order_written() {
-        let r = sh("printf abc; printf def >&2; printf ghijkl; printf mnop >&2", 10).await;
-        assert_eq!(
-            r,
-            ToolOutput::ok("abcdefghij\n[output truncated: 6 of 16 bytes cut; this is the first 10 bytes]")
-        );
-        let r = sh("printf abc; printf def >&2", 10).await;
-        assert_eq!(r, ToolOutput::ok("abcdef"));
-        let r = sh(
-            "head -c 1000000 /dev/zero | tr '\\0' x; echo oops >&2; exit 4",
-            10,
-        )
-        .await;
-        assert_eq!(
-            r,
-            ToolOutput::err(
-                "xxxxxxxxxx\n[output truncated: 999995 of 1000005 bytes cut; this is the first 10 bytes]\n[exit status: 4]"
-            )
-        );
-    }
-
-    #[tokio::test]
-    async fn a_cut_never_splits_a_character_and_invalid_output_is_lossy() {
-        let r = sh("printf 'abc\\303\\251'", 4).await;
-        assert_eq!(
-            r,
-            ToolOutput::ok("abc\n[output truncated: 2 of 5 bytes cut; this is the first 3 bytes]")
-        );
-        assert_eq!(sh("printf 'a\\377b'", 10).await, ToolOutput::ok("a\u{FFFD}b"));
-        // Ten invalid bytes would be thirty bytes of U+FFFD: three fit in 10.
-        let r = sh("printf '\\377\\377\\377\\377\\377\\377\\377\\377\\377\\377'", 10).await;
-        assert_eq!(
-            r,
-            ToolOutput::ok(
-                "\u{FFFD}\u{FFFD}\u{FFFD}\n[output truncated: 7 of 10 bytes cut; this is the first 3 bytes]"
-            )
-        );
     }
 
     #[tokio::test]

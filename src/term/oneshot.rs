@@ -364,7 +364,9 @@ pub async fn run(conn: Arc<dyn Transport>, sid: String, after: u64, o: OneShot) 
                 }
             }
             Kind::TextDelta(t) if in_our_leg && !json => answer.push(&t.text),
-            Kind::ToolCall(_) | Kind::ToolResult(_) | Kind::ApprovalResolved(_) if in_our_leg => {
+            Kind::ToolCall(_) | Kind::ToolOutput(_) | Kind::ToolResult(_) | Kind::ApprovalResolved(_)
+                if in_our_leg =>
+            {
                 if matches!(kind, Kind::ToolCall(_)) {
                     answer.need_sep = true;
                 }

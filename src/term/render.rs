@@ -49,6 +49,8 @@ pub struct ToolOutput {
 pub struct Render {
     tools: HashMap<String, String>,
     approvals: HashMap<String, String>,
+    /// A running tool's live output not yet ended by a newline, per call and stream.
+    partial: HashMap<(String, String), String>,
     /// Every tool result shown, in order (numbered from 1 for `/show N`), when `keep_outputs`.
     outputs: Vec<ToolOutput>,
     keep_outputs: bool,
@@ -101,9 +103,12 @@ impl Render {
                 self.tools.insert(c.call_id.clone(), c.tool.clone());
                 vec![line(Style::Dim, tool_call_line(&c.tool, c.input.as_ref()))]
             }
+            Kind::ToolOutput(o) => self.live(o),
             Kind::ToolResult(r) => {
                 let tool = self.tools.remove(&r.call_id).unwrap_or_else(|| "tool".into());
-                vec![self.result(&tool, r.ok, &r.output)]
+                let mut out = self.live_rest(&r.call_id);
+                out.push(self.result(&tool, r.ok, &r.output));
+                out
             }
             Kind::ApprovalRequested(a) => {
                 self.approvals.insert(a.request_id.clone(), a.tool.clone());
@@ -132,6 +137,43 @@ impl Render {
             | Kind::Resync(_)
             | Kind::SessionClosed(_) => Vec::new(),
         }
+    }
+
+    /// A running tool's live output: each finished line indented and dimmed
+    /// under its call; an unfinished one waits for its end (or the result),
+    /// up to `LIVE_LINE` bytes.
+    fn live(&mut self, o: &pb::ToolOutput) -> Vec<Piece> {
+        let key = (o.call_id.clone(), o.stream.clone());
+        let partial = self.partial.entry(key.clone()).or_default();
+        partial.push_str(&clean(&o.text));
+        let mut out = Vec::new();
+        while let Some(end) = partial.find('\n') {
+            let rest = partial.split_off(end + 1);
+            out.push(live_line(&o.stream, partial.trim_end_matches('\n')));
+            *partial = rest;
+        }
+        if partial.len() > LIVE_LINE {
+            out.push(live_line(&o.stream, partial));
+            partial.clear();
+        }
+        if partial.is_empty() {
+            self.partial.remove(&key);
+        }
+        out
+    }
+
+    /// What a finished call's live output left unfinished.
+    fn live_rest(&mut self, call_id: &str) -> Vec<Piece> {
+        let mut keys: Vec<_> = self
+            .partial
+            .keys()
+            .filter(|(c, _)| c == call_id)
+            .cloned()
+            .collect();
+        keys.sort();
+        keys.into_iter()
+            .filter_map(|k| self.partial.remove(&k).map(|t| live_line(&k.1, &t)))
+            .collect()
     }
 
     /// An approval still pending when a transcript was redrawn: its resolution comes later, naming only its id.
@@ -178,6 +220,15 @@ impl Render {
 }
 
 /// How a run that did not complete is shown, live (run_finished) and on a redraw (a "run" entry).
+/// The longest unfinished line of live output held back for its end.
+const LIVE_LINE: usize = 4096;
+
+/// `  │ line` for stdout, `  ! line` for stderr, dimmed.
+fn live_line(stream: &str, text: &str) -> Piece {
+    let bar = if stream == "stderr" { "!" } else { "│" };
+    line(Style::Dim, format!("  {bar} {text}"))
+}
+
 fn run_end(outcome: &str, message: &str) -> Vec<Piece> {
     match outcome {
         "completed" => Vec::new(),
@@ -413,5 +464,34 @@ mod tests {
     #[test]
     fn control_characters_never_reach_the_terminal() {
         assert_eq!(clean("a\x1b[2Jb\r\n\tc\u{7}"), "a[2Jb\n    c");
+    }
+
+    #[test]
+    fn live_output_shows_finished_lines_under_the_call_and_the_rest_with_the_result() {
+        let mut r = Render::default();
+        let ev = |kind| pb::Event {
+            seq: 1,
+            session_id: "s".into(),
+            kind: Some(kind),
+        };
+        let out = |stream: &str, text: &str| {
+            ev(Kind::ToolOutput(pb::ToolOutput {
+                call_id: "c".into(),
+                stream: stream.into(),
+                text: text.into(),
+            }))
+        };
+        let dim = |t: &str| line(Style::Dim, t);
+        assert_eq!(r.event(&out("stdout", "one\ntw")), vec![dim("  │ one")]);
+        assert_eq!(r.event(&out("stderr", "oops\n")), vec![dim("  ! oops")]);
+        assert_eq!(r.event(&out("stdout", "o\nthr")), vec![dim("  │ two")]);
+        let end = r.event(&ev(Kind::ToolResult(pb::ToolResult {
+            call_id: "c".into(),
+            ok: true,
+            output: "one\ntwo\nthree".into(),
+        })));
+        assert_eq!(end[0], dim("  │ thr"));
+        assert_eq!(end.len(), 2, "{end:?}");
+        assert!(r.partial.is_empty());
     }
 }

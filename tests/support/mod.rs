@@ -14,6 +14,13 @@ use vak::edge::server::{ServeConfig, Server};
 use vak::proto::v1 as pb;
 
 pub const TOKEN: &str = "test-token";
+/// Makes a FIFO at `path`: a command that opens it waits until the test does.
+pub fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: c is a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+}
+
 /// The longest any single wait in a test may take before it fails.
 pub const DEADLINE: Duration = Duration::from_secs(30);
 
@@ -315,6 +322,7 @@ pub fn kind_of(e: &pb::Event) -> &'static str {
         Some(Kind::ThinkingDelta(_)) => "thinking_delta",
         Some(Kind::ToolCall(_)) => "tool_call",
         Some(Kind::ToolResult(_)) => "tool_result",
+        Some(Kind::ToolOutput(_)) => "tool_output",
         Some(Kind::ApprovalRequested(_)) => "approval_requested",
         Some(Kind::ApprovalResolved(_)) => "approval_resolved",
         Some(Kind::Status(_)) => "status",

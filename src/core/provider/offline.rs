@@ -1,7 +1,8 @@
 //! The embedded offline model: deterministic, streaming, and able to drive every tool through prompt directives.
 //!
 //! Each non-blank prompt line runs in order. Lines starting with a directive
-//! (`/think`, `/read`, `/write`, `/bash`, `/plan`, `/sleep`, `/burst`, `/fail`) act;
+//! (`/think`, `/read`, `/write`, `/bash`, `/bash-timeout`, `/plan`, `/sleep`,
+//! `/burst`, `/fail`) act;
 //! any other line L is answered `echo: L`, one text_delta per word. A tool
 //! directive ends the turn with that tool call; the next turn resumes after
 //! it (the number of tool results since the prompt says where), so the
@@ -76,6 +77,13 @@ fn parse(line: &str) -> Directive<'_> {
     }
     if let Some(plan) = word("/plan") {
         return Directive::Tool("exit_plan_mode", json!({ "plan": plan }));
+    }
+    if let Some(rest) = word("/bash-timeout") {
+        // SECS goes to the tool as given (a number when it is one), so the
+        // tool's own check of it is reachable.
+        let (secs, cmd) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
+        let secs = secs.parse::<u64>().map_or_else(|_| json!(secs), |n| json!(n));
+        return Directive::Tool("bash", json!({ "command": cmd.trim_start(), "timeout": secs }));
     }
     if let Some(ms) = word("/sleep") {
         return number("/sleep", ms, 3_600_000).map_or_else(Directive::Invalid, Directive::Sleep);
@@ -398,6 +406,22 @@ mod tests {
             out.tool_calls[0].input,
             json!({"path": "notes/a.md", "content": "two words"})
         );
+        for (line, input) in [
+            (
+                "/bash-timeout 5 sleep 1; echo hi",
+                json!({"command": "sleep 1; echo hi", "timeout": 5}),
+            ),
+            (
+                "/bash-timeout soon ls",
+                json!({"command": "ls", "timeout": "soon"}),
+            ),
+            ("/bash-timeout 9999", json!({"command": "", "timeout": 9999})),
+        ] {
+            user(&mut t, line);
+            let out = turn(&t).await.0.unwrap();
+            assert_eq!(out.tool_calls[0].name, "bash");
+            assert_eq!(out.tool_calls[0].input, input, "{line}");
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -57,6 +57,15 @@ pub fn kind(event: &ClientEvent) -> Kind {
         ClientEvent::ToolResult { call_id, ok, output } => {
             Kind::ToolResult(pb::ToolResult { call_id, ok, output })
         }
+        ClientEvent::ToolOutput {
+            call_id,
+            stream,
+            text,
+        } => Kind::ToolOutput(pb::ToolOutput {
+            call_id,
+            stream: stream.as_str().into(),
+            text,
+        }),
         ClientEvent::ApprovalRequested {
             request_id,
             tool,

@@ -77,6 +77,25 @@ mod tests {
     }
 
     #[test]
+    fn tool_output_names_its_stream_as_a_string() {
+        let ev = crate::core::event::ClientEvent::ToolOutput {
+            call_id: "c".into(),
+            stream: crate::core::event::OutputStream::Stderr,
+            text: "oops\n".into(),
+        };
+        let e = pb::Event {
+            seq: 3,
+            session_id: "s".into(),
+            kind: Some(crate::edge::grpc::convert::kind(&ev)),
+        };
+        let v: serde_json::Value = serde_json::from_slice(&to_json(&e)).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"seq": 3, "session_id": "s", "tool_output": {"call_id": "c", "stream": "stderr", "text": "oops\n"}})
+        );
+    }
+
+    #[test]
     fn request_bodies_parse_strictly() {
         let r: pb::RunRequest = from_json(br#"{"prompt": "hi", "request_id": "r1"}"#).unwrap();
         assert_eq!((r.prompt.as_str(), r.request_id.as_str()), ("hi", "r1"));
