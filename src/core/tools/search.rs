@@ -362,7 +362,17 @@ pub fn grep(workspace: &Path, a: &GrepArgs, cancel: &CancellationToken) -> Resul
         .size_limit(1 << 20)
         .dfa_size_limit(8 << 20)
         .build(a.pattern)
-        .map_err(|e| format!("grep: bad regex {:?}: {e}", a.pattern))?;
+        .map_err(|e| {
+            // The engine's message shows the pattern wrapped in a group, with
+            // a caret that points into the wrapping: keep its reason only.
+            let full = e.to_string();
+            let why = full
+                .lines()
+                .find_map(|l| l.strip_prefix("error: "))
+                .unwrap_or(&full)
+                .to_string();
+            format!("grep: bad regex {:?}: {why}", a.pattern)
+        })?;
     let glob = match a.glob {
         None => None,
         Some(g) => {
