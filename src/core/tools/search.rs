@@ -273,7 +273,8 @@ impl Branch {
             }
             let Ok(entry) = entry else { continue };
             let r = rel(entry.path());
-            if r.len() == self.target.len() {
+            // The named folder itself, as a folder (a symlink to it is not followed).
+            if r.len() == self.target.len() && entry.file_type().is_some_and(|t| t.is_dir()) {
                 reached = true;
             }
             if r.len() <= self.target.len() || !entry.file_type().is_some_and(|t| t.is_file()) {
@@ -542,6 +543,28 @@ mod tests {
             .unwrap_err()
             .starts_with("grep: bad regex \"(\""));
         assert_eq!(g("nothing", None, None, false).unwrap(), "no lines match nothing");
+    }
+
+    #[test]
+    fn a_folder_named_through_an_inside_symlink_is_refused_by_the_walk() {
+        let ws = ws();
+        std::os::unix::fs::symlink("src", ws.path().join("alias")).unwrap();
+        let c = CancellationToken::new();
+        assert_eq!(
+            glob(ws.path(), "*", Some("alias"), &c).unwrap_err(),
+            "alias: is reached through a symlink; name the folder it points to"
+        );
+        // The link is not followed from above either.
+        assert_eq!(glob(ws.path(), "**/a.rs", None, &c).unwrap(), "src/a.rs");
+        assert_eq!(list_dir(ws.path(), Some("alias")).unwrap(), "a.rs\ndeep/");
+    }
+
+    #[test]
+    fn a_cancelled_walk_stops() {
+        let ws = ws();
+        let c = CancellationToken::new();
+        c.cancel();
+        assert_eq!(glob(ws.path(), "*", None, &c).unwrap_err(), "cancelled");
     }
 
     #[test]
