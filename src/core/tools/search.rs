@@ -82,7 +82,7 @@ pub fn list_dir(workspace: &Path, path: Option<&str>) -> Result<String, String> 
     let shown = path.unwrap_or(".");
     let root = workspace::open_root(workspace)?;
     let dir = open_in(&root, &parts, shown, true)?;
-    let mut names = read_dir(&dir).map_err(|e| format!("cannot list {shown}: {e}"))?;
+    let (mut names, complete) = read_dir(&dir).map_err(|e| format!("cannot list {shown}: {e}"))?;
     names.sort_by(|a, b| a.0.cmp(&b.0));
     let total = names.len();
     let mut out = String::new();
@@ -102,7 +102,11 @@ pub fn list_dir(workspace: &Path, path: Option<&str>) -> Result<String, String> 
     if total == 0 {
         return Ok(format!("{shown}: an empty folder"));
     }
-    if total > MAX_LIST {
+    if !complete {
+        out.push_str(&format!(
+            "[more entries not shown; the folder has over {MAX_WALK}: these are the first {MAX_LIST} by name of the first {MAX_WALK} read]"
+        ));
+    } else if total > MAX_LIST {
         out.push_str(&format!(
             "[{} more entries not shown; {total} in all, this is the first {MAX_LIST}]",
             total - MAX_LIST
@@ -122,8 +126,8 @@ enum Kind {
 
 /// The names in the open folder `dir` (without `.` and `..`) and their kinds,
 /// from readdir, falling back to fstatat without following links. At most
-/// MAX_WALK names are read.
-fn read_dir(dir: &OwnedFd) -> std::io::Result<Vec<(String, Kind)>> {
+/// MAX_WALK names are read; the flag says whether that was all of them.
+fn read_dir(dir: &OwnedFd) -> std::io::Result<(Vec<(String, Kind)>, bool)> {
     // SAFETY: dup returns a new descriptor or -1; fdopendir owns it on success.
     let fd = unsafe { libc::dup(dir.as_raw_fd()) };
     if fd < 0 {
@@ -138,10 +142,15 @@ fn read_dir(dir: &OwnedFd) -> std::io::Result<Vec<(String, Kind)>> {
         return Err(e);
     }
     let mut out = Vec::new();
+    let mut complete = true;
     loop {
         // SAFETY: d is an open DIR stream, used by this thread only.
         let ent = unsafe { libc::readdir(d) };
-        if ent.is_null() || out.len() > MAX_WALK {
+        if ent.is_null() {
+            break;
+        }
+        if out.len() == MAX_WALK {
+            complete = false;
             break;
         }
         // SAFETY: readdir returned a valid dirent whose d_name is NUL-terminated.
@@ -166,7 +175,7 @@ fn read_dir(dir: &OwnedFd) -> std::io::Result<Vec<(String, Kind)>> {
     }
     // SAFETY: d is an open DIR stream; closedir also closes fd.
     unsafe { libc::closedir(d) };
-    Ok(out)
+    Ok((out, complete))
 }
 
 fn stat_kind(dir: &OwnedFd, name: &[u8]) -> Kind {
