@@ -16,6 +16,7 @@
 //! `cancel` as they go and stop when it fires.
 
 use crate::core::workspace;
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -82,11 +83,9 @@ pub fn list_dir(workspace: &Path, path: Option<&str>) -> Result<String, String> 
     let shown = path.unwrap_or(".");
     let root = workspace::open_root(workspace)?;
     let dir = open_in(&root, &parts, shown, true)?;
-    let (mut names, complete) = read_dir(&dir).map_err(|e| format!("cannot list {shown}: {e}"))?;
-    names.sort_by(|a, b| a.0.cmp(&b.0));
-    let total = names.len();
+    let (names, total, complete) = read_dir(&dir).map_err(|e| format!("cannot list {shown}: {e}"))?;
     let mut out = String::new();
-    for (name, kind) in names.into_iter().take(MAX_LIST) {
+    for (name, kind) in names {
         out.push_str(&name);
         match kind {
             Kind::Dir => out.push('/'),
@@ -117,6 +116,15 @@ pub fn list_dir(workspace: &Path, path: Option<&str>) -> Result<String, String> 
     Ok(out)
 }
 
+/// Adds `k` to `map`, keeping only the `cap` smallest keys, so a long
+/// listing costs its shown part only.
+fn keep_first<K: Ord, V>(map: &mut BTreeMap<K, V>, k: K, v: V, cap: usize) {
+    map.insert(k, v);
+    if map.len() > cap {
+        map.pop_last();
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     Dir,
@@ -126,8 +134,9 @@ enum Kind {
 
 /// The names in the open folder `dir` (without `.` and `..`) and their kinds,
 /// from readdir, falling back to fstatat without following links. At most
-/// MAX_WALK names are read; the flag says whether that was all of them.
-fn read_dir(dir: &OwnedFd) -> std::io::Result<(Vec<(String, Kind)>, bool)> {
+/// MAX_WALK names are read, of which the MAX_LIST first by name are kept.
+/// Returns those, how many were read, and whether that was all of them.
+fn read_dir(dir: &OwnedFd) -> std::io::Result<(BTreeMap<String, Kind>, usize, bool)> {
     // SAFETY: dup returns a new descriptor or -1; fdopendir owns it on success.
     let fd = unsafe { libc::dup(dir.as_raw_fd()) };
     if fd < 0 {
@@ -141,15 +150,15 @@ fn read_dir(dir: &OwnedFd) -> std::io::Result<(Vec<(String, Kind)>, bool)> {
         unsafe { libc::close(fd) };
         return Err(e);
     }
-    let mut out = Vec::new();
-    let mut complete = true;
+    let mut out = BTreeMap::new();
+    let (mut total, mut complete) = (0usize, true);
     loop {
         // SAFETY: d is an open DIR stream, used by this thread only.
         let ent = unsafe { libc::readdir(d) };
         if ent.is_null() {
             break;
         }
-        if out.len() == MAX_WALK {
+        if total == MAX_WALK {
             complete = false;
             break;
         }
@@ -171,11 +180,17 @@ fn read_dir(dir: &OwnedFd) -> std::io::Result<(Vec<(String, Kind)>, bool)> {
             libc::DT_UNKNOWN => stat_kind(dir, &name),
             _ => Kind::Other,
         };
-        out.push((String::from_utf8_lossy(&name).into_owned(), kind));
+        total += 1;
+        keep_first(
+            &mut out,
+            String::from_utf8_lossy(&name).into_owned(),
+            kind,
+            MAX_LIST,
+        );
     }
     // SAFETY: d is an open DIR stream; closedir also closes fd.
     unsafe { libc::closedir(d) };
-    Ok((out, complete))
+    Ok((out, total, complete))
 }
 
 fn stat_kind(dir: &OwnedFd, name: &[u8]) -> Kind {
@@ -321,19 +336,18 @@ pub fn glob(
 ) -> Result<String, String> {
     let matcher = glob_matcher("glob", "pattern", pattern)?;
     let branch = Branch::open(workspace, path)?;
-    let mut found: Vec<String> = Vec::new();
+    let (mut found, mut total) = (BTreeMap::new(), 0usize);
     let hit = branch.files(path.unwrap_or("."), cancel, |r, below| {
         if matcher.is_match(r[below..].join("/")) {
-            found.push(r.join("/"));
+            total += 1;
+            keep_first(&mut found, r.join("/"), (), MAX_GLOB);
         }
         true
     })?;
-    found.sort();
-    let total = found.len();
     if total == 0 {
         return Ok(format!("no files match {pattern}{}", walk_note(hit)));
     }
-    let mut out = found[..total.min(MAX_GLOB)].join("\n");
+    let mut out = found.into_keys().collect::<Vec<_>>().join("\n");
     if total > MAX_GLOB {
         out.push_str(&format!(
             "\n[{} more files match; {total} in all, this is the first {MAX_GLOB} by path]",
