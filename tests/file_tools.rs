@@ -335,3 +335,72 @@ async fn long_listings_and_searches_are_capped_with_a_note() {
     );
     assert!(r.iter().all(|(ok, _)| *ok));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_symlink_flipped_during_edits_and_walks_never_lets_them_out() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    const ATTEMPTS: usize = 400;
+    let ws = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let (w, o) = (ws.path().to_path_buf(), outside.path().to_path_buf());
+    write(&o, "f", "SECRET a b");
+    // Its name gives away a listing of the outside folder.
+    write(&o, "SECRET.txt", "a");
+    write(&w, "inner/f", "a");
+    std::os::unix::fs::symlink("inner", w.join("d")).unwrap();
+    // `ws/d` flips between `inner` and the outside folder, each flip an
+    // atomic rename over the link.
+    let stop = Arc::new(AtomicBool::new(false));
+    let flipper = {
+        let (w, o, stop) = (w.clone(), o.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut flips = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let tmp = w.join("d.tmp");
+                let _ = std::fs::remove_file(&tmp);
+                let target = if flips.is_multiple_of(2) {
+                    o.as_path()
+                } else {
+                    Path::new("inner")
+                };
+                std::os::unix::fs::symlink(target, &tmp).unwrap();
+                std::fs::rename(&tmp, w.join("d")).unwrap();
+                flips += 1;
+            }
+            flips
+        })
+    };
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let mut seen = Vec::new();
+    for i in 0..ATTEMPTS {
+        let (old, new) = if i % 2 == 0 { ("a", "b") } else { ("b", "a") };
+        let inputs = [
+            (
+                "edit_file",
+                json!({"path": "d/f", "old_string": old, "new_string": new}),
+            ),
+            ("grep", json!({"pattern": "SECRET|a|b", "path": "d"})),
+            ("glob", json!({"pattern": "*", "path": "d"})),
+            ("list_dir", json!({"path": "d"})),
+            ("read_file", json!({"path": "d/f", "offset": 1})),
+        ];
+        for (tool, input) in inputs {
+            let r = vak::core::tools::run(&w, tool, &input, &cancel).await;
+            if r.output.contains("SECRET") {
+                seen.push(format!("{tool}: {}", r.output));
+            }
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let flips = flipper.join().unwrap();
+    eprintln!("{ATTEMPTS} rounds over {flips} flips");
+    assert_eq!(seen, Vec::<String>::new(), "outputs that saw the outside file");
+    assert_eq!(read(&o, "f"), "SECRET a b", "the outside file is unchanged");
+    let mut names: Vec<_> = std::fs::read_dir(&o)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["SECRET.txt", "f"], "nothing was created outside");
+}
