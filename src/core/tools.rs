@@ -224,26 +224,14 @@ pub async fn run(workspace: &Path, tool: &str, input: &Value, cancel: &Cancellat
             let Some(path) = arg("path") else {
                 return ToolOutput::err("read_file needs a string `path`");
             };
-            let line_arg = |k: &str| match input.get(k) {
-                None | Some(Value::Null) => Ok(None),
-                Some(v) => match v.as_u64() {
-                    Some(n) if n >= 1 => Ok(Some(n)),
-                    _ => Err(format!("read_file: `{k}` must be a whole number from 1, got {v}")),
-                },
+            let window = match read::window_args(input) {
+                Ok(w) => w,
+                Err(e) => return ToolOutput::err(e),
             };
-            let (offset, limit) = match (line_arg("offset"), line_arg("limit")) {
-                (Ok(o), Ok(l)) => (o, l),
-                (Err(e), _) | (_, Err(e)) => return ToolOutput::err(e),
-            };
-            if offset.is_some() || limit.is_some() {
+            if let Some((offset, limit)) = window {
                 let (ws, p, c) = (workspace.to_path_buf(), path.to_string(), cancel.clone());
-                let offset = offset.unwrap_or(1);
                 let got = blocking(cancel, move || {
-                    let (file, _) = read::open(&ws, &p)?;
-                    read::refuse_binary(&file, &p)?;
-                    let w = read::window(&file, &p, offset, limit, MAX_OUTPUT, &c)?;
-                    let note = read::note(&p, &w).unwrap_or_default();
-                    Ok(w.text + &note)
+                    read::read_window(&ws, &p, offset, limit, MAX_OUTPUT, &c)
                 })
                 .await;
                 return match got {
@@ -316,50 +304,13 @@ pub async fn run(workspace: &Path, tool: &str, input: &Value, cancel: &Cancellat
             }
         }
         "list_dir" | "glob" | "grep" => {
-            let path = match input.get("path") {
-                None | Some(Value::Null) => None,
-                Some(Value::String(p)) => Some(p.clone()),
-                Some(_) => return ToolOutput::err(format!("{tool}: `path` must be a string")),
-            };
-            let string = |k: &str| -> Result<Option<String>, String> {
-                match input.get(k) {
-                    None | Some(Value::Null) => Ok(None),
-                    Some(Value::String(s)) => Ok(Some(s.clone())),
-                    Some(_) => Err(format!("{tool}: `{k}` must be a string")),
-                }
-            };
-            let (pattern, glob) = match (string("pattern"), string("glob")) {
-                (Ok(p), Ok(g)) => (p, g),
-                (Err(e), _) | (_, Err(e)) => return ToolOutput::err(e),
-            };
-            let case_insensitive = match input.get("case_insensitive") {
-                None | Some(Value::Null) => false,
-                Some(Value::Bool(b)) => *b,
-                Some(_) => return ToolOutput::err("grep: `case_insensitive` must be true or false"),
-            };
-            if tool != "list_dir" && pattern.is_none() {
-                return ToolOutput::err(format!("{tool} needs a string `pattern`"));
-            }
-            let (ws, c, tool) = (workspace.to_path_buf(), cancel.clone(), tool.to_string());
-            let got = blocking(cancel, move || {
-                let pattern = pattern.unwrap_or_default();
-                match tool.as_str() {
-                    "list_dir" => search::list_dir(&ws, path.as_deref()),
-                    "glob" => search::glob(&ws, &pattern, path.as_deref(), &c),
-                    _ => search::grep(
-                        &ws,
-                        &search::GrepArgs {
-                            pattern: &pattern,
-                            path: path.as_deref(),
-                            glob: glob.as_deref(),
-                            case_insensitive,
-                        },
-                        &c,
-                    ),
-                }
-            })
-            .await;
-            match got {
+            let (ws, c, tool, input) = (
+                workspace.to_path_buf(),
+                cancel.clone(),
+                tool.to_string(),
+                input.clone(),
+            );
+            match blocking(cancel, move || search::run(&ws, &tool, &input, &c)).await {
                 Some(Ok(text)) => ToolOutput::ok(text),
                 Some(Err(e)) => ToolOutput::err(e),
                 None => ToolOutput::err(CANCELLED),

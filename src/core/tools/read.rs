@@ -2,6 +2,7 @@
 //! `offset`/`limit` (in lines, 1-based) pick a window of a text file.
 
 use crate::core::workspace;
+use serde_json::Value;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
@@ -172,6 +173,39 @@ pub fn window(
         more,
         capped,
     })
+}
+
+/// read_file's `offset` and `limit`: None when neither is given (the
+/// whole file), else the offset (default 1) and the limit.
+pub fn window_args(input: &Value) -> Result<Option<(u64, Option<u64>)>, String> {
+    let line_arg = |k: &str| match input.get(k) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(n) if n >= 1 => Ok(Some(n)),
+            _ => Err(format!("read_file: `{k}` must be a whole number from 1, got {v}")),
+        },
+    };
+    let (offset, limit) = (line_arg("offset")?, line_arg("limit")?);
+    if offset.is_none() && limit.is_none() {
+        return Ok(None);
+    }
+    Ok(Some((offset.unwrap_or(1), limit)))
+}
+
+/// A window of the text file `path` beneath `workspace`, with its note.
+pub fn read_window(
+    workspace: &Path,
+    path: &str,
+    offset: u64,
+    limit: Option<u64>,
+    cap: usize,
+    cancel: &CancellationToken,
+) -> Result<String, String> {
+    let (file, _) = open(workspace, path)?;
+    refuse_binary(&file, path)?;
+    let w = window(&file, path, offset, limit, cap, cancel)?;
+    let note = note(path, &w).unwrap_or_default();
+    Ok(w.text + &note)
 }
 
 /// The note after a window: where it stopped and how to read on.

@@ -16,6 +16,7 @@
 //! `cancel` as they go and stop when it fires.
 
 use crate::core::workspace;
+use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -37,6 +38,44 @@ pub const MAX_WALK: usize = 200_000;
 pub const MAX_PATTERN: usize = 4096;
 
 const CANCELLED: &str = "cancelled";
+
+/// Runs list_dir, glob or grep with its JSON input.
+pub fn run(
+    workspace: &Path,
+    tool: &str,
+    input: &Value,
+    cancel: &CancellationToken,
+) -> Result<String, String> {
+    let string = |k: &str| -> Result<Option<&str>, String> {
+        match input.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(_) => Err(format!("{tool}: `{k}` must be a string")),
+        }
+    };
+    let path = string("path")?;
+    if tool == "list_dir" {
+        return list_dir(workspace, path);
+    }
+    let Some(pattern) = string("pattern")? else {
+        return Err(format!("{tool} needs a string `pattern`"));
+    };
+    if tool == "glob" {
+        return glob(workspace, pattern, path, cancel);
+    }
+    let case_insensitive = match input.get("case_insensitive") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err("grep: `case_insensitive` must be true or false".into()),
+    };
+    let args = GrepArgs {
+        pattern,
+        path,
+        glob: string("glob")?,
+        case_insensitive,
+    };
+    grep(workspace, &args, cancel)
+}
 
 /// Checks a pattern argument: not empty, no NUL, bounded.
 pub fn check_pattern(tool: &str, what: &str, p: &str) -> Result<(), String> {
