@@ -1,4 +1,9 @@
-//! The tools the agent can call (read_file, write_file, bash), each confined to the workspace.
+//! The tools the agent can call (read_file, write_file, edit_file, list_dir,
+//! glob, grep, bash), each confined to the workspace.
+
+mod edit;
+mod read;
+mod search;
 
 use super::provider::ToolDef;
 use super::workspace;
@@ -44,10 +49,16 @@ pub fn definitions() -> Vec<ToolDef> {
     vec![
         def(
             "read_file",
-            "Read a text file in the workspace. Output is cut at 1 MiB with a note.",
+            "Read a text file in the workspace (binary files are refused). Without offset and limit the \
+             whole file, cut at 1 MiB with a note; with them a window of lines, with a note saying \
+             how to read on when the file continues.",
             json!({
                 "type": "object",
-                "properties": {"path": {"type": "string", "description": "Path relative to the workspace root"}},
+                "properties": {
+                    "path": {"type": "string", "description": "Path relative to the workspace root"},
+                    "offset": {"type": "integer", "minimum": 1, "description": "The first line to read, from 1"},
+                    "limit": {"type": "integer", "minimum": 1, "description": "How many lines to read at most"}
+                },
                 "required": ["path"],
                 "additionalProperties": false
             }),
@@ -62,6 +73,79 @@ pub fn definitions() -> Vec<ToolDef> {
                     "content": {"type": "string", "description": "The whole new content of the file"}
                 },
                 "required": ["path", "content"],
+                "additionalProperties": false
+            }),
+        ),
+        def(
+            "edit_file",
+            "Replace exact text in a file of the workspace. Each old_string must match exactly once \
+             (or set replace_all); give `edits` to make several replacements at once, applied in \
+             order, all or none. A failing call leaves the file unchanged.",
+            json!({
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "description": "Path relative to the workspace root"},
+                    "old_string": {"type": "string", "description": "The exact text to replace (not empty)"},
+                    "new_string": {"type": "string", "description": "The text to put in its place"},
+                    "replace_all": {"type": "boolean", "description": "Replace every match instead of exactly one"},
+                    "edits": {
+                        "type": "array",
+                        "maxItems": edit::MAX_EDITS,
+                        "description": "Several replacements, instead of old_string/new_string",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "old_string": {"type": "string"},
+                                "new_string": {"type": "string"},
+                                "replace_all": {"type": "boolean"}
+                            },
+                            "required": ["old_string", "new_string"],
+                            "additionalProperties": false
+                        }
+                    }
+                },
+                "required": ["path"],
+                "additionalProperties": false
+            }),
+        ),
+        def(
+            "list_dir",
+            "List a folder of the workspace: entries sorted by name, folders with a trailing `/`, \
+             symlinks as `name -> target`. At most 1000 entries, with a note.",
+            json!({
+                "type": "object",
+                "properties": {"path": {"type": "string", "description": "Folder relative to the workspace root (default: the root)"}},
+                "additionalProperties": false
+            }),
+        ),
+        def(
+            "glob",
+            "Find files by glob pattern (`*` within a path segment, `**` across folders, `{a,b}`, `[ab]`), \
+             matched against paths relative to `path`; .gitignore'd files are left out. Paths relative \
+             to the workspace root, sorted, at most 1000, with a note.",
+            json!({
+                "type": "object",
+                "properties": {
+                    "pattern": {"type": "string", "description": "e.g. `**/*.rs` or `src/*.toml`"},
+                    "path": {"type": "string", "description": "Folder to search (default: the workspace root)"}
+                },
+                "required": ["pattern"],
+                "additionalProperties": false
+            }),
+        ),
+        def(
+            "grep",
+            "Search text files for a regular expression (Rust regex syntax); .gitignore'd and binary \
+             files are skipped. Lines as `path:line:text`, at most 1000 lines and 256 KiB, with a note.",
+            json!({
+                "type": "object",
+                "properties": {
+                    "pattern": {"type": "string", "description": "The regular expression"},
+                    "path": {"type": "string", "description": "Folder or file to search (default: the workspace root)"},
+                    "glob": {"type": "string", "description": "Only files matching this glob (a pattern without `/` matches file names)"},
+                    "case_insensitive": {"type": "boolean"}
+                },
+                "required": ["pattern"],
                 "additionalProperties": false
             }),
         ),
@@ -142,6 +226,10 @@ pub fn approval_reason(tool: &str, input: &Value) -> String {
         "write_file" => format!("write {} to {}", bytes(arg("content").len()), arg("path")),
         "bash" => format!("run `{}` in the workspace", arg("command")),
         "exit_plan_mode" => "leave plan mode and carry out this plan".into(),
+        "edit_file" => {
+            let n = input.get("edits").and_then(Value::as_array).map_or(1, Vec::len);
+            format!("edit {} ({})", arg("path"), crate::text::count(n, "replacement"))
+        }
         other => format!("run {other}"),
     }
 }
@@ -172,8 +260,34 @@ pub async fn run_live(
             let Some(path) = arg("path") else {
                 return ToolOutput::err("read_file needs a string `path`");
             };
+            let window = match read::window_args(input) {
+                Ok(w) => w,
+                Err(e) => return ToolOutput::err(e),
+            };
+            if let Some((offset, limit)) = window {
+                let (ws, p, c) = (workspace.to_path_buf(), path.to_string(), cancel.clone());
+                let got = blocking(cancel, move || {
+                    read::read_window(&ws, &p, offset, limit, MAX_OUTPUT, &c)
+                })
+                .await;
+                return match got {
+                    Some(Ok(text)) => ToolOutput::ok(text),
+                    Some(Err(e)) => ToolOutput::err(e),
+                    None => ToolOutput::err(CANCELLED),
+                };
+            }
             let (ws, p) = (workspace.to_path_buf(), path.to_string());
-            match blocking(cancel, move || workspace::read(&ws, &p, MAX_OUTPUT)).await {
+            match blocking(cancel, move || {
+                let read = workspace::read(&ws, &p, MAX_OUTPUT)?;
+                let more = read.truncated || read.bytes.len() > read::SNIFF;
+                let head = &read.bytes[..read.bytes.len().min(read::SNIFF)];
+                if let Some(why) = read::binary_reason(head, more) {
+                    return Err(read::binary_message(&p, why));
+                }
+                Ok(read)
+            })
+            .await
+            {
                 Some(Ok(read)) => {
                     let kept = read.bytes.len();
                     let (mut text, shown) = shown(read.bytes, MAX_OUTPUT, read.truncated);
@@ -204,6 +318,36 @@ pub async fn run_live(
             let (ws, p, c) = (workspace.to_path_buf(), path.to_string(), content.to_string());
             match blocking(cancel, move || workspace::write(&ws, &p, c.as_bytes())).await {
                 Some(Ok(())) => ToolOutput::ok(format!("wrote {} to {path}", bytes(len))),
+                Some(Err(e)) => ToolOutput::err(e),
+                None => ToolOutput::err(CANCELLED),
+            }
+        }
+        "edit_file" => {
+            let Some(path) = arg("path") else {
+                return ToolOutput::err("edit_file needs a string `path`");
+            };
+            let edits = match edit::parse(input) {
+                Ok(e) => e,
+                Err(e) => return ToolOutput::err(e),
+            };
+            let (ws, p) = (workspace.to_path_buf(), path.to_string());
+            match blocking(cancel, move || edit::edit(&ws, &p, &edits)).await {
+                Some(Ok(n)) => {
+                    ToolOutput::ok(format!("edited {path}: {}", crate::text::count(n, "replacement")))
+                }
+                Some(Err(e)) => ToolOutput::err(e),
+                None => ToolOutput::err(CANCELLED),
+            }
+        }
+        "list_dir" | "glob" | "grep" => {
+            let (ws, c, tool, input) = (
+                workspace.to_path_buf(),
+                cancel.clone(),
+                tool.to_string(),
+                input.clone(),
+            );
+            match blocking(cancel, move || search::run(&ws, &tool, &input, &c)).await {
+                Some(Ok(text)) => ToolOutput::ok(text),
                 Some(Err(e)) => ToolOutput::err(e),
                 None => ToolOutput::err(CANCELLED),
             }

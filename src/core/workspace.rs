@@ -134,7 +134,7 @@ pub fn write(workspace: &Path, path: &str, content: &[u8]) -> Result<(), String>
 }
 
 /// Refuses anything but a regular file with a single link; returns its size.
-fn check_regular(file: &File, path: &str, verb: &str) -> Result<u64, String> {
+pub(crate) fn check_regular(file: &File, path: &str, verb: &str) -> Result<u64, String> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let meta = file
         .metadata()
@@ -166,7 +166,7 @@ fn check_regular(file: &File, path: &str, verb: &str) -> Result<u64, String> {
 }
 
 /// A clear message for an open that failed.
-fn explain(path: &str, verb: &str, e: io::Error) -> String {
+pub(crate) fn explain(path: &str, verb: &str, e: io::Error) -> String {
     match e.raw_os_error() {
         Some(libc::EXDEV) => format!("{path}: a symlink leads outside the workspace"),
         Some(libc::ELOOP) => format!(
@@ -180,7 +180,7 @@ fn explain(path: &str, verb: &str, e: io::Error) -> String {
     }
 }
 
-fn open_root(workspace: &Path) -> Result<OwnedFd, String> {
+pub(crate) fn open_root(workspace: &Path) -> Result<OwnedFd, String> {
     let bad = |e: io::Error| format!("the workspace {} is not usable: {e}", workspace.display());
     let c = std::ffi::CString::new(workspace.as_os_str().as_encoded_bytes())
         .map_err(|_| bad(io::Error::from(io::ErrorKind::InvalidInput)))?;
@@ -221,7 +221,7 @@ fn make_dir_beneath(root: &OwnedFd, parts: &[&str]) -> io::Result<()> {
     open_beneath(root, parts, dir, 0).map(drop)
 }
 
-fn cstr(s: &str) -> io::Result<std::ffi::CString> {
+pub(crate) fn cstr(s: &str) -> io::Result<std::ffi::CString> {
     std::ffi::CString::new(s).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
 }
 

@@ -1,8 +1,8 @@
 //! The embedded offline model: deterministic, streaming, and able to drive every tool through prompt directives.
 //!
 //! Each non-blank prompt line runs in order. Lines starting with a directive
-//! (`/think`, `/read`, `/write`, `/bash`, `/bash-timeout`, `/plan`, `/sleep`,
-//! `/burst`, `/fail`) act;
+//! (`/think`, `/read`, `/write`, `/edit`, `/ls`, `/glob`, `/grep`, `/bash`,
+//! `/bash-timeout`, `/plan`, `/sleep`, `/burst`, `/fail`) act;
 //! any other line L is answered `echo: L`, one text_delta per word. A tool
 //! directive ends the turn with that tool call; the next turn resumes after
 //! it (the number of tool results since the prompt says where), so the
@@ -65,8 +65,57 @@ fn parse(line: &str) -> Directive<'_> {
     if let Some(t) = word("/think") {
         return Directive::Think(t);
     }
+    // `/NAME {...}` gives a tool its whole input as a JSON object.
+    let object = |name: &str, tool: &'static str, arg: &str| -> Option<Directive<'static>> {
+        if !arg.starts_with('{') {
+            return None;
+        }
+        Some(match serde_json::from_str::<Value>(arg) {
+            Ok(v) if v.is_object() => Directive::Tool(tool, v),
+            Ok(_) => Directive::Invalid(format!("{name} expects a JSON object")),
+            Err(e) => Directive::Invalid(format!("{name}: bad JSON argument: {e}")),
+        })
+    };
     if let Some(p) = word("/read") {
-        return Directive::Tool("read_file", json!({ "path": p.trim() }));
+        return object("/read", "read_file", p)
+            .unwrap_or_else(|| Directive::Tool("read_file", json!({ "path": p.trim() })));
+    }
+    if let Some(rest) = word("/edit") {
+        if let Some(d) = object("/edit", "edit_file", rest) {
+            return d;
+        }
+        let (path, change) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
+        return match change.split_once(" => ") {
+            Some((old, new)) => Directive::Tool(
+                "edit_file",
+                json!({ "path": path, "old_string": old, "new_string": new }),
+            ),
+            None => Directive::Invalid("/edit expects PATH OLD => NEW or a JSON object".into()),
+        };
+    }
+    if let Some(p) = word("/ls") {
+        return object("/ls", "list_dir", p).unwrap_or_else(|| match p {
+            "" => Directive::Tool("list_dir", json!({})),
+            p => Directive::Tool("list_dir", json!({ "path": p })),
+        });
+    }
+    if let Some(rest) = word("/glob") {
+        return object("/glob", "glob", rest).unwrap_or_else(|| {
+            let mut it = rest.split_whitespace();
+            match (it.next(), it.next()) {
+                (Some(pattern), None) => Directive::Tool("glob", json!({ "pattern": pattern })),
+                (Some(pattern), Some(path)) => {
+                    Directive::Tool("glob", json!({ "pattern": pattern, "path": path }))
+                }
+                (None, _) => Directive::Invalid("/glob expects PATTERN [PATH] or a JSON object".into()),
+            }
+        });
+    }
+    if let Some(pattern) = word("/grep") {
+        return object("/grep", "grep", pattern).unwrap_or_else(|| match pattern {
+            "" => Directive::Invalid("/grep expects PATTERN or a JSON object".into()),
+            p => Directive::Tool("grep", json!({ "pattern": p })),
+        });
     }
     if let Some(rest) = word("/write") {
         let (path, content) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
@@ -422,6 +471,51 @@ mod tests {
             assert_eq!(out.tool_calls[0].name, "bash");
             assert_eq!(out.tool_calls[0].input, input, "{line}");
         }
+    }
+
+    #[test]
+    fn file_tool_directives_take_words_or_a_json_object() {
+        let tool = |line: &str| match parse(line) {
+            Directive::Tool(name, input) => (name, input),
+            other => panic!("{line}: {other:?}"),
+        };
+        assert_eq!(
+            tool("/edit src/a.rs let x = 1; => let x = 2;"),
+            (
+                "edit_file",
+                json!({"path": "src/a.rs", "old_string": "let x = 1;", "new_string": "let x = 2;"})
+            )
+        );
+        assert_eq!(
+            tool(r#"/edit {"path": "a", "edits": [{"old_string": "x", "new_string": "y"}]}"#).1["edits"][0]
+                ["new_string"],
+            "y"
+        );
+        assert_eq!(
+            tool(r#"/read {"path": "a", "offset": 3}"#),
+            ("read_file", json!({"path": "a", "offset": 3}))
+        );
+        assert_eq!(tool("/ls"), ("list_dir", json!({})));
+        assert_eq!(tool("/ls src"), ("list_dir", json!({"path": "src"})));
+        assert_eq!(
+            tool("/glob **/*.rs src"),
+            ("glob", json!({"pattern": "**/*.rs", "path": "src"}))
+        );
+        assert_eq!(
+            tool("/grep fn [a-z]+ \\("),
+            ("grep", json!({"pattern": "fn [a-z]+ \\("}))
+        );
+        let invalid = |line: &str| match parse(line) {
+            Directive::Invalid(why) => why,
+            other => panic!("{line}: {other:?}"),
+        };
+        assert_eq!(
+            invalid("/edit a.rs no arrow"),
+            "/edit expects PATH OLD => NEW or a JSON object"
+        );
+        assert!(invalid("/grep {nope").starts_with("/grep: bad JSON argument"));
+        assert_eq!(invalid("/grep"), "/grep expects PATTERN or a JSON object");
+        assert_eq!(invalid("/glob"), "/glob expects PATTERN [PATH] or a JSON object");
     }
 
     #[tokio::test(start_paused = true)]
