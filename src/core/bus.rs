@@ -212,6 +212,7 @@ fn subscribe(shared: &Arc<Shared>, after: Option<u64>) -> Subscription {
         cursor: after.unwrap_or(latest),
         resync: None,
         retained_upto: latest,
+        from_log: VecDeque::new(),
         queue: Arc::new(SubQueue::new(&shared.cfg)),
         catching_up: false,
         done: false,
@@ -397,6 +398,9 @@ pub struct Subscription {
     /// Frames up to this seq (the latest when the queue was attached) come
     /// from the ring or the log; later ones from the queue.
     retained_upto: u64,
+    /// What the last read from the log brought that is still due: a chunk
+    /// is read once per subscription, however few frames a call takes.
+    from_log: VecDeque<Arc<Frame>>,
     queue: Arc<SubQueue>,
     /// Resumed after its queue overflowed: replayed deltas merge.
     catching_up: bool,
@@ -459,6 +463,9 @@ impl Subscription {
     /// still holds them, else from the log.
     async fn take_retained(&mut self, max: usize) -> Vec<Delivery> {
         let upto = self.retained_upto;
+        if !self.from_log.is_empty() {
+            return self.take_from_log(upto, max);
+        }
         let from_ring: Result<Vec<Arc<Frame>>, u64> = {
             let inner = self.shared.lock();
             match inner.ring.front().map(|f| f.seq) {
@@ -509,6 +516,22 @@ impl Subscription {
         out
     }
 
+    /// The frames read from the log, as far as `max` allows.
+    fn take_from_log(&mut self, upto: u64, max: usize) -> Vec<Delivery> {
+        let mut out = Vec::new();
+        while let Some(f) = self.from_log.front().cloned() {
+            if f.seq <= self.cursor {
+                self.from_log.pop_front();
+                continue;
+            }
+            if !self.accept(&mut out, &f, upto, max) {
+                break;
+            }
+            self.from_log.pop_front();
+        }
+        out
+    }
+
     /// Adds retained frame `f` to `out` if it is due and there is room;
     /// false when the replay stops here for now. A subscription catching up
     /// after its queue overflowed merges consecutive deltas as its queue
@@ -555,12 +578,12 @@ impl Subscription {
                 Arc::from(Vec::new())
             }
         };
-        let mut out = Vec::new();
-        for frame in chunk.iter().filter(|f| f.seq > after) {
-            if !self.accept(&mut out, frame, upto, max) {
-                break;
-            }
-        }
+        self.from_log = chunk
+            .iter()
+            .filter(|f| f.seq > after && f.seq <= upto)
+            .cloned()
+            .collect();
+        let out = self.take_from_log(upto, max);
         if out.is_empty() && self.resync.is_none() {
             // The log has nothing more up to `upto`: say so, then go on.
             self.resync = Some(("history_unavailable", self.shared.lock().latest));
