@@ -307,11 +307,19 @@ impl SubQueue {
         if st.detached || st.lagged || st.end.is_some() {
             return false;
         }
+        // A delta merged into the tail costs its text, not another frame.
+        let mut cost = frame.size;
         let fits = st.bytes + frame.size <= self.budget && self.total.get() + frame.size <= self.total_budget;
         let placed = fits
-            && (st.frames.len() < self.cap || merge_into_tail(&mut st.frames, frame) || {
-                compact(&mut st.frames);
-                st.frames.len() < self.cap || merge_into_tail(&mut st.frames, frame)
+            && (st.frames.len() < self.cap || {
+                let merged = merge_into_tail(&mut st.frames, frame) || {
+                    compact(&mut st.frames);
+                    st.frames.len() >= self.cap && merge_into_tail(&mut st.frames, frame)
+                };
+                if merged {
+                    cost = frame.event.delta_len().unwrap_or(frame.size);
+                }
+                merged || st.frames.len() < self.cap
             });
         if !placed {
             // Everything queued stays deliverable; past it the reader
@@ -324,7 +332,7 @@ impl SubQueue {
         if st.frames.back().is_none_or(|b| b.seq < frame.seq) {
             st.frames.push_back(frame.clone());
         }
-        let bytes = st.bytes + frame.size;
+        let bytes = st.bytes + cost;
         self.set_bytes(st, bytes);
         drop(guard);
         self.notify.notify_one();
