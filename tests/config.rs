@@ -75,23 +75,6 @@ async fn run_to_end(s: &TestServer, ev: &mut Sse, sid: &str, prompt: &str) -> Ve
     ev.until("run_finished").await
 }
 
-#[track_caller]
-fn assert_completed(frames: &[Frame]) {
-    assert_eq!(
-        frames.last().unwrap().body()["outcome"],
-        "completed",
-        "{frames:#?}"
-    );
-}
-
-fn all_text(frames: &[Frame]) -> String {
-    frames
-        .iter()
-        .map(|f| f.data.to_string())
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 #[tokio::test]
 async fn get_config_shows_the_default_offline_route() {
     let s = TestServer::start().await;

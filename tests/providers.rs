@@ -8,7 +8,7 @@ use fake_provider::{FakeProvider, Recorded, Reply};
 use serde_json::{json, Value};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use support::{text_of, Frame, TestServer, DEADLINE};
+use support::{all_text, assert_completed, finished, text_of, Frame, TestServer, DEADLINE};
 use tokio_util::sync::CancellationToken;
 use vak::core::provider::http::ClientOptions;
 use vak::core::provider::{
@@ -81,26 +81,6 @@ fn of_kind<'a>(frames: &'a [Frame], kind: &str) -> Vec<&'a Value> {
         .filter(|f| f.event == kind)
         .map(|f| f.body())
         .collect()
-}
-
-fn finished(frames: &[Frame]) -> &Value {
-    let last = frames.last().expect("frames");
-    assert_eq!(last.event, "run_finished");
-    last.body()
-}
-
-#[track_caller]
-fn assert_completed(frames: &[Frame]) {
-    assert_eq!(finished(frames)["outcome"], "completed", "{frames:#?}");
-}
-
-/// Everything the client saw, as one text (for leak checks).
-fn all_text(frames: &[Frame]) -> String {
-    frames
-        .iter()
-        .map(|f| f.data.to_string())
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 // ---- OpenAI-compatible --------------------------------------------------------

@@ -264,7 +264,7 @@ pub async fn run_leg(session: &Session, input: &Input, cancel: &CancellationToke
             return (RunOutcome::Completed, "completed".into());
         }
         for call in output.tool_calls {
-            call_tool(session, call, cancel).await;
+            call_tool(session, &leg.tools, call, cancel).await;
             if cancel.is_cancelled() {
                 return (RunOutcome::Cancelled, CANCELLED.into());
             }
@@ -288,13 +288,9 @@ fn plan_of(input: &serde_json::Value) -> Result<(), String> {
     }
 }
 
-fn tool_defs_contain(tool: &str) -> bool {
-    tools::definitions().iter().any(|d| d.name == tool)
-}
-
 /// Publishes tool_call, settles permission, runs the tool and publishes its
 /// tool_result: every call gets exactly one result, also when refused or cancelled.
-async fn call_tool(session: &Session, call: ToolCall, cancel: &CancellationToken) {
+async fn call_tool(session: &Session, defs: &[ToolDef], call: ToolCall, cancel: &CancellationToken) {
     // The provider's own id goes back to it with the result; a provider
     // that sends none (or an unusable one) gets one of ours.
     let call_id = if call.id.is_empty() || call.id.len() > 128 {
@@ -312,7 +308,7 @@ async fn call_tool(session: &Session, call: ToolCall, cancel: &CancellationToken
     });
     let rt = session.runtime();
     let class = tools::class(&tool);
-    let decision = if tool_defs_contain(&tool) {
+    let decision = if defs.iter().any(|d| d.name == tool) {
         permissions::decide(rt.mode(), class)
     } else {
         // Nothing to approve: it cannot run.

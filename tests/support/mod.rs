@@ -280,6 +280,27 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 }
 
 /// The concatenated text of the text_delta frames.
+/// The last frame, which must be run_finished; its body.
+pub fn finished(frames: &[Frame]) -> &Value {
+    let last = frames.last().expect("frames");
+    assert_eq!(last.event, "run_finished");
+    last.body()
+}
+
+#[track_caller]
+pub fn assert_completed(frames: &[Frame]) {
+    assert_eq!(finished(frames)["outcome"], "completed", "{frames:#?}");
+}
+
+/// Everything the client saw, as one text (for leak checks).
+pub fn all_text(frames: &[Frame]) -> String {
+    frames
+        .iter()
+        .map(|f| f.data.to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 pub fn text_of(frames: &[Frame]) -> String {
     frames
         .iter()
