@@ -1025,6 +1025,9 @@ async fn show_prints_a_collapsed_tool_output_in_full() {
         pty.wait_for("no tool output to show yet").await;
         pty.send("/read lines.txt\r");
         pty.wait_for("✓ read_file: first (+2 more lines: /show 1)").await;
+        // The run goes on after the tool result (the model answers it); /show
+        // while it runs is printed above the spinner and the steer prompt.
+        wait_idle(&pty).await;
         assert!(!pty.screen().contains("second"), "{t}: collapsed");
         pty.send("/show\r");
         let screen = pty.wait_for_line("third").await;
