@@ -270,8 +270,17 @@ impl ServeArgs {
             Some(t) => t.clone(),
             None => home::stable_token(&core.home, self.rotate_token)?,
         };
-        let mut cfg = ServeConfig::new(core, token);
         let server = std::mem::take(&mut file.server);
+        for root in &server.workspace_roots {
+            if !root.is_absolute() {
+                return Err(Error::invalid(format!(
+                    "[server] workspace_roots: {} is not an absolute path",
+                    root.display()
+                )));
+            }
+        }
+        core.workspace_roots = server.workspace_roots;
+        let mut cfg = ServeConfig::new(core, token);
         cfg.trusted_hosts = [server.trusted_hosts, self.trusted_hosts.clone()].concat();
         cfg.allow_origins = [server.allow_origins, self.allow_origins.clone()].concat();
         for o in &cfg.allow_origins {

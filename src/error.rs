@@ -24,6 +24,9 @@ pub enum ErrorKind {
     /// The model service was asked and failed; `reason` says how (`network`,
     /// `auth`, `rate_limit`, …).
     Upstream,
+    /// A file or content is larger than the cap of the operation (a file read
+    /// or written through the files API); the message names both sizes.
+    TooLarge,
 }
 
 impl ErrorKind {
@@ -38,6 +41,8 @@ impl ErrorKind {
             ErrorKind::ResourceExhausted => "resource_exhausted",
             ErrorKind::NoAiService => "no_ai_service",
             ErrorKind::Upstream => "bad_gateway",
+            // The same code as a request body over the limit: one code per status.
+            ErrorKind::TooLarge => "payload_too_large",
         }
     }
 }
@@ -76,6 +81,9 @@ impl Error {
     }
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Internal, message)
+    }
+    pub fn too_large(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::TooLarge, message)
     }
 }
 

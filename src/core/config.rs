@@ -226,6 +226,9 @@ pub struct FileServer {
     pub trusted_hosts: Vec<String>,
     #[serde(default)]
     pub allow_origins: Vec<String>,
+    /// Absolute folders `GET /fs/dirs` may list (absent: the workspace alone).
+    #[serde(default)]
+    pub workspace_roots: Vec<PathBuf>,
 }
 
 /// `[model]` of config.toml.

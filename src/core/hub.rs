@@ -7,6 +7,7 @@
 use super::config::{RoutePatch, RouteSpec, Settings};
 use super::index::{Entry, Index};
 use super::ledger::{Ledger, OpenError};
+use super::lifecycle;
 use super::mux::Control;
 use super::session::{Route, Runtime, Session, SessionInfo};
 use super::CoreConfig;
@@ -358,6 +359,7 @@ impl Hub {
         let path = self.ledger_path(id);
         let rt = self.rt.clone();
         let sid = id.to_string();
+        let dir = self.rt.cfg.sessions_dir();
         let loaded = tokio::task::spawn_blocking(move || {
             let session = match Session::restore(rt, &path) {
                 Ok(session) => session,
@@ -367,6 +369,7 @@ impl Hub {
                 Err(OpenError::Io(e)) => return Err(e),
                 Err(OpenError::Corrupt(why)) => return Err(set_aside(&path, &sid, &why)),
             };
+            session.set_title(lifecycle::read_title(&dir, &sid));
             tracing::info!(
                 session = %sid,
                 latest_seq = session.latest_seq(),
@@ -383,6 +386,92 @@ impl Hub {
     /// Explicit attach: the same as `get`, named for the API.
     pub async fn attach(&self, id: &str) -> Result<Arc<Session>> {
         self.get(id).await
+    }
+
+    /// Deletes session `id`: refused (conflict) while a run is live; its
+    /// streams end with session_closed {reason: "deleted"}, its ledger moves
+    /// to the home's trash, it leaves the listing, and the id is not found
+    /// from then on.
+    pub async fn delete(&self, id: &str) -> Result<()> {
+        let s = self.get(id).await?;
+        s.begin_delete()?;
+        s.close_streams("deleted").await;
+        let (home, dir, sid) = (
+            self.rt.cfg.home.clone(),
+            self.rt.cfg.sessions_dir(),
+            id.to_string(),
+        );
+        let moved = tokio::task::spawn_blocking(move || lifecycle::move_to_trash(&home, &dir, &sid))
+            .await
+            .map_err(|e| Error::internal(e.to_string()))?;
+        // Dropped from the map only after the move: until then a concurrent
+        // use finds the deleted session (which refuses input), never a
+        // reload of the ledger. Also after a failed move, so the next use
+        // loads the session again as it is on disk.
+        {
+            let mut map = self.loaded();
+            if map
+                .get(id)
+                .is_some_and(|c| c.get().is_some_and(|live| Arc::ptr_eq(live, &s)))
+            {
+                map.remove(id);
+            }
+        }
+        let to = moved?;
+        self.index.remove(id);
+        self.save_index().await;
+        tracing::info!(session = id, trash = %to.display(), "session deleted");
+        Ok(())
+    }
+
+    /// Gives session `id` a title of the client's choosing (kept in
+    /// `sessions/<id>.title`, so it survives restarts and index rebuilds).
+    pub async fn rename(&self, id: &str, title: &str) -> Result<SessionInfo> {
+        let title = lifecycle::validate_title(title)?;
+        let s = self.get(id).await?;
+        let (dir, sid, t) = (self.rt.cfg.sessions_dir(), id.to_string(), title.clone());
+        tokio::task::spawn_blocking(move || lifecycle::write_title(&dir, &sid, &t))
+            .await
+            .map_err(|e| Error::internal(e.to_string()))??;
+        s.set_title(Some(title));
+        self.note(&s);
+        self.save_index().await;
+        Ok(s.info())
+    }
+
+    /// A new session whose history is `id`'s up to `at_seq` (absent: its
+    /// latest, refused while a run is live): the same events under the same
+    /// seqs, then its own from at_seq + 1. Returns it and the seq it was cut at.
+    pub async fn fork(&self, id: &str, at_seq: Option<u64>) -> Result<(Arc<Session>, u64)> {
+        self.refuse_when_stopping()?;
+        let parent = self.get(id).await?;
+        let latest = parent.latest_seq();
+        let at = match at_seq {
+            Some(at) if at > latest => {
+                return Err(Error::invalid(format!(
+                    "at_seq {at} is past the session's latest seq {latest}"
+                )))
+            }
+            Some(at) => at,
+            None if parent.is_busy() => {
+                return Err(Error::conflict(format!(
+                    "session {id} has a live run; give at_seq or wait for run_finished"
+                )))
+            }
+            None => latest,
+        };
+        // Everything up to `at` is in the ledger file before it is copied.
+        parent.flush().await?;
+        let child = uuid::Uuid::new_v4().simple().to_string();
+        let created_at = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
+        let (from, to, cid) = (self.ledger_path(id), self.ledger_path(&child), child.clone());
+        tokio::task::spawn_blocking(move || lifecycle::fork_ledger(&from, &to, &cid, &created_at, at))
+            .await
+            .map_err(|e| Error::internal(e.to_string()))??;
+        let forked = self.get(&child).await?;
+        self.save_index().await;
+        tracing::info!(session = %child, parent = id, at_seq = at, "session forked");
+        Ok((forked, at))
     }
 
     /// Unloads sessions nobody has used for `unload_idle_after`: no run,

@@ -443,10 +443,14 @@ fn summarize(id: &str, path: &Path) -> Result<Entry, String> {
     if s.created_at.len() > MAX_CREATED_AT {
         return Err("its header has an overlong created_at".to_string());
     }
+    // A title a client chose wins over the first prompt's.
+    let chosen = path
+        .parent()
+        .and_then(|dir| super::lifecycle::read_title(dir, id));
     Ok(Entry {
         session_id: s.session_id,
         created_at: s.created_at,
-        title: title_of(&s.title),
+        title: title_of(&chosen.unwrap_or(s.title)),
         latest_seq: s.latest_seq,
         usage: TokenUsage::default(),
     })

@@ -137,12 +137,12 @@ pub trait Log: Send + Sync + 'static {
 }
 
 /// How a snapshot line starts (`Record::Snapshot`, externally tagged).
-const SNAPSHOT_PREFIX: &[u8] = b"{\"snapshot\":";
+pub(crate) const SNAPSHOT_PREFIX: &[u8] = b"{\"snapshot\":";
 /// How an event line starts (`Record::Event`: seq is its first field).
 const EVENT_PREFIX: &[u8] = b"{\"event\":{\"seq\":";
 
 /// The seq of an event line, read from its prefix without parsing the rest.
-fn event_seq(line: &[u8]) -> Option<u64> {
+pub(crate) fn event_seq(line: &[u8]) -> Option<u64> {
     let rest = line.strip_prefix(EVENT_PREFIX)?;
     let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
     std::str::from_utf8(&rest[..digits]).ok()?.parse().ok()

@@ -6,10 +6,13 @@ pub mod bus;
 pub mod config;
 pub mod cursor;
 pub mod deltas;
+pub mod diff;
 pub mod event;
+pub mod files;
 pub mod hub;
 pub mod index;
 pub mod ledger;
+pub mod lifecycle;
 pub mod mux;
 pub mod permissions;
 pub mod presentation;
@@ -76,6 +79,11 @@ pub struct CoreConfig {
     pub route_flags: config::RouteLayer,
     /// The environment's route variables and API keys, captured at startup.
     pub env: config::Environment,
+    /// `[server] workspace_roots`: the folders `GET /fs/dirs` may list
+    /// (absolute). Empty: the workspace alone.
+    pub workspace_roots: Vec<PathBuf>,
+    /// The git program `GET /sessions/:id/diff` runs (found on PATH by default).
+    pub git: PathBuf,
 }
 
 impl CoreConfig {
@@ -98,6 +106,17 @@ impl CoreConfig {
             temperature: None,
             route_flags: config::RouteLayer::default(),
             env: config::Environment::default(),
+            workspace_roots: Vec::new(),
+            git: PathBuf::from("git"),
+        }
+    }
+
+    /// The folders `GET /fs/dirs` may list: the configured roots, else the workspace.
+    pub fn dir_roots(&self) -> Vec<PathBuf> {
+        if self.workspace_roots.is_empty() {
+            vec![self.workspace.clone()]
+        } else {
+            self.workspace_roots.clone()
         }
     }
 

@@ -159,6 +159,8 @@ pub struct Session {
     busy: watch::Sender<bool>,
     /// When a client last asked for this session (idle unloading).
     last_used: Mutex<Instant>,
+    /// The title a client chose (`sessions/<id>.title`), over the derived one.
+    title: Mutex<Option<String>>,
 }
 
 impl Drop for Session {
@@ -274,6 +276,8 @@ pub struct Presented {
 struct RunState {
     running: bool,
     closing: bool,
+    /// Set with `closing` when the session is being deleted.
+    deleted: bool,
     queue: VecDeque<Input>,
     leg_cancel: Option<CancellationToken>,
     admitted: HashSet<String>,
@@ -347,6 +351,7 @@ impl Session {
             run: Mutex::new(RunState::default()),
             busy: watch::channel(false).0,
             last_used: Mutex::new(Instant::now()),
+            title: Mutex::new(None),
         });
         let visible: Weak<dyn Visible> = Arc::downgrade(&session) as Weak<Session>;
         let snapshots = writer::SnapshotPolicy::new(session.rt.cfg.snapshot_min_bytes);
@@ -363,15 +368,17 @@ impl Session {
     }
 
     pub fn info(&self) -> SessionInfo {
+        let chosen = lock(&self.title).clone();
         let (title, usage) = {
             let f = lock(&self.folds);
-            let title = f
-                .transcript
-                .messages
-                .iter()
-                .find(|m| m.role == super::transcript::Role::User)
-                .map(|m| super::index::title_of(&m.text))
-                .unwrap_or_default();
+            let title = chosen.unwrap_or_else(|| {
+                f.transcript
+                    .messages
+                    .iter()
+                    .find(|m| m.role == super::transcript::Role::User)
+                    .map(|m| super::index::title_of(&m.text))
+                    .unwrap_or_default()
+            });
             (title, f.transcript.usage)
         };
         SessionInfo {
@@ -516,6 +523,12 @@ impl Session {
             if let Some((reason, _)) = &run.failed {
                 return Err(Error::new(ErrorKind::Unavailable, reason.clone()));
             }
+            if run.deleted {
+                return Err(Error::not_found(format!(
+                    "no session {}: it was deleted",
+                    self.id
+                )));
+            }
             if run.closing {
                 return Err(Error::new(ErrorKind::Unavailable, "the server is shutting down"));
             }
@@ -537,6 +550,12 @@ impl Session {
             return Err(Error::new(ErrorKind::Unavailable, reason));
         }
         let mut run = lock(&self.run);
+        if run.deleted {
+            return Err(Error::not_found(format!(
+                "no session {}: it was deleted",
+                self.id
+            )));
+        }
         if run.closing {
             return Err(Error::new(ErrorKind::Unavailable, "the server is shutting down"));
         }
@@ -657,6 +676,48 @@ impl Session {
     pub fn interrupt(&self, reason: &str) -> (bool, usize) {
         let denied = self.approvals.deny_all(reason, |e| self.publish(e));
         (self.cancel().cancelled, denied)
+    }
+
+    /// Sets the title a client chose (None: derive it from the first prompt).
+    pub fn set_title(&self, title: Option<String>) {
+        *lock(&self.title) = title;
+    }
+
+    /// Whether a run is in flight now.
+    pub fn is_busy(&self) -> bool {
+        lock(&self.run).running
+    }
+
+    /// The first step of deleting the session: from now on input is refused
+    /// as not found. Refused (a conflict) while a run is live, checked under
+    /// the same lock admission takes, so no run can start in between.
+    pub fn begin_delete(&self) -> Result<()> {
+        let mut run = lock(&self.run);
+        if run.deleted {
+            return Err(Error::not_found(format!(
+                "no session {}: it was deleted",
+                self.id
+            )));
+        }
+        if run.running {
+            return Err(Error::conflict(format!(
+                "session {} has a live run; cancel it and wait for run_finished first",
+                self.id
+            )));
+        }
+        if run.closing {
+            return Err(Error::new(ErrorKind::Unavailable, "the server is shutting down"));
+        }
+        run.closing = true;
+        run.deleted = true;
+        Ok(())
+    }
+
+    /// Ends every stream of the session with session_closed {reason}, once
+    /// what was published before is visible on them.
+    pub async fn close_streams(&self, reason: &str) {
+        let _ = self.pipe.barrier().await;
+        self.bus.close(reason);
     }
 
     /// Resolves once no run is in flight (its run_finished published).

@@ -1,9 +1,9 @@
 //! The tools the agent can call (read_file, write_file, edit_file, list_dir,
 //! glob, grep, bash), each confined to the workspace.
 
-mod edit;
+pub(crate) mod edit;
 mod read;
-mod search;
+pub(crate) mod search;
 
 use super::provider::ToolDef;
 use super::workspace;

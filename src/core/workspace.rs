@@ -194,7 +194,7 @@ pub(crate) fn open_root(workspace: &Path) -> Result<OwnedFd, String> {
 }
 
 /// Makes the directory `parts` (its parent exists beneath `root`), if it is missing.
-fn make_dir_beneath(root: &OwnedFd, parts: &[&str]) -> io::Result<()> {
+pub(crate) fn make_dir_beneath(root: &OwnedFd, parts: &[&str]) -> io::Result<()> {
     let dir = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC;
     match open_beneath(root, parts, dir, 0) {
         Ok(_) => return Ok(()),

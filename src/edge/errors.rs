@@ -26,9 +26,10 @@ pub fn to_status(e: Error) -> Status {
         // tell them from the plain codes they share.
         ErrorKind::NoAiService => Code::FailedPrecondition,
         ErrorKind::Upstream => Code::Unavailable,
+        ErrorKind::TooLarge => Code::OutOfRange,
     };
     match e.kind {
-        ErrorKind::NoAiService | ErrorKind::Upstream => {
+        ErrorKind::NoAiService | ErrorKind::Upstream | ErrorKind::TooLarge => {
             let mut md = tonic::metadata::MetadataMap::new();
             md.insert(
                 KIND_HEADER,
@@ -50,7 +51,8 @@ pub const KIND_HEADER: &str = "vak-error-kind";
 pub const REASON_HEADER: &str = "vak-error-reason";
 
 /// The REST answer of a status that carries a kind: `no_ai_service` is 400
-/// with `"kind": "no_ai_service"`, an upstream failure 502 with its `reason`.
+/// with `"kind": "no_ai_service"`, an upstream failure 502 with its `reason`,
+/// a file over a cap 413 (OUT_OF_RANGE alone is a 400).
 fn kind_response(s: &Status) -> Option<Response> {
     let kind = s.metadata().get(KIND_HEADER)?.to_str().ok()?;
     let reason = s.metadata().get(REASON_HEADER).and_then(|v| v.to_str().ok());
@@ -62,6 +64,10 @@ fn kind_response(s: &Status) -> Option<Response> {
         "bad_gateway" => (
             StatusCode::BAD_GATEWAY,
             serde_json::json!({"code": "bad_gateway", "message": s.message()}),
+        ),
+        "payload_too_large" => (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            serde_json::json!({"code": "payload_too_large", "message": s.message()}),
         ),
         _ => return None,
     };
@@ -165,12 +171,16 @@ mod tests {
             (ErrorKind::ResourceExhausted, 429),
             (ErrorKind::NoAiService, 400),
             (ErrorKind::Upstream, 502),
+            (ErrorKind::TooLarge, 413),
         ];
         for (kind, http) in cases {
             let s = to_status(Error::new(kind, "m"));
             let resp = status_response(&s);
             assert_eq!(resp.status().as_u16(), http, "{kind:?}");
-            if !matches!(kind, ErrorKind::NoAiService | ErrorKind::Upstream) {
+            if !matches!(
+                kind,
+                ErrorKind::NoAiService | ErrorKind::Upstream | ErrorKind::TooLarge
+            ) {
                 assert_eq!(http_of(s.code()).0.as_u16(), http);
             }
             assert_eq!(

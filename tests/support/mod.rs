@@ -143,13 +143,16 @@ impl TestServer {
     }
 
     pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
-        let r = self
-            .http()
-            .post(format!("{}{path}", self.url))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        self.send(reqwest::Method::POST, path, Some(body)).await
+    }
+
+    /// Any method with an optional JSON body; returns (status, body).
+    pub async fn send(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        let mut req = self.http().request(method, format!("{}{path}", self.url));
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let r = req.send().await.unwrap();
         let status = r.status().as_u16();
         (status, r.json().await.unwrap_or(Value::Null))
     }

@@ -227,6 +227,43 @@ impl AgentService for Baseline {
     ) -> Result<Response<pb::ListModelsResponse>, Status> {
         unimplemented()
     }
+    // ---- Workspace files, diff and session lifecycle (issue 15) ----
+    async fn read_file(&self, _: Request<pb::ReadFileRequest>) -> Result<Response<pb::FileContent>, Status> {
+        unimplemented()
+    }
+    async fn write_file(
+        &self,
+        _: Request<pb::WriteFileRequest>,
+    ) -> Result<Response<pb::WriteFileResponse>, Status> {
+        unimplemented()
+    }
+    async fn list_tree(&self, _: Request<pb::ListTreeRequest>) -> Result<Response<pb::FileTree>, Status> {
+        unimplemented()
+    }
+    async fn list_dirs(&self, _: Request<pb::ListDirsRequest>) -> Result<Response<pb::DirListing>, Status> {
+        unimplemented()
+    }
+    async fn get_diff(&self, _: Request<pb::GetDiffRequest>) -> Result<Response<pb::WorkspaceDiff>, Status> {
+        unimplemented()
+    }
+    async fn delete_session(
+        &self,
+        _: Request<pb::DeleteSessionRequest>,
+    ) -> Result<Response<pb::DeleteSessionResponse>, Status> {
+        unimplemented()
+    }
+    async fn rename_session(
+        &self,
+        _: Request<pb::RenameSessionRequest>,
+    ) -> Result<Response<pb::SessionSummary>, Status> {
+        unimplemented()
+    }
+    async fn fork_session(
+        &self,
+        _: Request<pb::ForkSessionRequest>,
+    ) -> Result<Response<pb::ForkSessionResponse>, Status> {
+        unimplemented()
+    }
 }
 
 /// `vak-bench baseline-server`: serves until killed, announcing its address

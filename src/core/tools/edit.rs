@@ -164,7 +164,12 @@ pub fn edit(workspace: &Path, path: &str, edits: &[Edit]) -> Result<usize, Strin
     Ok(made)
 }
 
-fn openat(dir: &OwnedFd, name: &str, flags: libc::c_int, mode: libc::mode_t) -> std::io::Result<OwnedFd> {
+pub(crate) fn openat(
+    dir: &OwnedFd,
+    name: &str,
+    flags: libc::c_int,
+    mode: libc::mode_t,
+) -> std::io::Result<OwnedFd> {
     let c = workspace::cstr(name)?;
     loop {
         // SAFETY: dir is an open directory fd and c a NUL-terminated single name.
@@ -181,7 +186,13 @@ fn openat(dir: &OwnedFd, name: &str, flags: libc::c_int, mode: libc::mode_t) -> 
 }
 
 /// Writes `content` to a new temp file in `dir` and renames it over `name`.
-fn replace(dir: &OwnedFd, name: &str, path: &str, content: &[u8], mode: u32) -> Result<(), String> {
+pub(crate) fn replace(
+    dir: &OwnedFd,
+    name: &str,
+    path: &str,
+    content: &[u8],
+    mode: u32,
+) -> Result<(), String> {
     let fail = |e: std::io::Error| format!("cannot write {path}: {e}; the file is unchanged");
     let suffix = uuid::Uuid::new_v4().simple().to_string();
     // A name of at most 255 bytes: the original's start, then the suffix.

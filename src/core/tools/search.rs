@@ -262,7 +262,7 @@ fn readlinkat(dir: &OwnedFd, name: &str) -> std::io::Result<String> {
 }
 
 /// A walk over one branch of the workspace.
-struct Branch {
+pub(crate) struct Branch {
     root: OwnedFd,
     /// Where the walk starts: `/proc/self/fd/N` of `root`, or the workspace path.
     base: PathBuf,
@@ -271,7 +271,7 @@ struct Branch {
 }
 
 impl Branch {
-    fn open(workspace: &Path, path: Option<&str>) -> Result<Branch, String> {
+    pub(crate) fn open(workspace: &Path, path: Option<&str>) -> Result<Branch, String> {
         let parts = parts(path)?;
         let root = workspace::open_root(workspace)?;
         // Refuses escapes and non-folders with the usual messages.
@@ -292,7 +292,7 @@ impl Branch {
     /// Walks the branch, calling `f` with each file's path relative to the
     /// workspace and to the named folder; stops when `f` says so. Returns
     /// whether the walk hit MAX_WALK.
-    fn files(
+    pub(crate) fn files(
         &self,
         shown: &str,
         cancel: &CancellationToken,

@@ -384,3 +384,79 @@ pub fn presentation_kind_name(kind: &pb::presentation_event::Kind) -> &'static s
         P::ItemCompleted(_) => "item_completed",
     }
 }
+
+// ---- Workspace files, diff and session lifecycle (issue 15) ----
+
+/// A file read: text as itself, anything else (invalid UTF-8, a NUL byte) as base64.
+pub fn file_content(f: crate::core::files::FileRead) -> pb::FileContent {
+    use base64::Engine;
+    let size = f.bytes.len() as u64;
+    let (content, encoding) = if crate::core::files::is_text(&f.bytes) {
+        (String::from_utf8(f.bytes).unwrap_or_default(), "utf-8")
+    } else {
+        (
+            base64::engine::general_purpose::STANDARD.encode(&f.bytes),
+            "base64",
+        )
+    };
+    pb::FileContent {
+        path: f.path,
+        content,
+        encoding: encoding.into(),
+        sha: f.sha256,
+        size,
+    }
+}
+
+/// The bytes a WriteFile carries, decoded as its `encoding` says.
+pub fn file_bytes(content: String, encoding: &str) -> crate::Result<Vec<u8>> {
+    use base64::Engine;
+    match encoding {
+        "" | "utf-8" => Ok(content.into_bytes()),
+        "base64" => base64::engine::general_purpose::STANDARD
+            .decode(content.as_bytes())
+            .map_err(|e| crate::Error::invalid(format!("content is not valid base64: {e}"))),
+        other => Err(crate::Error::invalid(format!(
+            "encoding {:?}: use \"utf-8\" or \"base64\"",
+            other.chars().take(32).collect::<String>()
+        ))),
+    }
+}
+
+pub fn file_written(w: crate::core::files::FileWritten) -> pb::WriteFileResponse {
+    pb::WriteFileResponse {
+        path: w.path,
+        sha: w.sha256,
+        size: w.size,
+        created: w.created,
+    }
+}
+
+pub fn dir_listing(d: crate::core::files::DirListing) -> pb::DirListing {
+    pb::DirListing {
+        path: d.path,
+        parent: d.parent,
+        dirs: d.dirs,
+        truncated: d.truncated,
+        roots: d.roots,
+    }
+}
+
+pub fn workspace_diff(session_id: &str, d: crate::core::diff::Diff) -> pb::WorkspaceDiff {
+    pb::WorkspaceDiff {
+        session_id: session_id.to_string(),
+        reason: d.reason.map(|r| r.as_str().to_string()).unwrap_or_default(),
+        message: d.message,
+        files: d
+            .files
+            .into_iter()
+            .map(|f| pb::ChangedFile {
+                path: f.path,
+                status: f.status,
+                from: f.from,
+            })
+            .collect(),
+        diff: d.diff,
+        truncated: d.truncated,
+    }
+}

@@ -11,6 +11,7 @@ use crate::core::mux::{self, Control, Mux};
 use crate::core::presentation::PresentationEvent;
 use crate::core::session::PresenceGuard;
 use crate::core::PermissionMode;
+use crate::core::{diff, files};
 use crate::edge::errors::to_status;
 use crate::edge::limits::{StreamLimits, StreamPermit};
 use crate::edge::listener::PeerAddr;
@@ -101,6 +102,16 @@ impl AgentApi {
 
 fn ok<T>(v: T) -> Result<Response<T>, Status> {
     Ok(Response::new(v))
+}
+
+/// Runs blocking file work off the runtime's workers.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> crate::Result<T> + Send + 'static,
+) -> Result<T, Status> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| to_status(crate::Error::internal(e.to_string())))?
+        .map_err(to_status)
 }
 
 #[tonic::async_trait]
@@ -435,6 +446,109 @@ impl AgentService for AgentApi {
         ok(pb::ListModelsResponse {
             provider: kind.as_str().to_string(),
             models: models.into_iter().map(convert::model_entry).collect(),
+        })
+    }
+
+    // ---- Workspace files, diff and session lifecycle (issue 15) ----
+
+    async fn read_file(
+        &self,
+        req: Request<pb::ReadFileRequest>,
+    ) -> Result<Response<pb::FileContent>, Status> {
+        let path = req.into_inner().path;
+        let ws = self.hub.config().workspace.clone();
+        let read = blocking(move || files::read(&ws, &path)).await?;
+        ok(convert::file_content(read))
+    }
+
+    async fn write_file(
+        &self,
+        req: Request<pb::WriteFileRequest>,
+    ) -> Result<Response<pb::WriteFileResponse>, Status> {
+        let r = req.into_inner();
+        let bytes = convert::file_bytes(r.content, &r.encoding).map_err(to_status)?;
+        let ws = self.hub.config().workspace.clone();
+        let written = blocking(move || files::write(&ws, &r.path, &bytes, r.expected_sha.as_deref())).await?;
+        ok(convert::file_written(written))
+    }
+
+    async fn list_tree(&self, req: Request<pb::ListTreeRequest>) -> Result<Response<pb::FileTree>, Status> {
+        let limit = match req.into_inner().limit {
+            None => files::DEFAULT_TREE_LIMIT,
+            Some(n) if n >= 1 && n as usize <= files::MAX_TREE_LIMIT => n as usize,
+            Some(n) => {
+                return Err(Status::invalid_argument(format!(
+                    "limit {n}: give 1 to {}",
+                    files::MAX_TREE_LIMIT
+                )))
+            }
+        };
+        let ws = self.hub.config().workspace.clone();
+        let (files, truncated) = blocking(move || files::tree(&ws, limit)).await?;
+        ok(pb::FileTree { files, truncated })
+    }
+
+    async fn list_dirs(&self, req: Request<pb::ListDirsRequest>) -> Result<Response<pb::DirListing>, Status> {
+        let path = req.into_inner().path;
+        let roots = self.hub.config().dir_roots();
+        let listing = blocking(move || files::dirs(&roots, &path)).await?;
+        ok(convert::dir_listing(listing))
+    }
+
+    async fn get_diff(
+        &self,
+        req: Request<pb::GetDiffRequest>,
+    ) -> Result<Response<pb::WorkspaceDiff>, Status> {
+        let s = self.session(&req.into_inner().session_id).await?;
+        let cfg = self.hub.config();
+        let d = diff::diff(&cfg.workspace, &cfg.git).await.map_err(to_status)?;
+        ok(convert::workspace_diff(s.id(), d))
+    }
+
+    async fn delete_session(
+        &self,
+        req: Request<pb::DeleteSessionRequest>,
+    ) -> Result<Response<pb::DeleteSessionResponse>, Status> {
+        let id = req.into_inner().session_id;
+        if id.is_empty() {
+            return Err(Status::invalid_argument("session_id is required"));
+        }
+        self.hub.delete(&id).await.map_err(to_status)?;
+        ok(pb::DeleteSessionResponse {
+            session_id: id,
+            deleted: true,
+        })
+    }
+
+    async fn rename_session(
+        &self,
+        req: Request<pb::RenameSessionRequest>,
+    ) -> Result<Response<pb::SessionSummary>, Status> {
+        let r = req.into_inner();
+        if r.session_id.is_empty() {
+            return Err(Status::invalid_argument("session_id is required"));
+        }
+        let info = self
+            .hub
+            .rename(&r.session_id, &r.title)
+            .await
+            .map_err(to_status)?;
+        ok(convert::summary(info))
+    }
+
+    async fn fork_session(
+        &self,
+        req: Request<pb::ForkSessionRequest>,
+    ) -> Result<Response<pb::ForkSessionResponse>, Status> {
+        let r = req.into_inner();
+        if r.session_id.is_empty() {
+            return Err(Status::invalid_argument("session_id is required"));
+        }
+        let (child, at_seq) = self.hub.fork(&r.session_id, r.at_seq).await.map_err(to_status)?;
+        ok(pb::ForkSessionResponse {
+            session: Some(convert::summary(child.info())),
+            parent_id: r.session_id,
+            at_seq,
         })
     }
 

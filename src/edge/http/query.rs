@@ -15,6 +15,8 @@ fn params(route: &str) -> &'static [&'static str] {
     match route {
         "/sessions/{id}/events" => &["after"],
         "/stream" => super::stream::PARAMS,
+        "/fs/file" | "/fs/dirs" => &["path"],
+        "/fs/tree" => &["limit"],
         _ => &[],
     }
 }

@@ -9,7 +9,7 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{delete, get, post, put};
 use axum::Router;
 use http_body_util::BodyExt;
 use pb::agent_service_server::AgentService;
@@ -48,6 +48,13 @@ pub fn router(state: AppState) -> Router {
         .route("/config/key", put(set_key).delete(delete_key))
         .route("/providers", get(list_providers))
         .route("/providers/{name}/models", get(list_models))
+        // ---- Workspace files, diff and session lifecycle (issue 15) ----
+        .route("/fs/file", get(read_file).put(write_file))
+        .route("/fs/tree", get(list_tree))
+        .route("/fs/dirs", get(list_dirs))
+        .route("/sessions/{id}/diff", get(get_diff))
+        .route("/sessions/{id}", delete(delete_session).patch(rename_session))
+        .route("/sessions/{id}/fork", post(fork_session))
         .method_not_allowed_fallback(|| async {
             json_error(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -322,4 +329,90 @@ async fn list_providers(State(st): State<AppState>) -> Response {
 async fn list_models(State(st): State<AppState>, Path(name): Path<String>) -> Response {
     let req = pb::ListModelsRequest { provider: name };
     reply(StatusCode::OK, st.api.list_models(Request::new(req)).await)
+}
+
+// ---- Workspace files, diff and session lifecycle (issue 15) ----
+
+/// The query parameters of a GET route (query.rs has already refused unknown ones).
+type Query = axum::extract::Query<std::collections::HashMap<String, String>>;
+
+async fn read_file(State(st): State<AppState>, q: Query) -> Response {
+    let req = pb::ReadFileRequest {
+        path: q.get("path").cloned().unwrap_or_default(),
+    };
+    reply(StatusCode::OK, st.api.read_file(Request::new(req)).await)
+}
+
+/// 201 when the file was created, 200 when it was replaced.
+async fn write_file(State(st): State<AppState>, b: Body) -> Response {
+    let req: pb::WriteFileRequest = match body(&st, b).await {
+        Ok(r) => r,
+        Err(e) => return e,
+    };
+    match st.api.write_file(Request::new(req)).await {
+        Ok(r) => {
+            let status = if r.get_ref().created {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            };
+            json(status, r.get_ref())
+        }
+        Err(s) => status_response(&s),
+    }
+}
+
+async fn list_tree(State(st): State<AppState>, q: Query) -> Response {
+    let limit = match q.get("limit").map(|l| l.parse::<u32>()) {
+        None => None,
+        Some(Ok(n)) => Some(n),
+        Some(Err(_)) => {
+            return json_error(
+                StatusCode::BAD_REQUEST,
+                "invalid_argument",
+                "limit must be a whole number",
+            )
+        }
+    };
+    let req = pb::ListTreeRequest { limit };
+    reply(StatusCode::OK, st.api.list_tree(Request::new(req)).await)
+}
+
+async fn list_dirs(State(st): State<AppState>, q: Query) -> Response {
+    let req = pb::ListDirsRequest {
+        path: q.get("path").cloned().unwrap_or_default(),
+    };
+    reply(StatusCode::OK, st.api.list_dirs(Request::new(req)).await)
+}
+
+async fn get_diff(State(st): State<AppState>, Path(id): Path<String>) -> Response {
+    let req = pb::GetDiffRequest { session_id: id };
+    reply(StatusCode::OK, st.api.get_diff(Request::new(req)).await)
+}
+
+async fn delete_session(State(st): State<AppState>, Path(id): Path<String>) -> Response {
+    let req = pb::DeleteSessionRequest { session_id: id };
+    reply(StatusCode::OK, st.api.delete_session(Request::new(req)).await)
+}
+
+async fn rename_session(State(st): State<AppState>, Path(id): Path<String>, b: Body) -> Response {
+    let mut req: pb::RenameSessionRequest = match body(&st, b).await {
+        Ok(r) => r,
+        Err(e) => return e,
+    };
+    if let Some(e) = session_mismatch(&id, &mut req.session_id) {
+        return e;
+    }
+    reply(StatusCode::OK, st.api.rename_session(Request::new(req)).await)
+}
+
+async fn fork_session(State(st): State<AppState>, Path(id): Path<String>, b: Body) -> Response {
+    let mut req: pb::ForkSessionRequest = match body(&st, b).await {
+        Ok(r) => r,
+        Err(e) => return e,
+    };
+    if let Some(e) = session_mismatch(&id, &mut req.session_id) {
+        return e;
+    }
+    reply(StatusCode::CREATED, st.api.fork_session(Request::new(req)).await)
 }

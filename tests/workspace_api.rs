@@ -1,0 +1,458 @@
+//! The files API and the session diff against a real server: a file read
+//! and written with its sha (a stale sha is 409 and changes nothing), text
+//! and base64, every way out of the workspace refused, size caps, the
+//! bounded tree, folder names under the roots, and git status + diff of a
+//! real repository, including one whose config tries to run a program.
+
+mod support;
+
+use serde_json::{json, Value};
+use std::path::Path;
+use support::TestServer;
+use vak::proto::v1 as pb;
+
+async fn put(s: &TestServer, body: Value) -> (u16, Value) {
+    s.send(reqwest::Method::PUT, "/fs/file", Some(body)).await
+}
+
+/// `v` percent-encoded for a query value.
+fn q(v: &str) -> String {
+    v.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    vak::core::files::sha256_hex(bytes)
+}
+
+fn code(v: &Value) -> &str {
+    v["error"]["code"].as_str().unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_file_is_read_and_written_with_its_sha_and_a_stale_sha_changes_nothing() {
+    let s = TestServer::start().await;
+    let (status, w) = put(
+        &s,
+        json!({"path": "src/new.txt", "content": "one\n", "expected_sha": ""}),
+    )
+    .await;
+    assert_eq!(status, 201, "{w}");
+    assert_eq!(w["created"], true);
+    assert_eq!(w["sha"], sha256(b"one\n"));
+    assert_eq!(
+        std::fs::read_to_string(s.workspace.join("src/new.txt")).unwrap(),
+        "one\n"
+    );
+
+    let (status, r) = s.get("/fs/file?path=src/new.txt").await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["content"], "one\n");
+    assert_eq!(r["encoding"], "utf-8");
+    assert_eq!(r["sha"], sha256(b"one\n"));
+    assert_eq!(r["size"], 4);
+    let first = r["sha"].as_str().unwrap().to_string();
+
+    // Client A writes with the sha it read; client B, with the same sha, is refused.
+    let (status, a) = put(
+        &s,
+        json!({"path": "src/new.txt", "content": "two\n", "expected_sha": first}),
+    )
+    .await;
+    assert_eq!((status, a["created"].as_bool()), (200, Some(false)), "{a}");
+    let (status, b) = put(
+        &s,
+        json!({"path": "src/new.txt", "content": "three\n", "expected_sha": first}),
+    )
+    .await;
+    assert_eq!(status, 409, "{b}");
+    assert_eq!(code(&b), "conflict");
+    assert!(
+        b["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(a["sha"].as_str().unwrap()),
+        "{b}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(s.workspace.join("src/new.txt")).unwrap(),
+        "two\n"
+    );
+    // "" means must not exist yet; no expected_sha means unconditional.
+    let (status, _) = put(
+        &s,
+        json!({"path": "src/new.txt", "content": "x", "expected_sha": ""}),
+    )
+    .await;
+    assert_eq!(status, 409);
+    let (status, _) = put(&s, json!({"path": "src/new.txt", "content": "last"})).await;
+    assert_eq!(status, 200);
+    let (status, e) = put(
+        &s,
+        json!({"path": "src/new.txt", "content": "x", "expected_sha": "abc"}),
+    )
+    .await;
+    assert_eq!((status, code(&e)), (400, "invalid_argument"), "{e}");
+
+    // Binary content travels as base64 both ways.
+    let bytes = [0u8, 159, 146, 150, 255, b'\n'];
+    let b64 = "AJ+Slv8K";
+    let (status, w) = put(
+        &s,
+        json!({"path": "bin.dat", "content": b64, "encoding": "base64"}),
+    )
+    .await;
+    assert_eq!(status, 201, "{w}");
+    assert_eq!(std::fs::read(s.workspace.join("bin.dat")).unwrap(), bytes);
+    let (_, r) = s.get("/fs/file?path=bin.dat").await;
+    assert_eq!(
+        (r["encoding"].as_str(), r["content"].as_str()),
+        (Some("base64"), Some(b64))
+    );
+    assert_eq!(r["sha"], sha256(&bytes));
+    let (status, e) = put(&s, json!({"path": "x", "content": "!!", "encoding": "base64"})).await;
+    assert_eq!(status, 400, "{e}");
+    let (status, e) = put(&s, json!({"path": "x", "content": "a", "encoding": "latin-1"})).await;
+    assert_eq!(status, 400, "{e}");
+
+    // The same over gRPC: a stale sha is FAILED_PRECONDITION.
+    let mut g = s.grpc().await;
+    let read = g
+        .read_file(pb::ReadFileRequest {
+            path: "src/new.txt".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(read.content, "last");
+    let e = g
+        .write_file(pb::WriteFileRequest {
+            path: "src/new.txt".into(),
+            content: "y".into(),
+            encoding: String::new(),
+            expected_sha: Some(first),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    let ok = g
+        .write_file(pb::WriteFileRequest {
+            path: "src/new.txt".into(),
+            content: "y".into(),
+            encoding: String::new(),
+            expected_sha: Some(read.sha),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(ok.sha, sha256(b"y"));
+}
+
+#[tokio::test]
+async fn every_way_out_of_the_workspace_is_refused_for_reads_and_writes() {
+    let s = TestServer::start().await;
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret"), "secret").unwrap();
+    std::os::unix::fs::symlink(outside.path().join("secret"), s.workspace.join("link")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), s.workspace.join("out")).unwrap();
+    std::fs::create_dir(s.workspace.join("d")).unwrap();
+    let secret = outside.path().join("secret").display().to_string();
+    for path in [
+        "../secret",
+        "a/../../secret",
+        secret.as_str(),
+        "link",
+        "out/secret",
+    ] {
+        let (status, e) = s.get(&format!("/fs/file?path={}", q(path))).await;
+        assert_eq!((status, code(&e)), (400, "invalid_argument"), "GET {path}: {e}");
+        let (status, e) = put(&s, json!({"path": path, "content": "pwned"})).await;
+        assert_eq!((status, code(&e)), (400, "invalid_argument"), "PUT {path}: {e}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(outside.path().join("secret")).unwrap(),
+        "secret"
+    );
+    assert!(!outside.path().join("out").exists());
+    for (path, want) in [("a%00b", 400), ("d", 400), ("missing.txt", 404), ("", 400)] {
+        let (status, e) = s.get(&format!("/fs/file?path={path}")).await;
+        assert_eq!(status, want, "{path}: {e}");
+    }
+    let (status, e) = s.get(&format!("/fs/file?path={}", "a/".repeat(2100))).await;
+    assert_eq!(status, 400, "{e}");
+    // A parameter the route does not read is named.
+    let (status, e) = s.get("/fs/file?pth=a").await;
+    assert_eq!(status, 400, "{e}");
+}
+
+#[tokio::test]
+async fn files_over_the_cap_are_413_in_both_directions() {
+    let s = TestServer::start().await;
+    let cap = vak::core::files::MAX_FILE_BYTES as usize;
+    let (status, e) = put(&s, json!({"path": "big.txt", "content": "a".repeat(cap + 1)})).await;
+    assert_eq!((status, code(&e)), (413, "payload_too_large"), "{e}");
+    assert!(!s.workspace.join("big.txt").exists());
+    // Past the request body limit itself.
+    let (status, e) = put(&s, json!({"path": "big.txt", "content": "a".repeat(5 << 20)})).await;
+    assert_eq!((status, code(&e)), (413, "payload_too_large"), "{e}");
+    std::fs::write(s.workspace.join("huge.txt"), vec![b'a'; cap + 1]).unwrap();
+    let (status, e) = s.get("/fs/file?path=huge.txt").await;
+    assert_eq!((status, code(&e)), (413, "payload_too_large"), "{e}");
+    let mut g = s.grpc().await;
+    let e = g
+        .read_file(pb::ReadFileRequest {
+            path: "huge.txt".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::OutOfRange);
+    // Exactly the cap is fine.
+    let (status, _) = put(&s, json!({"path": "cap.txt", "content": "a".repeat(cap)})).await;
+    assert_eq!(status, 201);
+}
+
+fn write(dir: &Path, path: &str, content: &str) {
+    let p = dir.join(path);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(p, content).unwrap();
+}
+
+#[tokio::test]
+async fn the_tree_respects_gitignore_is_bounded_and_says_when_truncated() {
+    let s = TestServer::start().await;
+    let ws = &s.workspace;
+    write(ws, ".gitignore", "target/\n*.log\n");
+    write(ws, "src/main.rs", "");
+    write(ws, "src/lib/mod.rs", "");
+    write(ws, "target/debug/x", "");
+    write(ws, "run.log", "");
+    write(ws, ".git/HEAD", "");
+    write(ws, "README.md", "");
+    let outside = tempfile::tempdir().unwrap();
+    write(outside.path(), "far.txt", "");
+    std::os::unix::fs::symlink(outside.path(), ws.join("linked")).unwrap();
+    let (status, t) = s.get("/fs/tree").await;
+    assert_eq!(status, 200, "{t}");
+    assert_eq!(
+        t["files"],
+        json!([".gitignore", "README.md", "src/lib/mod.rs", "src/main.rs"])
+    );
+    assert_eq!(t["truncated"], false);
+    let (_, t) = s.get("/fs/tree?limit=2").await;
+    assert_eq!(t["files"].as_array().unwrap().len(), 2);
+    assert_eq!(t["truncated"], true);
+    for bad in ["limit=0", "limit=10001", "limit=abc", "depth=1"] {
+        let (status, e) = s.get(&format!("/fs/tree?{bad}")).await;
+        assert_eq!(status, 400, "{bad}: {e}");
+    }
+    let mut g = s.grpc().await;
+    let t = g
+        .list_tree(pb::ListTreeRequest { limit: Some(1) })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((t.files.len(), t.truncated), (1, true));
+}
+
+#[tokio::test]
+async fn folders_are_listed_only_inside_the_workspace_roots() {
+    let roots = tempfile::tempdir().unwrap();
+    let root = roots.path().canonicalize().unwrap();
+    std::fs::create_dir_all(root.join("proj/a")).unwrap();
+    std::fs::create_dir_all(root.join("proj/b")).unwrap();
+    std::fs::write(root.join("proj/file.txt"), "").unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(outside.path(), root.join("proj/escape")).unwrap();
+    let r = root.clone();
+    let s = TestServer::start_with(move |c| c.core.workspace_roots = vec![r]).await;
+
+    let (status, d) = s.get("/fs/dirs").await;
+    assert_eq!(status, 200, "{d}");
+    assert_eq!(d["path"], root.display().to_string());
+    assert_eq!(d["dirs"], json!(["proj"]));
+    assert_eq!(d["roots"], json!([root.display().to_string()]));
+    assert_eq!(d["parent"], "", "nothing above the root");
+    let proj = root.join("proj").display().to_string();
+    let (status, d) = s.get(&format!("/fs/dirs?path={}", q(&proj))).await;
+    assert_eq!(status, 200, "{d}");
+    assert_eq!(d["dirs"], json!(["a", "b"]), "no files, no symlinks");
+    assert_eq!(d["parent"], root.display().to_string());
+    let escape = root.join("proj/escape").display().to_string();
+    let above = root.join("proj/../..").display().to_string();
+    let outside_path = outside.path().display().to_string();
+    for bad in [
+        escape.as_str(),
+        above.as_str(),
+        outside_path.as_str(),
+        "/",
+        "proj",
+    ] {
+        let (status, e) = s.get(&format!("/fs/dirs?path={}", q(bad))).await;
+        assert_eq!((status, code(&e)), (400, "invalid_argument"), "{bad}: {e}");
+    }
+    let missing = root.join("nope").display().to_string();
+    let (status, _) = s.get(&format!("/fs/dirs?path={}", q(&missing))).await;
+    assert_eq!(status, 404);
+
+    // Unset: the workspace alone.
+    let s = TestServer::start().await;
+    std::fs::create_dir(s.workspace.join("sub")).unwrap();
+    let mut g = s.grpc().await;
+    let d = g
+        .list_dirs(pb::ListDirsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        d.roots,
+        [s.workspace.canonicalize().unwrap().display().to_string()]
+    );
+    assert_eq!(d.dirs, ["sub"]);
+}
+
+/// Runs git in `dir` for the test's own setup (its own config only).
+fn git(dir: &Path, args: &[&str]) {
+    let out = std::process::Command::new("git")
+        .current_dir(dir)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .args([
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "-c",
+            "init.defaultBranch=main",
+        ])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test]
+async fn the_diff_shows_status_staged_unstaged_and_untracked_changes() {
+    let s = TestServer::start().await;
+    let sid = s.create_session().await;
+    let (status, d) = s.get(&format!("/sessions/{sid}/diff")).await;
+    assert_eq!(status, 200, "{d}");
+    assert_eq!(d["reason"], "not_a_git_repo");
+    assert_eq!(d["files"], json!([]));
+
+    let ws = &s.workspace;
+    git(ws, &["init", "-q"]);
+    write(ws, "kept.txt", "old line\n");
+    write(ws, "staged.txt", "a\n");
+    git(ws, &["add", "."]);
+    git(ws, &["commit", "-q", "-m", "init"]);
+    write(ws, "kept.txt", "new line\n");
+    write(ws, "staged.txt", "b\n");
+    git(ws, &["add", "staged.txt"]);
+    write(ws, "fresh/untracked.txt", "brand new\n");
+
+    let (status, d) = s.get(&format!("/sessions/{sid}/diff")).await;
+    assert_eq!(status, 200, "{d}");
+    assert_eq!(d["reason"], "", "{d}");
+    assert_eq!(
+        d["files"],
+        json!([
+            {"path": "kept.txt", "status": " M", "from": ""},
+            {"path": "staged.txt", "status": "M ", "from": ""},
+            {"path": "fresh/untracked.txt", "status": "??", "from": ""},
+        ])
+    );
+    let diff = d["diff"].as_str().unwrap();
+    for want in [
+        "diff --git a/kept.txt b/kept.txt",
+        "-old line\n+new line",
+        "-a\n+b",
+        "+++ b/fresh/untracked.txt",
+        "+brand new",
+    ] {
+        assert!(diff.contains(want), "{want:?} in\n{diff}");
+    }
+    assert_eq!(d["truncated"], false);
+
+    let (status, _) = s.get("/sessions/nosuch/diff").await;
+    assert_eq!(status, 404);
+    let mut g = s.grpc().await;
+    let d = g
+        .get_diff(pb::GetDiffRequest { session_id: sid })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(d.files.len(), 3);
+}
+
+#[tokio::test]
+async fn a_repository_config_that_names_programs_never_runs_them() {
+    let s = TestServer::start().await;
+    let sid = s.create_session().await;
+    let ws = &s.workspace;
+    git(ws, &["init", "-q"]);
+    write(ws, "a.txt", "before\n");
+    git(ws, &["add", "."]);
+    git(ws, &["commit", "-q", "-m", "init"]);
+    let elsewhere = tempfile::tempdir().unwrap();
+    let marker = elsewhere.path().join("marker");
+    let script = elsewhere.path().join("evil.sh");
+    std::fs::write(
+        &script,
+        format!("#!/bin/sh\necho ran \"$@\" >> {}\ncat\n", marker.display()),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let evil = script.display().to_string();
+    for (key, value) in [
+        ("core.fsmonitor", evil.as_str()),
+        ("diff.external", evil.as_str()),
+        ("diff.x.textconv", evil.as_str()),
+        ("diff.x.command", evil.as_str()),
+        ("filter.x.clean", evil.as_str()),
+        ("filter.x.smudge", evil.as_str()),
+        ("filter.x.process", evil.as_str()),
+        ("filter.we=ird.clean", evil.as_str()),
+        ("core.pager", evil.as_str()),
+    ] {
+        git(ws, &["config", key, value]);
+    }
+    write(
+        ws,
+        ".git/info/attributes",
+        "* filter=x diff=x\n*.txt filter=we=ird\n",
+    );
+    write(ws, "a.txt", "after\n");
+    write(ws, "b.txt", "untracked\n");
+    // The setup itself ran nothing yet.
+    assert!(!marker.exists());
+
+    let (status, d) = s.get(&format!("/sessions/{sid}/diff")).await;
+    assert_eq!(status, 200, "{d}");
+    let diff = d["diff"].as_str().unwrap();
+    assert!(diff.contains("-before\n+after"), "{diff}");
+    assert!(diff.contains("+untracked"), "{diff}");
+    assert!(
+        !marker.exists(),
+        "git ran the repository's program: {}",
+        std::fs::read_to_string(&marker).unwrap_or_default()
+    );
+}
+
+#[tokio::test]
+async fn without_git_the_reason_says_so() {
+    let s = TestServer::start_with(|c| c.core.git = "/nonexistent/bin/git".into()).await;
+    let sid = s.create_session().await;
+    let (status, d) = s.get(&format!("/sessions/{sid}/diff")).await;
+    assert_eq!(status, 200, "{d}");
+    assert_eq!(d["reason"], "git_unavailable");
+    assert!(d["message"].as_str().unwrap().contains("not installed"), "{d}");
+}
