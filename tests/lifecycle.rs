@@ -1,0 +1,303 @@
+//! Session lifecycle against a real server: delete (streams end with
+//! session_closed {reason: deleted}, the ledger goes to the trash, 404 after,
+//! also across a restart), rename (listed, bounded, kept across a restart and
+//! an index rebuild), fork (replays the parent's events up to at_seq, then
+//! its own seqs), and 409 while a run is live.
+
+mod support;
+
+use reqwest::Method;
+use serde_json::{json, Value};
+use support::{grpc_subscribe, Frame, TestServer};
+use vak::proto::v1 as pb;
+
+/// Runs `prompt` to its run_finished; returns the frames.
+async fn run_to_end(s: &TestServer, sid: &str, prompt: &str) -> Vec<Frame> {
+    let latest = s.latest_seq(sid).await;
+    let mut sse = s.events(sid, Some(latest)).await;
+    let (status, body) = s.run(sid, prompt).await;
+    assert_eq!(status, 202, "{body}");
+    let frames = sse.until("run_finished").await;
+    assert_eq!(frames.last().unwrap().body()["outcome"], "completed");
+    frames
+}
+
+fn listed(list: &Value, sid: &str) -> Option<Value> {
+    list["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["session_id"] == sid)
+        .cloned()
+}
+
+fn code(v: &Value) -> &str {
+    v["error"]["code"].as_str().unwrap_or_default()
+}
+
+#[tokio::test]
+async fn delete_ends_live_streams_with_deleted_moves_the_ledger_to_the_trash_and_404s_after() {
+    let s = TestServer::start().await;
+    let sid = s.create_session().await;
+    let keep = s.create_session().await;
+    run_to_end(&s, &sid, "hello").await;
+    let mut sse = s.events(&sid, None).await;
+    let mut g = s.grpc().await;
+    let (mut events, _) = grpc_subscribe(&mut g, &sid, None).await;
+
+    let (status, body) = s.send(Method::DELETE, &format!("/sessions/{sid}"), None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body, json!({"session_id": sid, "deleted": true}));
+    let frames = sse.until("session_closed").await;
+    assert_eq!(frames.last().unwrap().body()["reason"], "deleted");
+    assert!(sse.next().await.is_none(), "the SSE stream ends");
+    let closed = events.until("session_closed").await;
+    match &closed.last().unwrap().kind {
+        Some(pb::event::Kind::SessionClosed(c)) => assert_eq!(c.reason, "deleted"),
+        other => panic!("{other:?}"),
+    }
+    assert!(events.next().await.is_none(), "the gRPC stream ends");
+
+    let (_, list) = s.get("/sessions").await;
+    assert!(listed(&list, &sid).is_none(), "{list}");
+    assert!(listed(&list, &keep).is_some(), "other sessions stay");
+    for path in [
+        format!("/sessions/{sid}/transcript"),
+        format!("/sessions/{sid}/diff"),
+    ] {
+        let (status, _) = s.get(&path).await;
+        assert_eq!(status, 404, "{path}");
+    }
+    let (status, _) = s.run(&sid, "again").await;
+    assert_eq!(status, 404);
+    let (status, e) = s.send(Method::DELETE, &format!("/sessions/{sid}"), None).await;
+    assert_eq!((status, code(&e)), (404, "not_found"), "{e}");
+    let (status, _) = s.send(Method::DELETE, "/sessions/bad%20id", None).await;
+    assert_eq!(status, 400);
+    let trash: Vec<String> = std::fs::read_dir(s.home.join("trash"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(
+        trash.len() == 1 && trash[0].starts_with(&sid) && trash[0].ends_with(".jsonl"),
+        "{trash:?}"
+    );
+    assert!(!s.home.join(format!("sessions/{sid}.jsonl")).exists());
+
+    // gRPC delete, then a restart: neither comes back.
+    g.delete_session(pb::DeleteSessionRequest {
+        session_id: keep.clone(),
+    })
+    .await
+    .unwrap();
+    let e = g
+        .delete_session(pb::DeleteSessionRequest {
+            session_id: keep.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound);
+    let (home, ws) = s.stop().await.unwrap();
+    let s = TestServer::start_in(home.path(), ws.path(), |_| {}).await;
+    let (_, list) = s.get("/sessions").await;
+    assert_eq!(list["sessions"], json!([]), "{list}");
+    let (status, _) = s.get(&format!("/sessions/{sid}/transcript")).await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test]
+async fn a_live_run_makes_delete_and_an_unpinned_fork_409() {
+    let s = TestServer::start().await;
+    let sid = s.create_session().await;
+    let mut sse = s.events(&sid, None).await;
+    // Default mode: the write waits for an approval, so the run stays live.
+    s.run(&sid, "/write a.txt x").await;
+    sse.until("approval_requested").await;
+    let (status, e) = s.send(Method::DELETE, &format!("/sessions/{sid}"), None).await;
+    assert_eq!((status, code(&e)), (409, "conflict"), "{e}");
+    let (status, e) = s.post(&format!("/sessions/{sid}/fork"), json!({})).await;
+    assert_eq!((status, code(&e)), (409, "conflict"), "{e}");
+    let mut g = s.grpc().await;
+    let e = g
+        .delete_session(pb::DeleteSessionRequest {
+            session_id: sid.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    let (_, list) = s.get("/sessions").await;
+    assert!(listed(&list, &sid).is_some(), "a refused delete changes nothing");
+
+    let (status, _) = s.post(&format!("/sessions/{sid}/cancel"), json!({})).await;
+    assert_eq!(status, 200);
+    sse.until("run_finished").await;
+    let (status, _) = s.send(Method::DELETE, &format!("/sessions/{sid}"), None).await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn a_rename_is_listed_bounded_and_kept_across_a_restart_and_an_index_rebuild() {
+    let s = TestServer::start().await;
+    let sid = s.create_session().await;
+    run_to_end(&s, &sid, "first prompt").await;
+    let (_, list) = s.get("/sessions").await;
+    assert_eq!(listed(&list, &sid).unwrap()["title"], "first prompt");
+
+    let path = format!("/sessions/{sid}");
+    let (status, body) = s
+        .send(Method::PATCH, &path, Some(json!({"title": "  My work  "})))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        (body["session_id"].as_str(), body["title"].as_str()),
+        (Some(sid.as_str()), Some("My work"))
+    );
+    let (_, list) = s.get("/sessions").await;
+    assert_eq!(listed(&list, &sid).unwrap()["title"], "My work");
+    // A later prompt does not take the chosen title away.
+    run_to_end(&s, &sid, "second prompt").await;
+    let (_, list) = s.get("/sessions").await;
+    assert_eq!(listed(&list, &sid).unwrap()["title"], "My work");
+
+    for bad in [
+        json!({"title": ""}),
+        json!({"title": "   "}),
+        json!({"title": "a\nb"}),
+        json!({"title": "x".repeat(81)}),
+    ] {
+        let (status, e) = s.send(Method::PATCH, &path, Some(bad.clone())).await;
+        assert_eq!((status, code(&e)), (400, "invalid_argument"), "{bad}: {e}");
+    }
+    let (status, _) = s
+        .send(
+            Method::PATCH,
+            &path,
+            Some(json!({"title": "t", "session_id": "other"})),
+        )
+        .await;
+    assert_eq!(status, 400);
+    let (status, _) = s
+        .send(Method::PATCH, "/sessions/nosuch", Some(json!({"title": "t"})))
+        .await;
+    assert_eq!(status, 404);
+    let mut g = s.grpc().await;
+    let renamed = g
+        .rename_session(pb::RenameSessionRequest {
+            session_id: sid.clone(),
+            title: "Über — ünïcode".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(renamed.title, "Über — ünïcode");
+
+    let (home, ws) = s.stop().await.unwrap();
+    let s = TestServer::start_in(home.path(), ws.path(), |_| {}).await;
+    let (_, list) = s.get("/sessions").await;
+    assert_eq!(listed(&list, &sid).unwrap()["title"], "Über — ünïcode");
+    s.stop().await;
+    std::fs::remove_file(home.path().join("sessions/index.json")).unwrap();
+    let s = TestServer::start_in(home.path(), ws.path(), |_| {}).await;
+    let (_, list) = s.get("/sessions").await;
+    assert_eq!(
+        listed(&list, &sid).unwrap()["title"],
+        "Über — ünïcode",
+        "rebuilt from the ledgers"
+    );
+    let (status, _) = s.get(&format!("/sessions/{sid}/transcript")).await;
+    assert_eq!(status, 200);
+    let (_, list) = s.get("/sessions").await;
+    assert_eq!(
+        listed(&list, &sid).unwrap()["title"],
+        "Über — ünïcode",
+        "and once loaded"
+    );
+}
+
+/// A frame's data without its session id (a fork's frames name the fork).
+fn anonymous(f: &Frame) -> Value {
+    let mut d = f.data.clone();
+    d.as_object_mut().unwrap().remove("session_id");
+    d
+}
+
+#[tokio::test]
+async fn a_fork_replays_the_parents_events_up_to_at_seq_then_continues_with_its_own_seqs() {
+    let s = TestServer::start().await;
+    let parent = s.create_session().await;
+    let first = run_to_end(&s, &parent, "one two").await;
+    let at = first.last().unwrap().seq();
+    run_to_end(&s, &parent, "three four").await;
+    let parent_latest = s.latest_seq(&parent).await;
+    assert!(parent_latest > at);
+
+    let (status, body) = s
+        .post(&format!("/sessions/{parent}/fork"), json!({"at_seq": at}))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(
+        (body["parent_id"].as_str(), body["at_seq"].as_u64()),
+        (Some(parent.as_str()), Some(at))
+    );
+    let child = body["session"]["session_id"].as_str().unwrap().to_string();
+    assert_ne!(child, parent);
+    assert_eq!(body["session"]["latest_seq"], at);
+    assert_eq!(body["session"]["title"], "one two");
+
+    // The fork's history is the parent's first `at` frames, seq for seq.
+    let mut from_parent = s.events(&parent, Some(0)).await;
+    let mut from_child = s.events(&child, Some(0)).await;
+    for seq in 1..=at {
+        let p = from_parent.next().await.unwrap();
+        let c = from_child.next().await.unwrap();
+        assert_eq!(c.seq(), seq);
+        assert_eq!(anonymous(&c), anonymous(&p), "seq {seq}");
+        assert_eq!(c.data["session_id"], child);
+    }
+    let (_, t) = s.get(&format!("/sessions/{child}/transcript")).await;
+    let texts: Vec<&str> = t["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(texts, ["one two", "echo: one two"]);
+
+    // Then it goes on with its own seqs; the parent is untouched.
+    let (status, adm) = s.run(&child, "five").await;
+    assert_eq!((status, adm["after_seq"].as_u64()), (202, Some(at)), "{adm}");
+    let frames = from_child.until("run_finished").await;
+    assert_eq!(frames[0].seq(), at + 1);
+    assert!(support::text_of(&frames).contains("echo: five"));
+    assert_eq!(s.latest_seq(&parent).await, parent_latest);
+
+    // Without at_seq: the parent's latest. Refusals.
+    let mut g = s.grpc().await;
+    let whole = g
+        .fork_session(pb::ForkSessionRequest {
+            session_id: parent.clone(),
+            at_seq: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(whole.at_seq, parent_latest);
+    assert_eq!(whole.session.unwrap().latest_seq, parent_latest);
+    let (status, e) = s
+        .post(
+            &format!("/sessions/{parent}/fork"),
+            json!({"at_seq": parent_latest + 1}),
+        )
+        .await;
+    assert_eq!((status, code(&e)), (400, "invalid_argument"), "{e}");
+    let (status, _) = s.post("/sessions/nosuch/fork", json!({})).await;
+    assert_eq!(status, 404);
+    let (status, body) = s
+        .post(&format!("/sessions/{parent}/fork"), json!({"at_seq": 0}))
+        .await;
+    assert_eq!(
+        (status, body["session"]["latest_seq"].as_u64()),
+        (201, Some(0)),
+        "{body}"
+    );
+}
