@@ -14,6 +14,7 @@ fn run_req(sid: &str, prompt: &str, request_id: &str) -> pb::RunRequest {
         session_id: sid.into(),
         prompt: prompt.into(),
         request_id: request_id.into(),
+        ..Default::default()
     }
 }
 
@@ -210,6 +211,7 @@ async fn run_steer_and_cancel_over_grpc_admit_queue_dedup_and_settle_once() {
             request_id: "g-1".into(),
             state: "started".into(),
             after_seq: 0,
+            result: None,
         },
         "a fresh session: every event of the run comes after seq 0"
     );

@@ -343,7 +343,7 @@ async fn errors_over_grpc_web_arrive_as_grpc_status() {
     let run = pb::RunRequest {
         session_id: "nosuch".into(),
         prompt: "x".into(),
-        request_id: String::new(),
+        ..Default::default()
     };
     for mode in [Mode::Binary, Mode::Text] {
         let mut r = WebStream::call(&s, mode, "Run", &run, Some(TOKEN)).await;

@@ -2,7 +2,8 @@
 //! session_closed {reason: deleted}, the ledger goes to the trash, 404 after,
 //! also across a restart), rename (listed, bounded, kept across a restart and
 //! an index rebuild), fork (replays the parent's events up to at_seq, then
-//! its own seqs), and 409 while a run is live.
+//! its own seqs), 409 while a run is live, and a run that answers once it
+//! settles (`wait`).
 
 mod support;
 
@@ -299,5 +300,84 @@ async fn a_fork_replays_the_parents_events_up_to_at_seq_then_continues_with_its_
         (status, body["session"]["latest_seq"].as_u64()),
         (201, Some(0)),
         "{body}"
+    );
+}
+
+#[tokio::test]
+async fn a_run_with_wait_answers_when_it_settles_with_its_outcome_and_final_answer() {
+    let s = TestServer::start().await;
+    let sid = s.create_session().await;
+    let path = format!("/sessions/{sid}/run");
+    let (status, a) = s
+        .post(&path, json!({"prompt": "hello there", "wait": true}))
+        .await;
+    assert_eq!(status, 200, "{a}");
+    assert_eq!(a["state"], "started");
+    assert_eq!(a["result"]["outcome"], "completed", "{a}");
+    assert_eq!(a["result"]["answer"], "echo: hello there");
+    assert_eq!(a["result"]["seq"], s.latest_seq(&sid).await);
+    // Without wait nothing changes: 202 and no result.
+    let (status, a) = s.run(&sid, "again").await;
+    assert_eq!(status, 202);
+    assert!(a.get("result").is_none() || a["result"].is_null(), "{a}");
+
+    // A run cancelled while a caller waits: the caller gets the outcome.
+    let other = s.create_session().await;
+    let mut sse = s.events(&other, None).await;
+    let url = format!("/sessions/{other}/run");
+    let waiting = {
+        let http = s.http();
+        let full = format!("{}{url}", s.url);
+        tokio::spawn(async move {
+            let r = http
+                .post(full)
+                .json(&json!({"prompt": "/write a.txt x", "wait": true}))
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        })
+    };
+    sse.until("approval_requested").await;
+    let (status, _) = s.post(&format!("/sessions/{other}/cancel"), json!({})).await;
+    assert_eq!(status, 200);
+    let (status, a) = waiting.await.unwrap();
+    assert_eq!(status, 200, "{a}");
+    assert_eq!(a["result"]["outcome"], "cancelled", "{a}");
+    sse.until("run_finished").await;
+
+    // Past wait_seconds the answer is the admission alone; the run goes on.
+    let (status, a) = s
+        .post(
+            &url,
+            json!({"prompt": "/write b.txt y", "wait": true, "wait_seconds": 1}),
+        )
+        .await;
+    assert_eq!(status, 202, "{a}");
+    assert_eq!(a["state"], "started");
+    assert!(a["result"].is_null(), "{a}");
+    sse.until("approval_requested").await;
+    for bad in [0, 3601] {
+        let (status, e) = s
+            .post(&path, json!({"prompt": "x", "wait": true, "wait_seconds": bad}))
+            .await;
+        assert_eq!((status, code(&e)), (400, "invalid_argument"), "{e}");
+    }
+
+    let mut g = s.grpc().await;
+    let a = g
+        .run(pb::RunRequest {
+            session_id: sid.clone(),
+            prompt: "over grpc".into(),
+            wait: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let r = a.result.expect("a result");
+    assert_eq!(
+        (r.outcome.as_str(), r.answer.as_str()),
+        ("completed", "echo: over grpc")
     );
 }

@@ -104,7 +104,7 @@ async fn grpc_and_grpc_web_run_over_tls() {
     g.run(pb::RunRequest {
         session_id: sid.clone(),
         prompt: "grpc tls".into(),
-        request_id: String::new(),
+        ..Default::default()
     })
     .await
     .unwrap();

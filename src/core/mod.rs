@@ -23,6 +23,7 @@ pub mod secrets;
 pub mod session;
 pub mod tools;
 pub mod transcript;
+pub mod wait;
 pub mod workspace;
 pub mod writer;
 

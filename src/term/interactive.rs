@@ -583,6 +583,7 @@ impl Ui {
                         session_id: sid,
                         prompt: text.clone(),
                         request_id,
+                        ..Default::default()
                     },
                 ))
                 .await

@@ -182,6 +182,7 @@ pub async fn run(conn: Arc<dyn Transport>, sid: String, after: u64, o: OneShot) 
             session_id: sid.clone(),
             prompt: o.prompt.clone(),
             request_id: request_id.clone(),
+            ..Default::default()
         },
     ))
     .await?;

@@ -849,7 +849,7 @@ impl Control {
             .run(self.request(pb::RunRequest {
                 session_id: session.to_string(),
                 prompt: prompt.to_string(),
-                request_id: String::new(),
+                ..Default::default()
             }))
             .await
             .map_err(|s| format!("Run: {s}"))?

@@ -149,6 +149,7 @@ pub fn admission(a: Admission) -> pb::Admission {
         request_id: a.request_id,
         state: a.state.as_str().into(),
         after_seq: a.after_seq,
+        result: None,
     }
 }
 
@@ -458,5 +459,14 @@ pub fn workspace_diff(session_id: &str, d: crate::core::diff::Diff) -> pb::Works
             .collect(),
         diff: d.diff,
         truncated: d.truncated,
+    }
+}
+
+pub fn run_result(r: crate::core::wait::Settled) -> pb::RunResult {
+    pb::RunResult {
+        outcome: r.outcome,
+        message: r.message,
+        answer: r.answer,
+        seq: r.seq,
     }
 }

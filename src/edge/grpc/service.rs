@@ -9,9 +9,10 @@ use crate::core::cursor::CursorVector;
 use crate::core::hub::Hub;
 use crate::core::mux::{self, Control, Mux};
 use crate::core::presentation::PresentationEvent;
+use crate::core::session::AdmissionState;
 use crate::core::session::PresenceGuard;
 use crate::core::PermissionMode;
-use crate::core::{diff, files};
+use crate::core::{diff, files, wait};
 use crate::edge::errors::to_status;
 use crate::edge::limits::{StreamLimits, StreamPermit};
 use crate::edge::listener::PeerAddr;
@@ -20,6 +21,7 @@ use futures_util::stream::{self, Stream, StreamExt};
 use pb::agent_service_server::AgentService;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 use tonic::{Request, Response, Status};
 
 pub type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send>>;
@@ -155,9 +157,26 @@ impl AgentService for AgentApi {
         if r.prompt.trim().is_empty() {
             return Err(Status::invalid_argument("prompt is required"));
         }
+        let limit = match r.wait_seconds {
+            None => wait::DEFAULT_WAIT,
+            Some(n) if n >= 1 && u64::from(n) <= wait::MAX_WAIT.as_secs() => Duration::from_secs(n.into()),
+            Some(n) => {
+                return Err(Status::invalid_argument(format!(
+                    "wait_seconds {n}: give 1 to {}",
+                    wait::MAX_WAIT.as_secs()
+                )))
+            }
+        };
         let s = self.session(&r.session_id).await?;
         let a = s.admit(r.prompt, Some(r.request_id)).await.map_err(to_status)?;
-        ok(convert::admission(a))
+        let mut admission = convert::admission(a.clone());
+        // A duplicate's run may be long over: it is answered as admitted.
+        if r.wait && a.state != AdmissionState::Duplicate {
+            admission.result = wait::settled(&s, a.after_seq, limit)
+                .await
+                .map(convert::run_result);
+        }
+        ok(admission)
     }
 
     async fn steer(&self, req: Request<pb::SteerRequest>) -> Result<Response<pb::Admission>, Status> {

@@ -129,7 +129,7 @@ mod tests {
 
         #[test]
         fn run_requests_round_trip(prompt in ".{0,40}", request_id in "[a-z0-9-]{0,16}") {
-            let r = pb::RunRequest { session_id: "s".into(), prompt, request_id };
+            let r = pb::RunRequest { session_id: "s".into(), prompt, request_id, ..Default::default() };
             proptest::prop_assert_eq!(from_json::<pb::RunRequest>(&to_json(&r)).unwrap(), r);
         }
     }

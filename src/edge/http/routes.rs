@@ -165,7 +165,11 @@ async fn run(State(st): State<AppState>, Path(id): Path<String>, b: Body) -> Res
     if let Some(e) = session_mismatch(&id, &mut req.session_id) {
         return e;
     }
-    reply(StatusCode::ACCEPTED, st.api.run(Request::new(req)).await)
+    // 200 with the result once a waited-for run settled, else 202.
+    match st.api.run(Request::new(req)).await {
+        Ok(r) if r.get_ref().result.is_some() => json(StatusCode::OK, r.get_ref()),
+        other => reply(StatusCode::ACCEPTED, other),
+    }
 }
 
 async fn steering(State(st): State<AppState>, Path(id): Path<String>, b: Body) -> Response {
