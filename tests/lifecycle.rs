@@ -2,11 +2,15 @@
 //! session_closed {reason: deleted}, the ledger goes to the trash, 404 after,
 //! also across a restart), rename (listed, bounded, kept across a restart and
 //! an index rebuild), fork (replays the parent's events up to at_seq, then
-//! its own seqs), 409 while a run is live, and a run that answers once it
-//! settles (`wait`).
+//! its own seqs), 409 while a run is live, a run that answers once it
+//! settles (`wait`), and clear (the model's next request carries no earlier
+//! message, clients keep the transcript).
 
+#[path = "support/fake_provider.rs"]
+mod fake_provider;
 mod support;
 
+use fake_provider::{FakeProvider, Reply};
 use reqwest::Method;
 use serde_json::{json, Value};
 use support::{grpc_subscribe, Frame, TestServer};
@@ -107,7 +111,7 @@ async fn delete_ends_live_streams_with_deleted_moves_the_ledger_to_the_trash_and
 }
 
 #[tokio::test]
-async fn a_live_run_makes_delete_and_an_unpinned_fork_409() {
+async fn a_live_run_makes_delete_clear_and_an_unpinned_fork_409() {
     let s = TestServer::start().await;
     let sid = s.create_session().await;
     let mut sse = s.events(&sid, None).await;
@@ -117,6 +121,8 @@ async fn a_live_run_makes_delete_and_an_unpinned_fork_409() {
     let (status, e) = s.send(Method::DELETE, &format!("/sessions/{sid}"), None).await;
     assert_eq!((status, code(&e)), (409, "conflict"), "{e}");
     let (status, e) = s.post(&format!("/sessions/{sid}/fork"), json!({})).await;
+    assert_eq!((status, code(&e)), (409, "conflict"), "{e}");
+    let (status, e) = s.post(&format!("/sessions/{sid}/clear"), json!({})).await;
     assert_eq!((status, code(&e)), (409, "conflict"), "{e}");
     let mut g = s.grpc().await;
     let e = g
@@ -380,4 +386,62 @@ async fn a_run_with_wait_answers_when_it_settles_with_its_outcome_and_final_answ
         (r.outcome.as_str(), r.answer.as_str()),
         ("completed", "echo: over grpc")
     );
+}
+
+#[tokio::test]
+async fn after_a_clear_the_model_sees_no_earlier_message_and_clients_keep_the_transcript() {
+    use vak::core::provider::{connect_with, http::ClientOptions, Endpoint, ProviderKind, Secret};
+    let fake = FakeProvider::start().await;
+    fake.script([
+        Reply::fixture("openai/text.sse"),
+        Reply::fixture("openai/text.sse"),
+        Reply::fixture("openai/text.sse"),
+    ]);
+    let endpoint = Endpoint {
+        kind: ProviderKind::OpenAi,
+        base_url: Some(format!("{}/v1/", fake.url)),
+        key: Some(Secret::new("sk-test".into())),
+    };
+    let route = vak::core::session::Route {
+        provider: connect_with(&endpoint, &ClientOptions::default()).unwrap(),
+        model: "gpt-4.1".into(),
+        context_window: None,
+    };
+    let s = TestServer::start_with_route(route, |_| {}).await;
+    let sid = s.create_session().await;
+    run_to_end(&s, &sid, "remember the word apricot").await;
+    let before = s.latest_seq(&sid).await;
+
+    let (status, c) = s.post(&format!("/sessions/{sid}/clear"), json!({})).await;
+    assert_eq!(status, 200, "{c}");
+    assert_eq!(c, json!({"session_id": sid, "upto_seq": before}));
+    run_to_end(&s, &sid, "which word?").await;
+    let reqs = fake.wait_requests(2).await;
+    let seen = |i: usize| reqs[i].body["messages"].to_string();
+    assert!(seen(0).contains("apricot"));
+    assert!(seen(1).contains("which word?"), "{}", seen(1));
+    assert!(!seen(1).contains("apricot"), "the model still saw: {}", seen(1));
+    let (_, t) = s.get(&format!("/sessions/{sid}/transcript")).await;
+    assert!(
+        t.to_string().contains("apricot"),
+        "clients keep the whole transcript"
+    );
+
+    // The clear is in the ledger: a restarted server's model does not see it either.
+    let (home, ws) = s.stop().await.unwrap();
+    let route = vak::core::session::Route {
+        provider: connect_with(&endpoint, &ClientOptions::default()).unwrap(),
+        model: "gpt-4.1".into(),
+        context_window: None,
+    };
+    let s = TestServer::start_in_with_route(home.path(), ws.path(), route, |_| {}).await;
+    run_to_end(&s, &sid, "and now?").await;
+    let reqs = fake.wait_requests(3).await;
+    let third = reqs[2].body["messages"].to_string();
+    assert!(
+        third.contains("which word?") && !third.contains("apricot"),
+        "{third}"
+    );
+    let (status, _) = s.post("/sessions/nosuch/clear", json!({})).await;
+    assert_eq!(status, 404);
 }

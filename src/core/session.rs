@@ -4,7 +4,7 @@ use super::agent;
 use super::approvals::REMEMBERED_SETTLED;
 use super::approvals::{Answer, Approvals, PLAN_TOOL};
 use super::bus::{Bus, Subscription};
-use super::event::{project, AgentEvent, ApprovalOutcome, ClientEvent, Frame, Note, RunOutcome};
+use super::event::{project, AgentEvent, ApprovalOutcome, ClientEvent, Compaction, Frame, Note, RunOutcome};
 use super::ledger::{Ledger, Log, OpenError, Record};
 use super::presentation::{PresentationEvent, Presenter, Timeline};
 use super::provider::{Provider, TokenUsage};
@@ -278,6 +278,9 @@ struct RunState {
     closing: bool,
     /// Set with `closing` when the session is being deleted.
     deleted: bool,
+    /// The model's history is being cleared: admission waits for nothing
+    /// and answers a conflict meanwhile.
+    editing: bool,
     queue: VecDeque<Input>,
     leg_cancel: Option<CancellationToken>,
     admitted: HashSet<String>,
@@ -532,6 +535,11 @@ impl Session {
             if run.closing {
                 return Err(Error::new(ErrorKind::Unavailable, "the server is shutting down"));
             }
+            if run.editing {
+                return Err(Error::conflict(
+                    "the session's history is being cleared; send the input again",
+                ));
+            }
             // Refused before it is remembered: the same request_id may come back later.
             let cap = self.rt.cfg.max_queued_inputs;
             if run.running && run.queue.len() >= cap {
@@ -693,6 +701,15 @@ impl Session {
     /// the same lock admission takes, so no run can start in between.
     pub fn begin_delete(&self) -> Result<()> {
         let mut run = lock(&self.run);
+        self.check_idle(&run)?;
+        run.closing = true;
+        run.deleted = true;
+        Ok(())
+    }
+
+    /// Refuses a change of the whole session while anything else changes it:
+    /// a live run or a clear (conflict), a delete (not found), shutdown.
+    fn check_idle(&self, run: &RunState) -> Result<()> {
         if run.deleted {
             return Err(Error::not_found(format!(
                 "no session {}: it was deleted",
@@ -705,12 +722,42 @@ impl Session {
                 self.id
             )));
         }
+        if run.editing {
+            return Err(Error::conflict("the session's history is being cleared"));
+        }
         if run.closing {
             return Err(Error::new(ErrorKind::Unavailable, "the server is shutting down"));
         }
-        run.closing = true;
-        run.deleted = true;
         Ok(())
+    }
+
+    /// Clears the history the model sees (clients keep the whole transcript):
+    /// from the next run on the model starts afresh, as after a compaction
+    /// with no summary (a ledger note, so it holds after a reload). Refused
+    /// while a run is live; admissions are refused (conflict) until the
+    /// note is folded in, so no run can start on the old history. Returns
+    /// the last seq the model no longer sees.
+    pub async fn clear_history(&self) -> Result<u64> {
+        {
+            let mut run = lock(&self.run);
+            self.check_idle(&run)?;
+            run.editing = true;
+        }
+        let cleared = async {
+            // Everything published so far (a run_finished still in the
+            // writer) is folded in before the cut is placed after it.
+            self.flush().await?;
+            let upto = self.bus.latest_seq();
+            self.emit(AgentEvent::Compaction(Compaction {
+                summary: String::new(),
+                upto_seq: upto,
+            }));
+            self.flush().await?;
+            Ok(upto)
+        }
+        .await;
+        lock(&self.run).editing = false;
+        cleared
     }
 
     /// Ends every stream of the session with session_closed {reason}, once

@@ -196,7 +196,8 @@ impl Transcript {
         let mut out: Vec<ChatMessage> = Vec::new();
         let mut results: Vec<ChatMessage> = Vec::new();
         let upto = self.compaction.as_ref().map_or(0, |c| c.upto_seq);
-        if let Some(c) = &self.compaction {
+        // A cleared history is a compaction with no summary: nothing stands in for it.
+        if let Some(c) = self.compaction.as_ref().filter(|c| !c.summary.is_empty()) {
             out.push(ChatMessage::User {
                 text: format!("{COMPACTED}\n\n{}", c.summary),
             });

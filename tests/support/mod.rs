@@ -956,8 +956,20 @@ impl TestServer {
     ) -> TestServer {
         let home = tempfile::tempdir().unwrap();
         let ws = tempfile::tempdir().unwrap();
+        let mut s = Self::start_in_with_route(home.path(), ws.path(), route, tweak).await;
+        s._dirs = Some((home, ws));
+        s
+    }
+
+    /// A server on an existing home and workspace whose model route is `route` (restart tests).
+    pub async fn start_in_with_route(
+        home: &Path,
+        workspace: &Path,
+        route: vak::core::session::Route,
+        tweak: impl FnOnce(&mut ServeConfig),
+    ) -> TestServer {
         let mut cfg = ServeConfig::new(
-            CoreConfig::new(home.path().to_path_buf(), ws.path().to_path_buf()),
+            CoreConfig::new(home.to_path_buf(), workspace.to_path_buf()),
             TOKEN.to_string(),
         );
         tweak(&mut cfg);
@@ -971,9 +983,9 @@ impl TestServer {
         TestServer {
             addr,
             url: format!("http://{addr}"),
-            home: home.path().to_path_buf(),
-            workspace: ws.path().to_path_buf(),
-            _dirs: Some((home, ws)),
+            home: home.to_path_buf(),
+            workspace: workspace.to_path_buf(),
+            _dirs: None,
             shutdown: Some(tx),
             task: Some(task),
         }

@@ -264,6 +264,12 @@ impl AgentService for Baseline {
     ) -> Result<Response<pb::ForkSessionResponse>, Status> {
         unimplemented()
     }
+    async fn clear_session(
+        &self,
+        _: Request<pb::ClearSessionRequest>,
+    ) -> Result<Response<pb::ClearSessionResponse>, Status> {
+        unimplemented()
+    }
 }
 
 /// `vak-bench baseline-server`: serves until killed, announcing its address

@@ -571,6 +571,18 @@ impl AgentService for AgentApi {
         })
     }
 
+    async fn clear_session(
+        &self,
+        req: Request<pb::ClearSessionRequest>,
+    ) -> Result<Response<pb::ClearSessionResponse>, Status> {
+        let s = self.session(&req.into_inner().session_id).await?;
+        let upto_seq = s.clear_history().await.map_err(to_status)?;
+        ok(pb::ClearSessionResponse {
+            session_id: s.id().to_string(),
+            upto_seq,
+        })
+    }
+
     type PresentationEventsStream = PresentationStream;
 
     async fn presentation_events(

@@ -55,6 +55,7 @@ pub fn router(state: AppState) -> Router {
         .route("/sessions/{id}/diff", get(get_diff))
         .route("/sessions/{id}", delete(delete_session).patch(rename_session))
         .route("/sessions/{id}/fork", post(fork_session))
+        .route("/sessions/{id}/clear", post(clear_session))
         .method_not_allowed_fallback(|| async {
             json_error(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -419,4 +420,15 @@ async fn fork_session(State(st): State<AppState>, Path(id): Path<String>, b: Bod
         return e;
     }
     reply(StatusCode::CREATED, st.api.fork_session(Request::new(req)).await)
+}
+
+async fn clear_session(State(st): State<AppState>, Path(id): Path<String>, b: Body) -> Response {
+    let mut req: pb::ClearSessionRequest = match body(&st, b).await {
+        Ok(r) => r,
+        Err(e) => return e,
+    };
+    if let Some(e) = session_mismatch(&id, &mut req.session_id) {
+        return e;
+    }
+    reply(StatusCode::OK, st.api.clear_session(Request::new(req)).await)
 }
