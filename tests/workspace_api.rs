@@ -152,6 +152,43 @@ async fn a_file_is_read_and_written_with_its_sha_and_a_stale_sha_changes_nothing
     assert_eq!(ok.sha, sha256(b"y"));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_many_clients_writing_over_one_version_at_once_exactly_one_wins() {
+    let s = TestServer::start().await;
+    let (status, w) = put(&s, json!({"path": "shared.txt", "content": "v0"})).await;
+    assert_eq!(status, 201);
+    let base = w["sha"].as_str().unwrap().to_string();
+    let writers: Vec<_> = (0..16)
+        .map(|i| {
+            let (http, url, base) = (s.http(), format!("{}/fs/file", s.url), base.clone());
+            tokio::spawn(async move {
+                let body =
+                    json!({"path": "shared.txt", "content": format!("writer {i}"), "expected_sha": base});
+                let r = http.put(url).json(&body).send().await.unwrap();
+                (i, r.status().as_u16())
+            })
+        })
+        .collect();
+    let mut won = Vec::new();
+    for w in writers {
+        let (i, status) = w.await.unwrap();
+        match status {
+            200 => won.push(i),
+            409 => {}
+            other => panic!("writer {i}: {other}"),
+        }
+    }
+    assert_eq!(
+        won.len(),
+        1,
+        "exactly one write over the version they all read: {won:?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(s.workspace.join("shared.txt")).unwrap(),
+        format!("writer {}", won[0])
+    );
+}
+
 #[tokio::test]
 async fn every_way_out_of_the_workspace_is_refused_for_reads_and_writes() {
     let s = TestServer::start().await;
