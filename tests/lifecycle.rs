@@ -49,6 +49,9 @@ async fn delete_ends_live_streams_with_deleted_moves_the_ledger_to_the_trash_and
     let mut sse = s.events(&sid, None).await;
     let mut g = s.grpc().await;
     let (mut events, _) = grpc_subscribe(&mut g, &sid, None).await;
+    let mut mux = s
+        .open_stream(&s.url, &support::sessions_query(&[&sid, &keep]), None)
+        .await;
 
     let (status, body) = s.send(Method::DELETE, &format!("/sessions/{sid}"), None).await;
     assert_eq!(status, 200, "{body}");
@@ -62,6 +65,11 @@ async fn delete_ends_live_streams_with_deleted_moves_the_ledger_to_the_trash_and
         other => panic!("{other:?}"),
     }
     assert!(events.next().await.is_none(), "the gRPC stream ends");
+    // On /stream the deleted session's frame says so; the stream follows the others on.
+    let frames = mux.until("session_closed").await;
+    let closed = frames.last().unwrap();
+    assert_eq!(closed.data["session_id"], sid);
+    assert_eq!(closed.body()["reason"], "deleted", "{closed:?}");
 
     let (_, list) = s.get("/sessions").await;
     assert!(listed(&list, &sid).is_none(), "{list}");

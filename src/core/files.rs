@@ -22,6 +22,8 @@ pub const DEFAULT_TREE_LIMIT: usize = 1000;
 pub const MAX_TREE_LIMIT: usize = 10_000;
 /// Folder names one listing returns at most.
 pub const MAX_DIRS: usize = 1000;
+/// Entries one listing reads at most (a folder of millions of files is cut, not read whole).
+const MAX_DIR_SCAN: usize = 100_000;
 
 /// A file as read: its bytes and their SHA-256 (lowercase hex).
 #[derive(Debug)]
@@ -274,7 +276,8 @@ pub struct DirListing {
     pub path: String,
     /// Its parent when that is still inside a root, else empty.
     pub parent: String,
-    /// Subfolder names (not symlinks), sorted, at most MAX_DIRS.
+    /// Subfolder names (not symlinks), sorted, at most MAX_DIRS (of the
+    /// first MAX_DIR_SCAN entries).
     pub dirs: Vec<String>,
     pub truncated: bool,
     /// The roots (absolute, resolved): nothing outside them is listed.
@@ -315,7 +318,11 @@ pub fn dirs(roots: &[PathBuf], path: &str) -> Result<DirListing> {
     let mut names = Vec::new();
     let mut truncated = false;
     let entries = std::fs::read_dir(&asked).map_err(|e| Error::invalid(format!("{path}: {e}")))?;
-    for entry in entries.flatten() {
+    for (scanned, entry) in entries.flatten().enumerate() {
+        if scanned == MAX_DIR_SCAN {
+            truncated = true;
+            break;
+        }
         // file_type does not follow a symlink: a link to a folder elsewhere is not offered.
         if !entry.file_type().is_ok_and(|t| t.is_dir()) {
             continue;
