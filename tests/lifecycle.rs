@@ -3,8 +3,8 @@
 //! also across a restart), rename (listed, bounded, kept across a restart and
 //! an index rebuild), fork (replays the parent's events up to at_seq, then
 //! its own seqs), 409 while a run is live, a run that answers once it
-//! settles (`wait`), and clear (the model's next request carries no earlier
-//! message, clients keep the transcript).
+//! settles (`wait`), clear and undo (the model's next request carries no
+//! earlier or no undone message, clients keep the transcript).
 
 #[path = "support/fake_provider.rs"]
 mod fake_provider;
@@ -119,7 +119,7 @@ async fn delete_ends_live_streams_with_deleted_moves_the_ledger_to_the_trash_and
 }
 
 #[tokio::test]
-async fn a_live_run_makes_delete_clear_and_an_unpinned_fork_409() {
+async fn a_live_run_makes_delete_clear_undo_and_an_unpinned_fork_409() {
     let s = TestServer::start().await;
     let sid = s.create_session().await;
     let mut sse = s.events(&sid, None).await;
@@ -131,6 +131,8 @@ async fn a_live_run_makes_delete_clear_and_an_unpinned_fork_409() {
     let (status, e) = s.post(&format!("/sessions/{sid}/fork"), json!({})).await;
     assert_eq!((status, code(&e)), (409, "conflict"), "{e}");
     let (status, e) = s.post(&format!("/sessions/{sid}/clear"), json!({})).await;
+    assert_eq!((status, code(&e)), (409, "conflict"), "{e}");
+    let (status, e) = s.post(&format!("/sessions/{sid}/undo"), json!({})).await;
     assert_eq!((status, code(&e)), (409, "conflict"), "{e}");
     let mut g = s.grpc().await;
     let e = g
@@ -396,26 +398,30 @@ async fn a_run_with_wait_answers_when_it_settles_with_its_outcome_and_final_answ
     );
 }
 
+/// A route to the fake model service, as an OpenAI-compatible provider.
+fn route_to(fake: &FakeProvider) -> vak::core::session::Route {
+    use vak::core::provider::{connect_with, http::ClientOptions, Endpoint, ProviderKind, Secret};
+    let endpoint = Endpoint {
+        kind: ProviderKind::OpenAi,
+        base_url: Some(format!("{}/v1/", fake.url)),
+        key: Some(Secret::new("sk-test".into())),
+    };
+    vak::core::session::Route {
+        provider: connect_with(&endpoint, &ClientOptions::default()).unwrap(),
+        model: "gpt-4.1".into(),
+        context_window: None,
+    }
+}
+
 #[tokio::test]
 async fn after_a_clear_the_model_sees_no_earlier_message_and_clients_keep_the_transcript() {
-    use vak::core::provider::{connect_with, http::ClientOptions, Endpoint, ProviderKind, Secret};
     let fake = FakeProvider::start().await;
     fake.script([
         Reply::fixture("openai/text.sse"),
         Reply::fixture("openai/text.sse"),
         Reply::fixture("openai/text.sse"),
     ]);
-    let endpoint = Endpoint {
-        kind: ProviderKind::OpenAi,
-        base_url: Some(format!("{}/v1/", fake.url)),
-        key: Some(Secret::new("sk-test".into())),
-    };
-    let route = vak::core::session::Route {
-        provider: connect_with(&endpoint, &ClientOptions::default()).unwrap(),
-        model: "gpt-4.1".into(),
-        context_window: None,
-    };
-    let s = TestServer::start_with_route(route, |_| {}).await;
+    let s = TestServer::start_with_route(route_to(&fake), |_| {}).await;
     let sid = s.create_session().await;
     run_to_end(&s, &sid, "remember the word apricot").await;
     let before = s.latest_seq(&sid).await;
@@ -437,12 +443,7 @@ async fn after_a_clear_the_model_sees_no_earlier_message_and_clients_keep_the_tr
 
     // The clear is in the ledger: a restarted server's model does not see it either.
     let (home, ws) = s.stop().await.unwrap();
-    let route = vak::core::session::Route {
-        provider: connect_with(&endpoint, &ClientOptions::default()).unwrap(),
-        model: "gpt-4.1".into(),
-        context_window: None,
-    };
-    let s = TestServer::start_in_with_route(home.path(), ws.path(), route, |_| {}).await;
+    let s = TestServer::start_in_with_route(home.path(), ws.path(), route_to(&fake), |_| {}).await;
     run_to_end(&s, &sid, "and now?").await;
     let reqs = fake.wait_requests(3).await;
     let third = reqs[2].body["messages"].to_string();
@@ -451,5 +452,60 @@ async fn after_a_clear_the_model_sees_no_earlier_message_and_clients_keep_the_tr
         "{third}"
     );
     let (status, _) = s.post("/sessions/nosuch/clear", json!({})).await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test]
+async fn an_undo_takes_the_last_exchange_back_from_the_model_one_at_a_time() {
+    let fake = FakeProvider::start().await;
+    fake.script((0..4).map(|_| Reply::fixture("openai/text.sse")));
+    let s = TestServer::start_with_route(route_to(&fake), |_| {}).await;
+    let sid = s.create_session().await;
+    run_to_end(&s, &sid, "first alpha").await;
+    let second = run_to_end(&s, &sid, "second beta").await;
+    let latest = s.latest_seq(&sid).await;
+    let user_seq = second.iter().find(|f| f.event == "user_message").unwrap().seq();
+
+    let (status, u) = s.post(&format!("/sessions/{sid}/undo"), json!({})).await;
+    assert_eq!(status, 200, "{u}");
+    assert_eq!(
+        u,
+        json!({"session_id": sid, "after_seq": user_seq - 1, "upto_seq": latest})
+    );
+    run_to_end(&s, &sid, "third gamma").await;
+    let reqs = fake.wait_requests(3).await;
+    let third = reqs[2].body["messages"].to_string();
+    assert!(
+        third.contains("first alpha") && third.contains("third gamma"),
+        "{third}"
+    );
+    assert!(
+        !third.contains("second beta"),
+        "the model still saw the undone exchange: {third}"
+    );
+    let (_, t) = s.get(&format!("/sessions/{sid}/transcript")).await;
+    assert!(
+        t.to_string().contains("second beta"),
+        "clients keep the whole transcript"
+    );
+
+    // gamma, then alpha; then nothing is left to undo.
+    let mut g = s.grpc().await;
+    for _ in 0..2 {
+        g.undo_session(pb::UndoSessionRequest {
+            session_id: sid.clone(),
+        })
+        .await
+        .unwrap();
+    }
+    let (status, e) = s.post(&format!("/sessions/{sid}/undo"), json!({})).await;
+    assert_eq!((status, code(&e)), (409, "conflict"), "{e}");
+    run_to_end(&s, &sid, "fresh delta").await;
+    let reqs = fake.wait_requests(4).await;
+    let fourth = reqs[3].body["messages"].to_string();
+    for gone in ["alpha", "beta", "gamma"] {
+        assert!(!fourth.contains(gone), "{gone} in {fourth}");
+    }
+    let (status, _) = s.post("/sessions/nosuch/undo", json!({})).await;
     assert_eq!(status, 404);
 }

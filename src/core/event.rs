@@ -234,6 +234,15 @@ pub enum Note {
     Usage(TokenUsage),
     Signature(String),
     Compaction(Compaction),
+    Undo(Undo),
+}
+
+/// The last exchange taken back from the model: it no longer sees the
+/// messages with a seq in `after_seq + 1 ..= upto_seq` (clients still see them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Undo {
+    pub after_seq: u64,
+    pub upto_seq: u64,
 }
 
 /// The history up to `upto_seq` summarised by the model: from then on the

@@ -71,6 +71,8 @@ pub enum Record {
     Signature { signature: String },
     /// The history up to a seq, summarised for the model.
     Compaction(super::event::Compaction),
+    /// The last exchange, taken back from the model.
+    Undo(super::event::Undo),
     /// The session's folds as of a seq: a reload starts from the last one.
     Snapshot(Box<super::session::Snapshot>),
 }

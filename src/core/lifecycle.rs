@@ -159,7 +159,7 @@ pub fn fork_ledger(
             }
             if matches!(
                 serde_json::from_slice::<Record>(&line),
-                Ok(Record::Usage(_) | Record::Signature { .. } | Record::Compaction(_))
+                Ok(Record::Usage(_) | Record::Signature { .. } | Record::Compaction(_) | Record::Undo(_))
             ) {
                 out.write_all(&line).map_err(io)?;
             }

@@ -4,7 +4,9 @@ use super::agent;
 use super::approvals::REMEMBERED_SETTLED;
 use super::approvals::{Answer, Approvals, PLAN_TOOL};
 use super::bus::{Bus, Subscription};
-use super::event::{project, AgentEvent, ApprovalOutcome, ClientEvent, Compaction, Frame, Note, RunOutcome};
+use super::event::{
+    project, AgentEvent, ApprovalOutcome, ClientEvent, Compaction, Frame, Note, RunOutcome, Undo,
+};
 use super::ledger::{Ledger, Log, OpenError, Record};
 use super::presentation::{PresentationEvent, Presenter, Timeline};
 use super::provider::{Provider, TokenUsage};
@@ -278,8 +280,8 @@ struct RunState {
     closing: bool,
     /// Set with `closing` when the session is being deleted.
     deleted: bool,
-    /// The model's history is being cleared: admission waits for nothing
-    /// and answers a conflict meanwhile.
+    /// The model's history is being changed (clear, undo): admission
+    /// answers a conflict meanwhile.
     editing: bool,
     queue: VecDeque<Input>,
     leg_cancel: Option<CancellationToken>,
@@ -537,7 +539,7 @@ impl Session {
             }
             if run.editing {
                 return Err(Error::conflict(
-                    "the session's history is being cleared; send the input again",
+                    "the session's history is being changed (clear, undo); send the input again",
                 ));
             }
             // Refused before it is remembered: the same request_id may come back later.
@@ -723,7 +725,9 @@ impl Session {
             )));
         }
         if run.editing {
-            return Err(Error::conflict("the session's history is being cleared"));
+            return Err(Error::conflict(
+                "the session's history is being changed (clear, undo)",
+            ));
         }
         if run.closing {
             return Err(Error::new(ErrorKind::Unavailable, "the server is shutting down"));
@@ -738,26 +742,53 @@ impl Session {
     /// note is folded in, so no run can start on the old history. Returns
     /// the last seq the model no longer sees.
     pub async fn clear_history(&self) -> Result<u64> {
+        self.edit_history(|latest, _| {
+            let note = Note::Compaction(Compaction {
+                summary: String::new(),
+                upto_seq: latest,
+            });
+            Ok((note, latest))
+        })
+        .await
+    }
+
+    /// Takes the last exchange the model sees back from it (its user
+    /// message and everything after), like `clear_history` otherwise; a
+    /// conflict when there is none. Returns the seqs it no longer sees
+    /// (after_seq, upto_seq].
+    pub async fn undo_last(&self) -> Result<Undo> {
+        self.edit_history(|latest, t| {
+            let u = t
+                .last_exchange(latest)
+                .ok_or_else(|| Error::conflict("nothing to undo: the model sees no exchange"))?;
+            Ok((Note::Undo(u), u))
+        })
+        .await
+    }
+
+    /// Changes what the model sees of the history with one ledger note made
+    /// from the history as of its latest seq. Refused unless the session is
+    /// idle; admissions are refused (conflict) until the note is folded in,
+    /// so no run starts on the old history.
+    async fn edit_history<T>(&self, make: impl FnOnce(u64, &Transcript) -> Result<(Note, T)>) -> Result<T> {
         {
             let mut run = lock(&self.run);
             self.check_idle(&run)?;
             run.editing = true;
         }
-        let cleared = async {
+        let edited = async {
             // Everything published so far (a run_finished still in the
-            // writer) is folded in before the cut is placed after it.
+            // writer) is folded in before the note is placed after it.
             self.flush().await?;
-            let upto = self.bus.latest_seq();
-            self.emit(AgentEvent::Compaction(Compaction {
-                summary: String::new(),
-                upto_seq: upto,
-            }));
+            let latest = self.bus.latest_seq();
+            let (note, out) = make(latest, &lock(&self.folds).transcript)?;
+            self.pipe.push(Op::Note(note));
             self.flush().await?;
-            Ok(upto)
+            Ok(out)
         }
         .await;
         lock(&self.run).editing = false;
-        cleared
+        edited
     }
 
     /// Ends every stream of the session with session_closed {reason}, once
@@ -886,6 +917,7 @@ impl Restore {
                 return self.folds().transcript.note(&Note::Signature(signature))
             }
             Record::Compaction(c) => return self.folds().transcript.note(&Note::Compaction(c)),
+            Record::Undo(u) => return self.folds().transcript.note(&Note::Undo(u)),
             Record::Snapshot(snap) => {
                 let Snapshot {
                     seq,

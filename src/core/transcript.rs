@@ -1,6 +1,6 @@
 //! The transcript: a fold of client events into messages and usage, shared by the live session, a reload from the ledger, and Markdown export.
 
-use super::event::{ClientEvent, Compaction, Note, RunOutcome};
+use super::event::{ClientEvent, Compaction, Note, RunOutcome, Undo};
 use super::provider::{ChatMessage, Thinking, TokenUsage, ToolCall};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -93,6 +93,10 @@ pub struct Transcript {
     /// how full the model's context window is.
     #[serde(default)]
     pub context_tokens: u64,
+    /// Exchanges taken back from the model (`Undo`): it no longer sees
+    /// the messages in these seq ranges.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub undone: Vec<Undo>,
 }
 
 /// How a compacted history begins, before the summary.
@@ -181,12 +185,38 @@ impl Transcript {
                 // Unknown until the next turn reports it; small by design.
                 self.context_tokens = 0;
             }
+            Note::Undo(u) => {
+                self.undone.push(*u);
+                self.context_tokens = 0;
+            }
             Note::Signature(sig) => {
                 if let Some(m) = self.messages.last_mut().filter(|m| m.role == Role::Assistant) {
                     m.signature = sig.clone();
                 }
             }
         }
+    }
+
+    /// Whether the model still sees the message opened at `seq` (no undo took it back).
+    fn seen(&self, seq: u64) -> bool {
+        !self.undone.iter().any(|u| u.after_seq < seq && seq <= u.upto_seq)
+    }
+
+    /// The last exchange the model still sees, as the undo that takes it
+    /// back up to `latest`: from just before its user message on. None when
+    /// the model sees no user message (nothing, or everything compacted).
+    pub fn last_exchange(&self, latest: u64) -> Option<Undo> {
+        let upto = self.compaction.as_ref().map_or(0, |c| c.upto_seq);
+        let user = self
+            .messages
+            .iter()
+            .rev()
+            .take_while(|m| m.seq > upto)
+            .find(|m| m.role == Role::User && self.seen(m.seq))?;
+        Some(Undo {
+            after_seq: user.seq - 1,
+            upto_seq: latest,
+        })
     }
 
     /// The conversation as a model sees it: the assistant's tool calls
@@ -202,7 +232,7 @@ impl Transcript {
                 text: format!("{COMPACTED}\n\n{}", c.summary),
             });
         }
-        for m in self.messages.iter().filter(|m| m.seq > upto) {
+        for m in self.messages.iter().filter(|m| m.seq > upto && self.seen(m.seq)) {
             if m.role != Role::Tool {
                 out.append(&mut results);
             }

@@ -250,6 +250,7 @@ pub async fn run(
                         Note::Usage(u) => Record::Usage(*u),
                         Note::Signature(s) => Record::Signature { signature: s.clone() },
                         Note::Compaction(c) => Record::Compaction(c.clone()),
+                        Note::Undo(u) => Record::Undo(*u),
                     }));
                     notes.push((latest, note));
                 }

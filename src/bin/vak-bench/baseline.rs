@@ -270,6 +270,12 @@ impl AgentService for Baseline {
     ) -> Result<Response<pb::ClearSessionResponse>, Status> {
         unimplemented()
     }
+    async fn undo_session(
+        &self,
+        _: Request<pb::UndoSessionRequest>,
+    ) -> Result<Response<pb::UndoSessionResponse>, Status> {
+        unimplemented()
+    }
 }
 
 /// `vak-bench baseline-server`: serves until killed, announcing its address

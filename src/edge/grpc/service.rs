@@ -583,6 +583,19 @@ impl AgentService for AgentApi {
         })
     }
 
+    async fn undo_session(
+        &self,
+        req: Request<pb::UndoSessionRequest>,
+    ) -> Result<Response<pb::UndoSessionResponse>, Status> {
+        let s = self.session(&req.into_inner().session_id).await?;
+        let u = s.undo_last().await.map_err(to_status)?;
+        ok(pb::UndoSessionResponse {
+            session_id: s.id().to_string(),
+            after_seq: u.after_seq,
+            upto_seq: u.upto_seq,
+        })
+    }
+
     type PresentationEventsStream = PresentationStream;
 
     async fn presentation_events(

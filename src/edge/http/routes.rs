@@ -56,6 +56,7 @@ pub fn router(state: AppState) -> Router {
         .route("/sessions/{id}", delete(delete_session).patch(rename_session))
         .route("/sessions/{id}/fork", post(fork_session))
         .route("/sessions/{id}/clear", post(clear_session))
+        .route("/sessions/{id}/undo", post(undo_session))
         .method_not_allowed_fallback(|| async {
             json_error(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -431,4 +432,15 @@ async fn clear_session(State(st): State<AppState>, Path(id): Path<String>, b: Bo
         return e;
     }
     reply(StatusCode::OK, st.api.clear_session(Request::new(req)).await)
+}
+
+async fn undo_session(State(st): State<AppState>, Path(id): Path<String>, b: Body) -> Response {
+    let mut req: pb::UndoSessionRequest = match body(&st, b).await {
+        Ok(r) => r,
+        Err(e) => return e,
+    };
+    if let Some(e) = session_mismatch(&id, &mut req.session_id) {
+        return e;
+    }
+    reply(StatusCode::OK, st.api.undo_session(Request::new(req)).await)
 }
