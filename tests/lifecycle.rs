@@ -3,8 +3,9 @@
 //! also across a restart), rename (listed, bounded, kept across a restart and
 //! an index rebuild), fork (replays the parent's events up to at_seq, then
 //! its own seqs), 409 while a run is live, a run that answers once it
-//! settles (`wait`), clear and undo (the model's next request carries no
-//! earlier or no undone message, clients keep the transcript).
+//! settles (`wait`), clear, undo and compact (the model's next request
+//! carries no earlier or undone message, or the summary in their place;
+//! clients keep the transcript).
 
 #[path = "support/fake_provider.rs"]
 mod fake_provider;
@@ -119,7 +120,7 @@ async fn delete_ends_live_streams_with_deleted_moves_the_ledger_to_the_trash_and
 }
 
 #[tokio::test]
-async fn a_live_run_makes_delete_clear_undo_and_an_unpinned_fork_409() {
+async fn a_live_run_makes_delete_clear_undo_compact_and_an_unpinned_fork_409() {
     let s = TestServer::start().await;
     let sid = s.create_session().await;
     let mut sse = s.events(&sid, None).await;
@@ -133,6 +134,8 @@ async fn a_live_run_makes_delete_clear_undo_and_an_unpinned_fork_409() {
     let (status, e) = s.post(&format!("/sessions/{sid}/clear"), json!({})).await;
     assert_eq!((status, code(&e)), (409, "conflict"), "{e}");
     let (status, e) = s.post(&format!("/sessions/{sid}/undo"), json!({})).await;
+    assert_eq!((status, code(&e)), (409, "conflict"), "{e}");
+    let (status, e) = s.post(&format!("/sessions/{sid}/compact"), json!({})).await;
     assert_eq!((status, code(&e)), (409, "conflict"), "{e}");
     let mut g = s.grpc().await;
     let e = g
@@ -507,5 +510,37 @@ async fn an_undo_takes_the_last_exchange_back_from_the_model_one_at_a_time() {
         assert!(!fourth.contains(gone), "{gone} in {fourth}");
     }
     let (status, _) = s.post("/sessions/nosuch/undo", json!({})).await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test]
+async fn a_compaction_on_request_replaces_the_history_with_the_models_summary() {
+    let fake = FakeProvider::start().await;
+    fake.script((0..3).map(|_| Reply::fixture("openai/text.sse")));
+    let s = TestServer::start_with_route(route_to(&fake), |_| {}).await;
+    let sid = s.create_session().await;
+    let (status, e) = s.post(&format!("/sessions/{sid}/compact"), json!({})).await;
+    assert_eq!(
+        (status, code(&e)),
+        (409, "conflict"),
+        "nothing to compact yet: {e}"
+    );
+    run_to_end(&s, &sid, "remember the word apricot").await;
+    let latest = s.latest_seq(&sid).await;
+    let (status, c) = s.post(&format!("/sessions/{sid}/compact"), json!({})).await;
+    assert_eq!(status, 200, "{c}");
+    assert_eq!(c, json!({"session_id": sid, "upto_seq": latest}));
+    assert_eq!(s.latest_seq(&sid).await, latest, "no event is published");
+    run_to_end(&s, &sid, "which word?").await;
+    let reqs = fake.wait_requests(3).await;
+    // The second request asked for the summary; the third sees it instead of the history.
+    assert!(reqs[1].body["messages"].to_string().contains("apricot"));
+    let third = reqs[2].body["messages"].to_string();
+    assert!(
+        third.contains("Hello! How can I help you today?"),
+        "the summary: {third}"
+    );
+    assert!(!third.contains("apricot"), "{third}");
+    let (status, _) = s.post("/sessions/nosuch/compact", json!({})).await;
     assert_eq!(status, 404);
 }

@@ -100,7 +100,18 @@ struct Leg<'a> {
     tools: Vec<ToolDef>,
 }
 
-impl Leg<'_> {
+impl<'a> Leg<'a> {
+    async fn new(session: &'a Session) -> Leg<'a> {
+        let rt = session.runtime();
+        Leg {
+            session,
+            // Fixed for the whole leg: a config change applies to the next one.
+            route: rt.route(),
+            system: prompt::system(&rt.cfg.workspace).await,
+            tools: tools::definitions(),
+        }
+    }
+
     fn request(&self, messages: Vec<ChatMessage>) -> TurnRequest {
         let cfg = &self.session.runtime().cfg;
         TurnRequest {
@@ -150,6 +161,24 @@ impl Leg<'_> {
     }
 }
 
+/// Compacts the session's history now, outside a run (`POST
+/// /sessions/:id/compact`): the same summary turn and ledger note as when
+/// the context window fills. The caller keeps runs from starting meanwhile.
+pub async fn compact_now(session: &Session, cancel: &CancellationToken) -> crate::error::Result<()> {
+    let leg = Leg::new(session).await;
+    match leg.compact(cancel).await {
+        Ok(()) => Ok(()),
+        Err(ProviderError::Cancelled) => Err(crate::error::Error::new(
+            crate::error::ErrorKind::Unavailable,
+            "the compaction was cancelled",
+        )),
+        Err(ProviderError::Failed(f)) => {
+            tracing::warn!(session = %session.id(), kind = ?f.kind, error = %f.detail, "compaction failed");
+            Err(super::config::upstream_error(&f))
+        }
+    }
+}
+
 /// Runs one leg for `input`; returns how it ended and the human message for run_finished.
 pub async fn run_leg(session: &Session, input: &Input, cancel: &CancellationToken) -> (RunOutcome, String) {
     session.publish(ClientEvent::UserMessage {
@@ -160,13 +189,7 @@ pub async fn run_leg(session: &Session, input: &Input, cancel: &CancellationToke
         request_id: input.request_id.clone(),
     });
     let rt = session.runtime();
-    let leg = Leg {
-        session,
-        // Fixed for the whole leg: a config change applies to the next one.
-        route: rt.route(),
-        system: prompt::system(&rt.cfg.workspace).await,
-        tools: tools::definitions(),
-    };
+    let leg = Leg::new(session).await;
     let mut turns = 0;
     loop {
         if cancel.is_cancelled() {

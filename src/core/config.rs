@@ -696,17 +696,24 @@ fn no_ai_service(kind: ProviderKind) -> Error {
 /// reason; the raw detail goes to the log only.
 fn failure_error(kind: ProviderKind, f: Failure) -> Error {
     tracing::warn!(provider = kind.as_str(), detail = %f.detail, "model service failure");
+    if f.kind == FailureKind::NotConfigured {
+        return Error::new(
+            ErrorKind::NoAiService,
+            format!(
+                "the {} provider is not configured: {}",
+                kind.as_str(),
+                f.kind.message()
+            ),
+        );
+    }
+    upstream_error(&f)
+}
+
+/// A model service failure as the error a client sees: its fixed message
+/// and a machine-readable reason (never the raw detail).
+pub(crate) fn upstream_error(f: &Failure) -> Error {
     let reason = match f.kind {
-        FailureKind::NotConfigured => {
-            return Error::new(
-                ErrorKind::NoAiService,
-                format!(
-                    "the {} provider is not configured: {}",
-                    kind.as_str(),
-                    f.kind.message()
-                ),
-            )
-        }
+        FailureKind::NotConfigured => "not_configured",
         FailureKind::Auth => "auth",
         FailureKind::RateLimit => "rate_limit",
         FailureKind::Overloaded => "overloaded",

@@ -766,6 +766,38 @@ impl Session {
         .await
     }
 
+    /// Has the model summarise the history now; from the next run on it sees
+    /// the summary in place of the messages up to the returned seq (clients
+    /// keep the transcript). Refused unless idle or with nothing to
+    /// compact; admissions are refused (conflict) until it is done. Bounded
+    /// by the provider's timeouts; shutdown cancels it.
+    pub async fn compact_history(&self) -> Result<u64> {
+        // Cancel (and shutdown) cancel the leg token: they stop this too.
+        let cancel = CancellationToken::new();
+        {
+            let mut run = lock(&self.run);
+            self.check_idle(&run)?;
+            run.editing = true;
+            run.leg_cancel = Some(cancel.clone());
+        }
+        let compacted = async {
+            self.flush().await?;
+            if self.transcript().chat().is_empty() {
+                return Err(Error::conflict("nothing to compact: the model sees no message"));
+            }
+            super::agent::compact_now(self, &cancel).await?;
+            self.flush().await?;
+            Ok(lock(&self.folds)
+                .transcript
+                .compaction
+                .as_ref()
+                .map_or(0, |c| c.upto_seq))
+        }
+        .await;
+        lock(&self.run).editing = false;
+        compacted
+    }
+
     /// Changes what the model sees of the history with one ledger note made
     /// from the history as of its latest seq. Refused unless the session is
     /// idle; admissions are refused (conflict) until the note is folded in,

@@ -276,6 +276,12 @@ impl AgentService for Baseline {
     ) -> Result<Response<pb::UndoSessionResponse>, Status> {
         unimplemented()
     }
+    async fn compact_session(
+        &self,
+        _: Request<pb::CompactSessionRequest>,
+    ) -> Result<Response<pb::CompactSessionResponse>, Status> {
+        unimplemented()
+    }
 }
 
 /// `vak-bench baseline-server`: serves until killed, announcing its address

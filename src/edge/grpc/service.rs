@@ -596,6 +596,18 @@ impl AgentService for AgentApi {
         })
     }
 
+    async fn compact_session(
+        &self,
+        req: Request<pb::CompactSessionRequest>,
+    ) -> Result<Response<pb::CompactSessionResponse>, Status> {
+        let s = self.session(&req.into_inner().session_id).await?;
+        let upto_seq = s.compact_history().await.map_err(to_status)?;
+        ok(pb::CompactSessionResponse {
+            session_id: s.id().to_string(),
+            upto_seq,
+        })
+    }
+
     type PresentationEventsStream = PresentationStream;
 
     async fn presentation_events(

@@ -57,6 +57,7 @@ pub fn router(state: AppState) -> Router {
         .route("/sessions/{id}/fork", post(fork_session))
         .route("/sessions/{id}/clear", post(clear_session))
         .route("/sessions/{id}/undo", post(undo_session))
+        .route("/sessions/{id}/compact", post(compact_session))
         .method_not_allowed_fallback(|| async {
             json_error(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -105,6 +106,20 @@ pub async fn body<M: Message + Name + Default>(st: &AppState, body: Body) -> Res
         }
     };
     from_json(&bytes).map_err(|m| json_error(StatusCode::BAD_REQUEST, "invalid_argument", &m))
+}
+
+/// Reads a body for the session the path names (see `session_mismatch`).
+async fn for_session<M: Message + Name + Default>(
+    st: &AppState,
+    id: &str,
+    b: Body,
+    field: fn(&mut M) -> &mut String,
+) -> Result<M, Response> {
+    let mut req: M = body(st, b).await?;
+    match session_mismatch(id, field(&mut req)) {
+        Some(e) => Err(e),
+        None => Ok(req),
+    }
 }
 
 /// The path names the session; a body that names another one is refused.
@@ -402,45 +417,36 @@ async fn delete_session(State(st): State<AppState>, Path(id): Path<String>) -> R
 }
 
 async fn rename_session(State(st): State<AppState>, Path(id): Path<String>, b: Body) -> Response {
-    let mut req: pb::RenameSessionRequest = match body(&st, b).await {
-        Ok(r) => r,
-        Err(e) => return e,
-    };
-    if let Some(e) = session_mismatch(&id, &mut req.session_id) {
-        return e;
+    match for_session(&st, &id, b, |r: &mut pb::RenameSessionRequest| &mut r.session_id).await {
+        Ok(req) => reply(StatusCode::OK, st.api.rename_session(Request::new(req)).await),
+        Err(e) => e,
     }
-    reply(StatusCode::OK, st.api.rename_session(Request::new(req)).await)
 }
 
 async fn fork_session(State(st): State<AppState>, Path(id): Path<String>, b: Body) -> Response {
-    let mut req: pb::ForkSessionRequest = match body(&st, b).await {
-        Ok(r) => r,
-        Err(e) => return e,
-    };
-    if let Some(e) = session_mismatch(&id, &mut req.session_id) {
-        return e;
+    match for_session(&st, &id, b, |r: &mut pb::ForkSessionRequest| &mut r.session_id).await {
+        Ok(req) => reply(StatusCode::CREATED, st.api.fork_session(Request::new(req)).await),
+        Err(e) => e,
     }
-    reply(StatusCode::CREATED, st.api.fork_session(Request::new(req)).await)
 }
 
 async fn clear_session(State(st): State<AppState>, Path(id): Path<String>, b: Body) -> Response {
-    let mut req: pb::ClearSessionRequest = match body(&st, b).await {
-        Ok(r) => r,
-        Err(e) => return e,
-    };
-    if let Some(e) = session_mismatch(&id, &mut req.session_id) {
-        return e;
+    match for_session(&st, &id, b, |r: &mut pb::ClearSessionRequest| &mut r.session_id).await {
+        Ok(req) => reply(StatusCode::OK, st.api.clear_session(Request::new(req)).await),
+        Err(e) => e,
     }
-    reply(StatusCode::OK, st.api.clear_session(Request::new(req)).await)
 }
 
 async fn undo_session(State(st): State<AppState>, Path(id): Path<String>, b: Body) -> Response {
-    let mut req: pb::UndoSessionRequest = match body(&st, b).await {
-        Ok(r) => r,
-        Err(e) => return e,
-    };
-    if let Some(e) = session_mismatch(&id, &mut req.session_id) {
-        return e;
+    match for_session(&st, &id, b, |r: &mut pb::UndoSessionRequest| &mut r.session_id).await {
+        Ok(req) => reply(StatusCode::OK, st.api.undo_session(Request::new(req)).await),
+        Err(e) => e,
     }
-    reply(StatusCode::OK, st.api.undo_session(Request::new(req)).await)
+}
+
+async fn compact_session(State(st): State<AppState>, Path(id): Path<String>, b: Body) -> Response {
+    match for_session(&st, &id, b, |r: &mut pb::CompactSessionRequest| &mut r.session_id).await {
+        Ok(req) => reply(StatusCode::OK, st.api.compact_session(Request::new(req)).await),
+        Err(e) => e,
+    }
 }
