@@ -1,6 +1,6 @@
 //! `vak term -p PROMPT`: one run, its answer on stdout (or every frame as a JSON line), and an exit code that says how it ended.
 
-use super::conn::{answer_approval, cancel_call, retry, run_call, FailKind, Failure, Transport};
+use super::conn::{answer_approval, approval, cancel_call, retry, run_call, FailKind, Failure, Transport};
 use super::follow::{follow, Resync, Update};
 use super::render::{clean, tool_text, Piece, Render};
 use super::Policy;
@@ -469,7 +469,7 @@ fn settle_or_queue(
 fn spawn_answer(conn: &Arc<dyn Transport>, sid: &str, rid: &str, approve: bool, reason: &'static str) {
     let (conn, sid, rid) = (conn.clone(), sid.to_string(), rid.to_string());
     tokio::spawn(async move {
-        match answer_approval(&conn, &sid, &rid, approve, reason).await {
+        match answer_approval(&conn, approval(&sid, &rid, approve, reason)).await {
             Ok(_) => {}
             // Someone else answered first, or the run ended: the stream says which.
             Err(Failure {

@@ -131,6 +131,7 @@ impl Render {
                 }]
             }
             Kind::RunFinished(r) => run_end(&r.outcome, &r.message),
+            Kind::Notice(n) => vec![line(Style::Note, format!("! {}", clean(&n.text)))],
             Kind::StreamOpened(_)
             | Kind::TurnStarted(_)
             | Kind::Status(_)
@@ -271,6 +272,16 @@ pub fn tool_call_line(tool: &str, input: Option<&prost_types::Struct>) -> String
         "read_file" => s("path"),
         "write_file" => format!("{} ({})", s("path"), count(s("content").len(), "byte")),
         "bash" => format!("$ {}", s("command")),
+        // The plan itself is shown whole with its question.
+        "exit_plan_mode" => {
+            let plan = s("plan");
+            let more = plan.trim_end().lines().count().saturating_sub(1);
+            let first = plan.lines().next().unwrap_or("").to_string();
+            match more {
+                0 => first,
+                n => format!("{first} (+{n} more {})", noun_for(n, "line")),
+            }
+        }
         _ if input.is_null() => String::new(),
         _ => input.to_string(),
     };
