@@ -344,6 +344,70 @@ async fn approve_ask_reads_the_answer_from_stdin() {
     }
 }
 
+async fn set_mode(server: &TestServer, mode: &str) {
+    let (code, v) = server
+        .post("/config/mode", serde_json::json!({ "mode": mode }))
+        .await;
+    assert_eq!(code, 200, "{v}");
+}
+
+/// Waits for a one-shot run to exit 0 having asked `n` approval questions.
+async fn finished_after_questions(running: Running, n: usize) {
+    let out = running.finish().await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(out.stderr.matches("wants approval").count(), n, "{}", out.stderr);
+}
+
+#[tokio::test]
+async fn a_one_shot_always_keeps_a_rule_and_a_plan_is_shown_and_answered_with_a_mode() {
+    let server = TestServer::start().await;
+    for (t, program) in [("sse", "ls"), ("grpc", "pwd")] {
+        let prompt = format!("/bash {program} -L\n/bash {program} -P\n/write once-{t}.txt x");
+        let mut running = Running::spawn(term_at(&server.url, t, &["--approve", "ask", "-p", &prompt]));
+        let q = running
+            .stderr_line("[y]es / [n]o / [a]lways allow in this workspace")
+            .await;
+        assert!(q.contains(&format!("run `{program} -L`")), "{t}: {q}");
+        running.write_stdin("a\n").await;
+        running
+            .stderr_line(&format!("always allowing bash `{program}` in this workspace"))
+            .await;
+        // The second command is covered: the next question is the write's.
+        let q = running.stderr_line("wants approval").await;
+        assert!(q.contains("write_file"), "{t}: {q}");
+        running.write_stdin("n\n").await;
+        finished_after_questions(running, 2).await;
+    }
+    assert_eq!(
+        server.get("/permissions/rules").await.1["rules"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+
+    set_mode(&server, "plan").await;
+    let prompt = "/plan 1. write planned.txt\n/write planned.txt P";
+    let mut running = Running::spawn(term_at(&server.url, "grpc", &["--approve", "ask", "-p", prompt]));
+    running.stderr_line("── the plan to approve ──").await;
+    running.stderr_line("vak: 1. write planned.txt").await;
+    let q = running.stderr_line("wants approval").await;
+    assert!(
+        q.contains("[y]es, then ask before edits / [e] yes, accept edits / [n]o, keep planning"),
+        "{q}"
+    );
+    running.write_stdin("a\n").await; // not a choice for a plan: asked again
+    running.stderr_line("wants approval").await;
+    running.write_stdin("e\n").await;
+    // The plan, asked twice; the write asks nobody.
+    finished_after_questions(running, 2).await;
+    assert_eq!(
+        std::fs::read_to_string(server.workspace.join("planned.txt")).unwrap(),
+        "P"
+    );
+    assert_eq!(server.get("/config").await.1["permission_mode"], "accept-edits");
+}
+
 #[tokio::test]
 async fn attaching_prints_only_the_new_answer() {
     let server = TestServer::start().await;
@@ -1036,13 +1100,7 @@ async fn always_keeps_a_rule_on_the_server_says_what_it_covers_and_applies_when_
 async fn a_plan_is_shown_whole_and_approving_it_chooses_the_mode() {
     let server = TestServer::start_with(|c| c.core.permission = vak::core::PermissionMode::Plan).await;
     for (t, key, mode) in [("sse", "e", "accept-edits"), ("grpc", "y", "default")] {
-        assert_eq!(
-            server
-                .post("/config/mode", serde_json::json!({"mode": "plan"}))
-                .await
-                .0,
-            200
-        );
+        set_mode(&server, "plan").await;
         let file = format!("plan-{t}.txt");
         let mut pty = Pty::spawn(term_in_pty(&server.url, t, &server.workspace), 30, 140);
         pty.wait_for("vak term · new session").await;

@@ -3,7 +3,7 @@
 use super::conn::{answer_approval, approval, cancel_call, retry, run_call, steer_call, FailKind, Transport};
 use super::editor::{Action, Editor};
 use super::follow::{follow, Follower, Update};
-use super::render::{clean, full_output, struct_json, tool_text, Piece, Render, Style};
+use super::render::{always_line, clean, full_output, plan_text, tool_text, Piece, Render, Style, PLAN_TOOL};
 use super::screen::{PromptLine, Screen, TerminalGuard};
 use super::Policy;
 use crate::proto::v1 as pb;
@@ -87,9 +87,6 @@ struct Approval {
     /// exit_plan_mode's: answered with the mode to leave plan mode for.
     plan: bool,
 }
-
-/// The tool whose approval carries a plan.
-const PLAN_TOOL: &str = "exit_plan_mode";
 
 /// What a call made in the background reports back to the loop.
 enum Notice {
@@ -404,10 +401,7 @@ impl Ui {
     ) {
         let plan = tool == PLAN_TOOL;
         if plan {
-            let text = input
-                .map(struct_json)
-                .and_then(|v| v.get("plan").and_then(|p| p.as_str()).map(str::to_string))
-                .unwrap_or_default();
+            let text = plan_text(input);
             pieces.push(Piece::Line {
                 style: Style::Info,
                 text: "── the plan to approve ──".into(),
@@ -621,20 +615,6 @@ impl Ui {
             });
         });
     }
-}
-
-/// What an `[a]lways` answer's rule covers, said once it is stored.
-fn always_line(rule: &pb::PermissionRule) -> String {
-    let what = clean(&rule.pattern).replace('\n', " ⏎ ");
-    let exact = if rule.kind == "exact" {
-        " (this exact command)"
-    } else {
-        ""
-    };
-    format!(
-        "· always allowing {} `{what}`{exact} in this workspace",
-        rule.tool
-    )
 }
 
 #[cfg(test)]

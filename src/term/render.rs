@@ -224,6 +224,31 @@ impl Render {
 /// The longest unfinished line of live output held back for its end.
 const LIVE_LINE: usize = 4096;
 
+/// The tool whose approval carries a plan (and is answered with a mode).
+pub const PLAN_TOOL: &str = "exit_plan_mode";
+
+/// What an `[a]lways` answer's rule covers, said once it is stored.
+pub fn always_line(rule: &pb::PermissionRule) -> String {
+    let what = clean(&rule.pattern).replace('\n', " ⏎ ");
+    let exact = if rule.kind == "exact" {
+        " (this exact command)"
+    } else {
+        ""
+    };
+    format!(
+        "· always allowing {} `{what}`{exact} in this workspace",
+        rule.tool
+    )
+}
+
+/// An exit_plan_mode call's plan (its input's `plan`), "" when it has none.
+pub fn plan_text(input: Option<&prost_types::Struct>) -> String {
+    input
+        .map(struct_json)
+        .and_then(|v| v.get("plan").and_then(|p| p.as_str()).map(str::to_string))
+        .unwrap_or_default()
+}
+
 /// `  │ line` for stdout, `  ! line` for stderr, dimmed.
 fn live_line(stream: &str, text: &str) -> Piece {
     let bar = if stream == "stderr" { "!" } else { "│" };
