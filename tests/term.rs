@@ -386,6 +386,23 @@ async fn a_one_shot_always_keeps_a_rule_and_a_plan_is_shown_and_answered_with_a_
         2
     );
 
+    // A call no rule can cover (a path outside the workspace): approved once instead.
+    let mut running = Running::spawn(term_at(
+        &server.url,
+        "sse",
+        &["--approve", "ask", "-p", "/write ../outside.txt x"],
+    ));
+    running.stderr_line("wants approval").await;
+    running.write_stdin("a\n").await;
+    let said = running.stderr_line("no always-allow rule").await;
+    assert!(
+        said.contains("no always-allow rule can cover this write_file call")
+            && said.ends_with("approved once"),
+        "{said}"
+    );
+    running.stderr_line("✓ write_file approved").await;
+    finished_after_questions(running, 1).await;
+
     set_mode(&server, "plan").await;
     let prompt = "/plan 1. write planned.txt\n/write planned.txt P";
     let mut running = Running::spawn(term_at(&server.url, "grpc", &["--approve", "ask", "-p", prompt]));

@@ -288,7 +288,7 @@ impl Rules {
                 ErrorKind::ResourceExhausted,
                 format!(
                     "this workspace already has {MAX_RULES} always-allow rules, the most it keeps: \
-                     delete some (DELETE /permissions/rules/:id) first"
+                     delete some first"
                 ),
             ));
         }

@@ -481,6 +481,26 @@ pub async fn answer_approval(
     .await
 }
 
+/// Answers an approval; an `always` the server refuses (a call no rule can
+/// cover) is sent again as a plain approval, so the question never stays
+/// unanswered: the answer, and why no rule was kept.
+pub async fn answer_always_or_once(
+    conn: &Arc<dyn Transport>,
+    req: pb::ApproveRequest,
+) -> Result<(pb::ApproveResponse, Option<Failure>), Failure> {
+    if req.always != Some(true) {
+        return Ok((answer_approval(conn, req).await?, None));
+    }
+    let once = pb::ApproveRequest {
+        always: None,
+        ..req.clone()
+    };
+    match answer_approval(conn, req).await {
+        Err(f) if f.kind == FailKind::Fatal => Ok((answer_approval(conn, once).await?, Some(f))),
+        other => Ok((other?, None)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

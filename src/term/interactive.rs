@@ -1,6 +1,8 @@
 //! `vak term` at a terminal: a prompt that stays usable while answers stream in above it, inline approvals, steering, cancel, and reconnects that neither lose nor repeat text.
 
-use super::conn::{answer_approval, approval, cancel_call, retry, run_call, steer_call, FailKind, Transport};
+use super::conn::{
+    answer_always_or_once, approval, cancel_call, retry, run_call, steer_call, FailKind, Transport,
+};
 use super::editor::{Action, Editor};
 use super::follow::{follow, Follower, Update};
 use super::render::{always_line, clean, full_output, plan_text, tool_text, Piece, Render, Style, PLAN_TOOL};
@@ -437,12 +439,17 @@ impl Ui {
     fn answer(&self, req: pb::ApproveRequest) {
         let (conn, tx) = (self.conn.clone(), self.notices.clone());
         tokio::spawn(async move {
-            match answer_approval(&conn, req).await {
+            match answer_always_or_once(&conn, req).await {
                 // A rule that could not be stored is explained by the notice
                 // event the server sends to every client of the session.
-                Ok(r) => {
+                Ok((r, refused)) => {
                     if let Some(rule) = r.rule {
                         let _ = tx.send(Notice::Always(rule));
+                    }
+                    if let Some(f) = refused {
+                        let _ = tx.send(Notice::Failed(format!(
+                            "no always-allow rule: {f}; approved once"
+                        )));
                     }
                 }
                 // Settled elsewhere (another client, expiry): the stream shows how.

@@ -1,6 +1,8 @@
 //! `vak term -p PROMPT`: one run, its answer on stdout (or every frame as a JSON line), and an exit code that says how it ended.
 
-use super::conn::{answer_approval, approval, cancel_call, retry, run_call, FailKind, Failure, Transport};
+use super::conn::{
+    answer_always_or_once, approval, cancel_call, retry, run_call, FailKind, Failure, Transport,
+};
 use super::follow::{follow, Resync, Update};
 use super::render::{always_line, clean, plan_text, tool_text, Piece, Render, PLAN_TOOL};
 use super::Policy;
@@ -480,10 +482,13 @@ fn settle_or_queue(
 fn spawn_answer(conn: &Arc<dyn Transport>, req: pb::ApproveRequest) {
     let (conn, rid) = (conn.clone(), req.request_id.clone());
     tokio::spawn(async move {
-        match answer_approval(&conn, req).await {
-            Ok(r) => {
+        match answer_always_or_once(&conn, req).await {
+            Ok((r, refused)) => {
                 if let Some(rule) = r.rule {
                     note(&always_line(&rule));
+                }
+                if let Some(f) = refused {
+                    note(&format!("no always-allow rule: {f}; approved once"));
                 }
             }
             // Someone else answered first, or the run ended: the stream says which.
