@@ -155,12 +155,15 @@ impl TestServer {
     }
 
     pub async fn get(&self, path: &str) -> (u16, Value) {
-        let r = self
-            .http()
-            .get(format!("{}{path}", self.url))
-            .send()
-            .await
-            .unwrap();
+        self.send(self.http().get(format!("{}{path}", self.url))).await
+    }
+
+    pub async fn delete(&self, path: &str) -> (u16, Value) {
+        self.send(self.http().delete(format!("{}{path}", self.url))).await
+    }
+
+    async fn send(&self, req: reqwest::RequestBuilder) -> (u16, Value) {
+        let r = req.send().await.unwrap();
         let status = r.status().as_u16();
         (status, r.json().await.unwrap_or(Value::Null))
     }
@@ -258,6 +261,16 @@ impl Sse {
         }
     }
 
+    /// The body of the next approval_requested.
+    pub async fn next_ask(&mut self) -> Value {
+        self.until("approval_requested")
+            .await
+            .pop()
+            .unwrap()
+            .body()
+            .clone()
+    }
+
     /// Frames up to and including the first of kind `kind`.
     pub async fn until(&mut self, kind: &str) -> Vec<Frame> {
         let mut out = Vec::new();
@@ -350,6 +363,7 @@ pub fn kind_of(e: &pb::Event) -> &'static str {
         Some(Kind::RunFinished(_)) => "run_finished",
         Some(Kind::Resync(_)) => "resync",
         Some(Kind::SessionClosed(_)) => "session_closed",
+        Some(Kind::Notice(_)) => "notice",
     }
 }
 
