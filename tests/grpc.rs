@@ -33,6 +33,7 @@ fn approve_req(sid: &str, rid: &str, approve: Option<bool>) -> pb::ApproveReques
         approve,
         reason: String::new(),
         mode: None,
+        always: None,
     }
 }
 
@@ -311,7 +312,9 @@ async fn approvals_over_grpc_resolve_exactly_once() {
         ok,
         pb::ApproveResponse {
             request_id: ask.request_id.clone(),
-            outcome: "approved".into()
+            outcome: "approved".into(),
+            persisted: false,
+            rule: None,
         }
     );
     let again = c.approve(approve_req(&sid, &ask.request_id, Some(false))).await;

@@ -211,22 +211,12 @@ async fn a_mode_change_denies_pending_approvals_and_cancels_runs_before_it_answe
     sleep_sse.until("run_finished").await;
 }
 
-/// The next approval_requested on `sse`.
-async fn next_ask(sse: &mut Sse) -> Value {
-    sse.until("approval_requested")
-        .await
-        .pop()
-        .unwrap()
-        .body()
-        .clone()
-}
-
 /// Starts `prompt` in a new session and waits for its exit_plan_mode approval.
 async fn plan_asked(s: &TestServer, prompt: &str) -> (String, Sse, Value) {
     let sid = s.create_session().await;
     let mut sse = s.events(&sid, None).await;
     s.run(&sid, prompt).await;
-    let ask = next_ask(&mut sse).await;
+    let ask = sse.next_ask().await;
     (sid, sse, ask)
 }
 
@@ -276,7 +266,7 @@ async fn an_approved_plan_leaves_plan_mode_for_the_mode_its_answer_names() {
     let rid = ask["request_id"].as_str().unwrap();
     assert_eq!(answer(&s, &sid, rid, json!({"approve": true})).await.0, 200);
     assert_eq!(mode_of(&s).await, "default");
-    let ask = next_ask(&mut sse).await;
+    let ask = sse.next_ask().await;
     assert_eq!(ask["tool"], "write_file");
     let rid = ask["request_id"].as_str().unwrap();
     // A mode answers only a plan.
@@ -419,6 +409,7 @@ async fn get_config_and_config_frames_follow_the_mode() {
         approve: Some(true),
         reason: String::new(),
         mode: Some(mode.into()),
+        always: None,
     };
     let e = grpc.approve(approve("plan")).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");

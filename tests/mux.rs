@@ -99,6 +99,7 @@ fn event_json(e: &pb::Event) -> Value {
         K::RunFinished(r) => json!({"outcome": r.outcome, "message": r.message}),
         K::Resync(r) => json!({"reason": r.reason, "latest_seq": r.latest_seq}),
         K::SessionClosed(c) => json!({"reason": c.reason}),
+        K::Notice(n) => json!({"level": n.level, "text": n.text}),
     };
     json!({"seq": e.seq, "session_id": e.session_id, kind_of(e): body})
 }

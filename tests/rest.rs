@@ -176,7 +176,10 @@ async fn approvals_resolve_exactly_once_and_gate_the_tool() {
         .await;
     assert_eq!(
         (code, ok),
-        (200, json!({"request_id": rid, "outcome": "approved"}))
+        (
+            200,
+            json!({"request_id": rid, "outcome": "approved", "persisted": false})
+        )
     );
     let (code, again) = s
         .post(

@@ -344,6 +344,87 @@ async fn approve_ask_reads_the_answer_from_stdin() {
     }
 }
 
+async fn set_mode(server: &TestServer, mode: &str) {
+    let (code, v) = server
+        .post("/config/mode", serde_json::json!({ "mode": mode }))
+        .await;
+    assert_eq!(code, 200, "{v}");
+}
+
+/// Waits for a one-shot run to exit 0 having asked `n` approval questions.
+async fn finished_after_questions(running: Running, n: usize) {
+    let out = running.finish().await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(out.stderr.matches("wants approval").count(), n, "{}", out.stderr);
+}
+
+#[tokio::test]
+async fn a_one_shot_always_keeps_a_rule_and_a_plan_is_shown_and_answered_with_a_mode() {
+    let server = TestServer::start().await;
+    for (t, program) in [("sse", "ls"), ("grpc", "pwd")] {
+        let prompt = format!("/bash {program} -L\n/bash {program} -P\n/write once-{t}.txt x");
+        let mut running = Running::spawn(term_at(&server.url, t, &["--approve", "ask", "-p", &prompt]));
+        let q = running
+            .stderr_line("[y]es / [n]o / [a]lways allow in this workspace")
+            .await;
+        assert!(q.contains(&format!("run `{program} -L`")), "{t}: {q}");
+        running.write_stdin("a\n").await;
+        running
+            .stderr_line(&format!("always allowing bash `{program}` in this workspace"))
+            .await;
+        // The second command is covered: the next question is the write's.
+        let q = running.stderr_line("wants approval").await;
+        assert!(q.contains("write_file"), "{t}: {q}");
+        running.write_stdin("n\n").await;
+        finished_after_questions(running, 2).await;
+    }
+    assert_eq!(
+        server.get("/permissions/rules").await.1["rules"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+
+    // A call no rule can cover (a path outside the workspace): approved once instead.
+    let mut running = Running::spawn(term_at(
+        &server.url,
+        "sse",
+        &["--approve", "ask", "-p", "/write ../outside.txt x"],
+    ));
+    running.stderr_line("wants approval").await;
+    running.write_stdin("a\n").await;
+    let said = running.stderr_line("no always-allow rule").await;
+    assert!(
+        said.contains("no always-allow rule can cover this write_file call")
+            && said.ends_with("approved once"),
+        "{said}"
+    );
+    running.stderr_line("✓ write_file approved").await;
+    finished_after_questions(running, 1).await;
+
+    set_mode(&server, "plan").await;
+    let prompt = "/plan 1. write planned.txt\n/write planned.txt P";
+    let mut running = Running::spawn(term_at(&server.url, "grpc", &["--approve", "ask", "-p", prompt]));
+    running.stderr_line("── the plan to approve ──").await;
+    running.stderr_line("vak: 1. write planned.txt").await;
+    let q = running.stderr_line("wants approval").await;
+    assert!(
+        q.contains("[y]es, then ask before edits / [e] yes, accept edits / [n]o, keep planning"),
+        "{q}"
+    );
+    running.write_stdin("a\n").await; // not a choice for a plan: asked again
+    running.stderr_line("wants approval").await;
+    running.write_stdin("e\n").await;
+    // The plan, asked twice; the write asks nobody.
+    finished_after_questions(running, 2).await;
+    assert_eq!(
+        std::fs::read_to_string(server.workspace.join("planned.txt")).unwrap(),
+        "P"
+    );
+    assert_eq!(server.get("/config").await.1["permission_mode"], "accept-edits");
+}
+
 #[tokio::test]
 async fn attaching_prints_only_the_new_answer() {
     let server = TestServer::start().await;
@@ -779,7 +860,9 @@ async fn help_exit_and_quit_are_handled_by_vak_term_and_double_slash_reaches_the
         let screen = pty.wait_for("Ctrl-D exits · /help").await;
         assert!(screen.contains("vak term · new session"), "{t}:\n{screen}");
         pty.send("/help\r");
-        let screen = pty.wait_for("the server keeps no such rule").await;
+        let screen = pty
+            .wait_for("e approves it and lets edits run, n keeps plan mode")
+            .await;
         for shown in [
             "/show [N]",
             "Ctrl-C",
@@ -970,27 +1053,32 @@ async fn one_byte_is_singular_in_what_vak_term_shows() {
 }
 
 #[tokio::test]
-async fn always_approves_that_tool_for_as_long_as_vak_term_runs_and_says_so() {
+async fn always_keeps_a_rule_on_the_server_says_what_it_covers_and_applies_when_attached_again() {
     let server = TestServer::start().await;
     for t in TRANSPORTS {
-        let (a, b, c) = (format!("a-{t}.txt"), format!("b-{t}.txt"), format!("c-{t}.txt"));
+        let (x, y) = (format!("x-{t}.txt"), format!("y-{t}.txt"));
         let mut pty = Pty::spawn(term_in_pty(&server.url, t, &server.workspace), 30, 140);
         pty.wait_for("vak term · new session").await;
         pty.send(&format!(
-            "\x1b[200~/write {a} 1\n/write {b} 2\n/bash echo from-bash\x1b[201~\r"
+            "\x1b[200~/bash ls -a\n/bash ls -l\n/write {x} 1\x1b[201~\r"
         ));
         let screen = pty.wait_for("[y]es / [n]o").await;
         assert!(
-            screen.contains("[y]es / [n]o / [a]lways allow write_file until vak term exits"),
-            "{t}: the question says what always covers:\n{screen}"
+            screen.contains(
+                "? bash run `ls -a` in the workspace  [y]es / [n]o / [a]lways allow in this workspace"
+            ),
+            "{t}:\n{screen}"
         );
         pty.send("a");
-        // The second write is not asked; the bash call, another tool, is.
-        let screen = pty.wait_for("[a]lways allow bash until vak term exits").await;
-        assert!(screen.contains(&format!("wrote 1 byte to {b}")), "{t}:\n{screen}");
-        assert!(screen.contains("· auto-approving write_file"), "{t}:\n{screen}");
+        pty.wait_for("· always allowing bash `ls` in this workspace")
+            .await;
+        // The second ls is covered by the rule and not asked; the write, another tool, is.
+        let screen = pty.wait_for(&format!("? write_file write 1 byte to {x}")).await;
+        assert!(screen.contains("⚙ bash $ ls -l"), "{t}:\n{screen}");
+        assert_eq!(screen.matches("✓ bash approved").count(), 1, "{t}:\n{screen}");
+        assert_eq!(screen.matches("✓ bash: ").count(), 2, "{t}:\n{screen}");
         pty.send("n");
-        pty.wait_for("✗ bash denied").await;
+        pty.wait_for("✗ write_file denied").await;
         let screen = wait_idle(&pty).await;
         let sid = screen
             .lines()
@@ -999,16 +1087,72 @@ async fn always_approves_that_tool_for_as_long_as_vak_term_runs_and_says_so() {
             .to_string();
         pty.send("/exit\r");
         assert_eq!(pty.wait_exit().await, 0, "{t}");
-        assert_eq!(std::fs::read_to_string(server.workspace.join(&b)).unwrap(), "2");
 
-        // The rule lived in that vak term: attached again, the same tool is asked again.
+        // The rule is the server's: attached again, a command it covers runs unasked.
         let mut cmd = term_in_pty(&server.url, t, &server.workspace);
         cmd.args(["--session", &sid]);
         let mut pty = Pty::spawn(cmd, 30, 140);
         pty.wait_for(&format!("vak term · session {sid}")).await;
-        pty.send(&format!("/write {c} 3\r"));
-        pty.wait_for("[a]lways allow write_file until vak term exits")
+        wait_idle(&pty).await;
+        pty.send(&format!("\x1b[200~/bash ls -d .\n/write {y} 2\x1b[201~\r"));
+        let screen = pty.wait_for("[y]es / [n]o").await;
+        assert!(screen.contains("⚙ bash $ ls -d ."), "{t}:\n{screen}");
+        assert!(
+            screen.contains(&format!("? write_file write 1 byte to {y}")),
+            "{t}: only the write asks:\n{screen}"
+        );
+        pty.send("\x04");
+        assert_eq!(pty.wait_exit().await, 0, "{t}");
+
+        // The next transport starts without rules.
+        let (_, v) = server.get("/permissions/rules").await;
+        let rules = v["rules"].as_array().unwrap();
+        assert_eq!(rules.len(), 1, "{t}: {v}");
+        let id = rules[0]["id"].as_str().unwrap();
+        assert_eq!(server.delete(&format!("/permissions/rules/{id}")).await.0, 200);
+    }
+}
+
+#[tokio::test]
+async fn a_plan_is_shown_whole_and_approving_it_chooses_the_mode() {
+    let server = TestServer::start_with(|c| c.core.permission = vak::core::PermissionMode::Plan).await;
+    for (t, key, mode) in [("sse", "e", "accept-edits"), ("grpc", "y", "default")] {
+        set_mode(&server, "plan").await;
+        let file = format!("plan-{t}.txt");
+        let mut pty = Pty::spawn(term_in_pty(&server.url, t, &server.workspace), 30, 140);
+        pty.wait_for("vak term · new session").await;
+        pty.send(&format!(
+            "\x1b[200~/plan Step one: write {file}, then stop.\n/write {file} P\x1b[201~\r"
+        ));
+        let screen = pty
+            .wait_for("[y]es, then ask before edits / [e] yes, accept edits / [n]o, keep planning")
             .await;
+        assert_eq!(
+            rows_from(&screen, "── the plan to approve ──", "?")[..2],
+            [
+                "── the plan to approve ──".to_string(),
+                format!("Step one: write {file}, then stop.")
+            ],
+            "{t}:\n{screen}"
+        );
+        assert!(
+            !screen.contains("[a]lways"),
+            "{t}: a plan is approved once:\n{screen}"
+        );
+        pty.send("a"); // not a choice here: still asked
+        pty.send(key);
+        pty.wait_for("✓ exit_plan_mode approved").await;
+        let (_, config) = server.get("/config").await;
+        assert_eq!(config["permission_mode"], mode, "{t}");
+        if mode == "default" {
+            // Edits ask again in the default mode.
+            pty.wait_for(&format!("? write_file write 1 byte to {file}"))
+                .await;
+            pty.send("y");
+        }
+        pty.wait_for(&format!("✓ write_file: wrote 1 byte to {file}"))
+            .await;
+        wait_idle(&pty).await;
         pty.send("\x04");
         assert_eq!(pty.wait_exit().await, 0, "{t}");
     }

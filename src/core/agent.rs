@@ -343,6 +343,15 @@ async fn call_tool(session: &Session, defs: &[ToolDef], call: ToolCall, cancel: 
             Ok(()) => Decision::Ask,
             Err(why) => Decision::Refuse(why),
         },
+        // Only an ask is ever turned into a run by a rule: what the mode
+        // refuses (plan mode's edits and commands) stays refused.
+        (Decision::Ask, _) => match rt.rules().allowing(&tool, &input) {
+            Some(rule) => {
+                tracing::debug!(session = %session.id(), rule = %rule.id, tool = %tool, "allowed by an always-allow rule");
+                Decision::Run
+            }
+            None => Decision::Ask,
+        },
         (d, _) => d,
     };
     let permitted: Result<Option<Answer>, String> = match decision {
@@ -350,7 +359,8 @@ async fn call_tool(session: &Session, defs: &[ToolDef], call: ToolCall, cancel: 
         Decision::Refuse(why) => Err(why),
         Decision::Ask => {
             let request_id = format!("ap_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-            let answer = session.approvals().register(&request_id, &tool);
+            let rule = super::rules::candidate(&tool, &input);
+            let answer = session.approvals().register(&request_id, &tool, rule);
             session.publish(ClientEvent::ApprovalRequested {
                 request_id: request_id.clone(),
                 tool: tool.clone(),

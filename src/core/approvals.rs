@@ -1,6 +1,7 @@
 //! Pending approvals: each tool call that needs permission parks on a oneshot until exactly one answer, or expiry, settles it.
 
 use super::event::{ApprovalOutcome, ClientEvent};
+use super::rules::Candidate;
 use super::PermissionMode;
 use crate::error::{Error, Result};
 use std::collections::{HashMap, VecDeque};
@@ -19,6 +20,8 @@ pub struct Answer {
     /// For an approved `exit_plan_mode`: the mode to leave plan mode for
     /// (`accept-edits` or `default`; None: `default`).
     pub mode: Option<PermissionMode>,
+    /// With an approval: also store an always-allow rule for what the call does.
+    pub always: bool,
 }
 
 impl Answer {
@@ -27,6 +30,7 @@ impl Answer {
             approve,
             reason: reason.into(),
             mode: None,
+            always: false,
         }
     }
 }
@@ -37,6 +41,8 @@ pub const PLAN_TOOL: &str = "exit_plan_mode";
 struct Pending {
     tx: oneshot::Sender<Answer>,
     tool: String,
+    /// What an always-allow answer would store (None: nothing can be).
+    rule: Option<Candidate>,
 }
 
 #[derive(Default)]
@@ -65,22 +71,82 @@ impl Inner {
     }
 }
 
+/// The pending request `answer` may settle: NotFound for an id never
+/// issued, Conflict for one already settled, InvalidArgument for a `mode` on
+/// anything but an approved exit_plan_mode or an `always` that is not an
+/// approval of a call a rule can cover.
+fn check<'a>(inner: &'a Inner, request_id: &str, answer: &Answer) -> Result<&'a Pending> {
+    let Some(pending) = inner.pending.get(request_id) else {
+        return Err(match inner.settled.get(request_id) {
+            Some(o) => Error::conflict(format!(
+                "approval {request_id} is already settled ({})",
+                o.as_str()
+            )),
+            None => Error::not_found(format!("no approval request {request_id}")),
+        });
+    };
+    if answer.mode.is_some() {
+        if pending.tool != PLAN_TOOL {
+            return Err(Error::invalid(format!(
+                "mode answers only an {PLAN_TOOL} approval; {request_id} is for {}",
+                pending.tool
+            )));
+        }
+        if !answer.approve {
+            return Err(Error::invalid(
+                "mode goes with approve: true (denying keeps plan mode)",
+            ));
+        }
+    }
+    if answer.always {
+        if !answer.approve {
+            return Err(Error::invalid("always goes with approve: true"));
+        }
+        if pending.rule.is_none() {
+            return Err(Error::invalid(if pending.tool == PLAN_TOOL {
+                format!("a plan is approved once: always does not apply to {PLAN_TOOL}")
+            } else {
+                format!(
+                    "no always-allow rule can cover this {} call: approve it once",
+                    pending.tool
+                )
+            }));
+        }
+    }
+    Ok(pending)
+}
+
 impl Approvals {
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Parks a new request for a call of `tool`; the receiver yields the answer.
-    pub fn register(&self, request_id: &str, tool: &str) -> oneshot::Receiver<Answer> {
+    /// Parks a new request for a call of `tool`; the receiver yields the
+    /// answer. `rule`: what `always` would store for it.
+    pub fn register(
+        &self,
+        request_id: &str,
+        tool: &str,
+        rule: Option<Candidate>,
+    ) -> oneshot::Receiver<Answer> {
         let (tx, rx) = oneshot::channel();
         self.lock().pending.insert(
             request_id.to_string(),
             Pending {
                 tx,
                 tool: tool.to_string(),
+                rule,
             },
         );
         rx
+    }
+
+    /// Checks `answer` against the pending request without settling it: the
+    /// rule an `always` answer stores (None without `always`). Errors as `answer`'s.
+    pub fn prepare(&self, request_id: &str, answer: &Answer) -> Result<Option<Candidate>> {
+        let inner = self.lock();
+        let pending = check(&inner, request_id, answer)?;
+        Ok(answer.always.then(|| pending.rule.clone()).flatten())
     }
 
     /// Records an approval settled in an earlier life of the session (reload).
@@ -91,10 +157,8 @@ impl Approvals {
     /// Settles `request_id` with `answer`. `settle` runs under the lock with
     /// the request's tool, the answer and its approval_resolved event, so the
     /// event is published exactly once and whatever the answer changes (a plan's
-    /// mode) is in effect before the waiting tool call resumes. NotFound for an
-    /// id never issued, Conflict for one already answered or expired, and
-    /// InvalidArgument, leaving it pending, for a `mode` on anything but an
-    /// approved exit_plan_mode.
+    /// mode) is in effect before the waiting tool call resumes. Refusals
+    /// (`check`'s) leave the request pending.
     pub fn answer(
         &self,
         request_id: &str,
@@ -102,29 +166,8 @@ impl Approvals {
         settle: impl FnOnce(&str, &Answer, ClientEvent),
     ) -> Result<ApprovalOutcome> {
         let mut inner = self.lock();
-        let Some(pending) = inner.pending.get(request_id) else {
-            return Err(match inner.settled.get(request_id) {
-                Some(o) => Error::conflict(format!(
-                    "approval {request_id} is already settled ({})",
-                    o.as_str()
-                )),
-                None => Error::not_found(format!("no approval request {request_id}")),
-            });
-        };
-        if answer.mode.is_some() {
-            if pending.tool != PLAN_TOOL {
-                return Err(Error::invalid(format!(
-                    "mode answers only an {PLAN_TOOL} approval; {request_id} is for {}",
-                    pending.tool
-                )));
-            }
-            if !answer.approve {
-                return Err(Error::invalid(
-                    "mode goes with approve: true (denying keeps plan mode)",
-                ));
-            }
-        }
-        let Some(Pending { tx, tool }) = inner.pending.remove(request_id) else {
+        check(&inner, request_id, &answer)?;
+        let Some(Pending { tx, tool, .. }) = inner.pending.remove(request_id) else {
             return Err(Error::internal("an approval vanished under its lock"));
         };
         let outcome = if answer.approve {
@@ -201,7 +244,7 @@ mod tests {
     #[test]
     fn an_approval_settles_exactly_once() {
         let a = Approvals::default();
-        let mut rx = a.register("ap1", "write_file");
+        let mut rx = a.register("ap1", "write_file", None);
         let mut published = Vec::new();
         let yes = Answer::new(true, "");
         assert_eq!(
@@ -220,7 +263,7 @@ mod tests {
         assert_eq!(unknown.kind, crate::error::ErrorKind::NotFound);
         assert_eq!(published.len(), 1);
 
-        let _rx2 = a.register("ap2", "bash");
+        let _rx2 = a.register("ap2", "bash", None);
         a.expire_all("run ended", |e| published.push(e));
         assert!(matches!(
             &published[1],
@@ -236,8 +279,8 @@ mod tests {
     #[test]
     fn a_mode_answers_only_an_approved_plan_and_a_refused_one_stays_pending() {
         let a = Approvals::default();
-        let mut write = a.register("ap1", "write_file");
-        let mut plan = a.register("ap2", PLAN_TOOL);
+        let mut write = a.register("ap1", "write_file", None);
+        let mut plan = a.register("ap2", PLAN_TOOL, None);
         let with_mode = |approve| Answer {
             mode: Some(PermissionMode::AcceptEdits),
             ..Answer::new(approve, "")
@@ -273,5 +316,31 @@ mod tests {
                 ..
             }]
         ));
+    }
+
+    #[test]
+    fn always_needs_an_approval_of_a_call_a_rule_can_cover_and_a_refusal_stays_pending() {
+        let a = Approvals::default();
+        let rule = crate::core::rules::candidate("bash", &serde_json::json!({"command": "ls -la"}));
+        let _bash = a.register("ap1", "bash", rule.clone());
+        let _plan = a.register("ap2", PLAN_TOOL, None);
+        let always = |approve| Answer {
+            always: true,
+            ..Answer::new(approve, "")
+        };
+        let refused = |id: &str, answer: Answer| {
+            let e = a.prepare(id, &answer).unwrap_err();
+            assert_eq!(e.kind, crate::error::ErrorKind::InvalidArgument, "{e:?}");
+            e.message
+        };
+        assert!(refused("ap1", always(false)).contains("approve: true"));
+        assert!(refused("ap2", always(true)).contains("a plan is approved once"));
+        assert_eq!(a.prepare("ap1", &Answer::new(true, "")).unwrap(), None);
+        assert_eq!(a.prepare("ap1", &always(true)).unwrap(), rule);
+        assert_eq!(
+            a.prepare("nope", &always(true)).unwrap_err().kind,
+            crate::error::ErrorKind::NotFound
+        );
+        assert!(a.answer("ap1", always(true), |_, _, _| {}).is_ok());
     }
 }

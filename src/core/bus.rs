@@ -677,15 +677,30 @@ mod tests {
         ClientEvent::TextDelta { text: t.into() }
     }
 
-    async fn drain(sub: &mut Subscription) -> Vec<Delivery> {
-        let mut out = Vec::new();
-        loop {
-            let batch = tokio::time::timeout(Duration::from_millis(50), sub.recv_many(64)).await;
-            match batch {
-                Ok(b) if !b.is_empty() => out.extend(b),
-                _ => return out,
+    /// What `sub` delivers up to seq `upto` (the bus's latest when called),
+    /// with any resync on the way; stops early at the end. A deadline, not a
+    /// quiet gap, bounds a wait that would never finish.
+    async fn drain(sub: &mut Subscription, upto: u64) -> Vec<Delivery> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        let mut out: Vec<Delivery> = Vec::new();
+        let reached = |out: &[Delivery]| {
+            upto == 0
+                || out.iter().any(|d| match d {
+                    Delivery::Frame(f) => f.seq >= upto,
+                    Delivery::Resync { .. } => false,
+                    Delivery::End(_) => true,
+                })
+        };
+        while !reached(&out) {
+            let batch = tokio::time::timeout_at(deadline, sub.recv_many(64))
+                .await
+                .unwrap_or_else(|_| panic!("seq {upto} never came: {out:?}"));
+            if batch.is_empty() {
+                break;
             }
+            out.extend(batch);
         }
+        out
     }
 
     fn seqs(ds: &[Delivery]) -> Vec<u64> {
@@ -706,10 +721,10 @@ mod tests {
         let mut sub = b.subscribe(Some(2));
         assert_eq!(sub.latest_seq(), 5);
         publish(&b, text("live"));
-        assert_eq!(seqs(&drain(&mut sub).await), vec![3, 4, 5, 6]);
+        assert_eq!(seqs(&drain(&mut sub, b.latest_seq()).await), vec![3, 4, 5, 6]);
         let mut live = b.subscribe(None);
         publish(&b, text("x"));
-        assert_eq!(seqs(&drain(&mut live).await), vec![7]);
+        assert_eq!(seqs(&drain(&mut live, b.latest_seq()).await), vec![7]);
     }
 
     #[tokio::test]
@@ -720,7 +735,7 @@ mod tests {
         }
         for (after, reason) in [(2, "cursor_too_old"), (11, "cursor_ahead")] {
             let mut sub = b.subscribe(Some(after));
-            let got = drain(&mut sub).await;
+            let got = drain(&mut sub, b.latest_seq()).await;
             match &got[0] {
                 Delivery::Resync {
                     reason: r,
@@ -734,7 +749,7 @@ mod tests {
         }
         // The oldest cursor the ring can still serve exactly: 6 (next is 7).
         let mut sub = b.subscribe(Some(6));
-        let got = drain(&mut sub).await;
+        let got = drain(&mut sub, b.latest_seq()).await;
         assert!(matches!(got[0], Delivery::Frame(_)));
         assert_eq!(seqs(&got), vec![7, 8, 9, 10]);
     }
@@ -751,7 +766,7 @@ mod tests {
             publish(&b, text(&t));
         }
         publish(&b, ClientEvent::Status { busy: false });
-        let got = drain(&mut sub).await;
+        let got = drain(&mut sub, b.latest_seq()).await;
         assert!(got.len() <= 4, "queue stayed bounded: {}", got.len());
         let mut all = String::new();
         for d in &got {
@@ -795,7 +810,7 @@ mod tests {
             }
             expected.push((call.to_string(), stream, all));
         }
-        let got = drain(&mut sub).await;
+        let got = drain(&mut sub, b.latest_seq()).await;
         assert!(got.len() <= 4, "queue stayed bounded: {}", got.len());
         let frames: Vec<_> = got
             .iter()
@@ -827,7 +842,7 @@ mod tests {
         for _ in 0..500 {
             write(&b, &ledger, text(&chunk));
         }
-        let got = drain(&mut sub).await;
+        let got = drain(&mut sub, b.latest_seq()).await;
         let mut all = 0;
         for d in &got {
             if let Delivery::Frame(f) = d {
@@ -848,7 +863,7 @@ mod tests {
             publish(&b, ClientEvent::Status { busy: i % 2 == 0 });
         }
         assert_eq!(b.subscriber_count(), 0, "the lagging queue was dropped");
-        let got = drain(&mut sub).await;
+        let got = drain(&mut sub, b.latest_seq()).await;
         assert_eq!(
             seqs(&got),
             (1..=10).collect::<Vec<_>>(),
@@ -857,7 +872,7 @@ mod tests {
         assert!(got.iter().all(|d| matches!(d, Delivery::Frame(_))));
         assert_eq!(b.subscriber_count(), 1, "attached again");
         publish(&b, ClientEvent::Status { busy: true });
-        assert_eq!(seqs(&drain(&mut sub).await), vec![11]);
+        assert_eq!(seqs(&drain(&mut sub, b.latest_seq()).await), vec![11]);
     }
 
     fn logged_bus(dir: &std::path::Path, ring: usize, queue: usize) -> (Bus, Arc<Ledger>) {
@@ -890,7 +905,7 @@ mod tests {
         }
         let mut sub = b.subscribe(Some(500));
         write(&b, &ledger, text("live"));
-        let got = drain(&mut sub).await;
+        let got = drain(&mut sub, b.latest_seq()).await;
         assert!(got.iter().all(|d| matches!(d, Delivery::Frame(_))), "no resync");
         assert_eq!(seqs(&got), (501..=3001).collect::<Vec<_>>());
     }
@@ -904,7 +919,7 @@ mod tests {
             // Status frames never merge: the queue overflows at once.
             write(&b, &ledger, ClientEvent::Status { busy: i % 2 == 0 });
         }
-        let got = drain(&mut sub).await;
+        let got = drain(&mut sub, b.latest_seq()).await;
         assert!(
             got.iter().all(|d| matches!(d, Delivery::Frame(_))),
             "no resync, no end"
@@ -925,7 +940,7 @@ mod tests {
             .map(|&s| Arc::new(Frame::new(s, "s".into(), text("x"))))
             .collect();
         let gappy = Bus::new("s".into(), BusConfig::default(), None, 10, frames);
-        let got = drain(&mut gappy.subscribe(Some(0))).await;
+        let got = drain(&mut gappy.subscribe(Some(0)), gappy.latest_seq()).await;
         assert_eq!(seqs(&got[..2]), vec![1, 2]);
         assert!(matches!(&got[2], Delivery::Resync { reason, .. } if reason == "history_unavailable"));
         assert_eq!(seqs(&got[3..]), vec![6, 7, 8, 9, 10]);
@@ -990,7 +1005,8 @@ mod tests {
         let mut sub = b.subscribe(None);
         publish(&b, text("a"));
         b.close("shutdown");
-        let got = drain(&mut sub).await;
+        // Up to the end, which comes after the last seq.
+        let got = drain(&mut sub, u64::MAX).await;
         assert_eq!(seqs(&got), vec![1]);
         assert!(matches!(got.last(), Some(Delivery::End(End::Closed(r))) if r == "shutdown"));
         let mut late = b.subscribe(None);

@@ -63,6 +63,23 @@ impl OutputStream {
     }
 }
 
+/// How much a notice matters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NoticeLevel {
+    Info,
+    Warning,
+}
+
+impl NoticeLevel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NoticeLevel::Info => "info",
+            NoticeLevel::Warning => "warning",
+        }
+    }
+}
+
 /// A client-visible event: what the bus numbers, the ledger persists and every
 /// surface streams. Stream-level frames (stream_opened, resync, session_closed)
 /// are not events: they belong to one subscription and carry no seq.
@@ -118,6 +135,13 @@ pub enum ClientEvent {
         outcome: RunOutcome,
         message: String,
     },
+    /// Something the session's people should know that no other event says
+    /// (an always-allow rule that could not be saved). Shown, never part of
+    /// the conversation: the transcript and the timeline skip it.
+    Notice {
+        level: NoticeLevel,
+        text: String,
+    },
 }
 
 impl ClientEvent {
@@ -135,6 +159,7 @@ impl ClientEvent {
             ClientEvent::ApprovalResolved { .. } => "approval_resolved",
             ClientEvent::Status { .. } => "status",
             ClientEvent::RunFinished { .. } => "run_finished",
+            ClientEvent::Notice { .. } => "notice",
         }
     }
 
@@ -190,7 +215,9 @@ impl ClientEvent {
                     input.to_string().len()
                 }
                 ClientEvent::ToolResult { output, .. } => output.len(),
-                ClientEvent::RunFinished { message, .. } => message.len(),
+                ClientEvent::RunFinished { message, .. } | ClientEvent::Notice { text: message, .. } => {
+                    message.len()
+                }
                 _ => 0,
             }
     }

@@ -211,6 +211,11 @@ impl Hub {
         })
     }
 
+    /// The workspace's always-allow rules.
+    pub fn rules(&self) -> &super::rules::Rules {
+        self.rt.rules()
+    }
+
     /// Notified on every permission mode change (config frames).
     pub fn watch_mode(&self) -> tokio::sync::watch::Receiver<PermissionMode> {
         self.rt.watch_mode()

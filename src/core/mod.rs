@@ -19,6 +19,7 @@ pub mod presentation;
 pub mod prompt;
 pub mod provider;
 pub mod replay;
+pub mod rules;
 pub mod secrets;
 pub mod session;
 pub mod tools;

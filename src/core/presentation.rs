@@ -335,7 +335,8 @@ impl Presenter {
             // A turn_started inside a run: the model's stream broke and the
             // turn starts over; what it had streamed stays, marked so.
             ClientEvent::TurnStarted { .. } => self.close_open_as("interrupted", seq, &mut out),
-            ClientEvent::Status { .. } => {}
+            // A notice is shown as it comes, never kept in the timeline.
+            ClientEvent::Status { .. } | ClientEvent::Notice { .. } => {}
         }
         if let Some(last) = out.last() {
             self.timeline.seq = last.seq().max(self.timeline.seq);

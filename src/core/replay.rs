@@ -4,7 +4,7 @@ use super::event::Frame;
 use super::ledger::Log;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
-use tokio::sync::OnceCell;
+use tokio::sync::watch;
 
 /// Events per chunk: chunk `i` holds seqs `i * CHUNK + 1 ..= (i + 1) * CHUNK`.
 pub const CHUNK: u64 = 512;
@@ -15,15 +15,26 @@ const MAX_BYTES: usize = 32 << 20;
 
 pub type Chunk = Arc<[Arc<Frame>]>;
 
-type Cell = Arc<OnceCell<Chunk>>;
+/// A chunk's read: None while it runs, then its outcome.
+type Read = Option<Result<Chunk, String>>;
+
+/// One cached chunk. The read runs in a task of its own, not in the future
+/// of the subscription that asked first: that future is polled only while
+/// its client's transport has room, so a stalled client (an HTTP/2 stream
+/// out of window) would otherwise hold every other reader of the session at
+/// this chunk for as long as it stays stalled.
+struct Entry {
+    index: u64,
+    read: watch::Receiver<Read>,
+}
 
 #[derive(Default)]
 pub struct ReplayCache {
-    entries: Mutex<VecDeque<(u64, Cell)>>,
+    entries: Mutex<VecDeque<Entry>>,
 }
 
 impl ReplayCache {
-    fn lock(&self) -> MutexGuard<'_, VecDeque<(u64, Cell)>> {
+    fn lock(&self) -> MutexGuard<'_, VecDeque<Entry>> {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -36,60 +47,72 @@ impl ReplayCache {
         log: &Arc<dyn Log>,
         session_id: &Arc<str>,
     ) -> Result<Chunk, String> {
-        let cell = {
+        let mut read = {
             let mut entries = self.lock();
-            match entries.iter().position(|(i, _)| *i == index) {
+            match entries.iter().position(|e| e.index == index) {
                 Some(pos) => {
                     let entry = entries.remove(pos).expect("position is in range");
-                    let cell = entry.1.clone();
+                    let read = entry.read.clone();
                     entries.push_back(entry);
-                    cell
+                    read
                 }
                 None => {
-                    let cell = Cell::default();
-                    entries.push_back((index, cell.clone()));
+                    let read = spawn_read(index, log.clone(), session_id.clone());
+                    entries.push_back(Entry {
+                        index,
+                        read: read.clone(),
+                    });
                     if entries.len() > MAX_CHUNKS {
                         entries.pop_front();
                     }
-                    cell
+                    read
                 }
             }
         };
-        let read = cell
-            .get_or_try_init(|| async {
-                let (log, sid) = (log.clone(), session_id.clone());
-                let events =
-                    tokio::task::spawn_blocking(move || log.read_events(index * CHUNK, CHUNK as usize))
-                        .await
-                        .map_err(|e| e.to_string())?
-                        .map_err(|e| e.message)?;
-                Ok::<Chunk, String>(
-                    events
-                        .into_iter()
-                        .map(|(seq, event)| Arc::new(Frame::new(seq, sid.clone(), event)))
-                        .collect(),
-                )
-            })
-            .await
-            .cloned();
+        let done = match read.wait_for(Option::is_some).await {
+            Ok(done) => done.clone().expect("waited for Some"),
+            Err(_) => Err("the ledger read ended without an answer".to_string()),
+        };
         let mut entries = self.lock();
-        let keep = matches!(&read, Ok(c) if c.len() == CHUNK as usize);
+        let keep = matches!(&done, Ok(c) if c.len() == CHUNK as usize);
         if !keep {
             // A failed read, or the tail not all written yet: read it again next time.
-            entries.retain(|(_, c)| !Arc::ptr_eq(c, &cell));
+            entries.retain(|e| !e.read.same_channel(&read));
         }
-        let mut bytes: usize = entries.iter().filter_map(|(_, c)| c.get()).map(size).sum();
+        let mut bytes: usize = entries.iter().map(|e| size(&e.read.borrow())).sum();
         while bytes > MAX_BYTES && entries.len() > 1 {
-            if let Some((_, c)) = entries.pop_front() {
-                bytes -= c.get().map_or(0, size);
+            if let Some(e) = entries.pop_front() {
+                bytes -= size(&e.read.borrow());
             }
         }
-        read
+        done
     }
 }
 
-fn size(chunk: &Chunk) -> usize {
-    chunk.iter().map(|f| f.size).sum()
+/// Starts reading chunk `index` on the blocking pool; the receiver sees the outcome.
+fn spawn_read(index: u64, log: Arc<dyn Log>, sid: Arc<str>) -> watch::Receiver<Read> {
+    let (tx, rx) = watch::channel(None);
+    tokio::spawn(async move {
+        let read = tokio::task::spawn_blocking(move || log.read_events(index * CHUNK, CHUNK as usize))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.message))
+            .map(|events| {
+                events
+                    .into_iter()
+                    .map(|(seq, event)| Arc::new(Frame::new(seq, sid.clone(), event)))
+                    .collect::<Chunk>()
+            });
+        tx.send_replace(Some(read));
+    });
+    rx
+}
+
+fn size(read: &Read) -> usize {
+    match read {
+        Some(Ok(chunk)) => chunk.iter().map(|f| f.size).sum(),
+        _ => 0,
+    }
 }
 
 #[cfg(test)]
@@ -128,6 +151,31 @@ mod tests {
         fn sync(&self) -> std::io::Result<()> {
             Ok(())
         }
+    }
+
+    /// The bench's replay scenario hung here: a stalled gRPC subscriber (its
+    /// HTTP/2 stream out of window, so its future is never polled again)
+    /// had started the read of a chunk, and its session's other reader
+    /// waited for that read forever.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reader_that_is_never_polled_again_does_not_hold_up_the_others() {
+        let log: Arc<dyn Log> = Arc::new(Counted {
+            n: 2000,
+            reads: AtomicUsize::new(0),
+        });
+        let cache = Arc::new(ReplayCache::default());
+        let sid: Arc<str> = Arc::from("s");
+        let mut stalled = Box::pin(cache.chunk(1, &log, &sid));
+        assert!(
+            futures_util::FutureExt::now_or_never(stalled.as_mut()).is_none(),
+            "the read is off the runtime: the first poll cannot finish it"
+        );
+        let other = tokio::time::timeout(std::time::Duration::from_secs(10), cache.chunk(1, &log, &sid))
+            .await
+            .expect("the other reader is not held up by the stalled one")
+            .unwrap();
+        assert_eq!((other[0].seq, other.len()), (513, 512));
+        drop(stalled);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

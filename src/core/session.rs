@@ -5,11 +5,12 @@ use super::approvals::REMEMBERED_SETTLED;
 use super::approvals::{Answer, Approvals, PLAN_TOOL};
 use super::bus::{Bus, Subscription};
 use super::event::{
-    project, AgentEvent, ApprovalOutcome, ClientEvent, Compaction, Frame, Note, RunOutcome, Undo,
+    project, AgentEvent, ApprovalOutcome, ClientEvent, Compaction, Frame, Note, NoticeLevel, RunOutcome, Undo,
 };
 use super::ledger::{Ledger, Log, OpenError, Record};
 use super::presentation::{PresentationEvent, Presenter, Timeline};
 use super::provider::{Provider, TokenUsage};
+use super::rules::{Rule, Rules};
 use super::transcript::Transcript;
 use super::writer::{self, Op, Pipe, Visible};
 use super::{CoreConfig, PermissionMode};
@@ -30,6 +31,8 @@ pub struct Runtime {
     route: std::sync::RwLock<Route>,
     /// The live permission mode; watched by config frames.
     mode: watch::Sender<PermissionMode>,
+    /// The workspace's always-allow rules.
+    rules: Rules,
 }
 
 /// The model a leg talks to: a provider and the model name it is asked for.
@@ -54,13 +57,20 @@ impl Route {
 }
 
 impl Runtime {
+    /// Reads the workspace's rules file: blocking, for startup.
     pub fn new(cfg: CoreConfig, route: Route) -> Runtime {
         let mode = watch::channel(cfg.permission).0;
+        let rules = Rules::load(&cfg.home, &cfg.workspace);
         Runtime {
             cfg,
             route: std::sync::RwLock::new(route),
             mode,
+            rules,
         }
+    }
+
+    pub fn rules(&self) -> &Rules {
+        &self.rules
     }
 
     /// The permission mode in effect now; each tool call reads it when it is decided.
@@ -126,6 +136,15 @@ pub struct Admission {
 pub struct Input {
     pub request_id: String,
     pub text: String,
+}
+
+/// What answering an approval did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answered {
+    pub outcome: ApprovalOutcome,
+    /// With `always`: the rule stored, or None when storing it failed (a
+    /// notice told the session's clients why).
+    pub rule: Option<Rule>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -663,12 +682,19 @@ impl Session {
         CancelResult { cancelled, discarded }
     }
 
-    /// Answers a pending approval.
-    pub fn answer(&self, request_id: &str, answer: Answer) -> Result<ApprovalOutcome> {
+    /// Answers a pending approval. With `always`, the rule is stored first
+    /// (so the call's later siblings already see it), then the approval is
+    /// settled; a rule that cannot be stored leaves the approval valid this
+    /// once and tells the session's clients with a notice.
+    pub async fn answer(&self, request_id: &str, answer: Answer) -> Result<Answered> {
         // Approval ids are ours (`ap_` and 12 hex digits): anything far from
         // that shape is refused before it is looked up or echoed back.
         super::hub::validate_plain_id("approval id", request_id)?;
-        self.approvals.answer(request_id, answer, |tool, answer, event| {
+        let stored = match self.approvals.prepare(request_id, &answer)? {
+            Some(c) => Some((c.clone(), self.rt.rules.add(c).await)),
+            None => None,
+        };
+        let settled = self.approvals.answer(request_id, answer, |tool, answer, event| {
             // An approved plan leaves plan mode before its call resumes, so
             // the run goes on in the new mode.
             if tool == PLAN_TOOL && answer.approve {
@@ -677,7 +703,43 @@ impl Session {
                 tracing::info!(session = %self.id, mode = mode.as_str(), "plan approved: permission mode changed");
             }
             self.publish(event)
-        })
+        });
+        let outcome = match settled {
+            Ok(o) => o,
+            Err(e) => {
+                // Settled meanwhile by someone else: a rule made for this
+                // answer alone goes too.
+                if let Some((_, Ok((rule, true)))) = &stored {
+                    let _ = self.rt.rules.delete(&rule.id).await;
+                }
+                return Err(e);
+            }
+        };
+        let rule = match stored {
+            None => None,
+            Some((_, Ok((rule, _)))) => {
+                tracing::info!(session = %self.id, rule = %rule.id, covers = %rule.what.describe(), "always-allow rule stored");
+                Some(rule)
+            }
+            Some((c, Err(e))) => {
+                let why = if e.kind == ErrorKind::Internal {
+                    let incident = &uuid::Uuid::new_v4().simple().to_string()[..12];
+                    tracing::error!(session = %self.id, incident, "cannot store an always-allow rule: {}", e.message);
+                    format!("the server could not write its rules file (incident {incident}: the server log has the details)")
+                } else {
+                    e.message
+                };
+                self.publish(ClientEvent::Notice {
+                    level: NoticeLevel::Warning,
+                    text: format!(
+                        "approved once: the always-allow rule for {} was not saved: {why}",
+                        c.describe()
+                    ),
+                });
+                None
+            }
+        };
+        Ok(Answered { outcome, rule })
     }
 
     /// The permission mode changed: denies every pending approval with

@@ -434,26 +434,30 @@ pub fn cancel_call(
     }
 }
 
-/// Answers an approval. A retry after a lost answer finds it already settled
-/// (409): that is success when the settled outcome is the one we sent.
-pub async fn answer_approval(
-    conn: &Arc<dyn Transport>,
-    session_id: &str,
-    request_id: &str,
-    approve: bool,
-    reason: &str,
-) -> Result<String, Failure> {
-    check_id("approval id", request_id)?;
-    let req = pb::ApproveRequest {
+/// A plain answer to an approval: yes or no, nothing else.
+pub fn approval(session_id: &str, request_id: &str, approve: bool, reason: &str) -> pb::ApproveRequest {
+    pb::ApproveRequest {
         session_id: session_id.to_string(),
         request_id: request_id.to_string(),
         approve: Some(approve),
         reason: reason.to_string(),
         mode: None,
-    };
+        always: None,
+    }
+}
+
+/// Answers an approval. A retry after a lost answer finds it already settled
+/// (409): that is success when the settled outcome is the one we sent (what
+/// became of an `always` rule is then unknown: `persisted` is false).
+pub async fn answer_approval(
+    conn: &Arc<dyn Transport>,
+    req: pb::ApproveRequest,
+) -> Result<pb::ApproveResponse, Failure> {
+    check_id("approval id", &req.request_id)?;
+    let approve = req.approve.unwrap_or(false);
     let mut sent_once = false;
     let c = conn.clone();
-    let result = retry(move || {
+    retry(move || {
         let (c, req) = (c.clone(), req.clone());
         let retried = sent_once;
         sent_once = true;
@@ -463,8 +467,8 @@ pub async fn answer_approval(
                     let want = if approve { "(approved)" } else { "(denied)" };
                     if f.message.contains(want) {
                         Ok(pb::ApproveResponse {
-                            request_id: String::new(),
                             outcome: if approve { "approved" } else { "denied" }.into(),
+                            ..pb::ApproveResponse::default()
                         })
                     } else {
                         Err(f)
@@ -474,8 +478,27 @@ pub async fn answer_approval(
             }
         })
     })
-    .await?;
-    Ok(result.outcome)
+    .await
+}
+
+/// Answers an approval; an `always` the server refuses (a call no rule can
+/// cover) is sent again as a plain approval, so the question never stays
+/// unanswered: the answer, and why no rule was kept.
+pub async fn answer_always_or_once(
+    conn: &Arc<dyn Transport>,
+    req: pb::ApproveRequest,
+) -> Result<(pb::ApproveResponse, Option<Failure>), Failure> {
+    if req.always != Some(true) {
+        return Ok((answer_approval(conn, req).await?, None));
+    }
+    let once = pb::ApproveRequest {
+        always: None,
+        ..req.clone()
+    };
+    match answer_approval(conn, req).await {
+        Err(f) if f.kind == FailKind::Fatal => Ok((answer_approval(conn, once).await?, Some(f))),
+        other => Ok((other?, None)),
+    }
 }
 
 #[cfg(test)]

@@ -1,16 +1,18 @@
 //! `vak term` at a terminal: a prompt that stays usable while answers stream in above it, inline approvals, steering, cancel, and reconnects that neither lose nor repeat text.
 
-use super::conn::{answer_approval, cancel_call, retry, run_call, steer_call, FailKind, Transport};
+use super::conn::{
+    answer_always_or_once, approval, cancel_call, retry, run_call, steer_call, FailKind, Transport,
+};
 use super::editor::{Action, Editor};
 use super::follow::{follow, Follower, Update};
-use super::render::{clean, full_output, tool_text, Piece, Render, Style};
+use super::render::{always_line, clean, full_output, plan_text, tool_text, Piece, Render, Style, PLAN_TOOL};
 use super::screen::{PromptLine, Screen, TerminalGuard};
 use super::Policy;
 use crate::proto::v1 as pb;
 use crossterm::event::{Event as TermEvent, EventStream, KeyCode, KeyEventKind, KeyModifiers};
 use futures_util::StreamExt;
 use pb::event::Kind;
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::signal::unix::{signal, SignalKind};
@@ -30,9 +32,11 @@ pub const HELP: &[&str] = &[
     "  Ctrl-D          exit (on an empty line)",
     "  Up / Down       history · Ctrl-A / Ctrl-E start / end of line · Ctrl-W delete a word",
     "  Ctrl-U / Ctrl-K delete to the start / end of line · Ctrl-L clear the screen",
-    "Approval questions: y approves, n denies, a approves this request and every later one",
-    "  of the same tool in this session until vak term exits (vak term answers them for you;",
-    "  the server keeps no such rule: other clients, and vak term started again, are asked).",
+    "Approval questions: y approves, n denies, a approves and keeps an always-allow rule on",
+    "  the server for this workspace (a command's program and subcommand, or the file): later",
+    "  calls it covers run without asking, in every session and client, until the rule is",
+    "  deleted (DELETE /permissions/rules/ID). A plan: y approves it (edits then ask first),",
+    "  e approves it and lets edits run, n keeps plan mode.",
 ];
 
 /// What a submitted line means.
@@ -82,6 +86,8 @@ struct Approval {
     request_id: String,
     tool: String,
     reason: String,
+    /// exit_plan_mode's: answered with the mode to leave plan mode for.
+    plan: bool,
 }
 
 /// What a call made in the background reports back to the loop.
@@ -93,6 +99,8 @@ enum Notice {
     Failed(String),
     /// The session made for the first prompt, or why it could not be.
     Created(Result<String, String>),
+    /// The always-allow rule an `[a]lways` answer stored.
+    Always(pb::PermissionRule),
 }
 
 struct Ui {
@@ -109,8 +117,6 @@ struct Ui {
     editor: Editor,
     render: Render,
     approvals: VecDeque<Approval>,
-    /// Tools answered `[a]lways` in this term session: approved without asking.
-    always: HashSet<String>,
     busy: bool,
     cancel_sent: bool,
     /// The last key was Ctrl-C: another one exits.
@@ -145,7 +151,6 @@ pub async fn run(
         editor: Editor::default(),
         render: Render::interactive(),
         approvals: VecDeque::new(),
-        always: HashSet::new(),
         busy: session.as_ref().is_some_and(|(_, s)| s.busy),
         cancel_sent: false,
         interrupted: false,
@@ -240,6 +245,7 @@ async fn event_loop(
                         }
                         vec![Piece::Line { style: Style::Info, text: format!("· session {sid}") }]
                     }
+                    Notice::Always(rule) => vec![Piece::Line { style: Style::Info, text: always_line(&rule) }],
                     Notice::Created(Err(m)) => {
                         ui.creating = false;
                         let lost = std::mem::take(&mut ui.unsent).len();
@@ -270,12 +276,16 @@ async fn event_loop(
 impl Ui {
     fn prompt(&self) -> PromptLine {
         if let Some(a) = self.approvals.front() {
+            let choices = if a.plan {
+                "[y]es, then ask before edits / [e] yes, accept edits / [n]o, keep planning"
+            } else {
+                "[y]es / [n]o / [a]lways allow in this workspace"
+            };
             return PromptLine {
                 prefix: format!(
-                    "? {} {}  [y]es / [n]o / [a]lways allow {} until vak term exits ",
+                    "? {} {}  {choices} ",
                     a.tool,
                     tool_text(&a.tool, &a.reason).replace('\n', " ⏎ "),
-                    a.tool
                 ),
                 style: Style::Note,
                 input: String::new(),
@@ -350,7 +360,7 @@ impl Ui {
                 self.approvals.clear();
                 for a in &r.pending_approvals {
                     self.render.pending_approval(&a.request_id, &a.tool);
-                    self.approval_requested(&a.request_id, &a.tool, &a.text, pieces);
+                    self.approval_requested(&a.request_id, &a.tool, &a.text, a.input.as_ref(), pieces);
                 }
                 return Ok(());
             }
@@ -372,7 +382,7 @@ impl Ui {
                 }
             }
             Some(Kind::ApprovalRequested(a)) => {
-                self.approval_requested(&a.request_id, &a.tool, &a.reason, pieces)
+                self.approval_requested(&a.request_id, &a.tool, &a.reason, a.input.as_ref(), pieces)
             }
             Some(Kind::ApprovalResolved(r)) => self.approvals.retain(|a| a.request_id != r.request_id),
             _ => {}
@@ -381,10 +391,29 @@ impl Ui {
         Ok(())
     }
 
-    /// A question: answered at once by the policy (or an earlier `[a]lways`), else queued to be asked.
-    fn approval_requested(&mut self, request_id: &str, tool: &str, reason: &str, pieces: &mut Vec<Piece>) {
+    /// A question: answered at once by the policy, else queued to be asked.
+    /// A plan is shown whole first, whoever answers it.
+    fn approval_requested(
+        &mut self,
+        request_id: &str,
+        tool: &str,
+        reason: &str,
+        input: Option<&prost_types::Struct>,
+        pieces: &mut Vec<Piece>,
+    ) {
+        let plan = tool == PLAN_TOOL;
+        if plan {
+            let text = plan_text(input);
+            pieces.push(Piece::Line {
+                style: Style::Info,
+                text: "── the plan to approve ──".into(),
+            });
+            pieces.extend(clean(&text).trim_end().split('\n').map(|l| Piece::Line {
+                style: Style::Plain,
+                text: l.to_string(),
+            }));
+        }
         let auto = match self.policy {
-            _ if self.always.contains(tool) => Some(true),
             Policy::Allow => Some(true),
             Policy::Deny => Some(false),
             Policy::Ask => None,
@@ -396,26 +425,33 @@ impl Ui {
                     style: Style::Dim,
                     text: format!("· {how} {tool}: {}", tool_text(tool, reason)),
                 });
-                self.answer(request_id, v);
+                self.answer(approval(&self.sid(), request_id, v, ""));
             }
             None => self.approvals.push_back(Approval {
                 request_id: request_id.to_string(),
                 tool: tool.to_string(),
                 reason: reason.to_string(),
+                plan,
             }),
         }
     }
 
-    fn answer(&self, request_id: &str, approve: bool) {
-        let (conn, sid, rid, tx) = (
-            self.conn.clone(),
-            self.sid(),
-            request_id.to_string(),
-            self.notices.clone(),
-        );
+    fn answer(&self, req: pb::ApproveRequest) {
+        let (conn, tx) = (self.conn.clone(), self.notices.clone());
         tokio::spawn(async move {
-            match answer_approval(&conn, &sid, &rid, approve, "").await {
-                Ok(_) => {}
+            match answer_always_or_once(&conn, req).await {
+                // A rule that could not be stored is explained by the notice
+                // event the server sends to every client of the session.
+                Ok((r, refused)) => {
+                    if let Some(rule) = r.rule {
+                        let _ = tx.send(Notice::Always(rule));
+                    }
+                    if let Some(f) = refused {
+                        let _ = tx.send(Notice::Failed(format!(
+                            "no always-allow rule: {f}; approved once"
+                        )));
+                    }
+                }
                 // Settled elsewhere (another client, expiry): the stream shows how.
                 Err(f) if matches!(f.kind, FailKind::Conflict | FailKind::NotFound) => {}
                 Err(f) => {
@@ -469,32 +505,25 @@ impl Ui {
         self.interrupted = false;
         if let Some(a) = self.approvals.front() {
             // The question owns the keyboard until it is answered.
-            let verdict = match key.code {
-                KeyCode::Char('y' | 'Y') if !ctrl => Some(true),
-                KeyCode::Char('n' | 'N') if !ctrl => Some(false),
-                KeyCode::Char('a' | 'A') if !ctrl => {
-                    self.always.insert(a.tool.clone());
-                    Some(true)
+            let mut req = approval(&self.sid(), &a.request_id, false, "");
+            match key.code {
+                _ if ctrl && key.code == KeyCode::Char('d') => return Ok(Step::Exit(0)),
+                _ if ctrl => return Ok(Step::Continue),
+                KeyCode::Char('y' | 'Y') => req.approve = Some(true),
+                KeyCode::Char('n' | 'N') => {}
+                KeyCode::Char('a' | 'A') if !a.plan => {
+                    req.approve = Some(true);
+                    req.always = Some(true);
                 }
-                KeyCode::Char('d') if ctrl => return Ok(Step::Exit(0)),
-                _ => None,
-            };
-            if let Some(v) = verdict {
-                let a = self.approvals.pop_front().expect("checked above");
-                self.answer(&a.request_id, v);
-                if self.always.contains(&a.tool) {
-                    // `always` covers the same tool's requests already waiting, too.
-                    let (same, rest): (VecDeque<Approval>, VecDeque<Approval>) =
-                        std::mem::take(&mut self.approvals)
-                            .into_iter()
-                            .partition(|x| x.tool == a.tool);
-                    self.approvals = rest;
-                    for x in same {
-                        self.answer(&x.request_id, true);
-                    }
+                KeyCode::Char('e' | 'E') if a.plan => {
+                    req.approve = Some(true);
+                    req.mode = Some("accept-edits".into());
                 }
-                self.show(Vec::new())?;
+                _ => return Ok(Step::Continue),
             }
+            self.approvals.pop_front();
+            self.answer(req);
+            self.show(Vec::new())?;
             return Ok(Step::Continue);
         }
         match self.editor.key(key) {

@@ -1,13 +1,15 @@
 //! `vak term -p PROMPT`: one run, its answer on stdout (or every frame as a JSON line), and an exit code that says how it ended.
 
-use super::conn::{answer_approval, cancel_call, retry, run_call, FailKind, Failure, Transport};
+use super::conn::{
+    answer_always_or_once, approval, cancel_call, retry, run_call, FailKind, Failure, Transport,
+};
 use super::follow::{follow, Resync, Update};
-use super::render::{clean, tool_text, Piece, Render};
+use super::render::{always_line, clean, plan_text, tool_text, Piece, Render, PLAN_TOOL};
 use super::Policy;
 use crate::edge::http::json::to_json;
 use crate::proto::v1 as pb;
 use pb::event::Kind;
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::io::{IsTerminal, Write};
 use std::sync::Arc;
 use std::time::Duration;
@@ -120,6 +122,8 @@ struct Pending {
     request_id: String,
     tool: String,
     reason: String,
+    /// exit_plan_mode's plan, shown whole before its question.
+    plan: String,
 }
 
 pub async fn run(conn: Arc<dyn Transport>, sid: String, after: u64, o: OneShot) -> crate::Result<i32> {
@@ -193,7 +197,6 @@ pub async fn run(conn: Arc<dyn Transport>, sid: String, after: u64, o: OneShot) 
     let mut our_user_seq: Option<u64> = None;
     let mut pending: VecDeque<Pending> = VecDeque::new();
     let mut asked: Option<String> = None;
-    let mut always: HashSet<String> = HashSet::new();
     let mut answers: Option<mpsc::UnboundedReceiver<Option<String>>> = None;
     let mut stdin_closed = false;
     let mut interrupted = false;
@@ -202,18 +205,26 @@ pub async fn run(conn: Arc<dyn Transport>, sid: String, after: u64, o: OneShot) 
         // With no one left to ask, what is still waiting is denied.
         if stdin_closed {
             for p in pending.drain(..) {
-                spawn_answer(&conn, &sid, &p.request_id, false, "");
+                spawn_answer(&conn, approval(&sid, &p.request_id, false, ""));
             }
         }
         // Ask the next queued approval question, one at a time.
         if asked.is_none() {
             if let Some(p) = pending.front() {
                 if o.policy == Policy::Ask {
+                    let choices = if p.tool == PLAN_TOOL {
+                        note("── the plan to approve ──");
+                        for l in clean(&p.plan).trim_end().split('\n') {
+                            note(l);
+                        }
+                        "[y]es, then ask before edits / [e] yes, accept edits / [n]o, keep planning"
+                    } else {
+                        "[y]es / [n]o / [a]lways allow in this workspace"
+                    };
                     eprintln!(
-                        "vak: {} wants approval: {}  [y]es / [n]o / [a]lways allow {} in this run ",
+                        "vak: {} wants approval: {}  {choices} ",
                         p.tool,
                         tool_text(&p.tool, &p.reason),
-                        p.tool
                     );
                     asked = Some(p.request_id.clone());
                     answers.get_or_insert_with(stdin_lines);
@@ -225,34 +236,37 @@ pub async fn run(conn: Arc<dyn Transport>, sid: String, after: u64, o: OneShot) 
             line = async { answers.as_mut().unwrap().recv().await }, if asked.is_some() => {
                 let Some(p) = pending.pop_front() else { continue };
                 asked = None;
-                let verdict = match line.flatten() {
+                let plan = p.tool == PLAN_TOOL;
+                let mut req = approval(&sid, &p.request_id, true, "");
+                let answered = match line.flatten() {
                     None => {
                         stdin_closed = true;
                         note("stdin closed: denying");
-                        Some(false)
+                        req.approve = Some(false);
+                        true
                     }
                     Some(l) => match l.to_ascii_lowercase().as_str() {
-                        "y" | "yes" => Some(true),
-                        "n" | "no" => Some(false),
-                        "a" | "always" => {
-                            always.insert(p.tool.clone());
-                            Some(true)
+                        "y" | "yes" => true,
+                        "n" | "no" => {
+                            req.approve = Some(false);
+                            true
                         }
-                        _ => None,
+                        "a" | "always" if !plan => {
+                            req.always = Some(true);
+                            true
+                        }
+                        "e" if plan => {
+                            req.mode = Some("accept-edits".into());
+                            true
+                        }
+                        _ => false,
                     },
                 };
-                match verdict {
-                    Some(v) => spawn_answer(&conn, &sid, &p.request_id, v, ""),
-                    None => pending.push_front(p), // asked again
+                if answered {
+                    spawn_answer(&conn, req);
+                } else {
+                    pending.push_front(p); // asked again
                 }
-                // `always` also answers the same tool's questions already waiting.
-                pending.retain(|q| {
-                    let auto = always.contains(&q.tool);
-                    if auto {
-                        spawn_answer(&conn, &sid, &q.request_id, true, "");
-                    }
-                    !auto
-                });
                 continue;
             }
             _ = sigint.recv() => {
@@ -336,8 +350,9 @@ pub async fn run(conn: Arc<dyn Transport>, sid: String, after: u64, o: OneShot) 
                 }
                 if in_our_leg {
                     for a in pending_approvals {
-                        let v = verdict(o.policy, &always, stdin_closed, &a.tool);
+                        let v = verdict(o.policy, stdin_closed);
                         let p = Pending {
+                            plan: plan_text(a.input.as_ref()),
                             request_id: a.request_id,
                             tool: a.tool,
                             reason: a.text,
@@ -385,14 +400,16 @@ pub async fn run(conn: Arc<dyn Transport>, sid: String, after: u64, o: OneShot) 
             }
             Kind::ApprovalRequested(a) if in_our_leg => {
                 render.event(&e);
-                let v = verdict(o.policy, &always, stdin_closed, &a.tool);
+                let v = verdict(o.policy, stdin_closed);
                 let p = Pending {
                     request_id: a.request_id.clone(),
                     tool: a.tool.clone(),
                     reason: a.reason.clone(),
+                    plan: plan_text(a.input.as_ref()),
                 };
                 settle_or_queue(v, &conn, &sid, json, &mut pending, p);
             }
+            Kind::Notice(n) if in_our_leg && !json => note(&format!("! {}", clean(&n.text))),
             // Ours: the first after our prompt's leg began, or a cancel that discarded it queued.
             Kind::RunFinished(r)
                 if our_user_seq.map_or(queued && r.outcome == "cancelled", |u| e.seq > u) =>
@@ -429,9 +446,8 @@ fn run_over(answer: &mut Answer, json: bool, ran: bool, outcome: &str, message: 
 }
 
 /// What the policy says to a question of our leg: Some(answer) at once, None: ask.
-fn verdict(policy: Policy, always: &HashSet<String>, stdin_closed: bool, tool: &str) -> Option<bool> {
+fn verdict(policy: Policy, stdin_closed: bool) -> Option<bool> {
     match policy {
-        _ if always.contains(tool) => Some(true),
         Policy::Allow => Some(true),
         Policy::Deny => Some(false),
         Policy::Ask if stdin_closed => Some(false),
@@ -454,24 +470,28 @@ fn settle_or_queue(
                 let how = if v { "approving" } else { "denying" };
                 note(&format!("{how} {}: {}", p.tool, tool_text(&p.tool, &p.reason)));
             }
-            spawn_answer(
-                conn,
-                sid,
-                &p.request_id,
-                v,
-                if v { "" } else { "vak term --approve deny" },
-            );
+            let reason = if v { "" } else { "vak term --approve deny" };
+            spawn_answer(conn, approval(sid, &p.request_id, v, reason));
         }
         None => pending.push_back(p),
     }
 }
 
-/// Sends an approval answer without holding up the stream; a failure is reported, not fatal.
-fn spawn_answer(conn: &Arc<dyn Transport>, sid: &str, rid: &str, approve: bool, reason: &'static str) {
-    let (conn, sid, rid) = (conn.clone(), sid.to_string(), rid.to_string());
+/// Sends an approval answer without holding up the stream; a failure is
+/// reported, not fatal. A rule an `always` answer stored is said on stderr
+/// (one that could not be stored is explained by the server's notice).
+fn spawn_answer(conn: &Arc<dyn Transport>, req: pb::ApproveRequest) {
+    let (conn, rid) = (conn.clone(), req.request_id.clone());
     tokio::spawn(async move {
-        match answer_approval(&conn, &sid, &rid, approve, reason).await {
-            Ok(_) => {}
+        match answer_always_or_once(&conn, req).await {
+            Ok((r, refused)) => {
+                if let Some(rule) = r.rule {
+                    note(&always_line(&rule));
+                }
+                if let Some(f) = refused {
+                    note(&format!("no always-allow rule: {f}; approved once"));
+                }
+            }
             // Someone else answered first, or the run ended: the stream says which.
             Err(Failure {
                 kind: FailKind::Conflict | FailKind::NotFound,

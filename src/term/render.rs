@@ -131,6 +131,7 @@ impl Render {
                 }]
             }
             Kind::RunFinished(r) => run_end(&r.outcome, &r.message),
+            Kind::Notice(n) => vec![line(Style::Note, format!("! {}", clean(&n.text)))],
             Kind::StreamOpened(_)
             | Kind::TurnStarted(_)
             | Kind::Status(_)
@@ -223,6 +224,31 @@ impl Render {
 /// The longest unfinished line of live output held back for its end.
 const LIVE_LINE: usize = 4096;
 
+/// The tool whose approval carries a plan (and is answered with a mode).
+pub const PLAN_TOOL: &str = "exit_plan_mode";
+
+/// What an `[a]lways` answer's rule covers, said once it is stored.
+pub fn always_line(rule: &pb::PermissionRule) -> String {
+    let what = clean(&rule.pattern).replace('\n', " ⏎ ");
+    let exact = if rule.kind == "exact" {
+        " (this exact command)"
+    } else {
+        ""
+    };
+    format!(
+        "· always allowing {} `{what}`{exact} in this workspace",
+        rule.tool
+    )
+}
+
+/// An exit_plan_mode call's plan (its input's `plan`), "" when it has none.
+pub fn plan_text(input: Option<&prost_types::Struct>) -> String {
+    input
+        .map(struct_json)
+        .and_then(|v| v.get("plan").and_then(|p| p.as_str()).map(str::to_string))
+        .unwrap_or_default()
+}
+
 /// `  │ line` for stdout, `  ! line` for stderr, dimmed.
 fn live_line(stream: &str, text: &str) -> Piece {
     let bar = if stream == "stderr" { "!" } else { "│" };
@@ -271,6 +297,16 @@ pub fn tool_call_line(tool: &str, input: Option<&prost_types::Struct>) -> String
         "read_file" => s("path"),
         "write_file" => format!("{} ({})", s("path"), count(s("content").len(), "byte")),
         "bash" => format!("$ {}", s("command")),
+        // The plan itself is shown whole with its question.
+        "exit_plan_mode" => {
+            let plan = s("plan");
+            let more = plan.trim_end().lines().count().saturating_sub(1);
+            let first = plan.lines().next().unwrap_or("").to_string();
+            match more {
+                0 => first,
+                n => format!("{first} (+{n} more {})", noun_for(n, "line")),
+            }
+        }
         _ if input.is_null() => String::new(),
         _ => input.to_string(),
     };

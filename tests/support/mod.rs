@@ -158,14 +158,11 @@ impl TestServer {
     }
 
     pub async fn get(&self, path: &str) -> (u16, Value) {
-        let r = self
-            .http()
-            .get(format!("{}{path}", self.url))
-            .send()
-            .await
-            .unwrap();
-        let status = r.status().as_u16();
-        (status, r.json().await.unwrap_or(Value::Null))
+        self.send(reqwest::Method::GET, path, None).await
+    }
+
+    pub async fn delete(&self, path: &str) -> (u16, Value) {
+        self.send(reqwest::Method::DELETE, path, None).await
     }
 
     /// Opens /sessions/:id/events (with `cursor` as Last-Event-ID) and waits for stream_opened.
@@ -261,6 +258,16 @@ impl Sse {
         }
     }
 
+    /// The body of the next approval_requested.
+    pub async fn next_ask(&mut self) -> Value {
+        self.until("approval_requested")
+            .await
+            .pop()
+            .unwrap()
+            .body()
+            .clone()
+    }
+
     /// Frames up to and including the first of kind `kind`.
     pub async fn until(&mut self, kind: &str) -> Vec<Frame> {
         let mut out = Vec::new();
@@ -353,6 +360,7 @@ pub fn kind_of(e: &pb::Event) -> &'static str {
         Some(Kind::RunFinished(_)) => "run_finished",
         Some(Kind::Resync(_)) => "resync",
         Some(Kind::SessionClosed(_)) => "session_closed",
+        Some(Kind::Notice(_)) => "notice",
     }
 }
 

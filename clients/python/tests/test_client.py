@@ -167,3 +167,66 @@ def test_burst_is_exact(direct: Client) -> None:
         direct.run(sid, "/burst 300")
         got = take_until(events, finished, events)
     assert texts(got) == burst_text(300)
+
+
+def test_always_rules_are_stored_listed_and_deleted(client: Client) -> None:
+    sid = client.create_session()
+    prog = f"nosuch{secrets.token_hex(4)}"
+    answers: list[agent_pb2.ApproveResponse] = []
+
+    def answer(ev: agent_pb2.Event) -> None:
+        if kind(ev) == "approval_requested":
+            answers.append(client.approve(sid, ev.approval_requested.request_id, True, always=True))
+
+    with client.follow(sid, after=0) as events:
+        client.run(sid, f"/bash {prog} run --fast")
+        take_until(events, finished, events, on_item=answer)
+    assert len(answers) == 1 and answers[0].outcome == "approved" and answers[0].persisted
+    rule = answers[0].rule
+    assert (rule.tool, rule.kind, rule.pattern) == ("bash", "prefix", f"{prog} run")
+    assert rule.id.startswith("rule_")
+    listed = client.list_rules()
+    assert rule in list(listed.rules) and listed.max_rules == 256 and listed.workspace
+
+    # A call the rule covers runs without asking.
+    with client.follow(sid, after=client.attach(sid).latest_seq) as events:
+        client.run(sid, f"/bash {prog} run")
+        got = take_until(events, finished, events)
+    assert not any(kind(e) == "approval_requested" for e in got)
+
+    assert client.delete_rule(rule.id).rule == rule
+    assert rule not in list(client.list_rules().rules)
+    with pytest.raises(VakError) as err:
+        client.delete_rule(rule.id)
+    assert (err.value.status, err.value.code) == (404, "not_found")
+
+
+def test_set_mode_and_leaving_plan_mode_with_a_mode(client: Client) -> None:
+    try:
+        changed = client.set_mode("plan")
+        assert changed.changed and changed.config.permission_mode == "plan"
+        assert not client.set_mode("plan").changed
+        with pytest.raises(VakError) as err:
+            client.set_mode("yolo")
+        assert (err.value.status, err.value.code) == (400, "invalid_argument")
+
+        sid = client.create_session()
+        answers: list[agent_pb2.ApproveResponse] = []
+
+        def answer(ev: agent_pb2.Event) -> None:
+            if kind(ev) == "approval_requested":
+                assert dict(ev.approval_requested.input) == {"plan": "1. nothing"}
+                rid = ev.approval_requested.request_id
+                with pytest.raises(VakError) as bad:
+                    client.approve(sid, rid, True, always=True)
+                assert bad.value.status == 400
+                answers.append(client.approve(sid, rid, True, mode="accept-edits"))
+
+        with client.follow(sid, after=0) as events:
+            client.run(sid, "/plan 1. nothing")
+            take_until(events, finished, events, on_item=answer)
+        assert [a.outcome for a in answers] == ["approved"]
+        assert not answers[0].persisted
+        assert not client.set_mode("accept-edits").changed, "the plan's answer chose it"
+    finally:
+        client.set_mode("default")

@@ -33,6 +33,9 @@ from vak_client._common import (
     UnaryCall,
     VakError,
     call_approve,
+    call_delete_rule,
+    call_list_rules,
+    call_set_mode,
     call_attach,
     call_cancel,
     call_create_session,
@@ -426,9 +429,25 @@ class AsyncClient(ClientConfig):
         return await self._unary(call_steer(session_id, text, request_id))
 
     async def approve(
-        self, session_id: str, request_id: str, approve: bool, reason: str = ""
+        self,
+        session_id: str,
+        request_id: str,
+        approve: bool,
+        reason: str = "",
+        *,
+        always: bool = False,
+        mode: str | None = None,
     ) -> agent_pb2.ApproveResponse:
-        return await self._unary(call_approve(session_id, request_id, approve, reason))
+        return await self._unary(call_approve(session_id, request_id, approve, reason, always=always, mode=mode))
+
+    async def set_mode(self, mode: str) -> agent_pb2.SetModeResponse:
+        return await self._unary(call_set_mode(mode))
+
+    async def list_rules(self) -> agent_pb2.ListRulesResponse:
+        return await self._unary(call_list_rules())
+
+    async def delete_rule(self, rule_id: str) -> agent_pb2.DeleteRuleResponse:
+        return await self._unary(call_delete_rule(rule_id))
 
     async def cancel(self, session_id: str) -> agent_pb2.CancelResponse:
         return await self._unary(call_cancel(session_id))

@@ -425,15 +425,45 @@ def call_steer(
 
 
 def call_approve(
-    session_id: str, request_id: str, approve: bool, reason: str
+    session_id: str, request_id: str, approve: bool, reason: str, *, always: bool = False, mode: str | None = None
 ) -> UnaryCall[agent_pb2.ApproveRequest, agent_pb2.ApproveResponse]:
+    req = agent_pb2.ApproveRequest(session_id=session_id, request_id=request_id, approve=approve, reason=reason)
+    body: dict[str, Any] = {"approve": approve, "reason": reason}
+    if always:
+        req.always = True
+        body["always"] = True
+    if mode is not None:
+        req.mode = mode
+        body["mode"] = mode
     return UnaryCall(
         "Approve",
-        agent_pb2.ApproveRequest(session_id=session_id, request_id=request_id, approve=approve, reason=reason),
+        req,
         agent_pb2.ApproveResponse,
         "POST",
         f"/sessions/{quote(session_id)}/approvals/{quote(request_id)}",
-        {"approve": approve, "reason": reason},
+        body,
+    )
+
+
+def call_set_mode(mode: str) -> UnaryCall[agent_pb2.SetModeRequest, agent_pb2.SetModeResponse]:
+    return UnaryCall(
+        "SetMode", agent_pb2.SetModeRequest(mode=mode), agent_pb2.SetModeResponse, "POST", "/config/mode", {"mode": mode}
+    )
+
+
+def call_list_rules() -> UnaryCall[agent_pb2.ListRulesRequest, agent_pb2.ListRulesResponse]:
+    return UnaryCall(
+        "ListRules", agent_pb2.ListRulesRequest(), agent_pb2.ListRulesResponse, "GET", "/permissions/rules"
+    )
+
+
+def call_delete_rule(rule_id: str) -> UnaryCall[agent_pb2.DeleteRuleRequest, agent_pb2.DeleteRuleResponse]:
+    return UnaryCall(
+        "DeleteRule",
+        agent_pb2.DeleteRuleRequest(id=rule_id),
+        agent_pb2.DeleteRuleResponse,
+        "DELETE",
+        f"/permissions/rules/{quote(rule_id)}",
     )
 
 

@@ -32,6 +32,9 @@ from vak_client._common import (
     UnaryCall,
     VakError,
     call_approve,
+    call_delete_rule,
+    call_list_rules,
+    call_set_mode,
     call_attach,
     call_cancel,
     call_create_session,
@@ -538,10 +541,35 @@ class Client(ClientConfig):
         return self._unary(call_steer(session_id, text, request_id))
 
     def approve(
-        self, session_id: str, request_id: str, approve: bool, reason: str = ""
+        self,
+        session_id: str,
+        request_id: str,
+        approve: bool,
+        reason: str = "",
+        *,
+        always: bool = False,
+        mode: str | None = None,
     ) -> agent_pb2.ApproveResponse:
-        """Answers the pending approval `request_id` (the `ap_...` id of approval_requested)."""
-        return self._unary(call_approve(session_id, request_id, approve, reason))
+        """Answers the pending approval `request_id` (the `ap_...` id of approval_requested).
+
+        `always=True` (with `approve=True`, on a bash, write_file or edit_file
+        call) also stores an always-allow rule for what the call does: the
+        answer's `persisted` says whether it was stored, `rule` is the rule.
+        `mode` ("accept-edits" or "default") answers an exit_plan_mode approval."""
+        return self._unary(call_approve(session_id, request_id, approve, reason, always=always, mode=mode))
+
+    def set_mode(self, mode: str) -> agent_pb2.SetModeResponse:
+        """Switches the server's permission mode ("default", "accept-edits",
+        "plan", "bypass"); a change denies pending approvals and cancels runs first."""
+        return self._unary(call_set_mode(mode))
+
+    def list_rules(self) -> agent_pb2.ListRulesResponse:
+        """The always-allow rules of the server's workspace."""
+        return self._unary(call_list_rules())
+
+    def delete_rule(self, rule_id: str) -> agent_pb2.DeleteRuleResponse:
+        """Deletes an always-allow rule (`VakError` with code "not_found" for an unknown id)."""
+        return self._unary(call_delete_rule(rule_id))
 
     def cancel(self, session_id: str) -> agent_pb2.CancelResponse:
         """Stops the run in flight and discards queued input."""

@@ -206,6 +206,18 @@ impl AgentService for Baseline {
     ) -> Result<Response<pb::SetModeResponse>, Status> {
         unimplemented()
     }
+    async fn list_rules(
+        &self,
+        _: Request<pb::ListRulesRequest>,
+    ) -> Result<Response<pb::ListRulesResponse>, Status> {
+        unimplemented()
+    }
+    async fn delete_rule(
+        &self,
+        _: Request<pb::DeleteRuleRequest>,
+    ) -> Result<Response<pb::DeleteRuleResponse>, Status> {
+        unimplemented()
+    }
     async fn set_key(&self, _: Request<pb::SetKeyRequest>) -> Result<Response<pb::SetKeyResponse>, Status> {
         unimplemented()
     }

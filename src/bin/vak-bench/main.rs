@@ -139,9 +139,7 @@ impl Sizes {
             stalled_subs: 100,
             stall_burst: 100_000,
             fsync_subs: vec![1],
-            // gRPC Subscribe replays from disk one event per ledger read
-            // (BENCHMARKS.md): at full size it would take hours.
-            replay: vec![(Transport::Sse, 100, 100_000), (Transport::Grpc, 5, 10_000)],
+            replay: vec![(Transport::Sse, 100, 100_000), (Transport::Grpc, 100, 100_000)],
             replay_runs: 1,
         }
     }

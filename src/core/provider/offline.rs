@@ -156,6 +156,15 @@ fn parse(line: &str) -> Directive<'_> {
     Directive::Echo(line)
 }
 
+/// `/burst`'s token `i`, "t{i} ", in a buffer sized once: `format!` grows
+/// its buffer as it writes, and a burst is millions of these.
+fn token(i: u64) -> String {
+    use std::fmt::Write;
+    let mut t = String::with_capacity(22);
+    let _ = write!(t, "t{i} ");
+    t
+}
+
 /// Splits `text` into words that keep their trailing space, so they concatenate back to `text`.
 fn words(text: &str) -> impl Iterator<Item = &str> {
     text.split_inclusive(' ')
@@ -272,7 +281,7 @@ impl OfflineModel {
                             sink.ready().await;
                             tokio::task::yield_now().await;
                         }
-                        sink.send(ProviderEvent::Text(format!("t{i} ")));
+                        sink.send(ProviderEvent::Text(token(i)));
                     }
                     out.usage.output_tokens += n;
                     wrote_text = true;

@@ -5,6 +5,7 @@ use crate::core::hub::{ConfigInfo, HostInfo, ModeChange};
 use crate::core::mux::{MuxFrame, MuxItem};
 use crate::core::presentation::{Item, PresentationEvent, Timeline};
 use crate::core::provider::TokenUsage;
+use crate::core::rules::Rule;
 use crate::core::session::Client;
 use crate::core::session::{Admission, CancelResult, SessionInfo};
 use crate::core::transcript::{self, Role, Transcript};
@@ -92,6 +93,10 @@ pub fn kind(event: &ClientEvent) -> Kind {
         ClientEvent::RunFinished { outcome, message } => Kind::RunFinished(pb::RunFinished {
             outcome: outcome.as_str().into(),
             message,
+        }),
+        ClientEvent::Notice { level, text } => Kind::Notice(pb::Notice {
+            level: level.as_str().into(),
+            text,
         }),
     }
 }
@@ -267,6 +272,16 @@ pub fn host(h: HostInfo) -> pb::HostInfo {
     pb::HostInfo {
         version: h.version,
         workspace: h.workspace,
+    }
+}
+
+pub fn rule(r: Rule) -> pb::PermissionRule {
+    pb::PermissionRule {
+        id: r.id,
+        tool: r.what.tool,
+        kind: r.what.kind.as_str().into(),
+        pattern: r.what.pattern,
+        created_at: r.created_at,
     }
 }
 

@@ -205,19 +205,24 @@ impl AgentService for AgentApi {
             None => None,
         };
         let s = self.session(&r.session_id).await?;
-        let outcome = s
+        let always = r.always.unwrap_or(false);
+        let answered = s
             .answer(
                 &r.request_id,
                 Answer {
                     approve,
                     reason: r.reason,
                     mode,
+                    always,
                 },
             )
+            .await
             .map_err(to_status)?;
         ok(pb::ApproveResponse {
             request_id: r.request_id,
-            outcome: outcome.as_str().into(),
+            outcome: answered.outcome.as_str().into(),
+            persisted: answered.rule.is_some(),
+            rule: answered.rule.map(convert::rule),
         })
     }
 
@@ -413,6 +418,32 @@ impl AgentService for AgentApi {
         let mode = PermissionMode::parse(&req.into_inner().mode).map_err(to_status)?;
         let change = self.hub.set_mode(mode).await.map_err(to_status)?;
         ok(convert::mode_change(change))
+    }
+
+    async fn list_rules(
+        &self,
+        _req: Request<pb::ListRulesRequest>,
+    ) -> Result<Response<pb::ListRulesResponse>, Status> {
+        let rules = self.hub.rules();
+        ok(pb::ListRulesResponse {
+            workspace: rules.workspace().to_string(),
+            rules: rules.list().iter().cloned().map(convert::rule).collect(),
+            max_rules: crate::core::rules::MAX_RULES as u32,
+        })
+    }
+
+    async fn delete_rule(
+        &self,
+        req: Request<pb::DeleteRuleRequest>,
+    ) -> Result<Response<pb::DeleteRuleResponse>, Status> {
+        let id = req.into_inner().id;
+        if id.is_empty() {
+            return Err(Status::invalid_argument("id is required"));
+        }
+        let rule = self.hub.rules().delete(&id).await.map_err(to_status)?;
+        ok(pb::DeleteRuleResponse {
+            rule: Some(convert::rule(rule)),
+        })
     }
 
     async fn set_key(&self, req: Request<pb::SetKeyRequest>) -> Result<Response<pb::SetKeyResponse>, Status> {

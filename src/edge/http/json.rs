@@ -96,6 +96,22 @@ mod tests {
     }
 
     #[test]
+    fn an_answer_without_a_rule_leaves_it_out() {
+        let a = pb::ApproveResponse {
+            request_id: "ap_1".into(),
+            outcome: "approved".into(),
+            persisted: false,
+            rule: None,
+        };
+        assert_eq!(
+            String::from_utf8(to_json(&a)).unwrap(),
+            r#"{"request_id":"ap_1","outcome":"approved","persisted":false}"#
+        );
+        let n: pb::ApproveRequest = from_json(br#"{"approve": true, "always": true}"#).unwrap();
+        assert_eq!(n.always, Some(true));
+    }
+
+    #[test]
     fn request_bodies_parse_strictly() {
         let r: pb::RunRequest = from_json(br#"{"prompt": "hi", "request_id": "r1"}"#).unwrap();
         assert_eq!((r.prompt.as_str(), r.request_id.as_str()), ("hi", "r1"));

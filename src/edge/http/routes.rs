@@ -46,6 +46,8 @@ pub fn router(state: AppState) -> Router {
         .route("/config", get(get_config).patch(update_config))
         .route("/config/mode", post(set_mode))
         .route("/config/key", put(set_key).delete(delete_key))
+        .route("/permissions/rules", get(list_rules))
+        .route("/permissions/rules/{id}", delete(delete_rule))
         .route("/providers", get(list_providers))
         .route("/providers/{name}/models", get(list_models))
         // ---- Workspace files, diff and session lifecycle (issue 15) ----
@@ -320,6 +322,16 @@ async fn set_mode(State(st): State<AppState>, b: Body) -> Response {
         Err(e) => return e,
     };
     reply(StatusCode::OK, st.api.set_mode(Request::new(req)).await)
+}
+
+async fn list_rules(State(st): State<AppState>) -> Response {
+    let req = pb::ListRulesRequest {};
+    reply(StatusCode::OK, st.api.list_rules(Request::new(req)).await)
+}
+
+async fn delete_rule(State(st): State<AppState>, Path(id): Path<String>) -> Response {
+    let req = pb::DeleteRuleRequest { id };
+    reply(StatusCode::OK, st.api.delete_rule(Request::new(req)).await)
 }
 
 async fn set_key(State(st): State<AppState>, b: Body) -> Response {
