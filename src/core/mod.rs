@@ -9,6 +9,7 @@ pub mod deltas;
 pub mod event;
 pub mod hub;
 pub mod index;
+pub mod jetstream;
 pub mod ledger;
 pub mod mux;
 pub mod permissions;

@@ -990,3 +990,4 @@ impl TestServer {
         }
     }
 }
+pub mod nats;
