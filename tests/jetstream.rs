@@ -5,10 +5,11 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use support::nats::Cluster;
-use support::DEADLINE;
+use support::{assert_numbered, text_of, TestServer, DEADLINE};
 use vak::core::event::{ClientEvent, Frame};
 use vak::core::jetstream::{self, JetStreamLog, StreamOptions, ANOTHER_WRITER};
 use vak::core::ledger::{Batch, Log, Record};
+use vak::edge::server::ServeConfig;
 
 fn event(seq: u64) -> ClientEvent {
     ClientEvent::TextDelta {
@@ -304,4 +305,68 @@ async fn batches_are_one_round_trip() {
         "a batch of 50 costs {per_batch:?}, a single append {per_single:?}"
     );
     assert_eq!(log.durable_seq(), 300 + 300 * 50);
+}
+
+/// Every frame of `sid` from seq 0 to the latest the stream announces.
+async fn replay_from_zero(s: &TestServer, sid: &str) -> Vec<support::Frame> {
+    let mut sse = s.events(sid, Some(0)).await;
+    let latest = sse.opened.as_ref().unwrap().body()["latest_seq"]
+        .as_u64()
+        .unwrap();
+    let mut out = Vec::new();
+    while out.last().map_or(0, support::Frame::seq) < latest {
+        out.push(sse.next().await.expect("a retained frame"));
+    }
+    out
+}
+
+/// `vak serve --bus`: sessions live in JetStream, so a server restarted on
+/// an EMPTY home (another machine, say) with the same NATS serves the same
+/// session, replays it from seq 0 (past its ring: from the stream) exactly,
+/// and goes on numbering after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_restarted_on_an_empty_home_replays_the_session_from_the_bus() {
+    let nats = Cluster::single().await;
+    let bus = |client: async_nats::Client| {
+        move |c: &mut ServeConfig| {
+            c.core.nats = Some(client);
+            c.core.bus.ring = 64;
+        }
+    };
+    let client = jetstream::connect(&nats.url(), &StreamOptions::default())
+        .await
+        .unwrap();
+    let s = TestServer::start_with(bus(client)).await;
+    let sid = s.create_session().await;
+    let mut sse = s.events(&sid, None).await;
+    s.run(&sid, "/burst 1500").await;
+    let live = sse.until("run_finished").await;
+    assert_numbered(&live);
+    drop(sse);
+    let before = replay_from_zero(&s, &sid).await;
+    assert_eq!(before.last().unwrap().seq(), live.last().unwrap().seq());
+    let home = s.home.clone();
+    drop(s.stop().await);
+    assert!(!home.exists(), "the first server's home is gone");
+
+    let client = jetstream::connect(&nats.url(), &StreamOptions::default())
+        .await
+        .unwrap();
+    let s = TestServer::start_with(bus(client)).await;
+    let after = replay_from_zero(&s, &sid).await;
+    let view = |frames: &[support::Frame]| {
+        frames
+            .iter()
+            .map(|f| (f.id.clone(), f.event.clone(), f.data.clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(view(&after), view(&before));
+    // The session goes on from where it was.
+    let mut sse = s.events(&sid, None).await;
+    let (code, adm) = s.run(&sid, "again").await;
+    assert_eq!((code, adm["state"].as_str()), (202, Some("started")));
+    let more = sse.until("run_finished").await;
+    assert_eq!(more[0].seq(), before.last().unwrap().seq() + 1);
+    assert_numbered(&more);
+    assert_eq!(text_of(&more), "echo: again");
 }

@@ -159,6 +159,26 @@ pub async fn ensure_stream(client: &async_nats::Client, opts: &StreamOptions) ->
     Ok(())
 }
 
+/// Connects to the NATS servers `url` names (`nats://host:port`, several
+/// comma-separated) and makes sure the stream exists.
+pub async fn connect(url: &str, opts: &StreamOptions) -> Result<async_nats::Client> {
+    let servers = url
+        .split(',')
+        .map(|u| {
+            u.trim()
+                .parse::<async_nats::ServerAddr>()
+                .map_err(|e| Error::invalid(format!("--bus {u}: {e}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let client = async_nats::ConnectOptions::new()
+        .connection_timeout(Duration::from_secs(10))
+        .connect(servers)
+        .await
+        .map_err(|e| Error::internal(format!("cannot connect to NATS at {url}: {e}")))?;
+    ensure_stream(&client, opts).await?;
+    Ok(client)
+}
+
 /// Whether `id` can be a subject token: 1 to 128 of `[A-Za-z0-9_-]`.
 pub fn subject_safe(id: &str) -> bool {
     !id.is_empty()
@@ -340,6 +360,33 @@ impl JetStreamLog {
     /// Whether another writer has taken this session over.
     pub fn fenced(&self) -> bool {
         lock(&self.writer).fenced
+    }
+
+    /// Every record of the log in order (header, events, notes): what a
+    /// session is rebuilt from when it loads. The whole history is read:
+    /// starting from the last snapshot is left for later.
+    pub async fn records(&self) -> Result<Vec<Record>> {
+        let mut out = Vec::new();
+        let mut next = 1;
+        loop {
+            let got = self
+                .direct_batch(next, READ_BATCH)
+                .await
+                .map_err(|e| Error::internal(format!("cannot read the log of {}: {e}", self.session)))?;
+            let ended = got.len() < READ_BATCH;
+            for (stream_seq, _, payload) in got {
+                next = stream_seq + 1;
+                match serde_json::from_slice::<Record>(&payload) {
+                    Ok(record) => out.push(record),
+                    Err(e) => {
+                        tracing::error!(subject = %self.subject, stream_seq, "an unreadable record is left out: {e}")
+                    }
+                }
+            }
+            if ended {
+                return Ok(out);
+            }
+        }
     }
 
     /// Forgets the last append's ack, as if it had been lost: appending the

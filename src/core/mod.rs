@@ -78,6 +78,9 @@ pub struct CoreConfig {
     pub route_flags: config::RouteLayer,
     /// The environment's route variables and API keys, captured at startup.
     pub env: config::Environment,
+    /// Sessions' logs in NATS JetStream (`--bus`, whose stream exists:
+    /// `jetstream::ensure_stream`); None: JSONL ledgers in the home.
+    pub nats: Option<async_nats::Client>,
 }
 
 impl CoreConfig {
@@ -100,6 +103,7 @@ impl CoreConfig {
             temperature: None,
             route_flags: config::RouteLayer::default(),
             env: config::Environment::default(),
+            nats: None,
         }
     }
 
