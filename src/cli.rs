@@ -127,6 +127,15 @@ pub struct ServeArgs {
     /// `fsync` (fdatasync per batch: survives a power loss, slower).
     #[arg(long, value_enum, default_value = "process")]
     pub durability: DurabilityArg,
+    /// Keep sessions' logs in NATS JetStream at this URL (`nats://host:port`,
+    /// several comma-separated) instead of JSONL ledgers in the home: a
+    /// session is then loaded from the stream by any server pointed at it
+    /// (docs/scale-out.md; one replica at a time for now).
+    #[arg(long, value_name = "URL")]
+    pub bus: Option<String>,
+    /// Replicas of the JetStream stream when --bus creates it (3 on a cluster).
+    #[arg(long, default_value_t = 1, requires = "bus", value_parser = clap::value_parser!(u64).range(1..=5))]
+    pub bus_replicas: u64,
     /// Seconds after which a session with no run, no stream and no request
     /// is unloaded from memory (its ledger keeps everything; the next use
     /// loads it again).
@@ -354,6 +363,17 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
     // Before the default connection cap is derived from it.
     let nofile = crate::edge::fdlimit::raise_nofile();
     let (mut cfg, file) = args.config_and_file(home.clone())?;
+    if let Some(url) = &args.bus {
+        let opts = crate::core::jetstream::StreamOptions {
+            replicas: args.bus_replicas as usize,
+            ..Default::default()
+        };
+        cfg.core.nats = Some(crate::core::jetstream::connect(url, &opts).await?);
+        println!(
+            "vak: sessions in NATS JetStream at {url}, stream {}",
+            crate::core::jetstream::STREAM
+        );
+    }
     let max_connections = cfg.max_connections;
     let tls = if args.tls_self_signed {
         Some(tls::self_signed(&home)?)

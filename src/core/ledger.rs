@@ -119,6 +119,20 @@ impl Batch {
         self.bytes.is_empty()
     }
 
+    /// Every record in order: its seq if it is an event, and its JSON line
+    /// without the newline (a replicated log stores one message per record).
+    pub fn records(&self) -> impl Iterator<Item = (Option<u64>, &[u8])> + '_ {
+        let mut events = self.events.iter().peekable();
+        let mut at = 0;
+        std::iter::from_fn(move || {
+            let end = at + memchr::memchr(b'\n', self.bytes.get(at..)?)?;
+            let seq = events.next_if(|&&(_, o)| o == at).map(|&(seq, _)| seq);
+            let line = &self.bytes[at..end];
+            at = end + 1;
+            Some((seq, line))
+        })
+    }
+
     pub fn len(&self) -> usize {
         self.bytes.len()
     }

@@ -11,6 +11,7 @@ pub mod event;
 pub mod files;
 pub mod hub;
 pub mod index;
+pub mod jetstream;
 pub mod ledger;
 pub mod lifecycle;
 pub mod mux;
@@ -81,6 +82,9 @@ pub struct CoreConfig {
     pub route_flags: config::RouteLayer,
     /// The environment's route variables and API keys, captured at startup.
     pub env: config::Environment,
+    /// Sessions' logs in NATS JetStream (`--bus`, whose stream exists:
+    /// `jetstream::ensure_stream`); None: JSONL ledgers in the home.
+    pub nats: Option<async_nats::Client>,
     /// `[server] workspace_roots`: the folders `GET /fs/dirs` may list
     /// (absolute). Empty: the workspace alone.
     pub workspace_roots: Vec<PathBuf>,
@@ -108,6 +112,7 @@ impl CoreConfig {
             temperature: None,
             route_flags: config::RouteLayer::default(),
             env: config::Environment::default(),
+            nats: None,
             workspace_roots: Vec::new(),
             git: PathBuf::from("git"),
         }

@@ -170,7 +170,7 @@ pub struct Session {
     created_at: String,
     rt: Arc<Runtime>,
     bus: Bus,
-    ledger: Arc<Ledger>,
+    log: Arc<dyn Log>,
     /// To the session's writer, the only path into the ledger and the bus.
     pipe: Arc<Pipe>,
     folds: Mutex<Folds>,
@@ -336,8 +336,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Session {
     /// A brand-new session with an empty ledger.
-    pub fn create(rt: Arc<Runtime>, id: &str, created_at: String, ledger: Ledger) -> Arc<Session> {
-        Self::build(rt, id, created_at, Arc::new(ledger), 0, Vec::new())
+    pub fn create(rt: Arc<Runtime>, id: &str, created_at: String, log: Arc<dyn Log>) -> Arc<Session> {
+        Self::build(rt, id, created_at, log, 0, Vec::new())
     }
 
     /// Rebuilds a session from its ledger, read a record at a time: the
@@ -347,19 +347,32 @@ impl Session {
     pub fn restore(rt: Arc<Runtime>, path: &std::path::Path) -> std::result::Result<Arc<Session>, OpenError> {
         let mut r = Restore::new(rt.cfg.bus.ring.max(1));
         let ledger = Ledger::open(path, rt.cfg.durability, |record| r.visit(record))?;
-        r.finish(rt, ledger).map_err(OpenError::Io)
+        r.finish(rt, Arc::new(ledger)).map_err(OpenError::Io)
+    }
+
+    /// Rebuilds a session from the records of a log that is not a file (the
+    /// JetStream log): the same fold as `restore`.
+    pub fn restore_records(
+        rt: Arc<Runtime>,
+        log: Arc<dyn Log>,
+        records: Vec<Record>,
+    ) -> Result<Arc<Session>> {
+        let mut r = Restore::new(rt.cfg.bus.ring.max(1));
+        for record in records {
+            r.visit(record);
+        }
+        r.finish(rt, log)
     }
 
     fn build(
         rt: Arc<Runtime>,
         id: &str,
         created_at: String,
-        ledger: Arc<Ledger>,
+        log: Arc<dyn Log>,
         latest: u64,
         ring: Vec<Arc<Frame>>,
     ) -> Arc<Session> {
         let sid: Arc<str> = Arc::from(id);
-        let log: Arc<dyn Log> = ledger.clone();
         let bus = Bus::new(sid.clone(), rt.cfg.bus.clone(), Some(log.clone()), latest, ring);
         let pipe = Arc::new(Pipe::default());
         let session = Arc::new(Session {
@@ -367,7 +380,7 @@ impl Session {
             created_at,
             rt,
             bus,
-            ledger,
+            log: log.clone(),
             pipe: pipe.clone(),
             folds: Mutex::new(Folds::new(id)),
             presence: watch::channel(Vec::new()).0,
@@ -915,8 +928,8 @@ impl Session {
         // before they are closed.
         let _ = tokio::time::timeout(grace, self.pipe.barrier()).await;
         self.bus.close("server shutting down");
-        let ledger = self.ledger.clone();
-        let synced = tokio::task::spawn_blocking(move || ledger.sync()).await;
+        let log = self.log.clone();
+        let synced = tokio::task::spawn_blocking(move || log.sync()).await;
         if let Ok(Err(e)) = synced {
             tracing::error!(session = %self.id, "ledger sync failed: {e}");
         }
@@ -1042,7 +1055,7 @@ impl Restore {
         self.ring.push_back((seq, event));
     }
 
-    fn finish(self, rt: Arc<Runtime>, ledger: Ledger) -> Result<Arc<Session>> {
+    fn finish(self, rt: Arc<Runtime>, log: Arc<dyn Log>) -> Result<Arc<Session>> {
         let Restore {
             header,
             latest,
@@ -1056,7 +1069,7 @@ impl Restore {
             .into_iter()
             .map(|(seq, event)| Arc::new(Frame::new(seq, sid.clone(), event)))
             .collect();
-        let session = Session::build(rt, &id, created_at, Arc::new(ledger), latest, ring);
+        let session = Session::build(rt, &id, created_at, log, latest, ring);
         let facts = {
             let mut f = lock(&session.folds);
             if let Some(restored) = folds {

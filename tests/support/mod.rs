@@ -999,3 +999,4 @@ impl TestServer {
         }
     }
 }
+pub mod nats;

@@ -1,0 +1,827 @@
+//! A session's log in NATS JetStream (`Log` over the stream `VAK_EV`): the backend that lets several vak replicas share a session (issue 14, first slice: the log alone).
+//!
+//! **Stream.** One stream, `VAK_EV`, subjects `vak.ev.<session>` (a session
+//! id is 1 to 128 of `[A-Za-z0-9_-]`, so it is one subject token), file
+//! storage, R3 on a cluster (R1 on a single server), `max_msgs_per_subject`
+//! as the history kept per session, `allow_direct` (reads are served by any
+//! replica), a duplicate window, `allow_atomic` (atomic batch publish,
+//! nats-server 2.12+), and `RePublish` from `vak.ev.>` to `vak.live.>`: the
+//! live path of the replicas will read only what the stream stored.
+//!
+//! **Messages.** One message per ledger record, its payload the record's
+//! JSON line (the same line the JSONL ledger writes, without the newline).
+//! An event has `Vak-Seq: n` and `Nats-Msg-Id: <session>:<n>`. A note (a
+//! record with no seq: usage, signature, compaction, admitted request id,
+//! snapshot) has `Vak-Note: <n>.<k>`, the k-th note (from 1) after event
+//! `n` (0 before any event), and `Nats-Msg-Id: <session>:<n>.<k>`; k goes
+//! on across batches and restarts from 1 after each event, so every
+//! message of a session has its own id and the order key `(n, k)` only
+//! grows. Every message also names its writer, `Vak-Writer: <uuid>` (one
+//! per `JetStreamLog`), which is how a writer tells its own retried
+//! message from a rival's with the same id.
+//!
+//! **One writer per session.** Each append is a compare-and-set on the
+//! subject: its first message carries `Nats-Expected-Last-Subject-Sequence`,
+//! the stream sequence of the last message this writer saw on the subject
+//! (read at open, then from each ack). JetStream error 10071 (wrong last
+//! sequence) means someone else appended: unless the subject's last message
+//! is this writer's own (a retry of a batch whose ack was lost), the log is
+//! *fenced*: that append and every later one fail with `ANOTHER_WRITER`, so
+//! the old owner stops at once and shows nothing of what it tried. A
+//! duplicate ack (the id is in the duplicate window) is checked the same
+//! way: the stored message must carry our `Vak-Writer`, else fenced (a
+//! rival that wrote the same seq first has the same `Nats-Msg-Id`).
+//!
+//! **Atomic batches, measured.** A writer batch of several records goes as
+//! one atomic batch (`Nats-Batch-Id`, `Nats-Batch-Sequence`, and
+//! `Nats-Batch-Commit: 1` on the last message): the messages before the
+//! commit are plain publishes with no reply, the commit is one request, so a
+//! batch costs one round trip and one CAS and is stored whole or not at all.
+//! The alternative, a CAS per message, needs each message's ack before the
+//! next can name its predecessor's sequence: one round trip per record.
+//! Measured on a loopback R3 cluster (2 cores, tests/jetstream.rs,
+//! `batches_are_one_round_trip`), see docs/scale-out.md for the numbers.
+//! The server caps an atomic batch at 1000 messages: a larger writer batch
+//! goes as several, each atomic; if one of them fails, the ones before it
+//! are stored but none was shown (the writer fails the session), and a
+//! reload continues after them, so no seq is ever reused.
+//!
+//! **Transient failures.** A publish that times out or finds no responders
+//! (a stream leader being elected after a node died) is retried with the
+//! same ids and the same expected sequence until `RETRY_FOR` has passed:
+//! appends stall, then resume, and the duplicate window plus the writer
+//! check make the retry idempotent.
+//!
+//! **Reads.** `read_events` uses batched direct gets (`$JS.API.DIRECT.GET`,
+//! `next_by_subj` with `batch`, nats-server 2.11+) from a stream sequence
+//! known to be at or before the wanted event (a sparse map filled by
+//! appends and reads; the subject's start when nothing is known), keeping
+//! events with `Vak-Seq` > after. A direct get may be served by a follower
+//! a moment behind: a read that comes back short of what this log knows is
+//! durable is asked again until `RETRY_FOR`.
+//!
+//! `append` runs on the writer's blocking thread and `block_on`s the runtime
+//! handle captured at open (never on a runtime worker); `read_events` runs
+//! on the blocking pool the same way.
+
+use super::event::ClientEvent;
+use super::ledger::{Batch, Log, Record};
+use crate::error::{Error, Result};
+use async_nats::jetstream::stream;
+use async_nats::{HeaderMap, StatusCode};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use tokio::runtime::Handle;
+
+/// The stream every session's log lives in.
+pub const STREAM: &str = "VAK_EV";
+/// A session's subject is this prefix and its id.
+pub const SUBJECT_PREFIX: &str = "vak.ev.";
+/// Where the stream republishes what it stored (the live path).
+pub const LIVE_PREFIX: &str = "vak.live.";
+/// JetStream's "wrong last sequence": another writer appended first.
+pub const WRONG_LAST_SEQUENCE: u64 = 10071;
+/// JetStream's "atomic publish batch contains duplicate message id".
+pub const ATOMIC_DUPLICATE: u64 = 10201;
+/// The error every append of a fenced log fails with.
+pub const ANOTHER_WRITER: &str = "another writer appended to this session";
+/// The server's cap on the messages of one atomic batch.
+pub const ATOMIC_MAX: usize = 1000;
+/// How long a publish or read is retried through transient failures.
+pub const RETRY_FOR: Duration = Duration::from_secs(30);
+/// How long one request waits for its answer.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// Events a read asks for per direct-get batch.
+const READ_BATCH: usize = 512;
+/// A read position is remembered at least every this many events.
+const MARK_EVERY: u64 = 256;
+
+pub const H_SEQ: &str = "Vak-Seq";
+pub const H_NOTE: &str = "Vak-Note";
+pub const H_WRITER: &str = "Vak-Writer";
+const H_MSG_ID: &str = "Nats-Msg-Id";
+const H_EXPECTED: &str = "Nats-Expected-Last-Subject-Sequence";
+const H_BATCH_ID: &str = "Nats-Batch-Id";
+const H_BATCH_SEQ: &str = "Nats-Batch-Sequence";
+const H_BATCH_COMMIT: &str = "Nats-Batch-Commit";
+
+/// How the stream is set up.
+#[derive(Clone, Debug)]
+pub struct StreamOptions {
+    /// 3 on a cluster, 1 on a single server.
+    pub replicas: usize,
+    /// Messages kept per session (`max_msgs_per_subject`).
+    pub history: i64,
+    /// How long a `Nats-Msg-Id` is remembered.
+    pub duplicate_window: Duration,
+}
+
+impl Default for StreamOptions {
+    fn default() -> Self {
+        StreamOptions {
+            replicas: 1,
+            history: 1_000_000,
+            duplicate_window: Duration::from_secs(120),
+        }
+    }
+}
+
+/// The stream's configuration.
+pub fn stream_config(opts: &StreamOptions) -> stream::Config {
+    stream::Config {
+        name: STREAM.to_string(),
+        subjects: vec![format!("{SUBJECT_PREFIX}>")],
+        storage: stream::StorageType::File,
+        num_replicas: opts.replicas,
+        max_messages_per_subject: opts.history,
+        discard: stream::DiscardPolicy::Old,
+        allow_direct: true,
+        duplicate_window: opts.duplicate_window,
+        allow_atomic_publish: true,
+        republish: Some(stream::Republish {
+            source: format!("{SUBJECT_PREFIX}>"),
+            destination: format!("{LIVE_PREFIX}>"),
+            headers_only: false,
+        }),
+        ..Default::default()
+    }
+}
+
+/// Creates the stream if it does not exist (an existing one is used as is).
+pub async fn ensure_stream(client: &async_nats::Client, opts: &StreamOptions) -> Result<()> {
+    let js = async_nats::jetstream::new(client.clone());
+    js.get_or_create_stream(stream_config(opts))
+        .await
+        .map_err(|e| Error::internal(format!("cannot create the JetStream stream {STREAM}: {e}")))?;
+    Ok(())
+}
+
+/// Connects to the NATS servers `url` names (`nats://host:port`, several
+/// comma-separated) and makes sure the stream exists.
+pub async fn connect(url: &str, opts: &StreamOptions) -> Result<async_nats::Client> {
+    let servers = url
+        .split(',')
+        .map(|u| {
+            u.trim()
+                .parse::<async_nats::ServerAddr>()
+                .map_err(|e| Error::invalid(format!("--bus {u}: {e}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let client = async_nats::ConnectOptions::new()
+        .connection_timeout(Duration::from_secs(10))
+        .connect(servers)
+        .await
+        .map_err(|e| Error::internal(format!("cannot connect to NATS at {url}: {e}")))?;
+    ensure_stream(&client, opts).await?;
+    Ok(client)
+}
+
+/// Whether `id` can be a subject token: 1 to 128 of `[A-Za-z0-9_-]`.
+pub fn subject_safe(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// Where the next note goes: after event `after`, as its `k`-th note.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Position {
+    /// The last event's seq (0: none yet).
+    pub after: u64,
+    /// Notes already written after it.
+    pub notes: u64,
+}
+
+/// One message to publish.
+#[derive(Debug, PartialEq)]
+pub struct Planned<'a> {
+    /// `Vak-Seq` for an event; None for a note.
+    pub seq: Option<u64>,
+    /// `Vak-Note` for a note: (the event it follows, k).
+    pub note: Option<(u64, u64)>,
+    pub msg_id: String,
+    pub payload: &'a [u8],
+}
+
+/// The messages of `batch` for `session`, starting at `pos`; and the position after them.
+pub fn plan<'a>(session: &str, batch: &'a Batch, mut pos: Position) -> (Vec<Planned<'a>>, Position) {
+    let msgs = batch
+        .records()
+        .map(|(seq, payload)| match seq {
+            Some(n) => {
+                pos = Position { after: n, notes: 0 };
+                Planned {
+                    seq: Some(n),
+                    note: None,
+                    msg_id: format!("{session}:{n}"),
+                    payload,
+                }
+            }
+            None => {
+                pos.notes += 1;
+                Planned {
+                    seq: None,
+                    note: Some((pos.after, pos.notes)),
+                    msg_id: format!("{session}:{}.{}", pos.after, pos.notes),
+                    payload,
+                }
+            }
+        })
+        .collect();
+    (msgs, pos)
+}
+
+/// The position a stored message leaves the log at, from its headers.
+fn position_of(headers: &HeaderMap) -> Option<Position> {
+    if let Some(seq) = headers.get(H_SEQ) {
+        return Some(Position {
+            after: seq.as_str().parse().ok()?,
+            notes: 0,
+        });
+    }
+    let note = headers.get(H_NOTE)?;
+    let (after, k) = note.as_str().split_once('.')?;
+    Some(Position {
+        after: after.parse().ok()?,
+        notes: k.parse().ok()?,
+    })
+}
+
+/// What the writer side knows.
+struct Writer {
+    /// The stream sequence of the last message on the subject (0: none).
+    last: u64,
+    pos: Position,
+    fenced: bool,
+    /// `last` and `pos` before the last append (`forget_last_ack`).
+    before: (u64, Position),
+}
+
+/// What readers share.
+struct Seen {
+    durable_seq: u64,
+    /// Event seq -> a stream sequence at or before it.
+    marks: BTreeMap<u64, u64>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One session's log in `VAK_EV`.
+pub struct JetStreamLog {
+    rt: Handle,
+    client: async_nats::Client,
+    session: String,
+    subject: String,
+    writer_id: String,
+    writer: Mutex<Writer>,
+    seen: Mutex<Seen>,
+}
+
+/// Why one publish attempt failed.
+enum PubError {
+    /// Worth asking again (timeout, no responders, a connection problem).
+    Transient(String),
+    /// The CAS failed (10071), or an atomic batch held an id already stored (10201).
+    WrongLast,
+    /// Anything else JetStream refused.
+    Refused(String),
+}
+
+/// A publish ack.
+struct Ack {
+    seq: u64,
+    duplicate: bool,
+}
+
+impl JetStreamLog {
+    /// Opens `session`'s log (the stream must exist: `ensure_stream`): reads
+    /// the subject's last message for the durable seq and the CAS chain.
+    pub async fn open(client: async_nats::Client, session: &str) -> Result<JetStreamLog> {
+        if !subject_safe(session) {
+            return Err(Error::invalid(format!(
+                "session id {session:?} is not subject-safe (1 to 128 of A-Z a-z 0-9 _ -)"
+            )));
+        }
+        let subject = format!("{SUBJECT_PREFIX}{session}");
+        let log = JetStreamLog {
+            rt: Handle::current(),
+            client,
+            session: session.to_string(),
+            subject,
+            writer_id: uuid::Uuid::new_v4().simple().to_string(),
+            writer: Mutex::new(Writer {
+                last: 0,
+                pos: Position::default(),
+                fenced: false,
+                before: (0, Position::default()),
+            }),
+            seen: Mutex::new(Seen {
+                durable_seq: 0,
+                marks: BTreeMap::new(),
+            }),
+        };
+        let deadline = Instant::now() + RETRY_FOR;
+        let last = loop {
+            match log.last_message().await {
+                Ok(last) => break last,
+                Err(e) if Instant::now() < deadline => {
+                    tracing::debug!(session, "reading the log's last message again: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => return Err(Error::internal(format!("cannot open the log of {session}: {e}"))),
+            }
+        };
+        if let Some((stream_seq, headers)) = last {
+            let pos = position_of(&headers).ok_or_else(|| {
+                Error::internal(format!(
+                    "the last message of {} has neither {H_SEQ} nor {H_NOTE}",
+                    log.subject
+                ))
+            })?;
+            let mut w = lock(&log.writer);
+            w.last = stream_seq;
+            w.pos = pos;
+            lock(&log.seen).durable_seq = pos.after;
+        }
+        Ok(log)
+    }
+
+    pub fn session(&self) -> &str {
+        &self.session
+    }
+
+    /// Whether another writer has taken this session over.
+    pub fn fenced(&self) -> bool {
+        lock(&self.writer).fenced
+    }
+
+    /// Every record of the log in order (header, events, notes): what a
+    /// session is rebuilt from when it loads. The whole history is read:
+    /// starting from the last snapshot is left for later.
+    pub async fn records(&self) -> Result<Vec<Record>> {
+        let mut out = Vec::new();
+        let mut next = 1;
+        loop {
+            let got = self
+                .direct_batch(next, READ_BATCH)
+                .await
+                .map_err(|e| Error::internal(format!("cannot read the log of {}: {e}", self.session)))?;
+            let ended = got.len() < READ_BATCH;
+            for (stream_seq, _, payload) in got {
+                next = stream_seq + 1;
+                match serde_json::from_slice::<Record>(&payload) {
+                    Ok(record) => out.push(record),
+                    Err(e) => {
+                        tracing::error!(subject = %self.subject, stream_seq, "an unreadable record is left out: {e}")
+                    }
+                }
+            }
+            if ended {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// Forgets the last append's ack, as if it had been lost: appending the
+    /// same batch again is then the retry a lost ack leads to (tests).
+    #[doc(hidden)]
+    pub fn forget_last_ack(&self) {
+        let mut w = lock(&self.writer);
+        (w.last, w.pos) = w.before;
+    }
+
+    /// The subject's last message: its stream sequence and headers.
+    async fn last_message(&self) -> std::result::Result<Option<(u64, HeaderMap)>, String> {
+        let msg = self
+            .request(
+                format!("$JS.API.DIRECT.GET.{STREAM}.{}", self.subject),
+                HeaderMap::new(),
+                Bytes::new(),
+            )
+            .await?;
+        stored(msg)
+    }
+
+    /// The message stored at stream sequence `seq`.
+    async fn message_at(&self, seq: u64) -> std::result::Result<Option<(u64, HeaderMap)>, String> {
+        let body = serde_json::json!({ "seq": seq }).to_string();
+        let msg = self
+            .request(
+                format!("$JS.API.DIRECT.GET.{STREAM}"),
+                HeaderMap::new(),
+                body.into(),
+            )
+            .await?;
+        stored(msg)
+    }
+
+    async fn request(
+        &self,
+        subject: String,
+        headers: HeaderMap,
+        payload: Bytes,
+    ) -> std::result::Result<async_nats::Message, String> {
+        let req = self.client.request_with_headers(subject, headers, payload);
+        match tokio::time::timeout(REQUEST_TIMEOUT, req).await {
+            Ok(Ok(msg)) => Ok(msg),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("no answer in {REQUEST_TIMEOUT:?}")),
+        }
+    }
+
+    fn headers(&self, m: &Planned) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(H_MSG_ID, m.msg_id.as_str());
+        h.insert(H_WRITER, self.writer_id.as_str());
+        if let Some(seq) = m.seq {
+            h.insert(H_SEQ, seq.to_string().as_str());
+        }
+        if let Some((after, k)) = m.note {
+            h.insert(H_NOTE, format!("{after}.{k}").as_str());
+        }
+        h
+    }
+
+    /// One attempt at storing `msgs` after stream sequence `last` on the subject.
+    async fn publish_once(&self, msgs: &[Planned<'_>], last: u64) -> std::result::Result<Ack, PubError> {
+        let n = msgs.len();
+        let batch_id = (n > 1).then(|| uuid::Uuid::new_v4().simple().to_string());
+        let mut answer = None;
+        for (i, m) in msgs.iter().enumerate() {
+            let mut h = self.headers(m);
+            if i == 0 {
+                h.insert(H_EXPECTED, last.to_string().as_str());
+            }
+            if let Some(id) = &batch_id {
+                h.insert(H_BATCH_ID, id.as_str());
+                h.insert(H_BATCH_SEQ, (i + 1).to_string().as_str());
+                if i + 1 == n {
+                    h.insert(H_BATCH_COMMIT, "1");
+                }
+            }
+            let payload = Bytes::copy_from_slice(m.payload);
+            if i + 1 == n {
+                answer = Some(
+                    self.request(self.subject.clone(), h, payload)
+                        .await
+                        .map_err(PubError::Transient)?,
+                );
+            } else {
+                self.client
+                    .publish_with_headers(self.subject.clone(), h, payload)
+                    .await
+                    .map_err(|e| PubError::Transient(e.to_string()))?;
+            }
+        }
+        let msg = answer.expect("a batch has at least one message");
+        if msg.status == Some(StatusCode::NO_RESPONDERS) {
+            return Err(PubError::Transient(
+                "no responders (a stream leader is being elected)".into(),
+            ));
+        }
+        let v: serde_json::Value = serde_json::from_slice(&msg.payload)
+            .map_err(|e| PubError::Transient(format!("an unreadable publish ack: {e}")))?;
+        if let Some(err) = v.get("error") {
+            let code = err.get("err_code").and_then(|c| c.as_u64()).unwrap_or(0);
+            let text = err
+                .get("description")
+                .and_then(|d| d.as_str())
+                .unwrap_or("")
+                .to_string();
+            return Err(match code {
+                // An id of the batch is in the duplicate window: ours (a
+                // retry) or a rival's with the same seq; told apart like 10071.
+                WRONG_LAST_SEQUENCE | ATOMIC_DUPLICATE => PubError::WrongLast,
+                // JetStream not available right now (no leader, no quorum).
+                10008 | 10023 | 10077 => PubError::Transient(format!("{text} ({code})")),
+                _ => PubError::Refused(format!("{text} (JetStream error {code})")),
+            });
+        }
+        let seq = v
+            .get("seq")
+            .and_then(|s| s.as_u64())
+            .ok_or_else(|| PubError::Transient(format!("a publish ack with no seq: {v}")))?;
+        Ok(Ack {
+            seq,
+            duplicate: v.get("duplicate").and_then(|d| d.as_bool()).unwrap_or(false),
+        })
+    }
+
+    /// Whether the message at `seq` (or the subject's last, for None) is
+    /// `msg_id` written by this writer: a retry whose first try was stored.
+    async fn ours(&self, seq: Option<u64>, msg_id: &str) -> std::result::Result<Option<u64>, String> {
+        let found = match seq {
+            Some(seq) => self.message_at(seq).await?,
+            None => self.last_message().await?,
+        };
+        Ok(found.and_then(|(at, h)| {
+            let is = h.get(H_WRITER).map(|v| v.as_str()) == Some(self.writer_id.as_str())
+                && h.get(H_MSG_ID).map(|v| v.as_str()) == Some(msg_id);
+            is.then_some(at)
+        }))
+    }
+
+    /// Stores `msgs` (at most `ATOMIC_MAX`) after `last`, retrying transient
+    /// failures: the stream sequence of the last one, or the error.
+    async fn store(&self, msgs: &[Planned<'_>], last: u64) -> std::io::Result<u64> {
+        let deadline = Instant::now() + RETRY_FOR;
+        let tail_id = &msgs.last().expect("not empty").msg_id;
+        let fenced = || {
+            std::io::Error::other(format!(
+                "{ANOTHER_WRITER} ({}): this replica stops writing it",
+                self.session
+            ))
+        };
+        loop {
+            let err = match self.publish_once(msgs, last).await {
+                Ok(ack) if !ack.duplicate => return Ok(ack.seq),
+                Ok(ack) => match self.ours(Some(ack.seq), tail_id).await {
+                    Ok(Some(seq)) => return Ok(seq),
+                    Ok(None) => return Err(fenced()),
+                    Err(e) => e,
+                },
+                Err(PubError::WrongLast) => match self.ours(None, tail_id).await {
+                    Ok(Some(seq)) => return Ok(seq),
+                    Ok(None) => return Err(fenced()),
+                    Err(e) => e,
+                },
+                Err(PubError::Refused(e)) => return Err(std::io::Error::other(e)),
+                Err(PubError::Transient(e)) => e,
+            };
+            if Instant::now() >= deadline {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("JetStream did not store the batch in {RETRY_FOR:?}: {err}"),
+                ));
+            }
+            tracing::warn!(session = %self.session, "appending again: {err}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Events with seq > `after`, up to `max`, from stream sequence `from` on.
+    async fn read_from(
+        &self,
+        from: u64,
+        after: u64,
+        max: usize,
+    ) -> std::result::Result<Vec<(u64, ClientEvent)>, String> {
+        let mut out = Vec::new();
+        let mut next = from.max(1);
+        loop {
+            let ask = READ_BATCH.max(max - out.len());
+            let got = self.direct_batch(next, ask).await?;
+            let ended = got.len() < ask;
+            for (stream_seq, headers, payload) in got {
+                next = stream_seq + 1;
+                let Some(seq) = headers.get(H_SEQ).and_then(|v| v.as_str().parse::<u64>().ok()) else {
+                    continue;
+                };
+                if seq % MARK_EVERY == 0 {
+                    lock(&self.seen).marks.insert(seq, stream_seq);
+                }
+                if seq <= after {
+                    continue;
+                }
+                match serde_json::from_slice::<Record>(&payload) {
+                    Ok(Record::Event { seq: s, event }) if s == seq => out.push((seq, event)),
+                    Ok(_) => {
+                        tracing::warn!(subject = %self.subject, stream_seq, "a message whose {H_SEQ} does not match its record is skipped")
+                    }
+                    Err(e) => {
+                        tracing::warn!(subject = %self.subject, stream_seq, "an unreadable message is skipped in a replay: {e}")
+                    }
+                }
+                if out.len() >= max {
+                    return Ok(out);
+                }
+            }
+            if ended {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// Up to `n` messages of the subject from stream sequence `from`, in one batched direct get.
+    async fn direct_batch(
+        &self,
+        from: u64,
+        n: usize,
+    ) -> std::result::Result<Vec<(u64, HeaderMap, Bytes)>, String> {
+        let inbox = self.client.new_inbox();
+        let mut sub = self
+            .client
+            .subscribe(inbox.clone())
+            .await
+            .map_err(|e| e.to_string())?;
+        let body = serde_json::json!({ "seq": from, "next_by_subj": self.subject, "batch": n }).to_string();
+        self.client
+            .publish_with_reply(format!("$JS.API.DIRECT.GET.{STREAM}"), inbox, body.into())
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut out = Vec::new();
+        loop {
+            let msg = match tokio::time::timeout(REQUEST_TIMEOUT, sub.next()).await {
+                Ok(Some(msg)) => msg,
+                Ok(None) => return Err("the read's subscription ended".into()),
+                Err(_) => return Err(format!("a direct get gave no answer in {REQUEST_TIMEOUT:?}")),
+            };
+            match direct_answer(msg)? {
+                Some(found) => out.push(found),
+                // The end of the batch (or nothing at all).
+                None => return Ok(out),
+            }
+        }
+    }
+}
+
+/// A direct get's answer: the message's stream sequence and headers, None if there is none.
+fn stored(msg: async_nats::Message) -> std::result::Result<Option<(u64, HeaderMap)>, String> {
+    Ok(direct_answer(msg)?.map(|(seq, headers, _)| (seq, headers)))
+}
+
+/// One message of a direct get's answer: its stream sequence, headers and
+/// payload; None for no message (404) or the end of a batch (204).
+fn direct_answer(msg: async_nats::Message) -> std::result::Result<Option<(u64, HeaderMap, Bytes)>, String> {
+    match msg.status {
+        Some(StatusCode::NOT_FOUND) => return Ok(None),
+        Some(s) if s.as_u16() == 204 => return Ok(None),
+        Some(StatusCode::NO_RESPONDERS) => return Err("no responders for a direct get".into()),
+        Some(s) if s != StatusCode::OK => {
+            return Err(format!(
+                "a direct get failed: {s} {}",
+                msg.description.unwrap_or_default()
+            ))
+        }
+        _ => {}
+    }
+    let headers = msg.headers.unwrap_or_default();
+    let seq = headers
+        .get("Nats-Sequence")
+        .and_then(|v| v.as_str().parse::<u64>().ok())
+        .ok_or("a direct get answer with no Nats-Sequence")?;
+    Ok(Some((seq, headers, msg.payload)))
+}
+
+impl Log for JetStreamLog {
+    fn append(&self, batch: &Batch) -> std::io::Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let mut w = lock(&self.writer);
+        if w.fenced {
+            return Err(std::io::Error::other(format!(
+                "{ANOTHER_WRITER} ({}): this replica stopped writing it",
+                self.session
+            )));
+        }
+        let (msgs, end) = plan(&self.session, batch, w.pos);
+        w.before = (w.last, w.pos);
+        for chunk in msgs.chunks(ATOMIC_MAX) {
+            let before = w.last;
+            match self.rt.block_on(self.store(chunk, before)) {
+                Ok(last) => {
+                    w.last = last;
+                    let mut seen = lock(&self.seen);
+                    if let Some(first) = chunk.iter().find_map(|m| m.seq) {
+                        // The chunk starts after `before` on the subject.
+                        seen.marks.insert(first, before + 1);
+                    }
+                    if let Some(top) = chunk.iter().rev().find_map(|m| m.seq) {
+                        seen.durable_seq = seen.durable_seq.max(top);
+                    }
+                }
+                Err(e) => {
+                    if e.to_string().starts_with(ANOTHER_WRITER) {
+                        w.fenced = true;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        w.pos = end;
+        Ok(())
+    }
+
+    fn read_events(&self, after: u64, max: usize) -> Result<Vec<(u64, ClientEvent)>> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        let (from, durable) = {
+            let seen = lock(&self.seen);
+            let from = seen
+                .marks
+                .range(..=after.saturating_add(1))
+                .next_back()
+                .map_or(1, |(_, &s)| s);
+            (from, seen.durable_seq)
+        };
+        // A follower serving the direct get may be a moment behind what was acked.
+        let want = durable.saturating_sub(after).min(max as u64) as usize;
+        let deadline = Instant::now() + RETRY_FOR;
+        loop {
+            let got = self.rt.block_on(self.read_from(from, after, max));
+            match got {
+                Ok(events) if events.len() >= want => return Ok(events),
+                Ok(events) if Instant::now() >= deadline => return Ok(events),
+                Err(e) if Instant::now() >= deadline => {
+                    return Err(Error::internal(format!(
+                        "cannot read the log of {}: {e}",
+                        self.session
+                    )))
+                }
+                _ => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+
+    fn durable_seq(&self) -> u64 {
+        lock(&self.seen).durable_seq
+    }
+
+    /// JetStream acks a message once a quorum of replicas stored it: there is nothing more to force.
+    fn sync(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::event::Frame;
+
+    fn frame(seq: u64) -> Frame {
+        Frame::new(
+            seq,
+            "s".into(),
+            ClientEvent::TextDelta {
+                text: format!("t{seq}"),
+            },
+        )
+    }
+
+    #[test]
+    fn every_message_of_a_session_has_its_own_id_and_notes_count_on_across_batches() {
+        let mut b1 = Batch::default();
+        b1.push(&Record::Admitted {
+            request_id: "r".into(),
+        });
+        b1.push_frame(&frame(1));
+        b1.push_frame(&frame(2));
+        b1.push(&Record::Signature {
+            signature: "x".into(),
+        });
+        let (m1, pos) = plan("s", &b1, Position::default());
+        let ids: Vec<_> = m1.iter().map(|m| m.msg_id.as_str()).collect();
+        assert_eq!(ids, ["s:0.1", "s:1", "s:2", "s:2.1"]);
+        assert_eq!(m1[1].seq, Some(1));
+        assert_eq!(m1[3].note, Some((2, 1)));
+        assert_eq!(pos, Position { after: 2, notes: 1 });
+        assert!(m1[1].payload.starts_with(br#"{"event":{"seq":1"#));
+        assert!(!m1[1].payload.ends_with(b"\n"));
+
+        // A batch of notes only goes on counting after the same event.
+        let mut b2 = Batch::default();
+        b2.push(&Record::Admitted {
+            request_id: "q".into(),
+        });
+        let (m2, pos) = plan("s", &b2, pos);
+        assert_eq!(m2[0].msg_id, "s:2.2");
+        assert_eq!(pos, Position { after: 2, notes: 2 });
+        let mut b3 = Batch::default();
+        b3.push_frame(&frame(3));
+        b3.push(&Record::Admitted {
+            request_id: "z".into(),
+        });
+        let (m3, _) = plan("s", &b3, pos);
+        let ids: Vec<_> = m3.iter().map(|m| m.msg_id.as_str()).collect();
+        assert_eq!(ids, ["s:3", "s:3.1"]);
+    }
+
+    #[test]
+    fn a_position_is_read_back_from_the_headers_it_was_written_with() {
+        let mut h = HeaderMap::new();
+        h.insert(H_SEQ, "41");
+        assert_eq!(position_of(&h), Some(Position { after: 41, notes: 0 }));
+        let mut h = HeaderMap::new();
+        h.insert(H_NOTE, "41.3");
+        assert_eq!(position_of(&h), Some(Position { after: 41, notes: 3 }));
+        assert_eq!(position_of(&HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn only_plain_ids_are_subjects() {
+        assert!(subject_safe("0123abcdef"));
+        assert!(subject_safe("a_b-C"));
+        for bad in ["", "a.b", "a*", "a>", "a b", "é", &"x".repeat(129)] {
+            assert!(!subject_safe(bad), "{bad:?}");
+        }
+    }
+}
