@@ -90,6 +90,7 @@ impl Anthropic {
                 }
             }
             if step.done {
+                events.read_to_end().await;
                 return asm.finish().map_err(scrub);
             }
         }

@@ -417,6 +417,22 @@ impl SseStream {
     }
 
     /// The next event; None at the end of the body.
+    /// Reads what follows the provider's last event, normally only the end
+    /// of the body, briefly and boundedly: the server then sees its response
+    /// read whole instead of cut (llama.cpp logged no end for a stream vak
+    /// dropped right after `message_stop`), and the connection can go back
+    /// to the pool for the next turn.
+    pub async fn read_to_end(&mut self) {
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            for _ in 0..16 {
+                if !matches!(self.events.next().await, Some(Ok(_))) {
+                    break;
+                }
+            }
+        })
+        .await;
+    }
+
     pub async fn next(&mut self, cancel: &CancellationToken) -> Result<Option<Event>, ProviderError> {
         let next = tokio::select! {
             biased;

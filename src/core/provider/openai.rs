@@ -124,6 +124,7 @@ impl OpenAi {
                 }
             }
             if step.done {
+                events.read_to_end().await;
                 return asm.finish(true).map_err(|e| scrub(e, key));
             }
         }
