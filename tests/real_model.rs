@@ -219,11 +219,6 @@ impl ModelServer {
                 if lines.iter().filter(|l| l.contains("http: stream ended")).count() >= nth {
                     return streams.nth(nth - 1).unwrap().to_vec();
                 }
-                // llama.cpp's log is written by a worker thread that can hold
-                // the tail of a stream's lines until something else is logged
-                // (a run had every line but the last three for 30 s): a health
-                // check makes it log, which pushes them out.
-                let _ = reqwest::get(format!("{}/health", self.url)).await;
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         })
