@@ -32,12 +32,16 @@ from typing import Any
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 PROTO_FILE = "vak/v1/agent.proto"
+# agent.proto imports http.proto (the REST route option each RPC carries).
+PROTO_FILES = (PROTO_FILE, "vak/v1/http.proto")
 
 # What protoc writes (relative to its output root) -> flat name in _gen/.
 OUTPUTS = {
     "vak/v1/agent_pb2.py": "agent_pb2.py",
     "vak/v1/agent_pb2.pyi": "agent_pb2.pyi",
     "vak/v1/agent_pb2_grpc.py": "agent_pb2_grpc.py",
+    "vak/v1/http_pb2.py": "http_pb2.py",
+    "vak/v1/http_pb2.pyi": "http_pb2.pyi",
 }
 
 # `from vak.v1 import agent_pb2 as x` / `from vak.v1 import agent_pb2`
@@ -68,7 +72,7 @@ def _rewrite_imports(text: str, name: str) -> str:
 
 
 def generate(proto_root: Path, out_dir: Path) -> list[Path]:
-    """Writes out_dir/{__init__.py, agent_pb2.py, agent_pb2.pyi, agent_pb2_grpc.py}.
+    """Writes out_dir/{__init__.py, agent_pb2.py, agent_pb2.pyi, agent_pb2_grpc.py, http_pb2.py, http_pb2.pyi}.
 
     Everything is generated in a temporary directory first, so a failed run
     leaves out_dir as it was."""
@@ -90,7 +94,7 @@ def generate(proto_root: Path, out_dir: Path) -> list[Path]:
                 f"--python_out={raw}",
                 f"--pyi_out={raw}",
                 f"--grpc_python_out={raw}",
-                PROTO_FILE,
+                *PROTO_FILES,
             ]
         )
         if rc != 0:
@@ -120,7 +124,8 @@ class CustomBuildHook(BuildHookInterface):  # type: ignore[type-arg]
         root = Path(self.root)
         proto_root = find_proto_root(root)
         if self.target_name == "sdist":
-            build_data["force_include"][str(proto_root / PROTO_FILE)] = f"proto/{PROTO_FILE}"
+            for proto in PROTO_FILES:
+                build_data["force_include"][str(proto_root / proto)] = f"proto/{proto}"
             return
         if self.target_name != "wheel":
             return

@@ -285,11 +285,13 @@ fn is_state_changing(m: &Method) -> bool {
 }
 
 /// What needs no credentials: liveness, gRPC health, the login routes, and
-/// reflection, whose answer is the public proto of this repository (so
-/// grpcurl and buf curl can discover the API before they hold a token).
+/// reflection and the OpenAPI document, whose answers are the public proto
+/// of this repository (so grpcurl, buf curl and OpenAPI tools can discover
+/// the API before they hold a token).
 fn exempt(req: &Request) -> bool {
     let path = req.uri().path();
     path == "/health"
+        || path == "/openapi.json"
         || path.starts_with("/grpc.health.v1.Health/")
         || path.starts_with("/grpc.reflection.v1.ServerReflection/")
         || path.starts_with("/grpc.reflection.v1alpha.ServerReflection/")

@@ -26,6 +26,7 @@ pub struct AppState {
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/health", get(health))
+        .route("/openapi.json", get(openapi))
         .route("/sessions", post(create_session).get(list_sessions))
         .route("/sessions/{id}/run", post(run))
         .route("/sessions/{id}/steering", post(steering))
@@ -151,6 +152,14 @@ async fn health(State(st): State<AppState>) -> Response {
         serde_json::json!({"status": "degraded", "storage_failures": list})
     };
     let mut resp = body.to_string().into_response();
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}
+
+/// The OpenAPI document, generated from the proto at build time.
+async fn openapi() -> Response {
+    let mut resp = crate::proto::OPENAPI_JSON.into_response();
     resp.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     resp

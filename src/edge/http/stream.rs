@@ -19,8 +19,17 @@ use pb::stream_message::Frame as F;
 /// The most `session=` parameters one request may carry.
 const MAX_QUERY_SESSIONS: usize = crate::core::cursor::MAX_SESSIONS;
 
-fn flag(v: &str) -> bool {
-    matches!(v, "1" | "true" | "yes" | "on")
+/// A boolean query parameter; anything but these words is refused, so
+/// `host=null` or a typo never silently means "off".
+fn flag(name: &str, v: &str) -> Result<bool, String> {
+    match v {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "" | "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(format!(
+            "{name} is a boolean (true or false), not {:?}",
+            v.chars().take(64).collect::<String>()
+        )),
+    }
 }
 
 /// The query parameters `/stream` reads (besides the loopback `token`).
@@ -36,8 +45,8 @@ pub fn parse_query(raw: &str) -> Result<pb::StreamRequest, String> {
         match k.as_str() {
             "session" if !req.sessions.contains(&v) => req.sessions.push(v),
             "session" => {}
-            "host" => req.host = flag(&v),
-            "config" => req.config = flag(&v),
+            "host" => req.host = flag("host", &v)?,
+            "config" => req.config = flag("config", &v)?,
             "cursor" => req.cursor = v,
             _ => {}
         }
@@ -126,6 +135,9 @@ mod tests {
         assert!(r.host && r.config);
         assert_eq!(r.cursor, "a:3");
         assert!(!parse_query("host=0").unwrap().host);
+        let err = parse_query("host=null").unwrap_err();
+        assert!(err.contains("host is a boolean"), "{err}");
+        assert!(parse_query("config=maybe").is_err());
         let many: Vec<String> = (0..=MAX_QUERY_SESSIONS)
             .map(|i| format!("session=s{i}"))
             .collect();
