@@ -3,12 +3,18 @@ CARGO ?= cargo
 
 PREFIX ?= $(HOME)/.local
 
-.PHONY: serve install release tools real-model nats schemathesis openapi test test-api test-rust test-python test-web lint build fuzz bench bench-quick
+.PHONY: serve serve-cluster install release tools real-model nats schemathesis openapi test test-api test-rust test-python test-web lint build fuzz bench bench-quick
 
 ## Start `vak serve` on the embedded offline model (loopback, port 8901; VAK_LISTEN,
 ## VAK_HOME and VAK_TOKEN change that).
 serve:
 	$(CARGO) run --release --bin vak -- serve
+
+## Three nats-server nodes (one JetStream cluster) and three `vak serve --bus` replicas
+## on this machine, sharing every session (docs/scale-out.md); each prints where it
+## listens, all take one token (VAK_TOKEN or a printed random one); Ctrl-C stops all.
+serve-cluster: release nats
+	python3 scripts/serve-cluster.py
 
 ## Build the release binary and install it as $(PREFIX)/bin/vak (default ~/.local/bin/vak).
 install: release
