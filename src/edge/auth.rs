@@ -284,12 +284,16 @@ fn is_state_changing(m: &Method) -> bool {
     !matches!(*m, Method::GET | Method::HEAD | Method::OPTIONS)
 }
 
-/// What needs no credentials: liveness, gRPC health, the login routes, and
+/// What needs no credentials: liveness, gRPC health, the login routes,
 /// reflection, whose answer is the public proto of this repository (so
-/// grpcurl and buf curl can discover the API before they hold a token).
+/// grpcurl and buf curl can discover the API before they hold a token), and
+/// the browser app's shell and assets (its login form is part of it; every
+/// call it makes then needs the cookie). `/admin` is not exempt.
 fn exempt(req: &Request) -> bool {
     let path = req.uri().path();
     path == "/health"
+        || path == "/app"
+        || path.starts_with("/app/")
         || path.starts_with("/grpc.health.v1.Health/")
         || path.starts_with("/grpc.reflection.v1.ServerReflection/")
         || path.starts_with("/grpc.reflection.v1alpha.ServerReflection/")

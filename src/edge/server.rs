@@ -56,6 +56,8 @@ pub struct ServeConfig {
     /// Connections open at once; the excess is closed as soon as accepted.
     /// Default: three quarters of the open-files limit, at most 65 536.
     pub max_connections: usize,
+    /// The browser app served at /app and /admin; None: the bundle embedded at build time.
+    pub app: Option<Arc<super::http::assets::Bundle>>,
 }
 
 impl ServeConfig {
@@ -76,6 +78,7 @@ impl ServeConfig {
             idle_timeout: Duration::from_secs(60),
             body_read_timeout: Duration::from_secs(30),
             max_connections: super::fdlimit::default_max_connections(),
+            app: None,
         }
     }
 }
@@ -186,6 +189,7 @@ pub async fn app(hub: Arc<Hub>, cfg: &ServeConfig) -> Result<Router> {
     let state = AppState {
         api,
         max_body: cfg.max_body,
+        app: super::http::assets::bundle_or_embedded(cfg.app.clone()),
     };
     let auth = Auth::new(AuthConfig {
         token: cfg.token.clone(),

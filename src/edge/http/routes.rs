@@ -21,6 +21,8 @@ pub struct AppState {
     pub api: AgentApi,
     /// The largest request body accepted (413 beyond).
     pub max_body: usize,
+    /// The browser app and console served at /app and /admin.
+    pub app: std::sync::Arc<super::assets::Bundle>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -60,6 +62,8 @@ pub fn router(state: AppState) -> Router {
         .route("/sessions/{id}/clear", post(clear_session))
         .route("/sessions/{id}/undo", post(undo_session))
         .route("/sessions/{id}/compact", post(compact_session))
+        // ---- The browser app and console (issue 16) ----
+        .merge(super::assets::routes())
         .method_not_allowed_fallback(|| async {
             json_error(
                 StatusCode::METHOD_NOT_ALLOWED,
