@@ -218,3 +218,97 @@ async fn without_the_bundle_app_and_admin_say_how_to_build_it() {
         );
     }
 }
+
+#[tokio::test]
+async fn admin_status_shows_streams_per_client_presence_and_recent_failures_never_a_credential() {
+    let s = TestServer::start_with(|c| c.max_streams_per_client = 1).await;
+    let (status, _) = {
+        let r = reqwest::Client::new()
+            .get(format!("{}/admin/status", s.url))
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), ())
+    };
+    assert_eq!(status, 401, "the console's data needs credentials");
+
+    let sid = s.create_session().await;
+    let sse = s.open_stream(&s.url, &format!("session={sid}"), None).await;
+    let stream_id = sse.opened.as_ref().unwrap().data["stream_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // A second stream from this machine is past the per-client cap: a 429 the console lists,
+    // with the URL token redacted.
+    let r = reqwest::Client::new()
+        .get(format!("{}/stream?session={sid}&token={TOKEN}", s.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    drop(r);
+
+    let (code, body) = s.get("/admin/status").await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["open_streams"], 1, "{body}");
+    assert_eq!(body["max_streams_per_client"], 1);
+    assert_eq!(body["max_streams"], 16384);
+    assert_eq!(
+        body["clients"],
+        serde_json::json!([{"client": "loopback", "open_streams": 1}])
+    );
+    assert_eq!(body["streams"], serde_json::json!([stream_id]));
+    let session = body["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["session_id"] == sid.as_str())
+        .unwrap_or_else(|| panic!("{body}"));
+    assert_eq!(session["busy"], false);
+    assert_eq!(
+        session["clients"],
+        serde_json::json!([{"client_id": stream_id, "surface": "stream"}])
+    );
+    // The access log records the refusal when its answer ends.
+    let mut errors = body["recent_errors"].clone();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while errors.as_array().is_none_or(|a| a.is_empty()) {
+        assert!(tokio::time::Instant::now() < deadline, "no recent error: {body}");
+        tokio::task::yield_now().await;
+        errors = s.get("/admin/status").await.1["recent_errors"].clone();
+    }
+    let e = &errors[0];
+    assert_eq!(e["status"], 429, "{e}");
+    assert_eq!(e["method"], "GET");
+    assert_eq!(e["path"], format!("/stream?session={sid}&token=[redacted]"));
+    assert!(e["message"].as_str().unwrap().contains("per-client limit"), "{e}");
+    assert!(
+        !errors.to_string().contains(TOKEN),
+        "no credential in the console"
+    );
+
+    // gRPC sees the same; closing the stream frees its slot and its presence.
+    let g = s
+        .grpc()
+        .await
+        .get_admin_status(vak::proto::v1::GetAdminStatusRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(g.open_streams, 1);
+    assert_eq!(g.streams, vec![stream_id.clone()]);
+    drop(sse);
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let (_, b) = s.get("/admin/status").await;
+        if b["open_streams"] == 0 && b["streams"] == serde_json::json!([]) {
+            assert_eq!(b["clients"], serde_json::json!([]));
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the stream is still counted: {b}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}

@@ -144,7 +144,8 @@ async fn unknown_rpc() -> Response {
 /// The whole HTTP surface as one router.
 pub async fn app(hub: Arc<Hub>, cfg: &ServeConfig) -> Result<Router> {
     let limits = StreamLimits::new(cfg.max_streams, cfg.max_streams_per_client);
-    let api = AgentApi::new(hub, limits.clone());
+    let errors = Arc::new(super::recent_errors::RecentErrors::default());
+    let api = AgentApi::new(hub, limits.clone(), errors.clone());
     let agent = AgentServiceServer::new(api.clone())
         .max_decoding_message_size(cfg.max_body)
         .max_encoding_message_size(usize::MAX);
@@ -209,7 +210,10 @@ pub async fn app(hub: Arc<Hub>, cfg: &ServeConfig) -> Result<Router> {
         .route_layer(axum::middleware::from_fn(super::http::query::refuse_unknown))
         .fallback(dispatch)
         .layer(axum::middleware::from_fn_with_state(auth, guard))
-        .layer(axum::middleware::from_fn(super::access_log::access_log)))
+        .layer(axum::middleware::from_fn_with_state(
+            errors,
+            super::access_log::access_log,
+        )))
 }
 
 /// The route a tonic service answers on: `/<package.Service>/<Method>`.

@@ -1,13 +1,16 @@
-// The operations console served at /admin: live sessions with their state and
-// seq, the effective config and providers (key fingerprints, never key
-// values), and two actions: cancel a session's run, close (delete) a session.
-// Read through the same gRPC-web client and login as the app; refreshed live
-// from GET /stream (status frames) and every few seconds.
+// The operations console served at /admin: sessions with their state and seq
+// and who is attached, connected clients with their open streams and the
+// stream caps, the live /stream connections, the effective config and
+// providers (key fingerprints, never key values), the server's recent
+// failures (GetAdminStatus), and two actions: cancel a session's run, close
+// (delete) a session. Read through the same gRPC-web client and login as the
+// app; refreshed live from GET /stream (status frames) and every few seconds.
 import "./app.css";
 import { ConnectError } from "@connectrpc/connect";
 import {
   createAgentClient,
   StreamFollower,
+  type AdminStatus,
   type ConfigInfo,
   type ListProvidersResponse,
   type SessionSummary,
@@ -21,6 +24,7 @@ const state = {
   sessions: [] as SessionSummary[],
   config: undefined as ConfigInfo | undefined,
   providers: undefined as ListProvidersResponse | undefined,
+  status: undefined as AdminStatus | undefined,
   errors: [] as string[],
   conn: "idle",
 };
@@ -51,6 +55,9 @@ function table(head: string[], rows: (Node | string)[][], id: string): HTMLEleme
 
 function render(): void {
   const c = state.config;
+  const st = state.status;
+  const attached = (id: string) =>
+    (st?.sessions.find((p) => p.sessionId === id)?.clients ?? []).map((x) => `${x.surface} ${x.clientId}`).join(", ");
   root.replaceChildren(
     h(
       "div",
@@ -58,12 +65,13 @@ function render(): void {
       h("header", { class: "top" }, h("strong", {}, "vak admin"), h("span", { class: "conn", id: "conn", "data-state": state.conn }, state.conn), h("a", { href: "/app/" }, "app")),
       h("h2", {}, "Sessions"),
       table(
-        ["session", "title", "state", "seq", "created", ""],
+        ["session", "title", "state", "seq", "attached", "created", ""],
         state.sessions.map((s) => [
           h("code", {}, s.sessionId),
           s.title,
           s.busy ? "busy" : s.loaded ? "idle" : "on disk",
           String(s.latestSeq),
+          attached(s.sessionId),
           s.createdAt,
           h(
             "span",
@@ -74,6 +82,15 @@ function render(): void {
         ]),
         "admin-sessions",
       ),
+      h("h2", {}, "Clients and streams"),
+      h(
+        "p",
+        { id: "admin-caps" },
+        st
+          ? `${st.openStreams} of ${st.maxStreams} streams open; at most ${st.maxStreamsPerClient} per client; live /stream connections: ${st.streams.join(", ") || "none"}`
+          : "",
+      ),
+      table(["client", "open streams"], (st?.clients ?? []).map((x) => [x.client, String(x.openStreams)]), "admin-clients"),
       h("h2", {}, "Configuration"),
       c
         ? table(
@@ -101,14 +118,31 @@ function render(): void {
         ]),
         "admin-providers",
       ),
-      h("h2", {}, "Recent errors (this page)"),
+      h("h2", {}, "Recent errors"),
+      table(
+        ["at", "request", "status", "message"],
+        (st?.recentErrors ?? []).map((e) => [
+          e.at,
+          `${e.method} ${e.path}`,
+          e.grpcStatus !== undefined ? `${e.status} (grpc ${e.grpcStatus})` : String(e.status),
+          e.message,
+        ]),
+        "admin-errors",
+      ),
+      h("h3", {}, "This page's errors"),
       h("pre", { class: "errors", id: "errors" }, state.errors.join("\n") || "none"),
     ),
   );
 }
 
 async function refresh(): Promise<void> {
-  const [list, config, providers] = await Promise.all([client.listSessions({}), client.getConfig({}), client.listProviders({})]);
+  const [list, config, providers, status] = await Promise.all([
+    client.listSessions({}),
+    client.getConfig({}),
+    client.listProviders({}),
+    client.getAdminStatus({}),
+  ]);
+  state.status = status;
   state.sessions = [...list.sessions].sort((a, b) => (a.createdAt < b.createdAt ? 1 : -1));
   state.config = config;
   state.providers = providers;
@@ -135,6 +169,8 @@ async function start(): Promise<void> {
   f.on("state", (st) => {
     state.conn = st;
     render();
+    // Once open, this page's own stream is one of the streams listed.
+    if (st === "open") void refresh().catch(onErrorNow);
   });
   f.start();
   setInterval(() => void refresh().catch((e) => onErrorNow(e)), 5000);

@@ -216,6 +216,9 @@ step("/admin lists the session", async () => {
   await page.locator("#admin-sessions").waitFor();
   await page.waitForFunction((id) => document.querySelector("#admin-sessions")?.textContent?.includes(id), sessionId);
   assert.match(await page.locator("#admin-config").innerText(), /offline/);
+  // GetAdminStatus: this machine's streams (the console's own /stream at least) and the caps.
+  assert.match(await page.locator("#admin-clients").innerText(), /loopback\s+\d+/);
+  assert.match(await page.locator("#admin-caps").innerText(), /streams open; at most 256 per client/);
   await shot(page, "admin-desktop");
   await page.setViewportSize({ width: 390, height: 844 });
   await shot(page, "admin-phone");

@@ -63,6 +63,7 @@ pub fn router(state: AppState) -> Router {
         .route("/sessions/{id}/undo", post(undo_session))
         .route("/sessions/{id}/compact", post(compact_session))
         // ---- The browser app and console (issue 16) ----
+        .route("/admin/status", get(admin_status))
         .merge(super::assets::routes())
         .method_not_allowed_fallback(|| async {
             json_error(
@@ -352,6 +353,15 @@ async fn delete_key(State(st): State<AppState>, b: Body) -> Response {
         Err(e) => return e,
     };
     reply(StatusCode::OK, st.api.delete_key(Request::new(req)).await)
+}
+
+async fn admin_status(State(st): State<AppState>) -> Response {
+    reply(
+        StatusCode::OK,
+        st.api
+            .get_admin_status(Request::new(pb::GetAdminStatusRequest {}))
+            .await,
+    )
 }
 
 async fn list_providers(State(st): State<AppState>) -> Response {
