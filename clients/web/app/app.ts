@@ -5,14 +5,16 @@
 // Calls go through the package's gRPC-web client with the login cookie and
 // its session key; nothing the server or the model sends is parsed as HTML.
 import "./app.css";
-import { ConnectError } from "@connectrpc/connect";
+import { Code, ConnectError } from "@connectrpc/connect";
 import {
   createAgentClient,
+  keepKey,
   login,
   logout,
   storedKey,
   StreamFollower,
   type AgentClient,
+  type Client,
   type ConfigInfo,
   type FollowerState,
   type SessionSummary,
@@ -23,6 +25,13 @@ import { renderMarkdown } from "./markdown.js";
 import { apply, empty, fromSnapshot, type Timeline } from "./timeline.js";
 
 const base = location.origin;
+/**
+ * Where the login's session key is shared by this origin's tabs. The client keeps it in
+ * sessionStorage (one tab); the cookie is the browser's, so a second tab logging in for
+ * itself would replace the cookie under the first tab's key. Both stores are per origin,
+ * which is what keeps the key from other local web apps (docs/security.md).
+ */
+const SHARED_KEY = `vak-app-key ${location.origin}`;
 /** At most this many sessions are followed live on the one stream (the server's cap is 64). */
 const FOLLOW_CAP = 64;
 
@@ -30,6 +39,8 @@ interface SessionView {
   summary: SessionSummary;
   busy: boolean;
   timeline: Timeline;
+  /** Who is attached (coworking presence), this tab's own stream included. */
+  clients: Client[];
 }
 
 /** What the page knows; window.vakApp exposes it to the browser test. */
@@ -66,10 +77,21 @@ function message(err: unknown): string {
   return err instanceof ConnectError ? `${err.code}: ${err.rawMessage}` : err instanceof Error ? err.message : String(err);
 }
 onError((err) => {
+  if (err instanceof ConnectError && err.code === Code.Unauthenticated) return loggedOut();
   state.errors.push(message(err));
   if (state.errors.length > 20) state.errors.shift();
   schedule();
 });
+
+/** The login ended (expired, logged out elsewhere, a server restart): back to the form. */
+function loggedOut(): void {
+  follower?.close();
+  follower = undefined;
+  localStorage.removeItem(SHARED_KEY);
+  state.authenticated = false;
+  state.errors = ["Your login ended (it expired, or the server restarted): log in again."];
+  render();
+}
 
 // ---- rendering, batched to one pass per frame ----
 
@@ -116,7 +138,10 @@ function loginForm(): HTMLElement {
   form.addEventListener("submit", (e) => {
     e.preventDefault();
     void login(base, input.value)
-      .then(() => start())
+      .then((key) => {
+        localStorage.setItem(SHARED_KEY, key);
+        return start();
+      })
       .catch((err) => {
         state.errors = [message(err)];
         render();
@@ -153,6 +178,7 @@ function header(): HTMLElement {
     h("a", { href: `/admin?key=${encodeURIComponent(storedKey(base) ?? "")}`, id: "admin-link" }, "admin"),
     button("Log out", async () => {
       follower?.close();
+      localStorage.removeItem(SHARED_KEY);
       await logout(base);
       state.authenticated = false;
       render();
@@ -234,9 +260,18 @@ function conversationPane(): HTMLElement {
       void send().catch(onErrorNow);
     }
   });
+  const own = follower?.streamId ?? "";
+  const others = s.clients.filter((c) => c.clientId !== own);
   return h(
     "main",
     { class: "conversation", "data-session": s.summary.sessionId },
+    h(
+      "div",
+      { class: "presence", id: "presence", "data-others": String(others.length) },
+      others.length
+        ? `also here: ${others.map((c) => `${c.surface} ${c.clientId.slice(0, 11)}`).join(", ")}`
+        : "only you",
+    ),
     items,
     h(
       "div",
@@ -304,6 +339,21 @@ function approval(item: TimelineItem, attrs: Record<string, string>): HTMLElemen
     h("div", { class: "text plain" }, item.text),
     h("pre", { class: "input" }, JSON.stringify(item.input ?? {}, null, 2)),
   );
+  if (item.status === "pending" && item.tool === "exit_plan_mode") {
+    // A plan: approving it leaves plan mode for the mode chosen here (docs/protocol.md section 13).
+    const reason = h("input", { id: `deny-reason-${item.id}`, placeholder: "reason (for deny)", "aria-label": "deny reason" });
+    el.append(
+      h(
+        "div",
+        { class: "actions" },
+        button("Approve, then accept edits", () => client.approve({ sessionId: sid, requestId: item.requestId, approve: true, mode: "accept-edits" }), { class: "approve-accept-edits" }),
+        button("Approve, then ask (default)", () => client.approve({ sessionId: sid, requestId: item.requestId, approve: true, mode: "default" }), { class: "approve" }),
+        reason,
+        button("Deny", () => client.approve({ sessionId: sid, requestId: item.requestId, approve: false, reason: reason.value }), { class: "deny danger" }),
+      ),
+    );
+    return el;
+  }
   if (item.status === "pending") {
     const reason = h("input", { id: `deny-reason-${item.id}`, placeholder: "reason (for deny)", "aria-label": "deny reason" });
     el.append(
@@ -370,7 +420,7 @@ async function remove(id: string): Promise<void> {
 
 function addSession(summary: SessionSummary): void {
   if (state.sessions.has(summary.sessionId)) return;
-  state.sessions.set(summary.sessionId, { summary, busy: summary.busy, timeline: empty() });
+  state.sessions.set(summary.sessionId, { summary, busy: summary.busy, timeline: empty(), clients: [] });
   state.order.unshift(summary.sessionId);
 }
 
@@ -399,6 +449,9 @@ window.addEventListener("popstate", () => {
 // ---- start ----
 
 async function authenticated(): Promise<boolean> {
+  // A new tab: take the key another tab of this origin logged in with.
+  const shared = localStorage.getItem(SHARED_KEY);
+  if (!storedKey(base) && shared) keepKey(base, shared);
   const key = storedKey(base);
   if (!key) return false;
   const r = await fetch(`${base}/auth/session`, { headers: { "x-vak-key": key }, credentials: "same-origin" });
@@ -450,9 +503,21 @@ async function start(): Promise<void> {
       schedule();
     }, onErrorNow);
   });
+  follower.on("coworking", (c) => {
+    const s = state.sessions.get(c.sessionId);
+    if (!s) return;
+    s.clients = c.clients;
+    schedule();
+  });
   follower.on("config", (c) => {
     state.config = c;
     schedule();
+  });
+  follower.on("error", () => {
+    // A stream refused (401) looks like any drop to EventSource: ask whether the login holds.
+    void authenticated().then((yes) => {
+      if (!yes && state.authenticated) loggedOut();
+    }, () => undefined);
   });
   follower.on("state", (st) => {
     state.conn = st;

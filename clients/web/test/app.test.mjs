@@ -31,7 +31,7 @@ const BURST = Array.from({ length: 300 }, (_, i) => `t${i} `).join("");
 const TRIGGER = '"text":"t100 "';
 const XSS = `<img src=x onerror="window.__xss=1"> and <script>window.__xss=2</script>`;
 
-let tmp, workspace, token, vak, proxy, ctx, page, sessionId;
+let tmp, workspace, token, vakArgs, vak, proxy, ctx, other, page, sessionId;
 const consoleLines = [];
 const problems = [];
 
@@ -83,6 +83,19 @@ async function lastOutcome(p, n) {
   return p.locator("#timeline .item.final_result").nth(n - 1).getAttribute("data-status");
 }
 
+/**
+ * Runs `fn`, during which the browser may report the failures a deliberate cut or
+ * restart causes: those matching `allowed` are taken out of `problems` (any other
+ * stays for the final check), and at least one must have happened.
+ */
+async function expectingFailures(allowed, fn) {
+  const mark = problems.length;
+  await fn();
+  const during = problems.splice(mark);
+  problems.push(...during.filter((p) => !allowed.test(p)));
+  assert.ok(during.some((p) => allowed.test(p)), "the deliberate failure was seen");
+}
+
 async function send(p, text) {
   await p.fill("#prompt", text);
   await p.click("#send");
@@ -97,7 +110,8 @@ before(
     workspace = join(tmp, "workspace");
     mkdirSync(workspace);
     token = randomBytes(24).toString("hex");
-    vak = await startVak(["--home", join(tmp, "home"), "--workspace", workspace, "--token", token]);
+    vakArgs = ["--home", join(tmp, "home"), "--workspace", workspace, "--token", token];
+    vak = await startVak(vakArgs);
     proxy = await startProxy(vak.port);
     ctx = await launchChromium(CHROMIUM, join(tmp, "profile"), { viewport: { width: 1280, height: 800 } });
   },
@@ -107,6 +121,7 @@ before(
 after(async () => {
   writeFileSync(join(artifacts, "app-console.log"), consoleLines.join("\n") + "\n");
   await within(15_000, ctx?.close() ?? Promise.resolve(), "closing chromium").catch(() => {});
+  await within(15_000, other?.close() ?? Promise.resolve(), "closing the second chromium").catch(() => {});
   await proxy?.close();
   if (vak) {
     await vak.stop();
@@ -177,32 +192,120 @@ step("a reload shows exactly the same page", async () => {
   const before = await timelineText(page);
   await page.reload();
   await page.waitForFunction((n) => document.querySelectorAll("#timeline .item.final_result").length >= n, 3);
+  await page.locator("#presence").waitFor();
   assert.equal(await timelineText(page), before);
 });
 
 step("a cut of /stream mid-run shows the reconnect indicator and ends with every line once", async () => {
-  const cut = proxy.cutWhen("/stream", TRIGGER);
-  await send(page, PACED);
-  const held = await within(20_000, cut, "the proxy to see burst delta 100 on /stream");
-  held.cut();
-  assert.equal(await lastOutcome(page, 4), "completed");
-  const history = await page.evaluate(() => window.vakApp.state.connHistory);
-  assert.ok(history.includes("reconnecting"), `the stream went through: ${history.join(", ")}`);
-  await page.waitForFunction(() => document.querySelector("#conn")?.getAttribute("data-state") === "open");
-  // The page's model of the answer equals the server's record of it (the transcript), so
-  // no delta was lost or applied twice across the cut; and the page shows that text.
-  const shown = await page.evaluate((id) => {
-    const items = window.vakApp.state.sessions.get(id).timeline.items.filter((i) => i.kind === "assistant_text");
-    return items[items.length - 1].text;
-  }, sessionId);
-  const r = await fetch(`${vak.url}/sessions/${sessionId}/transcript`, { headers: { authorization: `Bearer ${token}` } });
-  const said = (await r.json()).messages.filter((m) => m.role === "assistant").pop().text;
-  assert.equal(shown, said);
-  assert.ok(said.includes(BURST.trim()) && said.endsWith("echo: paced end"), said);
-  const rendered = await page.locator("#timeline .item.assistant_text").last().innerText();
-  for (const line of said.split("\n")) assert.ok(rendered.includes(line.trim()), `rendered: ${line}`);
-  assert.equal(rendered.split("t150 ").length, 2, "burst delta 150 is rendered exactly once");
+  await expectingFailures(/ERR_INCOMPLETE_CHUNKED_ENCODING/, async () => {
+    const cut = proxy.cutWhen("/stream", TRIGGER);
+    await send(page, PACED);
+    const held = await within(20_000, cut, "the proxy to see burst delta 100 on /stream");
+    held.cut();
+    assert.equal(await lastOutcome(page, 4), "completed");
+    const history = await page.evaluate(() => window.vakApp.state.connHistory);
+    assert.ok(history.includes("reconnecting"), `the stream went through: ${history.join(", ")}`);
+    await page.waitForFunction(() => document.querySelector("#conn")?.getAttribute("data-state") === "open");
+    // The page's model of the answer equals the server's record of it (the transcript), so
+    // no delta was lost or applied twice across the cut; and the page shows that text.
+    const shown = await page.evaluate((id) => {
+      const items = window.vakApp.state.sessions.get(id).timeline.items.filter((i) => i.kind === "assistant_text");
+      return items[items.length - 1].text;
+    }, sessionId);
+    const r = await fetch(`${vak.url}/sessions/${sessionId}/transcript`, { headers: { authorization: `Bearer ${token}` } });
+    const said = (await r.json()).messages.filter((m) => m.role === "assistant").pop().text;
+    assert.equal(shown, said);
+    assert.ok(said.includes(BURST.trim()) && said.endsWith("echo: paced end"), said);
+    const rendered = await page.locator("#timeline .item.assistant_text").last().innerText();
+    for (const line of said.split("\n")) assert.ok(rendered.includes(line.trim()), `rendered: ${line}`);
+    assert.equal(rendered.split("t150 ").length, 2, "burst delta 150 is rendered exactly once");
+  });
   await shot(page, "app-after-cut-desktop");
+});
+
+step("a second browser on the same session sees the first one's prompt live and both see each other", async () => {
+  // Another browser (its own profile, so its own cookie) logs in for itself and opens the
+  // session by its URL, as a colleague would.
+  other = await launchChromium(CHROMIUM, join(tmp, "profile-2"), { viewport: { width: 1280, height: 800 } });
+  const tab = watch(await other.newPage());
+  await tab.goto(`${proxy.url}/app/s/${sessionId}`);
+  await tab.locator("#login").waitFor();
+  await tab.fill("#token", token);
+  await tab.click("#login button[type=submit]");
+  await tab.locator("#timeline").waitFor();
+  await tab.waitForFunction(() => document.querySelector("#presence")?.getAttribute("data-others") !== "0");
+  await page.waitForFunction(() => document.querySelector("#presence")?.getAttribute("data-others") !== "0");
+  const before = await lastOutcome(tab, 4);
+  assert.equal(before, "completed");
+  await send(page, "from the first tab");
+  assert.equal(await lastOutcome(tab, 5), "completed");
+  assert.match(await timelineText(tab), /echo: from the first tab/);
+  assert.equal(await timelineText(tab), await timelineText(page), "both tabs show the same conversation");
+  await shot(tab, "app-second-browser");
+  await other.close();
+  other = undefined;
+  await page.waitForFunction(() => document.querySelector("#presence")?.getAttribute("data-others") === "0");
+});
+
+step("a new tab of the same browser shares the login and the first tab keeps working", async () => {
+  const tab = await newTab();
+  await tab.goto(`${proxy.url}/app/s/${sessionId}`);
+  assert.equal(await lastOutcome(tab, 5), "completed");
+  assert.equal(await tab.locator("#login").count(), 0, "no second login");
+  assert.equal(await timelineText(tab), await timelineText(page));
+  await tab.close();
+  await send(page, "still logged in");
+  assert.equal(await lastOutcome(page, 6), "completed");
+});
+
+step("a server restart: the page says it is reconnecting, asks for the token again, then shows the same page", async () => {
+  const before = await timelineText(page);
+  const history = await page.evaluate(() => window.vakApp.state.connHistory.length);
+  // While it is down the proxy answers nothing; once up, the old login is a 401.
+  const restartFailures = /ERR_EMPTY_RESPONSE|ERR_CONNECTION_REFUSED|ERR_CONNECTION_RESET|HTTP 401 for GET \/stream|status of 401/;
+  await expectingFailures(restartFailures, async () => {
+    await vak.stop();
+    writeFileSync(join(artifacts, "app-vak-before-restart.log"), vak.output());
+    await page.waitForFunction(() => document.querySelector("#conn")?.getAttribute("data-state") === "reconnecting");
+    await shot(page, "app-reconnecting");
+    vak = await startVak(vakArgs);
+    proxy.retarget(vak.port);
+    // Logins live in the server's memory: after a restart the page asks for the token again.
+    await page.locator("#login").waitFor({ timeout: 30_000 });
+    assert.match(await page.locator("#errors").innerText(), /log in again/);
+    await page.fill("#token", token);
+    await page.click("#login button[type=submit]");
+    assert.equal(await lastOutcome(page, 6), "completed");
+  });
+  assert.equal(await timelineText(page), before, "the same conversation after the restart");
+  const states = await page.evaluate((n) => window.vakApp.state.connHistory.slice(n), history);
+  assert.ok(states.includes("reconnecting"), states.join(", "));
+});
+
+step("a plan is approved with the mode to leave plan mode for; a bash call is denied with a reason", async () => {
+  const r = await fetch(`${vak.url}/config/mode`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
+    body: JSON.stringify({ mode: "plan" }),
+  });
+  assert.equal(r.status, 200);
+  await page.waitForFunction(() => /mode: plan/.test(document.querySelector("#mode")?.textContent ?? ""));
+  await send(page, "/plan write the notes");
+  await page.locator("#timeline .item.approval[data-status=pending] button.approve-accept-edits").click();
+  assert.equal(await lastOutcome(page, 7), "completed");
+  await page.waitForFunction(() => /mode: accept-edits/.test(document.querySelector("#mode")?.textContent ?? ""));
+  // accept-edits still asks for bash: deny it with a reason.
+  await send(page, "/bash echo never");
+  const pending = page.locator("#timeline .item.approval[data-status=pending]");
+  await pending.locator("input").fill("not now");
+  await pending.locator("button.deny").click();
+  assert.equal(await lastOutcome(page, 8), "completed");
+  const denied = page.locator("#timeline .item.approval").last();
+  assert.equal(await denied.getAttribute("data-status"), "denied");
+  // The tool call failed with the reason (its output is inside the collapsed details).
+  const call = page.locator("#timeline .item.tool_call").last();
+  assert.equal(await call.getAttribute("data-status"), "failed");
+  assert.match(await call.textContent(), /not now/);
 });
 
 step("at phone width the app still shows the conversation", async () => {
@@ -227,8 +330,6 @@ step("/admin lists the session", async () => {
 
 step("no console error and no CSP violation in the whole run", async () => {
   assert.deepEqual(await cspViolations(page), []);
-  // The one expected failure: the response the proxy cut on purpose.
-  const cutOnPurpose = /ERR_INCOMPLETE_CHUNKED_ENCODING/;
-  assert.deepEqual(problems.filter((p) => !cutOnPurpose.test(p)), []);
-  assert.equal(problems.length - problems.filter((p) => !cutOnPurpose.test(p)).length, 1, "one cut stream");
+  // (The failures the cut and the restart caused on purpose were checked and taken out there.)
+  assert.deepEqual(problems, []);
 });
