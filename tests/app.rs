@@ -156,6 +156,18 @@ async fn only_app_paths_are_exempt_from_credentials() {
     assert_eq!(header(&h, "content-security-policy"), CSP);
     let (status, _, _) = get(&s, "/admin", &[("cookie", &cookie)]).await;
     assert_eq!(status, 401, "the cookie alone is not enough");
+    // A browser opening the console before logging in gets a page that says how, still a 401.
+    let (status, h, body) = get(&s, "/admin", &[("accept", "text/html,application/xhtml+xml")]).await;
+    assert_eq!(status, 401);
+    assert_eq!(header(&h, "content-type"), "text/html; charset=utf-8");
+    assert_eq!(header(&h, "content-security-policy"), CSP);
+    assert!(String::from_utf8_lossy(&body).contains("href=\"/app/\""));
+    let (status, h, _) = get(&s, "/admin/status", &[("accept", "text/html")]).await;
+    assert_eq!(
+        (status, header(&h, "content-type").as_str()),
+        (401, "application/json"),
+        "the API stays JSON"
+    );
     // A query on the shell is refused like on any route (the app routes by path).
     let (status, _, _) = get(&s, "/app?session=x", &[]).await;
     assert_eq!(status, 400);

@@ -410,6 +410,9 @@ pub async fn guard(State(auth): State<Arc<Auth>>, req: Request, next: Next) -> R
                 "`?token=` is accepted only from this machine, never through a proxy or with --allow-remote: send `Authorization: Bearer <token>` or log in",
             ),
         )
+    } else if grpc.is_none() && crate::edge::http::assets::is_console_page(&req) {
+        // A person opening the console before logging in: a page, not JSON.
+        crate::edge::http::assets::console_login_page()
     } else {
         refuse(
             grpc,

@@ -16,9 +16,13 @@ import {
   type SessionSummary,
 } from "../src/index.js";
 import { button, h, onError } from "./dom.js";
+import { currentKey } from "./login.js";
 
 const base = location.origin;
-const client = createAgentClient({ baseUrl: base });
+// The key the shell was opened with (`/admin?key=`, the app's link) or the app's.
+const urlKey = new URLSearchParams(location.search).get("key") ?? undefined;
+const key = currentKey(base) ?? urlKey;
+const client = createAgentClient({ baseUrl: base, key });
 const root = document.getElementById("root") as HTMLElement;
 const state = {
   sessions: [] as SessionSummary[],
@@ -152,7 +156,7 @@ async function refresh(): Promise<void> {
 async function start(): Promise<void> {
   await refresh();
   // Busy state moves with every run: follow the listed sessions' status frames.
-  const f = new StreamFollower({ baseUrl: base, sessions: state.sessions.slice(0, 64).map((s) => s.sessionId), config: true });
+  const f = new StreamFollower({ baseUrl: base, key, sessions: state.sessions.slice(0, 64).map((s) => s.sessionId), config: true });
   f.on("agent", (ev) => {
     if (ev.kind.case !== "status") return;
     const s = state.sessions.find((x) => x.sessionId === ev.sessionId);

@@ -8,7 +8,6 @@ import "./app.css";
 import { Code, ConnectError } from "@connectrpc/connect";
 import {
   createAgentClient,
-  keepKey,
   login,
   logout,
   storedKey,
@@ -21,17 +20,11 @@ import {
   type TimelineItem,
 } from "../src/index.js";
 import { button, h, onError } from "./dom.js";
+import { currentKey, forgetKey, shareKey } from "./login.js";
 import { renderMarkdown } from "./markdown.js";
 import { apply, empty, fromSnapshot, type Timeline } from "./timeline.js";
 
 const base = location.origin;
-/**
- * Where the login's session key is shared by this origin's tabs. The client keeps it in
- * sessionStorage (one tab); the cookie is the browser's, so a second tab logging in for
- * itself would replace the cookie under the first tab's key. Both stores are per origin,
- * which is what keeps the key from other local web apps (docs/security.md).
- */
-const SHARED_KEY = `vak-app-key ${location.origin}`;
 /** At most this many sessions are followed live on the one stream (the server's cap is 64). */
 const FOLLOW_CAP = 64;
 
@@ -87,7 +80,7 @@ onError((err) => {
 function loggedOut(): void {
   follower?.close();
   follower = undefined;
-  localStorage.removeItem(SHARED_KEY);
+  forgetKey();
   state.authenticated = false;
   state.errors = ["Your login ended (it expired, or the server restarted): log in again."];
   render();
@@ -139,7 +132,7 @@ function loginForm(): HTMLElement {
     e.preventDefault();
     void login(base, input.value)
       .then((key) => {
-        localStorage.setItem(SHARED_KEY, key);
+        shareKey(key);
         return start();
       })
       .catch((err) => {
@@ -178,7 +171,7 @@ function header(): HTMLElement {
     h("a", { href: `/admin?key=${encodeURIComponent(storedKey(base) ?? "")}`, id: "admin-link" }, "admin"),
     button("Log out", async () => {
       follower?.close();
-      localStorage.removeItem(SHARED_KEY);
+      forgetKey();
       await logout(base);
       state.authenticated = false;
       render();
@@ -449,10 +442,7 @@ window.addEventListener("popstate", () => {
 // ---- start ----
 
 async function authenticated(): Promise<boolean> {
-  // A new tab: take the key another tab of this origin logged in with.
-  const shared = localStorage.getItem(SHARED_KEY);
-  if (!storedKey(base) && shared) keepKey(base, shared);
-  const key = storedKey(base);
+  const key = currentKey(base);
   if (!key) return false;
   const r = await fetch(`${base}/auth/session`, { headers: { "x-vak-key": key }, credentials: "same-origin" });
   if (!r.ok) return false;

@@ -308,6 +308,15 @@ step("a plan is approved with the mode to leave plan mode for; a bash call is de
   assert.match(await call.textContent(), /not now/);
 });
 
+step("Files shows the workspace's tree and Diff the session's diff", async () => {
+  await page.click("#show-files");
+  await page.waitForFunction(() => /f\.txt/.test(document.querySelector("#side-text")?.textContent ?? ""));
+  // The workspace is no git repository: the diff says so instead of failing.
+  await page.click("#show-diff");
+  await page.waitForFunction(() => /not_a_git_repo/.test(document.querySelector("#side-text")?.textContent ?? ""));
+  await shot(page, "app-diff");
+});
+
 step("at phone width the app still shows the conversation", async () => {
   await page.setViewportSize({ width: 390, height: 844 });
   await shot(page, "app-phone");
@@ -326,6 +335,11 @@ step("/admin lists the session", async () => {
   await page.setViewportSize({ width: 390, height: 844 });
   await shot(page, "admin-phone");
   await page.setViewportSize({ width: 1280, height: 800 });
+  // Opened by its URL in a new tab of the same browser, it uses the app's login.
+  const tab = await newTab();
+  await tab.goto(`${proxy.url}/admin?key=${await page.evaluate(() => localStorage.getItem(`vak-app-key ${location.origin}`))}`);
+  await tab.waitForFunction((id) => document.querySelector("#admin-sessions")?.textContent?.includes(id), sessionId);
+  await tab.close();
 });
 
 step("no console error and no CSP violation in the whole run", async () => {
