@@ -212,26 +212,24 @@ pub fn is_console_page(req: &axum::extract::Request) -> bool {
 /// The console without credentials, for a browser: still a 401, with a way to log in.
 pub fn console_login_page() -> Response {
     let body = "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>vak admin: log in</title></head>\n<body><h1>Log in first</h1>\n<p>The console needs a login: <a href=\"/app/\">open the app</a>, log in with the token, then follow its <em>admin</em> link.</p></body></html>\n";
-    let mut resp = (StatusCode::UNAUTHORIZED, body).into_response();
-    let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/html; charset=utf-8"),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    secured(resp)
+    page(StatusCode::UNAUTHORIZED, body, "no-store")
 }
 
 /// What `/app` and `/admin` answer when the binary was built without the bundle.
 fn not_built() -> Response {
     let body = "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>vak: the app is not built</title></head>\n<body><h1>The vak app is not built into this binary</h1>\n<p>This <code>vak</code> was compiled without the browser bundle. From the vak checkout, run <code>make serve</code> (it builds the bundle, then the server), or <code>make app</code> and then <code>cargo build</code> again.</p>\n<p>The API works without it: see docs/protocol.md.</p></body></html>\n";
-    let mut resp = (StatusCode::OK, body).into_response();
+    page(StatusCode::OK, body, NO_CACHE)
+}
+
+/// A small built-in HTML page (no script, no style), with the usual headers.
+fn page(status: StatusCode, body: &'static str, cache: &'static str) -> Response {
+    let mut resp = (status, body).into_response();
     let h = resp.headers_mut();
     h.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/html; charset=utf-8"),
     );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static(NO_CACHE));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static(cache));
     secured(resp)
 }
 
