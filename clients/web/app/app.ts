@@ -78,6 +78,7 @@ onError((err) => {
 
 /** The login ended (expired, logged out elsewhere, a server restart): back to the form. */
 function loggedOut(): void {
+  clearInterval(listTimer);
   follower?.close();
   follower = undefined;
   forgetKey();
@@ -402,8 +403,14 @@ async function create(): Promise<void> {
 }
 
 async function remove(id: string): Promise<void> {
-  await client.deleteSession({ sessionId: id });
+  // Unfollowed first: once deleted, the stream no longer knows the session (404).
   await follower?.unfollow(id).catch(() => undefined);
+  try {
+    await client.deleteSession({ sessionId: id });
+  } catch (err) {
+    await follower?.follow(id).catch(() => undefined);
+    throw err;
+  }
   state.sessions.delete(id);
   state.order = state.order.filter((x) => x !== id);
   state.confirmDelete = "";
@@ -517,6 +524,33 @@ async function start(): Promise<void> {
   });
   follower.start();
   select(state.current);
+  clearInterval(listTimer);
+  listTimer = setInterval(() => void refreshList().catch(() => undefined), LIST_EVERY_MS);
+}
+
+/** Sessions another client created or deleted show up within this long (no event says so). */
+const LIST_EVERY_MS = 5000;
+let listTimer: ReturnType<typeof setInterval> | undefined;
+
+async function refreshList(): Promise<void> {
+  if (!state.authenticated || !follower) return;
+  const list = await client.listSessions({});
+  const ids = new Set(list.sessions.map((s) => s.sessionId));
+  let changed = false;
+  for (const s of [...list.sessions].reverse()) {
+    if (state.sessions.has(s.sessionId)) continue;
+    addSession(s);
+    changed = true;
+    if (follower.sessions.length < FOLLOW_CAP) await follower.follow(s.sessionId);
+  }
+  for (const id of [...state.order]) {
+    if (ids.has(id)) continue;
+    state.sessions.delete(id);
+    state.order = state.order.filter((x) => x !== id);
+    await follower.unfollow(id).catch(() => undefined);
+    changed = true;
+  }
+  if (changed) schedule();
 }
 
 void start().catch((err) => {

@@ -242,9 +242,37 @@ step("a second browser on the same session sees the first one's prompt live and 
   assert.match(await timelineText(tab), /echo: from the first tab/);
   assert.equal(await timelineText(tab), await timelineText(page), "both tabs show the same conversation");
   await shot(tab, "app-second-browser");
+  // A session the other browser creates appears in this one's sidebar (the list is re-read).
+  const count = await page.locator("#sessions li").count();
+  await tab.click("#new-session");
+  await tab.waitForFunction((id) => !location.pathname.endsWith(id), sessionId);
+  const created = new URL(tab.url()).pathname.split("/")[3];
+  await page.locator(`#sessions li[data-session="${created}"]`).waitFor();
+  assert.equal(await page.locator("#sessions li").count(), count + 1);
   await other.close();
   other = undefined;
   await page.waitForFunction(() => document.querySelector("#presence")?.getAttribute("data-others") === "0");
+});
+
+step("a session is renamed and deleted from the sidebar", async () => {
+  const li = () => page.locator(`#sessions li[data-session="${sessionId}"]`);
+  await li().locator("button", { hasText: "Rename" }).click();
+  await page.fill(`#rename-${sessionId}`, "Renamed in the page");
+  await li().locator("button[type=submit]").click();
+  await page.waitForFunction((id) => document.querySelector(`#sessions li[data-session="${id}"]`)?.textContent?.includes("Renamed in the page"), sessionId);
+  // The other browser's empty session: Delete asks once more, then it is gone.
+  const victim = await page.locator("#sessions li").evaluateAll((lis, keep) => lis.map((l) => l.dataset.session).find((s) => s !== keep), sessionId);
+  assert.ok(victim);
+  const row = () => page.locator(`#sessions li[data-session="${victim}"]`);
+  await row().locator("button", { hasText: "Delete" }).click();
+  await row().locator("button", { hasText: "Really delete?" }).click();
+  await row().waitFor({ state: "detached" });
+  const r = await fetch(`${vak.url}/sessions`, { headers: { authorization: `Bearer ${token}` } });
+  const ids = (await r.json()).sessions.map((x) => x.session_id);
+  assert.ok(!ids.includes(victim) && ids.includes(sessionId), ids.join(", "));
+  // Back on the renamed session.
+  await li().locator("a.open").click();
+  await page.waitForFunction((id) => location.pathname.endsWith(id), sessionId);
 });
 
 step("a new tab of the same browser shares the login and the first tab keeps working", async () => {
