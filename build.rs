@@ -1,5 +1,6 @@
 //! Compiles proto/ with protox (pure Rust, no system protoc) and tonic-prost-build, and writes the REST façade's OpenAPI document from the same descriptors.
 //! The encoded descriptor set is kept for gRPC reflection and the proto3 JSON mapping.
+//! It also makes a rebuilt browser bundle (clients/web/dist-app) rebuild the crate.
 
 #[path = "build/openapi.rs"]
 mod openapi;
@@ -29,5 +30,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .compile_fds_with_config(fds, config)?;
     println!("cargo:rerun-if-changed=proto");
     println!("cargo:rerun-if-changed=build");
+    // src/edge/http/assets.rs embeds the browser bundle (`make app`) with include_dir, whose
+    // macro tracks no files on stable: a changed bundle must rerun this script so the crate
+    // is rebuilt with it. The folder always exists (its .gitignore is committed).
+    println!("cargo:rerun-if-changed=clients/web/dist-app");
     Ok(())
 }

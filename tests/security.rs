@@ -885,18 +885,6 @@ async fn on_http2_the_authority_is_checked_and_a_conflicting_host_is_refused() {
     }
 }
 
-/// Writes one raw HTTP/1.1 request and returns the response's status line.
-async fn raw_http1(s: &TestServer, head: &str) -> String {
-    let mut tcp = tokio::net::TcpStream::connect(s.addr).await.unwrap();
-    tcp.write_all(head.as_bytes()).await.unwrap();
-    let mut buf = Vec::new();
-    let _ = tokio::time::timeout(DEADLINE, tcp.read_to_end(&mut buf))
-        .await
-        .expect("the server answers and closes");
-    let text = String::from_utf8_lossy(&buf).to_string();
-    text.lines().next().unwrap_or("").to_string()
-}
-
 #[tokio::test]
 async fn two_host_headers_on_http1_are_a_400() {
     let s = TestServer::start().await;

@@ -582,6 +582,24 @@ impl Hub {
         }
     }
 
+    /// Every session in memory with the clients attached to it, by id.
+    pub fn presence(&self) -> Vec<(SessionInfo, Vec<super::session::Client>)> {
+        let mut out: Vec<_> = self
+            .live()
+            .into_iter()
+            .map(|s| (s.info(), s.watch_presence().borrow().clone()))
+            .collect();
+        out.sort_by(|a, b| a.0.session_id.cmp(&b.0.session_id));
+        out
+    }
+
+    /// The stream ids of the live multiplexed streams, sorted.
+    pub fn stream_ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = lock(&self.streams).keys().cloned().collect();
+        ids.sort();
+        ids
+    }
+
     /// How many sessions are in memory.
     pub fn loaded_count(&self) -> usize {
         self.loaded().len()

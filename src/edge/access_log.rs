@@ -1,16 +1,21 @@
-//! One log line per request on every surface (REST, SSE, gRPC, gRPC-web): method, path, status, latency, peer; written when the response body ends, so a stream's line carries its whole duration and a gRPC call its grpc-status.
+//! One log line per request on every surface (REST, SSE, gRPC, gRPC-web): method, path, status, latency, peer; written when the response body ends, so a stream's line carries its whole duration and a gRPC call its grpc-status. Failures an operator should see also go to the console's recent errors.
 
 use super::body::{watched, Watch};
 use super::listener::PeerAddr;
+use super::recent_errors::{noteworthy, RecentError, RecentErrors};
 use axum::body::Bytes;
-use axum::extract::Request;
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, Method, Uri};
 use axum::middleware::Next;
 use axum::response::Response;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+/// How much of a failed REST answer's body is read for its `error.message`.
+const ERROR_BODY: usize = 4096;
 
 /// The middleware: outermost, so refusals by the guard are logged too.
-pub async fn access_log(req: Request, next: Next) -> Response {
+pub async fn access_log(State(errors): State<Arc<RecentErrors>>, req: Request, next: Next) -> Response {
     let start = Instant::now();
     let method = req.method().clone();
     let target = redacted(req.uri());
@@ -25,15 +30,19 @@ pub async fn access_log(req: Request, next: Next) -> Response {
         peer,
         status: resp.status().as_u16(),
         grpc_status: grpc_status(resp.headers()),
+        grpc_message: grpc_message(resp.headers()),
         start,
         headers_after: start.elapsed(),
     };
+    let error_body = noteworthy(line.status, None).then(Vec::new);
     let (parts, body) = resp.into_parts();
     let body = watched(
         body,
         Logged {
             line,
             complete: false,
+            errors,
+            error_body,
         },
     );
     Response::from_parts(parts, body)
@@ -67,6 +76,31 @@ fn grpc_status(headers: &HeaderMap) -> Option<u16> {
     headers.get("grpc-status")?.to_str().ok()?.parse().ok()
 }
 
+/// `grpc-message`, percent-decoded as the gRPC spec encodes it.
+fn grpc_message(headers: &HeaderMap) -> Option<String> {
+    let raw = headers.get("grpc-message")?.as_bytes();
+    let mut out = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (
+            raw[i],
+            raw.get(i + 1).copied().and_then(hex),
+            raw.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    Some(String::from_utf8_lossy(&out).into_owned())
+}
+
 struct Line {
     method: Method,
     target: String,
@@ -74,6 +108,7 @@ struct Line {
     status: u16,
     /// From the headers (a trailers-only answer) or, later, the trailers.
     grpc_status: Option<u16>,
+    grpc_message: Option<String>,
     start: Instant,
     headers_after: Duration,
 }
@@ -82,12 +117,24 @@ struct Line {
 struct Logged {
     line: Line,
     complete: bool,
+    errors: Arc<RecentErrors>,
+    /// The start of a failed answer's body, for its JSON `error.message`.
+    error_body: Option<Vec<u8>>,
 }
 
 impl Watch for Logged {
     fn frame(&mut self, frame: &http_body::Frame<Bytes>) {
-        if let Some(code) = frame.trailers_ref().and_then(grpc_status) {
-            self.line.grpc_status = Some(code);
+        if let Some(trailers) = frame.trailers_ref() {
+            if let Some(code) = grpc_status(trailers) {
+                self.line.grpc_status = Some(code);
+            }
+            if let Some(m) = grpc_message(trailers) {
+                self.line.grpc_message = Some(m);
+            }
+        }
+        if let (Some(buf), Some(data)) = (self.error_body.as_mut(), frame.data_ref()) {
+            let room = ERROR_BODY.saturating_sub(buf.len());
+            buf.extend_from_slice(&data[..data.len().min(room)]);
         }
     }
 
@@ -112,12 +159,37 @@ impl Drop for Logged {
             ended = if complete { "complete" } else { "cut" },
             "request"
         );
+        if noteworthy(l.status, l.grpc_status) {
+            let from_body = self.error_body.as_deref().and_then(|b| {
+                let v: serde_json::Value = serde_json::from_slice(b).ok()?;
+                Some(v.get("error")?.get("message")?.as_str()?.to_string())
+            });
+            self.errors.record(RecentError {
+                at: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
+                method: l.method.to_string(),
+                path: l.target.clone(),
+                status: l.status,
+                grpc_status: l.grpc_status,
+                message: from_body.or_else(|| l.grpc_message.clone()).unwrap_or_default(),
+            });
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn grpc_messages_are_percent_decoded() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "grpc-message",
+            "no%20session%20x%3A%20%E2%9C%93%2".parse().unwrap(),
+        );
+        assert_eq!(grpc_message(&h).unwrap(), "no session x: \u{2713}%2");
+        assert_eq!(grpc_message(&HeaderMap::new()), None);
+    }
 
     #[test]
     fn token_values_never_reach_the_line() {

@@ -284,14 +284,18 @@ fn is_state_changing(m: &Method) -> bool {
     !matches!(*m, Method::GET | Method::HEAD | Method::OPTIONS)
 }
 
-/// What needs no credentials: liveness, gRPC health, the login routes, and
+/// What needs no credentials: liveness, gRPC health, the login routes,
 /// reflection and the OpenAPI document, whose answers are the public proto
 /// of this repository (so grpcurl, buf curl and OpenAPI tools can discover
-/// the API before they hold a token).
+/// the API before they hold a token), and the browser app's shell and assets
+/// (its login form is part of it; every call it makes then needs the
+/// cookie). `/admin` is not exempt.
 fn exempt(req: &Request) -> bool {
     let path = req.uri().path();
     path == "/health"
         || path == "/openapi.json"
+        || path == "/app"
+        || path.starts_with("/app/")
         || path.starts_with("/grpc.health.v1.Health/")
         || path.starts_with("/grpc.reflection.v1.ServerReflection/")
         || path.starts_with("/grpc.reflection.v1alpha.ServerReflection/")
@@ -408,6 +412,9 @@ pub async fn guard(State(auth): State<Arc<Auth>>, req: Request, next: Next) -> R
                 "`?token=` is accepted only from this machine, never through a proxy or with --allow-remote: send `Authorization: Bearer <token>` or log in",
             ),
         )
+    } else if grpc.is_none() && crate::edge::http::assets::is_console_page(&req) {
+        // A person opening the console before logging in: a page, not JSON.
+        crate::edge::http::assets::console_login_page()
     } else {
         refuse(
             grpc,

@@ -95,6 +95,23 @@ impl StreamLimits {
     pub fn open_streams(&self) -> usize {
         self.lock().total
     }
+
+    /// The caps: (in total, per client).
+    pub fn caps(&self) -> (usize, usize) {
+        (self.total, self.per_client)
+    }
+
+    /// Open streams per client address (`loopback` for all of this machine's), most first.
+    pub fn by_client(&self) -> Vec<(String, usize)> {
+        let mut out: Vec<(String, usize)> = self
+            .lock()
+            .by_client
+            .iter()
+            .map(|(c, n)| (c.to_string(), *n))
+            .collect();
+        out.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        out
+    }
 }
 
 /// `1 stream`, `2 streams`.
@@ -169,6 +186,11 @@ mod tests {
             tonic::Code::ResourceExhausted,
             "total cap"
         );
+        assert_eq!(
+            l.by_client(),
+            vec![("loopback".to_string(), 2), ("10.0.0.2".to_string(), 1)]
+        );
+        assert_eq!(l.caps(), (3, 2));
         drop(p1);
         assert_eq!(l.open_streams(), 2);
         let _p4 = l.acquire(Some(a)).unwrap();

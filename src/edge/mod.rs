@@ -10,6 +10,7 @@ pub mod http;
 pub mod limits;
 pub mod listener;
 pub mod reaper;
+pub mod recent_errors;
 pub mod server;
 pub mod stream_caps;
 pub mod tls;

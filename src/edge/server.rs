@@ -56,6 +56,8 @@ pub struct ServeConfig {
     /// Connections open at once; the excess is closed as soon as accepted.
     /// Default: three quarters of the open-files limit, at most 65 536.
     pub max_connections: usize,
+    /// The browser app served at /app and /admin; None: the bundle embedded at build time.
+    pub app: Option<Arc<super::http::assets::Bundle>>,
 }
 
 impl ServeConfig {
@@ -76,6 +78,7 @@ impl ServeConfig {
             idle_timeout: Duration::from_secs(60),
             body_read_timeout: Duration::from_secs(30),
             max_connections: super::fdlimit::default_max_connections(),
+            app: None,
         }
     }
 }
@@ -141,7 +144,8 @@ async fn unknown_rpc() -> Response {
 /// The whole HTTP surface as one router.
 pub async fn app(hub: Arc<Hub>, cfg: &ServeConfig) -> Result<Router> {
     let limits = StreamLimits::new(cfg.max_streams, cfg.max_streams_per_client);
-    let api = AgentApi::new(hub, limits.clone());
+    let errors = Arc::new(super::recent_errors::RecentErrors::default());
+    let api = AgentApi::new(hub, limits.clone(), errors.clone());
     let agent = AgentServiceServer::new(api.clone())
         .max_decoding_message_size(cfg.max_body)
         .max_encoding_message_size(usize::MAX);
@@ -186,6 +190,7 @@ pub async fn app(hub: Arc<Hub>, cfg: &ServeConfig) -> Result<Router> {
     let state = AppState {
         api,
         max_body: cfg.max_body,
+        app: super::http::assets::bundle_or_embedded(cfg.app.clone()),
     };
     let auth = Auth::new(AuthConfig {
         token: cfg.token.clone(),
@@ -205,7 +210,10 @@ pub async fn app(hub: Arc<Hub>, cfg: &ServeConfig) -> Result<Router> {
         .route_layer(axum::middleware::from_fn(super::http::query::refuse_unknown))
         .fallback(dispatch)
         .layer(axum::middleware::from_fn_with_state(auth, guard))
-        .layer(axum::middleware::from_fn(super::access_log::access_log)))
+        .layer(axum::middleware::from_fn_with_state(
+            errors,
+            super::access_log::access_log,
+        )))
 }
 
 /// The route a tonic service answers on: `/<package.Service>/<Method>`.

@@ -489,6 +489,27 @@ impl TestServer {
     }
 }
 
+impl TestServer {
+    /// Writes one raw HTTP/1.1 request (a path no client library would normalise) and
+    /// returns the whole response as text.
+    pub async fn raw_http1_response(&self, head: &str) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut tcp = tokio::net::TcpStream::connect(self.addr).await.unwrap();
+        tcp.write_all(head.as_bytes()).await.unwrap();
+        let mut buf = Vec::new();
+        let _ = tokio::time::timeout(DEADLINE, tcp.read_to_end(&mut buf))
+            .await
+            .expect("the server answers and closes");
+        String::from_utf8_lossy(&buf).to_string()
+    }
+}
+
+/// Writes one raw HTTP/1.1 request and returns the response's status line.
+pub async fn raw_http1(s: &TestServer, head: &str) -> String {
+    let text = s.raw_http1_response(head).await;
+    text.lines().next().unwrap_or("").to_string()
+}
+
 // ---- the multiplexed /stream ---------------------------------------------------
 
 impl TestServer {

@@ -5,7 +5,7 @@ import { createServer, connect } from "node:net";
 
 /**
  * Proxies 127.0.0.1:<free port> to 127.0.0.1:`targetPort`.
- * Returns { url, requests, cutWhen(pathPrefix, trigger), close }.
+ * Returns { url, requests, cutWhen(pathPrefix, trigger), retarget(port), close }.
  */
 export function startProxy(targetPort) {
   /** Every request head seen: { conn, method, path, headers (lowercase names) }. */
@@ -113,6 +113,11 @@ export function startProxy(targetPort) {
           return new Promise((res) => {
             rule = { path, trigger, done: false, resolve: res };
           });
+        },
+        /** New connections go to `port` (a restarted server); open ones are closed. */
+        retarget(port) {
+          targetPort = port;
+          for (const s of sockets) s.destroy();
         },
         close() {
           for (const s of sockets) s.destroy();

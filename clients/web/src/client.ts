@@ -101,6 +101,11 @@ export async function login(baseUrl: string, token: string, f: typeof fetch = fe
   return key;
 }
 
+/** Keeps `key` as this page's session key for `baseUrl`, as `login` does (a key another tab got). */
+export function keepKey(baseUrl: string, key: string): void {
+  storage()?.setItem(storageName(baseUrl), key);
+}
+
 /** POST /auth/logout: forgets the login cookie on both sides, and the kept session key. */
 export async function logout(baseUrl: string, f: typeof fetch = fetch): Promise<void> {
   storage()?.removeItem(storageName(baseUrl));

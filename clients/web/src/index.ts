@@ -5,6 +5,7 @@ export {
   bearer,
   createAgentClient,
   KEY_HEADER,
+  keepKey,
   login,
   logout,
   sessionKey,

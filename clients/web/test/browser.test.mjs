@@ -5,17 +5,17 @@
 //
 //   VAK_BIN      the vak binary (default: <repo>/target/debug/vak)
 //   CHROMIUM_BIN the browser (default: /usr/bin/chromium)
-import { after, before, test } from "node:test";
+import { after, before } from "node:test";
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { request as httpRequest, createServer } from "node:http";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { chromium } from "playwright-core";
 import { startProxy } from "../harness/proxy.mjs";
 import { serveStatic } from "../harness/static.mjs";
+import { launchChromium, screenshot, stepper, within } from "../harness/steps.mjs";
 import { startVak } from "../harness/vak.mjs";
 
 const root = join(dirname(fileURLToPath(import.meta.url)), "..");
@@ -35,37 +35,13 @@ const TRIGGER = '"text":"t100 "';
 let tmp, workspace, token, site, vak, proxy, vak2, proxy2, ctx, page, sessionId, cut, cookieSession;
 const consoleLines = [];
 
-/** Rejects if `p` does not settle within `ms`. */
-function within(ms, p, what) {
-  let timer;
-  const deadline = new Promise((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`timed out after ${ms} ms: ${what}`)), ms);
-  });
-  return Promise.race([p, deadline]).finally(() => clearTimeout(timer));
-}
-
-async function shot(p, name) {
-  await within(10_000, p.screenshot({ path: join(artifacts, `${name}.png`), fullPage: true }), `screenshot ${name}`);
-}
-
+const shot = (p, name) => screenshot(p, artifacts, name);
 /** A test step: on failure it saves a screenshot and the page's state before rethrowing. */
-function step(name, fn) {
-  test(name, { timeout: 90_000 }, async () => {
-    try {
-      await fn();
-    } catch (err) {
-      const slug = name.replace(/[^a-z0-9]+/gi, "-").slice(0, 40);
-      for (const [i, p] of (ctx?.pages() ?? []).entries()) {
-        await shot(p, `failed-${slug}-tab${i}`).catch(() => {});
-        const st = await p
-          .evaluate(() => JSON.stringify(window.vakPage?.state ?? null, null, 1))
-          .catch((e) => String(e));
-        writeFileSync(join(artifacts, `failed-${slug}-tab${i}.json`), st);
-      }
-      throw err;
-    }
-  });
-}
+const step = stepper({
+  dir: artifacts,
+  context: () => ctx,
+  state: (p) => p.evaluate(() => JSON.stringify(window.vakPage?.state ?? null, null, 1)),
+});
 
 const pageState = (p) =>
   p.evaluate(() => {
@@ -90,7 +66,10 @@ async function openPage(hash) {
 
 before(
   async () => {
-    rmSync(artifacts, { recursive: true, force: true });
+    // Everything but app/, which test/app.test.mjs owns (it may have run first).
+    for (const name of existsSync(artifacts) ? readdirSync(artifacts) : []) {
+      if (name !== "app") rmSync(join(artifacts, name), { recursive: true, force: true });
+    }
     mkdirSync(artifacts, { recursive: true });
     if (!existsSync(join(root, "dist-page", "app.js"))) throw new Error("dist-page/app.js is missing: run `npm run build:page`");
     if (!existsSync(CHROMIUM)) throw new Error(`no browser at ${CHROMIUM}: apt-get install -y chromium`);
@@ -106,25 +85,7 @@ before(
       "--allow-origin", site.url,
     ]);
     proxy = await startProxy(vak.port);
-    ctx = await within(
-      30_000,
-      // A fresh profile (--user-data-dir) per run; never a downloaded browser.
-      chromium.launchPersistentContext(join(tmp, "profile"), {
-        executablePath: CHROMIUM,
-        headless: true,
-        timeout: 30_000,
-        args: [
-          "--no-sandbox",
-          "--disable-gpu",
-          "--disable-background-networking",
-          "--disable-component-update",
-          "--disable-quic",
-          "--no-first-run",
-          "--disable-sync",
-        ],
-      }),
-      "chromium start",
-    );
+    ctx = await launchChromium(CHROMIUM, join(tmp, "profile"));
   },
   { timeout: 90_000 },
 );

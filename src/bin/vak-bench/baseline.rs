@@ -294,6 +294,13 @@ impl AgentService for Baseline {
     ) -> Result<Response<pb::CompactSessionResponse>, Status> {
         unimplemented()
     }
+
+    async fn get_admin_status(
+        &self,
+        _: Request<pb::GetAdminStatusRequest>,
+    ) -> Result<Response<pb::AdminStatus>, Status> {
+        unimplemented()
+    }
 }
 
 /// `vak-bench baseline-server`: serves until killed, announcing its address

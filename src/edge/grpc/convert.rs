@@ -268,6 +268,27 @@ fn client(c: &Client) -> pb::Client {
     }
 }
 
+/// The console's view of one live session and who is attached to it.
+pub fn presence(s: SessionInfo, clients: &[Client]) -> pb::SessionPresence {
+    pb::SessionPresence {
+        session_id: s.session_id,
+        busy: s.busy,
+        latest_seq: s.latest_seq,
+        clients: clients.iter().map(client).collect(),
+    }
+}
+
+pub fn recent_error(e: crate::edge::recent_errors::RecentError) -> pb::RecentError {
+    pb::RecentError {
+        at: e.at,
+        method: e.method,
+        path: e.path,
+        status: e.status.into(),
+        grpc_status: e.grpc_status.map(u32::from),
+        message: e.message,
+    }
+}
+
 pub fn host(h: HostInfo) -> pb::HostInfo {
     pb::HostInfo {
         version: h.version,

@@ -16,6 +16,7 @@ use crate::core::{diff, files, wait};
 use crate::edge::errors::to_status;
 use crate::edge::limits::{StreamLimits, StreamPermit};
 use crate::edge::listener::PeerAddr;
+use crate::edge::recent_errors::RecentErrors;
 use crate::proto::v1 as pb;
 use futures_util::stream::{self, Stream, StreamExt};
 use pb::agent_service_server::AgentService;
@@ -45,11 +46,13 @@ fn client_id() -> String {
 pub struct AgentApi {
     hub: Arc<Hub>,
     limits: Arc<StreamLimits>,
+    /// What the access log saw fail lately, for the console.
+    errors: Arc<RecentErrors>,
 }
 
 impl AgentApi {
-    pub fn new(hub: Arc<Hub>, limits: Arc<StreamLimits>) -> Self {
-        AgentApi { hub, limits }
+    pub fn new(hub: Arc<Hub>, limits: Arc<StreamLimits>, errors: Arc<RecentErrors>) -> Self {
+        AgentApi { hub, limits, errors }
     }
 
     /// Sessions stopped by a storage failure, with the reason (for /health).
@@ -636,6 +639,41 @@ impl AgentService for AgentApi {
         ok(pb::CompactSessionResponse {
             session_id: s.id().to_string(),
             upto_seq,
+        })
+    }
+
+    async fn get_admin_status(
+        &self,
+        _req: Request<pb::GetAdminStatusRequest>,
+    ) -> Result<Response<pb::AdminStatus>, Status> {
+        let (max_streams, max_per_client) = self.limits.caps();
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        ok(pb::AdminStatus {
+            open_streams: count(self.limits.open_streams()),
+            max_streams: count(max_streams),
+            max_streams_per_client: count(max_per_client),
+            clients: self
+                .limits
+                .by_client()
+                .into_iter()
+                .map(|(client, n)| pb::ClientStreams {
+                    client,
+                    open_streams: count(n),
+                })
+                .collect(),
+            sessions: self
+                .hub
+                .presence()
+                .into_iter()
+                .map(|(info, clients)| convert::presence(info, &clients))
+                .collect(),
+            streams: self.hub.stream_ids(),
+            recent_errors: self
+                .errors
+                .list()
+                .into_iter()
+                .map(convert::recent_error)
+                .collect(),
         })
     }
 

@@ -1,5 +1,6 @@
 //! The REST/SSE adapter: axum handlers that translate HTTP into calls on the gRPC service implementation and its results back into JSON and SSE.
 
+pub mod assets;
 pub mod json;
 pub mod query;
 pub mod routes;

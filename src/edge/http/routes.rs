@@ -21,6 +21,8 @@ pub struct AppState {
     pub api: AgentApi,
     /// The largest request body accepted (413 beyond).
     pub max_body: usize,
+    /// The browser app and console served at /app and /admin.
+    pub app: std::sync::Arc<super::assets::Bundle>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -61,6 +63,9 @@ pub fn router(state: AppState) -> Router {
         .route("/sessions/{id}/clear", post(clear_session))
         .route("/sessions/{id}/undo", post(undo_session))
         .route("/sessions/{id}/compact", post(compact_session))
+        // ---- The browser app and console (issue 16) ----
+        .route("/admin/status", get(admin_status))
+        .merge(super::assets::routes())
         .method_not_allowed_fallback(|| async {
             json_error(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -357,6 +362,15 @@ async fn delete_key(State(st): State<AppState>, b: Body) -> Response {
         Err(e) => return e,
     };
     reply(StatusCode::OK, st.api.delete_key(Request::new(req)).await)
+}
+
+async fn admin_status(State(st): State<AppState>) -> Response {
+    reply(
+        StatusCode::OK,
+        st.api
+            .get_admin_status(Request::new(pb::GetAdminStatusRequest {}))
+            .await,
+    )
 }
 
 async fn list_providers(State(st): State<AppState>) -> Response {

@@ -1,0 +1,559 @@
+// The browser app served at /app: login, the session sidebar with live busy
+// state, the conversation rendered from each session's presentation timeline
+// (followed for every listed session on one GET /stream, resumed with its
+// cursor vector), approvals, steering, cancel, the file tree and the diff.
+// Calls go through the package's gRPC-web client with the login cookie and
+// its session key; nothing the server or the model sends is parsed as HTML.
+import "./app.css";
+import { Code, ConnectError } from "@connectrpc/connect";
+import {
+  createAgentClient,
+  login,
+  logout,
+  storedKey,
+  StreamFollower,
+  type AgentClient,
+  type Client,
+  type ConfigInfo,
+  type FollowerState,
+  type SessionSummary,
+  type TimelineItem,
+} from "../src/index.js";
+import { button, h, onError } from "./dom.js";
+import { currentKey, forgetKey, shareKey } from "./login.js";
+import { renderMarkdown } from "./markdown.js";
+import { apply, empty, fromSnapshot, type Timeline } from "./timeline.js";
+
+const base = location.origin;
+/** At most this many sessions are followed live on the one stream (the server's cap is 64). */
+const FOLLOW_CAP = 64;
+
+interface SessionView {
+  summary: SessionSummary;
+  busy: boolean;
+  timeline: Timeline;
+  /** Who is attached (coworking presence), this tab's own stream included. */
+  clients: Client[];
+}
+
+/** What the page knows; window.vakApp exposes it to the browser test. */
+const state = {
+  authenticated: false,
+  sessions: new Map<string, SessionView>(),
+  order: [] as string[],
+  current: "",
+  config: undefined as ConfigInfo | undefined,
+  conn: "idle" as FollowerState,
+  /** Every state the stream went through (the reconnect indicator's history). */
+  connHistory: [] as FollowerState[],
+  errors: [] as string[],
+  /** Thinking and tool items the user opened, by item id (kept across re-renders). */
+  open: new Set<string>(),
+  side: "" as "" | "files" | "diff",
+  sideText: "",
+  renaming: "",
+  confirmDelete: "",
+};
+
+let client: AgentClient;
+let follower: StreamFollower | undefined;
+const root = document.getElementById("root") as HTMLElement;
+
+declare global {
+  interface Window {
+    vakApp: unknown;
+  }
+}
+window.vakApp = { state, get follower() { return follower; } };
+
+function message(err: unknown): string {
+  return err instanceof ConnectError ? `${err.code}: ${err.rawMessage}` : err instanceof Error ? err.message : String(err);
+}
+onError((err) => {
+  if (err instanceof ConnectError && err.code === Code.Unauthenticated) return loggedOut();
+  state.errors.push(message(err));
+  if (state.errors.length > 20) state.errors.shift();
+  schedule();
+});
+
+/** The login ended (expired, logged out elsewhere, a server restart): back to the form. */
+function loggedOut(): void {
+  clearInterval(listTimer);
+  follower?.close();
+  follower = undefined;
+  forgetKey();
+  state.authenticated = false;
+  state.errors = ["Your login ended (it expired, or the server restarted): log in again."];
+  render();
+}
+
+// ---- rendering, batched to one pass per frame ----
+
+let pending = false;
+function schedule(): void {
+  if (pending) return;
+  pending = true;
+  requestAnimationFrame(() => {
+    pending = false;
+    render();
+  });
+}
+
+function render(): void {
+  const scroller = root.querySelector(".conversation");
+  const atBottom = !scroller || scroller.scrollHeight - scroller.scrollTop - scroller.clientHeight < 40;
+  const focused = document.activeElement;
+  const keep = focused instanceof HTMLTextAreaElement || focused instanceof HTMLInputElement ? focused.id : "";
+  const drafts = new Map<string, string>();
+  for (const el of root.querySelectorAll<HTMLInputElement | HTMLTextAreaElement>("input[id], textarea[id]")) {
+    drafts.set(el.id, el.value);
+  }
+  root.replaceChildren(state.authenticated ? workspace() : loginForm());
+  for (const [id, v] of drafts) {
+    const el = document.getElementById(id) as HTMLInputElement | null;
+    if (el && el.type !== "password") el.value = v;
+  }
+  if (keep) (document.getElementById(keep) as HTMLElement | null)?.focus();
+  const conv = root.querySelector(".conversation");
+  if (conv && atBottom) conv.scrollTop = conv.scrollHeight;
+}
+
+function loginForm(): HTMLElement {
+  const input = h("input", { id: "token", type: "password", autocomplete: "current-password", placeholder: "token", "aria-label": "token" });
+  const form = h(
+    "form",
+    { class: "login", id: "login" },
+    h("h1", {}, "vak"),
+    h("p", {}, "Paste the token `vak serve` printed (also in server.json in its home)."),
+    input,
+    h("button", { type: "submit" }, "Log in"),
+    errors(),
+  );
+  form.addEventListener("submit", (e) => {
+    e.preventDefault();
+    void login(base, input.value)
+      .then((key) => {
+        shareKey(key);
+        return start();
+      })
+      .catch((err) => {
+        state.errors = [message(err)];
+        render();
+      });
+  });
+  return form;
+}
+
+function errors(): HTMLElement {
+  return h("pre", { class: "errors", id: "errors" }, state.errors.join("\n"));
+}
+
+function workspace(): HTMLElement {
+  return h(
+    "div",
+    { class: "layout" },
+    header(),
+    sidebar(),
+    conversationPane(),
+    sidePane(),
+  );
+}
+
+function header(): HTMLElement {
+  const r = state.config?.route;
+  const reconnecting = state.conn === "reconnecting" || state.conn === "connecting";
+  return h(
+    "header",
+    { class: "top" },
+    h("strong", {}, "vak"),
+    h("span", { class: "route", id: "route" }, r ? `${r.label || r.provider} · ${r.model}` : ""),
+    h("span", { class: "mode", id: "mode" }, state.config ? `mode: ${state.config.permissionMode}` : ""),
+    h("span", { class: `conn conn-${state.conn}`, id: "conn", "data-state": state.conn }, reconnecting ? "reconnecting…" : state.conn),
+    h("a", { href: `/admin?key=${encodeURIComponent(storedKey(base) ?? "")}`, id: "admin-link" }, "admin"),
+    button("Log out", async () => {
+      follower?.close();
+      forgetKey();
+      await logout(base);
+      state.authenticated = false;
+      render();
+    }),
+  );
+}
+
+function sidebar(): HTMLElement {
+  const list = h("ul", { class: "sessions", id: "sessions" });
+  for (const id of state.order) {
+    const s = state.sessions.get(id);
+    if (!s) continue;
+    const title = s.summary.title || `session ${id.slice(0, 8)}`;
+    const li = h("li", { class: id === state.current ? "current" : "", "data-session": id, "data-busy": s.busy ? "true" : "false" });
+    if (state.renaming === id) {
+      const input = h("input", { id: `rename-${id}`, value: s.summary.title, "aria-label": "new title" });
+      const form = h("form", { class: "rename" }, input, h("button", { type: "submit" }, "Save"));
+      form.addEventListener("submit", (e) => {
+        e.preventDefault();
+        void client
+          .renameSession({ sessionId: id, title: input.value })
+          .then((summary) => {
+            s.summary = summary;
+            state.renaming = "";
+            schedule();
+          })
+          .catch((err) => onErrorNow(err));
+      });
+      li.appendChild(form);
+    } else {
+      const open = h("a", { href: `/app/s/${id}`, class: "open" }, h("span", { class: "busy" }, s.busy ? "●" : "○"), " ", title);
+      open.addEventListener("click", (e) => {
+        e.preventDefault();
+        select(id);
+      });
+      li.append(
+        open,
+        button("Rename", () => {
+          state.renaming = id;
+          render();
+        }, { class: "small" }),
+        state.confirmDelete === id
+          ? button("Really delete?", () => remove(id), { class: "small danger" })
+          : button("Delete", () => {
+              state.confirmDelete = id;
+              render();
+            }, { class: "small" }),
+      );
+    }
+    list.appendChild(li);
+  }
+  return h(
+    "nav",
+    { class: "sidebar" },
+    button("New session", () => create(), { id: "new-session" }),
+    list,
+    h("div", { class: "tools" }, button("Files", () => showFiles(), { id: "show-files" }), button("Diff", () => showDiff(), { id: "show-diff" })),
+  );
+}
+
+function conversationPane(): HTMLElement {
+  const s = state.sessions.get(state.current);
+  if (!s) return h("main", { class: "conversation empty" }, h("p", {}, "Create or pick a session."), errors());
+  const items = h("div", { class: "timeline", id: "timeline" });
+  for (const item of s.timeline.items) items.appendChild(renderItem(item));
+  const prompt = h("textarea", { id: "prompt", placeholder: s.busy ? "Steer the run in flight…" : "Ask vak…", "aria-label": "prompt" });
+  const send = async () => {
+    const text = prompt.value;
+    if (!text.trim()) return;
+    if (s.busy) await client.steer({ sessionId: s.summary.sessionId, text });
+    else await client.run({ sessionId: s.summary.sessionId, prompt: text });
+    prompt.value = "";
+    const el = document.getElementById("prompt") as HTMLTextAreaElement | null;
+    if (el) el.value = "";
+  };
+  prompt.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) {
+      e.preventDefault();
+      void send().catch(onErrorNow);
+    }
+  });
+  const own = follower?.streamId ?? "";
+  const others = s.clients.filter((c) => c.clientId !== own);
+  return h(
+    "main",
+    { class: "conversation", "data-session": s.summary.sessionId },
+    h(
+      "div",
+      { class: "presence", id: "presence", "data-others": String(others.length) },
+      others.length
+        ? `also here: ${others.map((c) => `${c.surface} ${c.clientId.slice(0, 11)}`).join(", ")}`
+        : "only you",
+    ),
+    items,
+    h(
+      "div",
+      { class: "composer" },
+      prompt,
+      button(s.busy ? "Steer" : "Send", send, { id: "send" }),
+      s.busy && button("Cancel", () => client.cancel({ sessionId: s.summary.sessionId }), { id: "cancel", class: "danger" }),
+    ),
+    errors(),
+  );
+}
+
+function onErrorNow(err: unknown): void {
+  state.errors.push(message(err));
+  schedule();
+}
+
+function details(item: TimelineItem, summary: string, ...body: (Node | string)[]): HTMLElement {
+  const d = h("details", { open: state.open.has(item.id) }, h("summary", {}, summary), ...body);
+  d.addEventListener("toggle", () => {
+    if (d.open) state.open.add(item.id);
+    else state.open.delete(item.id);
+  });
+  return d;
+}
+
+function renderItem(item: TimelineItem): HTMLElement {
+  const attrs = { class: `item ${item.kind} status-${item.status}`, "data-item": item.id, "data-kind": item.kind, "data-status": item.status };
+  switch (item.kind) {
+    case "user_input":
+      return h("div", attrs, h("div", { class: "who" }, "you"), h("div", { class: "text plain" }, item.text));
+    case "assistant_text": {
+      const body = h("div", { class: "text md" });
+      body.appendChild(renderMarkdown(item.text));
+      return h("div", attrs, h("div", { class: "who" }, "vak"), body);
+    }
+    case "thinking":
+      return h("div", attrs, details(item, item.status === "streaming" ? "Thinking…" : "Thought", h("pre", { class: "plain" }, item.text)));
+    case "tool_call":
+      return h(
+        "div",
+        attrs,
+        details(
+          item,
+          `${item.tool} · ${item.status}`,
+          h("pre", { class: "input" }, JSON.stringify(item.input ?? {}, null, 2)),
+          h("pre", { class: "output" }, item.text),
+        ),
+      );
+    case "approval":
+      return approval(item, attrs);
+    case "final_result":
+      return h("div", attrs, `Run ${item.status}${item.text && item.text !== item.status ? `: ${item.text}` : ""}`);
+    default:
+      return h("div", attrs, item.text);
+  }
+}
+
+function approval(item: TimelineItem, attrs: Record<string, string>): HTMLElement {
+  const sid = state.current;
+  const el = h(
+    "div",
+    attrs,
+    h("div", { class: "who" }, `approval · ${item.tool} · ${item.status}`),
+    h("div", { class: "text plain" }, item.text),
+    h("pre", { class: "input" }, JSON.stringify(item.input ?? {}, null, 2)),
+  );
+  if (item.status === "pending" && item.tool === "exit_plan_mode") {
+    // A plan: approving it leaves plan mode for the mode chosen here (docs/protocol.md section 13).
+    const reason = h("input", { id: `deny-reason-${item.id}`, placeholder: "reason (for deny)", "aria-label": "deny reason" });
+    el.append(
+      h(
+        "div",
+        { class: "actions" },
+        button("Approve, then accept edits", () => client.approve({ sessionId: sid, requestId: item.requestId, approve: true, mode: "accept-edits" }), { class: "approve-accept-edits" }),
+        button("Approve, then ask (default)", () => client.approve({ sessionId: sid, requestId: item.requestId, approve: true, mode: "default" }), { class: "approve" }),
+        reason,
+        button("Deny", () => client.approve({ sessionId: sid, requestId: item.requestId, approve: false, reason: reason.value }), { class: "deny danger" }),
+      ),
+    );
+    return el;
+  }
+  if (item.status === "pending") {
+    const reason = h("input", { id: `deny-reason-${item.id}`, placeholder: "reason (for deny)", "aria-label": "deny reason" });
+    el.append(
+      h(
+        "div",
+        { class: "actions" },
+        button("Approve", () => client.approve({ sessionId: sid, requestId: item.requestId, approve: true }), { class: "approve" }),
+        button("Always", () => client.approve({ sessionId: sid, requestId: item.requestId, approve: true, always: true }), { class: "always" }),
+        reason,
+        button("Deny", () => client.approve({ sessionId: sid, requestId: item.requestId, approve: false, reason: reason.value }), { class: "deny danger" }),
+      ),
+    );
+  }
+  return el;
+}
+
+function sidePane(): HTMLElement {
+  if (!state.side) return h("aside", { class: "side hidden" });
+  return h(
+    "aside",
+    { class: "side", id: "side" },
+    h("div", { class: "side-head" }, h("strong", {}, state.side === "files" ? "Files" : "Diff"), button("Close", () => {
+      state.side = "";
+      render();
+    }, { class: "small" })),
+    h("pre", { class: "plain", id: "side-text" }, state.sideText),
+  );
+}
+
+// ---- actions ----
+
+async function showFiles(): Promise<void> {
+  const t = await client.listTree({ limit: 2000 });
+  state.side = "files";
+  state.sideText = t.files.join("\n") + (t.truncated ? "\n… (more files)" : "") || "(no files)";
+  render();
+}
+
+async function showDiff(): Promise<void> {
+  if (!state.current) throw new Error("pick a session first");
+  const d = await client.getDiff({ sessionId: state.current });
+  state.side = "diff";
+  state.sideText = d.reason ? `${d.reason}: ${d.message}` : d.diff || "(no changes)";
+  render();
+}
+
+async function create(): Promise<void> {
+  const { sessionId } = await client.createSession({});
+  const [summary] = (await client.listSessions({})).sessions.filter((s) => s.sessionId === sessionId);
+  addSession(summary ?? ({ sessionId, title: "", busy: false } as SessionSummary));
+  await follower?.follow(sessionId);
+  select(sessionId);
+}
+
+async function remove(id: string): Promise<void> {
+  // Unfollowed first: once deleted, the stream no longer knows the session (404).
+  await follower?.unfollow(id).catch(() => undefined);
+  try {
+    await client.deleteSession({ sessionId: id });
+  } catch (err) {
+    await follower?.follow(id).catch(() => undefined);
+    throw err;
+  }
+  state.sessions.delete(id);
+  state.order = state.order.filter((x) => x !== id);
+  state.confirmDelete = "";
+  if (state.current === id) select(state.order[0] ?? "");
+  render();
+}
+
+function addSession(summary: SessionSummary): void {
+  if (state.sessions.has(summary.sessionId)) return;
+  state.sessions.set(summary.sessionId, { summary, busy: summary.busy, timeline: empty(), clients: [] });
+  state.order.unshift(summary.sessionId);
+}
+
+function select(id: string): void {
+  state.current = id;
+  state.side = state.side === "diff" ? "" : state.side;
+  const path = id ? `/app/s/${id}` : "/app/";
+  if (location.pathname !== path) history.pushState(null, "", path);
+  const s = state.sessions.get(id);
+  // A session beyond the followed ones: its timeline by GET, not live.
+  if (s && !follower?.sessions.includes(id)) {
+    void client.getPresentation({ sessionId: id }).then((t) => {
+      s.timeline = fromSnapshot(t);
+      schedule();
+    }, onErrorNow);
+  }
+  render();
+}
+
+window.addEventListener("popstate", () => {
+  const m = /^\/app\/s\/([\w-]+)/.exec(location.pathname);
+  state.current = m?.[1] ?? "";
+  render();
+});
+
+// ---- start ----
+
+async function authenticated(): Promise<boolean> {
+  const key = currentKey(base);
+  if (!key) return false;
+  const r = await fetch(`${base}/auth/session`, { headers: { "x-vak-key": key }, credentials: "same-origin" });
+  if (!r.ok) return false;
+  return ((await r.json()) as { authenticated?: boolean }).authenticated === true;
+}
+
+async function start(): Promise<void> {
+  state.errors = [];
+  if (!(await authenticated())) {
+    state.authenticated = false;
+    render();
+    return;
+  }
+  state.authenticated = true;
+  client = createAgentClient({ baseUrl: base });
+  const [list, config] = await Promise.all([client.listSessions({}), client.getConfig({})]);
+  state.config = config;
+  state.sessions.clear();
+  // Newest first.
+  const sorted = [...list.sessions].sort((a, b) => (a.createdAt < b.createdAt ? 1 : a.createdAt > b.createdAt ? -1 : 0));
+  state.order = [];
+  for (const s of sorted.reverse()) addSession(s);
+  const m = /^\/app\/s\/([\w-]+)/.exec(location.pathname);
+  state.current = m?.[1] && state.sessions.has(m[1]) ? m[1] : state.order[0] ?? "";
+
+  follower?.close();
+  follower = new StreamFollower({ baseUrl: base, sessions: state.order.slice(0, FOLLOW_CAP), config: true });
+  follower.on("presentation", (ev) => {
+    const s = state.sessions.get(ev.sessionId);
+    if (s && apply(s.timeline, ev)) schedule();
+  });
+  follower.on("agent", (ev) => {
+    const s = state.sessions.get(ev.sessionId);
+    if (!s) return;
+    if (ev.kind.case === "status") {
+      s.busy = ev.kind.value.busy;
+      schedule();
+    } else if (ev.kind.case === "userMessage" && !s.summary.title) {
+      s.summary.title = ev.kind.value.text.split("\n")[0]?.slice(0, 80) ?? "";
+      schedule();
+    }
+  });
+  follower.on("resync", (ev) => {
+    // The transcript replaces the events; the timeline comes again by GET.
+    void client.getPresentation({ sessionId: ev.sessionId }).then((t) => {
+      const s = state.sessions.get(ev.sessionId);
+      if (s) s.timeline = fromSnapshot(t);
+      schedule();
+    }, onErrorNow);
+  });
+  follower.on("coworking", (c) => {
+    const s = state.sessions.get(c.sessionId);
+    if (!s) return;
+    s.clients = c.clients;
+    schedule();
+  });
+  follower.on("config", (c) => {
+    state.config = c;
+    schedule();
+  });
+  follower.on("error", () => {
+    // A stream refused (401) looks like any drop to EventSource: ask whether the login holds.
+    void authenticated().then((yes) => {
+      if (!yes && state.authenticated) loggedOut();
+    }, () => undefined);
+  });
+  follower.on("state", (st) => {
+    state.conn = st;
+    state.connHistory.push(st);
+    if (state.connHistory.length > 100) state.connHistory.shift();
+    schedule();
+  });
+  follower.start();
+  select(state.current);
+  clearInterval(listTimer);
+  listTimer = setInterval(() => void refreshList().catch(() => undefined), LIST_EVERY_MS);
+}
+
+/** Sessions another client created or deleted show up within this long (no event says so). */
+const LIST_EVERY_MS = 5000;
+let listTimer: ReturnType<typeof setInterval> | undefined;
+
+async function refreshList(): Promise<void> {
+  if (!state.authenticated || !follower) return;
+  const list = await client.listSessions({});
+  const ids = new Set(list.sessions.map((s) => s.sessionId));
+  let changed = false;
+  for (const s of [...list.sessions].reverse()) {
+    if (state.sessions.has(s.sessionId)) continue;
+    addSession(s);
+    changed = true;
+    if (follower.sessions.length < FOLLOW_CAP) await follower.follow(s.sessionId);
+  }
+  for (const id of [...state.order]) {
+    if (ids.has(id)) continue;
+    state.sessions.delete(id);
+    state.order = state.order.filter((x) => x !== id);
+    await follower.unfollow(id).catch(() => undefined);
+    changed = true;
+  }
+  if (changed) schedule();
+}
+
+void start().catch((err) => {
+  state.errors.push(message(err));
+  render();
+});
