@@ -120,6 +120,8 @@ pub struct Search {
     tx: SyncSender<Job>,
     dirty: Arc<Mutex<HashSet<String>>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Jobs dropped for a full queue (their sessions caught up from ledgers).
+    overflowed: std::sync::atomic::AtomicU64,
 }
 
 /// How long shutdown waits for the indexing thread to finish its queue.
@@ -203,9 +205,22 @@ impl Search {
         ledgers: Option<PathBuf>,
         sessions: Vec<(String, u64)>,
     ) -> Search {
+        Self::open_with(home, workspace, ledgers, sessions, QUEUE, None)
+    }
+
+    /// `open` with the queue's size, and a gate the thread waits on before
+    /// its first job (tests fill the queue deterministically with it).
+    fn open_with(
+        home: &Path,
+        workspace: &str,
+        ledgers: Option<PathBuf>,
+        sessions: Vec<(String, u64)>,
+        queue: usize,
+        gate: Option<Receiver<()>>,
+    ) -> Search {
         let dir = home.join("search");
         let db = dir.join("index.db");
-        let (tx, rx) = sync_channel(QUEUE);
+        let (tx, rx) = sync_channel(queue);
         let dirty = Arc::new(Mutex::new(HashSet::new()));
         let conn = match crate::home::create_private_dir(&dir)
             .map_err(|e| Error::internal(format!("cannot create {}: {e}", dir.display())))
@@ -228,7 +243,12 @@ impl Search {
             let _ = tx.try_send(Job::Reconcile(sessions));
             let spawned = std::thread::Builder::new()
                 .name("vak-search".into())
-                .spawn(move || indexer.run(rx));
+                .spawn(move || {
+                    if let Some(gate) = gate {
+                        let _ = gate.recv();
+                    }
+                    indexer.run(rx)
+                });
             match spawned {
                 Ok(t) => thread = Some(t),
                 Err(e) => tracing::error!("transcript search is off: cannot start its thread: {e}"),
@@ -239,6 +259,7 @@ impl Search {
             tx,
             dirty,
             thread: Mutex::new(thread),
+            overflowed: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -289,6 +310,13 @@ impl Search {
             Err(TrySendError::Full(_)) => {
                 // The catch-up reads the ledger, which has everything (or
                 // finds it gone and drops the session's hits).
+                let n = self.overflowed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if n.is_power_of_two() || n == 0 {
+                    tracing::warn!(
+                        dropped = n + 1,
+                        "the search queue is full: sessions will be caught up from their ledgers"
+                    );
+                }
                 self.dirty
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
@@ -642,27 +670,74 @@ mod tests {
         }
     }
 
+    /// Writes a ledger of one user message per (seq, text).
+    fn ledger(dir: &Path, id: &str, messages: &[(u64, &str)]) {
+        let mut file = serde_json::to_string(&Record::Header {
+            session_id: id.into(),
+            created_at: "t".into(),
+            workspace: "/w/one".into(),
+        })
+        .unwrap();
+        file.push('\n');
+        for (seq, text) in messages {
+            file.push_str(
+                &serde_json::to_string(&Record::Event {
+                    seq: *seq,
+                    event: user(*seq, text).1,
+                })
+                .unwrap(),
+            );
+            file.push('\n');
+        }
+        std::fs::write(dir.join(format!("{id}.jsonl")), &file).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_never_blocks_and_loses_nothing_the_ledgers_have() {
+        let home = tempfile::tempdir().unwrap();
+        let ledgers = home.path().join("sessions");
+        std::fs::create_dir(&ledgers).unwrap();
+        let (open, gate) = std::sync::mpsc::channel();
+        // Room for the startup reconcile and one more job; the thread waits at the gate.
+        let s = Search::open_with(
+            home.path(),
+            "/w/one",
+            Some(ledgers.clone()),
+            Vec::new(),
+            2,
+            Some(gate),
+        );
+        for i in 0..10u64 {
+            let id = format!("s{i}");
+            let text = format!("the ocelot number{i}");
+            ledger(&ledgers, &id, &[(1, &text)]);
+            let doc = Doc {
+                seq: 1,
+                role: "user",
+                text,
+            };
+            // Returns at once, queued or not.
+            s.index(&id, "/w/one", 0, 1, vec![doc]);
+        }
+        assert_eq!(s.overflowed.load(std::sync::atomic::Ordering::Relaxed), 9);
+        open.send(()).unwrap();
+        let hits = wait_for(&s, "ocelot", 10).await;
+        assert_eq!(hits.len(), 10, "{hits:?}");
+        for i in 0..10 {
+            assert_eq!(
+                wait_for(&s, &format!("number{i}"), 1).await[0].session_id,
+                format!("s{i}")
+            );
+        }
+        s.close().await;
+    }
+
     #[tokio::test]
     async fn a_damaged_index_is_rebuilt_from_the_ledgers() {
         let home = tempfile::tempdir().unwrap();
         let ledgers = home.path().join("sessions");
         std::fs::create_dir(&ledgers).unwrap();
-        let mut file = String::new();
-        for r in [
-            Record::Header {
-                session_id: "s1".into(),
-                created_at: "t".into(),
-                workspace: "/w/one".into(),
-            },
-            Record::Event {
-                seq: 1,
-                event: user(1, "the zebra crossed").1,
-            },
-        ] {
-            file.push_str(&serde_json::to_string(&r).unwrap());
-            file.push('\n');
-        }
-        std::fs::write(ledgers.join("s1.jsonl"), &file).unwrap();
+        ledger(&ledgers, "s1", &[(1, "the zebra crossed")]);
         let sessions = vec![("s1".to_string(), 1)];
         let open = || Search::open(home.path(), "/w/two", Some(ledgers.clone()), sessions.clone());
         let s = open();
