@@ -195,6 +195,18 @@ pub fn write_private_file(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// A workspace as the home keys what it keeps per workspace (rules, memory
+/// notes, search hits): its canonical path (blocking: it resolves symlinks)
+/// and the first 64 bits of that path's SHA-256 as hex, a file name that
+/// no workspace path can steer.
+pub fn workspace_key(workspace: &Path) -> (String, String) {
+    let canonical = std::fs::canonicalize(workspace).unwrap_or_else(|_| workspace.to_path_buf());
+    let workspace = canonical.display().to_string();
+    let digest = ring::digest::digest(&ring::digest::SHA256, workspace.as_bytes());
+    let key = digest.as_ref()[..8].iter().map(|b| format!("{b:02x}")).collect();
+    (workspace, key)
+}
+
 /// 256 random bits as hex.
 pub fn generate_token() -> String {
     format!(

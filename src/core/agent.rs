@@ -107,7 +107,7 @@ impl<'a> Leg<'a> {
             session,
             // Fixed for the whole leg: a config change applies to the next one.
             route: rt.route(),
-            system: prompt::system(&rt.cfg.workspace).await,
+            system: prompt::system(&rt.cfg.workspace, &rt.memory().prompt().await).await,
             tools: tools::definitions(),
         }
     }

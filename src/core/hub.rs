@@ -131,8 +131,18 @@ impl Hub {
             .map_err(|e| Error::internal(format!("the home {} is not writable: {e}", cfg.home.display())))?;
         // Startup, before anything is served: reading the index here blocks nobody.
         let index = Arc::new(Index::load(&dir));
+        let search = super::search::Search::open(
+            &cfg.home,
+            &crate::home::workspace_key(&cfg.workspace).0,
+            cfg.nats.is_none().then(|| dir.clone()),
+            index
+                .list()
+                .into_iter()
+                .map(|e| (e.session_id, e.latest_seq))
+                .collect(),
+        );
         Ok(Hub {
-            rt: Arc::new(Runtime::new(cfg, route)),
+            rt: Arc::new(Runtime::new(cfg, route, search)),
             sessions: Mutex::new(HashMap::new()),
             index,
             stopping: AtomicBool::new(false),
@@ -217,6 +227,40 @@ impl Hub {
         self.rt.rules()
     }
 
+    /// The best `limit` transcript hits for `q`, in this workspace's
+    /// sessions or in every workspace's (`all`), each with its session's title.
+    pub async fn search(
+        &self,
+        q: &str,
+        limit: usize,
+        all: bool,
+    ) -> Result<Vec<(super::search::Hit, String)>> {
+        let workspace = (!all).then(|| self.rt.workspace().to_string());
+        let hits = self.rt.search().query(q, limit, workspace).await?;
+        Ok(hits
+            .into_iter()
+            .map(|h| {
+                // A loaded session's title is live (the index catches up when it unloads).
+                let live = self.loaded().get(&h.session_id).and_then(|c| c.get().cloned());
+                let title = match live {
+                    Some(s) => s.info().title,
+                    None => self.index.get(&h.session_id).map(|e| e.title).unwrap_or_default(),
+                };
+                (h, title)
+            })
+            .collect())
+    }
+
+    /// The workspace's canonical path (what search hits name).
+    pub fn workspace(&self) -> &str {
+        self.rt.workspace()
+    }
+
+    /// The workspace's and the user's memory notes.
+    pub fn memory(&self) -> &super::memory::Memory {
+        self.rt.memory()
+    }
+
     /// Notified on every permission mode change (config frames).
     pub fn watch_mode(&self) -> tokio::sync::watch::Receiver<PermissionMode> {
         self.rt.watch_mode()
@@ -287,14 +331,14 @@ impl Hub {
         let created_at = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
         let path = self.ledger_path(&id);
         let durability = self.rt.cfg.durability;
-        let (sid, at) = (id.clone(), created_at.clone());
+        let header = Record::Header {
+            session_id: id.clone(),
+            created_at: created_at.clone(),
+            workspace: self.rt.workspace().to_string(),
+        };
         let log: Arc<dyn Log> = match &self.rt.cfg.nats {
             Some(client) => {
                 let log = Arc::new(JetStreamLog::open(client.clone(), &id).await?);
-                let header = Record::Header {
-                    session_id: sid,
-                    created_at: at,
-                };
                 let l = log.clone();
                 tokio::task::spawn_blocking(move || {
                     let mut batch = Batch::default();
@@ -307,7 +351,7 @@ impl Hub {
                 log
             }
             None => Arc::new(
-                tokio::task::spawn_blocking(move || Ledger::create(&path, &sid, &at, durability))
+                tokio::task::spawn_blocking(move || Ledger::create_with(&path, &header, durability))
                     .await
                     .map_err(|e| Error::internal(e.to_string()))??,
             ),
@@ -473,6 +517,7 @@ impl Hub {
         }
         let to = moved?;
         self.index.remove(id);
+        self.rt.search().delete(id);
         self.save_index().await;
         tracing::info!(session = id, trash = %to.display(), "session deleted");
         Ok(())
@@ -520,10 +565,13 @@ impl Hub {
         let child = uuid::Uuid::new_v4().simple().to_string();
         let created_at = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
         let (from, to, cid) = (self.ledger_path(id), self.ledger_path(&child), child.clone());
-        tokio::task::spawn_blocking(move || lifecycle::fork_ledger(&from, &to, &cid, &created_at, at))
+        let ws = self.rt.workspace().to_string();
+        tokio::task::spawn_blocking(move || lifecycle::fork_ledger(&from, &to, &cid, &created_at, &ws, at))
             .await
             .map_err(|e| Error::internal(e.to_string()))??;
         let forked = self.get(&child).await?;
+        // The parent's messages the fork copied are its hits too.
+        self.rt.search().catch_up(&child);
         self.save_index().await;
         tracing::info!(session = %child, parent = id, at_seq = at, "session forked");
         Ok((forked, at))
@@ -659,6 +707,8 @@ impl Hub {
             self.note(&s);
         }
         self.save_index().await;
+        // After the sessions: their last runs' messages are queued by now.
+        self.rt.search().close().await;
         self.closing.cancel();
     }
 }

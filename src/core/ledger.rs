@@ -59,7 +59,14 @@ fn release() {
 #[serde(rename_all = "snake_case")]
 pub enum Record {
     /// Always the first line.
-    Header { session_id: String, created_at: String },
+    Header {
+        session_id: String,
+        created_at: String,
+        /// The workspace the session was created in (canonical path), for
+        /// search; empty in ledgers written before it was recorded.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        workspace: String,
+    },
     /// A client event with the seq it was published under.
     Event { seq: u64, event: ClientEvent },
     /// An input was admitted under this request id (so a retry stays a
@@ -242,6 +249,16 @@ impl Ledger {
     /// Creates a new ledger at `path` and writes its header; fails if it
     /// exists. A header that cannot be written leaves no file behind.
     pub fn create(path: &Path, session_id: &str, created_at: &str, durability: Durability) -> Result<Ledger> {
+        let header = Record::Header {
+            session_id: session_id.to_string(),
+            created_at: created_at.to_string(),
+            workspace: String::new(),
+        };
+        Self::create_with(path, &header, durability)
+    }
+
+    /// `create` with the header given whole.
+    pub fn create_with(path: &Path, header: &Record, durability: Durability) -> Result<Ledger> {
         let file = OpenOptions::new()
             .create_new(true)
             .append(true)
@@ -259,10 +276,7 @@ impl Ledger {
             }),
         };
         let mut batch = Batch::default();
-        batch.push(&Record::Header {
-            session_id: session_id.to_string(),
-            created_at: created_at.to_string(),
-        });
+        batch.push(header);
         if let Err(e) = ledger.append(&batch) {
             drop(ledger);
             let _ = std::fs::remove_file(path);
@@ -504,6 +518,7 @@ pub fn summarize(path: &Path) -> Result<LedgerSummary> {
             Ok(Record::Header {
                 session_id,
                 created_at,
+                ..
             }) => {
                 summary.session_id = session_id;
                 summary.created_at = created_at;

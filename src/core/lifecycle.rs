@@ -110,6 +110,7 @@ pub fn fork_ledger(
     child: &Path,
     child_id: &str,
     created_at: &str,
+    workspace: &str,
     at_seq: u64,
 ) -> Result<u64> {
     let tmp = child.with_extension(format!("fork.{}.tmp", short_uuid()));
@@ -127,6 +128,7 @@ pub fn fork_ledger(
         let header = Record::Header {
             session_id: child_id.to_string(),
             created_at: created_at.to_string(),
+            workspace: workspace.to_string(),
         };
         serde_json::to_writer(&mut out, &header).map_err(|e| Error::internal(e.to_string()))?;
         out.write_all(b"\n").map_err(io)?;

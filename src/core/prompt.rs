@@ -1,4 +1,4 @@
-//! The system prompt: what the model is told about itself, the workspace and its tools, plus the project's own instructions from `AGENTS.md`.
+//! The system prompt: what the model is told about itself, the workspace and its tools, plus the project's own instructions from `AGENTS.md` and the user's memory notes.
 
 use std::path::Path;
 
@@ -11,15 +11,21 @@ Paths are relative to the workspace root; nothing outside it can be read or writ
 Tools that change files or run commands may need the user's approval; a refused tool call comes back as an error result: \
 do not retry it unchanged.";
 
-/// The system prompt for a leg in `workspace`. Reads `AGENTS.md` off the
+/// The system prompt for a leg in `workspace`, ending with `memory` (what
+/// `Memory::prompt` gives, already bounded). Reads `AGENTS.md` off the
 /// runtime's worker threads; a missing or unreadable file is left out.
-pub async fn system(workspace: &Path) -> String {
+pub async fn system(workspace: &Path, memory: &str) -> String {
     let path = workspace.join("AGENTS.md");
     let instructions = tokio::task::spawn_blocking(move || read_bounded(&path))
         .await
         .ok()
         .flatten();
-    compose(workspace, instructions.as_deref())
+    let mut out = compose(workspace, instructions.as_deref());
+    if !memory.is_empty() {
+        out.push_str("\nWhat the user asked you to remember (memory notes; newer notes take precedence):\n");
+        out.push_str(memory);
+    }
+    out
 }
 
 fn read_bounded(path: &Path) -> Option<String> {
@@ -64,16 +70,16 @@ mod tests {
     async fn agents_md_is_included_bounded_and_never_through_a_symlink() {
         let dir = tempfile::tempdir().unwrap();
         let ws = dir.path();
-        let bare = system(ws).await;
+        let bare = system(ws, "").await;
         assert!(bare.contains("Workspace: "));
         assert!(!bare.contains("AGENTS.md at the workspace root"));
 
         std::fs::write(ws.join("AGENTS.md"), "Run `make test` before committing.\n").unwrap();
-        let with = system(ws).await;
+        let with = system(ws, "").await;
         assert!(with.ends_with("Run `make test` before committing.\n"), "{with}");
 
         std::fs::write(ws.join("AGENTS.md"), "x".repeat(MAX_INSTRUCTIONS + 10)).unwrap();
-        let long = system(ws).await;
+        let long = system(ws, "").await;
         assert!(long.contains("the rest is not shown"));
         assert!(long.len() < MAX_INSTRUCTIONS + 2048);
 
@@ -82,6 +88,6 @@ mod tests {
         let ws2 = dir.path().join("ws2");
         std::fs::create_dir(&ws2).unwrap();
         std::os::unix::fs::symlink(&secret, ws2.join("AGENTS.md")).unwrap();
-        assert!(!system(&ws2).await.contains("TOP SECRET"));
+        assert!(!system(&ws2, "").await.contains("TOP SECRET"));
     }
 }

@@ -220,10 +220,7 @@ impl Rules {
     /// missing file is no rules; an unreadable or malformed one is logged
     /// and treated as none, and is replaced by the next change.
     pub fn load(home: &Path, workspace: &Path) -> Rules {
-        let canonical = std::fs::canonicalize(workspace).unwrap_or_else(|_| workspace.to_path_buf());
-        let workspace = canonical.display().to_string();
-        let digest = ring::digest::digest(&ring::digest::SHA256, workspace.as_bytes());
-        let key: String = digest.as_ref()[..8].iter().map(|b| format!("{b:02x}")).collect();
+        let (workspace, key) = crate::home::workspace_key(workspace);
         let rules = Rules {
             dir: home.join("permissions"),
             name: format!("{key}.json"),

@@ -33,6 +33,12 @@ pub struct Runtime {
     mode: watch::Sender<PermissionMode>,
     /// The workspace's always-allow rules.
     rules: Rules,
+    /// The memory notes the system prompt carries.
+    memory: super::memory::Memory,
+    /// The workspace's canonical path, as ledger headers and search name it.
+    workspace: String,
+    /// The transcript search index, fed as runs finish.
+    search: super::search::Search,
 }
 
 /// The model a leg talks to: a provider and the model name it is asked for.
@@ -57,20 +63,38 @@ impl Route {
 }
 
 impl Runtime {
-    /// Reads the workspace's rules file: blocking, for startup.
-    pub fn new(cfg: CoreConfig, route: Route) -> Runtime {
+    /// Reads the workspace's rules file and resolves its path: blocking, for startup.
+    pub fn new(cfg: CoreConfig, route: Route, search: super::search::Search) -> Runtime {
         let mode = watch::channel(cfg.permission).0;
         let rules = Rules::load(&cfg.home, &cfg.workspace);
+        let memory = super::memory::Memory::new(&cfg.home, &cfg.workspace);
+        let workspace = crate::home::workspace_key(&cfg.workspace).0;
         Runtime {
+            workspace,
+            search,
             cfg,
             route: std::sync::RwLock::new(route),
             mode,
             rules,
+            memory,
         }
     }
 
     pub fn rules(&self) -> &Rules {
         &self.rules
+    }
+
+    pub fn memory(&self) -> &super::memory::Memory {
+        &self.memory
+    }
+
+    pub fn search(&self) -> &super::search::Search {
+        &self.search
+    }
+
+    /// The workspace's canonical path (what ledger headers and search hits name).
+    pub fn workspace(&self) -> &str {
+        &self.workspace
     }
 
     /// The permission mode in effect now; each tool call reads it when it is decided.
@@ -196,6 +220,10 @@ struct Folds {
     transcript: Transcript,
     presenter: Presenter,
     facts: Facts,
+    /// The seq up to which this session has handed its messages to search
+    /// (set to the latest seq when it loads: what came before is the
+    /// startup reconcile's).
+    searched: u64,
 }
 
 impl Folds {
@@ -204,6 +232,7 @@ impl Folds {
             transcript: Transcript::default(),
             presenter: Presenter::new(session_id),
             facts: Facts::default(),
+            searched: 0,
         }
     }
 
@@ -954,6 +983,18 @@ impl Visible for Session {
         for (_, note) in notes {
             f.transcript.note(&note);
         }
+        // A finished run's messages go to search (queued, never waited for).
+        let finished = frames
+            .iter()
+            .rev()
+            .find(|fr| matches!(fr.event, ClientEvent::RunFinished { .. }));
+        if let Some(upto) = finished.map(|fr| fr.seq) {
+            let from = std::mem::replace(&mut f.searched, upto);
+            let docs = super::search::docs(&f.transcript, from, upto);
+            self.rt
+                .search
+                .index(&self.id, &self.rt.workspace, from, upto, docs);
+        }
         self.bus.commit(frames);
     }
 
@@ -1014,6 +1055,7 @@ impl Restore {
             Record::Header {
                 session_id,
                 created_at,
+                ..
             } => {
                 self.header = Some((session_id, created_at));
                 return;
@@ -1038,6 +1080,7 @@ impl Restore {
                     transcript,
                     presenter,
                     facts,
+                    searched: 0,
                 });
                 return;
             }
@@ -1075,6 +1118,7 @@ impl Restore {
             if let Some(restored) = folds {
                 *f = restored;
             }
+            f.searched = latest;
             f.facts.clone()
         };
         for (rid, outcome) in &facts.settled {

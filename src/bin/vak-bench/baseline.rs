@@ -301,6 +301,30 @@ impl AgentService for Baseline {
     ) -> Result<Response<pb::AdminStatus>, Status> {
         unimplemented()
     }
+    async fn list_memory(
+        &self,
+        _: Request<pb::ListMemoryRequest>,
+    ) -> Result<Response<pb::ListMemoryResponse>, Status> {
+        unimplemented()
+    }
+    async fn add_memory(&self, _: Request<pb::AddMemoryRequest>) -> Result<Response<pb::MemoryNote>, Status> {
+        unimplemented()
+    }
+    async fn update_memory(
+        &self,
+        _: Request<pb::UpdateMemoryRequest>,
+    ) -> Result<Response<pb::MemoryNote>, Status> {
+        unimplemented()
+    }
+    async fn delete_memory(
+        &self,
+        _: Request<pb::DeleteMemoryRequest>,
+    ) -> Result<Response<pb::DeleteMemoryResponse>, Status> {
+        unimplemented()
+    }
+    async fn search(&self, _: Request<pb::SearchRequest>) -> Result<Response<pb::SearchResponse>, Status> {
+        unimplemented()
+    }
 }
 
 /// `vak-bench baseline-server`: serves until killed, announcing its address

@@ -843,6 +843,39 @@ impl Control {
             .map_err(|s| format!("ListSessions: {s}"))
     }
 
+    /// Runs `prompt` and answers once the run settled (`Run` with `wait`).
+    pub async fn run_settled(&self, session: &str, prompt: &str) -> Result<(), String> {
+        let mut c = pb::agent_service_client::AgentServiceClient::new(self.channel.clone());
+        let a = c
+            .run(self.request(pb::RunRequest {
+                session_id: session.to_string(),
+                prompt: prompt.to_string(),
+                wait: true,
+                ..Default::default()
+            }))
+            .await
+            .map_err(|s| format!("Run: {s}"))?
+            .into_inner();
+        match a.result {
+            Some(r) if r.outcome == "completed" => Ok(()),
+            Some(r) => Err(format!("the run ended {:?}", r.outcome)),
+            None => Err("the run did not settle in time".into()),
+        }
+    }
+
+    /// `Search` in this workspace's sessions: the hits' session ids, best first.
+    pub async fn search(&self, q: &str, limit: u32) -> Result<Vec<String>, String> {
+        let mut c = pb::agent_service_client::AgentServiceClient::new(self.channel.clone());
+        c.search(self.request(pb::SearchRequest {
+            q: q.to_string(),
+            limit: Some(limit),
+            all: false,
+        }))
+        .await
+        .map(|r| r.into_inner().hits.into_iter().map(|h| h.session_id).collect())
+        .map_err(|s| format!("Search: {s}"))
+    }
+
     pub async fn run(&self, session: &str, prompt: &str) -> Result<(), String> {
         let mut c = pb::agent_service_client::AgentServiceClient::new(self.channel.clone());
         let a = c

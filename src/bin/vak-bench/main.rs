@@ -40,7 +40,7 @@ struct Args {
     /// Print the table only.
     #[arg(long)]
     no_write: bool,
-    /// Only these scenarios: fanout, latency, sessions, idle, stalled, replay (comma-separated).
+    /// Only these scenarios: fanout, latency, sessions, idle, stalled, replay, search (comma-separated).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// gRPC streams per HTTP/2 connection.
@@ -83,6 +83,11 @@ struct Args {
     /// Runs of the replay scenario (default: --runs).
     #[arg(long)]
     replay_runs: Option<usize>,
+    /// Sessions written before the search scenario searches the first one's word, and its queries.
+    #[arg(long)]
+    search_sessions: Option<usize>,
+    #[arg(long)]
+    search_queries: Option<usize>,
     /// An extra `vak serve` flag for every vak server (repeatable; for
     /// diagnosis, e.g. `--serve-arg=--max-queued-mib=4096`).
     #[arg(long, allow_hyphen_values = true)]
@@ -122,6 +127,8 @@ struct Sizes {
     /// The replay scenario's (transport, sessions, history) runs.
     replay: Vec<(Transport, usize, u64)>,
     replay_runs: usize,
+    search_sessions: usize,
+    search_queries: usize,
 }
 
 impl Sizes {
@@ -141,6 +148,8 @@ impl Sizes {
             fsync_subs: vec![1],
             replay: vec![(Transport::Sse, 100, 100_000), (Transport::Grpc, 100, 100_000)],
             replay_runs: 1,
+            search_sessions: 1000,
+            search_queries: 200,
         }
     }
 
@@ -160,6 +169,8 @@ impl Sizes {
             fsync_subs: vec![1],
             replay: vec![(Transport::Sse, 5, 10_000), (Transport::Grpc, 1, 3_000)],
             replay_runs: 1,
+            search_sessions: 20,
+            search_queries: 20,
         }
     }
 }
@@ -184,6 +195,7 @@ struct Samples {
     /// Fan-out against `vak serve --durability fsync`.
     fanout_fsync: Vec<Sample<scenarios::Throughput>>,
     replay: Vec<Sample<scenarios::Replay>>,
+    search: Vec<Sample<scenarios::SearchLatency>>,
 }
 
 fn log(msg: String) {
@@ -243,6 +255,8 @@ async fn bench(args: Args, nofile_before: (u64, u64), nofile_after: u64) -> i32 
         *history = args.replay_history.unwrap_or(*history);
     }
     sizes.replay_runs = args.replay_runs.or(args.runs).unwrap_or(sizes.replay_runs).max(1);
+    sizes.search_sessions = args.search_sessions.unwrap_or(sizes.search_sessions).max(1);
+    sizes.search_queries = args.search_queries.unwrap_or(sizes.search_queries).max(1);
 
     let exe = std::env::current_exe().expect("the bench's own path");
     let vak = args.vak.clone().unwrap_or_else(|| scenarios::default_vak(&exe));
@@ -435,6 +449,32 @@ async fn bench(args: Args, nofile_before: (u64, u64), nofile_after: u64) -> i32 
         }
     }
 
+    if want("search") {
+        for run in 1..=sizes.runs {
+            let at = Instant::now();
+            let (n, q) = (sizes.search_sessions, sizes.search_queries);
+            let r = scenarios::search(&env, n, q).await;
+            let msg = r.as_ref().map(|x| {
+                format!(
+                    "p50 {:.2} ms p99 {:.2} ms max {:.2} ms ({} queries), {n} sessions written in {:.1} s, {}",
+                    x.p50_us / 1e3,
+                    x.p99_us / 1e3,
+                    x.max_us / 1e3,
+                    x.queries,
+                    x.write_s,
+                    cpu_note(&x.cpu)
+                )
+            });
+            log_result(format!("run {run}/{} search x{n}", sizes.runs), at, msg);
+            s.search.push(Sample {
+                run,
+                subs: n,
+                t: Transport::Grpc,
+                r,
+            });
+        }
+    }
+
     let (rows, failures) = rows(&s, &sizes, &transports);
     let table = report::table(&rows);
     println!("\n{table}");
@@ -567,6 +607,9 @@ cursor H events before its latest seq, far older than the 1024-frame replay ring
 serves it (S and H in the row: {replay}); each reader checks every seq continues the last one (a merged delta must cover exactly the seqs it skips), \
 the tokens continue and no resync comes, until the session's latest seq. Time: from opening the readers until the \
 last has its last event; peak RSS: the server's VmHWM reset (/proc/<pid>/clear_refs) just before the readers. \
+Search: S sessions (S in the row), each created and given one run (gRPC `Run` with `wait`, 16 at a time) whose \
+prompt carries a word of its own; once the last session's word is found, the first session's word is searched \
+{squeries} times in a row with gRPC `Search` (limit 20), each round trip timed by the client. \
 The CPU column is the median share of the measured interval each \
 process used, in cores; \"others\" is everything else on the machine (/proc/stat), which competes for the same cores. Sizes: burst {burst}, {sessions} sessions x {sburst}, {runs} runs each ({rruns} of the replay).\n",
         per = env.per_conn,
@@ -589,6 +632,7 @@ process used, in cores; \"others\" is everything else on the machine (/proc/stat
             .collect::<Vec<_>>()
             .join(", "),
         rruns = sizes.replay_runs.min(sizes.runs),
+        squeries = sizes.search_queries,
     )
 }
 
@@ -1002,6 +1046,32 @@ fn rows(s: &Samples, sizes: &Sizes, transports: &[Transport]) -> (Vec<Row>, usiz
             med(|x| x.write_s),
         );
         rows.push(r);
+    }
+    let (v, err) = ok_values(&s.search, Transport::Grpc, None);
+    if !v.is_empty() || err.is_some() {
+        let scen = format!("7. Search, the first of {} sessions' word", sizes.search_sessions);
+        for (metric, vals) in [
+            ("p50", values(&v, |x| x.p50_us)),
+            ("p99", values(&v, |x| x.p99_us)),
+        ] {
+            if metric == "p50" && v.is_empty() {
+                continue;
+            }
+            let mut r = Row::new(&scen, Transport::Grpc.label(), metric, &vals, Unit::Micros);
+            if let Some(st) = &r.stat {
+                r.goal = Some(Goal::at_most(st.median, 50_000.0, true, "< 50 ms"));
+            }
+            if metric == "p99" {
+                r.cpu = median_cpu(&v.iter().map(|(_, x)| x.cpu).collect::<Vec<_>>());
+                r.note = format!(
+                    "{} queries in a row per run, round trip through gRPC Search; sessions written in {:.1} s",
+                    sizes.search_queries,
+                    report::Stat::of(&values(&v, |x| x.write_s)).map_or(0.0, |x| x.median)
+                );
+                fail(&mut r, err.clone(), &mut failures);
+            }
+            rows.push(r);
+        }
     }
     (rows, failures)
 }

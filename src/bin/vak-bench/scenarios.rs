@@ -780,3 +780,82 @@ async fn replay_on(
 pub fn default_vak(exe: &Path) -> PathBuf {
     exe.with_file_name("vak")
 }
+
+/// Search latency over many sessions.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SearchLatency {
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub max_us: f64,
+    pub queries: usize,
+    /// Time to write the sessions (create and a settled run each).
+    pub write_s: f64,
+    pub cpu: CpuUse,
+}
+
+/// Sessions written at once while filling the server.
+const SEARCH_WRITERS: usize = 16;
+
+/// Search: `sessions` sessions, each a run whose prompt carries a word of
+/// its own (`w<i>k`) among common ones; once the last is searchable, the
+/// word of the first one is searched `queries` times, one after another,
+/// through gRPC `Search` (the time is the round trip the client sees).
+pub async fn search(env: &Env, sessions: usize, queries: usize) -> Result<SearchLatency, String> {
+    let server = Server::start(env, Transport::Grpc, ServeOpts::default()).await?;
+    let r = async {
+        let ctl = Control::connect(&server.target).await?;
+        let ids = create_sessions(&ctl, sessions).await?;
+        let word = |i: usize| format!("w{i}k");
+        let t0 = Instant::now();
+        for chunk in ids.chunks(SEARCH_WRITERS).enumerate() {
+            let (c, batch) = chunk;
+            let runs = batch.iter().enumerate().map(|(j, sid)| {
+                let i = c * SEARCH_WRITERS + j;
+                let prompt = format!(
+                    "session {i} notes the word {} among common words of a coding chat",
+                    word(i)
+                );
+                let ctl = ctl.clone();
+                async move { ctl.run_settled(sid, &prompt).await }
+            });
+            for r in futures_util::future::join_all(runs).await {
+                r?;
+            }
+        }
+        let write_s = t0.elapsed().as_secs_f64();
+        // Indexing is asynchronous: wait until the last session is searchable.
+        let last = word(sessions - 1);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while ctl.search(&last, 1).await?.is_empty() {
+            if Instant::now() > deadline {
+                return Err(format!("{last} was not searchable within 120 s"));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let first = word(0);
+        let mark = CpuMark::now(server.pid);
+        let mut us = Vec::with_capacity(queries);
+        for _ in 0..queries {
+            let at = Instant::now();
+            let hits = ctl.search(&first, 20).await?;
+            us.push(at.elapsed().as_secs_f64() * 1e6);
+            if hits.first() != Some(&ids[0]) {
+                return Err(format!("searching {first} found {hits:?}, not {}", ids[0]));
+            }
+        }
+        let cpu = mark.since(server.pid);
+        us.sort_by(f64::total_cmp);
+        let at = |q: f64| us[((us.len() - 1) as f64 * q).round() as usize];
+        Ok(SearchLatency {
+            p50_us: at(0.5),
+            p99_us: at(0.99),
+            max_us: at(1.0),
+            queries,
+            write_s,
+            cpu,
+        })
+    }
+    .await;
+    server.stop().await;
+    r
+}

@@ -506,3 +506,46 @@ pub fn run_result(r: crate::core::wait::Settled) -> pb::RunResult {
         seq: r.seq,
     }
 }
+
+pub fn memory_scope(s: crate::core::memory::Scope) -> pb::MemoryScope {
+    match s {
+        crate::core::memory::Scope::Workspace => pb::MemoryScope::Workspace,
+        crate::core::memory::Scope::User => pb::MemoryScope::User,
+    }
+}
+
+/// A scope a request names (an enum number no scope has is refused).
+pub fn memory_scope_in(n: Option<i32>) -> Result<Option<crate::core::memory::Scope>, crate::Error> {
+    use crate::core::memory::Scope;
+    match n.map(pb::MemoryScope::try_from) {
+        None => Ok(None),
+        Some(Ok(pb::MemoryScope::Workspace)) => Ok(Some(Scope::Workspace)),
+        Some(Ok(pb::MemoryScope::User)) => Ok(Some(Scope::User)),
+        Some(Err(_)) => Err(crate::Error::invalid("invalid scope: workspace or user")),
+    }
+}
+
+pub fn memory_note(n: crate::core::memory::Note) -> pb::MemoryNote {
+    pb::MemoryNote {
+        id: n.id,
+        scope: memory_scope(n.scope) as i32,
+        text: n.text,
+        kind: n.kind,
+        tag: n.tag,
+        session_id: n.session_id,
+        created_at: n.created_at,
+        updated_at: n.updated_at,
+    }
+}
+
+pub fn search_hit(h: crate::core::search::Hit, title: String) -> pb::SearchHit {
+    pb::SearchHit {
+        session_id: h.session_id,
+        seq: h.seq,
+        workspace: h.workspace,
+        role: h.role,
+        snippet: h.snippet,
+        score: h.score,
+        title,
+    }
+}

@@ -12,7 +12,7 @@ use crate::core::presentation::PresentationEvent;
 use crate::core::session::AdmissionState;
 use crate::core::session::PresenceGuard;
 use crate::core::PermissionMode;
-use crate::core::{diff, files, wait};
+use crate::core::{diff, files, memory, search, wait};
 use crate::edge::errors::to_status;
 use crate::edge::limits::{StreamLimits, StreamPermit};
 use crate::edge::listener::PeerAddr;
@@ -117,6 +117,15 @@ async fn blocking<T: Send + 'static>(
         .await
         .map_err(|e| to_status(crate::Error::internal(e.to_string())))?
         .map_err(to_status)
+}
+
+/// A request's `limit`: absent is `default`, else 1 to `max`.
+fn limit_in(limit: Option<u32>, default: usize, max: usize) -> Result<usize, Status> {
+    match limit {
+        None => Ok(default),
+        Some(n) if n >= 1 && n as usize <= max => Ok(n as usize),
+        Some(n) => Err(Status::invalid_argument(format!("limit {n}: give 1 to {max}"))),
+    }
 }
 
 #[tonic::async_trait]
@@ -526,16 +535,11 @@ impl AgentService for AgentApi {
     }
 
     async fn list_tree(&self, req: Request<pb::ListTreeRequest>) -> Result<Response<pb::FileTree>, Status> {
-        let limit = match req.into_inner().limit {
-            None => files::DEFAULT_TREE_LIMIT,
-            Some(n) if n >= 1 && n as usize <= files::MAX_TREE_LIMIT => n as usize,
-            Some(n) => {
-                return Err(Status::invalid_argument(format!(
-                    "limit {n}: give 1 to {}",
-                    files::MAX_TREE_LIMIT
-                )))
-            }
-        };
+        let limit = limit_in(
+            req.into_inner().limit,
+            files::DEFAULT_TREE_LIMIT,
+            files::MAX_TREE_LIMIT,
+        )?;
         let ws = self.hub.config().workspace.clone();
         let (files, truncated) = blocking(move || files::tree(&ws, limit)).await?;
         ok(pb::FileTree { files, truncated })
@@ -674,6 +678,83 @@ impl AgentService for AgentApi {
                 .into_iter()
                 .map(convert::recent_error)
                 .collect(),
+        })
+    }
+
+    // ---- Memory and search (issue 15) ----
+
+    async fn list_memory(
+        &self,
+        _req: Request<pb::ListMemoryRequest>,
+    ) -> Result<Response<pb::ListMemoryResponse>, Status> {
+        let memory = self.hub.memory();
+        let notes = memory.list().await.map_err(to_status)?;
+        ok(pb::ListMemoryResponse {
+            notes: notes.into_iter().map(convert::memory_note).collect(),
+            workspace: memory.workspace().to_string(),
+            max_notes: memory::MAX_NOTES as u32,
+            max_note_bytes: memory::MAX_NOTE as u32,
+        })
+    }
+
+    async fn add_memory(
+        &self,
+        req: Request<pb::AddMemoryRequest>,
+    ) -> Result<Response<pb::MemoryNote>, Status> {
+        let r = req.into_inner();
+        let new = memory::NewNote {
+            text: r.text,
+            kind: r.kind,
+            tag: r.tag,
+            scope: convert::memory_scope_in(r.scope).map_err(to_status)?,
+            session_id: r.session_id,
+        };
+        let note = self.hub.memory().add(new).await.map_err(to_status)?;
+        ok(convert::memory_note(note))
+    }
+
+    async fn update_memory(
+        &self,
+        req: Request<pb::UpdateMemoryRequest>,
+    ) -> Result<Response<pb::MemoryNote>, Status> {
+        let r = req.into_inner();
+        let scope = convert::memory_scope_in(r.scope).map_err(to_status)?;
+        let note = self
+            .hub
+            .memory()
+            .update(&r.note_id, &r.text, scope)
+            .await
+            .map_err(to_status)?;
+        ok(convert::memory_note(note))
+    }
+
+    async fn delete_memory(
+        &self,
+        req: Request<pb::DeleteMemoryRequest>,
+    ) -> Result<Response<pb::DeleteMemoryResponse>, Status> {
+        let r = req.into_inner();
+        let scope = convert::memory_scope_in(r.scope).map_err(to_status)?;
+        let note = self
+            .hub
+            .memory()
+            .delete(&r.note_id, scope)
+            .await
+            .map_err(to_status)?;
+        ok(pb::DeleteMemoryResponse {
+            note: Some(convert::memory_note(note)),
+        })
+    }
+
+    async fn search(&self, req: Request<pb::SearchRequest>) -> Result<Response<pb::SearchResponse>, Status> {
+        let r = req.into_inner();
+        let limit = limit_in(r.limit, search::DEFAULT_LIMIT, search::MAX_LIMIT)?;
+        let hits = self.hub.search(&r.q, limit, r.all).await.map_err(to_status)?;
+        ok(pb::SearchResponse {
+            hits: hits
+                .into_iter()
+                .map(|(h, title)| convert::search_hit(h, title))
+                .collect(),
+            workspace: self.hub.workspace().to_string(),
         })
     }
 

@@ -17,6 +17,8 @@ fn params(route: &str) -> &'static [&'static str] {
         "/stream" => super::stream::PARAMS,
         "/fs/file" | "/fs/dirs" => &["path"],
         "/fs/tree" => &["limit"],
+        "/memory/{note_id}" => &["scope"],
+        "/search" => &["q", "limit", "all"],
         _ => &[],
     }
 }

@@ -2,14 +2,15 @@
 
 use super::json::{from_json, to_json};
 use super::{sse, stream};
+use crate::core::memory;
 use crate::edge::errors::{json_error, status_response};
-use crate::edge::grpc::AgentApi;
+use crate::edge::grpc::{convert, AgentApi};
 use crate::proto::v1 as pb;
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post, put};
+use axum::routing::{delete, get, patch, post, put};
 use axum::Router;
 use http_body_util::BodyExt;
 use pb::agent_service_server::AgentService;
@@ -66,6 +67,10 @@ pub fn router(state: AppState) -> Router {
         // ---- The browser app and console (issue 16) ----
         .route("/admin/status", get(admin_status))
         .merge(super::assets::routes())
+        // ---- Memory and search (issue 15) ----
+        .route("/memory", get(list_memory).post(add_memory))
+        .route("/memory/{note_id}", patch(update_memory).delete(delete_memory))
+        .route("/search", get(search))
         .method_not_allowed_fallback(|| async {
             json_error(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -132,11 +137,17 @@ async fn for_session<M: Message + Name + Default>(
 
 /// The path names the session; a body that names another one is refused.
 fn session_mismatch(path: &str, body: &mut String) -> Option<Response> {
+    path_mismatch("session_id", path, body)
+}
+
+/// The path names the resource (`field` in the body); a body that names
+/// another one is refused, an empty one takes the path's.
+fn path_mismatch(field: &str, path: &str, body: &mut String) -> Option<Response> {
     if !body.is_empty() && body != path {
         return Some(json_error(
             StatusCode::BAD_REQUEST,
             "invalid_argument",
-            "session_id in the body does not match the path",
+            &format!("{field} in the body does not match the path"),
         ));
     }
     *body = path.to_string();
@@ -224,14 +235,9 @@ async fn approve(State(st): State<AppState>, Path((id, rid)): Path<(String, Stri
     if let Some(e) = session_mismatch(&id, &mut req.session_id) {
         return e;
     }
-    if !req.request_id.is_empty() && req.request_id != rid {
-        return json_error(
-            StatusCode::BAD_REQUEST,
-            "invalid_argument",
-            "request_id in the body does not match the path",
-        );
+    if let Some(e) = path_mismatch("request_id", &rid, &mut req.request_id) {
+        return e;
     }
-    req.request_id = rid;
     reply(StatusCode::OK, st.api.approve(Request::new(req)).await)
 }
 
@@ -418,17 +424,23 @@ async fn write_file(State(st): State<AppState>, b: Body) -> Response {
     }
 }
 
+/// `?limit=`: absent, or a whole number (the service checks its range).
+fn limit_param(q: &Query) -> Result<Option<u32>, Box<Response>> {
+    match q.get("limit").map(|l| l.parse::<u32>()) {
+        None => Ok(None),
+        Some(Ok(n)) => Ok(Some(n)),
+        Some(Err(_)) => Err(Box::new(json_error(
+            StatusCode::BAD_REQUEST,
+            "invalid_argument",
+            "limit must be a whole number",
+        ))),
+    }
+}
+
 async fn list_tree(State(st): State<AppState>, q: Query) -> Response {
-    let limit = match q.get("limit").map(|l| l.parse::<u32>()) {
-        None => None,
-        Some(Ok(n)) => Some(n),
-        Some(Err(_)) => {
-            return json_error(
-                StatusCode::BAD_REQUEST,
-                "invalid_argument",
-                "limit must be a whole number",
-            )
-        }
+    let limit = match limit_param(&q) {
+        Ok(l) => l,
+        Err(e) => return *e,
     };
     let req = pb::ListTreeRequest { limit };
     reply(StatusCode::OK, st.api.list_tree(Request::new(req)).await)
@@ -484,4 +496,63 @@ async fn compact_session(State(st): State<AppState>, Path(id): Path<String>, b: 
         Ok(req) => reply(StatusCode::OK, st.api.compact_session(Request::new(req)).await),
         Err(e) => e,
     }
+}
+
+// ---- Memory and search (issue 15) ----
+
+async fn list_memory(State(st): State<AppState>) -> Response {
+    let req = pb::ListMemoryRequest {};
+    reply(StatusCode::OK, st.api.list_memory(Request::new(req)).await)
+}
+
+async fn add_memory(State(st): State<AppState>, b: Body) -> Response {
+    match body::<pb::AddMemoryRequest>(&st, b).await {
+        Ok(req) => reply(StatusCode::CREATED, st.api.add_memory(Request::new(req)).await),
+        Err(e) => e,
+    }
+}
+
+async fn update_memory(State(st): State<AppState>, Path(id): Path<String>, b: Body) -> Response {
+    let mut req: pb::UpdateMemoryRequest = match body(&st, b).await {
+        Ok(r) => r,
+        Err(e) => return e,
+    };
+    if let Some(e) = path_mismatch("note_id", &id, &mut req.note_id) {
+        return e;
+    }
+    reply(StatusCode::OK, st.api.update_memory(Request::new(req)).await)
+}
+
+async fn delete_memory(State(st): State<AppState>, Path(id): Path<String>, q: Query) -> Response {
+    let scope = match q.get("scope").map(|s| memory::parse_scope(s)) {
+        None => None,
+        Some(Ok(s)) => Some(convert::memory_scope(s) as i32),
+        Some(Err(e)) => return json_error(StatusCode::BAD_REQUEST, "invalid_argument", &e.message),
+    };
+    let req = pb::DeleteMemoryRequest { note_id: id, scope };
+    reply(StatusCode::OK, st.api.delete_memory(Request::new(req)).await)
+}
+
+async fn search(State(st): State<AppState>, q: Query) -> Response {
+    let limit = match limit_param(&q) {
+        Ok(l) => l,
+        Err(e) => return *e,
+    };
+    let all = match q.get("all").map(String::as_str) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(_) => {
+            return json_error(
+                StatusCode::BAD_REQUEST,
+                "invalid_argument",
+                "all must be true or false",
+            )
+        }
+    };
+    let req = pb::SearchRequest {
+        q: q.get("q").cloned().unwrap_or_default(),
+        limit,
+        all,
+    };
+    reply(StatusCode::OK, st.api.search(Request::new(req)).await)
 }
