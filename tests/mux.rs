@@ -100,6 +100,19 @@ fn event_json(e: &pb::Event) -> Value {
         K::Resync(r) => json!({"reason": r.reason, "latest_seq": r.latest_seq}),
         K::SessionClosed(c) => json!({"reason": c.reason}),
         K::Notice(n) => json!({"level": n.level, "text": n.text}),
+        K::Side(side) => {
+            use pb::side::Phase as S;
+            let phase = match side.phase.as_ref().expect("a side frame has a phase") {
+                S::Started(st) => json!({"started": {"question": st.question, "branch_seq": st.branch_seq}}),
+                S::TextDelta(t) => json!({"text_delta": {"text": t.text}}),
+                S::Finished(f) => json!({"finished": {"outcome": f.outcome, "message": f.message}}),
+            };
+            let mut body = json!({"side_id": side.side_id});
+            body.as_object_mut()
+                .unwrap()
+                .extend(phase.as_object().unwrap().clone());
+            body
+        }
     };
     json!({"seq": e.seq, "session_id": e.session_id, kind_of(e): body})
 }
@@ -119,6 +132,7 @@ fn grpc_frame(m: pb::StreamMessage) -> Frame {
         F::Agent(e) => ("agent", event_json(e)),
         F::Resync(e) => ("resync", event_json(e)),
         F::SessionClosed(e) => ("session_closed", event_json(e)),
+        F::Side(e) => ("side", event_json(e)),
         F::Presentation(p) => {
             let kind = match p.kind.as_ref().expect("a presentation event has a kind") {
                 P::Snapshot(t) => json!({"snapshot": {"seq": t.seq}}),

@@ -161,6 +161,15 @@ impl<'a> Leg<'a> {
     }
 }
 
+/// The route and request of one model turn outside a leg (a side run):
+/// the same route, system prompt and tool definitions a leg starting now
+/// would use, for `messages`.
+pub async fn one_turn_request(session: &Session, messages: Vec<ChatMessage>) -> (Route, TurnRequest) {
+    let leg = Leg::new(session).await;
+    let request = leg.request(messages);
+    (leg.route, request)
+}
+
 /// Compacts the session's history now, outside a run (`POST
 /// /sessions/:id/compact`): the same summary turn and ledger note as when
 /// the context window fills. The caller keeps runs from starting meanwhile.

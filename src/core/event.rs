@@ -142,6 +142,42 @@ pub enum ClientEvent {
         level: NoticeLevel,
         text: String,
     },
+    /// A side run's frame (issue 15): numbered and persisted like the
+    /// others, a branch beside the main conversation that the transcript,
+    /// the model's main history and the timeline skip.
+    Side {
+        side_id: String,
+        phase: SidePhase,
+    },
+}
+
+/// What one side frame says.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SidePhase {
+    /// The question, and the last main seq the side run's history reflects.
+    Started {
+        question: String,
+        branch_seq: u64,
+    },
+    TextDelta {
+        text: String,
+    },
+    Finished {
+        outcome: SideOutcome,
+        message: String,
+        #[serde(default)]
+        usage: TokenUsage,
+    },
+}
+
+/// How a side run ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SideOutcome {
+    Completed,
+    Cancelled,
+    Failed,
 }
 
 impl ClientEvent {
@@ -160,6 +196,7 @@ impl ClientEvent {
             ClientEvent::Status { .. } => "status",
             ClientEvent::RunFinished { .. } => "run_finished",
             ClientEvent::Notice { .. } => "notice",
+            ClientEvent::Side { .. } => "side",
         }
     }
 
@@ -217,6 +254,14 @@ impl ClientEvent {
                 ClientEvent::ToolResult { output, .. } => output.len(),
                 ClientEvent::RunFinished { message, .. } | ClientEvent::Notice { text: message, .. } => {
                     message.len()
+                }
+                ClientEvent::Side { side_id, phase } => {
+                    side_id.len()
+                        + match phase {
+                            SidePhase::Started { question, .. } => question.len(),
+                            SidePhase::TextDelta { text } => text.len(),
+                            SidePhase::Finished { message, .. } => message.len(),
+                        }
                 }
                 _ => 0,
             }

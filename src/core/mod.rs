@@ -23,6 +23,7 @@ pub mod replay;
 pub mod rules;
 pub mod secrets;
 pub mod session;
+pub mod side;
 pub mod tools;
 pub mod transcript;
 pub mod wait;

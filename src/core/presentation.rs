@@ -336,7 +336,8 @@ impl Presenter {
             // turn starts over; what it had streamed stays, marked so.
             ClientEvent::TurnStarted { .. } => self.close_open_as("interrupted", seq, &mut out),
             // A notice is shown as it comes, never kept in the timeline.
-            ClientEvent::Status { .. } | ClientEvent::Notice { .. } => {}
+            // A side run is a branch beside the conversation: not in the timeline.
+            ClientEvent::Status { .. } | ClientEvent::Notice { .. } | ClientEvent::Side { .. } => {}
         }
         if let Some(last) = out.last() {
             self.timeline.seq = last.seq().max(self.timeline.seq);

@@ -107,6 +107,11 @@ impl Transcript {
     /// Folds one published event in; events that do not shape the
     /// conversation (status, approvals, run bookkeeping) leave it unchanged.
     pub fn apply(&mut self, seq: u64, event: &ClientEvent) {
+        // A side run is a branch beside the conversation: not in it, and
+        // `seq` stays the last main event (a resync resumes before it).
+        if let ClientEvent::Side { .. } = event {
+            return;
+        }
         self.seq = self.seq.max(seq);
         let turn_ended = match event {
             ClientEvent::ToolCall { .. }

@@ -134,6 +134,21 @@ impl FakeProvider {
         }
     }
 
+    /// A route to this fake model service, as an OpenAI-compatible provider.
+    pub fn openai_route(&self) -> vak::core::session::Route {
+        use vak::core::provider::{connect_with, http::ClientOptions, Endpoint, ProviderKind, Secret};
+        let endpoint = Endpoint {
+            kind: ProviderKind::OpenAi,
+            base_url: Some(format!("{}/v1/", self.url)),
+            key: Some(Secret::new("sk-test".into())),
+        };
+        vak::core::session::Route {
+            provider: connect_with(&endpoint, &ClientOptions::default()).unwrap(),
+            model: "gpt-4.1".into(),
+            context_window: None,
+        }
+    }
+
     /// Queues replies for the next requests, in order.
     pub fn script(&self, replies: impl IntoIterator<Item = Reply>) {
         self.state.script.lock().unwrap().extend(replies);

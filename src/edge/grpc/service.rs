@@ -627,6 +627,39 @@ impl AgentService for AgentApi {
         })
     }
 
+    async fn side_run(
+        &self,
+        req: Request<pb::SideRunRequest>,
+    ) -> Result<Response<pb::SideAdmission>, Status> {
+        let r = req.into_inner();
+        let s = self.session(&r.session_id).await?;
+        let (side_id, after_seq) = s.side_run(r.question).map_err(to_status)?;
+        ok(pb::SideAdmission { side_id, after_seq })
+    }
+
+    async fn side_cancel(
+        &self,
+        req: Request<pb::SideCancelRequest>,
+    ) -> Result<Response<pb::SideCancelResponse>, Status> {
+        let s = self.session(&req.into_inner().session_id).await?;
+        let side_id = s.side_cancel();
+        ok(pb::SideCancelResponse {
+            cancelled: side_id.is_some(),
+            side_id: side_id.unwrap_or_default(),
+        })
+    }
+
+    async fn list_side(
+        &self,
+        req: Request<pb::ListSideRequest>,
+    ) -> Result<Response<pb::SideHistory>, Status> {
+        let s = self.session(&req.into_inner().session_id).await?;
+        ok(pb::SideHistory {
+            session_id: s.id().to_string(),
+            runs: s.side_history().into_iter().map(convert::side_entry).collect(),
+        })
+    }
+
     async fn compact_session(
         &self,
         req: Request<pb::CompactSessionRequest>,

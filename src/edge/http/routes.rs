@@ -60,6 +60,8 @@ pub fn router(state: AppState) -> Router {
         .route("/sessions/{id}/clear", post(clear_session))
         .route("/sessions/{id}/undo", post(undo_session))
         .route("/sessions/{id}/compact", post(compact_session))
+        .route("/sessions/{id}/side", post(side_run).get(list_side))
+        .route("/sessions/{id}/side/cancel", post(side_cancel))
         .method_not_allowed_fallback(|| async {
             json_error(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -461,4 +463,23 @@ async fn compact_session(State(st): State<AppState>, Path(id): Path<String>, b: 
         Ok(req) => reply(StatusCode::OK, st.api.compact_session(Request::new(req)).await),
         Err(e) => e,
     }
+}
+
+async fn side_run(State(st): State<AppState>, Path(id): Path<String>, b: Body) -> Response {
+    match for_session(&st, &id, b, |r: &mut pb::SideRunRequest| &mut r.session_id).await {
+        Ok(req) => reply(StatusCode::ACCEPTED, st.api.side_run(Request::new(req)).await),
+        Err(e) => e,
+    }
+}
+
+async fn side_cancel(State(st): State<AppState>, Path(id): Path<String>, b: Body) -> Response {
+    match for_session(&st, &id, b, |r: &mut pb::SideCancelRequest| &mut r.session_id).await {
+        Ok(req) => reply(StatusCode::OK, st.api.side_cancel(Request::new(req)).await),
+        Err(e) => e,
+    }
+}
+
+async fn list_side(State(st): State<AppState>, Path(id): Path<String>) -> Response {
+    let req = pb::ListSideRequest { session_id: id };
+    reply(StatusCode::OK, st.api.list_side(Request::new(req)).await)
 }
