@@ -1,5 +1,6 @@
 //! Event types: what the agent loop emits internally, what clients see, and the projection between them.
 
+use super::attachments::AttachmentRef;
 use super::provider::TokenUsage;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -89,6 +90,9 @@ pub enum ClientEvent {
     UserMessage {
         text: String,
         request_id: String,
+        /// The input's images, by reference (absent from older ledgers).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        attachments: Vec<AttachmentRef>,
     },
     TurnStarted {
         request_id: String,
@@ -245,7 +249,11 @@ impl ClientEvent {
         const OVERHEAD: usize = 64;
         OVERHEAD
             + match self {
-                ClientEvent::UserMessage { text, request_id } => text.len() + request_id.len(),
+                ClientEvent::UserMessage {
+                    text,
+                    request_id,
+                    attachments,
+                } => text.len() + request_id.len() + attachments.len() * 128,
                 ClientEvent::TextDelta { text } | ClientEvent::ThinkingDelta { text } => text.len(),
                 ClientEvent::ToolOutput { call_id, text, .. } => call_id.len() + text.len(),
                 ClientEvent::ToolCall { input, .. } | ClientEvent::ApprovalRequested { input, .. } => {

@@ -2,6 +2,7 @@
 
 pub mod agent;
 pub mod approvals;
+pub mod attachments;
 pub mod bus;
 pub mod config;
 pub mod cursor;

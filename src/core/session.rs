@@ -3,6 +3,7 @@
 use super::agent;
 use super::approvals::REMEMBERED_SETTLED;
 use super::approvals::{Answer, Approvals, PLAN_TOOL};
+use super::attachments::AttachmentRef;
 use super::bus::{Bus, Subscription};
 use super::event::{
     project, AgentEvent, ApprovalOutcome, ClientEvent, Compaction, Frame, Note, NoticeLevel, RunOutcome,
@@ -133,11 +134,12 @@ pub struct Admission {
     pub after_seq: u64,
 }
 
-/// One leg's input: a prompt or steering text.
+/// One leg's input: a prompt or steering text, with its images.
 #[derive(Clone, Debug)]
 pub struct Input {
     pub request_id: String,
     pub text: String,
+    pub attachments: Vec<AttachmentRef>,
 }
 
 /// What answering an approval did.
@@ -556,6 +558,17 @@ impl Session {
     /// Admits a prompt or steering text. Never rejects a busy session: the
     /// input starts a chain when idle and is queued as its next leg otherwise.
     pub async fn admit(self: &Arc<Self>, text: String, request_id: Option<String>) -> Result<Admission> {
+        self.admit_with(text, request_id, Vec::new()).await
+    }
+
+    /// `admit` for an input with images (already stored in the home): a
+    /// queued input keeps them until its leg starts.
+    pub async fn admit_with(
+        self: &Arc<Self>,
+        text: String,
+        request_id: Option<String>,
+        attachments: Vec<AttachmentRef>,
+    ) -> Result<Admission> {
         if text.trim().is_empty() {
             return Err(Error::invalid("the prompt is empty"));
         }
@@ -618,6 +631,7 @@ impl Session {
         let input = Input {
             request_id: request_id.clone(),
             text,
+            attachments,
         };
         if run.running {
             run.queue.push_back(input);

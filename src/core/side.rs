@@ -157,9 +157,13 @@ pub async fn answer(
     question: &str,
     cancel: &CancellationToken,
 ) -> (SideOutcome, String, TokenUsage) {
-    let mut messages = branch_point(history);
+    let mut messages = match super::agent::with_images(session, branch_point(history)).await {
+        Ok(m) => m,
+        Err(message) => return (SideOutcome::Failed, message, TokenUsage::default()),
+    };
     messages.push(ChatMessage::User {
         text: question.to_string(),
+        images: Vec::new(),
     });
     let (route, request) = super::agent::one_turn_request(session, messages).await;
     let sink = SideSink {
@@ -220,7 +224,10 @@ mod tests {
 
     #[test]
     fn a_turn_inside_its_tool_calls_is_left_out_of_the_branch() {
-        let user = ChatMessage::User { text: "u".into() };
+        let user = ChatMessage::User {
+            text: "u".into(),
+            images: Vec::new(),
+        };
         let done = vec![user.clone(), assistant(vec![call("a")]), result("a")];
         assert_eq!(
             branch_point(done.clone()),

@@ -1,5 +1,6 @@
 //! Every conversion between core types and wire (proto) types, in one place.
 
+use crate::core::attachments::AttachmentRef;
 use crate::core::event::{ClientEvent, Frame, SideOutcome, SidePhase};
 use crate::core::hub::{ConfigInfo, HostInfo, ModeChange};
 use crate::core::mux::{MuxFrame, MuxItem};
@@ -45,9 +46,15 @@ pub fn json_to_struct(v: &Value) -> prost_types::Struct {
 
 pub fn kind(event: &ClientEvent) -> Kind {
     match event.clone() {
-        ClientEvent::UserMessage { text, request_id } => {
-            Kind::UserMessage(pb::UserMessage { text, request_id })
-        }
+        ClientEvent::UserMessage {
+            text,
+            request_id,
+            attachments,
+        } => Kind::UserMessage(pb::UserMessage {
+            text,
+            request_id,
+            attachments: attachments.into_iter().map(attachment_ref).collect(),
+        }),
         ClientEvent::TurnStarted { request_id } => Kind::TurnStarted(pb::TurnStarted { request_id }),
         ClientEvent::TextDelta { text } => Kind::TextDelta(pb::TextDelta { text }),
         ClientEvent::ThinkingDelta { text } => Kind::ThinkingDelta(pb::ThinkingDelta { text }),
@@ -103,6 +110,15 @@ pub fn kind(event: &ClientEvent) -> Kind {
             side_id,
             phase: Some(side_phase(phase)),
         }),
+    }
+}
+
+fn attachment_ref(a: AttachmentRef) -> pb::AttachmentRef {
+    pb::AttachmentRef {
+        sha256: a.sha256,
+        media_type: a.media_type,
+        name: a.name,
+        size: a.size,
     }
 }
 
@@ -219,7 +235,12 @@ fn message(m: transcript::Message) -> pb::Message {
         ..Default::default()
     };
     match m.role {
-        Role::User => {}
+        Role::User if m.attachments.is_empty() => {}
+        Role::User => {
+            out.attachments = Some(pb::Attachments {
+                items: m.attachments.into_iter().map(attachment_ref).collect(),
+            })
+        }
         Role::Assistant => {
             out.thinking = (!m.thinking.is_empty()).then_some(m.thinking);
             out.interrupted = m.interrupted.then_some(true);

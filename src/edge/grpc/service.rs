@@ -63,6 +63,19 @@ impl AgentApi {
         self.limits.acquire(client)
     }
 
+    /// Checks and stores an input's attachments (before admission, so a
+    /// refused one admits nothing); their references.
+    async fn attachments(
+        &self,
+        s: &crate::core::session::Session,
+        list: Vec<pb::Attachment>,
+    ) -> Result<Vec<crate::core::attachments::AttachmentRef>, Status> {
+        let list = list.into_iter().map(|a| (a.media_type, a.data, a.name)).collect();
+        crate::core::attachments::accept(&s.runtime().cfg.home, list)
+            .await
+            .map_err(to_status)
+    }
+
     async fn session(&self, id: &str) -> Result<Arc<crate::core::session::Session>, Status> {
         if id.is_empty() {
             return Err(Status::invalid_argument("session_id is required"));
@@ -168,7 +181,11 @@ impl AgentService for AgentApi {
             }
         };
         let s = self.session(&r.session_id).await?;
-        let a = s.admit(r.prompt, Some(r.request_id)).await.map_err(to_status)?;
+        let images = self.attachments(&s, r.attachments).await?;
+        let a = s
+            .admit_with(r.prompt, Some(r.request_id), images)
+            .await
+            .map_err(to_status)?;
         let mut admission = convert::admission(a.clone());
         // A duplicate's run may be long over: it is answered as admitted.
         if r.wait && a.state != AdmissionState::Duplicate {
@@ -185,7 +202,11 @@ impl AgentService for AgentApi {
             return Err(Status::invalid_argument("text is required"));
         }
         let s = self.session(&r.session_id).await?;
-        let a = s.admit(r.text, Some(r.request_id)).await.map_err(to_status)?;
+        let images = self.attachments(&s, r.attachments).await?;
+        let a = s
+            .admit_with(r.text, Some(r.request_id), images)
+            .await
+            .map_err(to_status)?;
         ok(convert::admission(a))
     }
 
