@@ -23,6 +23,7 @@ fn steer_req(sid: &str, text: &str, request_id: &str) -> pb::SteerRequest {
         session_id: sid.into(),
         text: text.into(),
         request_id: request_id.into(),
+        ..Default::default()
     }
 }
 

@@ -401,21 +401,6 @@ async fn a_run_with_wait_answers_when_it_settles_with_its_outcome_and_final_answ
     );
 }
 
-/// A route to the fake model service, as an OpenAI-compatible provider.
-fn route_to(fake: &FakeProvider) -> vak::core::session::Route {
-    use vak::core::provider::{connect_with, http::ClientOptions, Endpoint, ProviderKind, Secret};
-    let endpoint = Endpoint {
-        kind: ProviderKind::OpenAi,
-        base_url: Some(format!("{}/v1/", fake.url)),
-        key: Some(Secret::new("sk-test".into())),
-    };
-    vak::core::session::Route {
-        provider: connect_with(&endpoint, &ClientOptions::default()).unwrap(),
-        model: "gpt-4.1".into(),
-        context_window: None,
-    }
-}
-
 #[tokio::test]
 async fn after_a_clear_the_model_sees_no_earlier_message_and_clients_keep_the_transcript() {
     let fake = FakeProvider::start().await;
@@ -424,7 +409,7 @@ async fn after_a_clear_the_model_sees_no_earlier_message_and_clients_keep_the_tr
         Reply::fixture("openai/text.sse"),
         Reply::fixture("openai/text.sse"),
     ]);
-    let s = TestServer::start_with_route(route_to(&fake), |_| {}).await;
+    let s = TestServer::start_with_route(fake.openai_route(), |_| {}).await;
     let sid = s.create_session().await;
     run_to_end(&s, &sid, "remember the word apricot").await;
     let before = s.latest_seq(&sid).await;
@@ -446,7 +431,7 @@ async fn after_a_clear_the_model_sees_no_earlier_message_and_clients_keep_the_tr
 
     // The clear is in the ledger: a restarted server's model does not see it either.
     let (home, ws) = s.stop().await.unwrap();
-    let s = TestServer::start_in_with_route(home.path(), ws.path(), route_to(&fake), |_| {}).await;
+    let s = TestServer::start_in_with_route(home.path(), ws.path(), fake.openai_route(), |_| {}).await;
     run_to_end(&s, &sid, "and now?").await;
     let reqs = fake.wait_requests(3).await;
     let third = reqs[2].body["messages"].to_string();
@@ -462,7 +447,7 @@ async fn after_a_clear_the_model_sees_no_earlier_message_and_clients_keep_the_tr
 async fn an_undo_takes_the_last_exchange_back_from_the_model_one_at_a_time() {
     let fake = FakeProvider::start().await;
     fake.script((0..4).map(|_| Reply::fixture("openai/text.sse")));
-    let s = TestServer::start_with_route(route_to(&fake), |_| {}).await;
+    let s = TestServer::start_with_route(fake.openai_route(), |_| {}).await;
     let sid = s.create_session().await;
     run_to_end(&s, &sid, "first alpha").await;
     let second = run_to_end(&s, &sid, "second beta").await;
@@ -517,7 +502,7 @@ async fn an_undo_takes_the_last_exchange_back_from_the_model_one_at_a_time() {
 async fn a_compaction_on_request_replaces_the_history_with_the_models_summary() {
     let fake = FakeProvider::start().await;
     fake.script((0..3).map(|_| Reply::fixture("openai/text.sse")));
-    let s = TestServer::start_with_route(route_to(&fake), |_| {}).await;
+    let s = TestServer::start_with_route(fake.openai_route(), |_| {}).await;
     let sid = s.create_session().await;
     let (status, e) = s.post(&format!("/sessions/{sid}/compact"), json!({})).await;
     assert_eq!(

@@ -81,7 +81,14 @@ fn event_json(e: &pb::Event) -> Value {
         K::StreamOpened(o) => {
             json!({"session_id": o.session_id, "latest_seq": o.latest_seq, "stream_id": o.stream_id, "cursor": o.cursor})
         }
-        K::UserMessage(m) => json!({"text": m.text, "request_id": m.request_id}),
+        K::UserMessage(m) => {
+            let attachments: Vec<Value> = m
+                .attachments
+                .iter()
+                .map(|a| json!({"sha256": a.sha256, "media_type": a.media_type, "name": a.name, "size": a.size}))
+                .collect();
+            json!({"text": m.text, "request_id": m.request_id, "attachments": attachments})
+        }
         K::TurnStarted(t) => json!({"request_id": t.request_id}),
         K::TextDelta(t) => json!({"text": t.text}),
         K::ThinkingDelta(t) => json!({"text": t.text}),
@@ -100,6 +107,27 @@ fn event_json(e: &pb::Event) -> Value {
         K::Resync(r) => json!({"reason": r.reason, "latest_seq": r.latest_seq}),
         K::SessionClosed(c) => json!({"reason": c.reason}),
         K::Notice(n) => json!({"level": n.level, "text": n.text}),
+        K::Side(side) => {
+            use pb::side::Phase as S;
+            let phase = match side.phase.as_ref().expect("a side frame has a phase") {
+                S::Started(st) => json!({"started": {"question": st.question, "branch_seq": st.branch_seq}}),
+                S::TextDelta(t) => json!({"text_delta": {"text": t.text}}),
+                S::Finished(f) => {
+                    let outcome = pb::SideOutcome::try_from(f.outcome).map_or("?", |o| o.as_str_name());
+                    let u = f.usage.unwrap_or_default();
+                    let usage = json!({
+                        "input_tokens": u.input_tokens, "output_tokens": u.output_tokens,
+                        "cache_read_tokens": u.cache_read_tokens, "cache_write_tokens": u.cache_write_tokens
+                    });
+                    json!({"finished": {"outcome": outcome, "message": f.message, "usage": usage}})
+                }
+            };
+            let mut body = json!({"side_id": side.side_id});
+            body.as_object_mut()
+                .unwrap()
+                .extend(phase.as_object().unwrap().clone());
+            body
+        }
     };
     json!({"seq": e.seq, "session_id": e.session_id, kind_of(e): body})
 }
@@ -119,6 +147,7 @@ fn grpc_frame(m: pb::StreamMessage) -> Frame {
         F::Agent(e) => ("agent", event_json(e)),
         F::Resync(e) => ("resync", event_json(e)),
         F::SessionClosed(e) => ("session_closed", event_json(e)),
+        F::Side(e) => ("side", event_json(e)),
         F::Presentation(p) => {
             let kind = match p.kind.as_ref().expect("a presentation event has a kind") {
                 P::Snapshot(t) => json!({"snapshot": {"seq": t.seq}}),

@@ -379,7 +379,10 @@ fn request(model: &str, prompt: &str) -> TurnRequest {
     TurnRequest {
         model: model.into(),
         system: "sys".into(),
-        messages: vec![vak::core::provider::ChatMessage::User { text: prompt.into() }],
+        messages: vec![vak::core::provider::ChatMessage::User {
+            text: prompt.into(),
+            images: Vec::new(),
+        }],
         tools: vec![],
         max_tokens: 1024,
         temperature: Some(0.2),

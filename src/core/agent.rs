@@ -131,9 +131,12 @@ impl<'a> Leg<'a> {
     /// sees the summary in place of the messages it covers.
     async fn compact(&self, cancel: &CancellationToken) -> Result<(), ProviderError> {
         let transcript = self.session.transcript();
-        let mut messages = transcript.chat();
+        let mut messages = with_images(self.session, transcript.chat())
+            .await
+            .map_err(|m| ProviderError::Failed(Failure::new(FailureKind::BadResponse, m, false)))?;
         messages.push(ChatMessage::User {
             text: COMPACT_PROMPT.into(),
+            images: Vec::new(),
         });
         let request = self.request(messages);
         let summary = Mutex::new(String::new());
@@ -161,6 +164,30 @@ impl<'a> Leg<'a> {
     }
 }
 
+/// The history with its images' bytes read from the home. A missing file
+/// is logged and answered with a fixed message (no path reaches a client).
+pub async fn with_images(
+    session: &Session,
+    mut history: Vec<ChatMessage>,
+) -> Result<Vec<ChatMessage>, String> {
+    match super::attachments::load(&session.runtime().cfg.home, &mut history).await {
+        Ok(()) => Ok(history),
+        Err(e) => {
+            tracing::error!(session = %session.id(), "{}", e.message);
+            Err("an image of this conversation cannot be read from the server's home (the server log has the details)".into())
+        }
+    }
+}
+
+/// The route and request of one model turn outside a leg (a side run):
+/// the same route, system prompt and tool definitions a leg starting now
+/// would use, for `messages`.
+pub async fn one_turn_request(session: &Session, messages: Vec<ChatMessage>) -> (Route, TurnRequest) {
+    let leg = Leg::new(session).await;
+    let request = leg.request(messages);
+    (leg.route, request)
+}
+
 /// Compacts the session's history now, outside a run (`POST
 /// /sessions/:id/compact`): the same summary turn and ledger note as when
 /// the context window fills. The caller keeps runs from starting meanwhile.
@@ -184,6 +211,7 @@ pub async fn run_leg(session: &Session, input: &Input, cancel: &CancellationToke
     session.publish(ClientEvent::UserMessage {
         text: input.text.clone(),
         request_id: input.request_id.clone(),
+        attachments: input.attachments.clone(),
     });
     session.publish(ClientEvent::TurnStarted {
         request_id: input.request_id.clone(),
@@ -224,7 +252,11 @@ pub async fn run_leg(session: &Session, input: &Input, cancel: &CancellationToke
                     }
                 }
             }
-            let request = leg.request(session.transcript().chat());
+            let history = match with_images(session, session.transcript().chat()).await {
+                Ok(h) => h,
+                Err(message) => return (RunOutcome::Failed, message),
+            };
+            let request = leg.request(history);
             let sink = TurnSink {
                 session,
                 streamed: AtomicBool::new(false),
@@ -488,8 +520,7 @@ mod tests {
                 r.push(request.clone());
                 r.len()
             };
-            let compacting =
-                matches!(request.messages.last(), Some(ChatMessage::User { text }) if text == COMPACT_PROMPT);
+            let compacting = matches!(request.messages.last(), Some(ChatMessage::User { text, .. }) if text == COMPACT_PROMPT);
             let usage = |input_tokens| TokenUsage {
                 input_tokens,
                 output_tokens: 10,
@@ -576,11 +607,11 @@ mod tests {
         let requests = model.requests.lock().unwrap().clone();
         assert_eq!(requests.len(), 3, "turn, compaction, turn");
         assert!(
-            matches!(requests[1].messages.last(), Some(ChatMessage::User { text }) if text == COMPACT_PROMPT)
+            matches!(requests[1].messages.last(), Some(ChatMessage::User { text, .. }) if text == COMPACT_PROMPT)
         );
         // After it, the model sees the summary instead of what it covers.
         match &requests[2].messages[..] {
-            [ChatMessage::User { text }] => {
+            [ChatMessage::User { text, .. }] => {
                 assert!(text.starts_with(crate::core::transcript::COMPACTED), "{text}");
                 assert!(text.contains("SUMMARY: the user said go"));
             }

@@ -1,5 +1,6 @@
 //! Event types: what the agent loop emits internally, what clients see, and the projection between them.
 
+use super::attachments::AttachmentRef;
 use super::provider::TokenUsage;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -89,6 +90,9 @@ pub enum ClientEvent {
     UserMessage {
         text: String,
         request_id: String,
+        /// The input's images, by reference (absent from older ledgers).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        attachments: Vec<AttachmentRef>,
     },
     TurnStarted {
         request_id: String,
@@ -142,6 +146,42 @@ pub enum ClientEvent {
         level: NoticeLevel,
         text: String,
     },
+    /// A side run's frame (issue 15): numbered and persisted like the
+    /// others, a branch beside the main conversation that the transcript,
+    /// the model's main history and the timeline skip.
+    Side {
+        side_id: String,
+        phase: SidePhase,
+    },
+}
+
+/// What one side frame says.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SidePhase {
+    /// The question, and the last main seq the side run's history reflects.
+    Started {
+        question: String,
+        branch_seq: u64,
+    },
+    TextDelta {
+        text: String,
+    },
+    Finished {
+        outcome: SideOutcome,
+        message: String,
+        #[serde(default)]
+        usage: TokenUsage,
+    },
+}
+
+/// How a side run ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SideOutcome {
+    Completed,
+    Cancelled,
+    Failed,
 }
 
 impl ClientEvent {
@@ -160,6 +200,7 @@ impl ClientEvent {
             ClientEvent::Status { .. } => "status",
             ClientEvent::RunFinished { .. } => "run_finished",
             ClientEvent::Notice { .. } => "notice",
+            ClientEvent::Side { .. } => "side",
         }
     }
 
@@ -208,7 +249,11 @@ impl ClientEvent {
         const OVERHEAD: usize = 64;
         OVERHEAD
             + match self {
-                ClientEvent::UserMessage { text, request_id } => text.len() + request_id.len(),
+                ClientEvent::UserMessage {
+                    text,
+                    request_id,
+                    attachments,
+                } => text.len() + request_id.len() + attachments.len() * 128,
                 ClientEvent::TextDelta { text } | ClientEvent::ThinkingDelta { text } => text.len(),
                 ClientEvent::ToolOutput { call_id, text, .. } => call_id.len() + text.len(),
                 ClientEvent::ToolCall { input, .. } | ClientEvent::ApprovalRequested { input, .. } => {
@@ -217,6 +262,14 @@ impl ClientEvent {
                 ClientEvent::ToolResult { output, .. } => output.len(),
                 ClientEvent::RunFinished { message, .. } | ClientEvent::Notice { text: message, .. } => {
                     message.len()
+                }
+                ClientEvent::Side { side_id, phase } => {
+                    side_id.len()
+                        + match phase {
+                            SidePhase::Started { question, .. } => question.len(),
+                            SidePhase::TextDelta { text } => text.len(),
+                            SidePhase::Finished { message, .. } => message.len(),
+                        }
                 }
                 _ => 0,
             }

@@ -200,7 +200,7 @@ impl Hub {
             let sessions = self.live();
             for s in &sessions {
                 let (cancelled, denied) = s.interrupt(&reason);
-                cancelled_runs += usize::from(cancelled);
+                cancelled_runs += cancelled;
                 denied_approvals += denied;
             }
             // One deadline for all of them: the answer waits at most the grace.

@@ -474,6 +474,7 @@ mod tests {
                 ClientEvent::UserMessage {
                     text: prompt.to_string(),
                     request_id: format!("r{seq}"),
+                    attachments: Vec::new(),
                 }
             } else {
                 ClientEvent::TextDelta {
@@ -593,6 +594,7 @@ mod tests {
         let prompt = ClientEvent::UserMessage {
             text: "late prompt".into(),
             request_id: "r".into(),
+            attachments: Vec::new(),
         };
         l.append_event(&Frame::new(1, "a".into(), prompt)).unwrap();
         l.append_event(&Frame::new(2, "a".into(), ClientEvent::Status { busy: false }))

@@ -2,6 +2,7 @@
 
 pub mod agent;
 pub mod approvals;
+pub mod attachments;
 pub mod bus;
 pub mod config;
 pub mod cursor;
@@ -25,6 +26,7 @@ pub mod rules;
 pub mod search;
 pub mod secrets;
 pub mod session;
+pub mod side;
 pub mod tools;
 pub mod transcript;
 pub mod wait;

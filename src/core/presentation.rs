@@ -252,7 +252,7 @@ impl Presenter {
     pub fn apply(&mut self, seq: u64, event: &ClientEvent) -> Vec<PresentationEvent> {
         let mut out = Vec::new();
         match event {
-            ClientEvent::UserMessage { text, request_id } => {
+            ClientEvent::UserMessage { text, request_id, .. } => {
                 self.close_open(seq, &mut out);
                 let mut item = Item::new(ItemKind::UserInput, "user-", seq, "completed", text.clone());
                 item.request_id = request_id.clone();
@@ -336,7 +336,8 @@ impl Presenter {
             // turn starts over; what it had streamed stays, marked so.
             ClientEvent::TurnStarted { .. } => self.close_open_as("interrupted", seq, &mut out),
             // A notice is shown as it comes, never kept in the timeline.
-            ClientEvent::Status { .. } | ClientEvent::Notice { .. } => {}
+            // A side run is a branch beside the conversation: not in the timeline.
+            ClientEvent::Status { .. } | ClientEvent::Notice { .. } | ClientEvent::Side { .. } => {}
         }
         if let Some(last) = out.last() {
             self.timeline.seq = last.seq().max(self.timeline.seq);
@@ -402,7 +403,8 @@ mod tests {
                 ClientEvent::Status { busy: true },
                 ClientEvent::UserMessage {
                     text: t,
-                    request_id: "r".into()
+                    request_id: "r".into(),
+                    attachments: Vec::new()
                 },
                 ClientEvent::TurnStarted {
                     request_id: "r".into()
@@ -473,6 +475,7 @@ mod tests {
             &ClientEvent::UserMessage {
                 text: "hi".into(),
                 request_id: "r".into(),
+                attachments: Vec::new(),
             },
         );
         let ev = p.apply(

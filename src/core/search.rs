@@ -654,6 +654,7 @@ mod tests {
             ClientEvent::UserMessage {
                 text: text.into(),
                 request_id: format!("r{seq}"),
+                attachments: Vec::new(),
             },
         )
     }

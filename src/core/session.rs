@@ -3,14 +3,17 @@
 use super::agent;
 use super::approvals::REMEMBERED_SETTLED;
 use super::approvals::{Answer, Approvals, PLAN_TOOL};
+use super::attachments::AttachmentRef;
 use super::bus::{Bus, Subscription};
 use super::event::{
-    project, AgentEvent, ApprovalOutcome, ClientEvent, Compaction, Frame, Note, NoticeLevel, RunOutcome, Undo,
+    project, AgentEvent, ApprovalOutcome, ClientEvent, Compaction, Frame, Note, NoticeLevel, RunOutcome,
+    SideOutcome, SidePhase, Undo,
 };
 use super::ledger::{Ledger, Log, OpenError, Record};
 use super::presentation::{PresentationEvent, Presenter, Timeline};
 use super::provider::{Provider, TokenUsage};
 use super::rules::{Rule, Rules};
+use super::side::{SideEntry, SideLog};
 use super::transcript::Transcript;
 use super::writer::{self, Op, Pipe, Visible};
 use super::{CoreConfig, PermissionMode};
@@ -155,11 +158,12 @@ pub struct Admission {
     pub after_seq: u64,
 }
 
-/// One leg's input: a prompt or steering text.
+/// One leg's input: a prompt or steering text, with its images.
 #[derive(Clone, Debug)]
 pub struct Input {
     pub request_id: String,
     pub text: String,
+    pub attachments: Vec<AttachmentRef>,
 }
 
 /// What answering an approval did.
@@ -206,6 +210,15 @@ pub struct Session {
     last_used: Mutex<Instant>,
     /// The title a client chose (`sessions/<id>.title`), over the derived one.
     title: Mutex<Option<String>>,
+    /// The live side run, if any: its own admission, beside the main run's.
+    side: Mutex<Option<SideLive>>,
+    side_busy: watch::Sender<bool>,
+}
+
+/// A side run in flight.
+struct SideLive {
+    side_id: String,
+    cancel: CancellationToken,
 }
 
 impl Drop for Session {
@@ -224,6 +237,7 @@ struct Folds {
     /// (set to the latest seq when it loads: what came before is the
     /// startup reconcile's).
     searched: u64,
+    sides: SideLog,
 }
 
 impl Folds {
@@ -233,10 +247,17 @@ impl Folds {
             presenter: Presenter::new(session_id),
             facts: Facts::default(),
             searched: 0,
+            sides: SideLog::default(),
         }
     }
 
     fn apply(&mut self, seq: u64, event: &ClientEvent) -> Vec<PresentationEvent> {
+        // A side branch: only the side log sees it, so the main
+        // conversation's folds are what they would be without it.
+        if let ClientEvent::Side { side_id, phase } = event {
+            self.sides.apply(seq, side_id, phase);
+            return Vec::new();
+        }
         self.transcript.apply(seq, event);
         self.facts.apply(event);
         self.presenter.apply(seq, event)
@@ -292,6 +313,9 @@ pub struct Snapshot {
     transcript: Transcript,
     presenter: Presenter,
     facts: Facts,
+    /// Absent in snapshots written before side chat.
+    #[serde(default)]
+    sides: SideLog,
 }
 
 /// A client attached to a session (a stream of any surface), for coworking frames.
@@ -418,6 +442,8 @@ impl Session {
             busy: watch::channel(false).0,
             last_used: Mutex::new(Instant::now()),
             title: Mutex::new(None),
+            side: Mutex::new(None),
+            side_busy: watch::channel(false).0,
         });
         let visible: Weak<dyn Visible> = Arc::downgrade(&session) as Weak<Session>;
         let snapshots = writer::SnapshotPolicy::new(session.rt.cfg.snapshot_min_bytes);
@@ -506,6 +532,7 @@ impl Session {
     /// writes, and no client for `idle`.
     pub fn is_idle(&self, idle: Duration) -> bool {
         !lock(&self.run).running
+            && lock(&self.side).is_none()
             && self.bus.subscriber_count() == 0
             && self.pipe.backlog() == 0
             && lock(&self.last_used).elapsed() >= idle
@@ -560,6 +587,17 @@ impl Session {
     /// Admits a prompt or steering text. Never rejects a busy session: the
     /// input starts a chain when idle and is queued as its next leg otherwise.
     pub async fn admit(self: &Arc<Self>, text: String, request_id: Option<String>) -> Result<Admission> {
+        self.admit_with(text, request_id, Vec::new()).await
+    }
+
+    /// `admit` for an input with images (already stored in the home): a
+    /// queued input keeps them until its leg starts.
+    pub async fn admit_with(
+        self: &Arc<Self>,
+        text: String,
+        request_id: Option<String>,
+        attachments: Vec<AttachmentRef>,
+    ) -> Result<Admission> {
         if text.trim().is_empty() {
             return Err(Error::invalid("the prompt is empty"));
         }
@@ -586,18 +624,7 @@ impl Session {
                     after_seq: self.bus.latest_seq(),
                 });
             }
-            if let Some((reason, _)) = &run.failed {
-                return Err(Error::new(ErrorKind::Unavailable, reason.clone()));
-            }
-            if run.deleted {
-                return Err(Error::not_found(format!(
-                    "no session {}: it was deleted",
-                    self.id
-                )));
-            }
-            if run.closing {
-                return Err(Error::new(ErrorKind::Unavailable, "the server is shutting down"));
-            }
+            self.check_open(&run)?;
             if run.editing {
                 return Err(Error::conflict(
                     "the session's history is being changed (clear, undo); send the input again",
@@ -633,6 +660,7 @@ impl Session {
         let input = Input {
             request_id: request_id.clone(),
             text,
+            attachments,
         };
         if run.running {
             run.queue.push_back(input);
@@ -712,6 +740,93 @@ impl Session {
         }
     }
 
+    /// Admits a side question: one model turn on a branch beside the main
+    /// conversation (which it sees as the model would be sent it now), its
+    /// frames `side` events of this session. One at a time: a second while
+    /// one is live is a conflict with reason `side_busy`. Runs beside a live
+    /// main run. Returns the side id and the latest seq at admission.
+    pub fn side_run(self: &Arc<Self>, question: String) -> Result<(String, u64)> {
+        if question.trim().is_empty() {
+            return Err(Error::invalid("the question is empty"));
+        }
+        if question.len() > super::side::MAX_QUESTION {
+            return Err(Error::invalid(format!(
+                "the question is {} bytes; at most {} are accepted",
+                question.len(),
+                super::side::MAX_QUESTION
+            )));
+        }
+        let side_id = format!("side_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+        let cancel = CancellationToken::new();
+        let after_seq = {
+            let run = lock(&self.run);
+            self.check_open(&run)?;
+            // Under the run lock, as delete's check is: no side run starts
+            // once a delete is accepted.
+            let mut side = lock(&self.side);
+            if let Some(live) = &*side {
+                return Err(Error::conflict(format!(
+                    "side_busy: side run {} is live in session {}; cancel it (POST /sessions/{}/side/cancel) or wait for its side finished frame",
+                    live.side_id, self.id, self.id
+                ))
+                .with_reason("side_busy"));
+            }
+            *side = Some(SideLive {
+                side_id: side_id.clone(),
+                cancel: cancel.clone(),
+            });
+            self.side_busy.send_replace(true);
+            self.bus.latest_seq()
+        };
+        tokio::spawn(self.clone().side_task(side_id.clone(), question, cancel));
+        Ok((side_id, after_seq))
+    }
+
+    async fn side_task(self: Arc<Self>, side_id: String, question: String, cancel: CancellationToken) {
+        // The branch sees what a main leg starting now would: everything
+        // published so far, folded in.
+        let _ = self.flush().await;
+        let (history, branch_seq) = {
+            let f = lock(&self.folds);
+            (f.transcript.chat(), f.transcript.seq)
+        };
+        self.publish(ClientEvent::Side {
+            side_id: side_id.clone(),
+            phase: SidePhase::Started {
+                question: question.clone(),
+                branch_seq,
+            },
+        });
+        let (outcome, message, usage) =
+            super::side::answer(&self, &side_id, history, &question, &cancel).await;
+        // Published before the slot frees, so a client reacting to finished
+        // is admitted, and the side log never has two runs open.
+        let mut side = lock(&self.side);
+        self.publish(ClientEvent::Side {
+            side_id,
+            phase: SidePhase::Finished {
+                outcome,
+                message,
+                usage,
+            },
+        });
+        *side = None;
+        self.side_busy.send_replace(false);
+    }
+
+    /// Stops the live side run; its id, or None when none was live.
+    pub fn side_cancel(&self) -> Option<String> {
+        let side = lock(&self.side);
+        let live = side.as_ref()?;
+        live.cancel.cancel();
+        Some(live.side_id.clone())
+    }
+
+    /// The session's recent side runs, oldest first.
+    pub fn side_history(&self) -> Vec<SideEntry> {
+        lock(&self.folds).sides.runs()
+    }
+
     /// Stops the live leg and discards queued continuation input.
     pub fn cancel(&self) -> CancelResult {
         let mut run = lock(&self.run);
@@ -785,11 +900,14 @@ impl Session {
     }
 
     /// The permission mode changed: denies every pending approval with
-    /// `reason`, then cancels the live run (and its queue). Whether a run
-    /// was cancelled, and how many approvals were denied.
-    pub fn interrupt(&self, reason: &str) -> (bool, usize) {
+    /// `reason`, then cancels the live run (and its queue) and the live side
+    /// run. How many runs were cancelled (main and side), and how many
+    /// approvals were denied.
+    pub fn interrupt(&self, reason: &str) -> (usize, usize) {
         let denied = self.approvals.deny_all(reason, |e| self.publish(e));
-        (self.cancel().cancelled, denied)
+        let main = usize::from(self.cancel().cancelled);
+        let side = usize::from(self.side_cancel().is_some());
+        (main + side, denied)
     }
 
     /// Sets the title a client chose (None: derive it from the first prompt).
@@ -808,8 +926,33 @@ impl Session {
     pub fn begin_delete(&self) -> Result<()> {
         let mut run = lock(&self.run);
         self.check_idle(&run)?;
+        if let Some(live) = &*lock(&self.side) {
+            return Err(Error::conflict(format!(
+                "side_busy: session {} has a live side run {}; cancel it and wait for its side finished frame first",
+                self.id, live.side_id
+            ))
+            .with_reason("side_busy"));
+        }
         run.closing = true;
         run.deleted = true;
+        Ok(())
+    }
+
+    /// Refuses new work in a session that failed, is being deleted or is
+    /// closing (shutdown).
+    fn check_open(&self, run: &RunState) -> Result<()> {
+        if let Some((reason, _)) = &run.failed {
+            return Err(Error::new(ErrorKind::Unavailable, reason.clone()));
+        }
+        if run.deleted {
+            return Err(Error::not_found(format!(
+                "no session {}: it was deleted",
+                self.id
+            )));
+        }
+        if run.closing {
+            return Err(Error::new(ErrorKind::Unavailable, "the server is shutting down"));
+        }
         Ok(())
     }
 
@@ -934,10 +1077,13 @@ impl Session {
         self.bus.close(reason);
     }
 
-    /// Resolves once no run is in flight (its run_finished published).
+    /// Resolves once no run is in flight, main or side (its run_finished
+    /// or side finished published).
     pub async fn settled(&self) {
         let mut busy = self.busy.subscribe();
         let _ = busy.wait_for(|b| !*b).await;
+        let mut side_busy = self.side_busy.subscribe();
+        let _ = side_busy.wait_for(|b| !*b).await;
     }
 
     /// Refuses new input, cancels what runs, waits (bounded) for the chain
@@ -951,8 +1097,11 @@ impl Session {
                 c.cancel();
             }
         }
+        self.side_cancel();
         let mut busy = self.busy.subscribe();
         let _ = tokio::time::timeout(grace, busy.wait_for(|b| !*b)).await;
+        let mut side_busy = self.side_busy.subscribe();
+        let _ = tokio::time::timeout(grace, side_busy.wait_for(|b| !*b)).await;
         // What the settled run published reaches the disk and its streams
         // before they are closed.
         let _ = tokio::time::timeout(grace, self.pipe.barrier()).await;
@@ -1005,6 +1154,7 @@ impl Visible for Session {
             transcript: f.transcript.clone(),
             presenter: f.presenter.clone(),
             facts: f.facts.clone(),
+            sides: f.sides.clone(),
         }))
     }
 
@@ -1020,6 +1170,7 @@ impl Visible for Session {
                 c.cancel();
             }
         }
+        self.side_cancel();
         self.bus.close(reason);
     }
 }
@@ -1073,6 +1224,7 @@ impl Restore {
                     transcript,
                     presenter,
                     facts,
+                    sides,
                 } = *snap;
                 self.latest = self.latest.max(seq);
                 self.ring.clear();
@@ -1081,6 +1233,7 @@ impl Restore {
                     presenter,
                     facts,
                     searched: 0,
+                    sides,
                 });
                 return;
             }
@@ -1113,14 +1266,25 @@ impl Restore {
             .map(|(seq, event)| Arc::new(Frame::new(seq, sid.clone(), event)))
             .collect();
         let session = Session::build(rt, &id, created_at, log, latest, ring);
-        let facts = {
+        let (facts, open_side) = {
             let mut f = lock(&session.folds);
             if let Some(restored) = folds {
                 *f = restored;
             }
             f.searched = latest;
-            f.facts.clone()
+            (f.facts.clone(), f.sides.open())
         };
+        // A side run the server stopped in the middle of is settled too.
+        if let Some(side_id) = open_side {
+            session.publish(ClientEvent::Side {
+                side_id,
+                phase: SidePhase::Finished {
+                    outcome: SideOutcome::Failed,
+                    message: "interrupted: the server stopped during this side run".into(),
+                    usage: TokenUsage::default(),
+                },
+            });
+        }
         for (rid, outcome) in &facts.settled {
             session.approvals.remember(rid, *outcome);
         }

@@ -1,5 +1,6 @@
 //! The transcript: a fold of client events into messages and usage, shared by the live session, a reload from the ledger, and Markdown export.
 
+use super::attachments::AttachmentRef;
 use super::event::{ClientEvent, Compaction, Note, RunOutcome, Undo};
 use super::provider::{ChatMessage, Thinking, TokenUsage, ToolCall};
 use serde::{Deserialize, Serialize};
@@ -51,6 +52,9 @@ pub struct Message {
     /// Role::Run only: how the run ended (never Completed).
     pub outcome: Option<RunOutcome>,
     pub seq: u64,
+    /// Role::User only: the input's images, by reference.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attachments: Vec<AttachmentRef>,
 }
 
 impl Message {
@@ -68,6 +72,7 @@ impl Message {
             ok: false,
             outcome: None,
             seq,
+            attachments: Vec::new(),
         }
     }
 }
@@ -107,6 +112,11 @@ impl Transcript {
     /// Folds one published event in; events that do not shape the
     /// conversation (status, approvals, run bookkeeping) leave it unchanged.
     pub fn apply(&mut self, seq: u64, event: &ClientEvent) {
+        // A side run is a branch beside the conversation: not in it, and
+        // `seq` stays the last main event (a resync resumes before it).
+        if let ClientEvent::Side { .. } = event {
+            return;
+        }
         self.seq = self.seq.max(seq);
         let turn_ended = match event {
             ClientEvent::ToolCall { .. }
@@ -116,9 +126,12 @@ impl Transcript {
             _ => self.turn_ended,
         };
         match event {
-            ClientEvent::UserMessage { text, .. } => {
+            ClientEvent::UserMessage {
+                text, attachments, ..
+            } => {
                 let mut m = Message::new(Role::User, seq);
                 m.text = text.clone();
+                m.attachments = attachments.clone();
                 self.messages.push(m);
             }
             ClientEvent::TurnStarted { .. } => {
@@ -230,6 +243,7 @@ impl Transcript {
         if let Some(c) = self.compaction.as_ref().filter(|c| !c.summary.is_empty()) {
             out.push(ChatMessage::User {
                 text: format!("{COMPACTED}\n\n{}", c.summary),
+                images: Vec::new(),
             });
         }
         for m in self.messages.iter().filter(|m| m.seq > upto && self.seen(m.seq)) {
@@ -237,7 +251,10 @@ impl Transcript {
                 out.append(&mut results);
             }
             match m.role {
-                Role::User => out.push(ChatMessage::User { text: m.text.clone() }),
+                Role::User => out.push(ChatMessage::User {
+                    text: m.text.clone(),
+                    images: super::attachments::images(&m.attachments),
+                }),
                 Role::Assistant if m.interrupted => {}
                 Role::Assistant => {
                     let thinking = if m.thinking.is_empty() {
@@ -366,6 +383,7 @@ mod tests {
             ClientEvent::UserMessage {
                 text: "/read a\nhi".into(),
                 request_id: "r".into(),
+                attachments: Vec::new(),
             },
             ClientEvent::ThinkingDelta { text: "hm".into() },
             ClientEvent::ToolCall {
@@ -415,6 +433,7 @@ mod tests {
             &ClientEvent::UserMessage {
                 text: "a".into(),
                 request_id: "r".into(),
+                attachments: Vec::new(),
             },
         );
         t.apply(2, &finished(RunOutcome::Completed, "completed"));
@@ -423,6 +442,7 @@ mod tests {
             &ClientEvent::UserMessage {
                 text: "b".into(),
                 request_id: "s".into(),
+                attachments: Vec::new(),
             },
         );
         t.apply(4, &finished(RunOutcome::Failed, "the model failed: boom"));
@@ -431,6 +451,7 @@ mod tests {
             &ClientEvent::UserMessage {
                 text: "c".into(),
                 request_id: "u".into(),
+                attachments: Vec::new(),
             },
         );
         t.apply(6, &finished(RunOutcome::Cancelled, "cancelled by a client"));
@@ -456,6 +477,7 @@ mod tests {
             &ClientEvent::UserMessage {
                 text: "q".into(),
                 request_id: "r".into(),
+                attachments: Vec::new(),
             },
         );
         t.apply(2, &ClientEvent::ThinkingDelta { text: "hmm".into() });
@@ -471,6 +493,7 @@ mod tests {
             &ClientEvent::UserMessage {
                 text: "q2".into(),
                 request_id: "s".into(),
+                attachments: Vec::new(),
             },
         );
         t.apply(5, &ClientEvent::ThinkingDelta { text: "a\nb".into() });
@@ -515,6 +538,7 @@ mod tests {
         let user = |t: &str| ClientEvent::UserMessage {
             text: t.into(),
             request_id: "r".into(),
+            attachments: Vec::new(),
         };
         let text = |t: &str| ClientEvent::TextDelta { text: t.into() };
         // As the agent publishes them: each turn's usage is noted when the
@@ -571,7 +595,10 @@ mod tests {
         assert_eq!(
             t.chat(),
             [
-                ChatMessage::User { text: "q".into() },
+                ChatMessage::User {
+                    text: "q".into(),
+                    images: Vec::new()
+                },
                 assistant("let me look", &["toolu_1", "toolu_2"]),
                 res("toolu_1", false),
                 res("toolu_2", true),
@@ -588,6 +615,7 @@ mod tests {
             ClientEvent::UserMessage {
                 text: "q".into(),
                 request_id: "r".into(),
+                attachments: Vec::new(),
             },
             ClientEvent::TurnStarted {
                 request_id: "r".into(),

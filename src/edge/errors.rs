@@ -40,7 +40,17 @@ pub fn to_status(e: Error) -> Status {
             }
             Status::with_metadata(code, e.message, md)
         }
-        _ => Status::new(code, e.message),
+        // Any other kind with a reason (a side run's `side_busy`, an
+        // attachment's `unsupported_media_type`) keeps its code and carries
+        // the reason beside it.
+        _ => match e.reason {
+            Some(reason) => {
+                let mut md = tonic::metadata::MetadataMap::new();
+                md.insert(REASON_HEADER, tonic::metadata::MetadataValue::from_static(reason));
+                Status::with_metadata(code, e.message, md)
+            }
+            None => Status::new(code, e.message),
+        },
     }
 }
 
@@ -117,7 +127,17 @@ pub fn status_response(s: &Status) -> Response {
         return resp;
     }
     let (status, code) = http_of(s.code());
-    json_error(status, code, s.message())
+    match s.metadata().get(REASON_HEADER).and_then(|v| v.to_str().ok()) {
+        Some(reason) => {
+            let body =
+                serde_json::json!({ "error": { "code": code, "reason": reason, "message": s.message() } });
+            let mut resp = (status, body.to_string()).into_response();
+            resp.headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            resp
+        }
+        None => json_error(status, code, s.message()),
+    }
 }
 
 /// The content type of a gRPC or gRPC-web request (which wants its errors as grpc-status), if it is one.

@@ -602,6 +602,7 @@ impl Ui {
                         session_id: sid,
                         text: text.clone(),
                         request_id,
+                        ..Default::default()
                     },
                 ))
                 .await

@@ -136,7 +136,9 @@ impl Render {
             | Kind::TurnStarted(_)
             | Kind::Status(_)
             | Kind::Resync(_)
-            | Kind::SessionClosed(_) => Vec::new(),
+            | Kind::SessionClosed(_)
+            // Side runs belong to whoever asked them; vak term asks none.
+            | Kind::Side(_) => Vec::new(),
         }
     }
 

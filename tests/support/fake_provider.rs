@@ -134,6 +134,37 @@ impl FakeProvider {
         }
     }
 
+    /// A route to this fake model service, as an OpenAI-compatible provider.
+    pub fn openai_route(&self) -> vak::core::session::Route {
+        use vak::core::provider::ProviderKind;
+        self.route(ProviderKind::OpenAi, format!("{}/v1/", self.url), "gpt-4.1")
+    }
+
+    /// A route to this fake model service, as the Anthropic Messages API.
+    pub fn anthropic_route(&self) -> vak::core::session::Route {
+        use vak::core::provider::ProviderKind;
+        self.route(ProviderKind::Anthropic, self.url.clone(), "claude-sonnet-4-5")
+    }
+
+    fn route(
+        &self,
+        kind: vak::core::provider::ProviderKind,
+        base: String,
+        model: &str,
+    ) -> vak::core::session::Route {
+        use vak::core::provider::{connect_with, http::ClientOptions, Endpoint, Secret};
+        let endpoint = Endpoint {
+            kind,
+            base_url: Some(base),
+            key: Some(Secret::new("sk-test".into())),
+        };
+        vak::core::session::Route {
+            provider: connect_with(&endpoint, &ClientOptions::default()).unwrap(),
+            model: model.into(),
+            context_window: None,
+        }
+    }
+
     /// Queues replies for the next requests, in order.
     pub fn script(&self, replies: impl IntoIterator<Item = Reply>) {
         self.state.script.lock().unwrap().extend(replies);

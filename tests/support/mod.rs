@@ -361,6 +361,7 @@ pub fn kind_of(e: &pb::Event) -> &'static str {
         Some(Kind::Resync(_)) => "resync",
         Some(Kind::SessionClosed(_)) => "session_closed",
         Some(Kind::Notice(_)) => "notice",
+        Some(Kind::Side(_)) => "side",
     }
 }
 

@@ -325,6 +325,18 @@ impl AgentService for Baseline {
     async fn search(&self, _: Request<pb::SearchRequest>) -> Result<Response<pb::SearchResponse>, Status> {
         unimplemented()
     }
+    async fn side_run(&self, _: Request<pb::SideRunRequest>) -> Result<Response<pb::SideAdmission>, Status> {
+        unimplemented()
+    }
+    async fn side_cancel(
+        &self,
+        _: Request<pb::SideCancelRequest>,
+    ) -> Result<Response<pb::SideCancelResponse>, Status> {
+        unimplemented()
+    }
+    async fn list_side(&self, _: Request<pb::ListSideRequest>) -> Result<Response<pb::SideHistory>, Status> {
+        unimplemented()
+    }
 }
 
 /// `vak-bench baseline-server`: serves until killed, announcing its address

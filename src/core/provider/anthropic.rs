@@ -182,9 +182,24 @@ pub fn request_body(req: &TurnRequest) -> Value {
                 "content": content,
                 "is_error": is_error,
             })),
-            ChatMessage::User { text } => {
+            ChatMessage::User { text, images } => {
                 flush(&mut results, &mut messages);
-                messages.push(json!({"role": "user", "content": text}));
+                if images.is_empty() {
+                    messages.push(json!({"role": "user", "content": text}));
+                } else {
+                    // Images first, then the text about them (Anthropic's advice).
+                    let mut content: Vec<Value> = images
+                        .iter()
+                        .map(|i| {
+                            json!({
+                                "type": "image",
+                                "source": {"type": "base64", "media_type": i.media_type, "data": i.data},
+                            })
+                        })
+                        .collect();
+                    content.push(json!({"type": "text", "text": text}));
+                    messages.push(json!({"role": "user", "content": content}));
+                }
             }
             ChatMessage::Assistant {
                 thinking,
@@ -740,7 +755,10 @@ mod tests {
             model: "claude-sonnet-4-5".into(),
             system: "sys".into(),
             messages: vec![
-                ChatMessage::User { text: "go".into() },
+                ChatMessage::User {
+                    text: "go".into(),
+                    images: Vec::new(),
+                },
                 ChatMessage::Assistant {
                     thinking: vec![
                         Thinking {
@@ -822,7 +840,10 @@ mod tests {
     fn the_last_user_message_is_a_cache_breakpoint() {
         let mut req = TurnRequest {
             model: "m".into(),
-            messages: vec![ChatMessage::User { text: "hi".into() }],
+            messages: vec![ChatMessage::User {
+                text: "hi".into(),
+                images: Vec::new(),
+            }],
             ..Default::default()
         };
         let b = request_body(&req);

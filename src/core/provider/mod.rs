@@ -43,9 +43,8 @@ pub struct ToolCall {
 /// One message of the history a turn answers.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ChatMessage {
-    User {
-        text: String,
-    },
+    /// What the user sent: text, and the images attached to it.
+    User { text: String, images: Vec<Image> },
     /// What the model said in one turn: its reasoning, then its text, then
     /// the tools it called.
     Assistant {
@@ -60,6 +59,15 @@ pub enum ChatMessage {
         content: String,
         is_error: bool,
     },
+}
+
+/// An image of a user message: `data` is its bytes as base64, filled in
+/// from the home (`attachments::load`) just before a request is sent.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Image {
+    pub sha256: String,
+    pub media_type: String,
+    pub data: String,
 }
 
 /// Everything one turn needs.

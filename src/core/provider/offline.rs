@@ -211,7 +211,7 @@ impl OfflineModel {
         let (prompt, done_tools) = match last_user {
             Some(i) => (
                 match &history[i] {
-                    ChatMessage::User { text } => text.as_str(),
+                    ChatMessage::User { text, .. } => text.as_str(),
                     _ => "",
                 },
                 history[i + 1..]
@@ -225,6 +225,18 @@ impl OfflineModel {
         out.usage.input_tokens = prompt.split_whitespace().count() as u64;
         let mut skip_tools = done_tools;
         let mut wrote_text = false;
+        // Images are acknowledged, once, as the input's first text line.
+        let mut ack = match last_user.map(|i| &history[i]) {
+            Some(ChatMessage::User { images, .. }) if done_tools == 0 && !images.is_empty() => {
+                let types: Vec<&str> = images.iter().map(|i| i.media_type.as_str()).collect();
+                Some(format!(
+                    "seen {}: {}",
+                    crate::text::count(images.len(), "image"),
+                    types.join(", ")
+                ))
+            }
+            _ => None,
+        };
         for line in prompt.lines().map(str::trim_end).filter(|l| !l.trim().is_empty()) {
             let directive = parse(line);
             if skip_tools > 0 {
@@ -247,6 +259,9 @@ impl OfflineModel {
                 }
                 wrote_text = true;
             };
+            if let Some(a) = ack.take() {
+                say(a);
+            }
             match directive {
                 Directive::Echo(l) => say(format!("echo: {l}")),
                 Directive::Invalid(why) => say(format!("error: {why}")),
@@ -352,6 +367,7 @@ mod tests {
             &ClientEvent::UserMessage {
                 text: text.into(),
                 request_id: "r".into(),
+                attachments: Vec::new(),
             },
         );
     }

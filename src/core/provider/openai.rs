@@ -209,7 +209,20 @@ pub fn request_body(req: &TurnRequest, limit: LimitField) -> Value {
     }
     for m in &req.messages {
         match m {
-            ChatMessage::User { text } => messages.push(json!({"role": "user", "content": text})),
+            ChatMessage::User { text, images } if images.is_empty() => {
+                messages.push(json!({"role": "user", "content": text}))
+            }
+            // Images as content parts with data URLs, after the text.
+            ChatMessage::User { text, images } => {
+                let mut parts = vec![json!({"type": "text", "text": text})];
+                for i in images {
+                    parts.push(json!({
+                        "type": "image_url",
+                        "image_url": {"url": format!("data:{};base64,{}", i.media_type, i.data)},
+                    }));
+                }
+                messages.push(json!({"role": "user", "content": parts}));
+            }
             // Thinking is not sent back: Chat Completions has no field for
             // it, and some servers (DeepSeek's) reject `reasoning_content`
             // in input.
@@ -823,7 +836,10 @@ mod tests {
             model: "gpt-4.1".into(),
             system: "be brief".into(),
             messages: vec![
-                ChatMessage::User { text: "hi".into() },
+                ChatMessage::User {
+                    text: "hi".into(),
+                    images: Vec::new(),
+                },
                 ChatMessage::Assistant {
                     thinking: vec![Thinking {
                         text: "t".into(),

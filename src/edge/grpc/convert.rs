@@ -1,6 +1,7 @@
 //! Every conversion between core types and wire (proto) types, in one place.
 
-use crate::core::event::{ClientEvent, Frame};
+use crate::core::attachments::AttachmentRef;
+use crate::core::event::{ClientEvent, Frame, SideOutcome, SidePhase};
 use crate::core::hub::{ConfigInfo, HostInfo, ModeChange};
 use crate::core::mux::{MuxFrame, MuxItem};
 use crate::core::presentation::{Item, PresentationEvent, Timeline};
@@ -8,6 +9,7 @@ use crate::core::provider::TokenUsage;
 use crate::core::rules::Rule;
 use crate::core::session::Client;
 use crate::core::session::{Admission, CancelResult, SessionInfo};
+use crate::core::side::SideEntry;
 use crate::core::transcript::{self, Role, Transcript};
 use crate::proto::v1 as pb;
 use pb::event::Kind;
@@ -44,9 +46,15 @@ pub fn json_to_struct(v: &Value) -> prost_types::Struct {
 
 pub fn kind(event: &ClientEvent) -> Kind {
     match event.clone() {
-        ClientEvent::UserMessage { text, request_id } => {
-            Kind::UserMessage(pb::UserMessage { text, request_id })
-        }
+        ClientEvent::UserMessage {
+            text,
+            request_id,
+            attachments,
+        } => Kind::UserMessage(pb::UserMessage {
+            text,
+            request_id,
+            attachments: attachments.into_iter().map(attachment_ref).collect(),
+        }),
         ClientEvent::TurnStarted { request_id } => Kind::TurnStarted(pb::TurnStarted { request_id }),
         ClientEvent::TextDelta { text } => Kind::TextDelta(pb::TextDelta { text }),
         ClientEvent::ThinkingDelta { text } => Kind::ThinkingDelta(pb::ThinkingDelta { text }),
@@ -98,6 +106,59 @@ pub fn kind(event: &ClientEvent) -> Kind {
             level: level.as_str().into(),
             text,
         }),
+        ClientEvent::Side { side_id, phase } => Kind::Side(pb::Side {
+            side_id,
+            phase: Some(side_phase(phase)),
+        }),
+    }
+}
+
+fn attachment_ref(a: AttachmentRef) -> pb::AttachmentRef {
+    pb::AttachmentRef {
+        sha256: a.sha256,
+        media_type: a.media_type,
+        name: a.name,
+        size: a.size,
+    }
+}
+
+fn side_phase(phase: SidePhase) -> pb::side::Phase {
+    use pb::side::Phase;
+    match phase {
+        SidePhase::Started { question, branch_seq } => {
+            Phase::Started(pb::SideStarted { question, branch_seq })
+        }
+        SidePhase::TextDelta { text } => Phase::TextDelta(pb::TextDelta { text }),
+        SidePhase::Finished {
+            outcome,
+            message,
+            usage: u,
+        } => Phase::Finished(pb::SideFinished {
+            outcome: side_outcome(Some(outcome)) as i32,
+            message,
+            usage: Some(usage(u)),
+        }),
+    }
+}
+
+pub fn side_outcome(o: Option<SideOutcome>) -> pb::SideOutcome {
+    match o {
+        None => pb::SideOutcome::Unspecified,
+        Some(SideOutcome::Completed) => pb::SideOutcome::Completed,
+        Some(SideOutcome::Cancelled) => pb::SideOutcome::Cancelled,
+        Some(SideOutcome::Failed) => pb::SideOutcome::Failed,
+    }
+}
+
+pub fn side_entry(e: SideEntry) -> pb::SideEntry {
+    pb::SideEntry {
+        side_id: e.side_id,
+        question: e.question,
+        branch_seq: e.branch_seq,
+        seq: e.seq,
+        answer: e.answer,
+        outcome: side_outcome(e.outcome) as i32,
+        message: e.message,
     }
 }
 
@@ -174,7 +235,12 @@ fn message(m: transcript::Message) -> pb::Message {
         ..Default::default()
     };
     match m.role {
-        Role::User => {}
+        Role::User if m.attachments.is_empty() => {}
+        Role::User => {
+            out.attachments = Some(pb::Attachments {
+                items: m.attachments.into_iter().map(attachment_ref).collect(),
+            })
+        }
         Role::Assistant => {
             out.thinking = (!m.thinking.is_empty()).then_some(m.thinking);
             out.interrupted = m.interrupted.then_some(true);
@@ -365,6 +431,8 @@ pub fn mux_item(m: MuxItem) -> pb::StreamMessage {
     use pb::stream_message::Frame as F;
     let sid = m.session_id.as_str();
     let frame = match m.frame {
+        // A side run's frames have a frame kind of their own on the mux.
+        MuxFrame::Agent(f) if matches!(f.event, ClientEvent::Side { .. }) => F::Side(frame(&f)),
         MuxFrame::Agent(f) => F::Agent(frame(&f)),
         MuxFrame::Presentation(e) => F::Presentation(presentation(sid, &e)),
         MuxFrame::Resync { reason, latest_seq } => F::Resync(resync(sid, reason, latest_seq)),
@@ -407,6 +475,7 @@ pub fn mux_kind_name(frame: &pb::stream_message::Frame) -> &'static str {
         F::Host(_) => "host",
         F::Config(_) => "config",
         F::SessionClosed(_) => "session_closed",
+        F::Side(_) => "side",
     }
 }
 

@@ -66,6 +66,19 @@ impl AgentApi {
         self.limits.acquire(client)
     }
 
+    /// Checks and stores an input's attachments (before admission, so a
+    /// refused one admits nothing); their references.
+    async fn attachments(
+        &self,
+        s: &crate::core::session::Session,
+        list: Vec<pb::Attachment>,
+    ) -> Result<Vec<crate::core::attachments::AttachmentRef>, Status> {
+        let list = list.into_iter().map(|a| (a.media_type, a.data, a.name)).collect();
+        crate::core::attachments::accept(&s.runtime().cfg.home, list)
+            .await
+            .map_err(to_status)
+    }
+
     async fn session(&self, id: &str) -> Result<Arc<crate::core::session::Session>, Status> {
         if id.is_empty() {
             return Err(Status::invalid_argument("session_id is required"));
@@ -180,7 +193,11 @@ impl AgentService for AgentApi {
             }
         };
         let s = self.session(&r.session_id).await?;
-        let a = s.admit(r.prompt, Some(r.request_id)).await.map_err(to_status)?;
+        let images = self.attachments(&s, r.attachments).await?;
+        let a = s
+            .admit_with(r.prompt, Some(r.request_id), images)
+            .await
+            .map_err(to_status)?;
         let mut admission = convert::admission(a.clone());
         // A duplicate's run may be long over: it is answered as admitted.
         if r.wait && a.state != AdmissionState::Duplicate {
@@ -197,7 +214,11 @@ impl AgentService for AgentApi {
             return Err(Status::invalid_argument("text is required"));
         }
         let s = self.session(&r.session_id).await?;
-        let a = s.admit(r.text, Some(r.request_id)).await.map_err(to_status)?;
+        let images = self.attachments(&s, r.attachments).await?;
+        let a = s
+            .admit_with(r.text, Some(r.request_id), images)
+            .await
+            .map_err(to_status)?;
         ok(convert::admission(a))
     }
 
@@ -631,6 +652,39 @@ impl AgentService for AgentApi {
             session_id: s.id().to_string(),
             after_seq: u.after_seq,
             upto_seq: u.upto_seq,
+        })
+    }
+
+    async fn side_run(
+        &self,
+        req: Request<pb::SideRunRequest>,
+    ) -> Result<Response<pb::SideAdmission>, Status> {
+        let r = req.into_inner();
+        let s = self.session(&r.session_id).await?;
+        let (side_id, after_seq) = s.side_run(r.question).map_err(to_status)?;
+        ok(pb::SideAdmission { side_id, after_seq })
+    }
+
+    async fn side_cancel(
+        &self,
+        req: Request<pb::SideCancelRequest>,
+    ) -> Result<Response<pb::SideCancelResponse>, Status> {
+        let s = self.session(&req.into_inner().session_id).await?;
+        let side_id = s.side_cancel();
+        ok(pb::SideCancelResponse {
+            cancelled: side_id.is_some(),
+            side_id: side_id.unwrap_or_default(),
+        })
+    }
+
+    async fn list_side(
+        &self,
+        req: Request<pb::ListSideRequest>,
+    ) -> Result<Response<pb::SideHistory>, Status> {
+        let s = self.session(&req.into_inner().session_id).await?;
+        ok(pb::SideHistory {
+            session_id: s.id().to_string(),
+            runs: s.side_history().into_iter().map(convert::side_entry).collect(),
         })
     }
 

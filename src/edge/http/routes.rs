@@ -71,6 +71,8 @@ pub fn router(state: AppState) -> Router {
         .route("/memory", get(list_memory).post(add_memory))
         .route("/memory/{note_id}", patch(update_memory).delete(delete_memory))
         .route("/search", get(search))
+        .route("/sessions/{id}/side", post(side_run).get(list_side))
+        .route("/sessions/{id}/side/cancel", post(side_cancel))
         .method_not_allowed_fallback(|| async {
             json_error(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -555,4 +557,23 @@ async fn search(State(st): State<AppState>, q: Query) -> Response {
         all,
     };
     reply(StatusCode::OK, st.api.search(Request::new(req)).await)
+}
+
+async fn side_run(State(st): State<AppState>, Path(id): Path<String>, b: Body) -> Response {
+    match for_session(&st, &id, b, |r: &mut pb::SideRunRequest| &mut r.session_id).await {
+        Ok(req) => reply(StatusCode::ACCEPTED, st.api.side_run(Request::new(req)).await),
+        Err(e) => e,
+    }
+}
+
+async fn side_cancel(State(st): State<AppState>, Path(id): Path<String>, b: Body) -> Response {
+    match for_session(&st, &id, b, |r: &mut pb::SideCancelRequest| &mut r.session_id).await {
+        Ok(req) => reply(StatusCode::OK, st.api.side_cancel(Request::new(req)).await),
+        Err(e) => e,
+    }
+}
+
+async fn list_side(State(st): State<AppState>, Path(id): Path<String>) -> Response {
+    let req = pb::ListSideRequest { session_id: id };
+    reply(StatusCode::OK, st.api.list_side(Request::new(req)).await)
 }

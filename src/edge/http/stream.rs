@@ -65,7 +65,7 @@ fn mux_frame(m: pb::StreamMessage) -> bytes::Bytes {
     let id = (!m.id.is_empty()).then_some(m.id.as_str());
     let data = match &frame {
         F::StreamOpened(o) => to_json(o),
-        F::Agent(e) | F::Resync(e) | F::SessionClosed(e) => to_json(e),
+        F::Agent(e) | F::Resync(e) | F::SessionClosed(e) | F::Side(e) => to_json(e),
         F::Presentation(p) => to_json(p),
         F::Coworking(c) => to_json(c),
         F::Host(h) => to_json(h),
