@@ -6,10 +6,11 @@
 
 use super::config::{RoutePatch, RouteSpec, Settings};
 use super::index::{Entry, Index};
-use super::jetstream::JetStreamLog;
+use super::jetstream::{JetStreamLog, ANOTHER_WRITER};
 use super::ledger::{storage_error, Batch, Ledger, Log, OpenError, Record};
 use super::lifecycle;
 use super::mux::Control;
+use super::owners::{Claim, Owner, LEASE_LOST};
 use super::session::{Route, Runtime, Session, SessionInfo};
 use super::CoreConfig;
 use super::PermissionMode;
@@ -27,6 +28,36 @@ use tokio_util::sync::CancellationToken;
 const STORAGE_RETRY: Duration = Duration::from_secs(1);
 
 type Cell = Arc<OnceCell<Arc<Session>>>;
+
+/// Where a session is served: here, or by the replica holding its lease (`--bus` with several replicas).
+pub enum Located {
+    Local(Arc<Session>),
+    Remote(Owner),
+}
+
+/// Why a session did not load here.
+enum LoadError {
+    Failed(Error),
+    /// Another live replica holds its lease.
+    Elsewhere(Owner),
+}
+
+impl From<Error> for LoadError {
+    fn from(e: Error) -> Self {
+        LoadError::Failed(e)
+    }
+}
+
+/// What a replica that does not hold a session's lease answers for what it cannot forward.
+fn served_elsewhere(id: &str, owner: &Owner) -> Error {
+    Error::new(
+        ErrorKind::Unavailable,
+        format!(
+            "session {id} is served by replica {} ({}); this replica forwards runs, steering, approvals and cancel to it but does not serve its other requests yet",
+            owner.replica, owner.url
+        ),
+    )
+}
 
 pub struct Hub {
     rt: Arc<Runtime>,
@@ -288,8 +319,20 @@ impl Hub {
         let path = self.ledger_path(&id);
         let durability = self.rt.cfg.durability;
         let (sid, at) = (id.clone(), created_at.clone());
-        let log: Arc<dyn Log> = match &self.rt.cfg.nats {
+        let log: (Arc<dyn Log>, _) = match &self.rt.cfg.nats {
             Some(client) => {
+                let lease = match &self.rt.cfg.owners {
+                    Some(owners) => match owners.claim(&id).await? {
+                        Claim::Mine(lost) => Some(lost),
+                        Claim::Theirs(o) => {
+                            return Err(Error::internal(format!(
+                                "a fresh session id {id} is leased to {}",
+                                o.replica
+                            )))
+                        }
+                    },
+                    None => None,
+                };
                 let log = Arc::new(JetStreamLog::open(client.clone(), &id).await?);
                 let header = Record::Header {
                     session_id: sid,
@@ -304,15 +347,22 @@ impl Hub {
                 .await
                 .map_err(|e| Error::internal(e.to_string()))?
                 .map_err(|e| storage_error(&e))?;
-                log
+                (log, lease)
             }
-            None => Arc::new(
-                tokio::task::spawn_blocking(move || Ledger::create(&path, &sid, &at, durability))
-                    .await
-                    .map_err(|e| Error::internal(e.to_string()))??,
+            None => (
+                Arc::new(
+                    tokio::task::spawn_blocking(move || Ledger::create(&path, &sid, &at, durability))
+                        .await
+                        .map_err(|e| Error::internal(e.to_string()))??,
+                ) as Arc<dyn Log>,
+                None,
             ),
         };
+        let (log, lease) = log;
         let session = Session::create(self.rt.clone(), &id, created_at, log);
+        if let Some(lost) = lease {
+            watch_lease(&session, lost);
+        }
         self.note(&session);
         self.loaded()
             .insert(id, Arc::new(OnceCell::new_with(Some(session.clone()))));
@@ -322,6 +372,15 @@ impl Hub {
     /// The live session `id`, loading it from its ledger when it is not in
     /// memory yet (or was stopped by a storage failure a while ago).
     pub async fn get(&self, id: &str) -> Result<Arc<Session>> {
+        match self.find(id).await? {
+            Located::Local(s) => Ok(s),
+            Located::Remote(owner) => Err(served_elsewhere(id, &owner)),
+        }
+    }
+
+    /// The live session `id` if this replica serves it (loading it, and
+    /// taking its lease with `--bus`), else the replica that holds its lease.
+    pub async fn find(&self, id: &str) -> Result<Located> {
         validate_session_id(id)?;
         loop {
             self.refuse_when_stopping()?;
@@ -329,9 +388,12 @@ impl Hub {
             let loaded = cell.get_or_try_init(|| self.load(id)).await.cloned();
             match loaded {
                 Ok(session) => {
+                    // Moved to another replica: looked up afresh at once.
+                    // Any other failure answers for a while before a reload.
+                    let moved = |r: &str| r.contains(LEASE_LOST) || r.contains(ANOTHER_WRITER);
                     if session
                         .storage_failure()
-                        .is_some_and(|(_, at)| at.elapsed() >= STORAGE_RETRY)
+                        .is_some_and(|(r, at)| moved(&r) || at.elapsed() >= STORAGE_RETRY)
                     {
                         // Its writer has stopped: a fresh load continues from
                         // the last durable seq.
@@ -339,9 +401,13 @@ impl Hub {
                         continue;
                     }
                     session.touch();
-                    return Ok(session);
+                    return Ok(Located::Local(session));
                 }
-                Err(e) => {
+                Err(LoadError::Elsewhere(owner)) => {
+                    self.forget(id, &cell);
+                    return Ok(Located::Remote(owner));
+                }
+                Err(LoadError::Failed(e)) => {
                     self.forget(id, &cell);
                     if e.kind == ErrorKind::NotFound {
                         self.index.remove(id);
@@ -382,17 +448,42 @@ impl Hub {
         }
     }
 
-    async fn load(&self, id: &str) -> Result<Arc<Session>> {
+    async fn load(&self, id: &str) -> std::result::Result<Arc<Session>, LoadError> {
         if let Some(client) = &self.rt.cfg.nats {
-            let log = Arc::new(JetStreamLog::open(client.clone(), id).await?);
-            let records = log.records().await?;
-            if records.is_empty() {
-                return Err(Error::not_found(format!("no session {id}")));
+            // Written here only under the lease: a session whose holder is
+            // alive is served there (a dead holder's lease is waited out).
+            let lease = match &self.rt.cfg.owners {
+                Some(owners) => match owners.claim_or_wait(id).await? {
+                    Claim::Mine(lost) => Some((owners, lost)),
+                    Claim::Theirs(owner) => return Err(LoadError::Elsewhere(owner)),
+                },
+                None => None,
+            };
+            let loaded = async {
+                let log = Arc::new(JetStreamLog::open(client.clone(), id).await?);
+                let records = log.records().await?;
+                if records.is_empty() {
+                    return Err(Error::not_found(format!("no session {id}")));
+                }
+                let rt = self.rt.clone();
+                tokio::task::spawn_blocking(move || Session::restore_records(rt, log, records))
+                    .await
+                    .map_err(|e| Error::internal(e.to_string()))?
             }
-            let rt = self.rt.clone();
-            let loaded = tokio::task::spawn_blocking(move || Session::restore_records(rt, log, records))
-                .await
-                .map_err(|e| Error::internal(e.to_string()))??;
+            .await;
+            let loaded = match (loaded, lease) {
+                (Ok(s), Some((_, lost))) => {
+                    watch_lease(&s, lost);
+                    s
+                }
+                (Ok(s), None) => s,
+                (Err(e), lease) => {
+                    if let Some((owners, _)) = lease {
+                        owners.release(id).await;
+                    }
+                    return Err(e.into());
+                }
+            };
             tracing::info!(session = %id, latest_seq = loaded.latest_seq(), "session loaded from JetStream");
             self.note(&loaded);
             return Ok(loaded);
@@ -549,14 +640,19 @@ impl Hub {
             if session.flush().await.is_err() {
                 continue;
             }
-            let mut map = self.loaded();
-            // Only the cell and `session` hold it: nobody can publish into it.
-            let unused = Arc::strong_count(&session) == 2 && session.is_idle(idle);
-            if unused && map.get(&id).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
-                map.remove(&id);
-                drop(map);
+            let removed = {
+                let mut map = self.loaded();
+                // Only the cell and `session` hold it: nobody can publish into it.
+                let unused = Arc::strong_count(&session) == 2 && session.is_idle(idle);
+                unused && map.get(&id).is_some_and(|c| Arc::ptr_eq(c, &cell)) && map.remove(&id).is_some()
+            };
+            if removed {
                 self.note(&session);
                 unloaded += 1;
+                // Everything it wrote is durable: another replica may take it.
+                if let Some(owners) = &self.rt.cfg.owners {
+                    owners.release(&id).await;
+                }
             }
         }
         if unloaded > 0 {
@@ -641,8 +737,27 @@ impl Hub {
             self.note(&s);
         }
         self.save_index().await;
+        // Every session is settled and synced: the leases go back, so
+        // another replica takes these sessions without waiting them out.
+        if let Some(owners) = &self.rt.cfg.owners {
+            owners.release_all().await;
+        }
         self.closing.cancel();
     }
+}
+
+/// Stops `session` writing once its lease is lost (the watch turns
+/// `Some(reason)`); ends quietly when the lease is released or the session goes.
+fn watch_lease(session: &Arc<Session>, mut lost: tokio::sync::watch::Receiver<Option<String>>) {
+    let weak = Arc::downgrade(session);
+    tokio::spawn(async move {
+        let Ok(reason) = lost.wait_for(|r| r.is_some()).await.map(|r| r.clone()) else {
+            return;
+        };
+        if let (Some(s), Some(reason)) = (weak.upgrade(), reason) {
+            s.stop_writing(&reason);
+        }
+    });
 }
 
 /// Moves an unusable ledger out of the way (`sessions/corrupt/`), so the id

@@ -763,6 +763,14 @@ impl Session {
         (self.cancel().cancelled, denied)
     }
 
+    /// This replica lost the session's lease to another: it stops writing
+    /// at once, as after a storage failure (the live run ends, streams get
+    /// session_closed with `reason`, input is refused until a reload).
+    pub fn stop_writing(&self, reason: &str) {
+        self.pipe.fail(reason);
+        Visible::failed(self, reason);
+    }
+
     /// Sets the title a client chose (None: derive it from the first prompt).
     pub fn set_title(&self, title: Option<String>) {
         *lock(&self.title) = title;

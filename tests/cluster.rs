@@ -1,0 +1,349 @@
+//! Several real `vak serve --bus` replicas on a real 3-node NATS cluster (issue 14): a lease per session in VAK_OWNERS, admissions and approvals forwarded to the lease holder, failover after a SIGKILL, and fencing of an owner that was stopped past its lease.
+
+mod support;
+
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use support::nats::Cluster;
+use support::process::{vak, Vak};
+use support::{assert_numbered, finished, text_of, Frame, Sse, TestServer, DEADLINE, TOKEN};
+use vak::core::jetstream::JetStreamLog;
+use vak::core::ledger::Record;
+use vak::core::owners::{Owner, BUCKET};
+
+/// The lease age the tests' bucket is made with: a failover waits about this long.
+const TTL_MS: &str = "1500";
+
+/// One `vak serve --bus` child with its own home and workspace.
+struct Replica {
+    vak: Vak,
+    api: TestServer,
+    ws: tempfile::TempDir,
+    _home: tempfile::TempDir,
+}
+
+impl Replica {
+    async fn start(nats: &Cluster, name: &str) -> Replica {
+        let (home, ws) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut cmd = vak(&[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--bus",
+            &nats.url(),
+            "--bus-replicas",
+            "3",
+            "--bus-replica",
+            name,
+            "--bus-lease-ttl-ms",
+            TTL_MS,
+            "--token",
+            TOKEN,
+        ]);
+        cmd.arg("--home")
+            .arg(home.path())
+            .arg("--workspace")
+            .arg(ws.path());
+        let mut vak = Vak::spawn(cmd);
+        let url = vak.url().await;
+        Replica {
+            vak,
+            api: TestServer::remote(&url),
+            ws,
+            _home: home,
+        }
+    }
+}
+
+async fn nats_client(nats: &Cluster) -> async_nats::Client {
+    tokio::time::timeout(DEADLINE, async_nats::connect(nats.node_url(0)))
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+async fn leases(nats: &Cluster) -> async_nats::jetstream::kv::Store {
+    let js = async_nats::jetstream::new(nats_client(nats).await);
+    js.get_key_value(BUCKET).await.unwrap()
+}
+
+async fn lease_of(kv: &async_nats::jetstream::kv::Store, sid: &str) -> Option<Owner> {
+    kv.get(sid)
+        .await
+        .unwrap()
+        .map(|v| serde_json::from_slice(&v).unwrap())
+}
+
+/// Reads `sse` until it has shown `n` text deltas; the frames read.
+async fn deltas(sse: &mut Sse, n: usize) -> Vec<Frame> {
+    let mut out: Vec<Frame> = Vec::new();
+    while out.iter().filter(|f| f.event == "text_delta").count() < n {
+        out.push(sse.next().await.expect("the run goes on"));
+    }
+    out
+}
+
+/// The event seqs stored on the session's subject, read straight from the stream.
+async fn stored_seqs(nats: &Cluster, sid: &str) -> Vec<u64> {
+    let log = JetStreamLog::open(nats_client(nats).await, sid).await.unwrap();
+    log.records()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|r| match r {
+            Record::Event { seq, .. } => Some(seq),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A 3-node NATS cluster, replicas `ra` and `rb`, a session created on
+/// `ra` (so `ra` holds its lease) and a stream of it open on `ra`.
+async fn two_replicas() -> (Cluster, Replica, Replica, String, Sse) {
+    let nats = Cluster::three().await;
+    let a = Replica::start(&nats, "ra").await;
+    let b = Replica::start(&nats, "rb").await;
+    let sid = a.api.create_session().await;
+    let sse = a.api.events(&sid, None).await;
+    (nats, a, b, sid, sse)
+}
+
+/// Starts a long paced run on `owner` and reads `sse` until it has shown 40
+/// deltas: the last seq read, a client's cursor when the owner goes away.
+async fn paced_run(owner: &Replica, sid: &str, sse: &mut Sse) -> u64 {
+    let (code, _) = owner.api.run(sid, "/pace 100000 400").await;
+    assert_eq!(code, 202);
+    deltas(sse, 40).await.last().unwrap().seq()
+}
+
+/// A session is written by the replica holding its lease (created with it,
+/// renewed at a third of its age); another replica names that holder for
+/// what it cannot forward, and takes the session at once when the holder
+/// stops cleanly and gives the lease back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_leases_each_session_it_writes_renews_it_and_gives_it_back_when_it_stops() {
+    let nats = Cluster::three().await;
+    let a = Replica::start(&nats, "ra").await;
+    let b = Replica::start(&nats, "rb").await;
+    let kv = leases(&nats).await;
+    let sid = a.api.create_session().await;
+    let held = kv.entry(&sid).await.unwrap().expect("a lease");
+    assert_eq!(
+        serde_json::from_slice::<Owner>(&held.value).unwrap(),
+        Owner {
+            replica: "ra".into(),
+            url: a.api.url.clone()
+        }
+    );
+    // Renewed: the same holder written again under a later revision.
+    let mut watch = kv.watch(&sid).await.unwrap();
+    let renewed = tokio::time::timeout(DEADLINE, async {
+        loop {
+            let e = watch.next().await.unwrap().unwrap();
+            if e.revision > held.revision {
+                return e;
+            }
+        }
+    })
+    .await
+    .expect("the lease is renewed within the deadline");
+    assert_eq!(renewed.operation, async_nats::jetstream::kv::Operation::Put);
+    assert_eq!(renewed.value, held.value);
+
+    // B does not serve reads of a session A holds: it says who does.
+    let (code, body) = b.api.get(&format!("/sessions/{sid}/transcript")).await;
+    assert_eq!(code, 503, "{body}");
+    let msg = body["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("replica ra") && msg.contains(&a.api.url), "{msg}");
+
+    // A clean stop gives the lease back, so B takes the session without waiting it out.
+    let (code, _) = a.api.run(&sid, "before the stop").await;
+    assert_eq!(code, 202);
+    let mut sse = a.api.events(&sid, Some(0)).await;
+    sse.until("run_finished").await;
+    assert!(a.vak.terminate().await.success());
+    assert_eq!(lease_of(&kv, &sid).await, None, "released on shutdown");
+    let (code, body) = b.api.get(&format!("/sessions/{sid}/transcript")).await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(lease_of(&kv, &sid).await.unwrap().replica, "rb");
+    let (code, adm) = b.api.run(&sid, "after").await;
+    assert_eq!((code, adm["state"].as_str()), (202, Some("started")));
+}
+
+/// Run, steering and cancel sent to a replica that does not hold the
+/// session are answered by the holder: one request id is admitted once
+/// across replicas, and the holder's refusals reach the client unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_request_id_on_two_replicas_is_started_once_and_duplicate_once() {
+    let (_nats, a, b, sid, mut sse) = two_replicas().await;
+    let path = format!("/sessions/{sid}/run");
+    let body = json!({"prompt": "hello there", "request_id": "same-1"});
+    let (on_a, on_b) = tokio::join!(a.api.post(&path, body.clone()), b.api.post(&path, body.clone()));
+    assert_eq!((on_a.0, on_b.0), (202, 202), "{on_a:?} {on_b:?}");
+    let mut states = [
+        on_a.1["state"].as_str().unwrap(),
+        on_b.1["state"].as_str().unwrap(),
+    ];
+    states.sort();
+    assert_eq!(states, ["duplicate", "started"]);
+    assert_eq!(on_a.1["request_id"], on_b.1["request_id"]);
+    let run = sse.until("run_finished").await;
+    assert_numbered(&run);
+    assert_eq!(finished(&run)["outcome"], "completed");
+    assert_eq!(text_of(&run), "echo: hello there");
+    // Sent again later, to either replica: still a duplicate.
+    let (code, again) = b.api.post(&path, body).await;
+    assert_eq!((code, again["state"].as_str()), (202, Some("duplicate")));
+
+    // Steering and cancel through B act on A's live run.
+    let (code, adm) = b.api.run(&sid, "/sleep 600000").await;
+    assert_eq!((code, adm["state"].as_str()), (202, Some("started")), "{adm}");
+    let (code, steer) = b
+        .api
+        .post(&format!("/sessions/{sid}/steering"), json!({"text": "later"}))
+        .await;
+    assert_eq!((code, steer["state"].as_str()), (202, Some("queued")), "{steer}");
+    let (code, cancel) = b.api.post(&format!("/sessions/{sid}/cancel"), json!({})).await;
+    assert_eq!(code, 200, "{cancel}");
+    assert_eq!(cancel, json!({"cancelled": true, "discarded": 1}));
+    let run = sse.until("run_finished").await;
+    assert_eq!(finished(&run)["outcome"], "cancelled");
+
+    // A refusal made on A travels back as it is: an unknown approval is 404.
+    let (code, body) = b
+        .api
+        .post(
+            &format!("/sessions/{sid}/approvals/ap_nope"),
+            json!({"approve": true}),
+        )
+        .await;
+    assert_eq!(code, 404, "{body}");
+    assert_eq!(body["error"]["message"], "no approval request ap_nope");
+    // A prompt larger than NATS carries (1 MiB by default) is refused on B with both sizes.
+    let big = "x".repeat(2 << 20);
+    let (code, body) = b.api.post(&path, json!({"prompt": big})).await;
+    assert_eq!(code, 413, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("NATS carries at most"),
+        "{body}"
+    );
+}
+
+/// An approval answered on B and on A at once, for a tool call parked on
+/// A: one answer wins, the other is 409, the call runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_answered_on_another_replica_resolves_the_parked_call_exactly_once() {
+    let (_nats, a, b, sid, mut sse) = two_replicas().await;
+    let (code, _) = b.api.run(&sid, "/write notes.md hello there").await;
+    assert_eq!(code, 202);
+    let ask = sse.next_ask().await;
+    let rid = ask["request_id"].as_str().unwrap();
+    let path = format!("/sessions/{sid}/approvals/{rid}");
+    let yes = json!({"approve": true});
+    let (on_b, on_a) = tokio::join!(b.api.post(&path, yes.clone()), a.api.post(&path, yes.clone()));
+    let mut codes = [on_a.0, on_b.0];
+    codes.sort();
+    assert_eq!(codes, [200, 409], "{on_a:?} {on_b:?}");
+    let run = sse.until("run_finished").await;
+    assert_eq!(finished(&run)["outcome"], "completed");
+    let resolved: Vec<&Value> = run
+        .iter()
+        .filter(|f| f.event == "approval_resolved")
+        .map(|f| f.body())
+        .collect();
+    assert_eq!(resolved.len(), 1, "{run:?}");
+    assert_eq!(resolved[0]["outcome"], "approved");
+    let results: Vec<&Value> = run
+        .iter()
+        .filter(|f| f.event == "tool_result")
+        .map(|f| f.body())
+        .collect();
+    assert_eq!(results.len(), 1);
+    assert_eq!(results[0]["ok"], true);
+    let written = std::fs::read_to_string(a.ws.path().join("notes.md")).unwrap();
+    assert_eq!(written, "hello there");
+    // Answered again on B later: 409, as on the owner.
+    let (code, body) = b.api.post(&path, yes).await;
+    assert_eq!(code, 409, "{body}");
+}
+
+/// The owner is SIGKILLed mid-run: a client that reconnects to another
+/// replica with its Last-Event-ID waits out the lease, and that replica
+/// takes the session, settles the interrupted run and goes on; no seq is
+/// lost or reused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_owners_session_moves_to_another_replica_which_settles_the_run_and_goes_on() {
+    let (nats, a, b, sid, mut sse) = two_replicas().await;
+    let c = Replica::start(&nats, "rc").await;
+    let kv = leases(&nats).await;
+    let cursor = paced_run(&a, &sid, &mut sse).await;
+    a.vak.kill().await;
+    drop(sse);
+
+    let mut sse = b.api.events(&sid, Some(cursor)).await;
+    let rest = sse.until("run_finished").await;
+    assert_eq!(rest[0].seq(), cursor + 1, "{:?}", rest[0]);
+    assert_numbered(&rest);
+    let fin = finished(&rest);
+    assert_eq!(fin["outcome"], "failed");
+    assert_eq!(fin["message"], "interrupted: the server stopped during this run");
+    assert_eq!(lease_of(&kv, &sid).await.unwrap().replica, "rb");
+
+    // The session goes on at B, with a run sent to C.
+    let (code, adm) = c.api.run(&sid, "again").await;
+    assert_eq!((code, adm["state"].as_str()), (202, Some("started")), "{adm}");
+    let more = sse.until("run_finished").await;
+    assert_eq!(more[0].seq(), rest.last().unwrap().seq() + 1);
+    assert_eq!(text_of(&more), "echo: again");
+    let stored = stored_seqs(&nats, &sid).await;
+    let last = more.last().unwrap().seq();
+    assert_eq!(stored, (1..=last).collect::<Vec<_>>(), "every seq stored once");
+}
+
+/// The owner is SIGSTOPped past its lease; another replica takes over and
+/// settles the run. SIGCONT: the old owner's next append is refused (the
+/// CAS chain fences it) or its renewal finds the lease gone, either way its
+/// streams end with the reason, and it stores and shows nothing more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_stopped_past_its_lease_is_fenced_when_it_wakes_and_publishes_nothing_more() {
+    let (nats, a, b, sid, mut on_a) = two_replicas().await;
+    let cursor = paced_run(&a, &sid, &mut on_a).await;
+    a.vak.signal("STOP");
+
+    let mut on_b = b.api.events(&sid, Some(cursor)).await;
+    let rest = on_b.until("run_finished").await;
+    assert_eq!(rest[0].seq(), cursor + 1);
+    assert_numbered(&rest);
+    assert_eq!(finished(&rest)["outcome"], "failed");
+
+    a.vak.signal("CONT");
+    let tail = on_a.until("session_closed").await;
+    let reason = tail.last().unwrap().body()["reason"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    eprintln!("the old owner's streams ended with: {reason}");
+    assert!(
+        reason.contains("another writer appended to this session") || reason.starts_with("lease_lost"),
+        "{reason}\n{}",
+        a.vak.log()
+    );
+    // Whatever A showed after the cursor is what the stream holds under those seqs.
+    for f in tail.iter().filter(|f| f.id.is_some()) {
+        let stored = rest
+            .iter()
+            .find(|r| r.seq() == f.seq())
+            .unwrap_or_else(|| panic!("A showed seq {} that B does not replay", f.seq()));
+        assert_eq!(stored.data, f.data);
+    }
+    // And it stored nothing after B took over: B numbers on from its own last.
+    let (code, adm) = b.api.run(&sid, "on b").await;
+    assert_eq!((code, adm["state"].as_str()), (202, Some("started")), "{adm}");
+    let more = on_b.until("run_finished").await;
+    assert_eq!(more[0].seq(), rest.last().unwrap().seq() + 1);
+    let last = more.last().unwrap().seq();
+    assert_eq!(stored_seqs(&nats, &sid).await, (1..=last).collect::<Vec<_>>());
+}
