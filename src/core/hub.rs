@@ -53,7 +53,7 @@ fn served_elsewhere(id: &str, owner: &Owner) -> Error {
     Error::new(
         ErrorKind::Unavailable,
         format!(
-            "session {id} is served by replica {} ({}); this replica forwards runs, steering, approvals and cancel to it but does not serve its other requests yet",
+            "session {id} is written by replica {} ({}); this replica serves its streams and reads and forwards runs, steering, approvals and cancel to it, but does not change it otherwise",
             owner.replica, owner.url
         ),
     )
@@ -62,6 +62,9 @@ fn served_elsewhere(id: &str, owner: &Owner) -> Error {
 pub struct Hub {
     rt: Arc<Runtime>,
     sessions: Mutex<HashMap<String, Cell>>,
+    /// Read-only copies of sessions other replicas write (`--bus`), for
+    /// their streams and reads (`mirror.rs`).
+    mirrors: Mutex<HashMap<String, Cell>>,
     /// Every session on disk, for listing without reading ledgers. Loaded
     /// sessions report live state instead; an entry is refreshed when its
     /// session loads, unloads or the server stops.
@@ -165,6 +168,7 @@ impl Hub {
         Ok(Hub {
             rt: Arc::new(Runtime::new(cfg, route)),
             sessions: Mutex::new(HashMap::new()),
+            mirrors: Mutex::new(HashMap::new()),
             index,
             stopping: AtomicBool::new(false),
             streams: Mutex::new(HashMap::new()),
@@ -309,7 +313,9 @@ impl Hub {
 
     /// Every session in memory now (loads in flight are not).
     fn live(&self) -> Vec<Arc<Session>> {
-        self.loaded().values().filter_map(|c| c.get().cloned()).collect()
+        let mut out: Vec<Arc<Session>> = self.loaded().values().filter_map(|c| c.get().cloned()).collect();
+        out.extend(lock(&self.mirrors).values().filter_map(|c| c.get().cloned()));
+        out
     }
 
     pub async fn create(&self) -> Result<Arc<Session>> {
@@ -371,11 +377,50 @@ impl Hub {
 
     /// The live session `id`, loading it from its ledger when it is not in
     /// memory yet (or was stopped by a storage failure a while ago).
+    /// A session another replica writes is its read-only mirror here: its
+    /// streams and reads are served, its writes refused naming the writer.
     pub async fn get(&self, id: &str) -> Result<Arc<Session>> {
         match self.find(id).await? {
             Located::Local(s) => Ok(s),
-            Located::Remote(owner) => Err(served_elsewhere(id, &owner)),
+            Located::Remote(owner) => self.mirror(id, &owner).await,
         }
+    }
+
+    /// The mirror of `id` (opening it on first use); one whose live path
+    /// ended is opened afresh.
+    async fn mirror(&self, id: &str, owner: &Owner) -> Result<Arc<Session>> {
+        let Some(client) = &self.rt.cfg.nats else {
+            return Err(served_elsewhere(id, owner));
+        };
+        for _ in 0..2 {
+            self.refuse_when_stopping()?;
+            let cell = lock(&self.mirrors).entry(id.to_string()).or_default().clone();
+            let opened = cell
+                .get_or_try_init(|| {
+                    let why = served_elsewhere(id, owner).message;
+                    super::mirror::open(self.rt.clone(), client.clone(), id, why)
+                })
+                .await
+                .cloned();
+            let forget = || {
+                let mut map = lock(&self.mirrors);
+                if map.get(id).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
+                    map.remove(id);
+                }
+            };
+            match opened {
+                Ok(s) if s.storage_failure().is_some() => forget(),
+                Ok(s) => {
+                    s.touch();
+                    return Ok(s);
+                }
+                Err(e) => {
+                    forget();
+                    return Err(e);
+                }
+            }
+        }
+        Err(served_elsewhere(id, owner))
     }
 
     /// The live session `id` if this replica serves it (loading it, and
@@ -625,6 +670,12 @@ impl Hub {
     /// next use loads them again.
     pub async fn unload_idle(&self) -> usize {
         let idle = self.rt.cfg.unload_idle_after;
+        // A mirror holds no lease and writes nothing: dropping it is enough
+        // (its follower ends with it).
+        lock(&self.mirrors).retain(|_, c| {
+            !c.get()
+                .is_some_and(|s| Arc::strong_count(s) == 1 && s.is_idle(idle))
+        });
         let candidates: Vec<(String, Cell)> = self
             .loaded()
             .iter()

@@ -14,6 +14,7 @@ pub mod index;
 pub mod jetstream;
 pub mod ledger;
 pub mod lifecycle;
+pub mod mirror;
 pub mod mux;
 pub mod owners;
 pub mod permissions;

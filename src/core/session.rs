@@ -337,7 +337,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Session {
     /// A brand-new session with an empty ledger.
     pub fn create(rt: Arc<Runtime>, id: &str, created_at: String, log: Arc<dyn Log>) -> Arc<Session> {
-        Self::build(rt, id, created_at, log, 0, Vec::new())
+        Self::build(rt, id, created_at, log, 0, Vec::new(), None)
     }
 
     /// Rebuilds a session from its ledger, read a record at a time: the
@@ -347,7 +347,7 @@ impl Session {
     pub fn restore(rt: Arc<Runtime>, path: &std::path::Path) -> std::result::Result<Arc<Session>, OpenError> {
         let mut r = Restore::new(rt.cfg.bus.ring.max(1));
         let ledger = Ledger::open(path, rt.cfg.durability, |record| r.visit(record))?;
-        r.finish(rt, Arc::new(ledger)).map_err(OpenError::Io)
+        r.finish(rt, Arc::new(ledger), None).map_err(OpenError::Io)
     }
 
     /// Rebuilds a session from the records of a log that is not a file (the
@@ -361,9 +361,27 @@ impl Session {
         for record in records {
             r.visit(record);
         }
-        r.finish(rt, log)
+        r.finish(rt, log, None)
     }
 
+    /// A read-only copy of a session another replica writes (`--bus`),
+    /// folded from `records` like a load; it settles nothing, has no writer,
+    /// and refuses every write with `read_only`. Whoever follows the log
+    /// hands it what is stored next through `Visible::commit` (`mirror.rs`).
+    pub fn mirror(
+        rt: Arc<Runtime>,
+        log: Arc<dyn Log>,
+        records: Vec<Record>,
+        read_only: &str,
+    ) -> Result<Arc<Session>> {
+        let mut r = Restore::new(rt.cfg.bus.ring.max(1));
+        for record in records {
+            r.visit(record);
+        }
+        r.finish(rt, log, Some(read_only))
+    }
+
+    /// `read_only`: a mirror, with no writer and every write refused with it.
     fn build(
         rt: Arc<Runtime>,
         id: &str,
@@ -371,6 +389,7 @@ impl Session {
         log: Arc<dyn Log>,
         latest: u64,
         ring: Vec<Arc<Frame>>,
+        read_only: Option<&str>,
     ) -> Arc<Session> {
         let sid: Arc<str> = Arc::from(id);
         let bus = Bus::new(sid.clone(), rt.cfg.bus.clone(), Some(log.clone()), latest, ring);
@@ -390,6 +409,10 @@ impl Session {
             last_used: Mutex::new(Instant::now()),
             title: Mutex::new(None),
         });
+        if let Some(reason) = read_only {
+            pipe.fail(reason);
+            return session;
+        }
         let visible: Weak<dyn Visible> = Arc::downgrade(&session) as Weak<Session>;
         let snapshots = writer::SnapshotPolicy::new(session.rt.cfg.snapshot_min_bytes);
         tokio::spawn(writer::run(sid, pipe, log, visible, latest, snapshots));
@@ -1063,7 +1086,7 @@ impl Restore {
         self.ring.push_back((seq, event));
     }
 
-    fn finish(self, rt: Arc<Runtime>, log: Arc<dyn Log>) -> Result<Arc<Session>> {
+    fn finish(self, rt: Arc<Runtime>, log: Arc<dyn Log>, read_only: Option<&str>) -> Result<Arc<Session>> {
         let Restore {
             header,
             latest,
@@ -1077,7 +1100,7 @@ impl Restore {
             .into_iter()
             .map(|(seq, event)| Arc::new(Frame::new(seq, sid.clone(), event)))
             .collect();
-        let session = Session::build(rt, &id, created_at, log, latest, ring);
+        let session = Session::build(rt, &id, created_at, log, latest, ring, read_only);
         let facts = {
             let mut f = lock(&session.folds);
             if let Some(restored) = folds {
@@ -1094,7 +1117,8 @@ impl Restore {
                 run.remember(rid);
             }
         }
-        if facts.busy {
+        // A mirror's run is its writer's to settle.
+        if facts.busy && read_only.is_none() {
             for rid in facts.open_approvals {
                 session.approvals.remember(&rid, ApprovalOutcome::Expired);
                 session.publish(ClientEvent::ApprovalResolved {
