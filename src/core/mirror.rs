@@ -100,6 +100,9 @@ async fn follow(
             match log.stored_after(last).await {
                 Ok(stored) => {
                     let missed: Vec<Stored> = stored.into_iter().filter(|m| m.position > pos).collect();
+                    if !missed.is_empty() {
+                        tracing::info!(session = %s.id(), messages = missed.len(), "the live path missed messages: read them from the stream");
+                    }
                     if let Some(m) = missed.last() {
                         (last, pos) = (m.stream_seq, m.position);
                     }

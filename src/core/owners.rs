@@ -12,9 +12,12 @@
 //! **Liveness, not safety.** A replica opens a session for writing only
 //! while it holds the lease; safety still comes from the log's CAS chain
 //! (`jetstream.rs`): a stale owner's next append is fenced. A renewal that
-//! finds the revision moved (another replica took the lease after it
-//! expired), or that has not succeeded for a whole age, loses the lease:
-//! whoever watches it (`Claim::Mine`) hears why and stops writing at once.
+//! finds the revision moved and the value naming another replica (it took
+//! the lease after it expired) or none loses the lease: whoever watches it
+//! (`Claim::Mine`) hears why and stops writing at once. A renewal that
+//! fails because NATS is unavailable is tried again: nobody can take the
+//! lease meanwhile either. One whose ack was lost moved the revision
+//! itself: the value still names this replica, and its revision is adopted.
 //!
 //! **Ping.** Every replica answers `vak.rpc.<replica>.ping`; a lease whose
 //! owner does not answer is waited out (up to its age) and then taken:
@@ -59,7 +62,6 @@ pub enum Claim {
 
 struct Held {
     revision: u64,
-    renewed: Instant,
     lost: watch::Sender<Option<String>>,
 }
 
@@ -210,14 +212,7 @@ impl Owners {
 
     fn hold(&self, session: &str, revision: u64) -> watch::Receiver<Option<String>> {
         let (tx, rx) = watch::channel(None);
-        lock(&self.held).insert(
-            session.to_string(),
-            Held {
-                revision,
-                renewed: Instant::now(),
-                lost: tx,
-            },
-        );
+        lock(&self.held).insert(session.to_string(), Held { revision, lost: tx });
         rx
     }
 
@@ -335,31 +330,53 @@ impl Owners {
                         if let Some(h) = lock(&self.held).get_mut(&session) {
                             if h.revision == revision {
                                 h.revision = new;
-                                h.renewed = Instant::now();
                             }
                         }
                     }
                     Ok(Err(e)) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => {
-                        let still = lock(&self.held).get(&session).map(|h| h.revision) == Some(revision);
-                        if still {
-                            self.lose(&session, "another replica took the lease after it expired".into());
-                        }
+                        self.moved(&session, revision).await;
                     }
-                    other => {
-                        let why = match other {
-                            Ok(Err(e)) => e.to_string(),
-                            _ => "timed out".into(),
-                        };
-                        let stale = lock(&self.held)
-                            .get(&session)
-                            .is_some_and(|h| h.renewed.elapsed() >= self.ttl);
-                        if stale {
-                            self.lose(&session, format!("not renewed for a whole lease age ({why})"));
-                        } else {
-                            tracing::warn!(session, "renewing the lease failed, trying again: {why}");
-                        }
+                    // NATS unavailable (a node died, a leader is being
+                    // elected): nobody can take the lease meanwhile either,
+                    // and the log's CAS chain still fences a stale writer.
+                    Ok(Err(e)) => {
+                        tracing::warn!(session, "renewing the lease failed, trying again: {e}")
                     }
+                    Err(_) => tracing::warn!(session, "renewing the lease timed out, trying again"),
                 }
+            }
+        }
+    }
+
+    /// A renewal found the revision moved: either our own earlier renewal
+    /// was stored but its ack lost (the value still names this replica:
+    /// adopted), or another replica took the lease after it expired (lost).
+    async fn moved(&self, session: &str, revision: u64) {
+        let entry = match self.kv.entry(session).await {
+            Ok(entry) => entry,
+            Err(e) => {
+                tracing::warn!(
+                    session,
+                    "reading the lease after a failed renewal, trying again: {e}"
+                );
+                return;
+            }
+        };
+        let ours = entry.as_ref().filter(|e| {
+            e.operation == kv::Operation::Put
+                && serde_json::from_slice::<Owner>(&e.value).is_ok_and(|o| o.replica == self.replica)
+        });
+        let mut held = lock(&self.held);
+        let Some(h) = held.get_mut(session).filter(|h| h.revision == revision) else {
+            return;
+        };
+        match ours {
+            Some(e) => {
+                h.revision = e.revision;
+            }
+            None => {
+                drop(held);
+                self.lose(session, "another replica took the lease after it expired".into());
             }
         }
     }
