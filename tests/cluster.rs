@@ -6,7 +6,9 @@ use futures_util::StreamExt;
 use serde_json::{json, Value};
 use support::nats::Cluster;
 use support::process::{vak, Vak};
-use support::{assert_numbered, finished, text_of, Frame, Sse, TestServer, DEADLINE, TOKEN};
+use support::{
+    agent_kind, assert_numbered, finished, sessions_query, text_of, Frame, Sse, TestServer, DEADLINE, TOKEN,
+};
 use vak::core::jetstream::JetStreamLog;
 use vak::core::ledger::Record;
 use vak::core::owners::{Owner, BUCKET};
@@ -490,5 +492,59 @@ async fn a_bad_replica_name_or_lease_age_stops_startup_with_one_line() {
         assert!(!out.status.success(), "{flag} {value}: {stderr}");
         assert!(stderr.contains(says), "{flag} {value}: {stderr}");
         assert!(!String::from_utf8_lossy(&out.stdout).contains("listening on"));
+    }
+}
+
+/// One `/stream` over two sessions written by two replicas, read on a
+/// third, then resumed on the first with the cursor vector of the last
+/// frame read: every event of both sessions once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_vector_over_sessions_of_two_writers_resumes_exactly_on_another_replica() {
+    let (nats, a, b, s1, _on_a) = two_replicas().await;
+    let c = Replica::start(&nats, "rc").await;
+    let s2 = b.api.create_session().await;
+    let query = sessions_query(&[&s1, &s2]);
+    let mut on_c = c.api.open_stream(&c.api.url, &query, None).await;
+    for (r, s) in [(&a, &s1), (&b, &s2)] {
+        let (code, adm) = r.api.run(s, "/pace 400 400").await;
+        assert_eq!((code, adm["state"].as_str()), (202, Some("started")), "{adm}");
+    }
+    let mut frames = Vec::new();
+    while frames.iter().filter(|f: &&Frame| f.event == "agent").count() < 150 {
+        frames.push(on_c.next().await.expect("the stream goes on"));
+    }
+    let vector = frames
+        .iter()
+        .rev()
+        .find_map(|f| f.id.clone())
+        .expect("a frame with a cursor");
+    drop(on_c);
+    let mut on_a = a.api.open_stream(&a.api.url, &query, Some(&vector)).await;
+    let finished = |frames: &[Frame]| {
+        frames
+            .iter()
+            .filter(|f| f.event == "agent" && agent_kind(&f.data) == "run_finished")
+            .count()
+    };
+    while finished(&frames) < 2 {
+        frames.push(on_a.next().await.expect("the stream goes on"));
+    }
+    for sid in [&s1, &s2] {
+        let mine: Vec<Frame> = frames
+            .iter()
+            .filter(|f| f.event == "agent" && f.data["session_id"] == sid.as_str())
+            .map(|f| Frame {
+                id: Some(f.data["seq"].to_string()),
+                event: agent_kind(&f.data),
+                data: f.data.clone(),
+            })
+            .collect();
+        assert_numbered(&mine);
+        assert_eq!(
+            paced(&mine),
+            (0..400).collect::<Vec<_>>(),
+            "{sid}: every delta once"
+        );
+        assert_eq!(mine.last().unwrap().event, "run_finished");
     }
 }
