@@ -339,21 +339,34 @@ impl Hub {
                     },
                     None => None,
                 };
-                let log = Arc::new(JetStreamLog::open(client.clone(), &id).await?);
                 let header = Record::Header {
                     session_id: sid,
                     created_at: at,
                 };
-                let l = log.clone();
-                tokio::task::spawn_blocking(move || {
-                    let mut batch = Batch::default();
-                    batch.push(&header);
-                    l.append(&batch)
-                })
-                .await
-                .map_err(|e| Error::internal(e.to_string()))?
-                .map_err(|e| storage_error(&e))?;
-                (log, lease)
+                let created = async {
+                    let log = Arc::new(JetStreamLog::open(client.clone(), &id).await?);
+                    let l = log.clone();
+                    tokio::task::spawn_blocking(move || {
+                        let mut batch = Batch::default();
+                        batch.push(&header);
+                        l.append(&batch)
+                    })
+                    .await
+                    .map_err(|e| Error::internal(e.to_string()))?
+                    .map_err(|e| storage_error(&e))?;
+                    Ok::<_, Error>(log)
+                }
+                .await;
+                match created {
+                    Ok(log) => (log, lease),
+                    Err(e) => {
+                        // No session came of it: its lease goes back at once.
+                        if let Some(owners) = &self.rt.cfg.owners {
+                            owners.release(&id).await;
+                        }
+                        return Err(e);
+                    }
+                }
             }
             None => (
                 Arc::new(

@@ -31,6 +31,9 @@ use tonic::{Code, Request, Status};
 pub const METHODS: [&str; 4] = ["Run", "Steer", "Approve", "Cancel"];
 /// How long a forwarded request (that does not wait for its run) may take.
 pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(30);
+/// Forwarded requests this replica answers at once; more wait in the
+/// subscription (NATS bounds what it holds for a slow subscriber).
+pub const MAX_ANSWERING: usize = 1024;
 
 const H_CODE: &str = "Vak-Code";
 const H_KIND: &str = "Vak-Error-Kind";
@@ -111,14 +114,19 @@ pub async fn serve(api: AgentApi, owners: Arc<Owners>, stop: CancellationToken) 
         }
     }
     let mut all = futures_util::stream::select_all(subs);
+    let answering = Arc::new(tokio::sync::Semaphore::new(MAX_ANSWERING));
     loop {
         let msg = tokio::select! {
             m = all.next() => m,
             _ = stop.cancelled() => None,
         };
         let Some(msg) = msg else { return };
+        let Ok(permit) = answering.clone().acquire_owned().await else {
+            return;
+        };
         let (api, client) = (api.clone(), client.clone());
         tokio::spawn(async move {
+            let _permit = permit;
             let Some(reply) = msg.reply.clone() else { return };
             let method = msg.subject.rsplit('.').next().unwrap_or_default().to_string();
             let answer = answer(&api, &method, msg.payload).await;
