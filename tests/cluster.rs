@@ -548,3 +548,26 @@ async fn a_cursor_vector_over_sessions_of_two_writers_resumes_exactly_on_another
         assert_eq!(mine.last().unwrap().event, "run_finished");
     }
 }
+
+/// A reader following a session on a replica that is not its writer, when
+/// the writer is SIGKILLed: that replica waits out the lease by itself,
+/// takes the session over and settles the run, and the reader sees it
+/// with every delta once, without sending another request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_on_a_mirror_sees_the_run_of_a_killed_writer_settled_there() {
+    let (nats, a, b, sid, mut on_a) = two_replicas().await;
+    let kv = leases(&nats).await;
+    let mut on_b = b.api.events(&sid, None).await;
+    let seen_on_a = paced_run(&a, &sid, &mut on_a).await;
+    let mut seen = deltas(&mut on_b, 40).await;
+    a.vak.kill().await;
+    seen.extend(on_b.until("run_finished").await);
+    assert_numbered(&seen);
+    let n = paced(&seen).len() as u64;
+    assert!(n >= paced(&seen_on_a).len() as u64);
+    assert_eq!(paced(&seen), (0..n).collect::<Vec<_>>(), "every delta once");
+    let fin = finished(&seen);
+    assert_eq!(fin["outcome"], "failed");
+    assert_eq!(fin["message"], "interrupted: the server stopped during this run");
+    assert_eq!(lease_of(&kv, &sid).await.unwrap().replica, "rb");
+}

@@ -728,6 +728,9 @@ impl Hub {
 
     /// Unloads idle sessions now and then, until shutdown.
     pub async fn housekeep(self: Arc<Self>) {
+        if self.rt.cfg.owners.is_some() {
+            tokio::spawn(self.clone().adopt_orphans());
+        }
         let every =
             (self.rt.cfg.unload_idle_after / 2).clamp(Duration::from_millis(500), Duration::from_secs(30));
         loop {
@@ -739,6 +742,59 @@ impl Hub {
                 return;
             }
             self.unload_idle().await;
+        }
+    }
+
+    /// Once a lease age, every mirror whose writer answers no ping is
+    /// looked up as a request would (`find`: the lease is waited out and
+    /// taken), so the readers of a session whose writer died see its run
+    /// settled without waiting for another request. Until shutdown.
+    async fn adopt_orphans(self: Arc<Self>) {
+        let Some(owners) = self.rt.cfg.owners.clone() else {
+            return;
+        };
+        let adopting = Arc::new(Mutex::new(std::collections::HashSet::<String>::new()));
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(owners.ttl()) => {}
+                _ = self.closing.cancelled() => return,
+            }
+            if self.stopping.load(Ordering::Acquire) {
+                return;
+            }
+            let followed: Vec<String> = lock(&self.mirrors)
+                .iter()
+                .filter(|(_, c)| c.get().is_some())
+                .map(|(id, _)| id.clone())
+                .collect();
+            for id in followed {
+                if self.loaded().get(&id).is_some_and(|c| c.get().is_some())
+                    || !lock(&adopting).insert(id.clone())
+                {
+                    continue;
+                }
+                let (hub, owners, adopting) = (self.clone(), owners.clone(), adopting.clone());
+                tokio::spawn(async move {
+                    let silent = match owners.claim(&id).await {
+                        Ok(Claim::Theirs(o)) => !owners.alive(&o).await,
+                        // Free (and now ours): load it under the lease.
+                        Ok(Claim::Mine(_)) => true,
+                        Err(_) => false,
+                    };
+                    if silent {
+                        match hub.find(&id).await {
+                            Ok(Located::Local(_)) => {
+                                tracing::info!(session = %id, "took over a session whose writer stopped answering")
+                            }
+                            Ok(Located::Remote(o)) => {
+                                tracing::debug!(session = %id, writer = %o.replica, "another replica took it over")
+                            }
+                            Err(e) => tracing::debug!(session = %id, "taking over later: {}", e.message),
+                        }
+                    }
+                    lock(&adopting).remove(&id);
+                });
+            }
         }
     }
 
