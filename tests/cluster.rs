@@ -26,11 +26,12 @@ struct Replica {
 
 impl Replica {
     async fn start(nats: &Cluster, name: &str) -> Replica {
-        Replica::start_on(&nats.url(), name).await
+        Replica::start_on(&nats.url(), name, TTL_MS).await
     }
 
-    /// A replica given only `bus` (it learns the other nodes from the server).
-    async fn start_on(bus: &str, name: &str) -> Replica {
+    /// A replica given only `bus` (it learns the other nodes from the
+    /// server), making the lease bucket with `ttl_ms` if it is first.
+    async fn start_on(bus: &str, name: &str, ttl_ms: &str) -> Replica {
         let (home, ws) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let mut cmd = vak(&[
             "serve",
@@ -43,7 +44,7 @@ impl Replica {
             "--bus-replica",
             name,
             "--bus-lease-ttl-ms",
-            TTL_MS,
+            ttl_ms,
             "--token",
             TOKEN,
         ]);
@@ -439,8 +440,10 @@ async fn a_run_on_one_replica_streams_from_a_second_and_resumes_exactly_on_a_thi
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_whose_nats_node_dies_fills_the_gap_from_the_stream() {
     let mut nats = Cluster::three().await;
-    let a = Replica::start_on(&nats.node_url(0), "ra").await;
-    let b = Replica::start_on(&nats.node_url(1), "rb").await;
+    // A lease longer than NATS takes to elect new leaders: with 1.5 s it
+    // may expire meanwhile, and B would (safely) take the session over.
+    let a = Replica::start_on(&nats.node_url(0), "ra", "10000").await;
+    let b = Replica::start_on(&nats.node_url(1), "rb", "10000").await;
     let sid = a.api.create_session().await;
     let mut on_a = a.api.events(&sid, None).await;
     let mut on_b = b.api.events(&sid, None).await;
