@@ -136,6 +136,15 @@ pub struct ServeArgs {
     /// Replicas of the JetStream stream when --bus creates it (3 on a cluster).
     #[arg(long, default_value_t = 1, requires = "bus", value_parser = clap::value_parser!(u64).range(1..=5))]
     pub bus_replicas: u64,
+    /// How long a replica's lease on a session lasts unless renewed (it is
+    /// renewed every third of it), when --bus creates the bucket VAK_OWNERS;
+    /// a crashed replica's sessions move to another after at most this long.
+    #[arg(long, default_value_t = 10_000, requires = "bus", value_parser = clap::value_parser!(u64).range(300..=600_000))]
+    pub bus_lease_ttl_ms: u64,
+    /// This replica's name among those sharing --bus (default: `r_` and 12
+    /// random hex digits, new at each start).
+    #[arg(long, requires = "bus")]
+    pub bus_replica: Option<String>,
     /// Seconds after which a session with no run, no stream and no request
     /// is unloaded from memory (its ledger keeps everything; the next use
     /// loads it again).
@@ -368,11 +377,27 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
             replicas: args.bus_replicas as usize,
             ..Default::default()
         };
-        cfg.core.nats = Some(crate::core::jetstream::connect(url, &opts).await?);
+        let client = crate::core::jetstream::connect(url, &opts).await?;
+        let replica = args
+            .bus_replica
+            .clone()
+            .unwrap_or_else(crate::core::owners::new_replica_name);
+        let owners = crate::core::owners::Owners::open(
+            client.clone(),
+            replica,
+            std::time::Duration::from_millis(args.bus_lease_ttl_ms),
+            opts.replicas,
+        )
+        .await?;
         println!(
-            "vak: sessions in NATS JetStream at {url}, stream {}",
-            crate::core::jetstream::STREAM
+            "vak: sessions in NATS JetStream at {url}, stream {}; replica {}, leases in {} ({} ms)",
+            crate::core::jetstream::STREAM,
+            owners.replica(),
+            crate::core::owners::BUCKET,
+            owners.ttl().as_millis()
         );
+        cfg.core.nats = Some(client);
+        cfg.core.owners = Some(owners);
     }
     let max_connections = cfg.max_connections;
     let tls = if args.tls_self_signed {
@@ -448,6 +473,9 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
         );
     }
     let url = home::local_url(scheme, addr);
+    if let Some(owners) = &server.hub().config().owners {
+        owners.set_url(&url);
+    }
     if addr.ip().is_unspecified() {
         println!("vak: bound to {addr} (every interface)");
     }

@@ -6,10 +6,11 @@
 
 use super::config::{RoutePatch, RouteSpec, Settings};
 use super::index::{Entry, Index};
-use super::jetstream::JetStreamLog;
+use super::jetstream::{JetStreamLog, ANOTHER_WRITER};
 use super::ledger::{storage_error, Batch, Ledger, Log, OpenError, Record};
 use super::lifecycle;
 use super::mux::Control;
+use super::owners::{Claim, Owner, LEASE_LOST};
 use super::session::{Route, Runtime, Session, SessionInfo};
 use super::CoreConfig;
 use super::PermissionMode;
@@ -28,9 +29,42 @@ const STORAGE_RETRY: Duration = Duration::from_secs(1);
 
 type Cell = Arc<OnceCell<Arc<Session>>>;
 
+/// Where a session is served: here, or by the replica holding its lease (`--bus` with several replicas).
+pub enum Located {
+    Local(Arc<Session>),
+    Remote(Owner),
+}
+
+/// Why a session did not load here.
+enum LoadError {
+    Failed(Error),
+    /// Another live replica holds its lease.
+    Elsewhere(Owner),
+}
+
+impl From<Error> for LoadError {
+    fn from(e: Error) -> Self {
+        LoadError::Failed(e)
+    }
+}
+
+/// What a replica that does not hold a session's lease answers for what it cannot forward.
+fn served_elsewhere(id: &str, owner: &Owner) -> Error {
+    Error::new(
+        ErrorKind::Unavailable,
+        format!(
+            "session {id} is written by replica {} ({}); this replica serves its streams and reads and forwards runs, steering, approvals and cancel to it, but does not change it otherwise",
+            owner.replica, owner.url
+        ),
+    )
+}
+
 pub struct Hub {
     rt: Arc<Runtime>,
     sessions: Mutex<HashMap<String, Cell>>,
+    /// Read-only copies of sessions other replicas write (`--bus`), for
+    /// their streams and reads (`mirror.rs`).
+    mirrors: Mutex<HashMap<String, Cell>>,
     /// Every session on disk, for listing without reading ledgers. Loaded
     /// sessions report live state instead; an entry is refreshed when its
     /// session loads, unloads or the server stops.
@@ -144,6 +178,7 @@ impl Hub {
         Ok(Hub {
             rt: Arc::new(Runtime::new(cfg, route, search)),
             sessions: Mutex::new(HashMap::new()),
+            mirrors: Mutex::new(HashMap::new()),
             index,
             stopping: AtomicBool::new(false),
             streams: Mutex::new(HashMap::new()),
@@ -322,7 +357,9 @@ impl Hub {
 
     /// Every session in memory now (loads in flight are not).
     fn live(&self) -> Vec<Arc<Session>> {
-        self.loaded().values().filter_map(|c| c.get().cloned()).collect()
+        let mut out: Vec<Arc<Session>> = self.loaded().values().filter_map(|c| c.get().cloned()).collect();
+        out.extend(lock(&self.mirrors).values().filter_map(|c| c.get().cloned()));
+        out
     }
 
     pub async fn create(&self) -> Result<Arc<Session>> {
@@ -336,27 +373,59 @@ impl Hub {
             created_at: created_at.clone(),
             workspace: self.rt.workspace().to_string(),
         };
-        let log: Arc<dyn Log> = match &self.rt.cfg.nats {
+        let log: (Arc<dyn Log>, _) = match &self.rt.cfg.nats {
             Some(client) => {
-                let log = Arc::new(JetStreamLog::open(client.clone(), &id).await?);
-                let l = log.clone();
-                tokio::task::spawn_blocking(move || {
-                    let mut batch = Batch::default();
-                    batch.push(&header);
-                    l.append(&batch)
-                })
-                .await
-                .map_err(|e| Error::internal(e.to_string()))?
-                .map_err(|e| storage_error(&e))?;
-                log
-            }
-            None => Arc::new(
-                tokio::task::spawn_blocking(move || Ledger::create_with(&path, &header, durability))
+                let lease = match &self.rt.cfg.owners {
+                    Some(owners) => match owners.claim(&id).await? {
+                        Claim::Mine(lost) => Some(lost),
+                        Claim::Theirs(o) => {
+                            return Err(Error::internal(format!(
+                                "a fresh session id {id} is leased to {}",
+                                o.replica
+                            )))
+                        }
+                    },
+                    None => None,
+                };
+                let created = async {
+                    let log = Arc::new(JetStreamLog::open(client.clone(), &id).await?);
+                    let l = log.clone();
+                    tokio::task::spawn_blocking(move || {
+                        let mut batch = Batch::default();
+                        batch.push(&header);
+                        l.append(&batch)
+                    })
                     .await
-                    .map_err(|e| Error::internal(e.to_string()))??,
+                    .map_err(|e| Error::internal(e.to_string()))?
+                    .map_err(|e| storage_error(&e))?;
+                    Ok::<_, Error>(log)
+                }
+                .await;
+                match created {
+                    Ok(log) => (log, lease),
+                    Err(e) => {
+                        // No session came of it: its lease goes back at once.
+                        if let Some(owners) = &self.rt.cfg.owners {
+                            owners.release(&id).await;
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+            None => (
+                Arc::new(
+                    tokio::task::spawn_blocking(move || Ledger::create_with(&path, &header, durability))
+                        .await
+                        .map_err(|e| Error::internal(e.to_string()))??,
+                ) as Arc<dyn Log>,
+                None,
             ),
         };
+        let (log, lease) = log;
         let session = Session::create(self.rt.clone(), &id, created_at, log);
+        if let Some(lost) = lease {
+            watch_lease(&session, lost);
+        }
         self.note(&session);
         self.loaded()
             .insert(id, Arc::new(OnceCell::new_with(Some(session.clone()))));
@@ -365,7 +434,55 @@ impl Hub {
 
     /// The live session `id`, loading it from its ledger when it is not in
     /// memory yet (or was stopped by a storage failure a while ago).
+    /// A session another replica writes is its read-only mirror here: its
+    /// streams and reads are served, its writes refused naming the writer.
     pub async fn get(&self, id: &str) -> Result<Arc<Session>> {
+        match self.find(id).await? {
+            Located::Local(s) => Ok(s),
+            Located::Remote(owner) => self.mirror(id, &owner).await,
+        }
+    }
+
+    /// The mirror of `id` (opening it on first use); one whose live path
+    /// ended is opened afresh.
+    async fn mirror(&self, id: &str, owner: &Owner) -> Result<Arc<Session>> {
+        let Some(client) = &self.rt.cfg.nats else {
+            return Err(served_elsewhere(id, owner));
+        };
+        for _ in 0..2 {
+            self.refuse_when_stopping()?;
+            let cell = lock(&self.mirrors).entry(id.to_string()).or_default().clone();
+            let opened = cell
+                .get_or_try_init(|| {
+                    let why = served_elsewhere(id, owner).message;
+                    super::mirror::open(self.rt.clone(), client.clone(), id, why)
+                })
+                .await
+                .cloned();
+            let forget = || {
+                let mut map = lock(&self.mirrors);
+                if map.get(id).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
+                    map.remove(id);
+                }
+            };
+            match opened {
+                Ok(s) if s.storage_failure().is_some() => forget(),
+                Ok(s) => {
+                    s.touch();
+                    return Ok(s);
+                }
+                Err(e) => {
+                    forget();
+                    return Err(e);
+                }
+            }
+        }
+        Err(served_elsewhere(id, owner))
+    }
+
+    /// The live session `id` if this replica serves it (loading it, and
+    /// taking its lease with `--bus`), else the replica that holds its lease.
+    pub async fn find(&self, id: &str) -> Result<Located> {
         validate_session_id(id)?;
         loop {
             self.refuse_when_stopping()?;
@@ -373,9 +490,12 @@ impl Hub {
             let loaded = cell.get_or_try_init(|| self.load(id)).await.cloned();
             match loaded {
                 Ok(session) => {
+                    // Moved to another replica: looked up afresh at once.
+                    // Any other failure answers for a while before a reload.
+                    let moved = |r: &str| r.contains(LEASE_LOST) || r.contains(ANOTHER_WRITER);
                     if session
                         .storage_failure()
-                        .is_some_and(|(_, at)| at.elapsed() >= STORAGE_RETRY)
+                        .is_some_and(|(r, at)| moved(&r) || at.elapsed() >= STORAGE_RETRY)
                     {
                         // Its writer has stopped: a fresh load continues from
                         // the last durable seq.
@@ -383,9 +503,13 @@ impl Hub {
                         continue;
                     }
                     session.touch();
-                    return Ok(session);
+                    return Ok(Located::Local(session));
                 }
-                Err(e) => {
+                Err(LoadError::Elsewhere(owner)) => {
+                    self.forget(id, &cell);
+                    return Ok(Located::Remote(owner));
+                }
+                Err(LoadError::Failed(e)) => {
                     self.forget(id, &cell);
                     if e.kind == ErrorKind::NotFound {
                         self.index.remove(id);
@@ -426,17 +550,42 @@ impl Hub {
         }
     }
 
-    async fn load(&self, id: &str) -> Result<Arc<Session>> {
+    async fn load(&self, id: &str) -> std::result::Result<Arc<Session>, LoadError> {
         if let Some(client) = &self.rt.cfg.nats {
-            let log = Arc::new(JetStreamLog::open(client.clone(), id).await?);
-            let records = log.records().await?;
-            if records.is_empty() {
-                return Err(Error::not_found(format!("no session {id}")));
+            // Written here only under the lease: a session whose holder is
+            // alive is served there (a dead holder's lease is waited out).
+            let lease = match &self.rt.cfg.owners {
+                Some(owners) => match owners.claim_or_wait(id).await? {
+                    Claim::Mine(lost) => Some((owners, lost)),
+                    Claim::Theirs(owner) => return Err(LoadError::Elsewhere(owner)),
+                },
+                None => None,
+            };
+            let loaded = async {
+                let log = Arc::new(JetStreamLog::open(client.clone(), id).await?);
+                let records = log.records().await?;
+                if records.is_empty() {
+                    return Err(Error::not_found(format!("no session {id}")));
+                }
+                let rt = self.rt.clone();
+                tokio::task::spawn_blocking(move || Session::restore_records(rt, log, records))
+                    .await
+                    .map_err(|e| Error::internal(e.to_string()))?
             }
-            let rt = self.rt.clone();
-            let loaded = tokio::task::spawn_blocking(move || Session::restore_records(rt, log, records))
-                .await
-                .map_err(|e| Error::internal(e.to_string()))??;
+            .await;
+            let loaded = match (loaded, lease) {
+                (Ok(s), Some((_, lost))) => {
+                    watch_lease(&s, lost);
+                    s
+                }
+                (Ok(s), None) => s,
+                (Err(e), lease) => {
+                    if let Some((owners, _)) = lease {
+                        owners.release(id).await;
+                    }
+                    return Err(e.into());
+                }
+            };
             tracing::info!(session = %id, latest_seq = loaded.latest_seq(), "session loaded from JetStream");
             self.note(&loaded);
             return Ok(loaded);
@@ -582,6 +731,12 @@ impl Hub {
     /// next use loads them again.
     pub async fn unload_idle(&self) -> usize {
         let idle = self.rt.cfg.unload_idle_after;
+        // A mirror holds no lease and writes nothing: dropping it is enough
+        // (its follower ends with it).
+        lock(&self.mirrors).retain(|_, c| {
+            !c.get()
+                .is_some_and(|s| Arc::strong_count(s) == 1 && s.is_idle(idle))
+        });
         let candidates: Vec<(String, Cell)> = self
             .loaded()
             .iter()
@@ -597,14 +752,19 @@ impl Hub {
             if session.flush().await.is_err() {
                 continue;
             }
-            let mut map = self.loaded();
-            // Only the cell and `session` hold it: nobody can publish into it.
-            let unused = Arc::strong_count(&session) == 2 && session.is_idle(idle);
-            if unused && map.get(&id).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
-                map.remove(&id);
-                drop(map);
+            let removed = {
+                let mut map = self.loaded();
+                // Only the cell and `session` hold it: nobody can publish into it.
+                let unused = Arc::strong_count(&session) == 2 && session.is_idle(idle);
+                unused && map.get(&id).is_some_and(|c| Arc::ptr_eq(c, &cell)) && map.remove(&id).is_some()
+            };
+            if removed {
                 self.note(&session);
                 unloaded += 1;
+                // Everything it wrote is durable: another replica may take it.
+                if let Some(owners) = &self.rt.cfg.owners {
+                    owners.release(&id).await;
+                }
             }
         }
         if unloaded > 0 {
@@ -616,6 +776,9 @@ impl Hub {
 
     /// Unloads idle sessions now and then, until shutdown.
     pub async fn housekeep(self: Arc<Self>) {
+        if self.rt.cfg.owners.is_some() {
+            tokio::spawn(self.clone().adopt_orphans());
+        }
         let every =
             (self.rt.cfg.unload_idle_after / 2).clamp(Duration::from_millis(500), Duration::from_secs(30));
         loop {
@@ -646,6 +809,59 @@ impl Hub {
         let mut ids: Vec<String> = lock(&self.streams).keys().cloned().collect();
         ids.sort();
         ids
+    }
+
+    /// Once a lease age, every mirror whose writer answers no ping is
+    /// looked up as a request would (`find`: the lease is waited out and
+    /// taken), so the readers of a session whose writer died see its run
+    /// settled without waiting for another request. Until shutdown.
+    async fn adopt_orphans(self: Arc<Self>) {
+        let Some(owners) = self.rt.cfg.owners.clone() else {
+            return;
+        };
+        let adopting = Arc::new(Mutex::new(std::collections::HashSet::<String>::new()));
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(owners.ttl()) => {}
+                _ = self.closing.cancelled() => return,
+            }
+            if self.stopping.load(Ordering::Acquire) {
+                return;
+            }
+            let followed: Vec<String> = lock(&self.mirrors)
+                .iter()
+                .filter(|(_, c)| c.get().is_some())
+                .map(|(id, _)| id.clone())
+                .collect();
+            for id in followed {
+                if self.loaded().get(&id).is_some_and(|c| c.get().is_some())
+                    || !lock(&adopting).insert(id.clone())
+                {
+                    continue;
+                }
+                let (hub, owners, adopting) = (self.clone(), owners.clone(), adopting.clone());
+                tokio::spawn(async move {
+                    let silent = match owners.claim(&id).await {
+                        Ok(Claim::Theirs(o)) => !owners.alive(&o).await,
+                        // Free (and now ours): load it under the lease.
+                        Ok(Claim::Mine(_)) => true,
+                        Err(_) => false,
+                    };
+                    if silent {
+                        match hub.find(&id).await {
+                            Ok(Located::Local(_)) => {
+                                tracing::info!(session = %id, "took over a session whose writer stopped answering")
+                            }
+                            Ok(Located::Remote(o)) => {
+                                tracing::debug!(session = %id, writer = %o.replica, "another replica took it over")
+                            }
+                            Err(e) => tracing::debug!(session = %id, "taking over later: {}", e.message),
+                        }
+                    }
+                    lock(&adopting).remove(&id);
+                });
+            }
+        }
     }
 
     /// How many sessions are in memory.
@@ -709,8 +925,27 @@ impl Hub {
         self.save_index().await;
         // After the sessions: their last runs' messages are queued by now.
         self.rt.search().close().await;
+        // Every session is settled and synced: the leases go back, so
+        // another replica takes these sessions without waiting them out.
+        if let Some(owners) = &self.rt.cfg.owners {
+            owners.release_all().await;
+        }
         self.closing.cancel();
     }
+}
+
+/// Stops `session` writing once its lease is lost (the watch turns
+/// `Some(reason)`); ends quietly when the lease is released or the session goes.
+fn watch_lease(session: &Arc<Session>, mut lost: tokio::sync::watch::Receiver<Option<String>>) {
+    let weak = Arc::downgrade(session);
+    tokio::spawn(async move {
+        let Ok(reason) = lost.wait_for(|r| r.is_some()).await.map(|r| r.clone()) else {
+            return;
+        };
+        if let (Some(s), Some(reason)) = (weak.upgrade(), reason) {
+            s.stop_writing(&reason);
+        }
+    });
 }
 
 /// Moves an unusable ledger out of the way (`sessions/corrupt/`), so the id

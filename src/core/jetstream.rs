@@ -189,7 +189,8 @@ pub fn subject_safe(id: &str) -> bool {
 }
 
 /// Where the next note goes: after event `after`, as its `k`-th note.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// Ordered as the messages of a subject are: by event, then by note.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Position {
     /// The last event's seq (0: none yet).
     pub after: u64,
@@ -234,6 +235,44 @@ pub fn plan<'a>(session: &str, batch: &'a Batch, mut pos: Position) -> (Vec<Plan
         })
         .collect();
     (msgs, pos)
+}
+
+impl Position {
+    /// Whether a message at `next` comes right after one at `self` on a
+    /// subject: the next event, or the next note after the same event.
+    pub fn followed_by(self, next: Position) -> bool {
+        next == Position {
+            after: self.after + 1,
+            notes: 0,
+        } || next
+            == Position {
+                after: self.after,
+                notes: self.notes + 1,
+            }
+    }
+}
+
+/// One stored message of a session's subject, as a mirror applies it.
+#[derive(Debug)]
+pub struct Stored {
+    pub stream_seq: u64,
+    pub position: Position,
+    pub record: Record,
+}
+
+/// A message of the live path (`vak.live.<session>`, what the stream
+/// republished after storing it): None for one without its stream
+/// sequence, position or a readable record.
+pub fn live_message(msg: &async_nats::Message) -> Option<Stored> {
+    let headers = msg.headers.as_ref()?;
+    let stream_seq = headers.get("Nats-Sequence")?.as_str().parse().ok()?;
+    let position = position_of(headers)?;
+    let record = serde_json::from_slice(&msg.payload).ok()?;
+    Some(Stored {
+        stream_seq,
+        position,
+        record,
+    })
 }
 
 /// The position a stored message leaves the log at, from its headers.
@@ -366,18 +405,46 @@ impl JetStreamLog {
     /// session is rebuilt from when it loads. The whole history is read:
     /// starting from the last snapshot is left for later.
     pub async fn records(&self) -> Result<Vec<Record>> {
+        Ok(self
+            .stored_after(0)
+            .await?
+            .into_iter()
+            .map(|s| s.record)
+            .collect())
+    }
+
+    /// The stream sequence of the subject's last message (0: none).
+    pub async fn head(&self) -> Result<u64> {
+        let last = self
+            .last_message()
+            .await
+            .map_err(|e| Error::internal(format!("cannot read the log of {}: {e}", self.session)))?;
+        Ok(last.map_or(0, |(seq, _)| seq))
+    }
+
+    /// Every message of the subject after stream sequence `after`, in
+    /// order, with its stream sequence and position.
+    pub async fn stored_after(&self, after: u64) -> Result<Vec<Stored>> {
         let mut out = Vec::new();
-        let mut next = 1;
+        let mut next = after + 1;
         loop {
             let got = self
                 .direct_batch(next, READ_BATCH)
                 .await
                 .map_err(|e| Error::internal(format!("cannot read the log of {}: {e}", self.session)))?;
             let ended = got.len() < READ_BATCH;
-            for (stream_seq, _, payload) in got {
+            for (stream_seq, headers, payload) in got {
                 next = stream_seq + 1;
+                let Some(position) = position_of(&headers) else {
+                    tracing::error!(subject = %self.subject, stream_seq, "a message with neither {H_SEQ} nor {H_NOTE} is left out");
+                    continue;
+                };
                 match serde_json::from_slice::<Record>(&payload) {
-                    Ok(record) => out.push(record),
+                    Ok(record) => out.push(Stored {
+                        stream_seq,
+                        position,
+                        record,
+                    }),
                     Err(e) => {
                         tracing::error!(subject = %self.subject, stream_seq, "an unreadable record is left out: {e}")
                     }
@@ -814,6 +881,23 @@ mod tests {
         h.insert(H_NOTE, "41.3");
         assert_eq!(position_of(&h), Some(Position { after: 41, notes: 3 }));
         assert_eq!(position_of(&HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn a_mirror_applies_only_the_message_right_after_the_last_and_orders_the_rest() {
+        let at = |after, notes| Position { after, notes };
+        // After event 4: event 5, or the first note after 4.
+        assert!(at(4, 0).followed_by(at(5, 0)));
+        assert!(at(4, 0).followed_by(at(4, 1)));
+        // After a note: the next note, or the next event.
+        assert!(at(4, 2).followed_by(at(4, 3)));
+        assert!(at(4, 2).followed_by(at(5, 0)));
+        // Anything further on is a gap to fill, never applied as it is.
+        for gap in [at(6, 0), at(4, 3), at(5, 1)] {
+            assert!(!at(4, 1).followed_by(gap), "{gap:?}");
+        }
+        // Duplicates (a message read already) order at or before the last.
+        assert!(at(4, 1) <= at(4, 1) && at(3, 9) < at(4, 0) && at(4, 0) < at(4, 1));
     }
 
     #[test]

@@ -16,7 +16,9 @@ pub mod jetstream;
 pub mod ledger;
 pub mod lifecycle;
 pub mod memory;
+pub mod mirror;
 pub mod mux;
+pub mod owners;
 pub mod permissions;
 pub mod presentation;
 pub mod prompt;
@@ -89,6 +91,9 @@ pub struct CoreConfig {
     /// Sessions' logs in NATS JetStream (`--bus`, whose stream exists:
     /// `jetstream::ensure_stream`); None: JSONL ledgers in the home.
     pub nats: Option<async_nats::Client>,
+    /// With `nats`: this replica's session leases (`owners.rs`), so several
+    /// replicas can share the stream. None: one replica, no leases.
+    pub owners: Option<std::sync::Arc<owners::Owners>>,
     /// `[server] workspace_roots`: the folders `GET /fs/dirs` may list
     /// (absolute). Empty: the workspace alone.
     pub workspace_roots: Vec<PathBuf>,
@@ -117,6 +122,7 @@ impl CoreConfig {
             route_flags: config::RouteLayer::default(),
             env: config::Environment::default(),
             nats: None,
+            owners: None,
             workspace_roots: Vec::new(),
             git: PathBuf::from("git"),
         }

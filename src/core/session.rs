@@ -390,7 +390,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Session {
     /// A brand-new session with an empty ledger.
     pub fn create(rt: Arc<Runtime>, id: &str, created_at: String, log: Arc<dyn Log>) -> Arc<Session> {
-        Self::build(rt, id, created_at, log, 0, Vec::new())
+        Self::build(rt, id, created_at, log, 0, Vec::new(), None)
     }
 
     /// Rebuilds a session from its ledger, read a record at a time: the
@@ -400,7 +400,7 @@ impl Session {
     pub fn restore(rt: Arc<Runtime>, path: &std::path::Path) -> std::result::Result<Arc<Session>, OpenError> {
         let mut r = Restore::new(rt.cfg.bus.ring.max(1));
         let ledger = Ledger::open(path, rt.cfg.durability, |record| r.visit(record))?;
-        r.finish(rt, Arc::new(ledger)).map_err(OpenError::Io)
+        r.finish(rt, Arc::new(ledger), None).map_err(OpenError::Io)
     }
 
     /// Rebuilds a session from the records of a log that is not a file (the
@@ -414,9 +414,27 @@ impl Session {
         for record in records {
             r.visit(record);
         }
-        r.finish(rt, log)
+        r.finish(rt, log, None)
     }
 
+    /// A read-only copy of a session another replica writes (`--bus`),
+    /// folded from `records` like a load; it settles nothing, has no writer,
+    /// and refuses every write with `read_only`. Whoever follows the log
+    /// hands it what is stored next through `Visible::commit` (`mirror.rs`).
+    pub fn mirror(
+        rt: Arc<Runtime>,
+        log: Arc<dyn Log>,
+        records: Vec<Record>,
+        read_only: &str,
+    ) -> Result<Arc<Session>> {
+        let mut r = Restore::new(rt.cfg.bus.ring.max(1));
+        for record in records {
+            r.visit(record);
+        }
+        r.finish(rt, log, Some(read_only))
+    }
+
+    /// `read_only`: a mirror, with no writer and every write refused with it.
     fn build(
         rt: Arc<Runtime>,
         id: &str,
@@ -424,6 +442,7 @@ impl Session {
         log: Arc<dyn Log>,
         latest: u64,
         ring: Vec<Arc<Frame>>,
+        read_only: Option<&str>,
     ) -> Arc<Session> {
         let sid: Arc<str> = Arc::from(id);
         let bus = Bus::new(sid.clone(), rt.cfg.bus.clone(), Some(log.clone()), latest, ring);
@@ -445,6 +464,10 @@ impl Session {
             side: Mutex::new(None),
             side_busy: watch::channel(false).0,
         });
+        if let Some(reason) = read_only {
+            pipe.fail(reason);
+            return session;
+        }
         let visible: Weak<dyn Visible> = Arc::downgrade(&session) as Weak<Session>;
         let snapshots = writer::SnapshotPolicy::new(session.rt.cfg.snapshot_min_bytes);
         tokio::spawn(writer::run(sid, pipe, log, visible, latest, snapshots));
@@ -910,6 +933,14 @@ impl Session {
         (main + side, denied)
     }
 
+    /// This replica lost the session's lease to another: it stops writing
+    /// at once, as after a storage failure (the live run ends, streams get
+    /// session_closed with `reason`, input is refused until a reload).
+    pub fn stop_writing(&self, reason: &str) {
+        self.pipe.fail(reason);
+        Visible::failed(self, reason);
+    }
+
     /// Sets the title a client chose (None: derive it from the first prompt).
     pub fn set_title(&self, title: Option<String>) {
         *lock(&self.title) = title;
@@ -1251,7 +1282,7 @@ impl Restore {
         self.ring.push_back((seq, event));
     }
 
-    fn finish(self, rt: Arc<Runtime>, log: Arc<dyn Log>) -> Result<Arc<Session>> {
+    fn finish(self, rt: Arc<Runtime>, log: Arc<dyn Log>, read_only: Option<&str>) -> Result<Arc<Session>> {
         let Restore {
             header,
             latest,
@@ -1265,7 +1296,7 @@ impl Restore {
             .into_iter()
             .map(|(seq, event)| Arc::new(Frame::new(seq, sid.clone(), event)))
             .collect();
-        let session = Session::build(rt, &id, created_at, log, latest, ring);
+        let session = Session::build(rt, &id, created_at, log, latest, ring, read_only);
         let (facts, open_side) = {
             let mut f = lock(&session.folds);
             if let Some(restored) = folds {
@@ -1294,7 +1325,8 @@ impl Restore {
                 run.remember(rid);
             }
         }
-        if facts.busy {
+        // A mirror's run is its writer's to settle.
+        if facts.busy && read_only.is_none() {
             for rid in facts.open_approvals {
                 session.approvals.remember(&rid, ApprovalOutcome::Expired);
                 session.publish(ClientEvent::ApprovalResolved {

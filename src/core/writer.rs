@@ -138,7 +138,9 @@ impl Pipe {
         self.wake.notify_one();
     }
 
-    fn fail(&self, reason: &str) {
+    /// Stops the session's writes: what is queued and every later push is
+    /// refused with `reason` (a failed append, or a lease lost to another replica).
+    pub fn fail(&self, reason: &str) {
         let ops = {
             let mut st = self.lock();
             st.failed = Some(reason.to_string());

@@ -5,6 +5,7 @@ pub mod auth;
 pub mod body;
 pub mod errors;
 pub mod fdlimit;
+pub mod forward;
 pub mod grpc;
 pub mod http;
 pub mod limits;

@@ -145,7 +145,19 @@ async fn unknown_rpc() -> Response {
 pub async fn app(hub: Arc<Hub>, cfg: &ServeConfig) -> Result<Router> {
     let limits = StreamLimits::new(cfg.max_streams, cfg.max_streams_per_client);
     let errors = Arc::new(super::recent_errors::RecentErrors::default());
-    let api = AgentApi::new(hub, limits.clone(), errors.clone());
+    let api = AgentApi::new(hub.clone(), limits.clone(), errors.clone());
+    // Several replicas on one NATS: admissions for the sessions this one
+    // holds arrive forwarded from the others, until the hub shuts down.
+    if let Some(owners) = hub.config().owners.clone() {
+        let stop = tokio_util::sync::CancellationToken::new();
+        let hub = hub.clone();
+        let done = stop.clone();
+        tokio::spawn(async move {
+            hub.closed().await;
+            done.cancel();
+        });
+        tokio::spawn(super::forward::serve(api.clone(), owners, stop));
+    }
     let agent = AgentServiceServer::new(api.clone())
         .max_decoding_message_size(cfg.max_body)
         .max_encoding_message_size(usize::MAX);

@@ -88,6 +88,25 @@ impl TestServer {
         }
     }
 
+    /// The client helpers for a server this test did not start in-process
+    /// (a `vak serve` child started with `--token` TOKEN); dropping it stops nothing.
+    pub fn remote(url: &str) -> TestServer {
+        let addr = url
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .parse()
+            .unwrap_or_else(|e| panic!("{url}: {e}"));
+        TestServer {
+            addr,
+            url: url.trim_end_matches('/').to_string(),
+            home: PathBuf::new(),
+            workspace: PathBuf::new(),
+            _dirs: None,
+            shutdown: None,
+            task: None,
+        }
+    }
+
     /// Graceful stop; returns the temp dirs so a restart can reuse them.
     pub async fn stop(mut self) -> Option<(tempfile::TempDir, tempfile::TempDir)> {
         if let Some(tx) = self.shutdown.take() {
@@ -1022,3 +1041,4 @@ impl TestServer {
     }
 }
 pub mod nats;
+pub mod process;

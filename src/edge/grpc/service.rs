@@ -6,14 +6,16 @@ use crate::core::bus::Subscription;
 use crate::core::bus::{Delivery, End};
 use crate::core::config::{self, RoutePatch};
 use crate::core::cursor::CursorVector;
-use crate::core::hub::Hub;
+use crate::core::hub::{Hub, Located};
 use crate::core::mux::{self, Control, Mux};
+use crate::core::owners::Owner;
 use crate::core::presentation::PresentationEvent;
 use crate::core::session::AdmissionState;
 use crate::core::session::PresenceGuard;
 use crate::core::PermissionMode;
 use crate::core::{diff, files, memory, search, wait};
 use crate::edge::errors::to_status;
+use crate::edge::forward::{self, Forwarded, FORWARD_TIMEOUT};
 use crate::edge::limits::{StreamLimits, StreamPermit};
 use crate::edge::listener::PeerAddr;
 use crate::edge::recent_errors::RecentErrors;
@@ -85,6 +87,41 @@ impl AgentApi {
         }
         self.hub.get(id).await.map_err(to_status)
     }
+
+    /// Where an admission for session `id` is served: here, or the replica
+    /// holding its lease (`--bus`). A forwarded request is never forwarded again.
+    async fn locate(&self, forwarded: bool, id: &str) -> Result<Located, Status> {
+        if forwarded {
+            return self.session(id).await.map(Located::Local);
+        }
+        if id.is_empty() {
+            return Err(Status::invalid_argument("session_id is required"));
+        }
+        self.hub.find(id).await.map_err(to_status)
+    }
+
+    /// Asks `owner` to answer `req` as its `method` (`forward.rs`).
+    async fn forward<Req: prost::Message, Resp: prost::Message + Default>(
+        &self,
+        owner: &Owner,
+        method: &str,
+        req: &Req,
+        timeout: Duration,
+    ) -> Result<Response<Resp>, Status> {
+        let owners = self
+            .hub
+            .config()
+            .owners
+            .as_ref()
+            .ok_or_else(|| Status::internal("a session served elsewhere on a replica without leases"))?;
+        forward::call(owners, owner, method, req, timeout)
+            .await
+            .map(Response::new)
+    }
+}
+
+fn is_forwarded<T>(req: &Request<T>) -> bool {
+    req.extensions().get::<Forwarded>().is_some()
 }
 
 /// A subscription opened for one client, with what holds its stream slot and
@@ -178,6 +215,7 @@ impl AgentService for AgentApi {
     }
 
     async fn run(&self, req: Request<pb::RunRequest>) -> Result<Response<pb::Admission>, Status> {
+        let forwarded = is_forwarded(&req);
         let r = req.into_inner();
         if r.prompt.trim().is_empty() {
             return Err(Status::invalid_argument("prompt is required"));
@@ -192,7 +230,17 @@ impl AgentService for AgentApi {
                 )))
             }
         };
-        let s = self.session(&r.session_id).await?;
+        let s = match self.locate(forwarded, &r.session_id).await? {
+            Located::Local(s) => s,
+            Located::Remote(owner) => {
+                let timeout = if r.wait {
+                    limit + FORWARD_TIMEOUT
+                } else {
+                    FORWARD_TIMEOUT
+                };
+                return self.forward(&owner, "Run", &r, timeout).await;
+            }
+        };
         let images = self.attachments(&s, r.attachments).await?;
         let a = s
             .admit_with(r.prompt, Some(r.request_id), images)
@@ -209,11 +257,15 @@ impl AgentService for AgentApi {
     }
 
     async fn steer(&self, req: Request<pb::SteerRequest>) -> Result<Response<pb::Admission>, Status> {
+        let forwarded = is_forwarded(&req);
         let r = req.into_inner();
         if r.text.trim().is_empty() {
             return Err(Status::invalid_argument("text is required"));
         }
-        let s = self.session(&r.session_id).await?;
+        let s = match self.locate(forwarded, &r.session_id).await? {
+            Located::Local(s) => s,
+            Located::Remote(owner) => return self.forward(&owner, "Steer", &r, FORWARD_TIMEOUT).await,
+        };
         let images = self.attachments(&s, r.attachments).await?;
         let a = s
             .admit_with(r.text, Some(r.request_id), images)
@@ -226,6 +278,7 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::ApproveRequest>,
     ) -> Result<Response<pb::ApproveResponse>, Status> {
+        let forwarded = is_forwarded(&req);
         let r = req.into_inner();
         let Some(approve) = r.approve else {
             return Err(Status::invalid_argument("approve (true or false) is required"));
@@ -237,7 +290,10 @@ impl AgentService for AgentApi {
             Some(m) => Some(PermissionMode::parse_plan_exit(m).map_err(to_status)?),
             None => None,
         };
-        let s = self.session(&r.session_id).await?;
+        let s = match self.locate(forwarded, &r.session_id).await? {
+            Located::Local(s) => s,
+            Located::Remote(owner) => return self.forward(&owner, "Approve", &r, FORWARD_TIMEOUT).await,
+        };
         let always = r.always.unwrap_or(false);
         let answered = s
             .answer(
@@ -260,7 +316,12 @@ impl AgentService for AgentApi {
     }
 
     async fn cancel(&self, req: Request<pb::CancelRequest>) -> Result<Response<pb::CancelResponse>, Status> {
-        let s = self.session(&req.into_inner().session_id).await?;
+        let forwarded = is_forwarded(&req);
+        let r = req.into_inner();
+        let s = match self.locate(forwarded, &r.session_id).await? {
+            Located::Local(s) => s,
+            Located::Remote(owner) => return self.forward(&owner, "Cancel", &r, FORWARD_TIMEOUT).await,
+        };
         ok(convert::cancel(s.cancel()))
     }
 

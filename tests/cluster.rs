@@ -1,0 +1,576 @@
+//! Several real `vak serve --bus` replicas on a real 3-node NATS cluster (issue 14): a lease per session in VAK_OWNERS, admissions and approvals forwarded to the lease holder, streams served by any replica, failover after a SIGKILL, and fencing of an owner that was stopped past its lease.
+
+mod support;
+
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use support::nats::Cluster;
+use support::process::{vak, Vak};
+use support::{
+    agent_kind, assert_numbered, finished, sessions_query, text_of, Frame, Sse, TestServer, DEADLINE, TOKEN,
+};
+use vak::core::jetstream::JetStreamLog;
+use vak::core::ledger::Record;
+use vak::core::owners::{Owner, BUCKET};
+
+/// The lease age the tests' bucket is made with: a failover waits about this long.
+const TTL_MS: &str = "1500";
+
+/// One `vak serve --bus` child with its own home and workspace.
+struct Replica {
+    vak: Vak,
+    api: TestServer,
+    ws: tempfile::TempDir,
+    _home: tempfile::TempDir,
+}
+
+impl Replica {
+    async fn start(nats: &Cluster, name: &str) -> Replica {
+        Replica::start_on(&nats.url(), name, TTL_MS).await
+    }
+
+    /// A replica given only `bus` (it learns the other nodes from the
+    /// server), making the lease bucket with `ttl_ms` if it is first.
+    async fn start_on(bus: &str, name: &str, ttl_ms: &str) -> Replica {
+        let (home, ws) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut cmd = vak(&[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--bus",
+            bus,
+            "--bus-replicas",
+            "3",
+            "--bus-replica",
+            name,
+            "--bus-lease-ttl-ms",
+            ttl_ms,
+            "--token",
+            TOKEN,
+        ]);
+        cmd.arg("--home")
+            .arg(home.path())
+            .arg("--workspace")
+            .arg(ws.path());
+        let mut vak = Vak::spawn(cmd);
+        let url = vak.url().await;
+        Replica {
+            vak,
+            api: TestServer::remote(&url),
+            ws,
+            _home: home,
+        }
+    }
+}
+
+async fn nats_client(nats: &Cluster) -> async_nats::Client {
+    tokio::time::timeout(DEADLINE, async_nats::connect(nats.node_url(0)))
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+async fn leases(nats: &Cluster) -> async_nats::jetstream::kv::Store {
+    let js = async_nats::jetstream::new(nats_client(nats).await);
+    js.get_key_value(BUCKET).await.unwrap()
+}
+
+async fn lease_of(kv: &async_nats::jetstream::kv::Store, sid: &str) -> Option<Owner> {
+    kv.get(sid)
+        .await
+        .unwrap()
+        .map(|v| serde_json::from_slice(&v).unwrap())
+}
+
+/// Reads `sse` until it has shown `n` text deltas; the frames read.
+async fn deltas(sse: &mut Sse, n: usize) -> Vec<Frame> {
+    let mut out: Vec<Frame> = Vec::new();
+    while out.iter().filter(|f| f.event == "text_delta").count() < n {
+        out.push(sse.next().await.expect("the run goes on"));
+    }
+    out
+}
+
+/// The numbers `i` of the `/pace` deltas (`p{i}@{micros} `) in `frames`, in
+/// order: a reader may see deltas merged (a lagging queue, a replay catching
+/// up), so exactness is checked on the text, not frame by frame.
+fn paced(frames: &[Frame]) -> Vec<u64> {
+    text_of(frames)
+        .split_whitespace()
+        .map(|w| {
+            w.trim_start_matches('p')
+                .split('@')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// The frames that are not deltas, as a client sees them.
+fn not_deltas(frames: &[Frame]) -> Vec<(Option<String>, String, Value)> {
+    frames
+        .iter()
+        .filter(|f| f.event != "text_delta")
+        .map(|f| (f.id.clone(), f.event.clone(), f.data.clone()))
+        .collect()
+}
+
+/// The event seqs stored on the session's subject, read straight from the stream.
+async fn stored_seqs(nats: &Cluster, sid: &str) -> Vec<u64> {
+    let log = JetStreamLog::open(nats_client(nats).await, sid).await.unwrap();
+    log.records()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|r| match r {
+            Record::Event { seq, .. } => Some(seq),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A 3-node NATS cluster, replicas `ra` and `rb`, a session created on
+/// `ra` (so `ra` holds its lease) and a stream of it open on `ra`.
+async fn two_replicas() -> (Cluster, Replica, Replica, String, Sse) {
+    let nats = Cluster::three().await;
+    let a = Replica::start(&nats, "ra").await;
+    let b = Replica::start(&nats, "rb").await;
+    let sid = a.api.create_session().await;
+    let sse = a.api.events(&sid, None).await;
+    (nats, a, b, sid, sse)
+}
+
+/// Starts a long paced run on `owner` and reads `sse` until it has shown 40
+/// deltas: the frames read (the last one's seq is a client's cursor when
+/// the owner goes away).
+async fn paced_run(owner: &Replica, sid: &str, sse: &mut Sse) -> Vec<Frame> {
+    let (code, _) = owner.api.run(sid, "/pace 100000 400").await;
+    assert_eq!(code, 202);
+    deltas(sse, 40).await
+}
+
+/// A session is written by the replica holding its lease (created with it,
+/// renewed at a third of its age); another replica names that holder for
+/// what it cannot forward, and takes the session at once when the holder
+/// stops cleanly and gives the lease back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_leases_each_session_it_writes_renews_it_and_gives_it_back_when_it_stops() {
+    let nats = Cluster::three().await;
+    let a = Replica::start(&nats, "ra").await;
+    let b = Replica::start(&nats, "rb").await;
+    let kv = leases(&nats).await;
+    let sid = a.api.create_session().await;
+    let held = kv.entry(&sid).await.unwrap().expect("a lease");
+    assert_eq!(
+        serde_json::from_slice::<Owner>(&held.value).unwrap(),
+        Owner {
+            replica: "ra".into(),
+            url: a.api.url.clone()
+        }
+    );
+    // Renewed: the same holder written again under a later revision.
+    let mut watch = kv.watch(&sid).await.unwrap();
+    let renewed = tokio::time::timeout(DEADLINE, async {
+        loop {
+            let e = watch.next().await.unwrap().unwrap();
+            if e.revision > held.revision {
+                return e;
+            }
+        }
+    })
+    .await
+    .expect("the lease is renewed within the deadline");
+    assert_eq!(renewed.operation, async_nats::jetstream::kv::Operation::Put);
+    assert_eq!(renewed.value, held.value);
+
+    // B serves reads of a session A holds, but changes it only through A:
+    // what it does not forward it refuses, naming the writer.
+    let (code, body) = b.api.post(&format!("/sessions/{sid}/clear"), json!({})).await;
+    assert_eq!(code, 503, "{body}");
+    let msg = body["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("written by replica ra") && msg.contains(&a.api.url),
+        "{msg}"
+    );
+    assert_eq!(lease_of(&kv, &sid).await.unwrap().replica, "ra", "B took nothing");
+
+    // A clean stop gives the lease back, so B takes the session without waiting it out.
+    let (code, _) = a.api.run(&sid, "before the stop").await;
+    assert_eq!(code, 202);
+    let mut sse = a.api.events(&sid, Some(0)).await;
+    sse.until("run_finished").await;
+    assert!(a.vak.terminate().await.success());
+    assert_eq!(lease_of(&kv, &sid).await, None, "released on shutdown");
+    let (code, body) = b.api.get(&format!("/sessions/{sid}/transcript")).await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(lease_of(&kv, &sid).await.unwrap().replica, "rb");
+    let (code, adm) = b.api.run(&sid, "after").await;
+    assert_eq!((code, adm["state"].as_str()), (202, Some("started")));
+}
+
+/// Run, steering and cancel sent to a replica that does not hold the
+/// session are answered by the holder: one request id is admitted once
+/// across replicas, and the holder's refusals reach the client unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_request_id_on_two_replicas_is_started_once_and_duplicate_once() {
+    let (_nats, a, b, sid, mut sse) = two_replicas().await;
+    let path = format!("/sessions/{sid}/run");
+    let body = json!({"prompt": "hello there", "request_id": "same-1"});
+    let (on_a, on_b) = tokio::join!(a.api.post(&path, body.clone()), b.api.post(&path, body.clone()));
+    assert_eq!((on_a.0, on_b.0), (202, 202), "{on_a:?} {on_b:?}");
+    let mut states = [
+        on_a.1["state"].as_str().unwrap(),
+        on_b.1["state"].as_str().unwrap(),
+    ];
+    states.sort();
+    assert_eq!(states, ["duplicate", "started"]);
+    assert_eq!(on_a.1["request_id"], on_b.1["request_id"]);
+    let run = sse.until("run_finished").await;
+    assert_numbered(&run);
+    assert_eq!(finished(&run)["outcome"], "completed");
+    assert_eq!(text_of(&run), "echo: hello there");
+    // Sent again later, to either replica: still a duplicate.
+    let (code, again) = b.api.post(&path, body).await;
+    assert_eq!((code, again["state"].as_str()), (202, Some("duplicate")));
+
+    // Steering and cancel through B act on A's live run.
+    let (code, adm) = b.api.run(&sid, "/sleep 600000").await;
+    assert_eq!((code, adm["state"].as_str()), (202, Some("started")), "{adm}");
+    let (code, steer) = b
+        .api
+        .post(&format!("/sessions/{sid}/steering"), json!({"text": "later"}))
+        .await;
+    assert_eq!((code, steer["state"].as_str()), (202, Some("queued")), "{steer}");
+    let (code, cancel) = b.api.post(&format!("/sessions/{sid}/cancel"), json!({})).await;
+    assert_eq!(code, 200, "{cancel}");
+    assert_eq!(cancel, json!({"cancelled": true, "discarded": 1}));
+    let run = sse.until("run_finished").await;
+    assert_eq!(finished(&run)["outcome"], "cancelled");
+
+    // A refusal made on A travels back as it is: an unknown approval is 404.
+    let (code, body) = b
+        .api
+        .post(
+            &format!("/sessions/{sid}/approvals/ap_nope"),
+            json!({"approve": true}),
+        )
+        .await;
+    assert_eq!(code, 404, "{body}");
+    assert_eq!(body["error"]["message"], "no approval request ap_nope");
+    // A prompt larger than NATS carries (1 MiB by default) is refused on B with both sizes.
+    let big = "x".repeat(2 << 20);
+    let (code, body) = b.api.post(&path, json!({"prompt": big})).await;
+    assert_eq!(code, 413, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("NATS carries at most"),
+        "{body}"
+    );
+}
+
+/// An approval answered on B and on A at once, for a tool call parked on
+/// A: one answer wins, the other is 409, the call runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_answered_on_another_replica_resolves_the_parked_call_exactly_once() {
+    let (_nats, a, b, sid, mut sse) = two_replicas().await;
+    let (code, _) = b.api.run(&sid, "/write notes.md hello there").await;
+    assert_eq!(code, 202);
+    let ask = sse.next_ask().await;
+    let rid = ask["request_id"].as_str().unwrap();
+    let path = format!("/sessions/{sid}/approvals/{rid}");
+    let yes = json!({"approve": true});
+    let (on_b, on_a) = tokio::join!(b.api.post(&path, yes.clone()), a.api.post(&path, yes.clone()));
+    let mut codes = [on_a.0, on_b.0];
+    codes.sort();
+    assert_eq!(codes, [200, 409], "{on_a:?} {on_b:?}");
+    let run = sse.until("run_finished").await;
+    assert_eq!(finished(&run)["outcome"], "completed");
+    let resolved: Vec<&Value> = run
+        .iter()
+        .filter(|f| f.event == "approval_resolved")
+        .map(|f| f.body())
+        .collect();
+    assert_eq!(resolved.len(), 1, "{run:?}");
+    assert_eq!(resolved[0]["outcome"], "approved");
+    let results: Vec<&Value> = run
+        .iter()
+        .filter(|f| f.event == "tool_result")
+        .map(|f| f.body())
+        .collect();
+    assert_eq!(results.len(), 1);
+    assert_eq!(results[0]["ok"], true);
+    let written = std::fs::read_to_string(a.ws.path().join("notes.md")).unwrap();
+    assert_eq!(written, "hello there");
+    // Answered again on B later: 409, as on the owner.
+    let (code, body) = b.api.post(&path, yes).await;
+    assert_eq!(code, 409, "{body}");
+}
+
+/// The owner is SIGKILLed mid-run: a client that reconnects to another
+/// replica with its Last-Event-ID waits out the lease, and that replica
+/// takes the session, settles the interrupted run and goes on; no seq is
+/// lost or reused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_owners_session_moves_to_another_replica_which_settles_the_run_and_goes_on() {
+    let (nats, a, b, sid, mut sse) = two_replicas().await;
+    let c = Replica::start(&nats, "rc").await;
+    let kv = leases(&nats).await;
+    let mut seen = paced_run(&a, &sid, &mut sse).await;
+    let cursor = seen.last().unwrap().seq();
+    a.vak.kill().await;
+    drop(sse);
+
+    let mut sse = b.api.events(&sid, Some(cursor)).await;
+    let rest = sse.until("run_finished").await;
+    seen.extend(rest.iter().cloned());
+    assert_numbered(&seen);
+    let n = paced(&seen).len() as u64;
+    assert_eq!(paced(&seen), (0..n).collect::<Vec<_>>(), "every delta once");
+    let fin = finished(&rest);
+    assert_eq!(fin["outcome"], "failed");
+    assert_eq!(fin["message"], "interrupted: the server stopped during this run");
+    assert_eq!(lease_of(&kv, &sid).await.unwrap().replica, "rb");
+
+    // The session goes on at B, with a run sent to C.
+    let (code, adm) = c.api.run(&sid, "again").await;
+    assert_eq!((code, adm["state"].as_str()), (202, Some("started")), "{adm}");
+    let more = sse.until("run_finished").await;
+    assert_eq!(more[0].seq(), rest.last().unwrap().seq() + 1);
+    assert_eq!(text_of(&more), "echo: again");
+    let stored = stored_seqs(&nats, &sid).await;
+    let last = more.last().unwrap().seq();
+    assert_eq!(stored, (1..=last).collect::<Vec<_>>(), "every seq stored once");
+}
+
+/// The owner is SIGSTOPped past its lease; another replica takes over and
+/// settles the run. SIGCONT: the old owner's next append is refused (the
+/// CAS chain fences it) or its renewal finds the lease gone, either way its
+/// streams end with the reason, and it stores and shows nothing more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_stopped_past_its_lease_is_fenced_when_it_wakes_and_publishes_nothing_more() {
+    let (nats, a, b, sid, mut on_a) = two_replicas().await;
+    let seen = paced_run(&a, &sid, &mut on_a).await;
+    let cursor = seen.last().unwrap().seq();
+    a.vak.signal("STOP");
+
+    let mut on_b = b.api.events(&sid, Some(cursor)).await;
+    let rest = on_b.until("run_finished").await;
+    let all: Vec<Frame> = seen.iter().chain(&rest).cloned().collect();
+    assert_numbered(&all);
+    let n = paced(&all).len() as u64;
+    assert_eq!(paced(&all), (0..n).collect::<Vec<_>>(), "every delta once");
+    assert_eq!(finished(&rest)["outcome"], "failed");
+
+    a.vak.signal("CONT");
+    let tail = on_a.until("session_closed").await;
+    let reason = tail.last().unwrap().body()["reason"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    eprintln!("the old owner's streams ended with: {reason}");
+    assert!(
+        reason.contains("another writer appended to this session") || reason.starts_with("lease_lost"),
+        "{reason}\n{}",
+        a.vak.log()
+    );
+    // Whatever A showed after the cursor is what the stream holds there.
+    assert!(
+        text_of(&rest).starts_with(&text_of(&tail)),
+        "A showed text after seq {cursor} that B does not replay"
+    );
+    // And it stored nothing after B took over: B numbers on from its own last.
+    let (code, adm) = b.api.run(&sid, "on b").await;
+    assert_eq!((code, adm["state"].as_str()), (202, Some("started")), "{adm}");
+    let more = on_b.until("run_finished").await;
+    assert_eq!(more[0].seq(), rest.last().unwrap().seq() + 1);
+    let last = more.last().unwrap().seq();
+    assert_eq!(stored_seqs(&nats, &sid).await, (1..=last).collect::<Vec<_>>());
+}
+
+/// A run started on A, streamed live from B, resumed on C with the
+/// Last-Event-ID B saw last: together exactly what A shows, no gap, no
+/// duplicate; B and C only follow (A keeps the lease).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_on_one_replica_streams_from_a_second_and_resumes_exactly_on_a_third() {
+    let (nats, a, b, sid, mut on_a) = two_replicas().await;
+    let c = Replica::start(&nats, "rc").await;
+    let kv = leases(&nats).await;
+    let mut on_b = b.api.events(&sid, None).await;
+    let (code, adm) = a.api.run(&sid, "/pace 3000 1500").await;
+    assert_eq!((code, adm["state"].as_str()), (202, Some("started")), "{adm}");
+    let after = adm["after_seq"].as_u64().unwrap();
+    let mut seen = deltas(&mut on_b, 300).await;
+    assert_eq!(seen[0].seq(), after + 1, "B shows the run from its first frame");
+    assert_eq!(seen[0].event, "status");
+    drop(on_b);
+    let cursor = seen.last().unwrap().seq();
+    let mut on_c = c.api.events(&sid, Some(cursor)).await;
+    seen.extend(on_c.until("run_finished").await);
+    assert_numbered(&seen);
+    let on_owner = on_a.until("run_finished").await;
+    assert_eq!(finished(&seen)["outcome"], "completed");
+    assert_eq!(paced(&seen), (0..3000).collect::<Vec<_>>(), "every delta once");
+    assert_eq!(text_of(&seen), text_of(&on_owner));
+    assert_eq!(not_deltas(&seen), not_deltas(&on_owner));
+    assert_eq!(seen.last().unwrap().seq(), on_owner.last().unwrap().seq());
+    assert_eq!(lease_of(&kv, &sid).await.unwrap().replica, "ra");
+    // A reader of the mirror sees the next run too, and the transcript there is A's.
+    let mut on_c = c.api.events(&sid, Some(cursor)).await;
+    let (code, _) = c.api.run(&sid, "next").await;
+    assert_eq!(code, 202);
+    let next = loop {
+        let frames = on_c.until("run_finished").await;
+        if text_of(&frames).contains("echo: next") {
+            break frames;
+        }
+    };
+    assert_eq!(finished(&next)["outcome"], "completed");
+    let (_, on_c_transcript) = c.api.get(&format!("/sessions/{sid}/transcript")).await;
+    let (_, on_a_transcript) = a.api.get(&format!("/sessions/{sid}/transcript")).await;
+    assert_eq!(on_c_transcript, on_a_transcript);
+}
+
+/// The NATS node a following replica is connected to is SIGKILLed mid-run:
+/// it reconnects to another node, and what the stream stored while its
+/// live path was down is read back from the stream, never skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_whose_nats_node_dies_fills_the_gap_from_the_stream() {
+    let mut nats = Cluster::three().await;
+    // A lease longer than NATS takes to elect new leaders: with 1.5 s it
+    // may expire meanwhile, and B would (safely) take the session over.
+    let a = Replica::start_on(&nats.node_url(0), "ra", "10000").await;
+    let b = Replica::start_on(&nats.node_url(1), "rb", "10000").await;
+    let sid = a.api.create_session().await;
+    let mut on_a = a.api.events(&sid, None).await;
+    let mut on_b = b.api.events(&sid, None).await;
+    let (code, _) = a.api.run(&sid, "/pace 2000 400").await;
+    assert_eq!(code, 202);
+    // A's own reader keeps up, so what it shows is the writer's live view.
+    let on_owner = tokio::spawn(async move { on_a.until("run_finished").await });
+    let mut seen = deltas(&mut on_b, 100).await;
+    nats.kill(1);
+    seen.extend(on_b.until("run_finished").await);
+    assert_numbered(&seen);
+    assert_eq!(paced(&seen), (0..2000).collect::<Vec<_>>(), "every delta once");
+    let on_owner = on_owner.await.unwrap();
+    // Whether messages were published while B reconnected depends on the
+    // stream's leader (appends stall too when it was on the killed node).
+    eprintln!(
+        "gap filled by B: {}",
+        b.vak.log().contains("the live path missed messages")
+    );
+    assert_eq!(text_of(&seen), text_of(&on_owner));
+    assert_eq!(not_deltas(&seen), not_deltas(&on_owner));
+}
+
+/// A replica name that is not one subject token, and a lease age under
+/// the floor, stop `vak serve --bus` at startup with one line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_replica_name_or_lease_age_stops_startup_with_one_line() {
+    let nats = Cluster::single().await;
+    let home = tempfile::tempdir().unwrap();
+    for (flag, value, says) in [
+        ("--bus-replica", "r.1", "replica name \"r.1\""),
+        ("--bus-lease-ttl-ms", "100", "--bus-lease-ttl-ms"),
+    ] {
+        let mut cmd = vak(&[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--bus",
+            &nats.url(),
+            flag,
+            value,
+        ]);
+        cmd.arg("--home").arg(home.path());
+        let out = tokio::time::timeout(DEADLINE, cmd.output())
+            .await
+            .unwrap()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flag} {value}: {stderr}");
+        assert!(stderr.contains(says), "{flag} {value}: {stderr}");
+        assert!(!String::from_utf8_lossy(&out.stdout).contains("listening on"));
+    }
+}
+
+/// One `/stream` over two sessions written by two replicas, read on a
+/// third, then resumed on the first with the cursor vector of the last
+/// frame read: every event of both sessions once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_vector_over_sessions_of_two_writers_resumes_exactly_on_another_replica() {
+    let (nats, a, b, s1, _on_a) = two_replicas().await;
+    let c = Replica::start(&nats, "rc").await;
+    let s2 = b.api.create_session().await;
+    let query = sessions_query(&[&s1, &s2]);
+    let mut on_c = c.api.open_stream(&c.api.url, &query, None).await;
+    for (r, s) in [(&a, &s1), (&b, &s2)] {
+        let (code, adm) = r.api.run(s, "/pace 400 400").await;
+        assert_eq!((code, adm["state"].as_str()), (202, Some("started")), "{adm}");
+    }
+    let mut frames = Vec::new();
+    while frames.iter().filter(|f: &&Frame| f.event == "agent").count() < 150 {
+        frames.push(on_c.next().await.expect("the stream goes on"));
+    }
+    let vector = frames
+        .iter()
+        .rev()
+        .find_map(|f| f.id.clone())
+        .expect("a frame with a cursor");
+    drop(on_c);
+    let mut on_a = a.api.open_stream(&a.api.url, &query, Some(&vector)).await;
+    let finished = |frames: &[Frame]| {
+        frames
+            .iter()
+            .filter(|f| f.event == "agent" && agent_kind(&f.data) == "run_finished")
+            .count()
+    };
+    while finished(&frames) < 2 {
+        frames.push(on_a.next().await.expect("the stream goes on"));
+    }
+    for sid in [&s1, &s2] {
+        let mine: Vec<Frame> = frames
+            .iter()
+            .filter(|f| f.event == "agent" && f.data["session_id"] == sid.as_str())
+            .map(|f| Frame {
+                id: Some(f.data["seq"].to_string()),
+                event: agent_kind(&f.data),
+                data: f.data.clone(),
+            })
+            .collect();
+        assert_numbered(&mine);
+        assert_eq!(
+            paced(&mine),
+            (0..400).collect::<Vec<_>>(),
+            "{sid}: every delta once"
+        );
+        assert_eq!(mine.last().unwrap().event, "run_finished");
+    }
+}
+
+/// A reader following a session on a replica that is not its writer, when
+/// the writer is SIGKILLed: that replica waits out the lease by itself,
+/// takes the session over and settles the run, and the reader sees it
+/// with every delta once, without sending another request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_on_a_mirror_sees_the_run_of_a_killed_writer_settled_there() {
+    let (nats, a, b, sid, mut on_a) = two_replicas().await;
+    let kv = leases(&nats).await;
+    let mut on_b = b.api.events(&sid, None).await;
+    let seen_on_a = paced_run(&a, &sid, &mut on_a).await;
+    let mut seen = deltas(&mut on_b, 40).await;
+    a.vak.kill().await;
+    seen.extend(on_b.until("run_finished").await);
+    assert_numbered(&seen);
+    let n = paced(&seen).len() as u64;
+    assert!(n >= paced(&seen_on_a).len() as u64);
+    assert_eq!(paced(&seen), (0..n).collect::<Vec<_>>(), "every delta once");
+    let fin = finished(&seen);
+    assert_eq!(fin["outcome"], "failed");
+    assert_eq!(fin["message"], "interrupted: the server stopped during this run");
+    assert_eq!(lease_of(&kv, &sid).await.unwrap().replica, "rb");
+}
