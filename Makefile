@@ -13,8 +13,9 @@ serve: app
 ## Three nats-server nodes (one JetStream cluster) and three `vak serve --bus` replicas
 ## on this machine, sharing every session (docs/scale-out.md); each prints where it
 ## listens, all take one token (VAK_TOKEN or a printed random one); Ctrl-C stops all.
+## CLUSTER_ARGS=--check runs one session across the replicas and stops (tests/serve_cluster.rs).
 serve-cluster: release nats
-	python3 scripts/serve-cluster.py
+	python3 scripts/serve-cluster.py $(CLUSTER_ARGS)
 
 ## Build the release binary and install it as $(PREFIX)/bin/vak (default ~/.local/bin/vak).
 install: release

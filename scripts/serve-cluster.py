@@ -10,13 +10,14 @@ random one printed here), so a client or a load balancer may use any of them.
 Environment: VAK_BIN (default target/release/vak), VAK_NATS_SERVER (default
 target/nats-venv/bin/nats-server), VAK_CLUSTER_PORT (the first replica's port,
 default 8911; the others follow), NATS_PORT (the first node's client port,
-default 4222). With --check, it runs a session across the replicas (a run
+default 4222). With --check (every port then a free one), it runs a session across the replicas (a run
 admitted on the first, its transcript read from the second and third) and
 exits 0 when all three agree.
 """
 
 import json
 import os
+import socket
 import re
 import secrets
 import signal
@@ -34,6 +35,12 @@ NATS = Path(os.environ.get("VAK_NATS_SERVER", ROOT / "target" / "nats-venv" / "b
 VAK_PORT = int(os.environ.get("VAK_CLUSTER_PORT", "8911"))
 NATS_PORT = int(os.environ.get("NATS_PORT", "4222"))
 DEADLINE = 60.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def fail(msg: str) -> None:
@@ -121,22 +128,27 @@ def main() -> None:
         tmp = Path(tmp)
         deadline = time.monotonic() + DEADLINE
         try:
-            routes = ",".join(f"nats-route://127.0.0.1:{NATS_PORT + 2000 + i}" for i in range(3))
+            # The client ports a person may want to know (NATS_PORT and the next
+            # two); with --check every port is a free one, so a test never collides.
+            client = [free_port() if check_mode else NATS_PORT + i for i in range(3)]
+            cluster = [free_port() for _ in range(3)]
+            monitor = [free_port() for _ in range(3)]
+            routes = ",".join(f"nats-route://127.0.0.1:{c}" for c in cluster)
             for i in range(3):
                 name = f"n{i}"
                 log = open(tmp / f"{name}.log", "w")
                 procs.append(
                     subprocess.Popen(
-                        [str(NATS), "-a", "127.0.0.1", "-p", str(NATS_PORT + i), "-m", str(NATS_PORT + 4000 + i),
+                        [str(NATS), "-a", "127.0.0.1", "-p", str(client[i]), "-m", str(monitor[i]),
                          "-n", name, "-js", "-sd", str(tmp / name), "--cluster_name", "vak-local",
-                         "--cluster", f"nats://127.0.0.1:{NATS_PORT + 2000 + i}", "--routes", routes],
+                         "--cluster", f"nats://127.0.0.1:{cluster[i]}", "--routes", routes],
                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
                     )
                 )
             for i in range(3):
-                wait_healthy(NATS_PORT + 4000 + i, deadline)
-                print(f"serve-cluster: nats node n{i} on nats://127.0.0.1:{NATS_PORT + i} (log {tmp}/n{i}.log)")
-            bus = ",".join(f"nats://127.0.0.1:{NATS_PORT + i}" for i in range(3))
+                wait_healthy(monitor[i], deadline)
+                print(f"serve-cluster: nats node n{i} on nats://127.0.0.1:{client[i]} (log {tmp}/n{i}.log)")
+            bus = ",".join(f"nats://127.0.0.1:{c}" for c in client)
             env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "ANTHROPIC_"))}
             env["VAK_TOKEN"] = token
             urls = []
@@ -144,7 +156,7 @@ def main() -> None:
                 home, ws = tmp / f"home{i + 1}", tmp / "workspace"
                 ws.mkdir(exist_ok=True)
                 p = subprocess.Popen(
-                    [str(VAK), "serve", "--listen", f"127.0.0.1:{VAK_PORT + i}", "--workspace", str(ws),
+                    [str(VAK), "serve", "--listen", f"127.0.0.1:{0 if check_mode else VAK_PORT + i}", "--workspace", str(ws),
                      "--bus", bus, "--bus-replicas", "3", "--bus-replica", f"r{i + 1}"],
                     env={**env, "VAK_HOME": str(home)},
                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
