@@ -542,13 +542,22 @@ async fn a_real_model_streams_through_vak(provider: impl FnOnce(&str) -> Vec<Str
         (1..=CAP).contains(&output_tokens),
         "the model's output tokens are counted, at most {CAP}: {transcript}"
     );
+    // What llama.cpp streamed, read first so a failure below can show the
+    // usage it reported (once, under load, an Anthropic run counted 0 input
+    // tokens; this tells whether the server or vak lost them).
+    let served = model.served(1).await;
+    let usage_lines: Vec<String> = model
+        .wire
+        .lines()
+        .into_iter()
+        .filter(|l| l.contains("usage"))
+        .collect();
     assert!(
         usage["input_tokens"].as_u64().unwrap_or(0) > 0,
-        "the model's input tokens are counted: {transcript}"
+        "the model's input tokens are counted: {transcript}\nthe usage llama.cpp streamed: {usage_lines:?}"
     );
 
     // vak spoke the provider's own API to llama.cpp, and asked for CAP tokens.
-    let served = model.served(1).await;
     let asked = model.last_request().await;
     eprintln!(
         "{endpoint}: {} text_delta frames, usage {usage}, max_tokens {}, {} chunks streamed, \
