@@ -78,6 +78,18 @@ def listening_url(proc: subprocess.Popen, log: list, deadline: float) -> str:
     return ""
 
 
+def stop_all(procs: list) -> None:
+    """Terminates every process, the replicas before the nats nodes, and reaps them."""
+    for p in reversed(procs):
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
 def call(url: str, token: str, method: str, path: str, body=None):
     req = urllib.request.Request(
         url + path,
@@ -111,19 +123,8 @@ def main() -> None:
             fail(f"{tool} is missing: run {how}")
     token = os.environ.get("VAK_TOKEN") or secrets.token_hex(16)
     procs: list = []
-
-    def stop(*_):
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        sys.exit(0)
-
-    signal.signal(signal.SIGTERM, stop)
+    # SIGTERM ends like Ctrl-C: through the `finally` below, which stops everything.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     with tempfile.TemporaryDirectory(prefix="vak-cluster-") as tmp:
         tmp = Path(tmp)
         deadline = time.monotonic() + DEADLINE
@@ -168,21 +169,14 @@ def main() -> None:
             print(f"serve-cluster: token {token} (every replica); Ctrl-C stops everything")
             if check_mode:
                 check(urls, token)
-                stop()
+                return
             while all(p.poll() is None for p in procs):
                 time.sleep(1)
             fail("a process ended: " + ", ".join(str(p.args[0]) for p in procs if p.poll() is not None))
         except KeyboardInterrupt:
             pass
         finally:
-            for p in reversed(procs):
-                if p.poll() is None:
-                    p.terminate()
-            for p in procs:
-                try:
-                    p.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            stop_all(procs)
 
 
 if __name__ == "__main__":

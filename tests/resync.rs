@@ -948,25 +948,10 @@ async fn vak_term_ends_with_the_transcript_text_in_100_trials() {
         };
         let sid = vak.create_session().await;
         let mut watch = Watch::open(&mut grpc, &sid).await;
-        let term = Command::new(env!("CARGO_BIN_EXE_vak"))
-            .args([
-                "term",
-                "--url",
-                &valve.url,
-                "--token",
-                TOKEN,
-                "--transport",
-                transport,
-            ])
+        let term = support::process::vak(&["term"])
+            .args(["--url", &valve.url, "--token", TOKEN, "--transport", transport])
             .args(["--session", &sid, "-p", PROMPT])
             .env_remove("VAK_URL")
-            .env_remove("VAK_TOKEN")
-            .env_remove("VAK_HOME")
-            .env_remove("RUST_LOG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
             .spawn()
             .expect("vak term starts");
         let out = tokio::spawn(term.wait_with_output());

@@ -14,17 +14,8 @@ const TRANSPORTS: [&str; 2] = ["sse", "grpc"];
 
 /// `vak term ARGS` with a clean environment (no VAK_* or RUST_LOG from whoever runs the tests).
 fn term(args: &[&str]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vak"));
-    cmd.arg("term")
-        .args(args)
-        .env_remove("VAK_URL")
-        .env_remove("VAK_TOKEN")
-        .env_remove("VAK_HOME")
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
+    let mut cmd = support::process::vak(&["term"]);
+    cmd.args(args).env_remove("VAK_URL");
     cmd
 }
 

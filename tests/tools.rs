@@ -8,7 +8,6 @@ mod support;
 
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use support::{mkfifo, Frame, Sse, TestServer, DEADLINE, TOKEN};
@@ -41,19 +40,11 @@ impl ServerChild {
     async fn start(permission_mode: &str) -> ServerChild {
         use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
         let (home, ws) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_vak"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--token", TOKEN])
+        let mut child = support::process::vak(&["serve", "--listen", "127.0.0.1:0", "--token", TOKEN])
             .args(["--permission-mode", permission_mode, "--allow-bypass", "--home"])
             .arg(home.path())
             .arg("--workspace")
             .arg(ws.path())
-            .env_remove("VAK_TOKEN")
-            .env_remove("VAK_HOME")
-            .env_remove("RUST_LOG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
             .spawn()
             .expect("vak starts");
         let mut err = child.stderr.take().unwrap();

@@ -671,15 +671,8 @@ impl Session {
             return Err(Error::new(ErrorKind::Unavailable, reason));
         }
         let mut run = lock(&self.run);
-        if run.deleted {
-            return Err(Error::not_found(format!(
-                "no session {}: it was deleted",
-                self.id
-            )));
-        }
-        if run.closing {
-            return Err(Error::new(ErrorKind::Unavailable, "the server is shutting down"));
-        }
+        // Deleted or closed while the id was written.
+        self.check_open(&run)?;
         let input = Input {
             request_id: request_id.clone(),
             text,
