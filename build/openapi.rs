@@ -166,7 +166,7 @@ fn reason(status: u32) -> &'static str {
         202 => "Accepted",
         400 => "Bad request: malformed JSON, an unknown field or query parameter, or an invalid value",
         401 => "No valid credentials",
-        403 => "Forbidden",
+        403 => "Forbidden: the Host header names neither a loopback nor a trusted host, or a cross-origin request (docs/protocol.md section 3)",
         404 => "Not found",
         409 => "Conflict with the current state",
         413 => "Too large",
@@ -249,7 +249,9 @@ fn operation(method: &MethodDescriptor, route: &Route, refs: &mut BTreeSet<Strin
             json!({"description": reason(s), "content": content}),
         );
     }
-    let mut errors: BTreeSet<u32> = [400, 401].into();
+    // Every route passes one guard first (docs/protocol.md section 3): a
+    // foreign Host or Origin is 403 everywhere.
+    let mut errors: BTreeSet<u32> = [400, 401, 403].into();
     errors.extend(route.errors.iter().copied());
     if route.body {
         errors.insert(413);
@@ -349,11 +351,11 @@ fn extra_routes(paths: &mut Map<String, Value>) {
                 "status": {"type": "string", "enum": ["ok", "degraded"]},
                 "storage_failures": {"type": "array", "items": {"type": "object", "properties": {
                     "session_id": {"type": "string"}, "reason": {"type": "string"}}}}}}}}},
-            "400": error(reason(400))}}}));
+            "400": error(reason(400)), "403": error(reason(403))}}}));
     paths.insert("/openapi.json".into(), json!({"get": {
         "operationId": "OpenApi", "summary": "This document.", "tags": ["Server"], "security": [],
         "responses": {"200": {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}},
-            "400": error(reason(400))}}}));
+            "400": error(reason(400)), "403": error(reason(403))}}}));
     paths.insert("/auth/login".into(), json!({"post": {
         "operationId": "Login", "summary": "Exchanges the token for a login cookie and the session key a page sends with each request.",
         "tags": ["Auth"], "security": [],
@@ -362,14 +364,14 @@ fn extra_routes(paths: &mut Map<String, Value>) {
         "responses": {"200": {"description": "Logged in", "content": {"application/json": {"schema": {
             "type": "object", "required": ["authenticated", "key"], "properties": {
                 "authenticated": {"type": "boolean"}, "key": {"type": "string"}}}}}},
-            "400": error(reason(400)), "401": error("The token is not valid"), "413": error(reason(413))}}}));
+            "400": error(reason(400)), "403": error(reason(403)), "401": error("The token is not valid"), "413": error(reason(413))}}}));
     paths.insert("/auth/logout".into(), json!({"post": {
         "operationId": "Logout", "summary": "Forgets the login cookie.", "tags": ["Auth"], "security": [],
         "responses": {"200": {"description": "OK", "content": {"application/json": {"schema": authenticated}}},
-            "400": error(reason(400))}}}));
+            "400": error(reason(400)), "403": error(reason(403))}}}));
     paths.insert("/auth/session".into(), json!({"get": {
         "operationId": "LoginState", "summary": "Whether the request's credentials are valid.", "tags": ["Auth"], "security": [],
         "parameters": [{"name": "key", "in": "query", "required": false, "schema": {"type": "string"}}],
         "responses": {"200": {"description": "OK", "content": {"application/json": {"schema": authenticated}}},
-            "400": error(reason(400))}}}));
+            "400": error(reason(400)), "403": error(reason(403))}}}));
 }

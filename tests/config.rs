@@ -456,8 +456,9 @@ async fn model_listings_are_live_and_fail_with_a_reason_never_a_fallback() {
         "{v}"
     );
 
+    // The provider is what the path names: one vak does not know is not found.
     let (st, v, _) = send(&s, reqwest::Method::GET, "/providers/nope/models", None).await;
-    assert_eq!(st, 400, "{v}");
+    assert_eq!((st, &v["error"]["code"]), (404, &json!("not_found")), "{v}");
     assert!(fake.requests().is_empty());
 
     // With a stored key, against the route's service: what it lists, asked

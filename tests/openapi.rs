@@ -149,3 +149,8 @@ fn the_committed_document_is_the_generated_one() {
         "docs/openapi.json is not the document the build generates from proto/: run `make openapi`"
     );
 }
+
+#[path = "support/fake_provider.rs"]
+mod fake_provider;
+#[path = "openapi/statuses.rs"]
+mod statuses;

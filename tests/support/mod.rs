@@ -44,6 +44,7 @@ pub struct TestServer {
     pub url: String,
     pub home: PathBuf,
     pub workspace: PathBuf,
+    hub: Option<std::sync::Arc<vak::core::hub::Hub>>,
     _dirs: Option<(tempfile::TempDir, tempfile::TempDir)>,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<vak::Result<()>>>,
@@ -70,9 +71,14 @@ impl TestServer {
             TOKEN.to_string(),
         );
         tweak(&mut cfg);
+        Self::serve(Server::new(cfg).unwrap(), home, workspace).await
+    }
+
+    /// Serves `server` on 127.0.0.1:0 in this process.
+    async fn serve(server: Server, home: &Path, workspace: &Path) -> TestServer {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let server = Server::new(cfg).unwrap();
+        let hub = server.hub().clone();
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(server.run(listener, async move {
             let _ = rx.await;
@@ -82,10 +88,17 @@ impl TestServer {
             url: format!("http://{addr}"),
             home: home.to_path_buf(),
             workspace: workspace.to_path_buf(),
+            hub: Some(hub),
             _dirs: None,
             shutdown: Some(tx),
             task: Some(task),
         }
+    }
+
+    /// The core of an in-process server (to drive what no request can, such
+    /// as the start of a shutdown while the listener still answers).
+    pub fn hub(&self) -> &std::sync::Arc<vak::core::hub::Hub> {
+        self.hub.as_ref().expect("an in-process server")
     }
 
     /// The client helpers for a server this test did not start in-process
@@ -101,6 +114,7 @@ impl TestServer {
             url: url.trim_end_matches('/').to_string(),
             home: PathBuf::new(),
             workspace: PathBuf::new(),
+            hub: None,
             _dirs: None,
             shutdown: None,
             task: None,
@@ -1022,22 +1036,7 @@ impl TestServer {
             TOKEN.to_string(),
         );
         tweak(&mut cfg);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let server = Server::with_route(cfg, route).unwrap();
-        let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(server.run(listener, async move {
-            let _ = rx.await;
-        }));
-        TestServer {
-            addr,
-            url: format!("http://{addr}"),
-            home: home.to_path_buf(),
-            workspace: workspace.to_path_buf(),
-            _dirs: None,
-            shutdown: Some(tx),
-            task: Some(task),
-        }
+        Self::serve(Server::with_route(cfg, route).unwrap(), home, workspace).await
     }
 }
 pub mod nats;

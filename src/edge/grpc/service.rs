@@ -585,7 +585,10 @@ impl AgentService for AgentApi {
         req: Request<pb::ListModelsRequest>,
     ) -> Result<Response<pb::ListModelsResponse>, Status> {
         let r = req.into_inner();
-        let kind = config::parse_provider(&r.provider, "provider").map_err(to_status)?;
+        // The provider is the resource the path names: one that does not
+        // exist is not found (a malformed body field elsewhere is a 400).
+        let kind = config::parse_provider(&r.provider, "provider")
+            .map_err(|e| to_status(crate::error::Error::not_found(e.message)))?;
         let models = self.hub.settings().list_models(kind).await.map_err(to_status)?;
         ok(pb::ListModelsResponse {
             provider: kind.as_str().to_string(),
