@@ -152,6 +152,15 @@ impl Pipe {
         self.room.notify_waiters();
     }
 
+    /// Whatever is queued now (maybe nothing), without waiting.
+    fn take_now(&self) -> Vec<Op> {
+        let ops = std::mem::take(&mut self.lock().ops);
+        if !ops.is_empty() {
+            self.room.notify_waiters();
+        }
+        ops
+    }
+
     async fn take(&self) -> Option<Vec<Op>> {
         loop {
             {
@@ -179,6 +188,11 @@ enum Item {
 
 /// Encodes and appends `items` on a blocking thread; the bytes written.
 async fn append(log: &Arc<dyn Log>, items: Vec<Item>) -> std::io::Result<u64> {
+    joined(spawn_append(log, items).await)
+}
+
+/// Starts encoding and appending `items` on a blocking thread.
+fn spawn_append(log: &Arc<dyn Log>, items: Vec<Item>) -> tokio::task::JoinHandle<std::io::Result<u64>> {
     let log = log.clone();
     tokio::task::spawn_blocking(move || {
         let mut batch = Batch::default();
@@ -190,8 +204,10 @@ async fn append(log: &Arc<dyn Log>, items: Vec<Item>) -> std::io::Result<u64> {
         }
         log.append(&batch).map(|()| batch.len() as u64)
     })
-    .await
-    .unwrap_or_else(|e| Err(std::io::Error::other(format!("the ledger writer panicked: {e}"))))
+}
+
+fn joined(r: Result<std::io::Result<u64>, tokio::task::JoinError>) -> std::io::Result<u64> {
+    r.unwrap_or_else(|e| Err(std::io::Error::other(format!("the ledger writer panicked: {e}"))))
 }
 
 /// When the writer appends a snapshot: after at least `min` bytes, and at
@@ -223,8 +239,85 @@ impl SnapshotPolicy {
     }
 }
 
+/// What a batch makes visible once it is on disk, and whom it answers then.
+#[derive(Default)]
+struct Pending {
+    frames: Vec<Arc<Frame>>,
+    notes: Vec<(u64, Note)>,
+    admitted: Vec<String>,
+    replies: Vec<Done>,
+}
+
+impl Pending {
+    fn is_empty(&self) -> bool {
+        self.frames.is_empty() && self.notes.is_empty() && self.admitted.is_empty() && self.replies.is_empty()
+    }
+}
+
+/// Numbers the events of `ops` after `latest`: the items to append and what
+/// they make visible.
+fn prepare(ops: Vec<Op>, latest: &mut u64, session_id: &Arc<str>) -> (Vec<Item>, Pending) {
+    let mut p = Pending::default();
+    let mut items = Vec::with_capacity(ops.len());
+    for op in ops {
+        match op {
+            Op::Event(event) => {
+                *latest += 1;
+                let frame = Arc::new(Frame::new(*latest, session_id.clone(), event));
+                items.push(Item::Frame(frame.clone()));
+                p.frames.push(frame);
+            }
+            Op::Note(note) => {
+                items.push(Item::Record(match &note {
+                    Note::Usage(u) => Record::Usage(*u),
+                    Note::Signature(s) => Record::Signature { signature: s.clone() },
+                    Note::Compaction(c) => Record::Compaction(c.clone()),
+                    Note::Undo(u) => Record::Undo(*u),
+                }));
+                p.notes.push((*latest, note));
+            }
+            Op::Admitted { request_id, done } => {
+                items.push(Item::Record(Record::Admitted {
+                    request_id: request_id.clone(),
+                }));
+                p.admitted.push(request_id);
+                p.replies.push(done);
+            }
+            Op::Barrier(done) => p.replies.push(done),
+        }
+    }
+    (items, p)
+}
+
+/// Stops the session at a failed append: nothing of `lost` becomes visible.
+fn fail(
+    session_id: &str,
+    pipe: &Pipe,
+    log: &Arc<dyn Log>,
+    visible: &Weak<dyn Visible>,
+    lost: Pending,
+    e: std::io::Error,
+) {
+    let reason = format!("storage_failed: {e}");
+    tracing::error!(session = %session_id, "{reason}: nothing after seq {} is kept; the session stops until it is reloaded", log.durable_seq());
+    pipe.fail(&reason);
+    for done in lost.replies {
+        let _ = done.send(Err(reason.clone()));
+    }
+    if let Some(v) = visible.upgrade() {
+        v.failed(&reason);
+    }
+}
+
 /// The writer task of one session whose latest durable seq is `latest`.
 /// It ends when the pipe is closed and drained, or at the first failed append.
+///
+/// Two stages overlap: while batch k+1 is appended on a blocking thread,
+/// batch k (already on disk) is made visible here, so the disk and the
+/// folds and fan-out work at the same time. The order of both is kept: one
+/// append at a time, and k is visible before k+1 is. A snapshot is the
+/// exception: it must follow its batch directly in the log (it is exact as
+/// of that batch's last seq), so the batch after it waits.
 pub async fn run(
     session_id: Arc<str>,
     pipe: Arc<Pipe>,
@@ -233,75 +326,187 @@ pub async fn run(
     mut latest: u64,
     mut snapshots: SnapshotPolicy,
 ) {
-    while let Some(ops) = pipe.take().await {
-        let mut frames = Vec::new();
-        let mut notes = Vec::new();
-        let mut admitted = Vec::new();
-        let mut replies = Vec::new();
-        let mut items = Vec::with_capacity(ops.len());
-        for op in ops {
-            match op {
-                Op::Event(event) => {
-                    latest += 1;
-                    let frame = Arc::new(Frame::new(latest, session_id.clone(), event));
-                    items.push(Item::Frame(frame.clone()));
-                    frames.push(frame);
-                }
-                Op::Note(note) => {
-                    items.push(Item::Record(match &note {
-                        Note::Usage(u) => Record::Usage(*u),
-                        Note::Signature(s) => Record::Signature { signature: s.clone() },
-                        Note::Compaction(c) => Record::Compaction(c.clone()),
-                        Note::Undo(u) => Record::Undo(*u),
-                    }));
-                    notes.push((latest, note));
-                }
-                Op::Admitted { request_id, done } => {
-                    items.push(Item::Record(Record::Admitted {
-                        request_id: request_id.clone(),
-                    }));
-                    admitted.push(request_id);
-                    replies.push(done);
-                }
-                Op::Barrier(done) => replies.push(done),
-            }
-        }
-        let mut appended = if items.is_empty() {
-            Ok(0)
-        } else {
-            append(&log, items).await
+    // The batch on disk and not yet visible, and whether a snapshot is due after it.
+    let mut written: Option<(Pending, bool)> = None;
+    loop {
+        let ops = match &written {
+            // Nothing to make visible: wait for work.
+            None => match pipe.take().await {
+                Some(ops) => ops,
+                None => return,
+            },
+            // Take what is there without waiting: `written` must not wait for it.
+            Some(_) => pipe.take_now(),
         };
-        if let Ok(bytes) = appended {
+        let (items, next) = prepare(ops, &mut latest, &session_id);
+        let snapshot_due = written.as_ref().is_some_and(|(_, due)| *due);
+        let mut items = (!items.is_empty()).then_some(items);
+        let in_flight = match items.take() {
+            Some(batch) if !snapshot_due => Some(spawn_append(&log, batch)),
+            batch => {
+                items = batch;
+                None
+            }
+        };
+        if let Some((k, due)) = written.take() {
             let v = visible.upgrade();
             if let Some(v) = &v {
-                v.commit(frames, notes, admitted);
+                v.commit(k.frames, k.notes, k.admitted);
             }
-            if let Some(v) = v.filter(|_| snapshots.due(bytes)) {
+            if let Some(v) = v.filter(|_| due) {
                 // Taken right after the commit: exact as of its last seq.
-                appended = append(&log, vec![Item::Record(v.snapshot())]).await;
-                if let Ok(size) = appended {
-                    snapshots.taken(size);
+                match append(&log, vec![Item::Record(v.snapshot())]).await {
+                    Ok(size) => snapshots.taken(size),
+                    Err(e) => {
+                        let mut lost = next;
+                        lost.replies.extend(k.replies);
+                        return fail(&session_id, &pipe, &log, &visible, lost, e);
+                    }
                 }
             }
+            for done in k.replies {
+                let _ = done.send(Ok(()));
+            }
         }
+        let appended = match (in_flight, items) {
+            (Some(h), _) => joined(h.await),
+            (None, Some(batch)) => append(&log, batch).await,
+            (None, None) => Ok(0),
+        };
         match appended {
-            Ok(_) => {
-                for done in replies {
-                    let _ = done.send(Ok(()));
+            Ok(bytes) if !next.is_empty() => written = Some((next, bytes > 0 && snapshots.due(bytes))),
+            Ok(_) => {}
+            Err(e) => return fail(&session_id, &pipe, &log, &visible, next, e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::event::ClientEvent;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// A log in memory: its lines in append order (events as their seq,
+    /// other records as their JSON).
+    #[derive(Default)]
+    struct MemLog {
+        lines: Mutex<Vec<String>>,
+        durable: AtomicU64,
+    }
+
+    impl Log for MemLog {
+        fn append(&self, batch: &Batch) -> std::io::Result<()> {
+            let mut lines = self.lines.lock().unwrap();
+            for (seq, line) in batch.records() {
+                match seq {
+                    Some(seq) => {
+                        lines.push(format!("event {seq}"));
+                        self.durable.store(seq, Ordering::SeqCst);
+                    }
+                    None => lines.push(String::from_utf8_lossy(line).into_owned()),
                 }
             }
-            Err(e) => {
-                let reason = format!("storage_failed: {e}");
-                tracing::error!(session = %session_id, "{reason}: nothing after seq {} is kept; the session stops until it is reloaded", log.durable_seq());
-                pipe.fail(&reason);
-                for done in replies {
-                    let _ = done.send(Err(reason.clone()));
+            Ok(())
+        }
+        fn read_events(&self, _: u64, _: usize) -> crate::error::Result<Vec<(u64, ClientEvent)>> {
+            Ok(Vec::new())
+        }
+        fn durable_seq(&self) -> u64 {
+            self.durable.load(Ordering::SeqCst)
+        }
+        fn sync(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Checks at every commit that what becomes visible is on disk and
+    /// follows what was visible before; its snapshot names the last seq.
+    struct Seen {
+        log: Arc<MemLog>,
+        last: AtomicU64,
+        early: Mutex<Vec<u64>>,
+    }
+
+    impl Visible for Seen {
+        fn commit(&self, frames: Vec<Arc<Frame>>, _: Vec<(u64, Note)>, _: Vec<String>) {
+            for f in frames {
+                if f.seq > self.log.durable_seq() {
+                    self.early.lock().unwrap().push(f.seq);
                 }
-                if let Some(v) = visible.upgrade() {
-                    v.failed(&reason);
-                }
-                return;
+                let before = self.last.swap(f.seq, Ordering::SeqCst);
+                assert_eq!(f.seq, before + 1, "visible in seq order, no gap");
             }
         }
+        fn snapshot(&self) -> Record {
+            Record::Admitted {
+                request_id: format!("snapshot {}", self.last.load(Ordering::SeqCst)),
+            }
+        }
+        fn failed(&self, reason: &str) {
+            panic!("no failure expected: {reason}");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn batches_become_visible_in_order_after_their_append_and_a_snapshot_directly_follows_its_batch() {
+        let log = Arc::new(MemLog::default());
+        let seen = Arc::new(Seen {
+            log: log.clone(),
+            last: AtomicU64::new(0),
+            early: Mutex::new(Vec::new()),
+        });
+        let pipe = Arc::new(Pipe::default());
+        let visible: Arc<dyn Visible> = seen.clone();
+        let writer = tokio::spawn(run(
+            "s".into(),
+            pipe.clone(),
+            log.clone() as Arc<dyn Log>,
+            Arc::downgrade(&visible),
+            0,
+            // Small, so snapshots fall between many batches.
+            SnapshotPolicy::new(2048),
+        ));
+        const N: u64 = 20_000;
+        for i in 0..N {
+            pipe.push(Op::Event(ClientEvent::TextDelta {
+                text: format!("t{i} "),
+            }));
+            if i % 500 == 0 {
+                // A barrier answers only once everything before it is visible.
+                pipe.barrier().await.unwrap();
+                assert_eq!(seen.last.load(Ordering::SeqCst), i + 1);
+            }
+            pipe.pace().await;
+        }
+        pipe.barrier().await.unwrap();
+        pipe.close();
+        writer.await.unwrap();
+
+        assert_eq!(seen.last.load(Ordering::SeqCst), N);
+        assert!(
+            seen.early.lock().unwrap().is_empty(),
+            "visible before on disk: {:?}",
+            seen.early.lock().unwrap()
+        );
+        let lines = log.lines.lock().unwrap();
+        let mut snapshots = 0;
+        let mut expect = 1;
+        for (i, line) in lines.iter().enumerate() {
+            if let Some(seq) = line.strip_prefix("event ") {
+                assert_eq!(seq.parse::<u64>().unwrap(), expect, "events in seq order");
+                expect += 1;
+            } else if let Some(at) = line.split("snapshot ").nth(1) {
+                let at: u64 = at.trim_end_matches("\"}}").parse().unwrap();
+                assert!(i > 0, "a snapshot follows a batch");
+                assert_eq!(
+                    lines[i - 1],
+                    format!("event {at}"),
+                    "the snapshot of seq {at} directly follows it"
+                );
+                snapshots += 1;
+            }
+        }
+        assert!(snapshots > 1, "snapshots were taken: {snapshots}");
     }
 }
