@@ -317,6 +317,7 @@ impl ServeArgs {
         cfg.idle_timeout = self.idle_timeout;
         cfg.body_read_timeout = self.body_read_timeout;
         cfg.allow_remote = self.allow_remote;
+        cfg.web = server.web;
         Ok((cfg, file))
     }
 }

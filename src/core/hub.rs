@@ -78,6 +78,8 @@ pub struct Hub {
     settings: Settings,
     /// One permission mode change at a time, from switch to settled runs.
     mode_change: tokio::sync::Mutex<()>,
+    /// The workspaces open in this process (`workspaces.rs`).
+    workspaces: Arc<super::workspaces::Workspaces>,
 }
 
 /// What a permission mode change did.
@@ -92,13 +94,6 @@ pub struct ModeChange {
 
 /// How long a mode change waits for the runs it cancelled to settle.
 const MODE_CHANGE_GRACE: Duration = Duration::from_secs(10);
-
-/// What host frames describe.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HostInfo {
-    pub version: String,
-    pub workspace: String,
-}
 
 /// The effective configuration: what GetConfig answers and config frames carry.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -175,7 +170,12 @@ impl Hub {
                 .map(|e| (e.session_id, e.latest_seq))
                 .collect(),
         );
+        let workspaces = Arc::new(super::workspaces::Workspaces::new(
+            &cfg.workspace,
+            cfg.workspace_roots.clone(),
+        ));
         Ok(Hub {
+            workspaces,
             rt: Arc::new(Runtime::new(cfg, route, search)),
             sessions: Mutex::new(HashMap::new()),
             mirrors: Mutex::new(HashMap::new()),
@@ -186,6 +186,11 @@ impl Hub {
             settings,
             mode_change: tokio::sync::Mutex::new(()),
         })
+    }
+
+    /// The workspaces open in this process.
+    pub fn workspaces(&self) -> &Arc<super::workspaces::Workspaces> {
+        &self.workspaces
     }
 
     pub fn settings(&self) -> &Settings {
@@ -303,13 +308,6 @@ impl Hub {
 
     pub fn config(&self) -> &CoreConfig {
         &self.rt.cfg
-    }
-
-    pub fn host_info(&self) -> HostInfo {
-        HostInfo {
-            version: env!("CARGO_PKG_VERSION").to_string(),
-            workspace: self.rt.cfg.workspace.display().to_string(),
-        }
     }
 
     pub fn config_info(&self) -> ConfigInfo {

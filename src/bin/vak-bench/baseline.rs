@@ -301,6 +301,21 @@ impl AgentService for Baseline {
     ) -> Result<Response<pb::AdminStatus>, Status> {
         unimplemented()
     }
+    async fn get_host(&self, _: Request<pb::GetHostRequest>) -> Result<Response<pb::HostInfo>, Status> {
+        unimplemented()
+    }
+    async fn list_workspaces(
+        &self,
+        _: Request<pb::ListWorkspacesRequest>,
+    ) -> Result<Response<pb::WorkspaceList>, Status> {
+        unimplemented()
+    }
+    async fn open_workspace(
+        &self,
+        _: Request<pb::OpenWorkspaceRequest>,
+    ) -> Result<Response<pb::OpenWorkspaceResponse>, Status> {
+        unimplemented()
+    }
     async fn list_memory(
         &self,
         _: Request<pb::ListMemoryRequest>,
