@@ -6,7 +6,7 @@
 //! The wire is: binary frames are bytes (typed input in, shell output
 //! out); text frames are JSON control messages (`{"type":"resize","cols",
 //! "rows"}` in; `{"type":"started","pid","shell","workspace"}` and
-//! `{"type":"exit","code"}` out). docs/protocol.md §24 has the contract.
+//! `{"type":"exit","code"}` out). docs/protocol.md section 26 has the contract.
 
 use super::routes::AppState;
 use crate::core::terminal::{self, Terminal};
