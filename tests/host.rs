@@ -430,3 +430,46 @@ async fn an_unknown_control_message_closes_the_terminal_with_a_reason() {
     assert!(exited(pid).await);
     s.stop().await;
 }
+
+#[tokio::test]
+async fn streams_host_frame_is_the_same_answer_as_get_host() {
+    let s = terminal_server().await;
+    let mut sse = s.open_stream(&s.url, "host=1", None).await;
+    let frame = sse.next().await.expect("a host frame");
+    assert_eq!(frame.event, "host", "{frame:?}");
+    let (_, host) = s.get("/host").await;
+    assert_eq!(frame.data, host, "{frame:?}");
+    assert_eq!(frame.data["features"]["terminal"], true);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn the_real_binary_reads_server_web_and_its_shell_gets_no_keys() {
+    let home = tempfile::tempdir().unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let args = |home: &std::path::Path| {
+        let mut cmd = process::vak(&["serve", "--listen", "127.0.0.1:0", "--token", TOKEN]);
+        cmd.arg("--home")
+            .arg(home)
+            .arg("--workspace")
+            .arg(ws.path())
+            .env("OPENAI_API_KEY", "sk-not-for-the-terminal");
+        cmd
+    };
+    // A misspelt key stops startup, naming it.
+    std::fs::write(home.path().join("config.toml"), "[server.web]\nterminl = true\n").unwrap();
+    let mut bad = process::Vak::spawn(args(home.path()));
+    assert!(!bad.wait().await.success());
+    assert!(bad.log().contains("terminl"), "{}", bad.log());
+    std::fs::write(home.path().join("config.toml"), "[server.web]\nterminal = true\n").unwrap();
+    let mut vak = process::Vak::spawn(args(home.path()));
+    let s = TestServer::remote(&vak.url().await);
+    let (_, host) = s.get("/host").await;
+    assert_eq!(host["features"]["terminal"], true, "{host}");
+    let mut term = connect(&s, "", None).await.expect("the terminal opens");
+    started(&mut term).await;
+    type_in(&mut term, "echo \"key=${OPENAI_API_KEY:-none}\"\r").await;
+    until_line(&mut term, "key=none").await;
+    drop(term);
+    vak.terminate().await;
+}
