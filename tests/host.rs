@@ -473,3 +473,61 @@ async fn the_real_binary_reads_server_web_and_its_shell_gets_no_keys() {
     drop(term);
     vak.terminate().await;
 }
+
+/// What `/read marker.txt` in session `sid` answers.
+async fn read_marker(s: &TestServer, sid: &str) -> String {
+    let mut sse = s.events(sid, None).await;
+    let (status, body) = s.run(sid, "/read marker.txt").await;
+    assert_eq!(status, 202, "{body}");
+    let frames = sse.until("run_finished").await;
+    frames
+        .iter()
+        .find(|f| f.event == "tool_result")
+        .map(|f| f.body()["output"].as_str().unwrap_or_default().to_string())
+        .expect("a tool result")
+}
+
+#[tokio::test]
+async fn a_session_keeps_the_workspace_it_was_created_in() {
+    let roots = tempfile::tempdir().unwrap();
+    let root = roots.path().canonicalize().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    for (dir, text) in [("main", "in main"), ("b", "in b")] {
+        std::fs::create_dir(root.join(dir)).unwrap();
+        std::fs::write(root.join(dir).join("marker.txt"), text).unwrap();
+    }
+    let tweak = |c: &mut vak::edge::server::ServeConfig| c.core.workspace_roots = vec![root.clone()];
+    let s = TestServer::start_in(home.path(), &root.join("main"), tweak).await;
+    let b = root.join("b").display().to_string();
+    // Not open, then untrusted: refused.
+    let (status, e) = s.post("/sessions", json!({"workspace": b})).await;
+    assert_eq!((status, reason(&e)), (404, "workspace_not_open"), "{e}");
+    s.post("/workspaces/open", json!({"path": b})).await;
+    let (status, e) = s.post("/sessions", json!({"workspace": b})).await;
+    assert_eq!((status, reason(&e)), (403, "untrusted_workspace"), "{e}");
+    s.post("/workspaces/open", json!({"path": b, "trust": true}))
+        .await;
+    let (status, created) = s.post("/sessions", json!({"workspace": b})).await;
+    assert_eq!(status, 201, "{created}");
+    assert_eq!(created["workspace"], b.as_str());
+    let in_b = created["session_id"].as_str().unwrap().to_string();
+    let (_, created) = s.post("/sessions", json!({})).await;
+    assert_eq!(
+        created["workspace"],
+        root.join("main").display().to_string().as_str()
+    );
+    let in_main = created["session_id"].as_str().unwrap().to_string();
+    assert_eq!(read_marker(&s, &in_b).await, "in b");
+    assert_eq!(read_marker(&s, &in_main).await, "in main");
+    // A fork keeps its parent's workspace.
+    let (status, fork) = s.post(&format!("/sessions/{in_b}/fork"), json!({})).await;
+    assert_eq!(status, 201, "{fork}");
+    let forked = fork["session"]["session_id"].as_str().unwrap().to_string();
+    assert_eq!(read_marker(&s, &forked).await, "in b");
+    // After a restart (open workspaces are forgotten), the session loads
+    // from its ledger into the workspace it was created in.
+    s.stop().await;
+    let s = TestServer::start_in(home.path(), &root.join("main"), tweak).await;
+    assert_eq!(read_marker(&s, &in_b).await, "in b");
+    s.stop().await;
+}

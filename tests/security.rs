@@ -83,7 +83,7 @@ async fn grpc_and_grpc_web_run_over_tls() {
         .unwrap();
     let mut g = pb::agent_service_client::AgentServiceClient::with_interceptor(channel, Auth(TOKEN.into()));
     let sid = g
-        .create_session(pb::CreateSessionRequest {})
+        .create_session(pb::CreateSessionRequest::default())
         .await
         .unwrap()
         .into_inner()

@@ -85,7 +85,10 @@ impl AgentService for Baseline {
         let (tx, _) = broadcast::channel(self.capacity);
         let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
         sessions.insert(id.clone(), Arc::new(Mutex::new(Channel { tx, seq: 0 })));
-        Ok(Response::new(pb::CreateSessionResponse { session_id: id }))
+        Ok(Response::new(pb::CreateSessionResponse {
+            session_id: id,
+            workspace: String::new(),
+        }))
     }
 
     async fn run(&self, req: Request<pb::RunRequest>) -> Result<Response<pb::Admission>, Status> {

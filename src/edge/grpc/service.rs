@@ -239,11 +239,25 @@ fn limit_in(limit: Option<u32>, default: usize, max: usize) -> Result<usize, Sta
 impl AgentService for AgentApi {
     async fn create_session(
         &self,
-        _req: Request<pb::CreateSessionRequest>,
+        req: Request<pb::CreateSessionRequest>,
     ) -> Result<Response<pb::CreateSessionResponse>, Status> {
-        let s = self.hub.create().await.map_err(to_status)?;
+        let asked = req.into_inner().workspace;
+        let workspace = if asked.is_empty() {
+            None
+        } else {
+            let ws = self.hub.workspaces().clone();
+            let found = blocking(move || Ok(ws.find(&asked))).await?;
+            Some(found.ok_or_else(|| {
+                to_status(
+                    crate::Error::not_found("no open workspace there: open it first (POST /workspaces/open)")
+                        .with_reason("workspace_not_open"),
+                )
+            })?)
+        };
+        let s = self.hub.create_in(workspace).await.map_err(to_status)?;
         ok(pb::CreateSessionResponse {
             session_id: s.id().to_string(),
+            workspace: s.workspace().to_string(),
         })
     }
 
@@ -697,7 +711,8 @@ impl AgentService for AgentApi {
     ) -> Result<Response<pb::WorkspaceDiff>, Status> {
         let s = self.session(&req.into_inner().session_id).await?;
         let cfg = self.hub.config();
-        let d = diff::diff(&cfg.workspace, &cfg.git).await.map_err(to_status)?;
+        // The session's own workspace, which may not be the server's.
+        let d = diff::diff(s.workspace_dir(), &cfg.git).await.map_err(to_status)?;
         ok(convert::workspace_diff(s.id(), d))
     }
 
