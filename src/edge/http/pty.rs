@@ -180,9 +180,10 @@ async fn serve(
                         break None;
                     }
                 }
-                // The pty is closed: the shell has exited (or is about to).
+                // The pty is closed: the shell has exited or is about to (one
+                // that closed its terminal and lives on is hung up on below).
                 None => {
-                    let code = exited.as_mut().await;
+                    let code = tokio::time::timeout(DRAIN, exited.as_mut()).await.ok().flatten();
                     break Some((1000, exit_message(code)));
                 }
             },
