@@ -3,7 +3,7 @@ CARGO ?= cargo
 
 PREFIX ?= $(HOME)/.local
 
-.PHONY: app serve serve-cluster install release tools real-model nats schemathesis openapi test test-api test-rust test-python test-web lint build fuzz bench bench-quick
+.PHONY: app serve serve-cluster install release tools real-model nats schemathesis openapi test test-api test-rust test-python test-web screenshots lint build fuzz bench bench-quick
 
 ## Start `vak serve` on the embedded offline model (loopback, port 8901; VAK_LISTEN,
 ## VAK_HOME and VAK_TOKEN change that), with the browser app at /app built first.
@@ -158,6 +158,19 @@ test-web: clients/web/node_modules/.package-lock.json
 	$(MAKE) app
 	$(CARGO) build
 	npm test --prefix clients/web
+
+## The README's screenshots (docs/screenshots/): the browser app test saves /app and
+## /admin at desktop and phone widths in clients/web/artifacts/app/; this runs it and
+## copies five of them (60 to 180 KB each: full-page PNGs at CSS pixels).
+SHOTS := app-after-cut-desktop:app-desktop app-phone:app-phone app-terminal:app-terminal admin-desktop:admin-desktop admin-phone:admin-phone
+screenshots: clients/web/node_modules/.package-lock.json
+	$(MAKE) app
+	$(CARGO) build
+	cd clients/web && node --test --test-reporter=spec test/app.test.mjs
+	mkdir -p docs/screenshots
+	for s in $(SHOTS); do \
+		cp clients/web/artifacts/app/$${s%%:*}.png docs/screenshots/$${s##*:}.png || exit 1; \
+	done
 
 ## Fuzz every parser that sees client bytes (fuzz/), FUZZ_SECONDS each; CI does not run it.
 ## cargo-fuzz needs nightly flags (-Z sanitizer): RUSTC_BOOTSTRAP=1 lets stable accept them.

@@ -365,6 +365,22 @@ fn extra_routes(paths: &mut Map<String, Value>) {
             "type": "object", "required": ["authenticated", "key"], "properties": {
                 "authenticated": {"type": "boolean"}, "key": {"type": "string"}}}}}},
             "400": error(reason(400)), "403": error(reason(403)), "401": error("The token is not valid"), "413": error(reason(413))}}}));
+    // Not an RPC: a WebSocket (a terminal is one bidirectional byte
+    // stream; gRPC-web carries no client streams). docs/protocol.md has the frames.
+    paths.insert("/pty".into(), json!({"get": {
+        "operationId": "Terminal", "tags": ["Server"],
+        "summary": "A WebSocket onto a shell on a pty in an open, trusted workspace: binary frames are bytes (input in, output out), text frames JSON control messages ({\"type\":\"resize\",\"cols\",\"rows\"} in; {\"type\":\"started\",\"pid\",\"shell\",\"workspace\"} and {\"type\":\"exit\",\"code\"} out). Off unless [server.web] terminal = true; from this machine only unless terminal_requires_loopback = false; the socket lives as long as the shell.",
+        "parameters": [
+            {"name": "workspace", "in": "query", "required": false, "schema": {"type": "string"},
+             "description": "An open, trusted workspace (absolute path); absent: the server's own."},
+            {"name": "cols", "in": "query", "required": false, "schema": {"type": "integer", "minimum": 1, "maximum": 1000}},
+            {"name": "rows", "in": "query", "required": false, "schema": {"type": "integer", "minimum": 1, "maximum": 1000}}],
+        "responses": {"101": {"description": "Switching to the WebSocket protocol"},
+            "400": error("Not a WebSocket handshake, a bad size or an unknown parameter"),
+            "401": error(reason(401)),
+            "403": error("The terminal is off (reason terminal_off), the peer is not on this machine (terminal_loopback_only), the workspace is untrusted (untrusted_workspace), or the Origin is another site's"),
+            "404": error("No open workspace there (workspace_not_open)"),
+            "429": error("8 terminals are open already (too_many_terminals)")}}}));
     paths.insert("/auth/logout".into(), json!({"post": {
         "operationId": "Logout", "summary": "Forgets the login cookie.", "tags": ["Auth"], "security": [],
         "responses": {"200": {"description": "OK", "content": {"application/json": {"schema": authenticated}}},

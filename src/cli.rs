@@ -297,6 +297,14 @@ impl ServeArgs {
                 )));
             }
         }
+        if let Some(shell) = &server.web.terminal_shell {
+            if !shell.is_absolute() || !shell.is_file() {
+                return Err(Error::invalid(format!(
+                    "[server.web] terminal_shell: {} is not an absolute path to a file",
+                    shell.display()
+                )));
+            }
+        }
         core.workspace_roots = server.workspace_roots;
         let mut cfg = ServeConfig::new(core, token);
         cfg.trusted_hosts = [server.trusted_hosts, self.trusted_hosts.clone()].concat();
@@ -317,6 +325,7 @@ impl ServeArgs {
         cfg.idle_timeout = self.idle_timeout;
         cfg.body_read_timeout = self.body_read_timeout;
         cfg.allow_remote = self.allow_remote;
+        cfg.web = server.web;
         Ok((cfg, file))
     }
 }

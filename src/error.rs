@@ -27,6 +27,10 @@ pub enum ErrorKind {
     /// A file or content is larger than the cap of the operation (a file read
     /// or written through the files API); the message names both sizes.
     TooLarge,
+    /// The request is understood but this server will not do it for anyone
+    /// (a path outside the configured roots, a feature turned off or
+    /// limited to this machine); the message says which rule refused it.
+    PermissionDenied,
 }
 
 impl ErrorKind {
@@ -43,6 +47,7 @@ impl ErrorKind {
             ErrorKind::Upstream => "bad_gateway",
             // The same code as a request body over the limit: one code per status.
             ErrorKind::TooLarge => "payload_too_large",
+            ErrorKind::PermissionDenied => "forbidden",
         }
     }
 }
@@ -84,6 +89,9 @@ impl Error {
     }
     pub fn too_large(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::TooLarge, message)
+    }
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::PermissionDenied, message)
     }
 }
 

@@ -52,7 +52,7 @@ async fn a_session_created_over_grpc_runs_over_rest_and_streams_over_grpc() {
     let s = TestServer::start().await;
     let mut c = s.grpc().await;
     let sid = c
-        .create_session(pb::CreateSessionRequest {})
+        .create_session(pb::CreateSessionRequest::default())
         .await
         .unwrap()
         .into_inner()
@@ -104,7 +104,7 @@ async fn list_attach_and_transcripts_over_grpc_agree_with_rest() {
     let s = TestServer::start().await;
     let mut c = s.grpc().await;
     let sid = c
-        .create_session(pb::CreateSessionRequest {})
+        .create_session(pb::CreateSessionRequest::default())
         .await
         .unwrap()
         .into_inner()
@@ -484,7 +484,7 @@ async fn calls_without_a_token_are_unauthenticated_for_unary_and_streaming() {
         .unwrap();
     let mut bare = pb::agent_service_client::AgentServiceClient::new(channel.clone());
     assert_eq!(
-        code_of(bare.create_session(pb::CreateSessionRequest {}).await),
+        code_of(bare.create_session(pb::CreateSessionRequest::default()).await),
         Code::Unauthenticated
     );
     assert_eq!(

@@ -244,7 +244,7 @@ async fn create_session_over_grpc_web(mode: Mode) {
         &s,
         mode,
         "CreateSession",
-        &pb::CreateSessionRequest {},
+        &pb::CreateSessionRequest::default(),
         Some(TOKEN),
     )
     .await;
@@ -358,7 +358,14 @@ async fn grpc_web_without_the_token_is_unauthenticated() {
     let s = TestServer::start().await;
     for mode in [Mode::Binary, Mode::Text] {
         for token in [None, Some("wrong")] {
-            let mut r = WebStream::call(&s, mode, "CreateSession", &pb::CreateSessionRequest {}, token).await;
+            let mut r = WebStream::call(
+                &s,
+                mode,
+                "CreateSession",
+                &pb::CreateSessionRequest::default(),
+                token,
+            )
+            .await;
             let msgs: Vec<pb::CreateSessionResponse> = r.finish().await;
             assert!(msgs.is_empty(), "{mode:?} {token:?}: nothing created");
             assert_eq!(
@@ -387,7 +394,14 @@ async fn a_refused_grpc_web_call_is_answered_in_the_grpc_web_dialect() {
     // content type", so the user never learns the token was missing.
     let s = TestServer::start().await;
     for mode in [Mode::Binary, Mode::Text] {
-        let r = WebStream::call(&s, mode, "CreateSession", &pb::CreateSessionRequest {}, None).await;
+        let r = WebStream::call(
+            &s,
+            mode,
+            "CreateSession",
+            &pb::CreateSessionRequest::default(),
+            None,
+        )
+        .await;
         let ct = r.header("content-type").unwrap_or_default();
         assert!(
             ct.starts_with(mode.content_type()),

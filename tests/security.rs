@@ -3,12 +3,9 @@
 mod support;
 
 use serde_json::{json, Value};
-use std::sync::Arc;
 use std::time::Duration;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tower::ServiceExt;
-use vak::edge::listener::PeerAddr;
 use vak::proto::v1 as pb;
 
 /// A TLS server with a fresh self-signed certificate; returns it and the certificate PEM.
@@ -86,7 +83,7 @@ async fn grpc_and_grpc_web_run_over_tls() {
         .unwrap();
     let mut g = pb::agent_service_client::AgentServiceClient::with_interceptor(channel, Auth(TOKEN.into()));
     let sid = g
-        .create_session(pb::CreateSessionRequest {})
+        .create_session(pb::CreateSessionRequest::default())
         .await
         .unwrap()
         .into_inner()
@@ -571,20 +568,6 @@ async fn the_login_cookie_is_secure_under_tls() {
         .unwrap();
     assert_eq!(r.status(), 200);
     assert!(set_cookie(&r).contains("; Secure"));
-}
-
-/// Sends `req` straight into the router as if it came from `peer`.
-async fn from_peer(s: &TestServer, peer: &str, req: axum::http::Request<axum::body::Body>) -> u16 {
-    let cfg = vak::edge::server::ServeConfig::new(
-        vak::core::CoreConfig::new(s.home.clone(), s.workspace.clone()),
-        TOKEN.to_string(),
-    );
-    let hub =
-        Arc::new(vak::core::hub::Hub::new(cfg.core.clone(), vak::core::session::Route::offline()).unwrap());
-    let app = vak::edge::server::app(hub, &cfg).await.unwrap();
-    let mut req = req;
-    req.extensions_mut().insert(PeerAddr(peer.parse().unwrap()));
-    app.oneshot(req).await.unwrap().status().as_u16()
 }
 
 #[tokio::test]

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use support::{mkfifo, Frame, Sse, TestServer, DEADLINE, TOKEN};
+use support::{exited, mkfifo, Frame, Sse, TestServer, DEADLINE, TOKEN};
 use tokio_util::sync::CancellationToken;
 use vak::core::tools;
 use vak::core::PermissionMode;
@@ -255,25 +255,6 @@ async fn a_fifo_is_refused_at_once_and_the_run_finishes() {
     assert_eq!(body["state"], "started", "the session is idle: {body}");
 }
 
-/// Waits (bounded) for process `pid` to exit; false past the deadline.
-fn wait_exited(pid: i32) -> bool {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as i32;
-    if fd < 0 {
-        // ESRCH: it is already gone.
-        return std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
-    }
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: p is one valid pollfd; fd is ours and closed right after.
-    let n = unsafe { libc::poll(&mut p, 1, DEADLINE.as_millis() as i32) };
-    unsafe { libc::close(fd) };
-    n == 1
-}
-
 #[tokio::test]
 async fn cancelling_a_slow_bash_settles_the_run_and_kills_its_process_group() {
     let s = allow_server().await;
@@ -308,9 +289,7 @@ async fn cancelling_a_slow_bash_settles_the_run_and_kills_its_process_group() {
     assert_eq!(frames.last().unwrap().body()["outcome"], "cancelled");
     assert!(!support::text_of(&frames).contains("never"));
     assert!(
-        tokio::task::spawn_blocking(move || wait_exited(pid))
-            .await
-            .unwrap(),
+        exited(pid).await,
         "the background sleep {pid} was killed with its group"
     );
     let (_, body) = s.run(&sid, "again").await;
@@ -356,12 +335,7 @@ async fn a_command_that_prints_forever_is_stopped_by_cancel() {
     );
     assert_eq!(frames.last().unwrap().body()["outcome"], "cancelled");
     assert!(!support::text_of(&frames).contains("never"));
-    assert!(
-        tokio::task::spawn_blocking(move || wait_exited(pid))
-            .await
-            .unwrap(),
-        "yes ({pid}) was killed with its group"
-    );
+    assert!(exited(pid).await, "yes ({pid}) was killed with its group");
 }
 
 /// The text of the `tool_output` frames of `stream`, in order.
@@ -471,12 +445,7 @@ async fn a_bash_command_past_its_timeout_leaves_no_process_behind() {
     let pids: Vec<i32> = pids.lines().map(|l| l.parse().unwrap()).collect();
     assert_eq!(pids.len(), 2, "the shell and its background sleep: {out}");
     for pid in pids {
-        assert!(
-            tokio::task::spawn_blocking(move || wait_exited(pid))
-                .await
-                .unwrap(),
-            "{pid} was killed with its group"
-        );
+        assert!(exited(pid).await, "{pid} was killed with its group");
     }
     assert_eq!(frames.last().unwrap().body()["outcome"], "completed");
     assert!(support::text_of(&frames).ends_with("echo: still here"));

@@ -229,6 +229,40 @@ pub struct FileServer {
     /// Absolute folders `GET /fs/dirs` may list (absent: the workspace alone).
     #[serde(default)]
     pub workspace_roots: Vec<PathBuf>,
+    /// `[server.web]`: what the browser surface may do.
+    #[serde(default)]
+    pub web: FileWeb,
+}
+
+/// `[server.web]` of config.toml: the browser terminal (`GET /pty`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileWeb {
+    /// A shell over a WebSocket is remote code execution by design: off
+    /// unless the owner turns it on.
+    #[serde(default)]
+    pub terminal: bool,
+    /// Only a peer on this machine may open one, unless turned off (behind
+    /// a proxy that authenticates, say).
+    #[serde(default = "yes")]
+    pub terminal_requires_loopback: bool,
+    /// The terminal's shell (an absolute path); absent: `$SHELL`, else /bin/sh.
+    #[serde(default)]
+    pub terminal_shell: Option<PathBuf>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for FileWeb {
+    fn default() -> Self {
+        FileWeb {
+            terminal: false,
+            terminal_requires_loopback: true,
+            terminal_shell: None,
+        }
+    }
 }
 
 /// `[model]` of config.toml.
@@ -778,6 +812,21 @@ mod tests {
         assert!(e.contains("line 2") && e.contains("modle"), "{e}");
         let e = FileConfig::parse("[model]\nprovider = \"gemini\"\n").unwrap_err();
         assert!(e.contains("unknown provider"), "{e}");
+    }
+
+    #[test]
+    fn the_terminal_is_off_and_loopback_only_unless_said_otherwise() {
+        let f = FileConfig::parse("").unwrap();
+        assert_eq!(f.server.web, FileWeb::default());
+        assert!(!f.server.web.terminal && f.server.web.terminal_requires_loopback);
+        let f = FileConfig::parse("[server.web]\nterminal = true\n").unwrap();
+        assert!(f.server.web.terminal && f.server.web.terminal_requires_loopback);
+        let e = FileConfig::parse("[server.web]\nterminal = true\nterminl_requires_loopback = false\n")
+            .unwrap_err();
+        assert!(
+            e.contains("line 3") && e.contains("terminl_requires_loopback"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -284,9 +284,13 @@ pub struct DirListing {
     pub roots: Vec<String>,
 }
 
-/// Lists the subfolders of `path` (absolute; empty: the first root), which
-/// must resolve inside one of `roots`. Names only: no file is opened.
-pub fn dirs(roots: &[PathBuf], path: &str) -> Result<DirListing> {
+/// The `reason` of a path refused for being outside `[server] workspace_roots`.
+pub const OUTSIDE_ROOTS: &str = "outside_workspace_roots";
+
+/// `path` (absolute; empty: the first root) resolved (symlinks and `..`
+/// first, so the check sees where it really is), refused unless it is
+/// inside one of `roots`. Blocking.
+pub fn resolve_in_roots(roots: &[PathBuf], path: &str) -> Result<PathBuf> {
     let roots: Vec<PathBuf> = roots.iter().filter_map(|r| r.canonicalize().ok()).collect();
     let Some(first) = roots.first() else {
         return Err(Error::not_found("none of the workspace roots exists"));
@@ -313,8 +317,18 @@ pub fn dirs(roots: &[PathBuf], path: &str) -> Result<DirListing> {
     if !inside(&asked) {
         return Err(Error::invalid(format!(
             "{path}: is outside the workspace roots ([server] workspace_roots)"
-        )));
+        ))
+        .with_reason(OUTSIDE_ROOTS));
     }
+    Ok(asked)
+}
+
+/// Lists the subfolders of `path` (absolute; empty: the first root), which
+/// must resolve inside one of `roots`. Names only: no file is opened.
+pub fn dirs(roots: &[PathBuf], path: &str) -> Result<DirListing> {
+    let asked = resolve_in_roots(roots, path)?;
+    let roots: Vec<PathBuf> = roots.iter().filter_map(|r| r.canonicalize().ok()).collect();
+    let inside = |p: &Path| roots.iter().any(|r| p.starts_with(r));
     let mut names = Vec::new();
     let mut truncated = false;
     let entries = std::fs::read_dir(&asked).map_err(|e| Error::invalid(format!("{path}: {e}")))?;

@@ -78,6 +78,31 @@ pub struct Hub {
     settings: Settings,
     /// One permission mode change at a time, from switch to settled runs.
     mode_change: tokio::sync::Mutex<()>,
+    /// The workspaces open in this process (`workspaces.rs`).
+    workspaces: Arc<super::workspaces::Workspaces>,
+    /// The runtimes of sessions in workspaces other than the server's own,
+    /// by canonical path (made on first use, kept for the process's life).
+    runtimes: Runtimes,
+}
+
+/// The runtimes of other workspaces, shared with load threads.
+type Runtimes = Arc<Mutex<HashMap<String, Arc<Runtime>>>>;
+
+/// The runtime for sessions in `workspace` (a canonical path): the primary's
+/// own, or one made from it. Blocking (a new runtime reads its rules file,
+/// outside the lock).
+fn runtime_for(runtimes: &Runtimes, primary: &Arc<Runtime>, workspace: &str) -> Arc<Runtime> {
+    if workspace == primary.workspace() {
+        return primary.clone();
+    }
+    if let Some(rt) = lock(runtimes).get(workspace) {
+        return rt.clone();
+    }
+    let made = Arc::new(primary.in_workspace(std::path::Path::new(workspace)));
+    lock(runtimes)
+        .entry(workspace.to_string())
+        .or_insert(made)
+        .clone()
 }
 
 /// What a permission mode change did.
@@ -92,13 +117,6 @@ pub struct ModeChange {
 
 /// How long a mode change waits for the runs it cancelled to settle.
 const MODE_CHANGE_GRACE: Duration = Duration::from_secs(10);
-
-/// What host frames describe.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HostInfo {
-    pub version: String,
-    pub workspace: String,
-}
 
 /// The effective configuration: what GetConfig answers and config frames carry.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -175,7 +193,13 @@ impl Hub {
                 .map(|e| (e.session_id, e.latest_seq))
                 .collect(),
         );
+        let workspaces = Arc::new(super::workspaces::Workspaces::new(
+            &cfg.workspace,
+            cfg.workspace_roots.clone(),
+        ));
         Ok(Hub {
+            workspaces,
+            runtimes: Arc::new(Mutex::new(HashMap::new())),
             rt: Arc::new(Runtime::new(cfg, route, search)),
             sessions: Mutex::new(HashMap::new()),
             mirrors: Mutex::new(HashMap::new()),
@@ -186,6 +210,11 @@ impl Hub {
             settings,
             mode_change: tokio::sync::Mutex::new(()),
         })
+    }
+
+    /// The workspaces open in this process.
+    pub fn workspaces(&self) -> &Arc<super::workspaces::Workspaces> {
+        &self.workspaces
     }
 
     pub fn settings(&self) -> &Settings {
@@ -305,13 +334,6 @@ impl Hub {
         &self.rt.cfg
     }
 
-    pub fn host_info(&self) -> HostInfo {
-        HostInfo {
-            version: env!("CARGO_PKG_VERSION").to_string(),
-            workspace: self.rt.cfg.workspace.display().to_string(),
-        }
-    }
-
     pub fn config_info(&self) -> ConfigInfo {
         let (route, revision) = self.settings.current();
         ConfigInfo {
@@ -363,7 +385,37 @@ impl Hub {
     }
 
     pub async fn create(&self) -> Result<Arc<Session>> {
+        self.create_in(None).await
+    }
+
+    /// A new session in `workspace` (an open one; None: the server's own),
+    /// which it keeps: its tools work there, its rules and memory are that
+    /// workspace's, and its ledger header names it, so a reload finds it.
+    /// An untrusted workspace is refused: the agent runs programs there.
+    pub async fn create_in(
+        &self,
+        workspace: Option<super::workspaces::OpenWorkspace>,
+    ) -> Result<Arc<Session>> {
         self.refuse_when_stopping()?;
+        let rt = match workspace.filter(|w| !w.primary) {
+            None => self.rt.clone(),
+            Some(w) if !w.trusted => return Err(Error::forbidden(
+                "the workspace is not trusted: no session runs in it (open it again with \"trust\": true)",
+            )
+            .with_reason("untrusted_workspace")),
+            Some(_) if self.rt.cfg.nats.is_some() => {
+                return Err(Error::invalid(
+                    "with --bus, sessions run in the server's own workspace",
+                ))
+            }
+            Some(w) => {
+                let (runtimes, primary) = (self.runtimes.clone(), self.rt.clone());
+                let ws = w.path.display().to_string();
+                tokio::task::spawn_blocking(move || runtime_for(&runtimes, &primary, &ws))
+                    .await
+                    .map_err(|e| Error::internal(e.to_string()))?
+            }
+        };
         let id = uuid::Uuid::new_v4().simple().to_string();
         let created_at = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
         let path = self.ledger_path(&id);
@@ -371,7 +423,7 @@ impl Hub {
         let header = Record::Header {
             session_id: id.clone(),
             created_at: created_at.clone(),
-            workspace: self.rt.workspace().to_string(),
+            workspace: rt.workspace().to_string(),
         };
         let log: (Arc<dyn Log>, _) = match &self.rt.cfg.nats {
             Some(client) => {
@@ -422,7 +474,7 @@ impl Hub {
             ),
         };
         let (log, lease) = log;
-        let session = Session::create(self.rt.clone(), &id, created_at, log);
+        let session = Session::create(rt, &id, created_at, log);
         if let Some(lost) = lease {
             watch_lease(&session, lost);
         }
@@ -592,10 +644,13 @@ impl Hub {
         }
         let path = self.ledger_path(id);
         let rt = self.rt.clone();
+        let runtimes = self.runtimes.clone();
         let sid = id.to_string();
         let dir = self.rt.cfg.sessions_dir();
         let loaded = tokio::task::spawn_blocking(move || {
-            let session = match Session::restore(rt, &path) {
+            let primary = rt.clone();
+            let pick = move |ws: &str| runtime_for(&runtimes, &primary, ws);
+            let session = match Session::restore_in(rt, &path, pick) {
                 Ok(session) => session,
                 Err(OpenError::Io(_)) if !path.exists() => {
                     return Err(Error::not_found(format!("no session {sid}")));
@@ -714,7 +769,8 @@ impl Hub {
         let child = uuid::Uuid::new_v4().simple().to_string();
         let created_at = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
         let (from, to, cid) = (self.ledger_path(id), self.ledger_path(&child), child.clone());
-        let ws = self.rt.workspace().to_string();
+        // The fork keeps its parent's workspace.
+        let ws = parent.workspace().to_string();
         tokio::task::spawn_blocking(move || lifecycle::fork_ledger(&from, &to, &cid, &created_at, &ws, at))
             .await
             .map_err(|e| Error::internal(e.to_string()))??;

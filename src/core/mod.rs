@@ -29,10 +29,12 @@ pub mod search;
 pub mod secrets;
 pub mod session;
 pub mod side;
+pub mod terminal;
 pub mod tools;
 pub mod transcript;
 pub mod wait;
 pub mod workspace;
+pub mod workspaces;
 pub mod writer;
 
 use std::path::PathBuf;

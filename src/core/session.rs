@@ -31,17 +31,18 @@ const REMEMBERED_REQUESTS: usize = 4096;
 /// Shared by every session of a server.
 pub struct Runtime {
     pub cfg: CoreConfig,
-    route: std::sync::RwLock<Route>,
-    /// The live permission mode; watched by config frames.
-    mode: watch::Sender<PermissionMode>,
+    /// Shared by the runtimes of every workspace (`in_workspace`): one route.
+    route: Arc<std::sync::RwLock<Route>>,
+    /// The live permission mode; watched by config frames. Shared like the route.
+    mode: Arc<watch::Sender<PermissionMode>>,
     /// The workspace's always-allow rules.
     rules: Rules,
     /// The memory notes the system prompt carries.
     memory: super::memory::Memory,
     /// The workspace's canonical path, as ledger headers and search name it.
     workspace: String,
-    /// The transcript search index, fed as runs finish.
-    search: super::search::Search,
+    /// The transcript search index, fed as runs finish (one for every workspace).
+    search: Arc<super::search::Search>,
 }
 
 /// The model a leg talks to: a provider and the model name it is asked for.
@@ -68,7 +69,21 @@ impl Route {
 impl Runtime {
     /// Reads the workspace's rules file and resolves its path: blocking, for startup.
     pub fn new(cfg: CoreConfig, route: Route, search: super::search::Search) -> Runtime {
-        let mode = watch::channel(cfg.permission).0;
+        let mode = Arc::new(watch::channel(cfg.permission).0);
+        Self::with_shared(
+            cfg,
+            Arc::new(std::sync::RwLock::new(route)),
+            mode,
+            Arc::new(search),
+        )
+    }
+
+    fn with_shared(
+        cfg: CoreConfig,
+        route: Arc<std::sync::RwLock<Route>>,
+        mode: Arc<watch::Sender<PermissionMode>>,
+        search: Arc<super::search::Search>,
+    ) -> Runtime {
         let rules = Rules::load(&cfg.home, &cfg.workspace);
         let memory = super::memory::Memory::new(&cfg.home, &cfg.workspace);
         let workspace = crate::home::workspace_key(&cfg.workspace).0;
@@ -76,11 +91,20 @@ impl Runtime {
             workspace,
             search,
             cfg,
-            route: std::sync::RwLock::new(route),
+            route,
             mode,
             rules,
             memory,
         }
+    }
+
+    /// The runtime of sessions in another workspace: its own rules, memory
+    /// and tools' folder, this one's route, mode and search index (a change
+    /// of either applies to every workspace). Blocking: reads its rules file.
+    pub fn in_workspace(&self, dir: &std::path::Path) -> Runtime {
+        let mut cfg = self.cfg.clone();
+        cfg.workspace = dir.to_path_buf();
+        Self::with_shared(cfg, self.route.clone(), self.mode.clone(), self.search.clone())
     }
 
     pub fn rules(&self) -> &Rules {
@@ -398,9 +422,34 @@ impl Session {
     /// the server died in the middle of is settled now (failed), so clients
     /// never wait forever.
     pub fn restore(rt: Arc<Runtime>, path: &std::path::Path) -> std::result::Result<Arc<Session>, OpenError> {
+        let same = rt.clone();
+        Self::restore_in(rt, path, move |_| same)
+    }
+
+    /// `restore`, in the runtime `pick` gives for the workspace the ledger's
+    /// header names (a session keeps the workspace it was created in).
+    pub fn restore_in(
+        rt: Arc<Runtime>,
+        path: &std::path::Path,
+        pick: impl FnOnce(&str) -> Arc<Runtime>,
+    ) -> std::result::Result<Arc<Session>, OpenError> {
         let mut r = Restore::new(rt.cfg.bus.ring.max(1));
         let ledger = Ledger::open(path, rt.cfg.durability, |record| r.visit(record))?;
+        let rt = match r.workspace.take() {
+            Some(ws) if !ws.is_empty() && ws != rt.workspace() => pick(&ws),
+            _ => rt,
+        };
         r.finish(rt, Arc::new(ledger), None).map_err(OpenError::Io)
+    }
+
+    /// The folder this session's tools work in (its workspace).
+    pub fn workspace_dir(&self) -> &std::path::Path {
+        &self.rt.cfg.workspace
+    }
+
+    /// Its workspace's canonical path, as its ledger header names it.
+    pub fn workspace(&self) -> &str {
+        self.rt.workspace()
     }
 
     /// Rebuilds a session from the records of a log that is not a file (the
@@ -1204,6 +1253,8 @@ impl Visible for Session {
 struct Restore {
     ring_size: usize,
     header: Option<(String, String)>,
+    /// The header's workspace.
+    workspace: Option<String>,
     latest: u64,
     ring: VecDeque<(u64, ClientEvent)>,
     folds: Option<Folds>,
@@ -1214,6 +1265,7 @@ impl Restore {
         Restore {
             ring_size,
             header: None,
+            workspace: None,
             latest: 0,
             ring: VecDeque::new(),
             folds: None,
@@ -1230,9 +1282,10 @@ impl Restore {
             Record::Header {
                 session_id,
                 created_at,
-                ..
+                workspace,
             } => {
                 self.header = Some((session_id, created_at));
+                self.workspace = Some(workspace);
                 return;
             }
             Record::Admitted { request_id } => return self.folds().facts.remember_request(request_id),

@@ -242,7 +242,7 @@ fn query_param(req: &Request, name: &str) -> Option<String> {
 
 /// Whether a proxy says it forwarded this request (`Forwarded`,
 /// `X-Forwarded-*`, `X-Real-IP`): its peer address is then the proxy's.
-fn proxied(headers: &HeaderMap) -> bool {
+pub fn proxied(headers: &HeaderMap) -> bool {
     headers.contains_key(header::FORWARDED)
         || headers.contains_key("x-real-ip")
         || headers.keys().any(|k| k.as_str().starts_with("x-forwarded-"))
@@ -278,6 +278,14 @@ fn authority(req: &Request) -> Result<Option<String>, Status> {
         )),
         None => Ok(hosts.first().map(|h| h.to_string())),
     }
+}
+
+/// A WebSocket handshake (`Upgrade: websocket`).
+fn is_websocket(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"))
 }
 
 fn is_state_changing(m: &Method) -> bool {
@@ -378,7 +386,10 @@ pub async fn guard(State(auth): State<Arc<Auth>>, req: Request, next: Next) -> R
         };
     }
     if let Some(o) = origin.as_deref() {
-        if is_state_changing(req.method()) && !auth.origin_ok(o, &own) {
+        // A WebSocket is a GET a page on any site may open (and a browser
+        // sends it the cookie): its Origin is checked like a POST's, or a
+        // page elsewhere could drive a terminal (cross-site WebSocket hijacking).
+        if (is_state_changing(req.method()) || is_websocket(req.headers())) && !auth.origin_ok(o, &own) {
             return refuse(
                 grpc,
                 Status::permission_denied(format!("cross-origin requests from {o} are refused")),

@@ -27,6 +27,7 @@ pub fn to_status(e: Error) -> Status {
         ErrorKind::NoAiService => Code::FailedPrecondition,
         ErrorKind::Upstream => Code::Unavailable,
         ErrorKind::TooLarge => Code::OutOfRange,
+        ErrorKind::PermissionDenied => Code::PermissionDenied,
     };
     match e.kind {
         ErrorKind::NoAiService | ErrorKind::Upstream | ErrorKind::TooLarge => {
@@ -192,6 +193,7 @@ mod tests {
             (ErrorKind::NoAiService, 400),
             (ErrorKind::Upstream, 502),
             (ErrorKind::TooLarge, 413),
+            (ErrorKind::PermissionDenied, 403),
         ];
         for (kind, http) in cases {
             let s = to_status(Error::new(kind, "m"));

@@ -58,6 +58,8 @@ pub struct ServeConfig {
     pub max_connections: usize,
     /// The browser app served at /app and /admin; None: the bundle embedded at build time.
     pub app: Option<Arc<super::http::assets::Bundle>>,
+    /// `[server.web]`: the browser terminal.
+    pub web: crate::core::config::FileWeb,
 }
 
 impl ServeConfig {
@@ -79,6 +81,7 @@ impl ServeConfig {
             body_read_timeout: Duration::from_secs(30),
             max_connections: super::fdlimit::default_max_connections(),
             app: None,
+            web: Default::default(),
         }
     }
 }
@@ -145,7 +148,12 @@ async fn unknown_rpc() -> Response {
 pub async fn app(hub: Arc<Hub>, cfg: &ServeConfig) -> Result<Router> {
     let limits = StreamLimits::new(cfg.max_streams, cfg.max_streams_per_client);
     let errors = Arc::new(super::recent_errors::RecentErrors::default());
-    let api = AgentApi::new(hub.clone(), limits.clone(), errors.clone());
+    let host = super::grpc::service::HostFacts {
+        web: cfg.web.clone(),
+        allow_remote: cfg.allow_remote,
+        tls: cfg.tls.is_some(),
+    };
+    let api = AgentApi::new(hub.clone(), limits.clone(), errors.clone(), host);
     // Several replicas on one NATS: admissions for the sessions this one
     // holds arrive forwarded from the others, until the hub shuts down.
     if let Some(owners) = hub.config().owners.clone() {
@@ -203,6 +211,7 @@ pub async fn app(hub: Arc<Hub>, cfg: &ServeConfig) -> Result<Router> {
         api,
         max_body: cfg.max_body,
         app: super::http::assets::bundle_or_embedded(cfg.app.clone()),
+        terminals: Default::default(),
     };
     let auth = Auth::new(AuthConfig {
         token: cfg.token.clone(),

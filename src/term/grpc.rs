@@ -105,7 +105,7 @@ impl Transport for Grpc {
         Box::pin(async move {
             let r = self
                 .client()
-                .create_session(pb::CreateSessionRequest {})
+                .create_session(pb::CreateSessionRequest::default())
                 .await
                 .map_err(failure)?;
             Ok(r.into_inner().session_id)

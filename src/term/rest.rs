@@ -131,7 +131,7 @@ impl Transport for Rest {
                 .call(
                     Method::POST,
                     "/sessions".into(),
-                    Some(&pb::CreateSessionRequest {}),
+                    Some(&pb::CreateSessionRequest::default()),
                 )
                 .await?;
             Ok(r.session_id)

@@ -11,6 +11,7 @@ use super::support::*;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::time::Duration;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
 /// `(METHOD, template)` and a status.
 type Pair = (String, String, u16);
@@ -36,6 +37,8 @@ enum Who {
     Nobody,
     /// A page on another host reaching loopback (DNS rebinding): a foreign Host.
     Rebound,
+    /// A client with the token asking for a WebSocket.
+    Socket,
 }
 
 enum Body {
@@ -98,7 +101,7 @@ impl Reached {
         body: Body,
         expect: u16,
     ) -> Value {
-        let client = if who == Who::Token {
+        let client = if matches!(who, Who::Token | Who::Socket) {
             s.http()
         } else {
             reqwest::Client::new()
@@ -106,6 +109,13 @@ impl Reached {
         let mut req = client.request(method.parse().unwrap(), format!("{}{path}", s.url));
         if who == Who::Rebound {
             req = req.header("host", "vak.attacker.example");
+        }
+        if who == Who::Socket {
+            req = req
+                .header("connection", "upgrade")
+                .header("upgrade", "websocket")
+                .header("sec-websocket-version", "13")
+                .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==");
         }
         req = match body {
             Body::None => req,
@@ -117,12 +127,13 @@ impl Reached {
             .unwrap_or_else(|_| panic!("{method} {path} answers within the deadline"))
             .unwrap();
         let status = resp.status().as_u16();
-        let sse = resp
-            .headers()
-            .get("content-type")
-            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-        // An open event stream is left: its status is what counts here.
-        let v = if sse {
+        let streaming = status == 101
+            || resp
+                .headers()
+                .get("content-type")
+                .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        // An open event stream or socket is left: its status is what counts here.
+        let v = if streaming {
             Value::Null
         } else {
             let text = resp.text().await.unwrap();
@@ -417,6 +428,47 @@ async fn every_documented_status_is_reached_and_every_status_reached_is_document
     r.call(&m, "POST", &t("/steering"), &mpath("/steering"), Some(json!({"text": "now"})), 409).await;
     r.call(&m, "POST", &t("/undo"), &mpath("/undo"), Some(json!({})), 409).await;
     r.call(&m, "POST", &t("/compact"), &mpath("/compact"), Some(json!({})), 409).await;
+
+    // ---- workspaces, and the terminal (on, from this machine) ----
+    let root = tempfile::tempdir().unwrap();
+    let w = TestServer::start_with(|c| {
+        c.core.workspace_roots = vec![root.path().to_path_buf()];
+        c.web.terminal = true;
+        c.web.terminal_shell = Some("/bin/sh".into());
+    })
+    .await;
+    r.call(&w, "GET", "/host", "/host", None, 200).await;
+    r.call(&w, "GET", "/workspaces", "/workspaces", None, 200).await;
+    let open = |name: &str| {
+        let dir = root.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        Some(json!({"path": dir}))
+    };
+    r.call(&w, "POST", "/workspaces/open", "/workspaces/open", open("a"), 200).await;
+    r.call(&w, "POST", "/workspaces/open", "/workspaces/open", Some(json!({"path": root.path().join("missing")})), 404).await;
+    // The bound: the server's own and "a" are open; 30 more fill it.
+    for i in 0..30 {
+        r.call(&w, "POST", "/workspaces/open", "/workspaces/open", open(&format!("w{i}")), 200).await;
+    }
+    r.call(&w, "POST", "/workspaces/open", "/workspaces/open", open("one-more"), 429).await;
+    let not_open = root.path().join("one-more");
+    r.call(&w, "POST", "/sessions", "/sessions", Some(json!({"workspace": not_open})), 404).await;
+    r.hit(&w, Who::Socket, "GET", "/pty", &format!("/pty?workspace={}", not_open.display()), Body::None, 404).await;
+    r.hit(&w, Who::Socket, "GET", "/pty", "/pty", Body::None, 101).await;
+    // Eight shells at once, the most: a ninth is refused.
+    let mut shells = Vec::new();
+    while shells.len() < 8 {
+        let mut req = format!("ws://{}/pty", w.addr).into_client_request().unwrap();
+        req.headers_mut().insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
+        match tokio::time::timeout(DEADLINE, tokio_tungstenite::connect_async(req)).await.expect("a handshake within the deadline") {
+            Ok((ws, _)) => shells.push(ws),
+            // The shell of the 101 above may not have ended yet.
+            Err(tokio_tungstenite::tungstenite::Error::Http(resp)) if resp.status() == 429 => tokio::task::yield_now().await,
+            Err(e) => panic!("terminal {}: {e}", shells.len()),
+        }
+    }
+    r.hit(&w, Who::Socket, "GET", "/pty", "/pty", Body::None, 429).await;
+    drop(shells);
 
     // ---- a server shutting down (the listener still answers): 503 ----
     let d = TestServer::start_with(small).await;

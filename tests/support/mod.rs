@@ -14,6 +14,62 @@ use vak::edge::server::{ServeConfig, Server};
 use vak::proto::v1 as pb;
 
 pub const TOKEN: &str = "test-token";
+/// Waits (bounded) for process `pid` to exit; false past the deadline.
+pub fn wait_exited(pid: i32) -> bool {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as i32;
+    if fd < 0 {
+        // ESRCH: it is already gone.
+        return std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+    }
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: p is one valid pollfd; fd is ours and closed right after.
+    let n = unsafe { libc::poll(&mut p, 1, DEADLINE.as_millis() as i32) };
+    unsafe { libc::close(fd) };
+    n == 1
+}
+
+/// `wait_exited` off the runtime's workers.
+pub async fn exited(pid: i32) -> bool {
+    tokio::task::spawn_blocking(move || wait_exited(pid))
+        .await
+        .unwrap()
+}
+
+/// Sends `req` straight into a router on `s`'s home and workspace (its
+/// configuration tweaked) as if it came from `peer`: a peer address no
+/// real socket on this machine can have.
+pub async fn from_peer_with(
+    s: &TestServer,
+    peer: &str,
+    req: axum::http::Request<axum::body::Body>,
+    tweak: impl FnOnce(&mut ServeConfig),
+) -> axum::response::Response {
+    use tower::ServiceExt;
+    let mut cfg = ServeConfig::new(
+        CoreConfig::new(s.home.clone(), s.workspace.clone()),
+        TOKEN.to_string(),
+    );
+    tweak(&mut cfg);
+    let hub = std::sync::Arc::new(
+        vak::core::hub::Hub::new(cfg.core.clone(), vak::core::session::Route::offline()).unwrap(),
+    );
+    let app = vak::edge::server::app(hub, &cfg).await.unwrap();
+    let mut req = req;
+    req.extensions_mut()
+        .insert(vak::edge::listener::PeerAddr(peer.parse().unwrap()));
+    app.oneshot(req).await.unwrap()
+}
+
+/// `from_peer_with` on the default configuration; the status.
+pub async fn from_peer(s: &TestServer, peer: &str, req: axum::http::Request<axum::body::Body>) -> u16 {
+    from_peer_with(s, peer, req, |_| {}).await.status().as_u16()
+}
+
 /// Makes a FIFO at `path`: a command that opens it waits until the test does.
 pub fn mkfifo(path: &Path) {
     let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();

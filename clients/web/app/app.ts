@@ -1,7 +1,8 @@
 // The browser app served at /app: login, the session sidebar with live busy
 // state, the conversation rendered from each session's presentation timeline
 // (followed for every listed session on one GET /stream, resumed with its
-// cursor vector), approvals, steering, cancel, the file tree and the diff.
+// cursor vector), approvals, steering, cancel, the file tree and the diff,
+// and a terminal (xterm.js onto GET /pty) when GET /host says it is on.
 // Calls go through the package's gRPC-web client with the login cookie and
 // its session key; nothing the server or the model sends is parsed as HTML.
 import "./app.css";
@@ -16,12 +17,14 @@ import {
   type Client,
   type ConfigInfo,
   type FollowerState,
+  type HostInfo,
   type SessionSummary,
   type TimelineItem,
 } from "../src/index.js";
 import { button, h, onError } from "./dom.js";
 import { currentKey, forgetKey, shareKey } from "./login.js";
 import { renderMarkdown } from "./markdown.js";
+import { TerminalPanel } from "./terminal.js";
 import { apply, empty, fromSnapshot, type Timeline } from "./timeline.js";
 
 const base = location.origin;
@@ -43,13 +46,15 @@ const state = {
   order: [] as string[],
   current: "",
   config: undefined as ConfigInfo | undefined,
+  /** GET /host: the version, the workspaces and whether the terminal is on. */
+  host: undefined as HostInfo | undefined,
   conn: "idle" as FollowerState,
   /** Every state the stream went through (the reconnect indicator's history). */
   connHistory: [] as FollowerState[],
   errors: [] as string[],
   /** Thinking and tool items the user opened, by item id (kept across re-renders). */
   open: new Set<string>(),
-  side: "" as "" | "files" | "diff",
+  side: "" as "" | "files" | "diff" | "terminal",
   sideText: "",
   renaming: "",
   confirmDelete: "",
@@ -58,13 +63,14 @@ const state = {
 let client: AgentClient;
 let follower: StreamFollower | undefined;
 const root = document.getElementById("root") as HTMLElement;
+const terminal = new TerminalPanel(base, () => currentKey(base) ?? "");
 
 declare global {
   interface Window {
     vakApp: unknown;
   }
 }
-window.vakApp = { state, get follower() { return follower; } };
+window.vakApp = { state, terminal, get follower() { return follower; } };
 
 function message(err: unknown): string {
   return err instanceof ConnectError ? `${err.code}: ${err.rawMessage}` : err instanceof Error ? err.message : String(err);
@@ -229,7 +235,13 @@ function sidebar(): HTMLElement {
     { class: "sidebar" },
     button("New session", () => create(), { id: "new-session" }),
     list,
-    h("div", { class: "tools" }, button("Files", () => showFiles(), { id: "show-files" }), button("Diff", () => showDiff(), { id: "show-diff" })),
+    h(
+      "div",
+      { class: "tools" },
+      button("Files", () => showFiles(), { id: "show-files" }),
+      button("Diff", () => showDiff(), { id: "show-diff" }),
+      state.host?.features?.terminal ? button("Terminal", () => showTerminal(), { id: "show-terminal" }) : null,
+    ),
   );
 }
 
@@ -366,6 +378,18 @@ function approval(item: TimelineItem, attrs: Record<string, string>): HTMLElemen
 
 function sidePane(): HTMLElement {
   if (!state.side) return h("aside", { class: "side hidden" });
+  if (state.side === "terminal") {
+    return h(
+      "aside",
+      { class: "side side-terminal", id: "side" },
+      h("div", { class: "side-head" }, h("strong", {}, "Terminal"), button("Close", () => {
+        terminal.close();
+        state.side = "";
+        render();
+      }, { class: "small", id: "close-terminal" })),
+      terminal.el,
+    );
+  }
   return h(
     "aside",
     { class: "side", id: "side" },
@@ -384,6 +408,12 @@ async function showFiles(): Promise<void> {
   state.side = "files";
   state.sideText = t.files.join("\n") + (t.truncated ? "\n… (more files)" : "") || "(no files)";
   render();
+}
+
+function showTerminal(): void {
+  state.side = "terminal";
+  render();
+  terminal.open();
 }
 
 async function showDiff(): Promise<void> {
@@ -465,8 +495,9 @@ async function start(): Promise<void> {
   }
   state.authenticated = true;
   client = createAgentClient({ baseUrl: base });
-  const [list, config] = await Promise.all([client.listSessions({}), client.getConfig({})]);
+  const [list, config, host] = await Promise.all([client.listSessions({}), client.getConfig({}), client.getHost({})]);
   state.config = config;
+  state.host = host;
   state.sessions.clear();
   // Newest first.
   const sorted = [...list.sessions].sort((a, b) => (a.createdAt < b.createdAt ? 1 : a.createdAt > b.createdAt ? -1 : 0));

@@ -6,9 +6,9 @@ import { fileURLToPath } from "node:url";
 
 const repo = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..", "..");
 
-/** VAK_BIN, else <repo>/target/debug/vak (build it with `cargo build`). */
+/** VAK_BIN, else $CARGO_TARGET_DIR/debug/vak, else <repo>/target/debug/vak (build it with `cargo build`). */
 export function vakBin() {
-  const bin = process.env.VAK_BIN || join(repo, "target", "debug", "vak");
+  const bin = process.env.VAK_BIN || join(process.env.CARGO_TARGET_DIR || join(repo, "target"), "debug", "vak");
   if (!existsSync(bin)) {
     throw new Error(`no vak binary at ${bin}: run \`cargo build\` in ${repo} or set VAK_BIN`);
   }

@@ -4,10 +4,13 @@
 // in with the token, runs prompts with the offline model, answers an approval in
 // the page, checks that model text with HTML is shown as text, that a reload
 // shows the same page, that a cut mid-run shows the reconnect indicator and ends
-// with every line once, and that /admin lists the session; no console error and
-// no CSP violation during the whole run. Screenshots go to artifacts/app/.
+// with every line once, that the terminal panel (on in this vak's config.toml)
+// runs `echo hi` in a real shell, and that /admin lists the session; no console
+// error and no CSP violation during the whole run. Screenshots go to
+// artifacts/app/ (`make screenshots` copies four of them to docs/screenshots/).
 //
-//   VAK_BIN      the vak binary (default: <repo>/target/debug/vak), built with the bundle
+//   VAK_BIN      the vak binary (default: $CARGO_TARGET_DIR/debug/vak, else
+//                <repo>/target/debug/vak), built with the bundle
 //   CHROMIUM_BIN the browser (default: /usr/bin/chromium)
 import { after, before } from "node:test";
 import assert from "node:assert/strict";
@@ -119,6 +122,9 @@ before(
     workspace = join(tmp, "workspace");
     mkdirSync(workspace);
     token = randomBytes(24).toString("hex");
+    // The terminal is on for this run (it is off by default): one step uses it.
+    mkdirSync(join(tmp, "home"), { mode: 0o700 });
+    writeFileSync(join(tmp, "home", "config.toml"), "[server.web]\nterminal = true\nterminal_shell = \"/bin/sh\"\n");
     vakArgs = ["--home", join(tmp, "home"), "--workspace", workspace, "--token", token];
     vak = await startVak(vakArgs);
     proxy = await startProxy(vak.port);
@@ -355,6 +361,19 @@ step("Files shows the workspace's tree and Diff the session's diff", async () =>
   await page.click("#show-diff");
   await page.waitForFunction(() => /not_a_git_repo/.test(document.querySelector("#side-text")?.textContent ?? ""));
   await shot(page, "app-diff");
+});
+
+step("the terminal panel runs a real shell: `echo hi` shows hi", async () => {
+  await page.click("#show-terminal");
+  await page.waitForFunction(() => window.vakApp.terminal.state === "open");
+  await page.click("#term-screen");
+  await page.keyboard.type("echo hi");
+  await page.keyboard.press("Enter");
+  // A line that is exactly "hi": the shell's output, not the typed command.
+  await page.waitForFunction(() => window.vakApp.terminal.text().split("\n").some((l) => l.trim() === "hi"));
+  await shot(page, "app-terminal");
+  await page.click("#close-terminal");
+  await page.locator("#side").waitFor({ state: "detached" });
 });
 
 step("at phone width the app still shows the conversation", async () => {

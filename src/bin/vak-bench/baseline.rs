@@ -85,7 +85,10 @@ impl AgentService for Baseline {
         let (tx, _) = broadcast::channel(self.capacity);
         let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
         sessions.insert(id.clone(), Arc::new(Mutex::new(Channel { tx, seq: 0 })));
-        Ok(Response::new(pb::CreateSessionResponse { session_id: id }))
+        Ok(Response::new(pb::CreateSessionResponse {
+            session_id: id,
+            workspace: String::new(),
+        }))
     }
 
     async fn run(&self, req: Request<pb::RunRequest>) -> Result<Response<pb::Admission>, Status> {
@@ -299,6 +302,21 @@ impl AgentService for Baseline {
         &self,
         _: Request<pb::GetAdminStatusRequest>,
     ) -> Result<Response<pb::AdminStatus>, Status> {
+        unimplemented()
+    }
+    async fn get_host(&self, _: Request<pb::GetHostRequest>) -> Result<Response<pb::HostInfo>, Status> {
+        unimplemented()
+    }
+    async fn list_workspaces(
+        &self,
+        _: Request<pb::ListWorkspacesRequest>,
+    ) -> Result<Response<pb::WorkspaceList>, Status> {
+        unimplemented()
+    }
+    async fn open_workspace(
+        &self,
+        _: Request<pb::OpenWorkspaceRequest>,
+    ) -> Result<Response<pb::OpenWorkspaceResponse>, Status> {
         unimplemented()
     }
     async fn list_memory(

@@ -822,7 +822,7 @@ impl Control {
 
     pub async fn create_session(&self) -> Result<String, String> {
         let mut c = pb::agent_service_client::AgentServiceClient::new(self.channel.clone());
-        c.create_session(self.request(pb::CreateSessionRequest {}))
+        c.create_session(self.request(pb::CreateSessionRequest::default()))
             .await
             .map(|r| r.into_inner().session_id)
             .map_err(|s| format!("CreateSession: {s}"))

@@ -2,7 +2,7 @@
 
 use crate::core::attachments::AttachmentRef;
 use crate::core::event::{ClientEvent, Frame, SideOutcome, SidePhase};
-use crate::core::hub::{ConfigInfo, HostInfo, ModeChange};
+use crate::core::hub::{ConfigInfo, ModeChange};
 use crate::core::mux::{MuxFrame, MuxItem};
 use crate::core::presentation::{Item, PresentationEvent, Timeline};
 use crate::core::provider::TokenUsage;
@@ -355,13 +355,6 @@ pub fn recent_error(e: crate::edge::recent_errors::RecentError) -> pb::RecentErr
     }
 }
 
-pub fn host(h: HostInfo) -> pb::HostInfo {
-    pb::HostInfo {
-        version: h.version,
-        workspace: h.workspace,
-    }
-}
-
 pub fn rule(r: Rule) -> pb::PermissionRule {
     pb::PermissionRule {
         id: r.id,
@@ -545,6 +538,14 @@ pub fn dir_listing(d: crate::core::files::DirListing) -> pb::DirListing {
         dirs: d.dirs,
         truncated: d.truncated,
         roots: d.roots,
+    }
+}
+
+pub fn workspace(w: crate::core::workspaces::OpenWorkspace) -> pb::Workspace {
+    pb::Workspace {
+        path: w.path.display().to_string(),
+        trusted: w.trusted,
+        primary: w.primary,
     }
 }
 

@@ -50,11 +50,68 @@ pub struct AgentApi {
     limits: Arc<StreamLimits>,
     /// What the access log saw fail lately, for the console.
     errors: Arc<RecentErrors>,
+    /// What `GetHost` says about the edge (terminal, auth, TLS).
+    host: Arc<HostFacts>,
+}
+
+/// The edge's settings `GetHost` reports and `GET /pty` obeys.
+#[derive(Clone, Debug, Default)]
+pub struct HostFacts {
+    pub web: crate::core::config::FileWeb,
+    /// `--allow-remote`.
+    pub allow_remote: bool,
+    pub tls: bool,
 }
 
 impl AgentApi {
-    pub fn new(hub: Arc<Hub>, limits: Arc<StreamLimits>, errors: Arc<RecentErrors>) -> Self {
-        AgentApi { hub, limits, errors }
+    pub fn new(hub: Arc<Hub>, limits: Arc<StreamLimits>, errors: Arc<RecentErrors>, host: HostFacts) -> Self {
+        AgentApi {
+            hub,
+            limits,
+            errors,
+            host: Arc::new(host),
+        }
+    }
+
+    pub fn hub(&self) -> &Arc<Hub> {
+        &self.hub
+    }
+
+    pub fn host(&self) -> &HostFacts {
+        &self.host
+    }
+
+    /// What GetHost answers and /stream's host frames carry.
+    fn host_info(&self) -> pb::HostInfo {
+        let ws = self.hub.workspaces();
+        let cfg = self.hub.config();
+        pb::HostInfo {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            workspace: ws.primary().path.display().to_string(),
+            workspaces: ws.list().into_iter().map(convert::workspace).collect(),
+            workspace_roots: ws.roots().iter().map(|r| r.display().to_string()).collect(),
+            max_workspaces: crate::core::workspaces::MAX_OPEN as u32,
+            features: Some(pb::HostFeatures {
+                terminal: self.host.web.terminal,
+                terminal_requires_loopback: self.host.web.terminal_requires_loopback,
+                tls: self.host.tls,
+            }),
+            auth: if self.host.allow_remote {
+                pb::AuthMode::Remote
+            } else {
+                pb::AuthMode::Local
+            } as i32,
+            storage: if cfg.nats.is_some() {
+                pb::StorageKind::Jetstream
+            } else {
+                pb::StorageKind::Ledger
+            } as i32,
+            replica: cfg
+                .owners
+                .as_ref()
+                .map(|o| o.replica().to_string())
+                .unwrap_or_default(),
+        }
     }
 
     /// Sessions stopped by a storage failure, with the reason (for /health).
@@ -182,11 +239,25 @@ fn limit_in(limit: Option<u32>, default: usize, max: usize) -> Result<usize, Sta
 impl AgentService for AgentApi {
     async fn create_session(
         &self,
-        _req: Request<pb::CreateSessionRequest>,
+        req: Request<pb::CreateSessionRequest>,
     ) -> Result<Response<pb::CreateSessionResponse>, Status> {
-        let s = self.hub.create().await.map_err(to_status)?;
+        let asked = req.into_inner().workspace;
+        let workspace = if asked.is_empty() {
+            None
+        } else {
+            let ws = self.hub.workspaces().clone();
+            let found = blocking(move || Ok(ws.find(&asked))).await?;
+            Some(found.ok_or_else(|| {
+                to_status(
+                    crate::Error::not_found("no open workspace there: open it first (POST /workspaces/open)")
+                        .with_reason("workspace_not_open"),
+                )
+            })?)
+        };
+        let s = self.hub.create_in(workspace).await.map_err(to_status)?;
         ok(pb::CreateSessionResponse {
             session_id: s.id().to_string(),
+            workspace: s.workspace().to_string(),
         })
     }
 
@@ -390,7 +461,7 @@ impl AgentService for AgentApi {
             .map_err(to_status)?;
         let mut first = vec![convert::mux_opened(mux.stream_id(), mux.cursor())];
         if r.host {
-            first.push(convert::mux_extra(F::Host(convert::host(self.hub.host_info()))));
+            first.push(convert::mux_extra(F::Host(self.host_info())));
         }
         if r.config {
             first.push(convert::mux_extra(F::Config(convert::config(
@@ -643,7 +714,8 @@ impl AgentService for AgentApi {
     ) -> Result<Response<pb::WorkspaceDiff>, Status> {
         let s = self.session(&req.into_inner().session_id).await?;
         let cfg = self.hub.config();
-        let d = diff::diff(&cfg.workspace, &cfg.git).await.map_err(to_status)?;
+        // The session's own workspace, which may not be the server's.
+        let d = diff::diff(s.workspace_dir(), &cfg.git).await.map_err(to_status)?;
         ok(convert::workspace_diff(s.id(), d))
     }
 
@@ -761,6 +833,39 @@ impl AgentService for AgentApi {
         ok(pb::CompactSessionResponse {
             session_id: s.id().to_string(),
             upto_seq,
+        })
+    }
+
+    async fn get_host(&self, _req: Request<pb::GetHostRequest>) -> Result<Response<pb::HostInfo>, Status> {
+        ok(self.host_info())
+    }
+
+    async fn list_workspaces(
+        &self,
+        _req: Request<pb::ListWorkspacesRequest>,
+    ) -> Result<Response<pb::WorkspaceList>, Status> {
+        ok(pb::WorkspaceList {
+            workspaces: self
+                .hub
+                .workspaces()
+                .list()
+                .into_iter()
+                .map(convert::workspace)
+                .collect(),
+            max_workspaces: crate::core::workspaces::MAX_OPEN as u32,
+        })
+    }
+
+    async fn open_workspace(
+        &self,
+        req: Request<pb::OpenWorkspaceRequest>,
+    ) -> Result<Response<pb::OpenWorkspaceResponse>, Status> {
+        let req = req.into_inner();
+        let ws = self.hub.workspaces().clone();
+        let (w, opened) = blocking(move || ws.open(&req.path, req.trust)).await?;
+        ok(pb::OpenWorkspaceResponse {
+            workspace: Some(convert::workspace(w)),
+            opened,
         })
     }
 

@@ -2,6 +2,7 @@
 
 pub mod assets;
 pub mod json;
+pub mod pty;
 pub mod query;
 pub mod routes;
 pub mod sse;

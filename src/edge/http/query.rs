@@ -19,6 +19,7 @@ fn params(route: &str) -> &'static [&'static str] {
         "/fs/tree" => &["limit"],
         "/memory/{note_id}" => &["scope"],
         "/search" => &["q", "limit", "all"],
+        "/pty" => super::pty::PARAMS,
         _ => &[],
     }
 }

@@ -24,6 +24,8 @@ pub struct AppState {
     pub max_body: usize,
     /// The browser app and console served at /app and /admin.
     pub app: std::sync::Arc<super::assets::Bundle>,
+    /// The live browser terminals (`GET /pty`), bounded.
+    pub terminals: crate::core::terminal::Terminals,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -66,6 +68,10 @@ pub fn router(state: AppState) -> Router {
         .route("/sessions/{id}/compact", post(compact_session))
         // ---- The browser app and console (issue 16) ----
         .route("/admin/status", get(admin_status))
+        .route("/host", get(get_host))
+        .route("/workspaces", get(list_workspaces))
+        .route("/workspaces/open", post(open_workspace))
+        .route("/pty", get(super::pty::pty))
         .merge(super::assets::routes())
         // ---- Memory and search (issue 15) ----
         .route("/memory", get(list_memory).post(add_memory))
@@ -446,6 +452,26 @@ async fn list_tree(State(st): State<AppState>, q: Query) -> Response {
     };
     let req = pb::ListTreeRequest { limit };
     reply(StatusCode::OK, st.api.list_tree(Request::new(req)).await)
+}
+
+async fn get_host(State(st): State<AppState>) -> Response {
+    reply(
+        StatusCode::OK,
+        st.api.get_host(Request::new(pb::GetHostRequest {})).await,
+    )
+}
+
+async fn list_workspaces(State(st): State<AppState>) -> Response {
+    let req = pb::ListWorkspacesRequest {};
+    reply(StatusCode::OK, st.api.list_workspaces(Request::new(req)).await)
+}
+
+async fn open_workspace(State(st): State<AppState>, b: Body) -> Response {
+    let req: pb::OpenWorkspaceRequest = match body(&st, b).await {
+        Ok(r) => r,
+        Err(e) => return e,
+    };
+    reply(StatusCode::OK, st.api.open_workspace(Request::new(req)).await)
 }
 
 async fn list_dirs(State(st): State<AppState>, q: Query) -> Response {
