@@ -48,6 +48,9 @@ impl From<Error> for LoadError {
     }
 }
 
+/// The reason of a refusal of what replicas do not share yet (`--bus`).
+pub const NOT_SHARED: &str = "not_shared";
+
 /// What a replica that does not hold a session's lease answers for what it cannot forward.
 fn served_elsewhere(id: &str, owner: &Owner) -> Error {
     Error::new(
@@ -57,6 +60,7 @@ fn served_elsewhere(id: &str, owner: &Owner) -> Error {
             owner.replica, owner.url
         ),
     )
+    .with_reason("served_elsewhere")
 }
 
 pub struct Hub {
@@ -622,14 +626,17 @@ impl Hub {
         self.get(id).await
     }
 
-    /// Delete and fork move and copy ledger files; with `--bus` a session's
-    /// history is a JetStream subject they do not handle yet: refused, not
-    /// half done.
-    fn needs_file_ledgers(&self, what: &str) -> Result<()> {
+    /// What is kept in one home and not shared between replicas yet: with
+    /// `--bus` it is refused (conflict, reason `not_shared`), never done on
+    /// one replica only. Delete and fork move and copy ledger files, and a
+    /// session's history is a JetStream subject they do not handle yet;
+    /// memory notes are files in each replica's home.
+    pub fn needs_file_ledgers(&self, what: &str) -> Result<()> {
         match self.rt.cfg.nats {
             Some(_) => Err(Error::conflict(format!(
-                "{what} is not available yet when sessions are kept in NATS (--bus)"
-            ))),
+                "{what} is not available yet when sessions are kept in NATS (--bus): it would change this replica's home only"
+            ))
+            .with_reason(NOT_SHARED)),
             None => Ok(()),
         }
     }
@@ -676,7 +683,12 @@ impl Hub {
     /// `sessions/<id>.title`, so it survives restarts and index rebuilds).
     pub async fn rename(&self, id: &str, title: &str) -> Result<SessionInfo> {
         let title = lifecycle::validate_title(title)?;
-        let s = self.get(id).await?;
+        // Only the holder renames (a forwarded rename reaches it): a title
+        // kept by a replica that does not write the session would diverge.
+        let s = match self.find(id).await? {
+            Located::Local(s) => s,
+            Located::Remote(owner) => return Err(served_elsewhere(id, &owner)),
+        };
         let (dir, sid, t) = (self.rt.cfg.sessions_dir(), id.to_string(), title.clone());
         tokio::task::spawn_blocking(move || lifecycle::write_title(&dir, &sid, &t))
             .await

@@ -15,7 +15,7 @@ use crate::core::session::PresenceGuard;
 use crate::core::PermissionMode;
 use crate::core::{diff, files, memory, search, wait};
 use crate::edge::errors::to_status;
-use crate::edge::forward::{self, Forwarded, FORWARD_TIMEOUT};
+use crate::edge::forward::{self, Forwarded, FORWARD_TIMEOUT, SLOW_FORWARD_TIMEOUT};
 use crate::edge::limits::{StreamLimits, StreamPermit};
 use crate::edge::listener::PeerAddr;
 use crate::edge::recent_errors::RecentErrors;
@@ -117,6 +117,30 @@ impl AgentApi {
         forward::call(owners, owner, method, req, timeout)
             .await
             .map(Response::new)
+    }
+}
+
+/// A session served here, or the answer its holder gave to a forwarded request.
+enum Served<Resp> {
+    Here(Arc<crate::core::session::Session>),
+    There(Response<Resp>),
+}
+
+impl AgentApi {
+    /// The session `id` when this replica writes it; else `req` forwarded
+    /// to the holder as `method` (`--bus`), and the holder's answer.
+    async fn here_or_forward<Req: prost::Message, Resp: prost::Message + Default>(
+        &self,
+        forwarded: bool,
+        id: &str,
+        method: &str,
+        req: &Req,
+        timeout: Duration,
+    ) -> Result<Served<Resp>, Status> {
+        Ok(match self.locate(forwarded, id).await? {
+            Located::Local(s) => Served::Here(s),
+            Located::Remote(owner) => Served::There(self.forward(&owner, method, req, timeout).await?),
+        })
     }
 }
 
@@ -663,9 +687,14 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::RenameSessionRequest>,
     ) -> Result<Response<pb::SessionSummary>, Status> {
+        let forwarded = is_forwarded(&req);
         let r = req.into_inner();
-        if r.session_id.is_empty() {
-            return Err(Status::invalid_argument("session_id is required"));
+        let method = "RenameSession";
+        if let Served::There(answer) = self
+            .here_or_forward(forwarded, &r.session_id, method, &r, FORWARD_TIMEOUT)
+            .await?
+        {
+            return Ok(answer);
         }
         let info = self
             .hub
@@ -695,7 +724,15 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::ClearSessionRequest>,
     ) -> Result<Response<pb::ClearSessionResponse>, Status> {
-        let s = self.session(&req.into_inner().session_id).await?;
+        let forwarded = is_forwarded(&req);
+        let r = req.into_inner();
+        let s = match self
+            .here_or_forward(forwarded, &r.session_id, "ClearSession", &r, FORWARD_TIMEOUT)
+            .await?
+        {
+            Served::Here(s) => s,
+            Served::There(answer) => return Ok(answer),
+        };
         let upto_seq = s.clear_history().await.map_err(to_status)?;
         ok(pb::ClearSessionResponse {
             session_id: s.id().to_string(),
@@ -707,7 +744,15 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::UndoSessionRequest>,
     ) -> Result<Response<pb::UndoSessionResponse>, Status> {
-        let s = self.session(&req.into_inner().session_id).await?;
+        let forwarded = is_forwarded(&req);
+        let r = req.into_inner();
+        let s = match self
+            .here_or_forward(forwarded, &r.session_id, "UndoSession", &r, FORWARD_TIMEOUT)
+            .await?
+        {
+            Served::Here(s) => s,
+            Served::There(answer) => return Ok(answer),
+        };
         let u = s.undo_last().await.map_err(to_status)?;
         ok(pb::UndoSessionResponse {
             session_id: s.id().to_string(),
@@ -720,8 +765,15 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::SideRunRequest>,
     ) -> Result<Response<pb::SideAdmission>, Status> {
+        let forwarded = is_forwarded(&req);
         let r = req.into_inner();
-        let s = self.session(&r.session_id).await?;
+        let s = match self
+            .here_or_forward(forwarded, &r.session_id, "SideRun", &r, FORWARD_TIMEOUT)
+            .await?
+        {
+            Served::Here(s) => s,
+            Served::There(answer) => return Ok(answer),
+        };
         let (side_id, after_seq) = s.side_run(r.question).map_err(to_status)?;
         ok(pb::SideAdmission { side_id, after_seq })
     }
@@ -730,7 +782,15 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::SideCancelRequest>,
     ) -> Result<Response<pb::SideCancelResponse>, Status> {
-        let s = self.session(&req.into_inner().session_id).await?;
+        let forwarded = is_forwarded(&req);
+        let r = req.into_inner();
+        let s = match self
+            .here_or_forward(forwarded, &r.session_id, "SideCancel", &r, FORWARD_TIMEOUT)
+            .await?
+        {
+            Served::Here(s) => s,
+            Served::There(answer) => return Ok(answer),
+        };
         let side_id = s.side_cancel();
         ok(pb::SideCancelResponse {
             cancelled: side_id.is_some(),
@@ -753,7 +813,21 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::CompactSessionRequest>,
     ) -> Result<Response<pb::CompactSessionResponse>, Status> {
-        let s = self.session(&req.into_inner().session_id).await?;
+        let forwarded = is_forwarded(&req);
+        let r = req.into_inner();
+        let s = match self
+            .here_or_forward(
+                forwarded,
+                &r.session_id,
+                "CompactSession",
+                &r,
+                SLOW_FORWARD_TIMEOUT,
+            )
+            .await?
+        {
+            Served::Here(s) => s,
+            Served::There(answer) => return Ok(answer),
+        };
         let upto_seq = s.compact_history().await.map_err(to_status)?;
         ok(pb::CompactSessionResponse {
             session_id: s.id().to_string(),
@@ -816,6 +890,9 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::AddMemoryRequest>,
     ) -> Result<Response<pb::MemoryNote>, Status> {
+        self.hub
+            .needs_file_ledgers("changing memory notes")
+            .map_err(to_status)?;
         let r = req.into_inner();
         let new = memory::NewNote {
             text: r.text,
@@ -832,6 +909,9 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::UpdateMemoryRequest>,
     ) -> Result<Response<pb::MemoryNote>, Status> {
+        self.hub
+            .needs_file_ledgers("changing memory notes")
+            .map_err(to_status)?;
         let r = req.into_inner();
         let scope = convert::memory_scope_in(r.scope).map_err(to_status)?;
         let note = self
@@ -847,6 +927,9 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::DeleteMemoryRequest>,
     ) -> Result<Response<pb::DeleteMemoryResponse>, Status> {
+        self.hub
+            .needs_file_ledgers("changing memory notes")
+            .map_err(to_status)?;
         let r = req.into_inner();
         let scope = convert::memory_scope_in(r.scope).map_err(to_status)?;
         let note = self
