@@ -278,6 +278,51 @@ async fn title_on(r: &Replica, sid: &str) -> Value {
         .clone()
 }
 
+/// `GET /sessions` on any replica lists the sessions created on every
+/// replica (the shared index, `VAK_SESSIONS`), with the title a rename
+/// made through any of them, also after their creator stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_created_or_renamed_on_any_replica_are_listed_on_every_replica() {
+    let nats = Cluster::three().await;
+    let a = Replica::start(&nats, "ra").await;
+    let b = Replica::start(&nats, "rb").await;
+    let c = Replica::start(&nats, "rc").await;
+    let sid = a.api.create_session().await;
+    for r in [&a, &b, &c] {
+        assert_eq!(title_on(r, &sid).await, "", "listed, untitled");
+    }
+    let (code, r) = b
+        .api
+        .send(
+            reqwest::Method::PATCH,
+            &format!("/sessions/{sid}"),
+            Some(json!({"title": "named on B"})),
+        )
+        .await;
+    assert_eq!(code, 200, "{r}");
+    for r in [&a, &b, &c] {
+        assert_eq!(title_on(r, &sid).await, "named on B");
+    }
+    // A session C created is listed on A, newest first, also once C is gone.
+    let other = c.api.create_session().await;
+    let (code, list) = a.api.get("/sessions").await;
+    assert_eq!(code, 200);
+    let ids: Vec<&str> = list["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["session_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 2, "{list}");
+    assert!(
+        ids.contains(&sid.as_str()) && ids.contains(&other.as_str()),
+        "{list}"
+    );
+    assert!(c.vak.terminate().await.success());
+    assert_eq!(title_on(&a, &other).await, "");
+    assert_eq!(title_on(&b, &other).await, "");
+}
+
 /// Every other change to a session sent to a replica that does not hold
 /// it is made by the holder (forwarded as Run is), so it reaches every
 /// replica's streams and reads; what replicas do not share yet (delete,

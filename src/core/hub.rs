@@ -430,7 +430,7 @@ impl Hub {
         if let Some(lost) = lease {
             watch_lease(&session, lost);
         }
-        self.note(&session);
+        self.note_shared(&session).await;
         self.loaded()
             .insert(id, Arc::new(OnceCell::new_with(Some(session.clone()))));
         Ok(session)
@@ -536,6 +536,22 @@ impl Hub {
         });
     }
 
+    /// `note`, and with `--bus` the shared index too (`shared_index.rs`),
+    /// waited for: a listing made after this, on any replica, shows it.
+    /// Only the session's holder calls this.
+    async fn note_shared(&self, session: &Session) {
+        self.note(session);
+        let Some(shared) = &self.rt.cfg.shared_index else {
+            return;
+        };
+        // The merged entry: a title once set is kept.
+        if let Some(e) = self.index.get(session.id()) {
+            if let Err(err) = shared.put(&e).await {
+                tracing::warn!(session = session.id(), "{}", err.message);
+            }
+        }
+    }
+
     /// Writes the index if it changed, off the runtime.
     async fn save_index(&self) {
         let index = self.index.clone();
@@ -591,7 +607,7 @@ impl Hub {
                 }
             };
             tracing::info!(session = %id, latest_seq = loaded.latest_seq(), "session loaded from JetStream");
-            self.note(&loaded);
+            self.note_shared(&loaded).await;
             return Ok(loaded);
         }
         let path = self.ledger_path(id);
@@ -694,7 +710,7 @@ impl Hub {
             .await
             .map_err(|e| Error::internal(e.to_string()))??;
         s.set_title(Some(title));
-        self.note(&s);
+        self.note_shared(&s).await;
         self.save_index().await;
         Ok(s.info())
     }
@@ -771,7 +787,7 @@ impl Hub {
                 unused && map.get(&id).is_some_and(|c| Arc::ptr_eq(c, &cell)) && map.remove(&id).is_some()
             };
             if removed {
-                self.note(&session);
+                self.note_shared(&session).await;
                 unloaded += 1;
                 // Everything it wrote is durable: another replica may take it.
                 if let Some(owners) = &self.rt.cfg.owners {
@@ -890,16 +906,36 @@ impl Hub {
     }
 
     /// Every persisted session, newest first; loaded ones report live state.
-    pub fn list(&self) -> Result<Vec<SessionInfo>> {
-        let mut out: Vec<SessionInfo> = self
-            .index
-            .list()
+    pub async fn list(&self) -> Result<Vec<SessionInfo>> {
+        let mut entries = self.index.list();
+        if let Some(shared) = &self.rt.cfg.shared_index {
+            entries = merge_shared(entries, shared.list().await?);
+        }
+        let mut out: Vec<SessionInfo> = entries
             .into_iter()
             .map(|e| {
                 let live = self.loaded().get(&e.session_id).and_then(|c| c.get().cloned());
-                match live {
-                    Some(s) => s.info(),
-                    None => SessionInfo {
+                let mirrored = lock(&self.mirrors)
+                    .get(&e.session_id)
+                    .and_then(|c| c.get().cloned());
+                match (live, mirrored) {
+                    (Some(s), _) => s.info(),
+                    // Written elsewhere, followed here: its seq is live, its
+                    // title the holder's (a rename is not in the log).
+                    (None, Some(m)) => {
+                        let info = m.info();
+                        SessionInfo {
+                            latest_seq: info.latest_seq.max(e.latest_seq),
+                            title: if e.title.is_empty() {
+                                info.title.clone()
+                            } else {
+                                e.title
+                            },
+                            loaded: false,
+                            ..info
+                        }
+                    }
+                    (None, None) => SessionInfo {
                         session_id: e.session_id,
                         created_at: e.created_at,
                         title: e.title,
@@ -932,7 +968,7 @@ impl Hub {
             let _ = t.await;
         }
         for s in self.live() {
-            self.note(&s);
+            self.note_shared(&s).await;
         }
         self.save_index().await;
         // After the sessions: their last runs' messages are queued by now.
@@ -944,6 +980,27 @@ impl Hub {
         }
         self.closing.cancel();
     }
+}
+
+/// The local index entries and the shared index's (`--bus`), one per
+/// session: the shared summary is the holder's, so its title wins; the
+/// seq never moves back.
+fn merge_shared(mine: Vec<Entry>, shared: Vec<Entry>) -> Vec<Entry> {
+    let mut by_id: HashMap<String, Entry> = mine.into_iter().map(|e| (e.session_id.clone(), e)).collect();
+    for e in shared {
+        match by_id.get_mut(&e.session_id) {
+            Some(m) => {
+                m.latest_seq = m.latest_seq.max(e.latest_seq);
+                if !e.title.is_empty() {
+                    m.title = e.title;
+                }
+            }
+            None => {
+                by_id.insert(e.session_id.clone(), e);
+            }
+        }
+    }
+    by_id.into_values().collect()
 }
 
 /// Stops `session` writing once its lease is lost (the watch turns
@@ -999,6 +1056,25 @@ mod tests {
         let mut cfg = CoreConfig::new(home.to_path_buf(), home.to_path_buf());
         tweak(&mut cfg);
         Arc::new(Hub::new(cfg, Route::offline()).unwrap())
+    }
+
+    #[test]
+    fn the_shared_index_adds_other_replicas_sessions_and_the_holders_title_wins() {
+        let e = |id: &str, title: &str, seq: u64| Entry {
+            session_id: id.into(),
+            created_at: "2026-12-02T00:00:00Z".into(),
+            title: title.into(),
+            latest_seq: seq,
+            usage: Default::default(),
+        };
+        let mine = vec![e("a", "old", 9), e("b", "kept", 3)];
+        let shared = vec![e("a", "renamed", 4), e("b", "", 5), e("c", "theirs", 1)];
+        let mut merged = merge_shared(mine, shared);
+        merged.sort_by(|x, y| x.session_id.cmp(&y.session_id));
+        assert_eq!(
+            merged,
+            vec![e("a", "renamed", 9), e("b", "kept", 5), e("c", "theirs", 1)]
+        );
     }
 
     async fn session_with_history(home: &std::path::Path, events: usize) -> String {

@@ -218,7 +218,7 @@ impl AgentService for AgentApi {
         &self,
         _req: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
-        let sessions = self.hub.list().map_err(to_status)?;
+        let sessions = self.hub.list().await.map_err(to_status)?;
         ok(pb::ListSessionsResponse {
             sessions: sessions.into_iter().map(convert::summary).collect(),
         })
