@@ -32,6 +32,11 @@ impl Replica {
     /// A replica given only `bus` (it learns the other nodes from the
     /// server), making the lease bucket with `ttl_ms` if it is first.
     async fn start_on(bus: &str, name: &str, ttl_ms: &str) -> Replica {
+        Replica::start_with(bus, name, ttl_ms, &[]).await
+    }
+
+    /// `start_on` with more `vak serve` flags.
+    async fn start_with(bus: &str, name: &str, ttl_ms: &str, more: &[&str]) -> Replica {
         let (home, ws) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let mut cmd = vak(&[
             "serve",
@@ -48,7 +53,8 @@ impl Replica {
             "--token",
             TOKEN,
         ]);
-        cmd.arg("--home")
+        cmd.args(more)
+            .arg("--home")
             .arg(home.path())
             .arg("--workspace")
             .arg(ws.path());
@@ -63,8 +69,10 @@ impl Replica {
     }
 }
 
+/// A client of every node, so it outlives any one of them.
 async fn nats_client(nats: &Cluster) -> async_nats::Client {
-    tokio::time::timeout(DEADLINE, async_nats::connect(nats.node_url(0)))
+    let nodes: Vec<async_nats::ServerAddr> = nats.url().split(',').map(|u| u.parse().unwrap()).collect();
+    tokio::time::timeout(DEADLINE, async_nats::connect(nodes))
         .await
         .unwrap()
         .unwrap()
@@ -615,6 +623,99 @@ async fn a_follower_whose_nats_node_dies_fills_the_gap_from_the_stream() {
     );
     assert_eq!(text_of(&seen), text_of(&on_owner));
     assert_eq!(not_deltas(&seen), not_deltas(&on_owner));
+}
+
+/// The NATS node that leads the stream is SIGKILLed mid-run: the
+/// writer's appends stall while the other two elect a leader, then resume
+/// with the same ids; the run completes, a reader on another replica and
+/// the stream itself hold every seq once, none lost, repeated or reused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stream_leaders_nats_node_killed_mid_run_stalls_appends_which_resume_with_no_seq_lost_or_reused()
+{
+    let mut nats = Cluster::three().await;
+    // A lease longer than NATS takes to elect new leaders (as above).
+    let a = Replica::start_on(&nats.url(), "ra", "10000").await;
+    let b = Replica::start_on(&nats.url(), "rb", "10000").await;
+    let sid = a.api.create_session().await;
+    let client = nats_client(&nats).await;
+    let leader = support::nats::stream_leader(&client, vak::core::jetstream::STREAM).await;
+    let victim = nats.index_of(&leader).expect("the leader is one of ours");
+    let mut on_a = a.api.events(&sid, None).await;
+    let mut on_b = b.api.events(&sid, None).await;
+    let (code, _) = b.api.run(&sid, "/pace 2000 400").await;
+    assert_eq!(code, 202);
+    let on_owner = tokio::spawn(async move { on_a.until("run_finished").await });
+    let mut seen = deltas(&mut on_b, 100).await;
+    nats.kill(victim);
+    seen.extend(on_b.until("run_finished").await);
+    assert_numbered(&seen);
+    assert_eq!(paced(&seen), (0..2000).collect::<Vec<_>>(), "every delta once");
+    assert_eq!(finished(&seen)["outcome"], "completed", "{}", nats.logs());
+    let on_owner = on_owner.await.unwrap();
+    assert_eq!(text_of(&seen), text_of(&on_owner));
+    assert_eq!(not_deltas(&seen), not_deltas(&on_owner));
+    let last = seen.last().unwrap().seq();
+    assert_eq!(stored_seqs(&nats, &sid).await, (1..=last).collect::<Vec<_>>());
+    // And it numbers on from there.
+    let (code, _) = a.api.run(&sid, "after the election").await;
+    assert_eq!(code, 202);
+    let more = on_b.until("run_finished").await;
+    assert_eq!(more[0].seq(), last + 1);
+    assert_numbered(&more);
+    let leader_now = support::nats::stream_leader(&client, vak::core::jetstream::STREAM).await;
+    assert_ne!(leader_now, leader, "a new leader was elected");
+}
+
+/// A stream that keeps 40 messages per session (`max_msgs_per_subject`)
+/// and a ring of 8: a cursor into history the stream dropped gets
+/// `resync {reason: "history_unavailable"}` on the holder and on another
+/// replica; a session left idle keeps its head seq, and a replica that
+/// loads it from what is retained numbers on from there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_older_than_the_retained_history_resyncs_and_keeps_its_head_seq() {
+    let nats = Cluster::three().await;
+    let js = async_nats::jetstream::new(nats_client(&nats).await);
+    let opts = vak::core::jetstream::StreamOptions {
+        replicas: 3,
+        history: 40,
+        ..Default::default()
+    };
+    js.create_stream(vak::core::jetstream::stream_config(&opts))
+        .await
+        .unwrap();
+    let ring = ["--ring", "8"];
+    let a = Replica::start_with(&nats.url(), "ra", TTL_MS, &ring).await;
+    let b = Replica::start_with(&nats.url(), "rb", TTL_MS, &ring).await;
+    let sid = a.api.create_session().await;
+    let mut sse = a.api.events(&sid, None).await;
+    let (code, _) = a.api.run(&sid, "/pace 120 2000").await;
+    assert_eq!(code, 202);
+    let run = sse.until("run_finished").await;
+    let head = run.last().unwrap().seq();
+    assert!(head > 100, "{head}");
+    assert!(
+        stored_seqs(&nats, &sid).await.len() <= 40,
+        "the stream dropped the oldest"
+    );
+
+    for r in [&a, &b] {
+        let mut old = r.api.events(&sid, Some(1)).await;
+        let first = old.next().await.expect("a frame");
+        assert_eq!(first.event, "resync", "{:?}", first);
+        assert_eq!(first.body()["reason"], "history_unavailable", "{:?}", first);
+        assert_eq!(first.body()["latest_seq"], head);
+    }
+    // A stops: the session is idle, its lease free. B loads it from what
+    // the stream kept: the same head, and the next run numbers on.
+    assert!(a.vak.terminate().await.success());
+    let mut on_b = b.api.events(&sid, Some(head)).await;
+    assert_eq!(on_b.opened.as_ref().unwrap().body()["latest_seq"], head);
+    let (code, adm) = b.api.run(&sid, "after a while").await;
+    assert_eq!((code, adm["state"].as_str()), (202, Some("started")), "{adm}");
+    let more = on_b.until("run_finished").await;
+    assert_eq!(more[0].seq(), head + 1);
+    assert_numbered(&more);
+    assert_eq!(finished(&more)["outcome"], "completed");
 }
 
 /// A replica name that is not one subject token, and a lease age under

@@ -583,10 +583,12 @@ impl Hub {
             };
             let loaded = async {
                 let log = Arc::new(JetStreamLog::open(client.clone(), id).await?);
-                let records = log.records().await?;
+                let mut records = log.records().await?;
                 if records.is_empty() {
                     return Err(Error::not_found(format!("no session {id}")));
                 }
+                super::shared_index::restore_header(self.rt.cfg.shared_index.as_deref(), id, &mut records)
+                    .await;
                 let rt = self.rt.clone();
                 tokio::task::spawn_blocking(move || Session::restore_records(rt, log, records))
                     .await

@@ -13,6 +13,7 @@
 //! `MAX_SESSIONS` entries within `LIST_TIMEOUT`.
 
 use super::index::Entry;
+use super::ledger::Record;
 use crate::error::{Error, ErrorKind, Result};
 use async_nats::jetstream::kv;
 use futures_util::StreamExt;
@@ -106,6 +107,12 @@ impl SharedIndex {
             })
     }
 
+    /// The summary of session `id`, if the bucket has one.
+    pub async fn get(&self, id: &str) -> Option<Summary> {
+        let value = self.kv.get(id).await.ok()??;
+        serde_json::from_slice(&value).ok()
+    }
+
     /// Every session's summary (at most `MAX_SESSIONS`), as index entries.
     pub async fn list(&self) -> Result<Vec<Entry>> {
         tokio::time::timeout(LIST_TIMEOUT, self.read_all())
@@ -161,4 +168,32 @@ impl SharedIndex {
         }
         Ok(out)
     }
+}
+
+/// Gives `records` (a session's subject as the stream keeps it) the header
+/// record a fold starts from, when the stream's retention
+/// (`max_msgs_per_subject`) dropped it with the oldest messages: the id is
+/// the subject's, the creation time the shared summary's (else unknown,
+/// empty). What was dropped with it is history no replica can show: a
+/// cursor into it gets `resync {reason: "history_unavailable"}`.
+pub async fn restore_header(shared: Option<&SharedIndex>, id: &str, records: &mut Vec<Record>) {
+    if records.is_empty() || matches!(records.first(), Some(Record::Header { .. })) {
+        return;
+    }
+    let created_at = match shared {
+        Some(shared) => shared.get(id).await.map(|s| s.created_at).unwrap_or_default(),
+        None => String::new(),
+    };
+    tracing::info!(
+        session = id,
+        "the stream no longer holds the session's first records: folding what it keeps"
+    );
+    records.insert(
+        0,
+        Record::Header {
+            session_id: id.to_string(),
+            created_at,
+            workspace: String::new(),
+        },
+    );
 }
