@@ -94,6 +94,10 @@ pub struct ModeChange {
     pub denied_approvals: usize,
 }
 
+/// How long a stopping server spends bringing the shared session index
+/// up to date (`--bus`).
+const SHARE_AT_SHUTDOWN: Duration = Duration::from_secs(5);
+
 /// How long a mode change waits for the runs it cancelled to settle.
 const MODE_CHANGE_GRACE: Duration = Duration::from_secs(10);
 
@@ -969,8 +973,11 @@ impl Hub {
         for t in tasks {
             let _ = t.await;
         }
-        for s in self.live() {
-            self.note_shared(&s).await;
+        let live = self.live();
+        // At once, and bounded: NATS may be what is going away.
+        let shared = futures_util::future::join_all(live.iter().map(|s| self.note_shared(s)));
+        if tokio::time::timeout(SHARE_AT_SHUTDOWN, shared).await.is_err() {
+            tracing::warn!("the shared session index was not brought up to date before the stop");
         }
         self.save_index().await;
         // After the sessions: their last runs' messages are queued by now.
