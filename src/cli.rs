@@ -405,8 +405,15 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
             crate::core::owners::BUCKET,
             owners.ttl().as_millis()
         );
+        let shared_index = crate::core::shared_index::SharedIndex::open(
+            client.clone(),
+            opts.replicas,
+            cfg.core.workspace.display().to_string(),
+        )
+        .await?;
         cfg.core.nats = Some(client);
         cfg.core.owners = Some(owners);
+        cfg.core.shared_index = Some(shared_index);
     }
     let max_connections = cfg.max_connections;
     let tls = if args.tls_self_signed {

@@ -4,7 +4,7 @@ mod support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::nats::Cluster;
+use support::nats::{stream_leader, Cluster};
 use support::{assert_numbered, text_of, TestServer, DEADLINE};
 use vak::core::event::{ClientEvent, Frame};
 use vak::core::jetstream::{self, JetStreamLog, StreamOptions, ANOTHER_WRITER};
@@ -206,30 +206,12 @@ async fn a_retried_append_whose_ack_was_lost_is_stored_once() {
     assert_eq!(read_all(&log).await, expected(1..=22));
 }
 
-/// The stream's leader, from `$JS.API.STREAM.INFO`.
-async fn stream_leader(client: &async_nats::Client) -> String {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        let info = client
-            .request(format!("$JS.API.STREAM.INFO.{}", jetstream::STREAM), "".into())
-            .await;
-        if let Ok(msg) = info {
-            let v: serde_json::Value = serde_json::from_slice(&msg.payload).unwrap_or_default();
-            if let Some(leader) = v["cluster"]["leader"].as_str() {
-                return leader.to_string();
-            }
-        }
-        assert!(Instant::now() < deadline, "the stream has no leader");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn appends_stall_while_the_stream_leader_is_killed_then_resume_with_no_seq_lost_or_repeated() {
     let (mut cluster, client) = cluster().await;
     let log = open(&client, "k1").await;
     append(&log, 1..=50).await.unwrap();
-    let leader = stream_leader(&client).await;
+    let leader = stream_leader(&client, jetstream::STREAM).await;
     let victim = cluster.index_of(&leader).expect("the leader is one of ours");
 
     // A burst of appends on the writer's thread; the leader dies in the middle.
@@ -261,7 +243,7 @@ async fn appends_stall_while_the_stream_leader_is_killed_then_resume_with_no_seq
         .unwrap_or_else(|e| panic!("an append failed: {e}\n{}", cluster.logs()));
     eprintln!("slowest append across the failover: {slowest:?} (leader {leader} killed)");
     assert_eq!(log.durable_seq(), 1050);
-    assert_ne!(stream_leader(&client).await, leader);
+    assert_ne!(stream_leader(&client, jetstream::STREAM).await, leader);
     assert_eq!(read_all(&log).await, expected(1..=1050));
     // A reader on a surviving node sees the same.
     let survivor = (0..3).find(|&i| i != victim).unwrap();

@@ -48,6 +48,9 @@ impl From<Error> for LoadError {
     }
 }
 
+/// The reason of a refusal of what replicas do not share yet (`--bus`).
+pub const NOT_SHARED: &str = "not_shared";
+
 /// What a replica that does not hold a session's lease answers for what it cannot forward.
 fn served_elsewhere(id: &str, owner: &Owner) -> Error {
     Error::new(
@@ -57,6 +60,7 @@ fn served_elsewhere(id: &str, owner: &Owner) -> Error {
             owner.replica, owner.url
         ),
     )
+    .with_reason("served_elsewhere")
 }
 
 pub struct Hub {
@@ -114,6 +118,10 @@ pub struct ModeChange {
     pub cancelled_runs: usize,
     pub denied_approvals: usize,
 }
+
+/// How long a stopping server spends bringing the shared session index
+/// up to date (`--bus`).
+const SHARE_AT_SHUTDOWN: Duration = Duration::from_secs(5);
 
 /// How long a mode change waits for the runs it cancelled to settle.
 const MODE_CHANGE_GRACE: Duration = Duration::from_secs(10);
@@ -478,7 +486,7 @@ impl Hub {
         if let Some(lost) = lease {
             watch_lease(&session, lost);
         }
-        self.note(&session);
+        self.note_shared(&session).await;
         self.loaded()
             .insert(id, Arc::new(OnceCell::new_with(Some(session.clone()))));
         Ok(session)
@@ -584,6 +592,22 @@ impl Hub {
         });
     }
 
+    /// `note`, and with `--bus` the shared index too (`shared_index.rs`),
+    /// waited for: a listing made after this, on any replica, shows it.
+    /// Only the session's holder calls this.
+    async fn note_shared(&self, session: &Session) {
+        self.note(session);
+        let Some(shared) = &self.rt.cfg.shared_index else {
+            return;
+        };
+        // The merged entry: a title once set is kept.
+        if let Some(e) = self.index.get(session.id()) {
+            if let Err(err) = shared.put(&e).await {
+                tracing::warn!(session = session.id(), "{}", err.message);
+            }
+        }
+    }
+
     /// Writes the index if it changed, off the runtime.
     async fn save_index(&self) {
         let index = self.index.clone();
@@ -615,10 +639,12 @@ impl Hub {
             };
             let loaded = async {
                 let log = Arc::new(JetStreamLog::open(client.clone(), id).await?);
-                let records = log.records().await?;
+                let mut records = log.records().await?;
                 if records.is_empty() {
                     return Err(Error::not_found(format!("no session {id}")));
                 }
+                super::shared_index::restore_header(self.rt.cfg.shared_index.as_deref(), id, &mut records)
+                    .await;
                 let rt = self.rt.clone();
                 tokio::task::spawn_blocking(move || Session::restore_records(rt, log, records))
                     .await
@@ -639,7 +665,7 @@ impl Hub {
                 }
             };
             tracing::info!(session = %id, latest_seq = loaded.latest_seq(), "session loaded from JetStream");
-            self.note(&loaded);
+            self.note_shared(&loaded).await;
             return Ok(loaded);
         }
         let path = self.ledger_path(id);
@@ -677,14 +703,17 @@ impl Hub {
         self.get(id).await
     }
 
-    /// Delete and fork move and copy ledger files; with `--bus` a session's
-    /// history is a JetStream subject they do not handle yet: refused, not
-    /// half done.
-    fn needs_file_ledgers(&self, what: &str) -> Result<()> {
+    /// What is kept in one home and not shared between replicas yet: with
+    /// `--bus` it is refused (conflict, reason `not_shared`), never done on
+    /// one replica only. Delete and fork move and copy ledger files, and a
+    /// session's history is a JetStream subject they do not handle yet;
+    /// memory notes are files in each replica's home.
+    pub fn needs_file_ledgers(&self, what: &str) -> Result<()> {
         match self.rt.cfg.nats {
             Some(_) => Err(Error::conflict(format!(
-                "{what} is not available yet when sessions are kept in NATS (--bus)"
-            ))),
+                "{what} is not available yet when sessions are kept in NATS (--bus): it would change this replica's home only"
+            ))
+            .with_reason(NOT_SHARED)),
             None => Ok(()),
         }
     }
@@ -731,13 +760,18 @@ impl Hub {
     /// `sessions/<id>.title`, so it survives restarts and index rebuilds).
     pub async fn rename(&self, id: &str, title: &str) -> Result<SessionInfo> {
         let title = lifecycle::validate_title(title)?;
-        let s = self.get(id).await?;
+        // Only the holder renames (a forwarded rename reaches it): a title
+        // kept by a replica that does not write the session would diverge.
+        let s = match self.find(id).await? {
+            Located::Local(s) => s,
+            Located::Remote(owner) => return Err(served_elsewhere(id, &owner)),
+        };
         let (dir, sid, t) = (self.rt.cfg.sessions_dir(), id.to_string(), title.clone());
         tokio::task::spawn_blocking(move || lifecycle::write_title(&dir, &sid, &t))
             .await
             .map_err(|e| Error::internal(e.to_string()))??;
         s.set_title(Some(title));
-        self.note(&s);
+        self.note_shared(&s).await;
         self.save_index().await;
         Ok(s.info())
     }
@@ -815,7 +849,7 @@ impl Hub {
                 unused && map.get(&id).is_some_and(|c| Arc::ptr_eq(c, &cell)) && map.remove(&id).is_some()
             };
             if removed {
-                self.note(&session);
+                self.note_shared(&session).await;
                 unloaded += 1;
                 // Everything it wrote is durable: another replica may take it.
                 if let Some(owners) = &self.rt.cfg.owners {
@@ -934,16 +968,36 @@ impl Hub {
     }
 
     /// Every persisted session, newest first; loaded ones report live state.
-    pub fn list(&self) -> Result<Vec<SessionInfo>> {
-        let mut out: Vec<SessionInfo> = self
-            .index
-            .list()
+    pub async fn list(&self) -> Result<Vec<SessionInfo>> {
+        let mut entries = self.index.list();
+        if let Some(shared) = &self.rt.cfg.shared_index {
+            entries = merge_shared(entries, shared.list().await?);
+        }
+        let mut out: Vec<SessionInfo> = entries
             .into_iter()
             .map(|e| {
                 let live = self.loaded().get(&e.session_id).and_then(|c| c.get().cloned());
-                match live {
-                    Some(s) => s.info(),
-                    None => SessionInfo {
+                let mirrored = lock(&self.mirrors)
+                    .get(&e.session_id)
+                    .and_then(|c| c.get().cloned());
+                match (live, mirrored) {
+                    (Some(s), _) => s.info(),
+                    // Written elsewhere, followed here: its seq is live, its
+                    // title the holder's (a rename is not in the log).
+                    (None, Some(m)) => {
+                        let info = m.info();
+                        SessionInfo {
+                            latest_seq: info.latest_seq.max(e.latest_seq),
+                            title: if e.title.is_empty() {
+                                info.title.clone()
+                            } else {
+                                e.title
+                            },
+                            loaded: false,
+                            ..info
+                        }
+                    }
+                    (None, None) => SessionInfo {
                         session_id: e.session_id,
                         created_at: e.created_at,
                         title: e.title,
@@ -975,8 +1029,11 @@ impl Hub {
         for t in tasks {
             let _ = t.await;
         }
-        for s in self.live() {
-            self.note(&s);
+        let live = self.live();
+        // At once, and bounded: NATS may be what is going away.
+        let shared = futures_util::future::join_all(live.iter().map(|s| self.note_shared(s)));
+        if tokio::time::timeout(SHARE_AT_SHUTDOWN, shared).await.is_err() {
+            tracing::warn!("the shared session index was not brought up to date before the stop");
         }
         self.save_index().await;
         // After the sessions: their last runs' messages are queued by now.
@@ -988,6 +1045,27 @@ impl Hub {
         }
         self.closing.cancel();
     }
+}
+
+/// The local index entries and the shared index's (`--bus`), one per
+/// session: the shared summary is the holder's, so its title wins; the
+/// seq never moves back.
+fn merge_shared(mine: Vec<Entry>, shared: Vec<Entry>) -> Vec<Entry> {
+    let mut by_id: HashMap<String, Entry> = mine.into_iter().map(|e| (e.session_id.clone(), e)).collect();
+    for e in shared {
+        match by_id.get_mut(&e.session_id) {
+            Some(m) => {
+                m.latest_seq = m.latest_seq.max(e.latest_seq);
+                if !e.title.is_empty() {
+                    m.title = e.title;
+                }
+            }
+            None => {
+                by_id.insert(e.session_id.clone(), e);
+            }
+        }
+    }
+    by_id.into_values().collect()
 }
 
 /// Stops `session` writing once its lease is lost (the watch turns
@@ -1043,6 +1121,25 @@ mod tests {
         let mut cfg = CoreConfig::new(home.to_path_buf(), home.to_path_buf());
         tweak(&mut cfg);
         Arc::new(Hub::new(cfg, Route::offline()).unwrap())
+    }
+
+    #[test]
+    fn the_shared_index_adds_other_replicas_sessions_and_the_holders_title_wins() {
+        let e = |id: &str, title: &str, seq: u64| Entry {
+            session_id: id.into(),
+            created_at: "2026-12-02T00:00:00Z".into(),
+            title: title.into(),
+            latest_seq: seq,
+            usage: Default::default(),
+        };
+        let mine = vec![e("a", "old", 9), e("b", "kept", 3)];
+        let shared = vec![e("a", "renamed", 4), e("b", "", 5), e("c", "theirs", 1)];
+        let mut merged = merge_shared(mine, shared);
+        merged.sort_by(|x, y| x.session_id.cmp(&y.session_id));
+        assert_eq!(
+            merged,
+            vec![e("a", "renamed", 9), e("b", "kept", 5), e("c", "theirs", 1)]
+        );
     }
 
     async fn session_with_history(home: &std::path::Path, events: usize) -> String {

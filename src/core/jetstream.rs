@@ -67,6 +67,7 @@
 use super::event::ClientEvent;
 use super::ledger::{Batch, Log, Record};
 use crate::error::{Error, Result};
+use async_nats::jetstream::kv;
 use async_nats::jetstream::stream;
 use async_nats::{HeaderMap, StatusCode};
 use bytes::Bytes;
@@ -157,6 +158,26 @@ pub async fn ensure_stream(client: &async_nats::Client, opts: &StreamOptions) ->
         .await
         .map_err(|e| Error::internal(format!("cannot create the JetStream stream {STREAM}: {e}")))?;
     Ok(())
+}
+
+/// The KV bucket `config.bucket`, created with `config` if it is missing;
+/// an existing one is used as it is. Replicas starting at once may race to
+/// create it: the loser opens the winner's.
+pub async fn key_value(client: &async_nats::Client, config: kv::Config) -> Result<kv::Store> {
+    let js = async_nats::jetstream::new(client.clone());
+    let bucket = config.bucket.clone();
+    if let Ok(store) = js.get_key_value(&bucket).await {
+        return Ok(store);
+    }
+    match js.create_key_value(config).await {
+        Ok(store) => Ok(store),
+        Err(e) => js.get_key_value(&bucket).await.map_err(|_| {
+            Error::new(
+                crate::error::ErrorKind::Unavailable,
+                format!("cannot open the KV bucket {bucket}: {e}"),
+            )
+        }),
+    }
 }
 
 /// Connects to the NATS servers `url` names (`nats://host:port`, several
@@ -797,6 +818,10 @@ impl Log for JetStreamLog {
             let got = self.rt.block_on(self.read_from(from, after, max));
             match got {
                 Ok(events) if events.len() >= want => return Ok(events),
+                // Short but up to the durable end: the stream's retention
+                // (`max_msgs_per_subject`) dropped the missing ones, which
+                // asking again will not bring back (the replay resyncs).
+                Ok(events) if events.last().is_some_and(|(seq, _)| *seq >= durable) => return Ok(events),
                 Ok(events) if Instant::now() >= deadline => return Ok(events),
                 Err(e) if Instant::now() >= deadline => {
                     return Err(Error::internal(format!(

@@ -49,7 +49,8 @@ pub async fn open(
         return Err(Error::not_found(format!("no session {id}")));
     };
     let (last, pos) = (last.stream_seq, last.position);
-    let records = stored.into_iter().map(|s| s.record).collect();
+    let mut records = stored.into_iter().map(|s| s.record).collect();
+    super::shared_index::restore_header(rt.cfg.shared_index.as_deref(), id, &mut records).await;
     let l = log.clone();
     let session = tokio::task::spawn_blocking(move || Session::mirror(rt, l, records, &read_only))
         .await

@@ -28,6 +28,7 @@ pub mod rules;
 pub mod search;
 pub mod secrets;
 pub mod session;
+pub mod shared_index;
 pub mod side;
 pub mod terminal;
 pub mod tools;
@@ -96,6 +97,8 @@ pub struct CoreConfig {
     /// With `nats`: this replica's session leases (`owners.rs`), so several
     /// replicas can share the stream. None: one replica, no leases.
     pub owners: Option<std::sync::Arc<owners::Owners>>,
+    /// With `nats`: the session index every replica shares (`shared_index.rs`).
+    pub shared_index: Option<std::sync::Arc<shared_index::SharedIndex>>,
     /// `[server] workspace_roots`: the folders `GET /fs/dirs` may list
     /// (absolute). Empty: the workspace alone.
     pub workspace_roots: Vec<PathBuf>,
@@ -125,6 +128,7 @@ impl CoreConfig {
             env: config::Environment::default(),
             nats: None,
             owners: None,
+            shared_index: None,
             workspace_roots: Vec::new(),
             git: PathBuf::from("git"),
         }

@@ -116,31 +116,19 @@ impl Owners {
         if ttl < Duration::from_millis(300) {
             return Err(Error::invalid("the lease age is at least 300 ms"));
         }
-        let js = async_nats::jetstream::new(client.clone());
-        let kv = match js.get_key_value(BUCKET).await {
-            Ok(kv) => kv,
-            Err(_) => {
-                let created = js
-                    .create_key_value(kv::Config {
-                        bucket: BUCKET.into(),
-                        description: "vak: which replica writes each session".into(),
-                        history: 1,
-                        max_age: ttl,
-                        storage: async_nats::jetstream::stream::StorageType::File,
-                        num_replicas: replicas.max(1),
-                        ..Default::default()
-                    })
-                    .await;
-                match created {
-                    Ok(kv) => kv,
-                    // Another replica may have created it meanwhile.
-                    Err(e) => js
-                        .get_key_value(BUCKET)
-                        .await
-                        .map_err(|_| nats_error("cannot open the lease bucket VAK_OWNERS", e))?,
-                }
-            }
-        };
+        let kv = super::jetstream::key_value(
+            &client,
+            kv::Config {
+                bucket: BUCKET.into(),
+                description: "vak: which replica writes each session".into(),
+                history: 1,
+                max_age: ttl,
+                storage: async_nats::jetstream::stream::StorageType::File,
+                num_replicas: replicas.max(1),
+                ..Default::default()
+            },
+        )
+        .await?;
         let mut stream = kv.stream.clone();
         let age = stream
             .info()

@@ -135,6 +135,11 @@ pub fn status_response(s: &Status) -> Response {
             let mut resp = (status, body.to_string()).into_response();
             resp.headers_mut()
                 .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            if status == StatusCode::SERVICE_UNAVAILABLE {
+                // A session served elsewhere (`--bus`) passes as the others do.
+                resp.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
             resp
         }
         None => json_error(status, code, s.message()),
@@ -221,6 +226,19 @@ mod tests {
         let bytes = resp.into_body().collect().await.unwrap().to_bytes();
         let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
         v["error"]["code"].as_str().unwrap().to_string()
+    }
+
+    #[tokio::test]
+    async fn an_unavailable_answer_with_a_reason_keeps_it_and_retry_after() {
+        let e = Error::new(ErrorKind::Unavailable, "session s is written by replica ra")
+            .with_reason("served_elsewhere");
+        let resp = status_response(&to_status(e));
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(resp.headers()[header::RETRY_AFTER], "1");
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 16).await.unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["error"]["reason"], "served_elsewhere");
+        assert_eq!(v["error"]["code"], "unavailable");
     }
 
     #[tokio::test]

@@ -1,4 +1,4 @@
-//! Admissions on a replica that does not hold the session's lease (`--bus`): Run, Steer, Approve and Cancel go as their protobuf request over a NATS request to `vak.rpc.<owner>.<Method>`, and the owner answers with the same `AgentApi` method a local client would reach.
+//! Changes on a replica that does not hold the session's lease (`--bus`): Run, Steer, Approve, Cancel, rename, clear, undo, compact and side chat go as their protobuf request over a NATS request to `vak.rpc.<owner>.<Method>`, and the owner answers with the same `AgentApi` method a local client would reach.
 //!
 //! Why forward rather than move the lease: a session's run, its parked
 //! approvals and its request ids live in the owner's memory; taking the
@@ -27,10 +27,25 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Request, Status};
 
-/// The RPCs a replica forwards to a session's owner.
-pub const METHODS: [&str; 4] = ["Run", "Steer", "Approve", "Cancel"];
+/// The RPCs a replica forwards to a session's owner: every change to a
+/// session that the owner's memory or its single writer must make.
+pub const METHODS: [&str; 10] = [
+    "Run",
+    "Steer",
+    "Approve",
+    "Cancel",
+    "RenameSession",
+    "ClearSession",
+    "UndoSession",
+    "CompactSession",
+    "SideRun",
+    "SideCancel",
+];
 /// How long a forwarded request (that does not wait for its run) may take.
 pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a forwarded compaction may take: the holder asks the model for
+/// a summary, bounded by the provider's own timeouts.
+pub const SLOW_FORWARD_TIMEOUT: Duration = Duration::from_secs(300);
 /// Forwarded requests this replica answers at once; more wait in the
 /// subscription (NATS bounds what it holds for a slow subscriber).
 pub const MAX_ANSWERING: usize = 1024;
@@ -172,6 +187,17 @@ async fn answer(api: &AgentApi, method: &str, body: bytes::Bytes) -> Result<Vec<
         "Steer" => dispatch(body, |r: Request<pb::SteerRequest>| api.steer(r)).await,
         "Approve" => dispatch(body, |r: Request<pb::ApproveRequest>| api.approve(r)).await,
         "Cancel" => dispatch(body, |r: Request<pb::CancelRequest>| api.cancel(r)).await,
+        "RenameSession" => dispatch(body, |r: Request<pb::RenameSessionRequest>| api.rename_session(r)).await,
+        "ClearSession" => dispatch(body, |r: Request<pb::ClearSessionRequest>| api.clear_session(r)).await,
+        "UndoSession" => dispatch(body, |r: Request<pb::UndoSessionRequest>| api.undo_session(r)).await,
+        "CompactSession" => {
+            dispatch(body, |r: Request<pb::CompactSessionRequest>| {
+                api.compact_session(r)
+            })
+            .await
+        }
+        "SideRun" => dispatch(body, |r: Request<pb::SideRunRequest>| api.side_run(r)).await,
+        "SideCancel" => dispatch(body, |r: Request<pb::SideCancelRequest>| api.side_cancel(r)).await,
         other => Err(Status::unimplemented(format!("no forwarded method {other}"))),
     }
 }

@@ -192,3 +192,22 @@ impl Drop for Cluster {
         }
     }
 }
+
+/// The name of the node that leads `stream`, from `$JS.API.STREAM.INFO`
+/// (asked again until it names one, under a deadline).
+pub async fn stream_leader(client: &async_nats::Client, stream: &str) -> String {
+    let deadline = Instant::now() + READY;
+    loop {
+        let info = client
+            .request(format!("$JS.API.STREAM.INFO.{stream}"), "".into())
+            .await;
+        if let Ok(msg) = info {
+            let v: serde_json::Value = serde_json::from_slice(&msg.payload).unwrap_or_default();
+            if let Some(leader) = v["cluster"]["leader"].as_str() {
+                return leader.to_string();
+            }
+        }
+        assert!(Instant::now() < deadline, "the stream {stream} has no leader");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

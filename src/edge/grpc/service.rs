@@ -15,7 +15,7 @@ use crate::core::session::PresenceGuard;
 use crate::core::PermissionMode;
 use crate::core::{diff, files, memory, search, wait};
 use crate::edge::errors::to_status;
-use crate::edge::forward::{self, Forwarded, FORWARD_TIMEOUT};
+use crate::edge::forward::{self, Forwarded, FORWARD_TIMEOUT, SLOW_FORWARD_TIMEOUT};
 use crate::edge::limits::{StreamLimits, StreamPermit};
 use crate::edge::listener::PeerAddr;
 use crate::edge::recent_errors::RecentErrors;
@@ -177,6 +177,30 @@ impl AgentApi {
     }
 }
 
+/// A session served here, or the answer its holder gave to a forwarded request.
+enum Served<Resp> {
+    Here(Arc<crate::core::session::Session>),
+    There(Response<Resp>),
+}
+
+impl AgentApi {
+    /// The session `id` when this replica writes it; else `req` forwarded
+    /// to the holder as `method` (`--bus`), and the holder's answer.
+    async fn here_or_forward<Req: prost::Message, Resp: prost::Message + Default>(
+        &self,
+        forwarded: bool,
+        id: &str,
+        method: &str,
+        req: &Req,
+        timeout: Duration,
+    ) -> Result<Served<Resp>, Status> {
+        Ok(match self.locate(forwarded, id).await? {
+            Located::Local(s) => Served::Here(s),
+            Located::Remote(owner) => Served::There(self.forward(&owner, method, req, timeout).await?),
+        })
+    }
+}
+
 fn is_forwarded<T>(req: &Request<T>) -> bool {
     req.extensions().get::<Forwarded>().is_some()
 }
@@ -265,7 +289,7 @@ impl AgentService for AgentApi {
         &self,
         _req: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
-        let sessions = self.hub.list().map_err(to_status)?;
+        let sessions = self.hub.list().await.map_err(to_status)?;
         ok(pb::ListSessionsResponse {
             sessions: sessions.into_iter().map(convert::summary).collect(),
         })
@@ -738,9 +762,14 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::RenameSessionRequest>,
     ) -> Result<Response<pb::SessionSummary>, Status> {
+        let forwarded = is_forwarded(&req);
         let r = req.into_inner();
-        if r.session_id.is_empty() {
-            return Err(Status::invalid_argument("session_id is required"));
+        let method = "RenameSession";
+        if let Served::There(answer) = self
+            .here_or_forward(forwarded, &r.session_id, method, &r, FORWARD_TIMEOUT)
+            .await?
+        {
+            return Ok(answer);
         }
         let info = self
             .hub
@@ -770,7 +799,15 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::ClearSessionRequest>,
     ) -> Result<Response<pb::ClearSessionResponse>, Status> {
-        let s = self.session(&req.into_inner().session_id).await?;
+        let forwarded = is_forwarded(&req);
+        let r = req.into_inner();
+        let s = match self
+            .here_or_forward(forwarded, &r.session_id, "ClearSession", &r, FORWARD_TIMEOUT)
+            .await?
+        {
+            Served::Here(s) => s,
+            Served::There(answer) => return Ok(answer),
+        };
         let upto_seq = s.clear_history().await.map_err(to_status)?;
         ok(pb::ClearSessionResponse {
             session_id: s.id().to_string(),
@@ -782,7 +819,15 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::UndoSessionRequest>,
     ) -> Result<Response<pb::UndoSessionResponse>, Status> {
-        let s = self.session(&req.into_inner().session_id).await?;
+        let forwarded = is_forwarded(&req);
+        let r = req.into_inner();
+        let s = match self
+            .here_or_forward(forwarded, &r.session_id, "UndoSession", &r, FORWARD_TIMEOUT)
+            .await?
+        {
+            Served::Here(s) => s,
+            Served::There(answer) => return Ok(answer),
+        };
         let u = s.undo_last().await.map_err(to_status)?;
         ok(pb::UndoSessionResponse {
             session_id: s.id().to_string(),
@@ -795,8 +840,15 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::SideRunRequest>,
     ) -> Result<Response<pb::SideAdmission>, Status> {
+        let forwarded = is_forwarded(&req);
         let r = req.into_inner();
-        let s = self.session(&r.session_id).await?;
+        let s = match self
+            .here_or_forward(forwarded, &r.session_id, "SideRun", &r, FORWARD_TIMEOUT)
+            .await?
+        {
+            Served::Here(s) => s,
+            Served::There(answer) => return Ok(answer),
+        };
         let (side_id, after_seq) = s.side_run(r.question).map_err(to_status)?;
         ok(pb::SideAdmission { side_id, after_seq })
     }
@@ -805,7 +857,15 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::SideCancelRequest>,
     ) -> Result<Response<pb::SideCancelResponse>, Status> {
-        let s = self.session(&req.into_inner().session_id).await?;
+        let forwarded = is_forwarded(&req);
+        let r = req.into_inner();
+        let s = match self
+            .here_or_forward(forwarded, &r.session_id, "SideCancel", &r, FORWARD_TIMEOUT)
+            .await?
+        {
+            Served::Here(s) => s,
+            Served::There(answer) => return Ok(answer),
+        };
         let side_id = s.side_cancel();
         ok(pb::SideCancelResponse {
             cancelled: side_id.is_some(),
@@ -828,7 +888,21 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::CompactSessionRequest>,
     ) -> Result<Response<pb::CompactSessionResponse>, Status> {
-        let s = self.session(&req.into_inner().session_id).await?;
+        let forwarded = is_forwarded(&req);
+        let r = req.into_inner();
+        let s = match self
+            .here_or_forward(
+                forwarded,
+                &r.session_id,
+                "CompactSession",
+                &r,
+                SLOW_FORWARD_TIMEOUT,
+            )
+            .await?
+        {
+            Served::Here(s) => s,
+            Served::There(answer) => return Ok(answer),
+        };
         let upto_seq = s.compact_history().await.map_err(to_status)?;
         ok(pb::CompactSessionResponse {
             session_id: s.id().to_string(),
@@ -924,6 +998,9 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::AddMemoryRequest>,
     ) -> Result<Response<pb::MemoryNote>, Status> {
+        self.hub
+            .needs_file_ledgers("changing memory notes")
+            .map_err(to_status)?;
         let r = req.into_inner();
         let new = memory::NewNote {
             text: r.text,
@@ -940,6 +1017,9 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::UpdateMemoryRequest>,
     ) -> Result<Response<pb::MemoryNote>, Status> {
+        self.hub
+            .needs_file_ledgers("changing memory notes")
+            .map_err(to_status)?;
         let r = req.into_inner();
         let scope = convert::memory_scope_in(r.scope).map_err(to_status)?;
         let note = self
@@ -955,6 +1035,9 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::DeleteMemoryRequest>,
     ) -> Result<Response<pb::DeleteMemoryResponse>, Status> {
+        self.hub
+            .needs_file_ledgers("changing memory notes")
+            .map_err(to_status)?;
         let r = req.into_inner();
         let scope = convert::memory_scope_in(r.scope).map_err(to_status)?;
         let note = self
