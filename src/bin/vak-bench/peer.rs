@@ -155,7 +155,8 @@ fn publish_request(channel: &str, event: &str, body: &str) -> String {
 /// Publishes `n` text_delta messages (`t{i} `, the JSON vak writes for a
 /// delta) and then a run_finished, pipelined on one connection, and reads
 /// every answer: the counterpart of vak's `Run("/burst n")`.
-pub async fn publish(addr: std::net::SocketAddr, channel: &str, n: u64) -> Result<(), String> {
+pub async fn publish(addr: std::net::SocketAddr, channel: String, n: u64) -> Result<(), String> {
+    let channel = channel.as_str();
     let tcp = TcpStream::connect(addr)
         .await
         .map_err(|e| format!("publisher: {e}"))?;

@@ -407,11 +407,27 @@ async fn fanout_on(
     let stalled_handle = stalled.map(|i| handles.remove(i));
     let mark = CpuMark::now(server.pid);
     let t0 = Instant::now();
-    match &ctl {
-        Some(ctl) => ctl.run(&sid, &format!("/burst {n}")).await?,
-        None => crate::peer::publish(server.target.addr, &sid, n).await?,
-    }
+    // The peer's publisher runs alongside the subscribers, so a peer that
+    // takes in messages slower than the limit is cut by it like a slow run.
+    let publisher = match &ctl {
+        Some(ctl) => {
+            ctl.run(&sid, &format!("/burst {n}")).await?;
+            None
+        }
+        None => Some(tokio::spawn(crate::peer::publish(
+            server.target.addr,
+            sid.clone(),
+            n,
+        ))),
+    };
     let results = collect(handles, &shared, env.limit).await;
+    if let Some(p) = publisher {
+        if !p.is_finished() {
+            p.abort();
+        } else if let Ok(Err(e)) = p.await {
+            return Err(e);
+        }
+    }
     let cpu = mark.since(server.pid);
     let peak_kib = machine::hwm_kib(server.pid).unwrap_or(0);
     let late = timed_out(&results, &shared, env.limit, n);
