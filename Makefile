@@ -3,7 +3,7 @@ CARGO ?= cargo
 
 PREFIX ?= $(HOME)/.local
 
-.PHONY: app serve serve-cluster install release tools real-model nats schemathesis openapi test test-api test-rust test-python test-web screenshots lint build fuzz bench bench-quick
+.PHONY: app serve serve-cluster install release tools real-model nats schemathesis openapi test test-api test-rust test-python test-web screenshots lint build fuzz bench bench-quick bench-peer
 
 ## Start `vak serve` on the embedded offline model (loopback, port 8901; VAK_LISTEN,
 ## VAK_HOME and VAK_TOKEN change that), with the browser app at /app built first.
@@ -141,6 +141,22 @@ build:
 bench:
 	$(CARGO) build --release --bins
 	VAK_BENCH_COMMAND="make bench (cargo build --release --bins && target/release/vak-bench)" target/release/vak-bench
+
+## vak and the SSE server a user would otherwise pick, nginx + nchan, in one run:
+## installs Debian's nginx-light and libnginx-mod-nchan if missing (apt-get, with
+## sudo unless root), then runs the fan-out (1, 100, 1000 SSE subscribers) and
+## idle (10000 SSE streams) scenarios against both with the same client, and
+## writes the side-by-side table to BENCHMARKS.md's peer block. Not part of
+## `make test`; `make bench` itself does not run the peer.
+NCHAN_MODULE := /usr/lib/nginx/modules/ngx_nchan_module.so
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+bench-peer:
+	@if ! command -v nginx >/dev/null || [ ! -e $(NCHAN_MODULE) ]; then \
+		$(SUDO) apt-get update && $(SUDO) apt-get install -y nginx-light libnginx-mod-nchan; \
+	fi
+	$(CARGO) build --release --bins
+	VAK_BENCH_COMMAND="make bench-peer (cargo build --release --bins && target/release/vak-bench --peer nchan --only fanout,idle --transports sse --fsync-subs 0)" \
+		target/release/vak-bench --peer nchan --only fanout,idle --transports sse --fsync-subs 0
 
 ## The same code at small sizes, one run, nothing written (under a minute). It
 ## runs the debug build `make test` already has: it checks the bench works, its

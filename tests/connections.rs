@@ -419,3 +419,93 @@ async fn a_server_out_of_descriptors_answers_again_once_idle_connections_are_rea
         failures.len()
     );
 }
+
+/// An HTTP/1.1 chunked body: the data of every chunk, and whether the last (zero) chunk
+/// ended it. Panics on anything but well-formed chunks.
+fn dechunk(mut body: &[u8]) -> (Vec<u8>, bool) {
+    let mut data = Vec::new();
+    while !body.is_empty() {
+        let line = body
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .expect("a chunk-size line");
+        let size = usize::from_str_radix(std::str::from_utf8(&body[..line]).unwrap(), 16)
+            .unwrap_or_else(|e| panic!("chunk size {:?}: {e}", String::from_utf8_lossy(&body[..line])));
+        body = &body[line + 2..];
+        if size == 0 {
+            assert_eq!(body, b"\r\n", "nothing after the last chunk");
+            return (data, true);
+        }
+        data.extend_from_slice(&body[..size]);
+        assert_eq!(&body[size..size + 2], b"\r\n", "a chunk ends with CRLF");
+        body = &body[size + 2..];
+    }
+    (data, false)
+}
+
+/// A raw HTTP/1.1 `GET /sessions/:id/events`, read up to its stream_opened (what came is returned).
+async fn raw_events(s: &TestServer, sid: &str) -> (TcpStream, Vec<u8>) {
+    let mut tcp = TcpStream::connect(s.addr).await.unwrap();
+    let req = format!(
+        "GET /sessions/{sid}/events HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\n\r\n"
+    );
+    tcp.write_all(req.as_bytes()).await.unwrap();
+    let got = read_until_or_closed(&mut tcp, b"stream_opened").await;
+    (tcp, got)
+}
+
+#[tokio::test]
+async fn an_http1_event_stream_stays_well_chunked_to_its_last_chunk_after_leaving_hyper() {
+    let s = TestServer::start().await;
+    let sid = s.create_session().await;
+    let (mut tcp, mut raw) = raw_events(&s, &sid).await;
+    // Everything after stream_opened is written by the event stream's own writer.
+    let (status, _) = s.run(&sid, "hello").await;
+    assert_eq!(status, 202);
+    raw.extend(read_until_or_closed(&mut tcp, b"run_finished").await);
+    let (status, body) = s.delete(&format!("/sessions/{sid}")).await;
+    assert_eq!(status, 200, "{body}");
+    raw.extend(read_until_closed(&mut tcp).await);
+
+    let end = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("a head");
+    let head = String::from_utf8_lossy(&raw[..end]).to_lowercase();
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(head.contains("transfer-encoding: chunked"), "{head}");
+    assert!(head.contains("content-type: text/event-stream"), "{head}");
+    let (data, last) = dechunk(&raw[end + 4..]);
+    assert!(
+        last,
+        "the stream ends with the last chunk, then the connection closes"
+    );
+    let text = String::from_utf8(data).unwrap();
+    assert!(text.starts_with("retry: 1000\n"), "{text}");
+    let kinds: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("event: ")).collect();
+    assert_eq!(kinds.first(), Some(&"stream_opened"), "{kinds:?}");
+    assert!(
+        kinds.contains(&"text_delta") && kinds.contains(&"run_finished"),
+        "{kinds:?}"
+    );
+    assert_eq!(kinds.last(), Some(&"session_closed"), "{kinds:?}");
+}
+
+#[tokio::test]
+async fn a_client_that_keeps_sending_behind_its_event_stream_is_cut() {
+    let s = TestServer::start().await;
+    let sid = s.create_session().await;
+    let (mut tcp, _) = raw_events(&s, &sid).await;
+    // Nobody would answer a request pipelined behind a stream that never ends: past
+    // 64 KiB of it the connection is closed instead of read forever.
+    let junk = vec![b'x'; 4096];
+    let mut cut = false;
+    for _ in 0..64 {
+        if tcp.write_all(&junk).await.is_err() {
+            cut = true;
+            break;
+        }
+    }
+    if !cut {
+        read_until_closed(&mut tcp).await;
+    }
+    // The server is fine: a new stream opens.
+    s.events(&sid, None).await;
+}

@@ -1,6 +1,7 @@
-//! The accept loop: plain TCP or TLS on one port, hyper serving HTTP/1.1 and HTTP/2 (h2c or ALPN) to one router, with each request tagged by its peer address; a cap on concurrent connections (the excess closed at once); accept errors backed off; deadlines for the first bytes and request head, the request body, and a connection with no request in flight (`reaper.rs`); a write timeout that reaps clients that stop reading; and a bounded graceful drain.
+//! The accept loop: plain TCP or TLS on one port, hyper serving HTTP/1.1 and HTTP/2 (h2c or ALPN) to one router, with each request tagged by its peer address; a cap on concurrent connections (the excess closed at once); accept errors backed off; deadlines for the first bytes and request head, the request body, and a connection with no request in flight (`reaper.rs`); a write timeout that reaps clients that stop reading; and a bounded graceful drain; an HTTP/1.1 event stream leaves hyper for a small writer once its head is out (`handoff.rs`).
 
 use super::errors::{is_grpc, json_error};
+use super::handoff::{self, LongLived, Park, Parkable, SharedIo, Writer};
 use super::reaper::{ConnState, DeadlineBody, Tally, Tracked};
 use axum::Router;
 use http::StatusCode;
@@ -148,13 +149,17 @@ pub async fn serve(
             stop: stop_rx.clone(),
         };
         let acceptor = acceptor.clone();
+        // Each stage boxed: the task's own future is as small as the
+        // smallest, so a plain connection does not carry the room a TLS
+        // handshake needs for as long as it stays open.
         tokio::spawn(async move {
             let _slot = slot;
             match acceptor {
-                None => conn.serve(tcp, false).await,
+                None => conn.run(tcp, false).await,
                 Some(acceptor) => {
-                    if let Some(tls) = handshake(tcp, &acceptor, conn.cfg.handshake_timeout).await {
-                        conn.serve(tls, true).await;
+                    let limit = conn.cfg.handshake_timeout;
+                    if let Some(tls) = Box::pin(handshake(tcp, &acceptor, limit)).await {
+                        Box::pin(conn.run(tls, true)).await;
                     }
                 }
             }
@@ -208,22 +213,45 @@ struct Connection {
 }
 
 impl Connection {
-    async fn serve<T>(mut self, io: T, secure: bool)
+    /// Serves the connection through hyper; an HTTP/1.1 event stream then
+    /// goes on in a `Writer` holding only its socket and body, once hyper's
+    /// state (the boxed future of `serve`) is freed.
+    async fn run<T>(self, io: T, secure: bool)
+    where
+        T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        // Held until the stream ends: the drain waits for it as for any
+        // connection.
+        let _stop = self.stop.clone();
+        if let Some((io, body)) = Box::pin(self.serve(io, secure)).await {
+            Writer::new(io, body).await;
+        }
+    }
+
+    /// Serves the connection until it ends (None) or an event stream has
+    /// left hyper (its IO and body).
+    async fn serve<T>(mut self, io: T, secure: bool) -> Option<(WriteTimeout<T>, axum::body::Body)>
     where
         T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let state = ConnState::new();
         let (app, peer, limit) = (self.app.clone(), self.peer, self.cfg.body_read_timeout);
         let requests = state.clone();
+        let park = Park::default();
+        let parking = park.clone();
         let service = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
             let guard = requests.begin();
             let timed_out = Arc::new(AtomicBool::new(false));
             let http1 = req.version() < http::Version::HTTP_2;
+            // Only a GET over HTTP/1.1 gets a chunked body hyper writes as
+            // `Writer` continues it (HTTP/1.0 is close-delimited, HEAD has none).
+            let may_leave = req.version() == http::Version::HTTP_11 && req.method() == http::Method::GET;
             let grpc = is_grpc(req.headers());
             let mut req = req.map(|b| axum::body::Body::new(DeadlineBody::new(b, limit, timed_out.clone())));
             req.extensions_mut().insert(PeerAddr(peer));
             req.extensions_mut().insert(Secure(secure));
             let app = app.clone();
+            let parking = parking.clone();
             async move {
                 let resp = match app.oneshot(req).await {
                     Ok(r) => r,
@@ -234,18 +262,34 @@ impl Connection {
                 } else {
                     resp
                 };
-                Ok::<_, Infallible>(resp.map(|b| axum::body::Body::new(Tracked::new(b, guard))))
+                let leaves = may_leave
+                    && resp.status() == StatusCode::OK
+                    && resp.extensions().get::<LongLived>().is_some()
+                    && !resp.headers().contains_key(http::header::CONTENT_LENGTH);
+                let resp = resp.map(|b| axum::body::Body::new(Tracked::new(b, guard)));
+                Ok::<_, Infallible>(if leaves {
+                    resp.map(|b| axum::body::Body::new(Parkable::new(b, parking)))
+                } else {
+                    resp
+                })
             }
         });
-        let io = TokioIo::new(WriteTimeout::new(io, self.cfg.write_timeout));
-        let conn = self.builder.serve_connection_with_upgrades(io, service);
-        tokio::pin!(conn);
-        let idle = state.idle_for(self.cfg.header_read_timeout, self.cfg.idle_timeout);
-        tokio::pin!(idle);
+        let (io, mine) = SharedIo::new(WriteTimeout::new(io, self.cfg.write_timeout), park.clone());
+        // Boxed, so the connection's task keeps none of hyper's state once
+        // an event stream has left it.
+        let mut conn = Box::pin(
+            self.builder
+                .serve_connection_with_upgrades(TokioIo::new(io), service),
+        );
+        let mut idle = Box::pin(state.idle_for(self.cfg.header_read_timeout, self.cfg.idle_timeout));
         let mut stopping = false;
         loop {
             tokio::select! {
-                _ = conn.as_mut() => return,
+                biased;
+                _ = conn.as_mut() => return None,
+                // Polled right after hyper: the body parks itself inside
+                // hyper's poll, and hyper flushes in the same poll.
+                _ = std::future::poll_fn(|_| if park.ready() { Poll::Ready(()) } else { Poll::Pending }) => break,
                 _ = stopped(&mut self.stop), if !stopping => {
                     stopping = true;
                     conn.as_mut().graceful_shutdown();
@@ -254,10 +298,16 @@ impl Connection {
                     // HTTP/2 gets a GOAWAY; whatever has not finished soon is dropped.
                     conn.as_mut().graceful_shutdown();
                     let _ = tokio::time::timeout(GOODBYE, conn.as_mut()).await;
-                    return;
+                    return None;
                 }
             }
         }
+        // The stream is in flight (its body holds the request guard), so the
+        // idle deadline no longer applies; a shutdown lets it run on as
+        // hyper's graceful shutdown would, until it ends or the drain is over.
+        drop(idle);
+        drop(conn);
+        Some((handoff::reclaim(mine)?, park.take()?))
     }
 }
 

@@ -7,6 +7,7 @@ pub mod errors;
 pub mod fdlimit;
 pub mod forward;
 pub mod grpc;
+pub mod handoff;
 pub mod http;
 pub mod limits;
 pub mod listener;

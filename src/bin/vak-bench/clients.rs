@@ -31,6 +31,9 @@ const VALIDATE_EVERY: u64 = 1024;
 pub struct Target {
     pub addr: SocketAddr,
     pub token: String,
+    /// nginx + nchan: `/sub/<channel>`, a body that is not chunked, no
+    /// stream_opened (the response head opens the stream), nchan's own ids.
+    pub peer: bool,
 }
 
 /// What a subscriber does with its stream.
@@ -293,6 +296,8 @@ enum ChunkState {
     DataCr,
     DataLf,
     Done,
+    /// Not chunked: every byte is body.
+    Raw,
 }
 
 impl Chunked {
@@ -311,6 +316,10 @@ impl Chunked {
                     continue;
                 }
                 ChunkState::Done => return Ok(true),
+                ChunkState::Raw => {
+                    out.extend_from_slice(input);
+                    return Ok(false);
+                }
                 _ => {}
             }
             let b = input[0];
@@ -413,8 +422,9 @@ fn sse_kind<'a>(event: &[u8], data: &'a [u8]) -> Result<Kind<'a>, String> {
     })
 }
 
-/// Reads the response head; returns the body bytes that came with it.
-async fn read_head(tcp: &mut TcpStream, buf: &mut [u8]) -> Result<Vec<u8>, String> {
+/// Reads the response head; returns the body bytes that came with it and
+/// whether the body is chunked (vak's always is; nchan's is not).
+async fn read_head(tcp: &mut TcpStream, buf: &mut [u8], peer: bool) -> Result<(Vec<u8>, bool), String> {
     let mut head = Vec::with_capacity(512);
     loop {
         let n = tcp.read(buf).await.map_err(|e| format!("read: {e}"))?;
@@ -433,10 +443,11 @@ async fn read_head(tcp: &mut TcpStream, buf: &mut [u8]) -> Result<Vec<u8>, Strin
                     String::from_utf8_lossy(&head).lines().next().unwrap_or("")
                 ));
             }
-            if !text.contains("transfer-encoding: chunked") || !text.contains("text/event-stream") {
+            let chunked = text.contains("transfer-encoding: chunked");
+            if !(chunked || peer) || !text.contains("text/event-stream") {
                 return Err(format!("unexpected SSE response head: {text}"));
             }
-            return Ok(head[end + 4..].to_vec());
+            return Ok((head[end + 4..].to_vec(), chunked));
         }
         if head.len() > 16 * 1024 {
             return Err("response head over 16 KiB".into());
@@ -478,8 +489,12 @@ async fn sse_run(
             .map_err(|e| format!("connect: {e}"))?;
         let _ = tcp.set_nodelay(true);
         let query = after.map_or(String::new(), |a| format!("?after={a}"));
+        let path = match target.peer {
+            true => format!("/sub/{session}"),
+            false => format!("/sessions/{session}/events{query}"),
+        };
         let req = format!(
-            "GET /sessions/{session}/events{query} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\nAccept: text/event-stream\r\n\r\n",
+            "GET {path} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\nAccept: text/event-stream\r\n\r\n",
             target.addr, target.token
         );
         tcp.write_all(req.as_bytes())
@@ -488,10 +503,17 @@ async fn sse_run(
         tcp
     };
     let mut buf = vec![0u8; read_size];
-    let mut chunked = Chunked::default();
     let mut sse: Vec<u8> = Vec::with_capacity(read_size);
-    let mut pending = read_head(&mut tcp, &mut buf).await?;
-    let mut opened = false;
+    let (mut pending, is_chunked) = read_head(&mut tcp, &mut buf, target.peer).await?;
+    let mut chunked = Chunked::default();
+    if !is_chunked {
+        chunked.state = ChunkState::Raw;
+    }
+    // nchan sends no stream_opened: its stream is open once its head is in.
+    let mut opened = target.peer;
+    if opened {
+        shared.opened.fetch_add(1, Ordering::AcqRel);
+    }
     let mut scanned = 0usize;
     loop {
         let ended = chunked.feed(&pending, &mut sse)?;
@@ -518,7 +540,7 @@ async fn sse_run(
                     None
                 }
                 Kind::Text(text) => {
-                    if tally.sample() {
+                    if tally.sample() && !target.peer {
                         sse_validate(data, id, text, &tally.session)?;
                         tally.res.validated += 1;
                     }
@@ -567,6 +589,90 @@ async fn sse_run(
         }
         pending.extend_from_slice(&buf[..n]);
     }
+}
+
+// ------------------------------------------- SSE over TLS or HTTP/2 (idle)
+
+/// A reqwest client for one idle stream: over TLS (HTTP/1.1, the server's
+/// self-signed certificate accepted) or over h2c; its own connection either way.
+fn web_client(tls: bool) -> Result<reqwest::Client, String> {
+    let b = reqwest::Client::builder().pool_max_idle_per_host(1);
+    let b = if tls {
+        b.http1_only().danger_accept_invalid_certs(true)
+    } else {
+        b.http2_prior_knowledge()
+    };
+    b.build().map_err(|e| format!("client: {e}"))
+}
+
+fn web_url(target: &Target, tls: bool, path: &str) -> String {
+    format!("{}://{}{path}", if tls { "https" } else { "http" }, target.addr)
+}
+
+/// `POST /sessions` over the same kind of connection the idle streams use.
+pub async fn web_create_session(target: &Target, tls: bool) -> Result<String, String> {
+    let r = web_client(tls)?
+        .post(web_url(target, tls, "/sessions"))
+        .bearer_auth(&target.token)
+        .json(&serde_json::json!({}))
+        .send()
+        .await
+        .map_err(|e| format!("POST /sessions: {e}"))?;
+    let v: serde_json::Value = r.json().await.map_err(|e| format!("POST /sessions: {e}"))?;
+    v["session_id"]
+        .as_str()
+        .map(str::to_string)
+        .ok_or_else(|| format!("POST /sessions answered {v}"))
+}
+
+/// An idle SSE subscriber over TLS or HTTP/2: reads until stream_opened,
+/// then holds the stream (reading keepalives) until cancelled.
+pub async fn web_idle_subscriber(
+    target: Target,
+    session: String,
+    tls: bool,
+    shared: Arc<Shared>,
+) -> SubResult {
+    let mut res = SubResult::default();
+    let run = async {
+        let resp = {
+            let _permit = shared.connecting.acquire().await.map_err(|e| e.to_string())?;
+            web_client(tls)?
+                .get(web_url(&target, tls, &format!("/sessions/{session}/events")))
+                .bearer_auth(&target.token)
+                .header("accept", "text/event-stream")
+                .send()
+                .await
+                .map_err(|e| format!("GET events: {e}"))?
+        };
+        if resp.status() != 200 {
+            return Err(format!("GET events: {}", resp.status()));
+        }
+        let mut resp = resp;
+        let mut seen = Vec::new();
+        let mut opened = false;
+        loop {
+            let chunk = tokio::select! {
+                c = resp.chunk() => c.map_err(|e| format!("read: {e}"))?,
+                _ = shared.cancel.cancelled() => return Ok(()),
+            };
+            let Some(chunk) = chunk else {
+                return Err("the server ended the SSE stream".to_string());
+            };
+            if !opened {
+                seen.extend_from_slice(&chunk);
+                if memchr::memmem::find(&seen, b"event: stream_opened").is_some() {
+                    opened = true;
+                    seen = Vec::new();
+                    shared.opened.fetch_add(1, Ordering::AcqRel);
+                }
+            }
+        }
+    };
+    if let Err(e) = run.await {
+        res.error = Some(e);
+    }
+    res
 }
 
 // ---------------------------------------------------------------- gRPC

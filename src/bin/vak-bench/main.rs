@@ -7,6 +7,7 @@
 mod baseline;
 mod clients;
 mod machine;
+mod peer;
 mod report;
 mod scenarios;
 
@@ -92,7 +93,13 @@ struct Args {
     /// diagnosis, e.g. `--serve-arg=--max-queued-mib=4096`).
     #[arg(long, allow_hyphen_values = true)]
     serve_arg: Vec<String>,
-    /// Transports to run (sse, grpc; raw tonic runs whenever grpc fan-out does).
+    /// A peer server measured in the same run on the fan-out and idle
+    /// scenarios, with the same SSE client: `nchan` (nginx + nchan, `make
+    /// bench-peer` installs it). The report goes to its own block of the file.
+    #[arg(long)]
+    peer: Option<String>,
+    /// Transports to run (sse, grpc; raw tonic runs whenever grpc fan-out does;
+    /// sse-tls and sse-h2, idle only, run with sse or by name).
     #[arg(long, value_delimiter = ',')]
     transports: Vec<String>,
 }
@@ -290,6 +297,35 @@ async fn bench(args: Args, nofile_before: (u64, u64), nofile_after: u64) -> i32 
         })
         .collect();
     sizes.replay.retain(|(t, _, _)| transports.contains(t));
+    let peer = match args.peer.as_deref() {
+        None => false,
+        Some("nchan") if peer::installed() => true,
+        Some("nchan") => {
+            log(format!(
+                "--peer nchan: nginx or {} is missing (make bench-peer installs them)",
+                peer::MODULE
+            ));
+            return 2;
+        }
+        Some(other) => {
+            log(format!("--peer {other}: the only peer is nchan"));
+            return 2;
+        }
+    };
+    // SSE over TLS and over HTTP/2 are measured idle only (with sse, or by name).
+    let idle_transports: Vec<Transport> = transports
+        .iter()
+        .copied()
+        .chain(
+            [(Transport::SseTls, "sse-tls"), (Transport::SseH2, "sse-h2")]
+                .into_iter()
+                .filter(|(_, name)| {
+                    args.transports.is_empty() || args.transports.iter().any(|a| a == name || a == "sse")
+                })
+                .map(|(t, _)| t),
+        )
+        .chain(peer.then_some(Transport::Nchan))
+        .collect();
 
     let mut s = Samples::default();
     let mut late = std::collections::HashSet::new();
@@ -315,6 +351,9 @@ async fn bench(args: Args, nofile_before: (u64, u64), nofile_after: u64) -> i32 
                 let mut order = transports.clone();
                 if transports.contains(&Transport::Grpc) {
                     order.push(Transport::Tonic);
+                }
+                if peer {
+                    order.push(Transport::Nchan);
                 }
                 for t in order {
                     if late.contains(&(t, subs)) {
@@ -385,7 +424,7 @@ async fn bench(args: Args, nofile_before: (u64, u64), nofile_after: u64) -> i32 
             }
         }
         if want("idle") {
-            for &t in &transports {
+            for &t in &idle_transports {
                 let at = Instant::now();
                 let subs = sizes.idle;
                 let r = scenarios::idle(&env, t, subs).await;
@@ -505,7 +544,7 @@ async fn bench(args: Args, nofile_before: (u64, u64), nofile_after: u64) -> i32 
             load_at_end: machine::load_average(),
             others_cores: others_cores(&s),
         };
-        match report::write_markdown(&path, &report::section(&ctx, &rows)) {
+        match report::write_markdown(&path, &report::section(&ctx, &rows), peer) {
             Ok(()) => log(format!("wrote {}", path.display())),
             Err(e) => {
                 log(format!("cannot write {}: {e}", path.display()));
@@ -597,7 +636,12 @@ sends the same Events; same client code, same connection sharing. \
 Every server runs with the default `--durability process` (a batch reaches the kernel before any client sees it) \
 except in the rows that say `--durability fsync` (fdatasync per batch before it is visible), measured right after the process rows of the same run. \
 Idle: VmRSS of the server before the streams and after every one had stream_opened (plus 1 s), divided \
-by the streams. Stalled: one of {stalled} subscribers reads stream_opened and then never reads again (on gRPC on its own \
+by the streams; the SSE rows over TLS (`--tls-self-signed`, HTTP/1.1) and over HTTP/2 (h2c) use reqwest, one \
+connection per stream. nginx + nchan (with `--peer nchan`): nginx 1.22 with Debian's nchan module, one worker \
+process, a subscriber location `nchan_subscriber eventsource` read by the same raw SSE client, and a publisher \
+location fed by the bench on one connection with pipelined POSTs of the JSON vak writes for a delta (event name \
+from `X-EventSource-Event`), then a run_finished; RSS and CPU are the worker's, and its stream is open once its \
+response head is in (nchan sends no stream_opened); throughput is from the first publish, not from a Run. Stalled: one of {stalled} subscribers reads stream_opened and then never reads again (on gRPC on its own \
 connection); its peers' time to the last delta is compared with an unstalled {stalled}-subscriber fan-out run just \
 before it; peak RSS is the server's VmHWM; /burst {sburst_stall}. \
 Replay from disk: S sessions each get H events of history (`/burst H` in each, all at once, \
@@ -724,6 +768,9 @@ fn rows(s: &Samples, sizes: &Sizes, transports: &[Transport]) -> (Vec<Row>, usiz
         let mut order = transports.to_vec();
         if transports.contains(&Transport::Grpc) {
             order.push(Transport::Tonic);
+        }
+        if s.fanout.iter().any(|x| x.t == Transport::Nchan) {
+            order.push(Transport::Nchan);
         }
         for t in order {
             let (v, err) = ok_values(&s.fanout, t, Some(subs));
@@ -901,7 +948,17 @@ fn rows(s: &Samples, sizes: &Sizes, transports: &[Transport]) -> (Vec<Row>, usiz
         fail(&mut r, err, &mut failures);
         rows.push(r);
     }
-    for &t in transports {
+    let idle_transports: Vec<Transport> = [
+        Transport::Sse,
+        Transport::SseTls,
+        Transport::SseH2,
+        Transport::Grpc,
+        Transport::Nchan,
+    ]
+    .into_iter()
+    .filter(|t| s.idle.iter().any(|x| x.t == *t))
+    .collect();
+    for &t in &idle_transports {
         let (v, err) = ok_values(&s.idle, t, None);
         if v.is_empty() && err.is_none() {
             continue;

@@ -21,6 +21,15 @@ pub enum Transport {
     Grpc,
     /// The raw tonic baseline, gRPC `Subscribe` (same client code).
     Tonic,
+    /// vak with `--tls-self-signed`, `GET /sessions/:id/events` over HTTP/1.1
+    /// in TLS (reqwest; idle scenario only).
+    SseTls,
+    /// vak, `GET /sessions/:id/events` over HTTP/2 without TLS (h2c prior
+    /// knowledge, reqwest), one stream per connection (idle scenario only).
+    SseH2,
+    /// The peer: nginx + nchan, its EventSource subscriber location (same
+    /// client code as Sse), fed by HTTP publishes (fan-out and idle only).
+    Nchan,
 }
 
 impl Transport {
@@ -29,6 +38,9 @@ impl Transport {
             Transport::Sse => "SSE",
             Transport::Grpc => "gRPC",
             Transport::Tonic => "raw tonic",
+            Transport::SseTls => "SSE, TLS (HTTP/1.1)",
+            Transport::SseH2 => "SSE, HTTP/2 (h2c)",
+            Transport::Nchan => "nginx + nchan (SSE)",
         }
     }
 }
@@ -93,6 +105,20 @@ impl Server {
             uuid::Uuid::new_v4().simple(),
             uuid::Uuid::new_v4().simple()
         );
+        if transport == Transport::Nchan {
+            let nginx = crate::peer::Nginx::start(&dir).await?;
+            return Ok(Server {
+                target: Target {
+                    addr: std::net::SocketAddr::from(([127, 0, 0, 1], nginx.port)),
+                    token,
+                    peer: true,
+                },
+                // The worker: it holds the connections and does the work.
+                pid: nginx.worker,
+                child: nginx.child,
+                dir,
+            });
+        }
         let log = std::fs::File::create(dir.join("server.log")).map_err(|e| e.to_string())?;
         let mut cmd = match transport {
             Transport::Tonic => {
@@ -101,7 +127,7 @@ impl Server {
                     .arg(env.capacity.to_string());
                 c
             }
-            Transport::Sse | Transport::Grpc => {
+            _ => {
                 let mut c = tokio::process::Command::new(&env.vak);
                 c.args(["serve", "--listen", "127.0.0.1:0", "--home"])
                     .arg(dir.join("home"))
@@ -111,6 +137,9 @@ impl Server {
                     .env("VAK_TOKEN", &token);
                 if opts.fsync {
                     c.args(["--durability", "fsync"]);
+                }
+                if transport == Transport::SseTls {
+                    c.arg("--tls-self-signed");
                 }
                 if opts.no_subscriber_wait {
                     c.args(["--first-subscriber-wait-ms", "0"]);
@@ -129,24 +158,36 @@ impl Server {
         let pid = child.id().unwrap_or(0);
         let stdout = child.stdout.take().ok_or("no stdout")?;
         let mut lines = BufReader::new(stdout).lines();
-        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-            .await
-            .map_err(|_| "the server did not announce itself within 30 s".to_string())?
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| {
-                let log = std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
-                format!("the server exited at startup: {}", log.trim())
-            })?;
+        // With TLS a line with the certificate's fingerprint comes first.
+        let mut line = String::new();
+        for _ in 0..4 {
+            line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+                .await
+                .map_err(|_| "the server did not announce itself within 30 s".to_string())?
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| {
+                    let log = std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
+                    format!("the server exited at startup: {}", log.trim())
+                })?;
+            if line.contains("listening on ") {
+                break;
+            }
+        }
         let url = line
             .rsplit_once("listening on http://")
+            .or_else(|| line.rsplit_once("listening on https://"))
             .map(|(_, u)| u.trim().to_string())
-            .ok_or_else(|| format!("unexpected first line {line:?}"))?;
+            .ok_or_else(|| format!("unexpected line {line:?}"))?;
         let addr = url.parse().map_err(|e| format!("bad address {url:?}: {e}"))?;
         // Keep draining stdout so the child never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         Ok(Server {
             child,
-            target: Target { addr, token },
+            target: Target {
+                addr,
+                token,
+                peer: false,
+            },
             pid,
             dir,
         })
@@ -169,9 +210,11 @@ impl Server {
 
     /// SIGTERM (vak shuts down gracefully), SIGKILL after 5 s; removes the temp home.
     pub async fn stop(mut self) {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe {
-            libc::kill(self.pid as i32, libc::SIGTERM);
+        // SAFETY: kill(2) on our own child's pid (vak, or nginx's master).
+        if let Some(pid) = self.child.id() {
+            unsafe {
+                libc::kill(pid as i32, libc::SIGTERM);
+            }
         }
         if tokio::time::timeout(Duration::from_secs(5), self.child.wait())
             .await
@@ -198,7 +241,7 @@ async fn open(
     let mode_of = |i: usize| if Some(i) == stalled { Mode::Stalled } else { mode };
     let mut handles = Vec::with_capacity(sessions.len());
     match transport {
-        Transport::Sse => {
+        Transport::Sse | Transport::Nchan => {
             for (i, sid) in sessions.iter().enumerate() {
                 handles.push(tokio::spawn(clients::sse_subscriber(
                     target.clone(),
@@ -208,6 +251,9 @@ async fn open(
                     shared.clone(),
                 )));
             }
+        }
+        Transport::SseTls | Transport::SseH2 => {
+            return Err(format!("{} is measured idle only", transport.label()))
         }
         Transport::Grpc | Transport::Tonic => {
             let n = sessions.len();
@@ -335,8 +381,15 @@ async fn fanout_on(
     n: u64,
     stall: bool,
 ) -> Result<Throughput, String> {
-    let ctl = Control::connect(&server.target).await?;
-    let sid = ctl.create_session().await?;
+    // nchan: a channel, fed by the bench's publisher instead of a run.
+    let ctl = match transport {
+        Transport::Nchan => None,
+        _ => Some(Control::connect(&server.target).await?),
+    };
+    let sid = match &ctl {
+        Some(ctl) => ctl.create_session().await?,
+        None => "bench".to_string(),
+    };
     let shared = Shared::new();
     let sessions = vec![sid.clone(); subs];
     let stalled = stall.then_some(0);
@@ -354,8 +407,27 @@ async fn fanout_on(
     let stalled_handle = stalled.map(|i| handles.remove(i));
     let mark = CpuMark::now(server.pid);
     let t0 = Instant::now();
-    ctl.run(&sid, &format!("/burst {n}")).await?;
+    // The peer's publisher runs alongside the subscribers, so a peer that
+    // takes in messages slower than the limit is cut by it like a slow run.
+    let publisher = match &ctl {
+        Some(ctl) => {
+            ctl.run(&sid, &format!("/burst {n}")).await?;
+            None
+        }
+        None => Some(tokio::spawn(crate::peer::publish(
+            server.target.addr,
+            sid.clone(),
+            n,
+        ))),
+    };
     let results = collect(handles, &shared, env.limit).await;
+    if let Some(p) = publisher {
+        if !p.is_finished() {
+            p.abort();
+        } else if let Ok(Err(e)) = p.await {
+            return Err(e);
+        }
+    }
     let cpu = mark.since(server.pid);
     let peak_kib = machine::hwm_kib(server.pid).unwrap_or(0);
     let late = timed_out(&results, &shared, env.limit, n);
@@ -523,21 +595,40 @@ pub struct Idle {
 pub async fn idle(env: &Env, transport: Transport, streams: usize) -> Result<Idle, String> {
     let server = Server::start(env, transport, ServeOpts::default()).await?;
     let r = async {
-        let ctl = Control::connect(&server.target).await?;
-        let sid = ctl.create_session().await?;
+        let web = matches!(transport, Transport::SseTls | Transport::SseH2);
+        let sid = if web {
+            clients::web_create_session(&server.target, transport == Transport::SseTls).await?
+        } else if transport == Transport::Nchan {
+            "bench".to_string()
+        } else {
+            Control::connect(&server.target).await?.create_session().await?
+        };
         tokio::time::sleep(Duration::from_millis(300)).await;
         let before_kib = machine::rss_kib(server.pid).ok_or("no VmRSS")?;
         let shared = Shared::new();
-        let handles = open(
-            env,
-            transport,
-            &server.target,
-            &vec![sid.clone(); streams],
-            Mode::Idle,
-            None,
-            &shared,
-        )
-        .await?;
+        let handles = if web {
+            (0..streams)
+                .map(|_| {
+                    tokio::spawn(clients::web_idle_subscriber(
+                        server.target.clone(),
+                        sid.clone(),
+                        transport == Transport::SseTls,
+                        shared.clone(),
+                    ))
+                })
+                .collect()
+        } else {
+            open(
+                env,
+                transport,
+                &server.target,
+                &vec![sid.clone(); streams],
+                Mode::Idle,
+                None,
+                &shared,
+            )
+            .await?
+        };
         shared.wait_opened(streams, Duration::from_secs(180)).await?;
         tokio::time::sleep(Duration::from_millis(1000)).await;
         let after_kib = machine::rss_kib(server.pid).ok_or("no VmRSS")?;
@@ -551,7 +642,7 @@ pub async fn idle(env: &Env, transport: Transport, streams: usize) -> Result<Idl
             after_kib,
             server_nofile,
             connections: match transport {
-                Transport::Sse => streams,
+                Transport::Sse | Transport::SseTls | Transport::SseH2 | Transport::Nchan => streams,
                 _ => streams.div_ceil(env.per_conn),
             },
         })
@@ -679,6 +770,12 @@ async fn replay_on(
                     stalled.clone(),
                 )));
             }
+        }
+        Transport::SseTls | Transport::SseH2 | Transport::Nchan => {
+            return Err(format!(
+                "{} is measured in fan-out and idle only",
+                transport.label()
+            ))
         }
         Transport::Grpc | Transport::Tonic => {
             let conns = clients::grpc_connections(&server.target, sessions).await?;

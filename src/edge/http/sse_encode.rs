@@ -55,6 +55,8 @@ where
     });
     let body = futures_util::stream::once(std::future::ready(Ok(Bytes::from_static(RETRY)))).chain(body);
     let mut resp = Body::from_stream(body).into_response();
+    // On HTTP/1.1 the stream may leave hyper once its head is out (`edge::handoff`).
+    resp.extensions_mut().insert(crate::edge::handoff::LongLived);
     let h = resp.headers_mut();
     h.insert(
         header::CONTENT_TYPE,
