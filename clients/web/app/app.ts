@@ -18,6 +18,7 @@ import {
   type ConfigInfo,
   type FollowerState,
   type HostInfo,
+  type SearchHit,
   type SessionSummary,
   type TimelineItem,
 } from "../src/index.js";
@@ -58,6 +59,8 @@ const state = {
   sideText: "",
   renaming: "",
   confirmDelete: "",
+  /** The sidebar's last search: its words and hits (GET /search over every transcript). */
+  search: { q: "", hits: [] as SearchHit[], done: false },
 };
 
 let client: AgentClient;
@@ -235,6 +238,7 @@ function sidebar(): HTMLElement {
     { class: "sidebar" },
     button("New session", () => create(), { id: "new-session" }),
     list,
+    searchBox(),
     h(
       "div",
       { class: "tools" },
@@ -243,6 +247,38 @@ function sidebar(): HTMLElement {
       state.host?.features?.terminal ? button("Terminal", () => showTerminal(), { id: "show-terminal" }) : null,
     ),
   );
+}
+
+/** Finds old conversations: each hit names its session and opens it. */
+function searchBox(): HTMLElement {
+  const input = h("input", { id: "search", type: "search", value: state.search.q, placeholder: "Search conversations", "aria-label": "search" });
+  const form = h("form", { class: "search" }, input);
+  form.addEventListener("submit", (e) => {
+    e.preventDefault();
+    const q = input.value.trim();
+    if (!q) return;
+    void client
+      .search({ q, limit: 20 })
+      .then((r) => {
+        state.search = { q, hits: r.hits, done: true };
+        render();
+      })
+      .catch((err) => onErrorNow(err));
+  });
+  const hits = h("ul", { class: "hits", id: "search-hits" });
+  for (const hit of state.search.hits) {
+    const s = state.sessions.get(hit.sessionId);
+    const title = s?.summary.title || `session ${hit.sessionId.slice(0, 8)}`;
+    // The snippet marks matches with ** (Markdown bold): shown as text, without them.
+    const a = h("a", { href: `/app/s/${hit.sessionId}`, "data-session": hit.sessionId }, h("strong", {}, title), " ", hit.snippet.replaceAll("**", ""));
+    a.addEventListener("click", (e) => {
+      e.preventDefault();
+      if (state.sessions.has(hit.sessionId)) select(hit.sessionId);
+    });
+    hits.appendChild(h("li", {}, a));
+  }
+  const none = state.search.done && state.search.hits.length === 0 ? h("p", { class: "hint" }, `Nothing found for ${state.search.q}.`) : null;
+  return h("div", { class: "search-box" }, form, hits, none);
 }
 
 function conversationPane(): HTMLElement {

@@ -290,6 +290,19 @@ step("a session is renamed and deleted from the sidebar", async () => {
   await page.waitForFunction((id) => location.pathname.endsWith(id), sessionId);
 });
 
+step("the sidebar's search finds an earlier prompt and opens its session", async () => {
+  await page.fill("#search", "zebrafish-never-said");
+  await page.press("#search", "Enter");
+  await page.locator(".search-box .hint", { hasText: "Nothing found" }).waitFor();
+  await page.fill("#search", "hello");
+  await page.press("#search", "Enter");
+  const hit = page.locator(`#search-hits a[data-session="${sessionId}"]`).first();
+  await hit.waitFor();
+  assert.match(await hit.innerText(), /Renamed in the page[\s\S]*hello/);
+  await hit.click();
+  await page.waitForFunction((id) => location.pathname.endsWith(id), sessionId);
+});
+
 step("a new tab of the same browser shares the login and the first tab keeps working", async () => {
   const tab = await newTab();
   await tab.goto(`${proxy.url}/app/s/${sessionId}`);
