@@ -1054,3 +1054,50 @@ fn a_weak_token_on_the_command_line_is_warned_about() {
         assert!(!err.contains("warning: the token"), "{strong}: {err}");
     }
 }
+
+#[tokio::test]
+async fn a_login_outlives_a_restart_and_a_logout_stays_a_logout() {
+    let s = TestServer::start().await;
+    let c = reqwest::Client::new();
+    let (kept, kept_key) = login(&c, &s.url).await;
+    let (ended, ended_key) = login(&c, &s.url).await;
+    let logout = c
+        .post(format!("{}/auth/logout", s.url))
+        .header("cookie", &ended)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(logout.status(), 200);
+    let (home, ws) = (s.home.clone(), s.workspace.clone());
+    let _dirs = s.stop().await;
+
+    let s = TestServer::start_in(&home, &ws, |_| {}).await;
+    let status = |cookie: &str, key: &str| {
+        let r = c
+            .get(format!("{}/sessions", s.url))
+            .header("cookie", cookie)
+            .header("x-vak-key", key);
+        async move { r.send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(
+        status(&kept, &kept_key).await,
+        200,
+        "the login outlived the restart"
+    );
+    assert_eq!(
+        status(&ended, &ended_key).await,
+        401,
+        "the logout outlived it too"
+    );
+    assert_eq!(
+        status(&kept, &ended_key).await,
+        401,
+        "still only with its own key"
+    );
+    let stored = std::fs::read_to_string(home.join("logins.json")).unwrap();
+    let id = kept.split('=').nth(1).unwrap();
+    assert!(
+        !stored.contains(id) && !stored.contains(&kept_key),
+        "only hashes on disk"
+    );
+}

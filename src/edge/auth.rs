@@ -2,24 +2,22 @@
 
 use super::errors::{grpc_content_type, json_error, refuse};
 use super::listener::{PeerAddr, Secure};
+use super::logins::Logins;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 use tonic::Status;
 
 /// The login cookie's name without its instance suffix (see [`cookie_name`]).
 pub const COOKIE: &str = "vak_session";
 /// The header that carries a login's session key next to its cookie.
 pub const KEY_HEADER: &str = "x-vak-key";
-/// Browser login sessions a server keeps at once; the oldest go first.
-const MAX_LOGINS: usize = 10_000;
 
 /// Who may reach the server and how.
 #[derive(Clone, Debug, Default)]
@@ -36,14 +34,9 @@ pub struct AuthConfig {
     pub cookie_name: String,
     /// `--allow-remote`: a `?token=` URL credential is never accepted.
     pub allow_remote: bool,
-}
-
-/// One browser login: the cookie's id maps to it.
-struct Login {
-    /// The session key the login answered in its body; every cookie-authenticated
-    /// request must present it (`x-vak-key`, or `?key=` on a GET).
-    key: String,
-    expires: Instant,
+    /// Where logins are kept across restarts (`<home>/logins.json`); None:
+    /// in memory only.
+    pub login_store: Option<std::path::PathBuf>,
 }
 
 /// `vak_session_<16 hex>`: the home's path hashed, so two servers on one host
@@ -76,24 +69,20 @@ pub fn weak_token(token: &str) -> Option<String> {
 
 pub struct Auth {
     cfg: AuthConfig,
-    /// Login cookie id -> its key and expiry. Opaque random ids: the token never leaves the server.
-    logins: Mutex<HashMap<String, Login>>,
+    /// Login cookie id -> its session key (which every cookie-authenticated
+    /// request must present: `x-vak-key`, or `?key=` on a GET) and expiry.
+    /// Opaque random ids: the token never leaves the server.
+    logins: Arc<Logins>,
 }
 
 impl Auth {
     pub fn new(cfg: AuthConfig) -> Arc<Auth> {
-        Arc::new(Auth {
-            cfg,
-            logins: Mutex::new(HashMap::new()),
-        })
+        let logins = Logins::load(cfg.login_store.clone(), &cfg.token);
+        Arc::new(Auth { cfg, logins })
     }
 
     fn token_ok(&self, presented: &str) -> bool {
         constant_time_eq(presented.as_bytes(), self.cfg.token.as_bytes())
-    }
-
-    fn logins(&self) -> std::sync::MutexGuard<'_, HashMap<String, Login>> {
-        self.logins.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn cookie_name(&self) -> &str {
@@ -114,46 +103,7 @@ impl Auth {
         let Some(key) = headers.get(KEY_HEADER).and_then(|v| v.to_str().ok()).or(url_key) else {
             return false;
         };
-        let logins = self.logins();
-        let now = Instant::now();
-        // Looked up by value, then compared in constant time.
-        logins.iter().any(|(k, l)| {
-            constant_time_eq(k.as_bytes(), id.as_bytes())
-                & constant_time_eq(l.key.as_bytes(), key.trim().as_bytes())
-                && l.expires > now
-        })
-    }
-
-    /// A new login: its cookie id and its session key.
-    fn login(&self) -> (String, String) {
-        let random = || {
-            format!(
-                "{}{}",
-                uuid::Uuid::new_v4().simple(),
-                uuid::Uuid::new_v4().simple()
-            )
-        };
-        let (id, key) = (random(), random());
-        let mut logins = self.logins();
-        let now = Instant::now();
-        logins.retain(|_, l| l.expires > now);
-        if logins.len() >= MAX_LOGINS {
-            if let Some(oldest) = logins
-                .iter()
-                .min_by_key(|(_, l)| l.expires)
-                .map(|(k, _)| k.clone())
-            {
-                logins.remove(&oldest);
-            }
-        }
-        logins.insert(
-            id.clone(),
-            Login {
-                key: key.clone(),
-                expires: now + self.cfg.login_ttl,
-            },
-        );
-        (id, key)
+        self.logins.check(id, key)
     }
 
     /// Whether a `?token=` may be taken from this request: only from a
@@ -496,7 +446,7 @@ pub async fn login(State(auth): State<Arc<Auth>>, req: Request<Body>) -> Respons
             "the token is not valid",
         );
     }
-    let (id, key) = auth.login();
+    let (id, key) = auth.logins.add(auth.cfg.login_ttl).await;
     let mut resp = json_body(format!(r#"{{"authenticated":true,"key":"{key}"}}"#));
     set_cookie(
         &mut resp,
@@ -513,7 +463,7 @@ pub async fn login(State(auth): State<Arc<Auth>>, req: Request<Body>) -> Respons
 pub async fn logout(State(auth): State<Arc<Auth>>, req: Request<Body>) -> Response {
     let secure = req.extensions().get::<Secure>().is_some_and(|s| s.0);
     if let Some(id) = cookie(req.headers(), auth.cookie_name()) {
-        auth.logins().remove(id);
+        auth.logins.remove(id).await;
     }
     let mut resp = authenticated(false);
     set_cookie(&mut resp, auth.cookie_name(), "", 0, secure);

@@ -11,6 +11,7 @@ pub mod handoff;
 pub mod http;
 pub mod limits;
 pub mod listener;
+pub mod logins;
 pub mod reaper;
 pub mod recent_errors;
 pub mod server;

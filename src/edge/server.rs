@@ -219,6 +219,7 @@ pub async fn app(hub: Arc<Hub>, cfg: &ServeConfig) -> Result<Router> {
         allow_origins: cfg.allow_origins.clone(),
         login_ttl: Duration::from_secs(12 * 3600),
         cookie_name: auth::cookie_name(&cfg.core.home),
+        login_store: Some(cfg.core.home.join(super::logins::FILE)),
         allow_remote: cfg.allow_remote,
     });
     let login = Router::new()

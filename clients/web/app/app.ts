@@ -85,14 +85,14 @@ onError((err) => {
   schedule();
 });
 
-/** The login ended (expired, logged out elsewhere, a server restart): back to the form. */
+/** The login ended (expired, logged out elsewhere, another token): back to the form. */
 function loggedOut(): void {
   clearInterval(listTimer);
   follower?.close();
   follower = undefined;
   forgetKey();
   state.authenticated = false;
-  state.errors = ["Your login ended (it expired, or the server restarted): log in again."];
+  state.errors = ["Your login ended (it expired, the server's token changed, or it was logged out): log in again."];
   render();
 }
 
