@@ -593,7 +593,8 @@ fn every_invariant_in_architecture_md_names_tests_that_exist() {
         if bullet.starts_with("Deliberately absent") {
             continue;
         }
-        // `module::test` or `module::tests::test`: the file is tests/module.rs or src/**/module.rs.
+        // `module::test` or `module::tests::test`: the file is tests/module.rs or src/**/module.rs;
+        // `module::sub::test` may also be tests/module/sub.rs (a module file of tests/module.rs).
         let names: Vec<&str> = bullet
             .split('`')
             .skip(1)
@@ -606,8 +607,15 @@ fn every_invariant_in_architecture_md_names_tests_that_exist() {
         for name in names {
             let parts: Vec<&str> = name.split("::").collect();
             let (module, test) = (parts[0], parts[parts.len() - 1]);
+            let nested = |f: &std::path::Path| {
+                parts.len() > 2
+                    && f.file_stem().is_some_and(|s| s == parts[1])
+                    && f.parent()
+                        .and_then(|d| d.file_name())
+                        .is_some_and(|d| d == module)
+            };
             let found = files.iter().any(|f| {
-                f.file_stem().is_some_and(|s| s == module)
+                (f.file_stem().is_some_and(|s| s == module) || nested(f))
                     && std::fs::read_to_string(f)
                         .unwrap()
                         .contains(&format!("fn {test}("))
