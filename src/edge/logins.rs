@@ -40,8 +40,7 @@ pub struct Logins {
 }
 
 fn sha256_hex(s: &str) -> String {
-    let d = ring::digest::digest(&ring::digest::SHA256, s.as_bytes());
-    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+    crate::core::files::sha256_hex(s.as_bytes())
 }
 
 fn now() -> u64 {
