@@ -118,7 +118,7 @@ lint:
 test-rust: tests/node/node_modules/.package-lock.json clients/web/node_modules/.package-lock.json tools release real-model nats
 	VAK_REAL_MODEL_PYTHON=$(CURDIR)/$(REAL_MODEL_VENV)/bin/python \
 	VAK_NATS_SERVER=$(CURDIR)/$(NATS_VENV)/bin/nats-server \
-	$(CARGO) test --all-targets
+	$(CARGO) test --all-targets --no-fail-fast
 
 clients/web/node_modules/.package-lock.json: clients/web/package.json clients/web/package-lock.json
 	npm ci --prefix clients/web --no-audit --no-fund

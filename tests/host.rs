@@ -105,11 +105,19 @@ fn plain(out: &str) -> String {
 }
 
 /// Reads output until one of its lines is exactly `line` (what the shell
-/// printed, not the echo of what was typed); all of it.
+/// printed, not the echo of what was typed); all of it. A slow shell prints
+/// its first prompt after the tty has already echoed typed-ahead input, so
+/// the output can share a line with a prompt (`# hi`): a prompt prefix is
+/// allowed, an echoed command (`echo hi`) is not.
 async fn until_line(ws: &mut Socket, line: &str) -> String {
+    let printed = |l: &str| {
+        l == line
+            || l.strip_suffix(line)
+                .is_some_and(|prompt| prompt.ends_with("# ") || prompt.ends_with("$ "))
+    };
     let mut out = String::new();
     loop {
-        if plain(&out).lines().any(|l| l == line) {
+        if plain(&out).lines().any(printed) {
             return out;
         }
         let Ok(msg) = tokio::time::timeout(DEADLINE, ws.next()).await else {

@@ -28,6 +28,9 @@ pub struct Vak {
     stdout: mpsc::UnboundedReceiver<String>,
     /// The last `STDERR_TAIL` bytes of its log, for a failure message.
     stderr: Arc<Mutex<Vec<u8>>>,
+    /// The task draining stderr; `wait` joins it so `log()` after an exit has
+    /// everything the process wrote.
+    drain: Option<tokio::task::JoinHandle<()>>,
 }
 
 const STDERR_TAIL: usize = 64 << 10;
@@ -49,7 +52,7 @@ impl Vak {
         // Drained all along, so a chatty log never fills the pipe and stalls the server.
         let stderr = Arc::new(Mutex::new(Vec::new()));
         let tail = stderr.clone();
-        tokio::spawn(async move {
+        let drain = tokio::spawn(async move {
             let mut chunk = [0u8; 8192];
             while let Ok(n) = err.read(&mut chunk).await {
                 if n == 0 {
@@ -65,6 +68,7 @@ impl Vak {
             child,
             stdout: rx,
             stderr,
+            drain: Some(drain),
         }
     }
 
@@ -94,10 +98,17 @@ impl Vak {
     }
 
     pub async fn wait(&mut self) -> ExitStatus {
-        tokio::time::timeout(DEADLINE, self.child.wait())
+        let status = tokio::time::timeout(DEADLINE, self.child.wait())
             .await
             .expect("vak exits within the deadline")
-            .unwrap()
+            .unwrap();
+        if let Some(drain) = self.drain.take() {
+            tokio::time::timeout(DEADLINE, drain)
+                .await
+                .expect("its stderr ends within the deadline after it exits")
+                .expect("the stderr drain does not panic");
+        }
+        status
     }
 
     /// Kills (SIGKILL) and reaps it, so its home lock is gone when this returns.
