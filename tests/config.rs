@@ -257,13 +257,18 @@ fn files_under(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
 }
 
 fn assert_key_in_no_file(home: &Path) {
+    assert_in_no_file(home, KEY);
+}
+
+/// No file under `home` holds `key`.
+fn assert_in_no_file(home: &Path, key: &str) {
     let mut files = Vec::new();
     files_under(home, &mut files);
     assert!(!files.is_empty());
     for f in files {
         let bytes = std::fs::read(&f).unwrap();
         assert!(
-            !bytes.windows(KEY.len()).any(|w| w == KEY.as_bytes()),
+            !bytes.windows(key.len()).any(|w| w == key.as_bytes()),
             "the key is in {}",
             f.display()
         );
@@ -632,6 +637,42 @@ async fn stream_clients_that_asked_get_a_config_frame_on_every_route_change() {
     assert_eq!(second, v, "the frame is the GET /config body");
     patch(&s, json!({"model": "n"})).await;
     assert_eq!(next_config(&mut sse).await["route"]["model"], "n");
+}
+
+#[tokio::test]
+async fn stream_clients_that_did_not_ask_get_no_config_frame() {
+    let s = TestServer::start().await;
+    let sid = s.create_session().await;
+    let open = |query: String| {
+        let req = s.http().get(format!("{}/stream?{query}", s.url));
+        async move {
+            let resp = req.send().await.unwrap();
+            assert_eq!(resp.status(), 200);
+            Sse::new(resp)
+        }
+    };
+    let mut asked = open(format!("session={sid}&config=1")).await;
+    let mut plain = open(format!("session={sid}")).await;
+    next_config(&mut asked).await;
+    patch(&s, json!({"provider": "openai", "model": "m", "base_url": LOCAL})).await;
+    next_config(&mut asked).await;
+    let (st, v) = patch(&s, json!({"provider": "offline"})).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(next_config(&mut asked).await["route"]["provider"], "offline");
+    // The changes were delivered; a run's frames come after anything they
+    // could have sent the plain stream.
+    let (st, v) = s.run(&sid, "hi").await;
+    assert_eq!(st, 202, "{v}");
+    let mut kinds = Vec::new();
+    loop {
+        let f = plain.next().await.expect("a frame");
+        kinds.push(f.event.clone());
+        if f.event == "agent" && agent_kind(&f.data) == "run_finished" {
+            break;
+        }
+    }
+    assert!(!kinds.iter().any(|k| k == "config"), "{kinds:?}");
+    assert!(kinds.iter().any(|k| k == "presentation"), "{kinds:?}");
 }
 
 async fn next_config(sse: &mut Sse) -> Value {
@@ -1059,4 +1100,159 @@ async fn a_running_leg_keeps_its_route_and_the_next_one_takes_the_new_route() {
         ("/v1/messages", &json!("claude-sonnet-4-5"))
     );
     assert_eq!(old.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn max_turns_defaults_to_50_without_the_flag() {
+    let home = tempfile::tempdir().unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let v = Running::start(vak_serve(home.path(), ws.path(), &[])).await;
+    let (st, cfg) = v.call(reqwest::Method::GET, "/config", None).await;
+    assert_eq!((st, &cfg["max_turns"]), (200, &json!(50)), "{cfg}");
+    v.stop().await;
+}
+
+/// An exported key, distinct from the stored ones.
+const ENV_KEY: &str = "sk-env-vaktest-3c1d9e8f7a6b5c4d3e2f1a0b9c8d7e6f";
+
+#[tokio::test]
+async fn no_key_reaches_a_log_line_or_a_file_through_failing_turns_listings_and_key_changes() {
+    use support::process::{vak, Vak, STDERR_TAIL};
+    let fake = FakeProvider::start().await;
+    let home = tempfile::tempdir().unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut cmd = vak(&["serve", "--listen", "127.0.0.1:0", "--token", TOKEN]);
+    cmd.arg("--home")
+        .arg(home.path())
+        .arg("--workspace")
+        .arg(ws.path())
+        .args(["--provider", "openai", "--model", "gpt-4.1", "--base-url"])
+        .arg(format!("{}/v1", fake.url))
+        .env_remove("ANTHROPIC_API_KEY")
+        .env("OPENAI_API_KEY", ENV_KEY)
+        // As verbose as an operator debugging a provider would make it.
+        .env("RUST_LOG", "debug");
+    let mut server = Vak::spawn(cmd);
+    let s = TestServer::remote(&server.url().await);
+    let mut answers: Vec<Value> = Vec::new();
+    let mut call = async |method: reqwest::Method, path: &str, body: Option<Value>| {
+        let (st, v) = s.send(method, path, body).await;
+        answers.push(v.clone());
+        (st, v)
+    };
+    let (st, v) = call(
+        reqwest::Method::PUT,
+        "/config/key",
+        Some(json!({"provider": "anthropic", "key": ANTHROPIC_KEY})),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    // Stored, and shadowed by the exported one.
+    let (st, v) = call(
+        reqwest::Method::PUT,
+        "/config/key",
+        Some(json!({"provider": "openai", "key": KEY})),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+
+    let sid = s.create_session().await;
+    let mut ev = s.events(&sid, None).await;
+    // Rate limited (retried), then the key refused, quoted back by the service.
+    fake.script([
+        Reply::status(429, &refused_key_body(ENV_KEY)).header("retry-after-ms", "1"),
+        Reply::status(401, &refused_key_body(ENV_KEY)),
+    ]);
+    let frames = run_to_end(&s, &mut ev, &sid, "hi").await;
+    assert_eq!(
+        finished(&frames)["message"],
+        "the model service refused the API key"
+    );
+    // An error in the middle of the stream, retried.
+    fake.script([
+        Reply::fixture("openai/midstream_error.sse"),
+        Reply::fixture("openai/text.sse"),
+    ]);
+    let frames = run_to_end(&s, &mut ev, &sid, "again").await;
+    assert_completed(&frames);
+    let mut seen = all_text(&frames);
+    // Model listings: one answered, one refused.
+    fake.script([
+        Reply::status(200, &fixture("openai/models.json")),
+        Reply::status(401, &refused_key_body(ENV_KEY)),
+    ]);
+    let (st, v) = call(reqwest::Method::GET, "/providers/openai/models", None).await;
+    assert_eq!(st, 200, "{v}");
+    let (st, v) = call(reqwest::Method::GET, "/providers/openai/models", None).await;
+    assert_eq!(st, 502, "{v}");
+    for r in fake.requests() {
+        assert_eq!(
+            r.header("authorization"),
+            Some(format!("Bearer {ENV_KEY}").as_str()),
+            "the exported key wins"
+        );
+    }
+
+    // The stored Anthropic key: overloaded, then refused.
+    let (st, v) = call(
+        reqwest::Method::PATCH,
+        "/config",
+        Some(json!({"provider": "anthropic", "model": "claude-sonnet-4-5", "base_url": fake.url})),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    let asked = fake.requests().len();
+    fake.script([
+        Reply::status(529, r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#)
+            .header("retry-after-ms", "1"),
+        Reply::status(
+            401,
+            &format!(r#"{{"type":"error","error":{{"type":"authentication_error","message":"invalid x-api-key: {ANTHROPIC_KEY}"}}}}"#),
+        ),
+        Reply::status(200, &fixture("anthropic/models.json")),
+    ]);
+    let frames = run_to_end(&s, &mut ev, &sid, "and again").await;
+    assert_eq!(
+        finished(&frames)["message"],
+        "the model service refused the API key"
+    );
+    seen.push_str(&all_text(&frames));
+    let (st, v) = call(reqwest::Method::GET, "/providers/anthropic/models", None).await;
+    assert_eq!(st, 200, "{v}");
+    for r in &fake.requests()[asked..] {
+        assert_eq!(r.header("x-api-key"), Some(ANTHROPIC_KEY));
+    }
+
+    for (provider, shadowed) in [("anthropic", false), ("openai", true)] {
+        let (st, v) = call(
+            reqwest::Method::DELETE,
+            "/config/key",
+            Some(json!({"provider": provider})),
+        )
+        .await;
+        assert_eq!((st, &v["shadowed_by_env"]), (200, &json!(shadowed)), "{v}");
+    }
+    let (_, v) = call(reqwest::Method::GET, "/providers", None).await;
+    assert_eq!(v["providers"][1]["pool_size"], 1, "{v}");
+    let (_, transcript) = call(reqwest::Method::GET, &format!("/sessions/{sid}/transcript"), None).await;
+    assert!(transcript["messages"].as_array().is_some_and(|m| m.len() > 3));
+
+    server.signal("TERM");
+    assert!(server.wait().await.success());
+    let log = server.log();
+    assert!(
+        log.len() < STDERR_TAIL,
+        "the whole log was captured: {} bytes",
+        log.len()
+    );
+    assert!(
+        log.contains("model turn failed") && log.contains("[redacted]"),
+        "the failures were logged, the quoted keys taken out: {log}"
+    );
+    seen.push_str(&serde_json::to_string(&answers).unwrap());
+    for key in [ENV_KEY, KEY, ANTHROPIC_KEY] {
+        assert!(!log.contains(key), "the log holds {key}: {log}");
+        assert!(!seen.contains(key), "a response or frame holds {key}");
+        assert_in_no_file(home.path(), key);
+    }
 }

@@ -8,7 +8,7 @@ use fake_provider::{FakeProvider, Recorded, Reply};
 use serde_json::{json, Value};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use support::{all_text, assert_completed, finished, text_of, Frame, TestServer, DEADLINE};
+use support::{all_text, assert_completed, finished, text_of, Frame, HoldProxy, TestServer, DEADLINE};
 use tokio_util::sync::CancellationToken;
 use vak::core::provider::http::ClientOptions;
 use vak::core::provider::{
@@ -17,6 +17,7 @@ use vak::core::provider::{
 };
 use vak::core::session::Route;
 use vak::core::PermissionMode;
+use vak::proto::v1 as pb;
 
 /// A key that must never reach a client.
 const KEY: &str = "sk-test-7fQ2mZ9xK4pL1vR8wT3y";
@@ -49,6 +50,10 @@ fn anthropic(fake: &FakeProvider) -> Arc<dyn Provider> {
     provider(ProviderKind::Anthropic, &fake.url, Some(KEY))
 }
 
+/// The internal retries of the servers these tests start: a turn that keeps
+/// failing is attempted 1 + RETRIES times.
+const RETRIES: u32 = 3;
+
 /// vak in-process, routed to `provider`; tools run without approval and
 /// retries wait 10 ms instead of 0.5 s.
 async fn vak(provider: Arc<dyn Provider>, model: &str) -> TestServer {
@@ -60,7 +65,7 @@ async fn vak(provider: Arc<dyn Provider>, model: &str) -> TestServer {
     TestServer::start_with_route(route, |c| {
         c.core.permission = PermissionMode::Allow;
         c.core.retry_backoff = Duration::from_millis(10);
-        c.core.provider_retries = 3;
+        c.core.provider_retries = RETRIES;
     })
     .await
 }
@@ -777,4 +782,349 @@ async fn cancelling_a_run_aborts_a_silent_stream_at_once() {
     let frames = sse.until("run_finished").await;
     assert_eq!(finished(&frames)["outcome"], "cancelled");
     assert_eq!(fake.requests().len(), 1, "a cancelled turn is not retried");
+}
+
+// ---- Retries running out -------------------------------------------------------
+
+/// Runs "hi" on `s` (whose fake is scripted to fail every attempt) and
+/// checks what a user sees when retries run out: `run_finished{failed}` with
+/// `message`, and `raw` (a piece of the service's own error) in no frame and
+/// not in the transcript.
+async fn fails_with(s: &TestServer, message: &str, raw: &str) -> Vec<Frame> {
+    let (sid, frames) = run(s, "hi").await;
+    let fin = finished(&frames);
+    assert_eq!(
+        (fin["outcome"].as_str(), fin["message"].as_str()),
+        (Some("failed"), Some(message)),
+        "{fin}"
+    );
+    let seen = all_text(&frames);
+    assert!(!seen.contains(raw), "the raw error reached a client: {seen}");
+    let (_, transcript) = s.get(&format!("/sessions/{sid}/transcript")).await;
+    let transcript = transcript.to_string();
+    assert!(transcript.contains(message), "{transcript}");
+    assert!(
+        !transcript.contains(raw),
+        "the raw error is in the transcript: {transcript}"
+    );
+    frames
+}
+
+/// `reply` for every attempt a turn may take (and none more: a further
+/// request would find the script exhausted and be counted).
+fn every_attempt(reply: Reply) -> Vec<Reply> {
+    vec![reply; 1 + RETRIES as usize]
+}
+
+/// `script` for a server routed to `p` (on `fake`): the run fails as
+/// `fails_with` checks, after exactly 1 + RETRIES attempts.
+async fn gives_up(
+    fake: &FakeProvider,
+    p: Arc<dyn Provider>,
+    script: Vec<Reply>,
+    message: &str,
+    raw: &str,
+) -> Vec<Frame> {
+    fake.script(script);
+    let s = vak(p, "m").await;
+    let frames = fails_with(&s, message, raw).await;
+    assert_eq!(fake.requests().len(), 1 + RETRIES as usize);
+    frames
+}
+
+#[tokio::test]
+async fn rate_limiting_past_the_retries_fails_with_the_rate_limit_message() {
+    let fake = FakeProvider::start().await;
+    let refusal = Reply::status(
+        429,
+        r#"{"error":{"message":"Rate limit reached for gpt-4.1 in organization org-q7Rk2 on requests per min (RPM): Limit 500, Used 500, Requested 1.","type":"requests","param":null,"code":"rate_limit_exceeded"}}"#,
+    );
+    let message = "the model service is rate limiting requests; try again later";
+    gives_up(&fake, openai(&fake), every_attempt(refusal), message, "org-q7Rk2").await;
+}
+
+#[tokio::test]
+async fn overload_past_the_retries_fails_with_the_overloaded_message() {
+    let fake = FakeProvider::start().await;
+    // 529 before the stream, then overloaded_error inside it: both are the
+    // same kind, and the retries count across them.
+    let mut script = every_attempt(Reply::status(
+        529,
+        r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"},"request_id":"req_011CVq8uXoWb3K7mTzQ2sJfN"}"#,
+    ));
+    script[1] = Reply::fixture("anthropic/midstream_overloaded.sse");
+    let message = "the model service is overloaded; try again later";
+    let frames = gives_up(
+        &fake,
+        anthropic(&fake),
+        script,
+        message,
+        "req_011CVq8uXoWb3K7mTzQ2sJfN",
+    )
+    .await;
+    assert!(!all_text(&frames).contains("overloaded_error"));
+}
+
+#[tokio::test]
+async fn a_server_error_with_a_garbage_body_past_the_retries_fails_as_an_invalid_response() {
+    let fake = FakeProvider::start().await;
+    let garbage = Reply::Status {
+        status: 502,
+        headers: vec![("content-type".into(), "text/html".into())],
+        body: "<html><head><title>502 Bad Gateway</title></head><body><center>nginx/1.25.3-q9</center></body></html>".into(),
+    };
+    let message = "the model service sent an invalid response";
+    gives_up(
+        &fake,
+        openai(&fake),
+        every_attempt(garbage),
+        message,
+        "nginx/1.25.3-q9",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_malformed_stream_fails_as_an_invalid_response_without_a_retry() {
+    // A 200 stream whose data is not JSON: the same request would get the
+    // same answer, so it is not retried (docs/protocol.md section 7).
+    for (kind, marker) in [
+        (ProviderKind::OpenAi, "chatcmpl-garbled"),
+        (ProviderKind::Anthropic, "msg_garbled"),
+    ] {
+        let fake = FakeProvider::start().await;
+        let garbage = match kind {
+            ProviderKind::OpenAi => format!("data: {{\"id\":\"{marker}\",\"choices\":[{{\"delta\":{{\"content\":\"Hel\n\n"),
+            _ => format!("event: message_start\ndata: {{\"type\":\"message_start\",\"message\":{{\"id\":\"{marker}\"\n\n"),
+        };
+        fake.script(every_attempt(Reply::Sse {
+            events: vec![garbage],
+            stall: false,
+        }));
+        let p = match kind {
+            ProviderKind::OpenAi => openai(&fake),
+            _ => anthropic(&fake),
+        };
+        let s = vak(p, "m").await;
+        fails_with(&s, "the model service sent an invalid response", marker).await;
+        assert_eq!(fake.requests().len(), 1, "{kind:?}: not retried");
+    }
+}
+
+#[tokio::test]
+async fn connections_that_break_past_the_retries_fail_with_the_network_message() {
+    // Every connection is cut before the service answers.
+    let fake = FakeProvider::start().await;
+    let gate = HoldProxy::start(fake.addr).await;
+    gate.hold();
+    let s = vak(
+        provider(ProviderKind::OpenAi, &format!("{}/v1", gate.url), Some(KEY)),
+        "gpt-4.1",
+    )
+    .await;
+    let sid = s.create_session().await;
+    let mut sse = s.events(&sid, None).await;
+    let (code, _) = s.run(&sid, "hi").await;
+    assert_eq!(code, 202);
+    for attempt in 1..=1 + RETRIES as usize {
+        gate.wait_accepted(attempt).await;
+        assert_eq!(gate.cut(), 1, "attempt {attempt} is held, then cut");
+    }
+    let frames = sse.until("run_finished").await;
+    let fin = finished(&frames);
+    assert_eq!(
+        (fin["outcome"].as_str(), fin["message"].as_str()),
+        (Some("failed"), Some("could not reach the model service"))
+    );
+    assert!(!all_text(&frames).contains(&gate.addr.to_string()));
+    assert_eq!(gate.accepted(), 1 + RETRIES as usize);
+    assert!(fake.requests().is_empty());
+
+    // Nothing listening at all: refused, every attempt.
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}/v1", closed.local_addr().unwrap());
+    drop(closed);
+    let s = vak(provider(ProviderKind::OpenAi, &base, Some(KEY)), "gpt-4.1").await;
+    fails_with(&s, "could not reach the model service", &base).await;
+}
+
+#[tokio::test]
+async fn a_connection_closed_before_the_answer_is_retried_and_the_run_completes() {
+    let fake = FakeProvider::start().await;
+    fake.script([Reply::fixture("openai/text.sse")]);
+    let gate = HoldProxy::start(fake.addr).await;
+    gate.hold();
+    let s = vak(
+        provider(ProviderKind::OpenAi, &format!("{}/v1", gate.url), Some(KEY)),
+        "gpt-4.1",
+    )
+    .await;
+    let sid = s.create_session().await;
+    let mut sse = s.events(&sid, None).await;
+    s.run(&sid, "hi").await;
+    gate.wait_accepted(1).await;
+    assert_eq!(gate.cut(), 1);
+    gate.release();
+    let frames = sse.until("run_finished").await;
+    assert_completed(&frames);
+    assert_eq!(text_of(&frames), "Hello! How can I help you today?");
+    assert_eq!(gate.accepted(), 2, "one broken connection, one that answered");
+    assert_eq!(fake.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn a_service_that_never_answers_times_out_per_the_configured_header_wait() {
+    // The route comes from PATCH /config, so the client is built with the
+    // core config's provider_client options: 300 ms for the headers, not 300 s.
+    let fake = FakeProvider::start().await;
+    let gate = HoldProxy::start(fake.addr).await;
+    gate.hold();
+    let s = TestServer::start_with(|c| {
+        c.core.provider_client.response_timeout = Duration::from_millis(300);
+        c.core.retry_backoff = Duration::from_millis(10);
+        c.core.provider_retries = 2;
+    })
+    .await;
+    let (code, v) = s
+        .send(
+            reqwest::Method::PATCH,
+            "/config",
+            Some(json!({"provider": "openai", "model": "gpt-4.1", "base_url": format!("{}/v1", gate.url)})),
+        )
+        .await;
+    assert_eq!(code, 200, "{v}");
+    let started = std::time::Instant::now();
+    fails_with(&s, "could not reach the model service", "no response headers").await;
+    assert_eq!(gate.accepted(), 3, "tried, then retried twice");
+    assert!(started.elapsed() < DEADLINE, "{:?}", started.elapsed());
+    assert!(fake.requests().is_empty());
+}
+
+// ---- Usage -----------------------------------------------------------------------
+
+#[tokio::test]
+async fn usage_is_kept_per_turn_in_the_transcript_and_per_session_in_the_listing() {
+    let fake = FakeProvider::start().await;
+    // A tool call, then the answer: two model turns with their own usage.
+    fake.script([
+        Reply::fixture("anthropic/thinking_tool.sse"),
+        Reply::fixture("anthropic/after_tool.sse"),
+    ]);
+    let s = vak(anthropic(&fake), "claude-sonnet-4-5").await;
+    std::fs::write(s.workspace.join("notes.txt"), "buy milk\n").unwrap();
+    let (sid, frames) = run(&s, "what do my notes say?").await;
+    assert_completed(&frames);
+    let first = json!({"input_tokens": 2095, "output_tokens": 112, "cache_read_tokens": 0, "cache_write_tokens": 1650});
+    let second =
+        json!({"input_tokens": 2410, "output_tokens": 9, "cache_read_tokens": 2095, "cache_write_tokens": 0});
+    let total = json!({"input_tokens": 4505, "output_tokens": 121, "cache_read_tokens": 2095, "cache_write_tokens": 1650});
+
+    let (_, t) = s.get(&format!("/sessions/{sid}/transcript")).await;
+    let turns = t["turns"].as_array().expect("turns");
+    let usages: Vec<&Value> = turns.iter().map(|u| &u["usage"]).collect();
+    assert_eq!(usages, vec![&first, &second], "{t}");
+    let seqs: Vec<u64> = turns.iter().map(|u| u["seq"].as_u64().unwrap()).collect();
+    assert!(seqs[0] < seqs[1] && seqs[1] <= t["seq"].as_u64().unwrap(), "{t}");
+    assert_eq!(t["usage"], total);
+
+    let (_, list) = s.get("/sessions").await;
+    let mine = list["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["session_id"] == sid.as_str())
+        .expect("the session is listed");
+    assert_eq!(mine["usage"], total, "{list}");
+
+    let mut g = s.grpc().await;
+    let usage = |u: &pb::Usage| {
+        json!({"input_tokens": u.input_tokens, "output_tokens": u.output_tokens,
+               "cache_read_tokens": u.cache_read_tokens, "cache_write_tokens": u.cache_write_tokens})
+    };
+    let t = g
+        .get_transcript(pb::GetTranscriptRequest {
+            session_id: sid.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let got: Vec<(u64, Value)> = t
+        .turns
+        .iter()
+        .map(|u| (u.seq, usage(u.usage.as_ref().unwrap())))
+        .collect();
+    assert_eq!(got, vec![(seqs[0], first), (seqs[1], second)]);
+    assert_eq!(usage(t.usage.as_ref().unwrap()), total);
+    let list = g
+        .list_sessions(pb::ListSessionsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let mine = list.sessions.iter().find(|x| x.session_id == sid).unwrap();
+    assert_eq!(usage(mine.usage.as_ref().unwrap()), total);
+}
+
+// ---- The system prompt --------------------------------------------------------------
+
+#[tokio::test]
+async fn agents_md_at_the_workspace_root_reaches_the_system_prompt_bounded() {
+    const RULE: &str = "Always run `make lint-q7` before proposing a change.";
+    let fake = FakeProvider::start().await;
+    fake.script([
+        Reply::fixture("openai/text.sse"),
+        Reply::fixture("openai/text.sse"),
+    ]);
+    let s = vak(openai(&fake), "gpt-4.1").await;
+    std::fs::write(
+        s.workspace.join("AGENTS.md"),
+        format!("# Project rules\n\n{RULE}\n"),
+    )
+    .unwrap();
+    let (_, frames) = run(&s, "hi").await;
+    assert_completed(&frames);
+    let system = |r: &Recorded| {
+        r.body["messages"][0]["content"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    };
+    let reqs = fake.wait_requests(1).await;
+    assert_eq!(reqs[0].body["messages"][0]["role"], "system");
+    let prompt = system(&reqs[0]);
+    assert!(
+        prompt.contains("AGENTS.md at the workspace root") && prompt.contains(RULE),
+        "{prompt}"
+    );
+
+    // Read again for every run, and cut at its bound with a note.
+    let max = vak::core::prompt::MAX_INSTRUCTIONS;
+    std::fs::write(
+        s.workspace.join("AGENTS.md"),
+        format!("{}{}", "a".repeat(max), "TAIL-NOT-SENT"),
+    )
+    .unwrap();
+    let (_, frames) = run(&s, "hi").await;
+    assert_completed(&frames);
+    let prompt = system(&fake.wait_requests(2).await[1]);
+    assert!(prompt.contains(&"a".repeat(max)), "all of the bound is sent");
+    assert!(!prompt.contains("TAIL-NOT-SENT"));
+    assert!(
+        prompt.contains(&format!(
+            "[AGENTS.md is longer than {max} bytes; the rest is not shown]"
+        )),
+        "{}",
+        &prompt[prompt.len().saturating_sub(300)..]
+    );
+    assert!(prompt.len() < max + 4096, "{}", prompt.len());
+
+    // Anthropic carries it in `system`.
+    let fake = FakeProvider::start().await;
+    fake.script([Reply::fixture("anthropic/text.sse")]);
+    let s = vak(anthropic(&fake), "claude-sonnet-4-5").await;
+    std::fs::write(s.workspace.join("AGENTS.md"), format!("{RULE}\n")).unwrap();
+    let (_, frames) = run(&s, "hi").await;
+    assert_completed(&frames);
+    let reqs = fake.wait_requests(1).await;
+    let system = reqs[0].body["system"][0]["text"].as_str().unwrap();
+    assert!(system.contains(RULE), "{system}");
 }

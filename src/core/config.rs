@@ -454,6 +454,8 @@ pub struct Settings {
     home: PathBuf,
     env: Environment,
     store: SecretStore,
+    /// The timeouts and bounds every client of a route or listing gets.
+    client: provider::ClientOptions,
     current: Mutex<Current>,
     /// One route change at a time, from resolution to apply (async: a
     /// waiting change parks its task, not a runtime thread).
@@ -473,6 +475,7 @@ impl Settings {
             home: cfg.home.clone(),
             env: cfg.env.clone(),
             store,
+            client: cfg.provider_client.clone(),
             current: Mutex::new(Current { spec, n: 1 }),
             changing: tokio::sync::Mutex::new(()),
             boot: uuid::Uuid::new_v4().simple().to_string()[..8].to_string(),
@@ -521,7 +524,8 @@ impl Settings {
             base_url: spec.base_url.clone(),
             key,
         };
-        let provider = provider::connect(&endpoint).map_err(|f| failure_error(spec.provider, f))?;
+        let provider =
+            provider::connect_with(&endpoint, &self.client).map_err(|f| failure_error(spec.provider, f))?;
         Ok(Route {
             provider,
             model: spec.model.clone(),
@@ -691,7 +695,7 @@ impl Settings {
             return Err(no_ai_service(kind));
         }
         let endpoint = Endpoint { kind, base_url, key };
-        let client = provider::connect(&endpoint).map_err(|f| failure_error(kind, f))?;
+        let client = provider::connect_with(&endpoint, &self.client).map_err(|f| failure_error(kind, f))?;
         match tokio::time::timeout(LIST_MODELS_TIMEOUT, client.list_models()).await {
             Ok(Ok(models)) => Ok(models),
             Ok(Err(f)) => Err(failure_error(kind, f)),

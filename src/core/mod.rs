@@ -72,6 +72,9 @@ pub struct CoreConfig {
     /// Internal provider retries before a run fails.
     pub provider_retries: u32,
     pub retry_backoff: Duration,
+    /// Timeouts and bounds of the model service clients the routes use
+    /// (connect, response headers, silence between chunks, event sizes).
+    pub provider_client: provider::ClientOptions,
     /// Inputs a busy session queues as its next legs; past it, admission is refused.
     pub max_queued_inputs: usize,
     pub durability: Durability,
@@ -117,6 +120,7 @@ impl CoreConfig {
             first_subscriber_wait: Duration::from_secs(2),
             provider_retries: 4,
             retry_backoff: Duration::from_millis(500),
+            provider_client: provider::ClientOptions::default(),
             max_queued_inputs: 64,
             durability: Durability::Process,
             unload_idle_after: Duration::from_secs(300),

@@ -993,6 +993,8 @@ pub struct HoldProxy {
     open: std::sync::Arc<tokio::sync::watch::Sender<bool>>,
     live: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
     accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// Notified once an accepted connection is live (and so can be cut).
+    changed: std::sync::Arc<tokio::sync::Notify>,
     accept: JoinHandle<()>,
 }
 
@@ -1004,10 +1006,10 @@ impl HoldProxy {
         let open = Arc::new(tokio::sync::watch::channel(true).0);
         let live: Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
         let accepted: Arc<std::sync::atomic::AtomicUsize> = Arc::default();
-        let (o, l, a) = (open.clone(), live.clone(), accepted.clone());
+        let changed: Arc<tokio::sync::Notify> = Arc::default();
+        let (o, l, a, c) = (open.clone(), live.clone(), accepted.clone(), changed.clone());
         let accept = tokio::spawn(async move {
             while let Ok((mut client, _)) = listener.accept().await {
-                a.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let mut gate = o.subscribe();
                 let conn = tokio::spawn(async move {
                     if gate.wait_for(|open| *open).await.is_err() {
@@ -1018,9 +1020,14 @@ impl HoldProxy {
                     };
                     let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
                 });
-                let mut live = l.lock().unwrap();
-                live.retain(|h| !h.is_finished());
-                live.push(conn.abort_handle());
+                {
+                    let mut live = l.lock().unwrap();
+                    live.retain(|h| !h.is_finished());
+                    live.push(conn.abort_handle());
+                }
+                // Counted once live, so a test that saw the count can cut it.
+                a.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                c.notify_waiters();
             }
         });
         HoldProxy {
@@ -1029,6 +1036,7 @@ impl HoldProxy {
             open,
             live,
             accepted,
+            changed,
             accept,
         }
     }
@@ -1054,6 +1062,24 @@ impl HoldProxy {
 
     pub fn accepted(&self) -> usize {
         self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Waits until `n` connections were accepted (each live, so `cut` reaches
+    /// it); panics past the deadline.
+    pub async fn wait_accepted(&self, n: usize) {
+        tokio::time::timeout(DEADLINE, async {
+            loop {
+                let changed = self.changed.notified();
+                tokio::pin!(changed);
+                changed.as_mut().enable();
+                if self.accepted() >= n {
+                    return;
+                }
+                changed.await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{n} connections within the deadline, saw {}", self.accepted()))
     }
 }
 

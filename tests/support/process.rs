@@ -33,7 +33,8 @@ pub struct Vak {
     drain: Option<tokio::task::JoinHandle<()>>,
 }
 
-const STDERR_TAIL: usize = 64 << 10;
+/// How much of a child's stderr `Vak::log` keeps (its end).
+pub const STDERR_TAIL: usize = 64 << 10;
 
 impl Vak {
     pub fn spawn(mut cmd: Command) -> Vak {
