@@ -585,7 +585,15 @@ async fn bench(args: Args, nofile_before: (u64, u64), nofile_after: u64) -> i32 
     if want("cluster") {
         match cluster::nats_server(&env.exe) {
             None => {
-                let why = "nats-server not found (VAK_NATS_SERVER, or target/nats-venv from `make nats`): cluster rows not measured".to_string();
+                let why = match std::env::var_os("VAK_NATS_SERVER") {
+                    Some(p) => format!(
+                        "VAK_NATS_SERVER={} is not a file: cluster rows not measured",
+                        PathBuf::from(p).display()
+                    ),
+                    None => "nats-server not found (VAK_NATS_SERVER, or target/nats-venv from `make nats`): \
+cluster rows not measured"
+                        .to_string(),
+                };
                 log(why.clone());
                 s.cluster_missing = Some(why);
             }
