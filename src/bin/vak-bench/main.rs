@@ -928,7 +928,7 @@ than {gmin} deltas per stream), the count is in the row. A point is flagged **fa
 event exceeds the previous point's by more than 1.5x (on the size axis: by more than 1.5x the size ratio), or when \
 the RSS each added subscriber, session or byte costs over the first point rises by more than 1.5x from one step to \
 the next (and by more than 16 MiB). \
-Cluster: {cnodes}, 3 nats-server nodes (JetStream, R3 stream) on loopback and 3 `vak serve --bus ... --bus-replicas 3` \
+Cluster: 3 nats-server nodes ({cnodes}; JetStream, an R3 stream) on loopback and 3 `vak serve --bus ... --bus-replicas 3` \
 replicas with one token; a session made and run on replica 0 (which takes its lease), {csubs} SSE subscribers \
 spread round-robin over the 3 replicas: delivered events/s of `/burst {cburst}`, then p50/p99/max of `/pace {cpace} {crate}` \
 in a fresh session; then a fresh session with one subscriber on replica 0 gets `/burst {cone}`, and an embedded \
@@ -976,9 +976,9 @@ process used, in cores; \"others\" is everything else on the machine (/proc/stat
         gbytes = sizes.growth_size_bytes >> 20,
         gmin = sizes.growth_min_events,
         cnodes = if std::env::var_os("VAK_NATS_SERVER").is_some() {
-            "nats-server from VAK_NATS_SERVER"
+            "the binary VAK_NATS_SERVER names"
         } else {
-            "nats-server from target/nats-venv"
+            "target/nats-venv, from `make nats`"
         },
         csubs = sizes.cluster.subs,
         cburst = sizes.cluster.burst,
