@@ -3,6 +3,7 @@
 use crate::scenarios::{self, Env, Latency, ServeOpts, Server, Throughput, Transport};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long the cluster may take to elect its JetStream meta leader.
@@ -40,7 +41,13 @@ fn free_port() -> Result<u16, String> {
 
 impl Nats {
     async fn start(bin: &Path) -> Result<Nats, String> {
-        let dir = std::env::temp_dir().join(format!("vak-bench-nats-{}", std::process::id()));
+        // A folder per cluster: a killed node of the last one may still be exiting.
+        static CLUSTERS: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "vak-bench-nats-{}-{}",
+            std::process::id(),
+            CLUSTERS.fetch_add(1, Ordering::Relaxed)
+        ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
         let mut ports = Vec::new();
