@@ -137,8 +137,9 @@ build:
 
 ## The benchmark (src/bin/vak-bench): a release `vak serve` driven by the bench's
 ## own SSE and gRPC clients, against a raw tonic baseline; prints the table and
-## writes it to BENCHMARKS.md (under 10 minutes on a 2-core machine).
-bench:
+## writes it to BENCHMARKS.md (under 25 minutes on a 2-core machine). The cluster rows
+## run nats-server from `make nats` (or VAK_NATS_SERVER).
+bench: nats
 	$(CARGO) build --release --bins
 	VAK_BENCH_COMMAND="make bench (cargo build --release --bins && target/release/vak-bench)" target/release/vak-bench
 

@@ -51,6 +51,35 @@ async fn a_prompt_streams_its_echo_and_finishes_once() {
 }
 
 #[tokio::test]
+async fn a_sized_burst_streams_deltas_of_that_many_bytes_and_refuses_a_bad_size() {
+    let s = TestServer::start().await;
+    let sid = s.create_session().await;
+    let mut sse = s.events(&sid, None).await;
+    s.run(&sid, "/burst 3 1024").await;
+    let frames = sse.until("run_finished").await;
+    let deltas: Vec<String> = frames
+        .iter()
+        .filter(|f| f.event == "text_delta")
+        .map(|f| f.body()["text"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(deltas.len(), 3, "one delta per token");
+    for (i, d) in deltas.iter().enumerate() {
+        assert_eq!(d.len(), 1024);
+        assert!(
+            d.starts_with(&format!("t{i}_")) && d.ends_with("_ "),
+            "{}",
+            &d[..8]
+        );
+    }
+    s.run(&sid, "/burst 3 1048577").await;
+    let frames = sse.until("run_finished").await;
+    assert_eq!(
+        text_of(&frames),
+        "error: /burst expects a whole number up to 1048576, got \"1048577\""
+    );
+}
+
+#[tokio::test]
 async fn admission_queues_dedups_and_cancel_settles_the_chain_once() {
     let s = TestServer::start().await;
     let sid = s.create_session().await;

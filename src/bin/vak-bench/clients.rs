@@ -136,6 +136,12 @@ fn digits(s: &[u8]) -> Option<u64> {
     Some(n)
 }
 
+/// A burst token's number: its digits, then the `_` padding of `/burst N SIZE`.
+fn padded_digits(s: &[u8]) -> Option<u64> {
+    let end = s.iter().rposition(|&b| b != b'_').map_or(0, |i| i + 1);
+    digits(&s[..end])
+}
+
 impl Tally {
     fn new(mode: Mode, session: &str, after: Option<u64>) -> Tally {
         Tally {
@@ -224,7 +230,8 @@ impl Tally {
                     return Err(bad("a malformed burst delta"));
                 }
                 let first_end = memchr::memchr(b' ', text).unwrap_or(0);
-                let first = digits(&text[1..first_end]).ok_or_else(|| bad("a malformed first token"))?;
+                let first =
+                    padded_digits(&text[1..first_end]).ok_or_else(|| bad("a malformed first token"))?;
                 if matches!(self.mode, Mode::Replay { .. }) && self.res.frames == 1 {
                     // A replay starts mid-burst: its first token sets the sequence.
                     self.next = first;
@@ -235,7 +242,7 @@ impl Tally {
                 let last = body
                     .get(last_start + 1..)
                     .filter(|_| body.get(last_start) == Some(&b't'))
-                    .and_then(digits)
+                    .and_then(padded_digits)
                     .ok_or_else(|| bad("a malformed last token"))?;
                 if first != self.next || last + 1 != first + count {
                     return Err(bad(&format!(
@@ -1030,6 +1037,20 @@ mod tests {
         assert_eq!(t2.res.tokens, 2);
         assert!(t2.res.all_at.is_some());
         assert!(t2.check_complete().is_ok());
+    }
+
+    #[test]
+    fn sized_burst_deltas_count_one_token_each_however_they_merge() {
+        let mut t = Tally::new(Mode::Count { expect: 3 }, "s", None);
+        t.text(b"t0______ ").unwrap();
+        t.text(b"t1______ t2______ ").unwrap();
+        assert_eq!(t.res.tokens, 3);
+        assert!(t.check_complete().is_ok());
+        let mut t = Tally::new(Mode::Count { expect: 3 }, "s", None);
+        assert!(t.text(b"t1______ ").is_err(), "a gap is an error");
+        assert!(Tally::new(Mode::Count { expect: 1 }, "s", None)
+            .text(b"t_____ ")
+            .is_err());
     }
 
     #[test]

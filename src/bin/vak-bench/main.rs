@@ -1,11 +1,13 @@
-//! `vak-bench`: fan-out (also with `--durability fsync`), latency,
-//! many-session, idle-cost, stalled-client and replay-from-disk benchmarks of
-//! a release `vak serve` over SSE and gRPC, against a raw tonic baseline, with
-//! this process's own async clients. `make bench` runs it and
+//! `vak-bench`: fan-out (also with `--durability fsync`), a latency curve,
+//! many-session, idle-cost, stalled-client, replay-from-disk, growth and
+//! cluster benchmarks of a release `vak serve` over SSE and gRPC, against a
+//! raw tonic baseline, with this process's own async clients. `make bench` runs it and
 //! writes BENCHMARKS.md; `make bench-quick` runs the same code at small sizes.
 
 mod baseline;
 mod clients;
+mod cluster;
+mod growth;
 mod machine;
 mod peer;
 mod report;
@@ -21,7 +23,7 @@ use std::time::{Duration, Instant};
 #[derive(Parser, Debug)]
 #[command(
     name = "vak-bench",
-    about = "Benchmarks a release `vak serve`: fan-out, latency, many sessions, idle cost, stalled client, replay from disk, vs raw tonic"
+    about = "Benchmarks a release `vak serve`: fan-out, latency curve, many sessions, idle cost, stalled client, replay from disk, search, growth, cluster, vs raw tonic"
 )]
 struct Args {
     #[command(subcommand)]
@@ -41,7 +43,7 @@ struct Args {
     /// Print the table only.
     #[arg(long)]
     no_write: bool,
-    /// Only these scenarios: fanout, latency, sessions, idle, stalled, replay, search (comma-separated).
+    /// Only these scenarios: fanout, latency, sessions, idle, stalled, replay, search, growth, cluster (comma-separated).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// gRPC streams per HTTP/2 connection.
@@ -65,13 +67,20 @@ struct Args {
     /// Idle streams per transport.
     #[arg(long)]
     idle: Option<usize>,
-    /// Subscribers and paced deltas (at --pace-rate per second) of the latency scenario.
+    /// Subscribers of the latency curve, its rates (events/s, comma-separated)
+    /// and how many seconds each rate is paced for.
     #[arg(long)]
     latency_subs: Option<usize>,
+    #[arg(long, value_delimiter = ',')]
+    latency_rates: Vec<u64>,
     #[arg(long)]
-    pace: Option<u64>,
+    latency_secs: Option<f64>,
+    /// Runs of the growth and cluster scenarios (default 1).
     #[arg(long)]
-    pace_rate: Option<u64>,
+    growth_runs: Option<usize>,
+    /// Subscribers of the cluster fan-out, spread over its 3 replicas.
+    #[arg(long)]
+    cluster_subs: Option<usize>,
     /// Deltas in the stalled-client runs (default: the fan-out burst).
     #[arg(long)]
     stall_burst: Option<u64>,
@@ -123,8 +132,24 @@ struct Sizes {
     fanout_subs: Vec<usize>,
     burst: u64,
     latency_subs: usize,
-    pace: u64,
-    pace_rate: u64,
+    /// The curve's rates, events/s; each paced for `latency_secs`.
+    latency_rates: Vec<u64>,
+    latency_secs: f64,
+    /// Bisection steps between the curve's rates where p99 crosses 10 ms.
+    cross_steps: usize,
+    /// The growth table: subscribers of one session, sessions of one
+    /// subscriber each, and delta sizes (to `growth_size_subs` subscribers).
+    growth_subs: Vec<usize>,
+    growth_sessions: Vec<usize>,
+    growth_sizes: Vec<u64>,
+    growth_size_subs: usize,
+    /// Deliveries each growth point aims at (subscribers x deltas), the
+    /// fewest deltas a point sends, and the bytes a size point delivers.
+    growth_deliveries: u64,
+    growth_min_events: u64,
+    growth_size_bytes: u64,
+    growth_runs: usize,
+    cluster: cluster::ClusterSizes,
     sessions: usize,
     session_burst: u64,
     idle: usize,
@@ -145,8 +170,24 @@ impl Sizes {
             fanout_subs: vec![1, 100, 1000],
             burst: 100_000,
             latency_subs: 1000,
-            pace: 10_000,
-            pace_rate: 10_000,
+            latency_rates: vec![1000, 3000, 10_000],
+            latency_secs: 2.0,
+            cross_steps: 3,
+            growth_subs: vec![1, 10, 100, 1000, 10_000],
+            growth_sessions: vec![1, 100, 1000, 10_000],
+            growth_sizes: vec![16, 1024, 64 * 1024],
+            growth_size_subs: 10,
+            growth_deliveries: 2_000_000,
+            growth_min_events: 100,
+            growth_size_bytes: 256 << 20,
+            growth_runs: 1,
+            cluster: cluster::ClusterSizes {
+                subs: 1000,
+                burst: 5000,
+                pace: 2000,
+                rate: 1000,
+                one_burst: 100_000,
+            },
             sessions: 1000,
             session_burst: 2_000,
             idle: 10_000,
@@ -166,8 +207,24 @@ impl Sizes {
             fanout_subs: vec![1, 10, 50],
             burst: 10_000,
             latency_subs: 50,
-            pace: 2_000,
-            pace_rate: 10_000,
+            latency_rates: vec![1000, 3000, 10_000],
+            latency_secs: 0.05,
+            cross_steps: 1,
+            growth_subs: vec![1, 10, 30],
+            growth_sessions: vec![1, 10, 20],
+            growth_sizes: vec![16, 1024, 64 * 1024],
+            growth_size_subs: 3,
+            growth_deliveries: 5_000,
+            growth_min_events: 20,
+            growth_size_bytes: 1 << 20,
+            growth_runs: 1,
+            cluster: cluster::ClusterSizes {
+                subs: 9,
+                burst: 300,
+                pace: 100,
+                rate: 1000,
+                one_burst: 2000,
+            },
             sessions: 50,
             session_burst: 2_000,
             idle: 200,
@@ -194,7 +251,14 @@ struct Sample<T> {
 #[derive(Default)]
 struct Samples {
     fanout: Vec<Sample<scenarios::Throughput>>,
-    latency: Vec<Sample<scenarios::Latency>>,
+    /// The latency curve, by rate (events/s).
+    latency: Vec<(u64, Sample<scenarios::Latency>)>,
+    /// Per transport, the rates measured while bisecting where p99 crosses 10 ms.
+    crossing: Vec<(Transport, Vec<RatePoint>)>,
+    growth: Vec<GrowthSample>,
+    cluster: Vec<Sample<cluster::ClusterRun>>,
+    /// Why the cluster rows were not measured (no nats-server).
+    cluster_missing: Option<String>,
     sessions: Vec<Sample<scenarios::Throughput>>,
     idle: Vec<Sample<scenarios::Idle>>,
     /// (unstalled, stalled), measured back to back.
@@ -204,6 +268,31 @@ struct Samples {
     replay: Vec<Sample<scenarios::Replay>>,
     search: Vec<Sample<scenarios::SearchLatency>>,
 }
+
+/// A latency point measured at a rate (events/s).
+type RatePoint = (u64, Result<scenarios::Latency, String>);
+
+/// The growth table's axes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Axis {
+    /// One session, x subscribers.
+    Subscribers,
+    /// x sessions, one subscriber each.
+    Sessions,
+    /// Deltas of x bytes, to `growth_size_subs` subscribers.
+    Size,
+}
+
+/// One point of the growth table: its axis value, the deltas each stream got, what came out.
+struct GrowthSample {
+    axis: Axis,
+    x: u64,
+    n: u64,
+    r: Result<scenarios::Throughput, String>,
+}
+
+/// The p99 bound of the latency goal and of the crossing search, in µs.
+const P99_BOUND_US: f64 = 10_000.0;
 
 fn log(msg: String) {
     eprintln!("vak-bench: {msg}");
@@ -252,8 +341,12 @@ async fn bench(args: Args, nofile_before: (u64, u64), nofile_after: u64) -> i32 
     sizes.session_burst = args.session_burst.unwrap_or(sizes.session_burst);
     sizes.idle = args.idle.unwrap_or(sizes.idle);
     sizes.latency_subs = args.latency_subs.unwrap_or(sizes.latency_subs);
-    sizes.pace = args.pace.unwrap_or(sizes.pace);
-    sizes.pace_rate = args.pace_rate.unwrap_or(sizes.pace_rate);
+    if !args.latency_rates.is_empty() {
+        sizes.latency_rates = args.latency_rates.iter().copied().filter(|&r| r > 0).collect();
+    }
+    sizes.latency_secs = args.latency_secs.unwrap_or(sizes.latency_secs).max(0.01);
+    sizes.growth_runs = args.growth_runs.unwrap_or(sizes.growth_runs).max(1);
+    sizes.cluster.subs = args.cluster_subs.unwrap_or(sizes.cluster.subs).max(1);
     if !args.fsync_subs.is_empty() {
         sizes.fsync_subs = args.fsync_subs.iter().copied().filter(|&n| n > 0).collect();
     }
@@ -329,10 +422,6 @@ async fn bench(args: Args, nofile_before: (u64, u64), nofile_after: u64) -> i32 
 
     let mut s = Samples::default();
     let mut late = std::collections::HashSet::new();
-    let log_result = |what: String, at: Instant, r: Result<String, &String>| match r {
-        Ok(m) => log(format!("{what}: {m} [{:.1} s]", at.elapsed().as_secs_f64())),
-        Err(e) => log(format!("{what}: FAILED: {e}")),
-    };
     let tp = |x: &scenarios::Throughput| {
         format!(
             "{:.0} events/s, last at {:.1} ms, {} frames for {} events, peak RSS {} KiB, {}",
@@ -393,21 +482,17 @@ async fn bench(args: Args, nofile_before: (u64, u64), nofile_after: u64) -> i32 
         }
         if want("latency") {
             for &t in &transports {
-                let at = Instant::now();
-                let subs = sizes.latency_subs;
-                let r = scenarios::latency(&env, t, subs, sizes.pace, sizes.pace_rate).await;
-                let msg = r.as_ref().map(|x| {
-                    format!(
-                        "p50 {:.2} ms p99 {:.2} ms max {:.2} ms ({} samples), {}",
-                        x.p50_us / 1e3,
-                        x.p99_us / 1e3,
-                        x.max_us / 1e3,
-                        x.samples,
-                        cpu_note(&x.cpu)
-                    )
-                });
-                log_result(format!("{tag} latency {} x{subs}", t.label()), at, msg);
-                s.latency.push(Sample { run, subs, t, r });
+                for &rate in &sizes.latency_rates {
+                    let at = Instant::now();
+                    let subs = sizes.latency_subs;
+                    let r = measure_latency(&env, t, subs, rate, sizes.latency_secs).await;
+                    log_result(
+                        format!("{tag} latency {} x{subs} at {rate}/s", t.label()),
+                        at,
+                        r.as_ref().map(latency_msg),
+                    );
+                    s.latency.push((rate, Sample { run, subs, t, r }));
+                }
             }
         }
         if want("sessions") {
@@ -488,6 +573,55 @@ async fn bench(args: Args, nofile_before: (u64, u64), nofile_after: u64) -> i32 
         }
     }
 
+    if want("latency") {
+        for &t in &transports {
+            let points = find_crossing(&env, t, &sizes, &s.latency).await;
+            s.crossing.push((t, points));
+        }
+    }
+    if want("growth") {
+        growth_runs(&env, &sizes, &mut s.growth).await;
+    }
+    if want("cluster") {
+        match cluster::nats_server(&env.exe) {
+            None => {
+                let why = match std::env::var_os("VAK_NATS_SERVER") {
+                    Some(p) => format!(
+                        "VAK_NATS_SERVER={} is not a file: cluster rows not measured",
+                        PathBuf::from(p).display()
+                    ),
+                    None => "nats-server not found (VAK_NATS_SERVER, or target/nats-venv from `make nats`): \
+cluster rows not measured"
+                        .to_string(),
+                };
+                log(why.clone());
+                s.cluster_missing = Some(why);
+            }
+            Some(bin) => {
+                for run in 1..=sizes.growth_runs {
+                    let at = Instant::now();
+                    let r = cluster::run(&env, &bin, sizes.cluster).await;
+                    let msg = r.as_ref().map(|x| {
+                        format!(
+                            "fan-out {}; paced {}; one subscriber on the owner {}; embedded {}",
+                            tp(&x.fanout),
+                            latency_msg(&x.latency),
+                            tp(&x.one),
+                            tp(&x.embedded)
+                        )
+                    });
+                    log_result(format!("run {run} cluster x{}", sizes.cluster.subs), at, msg);
+                    s.cluster.push(Sample {
+                        run,
+                        subs: sizes.cluster.subs,
+                        t: Transport::Sse,
+                        r,
+                    });
+                }
+            }
+        }
+    }
+
     if want("search") {
         for run in 1..=sizes.runs {
             let at = Instant::now();
@@ -559,6 +693,146 @@ async fn bench(args: Args, nofile_before: (u64, u64), nofile_after: u64) -> i32 
     0
 }
 
+fn latency_msg(x: &scenarios::Latency) -> String {
+    format!(
+        "p50 {:.2} ms p99 {:.2} ms max {:.2} ms ({} samples, {:.0} delivered/s), {}",
+        x.p50_us / 1e3,
+        x.p99_us / 1e3,
+        x.max_us / 1e3,
+        x.samples,
+        x.eps,
+        cpu_note(&x.cpu)
+    )
+}
+
+/// One point of the latency curve: `rate` events/s for `secs` seconds.
+async fn measure_latency(
+    env: &Env,
+    t: Transport,
+    subs: usize,
+    rate: u64,
+    secs: f64,
+) -> Result<scenarios::Latency, String> {
+    let n = ((rate as f64 * secs) as u64).max(10);
+    scenarios::latency(env, t, subs, n, rate).await
+}
+
+/// Where `t`'s p99 crosses 10 ms: the curve's median p99 per rate brackets
+/// it, then each step measures the bracket's geometric middle once and
+/// keeps the half that still brackets it (`cross_steps` steps at most); a
+/// curve over 10 ms at its lowest rate is first measured a decade lower.
+async fn find_crossing(
+    env: &Env,
+    t: Transport,
+    sizes: &Sizes,
+    curve: &[(u64, Sample<scenarios::Latency>)],
+) -> Vec<RatePoint> {
+    let mut known: Vec<(u64, f64)> = curve_medians(curve, t);
+    let mut steps = Vec::new();
+    for _ in 0..sizes.cross_steps {
+        let mid = match growth::bracket(&known, P99_BOUND_US) {
+            growth::Crossing::Between { lo, hi } => match growth::midpoint(lo, hi) {
+                Some(mid) => mid,
+                None => break,
+            },
+            // Over the bound already at the lowest rate: look a decade lower first.
+            growth::Crossing::Below(lowest) if lowest >= 100 => lowest / 10,
+            _ => break,
+        };
+        let at = Instant::now();
+        let r = measure_latency(env, t, sizes.latency_subs, mid, sizes.latency_secs).await;
+        log_result(
+            format!("crossing {} x{} at {mid}/s", t.label(), sizes.latency_subs),
+            at,
+            r.as_ref().map(latency_msg),
+        );
+        match &r {
+            Ok(x) => known.push((mid, x.p99_us)),
+            // A failed point says nothing about the bracket: stop here.
+            Err(_) => {
+                steps.push((mid, r));
+                break;
+            }
+        }
+        steps.push((mid, r));
+    }
+    steps
+}
+
+fn log_result(what: String, at: Instant, r: Result<String, &String>) {
+    match r {
+        Ok(m) => log(format!("{what}: {m} [{:.1} s]", at.elapsed().as_secs_f64())),
+        Err(e) => log(format!("{what}: FAILED: {e}")),
+    }
+}
+
+/// The median p99 of `t`'s curve at each rate measured.
+fn curve_medians(curve: &[(u64, Sample<scenarios::Latency>)], t: Transport) -> Vec<(u64, f64)> {
+    let mut rates: Vec<u64> = curve.iter().filter(|(_, x)| x.t == t).map(|(r, _)| *r).collect();
+    rates.sort_unstable();
+    rates.dedup();
+    rates
+        .into_iter()
+        .filter_map(|rate| {
+            let p99: Vec<f64> = curve
+                .iter()
+                .filter(|(r, x)| *r == rate && x.t == t)
+                .filter_map(|(_, x)| x.r.as_ref().ok().map(|l| l.p99_us))
+                .collect();
+            report::Stat::of(&p99).map(|s| (rate, s.median))
+        })
+        .collect()
+}
+
+/// Deltas each stream of a growth point gets: about `growth_deliveries`
+/// deliveries in all (half as many for sessions, which deliver slower), at
+/// least `growth_min_events`; a size point's bytes are bounded too.
+fn growth_events(sizes: &Sizes, axis: Axis, x: u64) -> u64 {
+    let min = sizes.growth_min_events;
+    let subs = sizes.growth_size_subs.max(1) as u64;
+    match axis {
+        Axis::Subscribers => (sizes.growth_deliveries / x.max(1)).max(min),
+        Axis::Sessions => (sizes.growth_deliveries / 2 / x.max(1)).max(min),
+        Axis::Size => (sizes.growth_size_bytes / (x.max(1) * subs))
+            .min(sizes.growth_deliveries / subs)
+            .max(min),
+    }
+}
+
+/// Every point of the growth table, `growth_runs` times, over SSE.
+async fn growth_runs(env: &Env, sizes: &Sizes, out: &mut Vec<GrowthSample>) {
+    for run in 1..=sizes.growth_runs {
+        let points = sizes
+            .growth_subs
+            .iter()
+            .map(|&x| (Axis::Subscribers, x as u64))
+            .chain(sizes.growth_sessions.iter().map(|&x| (Axis::Sessions, x as u64)))
+            .chain(sizes.growth_sizes.iter().map(|&x| (Axis::Size, x)));
+        for (axis, x) in points {
+            let n = growth_events(sizes, axis, x);
+            let at = Instant::now();
+            let r = match axis {
+                Axis::Subscribers => {
+                    scenarios::fanout(env, Transport::Sse, x as usize, n, false, ServeOpts::default()).await
+                }
+                Axis::Sessions => scenarios::many_sessions(env, Transport::Sse, x as usize, n).await,
+                Axis::Size => scenarios::fanout_sized(env, sizes.growth_size_subs, n, x).await,
+            };
+            let msg = r.as_ref().map(|x| {
+                format!(
+                    "{:.0} events/s, {:.0} ns server CPU per event, peak RSS {} KiB, {}",
+                    x.eps,
+                    x.cpu.server * 1e9 / x.events.max(1) as f64,
+                    x.peak_kib,
+                    cpu_note(&x.cpu)
+                )
+            });
+            log_result(format!("run {run} growth {axis:?} {x} x /burst {n}"), at, msg);
+            out.push(GrowthSample { axis, x, n, r });
+        }
+    }
+}
+
 /// The median share of the cores other processes used during the measurements.
 fn others_cores(s: &Samples) -> Option<f64> {
     let mut all = Vec::new();
@@ -574,6 +848,10 @@ fn others_cores(s: &Samples) -> Option<f64> {
         .filter_map(|x| x.r.as_ref().ok())
         .for_each(|x| add(&x.cpu));
     s.latency
+        .iter()
+        .filter_map(|(_, x)| x.r.as_ref().ok())
+        .for_each(|x| add(&x.cpu));
+    s.growth
         .iter()
         .filter_map(|x| x.r.as_ref().ok())
         .for_each(|x| add(&x.cpu));
@@ -614,6 +892,11 @@ fn revision() -> String {
     }
 }
 
+/// `1, 10, 100` for a list of sizes.
+fn list<T: ToString>(v: &[T]) -> String {
+    v.iter().map(T::to_string).collect::<Vec<_>>().join(", ")
+}
+
 fn method(sizes: &Sizes, env: &Env) -> String {
     format!(
         "How: the bench starts `target/release/vak serve --listen 127.0.0.1:0` as a child process \
@@ -628,8 +911,28 @@ Delivered events are counted as `t{{i}} ` tokens in text_delta text, not frames:
 merges queued deltas into one frame. Every frame's first and last token are checked to continue the \
 sequence and one frame in 1024 is decoded in full (serde_json / prost) and compared. \
 Throughput = subscribers x deltas / time from `Run` until the last subscriber has its last delta. \
-Latency: `/pace {pace} {rate}` stamps each delta with its send time (unix microseconds) in the server; \
-the client subtracts it from its receipt time; both clocks are this machine's one clock. \
+Latency curve: {lsubs} subscribers of one session (SSE, and gRPC) and `/pace N R` at each rate R of {rates} events/s \
+for {lsecs} s (N = R x {lsecs}); the server stamps each delta with its send time (unix microseconds), each client \
+subtracts it from its receipt time (both clocks are this machine's one clock) and p50/p99/max are over every \
+delta of every subscriber; the p99 goal (< 10 ms) is held at 1 000 events/s ({lsubs} x 1 000 deliveries/s). \
+Where p99 crosses 10 ms: the curve's median p99 per rate brackets it (the last rate under 10 ms, the first at or \
+over), then up to {steps} bisection steps each measure the bracket's geometric middle once (rounded to 10/s) and keep \
+the half that still brackets it (a curve at or over 10 ms already at its lowest rate is first measured at a tenth of \
+that rate); the row gives the final bracket and its geometric middle, and every bisection point. \
+Growth (SSE, {gruns} run(s) per point): server CPU per delivered event (the server's CPU time over the run, from \
+/proc, divided by subscribers x deltas) and server peak RSS (VmHWM) as one session gets more subscribers \
+({gsubs}), as more sessions run at once with one subscriber each ({gsess}, all `/burst` at once), and as deltas \
+grow ({gsizes} bytes, `/burst N SIZE` pads each `t{{i}}` token with `_`, to {gsizesubs} subscribers); each point \
+sends about {gdel} deliveries (half that for sessions; sized points at most {gbytes} MiB of deltas; never fewer \
+than {gmin} deltas per stream), the count is in the row. A point is flagged **faster than linear** when its CPU per \
+event exceeds the previous point's by more than 1.5x (on the size axis: by more than 1.5x the size ratio), or when \
+the RSS each added subscriber, session or byte costs over the first point rises by more than 1.5x from one step to \
+the next (and by more than 16 MiB). \
+Cluster: 3 nats-server nodes ({cnodes}; JetStream, an R3 stream) on loopback and 3 `vak serve --bus ... --bus-replicas 3` \
+replicas with one token; a session made and run on replica 0 (which takes its lease), {csubs} SSE subscribers \
+spread round-robin over the 3 replicas: delivered events/s of `/burst {cburst}`, then p50/p99/max of `/pace {cpace} {crate}` \
+in a fresh session; then a fresh session with one subscriber on replica 0 gets `/burst {cone}`, and an embedded \
+server (no `--bus`) the same right after: the ratio of the two events/s. CPU is the three replicas' together. \
 Raw tonic: the bench re-executes itself as a plain tonic server of vak's own generated `AgentService` whose \
 Subscribe is a `tokio::sync::broadcast` receiver (capacity {cap}, so nothing lags) and whose `Run(\"/burst N\")` \
 sends the same Events; same client code, same connection sharing. \
@@ -660,8 +963,28 @@ process used, in cores; \"others\" is everything else on the machine (/proc/stat
         c1000 = 1000usize.div_ceil(env.per_conn),
         idle = sizes.idle,
         cidle = format_args!("{} connections", sizes.idle.div_ceil(env.per_conn)),
-        pace = sizes.pace,
-        rate = sizes.pace_rate,
+        lsubs = sizes.latency_subs,
+        rates = list(&sizes.latency_rates),
+        lsecs = sizes.latency_secs,
+        steps = sizes.cross_steps,
+        gruns = sizes.growth_runs,
+        gsubs = list(&sizes.growth_subs),
+        gsess = list(&sizes.growth_sessions),
+        gsizes = list(&sizes.growth_sizes),
+        gsizesubs = sizes.growth_size_subs,
+        gdel = sizes.growth_deliveries,
+        gbytes = sizes.growth_size_bytes >> 20,
+        gmin = sizes.growth_min_events,
+        cnodes = if std::env::var_os("VAK_NATS_SERVER").is_some() {
+            "the binary VAK_NATS_SERVER names"
+        } else {
+            "target/nats-venv, from `make nats`"
+        },
+        csubs = sizes.cluster.subs,
+        cburst = sizes.cluster.burst,
+        cpace = sizes.cluster.pace,
+        crate = sizes.cluster.rate,
+        cone = sizes.cluster.one_burst,
         cap = env.capacity,
         stalled = sizes.stalled_subs,
         burst = sizes.burst,
@@ -896,32 +1219,7 @@ fn rows(s: &Samples, sizes: &Sizes, transports: &[Transport]) -> (Vec<Row>, usiz
         }
     }
     for &t in transports {
-        let (v, err) = ok_values(&s.latency, t, None);
-        if v.is_empty() && err.is_none() {
-            continue;
-        }
-        let scen = format!(
-            "2. Latency, {} subscribers, {}/s",
-            sizes.latency_subs, sizes.pace_rate
-        );
-        let cpu = median_cpu(&v.iter().map(|(_, x)| x.cpu).collect::<Vec<_>>());
-        for (metric, vals) in [
-            ("p50", values(&v, |x| x.p50_us)),
-            ("p99", values(&v, |x| x.p99_us)),
-            ("max", values(&v, |x| x.max_us)),
-        ] {
-            let mut r = Row::new(&scen, t.label(), metric, &vals, Unit::Micros);
-            if metric == "p99" {
-                r.cpu = cpu;
-                if let Some(st) = &r.stat {
-                    r.goal = Some(Goal::at_most(st.median, 10_000.0, true, "< 10 ms"));
-                }
-                fail(&mut r, err.clone(), &mut failures);
-            } else if v.is_empty() {
-                continue;
-            }
-            rows.push(r);
-        }
+        latency_rows(s, sizes, t, &mut rows, &mut failures);
     }
     for &t in transports {
         let (v, err) = ok_values(&s.sessions, t, None);
@@ -1130,7 +1428,272 @@ fn rows(s: &Samples, sizes: &Sizes, transports: &[Transport]) -> (Vec<Row>, usiz
             rows.push(r);
         }
     }
+    growth_rows(s, sizes, &mut rows, &mut failures);
+    cluster_rows(s, sizes, &mut rows, &mut failures);
     (rows, failures)
+}
+
+/// The latency curve of `t` (p50, p99, max at each rate; the goal on p99 at
+/// 1 000 events/s) and the rate where its p99 crosses 10 ms.
+fn latency_rows(s: &Samples, sizes: &Sizes, t: Transport, rows: &mut Vec<Row>, failures: &mut usize) {
+    for &rate in &sizes.latency_rates {
+        let samples: Vec<Sample<scenarios::Latency>> = s
+            .latency
+            .iter()
+            .filter(|(r, x)| *r == rate && x.t == t)
+            .map(|(_, x)| Sample {
+                run: x.run,
+                subs: x.subs,
+                t: x.t,
+                r: x.r.clone(),
+            })
+            .collect();
+        let (v, err) = ok_values(&samples, t, None);
+        if v.is_empty() && err.is_none() {
+            continue;
+        }
+        let scen = format!(
+            "2. Latency curve, {} subscribers, {rate} events/s",
+            sizes.latency_subs
+        );
+        for (metric, vals) in [
+            ("p50", values(&v, |x| x.p50_us)),
+            ("p99", values(&v, |x| x.p99_us)),
+            ("max", values(&v, |x| x.max_us)),
+        ] {
+            let mut r = Row::new(&scen, t.label(), metric, &vals, Unit::Micros);
+            if metric == "p99" {
+                r.cpu = median_cpu(&v.iter().map(|(_, x)| x.cpu).collect::<Vec<_>>());
+                if let (Some(st), 1000) = (&r.stat, rate) {
+                    r.goal = Some(Goal::at_most(st.median, P99_BOUND_US, true, "< 10 ms"));
+                }
+                if let Some(d) = report::Stat::of(&values(&v, |x| x.eps)) {
+                    r.note = format!(
+                        "{} delivered ({} offered: {rate}/s x {} subscribers)",
+                        report::fmt_value(d.median, Unit::Rate),
+                        report::fmt_value(rate as f64 * sizes.latency_subs as f64, Unit::Rate),
+                        sizes.latency_subs
+                    );
+                }
+                fail(&mut r, err.clone(), failures);
+            } else if v.is_empty() {
+                continue;
+            }
+            rows.push(r);
+        }
+    }
+    let Some((_, steps)) = s.crossing.iter().find(|(x, _)| *x == t) else {
+        return;
+    };
+    let mut known = curve_medians(&s.latency, t);
+    let measured: Vec<String> = steps
+        .iter()
+        .map(|(rate, r)| match r {
+            Ok(x) => {
+                known.push((*rate, x.p99_us));
+                format!("{rate}/s: p99 {:.2} ms", x.p99_us / 1e3)
+            }
+            Err(e) => format!("{rate}/s: failed ({e})"),
+        })
+        .collect();
+    if known.is_empty() {
+        return;
+    }
+    let scen = format!("2. Latency curve, {} subscribers", sizes.latency_subs);
+    let (value, how) = match growth::bracket(&known, P99_BOUND_US) {
+        growth::Crossing::Between { lo, hi } => (
+            vec![(lo as f64 * hi as f64).sqrt()],
+            format!("between {lo}/s (p99 under 10 ms) and {hi}/s (p99 at or over 10 ms); the value is their geometric middle"),
+        ),
+        growth::Crossing::Below(r) => (Vec::new(), format!("p99 is 10 ms or more already at {r}/s, the lowest rate measured")),
+        growth::Crossing::Above(r) => (Vec::new(), format!("p99 is under 10 ms at every rate measured, up to {r}/s")),
+    };
+    let mut r = Row::new(
+        &scen,
+        t.label(),
+        "rate where p99 crosses 10 ms",
+        &value,
+        Unit::Rate,
+    );
+    r.note = match measured.is_empty() {
+        true => how,
+        false => format!("{how}; bisection points (1 run each): {}", measured.join(", ")),
+    };
+    rows.push(r);
+}
+
+/// The growth table: per point, server CPU per delivered event and peak
+/// RSS, with the points that grow faster than linearly flagged.
+fn growth_rows(s: &Samples, sizes: &Sizes, rows: &mut Vec<Row>, failures: &mut usize) {
+    for (axis, unit, per_byte) in [
+        (Axis::Subscribers, "subscriber", false),
+        (Axis::Sessions, "session", false),
+        (Axis::Size, "byte of delta", true),
+    ] {
+        let xs: Vec<u64> = match axis {
+            Axis::Subscribers => sizes.growth_subs.iter().map(|&x| x as u64).collect(),
+            Axis::Sessions => sizes.growth_sessions.iter().map(|&x| x as u64).collect(),
+            Axis::Size => sizes.growth_sizes.clone(),
+        };
+        let per_point: Vec<(u64, u64, Vec<scenarios::Throughput>, Option<String>)> = xs
+            .iter()
+            .filter_map(|&x| {
+                let all: Vec<&GrowthSample> =
+                    s.growth.iter().filter(|g| g.axis == axis && g.x == x).collect();
+                let n = all.first()?.n;
+                let ok = all.iter().filter_map(|g| g.r.as_ref().ok().copied()).collect();
+                let err = all.iter().rev().find_map(|g| g.r.as_ref().err().cloned());
+                Some((x, n, ok, err))
+            })
+            .collect();
+        let points: Vec<(u64, growth::Point)> = per_point
+            .iter()
+            .filter_map(|(x, _, ok, _)| {
+                let rss = report::Stat::of(&ok.iter().map(|t| t.peak_kib as f64).collect::<Vec<_>>())?;
+                Some((
+                    *x,
+                    growth::Point {
+                        x: *x as f64,
+                        ns: ns_per_event(ok),
+                        rss_kib: rss.median,
+                    },
+                ))
+            })
+            .collect();
+        let flags = growth::flags(
+            &points.iter().map(|(_, p)| *p).collect::<Vec<_>>(),
+            per_byte,
+            unit,
+        );
+        for (x, n, ok, err) in &per_point {
+            let scen = match axis {
+                Axis::Subscribers => format!(
+                    "8. Growth, {x} subscriber{} of 1 session, /burst {n}",
+                    if *x == 1 { "" } else { "s" }
+                ),
+                Axis::Sessions => format!(
+                    "8. Growth, {x} session{}, 1 subscriber each, /burst {n}",
+                    if *x == 1 { "" } else { "s" }
+                ),
+                Axis::Size => format!(
+                    "8. Growth, {x}-byte deltas, {} subscribers, /burst {n} {x}",
+                    sizes.growth_size_subs
+                ),
+            };
+            let ns: Vec<f64> = ok
+                .iter()
+                .filter(|t| t.events > 0 && t.cpu.wall >= MIN_CPU_WALL)
+                .map(|t| t.cpu.server * 1e9 / t.events as f64)
+                .collect();
+            let mut r = Row::new(&scen, "SSE", "server CPU per delivered event", &ns, Unit::Nanos);
+            r.cpu = median_cpu(&ok.iter().map(|t| t.cpu).collect::<Vec<_>>());
+            let eps = report::Stat::of(&ok.iter().map(|t| t.eps).collect::<Vec<_>>());
+            let (frames, events) = ok.iter().fold((0, 0), |a, t| (a.0 + t.frames, a.1 + t.events));
+            let merged = format!("{:.2} events per frame", events as f64 / frames.max(1) as f64);
+            r.note = match eps {
+                Some(e) => format!("{} delivered; {merged}", report::fmt_value(e.median, Unit::Rate)),
+                None => merged,
+            };
+            if !ok.is_empty() && ns.is_empty() {
+                r.note = format!("too short to measure CPU (under {MIN_CPU_WALL} s); {}", r.note);
+            }
+            if let Some(flag) = points
+                .iter()
+                .position(|(px, _)| px == x)
+                .and_then(|i| flags[i].clone())
+            {
+                r.note = format!("{flag}; {}", r.note);
+            }
+            fail(&mut r, err.clone(), failures);
+            rows.push(r);
+            if !ok.is_empty() {
+                rows.push(Row::new(
+                    &scen,
+                    "SSE",
+                    "server peak RSS",
+                    &ok.iter().map(|t| t.peak_kib as f64 / 1024.0).collect::<Vec<_>>(),
+                    Unit::MiB,
+                ));
+            }
+        }
+    }
+}
+
+/// The cluster rows: fan-out through 3 replicas (delivered events/s, and
+/// p50/p99/max at the paced rate), and one subscriber on the owning replica
+/// against the embedded mode.
+fn cluster_rows(s: &Samples, sizes: &Sizes, rows: &mut Vec<Row>, failures: &mut usize) {
+    let c = sizes.cluster;
+    let scen = format!(
+        "9. Cluster (3 nats nodes, 3 replicas), 1 session -> {} SSE subscribers over the replicas",
+        c.subs
+    );
+    const LABEL: &str = "SSE via --bus";
+    if let Some(why) = &s.cluster_missing {
+        let mut r = Row::new(&scen, LABEL, "delivered events/s", &[], Unit::Rate);
+        r.note = why.clone();
+        rows.push(r);
+        return;
+    }
+    let (v, err) = ok_values(&s.cluster, Transport::Sse, None);
+    if v.is_empty() && err.is_none() {
+        return;
+    }
+    let mut r = Row::new(
+        &scen,
+        LABEL,
+        "delivered events/s",
+        &values(&v, |x| x.fanout.eps),
+        Unit::Rate,
+    );
+    let fan: Vec<_> = v.iter().map(|(_, x)| x.fanout).collect();
+    r.cpu = median_cpu(&fan.iter().map(|x| x.cpu).collect::<Vec<_>>());
+    r.note = format!("/burst {}; {}", c.burst, throughput_note(&fan));
+    fail(&mut r, err, failures);
+    rows.push(r);
+    if v.is_empty() {
+        return;
+    }
+    let paced = format!("{scen}, {} events/s", c.rate);
+    for (metric, vals) in [
+        ("p50", values(&v, |x| x.latency.p50_us)),
+        ("p99", values(&v, |x| x.latency.p99_us)),
+        ("max", values(&v, |x| x.latency.max_us)),
+    ] {
+        let mut r = Row::new(&paced, LABEL, metric, &vals, Unit::Micros);
+        if metric == "p99" {
+            if let Some(st) = &r.stat {
+                r.goal = Some(Goal::at_most(st.median, P99_BOUND_US, true, "< 10 ms"));
+            }
+            r.cpu = median_cpu(&v.iter().map(|(_, x)| x.latency.cpu).collect::<Vec<_>>());
+            r.note = format!("/pace {} {}, across all 3 replicas", c.pace, c.rate);
+        }
+        rows.push(r);
+    }
+    let one = "9. Cluster, a run to 1 subscriber on the owning replica";
+    let mut r = Row::new(
+        one,
+        LABEL,
+        "delivered events/s",
+        &values(&v, |x| x.one.eps),
+        Unit::Rate,
+    );
+    r.note = format!(
+        "/burst {}; embedded (no --bus) {} in the same run",
+        c.one_burst,
+        report::Stat::of(&values(&v, |x| x.embedded.eps))
+            .map_or("?".into(), |e| report::fmt_value(e.median, Unit::Rate))
+    );
+    rows.push(r);
+    let mut r = Row::new(
+        one,
+        LABEL,
+        "throughput vs embedded",
+        &values(&v, |x| x.one.eps / x.embedded.eps.max(1e-9)),
+        Unit::Fraction,
+    );
+    r.note = "the replica's events/s over the embedded server's, paired within each run".into();
+    rows.push(r);
 }
 
 enum SseGoal {

@@ -45,6 +45,8 @@ pub enum Unit {
     Seconds,
     /// Microseconds, printed as ms.
     Micros,
+    /// Nanoseconds (CPU per event).
+    Nanos,
     KiB,
     MiB,
     /// A fraction, printed as %.
@@ -59,6 +61,7 @@ pub fn fmt_value(v: f64, unit: Unit) -> String {
         Unit::Seconds if v >= 10.0 => format!("{v:.1} s"),
         Unit::Seconds => format!("{:.1} ms", v * 1e3),
         Unit::Micros => format!("{:.2} ms", v / 1e3),
+        Unit::Nanos => format!("{v:.0} ns"),
         Unit::KiB => format!("{v:.1} KiB"),
         Unit::MiB => format!("{v:.0} MiB"),
         Unit::Fraction => format!("{:.0}%", v * 100.0),

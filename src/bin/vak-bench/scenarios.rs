@@ -88,10 +88,31 @@ pub struct Server {
 
 static RUN: AtomicUsize = AtomicUsize::new(0);
 
+/// A server's bearer token: 64 random hex digits.
+pub fn random_token() -> String {
+    format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
 impl Server {
     /// `vak serve` on loopback port 0 with its own home and workspace, a
     /// random token, and stream caps raised above what the scenarios open.
     pub async fn start(env: &Env, transport: Transport, opts: ServeOpts) -> Result<Server, String> {
+        Server::start_with(env, transport, opts, &[], None).await
+    }
+
+    /// `start` with more `vak serve` flags (a `--bus` replica's) and a given
+    /// token (replicas sharing a bus share one).
+    pub async fn start_with(
+        env: &Env,
+        transport: Transport,
+        opts: ServeOpts,
+        extra: &[String],
+        token: Option<&str>,
+    ) -> Result<Server, String> {
         let dir = std::env::temp_dir().join(format!(
             "vak-bench-{}-{}",
             std::process::id(),
@@ -100,11 +121,7 @@ impl Server {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("home")).map_err(|e| e.to_string())?;
         std::fs::create_dir_all(dir.join("workspace")).map_err(|e| e.to_string())?;
-        let token = format!(
-            "{}{}",
-            uuid::Uuid::new_v4().simple(),
-            uuid::Uuid::new_v4().simple()
-        );
+        let token = token.map_or_else(random_token, str::to_string);
         if transport == Transport::Nchan {
             let nginx = crate::peer::Nginx::start(&dir).await?;
             return Ok(Server {
@@ -144,7 +161,7 @@ impl Server {
                 if opts.no_subscriber_wait {
                     c.args(["--first-subscriber-wait-ms", "0"]);
                 }
-                c.args(&env.serve_args);
+                c.args(&env.serve_args).args(extra);
                 c
             }
         };
@@ -356,6 +373,22 @@ pub struct Throughput {
     pub cpu: CpuUse,
 }
 
+impl Throughput {
+    /// The figures of the subscribers' `results`, the last of which had all
+    /// of its deltas `last_s` after Run.
+    fn of(results: &[SubResult], last_s: f64, peak_kib: u64, cpu: CpuUse) -> Throughput {
+        let events: u64 = results.iter().map(|r| r.tokens).sum();
+        Throughput {
+            eps: events as f64 / last_s,
+            last_s,
+            frames: results.iter().map(|r| r.frames).sum(),
+            events,
+            peak_kib,
+            cpu,
+        }
+    }
+}
+
 /// Fan-out: one session, `subs` subscribers, `/burst n`, on a server started
 /// with `opts`. With `stall`, subscriber 0 stops reading after stream_opened
 /// and is left out of the figures.
@@ -368,7 +401,15 @@ pub async fn fanout(
     opts: ServeOpts,
 ) -> Result<Throughput, String> {
     let server = Server::start(env, transport, opts).await?;
-    let r = fanout_on(env, &server, transport, subs, n, stall).await;
+    let r = fanout_on(env, &server, transport, subs, n, 0, stall).await;
+    server.stop().await;
+    r
+}
+
+/// Fan-out of `/burst n size` (deltas of `size` bytes) over SSE, for the growth table.
+pub async fn fanout_sized(env: &Env, subs: usize, n: u64, size: u64) -> Result<Throughput, String> {
+    let server = Server::start(env, Transport::Sse, ServeOpts::default()).await?;
+    let r = fanout_on(env, &server, Transport::Sse, subs, n, size, false).await;
     server.stop().await;
     r
 }
@@ -379,6 +420,7 @@ async fn fanout_on(
     transport: Transport,
     subs: usize,
     n: u64,
+    size: u64,
     stall: bool,
 ) -> Result<Throughput, String> {
     // nchan: a channel, fed by the bench's publisher instead of a run.
@@ -411,7 +453,7 @@ async fn fanout_on(
     // takes in messages slower than the limit is cut by it like a slow run.
     let publisher = match &ctl {
         Some(ctl) => {
-            ctl.run(&sid, &format!("/burst {n}")).await?;
+            ctl.run(&sid, &burst_prompt(n, size)).await?;
             None
         }
         None => Some(tokio::spawn(crate::peer::publish(
@@ -438,15 +480,15 @@ async fn fanout_on(
     late?;
     first_error(&results)?;
     let last_s = last_complete(&results, t0)?;
-    let events: u64 = results.iter().map(|r| r.tokens).sum();
-    Ok(Throughput {
-        eps: events as f64 / last_s,
-        last_s,
-        frames: results.iter().map(|r| r.frames).sum(),
-        events,
-        peak_kib,
-        cpu,
-    })
+    Ok(Throughput::of(&results, last_s, peak_kib, cpu))
+}
+
+/// `/burst n`, or `/burst n size` for deltas of `size` bytes.
+fn burst_prompt(n: u64, size: u64) -> String {
+    match size {
+        0 => format!("/burst {n}"),
+        size => format!("/burst {n} {size}"),
+    }
 }
 
 /// Publish-to-receipt latency of a paced stream, in microseconds.
@@ -456,6 +498,9 @@ pub struct Latency {
     pub p99_us: f64,
     pub max_us: f64,
     pub samples: u64,
+    /// Delivered events per second: samples over the time from Run until
+    /// the last subscriber had its last delta.
+    pub eps: f64,
     pub cpu: CpuUse,
 }
 
@@ -469,52 +514,128 @@ pub async fn latency(
     rate: u64,
 ) -> Result<Latency, String> {
     let server = Server::start(env, transport, ServeOpts::default()).await?;
-    let r = async {
-        let ctl = Control::connect(&server.target).await?;
-        let sid = ctl.create_session().await?;
-        let shared = Shared::new();
-        let handles = open(
-            env,
-            transport,
-            &server.target,
-            &vec![sid.clone(); subs],
-            Mode::Latency { expect: n },
-            None,
-            &shared,
-        )
-        .await?;
-        shared.wait_opened(subs, Duration::from_secs(120)).await?;
-        let mark = CpuMark::now(server.pid);
-        ctl.run(&sid, &format!("/pace {n} {rate}")).await?;
-        let results = collect(handles, &shared, env.limit).await;
-        let cpu = mark.since(server.pid);
-        first_error(&results)?;
-        let mut all: Vec<u32> = Vec::with_capacity(subs * n as usize);
-        for r in results {
-            all.extend_from_slice(&r.latencies);
-        }
-        if all.is_empty() {
-            return Err("no latency samples".into());
-        }
-        let samples = all.len();
-        let pct = |all: &mut Vec<u32>, p: f64| {
-            let k = (((samples as f64) * p).ceil() as usize).clamp(1, samples) - 1;
-            f64::from(*all.select_nth_unstable(k).1)
-        };
-        let p50_us = pct(&mut all, 0.50);
-        let p99_us = pct(&mut all, 0.99);
-        let max_us = f64::from(all.iter().copied().max().unwrap_or(0));
-        Ok(Latency {
-            p50_us,
-            p99_us,
-            max_us,
-            samples: samples as u64,
-            cpu,
-        })
-    }
-    .await;
+    let r = paced_on(env, &[&server], transport, subs, n, rate).await;
     server.stop().await;
     r
+}
+
+/// Opens `subs` subscribers of `sid`, subscriber i on `servers[i % len]`.
+async fn open_spread(
+    env: &Env,
+    transport: Transport,
+    servers: &[&Server],
+    sid: &str,
+    subs: usize,
+    mode: Mode,
+    shared: &Arc<Shared>,
+) -> Result<Vec<JoinHandle<SubResult>>, String> {
+    let k = servers.len();
+    let mut handles = Vec::with_capacity(subs);
+    for (j, server) in servers.iter().enumerate() {
+        let count = (subs + k - 1 - j) / k;
+        let sessions = vec![sid.to_string(); count];
+        handles.extend(open(env, transport, &server.target, &sessions, mode, None, shared).await?);
+    }
+    Ok(handles)
+}
+
+/// CPU of every server together (the first's pid stands for them in `others`).
+struct Marks(Vec<(u32, CpuMark)>);
+
+impl Marks {
+    fn now(servers: &[&Server]) -> Marks {
+        Marks(servers.iter().map(|s| (s.pid, CpuMark::now(s.pid))).collect())
+    }
+
+    fn since(&self) -> CpuUse {
+        let mut all = self.0.iter().map(|(pid, m)| m.since(*pid));
+        let mut cpu = all.next().unwrap_or_default();
+        for c in all {
+            cpu.server += c.server;
+            cpu.others -= c.server;
+        }
+        cpu.others = cpu.others.max(0.0);
+        cpu
+    }
+}
+
+/// One run of `prompt` in a session made on `servers[0]` (which runs it,
+/// so it owns the session), to `subs` subscribers in `mode` spread over
+/// `servers`: what each saw, the servers' CPU, and the seconds from Run
+/// until the last had all `expect` deltas.
+async fn spread_run(
+    env: &Env,
+    servers: &[&Server],
+    transport: Transport,
+    subs: usize,
+    mode: Mode,
+    prompt: &str,
+    expect: u64,
+) -> Result<(Vec<SubResult>, CpuUse, f64), String> {
+    let ctl = Control::connect(&servers[0].target).await?;
+    let sid = ctl.create_session().await?;
+    let shared = Shared::new();
+    let handles = open_spread(env, transport, servers, &sid, subs, mode, &shared).await?;
+    shared.wait_opened(subs, Duration::from_secs(120)).await?;
+    let marks = Marks::now(servers);
+    let t0 = Instant::now();
+    ctl.run(&sid, prompt).await?;
+    let results = collect(handles, &shared, env.limit).await;
+    let cpu = marks.since();
+    timed_out(&results, &shared, env.limit, expect)?;
+    first_error(&results)?;
+    let last_s = last_complete(&results, t0)?;
+    Ok((results, cpu, last_s))
+}
+
+/// `/pace n rate` to `subs` subscribers spread over `servers` (see `spread_run`).
+pub async fn paced_on(
+    env: &Env,
+    servers: &[&Server],
+    transport: Transport,
+    subs: usize,
+    n: u64,
+    rate: u64,
+) -> Result<Latency, String> {
+    let mode = Mode::Latency { expect: n };
+    let prompt = format!("/pace {n} {rate}");
+    let (results, cpu, last_s) = spread_run(env, servers, transport, subs, mode, &prompt, n).await?;
+    let mut all: Vec<u32> = Vec::with_capacity(subs * n as usize);
+    for r in results {
+        all.extend_from_slice(&r.latencies);
+    }
+    if all.is_empty() {
+        return Err("no latency samples".into());
+    }
+    let samples = all.len();
+    let pct = |all: &mut Vec<u32>, p: f64| {
+        let k = (((samples as f64) * p).ceil() as usize).clamp(1, samples) - 1;
+        f64::from(*all.select_nth_unstable(k).1)
+    };
+    let p50_us = pct(&mut all, 0.50);
+    let p99_us = pct(&mut all, 0.99);
+    let max_us = f64::from(all.iter().copied().max().unwrap_or(0));
+    Ok(Latency {
+        p50_us,
+        p99_us,
+        max_us,
+        samples: samples as u64,
+        eps: samples as f64 / last_s,
+        cpu,
+    })
+}
+
+/// `/burst n` to `subs` SSE subscribers spread over `servers` (see `spread_run`).
+pub async fn burst_on(env: &Env, servers: &[&Server], subs: usize, n: u64) -> Result<Throughput, String> {
+    let mode = Mode::Count { expect: n };
+    let prompt = format!("/burst {n}");
+    let (results, cpu, last_s) = spread_run(env, servers, Transport::Sse, subs, mode, &prompt, n).await?;
+    Ok(Throughput::of(
+        &results,
+        last_s,
+        servers.iter().map(|s| machine::hwm_kib(s.pid).unwrap_or(0)).sum(),
+        cpu,
+    ))
 }
 
 /// `n` new sessions, created 64 at a time.
@@ -564,15 +685,12 @@ pub async fn many_sessions(
         timed_out(&results, &shared, env.limit, n)?;
         first_error(&results)?;
         let last_s = last_complete(&results, t0)?;
-        let events: u64 = results.iter().map(|r| r.tokens).sum();
-        Ok(Throughput {
-            eps: events as f64 / last_s,
+        Ok(Throughput::of(
+            &results,
             last_s,
-            frames: results.iter().map(|r| r.frames).sum(),
-            events,
-            peak_kib: machine::hwm_kib(server.pid).unwrap_or(0),
+            machine::hwm_kib(server.pid).unwrap_or(0),
             cpu,
-        })
+        ))
     }
     .await;
     server.stop().await;

@@ -22,6 +22,10 @@ pub const FAIL_RETRY_AFTER: Duration = Duration::from_millis(50);
 /// The largest `/burst` the model accepts.
 pub const MAX_BURST: u64 = 10_000_000;
 
+/// The largest delta `/burst N SIZE` pads to (1 MiB, the size the bus merges
+/// queued deltas up to, so one padded delta is never larger than a merged frame).
+pub const MAX_DELTA_SIZE: u64 = 1 << 20;
+
 #[derive(Default)]
 pub struct OfflineModel;
 
@@ -31,7 +35,11 @@ enum Directive<'a> {
     Think(&'a str),
     Tool(&'static str, Value),
     Sleep(u64),
-    Burst(u64),
+    /// N deltas as fast as possible, each padded to `size` bytes (0: unpadded).
+    Burst {
+        n: u64,
+        size: u64,
+    },
     /// N deltas at a fixed rate, each stamped with its send time (benchmarks).
     Pace {
         n: u64,
@@ -137,8 +145,16 @@ fn parse(line: &str) -> Directive<'_> {
     if let Some(ms) = word("/sleep") {
         return number("/sleep", ms, 3_600_000).map_or_else(Directive::Invalid, Directive::Sleep);
     }
-    if let Some(n) = word("/burst") {
-        return number("/burst", n, MAX_BURST).map_or_else(Directive::Invalid, Directive::Burst);
+    if let Some(args) = word("/burst") {
+        // `/burst N [SIZE]`: SIZE sizes each delta for the growth benchmarks.
+        let mut it = args.split_whitespace();
+        let n = number("/burst", it.next().unwrap_or(""), MAX_BURST);
+        let size = it.next().map_or(Ok(0), |s| number("/burst", s, MAX_DELTA_SIZE));
+        return match (n, size, it.next()) {
+            (Ok(n), Ok(size), None) => Directive::Burst { n, size },
+            (Err(e), _, _) | (_, Err(e), _) => Directive::Invalid(e),
+            (_, _, Some(_)) => Directive::Invalid("/burst expects N [SIZE]".into()),
+        };
     }
     if let Some(args) = word("/pace") {
         let mut it = args.split_whitespace();
@@ -162,6 +178,21 @@ fn token(i: u64) -> String {
     use std::fmt::Write;
     let mut t = String::with_capacity(22);
     let _ = write!(t, "t{i} ");
+    t
+}
+
+/// `/burst N SIZE`'s delta `i`: `t{i}`, then `_` up to SIZE bytes with the
+/// trailing space (never shorter than the unpadded token): one token per
+/// delta still, so a reader counts deltas by spaces however they merge.
+fn sized_token(i: u64, size: u64) -> String {
+    let mut t = token(i);
+    let want = size as usize;
+    if t.len() < want {
+        t.pop();
+        t.reserve_exact(want - t.len());
+        t.extend(std::iter::repeat_n('_', want - 1 - t.len()));
+        t.push(' ');
+    }
     t
 }
 
@@ -287,7 +318,7 @@ impl OfflineModel {
                         _ = cancel.cancelled() => return Err(ProviderError::Cancelled),
                     }
                 }
-                Directive::Burst(n) => {
+                Directive::Burst { n, size } => {
                     for i in 0..n {
                         if i % 1024 == 1023 {
                             if cancel.is_cancelled() {
@@ -296,7 +327,8 @@ impl OfflineModel {
                             sink.ready().await;
                             tokio::task::yield_now().await;
                         }
-                        sink.send(ProviderEvent::Text(token(i)));
+                        let delta = if size == 0 { token(i) } else { sized_token(i, size) };
+                        sink.send(ProviderEvent::Text(delta));
                     }
                     out.usage.output_tokens += n;
                     wrote_text = true;
@@ -541,6 +573,58 @@ mod tests {
         assert!(invalid("/grep {nope").starts_with("/grep: bad JSON argument"));
         assert_eq!(invalid("/grep"), "/grep expects PATTERN or a JSON object");
         assert_eq!(invalid("/glob"), "/glob expects PATTERN [PATH] or a JSON object");
+    }
+
+    #[tokio::test]
+    async fn a_sized_burst_pads_each_delta_to_its_size_and_keeps_one_token_each() {
+        let mut t = Transcript::default();
+        user(
+            &mut t,
+            "/burst 3 16
+/burst 2 2
+/burst 1",
+        );
+        let (r, evs) = turn(&t).await;
+        assert_eq!(r.unwrap().usage.output_tokens, 6);
+        let texts: Vec<&str> = evs
+            .iter()
+            .map(|e| match e {
+                ProviderEvent::Text(t) => t.as_str(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            texts,
+            [
+                "t0_____________ ",
+                "t1_____________ ",
+                "t2_____________ ",
+                // A size below the token's own length leaves it as it is.
+                "t0 ",
+                "t1 ",
+                "t0 "
+            ]
+        );
+        assert_eq!(sized_token(7, 64 * 1024).len(), 64 * 1024);
+        assert_eq!(parse("/burst 5 1024"), Directive::Burst { n: 5, size: 1024 });
+        assert_eq!(parse("/burst 5"), Directive::Burst { n: 5, size: 0 });
+        let invalid = |line: &str| match parse(line) {
+            Directive::Invalid(why) => why,
+            other => panic!("{line}: {other:?}"),
+        };
+        assert_eq!(
+            invalid("/burst 5 1048577"),
+            "/burst expects a whole number up to 1048576, got \"1048577\""
+        );
+        assert_eq!(
+            invalid("/burst 5 big"),
+            "/burst expects a whole number up to 1048576, got \"big\""
+        );
+        assert_eq!(invalid("/burst 5 16 more"), "/burst expects N [SIZE]");
+        assert_eq!(
+            invalid("/burst"),
+            "/burst expects a whole number up to 10000000, got \"\""
+        );
     }
 
     #[tokio::test(start_paused = true)]
