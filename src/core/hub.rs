@@ -79,7 +79,7 @@ pub struct Hub {
     streams: Mutex<HashMap<String, mpsc::Sender<Control>>>,
     closing: CancellationToken,
     /// The model route's description and revision, keys, config.toml.
-    settings: Settings,
+    settings: Arc<Settings>,
     /// One permission mode change at a time, from switch to settled runs.
     mode_change: tokio::sync::Mutex<()>,
     /// The workspaces open in this process (`workspaces.rs`).
@@ -160,6 +160,29 @@ pub fn validate_plain_id(what: &str, id: &str) -> Result<()> {
     }
 }
 
+/// With `--bus`: takes up every route and key change another replica
+/// makes, until the hub closes.
+async fn adopt_shared_config(
+    shared: Arc<super::shared_config::SharedConfig>,
+    settings: std::sync::Weak<Settings>,
+    rt: std::sync::Weak<Runtime>,
+    closing: CancellationToken,
+) {
+    let mut changes = shared.changes();
+    loop {
+        {
+            let (Some(s), Some(rt)) = (settings.upgrade(), rt.upgrade()) else {
+                return;
+            };
+            s.adopt(move |route| rt.set_route(route)).await;
+        }
+        tokio::select! {
+            changed = changes.changed() => if changed.is_err() { return },
+            _ = closing.cancelled() => return,
+        }
+    }
+}
+
 impl Hub {
     /// Prepares the home (creating `sessions/`); fails with a clear message when it is not writable.
     pub fn new(cfg: CoreConfig, route: Route) -> Result<Hub> {
@@ -205,16 +228,28 @@ impl Hub {
             &cfg.workspace,
             cfg.workspace_roots.clone(),
         ));
+        let shared = cfg.shared_config.clone();
+        let settings = Arc::new(settings);
+        let rt = Arc::new(Runtime::new(cfg, route, search));
+        let closing = CancellationToken::new();
+        if let Some(shared) = shared {
+            tokio::spawn(adopt_shared_config(
+                shared,
+                Arc::downgrade(&settings),
+                Arc::downgrade(&rt),
+                closing.clone(),
+            ));
+        }
         Ok(Hub {
             workspaces,
             runtimes: Arc::new(Mutex::new(HashMap::new())),
-            rt: Arc::new(Runtime::new(cfg, route, search)),
+            rt,
             sessions: Mutex::new(HashMap::new()),
             mirrors: Mutex::new(HashMap::new()),
             index,
             stopping: AtomicBool::new(false),
             streams: Mutex::new(HashMap::new()),
-            closing: CancellationToken::new(),
+            closing,
             settings,
             mode_change: tokio::sync::Mutex::new(()),
         })

@@ -84,7 +84,10 @@ impl Runtime {
         mode: Arc<watch::Sender<PermissionMode>>,
         search: Arc<super::search::Search>,
     ) -> Runtime {
-        let rules = Rules::load(&cfg.home, &cfg.workspace);
+        let rules = match &cfg.shared_config {
+            Some(shared) => Rules::shared(shared.clone(), &cfg.home, &cfg.workspace),
+            None => Rules::load(&cfg.home, &cfg.workspace),
+        };
         let memory = super::memory::Memory::new(&cfg.home, &cfg.workspace);
         let workspace = crate::home::workspace_key(&cfg.workspace).0;
         Runtime {

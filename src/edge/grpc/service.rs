@@ -614,9 +614,10 @@ impl AgentService for AgentApi {
         _req: Request<pb::ListRulesRequest>,
     ) -> Result<Response<pb::ListRulesResponse>, Status> {
         let rules = self.hub.rules();
+        let list = rules.list_now().await.map_err(to_status)?;
         ok(pb::ListRulesResponse {
             workspace: rules.workspace().to_string(),
-            rules: rules.list().iter().cloned().map(convert::rule).collect(),
+            rules: list.iter().cloned().map(convert::rule).collect(),
             max_rules: crate::core::rules::MAX_RULES as u32,
         })
     }
@@ -664,6 +665,7 @@ impl AgentService for AgentApi {
         &self,
         _req: Request<pb::ListProvidersRequest>,
     ) -> Result<Response<pb::ListProvidersResponse>, Status> {
+        self.hub.settings().refresh_keys().await.map_err(to_status)?;
         ok(pb::ListProvidersResponse {
             providers: self
                 .hub
@@ -684,6 +686,7 @@ impl AgentService for AgentApi {
         // exist is not found (a malformed body field elsewhere is a 400).
         let kind = config::parse_provider(&r.provider, "provider")
             .map_err(|e| to_status(crate::error::Error::not_found(e.message)))?;
+        self.hub.settings().refresh_keys().await.map_err(to_status)?;
         let models = self.hub.settings().list_models(kind).await.map_err(to_status)?;
         ok(pb::ListModelsResponse {
             provider: kind.as_str().to_string(),
