@@ -911,6 +911,15 @@ async fn a_route_patched_on_one_replica_is_every_replicas_and_a_stale_revision_i
     for r in [&a, &b] {
         assert_eq!(r.api.get("/config").await, (200, won.clone()));
     }
+    // Without a revision, both are made, one after the other.
+    let (x, y) = tokio::join!(
+        patch_config(&a, json!({"model": "gpt-p"})),
+        patch_config(&b, json!({"model": "gpt-q"})),
+    );
+    assert_eq!((x.0, y.0), (200, 200), "{x:?} {y:?}");
+    let number = |v: &Value| -> u64 { v["revision"].as_str().unwrap()["bus-".len()..].parse().unwrap() };
+    assert_ne!(number(&x.1), number(&y.1));
+    let won = if number(&x.1) > number(&y.1) { x.1 } else { y.1 };
 
     // A replica started now takes the bucket's route over its flags.
     let c = Replica::start_with(&nats.url(), "rc", TTL_MS, &["--model", "from-flag"]).await;

@@ -625,82 +625,27 @@ impl Settings {
     /// handed to `apply`; nothing changes when any step fails.
     pub async fn update(&self, patch: RoutePatch, apply: impl FnOnce(Route)) -> Result<()> {
         let _turn = self.changing.lock().await;
-        // With --bus the change is based on the bucket's route, read from
-        // the leader: another replica may have changed it a moment ago.
-        let (cur, revision, based) = match &self.shared {
-            Some(shared) => match shared.read_route().await? {
-                Some((spec, rev)) => (spec, shared_config::revision_string(rev), Some(rev)),
-                None => {
-                    let (spec, revision) = self.current();
-                    (spec, revision, None)
+        let (spec, route, bus_rev) = match &self.shared {
+            Some(shared) => self.update_shared(shared, &patch).await?,
+            None => {
+                let (cur, revision) = self.current();
+                if let Some(r) = &patch.revision {
+                    if *r != revision {
+                        return Err(stale(r, &revision));
+                    }
                 }
-            },
-            None => {
-                let (spec, revision) = self.current();
-                (spec, revision, None)
-            }
-        };
-        if let Some(r) = &patch.revision {
-            if *r != revision {
-                return Err(stale(r, &revision));
-            }
-        }
-        let provider = patch.provider.unwrap_or(cur.provider);
-        let switched = provider != cur.provider;
-        let model = match patch.model {
-            Some(m) => m,
-            None if !switched => cur.model.clone(),
-            None if provider == ProviderKind::Offline => "offline".into(),
-            None => {
-                return Err(Error::invalid(format!(
-                    "model is required when switching to the {} provider",
-                    provider.as_str()
-                )))
-            }
-        };
-        validate_model(&model, "model")?;
-        let base_url = match patch.base_url {
-            Some(u) if u.is_empty() => None,
-            Some(u) => {
-                validate_base_url(&u, "base_url")?;
-                offline_takes_no_url(provider)?;
-                Some(u)
-            }
-            None if switched => None,
-            None => cur.base_url.clone(),
-        };
-        let spec = RouteSpec {
-            provider,
-            model,
-            base_url,
-            source: Source::Api,
-        };
-        let route = self.route_for(&spec)?;
-        let bus_rev = match &self.shared {
-            // The bucket is where the route lives (config.toml is not
-            // written): the update expecting `based` is the compare-and-set.
-            Some(shared) => match shared.write_route(&spec, based).await? {
-                Some(rev) => Some(rev),
-                None => {
-                    let now = shared
-                        .read_route()
-                        .await
-                        .ok()
-                        .flatten()
-                        .map_or_else(String::new, |(_, r)| shared_config::revision_string(r));
-                    return Err(stale(&revision, &now));
-                }
-            },
-            None => {
+                let spec = patched(&cur, &patch)?;
+                let route = self.route_for(&spec)?;
                 let home = self.home.clone();
                 let saved = spec.clone();
                 tokio::task::spawn_blocking(move || persist(&home, &saved))
                     .await
                     .map_err(|e| Error::internal(format!("the config writer failed: {e}")))??;
-                None
+                (spec, route, None)
             }
         };
         let fp = self.route_key_fingerprint(&spec);
+        let provider = spec.provider;
         apply(route);
         let n = {
             let mut c = self.lock();
@@ -719,6 +664,53 @@ impl Settings {
             "model route changed"
         );
         Ok(())
+    }
+
+    /// `update` with `--bus`: based on the bucket's route, read from the
+    /// leader (another replica may have changed it a moment ago), and
+    /// written expecting its revision: the compare-and-set. A change that
+    /// named no revision is based on the newer route and tried again when
+    /// another replica wrote first; one that named a revision is stale then.
+    /// config.toml is not written: the bucket is where the route lives.
+    async fn update_shared(
+        &self,
+        shared: &SharedConfig,
+        patch: &RoutePatch,
+    ) -> Result<(RouteSpec, Route, Option<u64>)> {
+        let mut last = String::new();
+        for _ in 0..shared_config::CAS_TRIES {
+            let (cur, revision, based) = match shared.read_route().await? {
+                Some((spec, rev)) => (spec, shared_config::revision_string(rev), Some(rev)),
+                None => {
+                    let (spec, revision) = self.current();
+                    (spec, revision, None)
+                }
+            };
+            if let Some(r) = &patch.revision {
+                if *r != revision {
+                    return Err(stale(r, &revision));
+                }
+            }
+            let spec = patched(&cur, patch)?;
+            let route = self.route_for(&spec)?;
+            if let Some(rev) = shared.write_route(&spec, based).await? {
+                return Ok((spec, route, Some(rev)));
+            }
+            if let Some(r) = &patch.revision {
+                let now = shared
+                    .read_route()
+                    .await
+                    .ok()
+                    .flatten()
+                    .map_or_else(String::new, |(_, n)| shared_config::revision_string(n));
+                return Err(stale(r, &now));
+            }
+            last = revision;
+        }
+        Err(Error::new(
+            ErrorKind::Unavailable,
+            format!("the route keeps changing on other replicas (last seen at {last}); try again"),
+        ))
     }
 
     /// After a key of `kind` changed: a route of that provider gets a new
@@ -846,6 +838,41 @@ impl Settings {
             .with_reason("timeout")),
         }
     }
+}
+
+/// The route `patch` makes of `cur`: absent parts keep `cur`'s (or, when
+/// the provider changes, reset).
+fn patched(cur: &RouteSpec, patch: &RoutePatch) -> Result<RouteSpec> {
+    let provider = patch.provider.unwrap_or(cur.provider);
+    let switched = provider != cur.provider;
+    let model = match &patch.model {
+        Some(m) => m.clone(),
+        None if !switched => cur.model.clone(),
+        None if provider == ProviderKind::Offline => "offline".into(),
+        None => {
+            return Err(Error::invalid(format!(
+                "model is required when switching to the {} provider",
+                provider.as_str()
+            )))
+        }
+    };
+    validate_model(&model, "model")?;
+    let base_url = match &patch.base_url {
+        Some(u) if u.is_empty() => None,
+        Some(u) => {
+            validate_base_url(u, "base_url")?;
+            offline_takes_no_url(provider)?;
+            Some(u.clone())
+        }
+        None if switched => None,
+        None => cur.base_url.clone(),
+    };
+    Ok(RouteSpec {
+        provider,
+        model,
+        base_url,
+        source: Source::Api,
+    })
 }
 
 /// A route whose legs fail as not configured (its key is gone, or this

@@ -45,9 +45,9 @@ pub const RULES_PREFIX: &str = "rules.";
 pub const MAX_VALUE: usize = 768 * 1024;
 /// The shortest cluster secret accepted, in bytes.
 pub const MIN_SECRET: usize = 32;
-/// How many times a rules change is tried when other replicas change the
-/// same workspace's rules meanwhile.
-const CAS_TRIES: usize = 16;
+/// How many times a change is tried when other replicas change the same
+/// key meanwhile (a route change without a revision, a rules change).
+pub const CAS_TRIES: usize = 16;
 /// The longest a read or write of the bucket may take.
 const OP_TIMEOUT: Duration = Duration::from_secs(10);
 
