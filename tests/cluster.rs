@@ -351,8 +351,8 @@ async fn sessions_created_or_renamed_on_any_replica_are_listed_on_every_replica(
 
 /// Every other change to a session sent to a replica that does not hold
 /// it is made by the holder (forwarded as Run is), so it reaches every
-/// replica's streams and reads; what replicas do not share yet (delete,
-/// fork, memory notes) is refused with 409 `not_shared`, changing nothing.
+/// replica's streams and reads; what replicas do not share yet (fork,
+/// memory notes) is refused with 409 `not_shared`, changing nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_changes_sent_to_a_replica_that_does_not_hold_the_session_are_made_by_the_holder() {
     let (nats, a, b, sid, mut sse) = two_replicas().await;
@@ -431,10 +431,9 @@ async fn session_changes_sent_to_a_replica_that_does_not_hold_the_session_are_ma
         "{e}"
     );
 
-    // Delete, fork and memory notes are kept in one home: refused on every replica.
+    // Fork and memory notes are kept in one home: refused on every replica.
     for api in [&a.api, &b.api] {
         let refusals = [
-            api.delete(&path).await,
             api.post(&format!("{path}/fork"), json!({})).await,
             api.post("/memory", json!({"text": "remember me"})).await,
         ];
@@ -444,8 +443,74 @@ async fn session_changes_sent_to_a_replica_that_does_not_hold_the_session_are_ma
         }
     }
     let (code, _) = b.api.get(&format!("/sessions/{sid}/transcript")).await;
-    assert_eq!(code, 200, "not deleted");
+    assert_eq!(code, 200, "not forked away");
     assert_eq!(lease_of(&kv, &sid).await.unwrap().replica, "ra", "B took nothing");
+}
+
+/// `DELETE /sessions/:id` sent to a replica that does not hold the session
+/// is made by the holder: the session's subject is purged from the stream,
+/// its summary leaves the shared index, its lease is given back, and every
+/// replica's live streams of it end with `session_closed {reason:
+/// "deleted"}`; from then on it is unknown everywhere (404), listed nowhere,
+/// and a live run makes the delete 409 on any replica first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_deleted_through_any_replica_is_gone_from_the_stream_and_every_replica() {
+    let (nats, a, b, sid, mut on_a) = two_replicas().await;
+    let c = Replica::start(&nats, "rc").await;
+    let (code, _) = b.api.run(&sid, "hello there").await;
+    assert_eq!(code, 202);
+    on_a.until("run_finished").await;
+    let mut on_b = b.api.events(&sid, Some(0)).await;
+    let mut on_c = c.api.events(&sid, Some(0)).await;
+    for sse in [&mut on_b, &mut on_c] {
+        sse.until("run_finished").await;
+    }
+    assert!(!stored_seqs(&nats, &sid).await.is_empty());
+    let path = format!("/sessions/{sid}");
+
+    // A live run makes the delete a conflict, on the holder and through C.
+    let (code, _) = a.api.run(&sid, "/sleep 600000").await;
+    assert_eq!(code, 202);
+    let (code, e) = c.api.delete(&path).await;
+    assert_eq!(code, 409, "{e}");
+    let (code, _) = c.api.post(&format!("{path}/cancel"), json!({})).await;
+    assert_eq!(code, 200);
+    on_a.until("run_finished").await;
+
+    let (code, v) = c.api.delete(&path).await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v, json!({"session_id": sid, "deleted": true}));
+    for sse in [&mut on_a, &mut on_b, &mut on_c] {
+        let tail = sse.until("session_closed").await;
+        let closed = tail.last().unwrap().body();
+        assert_eq!(closed["reason"], "deleted", "{closed}");
+    }
+    assert_eq!(
+        stored_seqs(&nats, &sid).await,
+        Vec::<u64>::new(),
+        "the subject is purged"
+    );
+    assert_eq!(
+        lease_of(&leases(&nats).await, &sid).await,
+        None,
+        "the lease is given back"
+    );
+    for r in [&a, &b, &c] {
+        let (code, list) = r.api.get("/sessions").await;
+        assert_eq!(code, 200);
+        assert!(
+            list["sessions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|s| s["session_id"] != sid),
+            "{list}"
+        );
+        let (code, e) = r.api.get(&format!("{path}/transcript")).await;
+        assert_eq!(code, 404, "{e}");
+    }
+    let (code, e) = b.api.delete(&path).await;
+    assert_eq!(code, 404, "{e}");
 }
 
 /// An approval answered on B and on A at once, for a tool call parked on

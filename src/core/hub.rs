@@ -740,9 +740,9 @@ impl Hub {
 
     /// What is kept in one home and not shared between replicas yet: with
     /// `--bus` it is refused (conflict, reason `not_shared`), never done on
-    /// one replica only. Delete and fork move and copy ledger files, and a
-    /// session's history is a JetStream subject they do not handle yet;
-    /// memory notes are files in each replica's home.
+    /// one replica only. A fork copies a ledger file, and a session's
+    /// history is a JetStream subject it does not handle yet; memory notes
+    /// are files in each replica's home.
     pub fn needs_file_ledgers(&self, what: &str) -> Result<()> {
         match self.rt.cfg.nats {
             Some(_) => Err(Error::conflict(format!(
@@ -758,7 +758,9 @@ impl Hub {
     /// to the home's trash, it leaves the listing, and the id is not found
     /// from then on.
     pub async fn delete(&self, id: &str) -> Result<()> {
-        self.needs_file_ledgers("deleting a session")?;
+        if let Some(client) = self.rt.cfg.nats.clone() {
+            return self.delete_shared(id, &client).await;
+        }
         let s = self.get(id).await?;
         s.begin_delete()?;
         s.close_streams("deleted").await;
@@ -788,6 +790,48 @@ impl Hub {
         self.rt.search().delete(id);
         self.save_index().await;
         tracing::info!(session = id, trash = %to.display(), "session deleted");
+        Ok(())
+    }
+
+    /// `delete` with `--bus`, on the replica holding the session (a delete
+    /// sent elsewhere is forwarded here): its subject is purged from the
+    /// stream (there is no trash), its summary leaves the shared index, and
+    /// then its lease is given back, so until the purge is done nobody else
+    /// loads it, and after it a load finds no session (404). Other
+    /// replicas' mirrors find the subject empty and close their streams
+    /// with `deleted` too (`mirror.rs`).
+    async fn delete_shared(&self, id: &str, client: &async_nats::Client) -> Result<()> {
+        let s = match self.find(id).await? {
+            Located::Local(s) => s,
+            Located::Remote(owner) => return Err(served_elsewhere(id, &owner)),
+        };
+        s.begin_delete()?;
+        s.close_streams("deleted").await;
+        let purged = super::jetstream::purge_session(client, id).await;
+        if purged.is_ok() {
+            if let Some(shared) = &self.rt.cfg.shared_index {
+                if let Err(e) = shared.remove(id).await {
+                    tracing::warn!(session = id, "{}", e.message);
+                }
+            }
+        }
+        // Dropped from the map (as after a failed move to the trash, the
+        // next use loads what the stream still holds).
+        let cell = self.loaded().get(id).cloned();
+        if let Some(cell) = cell {
+            self.forget(id, &cell);
+        }
+        if let Some(owners) = &self.rt.cfg.owners {
+            owners.release(id).await;
+        }
+        purged?;
+        self.index.remove(id);
+        self.rt.search().delete(id);
+        self.save_index().await;
+        tracing::info!(
+            session = id,
+            "session deleted: its subject purged from the stream"
+        );
         Ok(())
     }
 

@@ -160,6 +160,25 @@ pub async fn ensure_stream(client: &async_nats::Client, opts: &StreamOptions) ->
     Ok(())
 }
 
+/// Removes every message of session `id` from the stream (deleting the
+/// session with `--bus`): a mirror finds its subject empty and closes.
+pub async fn purge_session(client: &async_nats::Client, id: &str) -> Result<()> {
+    let js = async_nats::jetstream::new(client.clone());
+    let unavailable = |e: &dyn std::fmt::Display| {
+        Error::new(
+            crate::error::ErrorKind::Unavailable,
+            format!("cannot delete session {id} from the stream {STREAM}: {e}"),
+        )
+    };
+    let stream = js.get_stream(STREAM).await.map_err(|e| unavailable(&e))?;
+    stream
+        .purge()
+        .filter(format!("{SUBJECT_PREFIX}{id}"))
+        .await
+        .map_err(|e| unavailable(&e))?;
+    Ok(())
+}
+
 /// The KV bucket `config.bucket`, created with `config` if it is missing;
 /// an existing one is used as it is. Replicas starting at once may race to
 /// create it: the loser opens the winner's.

@@ -750,10 +750,19 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::DeleteSessionRequest>,
     ) -> Result<Response<pb::DeleteSessionResponse>, Status> {
-        let id = req.into_inner().session_id;
-        if id.is_empty() {
+        let forwarded = is_forwarded(&req);
+        let r = req.into_inner();
+        if r.session_id.is_empty() {
             return Err(Status::invalid_argument("session_id is required"));
         }
+        // With --bus the holder deletes (it purges the session's subject).
+        if let Served::There(answer) = self
+            .here_or_forward(forwarded, &r.session_id, "DeleteSession", &r, FORWARD_TIMEOUT)
+            .await?
+        {
+            return Ok(answer);
+        }
+        let id = r.session_id;
         self.hub.delete(&id).await.map_err(to_status)?;
         ok(pb::DeleteSessionResponse {
             session_id: id,
