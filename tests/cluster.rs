@@ -351,8 +351,8 @@ async fn sessions_created_or_renamed_on_any_replica_are_listed_on_every_replica(
 
 /// Every other change to a session sent to a replica that does not hold
 /// it is made by the holder (forwarded as Run is), so it reaches every
-/// replica's streams and reads; what replicas do not share yet (fork,
-/// memory notes) is refused with 409 `not_shared`, changing nothing.
+/// replica's streams and reads; what replicas do not share yet (memory
+/// notes) is refused with 409 `not_shared`, changing nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_changes_sent_to_a_replica_that_does_not_hold_the_session_are_made_by_the_holder() {
     let (nats, a, b, sid, mut sse) = two_replicas().await;
@@ -431,19 +431,16 @@ async fn session_changes_sent_to_a_replica_that_does_not_hold_the_session_are_ma
         "{e}"
     );
 
-    // Fork and memory notes are kept in one home: refused on every replica.
+    // Memory notes are kept in one home: refused on every replica.
     for api in [&a.api, &b.api] {
-        let refusals = [
-            api.post(&format!("{path}/fork"), json!({})).await,
-            api.post("/memory", json!({"text": "remember me"})).await,
-        ];
+        let refusals = [api.post("/memory", json!({"text": "remember me"})).await];
         for (code, e) in refusals {
             assert_eq!(code, 409, "{e}");
             assert_eq!(e["error"]["reason"], "not_shared", "{e}");
         }
     }
     let (code, _) = b.api.get(&format!("/sessions/{sid}/transcript")).await;
-    assert_eq!(code, 200, "not forked away");
+    assert_eq!(code, 200);
     assert_eq!(lease_of(&kv, &sid).await.unwrap().replica, "ra", "B took nothing");
 }
 
@@ -1200,4 +1197,55 @@ async fn a_key_stored_on_one_replica_is_used_on_every_replica_revoked_from_any_a
     let (code, v) = a.api.get("/providers/openai/models").await;
     assert_eq!(code, 200, "{v}");
     assert_eq!(fake.requests().last().unwrap().header("authorization"), None);
+}
+
+/// A fork made on a replica that does not hold the parent is a new subject
+/// holding the parent's events up to `at_seq`, seq for seq, written by the
+/// replica that made it; it goes on with its own seqs through any replica,
+/// and the parent is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_made_on_any_replica_is_a_new_subject_with_the_parents_events_up_to_at_seq() {
+    let (nats, a, b, sid, mut on_a) = two_replicas().await;
+    let mut parent = Vec::new();
+    for prompt in ["first alpha", "second beta"] {
+        let (code, _) = b.api.run(&sid, prompt).await;
+        assert_eq!(code, 202);
+        parent.push(on_a.until("run_finished").await);
+    }
+    let cut = parent[0].last().unwrap().seq();
+    let latest = parent[1].last().unwrap().seq();
+    let path = format!("/sessions/{sid}/fork");
+    let (code, f) = b.api.post(&path, json!({"at_seq": cut})).await;
+    assert_eq!(code, 201, "{f}");
+    assert_eq!((&f["parent_id"], &f["at_seq"]), (&json!(sid), &json!(cut)));
+    let child = f["session"]["session_id"].as_str().unwrap().to_string();
+    assert_ne!(child, sid);
+    assert_eq!(stored_seqs(&nats, &child).await, (1..=cut).collect::<Vec<_>>());
+
+    // Read on A (which follows it): the parent's first run, seq for seq.
+    let mut on_child = a.api.events(&child, Some(0)).await;
+    let copied = on_child.until("run_finished").await;
+    let view = |frames: &[Frame]| {
+        frames
+            .iter()
+            .map(|f| (f.seq(), f.event.clone(), f.body().clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(view(&copied), view(&parent[0]));
+    // It goes on with its own seqs, written by B (the run sent to A is forwarded).
+    let (code, _) = a.api.run(&child, "third gamma").await;
+    assert_eq!(code, 202);
+    let more = on_child.until("run_finished").await;
+    assert_eq!(more[0].seq(), cut + 1);
+    assert_numbered(&more);
+    assert_eq!(text_of(&more), "echo: third gamma");
+    assert_eq!(
+        lease_of(&leases(&nats).await, &child).await.unwrap().replica,
+        "rb"
+    );
+    // The parent is untouched; a fork without at_seq takes its latest seq.
+    assert_eq!(stored_seqs(&nats, &sid).await, (1..=latest).collect::<Vec<_>>());
+    let (code, f) = a.api.post(&path, json!({})).await;
+    assert_eq!(code, 201, "{f}");
+    assert_eq!(f["at_seq"], latest);
 }

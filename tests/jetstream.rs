@@ -351,16 +351,14 @@ async fn a_server_restarted_on_an_empty_home_replays_the_session_from_the_bus() 
     assert_eq!(more[0].seq(), before.last().unwrap().seq() + 1);
     assert_numbered(&more);
     assert_eq!(text_of(&more), "echo: again");
-    // A fork copies a ledger file, which a session kept in NATS has none
-    // of: refused with a reason, and the session stays whole.
+    // A fork is a new subject with the same history.
     let (code, body) = s
         .post(&format!("/sessions/{sid}/fork"), serde_json::json!({}))
         .await;
-    assert_eq!(code, 409, "{body}");
-    assert!(
-        body["error"]["message"].as_str().unwrap().contains("--bus"),
-        "{body}"
-    );
+    assert_eq!(code, 201, "{body}");
+    let child = body["session"]["session_id"].as_str().unwrap();
+    let copied = replay_from_zero(&s, child).await;
+    assert_eq!(copied.last().unwrap().seq(), more.last().unwrap().seq());
     let all = replay_from_zero(&s, &sid).await;
     assert_eq!(all.last().unwrap().seq(), more.last().unwrap().seq());
     // A delete purges its subject: the session is gone from the stream.

@@ -740,9 +740,7 @@ impl Hub {
 
     /// What is kept in one home and not shared between replicas yet: with
     /// `--bus` it is refused (conflict, reason `not_shared`), never done on
-    /// one replica only. A fork copies a ledger file, and a session's
-    /// history is a JetStream subject it does not handle yet; memory notes
-    /// are files in each replica's home.
+    /// one replica only: memory notes are files in each replica's home.
     pub fn needs_file_ledgers(&self, what: &str) -> Result<()> {
         match self.rt.cfg.nats {
             Some(_) => Err(Error::conflict(format!(
@@ -860,23 +858,11 @@ impl Hub {
     /// seqs, then its own from at_seq + 1. Returns it and the seq it was cut at.
     pub async fn fork(&self, id: &str, at_seq: Option<u64>) -> Result<(Arc<Session>, u64)> {
         self.refuse_when_stopping()?;
-        self.needs_file_ledgers("forking a session")?;
+        if let Some(client) = self.rt.cfg.nats.clone() {
+            return self.fork_shared(id, at_seq, &client).await;
+        }
         let parent = self.get(id).await?;
-        let latest = parent.latest_seq();
-        let at = match at_seq {
-            Some(at) if at > latest => {
-                return Err(Error::invalid(format!(
-                    "at_seq {at} is past the session's latest seq {latest}"
-                )))
-            }
-            Some(at) => at,
-            None if parent.is_busy() => {
-                return Err(Error::conflict(format!(
-                    "session {id} has a live run; give at_seq or wait for run_finished"
-                )))
-            }
-            None => latest,
-        };
+        let at = fork_point(&parent, id, at_seq)?;
         // Everything up to `at` is in the ledger file before it is copied.
         parent.flush().await?;
         let child = uuid::Uuid::new_v4().simple().to_string();
@@ -892,6 +878,59 @@ impl Hub {
         self.rt.search().catch_up(&child);
         self.save_index().await;
         tracing::info!(session = %child, parent = id, at_seq = at, "session forked");
+        Ok((forked, at))
+    }
+
+    /// `fork` with `--bus`, on any replica (a fork only reads its parent):
+    /// the parent's records up to `at` as the stream holds them (what a
+    /// file fork copies: events and the notes after them, not admissions or
+    /// snapshots) are appended under a new header to a new subject, which
+    /// this replica then loads, taking its lease.
+    async fn fork_shared(
+        &self,
+        id: &str,
+        at_seq: Option<u64>,
+        client: &async_nats::Client,
+    ) -> Result<(Arc<Session>, u64)> {
+        let parent = match self.find(id).await? {
+            Located::Local(s) => {
+                // Everything up to `at` is in the stream before it is read.
+                s.flush().await?;
+                s
+            }
+            // A mirror shows only what the stream stored.
+            Located::Remote(owner) => self.mirror(id, &owner).await?,
+        };
+        let at = fork_point(&parent, id, at_seq)?;
+        let records = JetStreamLog::open(client.clone(), id).await?.records().await?;
+        let child = uuid::Uuid::new_v4().simple().to_string();
+        let mut batch = Batch::default();
+        batch.push(&Record::Header {
+            session_id: child.clone(),
+            created_at: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
+            workspace: parent.workspace().to_string(),
+        });
+        for r in &records {
+            match r {
+                Record::Event { seq, .. } if *seq > at => break,
+                Record::Event { .. }
+                | Record::Usage(_)
+                | Record::Signature { .. }
+                | Record::Compaction(_)
+                | Record::Undo(_) => batch.push(r),
+                Record::Header { .. } | Record::Admitted { .. } | Record::Snapshot(_) => {}
+            }
+        }
+        // Nobody knows the new id yet: no lease is needed to write it, and
+        // the first use below takes it.
+        let log = Arc::new(JetStreamLog::open(client.clone(), &child).await?);
+        tokio::task::spawn_blocking(move || log.append(&batch))
+            .await
+            .map_err(|e| Error::internal(e.to_string()))?
+            .map_err(|e| storage_error(&e))?;
+        let forked = self.get(&child).await?;
+        self.save_index().await;
+        tracing::info!(session = %child, parent = id, at_seq = at, "session forked into a new subject");
         Ok((forked, at))
     }
 
@@ -1149,6 +1188,22 @@ fn merge_shared(mine: Vec<Entry>, shared: Vec<Entry>) -> Vec<Entry> {
 
 /// Stops `session` writing once its lease is lost (the watch turns
 /// `Some(reason)`); ends quietly when the lease is released or the session goes.
+/// Where a fork of `parent` is cut: `at_seq` (at most its latest seq), or
+/// its latest, refused while a run is live.
+fn fork_point(parent: &Session, id: &str, at_seq: Option<u64>) -> Result<u64> {
+    let latest = parent.latest_seq();
+    match at_seq {
+        Some(at) if at > latest => Err(Error::invalid(format!(
+            "at_seq {at} is past the session's latest seq {latest}"
+        ))),
+        Some(at) => Ok(at),
+        None if parent.is_busy() => Err(Error::conflict(format!(
+            "session {id} has a live run; give at_seq or wait for run_finished"
+        ))),
+        None => Ok(latest),
+    }
+}
+
 fn watch_lease(session: &Arc<Session>, mut lost: tokio::sync::watch::Receiver<Option<String>>) {
     let weak = Arc::downgrade(session);
     tokio::spawn(async move {
