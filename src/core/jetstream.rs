@@ -462,6 +462,27 @@ impl JetStreamLog {
         Ok(last.map_or(0, |(seq, _)| seq))
     }
 
+    /// Whether the subject holds no message, asked of the stream's leader
+    /// (a direct get may be served by a replica still catching up): how a
+    /// mirror tells that its session was deleted (purged).
+    pub async fn purged(&self) -> Result<bool> {
+        let js = async_nats::jetstream::new(self.client.clone());
+        let unavailable = |e: &dyn std::fmt::Display| {
+            Error::new(
+                crate::error::ErrorKind::Unavailable,
+                format!("cannot read the log of {}: {e}", self.session),
+            )
+        };
+        let stream = js.get_stream(STREAM).await.map_err(|e| unavailable(&e))?;
+        match stream.get_last_raw_message_by_subject(&self.subject).await {
+            Ok(_) => Ok(false),
+            Err(e) if e.kind() == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound => {
+                Ok(true)
+            }
+            Err(e) => Err(unavailable(&e)),
+        }
+    }
+
     /// Every message of the subject after stream sequence `after`, in
     /// order, with its stream sequence and position.
     pub async fn stored_after(&self, after: u64) -> Result<Vec<Stored>> {
