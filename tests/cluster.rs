@@ -1249,3 +1249,37 @@ async fn a_fork_made_on_any_replica_is_a_new_subject_with_the_parents_events_up_
     assert_eq!(code, 201, "{f}");
     assert_eq!(f["at_seq"], latest);
 }
+
+/// `POST /config/mode` on one replica is every replica's: each takes it up
+/// as the answering one does (a pending approval there is denied, its run
+/// cancelled, a config frame sent), and a replica started later starts in
+/// it over its own `--permission-mode`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permission_mode_set_on_one_replica_is_every_replicas() {
+    let nats = Cluster::three().await;
+    let a = Replica::start(&nats, "ra").await;
+    let b = Replica::start(&nats, "rb").await;
+    let sid = b.api.create_session().await;
+    let mut on_b = b.api.events(&sid, None).await;
+    let (code, _) = b.api.run(&sid, "/write notes.md hello").await;
+    assert_eq!(code, 202);
+    on_b.next_ask().await;
+    let mut config_b = b.api.open_stream(&b.api.url, "config=1", None).await;
+    assert_eq!(next_config(&mut config_b).await["permission_mode"], "default");
+
+    let (code, v) = a.api.post("/config/mode", json!({"mode": "plan"})).await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["changed"], true);
+    assert_eq!(next_config(&mut config_b).await["permission_mode"], "plan");
+    let run = on_b.until("run_finished").await;
+    let resolved = run
+        .iter()
+        .find(|f| f.event == "approval_resolved")
+        .expect("resolved");
+    assert_eq!(resolved.body()["outcome"], "denied", "{run:?}");
+    assert_eq!(finished(&run)["outcome"], "cancelled");
+    assert_eq!(b.api.get("/config").await.1["permission_mode"], "plan");
+
+    let c = Replica::start_with(&nats.url(), "rc", TTL_MS, &["--permission-mode", "accept-edits"]).await;
+    assert_eq!(c.api.get("/config").await.1["permission_mode"], "plan");
+}

@@ -233,6 +233,13 @@ impl Hub {
         let rt = Arc::new(Runtime::new(cfg, route, search));
         let closing = CancellationToken::new();
         if let Some(shared) = shared {
+            // The bucket's mode wins over --permission-mode (a bypass this
+            // replica does not allow aside: `follow_shared_mode` warns).
+            if let Some(m) = shared.mode() {
+                if m.mode.check(rt.bypass_allowed()).is_ok() {
+                    rt.set_mode(m.mode);
+                }
+            }
             tokio::spawn(adopt_shared_config(
                 shared,
                 Arc::downgrade(&settings),
@@ -299,6 +306,54 @@ impl Hub {
     pub async fn set_mode(&self, mode: PermissionMode) -> Result<ModeChange> {
         mode.check(self.rt.bypass_allowed())?;
         let _one = self.mode_change.lock().await;
+        // With --bus every replica takes it up (`follow_shared_mode`).
+        if let Some(shared) = &self.rt.cfg.shared_config {
+            shared
+                .put_mode(super::shared_config::SharedMode {
+                    mode,
+                    interrupt: true,
+                })
+                .await?;
+        }
+        Ok(self.change_mode(mode).await)
+    }
+
+    /// With `--bus`: takes up every permission mode change made on another
+    /// replica, as `set_mode` does here (a `POST /config/mode` denies this
+    /// replica's pending approvals and cancels its runs too; an approved
+    /// plan only switches), until the hub closes. A `bypass` this replica
+    /// does not allow (no `--allow-bypass`) is not taken up, with a warning.
+    pub async fn follow_shared_mode(self: Arc<Self>) {
+        let Some(shared) = self.rt.cfg.shared_config.clone() else {
+            return;
+        };
+        let mut changes = shared.mode_changes();
+        loop {
+            if let Some(m) = shared.mode() {
+                if m.mode != self.rt.mode() {
+                    if m.mode.check(self.rt.bypass_allowed()).is_err() {
+                        tracing::warn!(
+                            "another replica chose the bypass mode, which this replica does not allow (no --allow-bypass): staying in {}",
+                            self.rt.mode().as_str()
+                        );
+                    } else if m.interrupt {
+                        let _one = self.mode_change.lock().await;
+                        self.change_mode(m.mode).await;
+                    } else {
+                        self.rt.set_mode(m.mode);
+                    }
+                }
+            }
+            tokio::select! {
+                changed = changes.changed() => if changed.is_err() { return },
+                _ = self.closing.cancelled() => return,
+            }
+        }
+    }
+
+    /// Switches the mode here, denying pending approvals and cancelling
+    /// runs when it changed; called with `mode_change` held.
+    async fn change_mode(&self, mode: PermissionMode) -> ModeChange {
         let changed = self.rt.set_mode(mode);
         let (mut cancelled_runs, mut denied_approvals) = (0, 0);
         if changed {
@@ -321,12 +376,12 @@ impl Hub {
                 let _ = tokio::time::timeout_at(deadline, settled).await;
             }
         }
-        Ok(ModeChange {
+        ModeChange {
             config: self.config_info(),
             changed,
             cancelled_runs,
             denied_approvals,
-        })
+        }
     }
 
     /// The workspace's always-allow rules.

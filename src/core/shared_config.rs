@@ -1,10 +1,13 @@
-//! What replicas share besides sessions (`--bus`): the model route, each workspace's always-allow rules and the providers' keys (sealed with the cluster secret) in the KV bucket `VAK_CONFIG`, which every replica watches.
+//! What replicas share besides sessions (`--bus`): the model route, the permission mode, each workspace's always-allow rules and the providers' keys (sealed with the cluster secret) in the KV bucket `VAK_CONFIG`, which every replica watches.
 //!
 //! Keys of the bucket:
 //! - `route`: the model route (`SharedRoute`); its KV revision is the
 //!   configuration's revision (`bus-<n>`), and a change is an update
 //!   expecting the revision it was based on, so a stale change is refused
 //!   on whichever replica it reaches (the KV update is the compare-and-set).
+//! - `mode`: the permission mode, and whether taking it up interrupts
+//!   (`POST /config/mode`: every replica denies its approvals and cancels
+//!   its runs) or only switches (an approved plan). Last writer wins.
 //! - `rules.<workspace key>`: a workspace's always-allow rules, the same
 //!   document the rules file holds; changed by compare-and-set too, so two
 //!   replicas adding rules at once both keep theirs.
@@ -21,6 +24,7 @@
 use super::config::{RouteSpec, Source};
 use super::provider::{ProviderKind, Secret};
 use super::rules::Rule;
+use super::PermissionMode;
 use crate::error::{Error, ErrorKind, Result};
 use async_nats::jetstream::kv;
 use futures_util::StreamExt;
@@ -37,6 +41,8 @@ use tokio::sync::watch;
 pub const BUCKET: &str = "VAK_CONFIG";
 /// The key of the model route.
 pub const ROUTE_KEY: &str = "route";
+/// The key of the permission mode.
+pub const MODE_KEY: &str = "mode";
 /// A provider's key is `key.<provider>`.
 pub const KEY_PREFIX: &str = "key.";
 /// A workspace's rules are `rules.<workspace key>`.
@@ -87,6 +93,22 @@ fn spec_of(r: &SharedRoute) -> Option<RouteSpec> {
         base_url: r.base_url.clone(),
         source,
     })
+}
+
+/// The permission mode every replica shares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SharedMode {
+    pub mode: PermissionMode,
+    /// Whether replicas deny pending approvals and cancel runs when they
+    /// take it up (`POST /config/mode`), or only switch (an approved plan).
+    pub interrupt: bool,
+}
+
+/// `SharedMode` as the bucket holds it: `{"mode":"plan","interrupt":true}`.
+#[derive(Serialize, Deserialize)]
+struct ModeValue {
+    mode: String,
+    interrupt: bool,
 }
 
 /// A workspace's rules as the bucket holds them (the rules file's shape).
@@ -188,9 +210,20 @@ impl Cipher {
 #[derive(Default)]
 struct State {
     route: Option<(RouteSpec, u64)>,
+    mode: Option<(SharedMode, u64)>,
     /// None: deleted at that revision.
     keys: HashMap<ProviderKind, (Option<Secret>, u64)>,
     rules: HashMap<String, (Arc<Vec<Rule>>, u64)>,
+}
+
+/// Puts `v`, read at revision `rev`, in `slot` unless the slot holds a
+/// value at least as new; whether it did.
+fn newer<T>(slot: &mut Option<(T, u64)>, v: T, rev: u64) -> bool {
+    if slot.as_ref().is_some_and(|(_, r)| *r >= rev) {
+        return false;
+    }
+    *slot = Some((v, rev));
+    true
 }
 
 /// This replica's view of `VAK_CONFIG`.
@@ -201,6 +234,8 @@ pub struct SharedConfig {
     state: Mutex<State>,
     /// Bumped when the route or a key changes (not rules: they are read live).
     changes: watch::Sender<u64>,
+    /// Bumped when the permission mode changes.
+    modes: watch::Sender<u64>,
 }
 
 impl std::fmt::Debug for SharedConfig {
@@ -285,6 +320,7 @@ impl SharedConfig {
             replica,
             state: Mutex::new(State::default()),
             changes: watch::channel(0).0,
+            modes: watch::channel(0).0,
         });
         let held = bounded(
             "cannot read the bucket VAK_CONFIG",
@@ -368,6 +404,23 @@ impl SharedConfig {
                 return;
             };
             self.set_route(spec, rev);
+        } else if key == MODE_KEY {
+            let parsed = put
+                .then(|| serde_json::from_slice::<ModeValue>(&entry.value).ok())
+                .flatten()
+                .and_then(|v| {
+                    let mode = PermissionMode::parse(&v.mode).ok()?;
+                    Some(SharedMode {
+                        mode,
+                        interrupt: v.interrupt,
+                    })
+                });
+            match parsed {
+                Some(m) => self.set_mode(m, rev),
+                None => {
+                    tracing::warn!("ignoring an unreadable permission mode in VAK_CONFIG (revision {rev})")
+                }
+            }
         } else if let Some(name) = key.strip_prefix(KEY_PREFIX) {
             let Some(kind) = ProviderKind::parse(name) else {
                 return;
@@ -408,14 +461,42 @@ impl SharedConfig {
     }
 
     fn set_route(&self, spec: RouteSpec, rev: u64) {
-        {
-            let mut s = self.lock();
-            if s.route.as_ref().is_some_and(|(_, r)| *r >= rev) {
-                return;
-            }
-            s.route = Some((spec, rev));
+        if newer(&mut self.lock().route, spec, rev) {
+            self.changes.send_modify(|n| *n += 1);
         }
-        self.changes.send_modify(|n| *n += 1);
+    }
+
+    fn set_mode(&self, mode: SharedMode, rev: u64) {
+        if newer(&mut self.lock().mode, mode, rev) {
+            self.modes.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// The bucket's permission mode, as last applied here (None: nobody
+    /// changed it since the bucket was made; each replica starts in its own).
+    pub fn mode(&self) -> Option<SharedMode> {
+        self.lock().mode.map(|(m, _)| m)
+    }
+
+    /// Notified when the permission mode changed (on any replica).
+    pub fn mode_changes(&self) -> watch::Receiver<u64> {
+        self.modes.subscribe()
+    }
+
+    /// Makes `mode` every replica's.
+    pub async fn put_mode(&self, mode: SharedMode) -> Result<()> {
+        let value = serde_json::to_vec(&ModeValue {
+            mode: mode.mode.as_str().to_string(),
+            interrupt: mode.interrupt,
+        })
+        .map_err(|e| Error::internal(e.to_string()))?;
+        let rev = bounded(
+            "cannot write the permission mode to VAK_CONFIG",
+            self.kv.put(MODE_KEY, value.into()),
+        )
+        .await?;
+        self.set_mode(mode, rev);
+        Ok(())
     }
 
     fn set_key(&self, kind: ProviderKind, secret: Option<Secret>, rev: u64) {
