@@ -87,6 +87,11 @@ pub const LIVE_PREFIX: &str = "vak.live.";
 pub const WRONG_LAST_SEQUENCE: u64 = 10071;
 /// JetStream's "atomic publish batch contains duplicate message id".
 pub const ATOMIC_DUPLICATE: u64 = 10201;
+/// JetStream error: the expected last sequence could not be checked because
+/// an earlier write to the subject is still being applied (nats-server
+/// 2.12+ answers this under load instead of 10071): asked again, it is
+/// decided.
+pub const LAST_SEQUENCE_IN_FLIGHT: u64 = 10164;
 /// The error every append of a fenced log fails with.
 pub const ANOTHER_WRITER: &str = "another writer appended to this session";
 /// The server's cap on the messages of one atomic batch.
@@ -627,8 +632,11 @@ impl JetStreamLog {
                 // An id of the batch is in the duplicate window: ours (a
                 // retry) or a rival's with the same seq; told apart like 10071.
                 WRONG_LAST_SEQUENCE | ATOMIC_DUPLICATE => PubError::WrongLast,
-                // JetStream not available right now (no leader, no quorum).
-                10008 | 10023 | 10077 => PubError::Transient(format!("{text} ({code})")),
+                // JetStream not available right now (no leader, no quorum),
+                // or an earlier write to the subject still in flight.
+                10008 | 10023 | 10077 | LAST_SEQUENCE_IN_FLIGHT => {
+                    PubError::Transient(format!("{text} ({code})"))
+                }
                 _ => PubError::Refused(format!("{text} (JetStream error {code})")),
             });
         }

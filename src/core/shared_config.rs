@@ -261,22 +261,37 @@ async fn bounded<T, E: std::fmt::Display>(
     }
 }
 
-/// Whether `e` is the server refusing a compare-and-set because another
-/// write came first. nats-server answers 10071 (wrong last sequence, which
-/// async-nats names), or 10164 (the same, while another write to the
-/// subject is still in flight in the cluster), which it passes on as "other".
-fn lost_race(e: &(dyn std::error::Error + 'static)) -> bool {
+/// The JetStream error code behind `e`, if any (async-nats passes some,
+/// like 10164, on as "other" with the server's error as a source).
+fn js_code(e: &(dyn std::error::Error + 'static)) -> Option<u64> {
     let mut at = Some(e);
     while let Some(err) = at {
         if let Some(js) = err.downcast_ref::<async_nats::jetstream::Error>() {
-            let code = js.error_code().0;
-            if code == 10071 || code == 10164 {
-                return true;
-            }
+            return Some(js.error_code().0);
         }
         at = err.source();
     }
-    false
+    None
+}
+
+/// What a refused compare-and-set means.
+enum Refusal {
+    /// Another write came first (10071).
+    Lost,
+    /// The server could not check yet: an earlier write to the key is
+    /// still being applied (10164). Asked again, it decides.
+    InFlight,
+    Other,
+}
+
+/// `lost`: async-nats already named it a lost race.
+fn refusal(e: &(dyn std::error::Error + 'static), lost: bool) -> Refusal {
+    match js_code(e) {
+        _ if lost => Refusal::Lost,
+        Some(super::jetstream::WRONG_LAST_SEQUENCE) => Refusal::Lost,
+        Some(super::jetstream::LAST_SEQUENCE_IN_FLIGHT) => Refusal::InFlight,
+        _ => Refusal::Other,
+    }
 }
 
 /// Why a key cannot be stored or deleted on a replica without the secret.
@@ -559,22 +574,31 @@ impl SharedConfig {
     /// write came first.
     async fn cas(&self, key: &str, value: Vec<u8>, expected: Option<u64>) -> Result<Option<u64>> {
         let what = format!("cannot write {key} to VAK_CONFIG");
-        let written = match expected {
-            Some(rev) => match tokio::time::timeout(OP_TIMEOUT, self.kv.update(key, value.into(), rev)).await
-            {
-                Ok(Ok(n)) => Some(n),
-                Ok(Err(e)) if e.kind() == kv::UpdateErrorKind::WrongLastRevision || lost_race(&e) => None,
-                Ok(Err(e)) => return Err(nats_error(&what, e)),
+        let value = bytes::Bytes::from(value);
+        let deadline = tokio::time::Instant::now() + OP_TIMEOUT;
+        loop {
+            let write = async {
+                match expected {
+                    Some(rev) => self.kv.update(key, value.clone(), rev).await.map_err(|e| {
+                        let lost = e.kind() == kv::UpdateErrorKind::WrongLastRevision;
+                        (refusal(&e, lost), e.to_string())
+                    }),
+                    None => self.kv.create(key, value.clone()).await.map_err(|e| {
+                        let lost = e.kind() == kv::CreateErrorKind::AlreadyExists;
+                        (refusal(&e, lost), e.to_string())
+                    }),
+                }
+            };
+            match tokio::time::timeout_at(deadline, write).await {
+                Ok(Ok(n)) => return Ok(Some(n)),
+                Ok(Err((Refusal::Lost, _))) => return Ok(None),
+                // Asked again with the same expectation: the server decides
+                // once the earlier write is applied.
+                Ok(Err((Refusal::InFlight, _))) => tokio::time::sleep(Duration::from_millis(20)).await,
+                Ok(Err((Refusal::Other, e))) => return Err(nats_error(&what, e)),
                 Err(_) => return Err(nats_error(&what, format!("no answer in {OP_TIMEOUT:?}"))),
-            },
-            None => match tokio::time::timeout(OP_TIMEOUT, self.kv.create(key, value.into())).await {
-                Ok(Ok(n)) => Some(n),
-                Ok(Err(e)) if e.kind() == kv::CreateErrorKind::AlreadyExists || lost_race(&e) => None,
-                Ok(Err(e)) => return Err(nats_error(&what, e)),
-                Err(_) => return Err(nats_error(&what, format!("no answer in {OP_TIMEOUT:?}"))),
-            },
-        };
-        Ok(written)
+            }
+        }
     }
 
     /// The route now in the bucket and its revision, read from the leader
