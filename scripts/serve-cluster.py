@@ -5,7 +5,8 @@
 
 Everything lives in a temporary directory and stops on Ctrl-C (or SIGTERM).
 Each replica prints where it listens; all share one token (VAK_TOKEN, or a
-random one printed here), so a client or a load balancer may use any of them.
+random one printed here), so a client or a load balancer may use any of them,
+and one cluster secret (--bus-secret-file), so a key stored on one is used by all.
 
 Environment: VAK_BIN (default target/release/vak), VAK_NATS_SERVER (default
 target/nats-venv/bin/nats-server), VAK_CLUSTER_PORT (the first replica's port,
@@ -152,13 +153,19 @@ def main() -> None:
             bus = ",".join(f"nats://127.0.0.1:{c}" for c in client)
             env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "ANTHROPIC_"))}
             env["VAK_TOKEN"] = token
+            # One cluster secret for every replica, so a key stored on one is
+            # every replica's (sealed in VAK_CONFIG; docs/scale-out.md).
+            secret = tmp / "bus-secret"
+            secret.write_text(secrets.token_hex(32))
+            secret.chmod(0o600)
             urls = []
             for i in range(3):
                 home, ws = tmp / f"home{i + 1}", tmp / "workspace"
                 ws.mkdir(exist_ok=True)
                 p = subprocess.Popen(
                     [str(VAK), "serve", "--listen", f"127.0.0.1:{0 if check_mode else VAK_PORT + i}", "--workspace", str(ws),
-                     "--bus", bus, "--bus-replicas", "3", "--bus-replica", f"r{i + 1}"],
+                     "--bus", bus, "--bus-replicas", "3", "--bus-replica", f"r{i + 1}",
+                     "--bus-secret-file", str(secret)],
                     env={**env, "VAK_HOME": str(home)},
                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                 )

@@ -145,6 +145,13 @@ pub struct ServeArgs {
     /// random hex digits, new at each start).
     #[arg(long, requires = "bus")]
     pub bus_replica: Option<String>,
+    /// A file (owner-only) holding the cluster secret, at least 32 bytes,
+    /// the same on every replica sharing --bus: provider keys stored with
+    /// PUT /config/key are sealed with it in the bucket VAK_CONFIG and
+    /// usable on every replica. Without it, keys are not shared (PUT and
+    /// DELETE /config/key answer 403 no_bus_secret).
+    #[arg(long, requires = "bus", value_name = "PATH")]
+    pub bus_secret_file: Option<std::path::PathBuf>,
     /// Seconds after which a session with no run, no stream and no request
     /// is unloaded from memory (its ledger keeps everything; the next use
     /// loads it again).
@@ -411,9 +418,33 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
             cfg.core.workspace.display().to_string(),
         )
         .await?;
+        let cipher = match &args.bus_secret_file {
+            Some(path) => Some(crate::core::shared_config::Cipher::from_file(path)?),
+            None => None,
+        };
+        let shares_keys = cipher.is_some();
+        let shared_config = crate::core::shared_config::SharedConfig::open(
+            client.clone(),
+            opts.replicas,
+            owners.replica().to_string(),
+            cipher,
+        )
+        .await?;
+        let spec = config::resolve_spec(&cfg.core.route_flags, &cfg.core.env.route, &file.model)?;
+        shared_config.seed_route(&spec).await?;
+        println!(
+            "vak: route, rules and keys shared in {}{}",
+            crate::core::shared_config::BUCKET,
+            if shares_keys {
+                " (keys sealed with the cluster secret)"
+            } else {
+                " (keys not shared: no --bus-secret-file)"
+            }
+        );
         cfg.core.nats = Some(client);
         cfg.core.owners = Some(owners);
         cfg.core.shared_index = Some(shared_index);
+        cfg.core.shared_config = Some(shared_config);
     }
     let max_connections = cfg.max_connections;
     let tls = if args.tls_self_signed {

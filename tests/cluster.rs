@@ -1,7 +1,10 @@
 //! Several real `vak serve --bus` replicas on a real 3-node NATS cluster (issue 14): a lease per session in VAK_OWNERS, admissions and approvals forwarded to the lease holder, streams served by any replica, failover after a SIGKILL, and fencing of an owner that was stopped past its lease.
 
+#[path = "support/fake_provider.rs"]
+mod fake_provider;
 mod support;
 
+use fake_provider::{fixture, FakeProvider, Reply};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 use support::nats::Cluster;
@@ -37,7 +40,22 @@ impl Replica {
 
     /// `start_on` with more `vak serve` flags.
     async fn start_with(bus: &str, name: &str, ttl_ms: &str, more: &[&str]) -> Replica {
-        let (home, ws) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let ws = tempfile::tempdir().unwrap();
+        let path = ws.path().to_path_buf();
+        Replica::start_in(bus, name, ttl_ms, more, ws, &path).await
+    }
+
+    /// `start_with` in the workspace `workspace` (replicas that share one
+    /// share its always-allow rules); `ws` is kept with the replica.
+    async fn start_in(
+        bus: &str,
+        name: &str,
+        ttl_ms: &str,
+        more: &[&str],
+        ws: tempfile::TempDir,
+        workspace: &std::path::Path,
+    ) -> Replica {
+        let home = tempfile::tempdir().unwrap();
         let mut cmd = vak(&[
             "serve",
             "--listen",
@@ -57,7 +75,7 @@ impl Replica {
             .arg("--home")
             .arg(home.path())
             .arg("--workspace")
-            .arg(ws.path());
+            .arg(workspace);
         let mut vak = Vak::spawn(cmd);
         let url = vak.url().await;
         Replica {
@@ -333,8 +351,8 @@ async fn sessions_created_or_renamed_on_any_replica_are_listed_on_every_replica(
 
 /// Every other change to a session sent to a replica that does not hold
 /// it is made by the holder (forwarded as Run is), so it reaches every
-/// replica's streams and reads; what replicas do not share yet (delete,
-/// fork, memory notes) is refused with 409 `not_shared`, changing nothing.
+/// replica's streams and reads; what replicas do not share yet (memory
+/// notes) is refused with 409 `not_shared`, changing nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_changes_sent_to_a_replica_that_does_not_hold_the_session_are_made_by_the_holder() {
     let (nats, a, b, sid, mut sse) = two_replicas().await;
@@ -413,21 +431,83 @@ async fn session_changes_sent_to_a_replica_that_does_not_hold_the_session_are_ma
         "{e}"
     );
 
-    // Delete, fork and memory notes are kept in one home: refused on every replica.
+    // Memory notes are kept in one home: refused on every replica.
     for api in [&a.api, &b.api] {
-        let refusals = [
-            api.delete(&path).await,
-            api.post(&format!("{path}/fork"), json!({})).await,
-            api.post("/memory", json!({"text": "remember me"})).await,
-        ];
+        let refusals = [api.post("/memory", json!({"text": "remember me"})).await];
         for (code, e) in refusals {
             assert_eq!(code, 409, "{e}");
             assert_eq!(e["error"]["reason"], "not_shared", "{e}");
         }
     }
     let (code, _) = b.api.get(&format!("/sessions/{sid}/transcript")).await;
-    assert_eq!(code, 200, "not deleted");
+    assert_eq!(code, 200);
     assert_eq!(lease_of(&kv, &sid).await.unwrap().replica, "ra", "B took nothing");
+}
+
+/// `DELETE /sessions/:id` sent to a replica that does not hold the session
+/// is made by the holder: the session's subject is purged from the stream,
+/// its summary leaves the shared index, its lease is given back, and every
+/// replica's live streams of it end with `session_closed {reason:
+/// "deleted"}`; from then on it is unknown everywhere (404), listed nowhere,
+/// and a live run makes the delete 409 on any replica first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_deleted_through_any_replica_is_gone_from_the_stream_and_every_replica() {
+    let (nats, a, b, sid, mut on_a) = two_replicas().await;
+    let c = Replica::start(&nats, "rc").await;
+    let (code, _) = b.api.run(&sid, "hello there").await;
+    assert_eq!(code, 202);
+    on_a.until("run_finished").await;
+    let mut on_b = b.api.events(&sid, Some(0)).await;
+    let mut on_c = c.api.events(&sid, Some(0)).await;
+    for sse in [&mut on_b, &mut on_c] {
+        sse.until("run_finished").await;
+    }
+    assert!(!stored_seqs(&nats, &sid).await.is_empty());
+    let path = format!("/sessions/{sid}");
+
+    // A live run makes the delete a conflict, on the holder and through C.
+    let (code, _) = a.api.run(&sid, "/sleep 600000").await;
+    assert_eq!(code, 202);
+    let (code, e) = c.api.delete(&path).await;
+    assert_eq!(code, 409, "{e}");
+    let (code, _) = c.api.post(&format!("{path}/cancel"), json!({})).await;
+    assert_eq!(code, 200);
+    on_a.until("run_finished").await;
+
+    let (code, v) = c.api.delete(&path).await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v, json!({"session_id": sid, "deleted": true}));
+    for sse in [&mut on_a, &mut on_b, &mut on_c] {
+        let tail = sse.until("session_closed").await;
+        let closed = tail.last().unwrap().body();
+        assert_eq!(closed["reason"], "deleted", "{closed}");
+    }
+    assert_eq!(
+        stored_seqs(&nats, &sid).await,
+        Vec::<u64>::new(),
+        "the subject is purged"
+    );
+    assert_eq!(
+        lease_of(&leases(&nats).await, &sid).await,
+        None,
+        "the lease is given back"
+    );
+    for r in [&a, &b, &c] {
+        let (code, list) = r.api.get("/sessions").await;
+        assert_eq!(code, 200);
+        assert!(
+            list["sessions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|s| s["session_id"] != sid),
+            "{list}"
+        );
+        let (code, e) = r.api.get(&format!("{path}/transcript")).await;
+        assert_eq!(code, 404, "{e}");
+    }
+    let (code, e) = b.api.delete(&path).await;
+    assert_eq!(code, 404, "{e}");
 }
 
 /// An approval answered on B and on A at once, for a tool call parked on
@@ -824,4 +904,382 @@ async fn a_reader_on_a_mirror_sees_the_run_of_a_killed_writer_settled_there() {
     assert_eq!(fin["outcome"], "failed");
     assert_eq!(fin["message"], "interrupted: the server stopped during this run");
     assert_eq!(lease_of(&kv, &sid).await.unwrap().replica, "rb");
+}
+
+/// The next `config` frame of a `/stream?config=1`.
+async fn next_config(sse: &mut Sse) -> Value {
+    loop {
+        let f = sse.next().await.expect("the stream goes on");
+        if f.event == "config" {
+            return f.data;
+        }
+    }
+}
+
+async fn patch_config(r: &Replica, body: Value) -> (u16, Value) {
+    r.api.send(reqwest::Method::PATCH, "/config", Some(body)).await
+}
+
+/// `PATCH /config` on one replica changes the route of every replica (the
+/// bucket VAK_CONFIG, which each watches): config frames on every replica
+/// carry it with one revision, a change based on an older revision is
+/// refused on another replica, of two changes based on one revision made
+/// on two replicas at once exactly one is made, and a replica started
+/// later takes the bucket's route over its own flags.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_patched_on_one_replica_is_every_replicas_and_a_stale_revision_is_refused_on_another() {
+    let nats = Cluster::three().await;
+    let a = Replica::start(&nats, "ra").await;
+    let b = Replica::start(&nats, "rb").await;
+    let mut on_a = a.api.open_stream(&a.api.url, "config=1", None).await;
+    let mut on_b = b.api.open_stream(&b.api.url, "config=1", None).await;
+    let first = next_config(&mut on_a).await;
+    assert_eq!(next_config(&mut on_b).await, first, "one route, one revision");
+    let rev0 = first["revision"].as_str().unwrap().to_string();
+    assert!(rev0.starts_with("bus-"), "{first}");
+
+    let (code, v) = patch_config(
+        &a,
+        json!({"provider": "openai", "model": "gpt-shared", "base_url": "http://127.0.0.1:9/v1", "revision": rev0}),
+    )
+    .await;
+    assert_eq!(code, 200, "{v}");
+    let rev1 = v["revision"].as_str().unwrap().to_string();
+    assert_ne!(rev1, rev0);
+    assert_eq!(v["route"]["model"], "gpt-shared");
+    for sse in [&mut on_a, &mut on_b] {
+        assert_eq!(next_config(sse).await, v, "the config frame of every replica");
+    }
+    assert_eq!(b.api.get("/config").await, (200, v.clone()));
+
+    // A change based on the revision before it is refused on the other replica.
+    let (code, e) = patch_config(&b, json!({"model": "gpt-late", "revision": rev0})).await;
+    assert_eq!(code, 409, "{e}");
+    let msg = e["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("stale revision") && msg.contains(&rev1), "{e}");
+
+    // Two changes based on one revision, on two replicas at once: one is made.
+    let (x, y) = tokio::join!(
+        patch_config(&a, json!({"model": "gpt-x", "revision": rev1})),
+        patch_config(&b, json!({"model": "gpt-y", "revision": rev1})),
+    );
+    let mut codes = [x.0, y.0];
+    codes.sort();
+    assert_eq!(codes, [200, 409], "{x:?} {y:?}");
+    let won = if x.0 == 200 { x.1 } else { y.1 };
+    for sse in [&mut on_a, &mut on_b] {
+        assert_eq!(next_config(sse).await, won);
+    }
+    for r in [&a, &b] {
+        assert_eq!(r.api.get("/config").await, (200, won.clone()));
+    }
+    // Without a revision, both are made, one after the other.
+    let (x, y) = tokio::join!(
+        patch_config(&a, json!({"model": "gpt-p"})),
+        patch_config(&b, json!({"model": "gpt-q"})),
+    );
+    assert_eq!((x.0, y.0), (200, 200), "{x:?} {y:?}");
+    let number = |v: &Value| -> u64 { v["revision"].as_str().unwrap()["bus-".len()..].parse().unwrap() };
+    assert_ne!(number(&x.1), number(&y.1));
+    let won = if number(&x.1) > number(&y.1) { x.1 } else { y.1 };
+
+    // A replica started now takes the bucket's route over its flags.
+    let c = Replica::start_with(&nats.url(), "rc", TTL_MS, &["--model", "from-flag"]).await;
+    let (code, on_c) = c.api.get("/config").await;
+    assert_eq!(code, 200);
+    assert_eq!(
+        (&on_c["route"], &on_c["revision"]),
+        (&won["route"], &won["revision"])
+    );
+}
+
+/// Rules ListRules answers, minus nothing: the whole body.
+async fn rules_on(r: &Replica) -> Value {
+    let (code, v) = r.api.get("/permissions/rules").await;
+    assert_eq!(code, 200, "{v}");
+    v
+}
+
+/// An always-allow rule stored by an approval (answered through another
+/// replica, made on the holder) is listed identically on every replica
+/// sharing the workspace, lets a matching call run without asking on a
+/// session another replica holds, and a delete on a replica that did not
+/// store it removes it everywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_always_rule_stored_on_the_holder_is_listed_and_applied_on_every_replica_and_deleted_from_any() {
+    let nats = Cluster::three().await;
+    let ws = tempfile::tempdir().unwrap();
+    let start = |name: &'static str| {
+        let url = nats.url();
+        let ws = ws.path().to_path_buf();
+        async move { Replica::start_in(&url, name, TTL_MS, &[], tempfile::tempdir().unwrap(), &ws).await }
+    };
+    let a = start("ra").await;
+    let b = start("rb").await;
+    let sid = a.api.create_session().await;
+    let mut sse = a.api.events(&sid, None).await;
+    let (code, _) = b.api.run(&sid, "/write notes.md one").await;
+    assert_eq!(code, 202);
+    let ask = sse.next_ask().await;
+    let rid = ask["request_id"].as_str().unwrap();
+    let (code, v) = b
+        .api
+        .post(
+            &format!("/sessions/{sid}/approvals/{rid}"),
+            json!({"approve": true, "always": true}),
+        )
+        .await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["persisted"], true, "{v}");
+    let rule = v["rule"].clone();
+    assert_eq!(
+        (&rule["kind"], &rule["pattern"]),
+        (&json!("path"), &json!("notes.md"))
+    );
+    assert_eq!(finished(&sse.until("run_finished").await)["outcome"], "completed");
+    let listed = rules_on(&a).await;
+    assert_eq!(listed["rules"], json!([rule]));
+    assert_eq!(rules_on(&b).await, listed, "listed identically");
+
+    // B, which did not store it, applies it to a session it holds.
+    let sid_b = b.api.create_session().await;
+    let mut sse_b = b.api.events(&sid_b, None).await;
+    let (code, _) = b.api.run(&sid_b, "/write notes.md two").await;
+    assert_eq!(code, 202);
+    let run = sse_b.until("run_finished").await;
+    assert!(
+        run.iter().all(|f| f.event != "approval_requested"),
+        "no ask: {run:?}"
+    );
+    assert_eq!(finished(&run)["outcome"], "completed");
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("notes.md")).unwrap(),
+        "two"
+    );
+
+    // Deleted on B: gone on every replica, and A asks again.
+    let id = rule["id"].as_str().unwrap();
+    let (code, d) = b.api.delete(&format!("/permissions/rules/{id}")).await;
+    assert_eq!(code, 200, "{d}");
+    assert_eq!(d["rule"], rule);
+    for r in [&a, &b] {
+        assert_eq!(rules_on(r).await["rules"], json!([]));
+    }
+    let (code, d) = a.api.delete(&format!("/permissions/rules/{id}")).await;
+    assert_eq!(code, 404, "{d}");
+    let (code, _) = a.api.run(&sid, "/write notes.md three").await;
+    assert_eq!(code, 202);
+    let ask = sse.next_ask().await;
+    assert_eq!(ask["tool"], "write_file", "{ask}");
+}
+
+/// The openai entry of `GET /providers` on `r`.
+async fn openai_on(r: &Replica) -> Value {
+    let (code, v) = r.api.get("/providers").await;
+    assert_eq!(code, 200, "{v}");
+    let all = v["providers"].as_array().unwrap();
+    all.iter().find(|p| p["name"] == "openai").unwrap().clone()
+}
+
+/// A key stored with `PUT /config/key` on one replica is sealed with the
+/// cluster secret into VAK_CONFIG (never a plaintext key in NATS), shown
+/// with the same fingerprint and used on every replica given the secret,
+/// and revoked everywhere by a `DELETE` on any; a replica without the
+/// secret refuses to store or delete one (403 `no_bus_secret`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_stored_on_one_replica_is_used_on_every_replica_revoked_from_any_and_never_in_nats_in_plaintext(
+) {
+    const KEY: &str = "sk-cluster-7c1d9e2f4a6b8c0d1e3f5a7b9c2d4e6f";
+    let nats = Cluster::three().await;
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("bus-secret");
+    std::fs::write(
+        &secret,
+        "4f1e9a0c7b2d5e8f3a6c9b0d2e4f6a8c1b3d5e7f9a0c2e4b6d8f0a1c3e5b7d9f\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let flags = ["--bus-secret-file", secret.to_str().unwrap()];
+    let a = Replica::start_with(&nats.url(), "ra", TTL_MS, &flags).await;
+    let b = Replica::start_with(&nats.url(), "rb", TTL_MS, &flags).await;
+    let c = Replica::start(&nats, "rc").await;
+    let fake = FakeProvider::start().await;
+    let mut on_b = b.api.open_stream(&b.api.url, "config=1", None).await;
+    next_config(&mut on_b).await;
+    let base = format!("{}/v1", fake.url);
+    let (code, v) = patch_config(
+        &a,
+        json!({"provider": "openai", "model": "gpt-4.1", "base_url": base}),
+    )
+    .await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(next_config(&mut on_b).await["route"]["base_url"], base);
+
+    let (code, v) = a
+        .api
+        .send(
+            reqwest::Method::PUT,
+            "/config/key",
+            Some(json!({"provider": "openai", "key": KEY})),
+        )
+        .await;
+    assert_eq!(code, 200, "{v}");
+    let fp = v["fingerprint"].clone();
+    for r in [&a, &b] {
+        let openai = openai_on(r).await;
+        assert_eq!(
+            (&openai["fingerprints"], &openai["key_sources"]),
+            (&json!([fp]), &json!(["store"])),
+            "{openai}"
+        );
+    }
+    // B asks the service with the key A stored.
+    fake.script([Reply::status(200, &fixture("openai/models.json"))]);
+    let (code, v) = b.api.get("/providers/openai/models").await;
+    assert_eq!(code, 200, "{v}");
+    let asked = fake.requests();
+    assert_eq!(
+        asked.last().unwrap().header("authorization"),
+        Some(format!("Bearer {KEY}").as_str())
+    );
+
+    // NATS holds it sealed: no value of the bucket has the key's bytes.
+    let js = async_nats::jetstream::new(nats_client(&nats).await);
+    let kv = js.get_key_value("VAK_CONFIG").await.unwrap();
+    let sealed = kv.get("key.openai").await.unwrap().expect("the sealed key");
+    assert!(sealed.starts_with(b"VAKBK1"), "sealed");
+    let mut values = kv.watch_with_history(">").await.unwrap();
+    let mut seen = 0;
+    while let Some(entry) = tokio::time::timeout(DEADLINE, values.next()).await.unwrap() {
+        let entry = entry.unwrap();
+        seen += 1;
+        assert!(
+            !entry.value.windows(KEY.len()).any(|w| w == KEY.as_bytes()),
+            "{} holds the key in plaintext",
+            entry.key
+        );
+        if entry.delta == 0 {
+            break;
+        }
+    }
+    assert!(seen >= 2, "the route and the key");
+
+    // A replica without the secret neither has it nor stores or deletes one.
+    assert_eq!(openai_on(&c).await["fingerprints"], json!([]));
+    for (method, body) in [
+        (reqwest::Method::PUT, json!({"provider": "openai", "key": KEY})),
+        (reqwest::Method::DELETE, json!({"provider": "openai"})),
+    ] {
+        let (code, e) = c.api.send(method, "/config/key", Some(body)).await;
+        assert_eq!(code, 403, "{e}");
+        assert_eq!(e["error"]["reason"], "no_bus_secret", "{e}");
+    }
+
+    // Revoked on B: gone on every replica, and the service is asked without it.
+    let (code, v) = b
+        .api
+        .send(
+            reqwest::Method::DELETE,
+            "/config/key",
+            Some(json!({"provider": "openai"})),
+        )
+        .await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(
+        v,
+        json!({"provider": "openai", "deleted": true, "shadowed_by_env": false})
+    );
+    for r in [&a, &b] {
+        assert_eq!(openai_on(r).await["fingerprints"], json!([]));
+    }
+    fake.script([Reply::status(200, &fixture("openai/models.json"))]);
+    let (code, v) = a.api.get("/providers/openai/models").await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(fake.requests().last().unwrap().header("authorization"), None);
+}
+
+/// A fork made on a replica that does not hold the parent is a new subject
+/// holding the parent's events up to `at_seq`, seq for seq, written by the
+/// replica that made it; it goes on with its own seqs through any replica,
+/// and the parent is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_made_on_any_replica_is_a_new_subject_with_the_parents_events_up_to_at_seq() {
+    let (nats, a, b, sid, mut on_a) = two_replicas().await;
+    let mut parent = Vec::new();
+    for prompt in ["first alpha", "second beta"] {
+        let (code, _) = b.api.run(&sid, prompt).await;
+        assert_eq!(code, 202);
+        parent.push(on_a.until("run_finished").await);
+    }
+    let cut = parent[0].last().unwrap().seq();
+    let latest = parent[1].last().unwrap().seq();
+    let path = format!("/sessions/{sid}/fork");
+    let (code, f) = b.api.post(&path, json!({"at_seq": cut})).await;
+    assert_eq!(code, 201, "{f}");
+    assert_eq!((&f["parent_id"], &f["at_seq"]), (&json!(sid), &json!(cut)));
+    let child = f["session"]["session_id"].as_str().unwrap().to_string();
+    assert_ne!(child, sid);
+    assert_eq!(stored_seqs(&nats, &child).await, (1..=cut).collect::<Vec<_>>());
+
+    // Read on A (which follows it): the parent's first run, seq for seq.
+    let mut on_child = a.api.events(&child, Some(0)).await;
+    let copied = on_child.until("run_finished").await;
+    let view = |frames: &[Frame]| {
+        frames
+            .iter()
+            .map(|f| (f.seq(), f.event.clone(), f.body().clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(view(&copied), view(&parent[0]));
+    // It goes on with its own seqs, written by B (the run sent to A is forwarded).
+    let (code, _) = a.api.run(&child, "third gamma").await;
+    assert_eq!(code, 202);
+    let more = on_child.until("run_finished").await;
+    assert_eq!(more[0].seq(), cut + 1);
+    assert_numbered(&more);
+    assert_eq!(text_of(&more), "echo: third gamma");
+    assert_eq!(
+        lease_of(&leases(&nats).await, &child).await.unwrap().replica,
+        "rb"
+    );
+    // The parent is untouched; a fork without at_seq takes its latest seq.
+    assert_eq!(stored_seqs(&nats, &sid).await, (1..=latest).collect::<Vec<_>>());
+    let (code, f) = a.api.post(&path, json!({})).await;
+    assert_eq!(code, 201, "{f}");
+    assert_eq!(f["at_seq"], latest);
+}
+
+/// `POST /config/mode` on one replica is every replica's: each takes it up
+/// as the answering one does (a pending approval there is denied, its run
+/// cancelled, a config frame sent), and a replica started later starts in
+/// it over its own `--permission-mode`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permission_mode_set_on_one_replica_is_every_replicas() {
+    let nats = Cluster::three().await;
+    let a = Replica::start(&nats, "ra").await;
+    let b = Replica::start(&nats, "rb").await;
+    let sid = b.api.create_session().await;
+    let mut on_b = b.api.events(&sid, None).await;
+    let (code, _) = b.api.run(&sid, "/write notes.md hello").await;
+    assert_eq!(code, 202);
+    on_b.next_ask().await;
+    let mut config_b = b.api.open_stream(&b.api.url, "config=1", None).await;
+    assert_eq!(next_config(&mut config_b).await["permission_mode"], "default");
+
+    let (code, v) = a.api.post("/config/mode", json!({"mode": "plan"})).await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["changed"], true);
+    assert_eq!(next_config(&mut config_b).await["permission_mode"], "plan");
+    let run = on_b.until("run_finished").await;
+    let resolved = run
+        .iter()
+        .find(|f| f.event == "approval_resolved")
+        .expect("resolved");
+    assert_eq!(resolved.body()["outcome"], "denied", "{run:?}");
+    assert_eq!(finished(&run)["outcome"], "cancelled");
+    assert_eq!(b.api.get("/config").await.1["permission_mode"], "plan");
+
+    let c = Replica::start_with(&nats.url(), "rc", TTL_MS, &["--permission-mode", "accept-edits"]).await;
+    assert_eq!(c.api.get("/config").await.1["permission_mode"], "plan");
 }

@@ -351,18 +351,19 @@ async fn a_server_restarted_on_an_empty_home_replays_the_session_from_the_bus() 
     assert_eq!(more[0].seq(), before.last().unwrap().seq() + 1);
     assert_numbered(&more);
     assert_eq!(text_of(&more), "echo: again");
-    // Delete and fork move ledger files, which a session kept in NATS has
-    // none of: refused with a reason, and the session stays whole.
-    let (code, body) = s.delete(&format!("/sessions/{sid}")).await;
-    assert_eq!(code, 409, "{body}");
-    assert!(
-        body["error"]["message"].as_str().unwrap().contains("--bus"),
-        "{body}"
-    );
+    // A fork is a new subject with the same history.
     let (code, body) = s
         .post(&format!("/sessions/{sid}/fork"), serde_json::json!({}))
         .await;
-    assert_eq!(code, 409, "{body}");
+    assert_eq!(code, 201, "{body}");
+    let child = body["session"]["session_id"].as_str().unwrap();
+    let copied = replay_from_zero(&s, child).await;
+    assert_eq!(copied.last().unwrap().seq(), more.last().unwrap().seq());
     let all = replay_from_zero(&s, &sid).await;
     assert_eq!(all.last().unwrap().seq(), more.last().unwrap().seq());
+    // A delete purges its subject: the session is gone from the stream.
+    let (code, body) = s.delete(&format!("/sessions/{sid}")).await;
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = s.get(&format!("/sessions/{sid}/transcript")).await;
+    assert_eq!(code, 404, "{body}");
 }

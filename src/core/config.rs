@@ -3,6 +3,7 @@
 use super::provider::{self, Endpoint, Failure, FailureKind, ModelInfo, Provider, ProviderKind, Secret};
 use super::secrets::{self, SecretStore};
 use super::session::Route;
+use super::shared_config::{self, SharedConfig};
 use super::CoreConfig;
 use crate::error::{Error, ErrorKind, Result};
 use std::path::{Path, PathBuf};
@@ -446,6 +447,12 @@ struct Current {
     spec: RouteSpec,
     /// Bumped on every route change.
     n: u64,
+    /// With `--bus`: the bucket revision of the route in effect (the
+    /// revision clients see is then `bus-<n>`, the same on every replica).
+    bus_rev: Option<u64>,
+    /// With `--bus`: the route revision and the fingerprint of its key that
+    /// the route in use was built from (a change of either rebuilds it).
+    built: (Option<u64>, Option<String>),
 }
 
 /// The live settings of one server: the route description with its
@@ -463,24 +470,50 @@ pub struct Settings {
     /// Per server life, so a revision from before a restart never matches.
     boot: String,
     changes: watch::Sender<u64>,
+    /// With `--bus`: the route and keys every replica shares (`shared_config.rs`).
+    shared: Option<Arc<SharedConfig>>,
 }
 
 impl Settings {
     /// Opens the key store and resolves the route description (startup: reads files).
     pub fn open(cfg: &CoreConfig) -> Result<Settings> {
         let file = FileConfig::load(&cfg.home)?;
-        let spec = resolve_spec(&cfg.route_flags, &cfg.env.route, &file.model)?;
+        let mut spec = resolve_spec(&cfg.route_flags, &cfg.env.route, &file.model)?;
         let store = SecretStore::open(&cfg.home)?;
-        Ok(Settings {
+        // With --bus the bucket's route wins over flags, environment and file.
+        let bus_rev = match cfg.shared_config.as_ref().and_then(|s| s.route()) {
+            Some((shared, rev)) => {
+                spec = shared;
+                Some(rev)
+            }
+            None => None,
+        };
+        let settings = Settings {
             home: cfg.home.clone(),
             env: cfg.env.clone(),
             store,
             client: cfg.provider_client.clone(),
-            current: Mutex::new(Current { spec, n: 1 }),
+            current: Mutex::new(Current {
+                spec,
+                n: 1,
+                bus_rev,
+                built: (None, None),
+            }),
             changing: tokio::sync::Mutex::new(()),
             boot: uuid::Uuid::new_v4().simple().to_string()[..8].to_string(),
             changes: watch::channel(1).0,
-        })
+            shared: cfg.shared_config.clone(),
+        };
+        let fp = settings.route_key_fingerprint(&settings.lock().spec.clone());
+        settings.lock().built = (bus_rev, fp);
+        Ok(settings)
+    }
+
+    fn route_key_fingerprint(&self, spec: &RouteSpec) -> Option<String> {
+        match spec.provider {
+            ProviderKind::Offline => None,
+            kind => self.key(kind).map(|k| secrets::fingerprint(&k)),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Current> {
@@ -490,7 +523,11 @@ impl Settings {
     /// The route in effect and its revision.
     pub fn current(&self) -> (RouteSpec, String) {
         let c = self.lock();
-        (c.spec.clone(), format!("{}-{}", self.boot, c.n))
+        let revision = match c.bus_rev {
+            Some(rev) => shared_config::revision_string(rev),
+            None => format!("{}-{}", self.boot, c.n),
+        };
+        (c.spec.clone(), revision)
     }
 
     /// Notified (with a new number) on every route change.
@@ -498,15 +535,70 @@ impl Settings {
         self.changes.subscribe()
     }
 
-    /// The key a route of `kind` uses: the environment's wins over the store's.
+    /// The key a route of `kind` uses: the environment's wins over the
+    /// store's (with `--bus`, the store every replica shares; the home's is
+    /// not read).
     pub fn key(&self, kind: ProviderKind) -> Option<Secret> {
-        self.env.key(kind).or_else(|| self.store.get(kind))
+        self.env.key(kind).or_else(|| self.stored_key(kind))
     }
 
-    /// The client for the route in effect (startup).
+    fn stored_key(&self, kind: ProviderKind) -> Option<Secret> {
+        match &self.shared {
+            Some(shared) => shared.key(kind),
+            None => self.store.get(kind),
+        }
+    }
+
+    /// The client for the route in effect (startup). With `--bus` a route
+    /// this replica cannot reach (another replica set it, with a key this
+    /// one lacks) fails its legs as not configured instead of the start.
     pub fn startup_route(&self) -> Result<Route> {
         let spec = self.lock().spec.clone();
-        self.route_for(&spec)
+        match self.route_for(&spec) {
+            Err(e) if self.shared.is_some() => {
+                tracing::warn!("the shared route is not usable on this replica: {}", e.message);
+                Ok(unconfigured(&spec))
+            }
+            other => other,
+        }
+    }
+
+    /// With `--bus`: takes up what another replica changed (the route, or
+    /// the key the route uses), for legs that start from now on.
+    pub async fn adopt(&self, apply: impl FnOnce(Route)) {
+        let Some(shared) = &self.shared else { return };
+        let _turn = self.changing.lock().await;
+        let (mut spec, mut rev, built) = {
+            let c = self.lock();
+            (c.spec.clone(), c.bus_rev, c.built.clone())
+        };
+        let newer = shared.route().filter(|(_, r)| rev.is_none_or(|mine| *r > mine));
+        if let Some((s, r)) = newer.clone() {
+            spec = s;
+            rev = Some(r);
+        }
+        let fp = self.route_key_fingerprint(&spec);
+        if (rev, fp.clone()) == built && newer.is_none() {
+            return;
+        }
+        let route = self.route_for(&spec).unwrap_or_else(|e| {
+            tracing::warn!("the shared route is not usable on this replica: {}", e.message);
+            unconfigured(&spec)
+        });
+        apply(route);
+        let n = {
+            let mut c = self.lock();
+            c.built = (rev, fp);
+            if newer.is_none() {
+                return;
+            }
+            c.spec = spec;
+            c.bus_rev = rev;
+            c.n += 1;
+            c.n
+        };
+        self.changes.send_replace(n);
+        tracing::info!("model route changed on another replica");
     }
 
     /// Resolves `spec` into a client: a key must be reachable (or a base URL
@@ -537,56 +629,36 @@ impl Settings {
     /// handed to `apply`; nothing changes when any step fails.
     pub async fn update(&self, patch: RoutePatch, apply: impl FnOnce(Route)) -> Result<()> {
         let _turn = self.changing.lock().await;
-        let (cur, revision) = self.current();
-        if let Some(r) = &patch.revision {
-            if *r != revision {
-                return Err(Error::conflict(format!(
-                    "stale revision: the configuration changed since revision {:?} (now {revision}); read it again and retry",
-                    r.chars().take(40).collect::<String>()
-                )));
-            }
-        }
-        let provider = patch.provider.unwrap_or(cur.provider);
-        let switched = provider != cur.provider;
-        let model = match patch.model {
-            Some(m) => m,
-            None if !switched => cur.model.clone(),
-            None if provider == ProviderKind::Offline => "offline".into(),
+        let (spec, route, bus_rev) = match &self.shared {
+            Some(shared) => self.update_shared(shared, &patch).await?,
             None => {
-                return Err(Error::invalid(format!(
-                    "model is required when switching to the {} provider",
-                    provider.as_str()
-                )))
+                let (cur, revision) = self.current();
+                if let Some(r) = &patch.revision {
+                    if *r != revision {
+                        return Err(stale(r, &revision));
+                    }
+                }
+                let spec = patched(&cur, &patch)?;
+                let route = self.route_for(&spec)?;
+                let home = self.home.clone();
+                let saved = spec.clone();
+                tokio::task::spawn_blocking(move || persist(&home, &saved))
+                    .await
+                    .map_err(|e| Error::internal(format!("the config writer failed: {e}")))??;
+                (spec, route, None)
             }
         };
-        validate_model(&model, "model")?;
-        let base_url = match patch.base_url {
-            Some(u) if u.is_empty() => None,
-            Some(u) => {
-                validate_base_url(&u, "base_url")?;
-                offline_takes_no_url(provider)?;
-                Some(u)
-            }
-            None if switched => None,
-            None => cur.base_url.clone(),
-        };
-        let spec = RouteSpec {
-            provider,
-            model,
-            base_url,
-            source: Source::Api,
-        };
-        let route = self.route_for(&spec)?;
-        let home = self.home.clone();
-        let saved = spec.clone();
-        tokio::task::spawn_blocking(move || persist(&home, &saved))
-            .await
-            .map_err(|e| Error::internal(format!("the config writer failed: {e}")))??;
+        let fp = self.route_key_fingerprint(&spec);
+        let provider = spec.provider;
         apply(route);
         let n = {
             let mut c = self.lock();
             c.spec = spec;
             c.n += 1;
+            if bus_rev.is_some() {
+                c.bus_rev = bus_rev;
+                c.built = (bus_rev, fp);
+            }
             c.n
         };
         self.changes.send_replace(n);
@@ -596,6 +668,53 @@ impl Settings {
             "model route changed"
         );
         Ok(())
+    }
+
+    /// `update` with `--bus`: based on the bucket's route, read from the
+    /// leader (another replica may have changed it a moment ago), and
+    /// written expecting its revision: the compare-and-set. A change that
+    /// named no revision is based on the newer route and tried again when
+    /// another replica wrote first; one that named a revision is stale then.
+    /// config.toml is not written: the bucket is where the route lives.
+    async fn update_shared(
+        &self,
+        shared: &SharedConfig,
+        patch: &RoutePatch,
+    ) -> Result<(RouteSpec, Route, Option<u64>)> {
+        let mut last = String::new();
+        for _ in 0..shared_config::CAS_TRIES {
+            let (cur, revision, based) = match shared.read_route().await? {
+                Some((spec, rev)) => (spec, shared_config::revision_string(rev), Some(rev)),
+                None => {
+                    let (spec, revision) = self.current();
+                    (spec, revision, None)
+                }
+            };
+            if let Some(r) = &patch.revision {
+                if *r != revision {
+                    return Err(stale(r, &revision));
+                }
+            }
+            let spec = patched(&cur, patch)?;
+            let route = self.route_for(&spec)?;
+            if let Some(rev) = shared.write_route(&spec, based).await? {
+                return Ok((spec, route, Some(rev)));
+            }
+            if let Some(r) = &patch.revision {
+                let now = shared
+                    .read_route()
+                    .await
+                    .ok()
+                    .flatten()
+                    .map_or_else(String::new, |(_, n)| shared_config::revision_string(n));
+                return Err(stale(r, &now));
+            }
+            last = revision;
+        }
+        Err(Error::new(
+            ErrorKind::Unavailable,
+            format!("the route keeps changing on other replicas (last seen at {last}); try again"),
+        ))
     }
 
     /// After a key of `kind` changed: a route of that provider gets a new
@@ -611,13 +730,11 @@ impl Settings {
             Ok(route) => apply(route),
             Err(e) => {
                 tracing::warn!("the {} route has no usable key now: {}", kind.as_str(), e.message);
-                apply(Route {
-                    provider: Arc::new(Unconfigured),
-                    model: spec.model,
-                    context_window: None,
-                })
+                apply(unconfigured(&spec))
             }
         }
+        let fp = self.route_key_fingerprint(&spec);
+        self.lock().built.1 = fp;
     }
 
     /// Stores a key; its fingerprint.
@@ -628,7 +745,10 @@ impl Settings {
         secrets::validate_key(key)?;
         let secret = Secret::new(key.to_string());
         let fp = secrets::fingerprint(&secret);
-        self.store.put(kind, secret).await?;
+        match &self.shared {
+            Some(shared) => shared.put_key(kind, &secret).await?,
+            None => self.store.put(kind, secret).await?,
+        }
         self.rekey(kind, apply).await;
         tracing::info!(provider = kind.as_str(), fingerprint = %fp, "key stored");
         Ok(fp)
@@ -640,12 +760,24 @@ impl Settings {
         if kind == ProviderKind::Offline {
             return Err(Error::invalid("the offline provider takes no key"));
         }
-        let deleted = self.store.delete(kind).await?;
+        let deleted = match &self.shared {
+            Some(shared) => shared.delete_key(kind).await?,
+            None => self.store.delete(kind).await?,
+        };
         if deleted {
             self.rekey(kind, apply).await;
             tracing::info!(provider = kind.as_str(), "stored key deleted");
         }
         Ok((deleted, self.env.key(kind).is_some()))
+    }
+
+    /// With `--bus`: reads the shared keys again, so what is answered next
+    /// shows a change made on another replica a moment ago.
+    pub async fn refresh_keys(&self) -> Result<()> {
+        match &self.shared {
+            Some(shared) => shared.refresh_keys().await,
+            None => Ok(()),
+        }
     }
 
     /// Every provider with its reachable keys (fingerprints only).
@@ -657,7 +789,7 @@ impl Settings {
                 let mut key_sources = Vec::new();
                 let keys = [
                     (KeySource::Env, self.env.key(kind)),
-                    (KeySource::Store, self.store.get(kind)),
+                    (KeySource::Store, self.stored_key(kind)),
                 ];
                 for (source, key) in keys {
                     if let Some(k) = key {
@@ -710,6 +842,58 @@ impl Settings {
             .with_reason("timeout")),
         }
     }
+}
+
+/// The route `patch` makes of `cur`: absent parts keep `cur`'s (or, when
+/// the provider changes, reset).
+fn patched(cur: &RouteSpec, patch: &RoutePatch) -> Result<RouteSpec> {
+    let provider = patch.provider.unwrap_or(cur.provider);
+    let switched = provider != cur.provider;
+    let model = match &patch.model {
+        Some(m) => m.clone(),
+        None if !switched => cur.model.clone(),
+        None if provider == ProviderKind::Offline => "offline".into(),
+        None => {
+            return Err(Error::invalid(format!(
+                "model is required when switching to the {} provider",
+                provider.as_str()
+            )))
+        }
+    };
+    validate_model(&model, "model")?;
+    let base_url = match &patch.base_url {
+        Some(u) if u.is_empty() => None,
+        Some(u) => {
+            validate_base_url(u, "base_url")?;
+            offline_takes_no_url(provider)?;
+            Some(u.clone())
+        }
+        None if switched => None,
+        None => cur.base_url.clone(),
+    };
+    Ok(RouteSpec {
+        provider,
+        model,
+        base_url,
+        source: Source::Api,
+    })
+}
+
+/// A route whose legs fail as not configured (its key is gone, or this
+/// replica cannot reach the route another replica set).
+fn unconfigured(spec: &RouteSpec) -> Route {
+    Route {
+        provider: Arc::new(Unconfigured),
+        model: spec.model.clone(),
+        context_window: None,
+    }
+}
+
+fn stale(based: &str, now: &str) -> Error {
+    Error::conflict(format!(
+        "stale revision: the configuration changed since revision {:?} (now {now}); read it again and retry",
+        based.chars().take(40).collect::<String>()
+    ))
 }
 
 fn offline_takes_no_url(provider: ProviderKind) -> Result<()> {

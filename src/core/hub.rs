@@ -79,7 +79,7 @@ pub struct Hub {
     streams: Mutex<HashMap<String, mpsc::Sender<Control>>>,
     closing: CancellationToken,
     /// The model route's description and revision, keys, config.toml.
-    settings: Settings,
+    settings: Arc<Settings>,
     /// One permission mode change at a time, from switch to settled runs.
     mode_change: tokio::sync::Mutex<()>,
     /// The workspaces open in this process (`workspaces.rs`).
@@ -160,6 +160,29 @@ pub fn validate_plain_id(what: &str, id: &str) -> Result<()> {
     }
 }
 
+/// With `--bus`: takes up every route and key change another replica
+/// makes, until the hub closes.
+async fn adopt_shared_config(
+    shared: Arc<super::shared_config::SharedConfig>,
+    settings: std::sync::Weak<Settings>,
+    rt: std::sync::Weak<Runtime>,
+    closing: CancellationToken,
+) {
+    let mut changes = shared.changes();
+    loop {
+        {
+            let (Some(s), Some(rt)) = (settings.upgrade(), rt.upgrade()) else {
+                return;
+            };
+            s.adopt(move |route| rt.set_route(route)).await;
+        }
+        tokio::select! {
+            changed = changes.changed() => if changed.is_err() { return },
+            _ = closing.cancelled() => return,
+        }
+    }
+}
+
 impl Hub {
     /// Prepares the home (creating `sessions/`); fails with a clear message when it is not writable.
     pub fn new(cfg: CoreConfig, route: Route) -> Result<Hub> {
@@ -205,16 +228,35 @@ impl Hub {
             &cfg.workspace,
             cfg.workspace_roots.clone(),
         ));
+        let shared = cfg.shared_config.clone();
+        let settings = Arc::new(settings);
+        let rt = Arc::new(Runtime::new(cfg, route, search));
+        let closing = CancellationToken::new();
+        if let Some(shared) = shared {
+            // The bucket's mode wins over --permission-mode (a bypass this
+            // replica does not allow aside: `follow_shared_mode` warns).
+            if let Some(m) = shared.mode() {
+                if m.mode.check(rt.bypass_allowed()).is_ok() {
+                    rt.set_mode(m.mode);
+                }
+            }
+            tokio::spawn(adopt_shared_config(
+                shared,
+                Arc::downgrade(&settings),
+                Arc::downgrade(&rt),
+                closing.clone(),
+            ));
+        }
         Ok(Hub {
             workspaces,
             runtimes: Arc::new(Mutex::new(HashMap::new())),
-            rt: Arc::new(Runtime::new(cfg, route, search)),
+            rt,
             sessions: Mutex::new(HashMap::new()),
             mirrors: Mutex::new(HashMap::new()),
             index,
             stopping: AtomicBool::new(false),
             streams: Mutex::new(HashMap::new()),
-            closing: CancellationToken::new(),
+            closing,
             settings,
             mode_change: tokio::sync::Mutex::new(()),
         })
@@ -264,6 +306,54 @@ impl Hub {
     pub async fn set_mode(&self, mode: PermissionMode) -> Result<ModeChange> {
         mode.check(self.rt.bypass_allowed())?;
         let _one = self.mode_change.lock().await;
+        // With --bus every replica takes it up (`follow_shared_mode`).
+        if let Some(shared) = &self.rt.cfg.shared_config {
+            shared
+                .put_mode(super::shared_config::SharedMode {
+                    mode,
+                    interrupt: true,
+                })
+                .await?;
+        }
+        Ok(self.change_mode(mode).await)
+    }
+
+    /// With `--bus`: takes up every permission mode change made on another
+    /// replica, as `set_mode` does here (a `POST /config/mode` denies this
+    /// replica's pending approvals and cancels its runs too; an approved
+    /// plan only switches), until the hub closes. A `bypass` this replica
+    /// does not allow (no `--allow-bypass`) is not taken up, with a warning.
+    pub async fn follow_shared_mode(self: Arc<Self>) {
+        let Some(shared) = self.rt.cfg.shared_config.clone() else {
+            return;
+        };
+        let mut changes = shared.mode_changes();
+        loop {
+            if let Some(m) = shared.mode() {
+                if m.mode != self.rt.mode() {
+                    if m.mode.check(self.rt.bypass_allowed()).is_err() {
+                        tracing::warn!(
+                            "another replica chose the bypass mode, which this replica does not allow (no --allow-bypass): staying in {}",
+                            self.rt.mode().as_str()
+                        );
+                    } else if m.interrupt {
+                        let _one = self.mode_change.lock().await;
+                        self.change_mode(m.mode).await;
+                    } else {
+                        self.rt.set_mode(m.mode);
+                    }
+                }
+            }
+            tokio::select! {
+                changed = changes.changed() => if changed.is_err() { return },
+                _ = self.closing.cancelled() => return,
+            }
+        }
+    }
+
+    /// Switches the mode here, denying pending approvals and cancelling
+    /// runs when it changed; called with `mode_change` held.
+    async fn change_mode(&self, mode: PermissionMode) -> ModeChange {
         let changed = self.rt.set_mode(mode);
         let (mut cancelled_runs, mut denied_approvals) = (0, 0);
         if changed {
@@ -286,12 +376,12 @@ impl Hub {
                 let _ = tokio::time::timeout_at(deadline, settled).await;
             }
         }
-        Ok(ModeChange {
+        ModeChange {
             config: self.config_info(),
             changed,
             cancelled_runs,
             denied_approvals,
-        })
+        }
     }
 
     /// The workspace's always-allow rules.
@@ -705,9 +795,7 @@ impl Hub {
 
     /// What is kept in one home and not shared between replicas yet: with
     /// `--bus` it is refused (conflict, reason `not_shared`), never done on
-    /// one replica only. Delete and fork move and copy ledger files, and a
-    /// session's history is a JetStream subject they do not handle yet;
-    /// memory notes are files in each replica's home.
+    /// one replica only: memory notes are files in each replica's home.
     pub fn needs_file_ledgers(&self, what: &str) -> Result<()> {
         match self.rt.cfg.nats {
             Some(_) => Err(Error::conflict(format!(
@@ -723,7 +811,9 @@ impl Hub {
     /// to the home's trash, it leaves the listing, and the id is not found
     /// from then on.
     pub async fn delete(&self, id: &str) -> Result<()> {
-        self.needs_file_ledgers("deleting a session")?;
+        if let Some(client) = self.rt.cfg.nats.clone() {
+            return self.delete_shared(id, &client).await;
+        }
         let s = self.get(id).await?;
         s.begin_delete()?;
         s.close_streams("deleted").await;
@@ -756,6 +846,48 @@ impl Hub {
         Ok(())
     }
 
+    /// `delete` with `--bus`, on the replica holding the session (a delete
+    /// sent elsewhere is forwarded here): its subject is purged from the
+    /// stream (there is no trash), its summary leaves the shared index, and
+    /// then its lease is given back, so until the purge is done nobody else
+    /// loads it, and after it a load finds no session (404). Other
+    /// replicas' mirrors find the subject empty and close their streams
+    /// with `deleted` too (`mirror.rs`).
+    async fn delete_shared(&self, id: &str, client: &async_nats::Client) -> Result<()> {
+        let s = match self.find(id).await? {
+            Located::Local(s) => s,
+            Located::Remote(owner) => return Err(served_elsewhere(id, &owner)),
+        };
+        s.begin_delete()?;
+        s.close_streams("deleted").await;
+        let purged = super::jetstream::purge_session(client, id).await;
+        if purged.is_ok() {
+            if let Some(shared) = &self.rt.cfg.shared_index {
+                if let Err(e) = shared.remove(id).await {
+                    tracing::warn!(session = id, "{}", e.message);
+                }
+            }
+        }
+        // Dropped from the map (as after a failed move to the trash, the
+        // next use loads what the stream still holds).
+        let cell = self.loaded().get(id).cloned();
+        if let Some(cell) = cell {
+            self.forget(id, &cell);
+        }
+        if let Some(owners) = &self.rt.cfg.owners {
+            owners.release(id).await;
+        }
+        purged?;
+        self.index.remove(id);
+        self.rt.search().delete(id);
+        self.save_index().await;
+        tracing::info!(
+            session = id,
+            "session deleted: its subject purged from the stream"
+        );
+        Ok(())
+    }
+
     /// Gives session `id` a title of the client's choosing (kept in
     /// `sessions/<id>.title`, so it survives restarts and index rebuilds).
     pub async fn rename(&self, id: &str, title: &str) -> Result<SessionInfo> {
@@ -781,23 +913,11 @@ impl Hub {
     /// seqs, then its own from at_seq + 1. Returns it and the seq it was cut at.
     pub async fn fork(&self, id: &str, at_seq: Option<u64>) -> Result<(Arc<Session>, u64)> {
         self.refuse_when_stopping()?;
-        self.needs_file_ledgers("forking a session")?;
+        if let Some(client) = self.rt.cfg.nats.clone() {
+            return self.fork_shared(id, at_seq, &client).await;
+        }
         let parent = self.get(id).await?;
-        let latest = parent.latest_seq();
-        let at = match at_seq {
-            Some(at) if at > latest => {
-                return Err(Error::invalid(format!(
-                    "at_seq {at} is past the session's latest seq {latest}"
-                )))
-            }
-            Some(at) => at,
-            None if parent.is_busy() => {
-                return Err(Error::conflict(format!(
-                    "session {id} has a live run; give at_seq or wait for run_finished"
-                )))
-            }
-            None => latest,
-        };
+        let at = fork_point(&parent, id, at_seq)?;
         // Everything up to `at` is in the ledger file before it is copied.
         parent.flush().await?;
         let child = uuid::Uuid::new_v4().simple().to_string();
@@ -813,6 +933,59 @@ impl Hub {
         self.rt.search().catch_up(&child);
         self.save_index().await;
         tracing::info!(session = %child, parent = id, at_seq = at, "session forked");
+        Ok((forked, at))
+    }
+
+    /// `fork` with `--bus`, on any replica (a fork only reads its parent):
+    /// the parent's records up to `at` as the stream holds them (what a
+    /// file fork copies: events and the notes after them, not admissions or
+    /// snapshots) are appended under a new header to a new subject, which
+    /// this replica then loads, taking its lease.
+    async fn fork_shared(
+        &self,
+        id: &str,
+        at_seq: Option<u64>,
+        client: &async_nats::Client,
+    ) -> Result<(Arc<Session>, u64)> {
+        let parent = match self.find(id).await? {
+            Located::Local(s) => {
+                // Everything up to `at` is in the stream before it is read.
+                s.flush().await?;
+                s
+            }
+            // A mirror shows only what the stream stored.
+            Located::Remote(owner) => self.mirror(id, &owner).await?,
+        };
+        let at = fork_point(&parent, id, at_seq)?;
+        let records = JetStreamLog::open(client.clone(), id).await?.records().await?;
+        let child = uuid::Uuid::new_v4().simple().to_string();
+        let mut batch = Batch::default();
+        batch.push(&Record::Header {
+            session_id: child.clone(),
+            created_at: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
+            workspace: parent.workspace().to_string(),
+        });
+        for r in &records {
+            match r {
+                Record::Event { seq, .. } if *seq > at => break,
+                Record::Event { .. }
+                | Record::Usage(_)
+                | Record::Signature { .. }
+                | Record::Compaction(_)
+                | Record::Undo(_) => batch.push(r),
+                Record::Header { .. } | Record::Admitted { .. } | Record::Snapshot(_) => {}
+            }
+        }
+        // Nobody knows the new id yet: no lease is needed to write it, and
+        // the first use below takes it.
+        let log = Arc::new(JetStreamLog::open(client.clone(), &child).await?);
+        tokio::task::spawn_blocking(move || log.append(&batch))
+            .await
+            .map_err(|e| Error::internal(e.to_string()))?
+            .map_err(|e| storage_error(&e))?;
+        let forked = self.get(&child).await?;
+        self.save_index().await;
+        tracing::info!(session = %child, parent = id, at_seq = at, "session forked into a new subject");
         Ok((forked, at))
     }
 
@@ -1070,6 +1243,22 @@ fn merge_shared(mine: Vec<Entry>, shared: Vec<Entry>) -> Vec<Entry> {
 
 /// Stops `session` writing once its lease is lost (the watch turns
 /// `Some(reason)`); ends quietly when the lease is released or the session goes.
+/// Where a fork of `parent` is cut: `at_seq` (at most its latest seq), or
+/// its latest, refused while a run is live.
+fn fork_point(parent: &Session, id: &str, at_seq: Option<u64>) -> Result<u64> {
+    let latest = parent.latest_seq();
+    match at_seq {
+        Some(at) if at > latest => Err(Error::invalid(format!(
+            "at_seq {at} is past the session's latest seq {latest}"
+        ))),
+        Some(at) => Ok(at),
+        None if parent.is_busy() => Err(Error::conflict(format!(
+            "session {id} has a live run; give at_seq or wait for run_finished"
+        ))),
+        None => Ok(latest),
+    }
+}
+
 fn watch_lease(session: &Arc<Session>, mut lost: tokio::sync::watch::Receiver<Option<String>>) {
     let weak = Arc::downgrade(session);
     tokio::spawn(async move {

@@ -87,6 +87,11 @@ pub const LIVE_PREFIX: &str = "vak.live.";
 pub const WRONG_LAST_SEQUENCE: u64 = 10071;
 /// JetStream's "atomic publish batch contains duplicate message id".
 pub const ATOMIC_DUPLICATE: u64 = 10201;
+/// JetStream error: the expected last sequence could not be checked because
+/// an earlier write to the subject is still being applied (nats-server
+/// 2.12+ answers this under load instead of 10071): asked again, it is
+/// decided.
+pub const LAST_SEQUENCE_IN_FLIGHT: u64 = 10164;
 /// The error every append of a fenced log fails with.
 pub const ANOTHER_WRITER: &str = "another writer appended to this session";
 /// The server's cap on the messages of one atomic batch.
@@ -157,6 +162,25 @@ pub async fn ensure_stream(client: &async_nats::Client, opts: &StreamOptions) ->
     js.get_or_create_stream(stream_config(opts))
         .await
         .map_err(|e| Error::internal(format!("cannot create the JetStream stream {STREAM}: {e}")))?;
+    Ok(())
+}
+
+/// Removes every message of session `id` from the stream (deleting the
+/// session with `--bus`): a mirror finds its subject empty and closes.
+pub async fn purge_session(client: &async_nats::Client, id: &str) -> Result<()> {
+    let js = async_nats::jetstream::new(client.clone());
+    let unavailable = |e: &dyn std::fmt::Display| {
+        Error::new(
+            crate::error::ErrorKind::Unavailable,
+            format!("cannot delete session {id} from the stream {STREAM}: {e}"),
+        )
+    };
+    let stream = js.get_stream(STREAM).await.map_err(|e| unavailable(&e))?;
+    stream
+        .purge()
+        .filter(format!("{SUBJECT_PREFIX}{id}"))
+        .await
+        .map_err(|e| unavailable(&e))?;
     Ok(())
 }
 
@@ -443,6 +467,27 @@ impl JetStreamLog {
         Ok(last.map_or(0, |(seq, _)| seq))
     }
 
+    /// Whether the subject holds no message, asked of the stream's leader
+    /// (a direct get may be served by a replica still catching up): how a
+    /// mirror tells that its session was deleted (purged).
+    pub async fn purged(&self) -> Result<bool> {
+        let js = async_nats::jetstream::new(self.client.clone());
+        let unavailable = |e: &dyn std::fmt::Display| {
+            Error::new(
+                crate::error::ErrorKind::Unavailable,
+                format!("cannot read the log of {}: {e}", self.session),
+            )
+        };
+        let stream = js.get_stream(STREAM).await.map_err(|e| unavailable(&e))?;
+        match stream.get_last_raw_message_by_subject(&self.subject).await {
+            Ok(_) => Ok(false),
+            Err(e) if e.kind() == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound => {
+                Ok(true)
+            }
+            Err(e) => Err(unavailable(&e)),
+        }
+    }
+
     /// Every message of the subject after stream sequence `after`, in
     /// order, with its stream sequence and position.
     pub async fn stored_after(&self, after: u64) -> Result<Vec<Stored>> {
@@ -587,8 +632,11 @@ impl JetStreamLog {
                 // An id of the batch is in the duplicate window: ours (a
                 // retry) or a rival's with the same seq; told apart like 10071.
                 WRONG_LAST_SEQUENCE | ATOMIC_DUPLICATE => PubError::WrongLast,
-                // JetStream not available right now (no leader, no quorum).
-                10008 | 10023 | 10077 => PubError::Transient(format!("{text} ({code})")),
+                // JetStream not available right now (no leader, no quorum),
+                // or an earlier write to the subject still in flight.
+                10008 | 10023 | 10077 | LAST_SEQUENCE_IN_FLIGHT => {
+                    PubError::Transient(format!("{text} ({code})"))
+                }
                 _ => PubError::Refused(format!("{text} (JetStream error {code})")),
             });
         }

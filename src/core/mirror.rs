@@ -90,6 +90,14 @@ async fn follow(
                 _ => true,
             },
             None => match log.head().await {
+                // A subject only empties when its session is deleted (the
+                // holder purged it): this copy closes as the holder's did.
+                Ok(0) if log.purged().await.unwrap_or(false) => {
+                    tracing::info!(session = %s.id(), "the session was deleted on the replica that wrote it");
+                    s.close_streams("deleted").await;
+                    s.stop_writing("the session was deleted");
+                    return;
+                }
                 Ok(head) => head > last,
                 Err(e) => {
                     tracing::debug!(session = %s.id(), "reading the head again later: {e}");

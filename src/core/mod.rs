@@ -28,6 +28,7 @@ pub mod rules;
 pub mod search;
 pub mod secrets;
 pub mod session;
+pub mod shared_config;
 pub mod shared_index;
 pub mod side;
 pub mod terminal;
@@ -102,6 +103,8 @@ pub struct CoreConfig {
     pub owners: Option<std::sync::Arc<owners::Owners>>,
     /// With `nats`: the session index every replica shares (`shared_index.rs`).
     pub shared_index: Option<std::sync::Arc<shared_index::SharedIndex>>,
+    /// With `nats`: the route, rules and keys every replica shares (`shared_config.rs`).
+    pub shared_config: Option<std::sync::Arc<shared_config::SharedConfig>>,
     /// `[server] workspace_roots`: the folders `GET /fs/dirs` may list
     /// (absolute). Empty: the workspace alone.
     pub workspace_roots: Vec<PathBuf>,
@@ -133,6 +136,7 @@ impl CoreConfig {
             nats: None,
             owners: None,
             shared_index: None,
+            shared_config: None,
             workspace_roots: Vec::new(),
             git: PathBuf::from("git"),
         }

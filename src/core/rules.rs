@@ -22,7 +22,15 @@
 //! on every change; writes run on a blocking thread, one at a time, and the
 //! in-memory list that tool calls read is swapped only once the file is
 //! written, so what is listed is what a restart finds.
+//!
+//! With `--bus` the rules live in the bucket every replica shares instead
+//! (`shared_config.rs`, key `rules.<workspace key>`, the same document):
+//! a change is a compare-and-set there, and every replica reads the list
+//! the bucket's watch keeps in memory, so a rule stored by an approval on
+//! one replica lets calls run on any, and a delete on any removes it
+//! everywhere. The home's rules file is then not read.
 
+use super::shared_config::SharedConfig;
 use super::tools::{self, ToolClass};
 use super::workspace;
 use crate::error::{Error, ErrorKind, Result};
@@ -213,6 +221,8 @@ pub struct Rules {
     /// One change at a time, from reading the list to swapping it (the
     /// write itself runs on a blocking thread; readers never wait on it).
     change: tokio::sync::Mutex<()>,
+    /// With `--bus`: the shared bucket, which holds the list instead.
+    shared: Option<Arc<SharedConfig>>,
 }
 
 impl Rules {
@@ -227,6 +237,7 @@ impl Rules {
             workspace,
             list: RwLock::new(Arc::new(Vec::new())),
             change: tokio::sync::Mutex::new(()),
+            shared: None,
         };
         let path = rules.path();
         let loaded = match std::fs::read(&path) {
@@ -247,6 +258,19 @@ impl Rules {
         rules
     }
 
+    /// The rules of `workspace` in the bucket every replica shares (`--bus`).
+    pub fn shared(shared: Arc<SharedConfig>, home: &Path, workspace: &Path) -> Rules {
+        let (workspace, key) = crate::home::workspace_key(workspace);
+        Rules {
+            dir: home.join("permissions"),
+            name: key,
+            workspace,
+            list: RwLock::new(Arc::new(Vec::new())),
+            change: tokio::sync::Mutex::new(()),
+            shared: Some(shared),
+        }
+    }
+
     pub fn path(&self) -> PathBuf {
         self.dir.join(&self.name)
     }
@@ -257,7 +281,19 @@ impl Rules {
     }
 
     pub fn list(&self) -> Arc<Vec<Rule>> {
+        if let Some(shared) = &self.shared {
+            return shared.rules(&self.name);
+        }
         self.list.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The list as the store holds it now: with `--bus`, read from the
+    /// bucket (so a listing made after a change on any replica shows it).
+    pub async fn list_now(&self) -> Result<Arc<Vec<Rule>>> {
+        match &self.shared {
+            Some(shared) => shared.refresh_rules(&self.name).await,
+            None => Ok(self.list()),
+        }
     }
 
     /// The rule that lets a call of `tool` with `input` run without asking.
@@ -276,41 +312,31 @@ impl Rules {
             )));
         }
         let _one = self.change.lock().await;
-        let list = self.list();
-        if let Some(same) = list.iter().find(|r| r.what == c) {
-            return Ok((same.clone(), false));
+        if let Some(shared) = &self.shared {
+            return shared
+                .change_rules(&self.name, &self.workspace, |list| added(list, &c))
+                .await;
         }
-        if list.len() >= MAX_RULES {
-            return Err(Error::new(
-                ErrorKind::ResourceExhausted,
-                format!(
-                    "this workspace already has {MAX_RULES} always-allow rules, the most it keeps: \
-                     delete some first"
-                ),
-            ));
+        let (next, out) = added(&self.list(), &c)?;
+        if let Some(next) = next {
+            self.store(next).await?;
         }
-        let rule = Rule {
-            id: format!("rule_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]),
-            what: c,
-            created_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
-        };
-        let mut next = list.as_ref().clone();
-        next.push(rule.clone());
-        self.store(next).await?;
-        Ok((rule, true))
+        Ok(out)
     }
 
     /// Deletes the rule `id`; the rule deleted. NotFound for an unknown id.
     pub async fn delete(&self, id: &str) -> Result<Rule> {
         super::hub::validate_plain_id("rule id", id)?;
         let _one = self.change.lock().await;
-        let list = self.list();
-        let Some(at) = list.iter().position(|r| r.id == id) else {
-            return Err(Error::not_found(format!("no always-allow rule {id}")));
-        };
-        let mut next = list.as_ref().clone();
-        let gone = next.remove(at);
-        self.store(next).await?;
+        if let Some(shared) = &self.shared {
+            return shared
+                .change_rules(&self.name, &self.workspace, |list| deleted(list, id))
+                .await;
+        }
+        let (next, gone) = deleted(&self.list(), id)?;
+        if let Some(next) = next {
+            self.store(next).await?;
+        }
         Ok(gone)
     }
 
@@ -333,6 +359,43 @@ impl Rules {
         *self.list.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(file.rules);
         Ok(())
     }
+}
+
+/// `list` with `c` added (None when an identical rule is there already):
+/// the list to store and what `add` answers.
+type Added = (Option<Vec<Rule>>, (Rule, bool));
+
+fn added(list: &[Rule], c: &Candidate) -> Result<Added> {
+    if let Some(same) = list.iter().find(|r| r.what == *c) {
+        return Ok((None, (same.clone(), false)));
+    }
+    if list.len() >= MAX_RULES {
+        return Err(Error::new(
+            ErrorKind::ResourceExhausted,
+            format!(
+                "this workspace already has {MAX_RULES} always-allow rules, the most it keeps: \
+                 delete some first"
+            ),
+        ));
+    }
+    let rule = Rule {
+        id: format!("rule_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]),
+        what: c.clone(),
+        created_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+    };
+    let mut next = list.to_vec();
+    next.push(rule.clone());
+    Ok((Some(next), (rule, true)))
+}
+
+/// `list` without the rule `id`, and that rule; NotFound for an unknown id.
+fn deleted(list: &[Rule], id: &str) -> Result<(Option<Vec<Rule>>, Rule)> {
+    let Some(at) = list.iter().position(|r| r.id == id) else {
+        return Err(Error::not_found(format!("no always-allow rule {id}")));
+    };
+    let mut next = list.to_vec();
+    let gone = next.remove(at);
+    Ok((Some(next), gone))
 }
 
 #[cfg(test)]

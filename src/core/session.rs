@@ -84,7 +84,10 @@ impl Runtime {
         mode: Arc<watch::Sender<PermissionMode>>,
         search: Arc<super::search::Search>,
     ) -> Runtime {
-        let rules = Rules::load(&cfg.home, &cfg.workspace);
+        let rules = match &cfg.shared_config {
+            Some(shared) => Rules::shared(shared.clone(), &cfg.home, &cfg.workspace),
+            None => Rules::load(&cfg.home, &cfg.workspace),
+        };
         let memory = super::memory::Memory::new(&cfg.home, &cfg.workspace);
         let workspace = crate::home::workspace_key(&cfg.workspace).0;
         Runtime {
@@ -922,6 +925,15 @@ impl Session {
             if tool == PLAN_TOOL && answer.approve {
                 let mode = answer.mode.unwrap_or(PermissionMode::Default);
                 self.rt.set_mode(mode);
+                // With --bus every replica switches too (without interrupting).
+                if let Some(shared) = self.rt.cfg.shared_config.clone() {
+                    tokio::spawn(async move {
+                        let m = super::shared_config::SharedMode { mode, interrupt: false };
+                        if let Err(e) = shared.put_mode(m).await {
+                            tracing::warn!("the plan's mode did not reach the other replicas: {}", e.message);
+                        }
+                    });
+                }
                 tracing::info!(session = %self.id, mode = mode.as_str(), "plan approved: permission mode changed");
             }
             self.publish(event)

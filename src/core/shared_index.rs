@@ -107,6 +107,14 @@ impl SharedIndex {
             })
     }
 
+    /// Drops session `id`'s summary (the session was deleted).
+    pub async fn remove(&self, id: &str) -> Result<()> {
+        self.kv
+            .purge(id)
+            .await
+            .map_err(|e| nats_error(&format!("cannot remove session {id} from the session index"), e))
+    }
+
     /// The summary of session `id`, if the bucket has one.
     pub async fn get(&self, id: &str) -> Option<Summary> {
         let value = self.kv.get(id).await.ok()??;

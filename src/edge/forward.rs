@@ -29,12 +29,13 @@ use tonic::{Code, Request, Status};
 
 /// The RPCs a replica forwards to a session's owner: every change to a
 /// session that the owner's memory or its single writer must make.
-pub const METHODS: [&str; 10] = [
+pub const METHODS: [&str; 11] = [
     "Run",
     "Steer",
     "Approve",
     "Cancel",
     "RenameSession",
+    "DeleteSession",
     "ClearSession",
     "UndoSession",
     "CompactSession",
@@ -188,6 +189,7 @@ async fn answer(api: &AgentApi, method: &str, body: bytes::Bytes) -> Result<Vec<
         "Approve" => dispatch(body, |r: Request<pb::ApproveRequest>| api.approve(r)).await,
         "Cancel" => dispatch(body, |r: Request<pb::CancelRequest>| api.cancel(r)).await,
         "RenameSession" => dispatch(body, |r: Request<pb::RenameSessionRequest>| api.rename_session(r)).await,
+        "DeleteSession" => dispatch(body, |r: Request<pb::DeleteSessionRequest>| api.delete_session(r)).await,
         "ClearSession" => dispatch(body, |r: Request<pb::ClearSessionRequest>| api.clear_session(r)).await,
         "UndoSession" => dispatch(body, |r: Request<pb::UndoSessionRequest>| api.undo_session(r)).await,
         "CompactSession" => {

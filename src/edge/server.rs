@@ -118,6 +118,7 @@ impl Server {
     ) -> Result<()> {
         let app = app(self.hub.clone(), &self.cfg).await?;
         tokio::spawn(self.hub.clone().housekeep());
+        tokio::spawn(self.hub.clone().follow_shared_mode());
         let hub = self.hub.clone();
         let grace = self.cfg.shutdown_grace;
         let signal = async move {

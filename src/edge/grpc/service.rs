@@ -614,9 +614,10 @@ impl AgentService for AgentApi {
         _req: Request<pb::ListRulesRequest>,
     ) -> Result<Response<pb::ListRulesResponse>, Status> {
         let rules = self.hub.rules();
+        let list = rules.list_now().await.map_err(to_status)?;
         ok(pb::ListRulesResponse {
             workspace: rules.workspace().to_string(),
-            rules: rules.list().iter().cloned().map(convert::rule).collect(),
+            rules: list.iter().cloned().map(convert::rule).collect(),
             max_rules: crate::core::rules::MAX_RULES as u32,
         })
     }
@@ -664,6 +665,7 @@ impl AgentService for AgentApi {
         &self,
         _req: Request<pb::ListProvidersRequest>,
     ) -> Result<Response<pb::ListProvidersResponse>, Status> {
+        self.hub.settings().refresh_keys().await.map_err(to_status)?;
         ok(pb::ListProvidersResponse {
             providers: self
                 .hub
@@ -684,6 +686,7 @@ impl AgentService for AgentApi {
         // exist is not found (a malformed body field elsewhere is a 400).
         let kind = config::parse_provider(&r.provider, "provider")
             .map_err(|e| to_status(crate::error::Error::not_found(e.message)))?;
+        self.hub.settings().refresh_keys().await.map_err(to_status)?;
         let models = self.hub.settings().list_models(kind).await.map_err(to_status)?;
         ok(pb::ListModelsResponse {
             provider: kind.as_str().to_string(),
@@ -747,10 +750,19 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::DeleteSessionRequest>,
     ) -> Result<Response<pb::DeleteSessionResponse>, Status> {
-        let id = req.into_inner().session_id;
-        if id.is_empty() {
+        let forwarded = is_forwarded(&req);
+        let r = req.into_inner();
+        if r.session_id.is_empty() {
             return Err(Status::invalid_argument("session_id is required"));
         }
+        // With --bus the holder deletes (it purges the session's subject).
+        if let Served::There(answer) = self
+            .here_or_forward(forwarded, &r.session_id, "DeleteSession", &r, FORWARD_TIMEOUT)
+            .await?
+        {
+            return Ok(answer);
+        }
+        let id = r.session_id;
         self.hub.delete(&id).await.map_err(to_status)?;
         ok(pb::DeleteSessionResponse {
             session_id: id,
