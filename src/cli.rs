@@ -161,6 +161,12 @@ pub struct ServeArgs {
     /// (MiB); a subscriber past it resumes from its cursor instead of growing.
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..=65_536))]
     pub max_queued_mib: u64,
+    /// A session with at least 32 subscribers wakes them at most once per
+    /// this many milliseconds, so each wake-up carries every frame of the
+    /// window (the first frame after a quiet window goes out at once); 0
+    /// wakes them at every frame.
+    #[arg(long, default_value_t = crate::core::bus::DEFAULT_FLUSH_WINDOW.as_millis() as u64, value_parser = clap::value_parser!(u64).range(0..=1000))]
+    pub flush_window_ms: u64,
     /// The permission mode the server starts in: default (edits and
     /// commands ask), accept-edits (commands ask), plan (read-only tools
     /// only) or bypass (nothing asks; needs --allow-bypass). Clients change it
@@ -261,6 +267,7 @@ impl ServeArgs {
         };
         core.unload_idle_after = std::time::Duration::from_secs(self.unload_idle_after);
         core.bus.max_total_queued_bytes = (self.max_queued_mib as usize) << 20;
+        core.bus.flush_window = std::time::Duration::from_millis(self.flush_window_ms);
         core.permission = match self.permission_mode {
             PermissionArg::Default => PermissionMode::Default,
             PermissionArg::AcceptEdits => PermissionMode::AcceptEdits,

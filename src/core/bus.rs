@@ -10,6 +10,12 @@
 //! does not end: it resumes from its own cursor (the ring, else the log on
 //! disk) inside the same stream, so a slow reader sees neither a gap nor a
 //! resync, and a stalled one costs no more than its budget.
+//!
+//! Wake-ups are the cost that grows with subscribers: one per subscriber
+//! per commit. A session with at least `flush_from` subscribers wakes them at
+//! most once per `flush_window` (the first commit after a quiet window at
+//! once, later ones at the window's end, all together), so at a high event
+//! rate each wake-up carries several frames and costs one write.
 
 use super::event::Frame;
 use super::ledger::Log;
@@ -24,6 +30,15 @@ use tokio::sync::Notify;
 /// limit (gRPC's default is 4 MiB) must never be what ends its stream. Past
 /// it the queue fills, is dropped, and its reader resumes from its cursor.
 const MAX_MERGED: usize = 1 << 20;
+
+/// See `BusConfig::flush_window`; BENCHMARKS.md has how it was chosen.
+pub const DEFAULT_FLUSH_WINDOW: Duration = Duration::from_millis(2);
+/// See `BusConfig::flush_from`.
+pub const DEFAULT_FLUSH_FROM: usize = 32;
+
+/// Deliveries `Subscription::recv` takes at once: few, since what it holds
+/// is outside the queue's byte budget.
+const RECV_AHEAD: usize = 16;
 
 /// Queued payload bytes across every subscriber of the process.
 #[derive(Clone, Debug, Default)]
@@ -49,6 +64,11 @@ pub struct BusConfig {
     pub max_total_queued_bytes: usize,
     /// The running total behind `max_total_queued_bytes`, shared by every bus.
     pub total: QueuedTotal,
+    /// The shortest time between two wake-ups of a session's subscribers
+    /// once it has `flush_from` of them (zero: every commit wakes them).
+    pub flush_window: Duration,
+    /// Subscribers from which commits inside one `flush_window` share a wake-up.
+    pub flush_from: usize,
 }
 
 impl Default for BusConfig {
@@ -59,6 +79,8 @@ impl Default for BusConfig {
             max_queued_bytes: 16 << 20,
             max_total_queued_bytes: 512 << 20,
             total: QueuedTotal::default(),
+            flush_window: DEFAULT_FLUSH_WINDOW,
+            flush_from: DEFAULT_FLUSH_FROM,
         }
     }
 }
@@ -99,6 +121,10 @@ struct Inner {
     ring: VecDeque<Arc<Frame>>,
     subs: Vec<Arc<SubQueue>>,
     closed: Option<String>,
+    /// When the subscribers were last woken together (see `flush_window`).
+    last_wake: Option<tokio::time::Instant>,
+    /// A wake-up at the end of the current window is scheduled.
+    wake_due: bool,
 }
 
 impl Shared {
@@ -133,6 +159,8 @@ impl Bus {
                     ring: retained.into_iter().skip(skip).collect(),
                     subs: Vec::new(),
                     closed: None,
+                    last_wake: None,
+                    wake_due: false,
                 }),
                 cfg,
                 subscribed: Notify::new(),
@@ -153,16 +181,59 @@ impl Bus {
     /// Makes durable frames visible: retained for replay and handed to every
     /// subscriber. Frames come numbered, in order, each one after the last.
     pub fn commit(&self, frames: Vec<Arc<Frame>>) {
+        if frames.is_empty() {
+            return;
+        }
         let mut inner = self.shared.lock();
         let ring = self.shared.cfg.ring;
-        for frame in frames {
+        for frame in &frames {
             inner.latest = frame.seq;
             if inner.ring.len() == ring {
                 inner.ring.pop_front();
             }
             inner.ring.push_back(frame.clone());
-            inner.subs.retain(|q| q.offer(&frame));
         }
+        let wake = self.wake_now(&mut inner);
+        inner.subs.retain(|q| q.offer(&frames, wake));
+    }
+
+    /// Whether this commit wakes the subscribers now; if not, a wake-up at
+    /// the end of the window is (or already was) scheduled.
+    fn wake_now(&self, inner: &mut Inner) -> bool {
+        let cfg = &self.shared.cfg;
+        if cfg.flush_window.is_zero() || inner.subs.len() < cfg.flush_from {
+            return true;
+        }
+        let now = tokio::time::Instant::now();
+        let due = match inner.last_wake {
+            Some(last) if now < last + cfg.flush_window => last + cfg.flush_window,
+            _ => {
+                inner.last_wake = Some(now);
+                return true;
+            }
+        };
+        if inner.wake_due {
+            return false;
+        }
+        // Outside a runtime (never in the server) nobody could wake them later.
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            inner.last_wake = Some(now);
+            return true;
+        };
+        inner.wake_due = true;
+        let shared = Arc::downgrade(&self.shared);
+        rt.spawn(async move {
+            tokio::time::sleep_until(due).await;
+            if let Some(shared) = shared.upgrade() {
+                let mut inner = shared.lock();
+                inner.wake_due = false;
+                inner.last_wake = Some(tokio::time::Instant::now());
+                for q in &inner.subs {
+                    q.wake_if_pending();
+                }
+            }
+        });
+        false
     }
 
     /// Subscribes: `after` None means live frames only; Some(n) replays
@@ -216,6 +287,7 @@ fn subscribe(shared: &Arc<Shared>, after: Option<u64>) -> Subscription {
         queue: Arc::new(SubQueue::new(&shared.cfg)),
         catching_up: false,
         done: false,
+        ready: VecDeque::new(),
     };
     if let Some(n) = after {
         // What is due up to `latest` is read from the ring (or, older, the
@@ -300,13 +372,35 @@ impl SubQueue {
         !st.detached && !st.lagged && st.end.is_none()
     }
 
-    /// Queues `frame`; false means this queue is gone and the bus drops it.
-    fn offer(&self, frame: &Arc<Frame>) -> bool {
+    /// Queues `frames`, waking the reader if `wake` (otherwise the bus wakes
+    /// it at the end of its flush window); false means this queue is gone and
+    /// the bus drops it.
+    fn offer(&self, frames: &[Arc<Frame>], wake: bool) -> bool {
         let mut guard = self.lock();
         let st = &mut *guard;
         if st.detached || st.lagged || st.end.is_some() {
             return false;
         }
+        for frame in frames {
+            if !self.place(st, frame) {
+                // Everything queued stays deliverable; past it the reader
+                // resumes from its cursor, so nothing is lost by dropping here.
+                st.lagged = true;
+                drop(guard);
+                self.notify.notify_one();
+                return false;
+            }
+        }
+        drop(guard);
+        if wake {
+            self.notify.notify_one();
+        }
+        true
+    }
+
+    /// Queues one frame, merging it into the tail when the queue is full;
+    /// false when it does not fit.
+    fn place(&self, st: &mut QueueState, frame: &Arc<Frame>) -> bool {
         // A delta merged into the tail costs its text, not another frame.
         let mut cost = frame.size;
         let fits = st.bytes + frame.size <= self.budget && self.total.get() + frame.size <= self.total_budget;
@@ -322,11 +416,6 @@ impl SubQueue {
                 merged || st.frames.len() < self.cap
             });
         if !placed {
-            // Everything queued stays deliverable; past it the reader
-            // resumes from its cursor, so nothing is lost by dropping here.
-            st.lagged = true;
-            drop(guard);
-            self.notify.notify_one();
             return false;
         }
         if st.frames.back().is_none_or(|b| b.seq < frame.seq) {
@@ -334,9 +423,15 @@ impl SubQueue {
         }
         let bytes = st.bytes + cost;
         self.set_bytes(st, bytes);
-        drop(guard);
-        self.notify.notify_one();
         true
+    }
+
+    /// Wakes the reader if frames wait for it (a reader that took them while
+    /// it was awake anyway needs no wake-up).
+    fn wake_if_pending(&self) {
+        if !self.lock().frames.is_empty() {
+            self.notify.notify_one();
+        }
     }
 
     fn end(&self, end: End) {
@@ -413,6 +508,8 @@ pub struct Subscription {
     /// Resumed after its queue overflowed: replayed deltas merge.
     catching_up: bool,
     done: bool,
+    /// Taken by `recv` ahead of its caller, in order (empty before `resume`).
+    ready: VecDeque<Delivery>,
 }
 
 impl Subscription {
@@ -421,16 +518,24 @@ impl Subscription {
         self.latest_seq
     }
 
-    /// The next delivery; None after the end has been delivered.
+    /// The next delivery; None after the end has been delivered. What is
+    /// queued is taken a few at a time (one lock, one allocation), so a
+    /// reader of single deliveries costs little more than one of batches.
     pub async fn recv(&mut self) -> Option<Delivery> {
-        let mut batch = self.recv_many(1).await;
-        batch.pop()
+        if self.ready.is_empty() {
+            self.ready = self.recv_many(RECV_AHEAD).await.into();
+        }
+        self.ready.pop_front()
     }
 
     /// Up to `max` deliveries at once (at least one unless the subscription is
     /// over), so an edge can coalesce what is queued into one write.
     pub async fn recv_many(&mut self, max: usize) -> Vec<Delivery> {
         let max = max.max(1);
+        if !self.ready.is_empty() {
+            let n = max.min(self.ready.len());
+            return self.ready.drain(..n).collect();
+        }
         loop {
             if self.done {
                 return Vec::new();
@@ -985,7 +1090,7 @@ mod tests {
             queue: 1 << 20,
             max_queued_bytes: 1 << 20,
             max_total_queued_bytes: 100 * 1024,
-            total: QueuedTotal::default(),
+            ..BusConfig::default()
         };
         let b = Bus::new("s".into(), cfg, None, 0, Vec::new());
         let subs: Vec<Subscription> = (0..10).map(|_| b.subscribe(None)).collect();
@@ -1032,5 +1137,75 @@ mod tests {
         let start = tokio::time::Instant::now();
         b.wait_for_subscriber(Duration::from_secs(2)).await;
         assert_eq!(start.elapsed(), Duration::ZERO, "no wait when someone watches");
+    }
+
+    fn flushing_bus(window_ms: u64, from: usize) -> Bus {
+        let cfg = BusConfig {
+            flush_window: Duration::from_millis(window_ms),
+            flush_from: from,
+            ..BusConfig::default()
+        };
+        Bus::new("s".into(), cfg, None, 0, Vec::new())
+    }
+
+    /// What `sub` has ready right now (without waiting), as seqs.
+    fn ready(sub: &mut Subscription) -> Option<Vec<u64>> {
+        use futures_util::FutureExt;
+        sub.recv_many(64).now_or_never().map(|d| seqs(&d))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_busy_session_with_many_subscribers_wakes_them_once_per_flush_window() {
+        let b = flushing_bus(10, 3);
+        let mut subs: Vec<Subscription> = (0..3).map(|_| b.subscribe(None)).collect();
+        // The first commit after a quiet window goes out at once.
+        publish(&b, text("a"));
+        for s in &mut subs {
+            assert_eq!(ready(s), Some(vec![1]));
+        }
+        // Readers waiting for more: commits inside the window wait for its
+        // end, then come together in one wake-up.
+        let start = tokio::time::Instant::now();
+        let waiting: Vec<_> = subs
+            .into_iter()
+            .map(|mut s| {
+                tokio::spawn(async move {
+                    let got = seqs(&s.recv_many(64).await);
+                    (got, start.elapsed(), s)
+                })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        tokio::time::advance(Duration::from_millis(1)).await;
+        publish(&b, text("b"));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        publish(&b, text("c"));
+        let mut subs = Vec::new();
+        for w in waiting {
+            let (got, woken, s) = w.await.unwrap();
+            assert_eq!(got, vec![2, 3], "one wake-up carries both frames");
+            assert_eq!(woken, Duration::from_millis(10), "woken at the window's end");
+            subs.push(s);
+        }
+        // After a quiet window, again at once.
+        tokio::time::advance(Duration::from_millis(10)).await;
+        publish(&b, text("d"));
+        for s in &mut subs {
+            assert_eq!(ready(s), Some(vec![4]));
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn below_flush_from_or_with_no_window_every_commit_wakes_at_once() {
+        for b in [flushing_bus(10, 3), flushing_bus(0, 1)] {
+            let mut subs: Vec<Subscription> = (0..2).map(|_| b.subscribe(None)).collect();
+            for n in 1..=3 {
+                publish(&b, text("x"));
+                for s in &mut subs {
+                    assert_eq!(ready(s), Some(vec![n]));
+                }
+                tokio::time::advance(Duration::from_millis(1)).await;
+            }
+        }
     }
 }
