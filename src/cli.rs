@@ -448,10 +448,13 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
                 " (keys not shared: no --bus-secret-file)"
             }
         );
+        let shared_memory =
+            crate::core::shared_memory::SharedMemory::open(client.clone(), opts.replicas).await?;
         cfg.core.nats = Some(client);
         cfg.core.owners = Some(owners);
         cfg.core.shared_index = Some(shared_index);
         cfg.core.shared_config = Some(shared_config);
+        cfg.core.shared_memory = Some(shared_memory);
     }
     let max_connections = cfg.max_connections;
     let tls = if args.tls_self_signed {

@@ -55,7 +55,28 @@ impl Replica {
         ws: tempfile::TempDir,
         workspace: &std::path::Path,
     ) -> Replica {
-        let home = tempfile::tempdir().unwrap();
+        Replica::start_home(
+            bus,
+            name,
+            ttl_ms,
+            more,
+            ws,
+            workspace,
+            tempfile::tempdir().unwrap(),
+        )
+        .await
+    }
+
+    /// `start_in` with the home `home` (what it already holds is the replica's).
+    async fn start_home(
+        bus: &str,
+        name: &str,
+        ttl_ms: &str,
+        more: &[&str],
+        ws: tempfile::TempDir,
+        workspace: &std::path::Path,
+        home: tempfile::TempDir,
+    ) -> Replica {
         let mut cmd = vak(&[
             "serve",
             "--listen",
@@ -351,8 +372,7 @@ async fn sessions_created_or_renamed_on_any_replica_are_listed_on_every_replica(
 
 /// Every other change to a session sent to a replica that does not hold
 /// it is made by the holder (forwarded as Run is), so it reaches every
-/// replica's streams and reads; what replicas do not share yet (memory
-/// notes) is refused with 409 `not_shared`, changing nothing.
+/// replica's streams and reads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_changes_sent_to_a_replica_that_does_not_hold_the_session_are_made_by_the_holder() {
     let (nats, a, b, sid, mut sse) = two_replicas().await;
@@ -431,14 +451,6 @@ async fn session_changes_sent_to_a_replica_that_does_not_hold_the_session_are_ma
         "{e}"
     );
 
-    // Memory notes are kept in one home: refused on every replica.
-    for api in [&a.api, &b.api] {
-        let refusals = [api.post("/memory", json!({"text": "remember me"})).await];
-        for (code, e) in refusals {
-            assert_eq!(code, 409, "{e}");
-            assert_eq!(e["error"]["reason"], "not_shared", "{e}");
-        }
-    }
     let (code, _) = b.api.get(&format!("/sessions/{sid}/transcript")).await;
     assert_eq!(code, 200);
     assert_eq!(lease_of(&kv, &sid).await.unwrap().replica, "ra", "B took nothing");
@@ -1282,4 +1294,253 @@ async fn a_permission_mode_set_on_one_replica_is_every_replicas() {
 
     let c = Replica::start_with(&nats.url(), "rc", TTL_MS, &["--permission-mode", "accept-edits"]).await;
     assert_eq!(c.api.get("/config").await.1["permission_mode"], "plan");
+}
+
+/// `GET /memory` on `r`.
+async fn memory_on(r: &Replica) -> Value {
+    let (code, v) = r.api.get("/memory").await;
+    assert_eq!(code, 200, "{v}");
+    v
+}
+
+/// Memory notes live in the bucket VAK_MEMORY: a note added on one replica
+/// is listed identically on every replica sharing the workspace and reaches
+/// the system prompt of a run another replica holds, a patch on one is seen
+/// on another, a delete on a third removes it everywhere (a patch or delete
+/// of it sent afterwards to any replica is 404, as in one process), adds
+/// made at once on several replicas are all kept, and the 200-note bound
+/// holds across replicas: of three adds racing for the last place, one is
+/// made and two are 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_notes_changed_on_any_replica_are_every_replicas_and_reach_the_prompt_of_a_run_held_by_another(
+) {
+    let nats = Cluster::three().await;
+    let fake = FakeProvider::start().await;
+    let base = format!("{}/v1", fake.url);
+    let ws = tempfile::tempdir().unwrap();
+    let flags = ["--provider", "openai", "--model", "gpt-4.1", "--base-url", &base];
+    let start = |name: &'static str| {
+        let url = nats.url();
+        let ws = ws.path().to_path_buf();
+        async move { Replica::start_in(&url, name, TTL_MS, &flags, tempfile::tempdir().unwrap(), &ws).await }
+    };
+    let a = start("ra").await;
+    let b = start("rb").await;
+    let c = start("rc").await;
+
+    // Added on A: listed identically on B and C.
+    let (code, note) = a
+        .api
+        .post(
+            "/memory",
+            json!({"text": "CLUSTER-NOTE: run make test", "kind": "rule"}),
+        )
+        .await;
+    assert_eq!(code, 201, "{note}");
+    let (code, user) = a
+        .api
+        .post(
+            "/memory",
+            json!({"text": "USER-NOTE: call me Sam", "scope": "user"}),
+        )
+        .await;
+    assert_eq!(code, 201, "{user}");
+    let listed = memory_on(&a).await;
+    assert_eq!(listed["notes"], json!([note, user]), "{listed}");
+    for r in [&b, &c] {
+        assert_eq!(memory_on(r).await, listed, "listed identically");
+    }
+
+    // A run held by C has both in its system prompt.
+    let sid = c.api.create_session().await;
+    let mut sse = c.api.events(&sid, None).await;
+    fake.script([Reply::fixture("openai/text.sse")]);
+    let (code, _) = c.api.run(&sid, "hello").await;
+    assert_eq!(code, 202);
+    assert_eq!(finished(&sse.until("run_finished").await)["outcome"], "completed");
+    let system = fake.requests()[0].body["messages"][0]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        system.contains("- CLUSTER-NOTE: run make test") && system.contains("- USER-NOTE: call me Sam"),
+        "{system}"
+    );
+
+    // Patched on B: C lists the new text, with the note's provenance kept.
+    let id = note["id"].as_str().unwrap();
+    let path = format!("/memory/{id}");
+    let (code, patched) = b
+        .api
+        .send(
+            reqwest::Method::PATCH,
+            &path,
+            Some(json!({"text": "CLUSTER-NOTE: run make lint too"})),
+        )
+        .await;
+    assert_eq!(code, 200, "{patched}");
+    assert_eq!(
+        (&patched["created_at"], &patched["kind"]),
+        (&note["created_at"], &note["kind"])
+    );
+    assert_eq!(memory_on(&c).await["notes"], json!([patched, user]));
+
+    // Deleted on C: gone everywhere; a patch or delete of it made after,
+    // on any replica, finds nothing.
+    let (code, gone) = c.api.delete(&path).await;
+    assert_eq!(code, 200, "{gone}");
+    assert_eq!(gone["note"], patched);
+    for r in [&a, &b, &c] {
+        assert_eq!(memory_on(r).await["notes"], json!([user]));
+    }
+    let (code, e) = a
+        .api
+        .send(reqwest::Method::PATCH, &path, Some(json!({"text": "too late"})))
+        .await;
+    assert_eq!(
+        (code, e["error"]["code"].as_str()),
+        (404, Some("not_found")),
+        "{e}"
+    );
+    let (code, e) = b.api.delete(&path).await;
+    assert_eq!(code, 404, "{e}");
+
+    // Adds made at once through every replica are all kept.
+    let adds = [&a, &b, &c].map(|r| async move {
+        let mut made = Vec::new();
+        for i in 0..5 {
+            let (code, n) = r
+                .api
+                .post("/memory", json!({"text": format!("racing {i}"), "scope": "user"}))
+                .await;
+            assert_eq!(code, 201, "{n}");
+            made.push(n["id"].as_str().unwrap().to_string());
+        }
+        made
+    });
+    let made: Vec<String> = futures_util::future::join_all(adds).await.concat();
+    let listed = memory_on(&b).await;
+    let ids: Vec<&str> = listed["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 1 + made.len(), "{listed}");
+    assert!(made.iter().all(|m| ids.contains(&m.as_str())), "{listed}");
+
+    // The bound holds across replicas: filled to one short of 200, three
+    // adds race for the last place; one is made, two are refused.
+    let max = listed["max_notes"].as_u64().unwrap() as usize;
+    let replicas = [&a, &b, &c];
+    for i in ids.len()..max - 1 {
+        let (code, n) = replicas[i % 3]
+            .api
+            .post("/memory", json!({"text": format!("fact {i}"), "scope": "user"}))
+            .await;
+        assert_eq!(code, 201, "{n}");
+    }
+    let last = replicas.map(|r| async move {
+        r.api
+            .post("/memory", json!({"text": "the last place", "scope": "user"}))
+            .await
+    });
+    let answers = futures_util::future::join_all(last).await;
+    let made: Vec<_> = answers.iter().filter(|(code, _)| *code == 201).collect();
+    assert_eq!(made.len(), 1, "{answers:?}");
+    for (code, e) in answers.iter().filter(|(code, _)| *code != 201) {
+        assert_eq!(*code, 429, "{e}");
+        assert_eq!(e["error"]["code"], "resource_exhausted", "{e}");
+        assert!(
+            e["error"]["message"].as_str().unwrap().contains("200 notes"),
+            "{e}"
+        );
+    }
+    for r in [&a, &b, &c] {
+        assert_eq!(memory_on(r).await["notes"].as_array().unwrap().len(), max);
+    }
+}
+
+/// Notes already in a replica's home go into VAK_MEMORY once, when a
+/// replica first reads a tier the bucket never held: a file too large for
+/// the bucket stays out (that replica lists nothing rather than failing),
+/// the next replica's file is imported, preamble and notes, and from then
+/// on every replica lists the bucket's tier whatever its own file says,
+/// and no file is rewritten.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notes_in_a_home_are_imported_once_by_the_first_replica_that_reads_them() {
+    let nats = Cluster::three().await;
+    let ws = tempfile::tempdir().unwrap();
+    let note = |id: &str, text: &str| {
+        format!("<!-- vak:note id={id} created_at=2026-12-01T00:00:00Z updated_at=2026-12-01T00:00:00Z -->\n{text}\n")
+    };
+    let homes = [
+        "# too big\n".to_string() + &"x".repeat(1_030_000) + "\n" + &note("mem_00000000000a", "BIG-NOTE"),
+        format!(
+            "# Sam's profile\nI like tabs.\n\n{}",
+            note("mem_00000000000b", "B-NOTE: call me Sam")
+        ),
+        note("mem_00000000000c", "C-NOTE: never imported"),
+    ];
+    let mut replicas = Vec::new();
+    let mut files = Vec::new();
+    for (name, text) in ["ra", "rb", "rc"].into_iter().zip(homes) {
+        let home = tempfile::tempdir().unwrap();
+        std::fs::write(home.path().join("USER.md"), &text).unwrap();
+        files.push((home.path().join("USER.md"), text));
+        let r = Replica::start_home(
+            &nats.url(),
+            name,
+            TTL_MS,
+            &[],
+            tempfile::tempdir().unwrap(),
+            ws.path(),
+            home,
+        )
+        .await;
+        replicas.push(r);
+    }
+    let [a, b, c] = [&replicas[0], &replicas[1], &replicas[2]];
+    // A's file is past what the bucket holds: not imported, nothing listed.
+    assert_eq!(memory_on(a).await["notes"], json!([]));
+    // B's is imported; C and A list it, not their own.
+    let listed = memory_on(b).await;
+    let notes = listed["notes"].as_array().unwrap();
+    assert_eq!(notes.len(), 1, "{listed}");
+    assert_eq!(
+        (&notes[0]["id"], &notes[0]["text"], &notes[0]["scope"]),
+        (
+            &json!("mem_00000000000b"),
+            &json!("B-NOTE: call me Sam"),
+            &json!("user")
+        )
+    );
+    for r in [c, a] {
+        assert_eq!(memory_on(r).await, listed);
+    }
+    // The preamble came along: a change through C keeps it.
+    let (code, added) = c
+        .api
+        .post("/memory", json!({"text": "C-ADDED", "scope": "user"}))
+        .await;
+    assert_eq!(code, 201, "{added}");
+    let js = async_nats::jetstream::new(nats_client(&nats).await);
+    let kv = js.get_key_value("VAK_MEMORY").await.unwrap();
+    let tier = String::from_utf8(kv.get("user").await.unwrap().unwrap().to_vec()).unwrap();
+    assert!(
+        tier.starts_with("# Sam's profile\nI like tabs.\n")
+            && tier.contains("B-NOTE")
+            && tier.contains("C-ADDED"),
+        "{tier}"
+    );
+    assert!(!tier.contains("C-NOTE") && !tier.contains("BIG-NOTE"), "{tier}");
+    // No home's file was touched.
+    for (path, text) in files {
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            text,
+            "{}",
+            path.display()
+        );
+    }
 }

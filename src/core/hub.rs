@@ -48,9 +48,6 @@ impl From<Error> for LoadError {
     }
 }
 
-/// The reason of a refusal of what replicas do not share yet (`--bus`).
-pub const NOT_SHARED: &str = "not_shared";
-
 /// What a replica that does not hold a session's lease answers for what it cannot forward.
 fn served_elsewhere(id: &str, owner: &Owner) -> Error {
     Error::new(
@@ -791,19 +788,6 @@ impl Hub {
     /// Explicit attach: the same as `get`, named for the API.
     pub async fn attach(&self, id: &str) -> Result<Arc<Session>> {
         self.get(id).await
-    }
-
-    /// What is kept in one home and not shared between replicas yet: with
-    /// `--bus` it is refused (conflict, reason `not_shared`), never done on
-    /// one replica only: memory notes are files in each replica's home.
-    pub fn needs_file_ledgers(&self, what: &str) -> Result<()> {
-        match self.rt.cfg.nats {
-            Some(_) => Err(Error::conflict(format!(
-                "{what} is not available yet when sessions are kept in NATS (--bus): it would change this replica's home only"
-            ))
-            .with_reason(NOT_SHARED)),
-            None => Ok(()),
-        }
     }
 
     /// Deletes session `id`: refused (conflict) while a run is live; its

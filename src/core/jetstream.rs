@@ -184,6 +184,20 @@ pub async fn purge_session(client: &async_nats::Client, id: &str) -> Result<()> 
     Ok(())
 }
 
+/// The configuration vak's KV buckets are made with: the last value of
+/// each key only, on file, `replicas` copies (at least one).
+pub fn bucket_config(bucket: &str, description: &str, max_value: usize, replicas: usize) -> kv::Config {
+    kv::Config {
+        bucket: bucket.into(),
+        description: description.into(),
+        history: 1,
+        max_value_size: max_value as i32,
+        storage: async_nats::jetstream::stream::StorageType::File,
+        num_replicas: replicas.max(1),
+        ..Default::default()
+    }
+}
+
 /// The KV bucket `config.bucket`, created with `config` if it is missing;
 /// an existing one is used as it is. Replicas starting at once may race to
 /// create it: the loser opens the winner's.

@@ -16,9 +16,11 @@
 //! through a temporary file and a rename (0600), so a crash leaves the old
 //! file or the new one, and a hand edit made before the change is kept.
 
+use super::shared_memory::SharedMemory;
 use crate::error::{Error, ErrorKind, Result};
-use std::io::Read;
+use std::io::Read as _;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// The longest note, in bytes of text.
 pub const MAX_NOTE: usize = 4096;
@@ -273,19 +275,36 @@ pub struct Memory {
     workspace_tier: (PathBuf, String),
     user_tier: (PathBuf, String),
     workspace: String,
-    /// One change at a time, from reading a tier to renaming its new file
-    /// into place (the I/O runs on a blocking thread; reads never wait).
+    /// With `--bus`: the tiers live in `VAK_MEMORY` (`shared_memory.rs`),
+    /// the files only seed a tier the bucket never held.
+    shared: Option<Arc<SharedMemory>>,
+    /// The workspace tier's key in the bucket.
+    workspace_key: String,
+    /// One change at a time on this replica, from reading a tier to
+    /// writing it back (the I/O runs on a blocking thread; reads never
+    /// wait). Across replicas the bucket's revision check does this.
     change: tokio::sync::Mutex<()>,
+}
+
+/// A tier as read to be changed: parsed, and the bucket revision a change
+/// must still find (None: in a file, or a key the bucket never held).
+struct Read {
+    tier: Tier,
+    utf8: bool,
+    rev: Option<u64>,
 }
 
 impl Memory {
     /// Blocking (it resolves the workspace's path): call it at startup.
-    pub fn new(home: &Path, workspace: &Path) -> Memory {
+    /// `shared`: the bucket every replica keeps its notes in (`--bus`).
+    pub fn new(home: &Path, workspace: &Path, shared: Option<Arc<SharedMemory>>) -> Memory {
         let (workspace, key) = crate::home::workspace_key(workspace);
         Memory {
             workspace_tier: (home.join("memory"), format!("{key}.md")),
             user_tier: (home.to_path_buf(), "USER.md".into()),
             workspace,
+            shared,
+            workspace_key: format!("{}{key}", super::shared_memory::WORKSPACE_PREFIX),
             change: tokio::sync::Mutex::new(()),
         }
     }
@@ -302,7 +321,14 @@ impl Memory {
         }
     }
 
-    async fn read(&self, scope: Scope) -> Result<(Tier, bool)> {
+    fn bucket_key(&self, scope: Scope) -> &str {
+        match scope {
+            Scope::Workspace => &self.workspace_key,
+            Scope::User => super::shared_memory::USER_KEY,
+        }
+    }
+
+    async fn read_file(&self, scope: Scope) -> Result<(Tier, bool)> {
         let (dir, name) = self.tier_file(scope);
         let path = dir.join(name);
         tokio::task::spawn_blocking(move || read_tier(&path, scope))
@@ -310,8 +336,78 @@ impl Memory {
             .map_err(|e| Error::internal(e.to_string()))?
     }
 
-    /// Writes a tier whole (temporary file, rename, 0600) off the runtime.
-    async fn write(&self, scope: Scope, tier: &Tier) -> Result<()> {
+    /// A tier as its store holds it now: its file, or with `--bus` the
+    /// bucket's key (imported once from this home's file when the bucket
+    /// never held it).
+    async fn read(&self, scope: Scope) -> Result<Read> {
+        let Some(shared) = &self.shared else {
+            let (tier, utf8) = self.read_file(scope).await?;
+            return Ok(Read {
+                tier,
+                utf8,
+                rev: None,
+            });
+        };
+        let key = self.bucket_key(scope);
+        if let Some((text, rev)) = shared.read(key).await? {
+            return Ok(Read {
+                tier: Tier::parse(&text, scope),
+                utf8: true,
+                rev: Some(rev),
+            });
+        }
+        match self.read_file(scope).await {
+            Ok((tier, true)) if !tier.notes.is_empty() || !tier.preamble.trim().is_empty() => {
+                // Whoever imports first, every replica then reads the
+                // bucket's. A file too large for the bucket stays out of
+                // it (the next replica's may go in), never failing a read.
+                match shared.write(key, scope.as_str(), tier.render(), None).await {
+                    Err(e) if e.kind == ErrorKind::TooLarge => tracing::warn!(
+                        scope = scope.as_str(),
+                        "this home's memory file is not imported into {}: {}",
+                        super::shared_memory::BUCKET,
+                        e.message
+                    ),
+                    other => {
+                        other?;
+                    }
+                }
+                if let Some((text, rev)) = shared.read(key).await? {
+                    return Ok(Read {
+                        tier: Tier::parse(&text, scope),
+                        utf8: true,
+                        rev: Some(rev),
+                    });
+                }
+            }
+            Ok((_, true)) => {}
+            Ok((_, false)) => tracing::warn!(
+                scope = scope.as_str(),
+                "this home's memory file is not UTF-8: not imported into {}",
+                super::shared_memory::BUCKET
+            ),
+            Err(e) => tracing::warn!(
+                scope = scope.as_str(),
+                "this home's memory file is not imported into {}: {e}",
+                super::shared_memory::BUCKET
+            ),
+        }
+        Ok(Read {
+            tier: Tier::default(),
+            utf8: true,
+            rev: None,
+        })
+    }
+
+    /// Writes a tier whole: its file (temporary file, rename, 0600, off the
+    /// runtime), or the bucket's key if it is still at `rev`. False when
+    /// another replica changed the tier first.
+    async fn write(&self, scope: Scope, tier: &Tier, rev: Option<u64>) -> Result<bool> {
+        if let Some(shared) = &self.shared {
+            let key = self.bucket_key(scope);
+            let written = shared.write(key, scope.as_str(), tier.render(), rev).await?;
+            return Ok(written.is_some());
+        }
         let (dir, name) = self.tier_file(scope).clone();
         let bytes = tier.render().into_bytes();
         tokio::task::spawn_blocking(move || {
@@ -320,29 +416,52 @@ impl Memory {
             crate::home::write_private_file(&dir, &name, &bytes)
         })
         .await
-        .map_err(|e| Error::internal(e.to_string()))?
+        .map_err(|e| Error::internal(e.to_string()))??;
+        Ok(true)
     }
 
     /// Every note, the workspace's first, each tier oldest first.
     pub async fn list(&self) -> Result<Vec<Note>> {
-        let mut all = self.read(Scope::Workspace).await?.0.notes;
-        all.extend(self.read(Scope::User).await?.0.notes);
+        let mut all = self.read(Scope::Workspace).await?.tier.notes;
+        all.extend(self.read(Scope::User).await?.tier.notes);
         Ok(all)
     }
 
-    /// Reads a tier to change it: refused when it is not UTF-8.
-    async fn read_for_change(&self, scope: Scope) -> Result<Tier> {
-        let (tier, utf8) = self.read(scope).await?;
-        if !utf8 {
-            return Err(Error::new(
-                ErrorKind::Conflict,
-                format!(
-                    "the {} memory file is not valid UTF-8; vak will not rewrite it: fix it by hand",
-                    scope.as_str()
-                ),
-            ));
+    /// Reads `scope`'s tier, lets `f` change it (None: `f` found nothing to
+    /// change, nothing is written) and writes it back; when another replica
+    /// changed the tier meanwhile, reads it again and asks `f` again, so a
+    /// bound or a missing note is decided on the tier as it is. Refused
+    /// when the tier's file is not UTF-8.
+    async fn change_tier<T>(
+        &self,
+        scope: Scope,
+        f: &mut impl FnMut(&mut Tier) -> Result<Option<T>>,
+    ) -> Result<Option<T>> {
+        for _ in 0..super::shared_config::CAS_TRIES {
+            let Read { mut tier, utf8, rev } = self.read(scope).await?;
+            if !utf8 {
+                return Err(Error::new(
+                    ErrorKind::Conflict,
+                    format!(
+                        "the {} memory file is not valid UTF-8; vak will not rewrite it: fix it by hand",
+                        scope.as_str()
+                    ),
+                ));
+            }
+            let Some(out) = f(&mut tier)? else {
+                return Ok(None);
+            };
+            if self.write(scope, &tier, rev).await? {
+                return Ok(Some(out));
+            }
         }
-        Ok(tier)
+        Err(Error::new(
+            ErrorKind::Unavailable,
+            format!(
+                "the {} memory keeps changing on other replicas; try again",
+                scope.as_str()
+            ),
+        ))
     }
 
     /// Appends a note to its tier (the workspace's when none is named).
@@ -354,17 +473,6 @@ impl Memory {
             super::hub::validate_session_id(&new.session_id)?;
         }
         let scope = new.scope.unwrap_or(Scope::Workspace);
-        let _one = self.change.lock().await;
-        let mut tier = self.read_for_change(scope).await?;
-        if tier.notes.len() >= MAX_NOTES {
-            return Err(Error::new(
-                ErrorKind::ResourceExhausted,
-                format!(
-                    "the {} memory already has {MAX_NOTES} notes, the most it keeps: delete some first",
-                    scope.as_str()
-                ),
-            ));
-        }
         let at = now();
         let note = Note {
             id: format!("mem_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]),
@@ -376,13 +484,34 @@ impl Memory {
             created_at: at.clone(),
             updated_at: at,
         };
-        tier.notes.push(note.clone());
-        self.write(scope, &tier).await?;
+        let _one = self.change.lock().await;
+        let added = self
+            .change_tier(scope, &mut |tier| {
+                if tier.notes.len() >= MAX_NOTES {
+                    return Err(Error::new(
+                        ErrorKind::ResourceExhausted,
+                        format!(
+                            "the {} memory already has {MAX_NOTES} notes, the most it keeps: delete some first",
+                            scope.as_str()
+                        ),
+                    ));
+                }
+                tier.notes.push(note.clone());
+                Ok(Some(()))
+            })
+            .await?;
+        debug_assert!(added.is_some());
         Ok(note)
     }
 
-    /// Finds `id` in the named tier, or in either; the tier, parsed, and the note's place.
-    async fn find(&self, id: &str, scope: Option<Scope>) -> Result<(Scope, Tier, usize)> {
+    /// Changes note `id` with `f`, in the named tier or in either (the
+    /// workspace's first); what `f` answers. NotFound for an unknown id.
+    async fn change_note<T>(
+        &self,
+        id: &str,
+        scope: Option<Scope>,
+        mut f: impl FnMut(&mut Tier, usize) -> T,
+    ) -> Result<T> {
         if !valid_id(id) {
             return Err(Error::invalid(format!(
                 "invalid note id {:?}: mem_ and 12 hex digits",
@@ -393,10 +522,13 @@ impl Memory {
             Some(s) => vec![s],
             None => vec![Scope::Workspace, Scope::User],
         };
+        let _one = self.change.lock().await;
         for s in scopes {
-            let tier = self.read_for_change(s).await?;
-            if let Some(at) = tier.notes.iter().position(|n| n.id == id) {
-                return Ok((s, tier, at));
+            let mut find = |tier: &mut Tier| -> Result<Option<T>> {
+                Ok(tier.notes.iter().position(|n| n.id == id).map(|at| f(tier, at)))
+            };
+            if let Some(out) = self.change_tier(s, &mut find).await? {
+                return Ok(out);
             }
         }
         let where_ = scope.map_or(String::new(), |s| format!(" in the {} memory", s.as_str()));
@@ -406,23 +538,19 @@ impl Memory {
     /// Replaces a note's text; its provenance (kind, tag, session, creation) stays.
     pub async fn update(&self, id: &str, text: &str, scope: Option<Scope>) -> Result<Note> {
         let text = validate_text(text)?;
-        let _one = self.change.lock().await;
-        let (scope, mut tier, at) = self.find(id, scope).await?;
-        let note = &mut tier.notes[at];
-        note.text = text;
-        note.updated_at = now();
-        let note = note.clone();
-        self.write(scope, &tier).await?;
-        Ok(note)
+        let at = now();
+        self.change_note(id, scope, |tier, i| {
+            let note = &mut tier.notes[i];
+            note.text = text.clone();
+            note.updated_at = at.clone();
+            note.clone()
+        })
+        .await
     }
 
     /// Forgets a note; the note forgotten. NotFound for an unknown id.
     pub async fn delete(&self, id: &str, scope: Option<Scope>) -> Result<Note> {
-        let _one = self.change.lock().await;
-        let (scope, mut tier, at) = self.find(id, scope).await?;
-        let gone = tier.notes.remove(at);
-        self.write(scope, &tier).await?;
-        Ok(gone)
+        self.change_note(id, scope, |tier, i| tier.notes.remove(i)).await
     }
 
     /// What the system prompt says of memory: the user's profile, then the
@@ -439,7 +567,7 @@ impl Memory {
             (Scope::Workspace, "Notes remembered for this workspace"),
         ] {
             let tier = match self.read(scope).await {
-                Ok((tier, _)) => tier,
+                Ok(read) => read.tier,
                 Err(e) => {
                     tracing::warn!(scope = scope.as_str(), "memory left out of the prompt: {e}");
                     continue;
@@ -537,7 +665,7 @@ mod tests {
             tempfile::tempdir().unwrap(),
             tempfile::tempdir().unwrap(),
         );
-        let m = Memory::new(home.path(), ws.path());
+        let m = Memory::new(home.path(), ws.path(), None);
         let a = m.add(note("uses tabs", None)).await.unwrap();
         let u = m.add(note("call me Sam", Some(Scope::User))).await.unwrap();
         assert_eq!((a.scope, u.scope), (Scope::Workspace, Scope::User));
@@ -547,7 +675,7 @@ mod tests {
             "{prompt}"
         );
         // Another workspace shares the profile, not the notes.
-        let o = Memory::new(home.path(), other.path());
+        let o = Memory::new(home.path(), other.path(), None);
         let theirs = o.prompt().await;
         assert!(theirs.contains("call me Sam") && !theirs.contains("uses tabs"));
         use std::os::unix::fs::PermissionsExt;
@@ -584,7 +712,7 @@ mod tests {
     #[tokio::test]
     async fn a_file_past_the_read_bound_or_not_utf8_is_never_rewritten() {
         let (home, ws) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let m = Memory::new(home.path(), ws.path());
+        let m = Memory::new(home.path(), ws.path(), None);
         let user = home.path().join("USER.md");
         std::fs::write(&user, b"caf\xe9\n").unwrap();
         let e = m.add(note("x", Some(Scope::User))).await.unwrap_err();

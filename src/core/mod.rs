@@ -30,6 +30,7 @@ pub mod secrets;
 pub mod session;
 pub mod shared_config;
 pub mod shared_index;
+pub mod shared_memory;
 pub mod side;
 pub mod terminal;
 pub mod tools;
@@ -105,6 +106,8 @@ pub struct CoreConfig {
     pub shared_index: Option<std::sync::Arc<shared_index::SharedIndex>>,
     /// With `nats`: the route, rules and keys every replica shares (`shared_config.rs`).
     pub shared_config: Option<std::sync::Arc<shared_config::SharedConfig>>,
+    /// With `nats`: the memory notes every replica shares (`shared_memory.rs`).
+    pub shared_memory: Option<std::sync::Arc<shared_memory::SharedMemory>>,
     /// `[server] workspace_roots`: the folders `GET /fs/dirs` may list
     /// (absolute). Empty: the workspace alone.
     pub workspace_roots: Vec<PathBuf>,
@@ -137,6 +140,7 @@ impl CoreConfig {
             owners: None,
             shared_index: None,
             shared_config: None,
+            shared_memory: None,
             workspace_roots: Vec::new(),
             git: PathBuf::from("git"),
         }

@@ -88,7 +88,7 @@ impl Runtime {
             Some(shared) => Rules::shared(shared.clone(), &cfg.home, &cfg.workspace),
             None => Rules::load(&cfg.home, &cfg.workspace),
         };
-        let memory = super::memory::Memory::new(&cfg.home, &cfg.workspace);
+        let memory = super::memory::Memory::new(&cfg.home, &cfg.workspace, cfg.shared_memory.clone());
         let workspace = crate::home::workspace_key(&cfg.workspace).0;
         Runtime {
             workspace,

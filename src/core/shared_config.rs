@@ -294,6 +294,71 @@ fn refusal(e: &(dyn std::error::Error + 'static), lost: bool) -> Refusal {
     }
 }
 
+/// The value of `key` and the revision of its last message, read from
+/// the stream's leader: None when the key was never written, a None
+/// value when its last message is a delete.
+pub(crate) async fn leader_read(kv: &kv::Store, key: &str) -> Result<Option<(Option<bytes::Bytes>, u64)>> {
+    let subject = format!("$KV.{}.{key}", kv.name);
+    let got = tokio::time::timeout(OP_TIMEOUT, kv.stream.get_last_raw_message_by_subject(&subject))
+        .await
+        .map_err(|_| {
+            nats_error(
+                &format!("cannot read {}", kv.name),
+                format!("no answer in {OP_TIMEOUT:?}"),
+            )
+        })?;
+    match got {
+        Ok(m) => {
+            let deleted = m
+                .headers
+                .get("KV-Operation")
+                .is_some_and(|v| matches!(v.as_str(), "DEL" | "PURGE"));
+            Ok(Some(((!deleted).then_some(m.payload), m.sequence)))
+        }
+        Err(e) if e.kind() == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound => {
+            Ok(None)
+        }
+        Err(e) => Err(nats_error(&format!("cannot read {}", kv.name), e)),
+    }
+}
+
+/// Writes `value` to `key` if the key's last message is still
+/// `expected` (None: the key was never written). Ok(None) when another
+/// write came first.
+pub(crate) async fn cas(
+    kv: &kv::Store,
+    key: &str,
+    value: Vec<u8>,
+    expected: Option<u64>,
+) -> Result<Option<u64>> {
+    let what = format!("cannot write {key} to {}", kv.name);
+    let value = bytes::Bytes::from(value);
+    let deadline = tokio::time::Instant::now() + OP_TIMEOUT;
+    loop {
+        let write = async {
+            match expected {
+                Some(rev) => kv.update(key, value.clone(), rev).await.map_err(|e| {
+                    let lost = e.kind() == kv::UpdateErrorKind::WrongLastRevision;
+                    (refusal(&e, lost), e.to_string())
+                }),
+                None => kv.create(key, value.clone()).await.map_err(|e| {
+                    let lost = e.kind() == kv::CreateErrorKind::AlreadyExists;
+                    (refusal(&e, lost), e.to_string())
+                }),
+            }
+        };
+        match tokio::time::timeout_at(deadline, write).await {
+            Ok(Ok(n)) => return Ok(Some(n)),
+            Ok(Err((Refusal::Lost, _))) => return Ok(None),
+            // Asked again with the same expectation: the server decides
+            // once the earlier write is applied.
+            Ok(Err((Refusal::InFlight, _))) => tokio::time::sleep(Duration::from_millis(20)).await,
+            Ok(Err((Refusal::Other, e))) => return Err(nats_error(&what, e)),
+            Err(_) => return Err(nats_error(&what, format!("no answer in {OP_TIMEOUT:?}"))),
+        }
+    }
+}
+
 /// Why a key cannot be stored or deleted on a replica without the secret.
 fn no_secret() -> Error {
     Error::new(
@@ -314,21 +379,13 @@ impl SharedConfig {
         replica: String,
         cipher: Option<Cipher>,
     ) -> Result<Arc<SharedConfig>> {
-        let kv = super::jetstream::key_value(
-            &client,
-            kv::Config {
-                bucket: BUCKET.into(),
-                description:
-                    "vak: the model route, always-allow rules and sealed provider keys every replica shares"
-                        .into(),
-                history: 1,
-                max_value_size: MAX_VALUE as i32,
-                storage: async_nats::jetstream::stream::StorageType::File,
-                num_replicas: replicas.max(1),
-                ..Default::default()
-            },
-        )
-        .await?;
+        let config = super::jetstream::bucket_config(
+            BUCKET,
+            "vak: the model route, always-allow rules and sealed provider keys every replica shares",
+            MAX_VALUE,
+            replicas,
+        );
+        let kv = super::jetstream::key_value(&client, config).await?;
         let shared = Arc::new(SharedConfig {
             kv,
             cipher,
@@ -543,62 +600,12 @@ impl SharedConfig {
         self.lock().route.clone()
     }
 
-    /// The value of `key` and the revision of its last message, read from
-    /// the stream's leader: None when the key was never written, a None
-    /// value when its last message is a delete.
     async fn leader_read(&self, key: &str) -> Result<Option<(Option<bytes::Bytes>, u64)>> {
-        let subject = format!("$KV.{BUCKET}.{key}");
-        let got = tokio::time::timeout(
-            OP_TIMEOUT,
-            self.kv.stream.get_last_raw_message_by_subject(&subject),
-        )
-        .await
-        .map_err(|_| nats_error("cannot read VAK_CONFIG", format!("no answer in {OP_TIMEOUT:?}")))?;
-        match got {
-            Ok(m) => {
-                let deleted = m
-                    .headers
-                    .get("KV-Operation")
-                    .is_some_and(|v| matches!(v.as_str(), "DEL" | "PURGE"));
-                Ok(Some(((!deleted).then_some(m.payload), m.sequence)))
-            }
-            Err(e) if e.kind() == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound => {
-                Ok(None)
-            }
-            Err(e) => Err(nats_error("cannot read VAK_CONFIG", e)),
-        }
+        leader_read(&self.kv, key).await
     }
 
-    /// Writes `value` to `key` if the key's last message is still
-    /// `expected` (None: the key was never written). Ok(None) when another
-    /// write came first.
     async fn cas(&self, key: &str, value: Vec<u8>, expected: Option<u64>) -> Result<Option<u64>> {
-        let what = format!("cannot write {key} to VAK_CONFIG");
-        let value = bytes::Bytes::from(value);
-        let deadline = tokio::time::Instant::now() + OP_TIMEOUT;
-        loop {
-            let write = async {
-                match expected {
-                    Some(rev) => self.kv.update(key, value.clone(), rev).await.map_err(|e| {
-                        let lost = e.kind() == kv::UpdateErrorKind::WrongLastRevision;
-                        (refusal(&e, lost), e.to_string())
-                    }),
-                    None => self.kv.create(key, value.clone()).await.map_err(|e| {
-                        let lost = e.kind() == kv::CreateErrorKind::AlreadyExists;
-                        (refusal(&e, lost), e.to_string())
-                    }),
-                }
-            };
-            match tokio::time::timeout_at(deadline, write).await {
-                Ok(Ok(n)) => return Ok(Some(n)),
-                Ok(Err((Refusal::Lost, _))) => return Ok(None),
-                // Asked again with the same expectation: the server decides
-                // once the earlier write is applied.
-                Ok(Err((Refusal::InFlight, _))) => tokio::time::sleep(Duration::from_millis(20)).await,
-                Ok(Err((Refusal::Other, e))) => return Err(nats_error(&what, e)),
-                Err(_) => return Err(nats_error(&what, format!("no answer in {OP_TIMEOUT:?}"))),
-            }
-        }
+        cas(&self.kv, key, value, expected).await
     }
 
     /// The route now in the bucket and its revision, read from the leader

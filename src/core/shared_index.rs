@@ -61,20 +61,16 @@ impl SharedIndex {
         replicas: usize,
         workspace: String,
     ) -> Result<Arc<SharedIndex>> {
-        let kv = super::jetstream::key_value(
-            &client,
-            kv::Config {
-                bucket: BUCKET.into(),
-                description: "vak: every session's summary, for listing on any replica".into(),
-                history: 1,
-                max_value_size: MAX_VALUE as i32,
-                max_bytes: (MAX_SESSIONS * MAX_VALUE) as i64,
-                storage: async_nats::jetstream::stream::StorageType::File,
-                num_replicas: replicas.max(1),
-                ..Default::default()
-            },
-        )
-        .await?;
+        let config = kv::Config {
+            max_bytes: (MAX_SESSIONS * MAX_VALUE) as i64,
+            ..super::jetstream::bucket_config(
+                BUCKET,
+                "vak: every session's summary, for listing on any replica",
+                MAX_VALUE,
+                replicas,
+            )
+        };
+        let kv = super::jetstream::key_value(&client, config).await?;
         Ok(Arc::new(SharedIndex { kv, workspace }))
     }
 

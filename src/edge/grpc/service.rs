@@ -1010,9 +1010,6 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::AddMemoryRequest>,
     ) -> Result<Response<pb::MemoryNote>, Status> {
-        self.hub
-            .needs_file_ledgers("changing memory notes")
-            .map_err(to_status)?;
         let r = req.into_inner();
         let new = memory::NewNote {
             text: r.text,
@@ -1029,9 +1026,6 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::UpdateMemoryRequest>,
     ) -> Result<Response<pb::MemoryNote>, Status> {
-        self.hub
-            .needs_file_ledgers("changing memory notes")
-            .map_err(to_status)?;
         let r = req.into_inner();
         let scope = convert::memory_scope_in(r.scope).map_err(to_status)?;
         let note = self
@@ -1047,9 +1041,6 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::DeleteMemoryRequest>,
     ) -> Result<Response<pb::DeleteMemoryResponse>, Status> {
-        self.hub
-            .needs_file_ledgers("changing memory notes")
-            .map_err(to_status)?;
         let r = req.into_inner();
         let scope = convert::memory_scope_in(r.scope).map_err(to_status)?;
         let note = self
