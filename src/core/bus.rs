@@ -153,16 +153,21 @@ impl Bus {
     /// Makes durable frames visible: retained for replay and handed to every
     /// subscriber. Frames come numbered, in order, each one after the last.
     pub fn commit(&self, frames: Vec<Arc<Frame>>) {
+        let Some(last) = frames.last() else { return };
         let mut inner = self.shared.lock();
         let ring = self.shared.cfg.ring;
-        for frame in frames {
-            inner.latest = frame.seq;
+        inner.latest = last.seq;
+        for frame in &frames {
             if inner.ring.len() == ring {
                 inner.ring.pop_front();
             }
             inner.ring.push_back(frame.clone());
-            inner.subs.retain(|q| q.offer(&frame));
         }
+        // Each subscriber takes the whole commit under one lock of its queue
+        // and one wake-up, not one per frame: a mirror or a writer that
+        // fell behind commits many frames at once, and so catches up for
+        // the cost of one hand-off per subscriber.
+        inner.subs.retain(|q| q.offer_all(&frames));
     }
 
     /// Subscribes: `after` None means live frames only; Some(n) replays
@@ -300,13 +305,22 @@ impl SubQueue {
         !st.detached && !st.lagged && st.end.is_none()
     }
 
-    /// Queues `frame`; false means this queue is gone and the bus drops it.
-    fn offer(&self, frame: &Arc<Frame>) -> bool {
+    /// Queues `frames` in order, then wakes the reader once; false means
+    /// this queue is gone (or lagged at one of them) and the bus drops it.
+    fn offer_all(&self, frames: &[Arc<Frame>]) -> bool {
         let mut guard = self.lock();
         let st = &mut *guard;
         if st.detached || st.lagged || st.end.is_some() {
             return false;
         }
+        let kept = frames.iter().all(|frame| self.place(st, frame));
+        drop(guard);
+        self.notify.notify_one();
+        kept
+    }
+
+    /// Queues `frame` under the queue's lock; false marks the queue lagged.
+    fn place(&self, st: &mut QueueState, frame: &Arc<Frame>) -> bool {
         // A delta merged into the tail costs its text, not another frame.
         let mut cost = frame.size;
         let fits = st.bytes + frame.size <= self.budget && self.total.get() + frame.size <= self.total_budget;
@@ -325,8 +339,6 @@ impl SubQueue {
             // Everything queued stays deliverable; past it the reader
             // resumes from its cursor, so nothing is lost by dropping here.
             st.lagged = true;
-            drop(guard);
-            self.notify.notify_one();
             return false;
         }
         if st.frames.back().is_none_or(|b| b.seq < frame.seq) {
@@ -334,8 +346,6 @@ impl SubQueue {
         }
         let bytes = st.bytes + cost;
         self.set_bytes(st, bytes);
-        drop(guard);
-        self.notify.notify_one();
         true
     }
 
@@ -873,6 +883,56 @@ mod tests {
         assert_eq!(b.subscriber_count(), 1, "attached again");
         publish(&b, ClientEvent::Status { busy: true });
         assert_eq!(seqs(&drain(&mut sub, b.latest_seq()).await), vec![11]);
+    }
+
+    #[tokio::test]
+    async fn a_commit_of_many_frames_reaches_each_subscriber_in_order_and_one_that_fills_mid_commit_resumes_from_its_cursor(
+    ) {
+        // Queues of 4 frames that cannot merge (status frames), one commit of 10.
+        let b = bus(64, 4);
+        let mut fast = b.subscribe(None);
+        let mut slow = b.subscribe(None);
+        let first: Vec<Arc<Frame>> = (1..=3)
+            .map(|seq| {
+                Arc::new(Frame::new(
+                    seq,
+                    b.session_id().clone(),
+                    ClientEvent::Status { busy: true },
+                ))
+            })
+            .collect();
+        b.commit(first);
+        // `fast` reads those three; `slow` keeps them queued, so the next
+        // commit fills its queue part-way through.
+        assert_eq!(seqs(&drain(&mut fast, 3).await), vec![1, 2, 3]);
+        let many: Vec<Arc<Frame>> = (4..=13)
+            .map(|seq| {
+                Arc::new(Frame::new(
+                    seq,
+                    b.session_id().clone(),
+                    ClientEvent::Status { busy: seq % 2 == 0 },
+                ))
+            })
+            .collect();
+        b.commit(many);
+        assert_eq!(b.latest_seq(), 13);
+        assert_eq!(
+            b.subscriber_count(),
+            0,
+            "both queues filled within the commit and were dropped"
+        );
+        for sub in [&mut fast, &mut slow] {
+            let got = drain(sub, 13).await;
+            assert!(
+                got.iter().all(|d| matches!(d, Delivery::Frame(_))),
+                "no resync, no end: {got:?}"
+            );
+            let from = seqs(&got)[0];
+            assert_eq!(seqs(&got), (from..=13).collect::<Vec<_>>(), "in order, no gap");
+        }
+        assert_eq!(b.subscriber_count(), 2, "both attached again");
+        b.commit(Vec::new());
+        assert_eq!(b.latest_seq(), 13, "an empty commit changes nothing");
     }
 
     fn logged_bus(dir: &std::path::Path, ring: usize, queue: usize) -> (Bus, Arc<Ledger>) {
