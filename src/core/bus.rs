@@ -980,6 +980,56 @@ mod tests {
         assert_eq!(seqs(&drain(&mut sub, b.latest_seq()).await), vec![11]);
     }
 
+    #[tokio::test]
+    async fn a_commit_of_many_frames_reaches_each_subscriber_in_order_and_one_that_fills_mid_commit_resumes_from_its_cursor(
+    ) {
+        // Queues of 4 frames that cannot merge (status frames), one commit of 10.
+        let b = bus(64, 4);
+        let mut fast = b.subscribe(None);
+        let mut slow = b.subscribe(None);
+        let first: Vec<Arc<Frame>> = (1..=3)
+            .map(|seq| {
+                Arc::new(Frame::new(
+                    seq,
+                    b.session_id().clone(),
+                    ClientEvent::Status { busy: true },
+                ))
+            })
+            .collect();
+        b.commit(first);
+        // `fast` reads those three; `slow` keeps them queued, so the next
+        // commit fills its queue part-way through.
+        assert_eq!(seqs(&drain(&mut fast, 3).await), vec![1, 2, 3]);
+        let many: Vec<Arc<Frame>> = (4..=13)
+            .map(|seq| {
+                Arc::new(Frame::new(
+                    seq,
+                    b.session_id().clone(),
+                    ClientEvent::Status { busy: seq % 2 == 0 },
+                ))
+            })
+            .collect();
+        b.commit(many);
+        assert_eq!(b.latest_seq(), 13);
+        assert_eq!(
+            b.subscriber_count(),
+            0,
+            "both queues filled within the commit and were dropped"
+        );
+        for sub in [&mut fast, &mut slow] {
+            let got = drain(sub, 13).await;
+            assert!(
+                got.iter().all(|d| matches!(d, Delivery::Frame(_))),
+                "no resync, no end: {got:?}"
+            );
+            let from = seqs(&got)[0];
+            assert_eq!(seqs(&got), (from..=13).collect::<Vec<_>>(), "in order, no gap");
+        }
+        assert_eq!(b.subscriber_count(), 2, "both attached again");
+        b.commit(Vec::new());
+        assert_eq!(b.latest_seq(), 13, "an empty commit changes nothing");
+    }
+
     fn logged_bus(dir: &std::path::Path, ring: usize, queue: usize) -> (Bus, Arc<Ledger>) {
         let ledger = Arc::new(Ledger::create(&dir.join("s.jsonl"), "s", "t", Durability::Process).unwrap());
         let cfg = BusConfig {

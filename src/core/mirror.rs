@@ -22,12 +22,14 @@ use super::ledger::Record;
 use super::session::{Runtime, Session};
 use super::writer::Visible;
 use crate::error::{Error, ErrorKind, Result};
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 /// How often a quiet mirror reads the subject's head.
 const TICK: Duration = Duration::from_secs(1);
+/// Live messages applied in one commit at most.
+const APPLY_MAX: usize = 1024;
 
 /// Opens the mirror of session `id`; `read_only` is what its writes are refused with.
 pub async fn open(
@@ -80,15 +82,33 @@ async fn follow(
                 s.stop_writing("the live path of this session ended; it is followed afresh on its next use");
                 return;
             }
-            Some(Some(msg)) => match live_message(&msg) {
-                Some(m) if m.position <= pos => false,
-                Some(m) if pos.followed_by(m.position) => {
-                    (last, pos) = (m.stream_seq, m.position);
-                    apply(&s, vec![m]);
-                    false
+            Some(Some(msg)) => {
+                // Everything the live path already holds goes in one commit:
+                // one hand-off per subscriber for the lot, so a mirror that
+                // fell behind catches up instead of paying per event.
+                let mut ready = Vec::new();
+                let mut gap = false;
+                let mut next = Some(msg);
+                while let Some(msg) = next.take() {
+                    match live_message(&msg) {
+                        Some(m) if m.position <= pos => {}
+                        Some(m) if pos.followed_by(m.position) => {
+                            (last, pos) = (m.stream_seq, m.position);
+                            ready.push(m);
+                        }
+                        _ => {
+                            gap = true;
+                            break;
+                        }
+                    }
+                    if ready.len() < APPLY_MAX {
+                        // An ended subscription is seen by the next `live.next()`.
+                        next = live.next().now_or_never().flatten();
+                    }
                 }
-                _ => true,
-            },
+                apply(&s, ready);
+                gap
+            }
             None => match log.head().await {
                 // A subject only empties when its session is deleted (the
                 // holder purged it): this copy closes as the holder's did.
