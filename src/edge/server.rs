@@ -213,6 +213,7 @@ pub async fn app(hub: Arc<Hub>, cfg: &ServeConfig) -> Result<Router> {
         max_body: cfg.max_body,
         app: super::http::assets::bundle_or_embedded(cfg.app.clone()),
         terminals: Default::default(),
+        keepalive: super::http::sse_encode::Keepalive::start(),
     };
     let auth = Auth::new(AuthConfig {
         token: cfg.token.clone(),

@@ -26,6 +26,8 @@ pub struct AppState {
     pub app: std::sync::Arc<super::assets::Bundle>,
     /// The live browser terminals (`GET /pty`), bounded.
     pub terminals: crate::core::terminal::Terminals,
+    /// The one keepalive clock of this server's event streams.
+    pub keepalive: super::sse_encode::Keepalive,
 }
 
 pub fn router(state: AppState) -> Router {

@@ -2,7 +2,7 @@
 
 use super::json::to_json;
 use super::routes::AppState;
-use super::sse_encode::{self, write_frame};
+use super::sse_encode::{self, write_frame, Keepalive};
 use crate::core::bus::{Delivery, End, Subscription};
 use crate::core::event::{ClientEvent, Frame};
 use crate::core::session::PresenceGuard;
@@ -38,7 +38,7 @@ pub fn parse_cursor(raw: &str) -> Result<u64, String> {
 
 /// A gRPC server stream as an SSE response: one frame per message until the
 /// stream ends or fails.
-pub fn respond<T, S>(stream: S, to_frame: fn(T) -> Bytes) -> Response
+pub fn respond<T, S>(stream: S, to_frame: fn(T) -> Bytes, keepalive: &Keepalive) -> Response
 where
     T: Send + 'static,
     S: futures_util::Stream<Item = Result<T, tonic::Status>> + Send + 'static,
@@ -46,7 +46,7 @@ where
     let frames = stream
         .take_while(|r| std::future::ready(r.is_ok()))
         .filter_map(move |r| std::future::ready(r.ok().map(to_frame)));
-    sse_encode::response(frames)
+    sse_encode::response(frames, keepalive)
 }
 
 /// A frame's `data:` JSON. Deltas, nearly everything a run streams, are
@@ -101,7 +101,7 @@ pub async fn presentation_events(
 ) -> Response {
     let req = sse_request(pb::GetPresentationRequest { session_id: id }, peer);
     match st.api.presentation_events(req).await {
-        Ok(r) => respond(r.into_inner(), presentation_frame),
+        Ok(r) => respond(r.into_inner(), presentation_frame, &st.keepalive),
         Err(s) => status_response(&s),
     }
 }
@@ -139,7 +139,7 @@ pub async fn events(
         peer,
     );
     match st.api.open_subscription(req).await {
-        Ok(opened) => event_stream(opened),
+        Ok(opened) => event_stream(opened, &st.keepalive),
         Err(s) => status_response(&s),
     }
 }
@@ -150,7 +150,7 @@ const BATCH: usize = 256;
 /// The per-session event stream as SSE. Each frame's JSON is made once and
 /// shared by every subscriber (`Frame::encoded`); whatever is queued goes out
 /// as one chunk, so a busy stream costs one write per batch, not per frame.
-fn event_stream(opened: Opened) -> Response {
+fn event_stream(opened: Opened, keepalive: &Keepalive) -> Response {
     let Opened {
         session_id,
         latest_seq,
@@ -214,7 +214,7 @@ fn event_stream(opened: Opened) -> Response {
         }
         Some((out.freeze(), st))
     });
-    sse_encode::response(chunks)
+    sse_encode::response(chunks, keepalive)
 }
 
 #[cfg(test)]

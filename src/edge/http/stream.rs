@@ -94,7 +94,7 @@ pub async fn stream(
     }
     let req = sse_request(req, peer);
     match st.api.stream(req).await {
-        Ok(r) => respond(r.into_inner(), mux_frame),
+        Ok(r) => respond(r.into_inner(), mux_frame, &st.keepalive),
         Err(s) => status_response(&s),
     }
 }
