@@ -190,12 +190,22 @@ fn event_stream(opened: Opened, keepalive: &Keepalive) -> Response {
         if batch.is_empty() {
             return None;
         }
-        let mut out = BytesMut::new();
+        // Sized for the batch up front: growing it frame by frame was a
+        // realloc and a copy per frame and subscriber.
+        let room: usize = batch
+            .iter()
+            .map(|d| match d {
+                Delivery::Frame(f) => f.size + f.session_id.len() + 64,
+                _ => 256,
+            })
+            .sum();
+        let mut out = BytesMut::with_capacity(room);
+        let mut id = itoa::Buffer::new();
         for d in batch {
             match d {
                 Delivery::Frame(f) => {
                     let json = f.encoded_json(frame_json);
-                    write_frame(&mut out, f.event.kind(), Some(&f.seq.to_string()), &json);
+                    write_frame(&mut out, f.event.kind(), Some(id.format(f.seq)), &json);
                 }
                 Delivery::Resync { reason, latest_seq } => {
                     write_frame(
