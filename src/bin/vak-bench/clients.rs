@@ -117,7 +117,7 @@ struct Tally {
     res: SubResult,
 }
 
-fn unix_micros() -> u64 {
+pub fn unix_micros() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as u64)

@@ -7,6 +7,7 @@
 mod baseline;
 mod clients;
 mod cluster;
+mod floor;
 mod growth;
 mod machine;
 mod peer;
@@ -253,6 +254,8 @@ struct Samples {
     fanout: Vec<Sample<scenarios::Throughput>>,
     /// The latency curve, by rate (events/s).
     latency: Vec<(u64, Sample<scenarios::Latency>)>,
+    /// The latency floor (`floor.rs`) at the curve's rates.
+    floor: Vec<(u64, Sample<scenarios::Latency>)>,
     /// Per transport, the rates measured while bisecting where p99 crosses 10 ms.
     crossing: Vec<(Transport, Vec<RatePoint>)>,
     growth: Vec<GrowthSample>,
@@ -492,6 +495,28 @@ async fn bench(args: Args, nofile_before: (u64, u64), nofile_after: u64) -> i32 
                         r.as_ref().map(latency_msg),
                     );
                     s.latency.push((rate, Sample { run, subs, t, r }));
+                }
+            }
+            if transports.contains(&Transport::Sse) {
+                for rate in floor_rates(&sizes) {
+                    let at = Instant::now();
+                    let subs = sizes.latency_subs;
+                    let n = ((rate as f64 * sizes.latency_secs) as u64).max(10);
+                    let r = scenarios::floor_latency(&env, subs, n, rate).await;
+                    log_result(
+                        format!("{tag} latency floor x{subs} at {rate}/s"),
+                        at,
+                        r.as_ref().map(latency_msg),
+                    );
+                    s.floor.push((
+                        rate,
+                        Sample {
+                            run,
+                            subs,
+                            t: Transport::Sse,
+                            r,
+                        },
+                    ));
                 }
             }
         }
@@ -915,6 +940,11 @@ Latency curve: {lsubs} subscribers of one session (SSE, and gRPC) and `/pace N R
 for {lsecs} s (N = R x {lsecs}); the server stamps each delta with its send time (unix microseconds), each client \
 subtracts it from its receipt time (both clocks are this machine's one clock) and p50/p99/max are over every \
 delta of every subscriber; the p99 goal (< 10 ms) is held at 1 000 events/s ({lsubs} x 1 000 deliveries/s). \
+The floor rows (`SSE floor`) run the same curve with no vak: one plain thread in the bench process accepts the \
+same SSE clients and, at each rate, writes the same frames to their sockets, each socket once per sweep with \
+every frame it has not had (non-blocking writes, sleeping until the next frame is due): what loopback TCP and \
+the bench's own reading cost on this machine; its CPU is counted as the bench's. It also runs at 10 events/s, \
+where each event reaches every subscriber before the next is due. \
 Where p99 crosses 10 ms: the curve's median p99 per rate brackets it (the last rate under 10 ms, the first at or \
 over), then up to {steps} bisection steps each measure the bracket's geometric middle once (rounded to 10/s) and keep \
 the half that still brackets it (a curve at or over 10 ms already at its lowest rate is first measured at a tenth of \
@@ -1221,6 +1251,16 @@ fn rows(s: &Samples, sizes: &Sizes, transports: &[Transport]) -> (Vec<Row>, usiz
     for &t in transports {
         latency_rows(s, sizes, t, &mut rows, &mut failures);
     }
+    let rates = floor_rates(sizes);
+    curve_rows(
+        &s.floor,
+        sizes,
+        &rates,
+        Transport::Sse,
+        FLOOR_LABEL,
+        &mut rows,
+        &mut failures,
+    );
     for &t in transports {
         let (v, err) = ok_values(&s.sessions, t, None);
         if v.is_empty() && err.is_none() {
@@ -1436,9 +1476,42 @@ fn rows(s: &Samples, sizes: &Sizes, transports: &[Transport]) -> (Vec<Row>, usiz
 /// The latency curve of `t` (p50, p99, max at each rate; the goal on p99 at
 /// 1 000 events/s) and the rate where its p99 crosses 10 ms.
 fn latency_rows(s: &Samples, sizes: &Sizes, t: Transport, rows: &mut Vec<Row>, failures: &mut usize) {
-    for &rate in &sizes.latency_rates {
-        let samples: Vec<Sample<scenarios::Latency>> = s
-            .latency
+    curve_rows(
+        &s.latency,
+        sizes,
+        &sizes.latency_rates,
+        t,
+        t.label(),
+        rows,
+        failures,
+    );
+    crossing_row(s, sizes, t, rows);
+}
+
+/// The transport column of the latency floor's rows (`floor.rs`).
+const FLOOR_LABEL: &str = "SSE floor: one plain thread writes the sockets, no vak";
+
+/// The floor's rates: first 10 events/s, where each event reaches every
+/// subscriber before the next is due (what one event costs), then the curve's.
+fn floor_rates(sizes: &Sizes) -> Vec<u64> {
+    let mut rates = vec![10];
+    rates.extend(sizes.latency_rates.iter().filter(|&&r| r != 10));
+    rates
+}
+
+/// p50, p99 and max of `t`'s points in `curve` at each rate, labelled
+/// `label`; vak's p99 at 1 000 events/s is held to the goal (the floor's is not).
+fn curve_rows(
+    curve: &[(u64, Sample<scenarios::Latency>)],
+    sizes: &Sizes,
+    rates: &[u64],
+    t: Transport,
+    label: &'static str,
+    rows: &mut Vec<Row>,
+    failures: &mut usize,
+) {
+    for &rate in rates {
+        let samples: Vec<Sample<scenarios::Latency>> = curve
             .iter()
             .filter(|(r, x)| *r == rate && x.t == t)
             .map(|(_, x)| Sample {
@@ -1461,10 +1534,10 @@ fn latency_rows(s: &Samples, sizes: &Sizes, t: Transport, rows: &mut Vec<Row>, f
             ("p99", values(&v, |x| x.p99_us)),
             ("max", values(&v, |x| x.max_us)),
         ] {
-            let mut r = Row::new(&scen, t.label(), metric, &vals, Unit::Micros);
+            let mut r = Row::new(&scen, label, metric, &vals, Unit::Micros);
             if metric == "p99" {
                 r.cpu = median_cpu(&v.iter().map(|(_, x)| x.cpu).collect::<Vec<_>>());
-                if let (Some(st), 1000) = (&r.stat, rate) {
+                if let (Some(st), 1000, false) = (&r.stat, rate, label == FLOOR_LABEL) {
                     r.goal = Some(Goal::at_most(st.median, P99_BOUND_US, true, "< 10 ms"));
                 }
                 if let Some(d) = report::Stat::of(&values(&v, |x| x.eps)) {
@@ -1482,6 +1555,10 @@ fn latency_rows(s: &Samples, sizes: &Sizes, t: Transport, rows: &mut Vec<Row>, f
             rows.push(r);
         }
     }
+}
+
+/// The rate where `t`'s p99 crosses 10 ms, from its curve and bisection points.
+fn crossing_row(s: &Samples, sizes: &Sizes, t: Transport, rows: &mut Vec<Row>) {
     let Some((_, steps)) = s.crossing.iter().find(|(x, _)| *x == t) else {
         return;
     };

@@ -600,7 +600,43 @@ pub async fn paced_on(
     let mode = Mode::Latency { expect: n };
     let prompt = format!("/pace {n} {rate}");
     let (results, cpu, last_s) = spread_run(env, servers, transport, subs, mode, &prompt, n).await?;
-    let mut all: Vec<u32> = Vec::with_capacity(subs * n as usize);
+    summarize(results, cpu, last_s)
+}
+
+/// The latency floor (`floor.rs`): the same `/pace n rate` frames to `subs`
+/// SSE subscribers, written by one plain thread in this process; its CPU is
+/// counted as the bench's (server 0).
+pub async fn floor_latency(env: &Env, subs: usize, n: u64, rate: u64) -> Result<Latency, String> {
+    let mut floor = crate::floor::Floor::start(subs, n, rate).map_err(|e| format!("floor: {e}"))?;
+    let target = Target {
+        addr: floor.addr,
+        token: String::new(),
+        peer: false,
+    };
+    let shared = Shared::new();
+    let sessions = vec![crate::floor::SESSION.to_string(); subs];
+    let mode = Mode::Latency { expect: n };
+    let handles = open(env, Transport::Sse, &target, &sessions, mode, None, &shared).await?;
+    shared.wait_opened(subs, Duration::from_secs(120)).await?;
+    let mark = CpuMark::now(std::process::id());
+    let t0 = Instant::now();
+    floor.run();
+    let results = collect(handles, &shared, env.limit).await;
+    let mut cpu = mark.since(std::process::id());
+    cpu.bench = cpu.server;
+    cpu.server = 0.0;
+    floor.finish()?;
+    timed_out(&results, &shared, env.limit, n)?;
+    first_error(&results)?;
+    let last_s = last_complete(&results, t0)?;
+    summarize(results, cpu, last_s)
+}
+
+/// Percentiles of every subscriber's latencies.
+fn summarize(results: Vec<SubResult>, cpu: CpuUse, last_s: f64) -> Result<Latency, String> {
+    let subs = results.len();
+    let n = results.first().map_or(0, |r| r.latencies.len());
+    let mut all: Vec<u32> = Vec::with_capacity(subs * n);
     for r in results {
         all.extend_from_slice(&r.latencies);
     }
