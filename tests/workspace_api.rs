@@ -124,6 +124,7 @@ async fn a_file_is_read_and_written_with_its_sha_and_a_stale_sha_changes_nothing
     let read = g
         .read_file(pb::ReadFileRequest {
             path: "src/new.txt".into(),
+            session_id: None,
         })
         .await
         .unwrap()
@@ -135,6 +136,7 @@ async fn a_file_is_read_and_written_with_its_sha_and_a_stale_sha_changes_nothing
             content: "y".into(),
             encoding: String::new(),
             expected_sha: Some(first),
+            session_id: None,
         })
         .await
         .unwrap_err();
@@ -145,6 +147,7 @@ async fn a_file_is_read_and_written_with_its_sha_and_a_stale_sha_changes_nothing
             content: "y".into(),
             encoding: String::new(),
             expected_sha: Some(read.sha),
+            session_id: None,
         })
         .await
         .unwrap()
@@ -243,6 +246,7 @@ async fn files_over_the_cap_are_413_in_both_directions() {
     let e = g
         .read_file(pb::ReadFileRequest {
             path: "huge.txt".into(),
+            session_id: None,
         })
         .await
         .unwrap_err();
@@ -288,11 +292,85 @@ async fn the_tree_respects_gitignore_is_bounded_and_says_when_truncated() {
     }
     let mut g = s.grpc().await;
     let t = g
-        .list_tree(pb::ListTreeRequest { limit: Some(1) })
+        .list_tree(pb::ListTreeRequest {
+            limit: Some(1),
+            session_id: None,
+        })
         .await
         .unwrap()
         .into_inner();
     assert_eq!((t.files.len(), t.truncated), (1, true));
+}
+
+#[tokio::test]
+async fn with_a_session_the_files_api_works_in_that_sessions_workspace() {
+    let roots = tempfile::tempdir().unwrap();
+    let root = roots.path().canonicalize().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    write(&root.join("main"), "main.txt", "the server's\n");
+    write(&root.join("other"), "other.txt", "the other workspace's\n");
+    let r = root.clone();
+    let s = TestServer::start_in(home.path(), &root.join("main"), move |c| {
+        c.core.workspace_roots = vec![r];
+    })
+    .await;
+    let other = root.join("other").display().to_string();
+    let (status, w) = s
+        .post("/workspaces/open", json!({"path": other, "trust": true}))
+        .await;
+    assert_eq!(status, 200, "{w}");
+    let (status, c) = s.post("/sessions", json!({"workspace": other})).await;
+    assert_eq!(status, 201, "{c}");
+    let sid = c["session_id"].as_str().unwrap().to_string();
+    let (_, main_session) = s.post("/sessions", json!({})).await;
+    let main_sid = main_session["session_id"].as_str().unwrap();
+
+    // The tree: the session's workspace, the server's without one.
+    let (status, t) = s.get(&format!("/fs/tree?session_id={sid}")).await;
+    assert_eq!(status, 200, "{t}");
+    assert_eq!(t["files"], json!(["other.txt"]));
+    let (_, t) = s.get(&format!("/fs/tree?session_id={main_sid}")).await;
+    assert_eq!(t["files"], json!(["main.txt"]));
+    let (_, t) = s.get("/fs/tree").await;
+    assert_eq!(t["files"], json!(["main.txt"]));
+
+    // A read and a write land in the session's workspace only.
+    let (status, f) = s.get(&format!("/fs/file?path=other.txt&session_id={sid}")).await;
+    assert_eq!(status, 200, "{f}");
+    assert_eq!(f["content"], "the other workspace's\n");
+    let (status, e) = s.get("/fs/file?path=other.txt").await;
+    assert_eq!((status, code(&e)), (404, "not_found"), "{e}");
+    let (status, w) = put(
+        &s,
+        json!({"path": "new.txt", "content": "x", "expected_sha": "", "session_id": sid}),
+    )
+    .await;
+    assert_eq!(status, 201, "{w}");
+    assert_eq!(std::fs::read_to_string(root.join("other/new.txt")).unwrap(), "x");
+    assert!(!root.join("main/new.txt").exists());
+
+    // Over gRPC the same.
+    let mut g = s.grpc().await;
+    let t = g
+        .list_tree(pb::ListTreeRequest {
+            limit: None,
+            session_id: Some(sid.clone()),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(t.files, ["new.txt", "other.txt"]);
+
+    // An unknown session is 404 and nothing is read or written; an empty one is 400.
+    let (status, e) = s.get("/fs/tree?session_id=nope").await;
+    assert_eq!((status, code(&e)), (404, "not_found"), "{e}");
+    let (status, e) = s.get("/fs/file?path=main.txt&session_id=nope").await;
+    assert_eq!((status, code(&e)), (404, "not_found"), "{e}");
+    let (status, e) = put(&s, json!({"path": "z.txt", "content": "z", "session_id": "nope"})).await;
+    assert_eq!((status, code(&e)), (404, "not_found"), "{e}");
+    assert!(!root.join("main/z.txt").exists());
+    let (status, e) = s.get("/fs/tree?session_id=").await;
+    assert_eq!((status, code(&e)), (400, "invalid_argument"), "{e}");
 }
 
 #[tokio::test]

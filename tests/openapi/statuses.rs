@@ -273,6 +273,7 @@ async fn every_documented_status_is_reached_and_every_status_reached_is_document
     std::fs::create_dir(ws.join("sub")).unwrap();
     std::fs::write(ws.join("big.bin"), vec![b'a'; 3 << 20]).unwrap();
     r.call(&s, "GET", "/fs/tree", "/fs/tree", None, 200).await;
+    r.call(&s, "GET", "/fs/tree", "/fs/tree?session_id=nope", None, 404).await;
     r.call(&s, "GET", "/fs/dirs", "/fs/dirs", None, 200).await;
     r.call(&s, "GET", "/fs/dirs", "/fs/dirs?path=/", None, 400).await;
     let missing = ws.join("missing");
@@ -285,6 +286,7 @@ async fn every_documented_status_is_reached_and_every_status_reached_is_document
     r.call(&s, "PUT", "/fs/file", "/fs/file", put("two", Some(&sha1)), 200).await;
     r.call(&s, "PUT", "/fs/file", "/fs/file", put("three", Some(&sha1)), 409).await;
     r.call(&s, "PUT", "/fs/file", "/fs/file", Some(json!({"path": "../outside.txt", "content": "x"})), 400).await;
+    r.call(&s, "PUT", "/fs/file", "/fs/file", Some(json!({"path": "g.txt", "content": "x", "session_id": "nope"})), 404).await;
     r.call(&s, "GET", "/fs/file", "/fs/file?path=f.txt", None, 200).await;
     r.call(&s, "GET", "/fs/file", "/fs/file?path=../etc/passwd", None, 400).await;
     r.call(&s, "GET", "/fs/file", "/fs/file?path=nothing.txt", None, 404).await;

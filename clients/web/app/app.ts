@@ -440,7 +440,8 @@ function sidePane(): HTMLElement {
 // ---- actions ----
 
 async function showFiles(): Promise<void> {
-  const t = await client.listTree({ limit: 2000 });
+  // The current session's workspace (it may not be the server's own).
+  const t = await client.listTree({ limit: 2000, sessionId: state.current || undefined });
   state.side = "files";
   state.sideText = t.files.join("\n") + (t.truncated ? "\n… (more files)" : "") || "(no files)";
   render();

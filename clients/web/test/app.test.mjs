@@ -371,6 +371,29 @@ step("Files shows the workspace's tree and Diff the session's diff", async () =>
   await shot(page, "app-diff");
 });
 
+step("Files of a session opened in another workspace shows that workspace's tree", async () => {
+  const sub = join(workspace, "sub");
+  mkdirSync(sub);
+  writeFileSync(join(sub, "only-here.txt"), "x");
+  const headers = { authorization: `Bearer ${token}`, "content-type": "application/json" };
+  const post = (path, body) => fetch(`${vak.url}${path}`, { method: "POST", headers, body: JSON.stringify(body) });
+  const opened = await post("/workspaces/open", { path: sub, trust: true });
+  assert.equal(opened.status, 200, await opened.text());
+  const created = await post("/sessions", { workspace: sub });
+  assert.equal(created.status, 201);
+  const other = (await created.json()).session_id;
+  await page.goto(`${proxy.url}/app/s/${other}`);
+  await page.click("#show-files");
+  await page.waitForFunction(() => /only-here\.txt/.test(document.querySelector("#side-text")?.textContent ?? ""));
+  assert.doesNotMatch(await page.locator("#side-text").textContent(), /f\.txt/);
+  // Back on the first session: the server's workspace, where sub/ is a folder.
+  await page.goto(`${proxy.url}/app/s/${sessionId}`);
+  await page.waitForFunction((n) => document.querySelectorAll("#timeline .item.final_result").length >= n, 3);
+  await page.click("#show-files");
+  await page.waitForFunction(() => /sub\/only-here\.txt/.test(document.querySelector("#side-text")?.textContent ?? ""));
+  assert.match(await page.locator("#side-text").textContent(), /f\.txt/);
+});
+
 step("the terminal panel runs a real shell: `echo hi` shows hi", async () => {
   await page.click("#show-terminal");
   await page.waitForFunction(() => window.vakApp.terminal.state === "open");

@@ -145,6 +145,15 @@ impl AgentApi {
         self.hub.get(id).await.map_err(to_status)
     }
 
+    /// The workspace the files API works in: the session's when one is
+    /// named (a session keeps the workspace it was created in), else the server's.
+    async fn files_root(&self, session_id: Option<&str>) -> Result<std::path::PathBuf, Status> {
+        match session_id {
+            Some(id) => Ok(self.session(id).await?.workspace_dir().to_path_buf()),
+            None => Ok(self.hub.config().workspace.clone()),
+        }
+    }
+
     /// Where an admission for session `id` is served: here, or the replica
     /// holding its lease (`--bus`). A forwarded request is never forwarded again.
     async fn locate(&self, forwarded: bool, id: &str) -> Result<Located, Status> {
@@ -700,8 +709,9 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::ReadFileRequest>,
     ) -> Result<Response<pb::FileContent>, Status> {
-        let path = req.into_inner().path;
-        let ws = self.hub.config().workspace.clone();
+        let r = req.into_inner();
+        let ws = self.files_root(r.session_id.as_deref()).await?;
+        let path = r.path;
         let read = blocking(move || files::read(&ws, &path)).await?;
         ok(convert::file_content(read))
     }
@@ -712,18 +722,15 @@ impl AgentService for AgentApi {
     ) -> Result<Response<pb::WriteFileResponse>, Status> {
         let r = req.into_inner();
         let bytes = convert::file_bytes(r.content, &r.encoding).map_err(to_status)?;
-        let ws = self.hub.config().workspace.clone();
+        let ws = self.files_root(r.session_id.as_deref()).await?;
         let written = blocking(move || files::write(&ws, &r.path, &bytes, r.expected_sha.as_deref())).await?;
         ok(convert::file_written(written))
     }
 
     async fn list_tree(&self, req: Request<pb::ListTreeRequest>) -> Result<Response<pb::FileTree>, Status> {
-        let limit = limit_in(
-            req.into_inner().limit,
-            files::DEFAULT_TREE_LIMIT,
-            files::MAX_TREE_LIMIT,
-        )?;
-        let ws = self.hub.config().workspace.clone();
+        let r = req.into_inner();
+        let limit = limit_in(r.limit, files::DEFAULT_TREE_LIMIT, files::MAX_TREE_LIMIT)?;
+        let ws = self.files_root(r.session_id.as_deref()).await?;
         let (files, truncated) = blocking(move || files::tree(&ws, limit)).await?;
         ok(pb::FileTree { files, truncated })
     }

@@ -15,8 +15,9 @@ fn params(route: &str) -> &'static [&'static str] {
     match route {
         "/sessions/{id}/events" => &["after"],
         "/stream" => super::stream::PARAMS,
-        "/fs/file" | "/fs/dirs" => &["path"],
-        "/fs/tree" => &["limit"],
+        "/fs/file" => &["path", "session_id"],
+        "/fs/dirs" => &["path"],
+        "/fs/tree" => &["limit", "session_id"],
         "/memory/{note_id}" => &["scope"],
         "/search" => &["q", "limit", "all"],
         "/pty" => super::pty::PARAMS,

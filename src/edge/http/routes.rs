@@ -411,6 +411,7 @@ type Query = axum::extract::Query<std::collections::HashMap<String, String>>;
 async fn read_file(State(st): State<AppState>, q: Query) -> Response {
     let req = pb::ReadFileRequest {
         path: q.get("path").cloned().unwrap_or_default(),
+        session_id: q.get("session_id").cloned(),
     };
     reply(StatusCode::OK, st.api.read_file(Request::new(req)).await)
 }
@@ -452,7 +453,10 @@ async fn list_tree(State(st): State<AppState>, q: Query) -> Response {
         Ok(l) => l,
         Err(e) => return *e,
     };
-    let req = pb::ListTreeRequest { limit };
+    let req = pb::ListTreeRequest {
+        limit,
+        session_id: q.get("session_id").cloned(),
+    };
     reply(StatusCode::OK, st.api.list_tree(Request::new(req)).await)
 }
 
