@@ -555,10 +555,49 @@ async fn a_session_keeps_the_workspace_it_was_created_in() {
     assert_eq!(status, 201, "{fork}");
     let forked = fork["session"]["session_id"].as_str().unwrap().to_string();
     assert_eq!(read_marker(&s, &forked).await, "in b");
-    // After a restart (open workspaces are forgotten), the session loads
-    // from its ledger into the workspace it was created in.
+    let main = root.join("main").display().to_string();
+    let listed = |list: &Value| -> Vec<(String, String)> {
+        let mut v: Vec<(String, String)> = list["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| {
+                let id = x["session_id"].as_str().unwrap().to_string();
+                (id, x["workspace"].as_str().unwrap().to_string())
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let mut want = vec![
+        (in_b.clone(), b.clone()),
+        (in_main.clone(), main.clone()),
+        (forked.clone(), b.clone()),
+    ];
+    want.sort();
+    let (_, list) = s.get("/sessions").await;
+    assert_eq!(listed(&list), want, "GET /sessions says where each runs: {list}");
+    // After a restart (open workspaces are forgotten), the listing still
+    // says so before any session is loaded, and the session loads from its
+    // ledger into the workspace it was created in.
     s.stop().await;
     let s = TestServer::start_in(home.path(), &root.join("main"), tweak).await;
+    let (_, list) = s.get("/sessions").await;
+    assert!(
+        list["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|x| x["loaded"] == false),
+        "{list}"
+    );
+    assert_eq!(listed(&list), want, "{list}");
     assert_eq!(read_marker(&s, &in_b).await, "in b");
+    s.stop().await;
+    // And from the ledgers alone, with the index gone.
+    std::fs::remove_file(home.path().join("sessions").join("index.json")).unwrap();
+    let s = TestServer::start_in(home.path(), &root.join("main"), tweak).await;
+    let (_, list) = s.get("/sessions").await;
+    assert_eq!(listed(&list), want, "rebuilt from the ledgers' headers: {list}");
     s.stop().await;
 }

@@ -676,6 +676,7 @@ impl Hub {
             title: info.title,
             latest_seq: info.latest_seq,
             usage: info.usage,
+            workspace: info.workspace,
         });
     }
 
@@ -1162,6 +1163,7 @@ impl Hub {
                         loaded: false,
                         busy: false,
                         usage: e.usage,
+                        workspace: e.workspace,
                     },
                 }
             })
@@ -1304,6 +1306,7 @@ mod tests {
             title: title.into(),
             latest_seq: seq,
             usage: Default::default(),
+            workspace: String::new(),
         };
         let mine = vec![e("a", "old", 9), e("b", "kept", 3)];
         let shared = vec![e("a", "renamed", 4), e("b", "", 5), e("c", "theirs", 1)];

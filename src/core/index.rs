@@ -54,6 +54,10 @@ pub struct Entry {
     /// indexed from its ledger alone shows 0 until it is loaded).
     #[serde(default)]
     pub usage: TokenUsage,
+    /// The workspace the session runs in (absolute; empty in an index
+    /// written before it was kept, until the session is loaded).
+    #[serde(default)]
+    pub workspace: String,
 }
 
 /// A session's title: the first line of its first user message, at most
@@ -220,6 +224,11 @@ impl Index {
                     old.title.clone()
                 } else {
                     e.title
+                },
+                workspace: if e.workspace.is_empty() {
+                    old.workspace.clone()
+                } else {
+                    e.workspace
                 },
                 ..e
             },
@@ -453,6 +462,7 @@ fn summarize(id: &str, path: &Path) -> Result<Entry, String> {
         title: title_of(&chosen.unwrap_or(s.title)),
         latest_seq: s.latest_seq,
         usage: TokenUsage::default(),
+        workspace: s.workspace,
     })
 }
 
@@ -494,6 +504,7 @@ mod tests {
             title: title.to_string(),
             latest_seq,
             usage: TokenUsage::default(),
+            workspace: String::new(),
         }
     }
 

@@ -497,6 +497,8 @@ pub struct LedgerSummary {
     pub created_at: String,
     pub title: String,
     pub latest_seq: u64,
+    /// The workspace the header names (empty in ledgers older than it).
+    pub workspace: String,
 }
 
 pub fn summarize(path: &Path) -> Result<LedgerSummary> {
@@ -507,6 +509,7 @@ pub fn summarize(path: &Path) -> Result<LedgerSummary> {
         created_at: String::new(),
         title: String::new(),
         latest_seq: 0,
+        workspace: String::new(),
     };
     let mut line = String::new();
     for _ in 0..64 {
@@ -518,10 +521,12 @@ pub fn summarize(path: &Path) -> Result<LedgerSummary> {
             Ok(Record::Header {
                 session_id,
                 created_at,
+                workspace,
                 ..
             }) => {
                 summary.session_id = session_id;
                 summary.created_at = created_at;
+                summary.workspace = workspace;
             }
             Ok(Record::Event {
                 event: ClientEvent::UserMessage { text, .. },

@@ -218,6 +218,8 @@ pub struct SessionInfo {
     pub busy: bool,
     /// Tokens the session's model turns have consumed.
     pub usage: TokenUsage,
+    /// The workspace the session runs in (absolute; empty when not known).
+    pub workspace: String,
 }
 
 pub struct Session {
@@ -556,6 +558,7 @@ impl Session {
             loaded: true,
             busy: lock(&self.run).running,
             usage,
+            workspace: self.workspace_dir().display().to_string(),
         }
     }
 

@@ -163,6 +163,7 @@ impl SharedIndex {
                         title: s.title,
                         latest_seq: s.latest_seq,
                         usage: Default::default(),
+                        workspace: s.workspace,
                     });
                 }
             }

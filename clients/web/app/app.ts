@@ -213,6 +213,11 @@ function sidebar(): HTMLElement {
       li.appendChild(form);
     } else {
       const open = h("a", { href: `/app/s/${id}`, class: "open" }, h("span", { class: "busy" }, s.busy ? "●" : "○"), " ", title);
+      // A session in a workspace other than the server's says which (its folder's name; the path on hover).
+      const ws = s.summary.workspace;
+      if (ws && ws !== state.host?.workspace) {
+        open.append(" ", h("span", { class: "ws", title: ws }, ws.split("/").filter(Boolean).pop() ?? ws));
+      }
       open.addEventListener("click", (e) => {
         e.preventDefault();
         select(id);

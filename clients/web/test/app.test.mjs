@@ -15,7 +15,7 @@
 import { after, before } from "node:test";
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
-import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, realpathSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -383,6 +383,11 @@ step("Files of a session opened in another workspace shows that workspace's tree
   assert.equal(created.status, 201);
   const other = (await created.json()).session_id;
   await page.goto(`${proxy.url}/app/s/${other}`);
+  // The sidebar says where each session runs when it is not the server's workspace.
+  const ws = page.locator(`#sessions li[data-session="${other}"] .ws`);
+  assert.equal(await ws.textContent(), "sub");
+  assert.equal(await ws.getAttribute("title"), realpathSync(sub));
+  assert.equal(await page.locator(`#sessions li[data-session="${sessionId}"] .ws`).count(), 0);
   await page.click("#show-files");
   await page.waitForFunction(() => /only-here\.txt/.test(document.querySelector("#side-text")?.textContent ?? ""));
   assert.doesNotMatch(await page.locator("#side-text").textContent(), /f\.txt/);

@@ -207,6 +207,7 @@ pub fn summary(s: SessionInfo) -> pb::SessionSummary {
         loaded: s.loaded,
         busy: s.busy,
         usage: Some(usage(s.usage)),
+        workspace: s.workspace,
     }
 }
 
