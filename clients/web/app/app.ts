@@ -61,6 +61,8 @@ const state = {
   confirmDelete: "",
   /** The sidebar's last search: its words and hits (GET /search over every transcript). */
   search: { q: "", hits: [] as SearchHit[], done: false },
+  /** The workspace a new session is created in ("" = the server's own). */
+  newWorkspace: "",
 };
 
 let client: AgentClient;
@@ -242,6 +244,7 @@ function sidebar(): HTMLElement {
     "nav",
     { class: "sidebar" },
     button("New session", () => create(), { id: "new-session" }),
+    workspacePicker(),
     list,
     searchBox(),
     h(
@@ -252,6 +255,41 @@ function sidebar(): HTMLElement {
       state.host?.features?.terminal ? button("Terminal", () => showTerminal(), { id: "show-terminal" }) : null,
     ),
   );
+}
+
+/** Where "New session" creates one: a trusted open workspace, and a form
+ * that opens (and trusts) a folder under the server's workspace roots. */
+function workspacePicker(): HTMLElement {
+  const trusted = (state.host?.workspaces ?? []).filter((w) => w.trusted);
+  const select = h("select", { id: "new-workspace", "aria-label": "workspace of a new session" });
+  for (const w of trusted) {
+    const value = w.primary ? "" : w.path;
+    const name = w.path.split("/").filter(Boolean).pop() ?? w.path;
+    const option = h("option", { value, title: w.path }, w.primary ? `${name} (the server's)` : name);
+    if (value === state.newWorkspace) option.setAttribute("selected", "");
+    select.appendChild(option);
+  }
+  select.addEventListener("change", () => {
+    state.newWorkspace = (select as HTMLSelectElement).value;
+  });
+  const input = h("input", { id: "open-workspace", placeholder: "/absolute/folder", "aria-label": "folder to open" });
+  const form = h("form", { class: "open-workspace" }, input, h("button", { type: "submit" }, "Open"));
+  form.addEventListener("submit", (e) => {
+    e.preventDefault();
+    const path = (input as HTMLInputElement).value.trim();
+    if (!path) return;
+    void openWorkspace(path).catch((err) => onErrorNow(err));
+  });
+  return h("div", { class: "workspace-picker" }, trusted.length > 1 ? select : null, form);
+}
+
+async function openWorkspace(path: string): Promise<void> {
+  const { workspace } = await client.openWorkspace({ path, trust: true });
+  state.host = await client.getHost({});
+  state.newWorkspace = workspace?.primary ? "" : workspace?.path ?? "";
+  const input = document.getElementById("open-workspace") as HTMLInputElement | null;
+  if (input) input.value = "";
+  render();
 }
 
 /** Finds old conversations: each hit names its session and opens it. */
@@ -467,7 +505,7 @@ async function showDiff(): Promise<void> {
 }
 
 async function create(): Promise<void> {
-  const { sessionId } = await client.createSession({});
+  const { sessionId } = await client.createSession({ workspace: state.newWorkspace });
   const [summary] = (await client.listSessions({})).sessions.filter((s) => s.sessionId === sessionId);
   addSession(summary ?? ({ sessionId, title: "", busy: false } as SessionSummary));
   await follower?.follow(sessionId);

@@ -399,6 +399,22 @@ step("Files of a session opened in another workspace shows that workspace's tree
   assert.match(await page.locator("#side-text").textContent(), /f\.txt/);
 });
 
+step("a folder opened from the sidebar is where the next new session runs", async () => {
+  const sub2 = join(workspace, "sub2");
+  mkdirSync(sub2);
+  writeFileSync(join(sub2, "marker.txt"), "in sub2");
+  await page.fill("#open-workspace", sub2);
+  await page.locator(".open-workspace button").click();
+  await page.waitForFunction(() => document.querySelector("#new-workspace")?.value?.endsWith("/sub2"));
+  await page.click("#new-session");
+  // The new session is the current one, its row names the folder, and Files lists that folder.
+  await page.waitForFunction(() => document.querySelector("#sessions li.current .ws")?.textContent === "sub2");
+  await page.click("#show-files");
+  await page.waitForFunction(() => document.querySelector("#side-text")?.textContent === "marker.txt");
+  await page.goto(`${proxy.url}/app/s/${sessionId}`);
+  await page.waitForFunction((n) => document.querySelectorAll("#timeline .item.final_result").length >= n, 3);
+});
+
 step("the terminal panel runs a real shell: `echo hi` shows hi", async () => {
   await page.click("#show-terminal");
   await page.waitForFunction(() => window.vakApp.terminal.state === "open");
