@@ -76,7 +76,9 @@ class Server:
             "--listen", "127.0.0.1:0",
             "--home", str(home),
             "--workspace", str(workspace),
-            "--token", token,
+            # One argument: a token_urlsafe token may begin with "-", which as
+            # a separate argument would read as a flag (CI of 80c71ae).
+            f"--token={token}",
         ]  # fmt: skip
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.tail: collections.deque[str] = collections.deque(maxlen=60)
@@ -359,7 +361,7 @@ def dump(report: dict[str, Any]) -> None:
             print(f"  {describe(event)}", file=sys.stderr)
     server: Server | None = report.get("server")
     if server is not None:
-        print(f"server: {' '.join(server.argv[:-1])} <token>", file=sys.stderr)
+        print(f"server: {' '.join(server.argv[:-1])} --token=<token>", file=sys.stderr)
         print("server output (last lines):", file=sys.stderr)
         for line in server.tail:
             print(f"  {line}", file=sys.stderr)
