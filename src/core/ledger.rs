@@ -126,6 +126,17 @@ impl Batch {
         self.bytes.is_empty()
     }
 
+    /// Empties the batch and keeps its buffers, unless they hold more than
+    /// `keep` bytes (then they are freed).
+    pub fn clear_keeping(&mut self, keep: usize) {
+        if self.bytes.capacity() > keep {
+            *self = Batch::default();
+        } else {
+            self.bytes.clear();
+            self.events.clear();
+        }
+    }
+
     /// Every record in order: its seq if it is an event, and its JSON line
     /// without the newline (a replicated log stores one message per record).
     pub fn records(&self) -> impl Iterator<Item = (Option<u64>, &[u8])> + '_ {
@@ -612,6 +623,30 @@ mod tests {
             2,
             "the header and the event past the budget: {records:?}"
         );
+    }
+
+    #[test]
+    fn a_cleared_batch_keeps_no_record_and_frees_a_buffer_over_the_bound() {
+        let frame =
+            |seq: u64, text: &str| Frame::new(seq, "s".into(), ClientEvent::TextDelta { text: text.into() });
+        let mut b = Batch::default();
+        b.push_frame(&frame(1, "one"));
+        b.push(&Record::Admitted {
+            request_id: "r".into(),
+        });
+        b.clear_keeping(1 << 20);
+        assert!(b.is_empty() && b.records().next().is_none());
+        assert!(b.bytes.capacity() > 0, "kept for the next batch");
+        b.push_frame(&frame(7, "seven"));
+        let records: Vec<(Option<u64>, String)> = b
+            .records()
+            .map(|(seq, line)| (seq, String::from_utf8_lossy(line).into_owned()))
+            .collect();
+        assert_eq!(records.len(), 1, "{records:?}");
+        assert_eq!(records[0].0, Some(7));
+        assert!(records[0].1.contains("seven"), "{records:?}");
+        b.clear_keeping(4);
+        assert_eq!(b.bytes.capacity(), 0, "over the bound: freed");
     }
 
     #[test]

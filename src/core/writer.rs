@@ -191,18 +191,32 @@ async fn append(log: &Arc<dyn Log>, items: Vec<Item>) -> std::io::Result<u64> {
     joined(spawn_append(log, items).await)
 }
 
+/// The largest batch buffer a blocking thread keeps between appends.
+const KEEP_BATCH: usize = 4 << 20;
+
+thread_local! {
+    /// The blocking thread's batch buffer, reused by its next append: a
+    /// fresh one grew by `realloc` through every size of a large batch and
+    /// was mapped, faulted in and unmapped again each time (`realloc`, page
+    /// faults and `free` were near the top of `perf` following a burst).
+    static BATCH: std::cell::RefCell<Batch> = std::cell::RefCell::new(Batch::default());
+}
+
 /// Starts encoding and appending `items` on a blocking thread.
 fn spawn_append(log: &Arc<dyn Log>, items: Vec<Item>) -> tokio::task::JoinHandle<std::io::Result<u64>> {
     let log = log.clone();
     tokio::task::spawn_blocking(move || {
-        let mut batch = Batch::default();
+        let mut batch = BATCH.with(|b| std::mem::take(&mut *b.borrow_mut()));
         for item in &items {
             match item {
                 Item::Frame(frame) => batch.push_frame(frame),
                 Item::Record(record) => batch.push(record),
             }
         }
-        log.append(&batch).map(|()| batch.len() as u64)
+        let r = log.append(&batch).map(|()| batch.len() as u64);
+        batch.clear_keeping(KEEP_BATCH);
+        BATCH.with(|b| *b.borrow_mut() = batch);
+        r
     })
 }
 

@@ -442,19 +442,20 @@ impl AgentService for AgentApi {
         let opened = convert::stream_opened(&sid, latest_seq);
         let last = after.unwrap_or(latest_seq);
         // Subscribed before announcing: nothing published after stream_opened can be missed.
-        let rest = stream::unfold(Some((sub, last)), move |state| {
-            let sid = sid.clone();
+        // The id travels in the state: cloned per item it was an allocation per event.
+        let rest = stream::unfold(Some((sub, last, sid)), move |state| {
             let _attached = &hold;
             async move {
-                let (mut sub, last) = state?;
+                let (mut sub, last, sid) = state?;
                 match sub.recv().await? {
                     Delivery::Frame(f) => {
                         let seq = f.seq;
-                        Some((Ok(convert::frame(&f)), Some((sub, seq))))
+                        Some((Ok(convert::frame(&f)), Some((sub, seq, sid))))
                     }
-                    Delivery::Resync { reason, latest_seq } => {
-                        Some((Ok(convert::resync(&sid, reason, latest_seq)), Some((sub, last))))
-                    }
+                    Delivery::Resync { reason, latest_seq } => Some((
+                        Ok(convert::resync(&sid, reason, latest_seq)),
+                        Some((sub, last, sid)),
+                    )),
                     Delivery::End(End::Closed(reason)) => {
                         Some((Ok(convert::session_closed(&sid, reason)), None))
                     }
@@ -1088,27 +1089,24 @@ impl AgentService for AgentApi {
         let sid = s.id().to_string();
         let snapshot = PresentationEvent::Snapshot(presented.presenter.timeline().clone());
         let first = convert::presentation(&sid, &snapshot);
-        let state = (presented.subscription, presented.presenter, presence);
-        let rest = stream::unfold(Some(state), move |state| {
-            let sid = sid.clone();
-            async move {
-                let (mut sub, mut presenter, presence) = state?;
-                loop {
-                    match sub.recv().await? {
-                        Delivery::Frame(f) => {
-                            let events = presenter.apply(f.seq, &f.event);
-                            if events.is_empty() {
-                                continue;
-                            }
-                            let batch: Vec<_> = events
-                                .iter()
-                                .map(|e| Ok(convert::presentation(&sid, e)))
-                                .collect();
-                            return Some((stream::iter(batch), Some((sub, presenter, presence))));
+        let state = (presented.subscription, presented.presenter, presence, sid);
+        let rest = stream::unfold(Some(state), move |state| async move {
+            let (mut sub, mut presenter, presence, sid) = state?;
+            loop {
+                match sub.recv().await? {
+                    Delivery::Frame(f) => {
+                        let events = presenter.apply(f.seq, &f.event);
+                        if events.is_empty() {
+                            continue;
                         }
-                        Delivery::Resync { .. } => continue,
-                        Delivery::End(End::Closed(_)) => return None,
+                        let batch: Vec<_> = events
+                            .iter()
+                            .map(|e| Ok(convert::presentation(&sid, e)))
+                            .collect();
+                        return Some((stream::iter(batch), Some((sub, presenter, presence, sid))));
                     }
+                    Delivery::Resync { .. } => continue,
+                    Delivery::End(End::Closed(_)) => return None,
                 }
             }
         })
