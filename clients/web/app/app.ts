@@ -218,7 +218,7 @@ function sidebar(): HTMLElement {
       // A session in a workspace other than the server's says which (its folder's name; the path on hover).
       const ws = s.summary.workspace;
       if (ws && ws !== state.host?.workspace) {
-        open.append(" ", h("span", { class: "ws", title: ws }, ws.split("/").filter(Boolean).pop() ?? ws));
+        open.append(" ", h("span", { class: "ws", title: ws }, folderName(ws)));
       }
       open.addEventListener("click", (e) => {
         e.preventDefault();
@@ -264,7 +264,7 @@ function workspacePicker(): HTMLElement {
   const select = h("select", { id: "new-workspace", "aria-label": "workspace of a new session" });
   for (const w of trusted) {
     const value = w.primary ? "" : w.path;
-    const name = w.path.split("/").filter(Boolean).pop() ?? w.path;
+    const name = folderName(w.path);
     const option = h("option", { value, title: w.path }, w.primary ? `${name} (the server's)` : name);
     if (value === state.newWorkspace) option.setAttribute("selected", "");
     select.appendChild(option);
@@ -281,6 +281,11 @@ function workspacePicker(): HTMLElement {
     void openWorkspace(path).catch((err) => onErrorNow(err));
   });
   return h("div", { class: "workspace-picker" }, trusted.length > 1 ? select : null, form);
+}
+
+/** The last component of an absolute folder path. */
+function folderName(path: string): string {
+  return path.split("/").filter(Boolean).pop() ?? path;
 }
 
 async function openWorkspace(path: string): Promise<void> {

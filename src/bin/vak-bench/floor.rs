@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use vak::edge::http::sse_encode;
 
 /// The session id the floor's frames carry (the client checks it on sampled frames).
 pub const SESSION: &str = "floor";
@@ -79,23 +80,26 @@ fn serve(
     started: mpsc::Receiver<()>,
     stop: &AtomicBool,
 ) -> Result<(), String> {
-    let e = |what: &'static str| move |err: io::Error| format!("floor {what}: {err}");
-    listener.set_nonblocking(true).map_err(e("listen"))?;
+    listener.set_nonblocking(true).map_err(failed("listen"))?;
     let mut conns = Vec::with_capacity(subs);
     let mut opened = Vec::new();
     chunk(&mut opened, b"retry: 1000\n");
-    let head = format!("event: stream_opened\ndata: {{\"session_id\":\"{SESSION}\"}}\n\n");
-    chunk(&mut opened, head.as_bytes());
+    let head = sse_encode::frame(
+        "stream_opened",
+        None,
+        format!("{{\"session_id\":\"{SESSION}\"}}").as_bytes(),
+    );
+    chunk(&mut opened, &head);
     while conns.len() < subs {
         if stop.load(Ordering::Acquire) {
             return Ok(());
         }
         match listener.accept() {
-            Ok((tcp, _)) => conns.push(open(tcp, &opened).map_err(e("accept"))?),
+            Ok((tcp, _)) => conns.push(open(tcp, &opened).map_err(failed("accept"))?),
             Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
                 std::thread::sleep(Duration::from_millis(1));
             }
-            Err(err) => return Err(e("accept")(err)),
+            Err(err) => return Err(failed("accept")(err)),
         }
     }
     loop {
@@ -112,10 +116,9 @@ fn serve(
 
 /// Paces the frames to `conns` from `t0` on.
 fn pace(mut conns: Vec<Conn>, t0: Instant, n: u64, rate: u64, stop: &AtomicBool) -> Result<(), String> {
-    let e = |what: &'static str| move |err: io::Error| format!("floor {what}: {err}");
     // Every frame in order; a subscriber is given what it has not had yet,
     // as one chunk, on each sweep: the batching a reader that lags gets.
-    let mut log: Vec<u8> = Vec::with_capacity(n as usize * 128);
+    let mut log = bytes::BytesMut::with_capacity(n as usize * 128);
     let due = |i: u64| t0 + Duration::from_secs_f64(i as f64 / rate as f64);
     let mut next = 0u64;
     let mut finished = false;
@@ -125,19 +128,19 @@ fn pace(mut conns: Vec<Conn>, t0: Instant, n: u64, rate: u64, stop: &AtomicBool)
         }
         let now = Instant::now();
         while next < n && due(next) <= now {
+            // vak's own frame encoder, so the bytes are what vak would send.
             let seq = next + 2;
             let micros = crate::clients::unix_micros();
-            let frame = format!(
-                "id: {seq}\nevent: text_delta\ndata: {{\"seq\":{seq},\"session_id\":\"{SESSION}\",\"text_delta\":{{\"text\":\"p{next}@{micros} \"}}}}\n\n"
+            let json = format!(
+                "{{\"seq\":{seq},\"session_id\":\"{SESSION}\",\"text_delta\":{{\"text\":\"p{next}@{micros} \"}}}}"
             );
-            log.extend_from_slice(frame.as_bytes());
+            sse_encode::write_frame(&mut log, "text_delta", Some(&seq.to_string()), json.as_bytes());
             next += 1;
         }
         if next == n && !finished {
             finished = true;
-            log.extend_from_slice(
-                format!("event: run_finished\ndata: {{\"session_id\":\"{SESSION}\"}}\n\n").as_bytes(),
-            );
+            let json = format!("{{\"session_id\":\"{SESSION}\"}}");
+            sse_encode::write_frame(&mut log, "run_finished", None, json.as_bytes());
         }
         let mut waiting = false;
         for c in conns
@@ -153,7 +156,7 @@ fn pace(mut conns: Vec<Conn>, t0: Instant, n: u64, rate: u64, stop: &AtomicBool)
                     c.out.drain(..k);
                 }
                 Err(err) if err.kind() == io::ErrorKind::WouldBlock => {}
-                Err(err) => return Err(e("write")(err)),
+                Err(err) => return Err(failed("write")(err)),
             }
             waiting |= !c.out.is_empty();
         }
@@ -194,6 +197,11 @@ fn open(mut tcp: TcpStream, opened: &[u8]) -> io::Result<Conn> {
         given: 0,
         out: Vec::new(),
     })
+}
+
+/// An I/O error of the floor, naming what it was doing.
+fn failed(what: &'static str) -> impl Fn(io::Error) -> String {
+    move |err| format!("floor {what}: {err}")
 }
 
 /// Appends `data` as one HTTP/1.1 chunk.
