@@ -27,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -92,14 +93,26 @@ def stop_all(procs: list) -> None:
 
 
 def call(url: str, token: str, method: str, path: str, body=None):
-    req = urllib.request.Request(
-        url + path,
-        method=method,
-        data=None if body is None else json.dumps(body).encode(),
-        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return json.loads(r.read() or b"{}")
+    """One request; a 503 (a replica still joining the JetStream cluster on a
+    loaded machine) is retried as its Retry-After says, for up to 60 s."""
+    deadline = time.monotonic() + 60
+    while True:
+        req = urllib.request.Request(
+            url + path,
+            method=method,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return json.loads(r.read() or b"{}")
+        except urllib.error.HTTPError as e:
+            if e.code != 503 or time.monotonic() > deadline:
+                raise
+            detail = e.read().decode(errors="replace")
+            wait = float(e.headers.get("Retry-After") or 1)
+            print(f"serve-cluster: {method} {path} on {url}: 503 {detail}; again in {wait:g} s", flush=True)
+            time.sleep(min(wait, 5))
 
 
 def check(urls: list, token: str) -> None:

@@ -3,9 +3,10 @@
 //! Frames reach the bus already numbered and durable (`commit`, called by
 //! the session's writer). `commit` never blocks on a subscriber. Each
 //! subscriber owns a queue of at most `queue` frames and `max_queued_bytes`
-//! of payload, and all queues together at most `max_total_queued_bytes`;
-//! when the frame count is reached, consecutive deltas of one kind merge (the
-//! merged frame carries the last seq it covers), and if that still frees no
+//! of payload, and all queues together at most `max_total_queued_bytes`.
+//! A reader that is behind gets consecutive deltas of one kind merged (the
+//! merged frame carries the last seq it covers): those it takes together,
+//! and those queued once the frame count is reached; if that still frees no
 //! room, or a byte budget is spent, the queue is dropped. Its `Subscription`
 //! does not end: it resumes from its own cursor (the ring, else the log on
 //! disk) inside the same stream, so a slow reader sees neither a gap nor a
@@ -289,6 +290,7 @@ fn subscribe(shared: &Arc<Shared>, after: Option<u64>) -> Subscription {
         from_log: VecDeque::new(),
         queue: Arc::new(SubQueue::new(&shared.cfg)),
         catching_up: false,
+        merge_taken: true,
         done: false,
         ready: VecDeque::new(),
     };
@@ -354,6 +356,12 @@ impl SubQueue {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Frames waiting from which the reader is behind enough that what it
+    /// takes together merges (256 of the default 1024).
+    fn merge_from(&self) -> usize {
+        (self.cap / 4).max(2)
+    }
+
     /// Sets the queue's byte count, keeping the process-wide total in step.
     fn set_bytes(&self, st: &mut QueueState, bytes: usize) {
         if bytes >= st.bytes {
@@ -384,15 +392,24 @@ impl SubQueue {
         if st.detached || st.lagged || st.end.is_some() {
             return false;
         }
+        // The shared total is read once and moved once per commit, not per
+        // frame: every subscriber's reader and the committer touch it.
+        let (total_then, bytes_then) = (self.total.get(), st.bytes);
+        let mut placed = true;
         for frame in frames {
-            if !self.place(st, frame) {
+            if !self.place(st, frame, total_then + (st.bytes - bytes_then)) {
                 // Everything queued stays deliverable; past it the reader
                 // resumes from its cursor, so nothing is lost by dropping here.
                 st.lagged = true;
-                drop(guard);
-                self.notify.notify_one();
-                return false;
+                placed = false;
+                break;
             }
+        }
+        self.total.0.fetch_add(st.bytes - bytes_then, Ordering::Relaxed);
+        if !placed {
+            drop(guard);
+            self.notify.notify_one();
+            return false;
         }
         drop(guard);
         if wake {
@@ -402,11 +419,12 @@ impl SubQueue {
     }
 
     /// Queues one frame, merging it into the tail when the queue is full;
-    /// false when it does not fit.
-    fn place(&self, st: &mut QueueState, frame: &Arc<Frame>) -> bool {
+    /// false when it does not fit. `total` is every queue's bytes together
+    /// as of now; the caller moves the shared total by what was placed.
+    fn place(&self, st: &mut QueueState, frame: &Arc<Frame>, total: usize) -> bool {
         // A delta merged into the tail costs its text, not another frame.
         let mut cost = frame.size;
-        let fits = st.bytes + frame.size <= self.budget && self.total.get() + frame.size <= self.total_budget;
+        let fits = st.bytes + frame.size <= self.budget && total + frame.size <= self.total_budget;
         let placed = fits
             && (st.frames.len() < self.cap || {
                 let merged = merge_into_tail(&mut st.frames, frame) || {
@@ -424,8 +442,7 @@ impl SubQueue {
         if st.frames.back().is_none_or(|b| b.seq < frame.seq) {
             st.frames.push_back(frame.clone());
         }
-        let bytes = st.bytes + cost;
-        self.set_bytes(st, bytes);
+        st.bytes += cost;
         true
     }
 
@@ -510,12 +527,21 @@ pub struct Subscription {
     queue: Arc<SubQueue>,
     /// Resumed after its queue overflowed: replayed deltas merge.
     catching_up: bool,
+    /// Whether deltas taken together from a queue a reader is behind on merge.
+    merge_taken: bool,
     done: bool,
     /// Taken by `recv` ahead of its caller, in order (empty before `resume`).
     ready: VecDeque<Delivery>,
 }
 
 impl Subscription {
+    /// This subscription hands queued frames over one by one however far
+    /// behind its reader is (only a full queue still merges).
+    pub fn frame_by_frame(mut self) -> Self {
+        self.merge_taken = false;
+        self
+    }
+
     /// The session's latest seq when this subscription was made.
     pub fn latest_seq(&self) -> u64 {
         self.latest_seq
@@ -708,16 +734,31 @@ impl Subscription {
         out
     }
 
-    /// What the live queue holds.
+    /// What the live queue holds, up to `max` deliveries. A reader that
+    /// finds a quarter of its queue's frames waiting is behind: the
+    /// consecutive same-kind deltas it takes together become one (up to
+    /// `MAX_MERGED`), which is what lets it catch up (fewer frames to encode,
+    /// write and parse on every transport). A reader less far behind gets
+    /// every frame as published.
     fn take_queue(&mut self, max: usize) -> Queued {
         let mut st = self.queue.lock();
-        let n = max.min(st.frames.len());
-        let mut out = Vec::with_capacity(n);
+        let behind = self.merge_taken && st.frames.len() >= self.queue.merge_from();
+        let mut out: Vec<Delivery> = Vec::with_capacity(max.min(st.frames.len()));
         let mut taken = 0;
-        for f in st.frames.drain(..n) {
+        while let Some(f) = st.frames.front() {
+            let merged = match out.last_mut() {
+                Some(Delivery::Frame(tail)) if behind => merge_into(tail, f),
+                _ => false,
+            };
+            if !merged && out.len() >= max {
+                break;
+            }
+            let Some(f) = st.frames.pop_front() else { break };
             taken += f.size;
             self.cursor = self.cursor.max(f.seq);
-            out.push(Delivery::Frame(f));
+            if !merged {
+                out.push(Delivery::Frame(f));
+            }
         }
         // One update of the shared total per take, not per frame: every
         // subscriber's reader and the committer touch that counter.
@@ -748,6 +789,7 @@ impl Subscription {
         let mut next = subscribe(&self.shared, Some(self.cursor));
         next.latest_seq = self.latest_seq;
         next.catching_up = true;
+        next.merge_taken = self.merge_taken;
         *self = next;
     }
 }
@@ -893,6 +935,53 @@ mod tests {
             1002,
             "the last frame carries the last seq"
         );
+    }
+
+    #[tokio::test]
+    async fn a_reader_behind_gets_the_deltas_it_takes_together_merged_and_a_replay_or_frame_by_frame_gets_every_frame(
+    ) {
+        // A queue of 32 frames: 8 waiting is a reader behind.
+        let b = bus(64, 32);
+        let mut live = b.subscribe(None);
+        let mut exact = b.subscribe(None).frame_by_frame();
+        // Less far behind, every frame comes as published.
+        for t in ["x ", "y "] {
+            publish(&b, text(t));
+        }
+        assert_eq!(seqs(&live.recv_many(16).await), vec![1, 2]);
+        for t in ["a ", "b ", "c "] {
+            publish(&b, text(t));
+        }
+        publish(&b, ClientEvent::Status { busy: false });
+        publish(&b, text("d "));
+        publish(&b, ClientEvent::ThinkingDelta { text: "e ".into() });
+        publish(&b, text("f "));
+        publish(&b, text("g "));
+        let got = live.recv_many(16).await;
+        let shown: Vec<(u64, String)> = got
+            .iter()
+            .map(|d| match d {
+                Delivery::Frame(f) => (f.seq, format!("{:?}", f.event)),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let want = [
+            (5, text("a b c ")),
+            (6, ClientEvent::Status { busy: false }),
+            (7, text("d ")),
+            (8, ClientEvent::ThinkingDelta { text: "e ".into() }),
+            (10, text("f g ")),
+        ]
+        .map(|(seq, e)| (seq, format!("{e:?}")));
+        assert_eq!(
+            shown, want,
+            "one frame per run of same-kind deltas, carrying its last seq"
+        );
+        // The ring keeps every frame: a replay a client asks for is exact.
+        let mut replay = b.subscribe(Some(0));
+        assert_eq!(seqs(&replay.recv_many(16).await), (1..=10).collect::<Vec<_>>());
+        // So does a subscription that asked for every frame (`/stream`'s).
+        assert_eq!(seqs(&exact.recv_many(16).await), (1..=10).collect::<Vec<_>>());
     }
 
     #[tokio::test]

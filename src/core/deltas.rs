@@ -15,6 +15,18 @@ pub const FREE: usize = 1_000_000;
 /// The size a merged delta grows to before it is published.
 pub const CHUNK: usize = 8 * 1024;
 
+/// What one `push` publishes: up to two events, in order.
+pub struct Ready([Option<ClientEvent>; 2]);
+
+impl IntoIterator for Ready {
+    type Item = ClientEvent;
+    type IntoIter = std::iter::Flatten<std::array::IntoIter<Option<ClientEvent>, 2>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter().flatten()
+    }
+}
+
 pub struct Deltas {
     free: usize,
     seen: usize,
@@ -38,28 +50,29 @@ impl Deltas {
         }
     }
 
-    /// Takes one provider delta; returns the events to publish now, in order.
-    pub fn push(&mut self, e: ProviderEvent) -> Vec<ClientEvent> {
+    /// Takes one provider delta; returns the events to publish now, in order
+    /// (at most two, in place: this runs once per delta).
+    pub fn push(&mut self, e: ProviderEvent) -> Ready {
         let (thinking, text) = match e {
             ProviderEvent::Text(t) => (false, t),
             ProviderEvent::Thinking(t) => (true, t),
             // Not a delta: the caller routes signatures elsewhere.
-            ProviderEvent::ThinkingSignature(_) => return self.flush().into_iter().collect(),
+            ProviderEvent::ThinkingSignature(_) => return Ready([self.flush(), None]),
         };
         self.seen += 1;
         if self.seen <= self.free {
-            return vec![event(thinking, text)];
+            return Ready([Some(event(thinking, text)), None]);
         }
-        let mut out = Vec::new();
+        let mut out = Ready([None, None]);
         match &mut self.held {
             Some((kind, held)) if *kind == thinking => held.push_str(&text),
             _ => {
-                out.extend(self.flush());
+                out.0[0] = self.flush();
                 self.held = Some((thinking, text));
             }
         }
         if self.held.as_ref().is_some_and(|(_, h)| h.len() >= CHUNK) {
-            out.extend(self.flush());
+            out.0[1] = self.flush();
         }
         out
     }
@@ -89,7 +102,7 @@ mod tests {
         let out: Vec<_> = ["echo: ", "hello ", "world"]
             .into_iter()
             .flat_map(|w| d.push(ProviderEvent::Text(w.into())))
-            .collect();
+            .collect::<Vec<_>>();
         assert_eq!(out.len(), 3);
         assert!(d.flush().is_none());
     }

@@ -98,7 +98,9 @@ impl Feed {
         });
         let feed = Feed {
             _session: session,
-            sub: presented.subscription,
+            // Fairness between sessions counts frames: a take that merged a
+            // whole backlog into one would let a busy session's be one turn.
+            sub: presented.subscription.frame_by_frame(),
             presenter: presented.presenter,
             presented_through: latest,
             last_seq: start,

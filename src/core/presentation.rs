@@ -212,19 +212,29 @@ impl Presenter {
         }
     }
 
+    /// Appends `text` to the open item when it streams `kind`; the item
+    /// grown, or None when a new one must start.
+    fn extend_open(&mut self, kind: ItemKind, seq: u64, text: &str) -> Option<&Item> {
+        let idx = self.open?;
+        let timeline = &mut self.timeline;
+        if timeline.items[idx].kind != kind {
+            return None;
+        }
+        timeline.seq = timeline.seq.max(seq);
+        let item = &mut timeline.items[idx];
+        item.text.push_str(text);
+        item.seq = seq;
+        Some(item)
+    }
+
     fn stream_text(&mut self, kind: ItemKind, seq: u64, text: &str, out: &mut Vec<PresentationEvent>) {
-        if let Some(idx) = self.open {
-            if self.timeline.items[idx].kind == kind {
-                let item = &mut self.timeline.items[idx];
-                item.text.push_str(text);
-                item.seq = seq;
-                out.push(PresentationEvent::TextDelta {
-                    item_id: item.id.clone(),
-                    text: text.to_string(),
-                    seq,
-                });
-                return;
-            }
+        if let Some(item) = self.extend_open(kind, seq, text) {
+            out.push(PresentationEvent::TextDelta {
+                item_id: item.id.clone(),
+                text: text.to_string(),
+                seq,
+            });
+            return;
         }
         self.close_open(seq, out);
         let prefix = if kind == ItemKind::Thinking {
@@ -249,6 +259,20 @@ impl Presenter {
     }
 
     /// Folds one published event in and returns the presentation events it causes.
+    /// `apply` for a caller that keeps only the timeline (the session's
+    /// own fold): a delta that extends the open item builds no presentation
+    /// event, which was three allocations per delta thrown away at once.
+    pub fn fold(&mut self, seq: u64, event: &ClientEvent) {
+        let extended = match event {
+            ClientEvent::TextDelta { text } => self.extend_open(ItemKind::AssistantText, seq, text).is_some(),
+            ClientEvent::ThinkingDelta { text } => self.extend_open(ItemKind::Thinking, seq, text).is_some(),
+            _ => false,
+        };
+        if !extended {
+            self.apply(seq, event);
+        }
+    }
+
     pub fn apply(&mut self, seq: u64, event: &ClientEvent) -> Vec<PresentationEvent> {
         let mut out = Vec::new();
         match event {
@@ -448,6 +472,12 @@ mod tests {
                 again.apply(i as u64 + 1, e);
             }
             prop_assert_eq!(again.timeline(), p.timeline());
+            // `fold` (no presentation events built) keeps the same timeline.
+            let mut folded = Presenter::new("s");
+            for (i, e) in evs.iter().enumerate() {
+                folded.fold(i as u64 + 1, e);
+            }
+            prop_assert_eq!(&folded, &p);
         }
     }
 

@@ -10,7 +10,7 @@ use super::event::{
     SideOutcome, SidePhase, Undo,
 };
 use super::ledger::{Ledger, Log, OpenError, Record};
-use super::presentation::{PresentationEvent, Presenter, Timeline};
+use super::presentation::{Presenter, Timeline};
 use super::provider::{Provider, TokenUsage};
 use super::rules::{Rule, Rules};
 use super::side::{SideEntry, SideLog};
@@ -280,16 +280,16 @@ impl Folds {
         }
     }
 
-    fn apply(&mut self, seq: u64, event: &ClientEvent) -> Vec<PresentationEvent> {
+    fn apply(&mut self, seq: u64, event: &ClientEvent) {
         // A side branch: only the side log sees it, so the main
         // conversation's folds are what they would be without it.
         if let ClientEvent::Side { side_id, phase } = event {
             self.sides.apply(seq, side_id, phase);
-            return Vec::new();
+            return;
         }
         self.transcript.apply(seq, event);
         self.facts.apply(event);
-        self.presenter.apply(seq, event)
+        self.presenter.fold(seq, event);
     }
 }
 
@@ -573,7 +573,7 @@ impl Session {
             AgentEvent::Compaction(c) => self.pipe.push(Op::Note(Note::Compaction(c))),
             event => {
                 if let Some(client) = project(event) {
-                    self.pipe.push(Op::Event(client));
+                    self.pipe.push(Op::event(self.bus.session_id(), client));
                 }
             }
         }

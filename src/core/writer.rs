@@ -22,19 +22,23 @@ pub const PIPE_ROOM: usize = 4096;
 pub type Done = oneshot::Sender<Result<(), String>>;
 
 pub enum Op {
-    Event(ClientEvent),
+    /// A client event, its frame built by the publisher (seq 0 until the
+    /// writer numbers it): the allocation and sizing happen on the
+    /// publisher's task, not on the writer's, which every event goes through.
+    Event(Arc<Frame>),
     /// An internal fact, kept in order with the events around it.
     Note(Note),
     /// A request id admitted; replied to once it is durable.
-    Admitted {
-        request_id: String,
-        done: Done,
-    },
+    Admitted { request_id: String, done: Done },
     /// Replied to once everything pushed before it is durable and visible.
     Barrier(Done),
 }
 
 impl Op {
+    pub fn event(session_id: &Arc<str>, event: ClientEvent) -> Op {
+        Op::Event(Arc::new(Frame::new(0, session_id.clone(), event)))
+    }
+
     fn refuse(self, reason: &str) {
         match self {
             Op::Admitted { done, .. } | Op::Barrier(done) => {
@@ -66,6 +70,9 @@ pub struct Pipe {
 #[derive(Default)]
 struct PipeState {
     ops: Vec<Op>,
+    /// The last taken batch's buffer, emptied and handed back by the writer:
+    /// the next batch fills it instead of growing a fresh one by doubling.
+    spare: Vec<Op>,
     closed: bool,
     failed: Option<String>,
 }
@@ -84,9 +91,14 @@ impl Pipe {
             op.refuse(&reason);
             return;
         }
+        // Only the push into an empty queue wakes the writer: later ones
+        // find it already woken and not yet taking (one atomic per event saved).
+        let wake = st.ops.is_empty();
         st.ops.push(op);
         drop(st);
-        self.wake.notify_one();
+        if wake {
+            self.wake.notify_one();
+        }
     }
 
     /// Waits while the writer is `PIPE_ROOM` operations behind: the
@@ -152,9 +164,22 @@ impl Pipe {
         self.room.notify_waiters();
     }
 
+    /// Takes back a batch's emptied buffer for the next batch while the
+    /// writer is busy, unless it grew past what a paced producer fills.
+    fn recycle(&self, ops: Vec<Op>) {
+        debug_assert!(ops.is_empty());
+        if ops.capacity() <= 2 * PIPE_ROOM {
+            self.lock().spare = ops;
+        }
+    }
+
     /// Whatever is queued now (maybe nothing), without waiting.
     fn take_now(&self) -> Vec<Op> {
-        let ops = std::mem::take(&mut self.lock().ops);
+        let ops = {
+            let mut st = self.lock();
+            let spare = std::mem::take(&mut st.spare);
+            std::mem::replace(&mut st.ops, spare)
+        };
         if !ops.is_empty() {
             self.room.notify_waiters();
         }
@@ -166,7 +191,8 @@ impl Pipe {
             {
                 let mut st = self.lock();
                 if !st.ops.is_empty() {
-                    let ops = std::mem::take(&mut st.ops);
+                    let spare = std::mem::take(&mut st.spare);
+                    let ops = std::mem::replace(&mut st.ops, spare);
                     drop(st);
                     self.room.notify_waiters();
                     return Some(ops);
@@ -174,6 +200,8 @@ impl Pipe {
                 if st.closed {
                     return None;
                 }
+                // Caught up: an idle session keeps no batch buffer.
+                st.spare = Vec::new();
             }
             self.wake.notified().await;
         }
@@ -270,14 +298,18 @@ impl Pending {
 
 /// Numbers the events of `ops` after `latest`: the items to append and what
 /// they make visible.
-fn prepare(ops: Vec<Op>, latest: &mut u64, session_id: &Arc<str>) -> (Vec<Item>, Pending) {
+fn prepare(ops: &mut Vec<Op>, latest: &mut u64, session_id: &Arc<str>) -> (Vec<Item>, Pending) {
     let mut p = Pending::default();
     let mut items = Vec::with_capacity(ops.len());
-    for op in ops {
+    for op in ops.drain(..) {
         match op {
-            Op::Event(event) => {
+            Op::Event(mut frame) => {
                 *latest += 1;
-                let frame = Arc::new(Frame::new(*latest, session_id.clone(), event));
+                match Arc::get_mut(&mut frame) {
+                    Some(f) => f.seq = *latest,
+                    // Only the pipe held it so far; a shared one is copied.
+                    None => frame = Arc::new(Frame::new(*latest, session_id.clone(), frame.event.clone())),
+                }
                 items.push(Item::Frame(frame.clone()));
                 p.frames.push(frame);
             }
@@ -343,7 +375,7 @@ pub async fn run(
     // The batch on disk and not yet visible, and whether a snapshot is due after it.
     let mut written: Option<(Pending, bool)> = None;
     loop {
-        let ops = match &written {
+        let mut ops = match &written {
             // Nothing to make visible: wait for work.
             None => match pipe.take().await {
                 Some(ops) => ops,
@@ -352,7 +384,8 @@ pub async fn run(
             // Take what is there without waiting: `written` must not wait for it.
             Some(_) => pipe.take_now(),
         };
-        let (items, next) = prepare(ops, &mut latest, &session_id);
+        let (items, next) = prepare(&mut ops, &mut latest, &session_id);
+        pipe.recycle(ops);
         let snapshot_due = written.as_ref().is_some_and(|(_, due)| *due);
         let mut items = (!items.is_empty()).then_some(items);
         let in_flight = match items.take() {
@@ -472,8 +505,9 @@ mod tests {
         });
         let pipe = Arc::new(Pipe::default());
         let visible: Arc<dyn Visible> = seen.clone();
+        let sid: Arc<str> = "s".into();
         let writer = tokio::spawn(run(
-            "s".into(),
+            sid.clone(),
             pipe.clone(),
             log.clone() as Arc<dyn Log>,
             Arc::downgrade(&visible),
@@ -483,9 +517,12 @@ mod tests {
         ));
         const N: u64 = 20_000;
         for i in 0..N {
-            pipe.push(Op::Event(ClientEvent::TextDelta {
-                text: format!("t{i} "),
-            }));
+            pipe.push(Op::event(
+                &sid,
+                ClientEvent::TextDelta {
+                    text: format!("t{i} "),
+                },
+            ));
             if i % 500 == 0 {
                 // A barrier answers only once everything before it is visible.
                 pipe.barrier().await.unwrap();

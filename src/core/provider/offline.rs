@@ -319,8 +319,15 @@ impl OfflineModel {
                     }
                 }
                 Directive::Burst { n, size } => {
+                    // Hands the runtime back after each chunk: chunks start
+                    // small, so the writer has the first deltas on their way
+                    // before the model has made a thousand more.
+                    let mut chunk = 64;
+                    let mut next_yield = chunk;
                     for i in 0..n {
-                        if i % 1024 == 1023 {
+                        if i == next_yield {
+                            chunk = (chunk * 2).min(1024);
+                            next_yield += chunk;
                             if cancel.is_cancelled() {
                                 return Err(ProviderError::Cancelled);
                             }
