@@ -356,12 +356,6 @@ impl SubQueue {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Frames waiting from which the reader is behind enough that what it
-    /// takes together merges (256 of the default 1024).
-    fn merge_from(&self) -> usize {
-        (self.cap / 4).max(2)
-    }
-
     /// Sets the queue's byte count, keeping the process-wide total in step.
     fn set_bytes(&self, st: &mut QueueState, bytes: usize) {
         if bytes >= st.bytes {
@@ -735,14 +729,14 @@ impl Subscription {
     }
 
     /// What the live queue holds, up to `max` deliveries. A reader that
-    /// finds a quarter of its queue's frames waiting is behind: the
-    /// consecutive same-kind deltas it takes together become one (up to
-    /// `MAX_MERGED`), which is what lets it catch up (fewer frames to encode,
-    /// write and parse on every transport). A reader less far behind gets
-    /// every frame as published.
+    /// finds its queue full (where new deltas already merge into the tail)
+    /// gets the consecutive same-kind deltas it takes together as one (up
+    /// to `MAX_MERGED`): what lets it catch up is fewer frames to encode,
+    /// write and parse on every transport. A queue that never filled hands
+    /// every frame over as published.
     fn take_queue(&mut self, max: usize) -> Queued {
         let mut st = self.queue.lock();
-        let behind = self.merge_taken && st.frames.len() >= self.queue.merge_from();
+        let behind = self.merge_taken && st.frames.len() >= self.queue.cap;
         let mut out: Vec<Delivery> = Vec::with_capacity(max.min(st.frames.len()));
         let mut taken = 0;
         while let Some(f) = st.frames.front() {
@@ -938,17 +932,18 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_reader_behind_gets_the_deltas_it_takes_together_merged_and_a_replay_or_frame_by_frame_gets_every_frame(
+    async fn a_reader_whose_queue_filled_gets_the_deltas_it_takes_together_merged_and_a_replay_or_frame_by_frame_gets_every_frame(
     ) {
-        // A queue of 32 frames: 8 waiting is a reader behind.
-        let b = bus(64, 32);
+        // A queue of 8 frames: full, its reader is behind.
+        let b = bus(64, 8);
         let mut live = b.subscribe(None);
         let mut exact = b.subscribe(None).frame_by_frame();
-        // Less far behind, every frame comes as published.
+        // A queue that is not full hands every frame over as published.
         for t in ["x ", "y "] {
             publish(&b, text(t));
         }
         assert_eq!(seqs(&live.recv_many(16).await), vec![1, 2]);
+        assert_eq!(seqs(&exact.recv_many(16).await), vec![1, 2]);
         for t in ["a ", "b ", "c "] {
             publish(&b, text(t));
         }
@@ -981,7 +976,7 @@ mod tests {
         let mut replay = b.subscribe(Some(0));
         assert_eq!(seqs(&replay.recv_many(16).await), (1..=10).collect::<Vec<_>>());
         // So does a subscription that asked for every frame (`/stream`'s).
-        assert_eq!(seqs(&exact.recv_many(16).await), (1..=10).collect::<Vec<_>>());
+        assert_eq!(seqs(&exact.recv_many(16).await), (3..=10).collect::<Vec<_>>());
     }
 
     #[tokio::test]
