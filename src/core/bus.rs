@@ -4,10 +4,10 @@
 //! the session's writer). `commit` never blocks on a subscriber. Each
 //! subscriber owns a queue of at most `queue` frames and `max_queued_bytes`
 //! of payload, and all queues together at most `max_total_queued_bytes`.
-//! A reader that is behind gets consecutive deltas of one kind merged (the
-//! merged frame carries the last seq it covers): those it takes together,
-//! and those queued once the frame count is reached; if that still frees no
-//! room, or a byte budget is spent, the queue is dropped. Its `Subscription`
+//! Once the frame count is reached, consecutive deltas of one kind merge (the
+//! merged frame carries the last seq it covers): new ones into the tail, and
+//! those the reader then takes together; if that still frees no room, or a
+//! byte budget is spent, the queue is dropped. Its `Subscription`
 //! does not end: it resumes from its own cursor (the ring, else the log on
 //! disk) inside the same stream, so a slow reader sees neither a gap nor a
 //! resync, and a stalled one costs no more than its budget.
@@ -521,7 +521,7 @@ pub struct Subscription {
     queue: Arc<SubQueue>,
     /// Resumed after its queue overflowed: replayed deltas merge.
     catching_up: bool,
-    /// Whether deltas taken together from a queue a reader is behind on merge.
+    /// Whether deltas taken together from a full queue merge (not on `/stream`).
     merge_taken: bool,
     done: bool,
     /// Taken by `recv` ahead of its caller, in order (empty before `resume`).
@@ -736,12 +736,12 @@ impl Subscription {
     /// every frame over as published.
     fn take_queue(&mut self, max: usize) -> Queued {
         let mut st = self.queue.lock();
-        let behind = self.merge_taken && st.frames.len() >= self.queue.cap;
+        let full = self.merge_taken && st.frames.len() >= self.queue.cap;
         let mut out: Vec<Delivery> = Vec::with_capacity(max.min(st.frames.len()));
         let mut taken = 0;
         while let Some(f) = st.frames.front() {
             let merged = match out.last_mut() {
-                Some(Delivery::Frame(tail)) if behind => merge_into(tail, f),
+                Some(Delivery::Frame(tail)) if full => merge_into(tail, f),
                 _ => false,
             };
             if !merged && out.len() >= max {

@@ -99,7 +99,7 @@ impl Feed {
         let feed = Feed {
             _session: session,
             // Fairness between sessions counts frames: a take that merged a
-            // whole backlog into one would let a busy session's be one turn.
+            // busy session's whole backlog would hand it all over in one turn.
             sub: presented.subscription.frame_by_frame(),
             presenter: presented.presenter,
             presented_through: latest,

@@ -258,7 +258,6 @@ impl Presenter {
         }
     }
 
-    /// Folds one published event in and returns the presentation events it causes.
     /// `apply` for a caller that keeps only the timeline (the session's
     /// own fold): a delta that extends the open item builds no presentation
     /// event, which was three allocations per delta thrown away at once.
@@ -273,6 +272,7 @@ impl Presenter {
         }
     }
 
+    /// Folds one published event in and returns the presentation events it causes.
     pub fn apply(&mut self, seq: u64, event: &ClientEvent) -> Vec<PresentationEvent> {
         let mut out = Vec::new();
         match event {

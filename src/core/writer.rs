@@ -298,7 +298,7 @@ impl Pending {
 
 /// Numbers the events of `ops` after `latest`: the items to append and what
 /// they make visible.
-fn prepare(ops: &mut Vec<Op>, latest: &mut u64, session_id: &Arc<str>) -> (Vec<Item>, Pending) {
+fn prepare(ops: &mut Vec<Op>, latest: &mut u64) -> (Vec<Item>, Pending) {
     let mut p = Pending::default();
     let mut items = Vec::with_capacity(ops.len());
     for op in ops.drain(..) {
@@ -308,7 +308,9 @@ fn prepare(ops: &mut Vec<Op>, latest: &mut u64, session_id: &Arc<str>) -> (Vec<I
                 match Arc::get_mut(&mut frame) {
                     Some(f) => f.seq = *latest,
                     // Only the pipe held it so far; a shared one is copied.
-                    None => frame = Arc::new(Frame::new(*latest, session_id.clone(), frame.event.clone())),
+                    None => {
+                        frame = Arc::new(Frame::new(*latest, frame.session_id.clone(), frame.event.clone()))
+                    }
                 }
                 items.push(Item::Frame(frame.clone()));
                 p.frames.push(frame);
@@ -384,7 +386,7 @@ pub async fn run(
             // Take what is there without waiting: `written` must not wait for it.
             Some(_) => pipe.take_now(),
         };
-        let (items, next) = prepare(&mut ops, &mut latest, &session_id);
+        let (items, next) = prepare(&mut ops, &mut latest);
         pipe.recycle(ops);
         let snapshot_due = written.as_ref().is_some_and(|(_, due)| *due);
         let mut items = (!items.is_empty()).then_some(items);
