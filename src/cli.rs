@@ -2,6 +2,7 @@
 
 use crate::core::config::{self, Environment, FileConfig, RouteLayer};
 use crate::core::provider::ProviderKind;
+use crate::core::sandbox::{SandboxConfig, SandboxMode};
 use crate::core::{CoreConfig, Durability, PermissionMode};
 use crate::edge::server::{ServeConfig, Server};
 use crate::edge::tls;
@@ -40,6 +41,15 @@ pub enum PermissionArg {
     Plan,
     #[value(alias = "allow")]
     Bypass,
+}
+
+/// `--sandbox`: how much of the machine the agent's commands may touch
+/// (docs/security.md, "The command sandbox").
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum SandboxArg {
+    WorkspaceWrite,
+    ReadOnly,
+    Off,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -173,6 +183,14 @@ pub struct ServeArgs {
     /// with POST /config/mode.
     #[arg(long, value_enum, default_value = "default")]
     pub permission_mode: PermissionArg,
+    /// The sandbox every command the agent runs goes into: workspace-write
+    /// (writes only the session's workspace and a private temporary
+    /// directory; the default), read-only (writes nothing) or off (the
+    /// server user's full rights). Both sandboxes hide vak's home and turn
+    /// the network off unless `[sandbox] network = true`. Also VAK_SANDBOX
+    /// and `[sandbox] mode` in config.toml.
+    #[arg(long, value_enum, env = "VAK_SANDBOX")]
+    pub sandbox: Option<SandboxArg>,
     /// Allow the bypass mode, at startup and through the API: the model then
     /// runs any command without asking.
     #[arg(long)]
@@ -320,6 +338,18 @@ impl ServeArgs {
             }
         }
         core.workspace_roots = server.workspace_roots;
+        let sandbox = std::mem::take(&mut file.sandbox);
+        core.sandbox = SandboxConfig {
+            mode: match self.sandbox {
+                Some(SandboxArg::WorkspaceWrite) => SandboxMode::WorkspaceWrite,
+                Some(SandboxArg::ReadOnly) => SandboxMode::ReadOnly,
+                Some(SandboxArg::Off) => SandboxMode::Off,
+                None => sandbox.mode.unwrap_or(SandboxMode::WorkspaceWrite),
+            },
+            network: sandbox.network,
+            writable_roots: sandbox.writable_roots,
+            scrub_env: sandbox.scrub_env,
+        };
         let mut cfg = ServeConfig::new(core, token);
         cfg.trusted_hosts = [server.trusted_hosts, self.trusted_hosts.clone()].concat();
         cfg.allow_origins = [server.allow_origins, self.allow_origins.clone()].concat();

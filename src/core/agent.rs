@@ -451,8 +451,17 @@ async fn call_tool(session: &Session, defs: &[ToolDef], call: ToolCall, cancel: 
                     });
                 }
             };
-            let run =
-                async move { tools::run_live(&rt.cfg.workspace, &tool, &input, cancel, Some(&live)).await };
+            let run = async move {
+                tools::run_live(
+                    &rt.cfg.workspace,
+                    rt.sandbox(),
+                    &tool,
+                    &input,
+                    cancel,
+                    Some(&live),
+                )
+                .await
+            };
             tokio::join!(run, publish).0
         }
         Err(why) => tools::ToolOutput {

@@ -266,6 +266,24 @@ impl Default for FileWeb {
     }
 }
 
+/// `[sandbox]` of config.toml: the sandbox of the agent's commands
+/// (`--sandbox` wins over `mode`).
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileSandbox {
+    #[serde(default)]
+    pub mode: Option<super::sandbox::SandboxMode>,
+    /// Whether commands may use the network (loopback included).
+    #[serde(default)]
+    pub network: bool,
+    /// Absolute folders commands may write besides their workspace.
+    #[serde(default)]
+    pub writable_roots: Vec<PathBuf>,
+    /// Environment variables no command inherits, besides the built-in ones.
+    #[serde(default)]
+    pub scrub_env: Vec<String>,
+}
+
 /// `[model]` of config.toml.
 #[derive(Debug, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -280,6 +298,7 @@ struct FileModel {
 #[derive(Debug, Default)]
 pub struct FileConfig {
     pub server: FileServer,
+    pub sandbox: FileSandbox,
     pub model: RouteLayer,
     pub ignored: Vec<String>,
 }
@@ -312,6 +331,8 @@ impl FileConfig {
             server: FileServer,
             #[serde(default)]
             model: FileModel,
+            #[serde(default)]
+            sandbox: FileSandbox,
         }
         let at = |e: toml::de::Error| {
             let line = e
@@ -323,7 +344,7 @@ impl FileConfig {
         let table: toml::Table = toml::from_str(text).map_err(at)?;
         let ignored = table
             .keys()
-            .filter(|k| !matches!(k.as_str(), "server" | "model"))
+            .filter(|k| !matches!(k.as_str(), "server" | "model" | "sandbox"))
             .cloned()
             .collect();
         let m = known.model;
@@ -335,6 +356,7 @@ impl FileConfig {
             .map_err(|e| e.message)?;
         Ok(FileConfig {
             server: known.server,
+            sandbox: known.sandbox,
             model: RouteLayer {
                 provider,
                 model: m.model,

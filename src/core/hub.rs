@@ -227,7 +227,8 @@ impl Hub {
         ));
         let shared = cfg.shared_config.clone();
         let settings = Arc::new(settings);
-        let rt = Arc::new(Runtime::new(cfg, route, search));
+        let sandbox = super::sandbox::Sandbox::new(&cfg.sandbox, &cfg.home)?;
+        let rt = Arc::new(Runtime::new(cfg, route, search, sandbox));
         let closing = CancellationToken::new();
         if let Some(shared) = shared {
             // The bucket's mode wins over --permission-mode (a bypass this
@@ -423,6 +424,11 @@ impl Hub {
     /// Notified on every permission mode change (config frames).
     pub fn watch_mode(&self) -> tokio::sync::watch::Receiver<PermissionMode> {
         self.rt.watch_mode()
+    }
+
+    /// The sandbox in force for the agent's commands.
+    pub fn sandbox(&self) -> super::sandbox::SandboxFacts {
+        self.rt.sandbox().facts()
     }
 
     pub fn config(&self) -> &CoreConfig {

@@ -25,6 +25,7 @@ pub mod prompt;
 pub mod provider;
 pub mod replay;
 pub mod rules;
+pub mod sandbox;
 pub mod search;
 pub mod secrets;
 pub mod session;
@@ -113,6 +114,8 @@ pub struct CoreConfig {
     pub workspace_roots: Vec<PathBuf>,
     /// The git program `GET /sessions/:id/diff` runs (found on PATH by default).
     pub git: PathBuf,
+    /// The sandbox the agent's commands run in (`--sandbox`, `[sandbox]`).
+    pub sandbox: sandbox::SandboxConfig,
 }
 
 impl CoreConfig {
@@ -143,6 +146,7 @@ impl CoreConfig {
             shared_memory: None,
             workspace_roots: Vec::new(),
             git: PathBuf::from("git"),
+            sandbox: sandbox::SandboxConfig::default(),
         }
     }
 

@@ -43,6 +43,8 @@ pub struct Runtime {
     workspace: String,
     /// The transcript search index, fed as runs finish (one for every workspace).
     search: Arc<super::search::Search>,
+    /// The sandbox the agent's commands run in (one for every workspace).
+    sandbox: Arc<super::sandbox::Sandbox>,
 }
 
 /// The model a leg talks to: a provider and the model name it is asked for.
@@ -68,13 +70,19 @@ impl Route {
 
 impl Runtime {
     /// Reads the workspace's rules file and resolves its path: blocking, for startup.
-    pub fn new(cfg: CoreConfig, route: Route, search: super::search::Search) -> Runtime {
+    pub fn new(
+        cfg: CoreConfig,
+        route: Route,
+        search: super::search::Search,
+        sandbox: super::sandbox::Sandbox,
+    ) -> Runtime {
         let mode = Arc::new(watch::channel(cfg.permission).0);
         Self::with_shared(
             cfg,
             Arc::new(std::sync::RwLock::new(route)),
             mode,
             Arc::new(search),
+            Arc::new(sandbox),
         )
     }
 
@@ -83,6 +91,7 @@ impl Runtime {
         route: Arc<std::sync::RwLock<Route>>,
         mode: Arc<watch::Sender<PermissionMode>>,
         search: Arc<super::search::Search>,
+        sandbox: Arc<super::sandbox::Sandbox>,
     ) -> Runtime {
         let rules = match &cfg.shared_config {
             Some(shared) => Rules::shared(shared.clone(), &cfg.home, &cfg.workspace),
@@ -93,6 +102,7 @@ impl Runtime {
         Runtime {
             workspace,
             search,
+            sandbox,
             cfg,
             route,
             mode,
@@ -107,7 +117,13 @@ impl Runtime {
     pub fn in_workspace(&self, dir: &std::path::Path) -> Runtime {
         let mut cfg = self.cfg.clone();
         cfg.workspace = dir.to_path_buf();
-        Self::with_shared(cfg, self.route.clone(), self.mode.clone(), self.search.clone())
+        Self::with_shared(
+            cfg,
+            self.route.clone(),
+            self.mode.clone(),
+            self.search.clone(),
+            self.sandbox.clone(),
+        )
     }
 
     pub fn rules(&self) -> &Rules {
@@ -120,6 +136,10 @@ impl Runtime {
 
     pub fn search(&self) -> &super::search::Search {
         &self.search
+    }
+
+    pub fn sandbox(&self) -> &Arc<super::sandbox::Sandbox> {
+        &self.sandbox
     }
 
     /// The workspace's canonical path (what ledger headers and search hits name).

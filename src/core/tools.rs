@@ -238,14 +238,18 @@ pub fn approval_reason(tool: &str, input: &Value) -> String {
 /// ok=false, never errors: the model sees them like any other result. Every
 /// tool ends when `cancel` fires: file tools stop waiting for their (bounded)
 /// blocking work, bash kills its whole process group.
+/// This entry runs bash unsandboxed (tests of the tools); the agent runs
+/// them through `run_live` with its runtime's sandbox.
 pub async fn run(workspace: &Path, tool: &str, input: &Value, cancel: &CancellationToken) -> ToolOutput {
-    run_live(workspace, tool, input, cancel, None).await
+    let off = std::sync::Arc::new(super::sandbox::Sandbox::off());
+    run_live(workspace, &off, tool, input, cancel, None).await
 }
 
 /// `run`, with a tool's live output (bash's stdout and stderr as they
 /// arrive) handed to `live` until the tool returns.
 pub async fn run_live(
     workspace: &Path,
+    sandbox: &std::sync::Arc<super::sandbox::Sandbox>,
     tool: &str,
     input: &Value,
     cancel: &CancellationToken,
@@ -360,7 +364,7 @@ pub async fn run_live(
                 Ok(t) => t,
                 Err(e) => return ToolOutput::err(e),
             };
-            bash::run(workspace, command, limit, cancel, live, MAX_OUTPUT).await
+            bash::run(workspace, sandbox, command, limit, cancel, live, MAX_OUTPUT).await
         }
         other => ToolOutput::err(format!("unknown tool {other}")),
     }

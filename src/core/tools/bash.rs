@@ -1,10 +1,13 @@
-//! The bash tool: `sh -c` in its own process group with a timeout, stdout and stderr read from separate pipes and handed on live as they arrive (batched, bounded), the result keeping the first 1 MiB in the order received.
+//! The bash tool: `sh -c` in the sandbox, in its own process group with a timeout, stdout and stderr read from separate pipes and handed on live as they arrive (batched, bounded), the result keeping the first 1 MiB in the order received.
 
 use super::{bytes, bytes_u64, incomplete_tail, shown, ToolOutput};
 use crate::core::event::OutputStream;
+use crate::core::sandbox::Sandbox;
 use serde_json::Value;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc;
@@ -72,11 +75,13 @@ impl Drop for ProcessGroup {
     }
 }
 
-/// Runs `command` with the workspace as working directory, killing its whole
-/// process group when `cancel` fires or `limit` passes. The result keeps the
-/// first `cap` bytes of stdout and stderr in the order they were read.
+/// Runs `command` with the workspace as working directory, in `sandbox`,
+/// killing its whole process group when `cancel` fires or `limit` passes.
+/// The result keeps the first `cap` bytes of stdout and stderr in the order
+/// they were read, and a note when the sandbox likely stopped it.
 pub async fn run(
     workspace: &Path,
+    sandbox: &Arc<Sandbox>,
     command: &str,
     limit: Duration,
     cancel: &CancellationToken,
@@ -93,20 +98,33 @@ pub async fn run(
         (Ok(o), Ok(e)) => (o, e),
         (Err(e), _) | (_, Err(e)) => return ToolOutput::err(format!("cannot read from sh: {e}")),
     };
-    // The Command (and with it this side's write ends) is a temporary
-    // dropped at the end of this statement, so each pipe ends when the
-    // command and whatever inherited it have closed it.
-    let mut child = match tokio::process::Command::new("sh")
-        .arg("-c")
+    let mut cmd = std::process::Command::new("sh");
+    cmd.arg("-c")
         .arg(command)
         .current_dir(workspace)
         .stdin(Stdio::null())
         .stdout(out_w)
         .stderr(err_w)
-        .process_group(0)
-        .kill_on_drop(true)
-        .spawn()
-    {
+        .process_group(0);
+    // Building the sandbox opens folders and makes a directory: off the runtime.
+    let (sb, ws) = (sandbox.clone(), workspace.to_path_buf());
+    let ready = tokio::task::spawn_blocking(move || {
+        let prepared = sb.prepare(&mut cmd, &ws);
+        (cmd, prepared)
+    })
+    .await;
+    let (cmd, _prepared) = match ready {
+        Ok((cmd, Ok(prepared))) => (cmd, prepared),
+        Ok((_, Err(why))) => return ToolOutput::err(why),
+        Err(e) => return ToolOutput::err(format!("cannot run sh: {e}")),
+    };
+    let mut cmd = tokio::process::Command::from(cmd);
+    cmd.kill_on_drop(true);
+    let spawned = cmd.spawn();
+    // The Command (and with it this side's write ends) is dropped here, so
+    // each pipe ends when the command and whatever inherited it have closed it.
+    drop(cmd);
+    let mut child = match spawned {
         Ok(c) => c,
         Err(e) => return ToolOutput::err(format!("cannot run sh: {e}")),
     };
@@ -147,6 +165,10 @@ pub async fn run(
     let mut text = kept.text();
     if !status.success() {
         text.push_str(&format!("\n[{status}]"));
+        if let Some(note) = sandbox.explain(&text) {
+            text.push('\n');
+            text.push_str(note);
+        }
     }
     ToolOutput {
         ok: status.success(),
@@ -353,7 +375,17 @@ mod tests {
     async fn sh(command: &str, cap: usize) -> ToolOutput {
         let ws = tempfile::tempdir().unwrap();
         let limit = Duration::from_secs(60);
-        run(ws.path(), command, limit, &CancellationToken::new(), None, cap).await
+        let off = Arc::new(Sandbox::off());
+        run(
+            ws.path(),
+            &off,
+            command,
+            limit,
+            &CancellationToken::new(),
+            None,
+            cap,
+        )
+        .await
     }
 
     /// Runs `command` and returns its result and the live chunks it handed on.
@@ -368,7 +400,8 @@ mod tests {
             got
         };
         let cancel = CancellationToken::new();
-        let task = async move { run(ws.path(), command, limit, &cancel, Some(&tx), 1 << 20).await };
+        let off = Arc::new(Sandbox::off());
+        let task = async move { run(ws.path(), &off, command, limit, &cancel, Some(&tx), 1 << 20).await };
         tokio::join!(task, collect)
     }
 

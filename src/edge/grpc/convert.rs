@@ -550,6 +550,15 @@ pub fn workspace(w: crate::core::workspaces::OpenWorkspace) -> pb::Workspace {
     }
 }
 
+pub fn sandbox(s: crate::core::sandbox::SandboxFacts) -> pb::SandboxInfo {
+    pb::SandboxInfo {
+        mode: s.mode.as_str().to_string(),
+        network: s.network,
+        landlock_abi: u32::try_from(s.landlock_abi).unwrap_or(0),
+        writable_roots: s.writable_roots.iter().map(|r| r.display().to_string()).collect(),
+    }
+}
+
 pub fn workspace_diff(session_id: &str, d: crate::core::diff::Diff) -> pb::WorkspaceDiff {
     pb::WorkspaceDiff {
         session_id: session_id.to_string(),

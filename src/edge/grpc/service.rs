@@ -111,6 +111,7 @@ impl AgentApi {
                 .as_ref()
                 .map(|o| o.replica().to_string())
                 .unwrap_or_default(),
+            sandbox: Some(convert::sandbox(self.hub.sandbox())),
         }
     }
 
