@@ -214,3 +214,32 @@ async fn host_reports_the_sandbox_in_force() {
     let (_, host) = s.get("/host").await;
     assert_eq!(host["sandbox"]["mode"], "off");
 }
+
+#[tokio::test]
+async fn writable_roots_may_be_written_too() {
+    let extra = tempfile::tempdir().unwrap();
+    let s = server(SandboxConfig {
+        writable_roots: vec![extra.path().to_path_buf()],
+        ..SandboxConfig::default()
+    })
+    .await;
+    let r = bash(&s, &[&format!("echo there > {}/x", extra.path().display())]).await;
+    assert!(r[0].0, "{:?}", r[0]);
+    assert_eq!(std::fs::read_to_string(extra.path().join("x")).unwrap(), "there\n");
+    let (_, host) = s.get("/host").await;
+    let canonical = std::fs::canonicalize(extra.path()).unwrap();
+    assert_eq!(host["sandbox"]["writable_roots"][0], canonical.display().to_string());
+}
+
+#[tokio::test]
+async fn a_missing_writable_root_fails_the_start() {
+    let home = tempfile::tempdir().unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut cfg = vak::edge::server::ServeConfig::new(
+        vak::core::CoreConfig::new(home.path().to_path_buf(), ws.path().to_path_buf()),
+        support::TOKEN.to_string(),
+    );
+    cfg.core.sandbox.writable_roots = vec!["/no/such/folder".into()];
+    let e = vak::edge::server::Server::new(cfg).err().expect("refused");
+    assert!(e.message.contains("[sandbox] writable_roots: /no/such/folder"), "{}", e.message);
+}

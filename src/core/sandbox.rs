@@ -173,26 +173,15 @@ impl Sandbox {
             });
         }
         for root in &cfg.writable_roots {
-            if !root.is_absolute() {
+            if !root.is_absolute() || !root.is_dir() {
                 return Err(Error::invalid(format!(
-                    "[sandbox] writable_roots: {} is not an absolute path",
+                    "[sandbox] writable_roots: {} is not an absolute path to a folder",
                     root.display()
                 )));
             }
         }
         let abi = kernel_abi();
-        if abi < MIN_LANDLOCK_ABI {
-            let what = if abi <= 0 {
-                "this kernel has no Landlock (it needs Linux 6.2 or later with landlock in the lsm= list)"
-                    .to_string()
-            } else {
-                format!("this kernel's Landlock is ABI {abi}, and vak needs ABI {MIN_LANDLOCK_ABI} (Linux 6.2) or later")
-            };
-            return Err(Error::invalid(format!(
-                "the sandbox --sandbox {} cannot be had: {what}; run with --sandbox off to run the agent's commands with the server user's full rights",
-                cfg.mode.as_str()
-            )));
-        }
+        require_landlock(abi, cfg.mode)?;
         let seccomp = if cfg.network {
             None
         } else {
@@ -390,6 +379,25 @@ impl Sandbox {
     }
 }
 
+/// An error naming what the kernel lacks when its Landlock ABI `abi`
+/// cannot give the sandbox `mode`.
+fn require_landlock(abi: i32, mode: SandboxMode) -> Result<()> {
+    if abi >= MIN_LANDLOCK_ABI {
+        return Ok(());
+    }
+    let what = if abi <= 0 {
+        "this kernel has no Landlock (it needs Linux 6.2 or later with landlock in the lsm= list)".to_string()
+    } else {
+        format!(
+            "this kernel's Landlock is ABI {abi}, and vak needs ABI {MIN_LANDLOCK_ABI} (Linux 6.2) or later"
+        )
+    };
+    Err(Error::invalid(format!(
+        "the sandbox --sandbox {} cannot be had: {what}; run with --sandbox off to run the agent's commands with the server user's full rights",
+        mode.as_str()
+    )))
+}
+
 /// The kernel's Landlock ABI version; 0 or less without Landlock.
 pub fn kernel_abi() -> i32 {
     const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
@@ -523,6 +531,26 @@ mod tests {
             .is_empty());
         let mut tiny = 1;
         assert!(beside(r, &hidden, &mut tiny).unwrap_err().contains("more than"));
+    }
+
+    #[test]
+    fn a_kernel_without_landlock_fails_the_start_naming_the_opt_out() {
+        for abi in [-1, 0, 1, 2] {
+            let e = require_landlock(abi, SandboxMode::WorkspaceWrite).unwrap_err();
+            assert!(
+                e.message.contains("--sandbox workspace-write cannot be had"),
+                "{}",
+                e.message
+            );
+            assert!(e.message.contains("run with --sandbox off"), "{}", e.message);
+        }
+        assert!(require_landlock(0, SandboxMode::ReadOnly)
+            .unwrap_err()
+            .message
+            .contains("this kernel has no Landlock"));
+        assert!(require_landlock(3, SandboxMode::WorkspaceWrite).is_ok());
+        // And this machine's kernel gives it (CI runs here).
+        assert!(kernel_abi() >= MIN_LANDLOCK_ABI, "Landlock ABI {}", kernel_abi());
     }
 
     #[test]

@@ -23,11 +23,13 @@ const HANGUP_GRACE: Duration = Duration::from_secs(2);
 /// The largest size a client may ask for, each way.
 pub const MAX_SIDE: u16 = 1000;
 
-/// Environment variables the shell does not inherit from the server: the
-/// providers' API keys and the server's own token (a terminal user types
-/// commands, and a key or token in `env` output would end up on screen, in
-/// scrollback and in screenshots).
-const WITHHELD: &[&str] = &["OPENAI_API_KEY", "ANTHROPIC_API_KEY", "VAK_TOKEN"];
+/// Environment variables the shell does not inherit from the server: those
+/// no agent command inherits either (the providers' API keys, the server's
+/// token, the bus's secrets): a terminal user types commands, and a key or
+/// token in `env` output would end up on screen, in scrollback and in
+/// screenshots. The shell itself is the user's own and runs outside the
+/// command sandbox.
+const WITHHELD: &[&str] = super::sandbox::WITHHELD_ENV;
 
 /// The count of live terminals (`MAX_TERMINALS`).
 #[derive(Clone)]
