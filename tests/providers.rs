@@ -1128,3 +1128,50 @@ async fn agents_md_at_the_workspace_root_reaches_the_system_prompt_bounded() {
     let system = reqs[0].body["system"][0]["text"].as_str().unwrap();
     assert!(system.contains(RULE), "{system}");
 }
+
+// ---- Redirects ----------------------------------------------------------------------
+
+/// A base URL that answers 307 with a Location on another port (another
+/// origin): vak sends nothing there, so neither `Authorization` (OpenAI) nor
+/// `x-api-key` (Anthropic) reaches it, and the run fails at once saying vak
+/// follows no redirects; the model list fails the same way.
+#[tokio::test]
+async fn a_redirect_to_another_origin_is_never_followed_so_the_key_stays_home() {
+    let routes: [(ProviderKind, &str, &str, &str); 2] = [
+        (ProviderKind::OpenAi, "gpt-4.1", "/v1/chat/completions", "openai/text.sse"),
+        (ProviderKind::Anthropic, "claude-sonnet-4-5", "/v1/messages", "anthropic/text.sse"),
+    ];
+    for (kind, model, path, fixture) in routes {
+        let base = FakeProvider::start().await;
+        let elsewhere = FakeProvider::start().await;
+        // Followed, the redirect would succeed there.
+        elsewhere.script([Reply::fixture(fixture), Reply::fixture(fixture)]);
+        let to = |path: &str| Reply::status(307, "").header("location", &format!("{}{path}", elsewhere.url));
+        base.script([to(path)]);
+        let p = match kind {
+            ProviderKind::OpenAi => openai(&base),
+            _ => anthropic(&base),
+        };
+        let s = vak(p.clone(), model).await;
+        let (_, frames) = run(&s, "hi").await;
+        let fin = finished(&frames);
+        assert_eq!(fin["outcome"], "failed", "{kind:?}: {frames:#?}");
+        assert_eq!(
+            fin["message"],
+            "the model service answered with a redirect (HTTP 307); vak follows no redirects from a model service: set the base URL to the address the service answers at",
+            "{kind:?}"
+        );
+        assert_eq!(base.requests().len(), 1, "{kind:?}: a redirect is not retried");
+
+        base.script([to("/v1/models")]);
+        let f = p.list_models().await.unwrap_err();
+        assert_eq!((f.kind, f.retryable), (FailureKind::Redirect(307), false), "{kind:?}");
+
+        let leaked: Vec<_> = elsewhere
+            .requests()
+            .iter()
+            .map(|r| (r.path.clone(), r.header("authorization").is_some(), r.header("x-api-key").is_some()))
+            .collect();
+        assert!(leaked.is_empty(), "{kind:?}: the redirect target got {leaked:?}");
+    }
+}

@@ -562,6 +562,74 @@ async fn a_repository_config_that_names_programs_never_runs_them() {
     );
 }
 
+/// The partial-clone attack, planted by the model itself: in `accept-edits`
+/// mode `write_file` needs no approval, so the model writes a `.git/config`
+/// declaring a promisor remote whose transport runs a command (an ssh
+/// command, then an `ext::` URL, each with its protocol allowed by the
+/// repository) and a branch naming a commit that is not there. Computing
+/// the diff must not fetch it: the marker never appears, and the diff
+/// answers. The same setup then makes a plain git run the command, so the
+/// test proves the attack was live.
+#[tokio::test]
+async fn a_partial_clone_config_planted_by_the_model_never_makes_the_diff_fetch() {
+    let s = TestServer::start_with(|c| c.core.permission = vak::core::PermissionMode::AcceptEdits).await;
+    let ws = &s.workspace;
+    git(ws, &["init", "-q"]);
+    write(ws, "a.txt", "before\n");
+    git(ws, &["add", "."]);
+    git(ws, &["commit", "-q", "-m", "init"]);
+    write(ws, "a.txt", "after\n");
+    let elsewhere = tempfile::tempdir().unwrap();
+    let marker = elsewhere.path().join("marker");
+    let touch = format!("touch {}", marker.display());
+    for (remote, protocol) in [
+        ("url = ssh://x/y\n\tpromisor = true".to_string(), "ssh"),
+        (format!("url = \"ext::sh -c {}\"\n\tpromisor = true", touch.replace(' ', "% ")), "ext"),
+    ] {
+        let config = format!(
+            "[core]\n\trepositoryformatversion = 1\n\tbare = false\n\tsshCommand = {touch};\n\
+             [extensions]\n\tpartialClone = origin\n\
+             [protocol]\n\tallow = always\n[protocol \"{protocol}\"]\n\tallow = always\n\
+             [remote \"origin\"]\n\t{remote}\n"
+        );
+        let prompt = format!(
+            "/write {}\n/write .git/refs/heads/main {}\n",
+            json!({"path": ".git/config", "content": config}),
+            "1".repeat(40)
+        );
+        let sid = s.create_session().await;
+        let mut sse = s.events(&sid, None).await;
+        assert_eq!(s.run(&sid, &prompt).await.0, 202);
+        let frames = sse.until("run_finished").await;
+        support::assert_completed(&frames);
+        assert_eq!(
+            std::fs::read_to_string(ws.join(".git/config")).unwrap(),
+            config,
+            "the model wrote the config without asking"
+        );
+
+        let (status, d) = tokio::time::timeout(support::DEADLINE, s.get(&format!("/sessions/{sid}/diff")))
+            .await
+            .expect("the diff answers");
+        assert!(status == 200 || status == 500, "{status} {d}");
+        assert!(
+            !marker.exists(),
+            "the diff fetched from the promisor remote ({protocol}) and ran its command"
+        );
+
+        // The planted setup is live: git without vak's settings runs it.
+        let _ = std::process::Command::new("git")
+            .current_dir(ws)
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .args(["diff", "HEAD"])
+            .output()
+            .unwrap();
+        assert!(marker.exists(), "plain git fetched through {protocol}");
+        std::fs::remove_file(&marker).unwrap();
+    }
+}
+
 #[tokio::test]
 async fn without_git_the_reason_says_so() {
     let s = TestServer::start_with(|c| c.core.git = "/nonexistent/bin/git".into()).await;

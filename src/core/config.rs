@@ -964,6 +964,7 @@ pub(crate) fn upstream_error(f: &Failure) -> Error {
         FailureKind::ContextTooLong => "context_too_long",
         FailureKind::Network => "network",
         FailureKind::BadResponse => "bad_response",
+        FailureKind::Redirect(_) => "redirect",
         FailureKind::Directive(_) => "directive",
     };
     Error::new(ErrorKind::Upstream, f.kind.message()).with_reason(reason)

@@ -14,6 +14,16 @@
 //! consulted), optional locks are off (status never writes the index), and
 //! a pathspec of `.` keeps a workspace inside a larger repository to its
 //! own files.
+//!
+//! git never reaches a remote either: a repository that declares itself a
+//! partial clone (`extensions.partialClone`, a promisor remote) and names a
+//! missing object would make status or diff fetch it, running the config's
+//! `core.sshCommand` (or an `ext::` transport's command). `GIT_NO_LAZY_FETCH`
+//! stops the fetch (git 2.45, and the 2.39.4+ security releases);
+//! `GIT_ALLOW_PROTOCOL` set empty allows no transport at all, overriding the
+//! repository's own `protocol.<name>.allow` (which would beat a plain
+//! `protocol.allow=never`), for any older git; and the programs a transport
+//! could run (ssh command, askpass, credential helper, proxy) are emptied.
 
 use crate::error::{Error, Result};
 use std::path::Path;
@@ -278,6 +288,13 @@ impl<'a> Git<'a> {
             ("core.pager", "cat"),
             ("diff.external", ""),
             ("color.ui", "false"),
+            // No transport, no program a transport would run (see the
+            // module doc: the environment carries the rules that win).
+            ("protocol.allow", "never"),
+            ("core.sshCommand", "false"),
+            ("core.askPass", ""),
+            ("core.gitProxy", ""),
+            ("credential.helper", ""),
         ]
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -304,6 +321,17 @@ impl<'a> Git<'a> {
             .env("GIT_TERMINAL_PROMPT", "0")
             .env("GIT_OPTIONAL_LOCKS", "0")
             .env("GIT_PAGER", "cat")
+            // A missing object is an error, never a fetch from a promisor remote.
+            .env("GIT_NO_LAZY_FETCH", "1")
+            // Set and empty: no protocol is allowed, whatever the
+            // repository's `protocol.<name>.allow` says (env beats config).
+            .env("GIT_ALLOW_PROTOCOL", "")
+            // Each beats its config counterpart (`core.sshCommand`,
+            // `core.askPass`, `core.gitProxy`); empty askpass and proxy
+            // mean none, and `false` as the ssh command runs nothing.
+            .env("GIT_SSH_COMMAND", "false")
+            .env("GIT_ASKPASS", "")
+            .env("GIT_PROXY_COMMAND", "")
             .env("GIT_CONFIG_COUNT", self.overrides.len().to_string())
             .arg("--no-pager")
             .stdin(Stdio::null())

@@ -49,8 +49,18 @@ impl Default for ClientOptions {
 /// One reqwest client per provider instance: it pools connections. No
 /// overall timeout, since a streamed turn may legitimately last minutes;
 /// `send` and `SseStream` time each phase instead.
+///
+/// It follows no redirect: the key is a header vak adds to each request,
+/// and reqwest's default policy re-sends every header but `Authorization`
+/// and cookies to wherever a redirect points, so Anthropic's `x-api-key`
+/// went to any origin a 307 named. A same-origin-only policy would be safe
+/// too, but no model API redirects its own endpoints, and a base URL that
+/// redirects (http to https, a moved host) is a configuration to fix, which
+/// the 3xx failure says (`FailureKind::Redirect`), rather than something to
+/// follow on every request.
 pub fn client(opts: &ClientOptions) -> Result<reqwest::Client, Failure> {
     reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
         .connect_timeout(opts.connect_timeout)
         .tcp_keepalive(Duration::from_secs(30))
         .user_agent(concat!("vak/", env!("CARGO_PKG_VERSION")))
@@ -155,6 +165,18 @@ pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
 
 /// Classifies a non-2xx answer. `body` is the (bounded) error body.
 pub fn classify_status(status: u16, headers: &HeaderMap, body: &str) -> Failure {
+    if (300..400).contains(&status) {
+        // Not followed (see `client`); where it pointed goes to the log.
+        let location = headers
+            .get(reqwest::header::LOCATION)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .unwrap_or_default();
+        let detail = truncate(
+            &format!("HTTP {status} redirect to {location:?}, not followed: {body}"),
+            MAX_DETAIL,
+        );
+        return Failure::new(FailureKind::Redirect(status), detail, false);
+    }
     let (kind, retryable) = match status {
         401 | 403 => (FailureKind::Auth, false),
         408 => (FailureKind::Network, true),
@@ -516,6 +538,10 @@ mod tests {
         assert_eq!(c(503, ""), (FailureKind::Overloaded, true));
         assert_eq!(c(529, ""), (FailureKind::Overloaded, true));
         assert_eq!(c(404, ""), (FailureKind::BadResponse, false));
+        // Never followed (`client`): a redirect is a configuration to fix.
+        assert_eq!(c(301, ""), (FailureKind::Redirect(301), false));
+        assert_eq!(c(307, ""), (FailureKind::Redirect(307), false));
+        assert_eq!(c(308, ""), (FailureKind::Redirect(308), false));
         assert_eq!(
             c(
                 400,

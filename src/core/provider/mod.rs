@@ -152,6 +152,10 @@ pub enum FailureKind {
     BadResponse,
     /// No model is configured for this provider or no key is reachable.
     NotConfigured,
+    /// The service answered a redirect (this 3xx status). vak follows none:
+    /// the key travels in a header, and a redirect to another origin would
+    /// carry it there (see `http::client`).
+    Redirect(u16),
     /// The offline model's `/fail MSG` directive: its message is the user's own text.
     Directive(String),
 }
@@ -168,6 +172,9 @@ impl FailureKind {
             FailureKind::Network => "could not reach the model service".into(),
             FailureKind::BadResponse => "the model service sent an invalid response".into(),
             FailureKind::NotConfigured => "no model service is configured (no API key)".into(),
+            FailureKind::Redirect(status) => format!(
+                "the model service answered with a redirect (HTTP {status}); vak follows no redirects from a model service: set the base URL to the address the service answers at"
+            ),
             FailureKind::Directive(msg) => format!("the model failed: {msg}"),
         }
     }

@@ -126,6 +126,10 @@ fn parse(line: &str) -> Directive<'_> {
         });
     }
     if let Some(rest) = word("/write") {
+        // The JSON form carries content of several lines.
+        if let Some(d) = object("/write", "write_file", rest) {
+            return d;
+        }
         let (path, content) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
         return Directive::Tool("write_file", json!({ "path": path, "content": content }));
     }
@@ -518,6 +522,12 @@ mod tests {
         assert_eq!(
             out.tool_calls[0].input,
             json!({"path": "notes/a.md", "content": "two words"})
+        );
+        user(&mut t, r#"/write {"path": "b.md", "content": "one\ntwo\n"}"#);
+        let out = turn(&t).await.0.unwrap();
+        assert_eq!(
+            out.tool_calls[0].input,
+            json!({"path": "b.md", "content": "one\ntwo\n"})
         );
         for (line, input) in [
             (
