@@ -14,13 +14,17 @@ do not retry it unchanged.";
 
 /// The system prompt for a leg in `workspace`, ending with `memory` (what
 /// `Memory::prompt` gives, already bounded). Reads `AGENTS.md` off the
-/// runtime's worker threads; a missing or refused file is left out.
-pub async fn system(workspace: &Path, memory: &str) -> String {
+/// runtime's worker threads; a missing or refused file is left out, and so
+/// is any when `read_agents` is false (the workspace failed its re-check).
+pub async fn system(workspace: &Path, read_agents: bool, memory: &str) -> String {
     let ws = workspace.to_path_buf();
-    let instructions = tokio::task::spawn_blocking(move || read_bounded(&ws))
-        .await
-        .ok()
-        .flatten();
+    let instructions = match read_agents {
+        true => tokio::task::spawn_blocking(move || read_bounded(&ws))
+            .await
+            .ok()
+            .flatten(),
+        false => None,
+    };
     let mut out = compose(workspace, instructions.as_deref());
     if !memory.is_empty() {
         out.push_str("\nWhat the user asked you to remember (memory notes; newer notes take precedence):\n");
@@ -74,16 +78,16 @@ mod tests {
     async fn agents_md_is_included_bounded_and_never_through_a_symlink_or_a_hard_link() {
         let dir = tempfile::tempdir().unwrap();
         let ws = dir.path();
-        let bare = system(ws, "").await;
+        let bare = system(ws, true, "").await;
         assert!(bare.contains("Workspace: "));
         assert!(!bare.contains("AGENTS.md at the workspace root"));
 
         std::fs::write(ws.join("AGENTS.md"), "Run `make test` before committing.\n").unwrap();
-        let with = system(ws, "").await;
+        let with = system(ws, true, "").await;
         assert!(with.ends_with("Run `make test` before committing.\n"), "{with}");
 
         std::fs::write(ws.join("AGENTS.md"), "x".repeat(MAX_INSTRUCTIONS + 10)).unwrap();
-        let long = system(ws, "").await;
+        let long = system(ws, true, "").await;
         assert!(long.contains("the rest is not shown"));
         assert!(long.len() < MAX_INSTRUCTIONS + 2048);
 
@@ -92,14 +96,14 @@ mod tests {
         let ws2 = dir.path().join("ws2");
         std::fs::create_dir(&ws2).unwrap();
         std::os::unix::fs::symlink(&secret, ws2.join("AGENTS.md")).unwrap();
-        assert!(!system(&ws2, "").await.contains("TOP SECRET"));
+        assert!(!system(&ws2, true, "").await.contains("TOP SECRET"));
 
         // A hard link shares the secret's contents while looking like a
         // plain file of the workspace: refused, as the file tools refuse it.
         let ws3 = dir.path().join("ws3");
         std::fs::create_dir(&ws3).unwrap();
         std::fs::hard_link(&secret, ws3.join("AGENTS.md")).unwrap();
-        let linked = system(&ws3, "").await;
+        let linked = system(&ws3, true, "").await;
         assert!(!linked.contains("TOP SECRET"), "{linked}");
         assert!(!linked.contains("AGENTS.md at the workspace root"), "{linked}");
         // Nor is a FIFO waited on.
@@ -109,6 +113,8 @@ mod tests {
             std::ffi::CString::new(ws4.join("AGENTS.md").into_os_string().into_encoded_bytes()).unwrap();
         // SAFETY: a valid NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
-        assert!(!system(&ws4, "").await.contains("AGENTS.md at the workspace root"));
+        assert!(!system(&ws4, true, "")
+            .await
+            .contains("AGENTS.md at the workspace root"));
     }
 }
