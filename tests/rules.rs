@@ -91,7 +91,7 @@ async fn an_always_rule_runs_matching_calls_without_asking_and_survives_a_restar
     let sid = s.create_session().await;
     let mut sse = s.events(&sid, None).await;
 
-    let ran = run_answering(&s, &sid, &mut sse, "/bash ls -la", always()).await;
+    let ran = run_answering(&s, &sid, &mut sse, "/bash ls", always()).await;
     assert_eq!(ran.asked.len(), 1);
     let (code, v) = &ran.answers[0];
     assert_eq!(*code, 200, "{v}");
@@ -110,15 +110,24 @@ async fn an_always_rule_runs_matching_calls_without_asking_and_survives_a_restar
     assert!(rule["created_at"].as_str().unwrap().ends_with('Z'));
     assert_eq!(ran.results()[0]["ok"], true);
 
-    // A call the rule covers runs without asking; others still ask.
-    let ran = run_answering(&s, &sid, &mut sse, "/bash ls -a\n/bash ls", once()).await;
+    // A call the rule covers (the program and plain words) runs without
+    // asking; others still ask, an option or a path included.
+    std::fs::write(s.workspace.join("seen.txt"), "x").unwrap();
+    let ran = run_answering(&s, &sid, &mut sse, "/bash ls seen.txt\n/bash ls", once()).await;
     assert!(ran.asked.is_empty(), "{:?}", ran.asked);
     assert!(ran.results().iter().all(|r| r["ok"] == true));
-    let ran = run_answering(&s, &sid, &mut sse, "/bash echo hi\n/bash lsblk", once()).await;
+    let ran = run_answering(
+        &s,
+        &sid,
+        &mut sse,
+        "/bash echo hi\n/bash lsblk\n/bash ls -a\n/bash ls /",
+        once(),
+    )
+    .await;
     assert_eq!(
         ran.asked.len(),
-        2,
-        "another program asks, and ls is a word, not a prefix"
+        4,
+        "another program asks, ls is a word, not a prefix, and an option or a path is not a plain word"
     );
 
     // A file tool's rule is its path, normalised.
@@ -142,7 +151,14 @@ async fn an_always_rule_runs_matching_calls_without_asking_and_survives_a_restar
     assert_eq!(rules(&s).await, before);
     let sid = s.create_session().await;
     let mut sse = s.events(&sid, None).await;
-    let ran = run_answering(&s, &sid, &mut sse, "/bash ls -l\n/write notes/a.txt four", once()).await;
+    let ran = run_answering(
+        &s,
+        &sid,
+        &mut sse,
+        "/bash ls seen.txt\n/write notes/a.txt four",
+        once(),
+    )
+    .await;
     assert!(ran.asked.is_empty(), "{:?}", ran.asked);
     assert_eq!(
         std::fs::read_to_string(ws.path().join("notes/a.txt")).unwrap(),
@@ -196,8 +212,66 @@ async fn compound_commands_are_never_generalised() {
         );
     }
     // Nor does a prefix rule cover a compound command that starts like it.
-    run_answering(&s, &sid, &mut sse, "/bash cat -n x", always()).await;
+    let ran = run_answering(&s, &sid, &mut sse, "/bash cat x", always()).await;
+    assert_eq!(ran.answers[0].1["rule"]["kind"], "prefix");
     assert_eq!(asks(&s, &sid, &mut sse, "/bash cat x; rm -rf y").await, 1);
+}
+
+/// The bypasses an audit found: `always` on the first command stored a
+/// prefix rule that then let the second (which writes a file outside the
+/// workspace or runs code) run unasked. Now each still asks, and the
+/// approved command itself still runs unasked.
+#[tokio::test]
+async fn a_rule_never_covers_options_that_write_files_or_run_code() {
+    let s = TestServer::start().await;
+    let sid = s.create_session().await;
+    let mut sse = s.events(&sid, None).await;
+    let outside = tempfile::tempdir().unwrap();
+    let file = outside.path().join("written");
+    let file = file.display();
+    for (approved, kind, bypasses) in [
+        (
+            "git log --oneline",
+            "exact",
+            vec![format!("git log --output={file} --format=x")],
+        ),
+        (
+            "curl -s http://127.0.0.1:9/",
+            "exact",
+            vec![format!("curl -o {file} http://127.0.0.1:9/")],
+        ),
+        (
+            "tar -tf x.tar",
+            "exact",
+            vec!["tar -xf x.tar --to-command=sh".to_string()],
+        ),
+        ("busybox sh -c ls", "exact", vec!["busybox sh -c id".to_string()]),
+        (
+            "cargo test",
+            "prefix",
+            vec![
+                "cargo test --config=build.rustc-wrapper=x".to_string(),
+                "cargo test --manifest-path=/etc/x".to_string(),
+            ],
+        ),
+    ] {
+        let ran = run_answering(&s, &sid, &mut sse, &format!("/bash {approved}"), always()).await;
+        let v = &ran.answers[0].1;
+        assert_eq!(
+            (&v["rule"]["kind"], &v["rule"]["pattern"]),
+            (&json!(kind), &json!(approved)),
+            "{v}"
+        );
+        assert_eq!(asks(&s, &sid, &mut sse, &format!("/bash {approved}")).await, 0);
+        for b in bypasses {
+            assert_eq!(
+                asks(&s, &sid, &mut sse, &format!("/bash {b}")).await,
+                1,
+                "always on `{approved}` covered `{b}`"
+            );
+        }
+    }
+    assert!(!outside.path().join("written").exists());
 }
 
 #[tokio::test]
@@ -233,7 +307,7 @@ async fn rules_are_listed_and_deleted_over_rest_and_grpc() {
     let s = TestServer::start().await;
     let sid = s.create_session().await;
     let mut sse = s.events(&sid, None).await;
-    run_answering(&s, &sid, &mut sse, "/bash cargo-ish test --lib", always()).await;
+    run_answering(&s, &sid, &mut sse, "/bash cargo-ish test lib", always()).await;
 
     // gRPC: Approve with always, ListRules.
     let mut grpc = s.grpc().await;
@@ -327,7 +401,7 @@ async fn a_rule_that_cannot_be_stored_answers_persisted_false_with_a_notice() {
     assert_eq!(notices[0]["level"], "warning");
     let text = notices[0]["text"].as_str().unwrap();
     assert!(
-        text.contains("approved once") && text.contains("bash `ls`") && text.contains("not saved"),
+        text.contains("approved once") && text.contains("bash `ls -la`") && text.contains("not saved"),
         "{text}"
     );
     assert!(!text.contains(home.path().to_str().unwrap()), "{text}");

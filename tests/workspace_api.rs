@@ -373,6 +373,109 @@ async fn with_a_session_the_files_api_works_in_that_sessions_workspace() {
     assert_eq!((status, code(&e)), (400, "invalid_argument"), "{e}");
 }
 
+/// An opened workspace swapped for a symlink to a folder outside the roots
+/// (or for another folder) after it was opened: every later use re-resolves
+/// it and is refused, so nothing outside is read or written.
+#[tokio::test]
+async fn an_opened_workspace_swapped_for_a_symlink_is_refused_at_every_use() {
+    let roots = tempfile::tempdir().unwrap();
+    let root = roots.path().canonicalize().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    write(outside.path(), "secret.txt", "TOP SECRET\n");
+    write(&root.join("main"), "main.txt", "m\n");
+    write(&root.join("other"), "other.txt", "o\n");
+    let r = root.clone();
+    let s = TestServer::start_in(home.path(), &root.join("main"), move |c| {
+        c.core.workspace_roots = vec![r];
+    })
+    .await;
+    let other = root.join("other").display().to_string();
+    let (status, w) = s
+        .post("/workspaces/open", json!({"path": other, "trust": true}))
+        .await;
+    assert_eq!(status, 200, "{w}");
+    let (status, c) = s.post("/sessions", json!({"workspace": other})).await;
+    assert_eq!(status, 201, "{c}");
+    let sid = c["session_id"].as_str().unwrap().to_string();
+    let (status, _) = s.get(&format!("/fs/file?path=other.txt&session_id={sid}")).await;
+    assert_eq!(status, 200);
+
+    // The folder is swapped for a symlink to a folder outside the roots.
+    std::fs::rename(root.join("other"), root.join("other-was")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), root.join("other")).unwrap();
+    let refused = |status: u16, v: &Value| {
+        assert_eq!(
+            (status, code(v), v["error"]["reason"].as_str()),
+            (403, "forbidden", Some("workspace_replaced")),
+            "{v}"
+        );
+        assert!(!v.to_string().contains("TOP SECRET"), "{v}");
+    };
+    let (status, v) = s.post("/sessions", json!({"workspace": other})).await;
+    refused(status, &v);
+    let (status, v) = s.get(&format!("/fs/file?path=secret.txt&session_id={sid}")).await;
+    refused(status, &v);
+    let (status, v) = s.get(&format!("/fs/tree?session_id={sid}")).await;
+    refused(status, &v);
+    let (status, v) = put(
+        &s,
+        json!({"path": "planted.txt", "content": "x", "expected_sha": "", "session_id": sid}),
+    )
+    .await;
+    refused(status, &v);
+    let (status, v) = s.get(&format!("/sessions/{sid}/diff")).await;
+    refused(status, &v);
+    // The session's own tools are refused too.
+    let mut sse = s.events(&sid, None).await;
+    assert_eq!(s.run(&sid, "/read secret.txt\n/ls").await.0, 202);
+    let frames = sse.until("run_finished").await;
+    let results: Vec<&Value> = frames
+        .iter()
+        .filter(|f| f.event == "tool_result")
+        .map(|f| f.body())
+        .collect();
+    assert_eq!(results.len(), 2, "{frames:?}");
+    for r in results {
+        assert_eq!(r["ok"], false, "{r}");
+        assert!(
+            r["output"].as_str().unwrap().contains("vak uses it no more"),
+            "{r}"
+        );
+    }
+    assert!(!support::all_text(&frames).contains("TOP SECRET"));
+    assert_eq!(
+        std::fs::read_dir(outside.path()).unwrap().count(),
+        1,
+        "nothing was written outside"
+    );
+
+    // Another folder at the same path is not the one opened either...
+    std::fs::remove_file(root.join("other")).unwrap();
+    write(&root.join("other"), "new.txt", "n\n");
+    let (status, v) = s.post("/sessions", json!({"workspace": other})).await;
+    refused(status, &v);
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("another folder"),
+        "{v}"
+    );
+    let (status, v) = s.get(&format!("/fs/tree?session_id={sid}")).await;
+    refused(status, &v);
+    // ...until the owner opens it again: new sessions work there; the old
+    // session stays bound to the folder it was created in.
+    let (status, w) = s
+        .post("/workspaces/open", json!({"path": other, "trust": true}))
+        .await;
+    assert_eq!(status, 200, "{w}");
+    let (status, c) = s.post("/sessions", json!({"workspace": other})).await;
+    assert_eq!(status, 201, "{c}");
+    let fresh = c["session_id"].as_str().unwrap();
+    let (status, t) = s.get(&format!("/fs/tree?session_id={fresh}")).await;
+    assert_eq!((status, &t["files"]), (200, &json!(["new.txt"])), "{t}");
+    let (status, v) = s.get(&format!("/fs/tree?session_id={sid}")).await;
+    refused(status, &v);
+}
+
 #[tokio::test]
 async fn folders_are_listed_only_inside_the_workspace_roots() {
     let roots = tempfile::tempdir().unwrap();

@@ -107,7 +107,13 @@ impl<'a> Leg<'a> {
             session,
             // Fixed for the whole leg: a config change applies to the next one.
             route: rt.route(),
-            system: prompt::system(&rt.cfg.workspace, &rt.memory().prompt().await).await,
+            system: prompt::system(
+                &rt.cfg.workspace,
+                // AGENTS.md is read only from a folder that passes the check.
+                rt.check_workspace().await.is_ok(),
+                &rt.memory().prompt().await,
+            )
+            .await,
             tools: tools::definitions(),
         }
     }
@@ -422,6 +428,13 @@ async fn call_tool(session: &Session, defs: &[ToolDef], call: ToolCall, cancel: 
                 }
             }
         }
+    };
+    // An opened workspace's folder is re-checked right before a tool
+    // touches it: one replaced by a symlink (or another folder) since it
+    // was opened is refused, so the tool never reaches outside.
+    let permitted = match permitted {
+        Ok(a) if class != ToolClass::Plan => rt.check_workspace().await.map(|()| a).map_err(|e| e.message),
+        other => other,
     };
     let result = match permitted {
         // The approval itself was the work: the session left plan mode

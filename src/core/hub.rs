@@ -90,20 +90,60 @@ pub struct Hub {
 type Runtimes = Arc<Mutex<HashMap<String, Arc<Runtime>>>>;
 
 /// The runtime for sessions in `workspace` (a canonical path): the primary's
-/// own, or one made from it. Blocking (a new runtime reads its rules file,
+/// own, or one made from it, its folder re-checked now (`workspaces::recheck`:
+/// a folder replaced since it was opened is refused). A cached runtime whose
+/// folder is no longer the one there (the folder was opened again) is made
+/// afresh. Blocking (resolves the path; a new runtime reads its rules file,
 /// outside the lock).
-fn runtime_for(runtimes: &Runtimes, primary: &Arc<Runtime>, workspace: &str) -> Arc<Runtime> {
+fn runtime_for(
+    runtimes: &Runtimes,
+    primary: &Arc<Runtime>,
+    workspaces: &super::workspaces::Workspaces,
+    workspace: &str,
+) -> Result<Arc<Runtime>> {
+    if workspace == primary.workspace() {
+        return Ok(primary.clone());
+    }
+    let pin = workspaces.pin(std::path::Path::new(workspace))?;
+    Ok(cached_runtime(runtimes, primary, pin))
+}
+
+/// The runtime for a session reloaded from its ledger in `workspace`: as
+/// `runtime_for`, but a folder that fails the check still gets one (the
+/// session loads, its transcript is served, and each use is refused).
+fn reloaded_runtime(
+    runtimes: &Runtimes,
+    primary: &Arc<Runtime>,
+    workspaces: &super::workspaces::Workspaces,
+    workspace: &str,
+) -> Arc<Runtime> {
     if workspace == primary.workspace() {
         return primary.clone();
     }
-    if let Some(rt) = lock(runtimes).get(workspace) {
+    let pin = workspaces.pin_reloaded(std::path::Path::new(workspace));
+    cached_runtime(runtimes, primary, pin)
+}
+
+fn cached_runtime(
+    runtimes: &Runtimes,
+    primary: &Arc<Runtime>,
+    pin: super::workspaces::Pinned,
+) -> Arc<Runtime> {
+    let key = pin.path.display().to_string();
+    let id = pin.id;
+    let same = |rt: &Arc<Runtime>| rt.pinned().is_some_and(|p| p.id == id || id.is_none());
+    if let Some(rt) = lock(runtimes).get(&key).filter(|rt| same(rt)) {
         return rt.clone();
     }
-    let made = Arc::new(primary.in_workspace(std::path::Path::new(workspace)));
-    lock(runtimes)
-        .entry(workspace.to_string())
-        .or_insert(made)
-        .clone()
+    let made = Arc::new(primary.in_workspace(pin));
+    let mut map = lock(runtimes);
+    match map.get(&key) {
+        Some(rt) if same(rt) => rt.clone(),
+        _ => {
+            map.insert(key, made.clone());
+            made
+        }
+    }
 }
 
 /// What a permission mode change did.
@@ -511,10 +551,11 @@ impl Hub {
             }
             Some(w) => {
                 let (runtimes, primary) = (self.runtimes.clone(), self.rt.clone());
+                let workspaces = self.workspaces.clone();
                 let ws = w.path.display().to_string();
-                tokio::task::spawn_blocking(move || runtime_for(&runtimes, &primary, &ws))
+                tokio::task::spawn_blocking(move || runtime_for(&runtimes, &primary, &workspaces, &ws))
                     .await
-                    .map_err(|e| Error::internal(e.to_string()))?
+                    .map_err(|e| Error::internal(e.to_string()))??
             }
         };
         let id = uuid::Uuid::new_v4().simple().to_string();
@@ -765,11 +806,12 @@ impl Hub {
         let path = self.ledger_path(id);
         let rt = self.rt.clone();
         let runtimes = self.runtimes.clone();
+        let workspaces = self.workspaces.clone();
         let sid = id.to_string();
         let dir = self.rt.cfg.sessions_dir();
         let loaded = tokio::task::spawn_blocking(move || {
             let primary = rt.clone();
-            let pick = move |ws: &str| runtime_for(&runtimes, &primary, ws);
+            let pick = move |ws: &str| reloaded_runtime(&runtimes, &primary, &workspaces, ws);
             let session = match Session::restore_in(rt, &path, pick) {
                 Ok(session) => session,
                 Err(OpenError::Io(_)) if !path.exists() => {

@@ -8,12 +8,23 @@
 //! - `bash`: a *simple* command (one program and its plain words: no quotes,
 //!   `$`, globs, redirections, pipes, `;`, `&&`, subshells or backslashes,
 //!   and no leading `NAME=value` assignment) becomes a *prefix* rule on its
-//!   program and subcommand (`cargo test --lib` → `cargo test`, `ls -la` →
-//!   `ls`), which later matches only simple commands whose words start with
-//!   it. Anything else, and any shell, wrapper or interpreter (`bash`, `env`,
-//!   `sudo`, `xargs`, `python`…) whose arguments are themselves code, becomes
-//!   an *exact* rule: that command line and nothing else. A compound command
-//!   is never generalised.
+//!   program and, when the next word looks like one, its subcommand
+//!   (`cargo test lib` → `cargo test`, `ls src` → `ls src`), but only when
+//!   every word after those is a *plain word*: no option (`-x`, `--x`), no
+//!   path (a `/` anywhere, or a leading `.` or `~`) and no `=`. The prefix
+//!   later matches only simple commands whose words start with it and go on
+//!   with plain words only, so `cargo test` never covers
+//!   `cargo test --config=…` or `cargo test --manifest-path=/etc/x`.
+//!   Programs whose subcommands or options can write anywhere or run code
+//!   (`RESTRICTED`: shells, wrappers, interpreters, `git`, `curl`, `tar`,
+//!   `busybox`, package managers, `make`, `cp`…) get a prefix only in one
+//!   of the few `SAFE_FORMS` (`git status`, `git log`, `cargo test`…).
+//!   Anything else, a command with an option, a path or `=` included,
+//!   becomes an *exact* rule: that command line and nothing else. Only the
+//!   blanks bash ignores (space, tab, newline) are trimmed around a
+//!   command; any other whitespace (`\u{a0}ls`, `ls\u{2003}`) is part of it,
+//!   so such a command is never simple and an exact rule matches it byte
+//!   for byte. A compound command is never generalised.
 //! - file tools (`write_file`, `edit_file`): a *path* rule on the file,
 //!   normalised relative to the workspace (`./a//b.txt` is `a/b.txt`).
 //!
@@ -48,9 +59,10 @@ pub const MAX_PATTERN: usize = 1024;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RuleKind {
-    /// bash: a simple command whose words start with the pattern's words.
+    /// bash: a simple command whose words start with the pattern's words
+    /// and go on with plain words only.
     Prefix,
-    /// bash: exactly this command line (surrounding whitespace aside).
+    /// bash: exactly this command line (the blanks bash ignores around it aside).
     Exact,
     /// A file tool: this path, relative to the workspace.
     Path,
@@ -83,10 +95,13 @@ impl Candidate {
         }
         let arg = |k: &str| input.get(k).and_then(Value::as_str);
         match self.kind {
-            RuleKind::Exact => arg("command").is_some_and(|c| c.trim() == self.pattern),
+            RuleKind::Exact => arg("command").is_some_and(|c| as_run(c) == self.pattern),
             RuleKind::Prefix => arg("command").and_then(simple_words).is_some_and(|words| {
                 let prefix: Vec<&str> = self.pattern.split(' ').collect();
-                words.len() >= prefix.len() && words[..prefix.len()] == prefix[..]
+                prefix_allowed(&prefix)
+                    && words.len() >= prefix.len()
+                    && words[..prefix.len()] == prefix[..]
+                    && words[prefix.len()..].iter().all(|w| plain_word(w))
             }),
             RuleKind::Path => arg("path").and_then(normal_path).as_deref() == Some(self.pattern.as_str()),
         }
@@ -96,7 +111,7 @@ impl Candidate {
     pub fn describe(&self) -> String {
         match self.kind {
             RuleKind::Prefix => format!(
-                "{} `{}` (and longer commands that start with it)",
+                "{} `{}` (and the same with more plain words: no options, paths or `=`)",
                 self.tool, self.pattern
             ),
             RuleKind::Exact => format!("{} `{}` (exactly this command)", self.tool, self.pattern),
@@ -116,28 +131,101 @@ pub struct Rule {
     pub created_at: String,
 }
 
-/// Programs whose arguments are themselves commands or code: a rule on one
-/// of them is always exact, never a prefix.
-const NEVER_PREFIX: &[&str] = &[
-    "sh", "bash", "zsh", "dash", "ksh", "csh", "tcsh", "fish", "env", "sudo", "su", "doas", "xargs", "eval",
-    "exec", "command", "builtin", "source", ".", "nohup", "nice", "ionice", "timeout", "time", "watch",
-    "strace", "ltrace", "chroot", "setsid", "stdbuf", "flock", "parallel", "find", "node", "deno", "bun",
-    "perl", "ruby", "php", "lua", "awk", "gawk", "mawk", "sed", "ssh", "npx",
+/// Programs that never get a prefix rule beyond their `SAFE_FORMS`: those
+/// whose arguments are commands or code (shells, wrappers, interpreters),
+/// and those whose subcommands or options can write files anywhere, fetch,
+/// install or run code, or act on other processes, even with plain words
+/// only (`tar xf`, `make deploy`, `npm run x`, `cp x link`, `kill 1`). A
+/// program is named by its file name with any version suffix dropped
+/// (`/usr/bin/python3.12` is `python`, `pip3` is `pip`).
+#[rustfmt::skip]
+const RESTRICTED: &[&str] = &[
+    // Shells, wrappers and interpreters: their arguments are code.
+    "sh", "bash", "zsh", "dash", "ksh", "mksh", "csh", "tcsh", "fish", "elvish", "nu", "pwsh", "powershell",
+    "busybox", "toybox", "env", "sudo", "su", "doas", "pkexec", "runuser", "xargs", "eval", "exec", "command",
+    "builtin", "source", ".", "nohup", "nice", "ionice", "timeout", "time", "watch", "strace", "ltrace", "gdb",
+    "lldb", "valgrind", "chroot", "unshare", "nsenter", "setsid", "stdbuf", "flock", "parallel", "script",
+    "systemd-run", "find", "python", "node", "nodejs", "deno", "bun", "perl", "ruby", "irb", "php", "lua",
+    "luajit", "tclsh", "wish", "expect", "java", "jshell", "R", "Rscript", "julia", "awk", "gawk", "mawk",
+    "nawk", "sed", "ed", "ex", "vi", "vim", "nvim", "emacs", "sqlite", "psql", "mysql", "osascript",
+    // Remote access, fetchers and archivers: they write where options or
+    // plain words say (`tar xf`, `curl -o`, `unzip`) or reach other hosts.
+    "ssh", "scp", "sftp", "rsync", "ftp", "telnet", "nc", "ncat", "netcat", "socat", "curl", "wget", "aria2c",
+    "tar", "unzip", "zip", "7z", "7za", "cpio", "ar", "gzip", "gunzip", "bzip2", "xz", "zstd",
+    // Version control, build tools and package managers: subcommands and
+    // options that write outside the workspace, install or run code.
+    "git", "hg", "svn", "make", "gmake", "cmake", "ninja", "meson", "bazel", "gradle", "mvn", "ant", "cargo",
+    "rustup", "rustc", "go", "npm", "npx", "pnpm", "pnpx", "yarn", "bunx", "pip", "pipx", "uv", "uvx", "poetry",
+    "pdm", "conda", "mamba", "gem", "bundle", "composer", "apt", "apt-get", "aptitude", "dpkg", "snap", "flatpak",
+    "dnf", "yum", "rpm", "pacman", "zypper", "apk", "brew", "nix", "nix-env", "docker", "podman", "kubectl",
+    "helm",
+    // Files and processes: a plain word may be a symlink to a file outside,
+    // or another process.
+    "cp", "mv", "rm", "ln", "install", "chmod", "chown", "chgrp", "chattr", "dd", "tee", "truncate", "shred",
+    "patch", "kill", "pkill", "killall", "crontab", "at", "batch", "systemctl", "open", "xdg-open",
 ];
+
+/// The subcommands of `RESTRICTED` programs that may still get a prefix
+/// rule, because with plain words after them (revisions, test names,
+/// package names) they only read, or build and test the workspace as the
+/// approved call did. Left out on purpose: `git diff` and `git show` (a
+/// plain-word path or revision picks files whose `.gitattributes` name an
+/// external diff or textconv driver), `cargo run`, `cargo install`,
+/// `npm run`, `make` (a plain word is another target or recipe).
+const SAFE_FORMS: &[(&str, &str)] = &[
+    ("git", "status"),
+    ("git", "log"),
+    ("cargo", "build"),
+    ("cargo", "check"),
+    ("cargo", "test"),
+    ("cargo", "bench"),
+    ("cargo", "clippy"),
+    ("cargo", "fmt"),
+    ("cargo", "doc"),
+    ("go", "build"),
+    ("go", "test"),
+    ("go", "vet"),
+    ("npm", "test"),
+    ("pip", "list"),
+    ("pip", "show"),
+    ("pip", "freeze"),
+];
+
+/// The blanks bash itself ignores around a command: only these are
+/// trimmed. Any other whitespace (a no-break or em space, a carriage
+/// return) is part of a word to the shell (`ls\u{a0}` is another program),
+/// so it is part of the command as matched too.
+const BLANKS: &[char] = &[' ', '\t', '\n'];
+
+/// The command as the shell runs it, for matching: `command` without the
+/// blanks around it (see `BLANKS`).
+fn as_run(command: &str) -> &str {
+    command.trim_matches(BLANKS)
+}
 
 /// The words of a simple command, or None when the line is anything the
 /// shell would read as more than a program and plain words.
 fn simple_words(command: &str) -> Option<Vec<&str>> {
     let plain = |c: char| c.is_ascii_alphanumeric() || " -_./:=,+@%^".contains(c);
-    if !command.trim().chars().all(plain) {
+    let command = as_run(command);
+    if !command.chars().all(plain) {
         return None;
     }
-    let words: Vec<&str> = command.split_whitespace().collect();
+    let words: Vec<&str> = command.split(' ').filter(|w| !w.is_empty()).collect();
     // `NAME=value cmd`: an assignment changes what the program does.
     match words.first() {
         Some(first) if !first.contains('=') => Some(words),
         _ => None,
     }
+}
+
+/// A plain word: no option (`-x`, `--x`), no path (`/` anywhere, or a
+/// leading `.` or `~`), no `=`: what a prefix rule lets vary.
+fn plain_word(word: &str) -> bool {
+    word.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.,+@%^:".contains(c))
 }
 
 /// A subcommand-like word: `test`, `run`, `status` (not an option, a path or a value).
@@ -152,9 +240,40 @@ fn program_name(word: &str) -> &str {
     word.rsplit('/').next().unwrap_or(word)
 }
 
+/// The program's family, version aside (`python3.12` → `python`, `pip3` → `pip`).
+fn program_family(word: &str) -> &str {
+    let name = program_name(word);
+    match name.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.' || c == '-') {
+        "" => name,
+        family => family,
+    }
+}
+
+/// Whether `words` (a program and at most a subcommand) may be a prefix
+/// rule's pattern: the subcommand looks like one, and a `RESTRICTED`
+/// program is in one of its `SAFE_FORMS`. Checked when a rule is derived
+/// and again when one matches, so a rule stored by an older vak (or
+/// written into the rules file or the shared bucket by hand) covers no
+/// more than today's would.
+fn prefix_allowed(words: &[&str]) -> bool {
+    let (program, sub) = match words {
+        [program] => (*program, None),
+        [program, sub] if subcommand(sub) => (*program, Some(*sub)),
+        _ => return false,
+    };
+    if program.is_empty() || program.contains('=') {
+        return false;
+    }
+    let family = program_family(program);
+    let restricted = RESTRICTED.contains(&family)
+        || RESTRICTED.contains(&program_name(program))
+        || family.starts_with("python");
+    !restricted || sub.is_some_and(|sub| SAFE_FORMS.contains(&(family, sub)))
+}
+
 /// What a bash rule made from `command` covers (see the module docs).
 fn bash_candidate(command: &str) -> Candidate {
-    let command = command.trim();
+    let command = as_run(command);
     let exact = Candidate {
         tool: "bash".into(),
         kind: RuleKind::Exact,
@@ -163,15 +282,14 @@ fn bash_candidate(command: &str) -> Candidate {
     let Some(words) = simple_words(command) else {
         return exact;
     };
-    let program = program_name(words[0]);
-    if NEVER_PREFIX.contains(&program) || program.starts_with("python") {
-        return exact;
-    }
     let take = if words.len() > 1 && subcommand(words[1]) {
         2
     } else {
         1
     };
+    if !prefix_allowed(&words[..take]) || !words[take..].iter().all(|w| plain_word(w)) {
+        return exact;
+    }
     Candidate {
         tool: "bash".into(),
         kind: RuleKind::Prefix,
@@ -192,7 +310,7 @@ pub fn candidate(tool: &str, input: &Value) -> Option<Candidate> {
     match tools::class(tool) {
         ToolClass::Exec if tool == "bash" => {
             let command = input.get("command").and_then(Value::as_str)?;
-            (!command.trim().is_empty()).then(|| bash_candidate(command))
+            (!as_run(command).is_empty()).then(|| bash_candidate(command))
         }
         ToolClass::Edit => Some(Candidate {
             tool: tool.to_string(),
@@ -407,28 +525,183 @@ mod tests {
         candidate("bash", &json!({ "command": cmd })).unwrap()
     }
 
+    fn covers(c: &Candidate, cmd: &str) -> bool {
+        c.covers("bash", &json!({ "command": cmd }))
+    }
+
     #[test]
-    fn simple_commands_become_program_and_subcommand_prefixes() {
+    fn simple_commands_with_plain_words_become_program_and_subcommand_prefixes() {
         for (cmd, prefix) in [
-            ("cargo test --lib", "cargo test"),
+            ("cargo test lib", "cargo test"),
             ("cargo test", "cargo test"),
-            ("ls -la", "ls"),
             ("ls", "ls"),
-            ("  cargo   build --release ", "cargo build"),
+            ("ls Cargo.toml", "ls"),
+            ("  cargo   build ", "cargo build"),
             ("./run.sh fast", "./run.sh fast"),
-            ("rg -n foo src", "rg"),
+            ("rg foo src", "rg foo"),
             ("git status", "git status"),
+            ("git log main", "git log"),
+            ("/usr/bin/git log", "/usr/bin/git log"),
+            ("pip3 list", "pip3 list"),
         ] {
             let c = bash(cmd);
             assert_eq!((c.kind, c.pattern.as_str()), (RuleKind::Prefix, prefix), "{cmd}");
         }
-        let c = bash("cargo test --lib");
-        let covers = |cmd: &str| c.covers("bash", &json!({ "command": cmd }));
-        assert!(covers("cargo test"));
-        assert!(covers("cargo test -p vak -- modes"));
-        assert!(!covers("cargo testify"));
-        assert!(!covers("cargo build"));
+        let c = bash("cargo test lib");
+        assert!(covers(&c, "cargo test"));
+        assert!(covers(&c, "cargo test rules modes"));
+        assert!(!covers(&c, "cargo testify"));
+        assert!(!covers(&c, "cargo build"));
         assert!(!c.covers("write_file", &json!({ "command": "cargo test" })));
+    }
+
+    /// Each bypass the audit found: an `always` on the first command stored
+    /// a prefix that covered the second, which writes a file or runs code.
+    #[test]
+    fn a_rule_never_covers_options_paths_or_assignments_it_was_not_given() {
+        for (approved, kind, pattern, bypasses) in [
+            (
+                "git log --oneline",
+                RuleKind::Exact,
+                "git log --oneline",
+                &[
+                    "git log --output=/outside/file --format=x",
+                    "git log --oneline --output=x",
+                ][..],
+            ),
+            (
+                "curl -s http://127.0.0.1:9/",
+                RuleKind::Exact,
+                "curl -s http://127.0.0.1:9/",
+                &["curl -o /outside/file http://127.0.0.1:9/", "curl example.com"][..],
+            ),
+            (
+                "tar -tf x.tar",
+                RuleKind::Exact,
+                "tar -tf x.tar",
+                &["tar -xf x.tar --to-command=sh", "tar xf x.tar"][..],
+            ),
+            (
+                "busybox sh -c ls",
+                RuleKind::Exact,
+                "busybox sh -c ls",
+                &["busybox sh -c id", "busybox sh evil", "busybox sh"][..],
+            ),
+            (
+                "cargo test",
+                RuleKind::Prefix,
+                "cargo test",
+                &[
+                    "cargo test --config=build.rustc-wrapper=x",
+                    "cargo test --manifest-path=/etc/x",
+                    "cargo test -p x",
+                    "cargo test ../x",
+                    "cargo test ~/x",
+                    "cargo test .hidden",
+                    "cargo test a=b",
+                    "cargo test -- --nocapture",
+                ][..],
+            ),
+        ] {
+            let c = bash(approved);
+            assert_eq!((c.kind, c.pattern.as_str()), (kind, pattern), "{approved}");
+            assert!(covers(&c, approved), "{approved}");
+            for b in bypasses {
+                assert!(!covers(&c, b), "{approved} covers {b}");
+            }
+        }
+        // Options, paths and `=` after the subcommand make the rule exact.
+        for cmd in [
+            "ls -la",
+            "cargo test --lib",
+            "rg -n foo src",
+            "cat src/main.rs",
+            "cat ./x",
+            "cat .env",
+            "mytool run key=value",
+            "git status --porcelain",
+        ] {
+            assert_eq!(bash(cmd).kind, RuleKind::Exact, "{cmd}");
+        }
+        // Restricted programs outside their safe forms are exact, whatever follows.
+        for cmd in [
+            "git diff",
+            "git show HEAD",
+            "git config core.pager less",
+            "git",
+            "curl example.com",
+            "wget example.com",
+            "tar tf x.tar",
+            "make",
+            "make test",
+            "npm run build",
+            "npm install left-pad",
+            "pip install requests",
+            "pip3.12 install requests",
+            "cargo run",
+            "cargo install ripgrep",
+            "apt-get install x",
+            "busybox ls",
+            "python3.12 x",
+            "/usr/local/bin/node x",
+            "cp a b",
+            "kill 1",
+            "docker run x",
+        ] {
+            let c = bash(cmd);
+            assert_eq!((c.kind, c.pattern.as_str()), (RuleKind::Exact, cmd), "{cmd}");
+        }
+        // A prefix rule stored by an older vak (or put in the rules file by
+        // hand) on a restricted program covers nothing now; `git log`, a
+        // safe form, covers plain words only.
+        let old = |pattern: &str| Candidate {
+            tool: "bash".into(),
+            kind: RuleKind::Prefix,
+            pattern: pattern.into(),
+        };
+        for (pattern, cmd) in [
+            ("curl", "curl example.com"),
+            ("tar", "tar xf x.tar"),
+            ("busybox sh", "busybox sh evil"),
+            ("make", "make deploy"),
+            ("ls -la", "ls -la"),
+            ("ls src extra", "ls src extra"),
+        ] {
+            assert!(!covers(&old(pattern), cmd), "{pattern} covers {cmd}");
+        }
+        assert!(covers(&old("git log"), "git log main"));
+        assert!(!covers(&old("git log"), "git log --output=/x"));
+    }
+
+    #[test]
+    fn whitespace_bash_does_not_ignore_is_part_of_the_command() {
+        // The blanks bash ignores around a command are trimmed...
+        let ls = bash("ls");
+        assert!(covers(&ls, " ls\t\n"));
+        let exact = bash("ls -la");
+        assert!(covers(&exact, "\tls -la \n"));
+        // ...any other whitespace is a part of a word to the shell: another program.
+        for cmd in [
+            "\u{2003}ls",
+            "ls\u{00a0}",
+            "\u{a0}ls -la",
+            "ls -la\u{2003}",
+            "ls\r",
+            "ls -la\r",
+        ] {
+            assert!(!covers(&ls, cmd), "{cmd:?}");
+            assert!(!covers(&exact, cmd), "{cmd:?}");
+        }
+        // Approving such a command stores it byte for byte, and it covers only itself.
+        let odd = bash("ls\u{00a0}");
+        assert_eq!((odd.kind, odd.pattern.as_str()), (RuleKind::Exact, "ls\u{00a0}"));
+        assert!(covers(&odd, "ls\u{00a0}"));
+        assert!(!covers(&odd, "ls"));
+        let odd = bash("\u{2003}ls");
+        assert_eq!((odd.kind, odd.pattern.as_str()), (RuleKind::Exact, "\u{2003}ls"));
+        assert!(!covers(&odd, "ls"));
+        assert_eq!(candidate("bash", &json!({ "command": " \t\n" })), None);
+        assert!(candidate("bash", &json!({ "command": "\u{2003}" })).is_some());
     }
 
     #[test]
@@ -497,12 +770,12 @@ mod tests {
     async fn rules_persist_dedupe_are_capped_and_deleted() {
         let (home, ws) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let rules = Rules::load(home.path(), ws.path());
-        let (r, new) = rules.add(bash("cargo test --lib")).await.unwrap();
+        let (r, new) = rules.add(bash("cargo test lib")).await.unwrap();
         assert!(new && r.id.starts_with("rule_"));
         let (again, new) = rules.add(bash("cargo test")).await.unwrap();
         assert!(!new && again.id == r.id, "the same rule is not stored twice");
         assert!(rules
-            .allowing("bash", &json!({"command": "cargo test -q"}))
+            .allowing("bash", &json!({"command": "cargo test quick"}))
             .is_some());
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(rules.path()).unwrap().permissions().mode();

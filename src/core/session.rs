@@ -45,6 +45,9 @@ pub struct Runtime {
     search: Arc<super::search::Search>,
     /// The sandbox the agent's commands run in (one for every workspace).
     sandbox: Arc<super::sandbox::Sandbox>,
+    /// An opened workspace's folder, re-checked at every use; None for the
+    /// server's own.
+    pin: Option<super::workspaces::Pinned>,
 }
 
 /// The model a leg talks to: a provider and the model name it is asked for.
@@ -108,22 +111,45 @@ impl Runtime {
             mode,
             rules,
             memory,
+            pin: None,
         }
     }
 
     /// The runtime of sessions in another workspace: its own rules, memory
     /// and tools' folder, this one's route, mode and search index (a change
     /// of either applies to every workspace). Blocking: reads its rules file.
-    pub fn in_workspace(&self, dir: &std::path::Path) -> Runtime {
+    /// `pin` is how the folder is re-checked at every use.
+    pub(crate) fn in_workspace(&self, pin: super::workspaces::Pinned) -> Runtime {
         let mut cfg = self.cfg.clone();
-        cfg.workspace = dir.to_path_buf();
-        Self::with_shared(
-            cfg,
-            self.route.clone(),
-            self.mode.clone(),
-            self.search.clone(),
-            self.sandbox.clone(),
-        )
+        cfg.workspace = pin.path.clone();
+        Runtime {
+            pin: Some(pin),
+            ..Self::with_shared(
+                cfg,
+                self.route.clone(),
+                self.mode.clone(),
+                self.search.clone(),
+                self.sandbox.clone(),
+            )
+        }
+    }
+
+    /// The pinned folder of an opened workspace (None: the server's own).
+    pub(crate) fn pinned(&self) -> Option<&super::workspaces::Pinned> {
+        self.pin.as_ref()
+    }
+
+    /// Re-checks the workspace folder before a use (`workspaces::recheck`):
+    /// an opened workspace replaced since (by a symlink or another folder)
+    /// is PermissionDenied, `workspace_replaced`. Runs off the runtime's
+    /// workers; the server's own workspace always passes.
+    pub async fn check_workspace(&self) -> Result<()> {
+        let Some(pin) = self.pin.clone() else {
+            return Ok(());
+        };
+        tokio::task::spawn_blocking(move || pin.check())
+            .await
+            .map_err(|e| Error::internal(e.to_string()))?
     }
 
     pub fn rules(&self) -> &Rules {

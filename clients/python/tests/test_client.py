@@ -179,7 +179,7 @@ def test_always_rules_are_stored_listed_and_deleted(client: Client) -> None:
             answers.append(client.approve(sid, ev.approval_requested.request_id, True, always=True))
 
     with client.follow(sid, after=0) as events:
-        client.run(sid, f"/bash {prog} run --fast")
+        client.run(sid, f"/bash {prog} run fast")
         take_until(events, finished, events, on_item=answer)
     assert len(answers) == 1 and answers[0].outcome == "approved" and answers[0].persisted
     rule = answers[0].rule

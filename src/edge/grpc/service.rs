@@ -150,7 +150,12 @@ impl AgentApi {
     /// named (a session keeps the workspace it was created in), else the server's.
     async fn files_root(&self, session_id: Option<&str>) -> Result<std::path::PathBuf, Status> {
         match session_id {
-            Some(id) => Ok(self.session(id).await?.workspace_dir().to_path_buf()),
+            Some(id) => {
+                let s = self.session(id).await?;
+                // An opened workspace is re-checked at every use.
+                s.runtime().check_workspace().await.map_err(to_status)?;
+                Ok(s.workspace_dir().to_path_buf())
+            }
             None => Ok(self.hub.config().workspace.clone()),
         }
     }
@@ -280,7 +285,7 @@ impl AgentService for AgentApi {
             None
         } else {
             let ws = self.hub.workspaces().clone();
-            let found = blocking(move || Ok(ws.find(&asked))).await?;
+            let found = blocking(move || ws.find(&asked)).await?;
             Some(found.ok_or_else(|| {
                 to_status(
                     crate::Error::not_found("no open workspace there: open it first (POST /workspaces/open)")
@@ -750,6 +755,7 @@ impl AgentService for AgentApi {
     ) -> Result<Response<pb::WorkspaceDiff>, Status> {
         let s = self.session(&req.into_inner().session_id).await?;
         let cfg = self.hub.config();
+        s.runtime().check_workspace().await.map_err(to_status)?;
         // The session's own workspace, which may not be the server's.
         let d = diff::diff(s.workspace_dir(), &cfg.git).await.map_err(to_status)?;
         ok(convert::workspace_diff(s.id(), d))

@@ -84,14 +84,17 @@ pub async fn pty(
     let asked = q.get("workspace").cloned().unwrap_or_default();
     let found = tokio::task::spawn_blocking(move || {
         if asked.is_empty() {
-            Some(workspaces.primary())
+            Ok(Some(workspaces.primary()))
         } else {
             workspaces.find(&asked)
         }
     })
     .await
-    .ok()
-    .flatten();
+    .unwrap_or_else(|e| Err(Error::internal(e.to_string())));
+    let found = match found {
+        Ok(found) => found,
+        Err(e) => return refuse(e),
+    };
     let Some(ws_dir) = found else {
         return refuse(
             Error::not_found("no open workspace there: open it first (POST /workspaces/open)")
