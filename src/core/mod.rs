@@ -18,6 +18,7 @@ pub mod lifecycle;
 pub mod memory;
 pub mod mirror;
 pub mod mux;
+pub(crate) mod nats_connect;
 pub mod owners;
 pub mod permissions;
 pub mod presentation;

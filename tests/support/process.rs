@@ -31,6 +31,8 @@ pub struct Vak {
     /// The task draining stderr; `wait` joins it so `log()` after an exit has
     /// everything the process wrote.
     drain: Option<tokio::task::JoinHandle<()>>,
+    /// The stdout lines `url` read before the `listening on` line.
+    banner: Vec<String>,
 }
 
 /// How much of a child's stderr `Vak::log` keeps (its end).
@@ -70,6 +72,7 @@ impl Vak {
             stdout: rx,
             stderr,
             drain: Some(drain),
+            banner: Vec::new(),
         }
     }
 
@@ -92,10 +95,16 @@ impl Vak {
                 .unwrap_or_else(|| panic!("stdout closed before `listening on`; stdout: {seen:?}"));
             if let Some(at) = line.find("listening on http://") {
                 let url = line[at + "listening on ".len()..].trim().to_string();
+                self.banner = seen;
                 return url;
             }
             seen.push(line);
         }
+    }
+
+    /// What it printed on stdout before `listening on` (once `url` returned).
+    pub fn banner(&self) -> &[String] {
+        &self.banner
     }
 
     pub async fn wait(&mut self) -> ExitStatus {
