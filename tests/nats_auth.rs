@@ -1,12 +1,14 @@
-//! `vak serve --bus` against a real nats-server with authorization and TLS (issue 25): vak's credentials in the URL, the environment, a token or an NKey; wrong ones stop startup naming authorization and never show the secret; another user cannot publish to vak's subjects; TLS with the test's own CA and a client certificate;.
+//! `vak serve --bus` against a real nats-server with authorization and TLS (issue 25): vak's credentials in the URL, the environment, a token or an NKey; wrong ones stop startup naming authorization and never show the secret; another user cannot publish to vak's subjects; TLS with the test's own CA and a client certificate; and a forged shared rule refused by replicas that hold the cluster secret.
 
 mod support;
 
-use serde_json::json;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 use support::nats::Cluster;
 use support::process::{vak, Vak};
-use support::{TestServer, DEADLINE, TOKEN};
+use support::{finished, TestServer, DEADLINE, TOKEN};
 
 const VAK_PASSWORD: &str = "vak-pw-5f1c9e27d3";
 const OTHER_PASSWORD: &str = "other-pw-8a2d41";
@@ -412,4 +414,168 @@ async fn vak_connects_over_tls_with_the_ca_and_client_certificate_it_is_given_an
         stderr.contains("TLS") && stderr.contains("--bus-tls-ca"),
         "{stderr}"
     );
+}
+
+/// The `rules.<workspace key>` key of VAK_CONFIG and its value.
+async fn rules_entry(kv: &async_nats::jetstream::kv::Store) -> (String, Value) {
+    let mut keys = kv.keys().await.unwrap();
+    while let Some(k) = keys.next().await {
+        let k = k.unwrap();
+        if k.starts_with("rules.") {
+            let v = kv.get(&k).await.unwrap().expect("a value");
+            return (k, serde_json::from_slice(&v).unwrap());
+        }
+    }
+    panic!("no rules in VAK_CONFIG");
+}
+
+async fn rules_on(r: &Replica) -> Value {
+    let (code, v) = r.api.get("/permissions/rules").await;
+    assert_eq!(code, 200, "{v}");
+    v["rules"].clone()
+}
+
+/// How many times `r` logged that it refused a value of `key`.
+fn refusals(r: &Replica, key: &str) -> usize {
+    r.vak
+        .log()
+        .matches(&format!("refusing the value of {key}"))
+        .count()
+}
+
+/// Waits (bounded) until `r` logged a refusal of a value of `key` `n` times.
+async fn refused_in_log(r: &Replica, key: &str, n: usize) {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while refusals(r, key) < n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no refusal of {key} logged: {}",
+            r.vak.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Approves the ask of `run` on `r`'s session `sid` with `always`; the rule.
+async fn approve_always(r: &Replica, sid: &str, prompt: &str) -> Value {
+    let mut sse = r.api.events(sid, None).await;
+    let (code, _) = r.api.run(sid, prompt).await;
+    assert_eq!(code, 202);
+    let ask = sse.next_ask().await;
+    let rid = ask["request_id"].as_str().unwrap();
+    let (code, v) = r
+        .api
+        .post(
+            &format!("/sessions/{sid}/approvals/{rid}"),
+            json!({"approve": true, "always": true}),
+        )
+        .await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(finished(&sse.until("run_finished").await)["outcome"], "completed");
+    v["rule"].clone()
+}
+
+/// Whether a run of `prompt` on a new session of `r` asked for approval.
+async fn asks(r: &Replica, prompt: &str) -> bool {
+    let sid = r.api.create_session().await;
+    let mut sse = r.api.events(&sid, None).await;
+    let (code, _) = r.api.run(&sid, prompt).await;
+    assert_eq!(code, 202);
+    loop {
+        let f = sse.next().await.expect("the run goes on");
+        match f.event.as_str() {
+            "approval_requested" => return true,
+            "run_finished" => return false,
+            _ => {}
+        }
+    }
+}
+
+/// With `--bus-secret-file`, a rule written straight into VAK_CONFIG by a
+/// client with vak's NATS credentials but not the secret (bare, or in an
+/// envelope with a made-up signature) is refused by every replica: logged,
+/// not listed, and a call it would cover still asks; a rule approved
+/// through vak is listed and applied on every replica, and the next
+/// approval writes the last good list, signed, over the forgery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_forged_into_vak_config_without_the_cluster_secret_is_refused_while_approved_rules_work_across_replicas(
+) {
+    let nats = nats_with_users(None).await;
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("bus-secret");
+    std::fs::write(
+        &secret,
+        "9c2e4b6d8f0a1c3e5b7d9f4f1e9a0c7b2d5e8f3a6c9b0d2e4f6a8c1b3d5e7f9a\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let url = with_userinfo(&plain_url(&nats), &format!("vak:{VAK_PASSWORD}"));
+    let ws = tempfile::tempdir().unwrap();
+    let flags = ["--bus-secret-file", secret.to_str().unwrap()];
+    let a = replica(&url, ws.path(), &flags, &[]).await;
+    let b = replica(&url, ws.path(), &flags, &[]).await;
+
+    // Approved through vak on A: listed and applied on B.
+    let sid = a.api.create_session().await;
+    let rule = approve_always(&a, &sid, "/write notes.md one").await;
+    assert_eq!(rule["pattern"], "notes.md", "{rule}");
+    assert_eq!(rules_on(&b).await, json!([rule]));
+    assert!(
+        !asks(&b, "/write notes.md two").await,
+        "the approved rule applies on B"
+    );
+
+    // Stored signed: an envelope around the rules document.
+    let client = connect(as_vak(), &plain_url(&nats)).await;
+    let kv = async_nats::jetstream::new(client)
+        .get_key_value("VAK_CONFIG")
+        .await
+        .unwrap();
+    let (key, stored) = rules_entry(&kv).await;
+    assert!(stored["sig"].is_string(), "{stored}");
+    let mut doc = stored["v"].clone();
+    assert_eq!(doc["rules"], json!([rule]));
+    let mut forged_rule = rule.clone();
+    forged_rule["id"] = json!("rule_0123456789ab");
+    forged_rule["pattern"] = json!("forged.md");
+    doc["rules"].as_array_mut().unwrap().push(forged_rule);
+
+    // Bare (as a replica before signing wrote it), then with a made-up signature.
+    let bare = serde_json::to_vec(&doc).unwrap();
+    let fake_sig =
+        serde_json::to_vec(&json!({"v": doc, "sig": "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="}))
+            .unwrap();
+    for value in [bare, fake_sig] {
+        // Nothing reads the bucket between the put and this wait, so a new
+        // refusal is the watch's: each replica saw the forgery and dropped it.
+        let before = [refusals(&a, &key), refusals(&b, &key)];
+        kv.put(&key, value.into()).await.unwrap();
+        for (r, n) in [&a, &b].into_iter().zip(before) {
+            refused_in_log(r, &key, n + 1).await;
+        }
+        for r in [&a, &b] {
+            assert_eq!(rules_on(r).await, json!([rule]), "the forged rule is not listed");
+        }
+        for r in [&a, &b] {
+            assert!(
+                asks(r, "/write forged.md x").await,
+                "the forged rule is not applied"
+            );
+        }
+        assert!(
+            !asks(&b, "/write notes.md three").await,
+            "the good rule stays in force"
+        );
+    }
+
+    // The next approval writes the last good list and the new rule, signed.
+    let sid = b.api.create_session().await;
+    let second = approve_always(&b, &sid, "/write other.md one").await;
+    for r in [&a, &b] {
+        assert_eq!(rules_on(r).await, json!([rule, second]));
+    }
+    let (_, stored) = rules_entry(&kv).await;
+    assert!(stored["sig"].is_string(), "{stored}");
+    assert_eq!(stored["v"]["rules"], json!([rule, second]));
 }

@@ -4,6 +4,7 @@ pub mod agent;
 pub mod approvals;
 pub mod attachments;
 pub mod bus;
+pub(crate) mod cluster_secret;
 pub mod config;
 pub mod cursor;
 pub mod deltas;
