@@ -526,15 +526,14 @@ async fn a_rule_forged_into_vak_config_without_the_cluster_secret_is_refused_whi
         "the approved rule applies on B"
     );
 
-    // Stored signed: an envelope around the rules document.
+    // The forger starts from the stored document (in its envelope when signed).
     let client = connect(as_vak(), &plain_url(&nats)).await;
     let kv = async_nats::jetstream::new(client)
         .get_key_value("VAK_CONFIG")
         .await
         .unwrap();
     let (key, stored) = rules_entry(&kv).await;
-    assert!(stored["sig"].is_string(), "{stored}");
-    let mut doc = stored["v"].clone();
+    let mut doc = stored.get("v").unwrap_or(&stored).clone();
     assert_eq!(doc["rules"], json!([rule]));
     let mut forged_rule = rule.clone();
     forged_rule["id"] = json!("rule_0123456789ab");
@@ -547,15 +546,16 @@ async fn a_rule_forged_into_vak_config_without_the_cluster_secret_is_refused_whi
         serde_json::to_vec(&json!({"v": doc, "sig": "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="}))
             .unwrap();
     for value in [bare, fake_sig] {
-        // Nothing reads the bucket between the put and this wait, so a new
-        // refusal is the watch's: each replica saw the forgery and dropped it.
         let before = [refusals(&a, &key), refusals(&b, &key)];
         kv.put(&key, value.into()).await.unwrap();
-        for (r, n) in [&a, &b].into_iter().zip(before) {
-            refused_in_log(r, &key, n + 1).await;
-        }
+        // The listing reads the bucket's leader: it sees the forgery at once.
         for r in [&a, &b] {
             assert_eq!(rules_on(r).await, json!([rule]), "the forged rule is not listed");
+        }
+        // Two refusals each: the listing's read and the watch's, so each
+        // replica's watch has seen the forgery (and dropped it) by now.
+        for (r, n) in [&a, &b].into_iter().zip(before) {
+            refused_in_log(r, &key, n + 2).await;
         }
         for r in [&a, &b] {
             assert!(
@@ -568,6 +568,9 @@ async fn a_rule_forged_into_vak_config_without_the_cluster_secret_is_refused_whi
             "the good rule stays in force"
         );
     }
+
+    // Stored signed from the first: an envelope around the rules document.
+    assert!(stored["sig"].is_string(), "{stored}");
 
     // The next approval writes the last good list and the new rule, signed.
     let sid = b.api.create_session().await;
