@@ -63,14 +63,7 @@ fn with_userinfo(url: &str, userinfo: &str) -> String {
 /// `vak serve --bus <bus>` with its own home and workspace (`ws`, when given).
 fn serve(bus: &str, home: &Path, ws: &Path, more: &[&str]) -> tokio::process::Command {
     let mut cmd = vak(&["serve", "--listen", "127.0.0.1:0", "--bus", bus, "--token", TOKEN]);
-    cmd.args(more)
-        .arg("--home")
-        .arg(home)
-        .arg("--workspace")
-        .arg(ws)
-        .env_remove("VAK_BUS_USER")
-        .env_remove("VAK_BUS_PASSWORD")
-        .env_remove("VAK_BUS_TOKEN");
+    cmd.args(more).arg("--home").arg(home).arg("--workspace").arg(ws);
     cmd
 }
 
@@ -276,7 +269,7 @@ async fn exit_of(mut cmd: tokio::process::Command) -> (bool, String, String) {
 
 /// Wrong credentials (in the URL, in the environment) and none at all stop
 /// startup with one clear error naming the authorization violation, and
-/// neither that error nor any log line shows the password.
+/// neither that error, any log line nor `--help` shows the password.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_credentials_stop_startup_naming_the_authorization_violation_and_never_show_the_password() {
     let nats = nats_with_users(None).await;
@@ -315,6 +308,20 @@ async fn wrong_credentials_stop_startup_naming_the_authorization_violation_and_n
             assert!(stderr.contains("nats://vak:***@127.0.0.1:"), "{stderr}");
         }
     }
+    // `--help` names the variables and never shows their values.
+    let mut help = vak(&["serve", "--help"]);
+    help.env("VAK_BUS_PASSWORD", WRONG_PASSWORD)
+        .env("VAK_BUS_TOKEN", WRONG_PASSWORD);
+    let (ok, stdout, stderr) = exit_of(help).await;
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("VAK_BUS_PASSWORD") && stdout.contains("VAK_BUS_TOKEN"),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.contains(WRONG_PASSWORD) && !stderr.contains(WRONG_PASSWORD),
+        "{stdout}"
+    );
 }
 
 /// A CA, a server certificate for 127.0.0.1 it signs and a client

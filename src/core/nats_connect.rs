@@ -279,10 +279,16 @@ impl BusTarget {
             let (kind, reason) = match failure {
                 Failure::Authorization => (
                     ErrorKind::PermissionDenied,
-                    format!(
-                        "{e} (NATS refused {}: check --bus-user/--bus-password, --bus-token, --bus-creds or --bus-nkey)",
-                        self.credentials.describe()
-                    ),
+                    match &self.credentials {
+                        Credentials::None => format!(
+                            "{e} (the server asks for credentials and none were given: put them in the \
+                             --bus URL, or give --bus-user/--bus-password, --bus-token, --bus-creds or --bus-nkey)"
+                        ),
+                        c => format!(
+                            "{e} (NATS refused {}: check --bus-user/--bus-password, --bus-token, --bus-creds or --bus-nkey)",
+                            c.describe()
+                        ),
+                    },
                 ),
                 Failure::Tls => (
                     ErrorKind::Unavailable,
