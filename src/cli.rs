@@ -141,8 +141,44 @@ pub struct ServeArgs {
     /// several comma-separated) instead of JSONL ledgers in the home: a
     /// session is then loaded from the stream by any server pointed at it
     /// (docs/scale-out.md; one replica at a time for now).
+    /// Credentials may be in the URL (`nats://user:password@host:4222`, a
+    /// token as `nats://token@host:4222`) or in the --bus-* flags below; vak
+    /// shows the URL with the password or token as `***`.
     #[arg(long, value_name = "URL")]
     pub bus: Option<String>,
+    /// The NATS user of --bus (with --bus-password).
+    #[arg(long, env = "VAK_BUS_USER", value_name = "USER")]
+    pub bus_user: Option<String>,
+    /// The NATS password of --bus-user; better given as VAK_BUS_PASSWORD than
+    /// on the command line, where other local users can read it (`ps`).
+    #[arg(
+        long,
+        env = "VAK_BUS_PASSWORD",
+        hide_env_values = true,
+        value_name = "PASSWORD"
+    )]
+    pub bus_password: Option<String>,
+    /// A NATS token for --bus; better given as VAK_BUS_TOKEN.
+    #[arg(long, env = "VAK_BUS_TOKEN", hide_env_values = true, value_name = "TOKEN")]
+    pub bus_token: Option<String>,
+    /// A NATS credentials file (`.creds`: a user JWT and its NKey seed,
+    /// as `nsc` writes it), owner-only.
+    #[arg(long, requires = "bus", value_name = "PATH")]
+    pub bus_creds: Option<std::path::PathBuf>,
+    /// A file (owner-only) holding a NATS user NKey seed (`SU…`).
+    #[arg(long, requires = "bus", value_name = "PATH")]
+    pub bus_nkey: Option<std::path::PathBuf>,
+    /// The CA certificate(s) (PEM) that sign the NATS servers' certificates;
+    /// given (or with --bus-tls-cert), every connection to --bus is TLS (a
+    /// `tls://` URL asks for it too, trusting the system's CAs).
+    #[arg(long, requires = "bus", value_name = "PATH")]
+    pub bus_tls_ca: Option<std::path::PathBuf>,
+    /// A client certificate (PEM) for NATS servers that verify clients (with --bus-tls-key).
+    #[arg(long, requires = "bus", value_name = "PATH")]
+    pub bus_tls_cert: Option<std::path::PathBuf>,
+    /// The private key (PEM) of --bus-tls-cert.
+    #[arg(long, requires = "bus", value_name = "PATH")]
+    pub bus_tls_key: Option<std::path::PathBuf>,
     /// Replicas of the JetStream stream when --bus creates it (3 on a cluster).
     #[arg(long, default_value_t = 1, requires = "bus", value_parser = clap::value_parser!(u64).range(1..=5))]
     pub bus_replicas: u64,
@@ -260,6 +296,21 @@ impl ServeArgs {
     /// may be rotated, so only the home's owner may call this).
     pub fn config(&self, home: PathBuf) -> Result<ServeConfig> {
         self.config_and_file(home).map(|(cfg, _)| cfg)
+    }
+
+    /// The credential and TLS flags of `--bus`, as given.
+    fn bus_flags(&self) -> crate::core::nats_connect::BusFlags {
+        use crate::core::provider::Secret;
+        crate::core::nats_connect::BusFlags {
+            user: self.bus_user.clone(),
+            password: self.bus_password.clone().map(Secret::new),
+            token: self.bus_token.clone().map(Secret::new),
+            creds: self.bus_creds.clone(),
+            nkey: self.bus_nkey.clone(),
+            tls_ca: self.bus_tls_ca.clone(),
+            tls_cert: self.bus_tls_cert.clone(),
+            tls_key: self.bus_tls_key.clone(),
+        }
     }
 
     /// The configuration and what config.toml said (its ignored sections are
@@ -430,7 +481,8 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
             replicas: args.bus_replicas as usize,
             ..Default::default()
         };
-        let client = crate::core::jetstream::connect(url, &opts).await?;
+        let target = crate::core::nats_connect::BusTarget::new(url, &args.bus_flags())?;
+        let client = crate::core::jetstream::connect_to(&target, &opts).await?;
         let replica = args
             .bus_replica
             .clone()
@@ -443,7 +495,10 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
         )
         .await?;
         println!(
-            "vak: sessions in NATS JetStream at {url}, stream {}; replica {}, leases in {} ({} ms)",
+            "vak: sessions in NATS JetStream at {} ({}{}), stream {}; replica {}, leases in {} ({} ms)",
+            target.shown(),
+            target.credentials().describe(),
+            if target.tls() { ", TLS" } else { "" },
             crate::core::jetstream::STREAM,
             owners.replica(),
             crate::core::owners::BUCKET,

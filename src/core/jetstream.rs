@@ -221,19 +221,16 @@ pub async fn key_value(client: &async_nats::Client, config: kv::Config) -> Resul
 /// Connects to the NATS servers `url` names (`nats://host:port`, several
 /// comma-separated) and makes sure the stream exists.
 pub async fn connect(url: &str, opts: &StreamOptions) -> Result<async_nats::Client> {
-    let servers = url
-        .split(',')
-        .map(|u| {
-            u.trim()
-                .parse::<async_nats::ServerAddr>()
-                .map_err(|e| Error::invalid(format!("--bus {u}: {e}")))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let client = async_nats::ConnectOptions::new()
-        .connection_timeout(Duration::from_secs(10))
-        .connect(servers)
-        .await
-        .map_err(|e| Error::internal(format!("cannot connect to NATS at {url}: {e}")))?;
+    let target = super::nats_connect::BusTarget::new(url, &Default::default())?;
+    connect_to(&target, opts).await
+}
+
+/// `connect` with the credentials and TLS of `vak serve`'s `--bus-*` flags.
+pub(crate) async fn connect_to(
+    target: &super::nats_connect::BusTarget,
+    opts: &StreamOptions,
+) -> Result<async_nats::Client> {
+    let client = target.connect().await?;
     ensure_stream(&client, opts).await?;
     Ok(client)
 }

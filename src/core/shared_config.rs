@@ -14,6 +14,13 @@
 //! - `key.<provider>`: a provider's API key, sealed (`Cipher`): never a
 //!   plaintext key in NATS. Without a cluster secret keys are not shared.
 //!
+//! With a cluster secret, `route`, `mode` and `rules.<…>` are signed
+//! (src/core/cluster_secret.rs): a value without a good signature is
+//! refused and logged, and the last good value stays in force; a change
+//! based on a refused value (a compare-and-set over it) writes the last
+//! good value, signed. Deletes carry no value to sign: a deleted route or
+//! mode is ignored, deleted rules are no rules (a delete only takes away).
+//!
 //! Every replica reads the whole bucket when it starts (so it adopts the
 //! bucket's route over its flags and config.toml), then applies each change
 //! the watch delivers, in revision order: what a replica serves and what a
@@ -28,11 +35,8 @@ use super::PermissionMode;
 use crate::error::{Error, ErrorKind, Result};
 use async_nats::jetstream::kv;
 use futures_util::StreamExt;
-use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, CHACHA20_POLY1305, NONCE_LEN};
-use ring::rand::{SecureRandom, SystemRandom};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -49,17 +53,13 @@ pub const KEY_PREFIX: &str = "key.";
 pub const RULES_PREFIX: &str = "rules.";
 /// The largest value the bucket takes (a workspace's 256 rules fit).
 pub const MAX_VALUE: usize = 768 * 1024;
-/// The shortest cluster secret accepted, in bytes.
-pub const MIN_SECRET: usize = 32;
+use super::cluster_secret::{document, signed, Unsigned};
+pub use super::cluster_secret::{Cipher, MIN_SECRET};
 /// How many times a change is tried when other replicas change the same
 /// key meanwhile (a route change without a revision, a rules change).
 pub const CAS_TRIES: usize = 16;
 /// The longest a read or write of the bucket may take.
 const OP_TIMEOUT: Duration = Duration::from_secs(10);
-
-const SEAL_MAGIC: &[u8] = b"VAKBK1";
-const HKDF_SALT: &[u8] = b"vak cluster secret v1";
-const HKDF_INFO: &[u8] = b"vak provider keys in VAK_CONFIG";
 
 /// The revision string of a bucket revision.
 pub fn revision_string(n: u64) -> String {
@@ -119,91 +119,6 @@ pub struct RulesValue {
     pub rules: Vec<Rule>,
 }
 
-/// The AEAD keys travel and rest under: ChaCha20-Poly1305 (as the key
-/// store in the home), its key derived with HKDF-SHA256 from the cluster
-/// secret every replica is given (`--bus-secret-file`).
-pub struct Cipher(LessSafeKey);
-
-impl std::fmt::Debug for Cipher {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Cipher(..)")
-    }
-}
-
-impl Cipher {
-    /// From the secret's bytes (surrounding whitespace aside): at least
-    /// `MIN_SECRET` of them.
-    pub fn new(secret: &[u8]) -> Result<Cipher> {
-        let secret = secret.trim_ascii();
-        if secret.len() < MIN_SECRET {
-            return Err(Error::invalid(format!(
-                "the cluster secret is {} bytes; it needs at least {MIN_SECRET} (e.g. `openssl rand -hex 32`)",
-                secret.len()
-            )));
-        }
-        let prk = ring::hkdf::Salt::new(ring::hkdf::HKDF_SHA256, HKDF_SALT).extract(secret);
-        let okm = prk
-            .expand(&[HKDF_INFO], &CHACHA20_POLY1305)
-            .map_err(|_| Error::internal("cannot derive the key of the cluster secret"))?;
-        Ok(Cipher(LessSafeKey::new(UnboundKey::from(okm))))
-    }
-
-    /// Reads the secret from `path` (startup: blocking), a file only its
-    /// owner may read.
-    pub fn from_file(path: &Path) -> Result<Cipher> {
-        use std::os::unix::fs::PermissionsExt;
-        let shown = path.display();
-        let meta =
-            std::fs::metadata(path).map_err(|e| Error::invalid(format!("--bus-secret-file {shown}: {e}")))?;
-        if meta.permissions().mode() & 0o077 != 0 {
-            return Err(Error::invalid(format!(
-                "--bus-secret-file {shown}: other users may read it; make it owner-only (chmod 600)"
-            )));
-        }
-        let bytes =
-            std::fs::read(path).map_err(|e| Error::invalid(format!("--bus-secret-file {shown}: {e}")))?;
-        Cipher::new(&bytes).map_err(|e| Error::invalid(format!("--bus-secret-file {shown}: {}", e.message)))
-    }
-
-    /// `VAKBK1`, a random nonce, then the sealed key; the provider's name is
-    /// the associated data, so a value moved to another provider's key does
-    /// not open.
-    fn seal(&self, kind: ProviderKind, key: &Secret) -> Result<Vec<u8>> {
-        let mut nonce = [0u8; NONCE_LEN];
-        SystemRandom::new()
-            .fill(&mut nonce)
-            .map_err(|_| Error::internal("no randomness to seal a key"))?;
-        let mut buf = key.expose().as_bytes().to_vec();
-        self.0
-            .seal_in_place_append_tag(
-                Nonce::assume_unique_for_key(nonce),
-                Aad::from(kind.as_str().as_bytes()),
-                &mut buf,
-            )
-            .map_err(|_| Error::internal("cannot seal a key"))?;
-        let mut out = Vec::with_capacity(SEAL_MAGIC.len() + NONCE_LEN + buf.len());
-        out.extend_from_slice(SEAL_MAGIC);
-        out.extend_from_slice(&nonce);
-        out.extend_from_slice(&buf);
-        Ok(out)
-    }
-
-    fn open(&self, kind: ProviderKind, bytes: &[u8]) -> Option<Secret> {
-        let rest = bytes.strip_prefix(SEAL_MAGIC)?;
-        if rest.len() < NONCE_LEN {
-            return None;
-        }
-        let (nonce, sealed) = rest.split_at(NONCE_LEN);
-        let nonce = Nonce::try_assume_unique_for_key(nonce).ok()?;
-        let mut buf = sealed.to_vec();
-        let plain = self
-            .0
-            .open_in_place(nonce, Aad::from(kind.as_str().as_bytes()), &mut buf)
-            .ok()?;
-        String::from_utf8(plain.to_vec()).ok().map(Secret::new)
-    }
-}
-
 /// What the bucket says, as this replica has applied it. Every entry keeps
 /// the revision it came with, so an older one never replaces a newer one
 /// (a change made here is applied before the watch brings it back).
@@ -236,6 +151,9 @@ pub struct SharedConfig {
     changes: watch::Sender<u64>,
     /// Bumped when the permission mode changes.
     modes: watch::Sender<u64>,
+    /// This replica's own route (`seed_route`): what stands in for a
+    /// refused route when no good one was ever applied here.
+    own: Mutex<Option<RouteSpec>>,
 }
 
 impl std::fmt::Debug for SharedConfig {
@@ -359,6 +277,18 @@ pub(crate) async fn cas(
     }
 }
 
+/// Logs a value of `key` refused for its signature (never applied).
+fn refused(key: &str, rev: u64, why: Unsigned) {
+    tracing::warn!(
+        key,
+        revision = rev,
+        "refusing the value of {key} in {BUCKET}: it is {}; not applied, the last good value stays in force \
+         (written by someone with NATS access but not the cluster secret, or by a replica without \
+         --bus-secret-file or from before values were signed; the next change made through vak signs it again)",
+        why.as_str()
+    );
+}
+
 /// Why a key cannot be stored or deleted on a replica without the secret.
 fn no_secret() -> Error {
     Error::new(
@@ -393,6 +323,7 @@ impl SharedConfig {
             state: Mutex::new(State::default()),
             changes: watch::channel(0).0,
             modes: watch::channel(0).0,
+            own: Mutex::new(None),
         });
         let held = bounded(
             "cannot read the bucket VAK_CONFIG",
@@ -460,15 +391,37 @@ impl SharedConfig {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The document of `key`'s value `bytes` (revision `rev`), or None when
+    /// its signature is missing or wrong: refused, and logged naming the key.
+    fn checked<'a>(&self, key: &str, rev: u64, bytes: &'a [u8]) -> Option<&'a [u8]> {
+        match document(self.cipher.as_ref(), key, bytes) {
+            Ok(doc) => Some(doc),
+            Err(why) => {
+                refused(key, rev, why);
+                None
+            }
+        }
+    }
+
     /// Applies one entry of the bucket, unless this replica already has a
     /// newer value of its key.
     fn apply(&self, entry: kv::Entry) {
         let rev = entry.revision;
         let put = entry.operation == kv::Operation::Put;
         let key = entry.key.as_str();
+        // Route, mode and rules are obeyed only as signed (with a secret);
+        // keys are sealed, which authenticates them already.
+        let doc = if put && !key.starts_with(KEY_PREFIX) {
+            match self.checked(key, rev, &entry.value) {
+                Some(doc) => doc,
+                None => return,
+            }
+        } else {
+            &entry.value[..]
+        };
         if key == ROUTE_KEY {
             let Some(spec) = put
-                .then(|| serde_json::from_slice::<SharedRoute>(&entry.value).ok())
+                .then(|| serde_json::from_slice::<SharedRoute>(doc).ok())
                 .flatten()
                 .and_then(|r| spec_of(&r))
             else {
@@ -478,7 +431,7 @@ impl SharedConfig {
             self.set_route(spec, rev);
         } else if key == MODE_KEY {
             let parsed = put
-                .then(|| serde_json::from_slice::<ModeValue>(&entry.value).ok())
+                .then(|| serde_json::from_slice::<ModeValue>(doc).ok())
                 .flatten()
                 .and_then(|v| {
                     let mode = PermissionMode::parse(&v.mode).ok()?;
@@ -518,7 +471,7 @@ impl SharedConfig {
             self.set_key(kind, secret, rev);
         } else if let Some(ws) = key.strip_prefix(RULES_PREFIX) {
             let rules = if put {
-                match serde_json::from_slice::<RulesValue>(&entry.value) {
+                match serde_json::from_slice::<RulesValue>(doc) {
                     Ok(v) => v.rules,
                     Err(e) => {
                         tracing::error!(workspace = ws, "ignoring unreadable rules in VAK_CONFIG: {e}");
@@ -555,6 +508,14 @@ impl SharedConfig {
         self.modes.subscribe()
     }
 
+    /// `doc` as stored under `key`: signed with a secret, bare without.
+    fn wrap(&self, key: &str, doc: Vec<u8>) -> Vec<u8> {
+        match &self.cipher {
+            Some(c) => signed(c, key, &doc),
+            None => doc,
+        }
+    }
+
     /// Makes `mode` every replica's.
     pub async fn put_mode(&self, mode: SharedMode) -> Result<()> {
         let value = serde_json::to_vec(&ModeValue {
@@ -562,6 +523,7 @@ impl SharedConfig {
             interrupt: mode.interrupt,
         })
         .map_err(|e| Error::internal(e.to_string()))?;
+        let value = self.wrap(MODE_KEY, value);
         let rev = bounded(
             "cannot write the permission mode to VAK_CONFIG",
             self.kv.put(MODE_KEY, value.into()),
@@ -608,19 +570,47 @@ impl SharedConfig {
         cas(&self.kv, key, value, expected).await
     }
 
-    /// The route now in the bucket and its revision, read from the leader
-    /// (what a change is based on).
-    pub async fn read_route(&self) -> Result<Option<(RouteSpec, u64)>> {
+    /// The route now in the bucket and its revision, read from the leader;
+    /// `Err` when the value is refused for its signature (logged).
+    async fn bucket_route(&self) -> Result<Option<(std::result::Result<RouteSpec, Unsigned>, u64)>> {
         let Some((value, rev)) = self.leader_read(ROUTE_KEY).await? else {
             return Ok(None);
         };
-        let spec = value
-            .and_then(|v| serde_json::from_slice::<SharedRoute>(&v).ok())
+        let doc = match value
+            .as_deref()
+            .map(|v| document(self.cipher.as_ref(), ROUTE_KEY, v))
+        {
+            Some(Err(why)) => {
+                refused(ROUTE_KEY, rev, why);
+                return Ok(Some((Err(why), rev)));
+            }
+            Some(Ok(doc)) => Some(doc),
+            None => None,
+        };
+        let spec = doc
+            .and_then(|v| serde_json::from_slice::<SharedRoute>(v).ok())
             .and_then(|r| spec_of(&r))
             .ok_or_else(|| {
                 Error::internal(format!("the route in {BUCKET} (revision {rev}) is unreadable"))
             })?;
-        Ok(Some((spec, rev)))
+        Ok(Some((Ok(spec), rev)))
+    }
+
+    /// The route now in the bucket and its revision, read from the leader
+    /// (what a change is based on). A route refused for its signature
+    /// answers the last good one (this replica's own, when it has none)
+    /// with the refused value's revision, so a change overwrites it signed.
+    pub async fn read_route(&self) -> Result<Option<(RouteSpec, u64)>> {
+        match self.bucket_route().await? {
+            None => Ok(None),
+            Some((Ok(spec), rev)) => Ok(Some((spec, rev))),
+            Some((Err(_), rev)) => {
+                let good = self.route().map(|(spec, _)| spec).or_else(|| self.own_route());
+                good.map(|spec| Some((spec, rev))).ok_or_else(|| {
+                    Error::internal(format!("the route in {BUCKET} (revision {rev}) is refused"))
+                })
+            }
+        }
     }
 
     /// Writes `spec` as the route if the bucket's route is still at
@@ -635,6 +625,7 @@ impl SharedConfig {
             replica: self.replica.clone(),
         })
         .map_err(|e| Error::internal(e.to_string()))?;
+        let value = self.wrap(ROUTE_KEY, value);
         let written = self.cas(ROUTE_KEY, value, expected).await?;
         if let Some(rev) = written {
             self.set_route(spec.clone(), rev);
@@ -647,15 +638,27 @@ impl SharedConfig {
     /// bucket has none, so the first replica's route becomes everyone's; a
     /// replica that finds one (or loses the race) takes the bucket's.
     pub async fn seed_route(&self, spec: &RouteSpec) -> Result<()> {
+        *self.own.lock().unwrap_or_else(|p| p.into_inner()) = Some(spec.clone());
         if self.route().is_some() {
             return Ok(());
         }
         if self.write_route(spec, None).await?.is_none() {
-            if let Some((spec, rev)) = self.read_route().await? {
-                self.set_route(spec, rev);
+            match self.bucket_route().await? {
+                Some((Ok(bucket), rev)) => self.set_route(bucket, rev),
+                // Refused (unsigned or forged): this replica's own route
+                // replaces it, signed (unless another change comes first).
+                Some((Err(_), rev)) => {
+                    self.write_route(spec, Some(rev)).await?;
+                }
+                None => {}
             }
         }
         Ok(())
+    }
+
+    /// The route of this replica's flags and files, once `seed_route` has run.
+    fn own_route(&self) -> Option<RouteSpec> {
+        self.own.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Whether keys can be shared (this replica has the cluster secret).
@@ -732,9 +735,12 @@ impl SharedConfig {
             None => {}
             Some((None, rev)) => self.set_rules(ws, Vec::new(), rev),
             Some((Some(v), rev)) => {
-                let value: RulesValue = serde_json::from_slice(&v)
-                    .map_err(|e| Error::internal(format!("the rules in {BUCKET} are unreadable: {e}")))?;
-                self.set_rules(ws, value.rules, rev);
+                // Refused: logged, and the last good list stays.
+                if let Some(doc) = self.checked(&format!("{RULES_PREFIX}{ws}"), rev, &v) {
+                    let value: RulesValue = serde_json::from_slice(doc)
+                        .map_err(|e| Error::internal(format!("the rules in {BUCKET} are unreadable: {e}")))?;
+                    self.set_rules(ws, value.rules, rev);
+                }
             }
         }
         Ok(self.rules(ws))
@@ -765,14 +771,19 @@ impl SharedConfig {
             let (current, expected) = match &read {
                 None => (Vec::new(), None),
                 Some((None, rev)) => (Vec::new(), Some(*rev)),
-                Some((Some(v), rev)) => {
-                    let value: RulesValue = serde_json::from_slice(v).map_err(|e| {
-                        Error::internal(format!(
-                            "the rules of {workspace} in {BUCKET} are unreadable: {e}"
-                        ))
-                    })?;
-                    (value.rules, Some(*rev))
-                }
+                Some((Some(v), rev)) => match self.checked(&key, *rev, v) {
+                    Some(doc) => {
+                        let value: RulesValue = serde_json::from_slice(doc).map_err(|e| {
+                            Error::internal(format!(
+                                "the rules of {workspace} in {BUCKET} are unreadable: {e}"
+                            ))
+                        })?;
+                        (value.rules, Some(*rev))
+                    }
+                    // Refused: the change is made to the last good list,
+                    // written over the refused value, signed.
+                    None => (self.rules(ws).to_vec(), Some(*rev)),
+                },
             };
             let (next, out) = f(&current)?;
             let Some(next) = next else {
@@ -787,6 +798,7 @@ impl SharedConfig {
                 rules: next.clone(),
             })
             .map_err(|e| Error::internal(e.to_string()))?;
+            let value = self.wrap(&key, value);
             if value.len() > MAX_VALUE {
                 return Err(Error::too_large(format!(
                     "the rules of this workspace would be {} bytes; {BUCKET} holds at most {MAX_VALUE} per value",
@@ -802,60 +814,5 @@ impl SharedConfig {
             ErrorKind::Unavailable,
             format!("the rules of {workspace} keep changing on other replicas; try again"),
         ))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_sealed_key_opens_only_with_the_same_secret_and_provider_and_never_shows_itself() {
-        let key = Secret::new("sk-sealed-0123456789abcdef-MARKER".into());
-        let cipher = Cipher::new(&[7u8; 40]).unwrap();
-        let sealed = cipher.seal(ProviderKind::OpenAi, &key).unwrap();
-        assert!(sealed.starts_with(SEAL_MAGIC));
-        let plain = key.expose().as_bytes();
-        assert!(!sealed.windows(plain.len()).any(|w| w == plain));
-        assert_eq!(
-            cipher.open(ProviderKind::OpenAi, &sealed).unwrap().expose(),
-            key.expose()
-        );
-        // Another nonce each time; another provider or secret does not open it.
-        assert_ne!(cipher.seal(ProviderKind::OpenAi, &key).unwrap(), sealed);
-        assert!(cipher.open(ProviderKind::Anthropic, &sealed).is_none());
-        assert!(Cipher::new(&[8u8; 40])
-            .unwrap()
-            .open(ProviderKind::OpenAi, &sealed)
-            .is_none());
-        let mut tampered = sealed.clone();
-        *tampered.last_mut().unwrap() ^= 1;
-        assert!(cipher.open(ProviderKind::OpenAi, &tampered).is_none());
-        // Surrounding whitespace (a file's newline) is not part of the secret.
-        let mut padded = vec![b' '];
-        padded.extend_from_slice(&[7u8; 40]);
-        padded.push(b'\n');
-        assert!(Cipher::new(&padded)
-            .unwrap()
-            .open(ProviderKind::OpenAi, &sealed)
-            .is_some());
-    }
-
-    #[test]
-    fn a_short_or_shared_secret_file_is_refused_with_a_clear_message() {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("secret");
-        std::fs::write(&path, "too short\n").unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
-        let e = Cipher::from_file(&path).unwrap_err();
-        assert!(e.message.contains("at least 32"), "{e}");
-        std::fs::write(&path, "x".repeat(64)).unwrap();
-        assert!(Cipher::from_file(&path).is_ok());
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let e = Cipher::from_file(&path).unwrap_err();
-        assert!(e.message.contains("chmod 600"), "{e}");
-        let e = Cipher::from_file(&dir.path().join("missing")).unwrap_err();
-        assert!(e.message.contains("--bus-secret-file"), "{e}");
     }
 }

@@ -9,6 +9,7 @@
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long a cluster may take to elect its JetStream meta leader.
@@ -38,9 +39,14 @@ struct Node {
     child: Option<Child>,
 }
 
+/// How the readiness check connects (a server with authorization or TLS
+/// needs its credentials or CA).
+type Connect = Arc<dyn Fn() -> async_nats::ConnectOptions + Send + Sync>;
+
 /// A running cluster (or a single server).
 pub struct Cluster {
     nodes: Vec<Node>,
+    connect: Connect,
     _dir: tempfile::TempDir,
 }
 
@@ -55,9 +61,28 @@ impl Cluster {
         Cluster::start(1).await
     }
 
+    /// One JetStream server run with the configuration file `conf` (its
+    /// `authorization`, `tls`, …; address, port, name and store come from
+    /// the command line), ready once a client `connect` makes gets
+    /// JetStream's answer.
+    pub async fn single_with_config(
+        conf: &str,
+        connect: impl Fn() -> async_nats::ConnectOptions + Send + Sync + 'static,
+    ) -> Cluster {
+        Cluster::start_with(1, Some(conf), Arc::new(connect)).await
+    }
+
     async fn start(n: usize) -> Cluster {
+        Cluster::start_with(n, None, Arc::new(async_nats::ConnectOptions::new)).await
+    }
+
+    async fn start_with(n: usize, conf: Option<&str>, connect: Connect) -> Cluster {
         let bin = server_binary();
         let dir = tempfile::tempdir().unwrap();
+        let conf_path = dir.path().join("server.conf");
+        if let Some(conf) = conf {
+            std::fs::write(&conf_path, conf).unwrap();
+        }
         let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
         let routes = ports
             .iter()
@@ -71,6 +96,9 @@ impl Cluster {
                 let name = format!("n{i}");
                 let store = dir.path().join(&name);
                 let mut cmd = Command::new(&bin);
+                if conf.is_some() {
+                    cmd.arg("-c").arg(&conf_path);
+                }
                 cmd.args(["-a", "127.0.0.1", "-p", &client.to_string(), "-n", &name, "-js"])
                     .arg("-sd")
                     .arg(&store);
@@ -98,7 +126,11 @@ impl Cluster {
                 }
             })
             .collect();
-        let cluster = Cluster { nodes, _dir: dir };
+        let cluster = Cluster {
+            nodes,
+            connect,
+            _dir: dir,
+        };
         cluster.wait_ready().await;
         cluster
     }
@@ -167,7 +199,7 @@ impl Cluster {
     }
 
     async fn jetstream_ready(&self, i: usize) -> bool {
-        let Ok(client) = async_nats::ConnectOptions::new()
+        let Ok(client) = (self.connect)()
             .connection_timeout(Duration::from_secs(1))
             .connect(self.node_url(i))
             .await

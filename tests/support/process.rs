@@ -15,6 +15,9 @@ pub fn vak(args: &[&str]) -> Command {
         .env_remove("VAK_TOKEN")
         .env_remove("VAK_HOME")
         .env_remove("RUST_LOG")
+        .env_remove("VAK_BUS_USER")
+        .env_remove("VAK_BUS_PASSWORD")
+        .env_remove("VAK_BUS_TOKEN")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -31,6 +34,8 @@ pub struct Vak {
     /// The task draining stderr; `wait` joins it so `log()` after an exit has
     /// everything the process wrote.
     drain: Option<tokio::task::JoinHandle<()>>,
+    /// The stdout lines `url` read before the `listening on` line.
+    banner: Vec<String>,
 }
 
 /// How much of a child's stderr `Vak::log` keeps (its end).
@@ -70,6 +75,7 @@ impl Vak {
             stdout: rx,
             stderr,
             drain: Some(drain),
+            banner: Vec::new(),
         }
     }
 
@@ -92,10 +98,16 @@ impl Vak {
                 .unwrap_or_else(|| panic!("stdout closed before `listening on`; stdout: {seen:?}"));
             if let Some(at) = line.find("listening on http://") {
                 let url = line[at + "listening on ".len()..].trim().to_string();
+                self.banner = seen;
                 return url;
             }
             seen.push(line);
         }
+    }
+
+    /// What it printed on stdout before `listening on` (once `url` returned).
+    pub fn banner(&self) -> &[String] {
+        &self.banner
     }
 
     pub async fn wait(&mut self) -> ExitStatus {
