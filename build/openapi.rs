@@ -169,6 +169,7 @@ fn reason(status: u32) -> &'static str {
         403 => "Forbidden: the Host header names neither a loopback nor a trusted host, or a cross-origin request (docs/protocol.md section 3)",
         404 => "Not found",
         409 => "Conflict with the current state",
+        408 => "The work ran past its deadline and was stopped (a search)",
         413 => "Too large",
         429 => "A bound was hit (queue or stream caps)",
         502 => "The model service failed",

@@ -31,6 +31,9 @@ pub enum ErrorKind {
     /// (a path outside the configured roots, a feature turned off or
     /// limited to this machine); the message says which rule refused it.
     PermissionDenied,
+    /// The operation ran past its time limit and was stopped (a search
+    /// past its deadline); the message names the limit.
+    DeadlineExceeded,
 }
 
 impl ErrorKind {
@@ -48,6 +51,7 @@ impl ErrorKind {
             // The same code as a request body over the limit: one code per status.
             ErrorKind::TooLarge => "payload_too_large",
             ErrorKind::PermissionDenied => "forbidden",
+            ErrorKind::DeadlineExceeded => "deadline_exceeded",
         }
     }
 }

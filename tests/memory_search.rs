@@ -381,13 +381,18 @@ async fn a_missing_or_damaged_index_is_rebuilt_from_the_ledgers() {
 async fn bad_searches_are_refused_with_a_clear_400() {
     let s = TestServer::start().await;
     let long = "a".repeat(257);
-    let many = vec!["w"; 17].join("+");
+    let many = (1..=9).map(|i| format!("w{i}")).collect::<Vec<_>>().join("+");
     for (query, needle) in [
         ("", "q is required"),
         ("q=", "q is required"),
         ("q=***", "q is required"),
         (&*format!("q={long}"), "at most 256"),
-        (&*format!("q={many}"), "at most 16"),
+        (
+            &*format!("q={many}"),
+            "9 different words; a query holds at most 8",
+        ),
+        ("q=ab*", "ab*: a prefix needs at least 3 characters before its *"),
+        ("q=caf%C3%A9*", "a prefix takes ASCII letters and digits only"),
         ("q=x&limit=0", "limit 0"),
         ("q=x&limit=101", "limit 101"),
         ("q=x&limit=ten", "whole number"),
@@ -401,4 +406,213 @@ async fn bad_searches_are_refused_with_a_clear_400() {
     }
     let (code, ok) = s.get("/search?q=nothing&limit=100&all=false").await;
     assert_eq!((code, ok["hits"].clone()), (200, json!([])));
+}
+
+// ---- Search bounds -----------------------------------------------------------
+
+/// Eight prefixes, each of which every planted message is full of.
+const PREFIXES: [&str; 8] = ["abc", "abd", "abe", "abf", "abg", "abh", "abi", "abj"];
+
+/// The costliest query the bounds allow on the planted messages: eight
+/// prefixes, each matching every word of its kind in every message.
+fn pathological() -> String {
+    PREFIXES.map(|p| format!("{p}*")).join("+")
+}
+
+/// Writes `n` session ledgers into `home`, each one user message of
+/// `text(i)` then `zzend`: the server indexes them as it starts (the path
+/// that catches the index up with every ledger it lacks).
+fn plant(home: &std::path::Path, ws: &std::path::Path, n: usize, text: impl Fn(usize) -> String) {
+    use vak::core::event::ClientEvent;
+    use vak::core::ledger::Record;
+    let dir = home.join("sessions");
+    std::fs::create_dir_all(&dir).unwrap();
+    let workspace = std::fs::canonicalize(ws).unwrap().display().to_string();
+    for i in 0..n {
+        let id = format!("planted{i}");
+        let lines = [
+            Record::Header {
+                session_id: id.clone(),
+                created_at: "2026-01-01T00:00:00Z".into(),
+                workspace: workspace.clone(),
+            },
+            Record::Event {
+                seq: 1,
+                event: ClientEvent::UserMessage {
+                    text: format!("{} zzend", text(i)),
+                    request_id: format!("r{i}"),
+                    attachments: Vec::new(),
+                },
+            },
+        ];
+        let body: String = lines
+            .iter()
+            .map(|r| serde_json::to_string(r).unwrap() + "\n")
+            .collect();
+        std::fs::write(dir.join(format!("{id}.jsonl")), body).unwrap();
+    }
+}
+
+/// Messages of 8000 words, every one matching one of PREFIXES (about 56
+/// KiB, under the 64 KiB indexed per message), 999 different words per
+/// prefix (under the 1000 a prefix may stand for). Searched without a
+/// deadline, the pathological query takes 40 s here on its own.
+const HEAVY: usize = 100;
+fn heavy(i: usize) -> String {
+    (0..8000)
+        .map(|j| format!("{}{}", PREFIXES[j % 8], (i * 7 + j) % 999))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// A server on a home planted with HEAVY heavy messages, once they are all indexed.
+async fn heavy_server(
+    tweak: impl FnOnce(&mut vak::edge::server::ServeConfig),
+) -> (TestServer, tempfile::TempDir, tempfile::TempDir) {
+    let (home, ws) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    plant(home.path(), ws.path(), HEAVY, heavy);
+    let s = TestServer::start_in(home.path(), ws.path(), tweak).await;
+    // Snippets of a hundred such messages take a while on a busy machine:
+    // a poll past its deadline is asked again.
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let (code, body) = s.get("/search?q=zzend&all=true&limit=100").await;
+        match code {
+            200 if body["hits"].as_array().unwrap().len() == HEAVY => break,
+            200 | 408 => {}
+            _ => panic!("{code} {body}"),
+        }
+        assert!(Instant::now() < deadline, "still {body}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (s, home, ws)
+}
+
+/// The costliest query the term bounds let through runs until its deadline
+/// and no longer: 408 `deadline_exceeded` (gRPC DEADLINE_EXCEEDED) within
+/// the deadline and a margin, and the next search answers.
+#[tokio::test]
+async fn a_pathological_search_stops_at_its_deadline_and_the_next_one_answers() {
+    let (s, _home, _ws) = heavy_server(|_| {}).await;
+    let limits = vak::core::search::Limits::default();
+    let within = limits.deadline + Duration::from_secs(10);
+    let path = format!("/search?all=true&limit=100&q={}", pathological());
+    let (code, e) = tokio::time::timeout(within, s.get(&path))
+        .await
+        .expect("the search answers within its deadline and a margin");
+    assert_eq!(code, 408, "{e}");
+    assert_eq!(e["error"]["code"], "deadline_exceeded", "{e}");
+    let msg = e["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("ran past its deadline of 2s"), "{msg}");
+
+    let mut g = s.grpc().await;
+    let req = pb::SearchRequest {
+        q: pathological().replace('+', " "),
+        limit: Some(100),
+        all: true,
+    };
+    let status = tokio::time::timeout(within, g.search(req))
+        .await
+        .expect("the search answers within its deadline and a margin")
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
+
+    let (code, ok) = s.get("/search?q=zzend&all=true&limit=1").await;
+    assert_eq!(
+        (code, ok["hits"].as_array().map(Vec::len)),
+        (200, Some(1)),
+        "{ok}"
+    );
+}
+
+/// Four searches run at once; a fifth is refused at once with 429
+/// `resource_exhausted` (gRPC RESOURCE_EXHAUSTED), not queued. A search
+/// whose client disconnects stops its query: with a deadline of ten
+/// minutes, the slots come free as soon as the four clients leave.
+#[tokio::test]
+async fn searches_past_the_cap_get_429_and_a_search_whose_client_left_frees_its_slot() {
+    let (s, _home, _ws) = heavy_server(|c| c.core.search.deadline = Duration::from_secs(600)).await;
+    let running: Vec<_> = (0..4)
+        .map(|_| {
+            let (http, url) = (
+                s.http(),
+                format!("{}/search?all=true&limit=100&q={}", s.url, pathological()),
+            );
+            tokio::spawn(async move { http.get(url).send().await.map(|r| r.status()) })
+        })
+        .collect();
+    let deadline = Instant::now() + DEADLINE;
+    let refused = loop {
+        let (code, body) = s.get("/search?q=zzend&all=true&limit=1").await;
+        if code == 429 {
+            break body;
+        }
+        assert_eq!(code, 200, "{body}");
+        assert!(
+            Instant::now() < deadline,
+            "the four searches never filled the slots"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(refused["error"]["code"], "resource_exhausted", "{refused}");
+    let msg = refused["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("4 searches are running, the most at once"), "{msg}");
+    let mut g = s.grpc().await;
+    let status = g
+        .search(pb::SearchRequest {
+            q: "zzend".into(),
+            limit: Some(1),
+            all: true,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    for r in &running {
+        assert!(!r.is_finished(), "a pathological search finished on its own");
+        r.abort();
+    }
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let (code, body) = s.get("/search?q=zzend&all=true&limit=1").await;
+        if code == 200 {
+            break;
+        }
+        assert_eq!(code, 429, "{body}");
+        assert!(
+            Instant::now() < deadline,
+            "the searches of the clients that left still hold their slots"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A prefix that stands for more than 1000 indexed words is refused with a
+/// 400 naming the rule; a longer one is searched.
+#[tokio::test]
+async fn a_prefix_standing_for_too_many_words_is_refused() {
+    let (home, ws) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    plant(home.path(), ws.path(), 1, |_| {
+        (0..=1000)
+            .map(|i| format!("exp{i}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    });
+    let s = TestServer::start_in(home.path(), ws.path(), |_| {}).await;
+    search_until(&s, "q=zzend&all=true", |h| h.len() == 1).await;
+    let (code, e) = s.get("/search?q=exp*&all=true").await;
+    assert_eq!(code, 400, "{e}");
+    let msg = e["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("exp*: the prefix matches more than 1000 indexed words; type more of it"),
+        "{msg}"
+    );
+    let (code, ok) = s.get("/search?q=EXP99*&all=true").await;
+    assert_eq!(code, 200, "{ok}");
+    assert_eq!(ok["hits"].as_array().unwrap().len(), 1, "{ok}");
+    let snippet = ok["hits"][0]["snippet"].as_str().unwrap();
+    // The sixteen words around the most matches (exp990 to exp999).
+    assert!(
+        snippet.starts_with('…') && snippet.contains("**exp990** **exp991**"),
+        "{snippet}"
+    );
 }

@@ -1138,8 +1138,18 @@ async fn agents_md_at_the_workspace_root_reaches_the_system_prompt_bounded() {
 #[tokio::test]
 async fn a_redirect_to_another_origin_is_never_followed_so_the_key_stays_home() {
     let routes: [(ProviderKind, &str, &str, &str); 2] = [
-        (ProviderKind::OpenAi, "gpt-4.1", "/v1/chat/completions", "openai/text.sse"),
-        (ProviderKind::Anthropic, "claude-sonnet-4-5", "/v1/messages", "anthropic/text.sse"),
+        (
+            ProviderKind::OpenAi,
+            "gpt-4.1",
+            "/v1/chat/completions",
+            "openai/text.sse",
+        ),
+        (
+            ProviderKind::Anthropic,
+            "claude-sonnet-4-5",
+            "/v1/messages",
+            "anthropic/text.sse",
+        ),
     ];
     for (kind, model, path, fixture) in routes {
         let base = FakeProvider::start().await;
@@ -1165,12 +1175,22 @@ async fn a_redirect_to_another_origin_is_never_followed_so_the_key_stays_home() 
 
         base.script([to("/v1/models")]);
         let f = p.list_models().await.unwrap_err();
-        assert_eq!((f.kind, f.retryable), (FailureKind::Redirect(307), false), "{kind:?}");
+        assert_eq!(
+            (f.kind, f.retryable),
+            (FailureKind::Redirect(307), false),
+            "{kind:?}"
+        );
 
         let leaked: Vec<_> = elsewhere
             .requests()
             .iter()
-            .map(|r| (r.path.clone(), r.header("authorization").is_some(), r.header("x-api-key").is_some()))
+            .map(|r| {
+                (
+                    r.path.clone(),
+                    r.header("authorization").is_some(),
+                    r.header("x-api-key").is_some(),
+                )
+            })
             .collect();
         assert!(leaked.is_empty(), "{kind:?}: the redirect target got {leaked:?}");
     }

@@ -687,7 +687,13 @@ async fn a_partial_clone_config_planted_by_the_model_never_makes_the_diff_fetch(
     let touch = format!("touch {}", marker.display());
     for (remote, protocol) in [
         ("url = ssh://x/y\n\tpromisor = true".to_string(), "ssh"),
-        (format!("url = \"ext::sh -c {}\"\n\tpromisor = true", touch.replace(' ', "% ")), "ext"),
+        (
+            format!(
+                "url = \"ext::sh -c {}\"\n\tpromisor = true",
+                touch.replace(' ', "% ")
+            ),
+            "ext",
+        ),
     ] {
         let config = format!(
             "[core]\n\trepositoryformatversion = 1\n\tbare = false\n\tsshCommand = {touch};\n\

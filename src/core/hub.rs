@@ -260,6 +260,7 @@ impl Hub {
                 .into_iter()
                 .map(|e| (e.session_id, e.latest_seq))
                 .collect(),
+            cfg.search,
         );
         let workspaces = Arc::new(super::workspaces::Workspaces::new(
             &cfg.workspace,

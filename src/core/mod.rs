@@ -76,6 +76,8 @@ pub struct CoreConfig {
     pub first_subscriber_wait: Duration,
     /// Internal provider retries before a run fails.
     pub provider_retries: u32,
+    /// Transcript search's per-query deadline and concurrent-query cap.
+    pub search: search::Limits,
     pub retry_backoff: Duration,
     /// Timeouts and bounds of the model service clients the routes use
     /// (connect, response headers, silence between chunks, event sizes).
@@ -130,6 +132,7 @@ impl CoreConfig {
             allow_bypass: false,
             first_subscriber_wait: Duration::from_secs(2),
             provider_retries: 4,
+            search: search::Limits::default(),
             retry_backoff: Duration::from_millis(500),
             provider_client: provider::ClientOptions::default(),
             max_queued_inputs: 64,

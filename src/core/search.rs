@@ -24,25 +24,55 @@
 //! as the rebuild proceeds). Queries open a connection of their own on a
 //! blocking thread and only read (WAL: readers never wait for the writer).
 //! Shutdown lets the thread finish its queue and close the database.
+//!
+//! A query is bounded (`Limits`): at most `MAX_TERMS` different words, a
+//! prefix word needs `MIN_PREFIX` ASCII characters and may stand for at
+//! most `MAX_EXPANSIONS` indexed words, at most `Limits::max_running`
+//! queries run at once (past it: ResourceExhausted), and each runs until
+//! its deadline (`Limits::deadline`, then DeadlineExceeded) or until its
+//! caller goes away (the request future dropped): SQLite's progress handler
+//! interrupts the statement, and the snippets are checked between hits.
+//! FTS5's own `snippet()` is not used: it is quadratic in the matches of a
+//! message (a 64 KiB message of one repeated word took seconds), and it runs
+//! inside one SQLite step, where no progress handler is called; the snippet
+//! is cut here from `highlight()` instead, which is linear.
 
 use super::event::ClientEvent;
 use super::ledger::Record;
 use super::transcript::{Message, Role, Transcript};
-use crate::error::{Error, Result};
-use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
+use crate::error::{Error, ErrorKind, Result};
+use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::HashSet;
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+mod query;
+pub use query::{fts_query, MAX_EXPANSIONS, MAX_QUERY, MAX_TERMS, MIN_PREFIX};
 
 /// Jobs the indexing queue holds; past it, sessions are marked dirty.
 pub const QUEUE: usize = 256;
 /// The most of one message that is indexed, in bytes.
 pub const MAX_DOC: usize = 64 * 1024;
-/// The longest query, in bytes, and the most words in it.
-pub const MAX_QUERY: usize = 256;
-pub const MAX_TERMS: usize = 16;
+
+/// How long one query may run and how many run at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub deadline: std::time::Duration,
+    pub max_running: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            deadline: std::time::Duration::from_secs(2),
+            max_running: 4,
+        }
+    }
+}
 /// The most hits one query returns, and how many when none is asked for.
 pub const MAX_LIMIT: usize = 100;
 pub const DEFAULT_LIMIT: usize = 20;
@@ -122,6 +152,9 @@ pub struct Search {
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Jobs dropped for a full queue (their sessions caught up from ledgers).
     overflowed: std::sync::atomic::AtomicU64,
+    limits: Limits,
+    /// One permit per running query, held until its SQLite work has ended.
+    running: Arc<tokio::sync::Semaphore>,
 }
 
 /// How long shutdown waits for the indexing thread to finish its queue.
@@ -153,42 +186,6 @@ fn doc(m: &Message) -> Option<Doc> {
     })
 }
 
-/// The FTS5 query for what a user typed: each word quoted (so no word is
-/// read as FTS5 syntax), all of them required, a trailing `*` kept as a
-/// prefix match.
-pub fn fts_query(q: &str) -> Result<String> {
-    if q.len() > MAX_QUERY {
-        return Err(Error::invalid(format!(
-            "q is {} bytes; a query holds at most {MAX_QUERY}",
-            q.len()
-        )));
-    }
-    let mut terms = Vec::new();
-    for raw in q.split_whitespace() {
-        let prefix = raw.ends_with('*');
-        // The tokenizer splits on anything but letters and digits: so do we.
-        for word in raw
-            .split(|c: char| !c.is_alphanumeric())
-            .filter(|w| !w.is_empty())
-        {
-            terms.push(format!("\"{word}\""));
-        }
-        if prefix && !terms.is_empty() && raw.trim_end_matches('*').ends_with(char::is_alphanumeric) {
-            terms.last_mut().expect("not empty").push('*');
-        }
-    }
-    if terms.is_empty() {
-        return Err(Error::invalid("q is required: one or more words to find"));
-    }
-    if terms.len() > MAX_TERMS {
-        return Err(Error::invalid(format!(
-            "q has {} words; a query holds at most {MAX_TERMS}",
-            terms.len()
-        )));
-    }
-    Ok(terms.join(" AND "))
-}
-
 fn sql_error(e: rusqlite::Error) -> Error {
     Error::internal(format!("search index: {e}"))
 }
@@ -204,8 +201,9 @@ impl Search {
         workspace: &str,
         ledgers: Option<PathBuf>,
         sessions: Vec<(String, u64)>,
+        limits: Limits,
     ) -> Search {
-        Self::open_with(home, workspace, ledgers, sessions, QUEUE, None)
+        Self::open_with(home, workspace, ledgers, sessions, limits, QUEUE, None)
     }
 
     /// `open` with the queue's size, and a gate the thread waits on before
@@ -215,6 +213,7 @@ impl Search {
         workspace: &str,
         ledgers: Option<PathBuf>,
         sessions: Vec<(String, u64)>,
+        limits: Limits,
         queue: usize,
         gate: Option<Receiver<()>>,
     ) -> Search {
@@ -260,6 +259,8 @@ impl Search {
             dirty,
             thread: Mutex::new(thread),
             overflowed: std::sync::atomic::AtomicU64::new(0),
+            limits,
+            running: Arc::new(tokio::sync::Semaphore::new(limits.max_running)),
         }
     }
 
@@ -327,54 +328,38 @@ impl Search {
     }
 
     /// The best `limit` hits for `q`: in `workspace`'s sessions, or in every
-    /// one's when `workspace` is None. Runs on a blocking thread.
+    /// one's when `workspace` is None. Runs on a blocking thread, at most
+    /// `Limits::max_running` at once, each until its deadline; dropping the
+    /// returned future stops its query.
     pub async fn query(&self, q: &str, limit: usize, workspace: Option<String>) -> Result<Vec<Hit>> {
-        let fts = fts_query(q)?;
+        let terms = query::terms(q)?;
         if !(1..=MAX_LIMIT).contains(&limit) {
             return Err(Error::invalid(format!("limit {limit}: give 1 to {MAX_LIMIT}")));
         }
+        let permit = self.running.clone().try_acquire_owned().map_err(|_| {
+            Error::new(
+                ErrorKind::ResourceExhausted,
+                format!(
+                    "{} searches are running, the most at once; try again when one has finished",
+                    self.limits.max_running
+                ),
+            )
+        })?;
+        let budget = query::Budget {
+            deadline: Instant::now() + self.limits.deadline,
+            limit: self.limits.deadline,
+            stop: Arc::new(AtomicBool::new(false)),
+        };
+        let _stop = query::StopOnDrop(budget.stop.clone());
         let db = self.db.clone();
-        tokio::task::spawn_blocking(move || query(&db, &fts, limit, workspace.as_deref()))
-            .await
-            .map_err(|e| Error::internal(e.to_string()))?
-    }
-}
-
-fn query(db: &Path, fts: &str, limit: usize, workspace: Option<&str>) -> Result<Vec<Hit>> {
-    // Read-write without create: a read-only connection cannot recover a
-    // WAL the writer left behind; this one only ever runs a SELECT.
-    let conn = Connection::open_with_flags(
-        db,
-        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
-    .map_err(sql_error)?;
-    conn.busy_timeout(std::time::Duration::from_secs(2))
-        .map_err(sql_error)?;
-    let mut stmt = conn
-        .prepare_cached(
-            "SELECT m.session_id, m.seq, s.workspace, m.role,
-                    snippet(msgs_fts, 0, '**', '**', '…', 16), bm25(msgs_fts)
-             FROM msgs_fts
-             JOIN msgs m ON m.id = msgs_fts.rowid
-             JOIN sessions s ON s.session_id = m.session_id
-             WHERE msgs_fts MATCH ?1 AND (?2 IS NULL OR s.workspace = ?2)
-             ORDER BY bm25(msgs_fts)
-             LIMIT ?3",
-        )
-        .map_err(sql_error)?;
-    let rows = stmt
-        .query_map(params![fts, workspace, limit as i64], |r| {
-            Ok(Hit {
-                session_id: r.get(0)?,
-                seq: r.get::<_, i64>(1)? as u64,
-                workspace: r.get(2)?,
-                role: r.get(3)?,
-                snippet: r.get(4)?,
-                score: -r.get::<_, f64>(5)?,
-            })
+        tokio::task::spawn_blocking(move || {
+            // Released when the SQLite work has ended, not when the caller left.
+            let _permit = permit;
+            query::run(&db, &terms, limit, workspace.as_deref(), &budget)
         })
-        .map_err(sql_error)?;
-    rows.collect::<rusqlite::Result<Vec<_>>>().map_err(sql_error)
+        .await
+        .map_err(|e| Error::internal(e.to_string()))?
+    }
 }
 
 /// Opens the index for writing, setting aside a file that is not a usable
@@ -635,19 +620,6 @@ fn read_ledger(path: &Path) -> std::io::Result<Option<(Option<String>, u64, Tran
 mod tests {
     use super::*;
 
-    #[test]
-    fn queries_quote_every_word_and_are_bounded() {
-        assert_eq!(fts_query("hello world").unwrap(), "\"hello\" AND \"world\"");
-        assert_eq!(
-            fts_query("a\"b OR -c NEAR(d) col:e").unwrap(),
-            "\"a\" AND \"b\" AND \"OR\" AND \"c\" AND \"NEAR\" AND \"d\" AND \"col\" AND \"e\""
-        );
-        assert_eq!(fts_query("pref*").unwrap(), "\"pref\"*");
-        assert!(fts_query(" *** ").is_err());
-        assert!(fts_query(&"a ".repeat(17)).is_err());
-        assert!(fts_query(&"a".repeat(MAX_QUERY + 1)).is_err());
-    }
-
     fn user(seq: u64, text: &str) -> (u64, ClientEvent) {
         (
             seq,
@@ -705,6 +677,7 @@ mod tests {
             "/w/one",
             Some(ledgers.clone()),
             Vec::new(),
+            Limits::default(),
             2,
             Some(gate),
         );
@@ -740,7 +713,15 @@ mod tests {
         std::fs::create_dir(&ledgers).unwrap();
         ledger(&ledgers, "s1", &[(1, "the zebra crossed")]);
         let sessions = vec![("s1".to_string(), 1)];
-        let open = || Search::open(home.path(), "/w/two", Some(ledgers.clone()), sessions.clone());
+        let open = || {
+            Search::open(
+                home.path(),
+                "/w/two",
+                Some(ledgers.clone()),
+                sessions.clone(),
+                Limits::default(),
+            )
+        };
         let s = open();
         let hits = wait_for(&s, "zebra", 1).await;
         assert_eq!((hits[0].seq, hits[0].workspace.as_str()), (1, "/w/one"));

@@ -28,9 +28,10 @@ pub fn to_status(e: Error) -> Status {
         ErrorKind::Upstream => Code::Unavailable,
         ErrorKind::TooLarge => Code::OutOfRange,
         ErrorKind::PermissionDenied => Code::PermissionDenied,
+        ErrorKind::DeadlineExceeded => Code::DeadlineExceeded,
     };
     match e.kind {
-        ErrorKind::NoAiService | ErrorKind::Upstream | ErrorKind::TooLarge => {
+        ErrorKind::NoAiService | ErrorKind::Upstream | ErrorKind::TooLarge | ErrorKind::DeadlineExceeded => {
             let mut md = tonic::metadata::MetadataMap::new();
             md.insert(
                 KIND_HEADER,
@@ -56,14 +57,15 @@ pub fn to_status(e: Error) -> Status {
 }
 
 /// gRPC metadata naming the error kind of a status whose code alone is
-/// ambiguous (`no_ai_service`, `bad_gateway`).
+/// ambiguous (`no_ai_service`, `bad_gateway`, `deadline_exceeded`).
 pub const KIND_HEADER: &str = "vak-error-kind";
 /// gRPC metadata with the machine-readable reason of an upstream failure.
 pub const REASON_HEADER: &str = "vak-error-reason";
 
 /// The REST answer of a status that carries a kind: `no_ai_service` is 400
 /// with `"kind": "no_ai_service"`, an upstream failure 502 with its `reason`,
-/// a file over a cap 413 (OUT_OF_RANGE alone is a 400).
+/// a file over a cap 413 (OUT_OF_RANGE alone is a 400), a search past its
+/// deadline 408.
 fn kind_response(s: &Status) -> Option<Response> {
     let kind = s.metadata().get(KIND_HEADER)?.to_str().ok()?;
     let reason = s.metadata().get(REASON_HEADER).and_then(|v| v.to_str().ok());
@@ -79,6 +81,13 @@ fn kind_response(s: &Status) -> Option<Response> {
         "payload_too_large" => (
             StatusCode::PAYLOAD_TOO_LARGE,
             serde_json::json!({"code": "payload_too_large", "message": s.message()}),
+        ),
+        // The work the request asked for was stopped at its time limit (a
+        // search): 408, as the search contract says; a bare
+        // DEADLINE_EXCEEDED (no kind) stays 504.
+        "deadline_exceeded" => (
+            StatusCode::REQUEST_TIMEOUT,
+            serde_json::json!({"code": "deadline_exceeded", "message": s.message()}),
         ),
         _ => return None,
     };
@@ -199,6 +208,7 @@ mod tests {
             (ErrorKind::Upstream, 502),
             (ErrorKind::TooLarge, 413),
             (ErrorKind::PermissionDenied, 403),
+            (ErrorKind::DeadlineExceeded, 408),
         ];
         for (kind, http) in cases {
             let s = to_status(Error::new(kind, "m"));
@@ -206,7 +216,10 @@ mod tests {
             assert_eq!(resp.status().as_u16(), http, "{kind:?}");
             if !matches!(
                 kind,
-                ErrorKind::NoAiService | ErrorKind::Upstream | ErrorKind::TooLarge
+                ErrorKind::NoAiService
+                    | ErrorKind::Upstream
+                    | ErrorKind::TooLarge
+                    | ErrorKind::DeadlineExceeded
             ) {
                 assert_eq!(http_of(s.code()).0.as_u16(), http);
             }

@@ -333,6 +333,11 @@ async fn every_documented_status_is_reached_and_every_status_reached_is_document
     r.call(&s, "GET", &t("/presentation"), &path("/presentation"), None, 200).await;
     r.call(&s, "GET", &t("/diff"), &path("/diff"), None, 200).await;
     r.call(&s, "GET", "/search", "/search?q=hello", None, 200).await;
+    // Search's bounds: no slot free (429), a deadline already past (408).
+    let full = TestServer::start_with(|c| c.core.search.max_running = 0).await;
+    r.call(&full, "GET", "/search", "/search?q=hello", None, 429).await;
+    let late = TestServer::start_with(|c| c.core.search.deadline = Duration::ZERO).await;
+    r.call(&late, "GET", "/search", "/search?q=hello", None, 408).await;
     r.call(&s, "POST", &t("/fork"), &path("/fork"), Some(json!({})), 201).await;
 
     // A live run: whole-session changes are 409, the queue holds one input.
