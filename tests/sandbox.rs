@@ -225,10 +225,16 @@ async fn writable_roots_may_be_written_too() {
     .await;
     let r = bash(&s, &[&format!("echo there > {}/x", extra.path().display())]).await;
     assert!(r[0].0, "{:?}", r[0]);
-    assert_eq!(std::fs::read_to_string(extra.path().join("x")).unwrap(), "there\n");
+    assert_eq!(
+        std::fs::read_to_string(extra.path().join("x")).unwrap(),
+        "there\n"
+    );
     let (_, host) = s.get("/host").await;
     let canonical = std::fs::canonicalize(extra.path()).unwrap();
-    assert_eq!(host["sandbox"]["writable_roots"][0], canonical.display().to_string());
+    assert_eq!(
+        host["sandbox"]["writable_roots"][0],
+        canonical.display().to_string()
+    );
 }
 
 #[tokio::test]
@@ -241,5 +247,9 @@ async fn a_missing_writable_root_fails_the_start() {
     );
     cfg.core.sandbox.writable_roots = vec!["/no/such/folder".into()];
     let e = vak::edge::server::Server::new(cfg).err().expect("refused");
-    assert!(e.message.contains("[sandbox] writable_roots: /no/such/folder"), "{}", e.message);
+    assert!(
+        e.message.contains("[sandbox] writable_roots: /no/such/folder"),
+        "{}",
+        e.message
+    );
 }

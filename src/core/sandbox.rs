@@ -420,7 +420,7 @@ fn beside(root: &Path, hidden: &[PathBuf], budget: &mut usize) -> std::result::R
     let mut out = Vec::new();
     let mut todo = vec![root.to_path_buf()];
     while let Some(p) = todo.pop() {
-        if hidden.iter().any(|h| *h == p) {
+        if hidden.contains(&p) {
             continue;
         }
         if !hidden.iter().any(|h| h.starts_with(&p)) {
