@@ -333,7 +333,7 @@ async fn rules_are_listed_and_deleted_over_rest_and_grpc() {
     );
     sse.until("run_finished").await;
     let listed = grpc
-        .list_rules(pb::ListRulesRequest {})
+        .list_rules(pb::ListRulesRequest { workspace: None })
         .await
         .unwrap()
         .into_inner();
@@ -363,13 +363,17 @@ async fn rules_are_listed_and_deleted_over_rest_and_grpc() {
     let gone = grpc
         .delete_rule(pb::DeleteRuleRequest {
             id: write_rule.id.clone(),
+            workspace: None,
         })
         .await
         .unwrap()
         .into_inner();
     assert_eq!(gone.rule.unwrap().id, write_rule.id);
     let e = grpc
-        .delete_rule(pb::DeleteRuleRequest { id: write_rule.id })
+        .delete_rule(pb::DeleteRuleRequest {
+            id: write_rule.id,
+            workspace: None,
+        })
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::NotFound);
@@ -422,4 +426,118 @@ async fn a_rule_that_cannot_be_stored_answers_persisted_false_with_a_notice() {
     let ran = run_answering(&s, &sid, &mut sse, "/bash ls -a", always()).await;
     assert_eq!(ran.answers[0].1["persisted"], true);
     assert!(ran.of("notice").is_empty());
+}
+
+/// `workspace` as a query value.
+fn q(v: &str) -> String {
+    v.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_rules_of_every_opened_workspace_are_listed_and_deleted() {
+    let roots = tempfile::tempdir().unwrap();
+    let root = roots.path().canonicalize().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(root.join("main")).unwrap();
+    std::fs::create_dir_all(root.join("other")).unwrap();
+    let r = root.clone();
+    let s = TestServer::start_in(home.path(), &root.join("main"), move |c| {
+        c.core.workspace_roots = vec![r];
+    })
+    .await;
+    let other = root.join("other").display().to_string();
+    let (code, v) = s
+        .post("/workspaces/open", json!({"path": other, "trust": true}))
+        .await;
+    assert_eq!(code, 200, "{v}");
+    let (code, c) = s.post("/sessions", json!({"workspace": other})).await;
+    assert_eq!(code, 201, "{c}");
+    let sid = c["session_id"].as_str().unwrap().to_string();
+    let mut sse = s.events(&sid, None).await;
+    let ran = run_answering(&s, &sid, &mut sse, "/bash ls", always()).await;
+    let rule = ran.answers[0].1["rule"].clone();
+    assert_eq!(rule["pattern"], "ls", "{rule}");
+    let id = rule["id"].as_str().unwrap().to_string();
+
+    // Listed under its workspace, not the server's own.
+    let (code, v) = s
+        .get(&format!("/permissions/rules?workspace={}", q(&other)))
+        .await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["workspace"], other.as_str());
+    assert_eq!(v["rules"], json!([rule]));
+    assert!(rules(&s).await.is_empty());
+    let (_, v) = s.get("/permissions/rules").await;
+    assert_eq!(v["workspace"], root.join("main").display().to_string());
+    let main = root.join("main").display().to_string();
+    let (code, v) = s.get(&format!("/permissions/rules?workspace={}", q(&main))).await;
+    assert_eq!((code, &v["rules"]), (200, &json!([])), "{v}");
+    // Over gRPC the same.
+    let mut grpc = s.grpc().await;
+    let listed = grpc
+        .list_rules(pb::ListRulesRequest {
+            workspace: Some(other.clone()),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (listed.workspace.as_str(), listed.rules.len()),
+        (other.as_str(), 1)
+    );
+
+    // A workspace that is not open is 404 with its reason; an empty one 400.
+    let elsewhere = root.join("never-opened").display().to_string();
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    for path in [
+        format!("/permissions/rules?workspace={}", q(&elsewhere)),
+        "/permissions/rules?workspace=relative".to_string(),
+    ] {
+        let (code, v) = s.get(&path).await;
+        assert_eq!(
+            (code, v["error"]["code"].as_str(), v["error"]["reason"].as_str()),
+            (404, Some("not_found"), Some("workspace_not_open")),
+            "{v}"
+        );
+    }
+    let (code, v) = s
+        .delete(&format!("/permissions/rules/{id}?workspace={}", q(&elsewhere)))
+        .await;
+    assert_eq!(
+        (code, v["error"]["reason"].as_str()),
+        (404, Some("workspace_not_open")),
+        "{v}"
+    );
+    let (code, v) = s.get("/permissions/rules?workspace=").await;
+    assert_eq!(
+        (code, v["error"]["code"].as_str()),
+        (400, Some("invalid_argument")),
+        "{v}"
+    );
+    let e = grpc
+        .list_rules(pb::ListRulesRequest {
+            workspace: Some(elsewhere.clone()),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound);
+
+    // The server's own workspace has no such rule; the other's deletes it.
+    let (code, v) = s.delete(&format!("/permissions/rules/{id}")).await;
+    assert_eq!(code, 404, "{v}");
+    let (code, v) = s
+        .delete(&format!("/permissions/rules/{id}?workspace={}", q(&other)))
+        .await;
+    assert_eq!((code, &v["rule"]), (200, &rule), "{v}");
+    let (_, v) = s
+        .get(&format!("/permissions/rules?workspace={}", q(&other)))
+        .await;
+    assert_eq!(v["rules"], json!([]));
+    // Gone for good: the session there asks again.
+    assert_eq!(asks(&s, &sid, &mut sse, "/bash ls").await, 1);
 }

@@ -353,12 +353,13 @@ async fn finished_after_questions(running: Running, n: usize) {
 async fn a_one_shot_always_keeps_a_rule_and_a_plan_is_shown_and_answered_with_a_mode() {
     let server = TestServer::start().await;
     for (t, program) in [("sse", "ls"), ("grpc", "pwd")] {
-        let prompt = format!("/bash {program} -L\n/bash {program} -P\n/write once-{t}.txt x");
+        // A rule covers the program with plain words after it (no options).
+        let prompt = format!("/bash {program}\n/bash {program} plain\n/write once-{t}.txt x");
         let mut running = Running::spawn(term_at(&server.url, t, &["--approve", "ask", "-p", &prompt]));
         let q = running
             .stderr_line("[y]es / [n]o / [a]lways allow in this workspace")
             .await;
-        assert!(q.contains(&format!("run `{program} -L`")), "{t}: {q}");
+        assert!(q.contains(&format!("run `{program}`")), "{t}: {q}");
         running.write_stdin("a\n").await;
         running
             .stderr_line(&format!("always allowing bash `{program}` in this workspace"))
@@ -1046,17 +1047,19 @@ async fn one_byte_is_singular_in_what_vak_term_shows() {
 #[tokio::test]
 async fn always_keeps_a_rule_on_the_server_says_what_it_covers_and_applies_when_attached_again() {
     let server = TestServer::start().await;
+    std::fs::write(server.workspace.join("seen.txt"), "").unwrap();
+    std::fs::write(server.workspace.join("again.txt"), "").unwrap();
     for t in TRANSPORTS {
         let (x, y) = (format!("x-{t}.txt"), format!("y-{t}.txt"));
         let mut pty = Pty::spawn(term_in_pty(&server.url, t, &server.workspace), 30, 140);
         pty.wait_for("vak term · new session").await;
         pty.send(&format!(
-            "\x1b[200~/bash ls -a\n/bash ls -l\n/write {x} 1\x1b[201~\r"
+            "\x1b[200~/bash ls\n/bash ls seen.txt\n/write {x} 1\x1b[201~\r"
         ));
         let screen = pty.wait_for("[y]es / [n]o").await;
         assert!(
             screen.contains(
-                "? bash run `ls -a` in the workspace  [y]es / [n]o / [a]lways allow in this workspace"
+                "? bash run `ls` in the workspace  [y]es / [n]o / [a]lways allow in this workspace"
             ),
             "{t}:\n{screen}"
         );
@@ -1065,7 +1068,7 @@ async fn always_keeps_a_rule_on_the_server_says_what_it_covers_and_applies_when_
             .await;
         // The second ls is covered by the rule and not asked; the write, another tool, is.
         let screen = pty.wait_for(&format!("? write_file write 1 byte to {x}")).await;
-        assert!(screen.contains("⚙ bash $ ls -l"), "{t}:\n{screen}");
+        assert!(screen.contains("⚙ bash $ ls seen.txt"), "{t}:\n{screen}");
         assert_eq!(screen.matches("✓ bash approved").count(), 1, "{t}:\n{screen}");
         assert_eq!(screen.matches("✓ bash: ").count(), 2, "{t}:\n{screen}");
         pty.send("n");
@@ -1085,9 +1088,9 @@ async fn always_keeps_a_rule_on_the_server_says_what_it_covers_and_applies_when_
         let mut pty = Pty::spawn(cmd, 30, 140);
         pty.wait_for(&format!("vak term · session {sid}")).await;
         wait_idle(&pty).await;
-        pty.send(&format!("\x1b[200~/bash ls -d .\n/write {y} 2\x1b[201~\r"));
+        pty.send(&format!("\x1b[200~/bash ls again.txt\n/write {y} 2\x1b[201~\r"));
         let screen = pty.wait_for("[y]es / [n]o").await;
-        assert!(screen.contains("⚙ bash $ ls -d ."), "{t}:\n{screen}");
+        assert!(screen.contains("⚙ bash $ ls again.txt"), "{t}:\n{screen}");
         assert!(
             screen.contains(&format!("? write_file write 1 byte to {y}")),
             "{t}: only the write asks:\n{screen}"

@@ -428,6 +428,40 @@ impl Hub {
         self.rt.rules()
     }
 
+    /// The runtime of the open workspace at `workspace` (an absolute path,
+    /// as `GET /workspaces` lists it; None: the server's own), for its
+    /// always-allow rules: made on first use like a session's, its folder
+    /// re-checked. An empty path is InvalidArgument; a path no open
+    /// workspace has is NotFound (`workspace_not_open`).
+    pub async fn workspace_runtime(&self, workspace: Option<&str>) -> Result<Arc<Runtime>> {
+        let Some(asked) = workspace else {
+            return Ok(self.rt.clone());
+        };
+        if asked.is_empty() {
+            return Err(Error::invalid(
+                "workspace is empty: give the absolute path of an open workspace (GET /workspaces), \
+                 or leave it out for the server's own",
+            ));
+        }
+        let (workspaces, runtimes, primary) =
+            (self.workspaces.clone(), self.runtimes.clone(), self.rt.clone());
+        let asked = asked.to_string();
+        tokio::task::spawn_blocking(move || {
+            let Some(w) = workspaces.find(&asked)? else {
+                return Err(Error::not_found(format!(
+                    "no open workspace {asked}: GET /workspaces lists the open ones (POST /workspaces/open opens one)"
+                ))
+                .with_reason("workspace_not_open"));
+            };
+            if w.primary {
+                return Ok(primary);
+            }
+            runtime_for(&runtimes, &primary, &workspaces, &w.path.display().to_string())
+        })
+        .await
+        .map_err(|e| Error::internal(e.to_string()))?
+    }
+
     /// The best `limit` transcript hits for `q`, in this workspace's
     /// sessions or in every workspace's (`all`), each with its session's title.
     pub async fn search(

@@ -363,6 +363,8 @@ async fn every_documented_status_is_reached_and_every_status_reached_is_document
     r.call(&s, "POST", &t("/cancel"), &path("/cancel"), Some(json!({})), 200).await;
     sse.until("run_finished").await;
     let rules = r.call(&s, "GET", "/permissions/rules", "/permissions/rules", None, 200).await;
+    // A workspace no one opened: its rules are not found.
+    r.call(&s, "GET", "/permissions/rules", "/permissions/rules?workspace=%2Fnot-open", None, 404).await;
     let rule = rules["rules"][0]["id"]
         .as_str()
         .expect("the always rule")

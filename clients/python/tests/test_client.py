@@ -187,6 +187,11 @@ def test_always_rules_are_stored_listed_and_deleted(client: Client) -> None:
     assert rule.id.startswith("rule_")
     listed = client.list_rules()
     assert rule in list(listed.rules) and listed.max_rules == 256 and listed.workspace
+    # Named by its path, the server's own workspace lists the same rules.
+    assert client.list_rules(workspace=listed.workspace) == listed
+    with pytest.raises(VakError) as err:
+        client.list_rules(workspace="/not/an/open/workspace")
+    assert err.value.code == "not_found"
 
     # A call the rule covers runs without asking.
     with client.follow(sid, after=client.attach(sid).latest_seq) as events:

@@ -443,11 +443,11 @@ class AsyncClient(ClientConfig):
     async def set_mode(self, mode: str) -> agent_pb2.SetModeResponse:
         return await self._unary(call_set_mode(mode))
 
-    async def list_rules(self) -> agent_pb2.ListRulesResponse:
-        return await self._unary(call_list_rules())
+    async def list_rules(self, workspace: str | None = None) -> agent_pb2.ListRulesResponse:
+        return await self._unary(call_list_rules(workspace))
 
-    async def delete_rule(self, rule_id: str) -> agent_pb2.DeleteRuleResponse:
-        return await self._unary(call_delete_rule(rule_id))
+    async def delete_rule(self, rule_id: str, workspace: str | None = None) -> agent_pb2.DeleteRuleResponse:
+        return await self._unary(call_delete_rule(rule_id, workspace))
 
     async def cancel(self, session_id: str) -> agent_pb2.CancelResponse:
         return await self._unary(call_cancel(session_id))

@@ -451,19 +451,32 @@ def call_set_mode(mode: str) -> UnaryCall[agent_pb2.SetModeRequest, agent_pb2.Se
     )
 
 
-def call_list_rules() -> UnaryCall[agent_pb2.ListRulesRequest, agent_pb2.ListRulesResponse]:
+def _workspace_query(workspace: str | None) -> str:
+    """`?workspace=…` for the rules routes (absent: the server's own workspace)."""
+    return "" if workspace is None else "?" + urllib.parse.urlencode({"workspace": workspace})
+
+
+def call_list_rules(
+    workspace: str | None = None,
+) -> UnaryCall[agent_pb2.ListRulesRequest, agent_pb2.ListRulesResponse]:
     return UnaryCall(
-        "ListRules", agent_pb2.ListRulesRequest(), agent_pb2.ListRulesResponse, "GET", "/permissions/rules"
+        "ListRules",
+        agent_pb2.ListRulesRequest(workspace=workspace),
+        agent_pb2.ListRulesResponse,
+        "GET",
+        "/permissions/rules" + _workspace_query(workspace),
     )
 
 
-def call_delete_rule(rule_id: str) -> UnaryCall[agent_pb2.DeleteRuleRequest, agent_pb2.DeleteRuleResponse]:
+def call_delete_rule(
+    rule_id: str, workspace: str | None = None
+) -> UnaryCall[agent_pb2.DeleteRuleRequest, agent_pb2.DeleteRuleResponse]:
     return UnaryCall(
         "DeleteRule",
-        agent_pb2.DeleteRuleRequest(id=rule_id),
+        agent_pb2.DeleteRuleRequest(id=rule_id, workspace=workspace),
         agent_pb2.DeleteRuleResponse,
         "DELETE",
-        f"/permissions/rules/{quote(rule_id)}",
+        f"/permissions/rules/{quote(rule_id)}" + _workspace_query(workspace),
     )
 
 

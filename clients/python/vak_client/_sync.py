@@ -563,13 +563,15 @@ class Client(ClientConfig):
         "plan", "bypass"); a change denies pending approvals and cancels runs first."""
         return self._unary(call_set_mode(mode))
 
-    def list_rules(self) -> agent_pb2.ListRulesResponse:
-        """The always-allow rules of the server's workspace."""
-        return self._unary(call_list_rules())
+    def list_rules(self, workspace: str | None = None) -> agent_pb2.ListRulesResponse:
+        """The always-allow rules of the server's workspace, or of the open
+        workspace at `workspace` (an absolute path, as `/workspaces` lists it)."""
+        return self._unary(call_list_rules(workspace))
 
-    def delete_rule(self, rule_id: str) -> agent_pb2.DeleteRuleResponse:
-        """Deletes an always-allow rule (`VakError` with code "not_found" for an unknown id)."""
-        return self._unary(call_delete_rule(rule_id))
+    def delete_rule(self, rule_id: str, workspace: str | None = None) -> agent_pb2.DeleteRuleResponse:
+        """Deletes an always-allow rule of the server's workspace or of the open
+        `workspace` (`VakError` with code "not_found" for an unknown id or workspace)."""
+        return self._unary(call_delete_rule(rule_id, workspace))
 
     def cancel(self, session_id: str) -> agent_pb2.CancelResponse:
         """Stops the run in flight and discards queued input."""

@@ -627,9 +627,15 @@ impl AgentService for AgentApi {
 
     async fn list_rules(
         &self,
-        _req: Request<pb::ListRulesRequest>,
+        req: Request<pb::ListRulesRequest>,
     ) -> Result<Response<pb::ListRulesResponse>, Status> {
-        let rules = self.hub.rules();
+        let asked = req.into_inner().workspace;
+        let rt = self
+            .hub
+            .workspace_runtime(asked.as_deref())
+            .await
+            .map_err(to_status)?;
+        let rules = rt.rules();
         let list = rules.list_now().await.map_err(to_status)?;
         ok(pb::ListRulesResponse {
             workspace: rules.workspace().to_string(),
@@ -642,11 +648,16 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::DeleteRuleRequest>,
     ) -> Result<Response<pb::DeleteRuleResponse>, Status> {
-        let id = req.into_inner().id;
-        if id.is_empty() {
+        let r = req.into_inner();
+        if r.id.is_empty() {
             return Err(Status::invalid_argument("id is required"));
         }
-        let rule = self.hub.rules().delete(&id).await.map_err(to_status)?;
+        let rt = self
+            .hub
+            .workspace_runtime(r.workspace.as_deref())
+            .await
+            .map_err(to_status)?;
+        let rule = rt.rules().delete(&r.id).await.map_err(to_status)?;
         ok(pb::DeleteRuleResponse {
             rule: Some(convert::rule(rule)),
         })

@@ -354,13 +354,18 @@ async fn set_mode(State(st): State<AppState>, b: Body) -> Response {
     reply(StatusCode::OK, st.api.set_mode(Request::new(req)).await)
 }
 
-async fn list_rules(State(st): State<AppState>) -> Response {
-    let req = pb::ListRulesRequest {};
+async fn list_rules(State(st): State<AppState>, q: Query) -> Response {
+    let req = pb::ListRulesRequest {
+        workspace: q.get("workspace").cloned(),
+    };
     reply(StatusCode::OK, st.api.list_rules(Request::new(req)).await)
 }
 
-async fn delete_rule(State(st): State<AppState>, Path(id): Path<String>) -> Response {
-    let req = pb::DeleteRuleRequest { id };
+async fn delete_rule(State(st): State<AppState>, Path(id): Path<String>, q: Query) -> Response {
+    let req = pb::DeleteRuleRequest {
+        id,
+        workspace: q.get("workspace").cloned(),
+    };
     reply(StatusCode::OK, st.api.delete_rule(Request::new(req)).await)
 }
 
