@@ -8,7 +8,7 @@
 mod support;
 
 use serde_json::{json, Value};
-use support::{Frame, Sse, TestServer};
+use support::{Frame, SecondWorkspace, Sse, TestServer};
 use vak::core::PermissionMode;
 use vak::proto::v1 as pb;
 
@@ -440,24 +440,9 @@ fn q(v: &str) -> String {
 
 #[tokio::test]
 async fn the_rules_of_every_opened_workspace_are_listed_and_deleted() {
-    let roots = tempfile::tempdir().unwrap();
-    let root = roots.path().canonicalize().unwrap();
-    let home = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(root.join("main")).unwrap();
-    std::fs::create_dir_all(root.join("other")).unwrap();
-    let r = root.clone();
-    let s = TestServer::start_in(home.path(), &root.join("main"), move |c| {
-        c.core.workspace_roots = vec![r];
-    })
-    .await;
-    let other = root.join("other").display().to_string();
-    let (code, v) = s
-        .post("/workspaces/open", json!({"path": other, "trust": true}))
-        .await;
-    assert_eq!(code, 200, "{v}");
-    let (code, c) = s.post("/sessions", json!({"workspace": other})).await;
-    assert_eq!(code, 201, "{c}");
-    let sid = c["session_id"].as_str().unwrap().to_string();
+    let SecondWorkspace {
+        s, root, other, sid, ..
+    } = TestServer::with_second_workspace(|_| {}).await;
     let mut sse = s.events(&sid, None).await;
     let ran = run_answering(&s, &sid, &mut sse, "/bash ls", always()).await;
     let rule = ran.answers[0].1["rule"].clone();

@@ -8,7 +8,7 @@ mod support;
 
 use serde_json::{json, Value};
 use std::path::Path;
-use support::TestServer;
+use support::{SecondWorkspace, TestServer};
 use vak::proto::v1 as pb;
 
 async fn put(s: &TestServer, body: Value) -> (u16, Value) {
@@ -304,24 +304,11 @@ async fn the_tree_respects_gitignore_is_bounded_and_says_when_truncated() {
 
 #[tokio::test]
 async fn with_a_session_the_files_api_works_in_that_sessions_workspace() {
-    let roots = tempfile::tempdir().unwrap();
-    let root = roots.path().canonicalize().unwrap();
-    let home = tempfile::tempdir().unwrap();
-    write(&root.join("main"), "main.txt", "the server's\n");
-    write(&root.join("other"), "other.txt", "the other workspace's\n");
-    let r = root.clone();
-    let s = TestServer::start_in(home.path(), &root.join("main"), move |c| {
-        c.core.workspace_roots = vec![r];
+    let SecondWorkspace { s, root, sid, .. } = TestServer::with_second_workspace(|root| {
+        write(&root.join("main"), "main.txt", "the server's\n");
+        write(&root.join("other"), "other.txt", "the other workspace's\n");
     })
     .await;
-    let other = root.join("other").display().to_string();
-    let (status, w) = s
-        .post("/workspaces/open", json!({"path": other, "trust": true}))
-        .await;
-    assert_eq!(status, 200, "{w}");
-    let (status, c) = s.post("/sessions", json!({"workspace": other})).await;
-    assert_eq!(status, 201, "{c}");
-    let sid = c["session_id"].as_str().unwrap().to_string();
     let (_, main_session) = s.post("/sessions", json!({})).await;
     let main_sid = main_session["session_id"].as_str().unwrap();
 
@@ -378,26 +365,15 @@ async fn with_a_session_the_files_api_works_in_that_sessions_workspace() {
 /// it and is refused, so nothing outside is read or written.
 #[tokio::test]
 async fn an_opened_workspace_swapped_for_a_symlink_is_refused_at_every_use() {
-    let roots = tempfile::tempdir().unwrap();
-    let root = roots.path().canonicalize().unwrap();
-    let home = tempfile::tempdir().unwrap();
     let outside = tempfile::tempdir().unwrap();
     write(outside.path(), "secret.txt", "TOP SECRET\n");
-    write(&root.join("main"), "main.txt", "m\n");
-    write(&root.join("other"), "other.txt", "o\n");
-    let r = root.clone();
-    let s = TestServer::start_in(home.path(), &root.join("main"), move |c| {
-        c.core.workspace_roots = vec![r];
+    let SecondWorkspace {
+        s, root, other, sid, ..
+    } = TestServer::with_second_workspace(|root| {
+        write(&root.join("main"), "main.txt", "m\n");
+        write(&root.join("other"), "other.txt", "o\n");
     })
     .await;
-    let other = root.join("other").display().to_string();
-    let (status, w) = s
-        .post("/workspaces/open", json!({"path": other, "trust": true}))
-        .await;
-    assert_eq!(status, 200, "{w}");
-    let (status, c) = s.post("/sessions", json!({"workspace": other})).await;
-    assert_eq!(status, 201, "{c}");
-    let sid = c["session_id"].as_str().unwrap().to_string();
     let (status, _) = s.get(&format!("/fs/file?path=other.txt&session_id={sid}")).await;
     assert_eq!(status, 200);
 

@@ -106,6 +106,17 @@ pub struct TestServer {
     task: Option<JoinHandle<vak::Result<()>>>,
 }
 
+/// What `TestServer::with_second_workspace` made.
+pub struct SecondWorkspace {
+    pub s: TestServer,
+    /// The canonical root of both workspaces.
+    pub root: PathBuf,
+    /// `<root>/other`, as a string.
+    pub other: String,
+    /// A session in `other`.
+    pub sid: String,
+}
+
 impl TestServer {
     /// A server with fresh home and workspace and the default configuration.
     pub async fn start() -> TestServer {
@@ -128,6 +139,38 @@ impl TestServer {
         );
         tweak(&mut cfg);
         Self::serve(Server::new(cfg).unwrap(), home, workspace).await
+    }
+
+    /// The two-workspace setup: a server on `<root>/main` with `[server]
+    /// workspace_roots = [root]`, and a session in `<root>/other`, opened
+    /// and trusted. `prepare` writes into the (canonical) root first; the two
+    /// folders are made after it if it did not.
+    pub async fn with_second_workspace(prepare: impl FnOnce(&Path)) -> SecondWorkspace {
+        let roots = tempfile::tempdir().unwrap();
+        let root = roots.path().canonicalize().unwrap();
+        let home = tempfile::tempdir().unwrap();
+        prepare(&root);
+        std::fs::create_dir_all(root.join("main")).unwrap();
+        std::fs::create_dir_all(root.join("other")).unwrap();
+        let r = root.clone();
+        let mut s = Self::start_in(home.path(), &root.join("main"), move |c| {
+            c.core.workspace_roots = vec![r];
+        })
+        .await;
+        // The server owns the folders, so they live as long as it does.
+        s._dirs = Some((roots, home));
+        let other = root.join("other").display().to_string();
+        let (status, w) = s
+            .post(
+                "/workspaces/open",
+                serde_json::json!({"path": other, "trust": true}),
+            )
+            .await;
+        assert_eq!(status, 200, "{w}");
+        let (status, c) = s.post("/sessions", serde_json::json!({"workspace": other})).await;
+        assert_eq!(status, 201, "{c}");
+        let sid = c["session_id"].as_str().unwrap().to_string();
+        SecondWorkspace { s, root, other, sid }
     }
 
     /// Serves `server` on 127.0.0.1:0 in this process.
