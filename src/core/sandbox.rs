@@ -367,12 +367,14 @@ impl Sandbox {
                 _ => "[sandbox: write outside the workspace denied]",
             });
         }
-        let network = [
-            "Operation not permitted",
-            "Couldn't connect",
-            "Network is unreachable",
-        ];
-        if !self.cfg.network && output.lines().any(|l| network.iter().any(|n| l.contains(n))) {
+        // EPERM alone is many things (chmod, kill); it is the sandbox's
+        // network rule only where the output is about a socket.
+        let network = ["Couldn't connect", "Network is unreachable"];
+        let socket_eperm = output.contains("Operation not permitted")
+            && (output.contains("socket") || output.contains("connect"));
+        if !self.cfg.network
+            && (socket_eperm || output.lines().any(|l| network.iter().any(|n| l.contains(n))))
+        {
             return Some("[sandbox: network access denied]");
         }
         None
@@ -579,6 +581,14 @@ mod tests {
             Some("[sandbox: network access denied]")
         );
         assert_eq!(ww.explain("error: 3 tests failed"), None);
+        assert_eq!(
+            ww.explain("PermissionError: [Errno 1] Operation not permitted (socket.socket)"),
+            Some("[sandbox: network access denied]")
+        );
+        assert_eq!(
+            ww.explain("chmod: changing permissions of 'x': Operation not permitted"),
+            None
+        );
         assert_eq!(
             sb(SandboxMode::WorkspaceWrite, true).explain("Couldn't connect"),
             None
