@@ -12,6 +12,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 #[derive(Parser, Debug)]
 #[command(name = "vak", version, about = "A server for AI coding agents")]
@@ -425,9 +427,27 @@ impl ServeArgs {
     }
 }
 
+/// Set by a SIGINT or SIGTERM that arrived before the runtime's handlers.
+static EARLY_STOP: OnceLock<Arc<AtomicBool>> = OnceLock::new();
+
+/// Catches SIGINT and SIGTERM from the first moments of `vak serve`, before
+/// the runtime or anything else starts: one that arrives during startup
+/// then stops the server cleanly (`shutdown_signal` sees it) instead of
+/// killing it with the default action. Call once, first thing in `main`.
+pub fn early_signals() {
+    let flag = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        if let Err(e) = signal_hook::flag::register(sig, flag.clone()) {
+            eprintln!("vak: warning: cannot catch signal {sig} early: {e}");
+        }
+    }
+    let _ = EARLY_STOP.set(flag);
+}
+
 /// SIGINT or SIGTERM. The handlers are installed when this is called, not
 /// when the future is first polled, so a signal that arrives right after the
 /// `listening on` line stops the server gracefully instead of killing it.
+/// One that came before (`early_signals`) resolves it at once.
 fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{signal, SignalKind};
     let install =
@@ -435,6 +455,10 @@ fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>> {
     let mut term = install(SignalKind::terminate())?;
     let mut int = install(SignalKind::interrupt())?;
     Ok(async move {
+        // Read after the handlers above exist, so no signal falls between.
+        if EARLY_STOP.get().is_some_and(|f| f.load(Ordering::SeqCst)) {
+            return;
+        }
         tokio::select! {
             _ = int.recv() => {}
             _ = term.recv() => {}
@@ -453,6 +477,48 @@ fn warn(format: LogFormat, message: &str) {
 
 /// `vak serve`: any startup failure is one clear line and a non-zero exit.
 pub async fn serve(args: ServeArgs) -> Result<()> {
+    // Installed first: a SIGINT or SIGTERM during startup (a slow bus, a
+    // large home) stops it cleanly; `early_signals` covered the moments
+    // before the runtime existed.
+    let mut stop = Box::pin(shutdown_signal()?);
+    let started = tokio::select! {
+        biased;
+        () = &mut stop => {
+            tracing::info!("stopped by a signal before the server started");
+            return Ok(());
+        }
+        started = start(args) => started?,
+    };
+    let Started {
+        _lock,
+        home,
+        url,
+        token,
+        server,
+        listener,
+    } = started;
+    home::write_server_json(&home, &url, &token)?;
+    println!("vak: listening on {url}");
+    let _ = std::io::stdout().flush();
+    let result = server.run(listener, stop).await;
+    home::remove_server_json(&home);
+    result
+}
+
+/// What startup hands the serving part: the home's lock (held for the
+/// process's life), where the server is and the bound listener.
+struct Started {
+    _lock: home::HomeLock,
+    home: std::path::PathBuf,
+    url: String,
+    token: String,
+    server: Server,
+    listener: tokio::net::TcpListener,
+}
+
+/// Everything before the server takes requests: the home and its lock,
+/// the configuration, the bus, the core, the listener.
+async fn start(args: ServeArgs) -> Result<Started> {
     if !args.listen.ip().is_loopback() && !args.allow_remote {
         return Err(Error::invalid(format!(
             "refusing to listen on {}: vak serves loopback only unless --allow-remote is given",
@@ -621,11 +687,12 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
     if addr.ip().is_unspecified() {
         println!("vak: bound to {addr} (every interface)");
     }
-    let stop = shutdown_signal()?;
-    home::write_server_json(&home, &url, &token)?;
-    println!("vak: listening on {url}");
-    let _ = std::io::stdout().flush();
-    let result = server.run(listener, stop).await;
-    home::remove_server_json(&home);
-    result
+    Ok(Started {
+        _lock,
+        home,
+        url,
+        token,
+        server,
+        listener,
+    })
 }

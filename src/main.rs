@@ -26,6 +26,10 @@ fn main() {
         libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
     }
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Serve(_)) {
+        // Before anything else, so a signal during startup stops it cleanly.
+        vak::cli::early_signals();
+    }
     init_logging(match &cli.command {
         Command::Serve(args) => args.log_format,
         Command::Term(_) => LogFormat::Text,

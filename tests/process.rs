@@ -181,6 +181,41 @@ async fn sigint_settles_the_run_closes_every_stream_and_exits_zero() {
 }
 
 #[tokio::test]
+async fn a_signal_during_startup_stops_it_cleanly_and_frees_the_home() {
+    for signal in ["TERM", "INT"] {
+        let home = tempfile::tempdir().unwrap();
+        let ws = tempfile::tempdir().unwrap();
+        // A bus that takes the connection and never answers: startup waits on it.
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let bus = format!("nats://{}", silent.local_addr().unwrap());
+        let cmd = serve_at(
+            "127.0.0.1:0",
+            home.path(),
+            ws.path(),
+            &["--token", "T", "--bus", &bus],
+        );
+        let mut v = Vak::spawn(cmd);
+        let _held = tokio::time::timeout(DEADLINE, silent.accept())
+            .await
+            .expect("vak connects to the bus")
+            .unwrap();
+        v.signal(signal);
+        let status = v.wait().await;
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "SIG{signal} during startup stops it cleanly, not by the default action: {status:?}"
+        );
+        assert!(!home.path().join("server.json").exists());
+        // The home is free at once: the next server starts on it.
+        let mut next = Vak::spawn(serve_at("127.0.0.1:0", home.path(), ws.path(), &["--token", "T"]));
+        next.url().await;
+        next.signal("TERM");
+        assert_eq!(next.wait().await.code(), Some(0));
+    }
+}
+
+#[tokio::test]
 async fn a_taken_port_exits_nonzero_with_one_line_naming_the_address() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap().to_string();
