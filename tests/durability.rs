@@ -39,8 +39,11 @@ fn event_kind(line: &Value) -> Option<&str> {
 }
 
 /// Cuts the ledger after the last line for which `keep_through` holds, as if the server had
-/// died right after writing it. Returns the seq of that line.
+/// died right after writing it. Returns the seq of that line. The session index goes too: a
+/// server that died there never recorded a later seq (one it had recorded would be marked lost
+/// on load: `a_ledger_cut_in_the_middle_never_reissues_a_seq_and_readers_get_history_lost`).
 fn cut_ledger_after(home: &Path, sid: &str, keep_through: impl Fn(&Value) -> bool) -> u64 {
+    let _ = std::fs::remove_file(home.join("sessions").join("index.json"));
     let path = ledger_path(home, sid);
     let raw = std::fs::read_to_string(&path).unwrap();
     let lines: Vec<&str> = raw.lines().collect();
@@ -488,5 +491,156 @@ async fn a_queued_request_id_discarded_before_a_restart_is_still_a_duplicate_aft
         (code, &dup["request_id"], &dup["state"]),
         (202, &json!("queued-1"), &json!("duplicate")),
         "an admitted request_id stays admitted across a restart, even one that never ran"
+    );
+}
+
+#[tokio::test]
+async fn a_ledger_cut_in_the_middle_never_reissues_a_seq_and_readers_get_history_lost() {
+    let mut keep = Vec::new();
+    let s = TestServer::start().await;
+    let sid = s.create_session().await;
+    let mut sse = s.events(&sid, None).await;
+    s.run(&sid, "/burst 3000").await;
+    sse.until("run_finished").await;
+    drop(sse);
+    let (home, ws) = (s.home.clone(), s.workspace.clone());
+    keep.extend(s.stop().await);
+    // Every seq the session issued (run_finished and what came after it).
+    let recorded = ledger_lines(&home, &sid)
+        .iter()
+        .filter_map(|l| l["event"]["seq"].as_u64())
+        .max()
+        .unwrap();
+
+    // Damage from outside vak: the file is cut in the middle of a line.
+    let path = ledger_path(&home, &sid);
+    let len = std::fs::metadata(&path).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+
+    let s = TestServer::start_in(&home, &ws, |_| {}).await;
+    let mut sse = s.events(&sid, Some(0)).await;
+    // The run the ledger no longer shows finishing is settled after the
+    // lost range (nobody waits on it forever): two frames after `recorded`.
+    let latest = sse.opened.as_ref().unwrap().body()["latest_seq"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(latest, recorded + 2, "new events number after every seq issued");
+    assert_eq!(s.latest_seq(&sid).await, latest);
+    let mut kept = 0;
+    let resync = loop {
+        let f = sse.next().await.expect("the replay goes on");
+        if f.event == "resync" {
+            break f;
+        }
+        assert_eq!(f.seq(), kept + 1, "what survived replays gap-free");
+        kept = f.seq();
+    };
+    assert!(
+        kept > 100 && kept < recorded,
+        "half survived: {kept} of {recorded}"
+    );
+    let lost = json!({"reason": "history_lost", "latest_seq": latest, "from": kept + 1, "to": recorded});
+    assert_eq!(resync.body(), &lost);
+    let settled = sse.until("run_finished").await;
+    assert_eq!(settled[0].seq(), recorded + 1);
+    assert_eq!(settled.last().unwrap().body()["outcome"], "failed");
+
+    // A reader whose cursor falls in the lost range is told the same.
+    let mut inside = s.events(&sid, Some(recorded - 10)).await;
+    let first = inside.next().await.unwrap();
+    assert_eq!((first.event.as_str(), first.body()), ("resync", &lost));
+    drop(inside);
+
+    // A reader that saw all of it before the damage goes on without a resync.
+    let mut whole = s.events(&sid, Some(recorded)).await;
+    let same = whole.until("run_finished").await;
+    assert_eq!(same[0].seq(), recorded + 1);
+    assert!(same.iter().all(|f| f.event != "resync"));
+    s.run(&sid, "after the cut").await;
+    let after = sse.until("run_finished").await;
+    assert_eq!(after[0].seq(), latest + 1);
+    assert_numbered(&after);
+    assert_eq!(text_of(&after), "echo: after the cut");
+    let newest = after.last().unwrap().seq();
+    drop((sse, whole));
+
+    // The loss is recorded once in the ledger itself, so a restart (even one
+    // that rebuilds the session index) keeps numbering after it.
+    let s = restart(s, &mut keep).await;
+    let marks = ledger_lines(&home, &sid)
+        .into_iter()
+        .filter(|l| l.get("lost").is_some())
+        .collect::<Vec<_>>();
+    assert_eq!(marks, [json!({"lost": {"from": kept + 1, "to": recorded}})]);
+    let (home, ws) = (s.home.clone(), s.workspace.clone());
+    keep.extend(s.stop().await);
+    std::fs::remove_file(home.join("sessions").join("index.json")).unwrap();
+    let s = TestServer::start_in(&home, &ws, |_| {}).await;
+    let mut sse = s.events(&sid, None).await;
+    assert_eq!(sse.opened.as_ref().unwrap().body()["latest_seq"], newest);
+    s.run(&sid, "again").await;
+    assert_eq!(sse.until("run_finished").await[0].seq(), newest + 1);
+}
+
+#[tokio::test]
+async fn a_flipped_byte_in_a_ledger_header_leaves_the_session_listed_and_readable() {
+    let mut keep = Vec::new();
+    let s = TestServer::start().await;
+    let (broken, renamed) = (s.create_session().await, s.create_session().await);
+    for sid in [&broken, &renamed] {
+        let mut sse = s.events(sid, None).await;
+        s.run(sid, &format!("hello {sid}")).await;
+        sse.until("run_finished").await;
+    }
+    let before = (all_frames(&s, &broken).await, all_frames(&s, &renamed).await);
+    let (home, ws) = (s.home.clone(), s.workspace.clone());
+    keep.extend(s.stop().await);
+
+    // One flipped bit breaks the JSON of one header ("header" → "iealer" is no
+    // record); in the other it lands in the session id.
+    let flip = |sid: &str, at: usize| {
+        let path = ledger_path(&home, sid);
+        let mut raw = std::fs::read(&path).unwrap();
+        raw[at] ^= 0x01;
+        std::fs::write(&path, raw).unwrap();
+    };
+    flip(&broken, 2);
+    let header = std::fs::read_to_string(ledger_path(&home, &renamed)).unwrap();
+    flip(&renamed, header.find(renamed.as_str()).unwrap() + 5);
+
+    let s = TestServer::start_in(&home, &ws, |_| {}).await;
+    let (_, list) = s.get("/sessions").await;
+    let mut listed: Vec<&str> = list["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["session_id"].as_str().unwrap())
+        .collect();
+    listed.sort();
+    let mut want = vec![broken.as_str(), renamed.as_str()];
+    want.sort();
+    assert_eq!(listed, want, "both still listed");
+    for (sid, was) in [(&broken, &before.0), (&renamed, &before.1)] {
+        let now = all_frames(&s, sid).await;
+        let data = |f: &[Frame]| f.iter().map(|f| f.data.clone()).collect::<Vec<_>>();
+        assert_eq!(data(&now), data(was), "{sid}: every event as it was");
+        let mut sse = s.events(sid, None).await;
+        s.run(sid, "still mine").await;
+        assert_eq!(text_of(&sse.until("run_finished").await), "echo: still mine");
+        let first = &ledger_lines(&home, sid)[0];
+        assert_eq!(
+            first["header"]["session_id"],
+            sid.as_str(),
+            "the header is whole again"
+        );
+    }
+    assert!(
+        !home.join("sessions").join("corrupt").exists(),
+        "nothing set aside"
     );
 }

@@ -101,7 +101,13 @@ pub enum End {
 /// ahead of the session, or wherever history the cursor needs is missing.
 #[derive(Clone, Debug)]
 pub enum Delivery {
-    Resync { reason: String, latest_seq: u64 },
+    /// `lost`: the range of seqs the ledger lost (`Record::Lost`) that the
+    /// cursor falls in, with reason `history_lost`.
+    Resync {
+        reason: String,
+        latest_seq: u64,
+        lost: Option<(u64, u64)>,
+    },
     Frame(Arc<Frame>),
     End(End),
 }
@@ -129,6 +135,8 @@ struct Inner {
     last_wake: Option<tokio::time::Instant>,
     /// A wake-up at the end of the current window is scheduled.
     wake_due: bool,
+    /// Ranges of seqs the ledger lost, oldest first (bounded by `repair`).
+    lost: Vec<(u64, u64)>,
 }
 
 impl Shared {
@@ -165,6 +173,7 @@ impl Bus {
                     closed: None,
                     last_wake: None,
                     wake_due: false,
+                    lost: Vec::new(),
                 }),
                 cfg,
                 subscribed: Notify::new(),
@@ -267,6 +276,12 @@ impl Bus {
         let _ = tokio::time::timeout(timeout, notified).await;
     }
 
+    /// The ranges of seqs this session's ledger lost: a replay across one
+    /// resyncs with `history_lost` and the range instead of `history_unavailable`.
+    pub fn note_lost(&self, lost: Vec<(u64, u64)>) {
+        self.shared.lock().lost = lost;
+    }
+
     /// Ends every subscription with `End::Closed(reason)`; later subscribers end at once.
     pub fn close(&self, reason: &str) {
         let mut inner = self.shared.lock();
@@ -298,10 +313,10 @@ fn subscribe(shared: &Arc<Shared>, after: Option<u64>) -> Subscription {
         // What is due up to `latest` is read from the ring (or, older, the
         // log) lazily as the reader asks, never copied here under the lock.
         if n > latest {
-            sub.resync = Some(("cursor_ahead", latest));
+            sub.resync = Some(("cursor_ahead", latest, None));
             sub.cursor = first_retained - 1;
         } else if n.saturating_add(1) < first_retained && shared.log.is_none() {
-            sub.resync = Some(("cursor_too_old", latest));
+            sub.resync = Some(("cursor_too_old", latest, None));
             sub.cursor = first_retained - 1;
         }
     }
@@ -504,14 +519,18 @@ enum Queued {
     Empty,
 }
 
+/// A resync a subscription owes its reader: (reason, latest seq, the lost
+/// range with `history_lost`).
+type DueResync = (&'static str, u64, Option<(u64, u64)>);
+
 /// One subscriber's view of a bus.
 pub struct Subscription {
     shared: Arc<Shared>,
     latest_seq: u64,
     /// The last seq handed out: the point a resume continues after.
     cursor: u64,
-    /// A resync due next: (reason, latest seq).
-    resync: Option<(&'static str, u64)>,
+    /// A resync due next.
+    resync: Option<DueResync>,
     /// Frames up to this seq (the latest when the queue was attached) come
     /// from the ring or the log; later ones from the queue.
     retained_upto: u64,
@@ -563,10 +582,11 @@ impl Subscription {
             if self.done {
                 return Vec::new();
             }
-            if let Some((reason, latest_seq)) = self.resync.take() {
+            if let Some((reason, latest_seq, lost)) = self.resync.take() {
                 return vec![Delivery::Resync {
                     reason: reason.to_string(),
                     latest_seq,
+                    lost,
                 }];
             }
             if self.cursor < self.retained_upto {
@@ -590,9 +610,28 @@ impl Subscription {
         if seq == self.cursor + 1 {
             return true;
         }
-        self.resync = Some(("history_unavailable", self.shared.lock().latest));
-        self.cursor = seq - 1;
+        self.gap(seq - 1);
         false
+    }
+
+    /// The history after the cursor up to `upto` is missing: a resync is
+    /// due (`history_lost` with the range when the ledger recorded losing
+    /// it), and the cursor moves past the gap.
+    fn gap(&mut self, upto: u64) {
+        let inner = self.shared.lock();
+        let lost = inner
+            .lost
+            .iter()
+            .find(|&&(from, to)| from <= upto && to > self.cursor)
+            .copied();
+        let reason = if lost.is_some() {
+            "history_lost"
+        } else {
+            "history_unavailable"
+        };
+        self.resync = Some((reason, inner.latest, lost));
+        drop(inner);
+        self.cursor = upto;
     }
 
     /// The next retained frames after the cursor: from the ring while it
@@ -646,8 +685,7 @@ impl Subscription {
         if out.is_empty() && self.resync.is_none() {
             // The ring has nothing more up to `upto` (it cannot lose what it
             // holds, so only a gap does this): say so, go on live.
-            self.resync = Some(("history_unavailable", self.shared.lock().latest));
-            self.cursor = upto;
+            self.gap(upto);
         }
         out
     }
@@ -697,8 +735,7 @@ impl Subscription {
     async fn read_disk(&mut self, upto: u64, max: usize) -> Vec<Delivery> {
         let Some(log) = self.shared.log.clone() else {
             // Rotated out of the ring and no log to read it from.
-            self.resync = Some(("history_unavailable", self.shared.lock().latest));
-            self.cursor = upto;
+            self.gap(upto);
             return Vec::new();
         };
         let after = self.cursor;
@@ -722,8 +759,7 @@ impl Subscription {
         let out = self.take_from_log(upto, max);
         if out.is_empty() && self.resync.is_none() {
             // The log has nothing more up to `upto`: say so, then go on.
-            self.resync = Some(("history_unavailable", self.shared.lock().latest));
-            self.cursor = upto;
+            self.gap(upto);
         }
         out
     }
@@ -887,6 +923,7 @@ mod tests {
                 Delivery::Resync {
                     reason: r,
                     latest_seq,
+                    lost: None,
                 } => {
                     assert_eq!((r.as_str(), *latest_seq), (reason, 10));
                 }

@@ -11,6 +11,7 @@ use super::ledger::{storage_error, Batch, Ledger, Log, OpenError, Record};
 use super::lifecycle;
 use super::mux::Control;
 use super::owners::{Claim, Owner, LEASE_LOST};
+use super::repair::{self, Remembered, Unrepairable};
 use super::session::{Route, Runtime, Session, SessionInfo};
 use super::CoreConfig;
 use super::PermissionMode;
@@ -844,10 +845,24 @@ impl Hub {
         let workspaces = self.workspaces.clone();
         let sid = id.to_string();
         let dir = self.rt.cfg.sessions_dir();
+        let known = self.index.get(id);
         let loaded = tokio::task::spawn_blocking(move || {
+            let remembered = known.as_ref().map(|e| Remembered {
+                created_at: e.created_at.clone(),
+                workspace: e.workspace.clone(),
+            });
+            match repair::check_header(&path, &sid, remembered.as_ref()) {
+                Ok(_) => {}
+                Err(Unrepairable::Io(_)) if !path.exists() => {
+                    return Err(Error::not_found(format!("no session {sid}")));
+                }
+                Err(Unrepairable::Io(e)) => return Err(e),
+                Err(Unrepairable::Damaged(why)) => return Err(set_aside(&path, &sid, &why)),
+            }
+            let recorded = known.map_or(0, |e| e.latest_seq);
             let primary = rt.clone();
             let pick = move |ws: &str| reloaded_runtime(&runtimes, &primary, &workspaces, ws);
-            let session = match Session::restore_in(rt, &path, pick) {
+            let session = match Session::restore_in(rt, &path, recorded, pick) {
                 Ok(session) => session,
                 Err(OpenError::Io(_)) if !path.exists() => {
                     return Err(Error::not_found(format!("no session {sid}")));
@@ -1040,7 +1055,8 @@ impl Hub {
                 | Record::Usage(_)
                 | Record::Signature { .. }
                 | Record::Compaction(_)
-                | Record::Undo(_) => batch.push(r),
+                | Record::Undo(_)
+                | Record::Lost { .. } => batch.push(r),
                 Record::Header { .. } | Record::Admitted { .. } | Record::Snapshot(_) => {}
             }
         }

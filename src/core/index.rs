@@ -161,12 +161,26 @@ impl Index {
             // index.json a newer mtime, so this ledger (touched by a line
             // without a seq, say) is not read again at every startup.
             changed = true;
-            match summarize(&id, &on_disk.path) {
+            match summarize_repairing(&id, &on_disk.path, known.as_ref()) {
                 Ok(mut e) => {
                     // The ledger's head and tail do not say how many tokens
                     // its turns used: keep what the index last knew.
                     if let Some(k) = &known {
                         e.usage = k.usage;
+                        // Seqs are never reused: a ledger cut short of what
+                        // the index recorded keeps the recorded high mark,
+                        // and its load marks the rest lost (`repair.rs`).
+                        if k.latest_seq > e.latest_seq {
+                            tracing::error!(
+                                path = %on_disk.path.display(),
+                                ledger_seq = e.latest_seq,
+                                recorded_seq = k.latest_seq,
+                                "the ledger ends before the seq the session index recorded: events {}..={} are lost",
+                                e.latest_seq + 1,
+                                k.latest_seq
+                            );
+                            e.latest_seq = k.latest_seq;
+                        }
                     }
                     entries.insert(id, e);
                 }
@@ -439,6 +453,20 @@ fn read_file(path: &Path, cap: u64) -> Result<Option<Saved>, String> {
         }
     }
     Ok(Some(saved))
+}
+
+/// `summarize`, after rebuilding a damaged header (`repair.rs`), so a
+/// flipped byte there leaves the session listed.
+fn summarize_repairing(id: &str, path: &Path, known: Option<&Entry>) -> Result<Entry, String> {
+    let remembered = known.map(|k| super::repair::Remembered {
+        created_at: k.created_at.clone(),
+        workspace: k.workspace.clone(),
+    });
+    match super::repair::check_header(path, id, remembered.as_ref()) {
+        Ok(_) => summarize(id, path),
+        Err(super::repair::Unrepairable::Io(e)) => Err(e.message),
+        Err(super::repair::Unrepairable::Damaged(why)) => Err(why),
+    }
 }
 
 /// The entry of ledger `id` read from its file.

@@ -82,6 +82,10 @@ pub enum Record {
     Undo(super::event::Undo),
     /// The session's folds as of a seq: a reload starts from the last one.
     Snapshot(Box<super::session::Snapshot>),
+    /// Events `from..=to` were issued, but the ledger was found cut short of
+    /// them on a load (`repair.rs`): their seqs are never issued again, and a
+    /// replay across them says `history_lost`.
+    Lost { from: u64, to: u64 },
 }
 
 /// `Record::Event` by reference, so a batch encodes frames without copying
@@ -172,6 +176,8 @@ pub trait Log: Send + Sync + 'static {
 
 /// How a snapshot line starts (`Record::Snapshot`, externally tagged).
 pub(crate) const SNAPSHOT_PREFIX: &[u8] = b"{\"snapshot\":";
+/// How a lost-range line starts (`Record::Lost`).
+const LOST_PREFIX: &[u8] = b"{\"lost\":";
 /// How an event line starts (`Record::Event`: seq is its first field).
 const EVENT_PREFIX: &[u8] = b"{\"event\":{\"seq\":";
 
@@ -303,7 +309,8 @@ impl Ledger {
     /// the seq index). A partial last line (a crash mid-write) is cut off; a
     /// corrupt line after the snapshot is reported with its file and line
     /// and left out (a replay across it gets a resync rather than a silent
-    /// gap); an empty ledger or one with no header is `Corrupt`.
+    /// gap); an empty ledger or one with no header is `Corrupt`. Lost ranges
+    /// (`Record::Lost`) are handed over wherever they are in the file.
     pub fn open(
         path: &Path,
         durability: Durability,
@@ -359,6 +366,12 @@ impl Ledger {
                     resume = Some((at, n));
                 } else if let Some(seq) = event_seq(&line) {
                     written.note(seq, at);
+                } else if line.starts_with(LOST_PREFIX) {
+                    // Rare and small: a lost range stays known however many
+                    // snapshots came after it (pass 2 may see it again).
+                    if let Ok(lost @ Record::Lost { .. }) = serde_json::from_slice::<Record>(&line) {
+                        visit(lost);
+                    }
                 }
             }
         }
@@ -567,8 +580,14 @@ pub fn summarize(path: &Path) -> Result<LedgerSummary> {
     let whole = tail.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
     for line in tail[..whole].split(|&b| b == b'\n').rev() {
         if let Some(seq) = event_seq(line) {
-            summary.latest_seq = seq;
+            summary.latest_seq = summary.latest_seq.max(seq);
             break;
+        }
+        // Seqs marked lost after the last event were issued too.
+        if line.starts_with(LOST_PREFIX) {
+            if let Ok(Record::Lost { to, .. }) = serde_json::from_slice(line) {
+                summary.latest_seq = summary.latest_seq.max(to);
+            }
         }
     }
     Ok(summary)

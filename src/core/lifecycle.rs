@@ -159,10 +159,15 @@ pub fn fork_ledger(
             if line.starts_with(ledger::SNAPSHOT_PREFIX) {
                 continue;
             }
-            if matches!(
-                serde_json::from_slice::<Record>(&line),
-                Ok(Record::Usage(_) | Record::Signature { .. } | Record::Compaction(_) | Record::Undo(_))
-            ) {
+            let keep = match serde_json::from_slice::<Record>(&line) {
+                Ok(Record::Usage(_) | Record::Signature { .. } | Record::Compaction(_) | Record::Undo(_)) => {
+                    true
+                }
+                // A range lost before the fork point stays lost in the fork.
+                Ok(Record::Lost { to, .. }) => to <= at_seq,
+                _ => false,
+            };
+            if keep {
                 out.write_all(&line).map_err(io)?;
             }
         }

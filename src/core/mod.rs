@@ -25,6 +25,7 @@ pub mod permissions;
 pub mod presentation;
 pub mod prompt;
 pub mod provider;
+pub(crate) mod repair;
 pub mod replay;
 pub mod rules;
 pub mod sandbox;

@@ -33,6 +33,7 @@ pub enum MuxFrame {
     Resync {
         reason: String,
         latest_seq: u64,
+        lost: Option<(u64, u64)>,
     },
     Coworking {
         clients: Vec<Client>,
@@ -138,7 +139,15 @@ impl Feed {
                                 out.push(MuxFrame::Agent(f));
                                 out.extend(presented.into_iter().map(MuxFrame::Presentation));
                             }
-                            Delivery::Resync { reason, latest_seq } => out.push(MuxFrame::Resync { reason, latest_seq }),
+                            Delivery::Resync {
+                                reason,
+                                latest_seq,
+                                lost,
+                            } => out.push(MuxFrame::Resync {
+                                reason,
+                                latest_seq,
+                                lost,
+                            }),
                             Delivery::End(End::Closed(reason)) => {
                                 self.done = true;
                                 out.push(MuxFrame::Closed { reason });

@@ -474,18 +474,30 @@ impl Session {
     /// never wait forever.
     pub fn restore(rt: Arc<Runtime>, path: &std::path::Path) -> std::result::Result<Arc<Session>, OpenError> {
         let same = rt.clone();
-        Self::restore_in(rt, path, move |_| same)
+        Self::restore_in(rt, path, 0, move |_| same)
     }
 
     /// `restore`, in the runtime `pick` gives for the workspace the ledger's
     /// header names (a session keeps the workspace it was created in).
+    ///
+    /// `recorded` is the highest seq known to have been issued elsewhere
+    /// (the session index): a ledger found cut short of it gets the missing
+    /// range marked lost (`repair::mark_lost`), so no seq is issued twice.
     pub fn restore_in(
         rt: Arc<Runtime>,
         path: &std::path::Path,
+        recorded: u64,
         pick: impl FnOnce(&str) -> Arc<Runtime>,
     ) -> std::result::Result<Arc<Session>, OpenError> {
         let mut r = Restore::new(rt.cfg.bus.ring.max(1));
         let ledger = Ledger::open(path, rt.cfg.durability, |record| r.visit(record))?;
+        let covered = r
+            .lost
+            .iter()
+            .fold(ledger.durable_seq().max(r.latest), |m, &(_, to)| m.max(to));
+        if let Some(lost) = super::repair::mark_lost(&ledger, covered, recorded).map_err(OpenError::Io)? {
+            r.visit(lost);
+        }
         let rt = match r.workspace.take() {
             Some(ws) if !ws.is_empty() && ws != rt.workspace() => pick(&ws),
             _ => rt,
@@ -1319,6 +1331,8 @@ struct Restore {
     latest: u64,
     ring: VecDeque<(u64, ClientEvent)>,
     folds: Option<Folds>,
+    /// Ranges of seqs the ledger lost (`Record::Lost`), oldest first.
+    lost: Vec<(u64, u64)>,
 }
 
 impl Restore {
@@ -1330,6 +1344,7 @@ impl Restore {
             latest: 0,
             ring: VecDeque::new(),
             folds: None,
+            lost: Vec::new(),
         }
     }
 
@@ -1375,6 +1390,11 @@ impl Restore {
                 });
                 return;
             }
+            Record::Lost { from, to } => {
+                self.latest = self.latest.max(to);
+                super::repair::note_lost(&mut self.lost, from, to);
+                return;
+            }
             Record::Event { seq, event } => (seq, event),
         };
         if seq <= self.latest {
@@ -1395,6 +1415,7 @@ impl Restore {
             latest,
             ring,
             folds,
+            lost,
             ..
         } = self;
         let (id, created_at) = header.ok_or_else(|| Error::internal("ledger has no header"))?;
@@ -1404,6 +1425,7 @@ impl Restore {
             .map(|(seq, event)| Arc::new(Frame::new(seq, sid.clone(), event)))
             .collect();
         let session = Session::build(rt, &id, created_at, log, latest, ring, read_only);
+        session.bus.note_lost(lost);
         let (facts, open_side) = {
             let mut f = lock(&session.folds);
             if let Some(restored) = folds {

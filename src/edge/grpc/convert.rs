@@ -190,8 +190,17 @@ pub fn stream_opened(session_id: &str, latest_seq: u64) -> pb::Event {
     )
 }
 
-pub fn resync(session_id: &str, reason: String, latest_seq: u64) -> pb::Event {
-    stream_frame(session_id, Kind::Resync(pb::Resync { reason, latest_seq }))
+pub fn resync(session_id: &str, reason: String, latest_seq: u64, lost: Option<(u64, u64)>) -> pb::Event {
+    let (from, to) = lost.unwrap_or_default();
+    stream_frame(
+        session_id,
+        Kind::Resync(pb::Resync {
+            reason,
+            latest_seq,
+            from,
+            to,
+        }),
+    )
 }
 
 pub fn session_closed(session_id: &str, reason: String) -> pb::Event {
@@ -429,7 +438,11 @@ pub fn mux_item(m: MuxItem) -> pb::StreamMessage {
         MuxFrame::Agent(f) if matches!(f.event, ClientEvent::Side { .. }) => F::Side(frame(&f)),
         MuxFrame::Agent(f) => F::Agent(frame(&f)),
         MuxFrame::Presentation(e) => F::Presentation(presentation(sid, &e)),
-        MuxFrame::Resync { reason, latest_seq } => F::Resync(resync(sid, reason, latest_seq)),
+        MuxFrame::Resync {
+            reason,
+            latest_seq,
+            lost,
+        } => F::Resync(resync(sid, reason, latest_seq, lost)),
         MuxFrame::Coworking {
             clients,
             joined,

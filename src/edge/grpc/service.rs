@@ -458,8 +458,12 @@ impl AgentService for AgentApi {
                         let seq = f.seq;
                         Some((Ok(convert::frame(&f)), Some((sub, seq, sid))))
                     }
-                    Delivery::Resync { reason, latest_seq } => Some((
-                        Ok(convert::resync(&sid, reason, latest_seq)),
+                    Delivery::Resync {
+                        reason,
+                        latest_seq,
+                        lost,
+                    } => Some((
+                        Ok(convert::resync(&sid, reason, latest_seq, lost)),
                         Some((sub, last, sid)),
                     )),
                     Delivery::End(End::Closed(reason)) => {

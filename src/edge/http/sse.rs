@@ -207,12 +207,16 @@ fn event_stream(opened: Opened, keepalive: &Keepalive) -> Response {
                     let json = f.encoded_json(frame_json);
                     write_frame(&mut out, f.event.kind(), Some(id.format(f.seq)), &json);
                 }
-                Delivery::Resync { reason, latest_seq } => {
+                Delivery::Resync {
+                    reason,
+                    latest_seq,
+                    lost,
+                } => {
                     write_frame(
                         &mut out,
                         "resync",
                         None,
-                        &to_json(&convert::resync(&st.sid, reason, latest_seq)),
+                        &to_json(&convert::resync(&st.sid, reason, latest_seq, lost)),
                     );
                 }
                 Delivery::End(End::Closed(reason)) => {
