@@ -6,7 +6,7 @@ use serde_json::Value;
 use std::time::{Duration, Instant};
 use support::nats::Cluster;
 use support::process::{vak, Vak};
-use support::{Frame, Sse, TestServer, TOKEN};
+use support::{Frame, Sse, TestServer, DEADLINE, TOKEN};
 use vak::core::jetstream::JetStreamLog;
 use vak::core::ledger::Record;
 
@@ -105,21 +105,24 @@ fn tail(log: &str) -> &str {
 }
 
 /// A session run on replica A (`/burst n` then a 5 MB `/bash`) is shown
-/// exactly the same by replica B, followed live and replayed from 0; the
-/// stream holds a snapshot larger than the server's `max_payload`, and no
-/// append was retried.
-async fn the_same_on_another_replica(nats: &Cluster, nodes: &str, n: u64) {
+/// exactly the same by replica B: its transcript and presentation timeline
+/// (which B loads from the stream's last snapshot and what follows it), and
+/// with `streams`, its events followed live and replayed from 0. The stream
+/// holds a snapshot larger than the server's `max_payload`, and no append
+/// was retried.
+async fn the_same_on_another_replica(nats: &Cluster, nodes: &str, n: u64, streams: bool) {
     let a = Replica::start(&nats.url(), "ra", nodes).await;
     let b = Replica::start(&nats.url(), "rb", nodes).await;
     let sid = a.api.create_session().await;
     let mut on_a = a.api.events(&sid, None).await;
-    let mut live_b = b.api.events(&sid, None).await;
+    let mut live_b = match streams {
+        true => Some(b.api.events(&sid, None).await),
+        false => None,
+    };
 
     let (code, _) = a.api.run(&sid, &format!("/burst {n}\n{BASH_5MB}")).await;
     assert_eq!(code, 202);
-    let t0 = Instant::now();
     let frames_a = until_finished(&mut on_a, &a).await;
-    eprintln!("DEBUG run on A {:?}", t0.elapsed());
     assert_eq!(frames_a.last().unwrap().body()["outcome"], "completed");
     let on_a = seen(&frames_a);
     let burst: String = (0..n).map(|i| format!("t{i} ")).collect();
@@ -134,13 +137,29 @@ async fn the_same_on_another_replica(nats: &Cluster, nodes: &str, n: u64) {
     let output = result.2["tool_result"]["output"].as_str().unwrap();
     assert!(output.starts_with(&"a".repeat(1 << 20)), "the result keeps the first MiB");
 
-    let followed = until_finished(&mut live_b, &b).await;
-    eprintln!("DEBUG followed on B {:?}", t0.elapsed());
-    assert!(seen(&followed) == on_a, "replica B followed live the same run");
-    let mut replay_b = b.api.events(&sid, Some(0)).await;
-    let replayed = until_finished(&mut replay_b, &b).await;
-    eprintln!("DEBUG replayed on B {:?}", t0.elapsed());
-    assert!(seen(&replayed) == on_a, "replica B replays the same run from 0");
+    // What a client reads of the session on B is what A shows.
+    for path in ["transcript", "presentation"] {
+        let path = format!("/sessions/{sid}/{path}");
+        let (code, on_a) = a.api.get(&path).await;
+        assert_eq!(code, 200);
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let (code, on_b) = b.api.get(&path).await;
+            if code == 200 && on_b == on_a {
+                break;
+            }
+            // B may still be applying the end of the run.
+            assert!(Instant::now() < deadline, "{path} on B differs from A's\n{}", tail(&b.vak.log()));
+            tokio::task::yield_now().await;
+        }
+    }
+    if let Some(live_b) = &mut live_b {
+        let followed = until_finished(live_b, &b).await;
+        assert!(seen(&followed) == on_a, "replica B followed live the same run");
+        let mut replay_b = b.api.events(&sid, Some(0)).await;
+        let replayed = until_finished(&mut replay_b, &b).await;
+        assert!(seen(&replayed) == on_a, "replica B replays the same run from 0");
+    }
 
     // The records over the server's limit are in the stream, read back whole.
     let client = async_nats::connect(nats.node_url(0)).await.unwrap();
@@ -164,7 +183,7 @@ async fn the_same_on_another_replica(nats: &Cluster, nodes: &str, n: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_300000_delta_burst_and_a_5_mb_tool_output_read_the_same_on_another_replica() {
     let nats = Cluster::single().await;
-    the_same_on_another_replica(&nats, "1", 300_000).await;
+    the_same_on_another_replica(&nats, "1", 300_000, false).await;
 }
 
 /// A 3-node cluster whose servers allow 64 KiB messages (read from the
@@ -173,7 +192,7 @@ async fn a_300000_delta_burst_and_a_5_mb_tool_output_read_the_same_on_another_re
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_cluster_with_a_64_kib_max_payload_large_records_read_the_same_on_another_replica() {
     let nats = Cluster::three_with_config("max_payload: 65536\n").await;
-    the_same_on_another_replica(&nats, "3", 60_000).await;
+    the_same_on_another_replica(&nats, "3", 60_000, true).await;
 }
 
 /// With 2 KiB messages, a 1 MiB tool result would take more parts than an
