@@ -42,7 +42,10 @@ impl Replica {
             "bypass",
             "--allow-bypass",
         ]);
-        cmd.arg("--home").arg(home.path()).arg("--workspace").arg(ws.path());
+        cmd.arg("--home")
+            .arg(home.path())
+            .arg("--workspace")
+            .arg(ws.path());
         let mut vak = Vak::spawn(cmd);
         let url = vak.url().await;
         Replica {
@@ -89,15 +92,28 @@ async fn until_finished(sse: &mut Sse, r: &Replica) -> Vec<Frame> {
     loop {
         let f = match tokio::time::timeout(Duration::from_secs(20), sse.next()).await {
             Ok(f) => f.expect("the stream goes on"),
-            Err(_) => panic!("no frame in 20 s after {:?}\n{}", out.last(), tail(&r.vak.log())),
+            Err(_) => panic!("no frame in 20 s after {}\n{}", last_of(&out), tail(&r.vak.log())),
         };
         let (closed, done) = (f.event == "session_closed", f.event == "run_finished");
         out.push(f);
-        assert!(!closed, "the session closed: {:?}\n{}", out.last(), tail(&r.vak.log()));
+        assert!(
+            !closed,
+            "the session closed: {}\n{}",
+            last_of(&out),
+            tail(&r.vak.log())
+        );
         if done {
             return out;
         }
     }
+}
+
+/// The last frame's id, kind and (for a failure message) no more of its data than fits a line.
+fn last_of(frames: &[Frame]) -> String {
+    frames.last().map_or("nothing".into(), |f| {
+        let data = f.data.to_string();
+        format!("{:?} {} {}", f.id, f.event, &data[..data.len().min(300)])
+    })
 }
 
 fn tail(log: &str) -> &str {
@@ -135,7 +151,10 @@ async fn the_same_on_another_replica(nats: &Cluster, nodes: &str, n: u64, stream
         .find(|(_, kind, _)| kind == "tool_result")
         .expect("a tool_result");
     let output = result.2["tool_result"]["output"].as_str().unwrap();
-    assert!(output.starts_with(&"a".repeat(1 << 20)), "the result keeps the first MiB");
+    assert!(
+        output.starts_with(&"a".repeat(1 << 20)),
+        "the result keeps the first MiB"
+    );
 
     // What a client reads of the session on B is what A shows.
     for path in ["transcript", "presentation"] {
@@ -149,7 +168,11 @@ async fn the_same_on_another_replica(nats: &Cluster, nodes: &str, n: u64, stream
                 break;
             }
             // B may still be applying the end of the run.
-            assert!(Instant::now() < deadline, "{path} on B differs from A's\n{}", tail(&b.vak.log()));
+            assert!(
+                Instant::now() < deadline,
+                "{path} on B differs from A's\n{}",
+                tail(&b.vak.log())
+            );
             tokio::task::yield_now().await;
         }
     }
@@ -164,14 +187,22 @@ async fn the_same_on_another_replica(nats: &Cluster, nodes: &str, n: u64, stream
     // The records over the server's limit are in the stream, read back whole.
     let client = async_nats::connect(nats.node_url(0)).await.unwrap();
     let limit = client.max_payload();
-    let records = JetStreamLog::open(client, &sid).await.unwrap().records().await.unwrap();
+    let records = JetStreamLog::open(client, &sid)
+        .await
+        .unwrap()
+        .records()
+        .await
+        .unwrap();
     let largest_snapshot = records
         .iter()
         .filter(|r| matches!(r, Record::Snapshot(_)))
         .map(|r| serde_json::to_vec(r).unwrap().len())
         .max()
         .expect("a snapshot was written");
-    assert!(largest_snapshot > limit, "snapshot {largest_snapshot} > max_payload {limit}");
+    assert!(
+        largest_snapshot > limit,
+        "snapshot {largest_snapshot} > max_payload {limit}"
+    );
     for r in [&a, &b] {
         assert!(!r.vak.log().contains(RETRY_LOG), "{}", tail(&r.vak.log()));
     }

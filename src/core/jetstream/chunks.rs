@@ -194,7 +194,10 @@ impl<K: PartialEq> Assembler<K> {
             }
             Some(b) => b,
         };
-        if begun.key != key || begun.count != part.count || begun.digest != part.digest || part.index != begun.have + 1
+        if begun.key != key
+            || begun.count != part.count
+            || begun.digest != part.digest
+            || part.index != begun.have + 1
         {
             return Err(Broken::Incomplete {
                 have: begun.have,
@@ -232,7 +235,12 @@ pub(crate) struct Records {
 impl Records {
     /// The record the message at `position` completes, None while its
     /// parts are missing, or why what was read is no record.
-    pub fn push(&mut self, position: Position, headers: &HeaderMap, payload: Bytes) -> Result<Option<Bytes>, Broken> {
+    pub fn push(
+        &mut self,
+        position: Position,
+        headers: &HeaderMap,
+        payload: Bytes,
+    ) -> Result<Option<Bytes>, Broken> {
         let part = part_of(headers)?;
         match self.parts.push(position, part, payload) {
             Err(Broken::Orphan { .. }) if !self.started => Ok(None),
@@ -291,7 +299,10 @@ impl LiveRecords {
                 Err(_) => Live::Gap,
             },
             Err(broken) => {
-                tracing::debug!(stream_seq, "reading the subject instead of the live path: {broken}");
+                tracing::debug!(
+                    stream_seq,
+                    "reading the subject instead of the live path: {broken}"
+                );
                 self.parts.reset();
                 Live::Gap
             }
@@ -331,7 +342,10 @@ impl fmt::Display for Oversize {
 /// messages, each at most `max` long, never cutting a record's parts
 /// apart. `sizes` is how many messages each record takes, in order (each
 /// at most `max`: `plan` refuses a larger record).
-pub(crate) fn atomic_groups(sizes: impl IntoIterator<Item = usize>, max: usize) -> Vec<std::ops::Range<usize>> {
+pub(crate) fn atomic_groups(
+    sizes: impl IntoIterator<Item = usize>,
+    max: usize,
+) -> Vec<std::ops::Range<usize>> {
     let mut groups = Vec::new();
     let (mut start, mut end) = (0, 0);
     for n in sizes {
@@ -401,7 +415,10 @@ mod tests {
     fn missing_reordered_or_altered_parts_are_an_error_never_a_partial_record() {
         let record = b"abcdefghijklmnopqrstuvwxyz";
         let parts = |key| -> Vec<(u64, Option<Part>, Bytes)> {
-            cut(record, 10).into_iter().map(|(part, p)| (key, part, p)).collect()
+            cut(record, 10)
+                .into_iter()
+                .map(|(part, p)| (key, part, p))
+                .collect()
         };
         assert_eq!(parts(1).len(), 3);
 
@@ -409,12 +426,18 @@ mod tests {
         let mut msgs = parts(1);
         msgs.pop();
         msgs.push((2, None, Bytes::from_static(b"next")));
-        assert_eq!(assemble(msgs), vec![Err(Broken::Incomplete { have: 2, count: 3 })]);
+        assert_eq!(
+            assemble(msgs),
+            vec![Err(Broken::Incomplete { have: 2, count: 3 })]
+        );
 
         // A part in the middle missing.
         let mut msgs = parts(1);
         msgs.remove(1);
-        assert_eq!(assemble(msgs), vec![Err(Broken::Incomplete { have: 1, count: 3 })]);
+        assert_eq!(
+            assemble(msgs),
+            vec![Err(Broken::Incomplete { have: 1, count: 3 })]
+        );
 
         // Two parts swapped.
         let mut msgs = parts(1);
@@ -444,7 +467,10 @@ mod tests {
             assert_eq!(a.push(key, part, p), Ok(None));
         }
         a.reset();
-        assert_eq!(a.push(5, None, Bytes::from_static(b"x")), Ok(Some(Bytes::from_static(b"x"))));
+        assert_eq!(
+            a.push(5, None, Bytes::from_static(b"x")),
+            Ok(Some(Bytes::from_static(b"x")))
+        );
     }
 
     #[test]
@@ -469,7 +495,11 @@ mod tests {
             }))
         );
         for bad in ["0/3", "4/3", "1/1", "1", "a/b", "1/-2", ""] {
-            assert_eq!(part_of(&headers(bad, Some(&d))), Err(Broken::BadHeader(bad.into())), "{bad}");
+            assert_eq!(
+                part_of(&headers(bad, Some(&d))),
+                Err(Broken::BadHeader(bad.into())),
+                "{bad}"
+            );
         }
         assert_eq!(part_of(&headers("1/2", None)), Err(Broken::NoDigest));
         assert_eq!(part_of(&headers("1/2", Some("abc"))), Err(Broken::NoDigest));
@@ -521,12 +551,20 @@ mod tests {
             assert_eq!(m.note, Some((0, 2)));
             let part = m.part.clone().unwrap();
             assert_eq!((part.count, part.digest.as_str()), (3, digest(&line).as_str()));
-            whole = a.push(m.note, Some(part), Bytes::copy_from_slice(m.payload)).unwrap();
+            whole = a
+                .push(m.note, Some(part), Bytes::copy_from_slice(m.payload))
+                .unwrap();
         }
         assert_eq!(whole.as_deref(), Some(&line[..]));
         // A record needing more parts than an atomic batch holds is refused whole.
         let err = super::super::plan("s", &b, Position::default(), 2).unwrap_err();
-        assert_eq!(err, Oversize { bytes: line.len(), room: 2 });
+        assert_eq!(
+            err,
+            Oversize {
+                bytes: line.len(),
+                room: 2
+            }
+        );
     }
 
     #[test]
@@ -555,8 +593,8 @@ mod tests {
             bytes: 5_000_000,
             room: 1000,
         };
-        assert!(too_many.to_string().starts_with(
-            "a record of 5000000 bytes would take 5000 messages of at most 1000 bytes"
-        ));
+        assert!(too_many
+            .to_string()
+            .starts_with("a record of 5000000 bytes would take 5000 messages of at most 1000 bytes"));
     }
 }
