@@ -256,3 +256,68 @@ async fn a_record_that_cannot_be_stored_fails_the_session_at_once_and_is_never_r
     assert!(took < Duration::from_secs(10), "failed after {took:?}: {reason}");
     assert!(!a.vak.log().contains(RETRY_LOG), "{}", tail(&a.vak.log()));
 }
+
+/// A set of parts whose concatenation does not match its `Vak-Digest`
+/// (written straight to the stream, as a damaged or forged subject would
+/// hold it) is an error on every read path, never a partial or altered
+/// record, and a replay fails at once rather than asking again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parts_that_do_not_match_their_digest_are_an_error_never_a_record() {
+    use vak::core::event::ClientEvent;
+    use vak::core::jetstream::{self, StreamOptions};
+    use vak::core::ledger::Log;
+    let nats = Cluster::single().await;
+    let client = jetstream::connect(&nats.url(), &StreamOptions::default())
+        .await
+        .unwrap();
+    let js = async_nats::jetstream::new(client.clone());
+    let event = |seq: u64, text: &str| {
+        serde_json::to_vec(&Record::Event {
+            seq,
+            event: ClientEvent::TextDelta { text: text.into() },
+        })
+        .unwrap()
+    };
+    let publish = |headers: Vec<(&'static str, String)>, payload: Vec<u8>| {
+        let js = js.clone();
+        async move {
+            let mut h = async_nats::HeaderMap::new();
+            for (k, v) in headers {
+                h.insert(k, v.as_str());
+            }
+            js.publish_with_headers("vak.ev.broken", h, payload.into())
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+        }
+    };
+    publish(vec![("Vak-Seq", "1".into())], event(1, "whole")).await;
+    let line = event(2, &"x".repeat(100));
+    let other = "0".repeat(64);
+    let (first, second) = line.split_at(60);
+    for (i, piece) in [(1, first), (2, second)] {
+        let headers = vec![
+            ("Vak-Seq", "2".to_string()),
+            ("Vak-Part", format!("{i}/2")),
+            ("Vak-Digest", other.clone()),
+        ];
+        publish(headers, piece.to_vec()).await;
+    }
+
+    let log = std::sync::Arc::new(JetStreamLog::open(client, "broken").await.unwrap());
+    let err = log.records().await.unwrap_err().to_string();
+    assert!(err.contains("do not match their Vak-Digest"), "{err}");
+    let started = Instant::now();
+    let reader = log.clone();
+    let read = tokio::task::spawn_blocking(move || reader.read_events(0, 10))
+        .await
+        .unwrap();
+    let err = read.unwrap_err().to_string();
+    assert!(err.contains("do not match their Vak-Digest"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}

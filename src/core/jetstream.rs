@@ -308,6 +308,15 @@ enum PubError {
     Refused(String),
 }
 
+/// Why a read failed.
+enum ReadError {
+    /// Worth asking again (no answer in time, no responders).
+    Again(String),
+    /// What is stored cannot be shown (a broken set of parts; a follower
+    /// a moment behind only ever lacks whole batches): never asked again.
+    Broken(Error),
+}
+
 /// A publish ack.
 struct Ack {
     seq: u64,
@@ -676,14 +685,14 @@ impl JetStreamLog {
         from: u64,
         after: u64,
         max: usize,
-    ) -> std::result::Result<Vec<(u64, ClientEvent)>, String> {
+    ) -> std::result::Result<Vec<(u64, ClientEvent)>, ReadError> {
         let mut out = Vec::new();
         let mut next = from.max(1);
         // Only events go in (a note's parts are skipped whole).
         let mut records = chunks::Records::default();
         loop {
             let ask = READ_BATCH.max(max - out.len());
-            let got = self.direct_batch(next, ask).await?;
+            let got = self.direct_batch(next, ask).await.map_err(ReadError::Again)?;
             let ended = got.len() < ask;
             for (stream_seq, headers, payload) in got {
                 next = stream_seq + 1;
@@ -703,7 +712,7 @@ impl JetStreamLog {
                 let payload = match records.push(Position { after: seq, notes: 0 }, &headers, payload) {
                     Ok(Some(whole)) => whole,
                     Ok(None) => continue,
-                    Err(broken) => return Err(self.broken(stream_seq, &broken).to_string()),
+                    Err(broken) => return Err(ReadError::Broken(self.broken(stream_seq, &broken))),
                 };
                 match serde_json::from_slice::<Record>(&payload) {
                     Ok(Record::Event { seq: s, event }) if s == seq => out.push((seq, event)),
@@ -855,7 +864,8 @@ impl Log for JetStreamLog {
                 // asking again will not bring back (the replay resyncs).
                 Ok(events) if events.last().is_some_and(|(seq, _)| *seq >= durable) => return Ok(events),
                 Ok(events) if Instant::now() >= deadline => return Ok(events),
-                Err(e) if Instant::now() >= deadline => {
+                Err(ReadError::Broken(e)) => return Err(e),
+                Err(ReadError::Again(e)) if Instant::now() >= deadline => {
                     return Err(Error::internal(format!(
                         "cannot read the log of {}: {e}",
                         self.session

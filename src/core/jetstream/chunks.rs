@@ -568,6 +568,93 @@ mod tests {
     }
 
     #[test]
+    fn a_mirror_applies_a_record_in_parts_once_its_last_part_came_and_reads_the_subject_for_a_broken_one() {
+        use crate::core::ledger::Record;
+        let record = Record::Admitted {
+            request_id: "r".repeat(50),
+        };
+        let line = serde_json::to_vec(&record).unwrap();
+        // Republished messages: the position, the part, the stream sequence.
+        let live = |stream_seq: u64, note: &str, part: Option<(usize, usize)>, payload: &[u8]| {
+            let mut h = HeaderMap::new();
+            h.insert("Nats-Sequence", stream_seq.to_string().as_str());
+            h.insert(super::super::H_NOTE, note);
+            if let Some((i, n)) = part {
+                h.insert(H_PART, format!("{i}/{n}").as_str());
+                h.insert(H_DIGEST, digest(&line).as_str());
+            }
+            async_nats::Message {
+                subject: "vak.live.s".into(),
+                reply: None,
+                payload: Bytes::copy_from_slice(payload),
+                headers: Some(h),
+                status: None,
+                description: None,
+                length: 0,
+            }
+        };
+        let pieces: Vec<&[u8]> = line.chunks(30).collect();
+        assert_eq!(pieces.len(), 3);
+        let at = |notes| Position { after: 4, notes };
+        let mut r = LiveRecords::default();
+
+        // Parts 1 and 2 wait, part 3 gives the record at its own stream sequence.
+        assert!(matches!(
+            r.next(&live(10, "4.1", Some((1, 3)), pieces[0]), at(0)),
+            Live::Wait
+        ));
+        assert!(matches!(
+            r.next(&live(11, "4.1", Some((2, 3)), pieces[1]), at(0)),
+            Live::Wait
+        ));
+        match r.next(&live(12, "4.1", Some((3, 3)), pieces[2]), at(0)) {
+            Live::Record(m) => {
+                assert_eq!((m.stream_seq, m.position), (12, at(1)));
+                assert_eq!(m.record, record);
+            }
+            _ => panic!("the record, once whole"),
+        }
+        // A part read again (a duplicate) waits; a whole next note applies.
+        assert!(matches!(
+            r.next(&live(11, "4.1", Some((2, 3)), pieces[1]), at(1)),
+            Live::Wait
+        ));
+        let small = serde_json::to_vec(&Record::Admitted {
+            request_id: "s".into(),
+        })
+        .unwrap();
+        assert!(matches!(
+            r.next(&live(13, "4.2", None, &small), at(1)),
+            Live::Record(_)
+        ));
+
+        // A part missing: the next message is a gap, and nothing partial is applied.
+        assert!(matches!(
+            r.next(&live(14, "4.3", Some((1, 3)), pieces[0]), at(2)),
+            Live::Wait
+        ));
+        assert!(matches!(
+            r.next(&live(16, "4.3", Some((3, 3)), pieces[2]), at(2)),
+            Live::Gap
+        ));
+        // An altered part: a gap too.
+        assert!(matches!(
+            r.next(&live(14, "4.3", Some((1, 3)), pieces[0]), at(2)),
+            Live::Wait
+        ));
+        assert!(matches!(
+            r.next(&live(15, "4.3", Some((2, 3)), pieces[0]), at(2)),
+            Live::Wait
+        ));
+        assert!(matches!(
+            r.next(&live(16, "4.3", Some((3, 3)), pieces[2]), at(2)),
+            Live::Gap
+        ));
+        // A message further on than the next: a gap, whatever was begun.
+        assert!(matches!(r.next(&live(20, "4.5", None, &small), at(2)), Live::Gap));
+    }
+
+    #[test]
     fn parts_per_record() {
         assert_eq!(parts(0, 10), 1);
         assert_eq!(parts(10, 10), 1);
