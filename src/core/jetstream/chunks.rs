@@ -91,7 +91,8 @@ pub(crate) fn part_of(headers: &HeaderMap) -> Result<Option<Part>, Broken> {
     let bad = || Broken::BadHeader(value.as_str().to_string());
     let (i, n) = value.as_str().split_once('/').ok_or_else(bad)?;
     let (index, count): (usize, usize) = (i.parse().map_err(|_| bad())?, n.parse().map_err(|_| bad())?);
-    if count < 2 || index == 0 || index > count {
+    // A writer never cuts a record in more parts than an atomic batch holds.
+    if !(2..=super::ATOMIC_MAX).contains(&count) || !(1..=count).contains(&index) {
         return Err(bad());
     }
     let digest = headers
@@ -105,7 +106,7 @@ pub(crate) fn part_of(headers: &HeaderMap) -> Result<Option<Part>, Broken> {
 /// Why the parts read cannot be shown as a record.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Broken {
-    /// A `Vak-Part` that is not `i/n` with 1 ≤ i ≤ n and n ≥ 2.
+    /// A `Vak-Part` that is not `i/n` with 1 ≤ i ≤ n and 2 ≤ n ≤ 1000.
     BadHeader(String),
     /// A part with no 64-hex-digit `Vak-Digest`.
     NoDigest,
@@ -135,6 +136,9 @@ impl fmt::Display for Broken {
         }
     }
 }
+
+/// The most a record begun reserves at once for its parts.
+const PREALLOCATE: usize = 16 << 20;
 
 /// A record begun and not yet complete.
 struct Begun<K> {
@@ -174,8 +178,10 @@ impl<K: PartialEq> Assembler<K> {
         };
         let mut begun = match self.begun.take() {
             None if part.index == 1 => {
-                // Every part but the last is as large as the first.
-                let mut bytes = Vec::with_capacity(payload.len().saturating_mul(part.count));
+                // Every part but the last is as large as the first; what
+                // headers claim is not trusted past `PREALLOCATE`.
+                let guess = payload.len().saturating_mul(part.count).min(PREALLOCATE);
+                let mut bytes = Vec::with_capacity(guess);
                 bytes.extend_from_slice(&payload);
                 self.begun = Some(Begun {
                     key,
@@ -494,7 +500,17 @@ mod tests {
                 digest: d.clone()
             }))
         );
-        for bad in ["0/3", "4/3", "1/1", "1", "a/b", "1/-2", ""] {
+        for bad in [
+            "0/3",
+            "4/3",
+            "1/1",
+            "1",
+            "a/b",
+            "1/-2",
+            "",
+            "1/1001",
+            "1/99999999999",
+        ] {
             assert_eq!(
                 part_of(&headers(bad, Some(&d))),
                 Err(Broken::BadHeader(bad.into())),
