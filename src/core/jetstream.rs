@@ -18,7 +18,14 @@
 //! message of a session has its own id and the order key `(n, k)` only
 //! grows. Every message also names its writer, `Vak-Writer: <uuid>` (one
 //! per `JetStreamLog`), which is how a writer tells its own retried
-//! message from a rival's with the same id.
+//! message from a rival's with the same id. A record too large for one
+//! message (its line over the server's `max_payload`, read from the
+//! connection's server info at each append, less `chunks::HEADER_ROOM` for
+//! the headers) goes as n parts (`chunks.rs`): consecutive messages with
+//! the record's `Vak-Seq` or `Vak-Note`, `Vak-Part: i/n`, `Vak-Digest:
+//! <sha256 hex of the whole line>` and `Nats-Msg-Id: <id>/<i>`, in one
+//! atomic batch; every read puts them back together and checks the digest,
+//! and a set that is incomplete or does not match is an error, never shown.
 //!
 //! **One writer per session.** Each append is a compare-and-set on the
 //! subject: its first message carries `Nats-Expected-Last-Subject-Sequence`,
@@ -42,15 +49,19 @@
 //! Measured on a loopback R3 cluster (2 cores, tests/jetstream.rs,
 //! `batches_are_one_round_trip`), see docs/scale-out.md for the numbers.
 //! The server caps an atomic batch at 1000 messages: a larger writer batch
-//! goes as several, each atomic; if one of them fails, the ones before it
-//! are stored but none was shown (the writer fails the session), and a
-//! reload continues after them, so no seq is ever reused.
+//! goes as several, each atomic and each holding whole records (a record's
+//! parts are never split between two); if one of them fails, the ones
+//! before it are stored but none was shown (the writer fails the session),
+//! and a reload continues after them, so no seq is ever reused.
 //!
 //! **Transient failures.** A publish that times out or finds no responders
 //! (a stream leader being elected after a node died) is retried with the
 //! same ids and the same expected sequence until `RETRY_FOR` has passed:
 //! appends stall, then resume, and the duplicate window plus the writer
-//! check make the retry idempotent.
+//! check make the retry idempotent. A message over `max_payload` (the
+//! client's typed `MaxPayloadExceeded`, JetStream error 10054) or a record
+//! needing more parts than an atomic batch holds is never retried: the
+//! append fails at once with the sizes (`storage_failed`).
 //!
 //! **Reads.** `read_events` uses batched direct gets (`$JS.API.DIRECT.GET`,
 //! `next_by_subj` with `batch`, nats-server 2.11+) from a stream sequence
@@ -77,6 +88,12 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 
+mod chunks;
+mod messages;
+pub(crate) use chunks::{Live, LiveRecords};
+pub(crate) use messages::{plan, position_of, Planned};
+pub use messages::{Position, Stored};
+
 /// The stream every session's log lives in.
 pub const STREAM: &str = "VAK_EV";
 /// A session's subject is this prefix and its id.
@@ -87,6 +104,8 @@ pub const LIVE_PREFIX: &str = "vak.live.";
 pub const WRONG_LAST_SEQUENCE: u64 = 10071;
 /// JetStream's "atomic publish batch contains duplicate message id".
 pub const ATOMIC_DUPLICATE: u64 = 10201;
+/// JetStream's "message size exceeds maximum allowed" (the stream's `max_msg_size`).
+const MESSAGE_TOO_LARGE: u64 = 10054;
 /// JetStream error: the expected last sequence could not be checked because
 /// an earlier write to the subject is still being applied (nats-server
 /// 2.12+ answers this under load instead of 10071): asked again, it is
@@ -244,109 +263,6 @@ pub fn subject_safe(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
-/// Where the next note goes: after event `after`, as its `k`-th note.
-/// Ordered as the messages of a subject are: by event, then by note.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Position {
-    /// The last event's seq (0: none yet).
-    pub after: u64,
-    /// Notes already written after it.
-    pub notes: u64,
-}
-
-/// One message to publish.
-#[derive(Debug, PartialEq)]
-pub struct Planned<'a> {
-    /// `Vak-Seq` for an event; None for a note.
-    pub seq: Option<u64>,
-    /// `Vak-Note` for a note: (the event it follows, k).
-    pub note: Option<(u64, u64)>,
-    pub msg_id: String,
-    pub payload: &'a [u8],
-}
-
-/// The messages of `batch` for `session`, starting at `pos`; and the position after them.
-pub fn plan<'a>(session: &str, batch: &'a Batch, mut pos: Position) -> (Vec<Planned<'a>>, Position) {
-    let msgs = batch
-        .records()
-        .map(|(seq, payload)| match seq {
-            Some(n) => {
-                pos = Position { after: n, notes: 0 };
-                Planned {
-                    seq: Some(n),
-                    note: None,
-                    msg_id: format!("{session}:{n}"),
-                    payload,
-                }
-            }
-            None => {
-                pos.notes += 1;
-                Planned {
-                    seq: None,
-                    note: Some((pos.after, pos.notes)),
-                    msg_id: format!("{session}:{}.{}", pos.after, pos.notes),
-                    payload,
-                }
-            }
-        })
-        .collect();
-    (msgs, pos)
-}
-
-impl Position {
-    /// Whether a message at `next` comes right after one at `self` on a
-    /// subject: the next event, or the next note after the same event.
-    pub fn followed_by(self, next: Position) -> bool {
-        next == Position {
-            after: self.after + 1,
-            notes: 0,
-        } || next
-            == Position {
-                after: self.after,
-                notes: self.notes + 1,
-            }
-    }
-}
-
-/// One stored message of a session's subject, as a mirror applies it.
-#[derive(Debug)]
-pub struct Stored {
-    pub stream_seq: u64,
-    pub position: Position,
-    pub record: Record,
-}
-
-/// A message of the live path (`vak.live.<session>`, what the stream
-/// republished after storing it): None for one without its stream
-/// sequence, position or a readable record.
-pub fn live_message(msg: &async_nats::Message) -> Option<Stored> {
-    let headers = msg.headers.as_ref()?;
-    let stream_seq = headers.get("Nats-Sequence")?.as_str().parse().ok()?;
-    let position = position_of(headers)?;
-    let record = serde_json::from_slice(&msg.payload).ok()?;
-    Some(Stored {
-        stream_seq,
-        position,
-        record,
-    })
-}
-
-/// The position a stored message leaves the log at, from its headers.
-fn position_of(headers: &HeaderMap) -> Option<Position> {
-    if let Some(seq) = headers.get(H_SEQ) {
-        return Some(Position {
-            after: seq.as_str().parse().ok()?,
-            notes: 0,
-        });
-    }
-    let note = headers.get(H_NOTE)?;
-    let (after, k) = note.as_str().split_once('.')?;
-    Some(Position {
-        after: after.parse().ok()?,
-        notes: k.parse().ok()?,
-    })
-}
-
 /// What the writer side knows.
 struct Writer {
     /// The stream sequence of the last message on the subject (0: none).
@@ -385,8 +301,20 @@ enum PubError {
     Transient(String),
     /// The CAS failed (10071), or an atomic batch held an id already stored (10201).
     WrongLast,
+    /// A message over the server's `max_payload` or the stream's
+    /// `max_msg_size`: asking again cannot help.
+    TooLarge(String),
     /// Anything else JetStream refused.
     Refused(String),
+}
+
+/// Why a read failed.
+enum ReadError {
+    /// Worth asking again (no answer in time, no responders).
+    Again(String),
+    /// What is stored cannot be shown (a broken set of parts; a follower
+    /// a moment behind only ever lacks whole batches): never asked again.
+    Broken(Error),
 }
 
 /// A publish ack.
@@ -501,9 +429,12 @@ impl JetStreamLog {
 
     /// Every message of the subject after stream sequence `after`, in
     /// order, with its stream sequence and position.
+    /// A record cut in parts counts at its last part's stream sequence; one
+    /// whose parts are incomplete or altered is an error.
     pub async fn stored_after(&self, after: u64) -> Result<Vec<Stored>> {
         let mut out = Vec::new();
         let mut next = after + 1;
+        let mut records = chunks::Records::default();
         loop {
             let got = self
                 .direct_batch(next, READ_BATCH)
@@ -515,6 +446,11 @@ impl JetStreamLog {
                 let Some(position) = position_of(&headers) else {
                     tracing::error!(subject = %self.subject, stream_seq, "a message with neither {H_SEQ} nor {H_NOTE} is left out");
                     continue;
+                };
+                let payload = match records.push(position, &headers, payload) {
+                    Ok(Some(whole)) => whole,
+                    Ok(None) => continue,
+                    Err(broken) => return Err(self.broken(stream_seq, &broken)),
                 };
                 match serde_json::from_slice::<Record>(&payload) {
                     Ok(record) => out.push(Stored {
@@ -531,6 +467,14 @@ impl JetStreamLog {
                 return Ok(out);
             }
         }
+    }
+
+    /// The error a read that found a broken set of parts fails with.
+    fn broken(&self, stream_seq: u64, broken: &chunks::Broken) -> Error {
+        Error::internal(format!(
+            "cannot read the log of {}: at stream sequence {stream_seq} of {STREAM}, {broken}",
+            self.session
+        ))
     }
 
     /// Forgets the last append's ack, as if it had been lost: appending the
@@ -590,6 +534,10 @@ impl JetStreamLog {
         if let Some((after, k)) = m.note {
             h.insert(H_NOTE, format!("{after}.{k}").as_str());
         }
+        if let Some(part) = &m.part {
+            h.insert(chunks::H_PART, part.header().as_str());
+            h.insert(chunks::H_DIGEST, part.digest.as_str());
+        }
         h
     }
 
@@ -611,17 +559,31 @@ impl JetStreamLog {
                 }
             }
             let payload = Bytes::copy_from_slice(m.payload);
+            let size = chunks::wire_len(&h) + payload.len();
+            let too_large = || {
+                PubError::TooLarge(format!(
+                    "a message of {size} bytes (headers and payload) is over the NATS server's max_payload of {} bytes",
+                    self.client.max_payload()
+                ))
+            };
             if i + 1 == n {
-                answer = Some(
-                    self.request(self.subject.clone(), h, payload)
-                        .await
-                        .map_err(PubError::Transient)?,
-                );
+                let req = self.client.request_with_headers(self.subject.clone(), h, payload);
+                answer = Some(match tokio::time::timeout(REQUEST_TIMEOUT, req).await {
+                    Ok(Ok(msg)) => msg,
+                    Ok(Err(e)) if e.kind() == async_nats::RequestErrorKind::MaxPayloadExceeded => {
+                        return Err(too_large())
+                    }
+                    Ok(Err(e)) => return Err(PubError::Transient(e.to_string())),
+                    Err(_) => return Err(PubError::Transient(format!("no answer in {REQUEST_TIMEOUT:?}"))),
+                });
             } else {
                 self.client
                     .publish_with_headers(self.subject.clone(), h, payload)
                     .await
-                    .map_err(|e| PubError::Transient(e.to_string()))?;
+                    .map_err(|e| match e.kind() {
+                        async_nats::client::PublishErrorKind::MaxPayloadExceeded => too_large(),
+                        _ => PubError::Transient(e.to_string()),
+                    })?;
             }
         }
         let msg = answer.expect("a batch has at least one message");
@@ -643,6 +605,7 @@ impl JetStreamLog {
                 // An id of the batch is in the duplicate window: ours (a
                 // retry) or a rival's with the same seq; told apart like 10071.
                 WRONG_LAST_SEQUENCE | ATOMIC_DUPLICATE => PubError::WrongLast,
+                MESSAGE_TOO_LARGE => PubError::TooLarge(format!("{text} (JetStream error {code})")),
                 // JetStream not available right now (no leader, no quorum),
                 // or an earlier write to the subject still in flight.
                 10008 | 10023 | 10077 | LAST_SEQUENCE_IN_FLIGHT => {
@@ -700,6 +663,9 @@ impl JetStreamLog {
                     Err(e) => e,
                 },
                 Err(PubError::Refused(e)) => return Err(std::io::Error::other(e)),
+                Err(PubError::TooLarge(e)) => {
+                    return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
+                }
                 Err(PubError::Transient(e)) => e,
             };
             if Instant::now() >= deadline {
@@ -719,24 +685,35 @@ impl JetStreamLog {
         from: u64,
         after: u64,
         max: usize,
-    ) -> std::result::Result<Vec<(u64, ClientEvent)>, String> {
+    ) -> std::result::Result<Vec<(u64, ClientEvent)>, ReadError> {
         let mut out = Vec::new();
         let mut next = from.max(1);
+        // Only events go in (a note's parts are skipped whole).
+        let mut records = chunks::Records::default();
         loop {
             let ask = READ_BATCH.max(max - out.len());
-            let got = self.direct_batch(next, ask).await?;
+            let got = self.direct_batch(next, ask).await.map_err(ReadError::Again)?;
             let ended = got.len() < ask;
             for (stream_seq, headers, payload) in got {
                 next = stream_seq + 1;
                 let Some(seq) = headers.get(H_SEQ).and_then(|v| v.as_str().parse::<u64>().ok()) else {
                     continue;
                 };
-                if seq % MARK_EVERY == 0 {
+                let first = headers
+                    .get(chunks::H_PART)
+                    .is_none_or(|p| p.as_str().starts_with("1/"));
+                if seq % MARK_EVERY == 0 && first {
+                    // A read starts at a record's first message.
                     lock(&self.seen).marks.insert(seq, stream_seq);
                 }
                 if seq <= after {
                     continue;
                 }
+                let payload = match records.push(Position { after: seq, notes: 0 }, &headers, payload) {
+                    Ok(Some(whole)) => whole,
+                    Ok(None) => continue,
+                    Err(broken) => return Err(ReadError::Broken(self.broken(stream_seq, &broken))),
+                };
                 match serde_json::from_slice::<Record>(&payload) {
                     Ok(Record::Event { seq: s, event }) if s == seq => out.push((seq, event)),
                     Ok(_) => {
@@ -829,9 +806,14 @@ impl Log for JetStreamLog {
                 self.session
             )));
         }
-        let (msgs, end) = plan(&self.session, batch, w.pos);
+        // The limit of the server this connection is on now (servers of a
+        // cluster may differ, and a reconnect may land on another).
+        let room = chunks::room(self.client.max_payload());
+        let (msgs, end, sizes) = plan(&self.session, batch, w.pos, room)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
         w.before = (w.last, w.pos);
-        for chunk in msgs.chunks(ATOMIC_MAX) {
+        for group in chunks::atomic_groups(sizes, ATOMIC_MAX) {
+            let chunk = &msgs[group];
             let before = w.last;
             match self.rt.block_on(self.store(chunk, before)) {
                 Ok(last) => {
@@ -882,7 +864,8 @@ impl Log for JetStreamLog {
                 // asking again will not bring back (the replay resyncs).
                 Ok(events) if events.last().is_some_and(|(seq, _)| *seq >= durable) => return Ok(events),
                 Ok(events) if Instant::now() >= deadline => return Ok(events),
-                Err(e) if Instant::now() >= deadline => {
+                Err(ReadError::Broken(e)) => return Err(e),
+                Err(ReadError::Again(e)) if Instant::now() >= deadline => {
                     return Err(Error::internal(format!(
                         "cannot read the log of {}: {e}",
                         self.session
@@ -906,83 +889,6 @@ impl Log for JetStreamLog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::event::Frame;
-
-    fn frame(seq: u64) -> Frame {
-        Frame::new(
-            seq,
-            "s".into(),
-            ClientEvent::TextDelta {
-                text: format!("t{seq}"),
-            },
-        )
-    }
-
-    #[test]
-    fn every_message_of_a_session_has_its_own_id_and_notes_count_on_across_batches() {
-        let mut b1 = Batch::default();
-        b1.push(&Record::Admitted {
-            request_id: "r".into(),
-        });
-        b1.push_frame(&frame(1));
-        b1.push_frame(&frame(2));
-        b1.push(&Record::Signature {
-            signature: "x".into(),
-        });
-        let (m1, pos) = plan("s", &b1, Position::default());
-        let ids: Vec<_> = m1.iter().map(|m| m.msg_id.as_str()).collect();
-        assert_eq!(ids, ["s:0.1", "s:1", "s:2", "s:2.1"]);
-        assert_eq!(m1[1].seq, Some(1));
-        assert_eq!(m1[3].note, Some((2, 1)));
-        assert_eq!(pos, Position { after: 2, notes: 1 });
-        assert!(m1[1].payload.starts_with(br#"{"event":{"seq":1"#));
-        assert!(!m1[1].payload.ends_with(b"\n"));
-
-        // A batch of notes only goes on counting after the same event.
-        let mut b2 = Batch::default();
-        b2.push(&Record::Admitted {
-            request_id: "q".into(),
-        });
-        let (m2, pos) = plan("s", &b2, pos);
-        assert_eq!(m2[0].msg_id, "s:2.2");
-        assert_eq!(pos, Position { after: 2, notes: 2 });
-        let mut b3 = Batch::default();
-        b3.push_frame(&frame(3));
-        b3.push(&Record::Admitted {
-            request_id: "z".into(),
-        });
-        let (m3, _) = plan("s", &b3, pos);
-        let ids: Vec<_> = m3.iter().map(|m| m.msg_id.as_str()).collect();
-        assert_eq!(ids, ["s:3", "s:3.1"]);
-    }
-
-    #[test]
-    fn a_position_is_read_back_from_the_headers_it_was_written_with() {
-        let mut h = HeaderMap::new();
-        h.insert(H_SEQ, "41");
-        assert_eq!(position_of(&h), Some(Position { after: 41, notes: 0 }));
-        let mut h = HeaderMap::new();
-        h.insert(H_NOTE, "41.3");
-        assert_eq!(position_of(&h), Some(Position { after: 41, notes: 3 }));
-        assert_eq!(position_of(&HeaderMap::new()), None);
-    }
-
-    #[test]
-    fn a_mirror_applies_only_the_message_right_after_the_last_and_orders_the_rest() {
-        let at = |after, notes| Position { after, notes };
-        // After event 4: event 5, or the first note after 4.
-        assert!(at(4, 0).followed_by(at(5, 0)));
-        assert!(at(4, 0).followed_by(at(4, 1)));
-        // After a note: the next note, or the next event.
-        assert!(at(4, 2).followed_by(at(4, 3)));
-        assert!(at(4, 2).followed_by(at(5, 0)));
-        // Anything further on is a gap to fill, never applied as it is.
-        for gap in [at(6, 0), at(4, 3), at(5, 1)] {
-            assert!(!at(4, 1).followed_by(gap), "{gap:?}");
-        }
-        // Duplicates (a message read already) order at or before the last.
-        assert!(at(4, 1) <= at(4, 1) && at(3, 9) < at(4, 0) && at(4, 0) < at(4, 1));
-    }
 
     #[test]
     fn only_plain_ids_are_subjects() {

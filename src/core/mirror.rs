@@ -8,7 +8,9 @@
 //! last one applied; one at or before it is a duplicate (already read) and
 //! is skipped; one further on means messages were missed (a reconnect, a
 //! slow consumer), and the gap is filled by reading the subject after the
-//! last applied stream sequence with direct gets, never skipped. A quiet
+//! last applied stream sequence with direct gets, never skipped. A record
+//! stored in parts (`Vak-Part`) is applied when its last part arrived and
+//! the whole matched its digest; a part missing or out of place is a gap. A quiet
 //! tick reads the subject's head, so a lost last message is found too.
 //! Frames come only from what the stream stored, never from the raw
 //! subject, so a frame a writer was refused (fenced) is never shown.
@@ -17,7 +19,7 @@
 //! a cursor means the same on every replica.
 
 use super::event::{Frame, Note};
-use super::jetstream::{live_message, JetStreamLog, Position, Stored, LIVE_PREFIX};
+use super::jetstream::{JetStreamLog, Live, LiveRecords, Position, Stored, LIVE_PREFIX};
 use super::ledger::Record;
 use super::session::{Runtime, Session};
 use super::writer::Visible;
@@ -71,6 +73,8 @@ async fn follow(
     mut pos: Position,
 ) {
     let mut tick = tokio::time::interval(TICK);
+    // A record stored in parts is applied once its last part arrived.
+    let mut records = LiveRecords::default();
     loop {
         let got = tokio::select! {
             m = live.next() => Some(m),
@@ -90,13 +94,13 @@ async fn follow(
                 let mut gap = false;
                 let mut next = Some(msg);
                 while let Some(msg) = next.take() {
-                    match live_message(&msg) {
-                        Some(m) if m.position <= pos => {}
-                        Some(m) if pos.followed_by(m.position) => {
+                    match records.next(&msg, pos) {
+                        Live::Wait => {}
+                        Live::Record(m) => {
                             (last, pos) = (m.stream_seq, m.position);
                             ready.push(m);
                         }
-                        _ => {
+                        Live::Gap => {
                             gap = true;
                             break;
                         }
@@ -126,6 +130,8 @@ async fn follow(
             },
         };
         if gap {
+            // What the live path began of a record is read whole from the subject.
+            records.reset();
             match log.stored_after(last).await {
                 Ok(stored) => {
                     let missed: Vec<Stored> = stored.into_iter().filter(|m| m.position > pos).collect();

@@ -61,6 +61,12 @@ impl Cluster {
         Cluster::start(1).await
     }
 
+    /// Three nodes run with the configuration file `conf` (a smaller
+    /// `max_payload`, …), routed to each other and ready.
+    pub async fn three_with_config(conf: &str) -> Cluster {
+        Cluster::start_with(3, Some(conf), Arc::new(async_nats::ConnectOptions::new)).await
+    }
+
     /// One JetStream server run with the configuration file `conf` (its
     /// `authorization`, `tls`, …; address, port, name and store come from
     /// the command line), ready once a client `connect` makes gets
