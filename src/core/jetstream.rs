@@ -73,9 +73,10 @@ use async_nats::{HeaderMap, StatusCode};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use std::collections::BTreeMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
+use tokio_util::sync::CancellationToken;
 
 /// The stream every session's log lives in.
 pub const STREAM: &str = "VAK_EV";
@@ -94,6 +95,8 @@ pub const ATOMIC_DUPLICATE: u64 = 10201;
 pub const LAST_SEQUENCE_IN_FLIGHT: u64 = 10164;
 /// The error every append of a fenced log fails with.
 pub const ANOTHER_WRITER: &str = "another writer appended to this session";
+/// The error an append fails with once this replica lost the lease (`stop`).
+pub const LEASE_STOPPED: &str = "the lease of this session was lost";
 /// The server's cap on the messages of one atomic batch.
 pub const ATOMIC_MAX: usize = 1000;
 /// How long a publish or read is retried through transient failures.
@@ -108,6 +111,9 @@ const MARK_EVERY: u64 = 256;
 pub const H_SEQ: &str = "Vak-Seq";
 pub const H_NOTE: &str = "Vak-Note";
 pub const H_WRITER: &str = "Vak-Writer";
+/// The replica that wrote a message (`--bus-replica`): whom a replica
+/// about to take a free lease asks first whether it still holds it.
+pub const H_REPLICA: &str = "Vak-Replica";
 const H_MSG_ID: &str = "Nats-Msg-Id";
 const H_EXPECTED: &str = "Nats-Expected-Last-Subject-Sequence";
 const H_BATCH_ID: &str = "Nats-Batch-Id";
@@ -375,6 +381,11 @@ pub struct JetStreamLog {
     session: String,
     subject: String,
     writer_id: String,
+    /// The replica writing through this log (`Vak-Replica`), when known.
+    replica: OnceLock<String>,
+    /// Cancelled when this replica lost the session's lease: no append is
+    /// tried again from then on, one in flight gives up at once.
+    stopped: CancellationToken,
     writer: Mutex<Writer>,
     seen: Mutex<Seen>,
 }
@@ -411,6 +422,8 @@ impl JetStreamLog {
             session: session.to_string(),
             subject,
             writer_id: uuid::Uuid::new_v4().simple().to_string(),
+            replica: OnceLock::new(),
+            stopped: CancellationToken::new(),
             writer: Mutex::new(Writer {
                 last: 0,
                 pos: Position::default(),
@@ -422,9 +435,17 @@ impl JetStreamLog {
                 marks: BTreeMap::new(),
             }),
         };
+        log.read_head().await?;
+        Ok(log)
+    }
+
+    /// Reads the subject's last message: where the CAS chain and the
+    /// numbering go on from (asked again through transient failures).
+    async fn read_head(&self) -> Result<()> {
+        let session = &self.session;
         let deadline = Instant::now() + RETRY_FOR;
         let last = loop {
-            match log.last_message().await {
+            match self.last_message().await {
                 Ok(last) => break last,
                 Err(e) if Instant::now() < deadline => {
                     tracing::debug!(session, "reading the log's last message again: {e}");
@@ -437,15 +458,51 @@ impl JetStreamLog {
             let pos = position_of(&headers).ok_or_else(|| {
                 Error::internal(format!(
                     "the last message of {} has neither {H_SEQ} nor {H_NOTE}",
-                    log.subject
+                    self.subject
                 ))
             })?;
-            let mut w = lock(&log.writer);
+            let mut w = lock(&self.writer);
             w.last = stream_seq;
             w.pos = pos;
-            lock(&log.seen).durable_seq = pos.after;
+            w.fenced = false;
+            let mut seen = lock(&self.seen);
+            seen.durable_seq = seen.durable_seq.max(pos.after);
         }
-        Ok(log)
+        Ok(())
+    }
+
+    /// Names `replica` in every message this log writes from now on (`Vak-Replica`).
+    pub fn write_as(&self, replica: &str) {
+        let _ = self.replica.set(replica.to_string());
+    }
+
+    /// This replica lost the session's lease: no append is tried again,
+    /// and one retrying through a NATS election gives up now.
+    pub fn stop(&self) {
+        self.stopped.cancel();
+    }
+
+    /// Appends `batch`, the first records of a replica that just took the
+    /// session's lease, at the subject's head whatever is there: a stale
+    /// holder's append that landed after this log was opened (retried
+    /// across the takeover) is read past and appended after, never fenced
+    /// on. Once it is stored, every append of a writer that has not seen it
+    /// fails the CAS: the old holder is fenced, the new one never is.
+    /// Blocking, like `append`.
+    pub fn take_over(&self, batch: &Batch) -> std::io::Result<()> {
+        let deadline = Instant::now() + RETRY_FOR;
+        loop {
+            match self.append(batch) {
+                Ok(()) => return Ok(()),
+                Err(e) if self.fenced() && Instant::now() < deadline => {
+                    tracing::info!(session = %self.session, "a stale writer appended while this replica took the session over: appending after it ({e})");
+                    self.rt
+                        .block_on(self.read_head())
+                        .map_err(|e| std::io::Error::other(e.message))?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     pub fn session(&self) -> &str {
@@ -584,6 +641,9 @@ impl JetStreamLog {
         let mut h = HeaderMap::new();
         h.insert(H_MSG_ID, m.msg_id.as_str());
         h.insert(H_WRITER, self.writer_id.as_str());
+        if let Some(replica) = self.replica.get() {
+            h.insert(H_REPLICA, replica.as_str());
+        }
         if let Some(seq) = m.seq {
             h.insert(H_SEQ, seq.to_string().as_str());
         }
@@ -686,8 +746,21 @@ impl JetStreamLog {
                 self.session
             ))
         };
+        let stopped = || {
+            std::io::Error::other(format!(
+                "{LEASE_STOPPED} ({}): this replica lost its lease and stops writing it",
+                self.session
+            ))
+        };
         loop {
-            let err = match self.publish_once(msgs, last).await {
+            if self.stopped.is_cancelled() {
+                return Err(stopped());
+            }
+            let once = tokio::select! {
+                once = self.publish_once(msgs, last) => once,
+                _ = self.stopped.cancelled() => return Err(stopped()),
+            };
+            let err = match once {
                 Ok(ack) if !ack.duplicate => return Ok(ack.seq),
                 Ok(ack) => match self.ours(Some(ack.seq), tail_id).await {
                     Ok(Some(seq)) => return Ok(seq),
@@ -709,7 +782,10 @@ impl JetStreamLog {
                 ));
             }
             tracing::warn!(session = %self.session, "appending again: {err}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                _ = self.stopped.cancelled() => return Err(stopped()),
+            }
         }
     }
 

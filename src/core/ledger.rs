@@ -82,6 +82,11 @@ pub enum Record {
     Undo(super::event::Undo),
     /// The session's folds as of a seq: a reload starts from the last one.
     Snapshot(Box<super::session::Snapshot>),
+    /// With `--bus`: replica `replica` took the session's lease (KV
+    /// revision `revision`) and writes it from here on. The first thing a
+    /// loading holder appends (`JetStreamLog::take_over`), so a stale
+    /// holder's later append fails the CAS; nothing folds it.
+    Lease { replica: String, revision: u64 },
 }
 
 /// `Record::Event` by reference, so a batch encodes frames without copying
