@@ -454,20 +454,24 @@ impl JetStreamLog {
                 Err(e) => return Err(Error::internal(format!("cannot open the log of {session}: {e}"))),
             }
         };
-        if let Some((stream_seq, headers)) = last {
-            let pos = position_of(&headers).ok_or_else(|| {
-                Error::internal(format!(
-                    "the last message of {} has neither {H_SEQ} nor {H_NOTE}",
-                    self.subject
-                ))
-            })?;
-            let mut w = lock(&self.writer);
-            w.last = stream_seq;
-            w.pos = pos;
-            w.fenced = false;
-            let mut seen = lock(&self.seen);
-            seen.durable_seq = seen.durable_seq.max(pos.after);
-        }
+        let (last, pos) = match last {
+            Some((stream_seq, headers)) => {
+                let pos = position_of(&headers).ok_or_else(|| {
+                    Error::internal(format!(
+                        "the last message of {} has neither {H_SEQ} nor {H_NOTE}",
+                        self.subject
+                    ))
+                })?;
+                (stream_seq, pos)
+            }
+            None => (0, Position::default()),
+        };
+        let mut w = lock(&self.writer);
+        w.last = last;
+        w.pos = pos;
+        w.fenced = false;
+        let mut seen = lock(&self.seen);
+        seen.durable_seq = seen.durable_seq.max(pos.after);
         Ok(())
     }
 
@@ -487,11 +491,15 @@ impl JetStreamLog {
     /// holder's append that landed after this log was opened (retried
     /// across the takeover) is read past and appended after, never fenced
     /// on. Once it is stored, every append of a writer that has not seen it
-    /// fails the CAS: the old holder is fenced, the new one never is.
-    /// Blocking, like `append`.
+    /// fails the CAS: the old holder is fenced, the new one never is. An
+    /// empty subject (no session, or a deleted one) gets nothing. Blocking,
+    /// like `append`.
     pub fn take_over(&self, batch: &Batch) -> std::io::Result<()> {
         let deadline = Instant::now() + RETRY_FOR;
         loop {
+            if lock(&self.writer).last == 0 {
+                return Ok(());
+            }
             match self.append(batch) {
                 Ok(()) => return Ok(()),
                 Err(e) if self.fenced() && Instant::now() < deadline => {
