@@ -32,6 +32,14 @@
 //! way: the stored message must carry our `Vak-Writer`, else fenced (a
 //! rival that wrote the same seq first has the same `Nats-Msg-Id`).
 //!
+//! **Takeover.** Every message also names its replica (`Vak-Replica`,
+//! once `write_as` is called), whom a replica about to take a free lease
+//! asks first (`takeover.rs`). A replica that loads a session under its
+//! lease appends a lease note first with `take_over`, at the subject's
+//! head whatever a stale holder's retried append put there, so that stale
+//! holder is fenced and the new one never is; `stop` (the lease was lost)
+//! makes an append retrying through an election give up at once.
+//!
 //! **Atomic batches, measured.** A writer batch of several records goes as
 //! one atomic batch (`Nats-Batch-Id`, `Nats-Batch-Sequence`, and
 //! `Nats-Batch-Commit: 1` on the last message): the messages before the
