@@ -1388,11 +1388,12 @@ fn watch_lease(
         let Ok(reason) = lost.wait_for(|r| r.is_some()).await.map(|r| r.clone()) else {
             return;
         };
-        if let Some(log) = log {
-            log.stop();
-        }
+        // The lost lease's reason first: it is what the streams end with.
         if let (Some(s), Some(reason)) = (weak.upgrade(), reason) {
             s.stop_writing(&reason);
+        }
+        if let Some(log) = log {
+            log.stop();
         }
     });
 }

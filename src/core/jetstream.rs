@@ -103,8 +103,9 @@ pub const ATOMIC_DUPLICATE: u64 = 10201;
 pub const LAST_SEQUENCE_IN_FLIGHT: u64 = 10164;
 /// The error every append of a fenced log fails with.
 pub const ANOTHER_WRITER: &str = "another writer appended to this session";
-/// The error an append fails with once this replica lost the lease (`stop`).
-pub const LEASE_STOPPED: &str = "the lease of this session was lost";
+/// The error an append fails with once this replica lost the lease
+/// (`stop`); it starts like the lost lease's own reason (`owners::LEASE_LOST`).
+pub const LEASE_STOPPED: &str = "lease_lost: this replica no longer holds the session's lease";
 /// The server's cap on the messages of one atomic batch.
 pub const ATOMIC_MAX: usize = 1000;
 /// How long a publish or read is retried through transient failures.
@@ -762,12 +763,8 @@ impl JetStreamLog {
                 self.session
             ))
         };
-        let stopped = || {
-            std::io::Error::other(format!(
-                "{LEASE_STOPPED} ({}): this replica lost its lease and stops writing it",
-                self.session
-            ))
-        };
+        let stopped =
+            || std::io::Error::other(format!("{LEASE_STOPPED} ({}): it stops writing it", self.session));
         loop {
             if self.stopped.is_cancelled() {
                 return Err(stopped());

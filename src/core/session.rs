@@ -1306,7 +1306,9 @@ impl Visible for Session {
     fn failed(&self, reason: &str) {
         {
             let mut run = lock(&self.run);
-            run.failed = Some((reason.to_string(), Instant::now()));
+            // The first cause is kept (a lost lease, then its log's refusal).
+            run.failed
+                .get_or_insert_with(|| (reason.to_string(), Instant::now()));
             run.queue.clear();
             if let Some(c) = &run.leg_cancel {
                 c.cancel();
