@@ -176,6 +176,13 @@ async fn leader_killed_mid_run(trial: usize) -> Option<String> {
             }
         }
     }
+    // Whether the lease expired during the election (it depends on how
+    // long the election took): ra took it again, and rb, asking, left it.
+    eprintln!(
+        "trial {trial}: ra took its expired lease again: {}; rb left a free lease to ra: {}",
+        a.vak.log().contains("taken again"),
+        b.vak.log().contains("left to it")
+    );
     // The session still has its writer: a run sent anywhere completes.
     let (code, adm) = b.api.run(&sid, "after the election").await;
     if code != 202 {
