@@ -32,13 +32,9 @@
 //! way: the stored message must carry our `Vak-Writer`, else fenced (a
 //! rival that wrote the same seq first has the same `Nats-Msg-Id`).
 //!
-//! **Takeover.** Every message also names its replica (`Vak-Replica`,
-//! once `write_as` is called), whom a replica about to take a free lease
-//! asks first (`takeover.rs`). A replica that loads a session under its
-//! lease appends a lease note first with `take_over`, at the subject's
-//! head whatever a stale holder's retried append put there, so that stale
-//! holder is fenced and the new one never is; `stop` (the lease was lost)
-//! makes an append retrying through an election give up at once.
+//! **Takeover.** Every message also names its replica (`Vak-Replica`);
+//! `takeover.rs` has why, and the lease note a new holder appends first.
+//! `stop` (the lease was lost) makes a retrying append give up at once.
 //!
 //! **Atomic batches, measured.** A writer batch of several records goes as
 //! one atomic batch (`Nats-Batch-Id`, `Nats-Batch-Sequence`, and
@@ -495,31 +491,16 @@ impl JetStreamLog {
         self.stopped.cancel();
     }
 
-    /// Appends `batch`, the first records of a replica that just took the
-    /// session's lease, at the subject's head whatever is there: a stale
-    /// holder's append that landed after this log was opened (retried
-    /// across the takeover) is read past and appended after, never fenced
-    /// on. Once it is stored, every append of a writer that has not seen it
-    /// fails the CAS: the old holder is fenced, the new one never is. An
-    /// empty subject (no session, or a deleted one) gets nothing. Blocking,
-    /// like `append`.
-    pub fn take_over(&self, batch: &Batch) -> std::io::Result<()> {
-        let deadline = Instant::now() + RETRY_FOR;
-        loop {
-            if lock(&self.writer).last == 0 {
-                return Ok(());
-            }
-            match self.append(batch) {
-                Ok(()) => return Ok(()),
-                Err(e) if self.fenced() && Instant::now() < deadline => {
-                    tracing::info!(session = %self.session, "a stale writer appended while this replica took the session over: appending after it ({e})");
-                    self.rt
-                        .block_on(self.read_head())
-                        .map_err(|e| std::io::Error::other(e.message))?;
-                }
-                Err(e) => return Err(e),
-            }
-        }
+    /// Reads the subject's head again and clears the fence: where a
+    /// replica taking the session over appends after a stale holder's
+    /// append (`JetStreamLog::take_over`, in `takeover.rs`). Blocking.
+    pub(crate) fn reread_head(&self) -> Result<()> {
+        self.rt.block_on(self.read_head())
+    }
+
+    /// Whether the subject held no message when last read (no session, or a deleted one).
+    pub(crate) fn subject_empty(&self) -> bool {
+        lock(&self.writer).last == 0
     }
 
     pub fn session(&self) -> &str {

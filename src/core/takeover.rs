@@ -19,11 +19,12 @@
 //! (`JetStreamLog::take_over`), so any later append of the old one fails
 //! its compare-and-set.
 
-use super::jetstream::{H_REPLICA, STREAM, SUBJECT_PREFIX};
+use super::jetstream::{JetStreamLog, H_REPLICA, RETRY_FOR, STREAM, SUBJECT_PREFIX};
+use super::ledger::{Batch, Log};
 use super::owners::{Owner, Owners};
 use crate::error::{Error, ErrorKind, Result};
 use async_nats::jetstream::kv;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How many pings a silent last writer gets before its session is taken
 /// (each waits up to the ping timeout): a replica whose NATS node died
@@ -87,4 +88,31 @@ async fn last_writer(client: &async_nats::Client, session: &str) -> Option<Strin
     }
     let replica = msg.headers.as_ref()?.get(H_REPLICA)?.as_str().to_string();
     Some(replica)
+}
+
+impl JetStreamLog {
+    /// Appends `batch`, the first records of a replica that just took the
+    /// session's lease, at the subject's head whatever is there: a stale
+    /// holder's append that landed after this log was opened (retried
+    /// across the takeover) is read past and appended after, never fenced
+    /// on. Once it is stored, every append of a writer that has not seen it
+    /// fails the CAS: the old holder is fenced, the new one never is. An
+    /// empty subject (no session, or a deleted one) gets nothing. Blocking,
+    /// like `append`.
+    pub fn take_over(&self, batch: &Batch) -> std::io::Result<()> {
+        let deadline = Instant::now() + RETRY_FOR;
+        loop {
+            if self.subject_empty() {
+                return Ok(());
+            }
+            match self.append(batch) {
+                Ok(()) => return Ok(()),
+                Err(e) if self.fenced() && Instant::now() < deadline => {
+                    tracing::info!(session = %self.session(), "a stale writer appended while this replica took the session over: appending after it ({e})");
+                    self.reread_head().map_err(|e| std::io::Error::other(e.message))?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
 }
