@@ -165,6 +165,69 @@ async fn a_second_writer_fences_the_first_and_nothing_it_tried_is_readable() {
     assert_reopened_holds(&client, "w1", 7).await;
 }
 
+/// A replica takes a session over while the old holder's append is still
+/// being retried (a NATS election): the retry lands after the new holder
+/// opened the log. The new holder's first append (its lease note,
+/// `take_over`) goes after it instead of being fenced, and from then on the
+/// old holder is fenced and the new one goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_holders_append_retried_across_a_takeover_never_fences_the_new_holder() {
+    let (cluster, client) = cluster().await;
+    let old = open(&client, "t1").await;
+    append(&old, 1..=3).await.unwrap();
+    let other = connect(&cluster.url()).await;
+    let new = open(&other, "t1").await;
+    assert_eq!(new.durable_seq(), 3);
+    // The old holder's retried append lands after the takeover began.
+    append(&old, 4..=5).await.unwrap();
+    let taken = new.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut note = Batch::default();
+        note.push(&Record::Lease {
+            replica: "rb".into(),
+            revision: 7,
+        });
+        taken.take_over(&note)
+    })
+    .await
+    .unwrap()
+    .expect("the new holder is not fenced by the old one's late append");
+    assert!(!new.fenced());
+    assert_eq!(new.durable_seq(), 5, "it numbers on after what landed");
+    append(&new, 6..=7).await.unwrap();
+    let err = append(&old, 6..=6).await.unwrap_err();
+    assert!(err.to_string().contains(ANOTHER_WRITER), "{err}");
+    assert_reopened_holds(&client, "t1", 7).await;
+}
+
+/// A log whose replica lost the session's lease (`stop`) gives up an
+/// append it is retrying through an unavailable NATS at once, instead of
+/// after `RETRY_FOR`: nothing of an old holder lands later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_log_gives_up_an_append_retrying_through_an_outage_at_once() {
+    let mut server = Cluster::single().await;
+    let client = connect(&server.url()).await;
+    jetstream::ensure_stream(&client, &StreamOptions::default())
+        .await
+        .unwrap();
+    let log = open(&client, "s1").await;
+    append(&log, 1..=1).await.unwrap();
+    server.kill(0);
+    let retrying = log.clone();
+    let started = Instant::now();
+    let stalled = tokio::spawn(async move { append(&retrying, 2..=2).await });
+    log.stop();
+    let err = tokio::time::timeout(Duration::from_secs(5), stalled)
+        .await
+        .expect("the append gives up well before RETRY_FOR")
+        .unwrap()
+        .unwrap_err();
+    assert!(err.to_string().contains(jetstream::LEASE_STOPPED), "{err}");
+    assert!(started.elapsed() < jetstream::RETRY_FOR);
+    let err = append(&log, 2..=2).await.unwrap_err();
+    assert!(err.to_string().contains(jetstream::LEASE_STOPPED), "{err}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reopened_log_finds_its_durable_seq_and_history_and_goes_on() {
     let (cluster, client) = cluster().await;

@@ -85,6 +85,10 @@ pub struct Hub {
     /// The runtimes of sessions in workspaces other than the server's own,
     /// by canonical path (made on first use, kept for the process's life).
     runtimes: Runtimes,
+    /// Ids of sessions whose writer stopped, for `recovery::run` (which
+    /// `housekeep` starts with the receiver).
+    stopped: mpsc::UnboundedSender<String>,
+    stopped_rx: Mutex<Option<mpsc::UnboundedReceiver<String>>>,
 }
 
 /// The runtimes of other workspaces, shared with load threads.
@@ -287,7 +291,10 @@ impl Hub {
                 closing.clone(),
             ));
         }
+        let (stopped, stopped_rx) = mpsc::unbounded_channel();
         Ok(Hub {
+            stopped,
+            stopped_rx: Mutex::new(Some(stopped_rx)),
             workspaces,
             runtimes: Arc::new(Mutex::new(HashMap::new())),
             rt,
@@ -603,7 +610,7 @@ impl Hub {
             created_at: created_at.clone(),
             workspace: rt.workspace().to_string(),
         };
-        let log: (Arc<dyn Log>, _) = match &self.rt.cfg.nats {
+        let log: (Arc<dyn Log>, _, _) = match &self.rt.cfg.nats {
             Some(client) => {
                 let lease = match &self.rt.cfg.owners {
                     Some(owners) => match owners.claim(&id).await? {
@@ -619,6 +626,9 @@ impl Hub {
                 };
                 let created = async {
                     let log = Arc::new(JetStreamLog::open(client.clone(), &id).await?);
+                    if let Some(owners) = &self.rt.cfg.owners {
+                        log.write_as(owners.replica());
+                    }
                     let l = log.clone();
                     tokio::task::spawn_blocking(move || {
                         let mut batch = Batch::default();
@@ -632,7 +642,7 @@ impl Hub {
                 }
                 .await;
                 match created {
-                    Ok(log) => (log, lease),
+                    Ok(log) => (log.clone(), lease, Some(log)),
                     Err(e) => {
                         // No session came of it: its lease goes back at once.
                         if let Some(owners) = &self.rt.cfg.owners {
@@ -649,13 +659,15 @@ impl Hub {
                         .map_err(|e| Error::internal(e.to_string()))??,
                 ) as Arc<dyn Log>,
                 None,
+                None,
             ),
         };
-        let (log, lease) = log;
+        let (log, lease, jetstream) = log;
         let session = Session::create(rt, &id, created_at, log);
         if let Some(lost) = lease {
-            watch_lease(&session, lost);
+            watch_lease(&session, lost, jetstream);
         }
+        super::recovery::watch(&session, self.stopped.clone());
         self.note_shared(&session).await;
         self.loaded()
             .insert(id, Arc::new(OnceCell::new_with(Some(session.clone()))));
@@ -810,6 +822,21 @@ impl Hub {
             };
             let loaded = async {
                 let log = Arc::new(JetStreamLog::open(client.clone(), id).await?);
+                if let Some(owners) = &self.rt.cfg.owners {
+                    // The first append under the lease: a stale holder's
+                    // append that lands later is fenced, never this one.
+                    log.write_as(owners.replica());
+                    let mut note = Batch::default();
+                    note.push(&Record::Lease {
+                        replica: owners.replica().to_string(),
+                        revision: owners.revision(id).unwrap_or(0),
+                    });
+                    let l = log.clone();
+                    tokio::task::spawn_blocking(move || l.take_over(&note))
+                        .await
+                        .map_err(|e| Error::internal(e.to_string()))?
+                        .map_err(|e| storage_error(&e))?;
+                }
                 let mut records = log.records().await?;
                 if records.is_empty() {
                     return Err(Error::not_found(format!("no session {id}")));
@@ -817,17 +844,19 @@ impl Hub {
                 super::shared_index::restore_header(self.rt.cfg.shared_index.as_deref(), id, &mut records)
                     .await;
                 let rt = self.rt.clone();
-                tokio::task::spawn_blocking(move || Session::restore_records(rt, log, records))
+                let l: Arc<dyn Log> = log.clone();
+                let session = tokio::task::spawn_blocking(move || Session::restore_records(rt, l, records))
                     .await
-                    .map_err(|e| Error::internal(e.to_string()))?
+                    .map_err(|e| Error::internal(e.to_string()))??;
+                Ok::<_, Error>((session, log))
             }
             .await;
             let loaded = match (loaded, lease) {
-                (Ok(s), Some((_, lost))) => {
-                    watch_lease(&s, lost);
+                (Ok((s, log)), Some((_, lost))) => {
+                    watch_lease(&s, lost, Some(log));
                     s
                 }
-                (Ok(s), None) => s,
+                (Ok((s, _)), None) => s,
                 (Err(e), lease) => {
                     if let Some((owners, _)) = lease {
                         owners.release(id).await;
@@ -836,6 +865,7 @@ impl Hub {
                 }
             };
             tracing::info!(session = %id, latest_seq = loaded.latest_seq(), "session loaded from JetStream");
+            super::recovery::watch(&loaded, self.stopped.clone());
             self.note_shared(&loaded).await;
             return Ok(loaded);
         }
@@ -880,6 +910,7 @@ impl Hub {
         })
         .await
         .map_err(|e| Error::internal(e.to_string()))??;
+        super::recovery::watch(&loaded, self.stopped.clone());
         self.note(&loaded);
         Ok(loaded)
     }
@@ -1057,7 +1088,10 @@ impl Hub {
                 | Record::Compaction(_)
                 | Record::Undo(_)
                 | Record::Lost { .. } => batch.push(r),
-                Record::Header { .. } | Record::Admitted { .. } | Record::Snapshot(_) => {}
+                Record::Header { .. }
+                | Record::Admitted { .. }
+                | Record::Snapshot(_)
+                | Record::Lease { .. } => {}
             }
         }
         // Nobody knows the new id yet: no lease is needed to write it, and
@@ -1123,6 +1157,9 @@ impl Hub {
 
     /// Unloads idle sessions now and then, until shutdown.
     pub async fn housekeep(self: Arc<Self>) {
+        if let Some(stopped) = lock(&self.stopped_rx).take() {
+            tokio::spawn(super::recovery::run(self.clone(), stopped));
+        }
         if self.rt.cfg.owners.is_some() {
             tokio::spawn(self.clone().adopt_orphans());
         }
@@ -1188,7 +1225,7 @@ impl Hub {
                 }
                 let (hub, owners, adopting) = (self.clone(), owners.clone(), adopting.clone());
                 tokio::spawn(async move {
-                    let silent = match owners.claim(&id).await {
+                    let silent = match owners.claim_checked(&id).await {
                         Ok(Claim::Theirs(o)) => !owners.alive(&o).await,
                         // Free (and now ours): load it under the lease.
                         Ok(Claim::Mine(_)) => true,
@@ -1209,6 +1246,17 @@ impl Hub {
                 });
             }
         }
+    }
+
+    /// Whether session `id` is loaded here with its writer stopped.
+    pub(crate) fn stopped_here(&self, id: &str) -> bool {
+        let session = self.loaded().get(id).and_then(|c| c.get().cloned());
+        session.is_some_and(|s| s.storage_failure().is_some())
+    }
+
+    /// Whether shutdown has begun.
+    pub(crate) fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::Acquire)
     }
 
     /// How many sessions are in memory.
@@ -1344,14 +1392,24 @@ fn fork_point(parent: &Session, id: &str, at_seq: Option<u64>) -> Result<u64> {
     }
 }
 
-fn watch_lease(session: &Arc<Session>, mut lost: tokio::sync::watch::Receiver<Option<String>>) {
+/// `log` (the session's, with `--bus`) gives up an append it is retrying
+/// at once: nothing more of this replica's lands after the lease is lost.
+fn watch_lease(
+    session: &Arc<Session>,
+    mut lost: tokio::sync::watch::Receiver<Option<String>>,
+    log: Option<Arc<JetStreamLog>>,
+) {
     let weak = Arc::downgrade(session);
     tokio::spawn(async move {
         let Ok(reason) = lost.wait_for(|r| r.is_some()).await.map(|r| r.clone()) else {
             return;
         };
+        // The lost lease's reason first: it is what the streams end with.
         if let (Some(s), Some(reason)) = (weak.upgrade(), reason) {
             s.stop_writing(&reason);
+        }
+        if let Some(log) = log {
+            log.stop();
         }
     });
 }

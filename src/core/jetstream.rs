@@ -39,6 +39,10 @@
 //! way: the stored message must carry our `Vak-Writer`, else fenced (a
 //! rival that wrote the same seq first has the same `Nats-Msg-Id`).
 //!
+//! **Takeover.** Every message also names its replica (`Vak-Replica`);
+//! `takeover.rs` has why, and the lease note a new holder appends first.
+//! `stop` (the lease was lost) makes a retrying append give up at once.
+//!
 //! **Atomic batches, measured.** A writer batch of several records goes as
 //! one atomic batch (`Nats-Batch-Id`, `Nats-Batch-Sequence`, and
 //! `Nats-Batch-Commit: 1` on the last message): the messages before the
@@ -84,9 +88,10 @@ use async_nats::{HeaderMap, StatusCode};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use std::collections::BTreeMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
+use tokio_util::sync::CancellationToken;
 
 mod chunks;
 mod messages;
@@ -113,6 +118,9 @@ const MESSAGE_TOO_LARGE: u64 = 10054;
 pub const LAST_SEQUENCE_IN_FLIGHT: u64 = 10164;
 /// The error every append of a fenced log fails with.
 pub const ANOTHER_WRITER: &str = "another writer appended to this session";
+/// The error an append fails with once this replica lost the lease
+/// (`stop`); it starts like the lost lease's own reason (`owners::LEASE_LOST`).
+pub const LEASE_STOPPED: &str = "lease_lost: this replica no longer holds the session's lease";
 /// The server's cap on the messages of one atomic batch.
 pub const ATOMIC_MAX: usize = 1000;
 /// How long a publish or read is retried through transient failures.
@@ -127,6 +135,9 @@ const MARK_EVERY: u64 = 256;
 pub const H_SEQ: &str = "Vak-Seq";
 pub const H_NOTE: &str = "Vak-Note";
 pub const H_WRITER: &str = "Vak-Writer";
+/// The replica that wrote a message (`--bus-replica`): whom a replica
+/// about to take a free lease asks first whether it still holds it.
+pub const H_REPLICA: &str = "Vak-Replica";
 const H_MSG_ID: &str = "Nats-Msg-Id";
 const H_EXPECTED: &str = "Nats-Expected-Last-Subject-Sequence";
 const H_BATCH_ID: &str = "Nats-Batch-Id";
@@ -291,6 +302,11 @@ pub struct JetStreamLog {
     session: String,
     subject: String,
     writer_id: String,
+    /// The replica writing through this log (`Vak-Replica`), when known.
+    replica: OnceLock<String>,
+    /// Cancelled when this replica lost the session's lease: no append is
+    /// tried again from then on, one in flight gives up at once.
+    stopped: CancellationToken,
     writer: Mutex<Writer>,
     seen: Mutex<Seen>,
 }
@@ -339,6 +355,8 @@ impl JetStreamLog {
             session: session.to_string(),
             subject,
             writer_id: uuid::Uuid::new_v4().simple().to_string(),
+            replica: OnceLock::new(),
+            stopped: CancellationToken::new(),
             writer: Mutex::new(Writer {
                 last: 0,
                 pos: Position::default(),
@@ -350,9 +368,17 @@ impl JetStreamLog {
                 marks: BTreeMap::new(),
             }),
         };
+        log.read_head().await?;
+        Ok(log)
+    }
+
+    /// Reads the subject's last message: where the CAS chain and the
+    /// numbering go on from (asked again through transient failures).
+    async fn read_head(&self) -> Result<()> {
+        let session = &self.session;
         let deadline = Instant::now() + RETRY_FOR;
         let last = loop {
-            match log.last_message().await {
+            match self.last_message().await {
                 Ok(last) => break last,
                 Err(e) if Instant::now() < deadline => {
                     tracing::debug!(session, "reading the log's last message again: {e}");
@@ -361,19 +387,48 @@ impl JetStreamLog {
                 Err(e) => return Err(Error::internal(format!("cannot open the log of {session}: {e}"))),
             }
         };
-        if let Some((stream_seq, headers)) = last {
-            let pos = position_of(&headers).ok_or_else(|| {
-                Error::internal(format!(
-                    "the last message of {} has neither {H_SEQ} nor {H_NOTE}",
-                    log.subject
-                ))
-            })?;
-            let mut w = lock(&log.writer);
-            w.last = stream_seq;
-            w.pos = pos;
-            lock(&log.seen).durable_seq = pos.after;
-        }
-        Ok(log)
+        let (last, pos) = match last {
+            Some((stream_seq, headers)) => {
+                let pos = position_of(&headers).ok_or_else(|| {
+                    Error::internal(format!(
+                        "the last message of {} has neither {H_SEQ} nor {H_NOTE}",
+                        self.subject
+                    ))
+                })?;
+                (stream_seq, pos)
+            }
+            None => (0, Position::default()),
+        };
+        let mut w = lock(&self.writer);
+        w.last = last;
+        w.pos = pos;
+        w.fenced = false;
+        let mut seen = lock(&self.seen);
+        seen.durable_seq = seen.durable_seq.max(pos.after);
+        Ok(())
+    }
+
+    /// Names `replica` in every message this log writes from now on (`Vak-Replica`).
+    pub fn write_as(&self, replica: &str) {
+        let _ = self.replica.set(replica.to_string());
+    }
+
+    /// This replica lost the session's lease: no append is tried again,
+    /// and one retrying through a NATS election gives up now.
+    pub fn stop(&self) {
+        self.stopped.cancel();
+    }
+
+    /// Reads the subject's head again and clears the fence: where a
+    /// replica taking the session over appends after a stale holder's
+    /// append (`JetStreamLog::take_over`, in `takeover.rs`). Blocking.
+    pub(crate) fn reread_head(&self) -> Result<()> {
+        self.rt.block_on(self.read_head())
+    }
+
+    /// Whether the subject held no message when last read (no session, or a deleted one).
+    pub(crate) fn subject_empty(&self) -> bool {
+        lock(&self.writer).last == 0
     }
 
     pub fn session(&self) -> &str {
@@ -528,6 +583,9 @@ impl JetStreamLog {
         let mut h = HeaderMap::new();
         h.insert(H_MSG_ID, m.msg_id.as_str());
         h.insert(H_WRITER, self.writer_id.as_str());
+        if let Some(replica) = self.replica.get() {
+            h.insert(H_REPLICA, replica.as_str());
+        }
         if let Some(seq) = m.seq {
             h.insert(H_SEQ, seq.to_string().as_str());
         }
@@ -649,8 +707,17 @@ impl JetStreamLog {
                 self.session
             ))
         };
+        let stopped =
+            || std::io::Error::other(format!("{LEASE_STOPPED} ({}): it stops writing it", self.session));
         loop {
-            let err = match self.publish_once(msgs, last).await {
+            if self.stopped.is_cancelled() {
+                return Err(stopped());
+            }
+            let once = tokio::select! {
+                once = self.publish_once(msgs, last) => once,
+                _ = self.stopped.cancelled() => return Err(stopped()),
+            };
+            let err = match once {
                 Ok(ack) if !ack.duplicate => return Ok(ack.seq),
                 Ok(ack) => match self.ours(Some(ack.seq), tail_id).await {
                     Ok(Some(seq)) => return Ok(seq),
@@ -675,7 +742,10 @@ impl JetStreamLog {
                 ));
             }
             tracing::warn!(session = %self.session, "appending again: {err}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                _ = self.stopped.cancelled() => return Err(stopped()),
+            }
         }
     }
 

@@ -86,6 +86,11 @@ pub enum Record {
     /// them on a load (`repair.rs`): their seqs are never issued again, and a
     /// replay across them says `history_lost`.
     Lost { from: u64, to: u64 },
+    /// With `--bus`: replica `replica` took the session's lease (KV
+    /// revision `revision`) and writes it from here on. The first thing a
+    /// loading holder appends (`JetStreamLog::take_over`), so a stale
+    /// holder's later append fails the CAS; nothing folds it.
+    Lease { replica: String, revision: u64 },
 }
 
 /// `Record::Event` by reference, so a batch encodes frames without copying

@@ -168,7 +168,7 @@ fn apply(s: &Session, msgs: Vec<Stored>) {
             Record::Compaction(c) => notes.push((latest, Note::Compaction(c))),
             Record::Undo(u) => notes.push((latest, Note::Undo(u))),
             Record::Admitted { request_id } => admitted.push(request_id),
-            Record::Header { .. } | Record::Snapshot(_) | Record::Lost { .. } => {}
+            Record::Header { .. } | Record::Snapshot(_) | Record::Lost { .. } | Record::Lease { .. } => {}
         }
     }
     Visible::commit(s, frames, notes, admitted);

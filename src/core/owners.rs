@@ -21,7 +21,17 @@
 //!
 //! **Ping.** Every replica answers `vak.rpc.<replica>.ping`; a lease whose
 //! owner does not answer is waited out (up to its age) and then taken:
-//! that is failover after a crash or a stop.
+//! that is failover after a crash or a stop. A ping whose payload is a
+//! session id is also asked whether the replica holds that session
+//! (`Holding`): core NATS answers it while JetStream elects a leader.
+//!
+//! **An election longer than the lease.** A holder whose renewals stall
+//! (the bucket's leader died) may see its lease expire although it is
+//! alive. A replica about to take a free lease therefore first asks the
+//! replica that last wrote the session (`Vak-Replica` on the subject's
+//! last message, `takeover.rs`) and leaves the session to it while it
+//! says it holds it; and the holder, when NATS is back and its renewal
+//! finds the key gone (expired, nobody took it), takes it again at once.
 
 use crate::error::{Error, ErrorKind, Result};
 use async_nats::jetstream::kv;
@@ -42,6 +52,15 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
 pub const LEASE_LOST: &str = "lease_lost";
 /// How long a ping waits for the owner's answer.
 const PING_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// A replica's answer to a ping naming a session.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Holding {
+    /// Whether it holds (and renews) that session's lease, expired or not.
+    pub holds: bool,
+    /// Where it serves clients.
+    pub url: String,
+}
 
 /// Who holds a lease: a lease's value.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -155,6 +174,7 @@ impl Owners {
             .await
             .map_err(|e| nats_error("cannot answer pings", e))?;
         let stop = owners.stop.clone();
+        let me = Arc::downgrade(&owners);
         tokio::spawn(async move {
             use futures_util::StreamExt;
             loop {
@@ -163,9 +183,20 @@ impl Owners {
                     _ = stop.cancelled() => None,
                 };
                 let Some(msg) = msg else { return };
-                if let Some(reply) = msg.reply {
-                    let _ = client.publish(reply, bytes::Bytes::new()).await;
-                }
+                let Some(reply) = msg.reply else { continue };
+                // An empty ping asks only whether this replica is alive.
+                let answer = match (msg.payload.is_empty(), me.upgrade()) {
+                    (true, _) | (false, None) => bytes::Bytes::new(),
+                    (false, Some(owners)) => {
+                        let session = String::from_utf8_lossy(&msg.payload);
+                        let holding = Holding {
+                            holds: owners.holds(&session),
+                            url: lock(&owners.url).clone(),
+                        };
+                        serde_json::to_vec(&holding).unwrap_or_default().into()
+                    }
+                };
+                let _ = client.publish(reply, answer).await;
             }
         });
         tokio::spawn(owners.clone().renew());
@@ -209,13 +240,54 @@ impl Owners {
         lock(&self.held).contains_key(session)
     }
 
-    /// Takes `session`'s lease if it is free (or this replica's), else names its holder.
+    /// The KV revision of `session`'s lease this replica wrote last.
+    pub fn revision(&self, session: &str) -> Option<u64> {
+        lock(&self.held).get(session).map(|h| h.revision)
+    }
+
+    /// Asks `replica` whether it holds `session` (over core NATS, which
+    /// answers while JetStream elects leaders): None when it does not
+    /// answer in time; no subscriber at all (it is gone) is `holds: false`.
+    pub(crate) async fn ask_holder(&self, replica: &str, session: &str) -> Option<Holding> {
+        let ask = self.client.request(
+            format!("{RPC_PREFIX}{replica}.ping"),
+            bytes::Bytes::copy_from_slice(session.as_bytes()),
+        );
+        match tokio::time::timeout(PING_TIMEOUT, ask).await {
+            Ok(Ok(msg)) => serde_json::from_slice(&msg.payload).ok(),
+            Ok(Err(e)) if e.kind() == async_nats::RequestErrorKind::NoResponders => Some(Holding {
+                holds: false,
+                url: String::new(),
+            }),
+            _ => None,
+        }
+    }
+
+    /// Takes `session`'s lease if it is free (or this replica's), else names
+    /// its holder. For a session nobody wrote before (a new id).
     pub async fn claim(&self, session: &str) -> Result<Claim> {
+        self.claim_as(session, false).await
+    }
+
+    /// `claim` for a session that may have a history: a free lease is taken
+    /// only once the replica that wrote the session last (if another) says
+    /// it does not hold it, or does not answer (`takeover.rs`): its lease
+    /// may have expired while a NATS election stalled its renewals.
+    pub async fn claim_checked(&self, session: &str) -> Result<Claim> {
+        self.claim_as(session, true).await
+    }
+
+    async fn claim_as(&self, session: &str, check: bool) -> Result<Claim> {
         if let Some(h) = lock(&self.held).get(session) {
             return Ok(Claim::Mine(h.lost.subscribe()));
         }
         // The key may expire or be released between a failed create and the read.
         for _ in 0..5 {
+            if check {
+                if let Some(owner) = super::takeover::held_without_lease(self, &self.kv, session).await? {
+                    return Ok(Claim::Theirs(owner));
+                }
+            }
             match self.kv.create(session, self.me()).await {
                 Ok(revision) => return Ok(Claim::Mine(self.hold(session, revision))),
                 Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {}
@@ -261,7 +333,7 @@ impl Owners {
     pub async fn claim_or_wait(&self, session: &str) -> Result<Claim> {
         let deadline = Instant::now() + self.ttl * 3 + PING_TIMEOUT;
         loop {
-            let owner = match self.claim(session).await? {
+            let owner = match self.claim_checked(session).await? {
                 Claim::Mine(lost) => return Ok(Claim::Mine(lost)),
                 Claim::Theirs(owner) => owner,
             };
@@ -354,18 +426,39 @@ impl Owners {
             e.operation == kv::Operation::Put
                 && serde_json::from_slice::<Owner>(&e.value).is_ok_and(|o| o.replica == self.replica)
         });
-        let mut held = lock(&self.held);
-        let Some(h) = held.get_mut(session).filter(|h| h.revision == revision) else {
+        let ours = ours.map(|e| e.revision);
+        {
+            let mut held = lock(&self.held);
+            let Some(h) = held.get_mut(session).filter(|h| h.revision == revision) else {
+                return;
+            };
+            if let Some(ours) = ours {
+                h.revision = ours;
+                return;
+            }
+        }
+        if entry.is_some() {
+            self.lose(session, "another replica took the lease after it expired".into());
             return;
-        };
-        match ours {
-            Some(e) => {
-                h.revision = e.revision;
+        }
+        // Expired and nobody took it (the bucket's leader was being elected
+        // past the lease's age): taken again at once. A replica that
+        // meanwhile asked us was told we hold it (`takeover.rs`).
+        match self.kv.create(session, self.me()).await {
+            Ok(new) => {
+                tracing::info!(
+                    session,
+                    "the lease expired while NATS could not renew it; taken again"
+                );
+                if let Some(h) = lock(&self.held)
+                    .get_mut(session)
+                    .filter(|h| h.revision == revision)
+                {
+                    h.revision = new;
+                }
             }
-            None => {
-                drop(held);
-                self.lose(session, "another replica took the lease after it expired".into());
-            }
+            // Taken meanwhile (the next renewal reads by whom), or NATS still away.
+            Err(e) => tracing::warn!(session, "taking the expired lease again, trying later: {e}"),
         }
     }
 

@@ -288,6 +288,8 @@ pub struct Session {
     /// The live side run, if any: its own admission, beside the main run's.
     side: Mutex<Option<SideLive>>,
     side_busy: watch::Sender<bool>,
+    /// Turns true when the writer stops (storage failure, fence, lost lease).
+    stopped: watch::Sender<bool>,
 }
 
 /// A side run in flight.
@@ -575,6 +577,7 @@ impl Session {
             title: Mutex::new(None),
             side: Mutex::new(None),
             side_busy: watch::channel(false).0,
+            stopped: watch::channel(false).0,
         });
         if let Some(reason) = read_only {
             pipe.fail(reason);
@@ -657,6 +660,11 @@ impl Session {
     /// The storage failure that stopped this session, with when it happened.
     pub fn storage_failure(&self) -> Option<(String, Instant)> {
         lock(&self.run).failed.clone()
+    }
+
+    /// Turns true when this session's writer stops (`recovery.rs` reloads it).
+    pub fn watch_stopped(&self) -> watch::Receiver<bool> {
+        self.stopped.subscribe()
     }
 
     /// Notes a use by a client (idle unloading counts from the last one).
@@ -1310,7 +1318,9 @@ impl Visible for Session {
     fn failed(&self, reason: &str) {
         {
             let mut run = lock(&self.run);
-            run.failed = Some((reason.to_string(), Instant::now()));
+            // The first cause is kept (a lost lease, then its log's refusal).
+            run.failed
+                .get_or_insert_with(|| (reason.to_string(), Instant::now()));
             run.queue.clear();
             if let Some(c) = &run.leg_cancel {
                 c.cancel();
@@ -1318,6 +1328,7 @@ impl Visible for Session {
         }
         self.side_cancel();
         self.bus.close(reason);
+        self.stopped.send_replace(true);
     }
 }
 
@@ -1371,6 +1382,7 @@ impl Restore {
             }
             Record::Compaction(c) => return self.folds().transcript.note(&Note::Compaction(c)),
             Record::Undo(u) => return self.folds().transcript.note(&Note::Undo(u)),
+            Record::Lease { .. } => return,
             Record::Snapshot(snap) => {
                 let Snapshot {
                     seq,

@@ -529,6 +529,8 @@ mod tests {
         let id = format!("{}:{max}.{max}/{max}", "s".repeat(128));
         h.insert("Nats-Msg-Id", id.as_str());
         h.insert("Vak-Writer", "0".repeat(32).as_str());
+        // A replica name is a subject token of at most 128 bytes (owners.rs).
+        h.insert("Vak-Replica", "r".repeat(128).as_str());
         h.insert("Vak-Seq", max.as_str());
         h.insert("Vak-Note", format!("{max}.{max}").as_str());
         h.insert(H_PART, format!("{max}/{max}").as_str());
