@@ -210,7 +210,9 @@ impl ClientEvent {
     fn merge_texts<'a>(&'a self, next: &'a ClientEvent) -> Option<(&'a String, &'a str)> {
         match (self, next) {
             (ClientEvent::TextDelta { text: a }, ClientEvent::TextDelta { text: b })
-            | (ClientEvent::ThinkingDelta { text: a }, ClientEvent::ThinkingDelta { text: b }) => Some((a, b)),
+            | (ClientEvent::ThinkingDelta { text: a }, ClientEvent::ThinkingDelta { text: b }) => {
+                Some((a, b))
+            }
             (
                 ClientEvent::ToolOutput {
                     call_id: c1,
@@ -423,6 +425,9 @@ pub struct Frame {
     /// `event.held_size()`, kept up to date by `absorb`.
     pub size: usize,
     json: OnceLock<bytes::Bytes>,
+    /// Made by merging deltas for one subscriber: never in the ring, so
+    /// never encoded while queued.
+    merged: bool,
 }
 
 impl Frame {
@@ -433,6 +438,7 @@ impl Frame {
             size: event.held_size(),
             event,
             json: OnceLock::new(),
+            merged: false,
         }
     }
 
@@ -443,9 +449,28 @@ impl Frame {
             return false;
         }
         self.seq = next.seq;
+        self.merged = true;
         self.size = self.event.held_size();
         self.json = OnceLock::new();
         true
+    }
+
+    /// What this frame costs a subscriber's queue: its size, plus, for a
+    /// frame as published (shared with the ring and every other queue), the
+    /// encoding any reader may have cached on it (`encoded_json`), which a
+    /// stalled queue keeps alive as long as the frame. A merged frame is
+    /// encoded only once it has left the queue (and then counted as the
+    /// reader's `Charge`).
+    pub fn queued_cost(&self) -> usize {
+        if self.merged {
+            return self.size;
+        }
+        let encoded = match self.event.delta_len() {
+            // `{"seq":…,"session_id":"…","text_delta":{"text":"…"}}`
+            Some(len) => len + self.session_id.len() + 96,
+            None => self.event.approx_size(),
+        };
+        self.size + encoded
     }
 
     /// What `size` becomes if this frame absorbs `next` (None: they do not merge).
@@ -562,8 +587,14 @@ mod tests {
             let want = tail.size_after_absorbing(&next).unwrap();
             assert!(tail.absorb(&next));
             assert_eq!(tail.size, want, "size_after_absorbing says what absorb makes it");
-            let ClientEvent::TextDelta { text } = &tail.event else { unreachable!() };
-            assert_eq!(tail.size, 64 + text.capacity(), "size counts the text at its capacity");
+            let ClientEvent::TextDelta { text } = &tail.event else {
+                unreachable!()
+            };
+            assert_eq!(
+                tail.size,
+                64 + text.capacity(),
+                "size counts the text at its capacity"
+            );
             assert!(text.capacity() < 2 * text.len() + 16, "doubling, never more");
         }
         assert!(delta(1, "x")
@@ -575,6 +606,9 @@ mod tests {
         assert_eq!(merged.size, 64 + 6, "exactly its length");
         assert_eq!(merged_capacity(10, 5), 10);
         assert_eq!(merged_capacity(10, 11), 20);
-        assert_eq!(merged_capacity(MERGE_GROWTH_LIMIT, MERGE_GROWTH_LIMIT + 1), MERGE_GROWTH_LIMIT + 1);
+        assert_eq!(
+            merged_capacity(MERGE_GROWTH_LIMIT, MERGE_GROWTH_LIMIT + 1),
+            MERGE_GROWTH_LIMIT + 1
+        );
     }
 }

@@ -3,7 +3,7 @@
 use crate::clients::{self, Control, Mode, Shared};
 use crate::machine;
 use crate::report::{Goal, Row, Unit};
-use crate::scenarios::{Env, Server, ServeOpts, Transport};
+use crate::scenarios::{Env, ServeOpts, Server, Transport};
 use std::time::{Duration, Instant};
 use vak::proto::v1 as pb;
 
@@ -157,7 +157,17 @@ async fn wait_unloaded(ctl: &Control, sid: &str, limit: Duration) -> Result<(), 
 
 /// `readers` SSE streams of `sid` that read stream_opened and then stop
 /// reading; they close their connections when `shared` is cancelled.
-async fn stall(server: &Server, sid: &str, readers: usize) -> Result<(std::sync::Arc<Shared>, Vec<tokio::task::JoinHandle<clients::SubResult>>), String> {
+async fn stall(
+    server: &Server,
+    sid: &str,
+    readers: usize,
+) -> Result<
+    (
+        std::sync::Arc<Shared>,
+        Vec<tokio::task::JoinHandle<clients::SubResult>>,
+    ),
+    String,
+> {
     let shared = Shared::new();
     let handles = (0..readers)
         .map(|_| {
@@ -175,7 +185,10 @@ async fn stall(server: &Server, sid: &str, readers: usize) -> Result<(std::sync:
 }
 
 /// Closes the stalled readers and checks none failed.
-async fn close(shared: &Shared, handles: Vec<tokio::task::JoinHandle<clients::SubResult>>) -> Result<(), String> {
+async fn close(
+    shared: &Shared,
+    handles: Vec<tokio::task::JoinHandle<clients::SubResult>>,
+) -> Result<(), String> {
     shared.cancel.cancel();
     for h in handles {
         let r = h.await.map_err(|e| format!("reader task failed: {e}"))?;
@@ -300,7 +313,13 @@ pub fn rows(runs: &[MemoryRun], sizes: &MemorySizes, rows: &mut Vec<Row>, failur
         }
     }
     if !vals.is_empty() || err.is_some() {
-        let mut r = Row::new(&scen, transport, "most RSS a later cycle left over the first", &vals, Unit::MiB);
+        let mut r = Row::new(
+            &scen,
+            transport,
+            "most RSS a later cycle left over the first",
+            &vals,
+            Unit::MiB,
+        );
         if let Some(st) = &r.stat {
             r.goal = Some(Goal::at_most(st.median, 64.0, false, "<= 64 MiB"));
         }
@@ -336,7 +355,12 @@ pub fn rows(runs: &[MemoryRun], sizes: &MemorySizes, rows: &mut Vec<Row>, failur
     if !vals.is_empty() || err.is_some() {
         let mut r = Row::new(&scen, transport, "RSS the stalled readers add", &vals, Unit::MiB);
         if let Some(st) = &r.stat {
-            r.goal = Some(Goal::at_most(st.median, goal, false, &format!("<= {goal:.0} MiB (1.25x the cap)")));
+            r.goal = Some(Goal::at_most(
+                st.median,
+                goal,
+                false,
+                &format!("<= {goal:.0} MiB (1.25x the cap)"),
+            ));
         }
         r.note = note;
         if let Some(e) = err {

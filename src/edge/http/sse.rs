@@ -226,7 +226,13 @@ fn event_stream(opened: Opened, keepalive: &Keepalive) -> Response {
         // reader's byte budget (at its capacity): a stalled reader's unwritten
         // frames are part of what `--max-queued-mib` bounds.
         let charge = st.sub.charge(out.capacity());
-        Some((Bytes::from_owner(Charged { buf: out, _charge: charge }), st))
+        Some((
+            Bytes::from_owner(Charged {
+                buf: out,
+                _charge: charge,
+            }),
+            st,
+        ))
     });
     sse_encode::response(chunks, keepalive)
 }
