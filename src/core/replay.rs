@@ -40,7 +40,7 @@ impl ReplayCache {
 
     /// Chunks cached now.
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub fn cached_chunks(&self) -> usize {
         self.lock().len()
     }
 

@@ -37,12 +37,12 @@ impl MemorySizes {
 
     pub fn quick() -> MemorySizes {
         MemorySizes {
-            readers: 20,
-            burst: 20_000,
+            readers: 10,
+            burst: 5_000,
             size: 200,
             cycles: 2,
             cap_mib: 4,
-            settle_max: Duration::from_secs(3),
+            settle_max: Duration::from_secs(2),
         }
     }
 
