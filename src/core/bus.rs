@@ -686,17 +686,18 @@ impl Subscription {
     /// The next delivery; None after the end has been delivered. What is
     /// queued is taken a few at a time (one lock, one allocation), so a
     /// reader of single deliveries costs little more than one of batches.
+    /// What it takes ahead stays counted in the reader's budget until it
+    /// takes more: handed out, a frame is still being encoded and sent
+    /// (gRPC's stream holds the message until the window lets it out), and
+    /// one charge per take keeps the shared total off the per-frame path.
     pub async fn recv(&mut self) -> Option<Delivery> {
         if self.ready.is_empty() {
+            self.ready_charge = None;
             self.ready = self.recv_many(RECV_AHEAD).await.into();
             let bytes = self.ready.iter().map(delivery_size).sum();
             self.ready_charge = Some(self.charge(bytes));
         }
-        let d = self.ready.pop_front();
-        if let (Some(c), Some(d)) = (&mut self.ready_charge, &d) {
-            c.release(delivery_size(d));
-        }
-        d
+        self.ready.pop_front()
     }
 
     /// Up to `max` deliveries at once (at least one unless the subscription is
@@ -707,6 +708,7 @@ impl Subscription {
             let n = max.min(self.ready.len());
             let out: Vec<Delivery> = self.ready.drain(..n).collect();
             if let Some(c) = &mut self.ready_charge {
+                // Handed to a caller that takes many: it holds them itself.
                 c.release(out.iter().map(delivery_size).sum());
             }
             return out;
@@ -1507,7 +1509,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn deliveries_taken_ahead_by_recv_count_until_handed_out() {
+    async fn deliveries_taken_ahead_by_recv_stay_counted_until_it_takes_more() {
         let b = bus(64, 64);
         let mut sub = b.subscribe(None);
         for _ in 0..5 {
@@ -1515,10 +1517,19 @@ mod tests {
         }
         let size = Frame::new(1, "s".into(), text("abc")).size;
         assert!(matches!(sub.recv().await, Some(Delivery::Frame(f)) if f.seq == 1));
-        assert_eq!(cfg_total(&b), 4 * size, "four taken ahead, still counted");
+        assert_eq!(cfg_total(&b), 5 * size, "taken ahead: counted as the reader's");
         for seq in 2..=5 {
             assert!(matches!(sub.recv().await, Some(Delivery::Frame(f)) if f.seq == seq));
         }
+        assert_eq!(
+            cfg_total(&b),
+            5 * size,
+            "the last ones may still be on their way out"
+        );
+        publish(&b, text("abc"));
+        assert!(matches!(sub.recv().await, Some(Delivery::Frame(f)) if f.seq == 6));
+        assert_eq!(cfg_total(&b), size, "taking more gives the earlier ones back");
+        drop(sub);
         assert_eq!(cfg_total(&b), 0);
     }
 
@@ -1551,7 +1562,11 @@ mod tests {
         );
         let rest = drain(&mut replay, 3000).await;
         assert_eq!(*seqs(&rest).last().unwrap(), 3000);
-        assert_eq!(b.shared.replay.cached_chunks(), 0, "caught up: the cached chunks are gone");
+        assert_eq!(
+            b.shared.replay.cached_chunks(),
+            0,
+            "caught up: the cached chunks are gone"
+        );
         assert!(replay.from_log.capacity() == 0);
     }
 

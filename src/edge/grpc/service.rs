@@ -3,7 +3,7 @@
 use super::convert;
 use crate::core::approvals::Answer;
 use crate::core::bus::Subscription;
-use crate::core::bus::{Charge, Delivery, End};
+use crate::core::bus::{Delivery, End};
 use crate::core::config::{self, RoutePatch};
 use crate::core::cursor::CursorVector;
 use crate::core::hub::{Hub, Located};
@@ -449,23 +449,21 @@ impl AgentService for AgentApi {
         let last = after.unwrap_or(latest_seq);
         // Subscribed before announcing: nothing published after stream_opened can be missed.
         // The id travels in the state: cloned per item it was an allocation per event.
-        // The last frame handed to tonic stays counted in the reader's byte
-        // budget until the next is asked for: tonic encodes it and h2 holds
-        // it until the stream's window lets it out.
-        let rest = stream::unfold(Some((sub, last, sid, None)), move |state| {
+        // What `recv` takes ahead stays counted in the reader's byte budget
+        // until it takes more: tonic encodes a message and h2 holds it until
+        // the stream's window lets it out.
+        let rest = stream::unfold(Some((sub, last, sid)), move |state| {
             let _attached = &hold;
             async move {
-                let (mut sub, last, sid, handed) = state?;
-                drop::<Option<Charge>>(handed);
+                let (mut sub, last, sid) = state?;
                 match sub.recv().await? {
                     Delivery::Frame(f) => {
                         let seq = f.seq;
-                        let charge = sub.charge(f.size);
-                        Some((Ok(convert::frame(&f)), Some((sub, seq, sid, Some(charge)))))
+                        Some((Ok(convert::frame(&f)), Some((sub, seq, sid))))
                     }
                     Delivery::Resync { reason, latest_seq } => Some((
                         Ok(convert::resync(&sid, reason, latest_seq)),
-                        Some((sub, last, sid, None)),
+                        Some((sub, last, sid)),
                     )),
                     Delivery::End(End::Closed(reason)) => {
                         Some((Ok(convert::session_closed(&sid, reason)), None))
