@@ -205,8 +205,9 @@ pub struct ServeArgs {
     /// loads it again).
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub unload_idle_after: u64,
-    /// The most event bytes all stream subscribers together may have queued
-    /// (MiB); a subscriber past it resumes from its cursor instead of growing.
+    /// The most memory all stream subscribers together may hold (MiB):
+    /// queued frames and encoded frames not yet written to their
+    /// connections; a subscriber past it resumes from its cursor instead of growing.
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..=65_536))]
     pub max_queued_mib: u64,
     /// A session with at least 32 subscribers wakes them at most once per

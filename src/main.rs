@@ -4,6 +4,22 @@ use clap::Parser;
 use std::io::IsTerminal;
 use vak::cli::{Cli, Command, LogFormat};
 
+/// jemalloc, not glibc's malloc: glibc kept what a burst had used (five
+/// cycles of 200 stalled readers on `/burst 200000 200`, each closed and its
+/// session unloaded, left RSS at 661, 1009, 1068, 976, 1142 MiB; jemalloc
+/// 39 to 47 MiB; BENCHMARKS.md, issue 26).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// jemalloc's options, read at its first allocation: a background thread
+/// gives dirty pages back to the system after about a second unused
+/// (`dirty_decay_ms`), at once rather than through lazily freed ("muzzy")
+/// pages that still count in RSS (`muzzy_decay_ms:0`). `_RJEM_MALLOC_CONF`
+/// in the environment overrides them.
+#[allow(non_upper_case_globals)]
+#[export_name = "_rjem_malloc_conf"]
+static malloc_conf: &[u8] = b"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
+
 /// Log lines go to stderr, filtered by RUST_LOG (default `vak=info`); colour
 /// only when stderr is a terminal, so files and pipes get plain text.
 fn init_logging(format: LogFormat) {

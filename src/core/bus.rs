@@ -40,9 +40,17 @@ pub const DEFAULT_FLUSH_WINDOW: Duration = Duration::ZERO;
 /// See `BusConfig::flush_from`.
 pub const DEFAULT_FLUSH_FROM: usize = 32;
 
-/// Deliveries `Subscription::recv` takes at once: few, since what it holds
-/// is outside the queue's byte budget.
+/// Deliveries `Subscription::recv` takes at once: few, since a reader of
+/// single deliveries holds them (counted in its budget) until it asks again.
 const RECV_AHEAD: usize = 16;
+
+/// The most bytes one take from the queue hands over (at least one frame):
+/// what a reader then holds encoded, until written, comes in bounded steps.
+const TAKE_BYTES: usize = 1 << 20;
+
+/// A queue whose frames were all taken keeps its allocation only up to this
+/// many slots: one that grew for a burst gives it back once drained.
+const KEEP_SLOTS: usize = 64;
 
 /// Queued payload bytes across every subscriber of the process.
 #[derive(Clone, Debug, Default)]
@@ -51,6 +59,52 @@ pub struct QueuedTotal(Arc<AtomicUsize>);
 impl QueuedTotal {
     pub fn get(&self) -> usize {
         self.0.load(Ordering::Relaxed)
+    }
+
+    /// Moves the total from `then` to `now` (one queue's bytes before and after).
+    fn shift(&self, then: usize, now: usize) {
+        if now >= then {
+            self.0.fetch_add(now - then, Ordering::Relaxed);
+        } else {
+            self.0.fetch_sub(then - now, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Bytes a reader holds outside its queue (frames taken ahead of its caller,
+/// or encoded and not yet written by the edge), counted in its byte budget
+/// and the total until dropped: what `--max-queued-mib` bounds is what
+/// stalled readers really pin, not only what is queued.
+pub struct Charge {
+    held: Arc<AtomicUsize>,
+    total: QueuedTotal,
+    bytes: usize,
+}
+
+impl Charge {
+    /// Gives back `n` of the charged bytes (no more than are charged).
+    pub fn release(&mut self, n: usize) {
+        let n = n.min(self.bytes);
+        self.bytes -= n;
+        self.held.fetch_sub(n, Ordering::Relaxed);
+        self.total.0.fetch_sub(n, Ordering::Relaxed);
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        let n = self.bytes;
+        self.release(n);
+    }
+}
+
+impl std::fmt::Debug for Charge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Charge({} bytes)", self.bytes)
     }
 }
 
@@ -61,10 +115,11 @@ pub struct BusConfig {
     pub ring: usize,
     /// Frames a subscriber may have queued before merging or lag kicks in.
     pub queue: usize,
-    /// The most payload bytes (merged or not) a subscriber may have queued:
-    /// the memory bound of a stalled client.
+    /// The most bytes a subscriber may hold: its queued frames (merged
+    /// deltas at their text's capacity) and what its edge holds encoded
+    /// and unwritten (`Charge`): the memory bound of a stalled client.
     pub max_queued_bytes: usize,
-    /// The most payload bytes all subscribers together may have queued.
+    /// The most bytes all subscribers together may hold (as above).
     pub max_total_queued_bytes: usize,
     /// The running total behind `max_total_queued_bytes`, shared by every bus.
     pub total: QueuedTotal,
@@ -124,6 +179,9 @@ struct Shared {
     subscribed: Notify,
     /// What replays from disk have read lately, shared by every subscription.
     replay: ReplayCache,
+    /// Subscriptions replaying from disk now: once none is, the replay cache
+    /// is emptied (a burst of replays does not stay in memory).
+    on_disk: AtomicUsize,
 }
 
 struct Inner {
@@ -178,6 +236,7 @@ impl Bus {
                 cfg,
                 subscribed: Notify::new(),
                 replay: ReplayCache::default(),
+                on_disk: AtomicUsize::new(0),
             }),
         }
     }
@@ -293,6 +352,12 @@ impl Bus {
 }
 
 fn subscribe(shared: &Arc<Shared>, after: Option<u64>) -> Subscription {
+    subscribe_holding(shared, after, Arc::default())
+}
+
+/// `subscribe` for a reader that already holds `held` bytes outside its
+/// queue (a resumed one: its edge may still hold what it was handed).
+fn subscribe_holding(shared: &Arc<Shared>, after: Option<u64>, held: Arc<AtomicUsize>) -> Subscription {
     let mut inner = shared.lock();
     let latest = inner.latest;
     let first_retained = inner.ring.front().map_or(latest + 1, |f| f.seq);
@@ -303,11 +368,14 @@ fn subscribe(shared: &Arc<Shared>, after: Option<u64>) -> Subscription {
         resync: None,
         retained_upto: latest,
         from_log: VecDeque::new(),
-        queue: Arc::new(SubQueue::new(&shared.cfg)),
+        queue: Arc::new(SubQueue::new(&shared.cfg, held.clone())),
+        held,
         catching_up: false,
         merge_taken: true,
         done: false,
         ready: VecDeque::new(),
+        ready_charge: None,
+        on_disk: false,
     };
     if let Some(n) = after {
         // What is due up to `latest` is read from the ring (or, older, the
@@ -337,11 +405,14 @@ struct SubQueue {
     budget: usize,
     total_budget: usize,
     total: QueuedTotal,
+    /// What this queue's reader holds outside it (`Charge`), shared with
+    /// the queues it resumes into.
+    held: Arc<AtomicUsize>,
 }
 
 struct QueueState {
     frames: VecDeque<Arc<Frame>>,
-    /// The summed `Frame::size` of `frames` (counted into `total` too).
+    /// The summed `Frame::queued_cost` of `frames`, exactly (counted into `total` too).
     bytes: usize,
     end: Option<End>,
     /// The bus dropped this queue for lag: its reader resumes from its cursor.
@@ -350,7 +421,7 @@ struct QueueState {
 }
 
 impl SubQueue {
-    fn new(cfg: &BusConfig) -> Self {
+    fn new(cfg: &BusConfig, held: Arc<AtomicUsize>) -> Self {
         SubQueue {
             state: Mutex::new(QueueState {
                 frames: VecDeque::new(),
@@ -364,6 +435,7 @@ impl SubQueue {
             budget: cfg.max_queued_bytes,
             total_budget: cfg.max_total_queued_bytes,
             total: cfg.total.clone(),
+            held,
         }
     }
 
@@ -373,11 +445,7 @@ impl SubQueue {
 
     /// Sets the queue's byte count, keeping the process-wide total in step.
     fn set_bytes(&self, st: &mut QueueState, bytes: usize) {
-        if bytes >= st.bytes {
-            self.total.0.fetch_add(bytes - st.bytes, Ordering::Relaxed);
-        } else {
-            self.total.0.fetch_sub(st.bytes - bytes, Ordering::Relaxed);
-        }
+        self.total.shift(st.bytes, bytes);
         st.bytes = bytes;
     }
 
@@ -406,7 +474,8 @@ impl SubQueue {
         let (total_then, bytes_then) = (self.total.get(), st.bytes);
         let mut placed = true;
         for frame in frames {
-            if !self.place(st, frame, total_then + (st.bytes - bytes_then)) {
+            let total = (total_then + st.bytes).saturating_sub(bytes_then);
+            if !self.place(st, frame, total) {
                 // Everything queued stays deliverable; past it the reader
                 // resumes from its cursor, so nothing is lost by dropping here.
                 st.lagged = true;
@@ -414,7 +483,7 @@ impl SubQueue {
                 break;
             }
         }
-        self.total.0.fetch_add(st.bytes - bytes_then, Ordering::Relaxed);
+        self.total.shift(bytes_then, st.bytes);
         if !placed {
             drop(guard);
             self.notify.notify_one();
@@ -430,29 +499,54 @@ impl SubQueue {
     /// Queues one frame, merging it into the tail when the queue is full;
     /// false when it does not fit. `total` is every queue's bytes together
     /// as of now; the caller moves the shared total by what was placed.
+    /// What a frame costs is what it adds to the memory the queue holds:
+    /// its size, or what the merged tail's text grows by.
     fn place(&self, st: &mut QueueState, frame: &Arc<Frame>, total: usize) -> bool {
-        // A delta merged into the tail costs its text, not another frame.
-        let mut cost = frame.size;
-        let fits = st.bytes + frame.size <= self.budget && total + frame.size <= self.total_budget;
-        let placed = fits
-            && (st.frames.len() < self.cap || {
-                let merged = merge_into_tail(&mut st.frames, frame) || {
-                    compact(&mut st.frames);
-                    st.frames.len() >= self.cap && merge_into_tail(&mut st.frames, frame)
-                };
-                if merged {
-                    cost = frame.event.delta_len().unwrap_or(frame.size);
-                }
-                merged || st.frames.len() < self.cap
-            });
-        if !placed {
+        // What this queue may still add: its budget less what it and its
+        // reader hold, within what the total budget has left.
+        let held = self.held.load(Ordering::Relaxed);
+        let room = self
+            .budget
+            .saturating_sub(st.bytes + held)
+            .min(self.total_budget.saturating_sub(total));
+        if st.frames.len() < self.cap {
+            return self.push(st, frame, room);
+        }
+        if self.merge_tail(st, frame, room) {
+            return true;
+        }
+        // Merge every run of deltas in the queue (which only ever lowers
+        // its bytes), then try once more.
+        let before = st.bytes;
+        compact(st);
+        let room = room + (before - st.bytes);
+        if st.frames.len() < self.cap {
+            return self.push(st, frame, room);
+        }
+        self.merge_tail(st, frame, room)
+    }
+
+    fn push(&self, st: &mut QueueState, frame: &Arc<Frame>, room: usize) -> bool {
+        let cost = frame.queued_cost();
+        if cost > room {
             return false;
         }
-        if st.frames.back().is_none_or(|b| b.seq < frame.seq) {
-            st.frames.push_back(frame.clone());
-        }
+        st.frames.push_back(frame.clone());
         st.bytes += cost;
         true
+    }
+
+    fn merge_tail(&self, st: &mut QueueState, frame: &Arc<Frame>, room: usize) -> bool {
+        let Some(tail) = st.frames.back_mut() else {
+            return false;
+        };
+        match merge_into(tail, frame, room) {
+            Some(old) => {
+                st.bytes = st.bytes - old + tail.queued_cost();
+                true
+            }
+            None => false,
+        }
     }
 
     /// Wakes the reader if frames wait for it (a reader that took them while
@@ -473,43 +567,64 @@ impl SubQueue {
     }
 }
 
-/// Merges `frame` into `tail` when both are same-kind deltas. A tail that is
-/// already this subscriber's own merged frame grows in place; a shared one
-/// (still in the ring or other queues) is copied once.
-fn merge_into(tail: &mut Arc<Frame>, frame: &Frame) -> bool {
-    if tail.event.delta_len().is_none() || frame.event.delta_len().is_none() {
-        return false;
+/// Merges `frame` into `tail` when both are same-kind deltas, the merged
+/// text stays within `MAX_MERGED` and the tail grows by at most `room`
+/// bytes; returns the tail's `queued_cost` before (None: nothing changed). A tail
+/// that is already this subscriber's own merged frame grows in place (its
+/// text doubling, so the growth is known beforehand); a shared one (still
+/// in the ring or other queues) is copied once, at its exact length.
+fn merge_into(tail: &mut Arc<Frame>, frame: &Frame, room: usize) -> Option<usize> {
+    let (a, b) = (tail.event.delta_len()?, frame.event.delta_len()?);
+    if a + b > MAX_MERGED || !tail.event.merges_with(&frame.event) {
+        return None;
     }
-    if tail.size + frame.size > MAX_MERGED {
-        return false;
-    }
+    let old = tail.queued_cost();
     if let Some(own) = Arc::get_mut(tail) {
-        return own.absorb(frame);
-    }
-    let mut copy = Frame::new(tail.seq, tail.session_id.clone(), tail.event.clone());
-    let merged = copy.absorb(frame);
-    if merged {
-        *tail = Arc::new(copy);
-    }
-    merged
-}
-
-/// Merges `frame` into the last queued frame when both are same-kind deltas.
-fn merge_into_tail(frames: &mut VecDeque<Arc<Frame>>, frame: &Arc<Frame>) -> bool {
-    frames.back_mut().is_some_and(|tail| merge_into(tail, frame))
-}
-
-/// Merges every run of consecutive same-kind deltas in the queue. The byte
-/// count is left as it was: it over-counts merged frames by their overhead,
-/// which only makes the budget stricter until the queue next drains.
-fn compact(frames: &mut VecDeque<Arc<Frame>>) {
-    let mut out: VecDeque<Arc<Frame>> = VecDeque::with_capacity(frames.len());
-    for f in frames.drain(..) {
-        if !out.back_mut().is_some_and(|t| merge_into(t, &f)) {
-            out.push_back(f);
+        // Absorbing makes it a merged frame: its cost is its size.
+        let new = own.size_after_absorbing(frame)?;
+        if new.saturating_sub(old) > room || !own.absorb(frame) {
+            return None;
         }
+        return Some(old);
     }
-    *frames = out;
+    let copy = Frame::merged(&[&**tail, frame]);
+    if copy.size.saturating_sub(old) > room {
+        return None;
+    }
+    *tail = Arc::new(copy);
+    Some(old)
+}
+
+/// Merges every run of consecutive same-kind deltas in the queue (each
+/// merged frame at most `MAX_MERGED` of text, allocated at its exact
+/// length) and counts its bytes again.
+fn compact(st: &mut QueueState) {
+    let mut out: VecDeque<Arc<Frame>> = VecDeque::with_capacity(st.frames.len());
+    let mut run: Vec<Arc<Frame>> = Vec::new();
+    let mut run_len = 0;
+    for f in st.frames.drain(..) {
+        let len = f.event.delta_len().unwrap_or(0);
+        let joins = run.last().is_some_and(|l| l.event.merges_with(&f.event)) && run_len + len <= MAX_MERGED;
+        if !joins {
+            flush_run(&mut run, &mut out);
+            run_len = 0;
+        }
+        run_len += len;
+        run.push(f);
+    }
+    flush_run(&mut run, &mut out);
+    st.bytes = out.iter().map(|f| f.queued_cost()).sum();
+    st.frames = out;
+}
+
+fn flush_run(run: &mut Vec<Arc<Frame>>, out: &mut VecDeque<Arc<Frame>>) {
+    if run.len() > 1 {
+        let parts: Vec<&Frame> = run.iter().map(|f| &**f).collect();
+        out.push_back(Arc::new(Frame::merged(&parts)));
+        run.clear();
+    } else {
+        out.extend(run.drain(..));
+    }
 }
 
 enum Queued {
@@ -538,6 +653,8 @@ pub struct Subscription {
     /// is read once per subscription, however few frames a call takes.
     from_log: VecDeque<Arc<Frame>>,
     queue: Arc<SubQueue>,
+    /// What this reader holds outside its queue (`Charge`s), across resumes.
+    held: Arc<AtomicUsize>,
     /// Resumed after its queue overflowed: replayed deltas merge.
     catching_up: bool,
     /// Whether deltas taken together from a full queue merge (not on `/stream`).
@@ -545,6 +662,18 @@ pub struct Subscription {
     done: bool,
     /// Taken by `recv` ahead of its caller, in order (empty before `resume`).
     ready: VecDeque<Delivery>,
+    /// `ready`'s bytes, counted in the budget until handed out.
+    ready_charge: Option<Charge>,
+    /// Counted in `Shared::on_disk`: replaying from the log.
+    on_disk: bool,
+}
+
+/// The bytes a delivery holds.
+fn delivery_size(d: &Delivery) -> usize {
+    match d {
+        Delivery::Frame(f) => f.size,
+        _ => 0,
+    }
 }
 
 impl Subscription {
@@ -555,6 +684,19 @@ impl Subscription {
         self
     }
 
+    /// Counts `bytes` this reader holds outside its queue (encoded, not yet
+    /// written) in its byte budget and the total until the charge is dropped:
+    /// while it holds them, its queue has that much less room.
+    pub fn charge(&self, bytes: usize) -> Charge {
+        self.held.fetch_add(bytes, Ordering::Relaxed);
+        self.shared.cfg.total.0.fetch_add(bytes, Ordering::Relaxed);
+        Charge {
+            held: self.held.clone(),
+            total: self.shared.cfg.total.clone(),
+            bytes,
+        }
+    }
+
     /// The session's latest seq when this subscription was made.
     pub fn latest_seq(&self) -> u64 {
         self.latest_seq
@@ -563,9 +705,16 @@ impl Subscription {
     /// The next delivery; None after the end has been delivered. What is
     /// queued is taken a few at a time (one lock, one allocation), so a
     /// reader of single deliveries costs little more than one of batches.
+    /// What it takes ahead stays counted in the reader's budget until it
+    /// takes more: handed out, a frame is still being encoded and sent
+    /// (gRPC's stream holds the message until the window lets it out), and
+    /// one charge per take keeps the shared total off the per-frame path.
     pub async fn recv(&mut self) -> Option<Delivery> {
         if self.ready.is_empty() {
+            self.ready_charge = None;
             self.ready = self.recv_many(RECV_AHEAD).await.into();
+            let bytes = self.ready.iter().map(delivery_size).sum();
+            self.ready_charge = Some(self.charge(bytes));
         }
         self.ready.pop_front()
     }
@@ -576,7 +725,12 @@ impl Subscription {
         let max = max.max(1);
         if !self.ready.is_empty() {
             let n = max.min(self.ready.len());
-            return self.ready.drain(..n).collect();
+            let out: Vec<Delivery> = self.ready.drain(..n).collect();
+            if let Some(c) = &mut self.ready_charge {
+                // Handed to a caller that takes many: it holds them itself.
+                c.release(out.iter().map(delivery_size).sum());
+            }
+            return out;
         }
         loop {
             if self.done {
@@ -676,6 +830,7 @@ impl Subscription {
             Ok(frames) => frames,
             Err(older) => return self.read_disk(older.min(upto), max).await,
         };
+        self.leave_disk();
         let mut out = Vec::new();
         for f in &frames {
             if !self.accept(&mut out, f, upto, max) {
@@ -688,6 +843,26 @@ impl Subscription {
             self.gap(upto);
         }
         out
+    }
+
+    /// Counts this subscription as replaying from the log.
+    fn enter_disk(&mut self) {
+        if !self.on_disk {
+            self.on_disk = true;
+            self.shared.on_disk.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// No longer replaying from the log: the last one to stop empties the
+    /// replay cache, and what is left of its own read goes too.
+    fn leave_disk(&mut self) {
+        if self.on_disk {
+            self.on_disk = false;
+            self.from_log = VecDeque::new();
+            if self.shared.on_disk.fetch_sub(1, Ordering::AcqRel) == 1 {
+                self.shared.replay.clear();
+            }
+        }
     }
 
     /// The frames read from the log, as far as `max` allows.
@@ -717,7 +892,7 @@ impl Subscription {
         }
         if self.catching_up {
             if let Some(Delivery::Frame(tail)) = out.last_mut() {
-                if merge_into(tail, f) {
+                if merge_into(tail, f, usize::MAX).is_some() {
                     self.cursor = f.seq;
                     return true;
                 }
@@ -738,6 +913,7 @@ impl Subscription {
             self.gap(upto);
             return Vec::new();
         };
+        self.enter_disk();
         let after = self.cursor;
         let chunk = match self
             .shared
@@ -776,15 +952,18 @@ impl Subscription {
         let mut out: Vec<Delivery> = Vec::with_capacity(max.min(st.frames.len()));
         let mut taken = 0;
         while let Some(f) = st.frames.front() {
+            if taken >= TAKE_BYTES {
+                break;
+            }
             let merged = match out.last_mut() {
-                Some(Delivery::Frame(tail)) if full => merge_into(tail, f),
+                Some(Delivery::Frame(tail)) if full => merge_into(tail, f, usize::MAX).is_some(),
                 _ => false,
             };
             if !merged && out.len() >= max {
                 break;
             }
             let Some(f) = st.frames.pop_front() else { break };
-            taken += f.size;
+            taken += f.queued_cost();
             self.cursor = self.cursor.max(f.seq);
             if !merged {
                 out.push(Delivery::Frame(f));
@@ -793,7 +972,10 @@ impl Subscription {
         // One update of the shared total per take, not per frame: every
         // subscriber's reader and the committer touch that counter.
         let bytes = if st.frames.is_empty() {
-            // Merged frames were counted part by part: settle the count.
+            if st.frames.capacity() > KEEP_SLOTS {
+                // Grown for a burst: a drained queue gives that back.
+                st.frames = VecDeque::new();
+            }
             0
         } else {
             st.bytes.saturating_sub(taken)
@@ -816,7 +998,7 @@ impl Subscription {
 
     /// Replaces a dropped queue with a fresh subscription after the cursor.
     fn resume(&mut self) {
-        let mut next = subscribe(&self.shared, Some(self.cursor));
+        let mut next = subscribe_holding(&self.shared, Some(self.cursor), self.held.clone());
         next.latest_seq = self.latest_seq;
         next.catching_up = true;
         next.merge_taken = self.merge_taken;
@@ -826,6 +1008,7 @@ impl Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
+        self.leave_disk();
         let mut st = self.queue.lock();
         st.detached = true;
         self.queue.clear(&mut st);
@@ -1258,6 +1441,170 @@ mod tests {
 
     fn cfg_total(b: &Bus) -> usize {
         b.shared.cfg.total.get()
+    }
+
+    /// What a queued frame may really hold, counted independently of
+    /// `Frame::queued_cost`: a delta's text at its capacity, and for one as
+    /// published (the tests' 1000-byte deltas; merged ones are longer) the
+    /// encoding a reader may have cached on it.
+    fn real_size(f: &Frame) -> usize {
+        match &f.event {
+            ClientEvent::TextDelta { text } if text.len() == 1000 => {
+                64 + text.capacity() + text.len() + f.session_id.len() + 96
+            }
+            ClientEvent::TextDelta { text } => 64 + text.capacity(),
+            other => other.approx_size(),
+        }
+    }
+
+    /// (counted, really held) bytes of a subscription's queue.
+    fn queue_bytes(sub: &Subscription) -> (usize, usize) {
+        let st = sub.queue.lock();
+        (st.bytes, st.frames.iter().map(|f| real_size(f)).sum())
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_counts_merged_text_at_its_capacity_and_never_holds_more_than_its_budget() {
+        let budget = 64 * 1024;
+        let cfg = BusConfig {
+            ring: 8,
+            queue: 4,
+            max_queued_bytes: budget,
+            ..BusConfig::default()
+        };
+        let b = Bus::new("s".into(), cfg, None, 0, Vec::new());
+        let sub = b.subscribe(None);
+        let chunk = "x".repeat(1000);
+        let mut most = 0;
+        for _ in 0..1000 {
+            publish(&b, text(&chunk));
+            let (counted, real) = queue_bytes(&sub);
+            assert_eq!(counted, real, "the count is what the queued frames hold");
+            assert_eq!(cfg_total(&b), counted, "and what the total says");
+            most = most.max(real);
+        }
+        assert_eq!(b.subscriber_count(), 0, "over budget: dropped, not grown");
+        assert!(most <= budget, "held {most} bytes, budget {budget}");
+        assert!(
+            most > budget / 2,
+            "the budget is used before the queue is dropped ({most})"
+        );
+        drop(sub);
+        assert_eq!(cfg_total(&b), 0);
+    }
+
+    #[tokio::test]
+    async fn what_a_reader_holds_outside_its_queue_counts_in_its_budget_until_dropped() {
+        let budget = 64 * 1024;
+        let cfg = BusConfig {
+            ring: 1024,
+            queue: 1 << 20,
+            max_queued_bytes: budget,
+            ..BusConfig::default()
+        };
+        let b = Bus::new("s".into(), cfg, None, 0, Vec::new());
+        let mut sub = b.subscribe(None);
+        let chunk = "x".repeat(1000);
+        for _ in 0..10 {
+            publish(&b, text(&chunk));
+        }
+        assert_eq!(seqs(&sub.recv_many(64).await), (1..=10).collect::<Vec<_>>());
+        assert_eq!(cfg_total(&b), 0, "taken: no longer queued");
+        // The edge encoded them and cannot write them yet.
+        let charge = sub.charge(40_000);
+        assert_eq!(cfg_total(&b), 40_000);
+        for _ in 0..30 {
+            publish(&b, text(&chunk));
+        }
+        assert_eq!(
+            b.subscriber_count(),
+            0,
+            "what the reader holds left room for fewer frames: dropped"
+        );
+        let (queued, _) = queue_bytes(&sub);
+        assert!(queued + 40_000 <= budget, "queued {queued} + held 40000");
+        assert!(
+            queued + 40_000 > budget - 2200,
+            "the rest of the budget was used ({queued})"
+        );
+        assert_eq!(cfg_total(&b), queued + 40_000);
+        drop(charge);
+        assert_eq!(cfg_total(&b), queued, "given back when the edge drops it");
+        // Nothing is lost: the reader resumes from its cursor.
+        let rest = drain(&mut sub, b.latest_seq()).await;
+        assert!(rest.iter().all(|d| matches!(d, Delivery::Frame(_))), "no resync");
+        let mut text_len = 0;
+        for d in &rest {
+            if let Delivery::Frame(f) = d {
+                text_len += f.event.delta_len().unwrap();
+            }
+        }
+        assert_eq!(text_len, 30 * 1000, "every byte after what it was handed");
+        assert_eq!(*seqs(&rest).last().unwrap(), 40);
+        drop(sub);
+        assert_eq!(cfg_total(&b), 0);
+    }
+
+    #[tokio::test]
+    async fn deliveries_taken_ahead_by_recv_stay_counted_until_it_takes_more() {
+        let b = bus(64, 64);
+        let mut sub = b.subscribe(None);
+        for _ in 0..5 {
+            publish(&b, text("abc"));
+        }
+        let size = Frame::new(1, "s".into(), text("abc")).size;
+        assert!(matches!(sub.recv().await, Some(Delivery::Frame(f)) if f.seq == 1));
+        assert_eq!(cfg_total(&b), 5 * size, "taken ahead: counted as the reader's");
+        for seq in 2..=5 {
+            assert!(matches!(sub.recv().await, Some(Delivery::Frame(f)) if f.seq == seq));
+        }
+        assert_eq!(
+            cfg_total(&b),
+            5 * size,
+            "the last ones may still be on their way out"
+        );
+        publish(&b, text("abc"));
+        assert!(matches!(sub.recv().await, Some(Delivery::Frame(f)) if f.seq == 6));
+        assert_eq!(cfg_total(&b), size, "taking more gives the earlier ones back");
+        drop(sub);
+        assert_eq!(cfg_total(&b), 0);
+    }
+
+    #[tokio::test]
+    async fn a_drained_queue_and_a_finished_replay_give_back_what_a_burst_grew() {
+        let b = bus(64, 1 << 20);
+        let mut sub = b.subscribe(None);
+        for i in 0..1000 {
+            publish(&b, ClientEvent::Status { busy: i % 2 == 0 });
+        }
+        assert!(sub.queue.lock().frames.capacity() >= 1000);
+        assert_eq!(drain(&mut sub, 1000).await.len(), 1000);
+        assert!(
+            sub.queue.lock().frames.capacity() <= KEEP_SLOTS,
+            "a drained queue keeps {} slots",
+            sub.queue.lock().frames.capacity()
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        let (b, ledger) = logged_bus(dir.path(), 16, 64);
+        for i in 0..3000 {
+            write(&b, &ledger, text(&format!("{i} ")));
+        }
+        let mut replay = b.subscribe(Some(0));
+        let first = replay.recv_many(64).await;
+        assert_eq!(seqs(&first), (1..=64).collect::<Vec<_>>());
+        assert!(
+            b.shared.replay.cached_chunks() > 0,
+            "read from disk, cached for other readers"
+        );
+        let rest = drain(&mut replay, 3000).await;
+        assert_eq!(*seqs(&rest).last().unwrap(), 3000);
+        assert_eq!(
+            b.shared.replay.cached_chunks(),
+            0,
+            "caught up: the cached chunks are gone"
+        );
+        assert!(replay.from_log.capacity() == 0);
     }
 
     #[tokio::test]

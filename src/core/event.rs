@@ -204,16 +204,14 @@ impl ClientEvent {
         }
     }
 
-    /// Appends `next` to `self` when both are deltas of the same kind (and
-    /// for tool_output, of the same call and stream): the lossless merge a
-    /// full subscriber queue relies on. Returns false (and leaves both
-    /// untouched) otherwise.
-    pub fn try_merge(&mut self, next: &ClientEvent) -> bool {
+    /// The text `next` appends to `self` when both are deltas of the same
+    /// kind (and for tool_output, of the same call and stream): None when
+    /// they do not merge.
+    fn merge_texts<'a>(&'a self, next: &'a ClientEvent) -> Option<(&'a String, &'a str)> {
         match (self, next) {
             (ClientEvent::TextDelta { text: a }, ClientEvent::TextDelta { text: b })
             | (ClientEvent::ThinkingDelta { text: a }, ClientEvent::ThinkingDelta { text: b }) => {
-                a.push_str(b);
-                true
+                Some((a, b))
             }
             (
                 ClientEvent::ToolOutput {
@@ -226,12 +224,54 @@ impl ClientEvent {
                     stream: s2,
                     text: b,
                 },
-            ) if c1 == c2 && s1 == s2 => {
-                a.push_str(b);
-                true
-            }
-            _ => false,
+            ) if c1 == c2 && s1 == s2 => Some((a, b)),
+            _ => None,
         }
+    }
+
+    /// A delta's text.
+    fn delta_text(&self) -> Option<&str> {
+        match self {
+            ClientEvent::TextDelta { text }
+            | ClientEvent::ThinkingDelta { text }
+            | ClientEvent::ToolOutput { text, .. } => Some(text),
+            _ => None,
+        }
+    }
+
+    /// The merged delta's text, mutably (the counterpart of `merge_texts`).
+    fn delta_text_mut(&mut self) -> Option<&mut String> {
+        match self {
+            ClientEvent::TextDelta { text }
+            | ClientEvent::ThinkingDelta { text }
+            | ClientEvent::ToolOutput { text, .. } => Some(text),
+            _ => None,
+        }
+    }
+
+    /// Appends `next` to `self` when both are deltas of the same kind (and
+    /// for tool_output, of the same call and stream): the lossless merge a
+    /// full subscriber queue relies on. Returns false (and leaves both
+    /// untouched) otherwise. The text grows to `merged_capacity`, so what
+    /// a merge will cost is known before it happens (`Frame::size_after_absorbing`).
+    pub fn try_merge(&mut self, next: &ClientEvent) -> bool {
+        let Some(cap) = self
+            .merge_texts(next)
+            .map(|(a, b)| merged_capacity(a.capacity(), a.len() + b.len()))
+        else {
+            return false;
+        };
+        let (Some(a), Some(b)) = (self.delta_text_mut(), next.delta_text()) else {
+            return false;
+        };
+        a.reserve_exact(cap - a.len());
+        a.push_str(b);
+        true
+    }
+
+    /// Whether `try_merge(next)` would merge.
+    pub fn merges_with(&self, next: &ClientEvent) -> bool {
+        self.merge_texts(next).is_some()
     }
 
     /// The payload size that merging grows.
@@ -244,7 +284,19 @@ impl ClientEvent {
         }
     }
 
-    /// Roughly the bytes this event holds: what a subscriber's queue budget counts.
+    /// `approx_size` with a delta's text counted at its capacity: the bytes
+    /// it really holds once merges grew it (what a subscriber's queue budget counts).
+    pub fn held_size(&self) -> usize {
+        let spare = match self {
+            ClientEvent::TextDelta { text }
+            | ClientEvent::ThinkingDelta { text }
+            | ClientEvent::ToolOutput { text, .. } => text.capacity() - text.len(),
+            _ => 0,
+        };
+        self.approx_size() + spare
+    }
+
+    /// Roughly the bytes this event holds.
     pub fn approx_size(&self) -> usize {
         const OVERHEAD: usize = 64;
         OVERHEAD
@@ -273,6 +325,21 @@ impl ClientEvent {
                 }
                 _ => 0,
             }
+    }
+}
+
+/// The most a merged delta's text grows ahead of its length (doubling, for
+/// amortized appends); past it a merge allocates only what it needs.
+pub const MERGE_GROWTH_LIMIT: usize = 1 << 20;
+
+/// The capacity a delta's text of capacity `cap` has after growing to hold
+/// `need` bytes: unchanged when it fits, else doubled (at most to
+/// `MERGE_GROWTH_LIMIT`), and never less than `need`.
+pub fn merged_capacity(cap: usize, need: usize) -> usize {
+    if need <= cap {
+        cap
+    } else {
+        need.max(cap.saturating_mul(2).min(MERGE_GROWTH_LIMIT))
     }
 }
 
@@ -355,9 +422,12 @@ pub struct Frame {
     pub seq: u64,
     pub session_id: Arc<str>,
     pub event: ClientEvent,
-    /// `event.approx_size()`, computed once.
+    /// `event.held_size()`, kept up to date by `absorb`.
     pub size: usize,
     json: OnceLock<bytes::Bytes>,
+    /// Made by merging deltas for one subscriber: never in the ring, so
+    /// never encoded while queued.
+    merged: bool,
 }
 
 impl Frame {
@@ -365,9 +435,10 @@ impl Frame {
         Frame {
             seq,
             session_id,
-            size: event.approx_size(),
+            size: event.held_size(),
             event,
             json: OnceLock::new(),
+            merged: false,
         }
     }
 
@@ -378,9 +449,53 @@ impl Frame {
             return false;
         }
         self.seq = next.seq;
-        self.size = self.event.approx_size();
+        self.merged = true;
+        self.size = self.event.held_size();
         self.json = OnceLock::new();
         true
+    }
+
+    /// What this frame costs a subscriber's queue: its size, plus, for a
+    /// frame as published (shared with the ring and every other queue), the
+    /// encoding any reader may have cached on it (`encoded_json`), which a
+    /// stalled queue keeps alive as long as the frame. A merged frame is
+    /// encoded only once it has left the queue (and then counted as the
+    /// reader's `Charge`).
+    pub fn queued_cost(&self) -> usize {
+        if self.merged {
+            return self.size;
+        }
+        let encoded = match self.event.delta_len() {
+            // `{"seq":…,"session_id":"…","text_delta":{"text":"…"}}`
+            Some(len) => len + self.session_id.len() + 96,
+            None => self.event.approx_size(),
+        };
+        self.size + encoded
+    }
+
+    /// What `size` becomes if this frame absorbs `next` (None: they do not merge).
+    pub fn size_after_absorbing(&self, next: &Frame) -> Option<usize> {
+        let (a, b) = self.event.merge_texts(&next.event)?;
+        Some(self.size - a.capacity() + merged_capacity(a.capacity(), a.len() + b.len()))
+    }
+
+    /// One frame holding consecutive same-kind deltas `parts` (at least one),
+    /// carrying the last one's seq, its text allocated once at its exact length.
+    pub fn merged(parts: &[&Frame]) -> Frame {
+        let first = &parts[0];
+        let mut event = first.event.clone();
+        let len: usize = parts.iter().filter_map(|f| f.event.delta_len()).sum();
+        if let Some(text) = event.delta_text_mut() {
+            let mut all = String::with_capacity(len);
+            all.push_str(text);
+            *text = all;
+        }
+        let mut out = Frame::new(first.seq, first.session_id.clone(), event);
+        for f in &parts[1..] {
+            let merged = out.absorb(f);
+            debug_assert!(merged, "parts of one run merge");
+        }
+        out
     }
 
     /// Returns this frame's bytes in `encoding`, computing them at most once.
@@ -458,5 +573,42 @@ mod tests {
         assert_eq!(a.delta_len(), Some(4));
         assert_eq!(a.kind(), "tool_output");
         assert!(a.approx_size() >= 6);
+    }
+
+    #[test]
+    fn a_merged_delta_grows_as_predicted_and_a_merged_run_is_allocated_once() {
+        let sid: Arc<str> = "s".into();
+        let delta = |seq, t: &str| Frame::new(seq, sid.clone(), ClientEvent::TextDelta { text: t.into() });
+        let mut tail = delta(1, "ab");
+        let mut seq = 1;
+        for _ in 0..200 {
+            seq += 1;
+            let next = delta(seq, "0123456789");
+            let want = tail.size_after_absorbing(&next).unwrap();
+            assert!(tail.absorb(&next));
+            assert_eq!(tail.size, want, "size_after_absorbing says what absorb makes it");
+            let ClientEvent::TextDelta { text } = &tail.event else {
+                unreachable!()
+            };
+            assert_eq!(
+                tail.size,
+                64 + text.capacity(),
+                "size counts the text at its capacity"
+            );
+            assert!(text.capacity() < 2 * text.len() + 16, "doubling, never more");
+        }
+        assert!(delta(1, "x")
+            .size_after_absorbing(&Frame::new(2, sid.clone(), ClientEvent::Status { busy: true }))
+            .is_none());
+        let parts = [delta(1, "ab"), delta(2, "cd"), delta(3, "ef")];
+        let merged = Frame::merged(&parts.iter().collect::<Vec<_>>());
+        assert_eq!(merged.seq, 3);
+        assert_eq!(merged.size, 64 + 6, "exactly its length");
+        assert_eq!(merged_capacity(10, 5), 10);
+        assert_eq!(merged_capacity(10, 11), 20);
+        assert_eq!(
+            merged_capacity(MERGE_GROWTH_LIMIT, MERGE_GROWTH_LIMIT + 1),
+            MERGE_GROWTH_LIMIT + 1
+        );
     }
 }

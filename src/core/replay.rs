@@ -38,6 +38,17 @@ impl ReplayCache {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Chunks cached now.
+    #[cfg(test)]
+    pub fn cached_chunks(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Forgets every cached chunk (reads under way still answer their waiters).
+    pub fn clear(&self) {
+        *self.lock() = VecDeque::new();
+    }
+
     /// The frames of chunk `index`, read from `log` off the runtime once for
     /// every subscription that asks while it is cached (those asking at the
     /// same time wait for the one read).

@@ -962,6 +962,15 @@ impl Control {
             .map_err(|s| format!("ListSessions: {s}"))
     }
 
+    /// Every session's summary, as `ListSessions` reports it (loaded, busy, latest seq).
+    pub async fn sessions(&self) -> Result<Vec<pb::SessionSummary>, String> {
+        let mut c = pb::agent_service_client::AgentServiceClient::new(self.channel.clone());
+        c.list_sessions(self.request(pb::ListSessionsRequest {}))
+            .await
+            .map(|r| r.into_inner().sessions)
+            .map_err(|s| format!("ListSessions: {s}"))
+    }
+
     /// Runs `prompt` and answers once the run settled (`Run` with `wait`).
     pub async fn run_settled(&self, session: &str, prompt: &str) -> Result<(), String> {
         let mut c = pb::agent_service_client::AgentServiceClient::new(self.channel.clone());

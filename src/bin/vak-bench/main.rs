@@ -10,6 +10,7 @@ mod cluster;
 mod floor;
 mod growth;
 mod machine;
+mod memory;
 mod peer;
 mod report;
 mod scenarios;
@@ -44,7 +45,7 @@ struct Args {
     /// Print the table only.
     #[arg(long)]
     no_write: bool,
-    /// Only these scenarios: fanout, latency, sessions, idle, stalled, replay, search, growth, cluster (comma-separated).
+    /// Only these scenarios: fanout, latency, sessions, idle, stalled, replay, search, growth, cluster, memory (comma-separated).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// gRPC streams per HTTP/2 connection.
@@ -103,6 +104,14 @@ struct Args {
     /// diagnosis, e.g. `--serve-arg=--max-queued-mib=4096`).
     #[arg(long, allow_hyphen_values = true)]
     serve_arg: Vec<String>,
+    /// An extra environment variable of every vak server, KEY=VALUE (repeatable;
+    /// e.g. `--serve-env LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2` to
+    /// compare allocators).
+    #[arg(long)]
+    serve_env: Vec<String>,
+    /// Runs of the memory scenario (default 1).
+    #[arg(long)]
+    memory_runs: Option<usize>,
     /// A peer server measured in the same run on the fan-out and idle
     /// scenarios, with the same SSE client: `nchan` (nginx + nchan, `make
     /// bench-peer` installs it). The report goes to its own block of the file.
@@ -162,6 +171,9 @@ struct Sizes {
     replay_runs: usize,
     search_sessions: usize,
     search_queries: usize,
+    /// The memory scenario (memory.rs) and its runs.
+    memory: memory::MemorySizes,
+    memory_runs: usize,
 }
 
 impl Sizes {
@@ -199,6 +211,8 @@ impl Sizes {
             replay_runs: 1,
             search_sessions: 1000,
             search_queries: 200,
+            memory: memory::MemorySizes::full(),
+            memory_runs: 1,
         }
     }
 
@@ -236,6 +250,8 @@ impl Sizes {
             replay_runs: 1,
             search_sessions: 20,
             search_queries: 20,
+            memory: memory::MemorySizes::quick(),
+            memory_runs: 1,
         }
     }
 }
@@ -270,6 +286,7 @@ struct Samples {
     fanout_fsync: Vec<Sample<scenarios::Throughput>>,
     replay: Vec<Sample<scenarios::Replay>>,
     search: Vec<Sample<scenarios::SearchLatency>>,
+    memory: Vec<memory::MemoryRun>,
 }
 
 /// A latency point measured at a rate (events/s).
@@ -360,6 +377,7 @@ async fn bench(args: Args, nofile_before: (u64, u64), nofile_after: u64) -> i32 
     sizes.replay_runs = args.replay_runs.or(args.runs).unwrap_or(sizes.replay_runs).max(1);
     sizes.search_sessions = args.search_sessions.unwrap_or(sizes.search_sessions).max(1);
     sizes.search_queries = args.search_queries.unwrap_or(sizes.search_queries).max(1);
+    sizes.memory_runs = args.memory_runs.unwrap_or(sizes.memory_runs).max(1);
 
     let exe = std::env::current_exe().expect("the bench's own path");
     let vak = args.vak.clone().unwrap_or_else(|| scenarios::default_vak(&exe));
@@ -377,6 +395,11 @@ async fn bench(args: Args, nofile_before: (u64, u64), nofile_after: u64) -> i32 
         capacity: (sizes.burst as usize + 64).next_power_of_two(),
         limit: Duration::from_secs(if args.quick { 30 } else { 120 }),
         serve_args: args.serve_arg.clone(),
+        serve_env: args
+            .serve_env
+            .iter()
+            .filter_map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+            .collect(),
     };
     let machine = machine::Machine::probe(nofile_before, nofile_after);
     log(format!("machine: {machine}"));
@@ -670,6 +693,18 @@ cluster rows not measured"
                 t: Transport::Grpc,
                 r,
             });
+        }
+    }
+
+    if want("memory") && transports.contains(&Transport::Sse) {
+        for run in 1..=sizes.memory_runs {
+            let at = Instant::now();
+            s.memory.push(memory::run(&env, &sizes.memory).await);
+            log(format!(
+                "run {run}/{} memory done in {:.1} s",
+                sizes.memory_runs,
+                at.elapsed().as_secs_f64()
+            ));
         }
     }
 
@@ -988,7 +1023,7 @@ Search: S sessions (S in the row), each created and given one run (gRPC `Run` wi
 prompt carries a word of its own; once the last session's word is found, the first session's word is searched \
 {squeries} times in a row with gRPC `Search` (limit 20), each round trip timed by the client. \
 The CPU column is the median share of the measured interval each \
-process used, in cores; \"others\" is everything else on the machine (/proc/stat), which competes for the same cores. Sizes: burst {burst}, {sessions} sessions x {sburst}, {runs} runs each ({rruns} of the replay).\n",
+process used, in cores; \"others\" is everything else on the machine (/proc/stat), which competes for the same cores. {memory} Sizes: burst {burst}, {sessions} sessions x {sburst}, {runs} runs each ({rruns} of the replay).\n",
         per = env.per_conn,
         c1000 = 1000usize.div_ceil(env.per_conn),
         idle = sizes.idle,
@@ -1030,6 +1065,7 @@ process used, in cores; \"others\" is everything else on the machine (/proc/stat
             .join(", "),
         rruns = sizes.replay_runs.min(sizes.runs),
         squeries = sizes.search_queries,
+        memory = memory::method(&sizes.memory),
     )
 }
 
@@ -1470,6 +1506,7 @@ fn rows(s: &Samples, sizes: &Sizes, transports: &[Transport]) -> (Vec<Row>, usiz
     }
     growth_rows(s, sizes, &mut rows, &mut failures);
     cluster_rows(s, sizes, &mut rows, &mut failures);
+    memory::rows(&s.memory, &sizes.memory, &mut rows, &mut failures);
     (rows, failures)
 }
 

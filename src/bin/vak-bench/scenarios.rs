@@ -60,6 +60,8 @@ pub struct Env {
     pub limit: Duration,
     /// Extra `vak serve` flags (--serve-arg).
     pub serve_args: Vec<String>,
+    /// Extra environment of every `vak serve` (--serve-env KEY=VALUE), e.g. an allocator to compare.
+    pub serve_env: Vec<(String, String)>,
 }
 
 /// `vak serve` flags a scenario sets beyond the common ones.
@@ -162,6 +164,7 @@ impl Server {
                     c.args(["--first-subscriber-wait-ms", "0"]);
                 }
                 c.args(&env.serve_args).args(extra);
+                c.envs(env.serve_env.iter().map(|(k, v)| (k, v)));
                 c
             }
         };

@@ -449,6 +449,9 @@ impl AgentService for AgentApi {
         let last = after.unwrap_or(latest_seq);
         // Subscribed before announcing: nothing published after stream_opened can be missed.
         // The id travels in the state: cloned per item it was an allocation per event.
+        // What `recv` takes ahead stays counted in the reader's byte budget
+        // until it takes more: tonic encodes a message and h2 holds it until
+        // the stream's window lets it out.
         let rest = stream::unfold(Some((sub, last, sid)), move |state| {
             let _attached = &hold;
             async move {

@@ -3,7 +3,7 @@
 use super::json::to_json;
 use super::routes::AppState;
 use super::sse_encode::{self, write_frame, Keepalive};
-use crate::core::bus::{Delivery, End, Subscription};
+use crate::core::bus::{Charge, Delivery, End, Subscription};
 use crate::core::event::{ClientEvent, Frame};
 use crate::core::session::PresenceGuard;
 use crate::edge::errors::{json_error, status_response};
@@ -226,9 +226,32 @@ fn event_stream(opened: Opened, keepalive: &Keepalive) -> Response {
                 }
             }
         }
-        Some((out.freeze(), st))
+        // Until the connection has written it, the chunk counts in this
+        // reader's byte budget (at its capacity): a stalled reader's unwritten
+        // frames are part of what `--max-queued-mib` bounds.
+        let charge = st.sub.charge(out.capacity());
+        Some((
+            Bytes::from_owner(Charged {
+                buf: out,
+                _charge: charge,
+            }),
+            st,
+        ))
     });
     sse_encode::response(chunks, keepalive)
+}
+
+/// An encoded chunk and its charge on the reader's budget, released when
+/// the last reference to the chunk (the connection's write queue) drops it.
+struct Charged {
+    buf: BytesMut,
+    _charge: Charge,
+}
+
+impl AsRef<[u8]> for Charged {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf
+    }
 }
 
 #[cfg(test)]
