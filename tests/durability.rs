@@ -533,7 +533,10 @@ async fn a_ledger_cut_in_the_middle_never_reissues_a_seq_and_readers_get_history
         assert_eq!(f.seq(), kept + 1, "what survived replays gap-free");
         kept = f.seq();
     };
-    assert!(kept > 100 && kept < recorded, "half survived: {kept} of {recorded}");
+    assert!(
+        kept > 100 && kept < recorded,
+        "half survived: {kept} of {recorded}"
+    );
     let range = |f: &Frame| {
         let b = f.body();
         (b["reason"].clone(), b["from"].clone(), b["to"].clone())
