@@ -164,8 +164,8 @@ fn one_byte_apart(a: &str, b: &str) -> bool {
 }
 
 /// The records after the header look like a ledger's: each whole line up to
-/// `AGREEING_RECORDS` parses as a record that is no header, and the first
-/// event is seq 1.
+/// `AGREEING_RECORDS` parses as a record that is no header, and among them
+/// is the first event, seq 1.
 fn agree(reader: &mut impl BufRead) -> std::result::Result<(), String> {
     let mut line = Vec::new();
     let mut first_event = None;
@@ -186,9 +186,11 @@ fn agree(reader: &mut impl BufRead) -> std::result::Result<(), String> {
             Err(e) => return Err(format!("line {n} is unreadable too: {e}")),
         }
     }
+    // Nothing after the header is nothing to keep: such a file is set aside.
     match first_event {
-        Some(seq) if seq != 1 => Err(format!("its first event is seq {seq}, not 1")),
-        _ => Ok(()),
+        Some(1) => Ok(()),
+        Some(seq) => Err(format!("its first event is seq {seq}, not 1")),
+        None => Err("no event follows it".to_string()),
     }
 }
 
