@@ -3,7 +3,7 @@ CARGO ?= cargo
 
 PREFIX ?= $(HOME)/.local
 
-.PHONY: app serve serve-cluster install release tools real-model nats schemathesis openapi test test-api test-rust test-python test-web screenshots lint build fuzz bench bench-quick bench-peer
+.PHONY: python-client app serve serve-cluster install release tools real-model nats schemathesis openapi test test-api test-rust test-python test-web screenshots lint build fuzz bench bench-quick bench-peer
 
 ## Start `vak serve` on the embedded offline model (loopback, port 8901; VAK_LISTEN,
 ## VAK_HOME and VAK_TOKEN change that), with the browser app at /app built first.
@@ -115,7 +115,7 @@ lint:
 ## needs the release binary (make serve, make install), grpcurl, and buf from clients/web;
 ## tests/real_model.rs needs the real model (make real-model), found through VAK_REAL_MODEL_PYTHON;
 ## tests/jetstream.rs needs nats-server (make nats), found through VAK_NATS_SERVER.
-test-rust: tests/node/node_modules/.package-lock.json clients/web/node_modules/.package-lock.json tools release real-model nats
+test-rust: tests/node/node_modules/.package-lock.json clients/web/node_modules/.package-lock.json tools release real-model nats python-client
 	VAK_REAL_MODEL_PYTHON=$(CURDIR)/$(REAL_MODEL_VENV)/bin/python \
 	VAK_NATS_SERVER=$(CURDIR)/$(NATS_VENV)/bin/nats-server \
 	$(CARGO) test --all-targets --no-fail-fast
@@ -127,6 +127,12 @@ clients/web/node_modules/.package-lock.json: clients/web/package.json clients/we
 ## installed from tests/node/package-lock.json when missing or older than the lock.
 tests/node/node_modules/.package-lock.json: tests/node/package.json tests/node/package-lock.json
 	npm ci --prefix tests/node --no-audit --no-fund
+
+## The Python client's venv (clients/python/.venv, the client installed with its test
+## extra), which tests/resync.rs drives: made before the Rust tests, since a fresh
+## machine's pip install can take minutes.
+python-client:
+	clients/python/run-smoke.sh --setup-only
 
 ## The Python client: its pytest suite, then its smoke test (both against target/debug/vak).
 test-python: build
