@@ -26,7 +26,7 @@ release: app
 	$(CARGO) build --release --bin vak
 
 ## The browser app and console (/app, /admin): clients/web/dist-app (content-hashed,
-## precompressed), which the next cargo build embeds (src/edge/http/assets.rs). Without it
+## precompressed), which the next cargo build embeds (crates/vak-server/src/http/assets.rs). Without it
 ## vak still builds, and /app answers with how to build it. Rebuilt only when its sources
 ## changed; under a lock, since make serve and make install may run at once (tests/docs.rs)
 ## and the build empties dist/ and dist-app/ first.
@@ -108,8 +108,8 @@ test-api: build schemathesis
 	python3 tests/openapi/run.py
 
 lint:
-	$(CARGO) fmt --check
-	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 ## The Rust tests, including tests/docs.rs, which runs the documentation's commands: it
 ## needs the release binary (make serve, make install), grpcurl, and buf from clients/web;
@@ -118,7 +118,7 @@ lint:
 test-rust: tests/node/node_modules/.package-lock.json clients/web/node_modules/.package-lock.json tools release real-model nats python-client
 	VAK_REAL_MODEL_PYTHON=$(CURDIR)/$(REAL_MODEL_VENV)/bin/python \
 	VAK_NATS_SERVER=$(CURDIR)/$(NATS_VENV)/bin/nats-server \
-	$(CARGO) test --all-targets --no-fail-fast
+	$(CARGO) test --workspace --all-targets --no-fail-fast
 
 clients/web/node_modules/.package-lock.json: clients/web/package.json clients/web/package-lock.json
 	npm ci --prefix clients/web --no-audit --no-fund
@@ -141,13 +141,13 @@ test-python: build
 build:
 	$(CARGO) build
 
-## The benchmark (src/bin/vak-bench): a release `vak serve` driven by the bench's
+## The benchmark (crates/vak-bench): a release `vak serve` driven by the bench's
 ## own SSE and gRPC clients, against a raw tonic baseline; prints the table and
 ## writes it to BENCHMARKS.md (under 25 minutes on a 2-core machine). The cluster rows
 ## run nats-server from `make nats` (or VAK_NATS_SERVER).
 bench: nats
-	$(CARGO) build --release --bins
-	VAK_BENCH_COMMAND="make bench (cargo build --release --bins && target/release/vak-bench)" target/release/vak-bench
+	$(CARGO) build --release --bin vak --bin vak-bench
+	VAK_BENCH_COMMAND="make bench (cargo build --release --bin vak --bin vak-bench && target/release/vak-bench)" target/release/vak-bench
 
 ## vak and the SSE server a user would otherwise pick, nginx + nchan, in one run:
 ## installs Debian's nginx-light and libnginx-mod-nchan if missing (apt-get, with
@@ -161,15 +161,15 @@ bench-peer:
 	@if ! command -v nginx >/dev/null || [ ! -e $(NCHAN_MODULE) ]; then \
 		$(SUDO) apt-get update && $(SUDO) apt-get install -y nginx-light libnginx-mod-nchan; \
 	fi
-	$(CARGO) build --release --bins
-	VAK_BENCH_COMMAND="make bench-peer (cargo build --release --bins && target/release/vak-bench --peer nchan --only fanout,idle --transports sse --fsync-subs 0)" \
+	$(CARGO) build --release --bin vak --bin vak-bench
+	VAK_BENCH_COMMAND="make bench-peer (cargo build --release --bin vak --bin vak-bench && target/release/vak-bench --peer nchan --only fanout,idle --transports sse --fsync-subs 0)" \
 		target/release/vak-bench --peer nchan --only fanout,idle --transports sse --fsync-subs 0
 
 ## The same code at small sizes, one run, nothing written (under a minute). It
 ## runs the debug build `make test` already has: it checks the bench works, its
 ## figures mean nothing.
 bench-quick:
-	$(CARGO) build --bins
+	$(CARGO) build --bin vak --bin vak-bench
 	target/debug/vak-bench --quick
 
 ## The TypeScript client (clients/web): build the @vak/client package (generated from proto/)

@@ -1,19 +1,19 @@
 //! The `vak` command line: `vak serve` parses its flags into a `ServeConfig`, binds, announces itself and runs until SIGINT or SIGTERM; `vak term` is the client in `term/`.
 
-use crate::core::config::{self, Environment, FileConfig, RouteLayer};
-use crate::core::provider::ProviderKind;
-use crate::core::sandbox::{SandboxConfig, SandboxMode};
-use crate::core::{CoreConfig, Durability, PermissionMode};
-use crate::edge::server::{ServeConfig, Server};
-use crate::edge::tls;
-use crate::error::{Error, Result};
-use crate::home;
 use clap::{Parser, Subcommand, ValueEnum};
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
+use vak_core::config::{self, Environment, FileConfig, RouteLayer};
+use vak_core::error::{Error, Result};
+use vak_core::home;
+use vak_core::provider::ProviderKind;
+use vak_core::sandbox::{SandboxConfig, SandboxMode};
+use vak_core::{CoreConfig, Durability, PermissionMode};
+use vak_server::server::{ServeConfig, Server};
+use vak_server::tls;
 
 #[derive(Parser, Debug)]
 #[command(name = "vak", version, about = "A server for AI coding agents")]
@@ -29,7 +29,7 @@ pub enum Command {
     /// Serve the agent over gRPC, gRPC-web and REST/SSE on one port.
     Serve(ServeArgs),
     /// A terminal client of a running server: an interactive prompt, or one run with -p.
-    Term(crate::term::TermArgs),
+    Term(vak_term::TermArgs),
 }
 
 /// `--permission-mode`; `ask`, `allow` and `deny`, its values before modes
@@ -214,7 +214,7 @@ pub struct ServeArgs {
     /// this many milliseconds, so each wake-up carries every frame of the
     /// window (the first frame after a quiet window goes out at once); 0
     /// wakes them at every frame.
-    #[arg(long, default_value_t = crate::core::bus::DEFAULT_FLUSH_WINDOW.as_millis() as u64, value_parser = clap::value_parser!(u64).range(0..=1000))]
+    #[arg(long, default_value_t = vak_core::bus::DEFAULT_FLUSH_WINDOW.as_millis() as u64, value_parser = clap::value_parser!(u64).range(0..=1000))]
     pub flush_window_ms: u64,
     /// The permission mode the server starts in: default (edits and
     /// commands ask), accept-edits (commands ask), plan (read-only tools
@@ -302,9 +302,9 @@ impl ServeArgs {
     }
 
     /// The credential and TLS flags of `--bus`, as given.
-    fn bus_flags(&self) -> crate::core::nats_connect::BusFlags {
-        use crate::core::provider::Secret;
-        crate::core::nats_connect::BusFlags {
+    fn bus_flags(&self) -> vak_core::nats_connect::BusFlags {
+        use vak_core::provider::Secret;
+        vak_core::nats_connect::BusFlags {
             user: self.bus_user.clone(),
             password: self.bus_password.clone().map(Secret::new),
             token: self.bus_token.clone().map(Secret::new),
@@ -541,20 +541,20 @@ async fn start(args: ServeArgs) -> Result<Started> {
         }
     };
     // Before the default connection cap is derived from it.
-    let nofile = crate::edge::fdlimit::raise_nofile();
+    let nofile = vak_server::fdlimit::raise_nofile();
     let (mut cfg, file) = args.config_and_file(home.clone())?;
     if let Some(url) = &args.bus {
-        let opts = crate::core::jetstream::StreamOptions {
+        let opts = vak_core::jetstream::StreamOptions {
             replicas: args.bus_replicas as usize,
             ..Default::default()
         };
-        let target = crate::core::nats_connect::BusTarget::new(url, &args.bus_flags())?;
-        let client = crate::core::jetstream::connect_to(&target, &opts).await?;
+        let target = vak_core::nats_connect::BusTarget::new(url, &args.bus_flags())?;
+        let client = vak_core::jetstream::connect_to(&target, &opts).await?;
         let replica = args
             .bus_replica
             .clone()
-            .unwrap_or_else(crate::core::owners::new_replica_name);
-        let owners = crate::core::owners::Owners::open(
+            .unwrap_or_else(vak_core::owners::new_replica_name);
+        let owners = vak_core::owners::Owners::open(
             client.clone(),
             replica,
             std::time::Duration::from_millis(args.bus_lease_ttl_ms),
@@ -566,23 +566,23 @@ async fn start(args: ServeArgs) -> Result<Started> {
             target.shown(),
             target.credentials().describe(),
             if target.tls() { ", TLS" } else { "" },
-            crate::core::jetstream::STREAM,
+            vak_core::jetstream::STREAM,
             owners.replica(),
-            crate::core::owners::BUCKET,
+            vak_core::owners::BUCKET,
             owners.ttl().as_millis()
         );
-        let shared_index = crate::core::shared_index::SharedIndex::open(
+        let shared_index = vak_core::shared_index::SharedIndex::open(
             client.clone(),
             opts.replicas,
             cfg.core.workspace.display().to_string(),
         )
         .await?;
         let cipher = match &args.bus_secret_file {
-            Some(path) => Some(crate::core::shared_config::Cipher::from_file(path)?),
+            Some(path) => Some(vak_core::shared_config::Cipher::from_file(path)?),
             None => None,
         };
         let shares_keys = cipher.is_some();
-        let shared_config = crate::core::shared_config::SharedConfig::open(
+        let shared_config = vak_core::shared_config::SharedConfig::open(
             client.clone(),
             opts.replicas,
             owners.replica().to_string(),
@@ -593,7 +593,7 @@ async fn start(args: ServeArgs) -> Result<Started> {
         shared_config.seed_route(&spec).await?;
         println!(
             "vak: route, rules and keys shared in {}{}",
-            crate::core::shared_config::BUCKET,
+            vak_core::shared_config::BUCKET,
             if shares_keys {
                 " (keys sealed with the cluster secret)"
             } else {
@@ -601,7 +601,7 @@ async fn start(args: ServeArgs) -> Result<Started> {
             }
         );
         let shared_memory =
-            crate::core::shared_memory::SharedMemory::open(client.clone(), opts.replicas).await?;
+            vak_core::shared_memory::SharedMemory::open(client.clone(), opts.replicas).await?;
         cfg.core.nats = Some(client);
         cfg.core.owners = Some(owners);
         cfg.core.shared_index = Some(shared_index);
@@ -648,7 +648,7 @@ async fn start(args: ServeArgs) -> Result<Started> {
         Err(e) => tracing::warn!("{e}; at most {max_connections} connections at once"),
     }
     // Warnings once startup can no longer fail, so a failed start stays one line.
-    if let Some(weak) = args.token.as_deref().and_then(crate::edge::auth::weak_token) {
+    if let Some(weak) = args.token.as_deref().and_then(vak_server::auth::weak_token) {
         warn(args.log_format, &weak);
     }
     if !file.ignored.is_empty() {

@@ -585,6 +585,7 @@ fn every_invariant_in_architecture_md_names_tests_that_exist() {
         .expect("ARCHITECTURE.md has an Invariants section");
     let mut files = Vec::new();
     rust_files(&repo().join("src"), &mut files);
+    rust_files(&repo().join("crates"), &mut files);
     rust_files(&repo().join("tests"), &mut files);
     let mut problems = Vec::new();
     let bullets: Vec<&str> = section.split("\n- ").skip(1).collect();
@@ -593,7 +594,7 @@ fn every_invariant_in_architecture_md_names_tests_that_exist() {
         if bullet.starts_with("Deliberately absent") {
             continue;
         }
-        // `module::test` or `module::tests::test`: the file is tests/module.rs or src/**/module.rs;
+        // `module::test` or `module::tests::test`: the file is tests/module.rs, src/**/module.rs or crates/*/src/**/module.rs;
         // `module::sub::test` may also be tests/module/sub.rs (a module file of tests/module.rs).
         let names: Vec<&str> = bullet
             .split('`')

@@ -1,0 +1,37 @@
+//! Compiles proto/ with protox (pure Rust, no system protoc) and tonic-prost-build, and writes the REST façade's OpenAPI document from the same descriptors.
+//! The encoded descriptor set is kept for gRPC reflection and the proto3 JSON mapping.
+//! Without the `wire` feature (vak-core's view of this crate) it generates nothing.
+
+#[path = "build/openapi.rs"]
+mod openapi;
+
+use std::path::PathBuf;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    println!("cargo:rerun-if-changed=../../proto");
+    println!("cargo:rerun-if-changed=build");
+    if std::env::var_os("CARGO_FEATURE_WIRE").is_none() {
+        return Ok(());
+    }
+    let out = PathBuf::from(std::env::var("OUT_DIR")?);
+    let mut compiler = protox::Compiler::new(["../../proto"])?;
+    compiler.include_source_info(true).include_imports(true);
+    compiler.open_files(["vak/v1/agent.proto"])?;
+    let fds = compiler.file_descriptor_set();
+    let doc = openapi::document(&compiler.descriptor_pool());
+    std::fs::write(
+        out.join("openapi.json"),
+        serde_json::to_string_pretty(&doc)? + "\n",
+    )?;
+    std::fs::write(
+        out.join("vak_descriptor.bin"),
+        prost::Message::encode_to_vec(&fds),
+    )?;
+    let mut config = prost_build::Config::new();
+    config.enable_type_names();
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds_with_config(fds, config)?;
+    Ok(())
+}

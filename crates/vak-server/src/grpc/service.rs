@@ -1,0 +1,1157 @@
+//! The tonic `AgentService`: validates requests, calls the core, maps results. REST handlers call these same methods.
+
+use super::convert;
+use crate::errors::to_status;
+use crate::forward::{self, Forwarded, Method, FORWARD_TIMEOUT, SLOW_FORWARD_TIMEOUT};
+use crate::limits::{StreamLimits, StreamPermit};
+use crate::listener::PeerAddr;
+use crate::recent_errors::RecentErrors;
+use futures_util::stream::{self, Stream, StreamExt};
+use pb::agent_service_server::AgentService;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+use tonic::{Request, Response, Status};
+use vak_core::approvals::Answer;
+use vak_core::bus::Subscription;
+use vak_core::bus::{Delivery, End};
+use vak_core::config::{self, RoutePatch};
+use vak_core::cursor::CursorVector;
+use vak_core::hub::{Hub, Located};
+use vak_core::mux::{self, Control, Mux};
+use vak_core::owners::Owner;
+use vak_core::presentation::PresentationEvent;
+use vak_core::session::AdmissionState;
+use vak_core::session::PresenceGuard;
+use vak_core::PermissionMode;
+use vak_core::{diff, files, memory, search, wait};
+use vak_proto::v1 as pb;
+
+pub type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send>>;
+pub type MuxStream = Pin<Box<dyn Stream<Item = Result<pb::StreamMessage, Status>> + Send>>;
+pub type PresentationStream = Pin<Box<dyn Stream<Item = Result<pb::PresentationEvent, Status>> + Send>>;
+
+/// Which surface a stream request came from, for coworking frames. The REST
+/// adapter marks its requests "sse"; without a mark a request is "grpc".
+#[derive(Clone, Copy, Debug)]
+pub struct Surface(pub &'static str);
+
+fn surface<T>(req: &Request<T>) -> &'static str {
+    req.extensions().get::<Surface>().map_or("grpc", |s| s.0)
+}
+
+fn client_id() -> String {
+    format!("c_{}", &uuid::Uuid::new_v4().simple().to_string()[..12])
+}
+
+#[derive(Clone)]
+pub struct AgentApi {
+    hub: Arc<Hub>,
+    limits: Arc<StreamLimits>,
+    /// What the access log saw fail lately, for the console.
+    errors: Arc<RecentErrors>,
+    /// What `GetHost` says about the edge (terminal, auth, TLS).
+    host: Arc<HostFacts>,
+}
+
+/// The edge's settings `GetHost` reports and `GET /pty` obeys.
+#[derive(Clone, Debug, Default)]
+pub struct HostFacts {
+    pub web: vak_core::config::FileWeb,
+    /// `--allow-remote`.
+    pub allow_remote: bool,
+    pub tls: bool,
+}
+
+impl AgentApi {
+    pub fn new(hub: Arc<Hub>, limits: Arc<StreamLimits>, errors: Arc<RecentErrors>, host: HostFacts) -> Self {
+        AgentApi {
+            hub,
+            limits,
+            errors,
+            host: Arc::new(host),
+        }
+    }
+
+    pub fn hub(&self) -> &Arc<Hub> {
+        &self.hub
+    }
+
+    pub fn host(&self) -> &HostFacts {
+        &self.host
+    }
+
+    /// What GetHost answers and /stream's host frames carry.
+    fn host_info(&self) -> pb::HostInfo {
+        let ws = self.hub.workspaces();
+        let cfg = self.hub.config();
+        pb::HostInfo {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            workspace: ws.primary().path.display().to_string(),
+            workspaces: ws.list().into_iter().map(convert::workspace).collect(),
+            workspace_roots: ws.roots().iter().map(|r| r.display().to_string()).collect(),
+            max_workspaces: vak_core::workspaces::MAX_OPEN as u32,
+            features: Some(pb::HostFeatures {
+                terminal: self.host.web.terminal,
+                terminal_requires_loopback: self.host.web.terminal_requires_loopback,
+                tls: self.host.tls,
+            }),
+            auth: if self.host.allow_remote {
+                pb::AuthMode::Remote
+            } else {
+                pb::AuthMode::Local
+            } as i32,
+            storage: if cfg.nats.is_some() {
+                pb::StorageKind::Jetstream
+            } else {
+                pb::StorageKind::Ledger
+            } as i32,
+            replica: cfg
+                .owners
+                .as_ref()
+                .map(|o| o.replica().to_string())
+                .unwrap_or_default(),
+            sandbox: Some(convert::sandbox(self.hub.sandbox())),
+        }
+    }
+
+    /// Sessions stopped by a storage failure, with the reason (for /health).
+    pub fn storage_failures(&self) -> Vec<(String, String)> {
+        self.hub.storage_failures()
+    }
+
+    /// A stream slot for the request's client (429 / RESOURCE_EXHAUSTED past the caps).
+    fn permit<T>(&self, req: &Request<T>) -> Result<StreamPermit, Status> {
+        let client = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
+        self.limits.acquire(client)
+    }
+
+    /// Checks and stores an input's attachments (before admission, so a
+    /// refused one admits nothing); their references.
+    async fn attachments(
+        &self,
+        s: &vak_core::session::Session,
+        list: Vec<pb::Attachment>,
+    ) -> Result<Vec<vak_core::attachments::AttachmentRef>, Status> {
+        let list = list.into_iter().map(|a| (a.media_type, a.data, a.name)).collect();
+        vak_core::attachments::accept(&s.runtime().cfg.home, list)
+            .await
+            .map_err(to_status)
+    }
+
+    async fn session(&self, id: &str) -> Result<Arc<vak_core::session::Session>, Status> {
+        if id.is_empty() {
+            return Err(Status::invalid_argument("session_id is required"));
+        }
+        self.hub.get(id).await.map_err(to_status)
+    }
+
+    /// The workspace the files API works in: the session's when one is
+    /// named (a session keeps the workspace it was created in), else the server's.
+    async fn files_root(&self, session_id: Option<&str>) -> Result<std::path::PathBuf, Status> {
+        match session_id {
+            Some(id) => {
+                let s = self.session(id).await?;
+                // An opened workspace is re-checked at every use.
+                s.runtime().check_workspace().await.map_err(to_status)?;
+                Ok(s.workspace_dir().to_path_buf())
+            }
+            None => Ok(self.hub.config().workspace.clone()),
+        }
+    }
+
+    /// Where an admission for session `id` is served: here, or the replica
+    /// holding its lease (`--bus`). A forwarded request is never forwarded again.
+    async fn locate(&self, forwarded: bool, id: &str) -> Result<Located, Status> {
+        if forwarded {
+            return self.session(id).await.map(Located::Local);
+        }
+        if id.is_empty() {
+            return Err(Status::invalid_argument("session_id is required"));
+        }
+        self.hub.find(id).await.map_err(to_status)
+    }
+
+    /// Asks `owner` to answer `req` as its `method` (`forward.rs`).
+    async fn forward<Req: prost::Message, Resp: prost::Message + Default>(
+        &self,
+        owner: &Owner,
+        method: Method,
+        req: &Req,
+        timeout: Duration,
+    ) -> Result<Response<Resp>, Status> {
+        let owners = self
+            .hub
+            .config()
+            .owners
+            .as_ref()
+            .ok_or_else(|| Status::internal("a session served elsewhere on a replica without leases"))?;
+        forward::call(owners, owner, method, req, timeout)
+            .await
+            .map(Response::new)
+    }
+}
+
+/// A session served here, or the answer its holder gave to a forwarded request.
+enum Served<Resp> {
+    Here(Arc<vak_core::session::Session>),
+    There(Response<Resp>),
+}
+
+impl AgentApi {
+    /// The session `id` when this replica writes it; else `req` forwarded
+    /// to the holder as `method` (`--bus`), and the holder's answer.
+    async fn here_or_forward<Req: prost::Message, Resp: prost::Message + Default>(
+        &self,
+        forwarded: bool,
+        id: &str,
+        method: Method,
+        req: &Req,
+        timeout: Duration,
+    ) -> Result<Served<Resp>, Status> {
+        Ok(match self.locate(forwarded, id).await? {
+            Located::Local(s) => Served::Here(s),
+            Located::Remote(owner) => Served::There(self.forward(&owner, method, req, timeout).await?),
+        })
+    }
+}
+
+fn is_forwarded<T>(req: &Request<T>) -> bool {
+    req.extensions().get::<Forwarded>().is_some()
+}
+
+/// A subscription opened for one client, with what holds its stream slot and
+/// its place in the session's coworking list for as long as it lives.
+pub struct Opened {
+    pub session_id: String,
+    pub latest_seq: u64,
+    /// The cursor the client resumed from (None: live only).
+    pub after: Option<u64>,
+    pub subscription: Subscription,
+    pub hold: (PresenceGuard, StreamPermit),
+}
+
+impl AgentApi {
+    /// Opens a session subscription: what Subscribe streams as messages and
+    /// SSE streams as pre-encoded frames.
+    pub async fn open_subscription(&self, req: Request<pb::SubscribeRequest>) -> Result<Opened, Status> {
+        let surface = surface(&req);
+        let permit = self.permit(&req)?;
+        let r = req.into_inner();
+        let s = self.session(&r.session_id).await?;
+        let presence = s.join(&client_id(), surface);
+        let subscription = s.subscribe(r.after);
+        Ok(Opened {
+            session_id: s.id().to_string(),
+            latest_seq: subscription.latest_seq(),
+            after: r.after,
+            subscription,
+            hold: (presence, permit),
+        })
+    }
+}
+
+fn ok<T>(v: T) -> Result<Response<T>, Status> {
+    Ok(Response::new(v))
+}
+
+/// Runs blocking file work off the runtime's workers.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> vak_core::Result<T> + Send + 'static,
+) -> Result<T, Status> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| to_status(vak_core::Error::internal(e.to_string())))?
+        .map_err(to_status)
+}
+
+/// A request's `limit`: absent is `default`, else 1 to `max`.
+fn limit_in(limit: Option<u32>, default: usize, max: usize) -> Result<usize, Status> {
+    match limit {
+        None => Ok(default),
+        Some(n) if n >= 1 && n as usize <= max => Ok(n as usize),
+        Some(n) => Err(Status::invalid_argument(format!("limit {n}: give 1 to {max}"))),
+    }
+}
+
+#[tonic::async_trait]
+impl AgentService for AgentApi {
+    async fn create_session(
+        &self,
+        req: Request<pb::CreateSessionRequest>,
+    ) -> Result<Response<pb::CreateSessionResponse>, Status> {
+        let asked = req.into_inner().workspace;
+        let workspace = if asked.is_empty() {
+            None
+        } else {
+            let ws = self.hub.workspaces().clone();
+            let found = blocking(move || ws.find(&asked)).await?;
+            Some(found.ok_or_else(|| {
+                to_status(
+                    vak_core::Error::not_found(
+                        "no open workspace there: open it first (POST /workspaces/open)",
+                    )
+                    .with_reason("workspace_not_open"),
+                )
+            })?)
+        };
+        let s = self.hub.create_in(workspace).await.map_err(to_status)?;
+        ok(pb::CreateSessionResponse {
+            session_id: s.id().to_string(),
+            workspace: s.workspace().to_string(),
+        })
+    }
+
+    async fn list_sessions(
+        &self,
+        _req: Request<pb::ListSessionsRequest>,
+    ) -> Result<Response<pb::ListSessionsResponse>, Status> {
+        let sessions = self.hub.list().await.map_err(to_status)?;
+        ok(pb::ListSessionsResponse {
+            sessions: sessions.into_iter().map(convert::summary).collect(),
+        })
+    }
+
+    async fn attach_session(
+        &self,
+        req: Request<pb::AttachSessionRequest>,
+    ) -> Result<Response<pb::AttachSessionResponse>, Status> {
+        let id = req.into_inner().session_id;
+        if id.is_empty() {
+            return Err(Status::invalid_argument("session_id is required"));
+        }
+        let s = self.hub.attach(&id).await.map_err(to_status)?;
+        ok(pb::AttachSessionResponse {
+            session: Some(convert::summary(s.info())),
+        })
+    }
+
+    async fn run(&self, req: Request<pb::RunRequest>) -> Result<Response<pb::Admission>, Status> {
+        let forwarded = is_forwarded(&req);
+        let r = req.into_inner();
+        if r.prompt.trim().is_empty() {
+            return Err(Status::invalid_argument("prompt is required"));
+        }
+        let limit = match r.wait_seconds {
+            None => wait::DEFAULT_WAIT,
+            Some(n) if n >= 1 && u64::from(n) <= wait::MAX_WAIT.as_secs() => Duration::from_secs(n.into()),
+            Some(n) => {
+                return Err(Status::invalid_argument(format!(
+                    "wait_seconds {n}: give 1 to {}",
+                    wait::MAX_WAIT.as_secs()
+                )))
+            }
+        };
+        let s = match self.locate(forwarded, &r.session_id).await? {
+            Located::Local(s) => s,
+            Located::Remote(owner) => {
+                let timeout = if r.wait {
+                    limit + FORWARD_TIMEOUT
+                } else {
+                    FORWARD_TIMEOUT
+                };
+                return self.forward(&owner, Method::Run, &r, timeout).await;
+            }
+        };
+        let images = self.attachments(&s, r.attachments).await?;
+        let a = s
+            .admit_with(r.prompt, Some(r.request_id), images)
+            .await
+            .map_err(to_status)?;
+        let mut admission = convert::admission(a.clone());
+        // A duplicate's run may be long over: it is answered as admitted.
+        if r.wait && a.state != AdmissionState::Duplicate {
+            admission.result = wait::settled(&s, a.after_seq, limit)
+                .await
+                .map(convert::run_result);
+        }
+        ok(admission)
+    }
+
+    async fn steer(&self, req: Request<pb::SteerRequest>) -> Result<Response<pb::Admission>, Status> {
+        let forwarded = is_forwarded(&req);
+        let r = req.into_inner();
+        if r.text.trim().is_empty() {
+            return Err(Status::invalid_argument("text is required"));
+        }
+        let s = match self.locate(forwarded, &r.session_id).await? {
+            Located::Local(s) => s,
+            Located::Remote(owner) => return self.forward(&owner, Method::Steer, &r, FORWARD_TIMEOUT).await,
+        };
+        let images = self.attachments(&s, r.attachments).await?;
+        let a = s
+            .admit_with(r.text, Some(r.request_id), images)
+            .await
+            .map_err(to_status)?;
+        ok(convert::admission(a))
+    }
+
+    async fn approve(
+        &self,
+        req: Request<pb::ApproveRequest>,
+    ) -> Result<Response<pb::ApproveResponse>, Status> {
+        let forwarded = is_forwarded(&req);
+        let r = req.into_inner();
+        let Some(approve) = r.approve else {
+            return Err(Status::invalid_argument("approve (true or false) is required"));
+        };
+        if r.request_id.is_empty() {
+            return Err(Status::invalid_argument("request_id is required"));
+        }
+        let mode = match r.mode.as_deref() {
+            Some(m) => Some(PermissionMode::parse_plan_exit(m).map_err(to_status)?),
+            None => None,
+        };
+        let s = match self.locate(forwarded, &r.session_id).await? {
+            Located::Local(s) => s,
+            Located::Remote(owner) => {
+                return self.forward(&owner, Method::Approve, &r, FORWARD_TIMEOUT).await
+            }
+        };
+        let always = r.always.unwrap_or(false);
+        let answered = s
+            .answer(
+                &r.request_id,
+                Answer {
+                    approve,
+                    reason: r.reason,
+                    mode,
+                    always,
+                },
+            )
+            .await
+            .map_err(to_status)?;
+        ok(pb::ApproveResponse {
+            request_id: r.request_id,
+            outcome: answered.outcome.as_str().into(),
+            persisted: answered.rule.is_some(),
+            rule: answered.rule.map(convert::rule),
+        })
+    }
+
+    async fn cancel(&self, req: Request<pb::CancelRequest>) -> Result<Response<pb::CancelResponse>, Status> {
+        let forwarded = is_forwarded(&req);
+        let r = req.into_inner();
+        let s = match self.locate(forwarded, &r.session_id).await? {
+            Located::Local(s) => s,
+            Located::Remote(owner) => return self.forward(&owner, Method::Cancel, &r, FORWARD_TIMEOUT).await,
+        };
+        ok(convert::cancel(s.cancel()))
+    }
+
+    type SubscribeStream = EventStream;
+
+    async fn subscribe(&self, req: Request<pb::SubscribeRequest>) -> Result<Response<EventStream>, Status> {
+        let Opened {
+            session_id: sid,
+            latest_seq,
+            after,
+            subscription: sub,
+            hold,
+        } = self.open_subscription(req).await?;
+        let opened = convert::stream_opened(&sid, latest_seq);
+        let last = after.unwrap_or(latest_seq);
+        // Subscribed before announcing: nothing published after stream_opened can be missed.
+        // The id travels in the state: cloned per item it was an allocation per event.
+        // What `recv` takes ahead stays counted in the reader's byte budget
+        // until it takes more: tonic encodes a message and h2 holds it until
+        // the stream's window lets it out.
+        let rest = stream::unfold(Some((sub, last, sid)), move |state| {
+            let _attached = &hold;
+            async move {
+                let (mut sub, last, sid) = state?;
+                match sub.recv().await? {
+                    Delivery::Frame(f) => {
+                        let seq = f.seq;
+                        Some((Ok(convert::frame(&f)), Some((sub, seq, sid))))
+                    }
+                    Delivery::Resync {
+                        reason,
+                        latest_seq,
+                        lost,
+                    } => Some((
+                        Ok(convert::resync(&sid, reason, latest_seq, lost)),
+                        Some((sub, last, sid)),
+                    )),
+                    Delivery::End(End::Closed(reason)) => {
+                        Some((Ok(convert::session_closed(&sid, reason)), None))
+                    }
+                }
+            }
+        });
+        ok(Box::pin(stream::once(async move { Ok(opened) }).chain(rest)) as EventStream)
+    }
+
+    async fn get_transcript(
+        &self,
+        req: Request<pb::GetTranscriptRequest>,
+    ) -> Result<Response<pb::Transcript>, Status> {
+        let s = self.session(&req.into_inner().session_id).await?;
+        ok(convert::transcript(s.id(), s.transcript()))
+    }
+
+    async fn get_transcript_markdown(
+        &self,
+        req: Request<pb::GetTranscriptRequest>,
+    ) -> Result<Response<pb::TranscriptMarkdown>, Status> {
+        let s = self.session(&req.into_inner().session_id).await?;
+        ok(pb::TranscriptMarkdown {
+            markdown: s.transcript().markdown(s.id()),
+        })
+    }
+
+    type StreamStream = MuxStream;
+
+    async fn stream(&self, req: Request<pb::StreamRequest>) -> Result<Response<MuxStream>, Status> {
+        use pb::stream_message::Frame as F;
+        let permit = self.permit(&req)?;
+        let r = req.into_inner();
+        let cursor = CursorVector::parse(&r.cursor).map_err(to_status)?;
+        let mux = Mux::open(self.hub.clone(), &r.sessions, &cursor)
+            .await
+            .map_err(to_status)?;
+        let mut first = vec![convert::mux_opened(mux.stream_id(), mux.cursor())];
+        if r.host {
+            first.push(convert::mux_extra(F::Host(self.host_info())));
+        }
+        if r.config {
+            first.push(convert::mux_extra(F::Config(convert::config(
+                self.hub.config_info(),
+            ))));
+        }
+        // Config frames: one now (above), then one on every route change
+        // and every permission mode change.
+        let changes = r
+            .config
+            .then(|| (self.hub.settings().changes(), self.hub.watch_mode()));
+        let hub = self.hub.clone();
+        let rest = stream::unfold(
+            (mux, permit, changes, hub),
+            |(mut mux, permit, mut changes, hub)| async move {
+                let msg = loop {
+                    let Some((route, mode)) = changes.as_mut() else {
+                        break convert::mux_item(mux.next().await?);
+                    };
+                    tokio::select! {
+                        biased;
+                        changed = route.changed() => match changed {
+                            Ok(()) => break convert::mux_extra(F::Config(convert::config(hub.config_info()))),
+                            Err(_) => changes = None,
+                        },
+                        changed = mode.changed() => match changed {
+                            Ok(()) => break convert::mux_extra(F::Config(convert::config(hub.config_info()))),
+                            Err(_) => changes = None,
+                        },
+                        item = mux.next() => break convert::mux_item(item?),
+                    }
+                };
+                Some((Ok(msg), (mux, permit, changes, hub)))
+            },
+        );
+        ok(Box::pin(stream::iter(first.into_iter().map(Ok)).chain(rest)) as MuxStream)
+    }
+
+    async fn follow(&self, req: Request<pb::FollowRequest>) -> Result<Response<pb::FollowResponse>, Status> {
+        let r = req.into_inner();
+        let session = self.session(&r.session_id).await?;
+        let after = r.after;
+        let sessions = mux::control(&self.hub, &r.stream_id, |reply| Control::Follow {
+            session,
+            after,
+            reply,
+        })
+        .await
+        .map_err(to_status)?;
+        ok(pb::FollowResponse {
+            stream_id: r.stream_id,
+            sessions,
+        })
+    }
+
+    async fn unfollow(
+        &self,
+        req: Request<pb::UnfollowRequest>,
+    ) -> Result<Response<pb::FollowResponse>, Status> {
+        let r = req.into_inner();
+        // Unknown or malformed sessions are refused like Follow's; a known
+        // session that is not followed is a no-op (retries are safe).
+        let session_id = self.session(&r.session_id).await?.id().to_string();
+        let sessions = mux::control(&self.hub, &r.stream_id, |reply| Control::Unfollow {
+            session_id,
+            reply,
+        })
+        .await
+        .map_err(to_status)?;
+        ok(pb::FollowResponse {
+            stream_id: r.stream_id,
+            sessions,
+        })
+    }
+
+    async fn get_presentation(
+        &self,
+        req: Request<pb::GetPresentationRequest>,
+    ) -> Result<Response<pb::OutputTimeline>, Status> {
+        let s = self.session(&req.into_inner().session_id).await?;
+        ok(convert::timeline(&s.timeline()))
+    }
+
+    async fn get_config(
+        &self,
+        _req: Request<pb::GetConfigRequest>,
+    ) -> Result<Response<pb::ConfigInfo>, Status> {
+        ok(convert::config(self.hub.config_info()))
+    }
+
+    async fn update_config(
+        &self,
+        req: Request<pb::UpdateConfigRequest>,
+    ) -> Result<Response<pb::ConfigInfo>, Status> {
+        let r = req.into_inner();
+        let provider = match r.provider.as_deref() {
+            Some(p) => Some(config::parse_provider(p, "provider").map_err(to_status)?),
+            None => None,
+        };
+        if let Some(rev) = &r.revision {
+            if rev.len() > 128 {
+                return Err(Status::invalid_argument("revision is longer than 128 characters"));
+            }
+        }
+        let patch = RoutePatch {
+            provider,
+            model: r.model,
+            base_url: r.base_url,
+            revision: r.revision,
+        };
+        let info = self.hub.update_route(patch).await.map_err(to_status)?;
+        ok(convert::config(info))
+    }
+
+    async fn set_mode(
+        &self,
+        req: Request<pb::SetModeRequest>,
+    ) -> Result<Response<pb::SetModeResponse>, Status> {
+        let mode = PermissionMode::parse(&req.into_inner().mode).map_err(to_status)?;
+        let change = self.hub.set_mode(mode).await.map_err(to_status)?;
+        ok(convert::mode_change(change))
+    }
+
+    async fn list_rules(
+        &self,
+        req: Request<pb::ListRulesRequest>,
+    ) -> Result<Response<pb::ListRulesResponse>, Status> {
+        let asked = req.into_inner().workspace;
+        let rt = self
+            .hub
+            .workspace_runtime(asked.as_deref())
+            .await
+            .map_err(to_status)?;
+        let rules = rt.rules();
+        let list = rules.list_now().await.map_err(to_status)?;
+        ok(pb::ListRulesResponse {
+            workspace: rules.workspace().to_string(),
+            rules: list.iter().cloned().map(convert::rule).collect(),
+            max_rules: vak_core::rules::MAX_RULES as u32,
+        })
+    }
+
+    async fn delete_rule(
+        &self,
+        req: Request<pb::DeleteRuleRequest>,
+    ) -> Result<Response<pb::DeleteRuleResponse>, Status> {
+        let r = req.into_inner();
+        if r.id.is_empty() {
+            return Err(Status::invalid_argument("id is required"));
+        }
+        let rt = self
+            .hub
+            .workspace_runtime(r.workspace.as_deref())
+            .await
+            .map_err(to_status)?;
+        let rule = rt.rules().delete(&r.id).await.map_err(to_status)?;
+        ok(pb::DeleteRuleResponse {
+            rule: Some(convert::rule(rule)),
+        })
+    }
+
+    async fn set_key(&self, req: Request<pb::SetKeyRequest>) -> Result<Response<pb::SetKeyResponse>, Status> {
+        let r = req.into_inner();
+        let kind = config::parse_provider(&r.provider, "provider").map_err(to_status)?;
+        let fingerprint = self.hub.set_key(kind, &r.key).await.map_err(to_status)?;
+        ok(pb::SetKeyResponse {
+            provider: kind.as_str().to_string(),
+            stored: true,
+            fingerprint,
+        })
+    }
+
+    async fn delete_key(
+        &self,
+        req: Request<pb::DeleteKeyRequest>,
+    ) -> Result<Response<pb::DeleteKeyResponse>, Status> {
+        let r = req.into_inner();
+        let kind = config::parse_provider(&r.provider, "provider").map_err(to_status)?;
+        let (deleted, shadowed_by_env) = self.hub.delete_key(kind).await.map_err(to_status)?;
+        ok(pb::DeleteKeyResponse {
+            provider: kind.as_str().to_string(),
+            deleted,
+            shadowed_by_env,
+        })
+    }
+
+    async fn list_providers(
+        &self,
+        _req: Request<pb::ListProvidersRequest>,
+    ) -> Result<Response<pb::ListProvidersResponse>, Status> {
+        self.hub.settings().refresh_keys().await.map_err(to_status)?;
+        ok(pb::ListProvidersResponse {
+            providers: self
+                .hub
+                .settings()
+                .providers()
+                .into_iter()
+                .map(convert::provider_info)
+                .collect(),
+        })
+    }
+
+    async fn list_models(
+        &self,
+        req: Request<pb::ListModelsRequest>,
+    ) -> Result<Response<pb::ListModelsResponse>, Status> {
+        let r = req.into_inner();
+        // The provider is the resource the path names: one that does not
+        // exist is not found (a malformed body field elsewhere is a 400).
+        let kind = config::parse_provider(&r.provider, "provider")
+            .map_err(|e| to_status(vak_core::error::Error::not_found(e.message)))?;
+        self.hub.settings().refresh_keys().await.map_err(to_status)?;
+        let models = self.hub.settings().list_models(kind).await.map_err(to_status)?;
+        ok(pb::ListModelsResponse {
+            provider: kind.as_str().to_string(),
+            models: models.into_iter().map(convert::model_entry).collect(),
+        })
+    }
+
+    // ---- Workspace files, diff and session lifecycle (issue 15) ----
+
+    async fn read_file(
+        &self,
+        req: Request<pb::ReadFileRequest>,
+    ) -> Result<Response<pb::FileContent>, Status> {
+        let r = req.into_inner();
+        let ws = self.files_root(r.session_id.as_deref()).await?;
+        let path = r.path;
+        let read = blocking(move || files::read(&ws, &path)).await?;
+        ok(convert::file_content(read))
+    }
+
+    async fn write_file(
+        &self,
+        req: Request<pb::WriteFileRequest>,
+    ) -> Result<Response<pb::WriteFileResponse>, Status> {
+        let r = req.into_inner();
+        let bytes = convert::file_bytes(r.content, &r.encoding).map_err(to_status)?;
+        let ws = self.files_root(r.session_id.as_deref()).await?;
+        let written = blocking(move || files::write(&ws, &r.path, &bytes, r.expected_sha.as_deref())).await?;
+        ok(convert::file_written(written))
+    }
+
+    async fn list_tree(&self, req: Request<pb::ListTreeRequest>) -> Result<Response<pb::FileTree>, Status> {
+        let r = req.into_inner();
+        let limit = limit_in(r.limit, files::DEFAULT_TREE_LIMIT, files::MAX_TREE_LIMIT)?;
+        let ws = self.files_root(r.session_id.as_deref()).await?;
+        let (files, truncated) = blocking(move || files::tree(&ws, limit)).await?;
+        ok(pb::FileTree { files, truncated })
+    }
+
+    async fn list_dirs(&self, req: Request<pb::ListDirsRequest>) -> Result<Response<pb::DirListing>, Status> {
+        let path = req.into_inner().path;
+        let roots = self.hub.config().dir_roots();
+        let listing = blocking(move || files::dirs(&roots, &path)).await?;
+        ok(convert::dir_listing(listing))
+    }
+
+    async fn get_diff(
+        &self,
+        req: Request<pb::GetDiffRequest>,
+    ) -> Result<Response<pb::WorkspaceDiff>, Status> {
+        let s = self.session(&req.into_inner().session_id).await?;
+        let cfg = self.hub.config();
+        s.runtime().check_workspace().await.map_err(to_status)?;
+        // The session's own workspace, which may not be the server's.
+        let d = diff::diff(s.workspace_dir(), &cfg.git).await.map_err(to_status)?;
+        ok(convert::workspace_diff(s.id(), d))
+    }
+
+    async fn delete_session(
+        &self,
+        req: Request<pb::DeleteSessionRequest>,
+    ) -> Result<Response<pb::DeleteSessionResponse>, Status> {
+        let forwarded = is_forwarded(&req);
+        let r = req.into_inner();
+        if r.session_id.is_empty() {
+            return Err(Status::invalid_argument("session_id is required"));
+        }
+        // With --bus the holder deletes (it purges the session's subject).
+        if let Served::There(answer) = self
+            .here_or_forward(
+                forwarded,
+                &r.session_id,
+                Method::DeleteSession,
+                &r,
+                FORWARD_TIMEOUT,
+            )
+            .await?
+        {
+            return Ok(answer);
+        }
+        let id = r.session_id;
+        self.hub.delete(&id).await.map_err(to_status)?;
+        ok(pb::DeleteSessionResponse {
+            session_id: id,
+            deleted: true,
+        })
+    }
+
+    async fn rename_session(
+        &self,
+        req: Request<pb::RenameSessionRequest>,
+    ) -> Result<Response<pb::SessionSummary>, Status> {
+        let forwarded = is_forwarded(&req);
+        let r = req.into_inner();
+        let method = Method::RenameSession;
+        if let Served::There(answer) = self
+            .here_or_forward(forwarded, &r.session_id, method, &r, FORWARD_TIMEOUT)
+            .await?
+        {
+            return Ok(answer);
+        }
+        let info = self
+            .hub
+            .rename(&r.session_id, &r.title)
+            .await
+            .map_err(to_status)?;
+        ok(convert::summary(info))
+    }
+
+    async fn fork_session(
+        &self,
+        req: Request<pb::ForkSessionRequest>,
+    ) -> Result<Response<pb::ForkSessionResponse>, Status> {
+        let r = req.into_inner();
+        if r.session_id.is_empty() {
+            return Err(Status::invalid_argument("session_id is required"));
+        }
+        let (child, at_seq) = self.hub.fork(&r.session_id, r.at_seq).await.map_err(to_status)?;
+        ok(pb::ForkSessionResponse {
+            session: Some(convert::summary(child.info())),
+            parent_id: r.session_id,
+            at_seq,
+        })
+    }
+
+    async fn clear_session(
+        &self,
+        req: Request<pb::ClearSessionRequest>,
+    ) -> Result<Response<pb::ClearSessionResponse>, Status> {
+        let forwarded = is_forwarded(&req);
+        let r = req.into_inner();
+        let s = match self
+            .here_or_forward(
+                forwarded,
+                &r.session_id,
+                Method::ClearSession,
+                &r,
+                FORWARD_TIMEOUT,
+            )
+            .await?
+        {
+            Served::Here(s) => s,
+            Served::There(answer) => return Ok(answer),
+        };
+        let upto_seq = s.clear_history().await.map_err(to_status)?;
+        ok(pb::ClearSessionResponse {
+            session_id: s.id().to_string(),
+            upto_seq,
+        })
+    }
+
+    async fn undo_session(
+        &self,
+        req: Request<pb::UndoSessionRequest>,
+    ) -> Result<Response<pb::UndoSessionResponse>, Status> {
+        let forwarded = is_forwarded(&req);
+        let r = req.into_inner();
+        let s = match self
+            .here_or_forward(forwarded, &r.session_id, Method::UndoSession, &r, FORWARD_TIMEOUT)
+            .await?
+        {
+            Served::Here(s) => s,
+            Served::There(answer) => return Ok(answer),
+        };
+        let u = s.undo_last().await.map_err(to_status)?;
+        ok(pb::UndoSessionResponse {
+            session_id: s.id().to_string(),
+            after_seq: u.after_seq,
+            upto_seq: u.upto_seq,
+        })
+    }
+
+    async fn side_run(
+        &self,
+        req: Request<pb::SideRunRequest>,
+    ) -> Result<Response<pb::SideAdmission>, Status> {
+        let forwarded = is_forwarded(&req);
+        let r = req.into_inner();
+        let s = match self
+            .here_or_forward(forwarded, &r.session_id, Method::SideRun, &r, FORWARD_TIMEOUT)
+            .await?
+        {
+            Served::Here(s) => s,
+            Served::There(answer) => return Ok(answer),
+        };
+        let (side_id, after_seq) = s.side_run(r.question).map_err(to_status)?;
+        ok(pb::SideAdmission { side_id, after_seq })
+    }
+
+    async fn side_cancel(
+        &self,
+        req: Request<pb::SideCancelRequest>,
+    ) -> Result<Response<pb::SideCancelResponse>, Status> {
+        let forwarded = is_forwarded(&req);
+        let r = req.into_inner();
+        let s = match self
+            .here_or_forward(forwarded, &r.session_id, Method::SideCancel, &r, FORWARD_TIMEOUT)
+            .await?
+        {
+            Served::Here(s) => s,
+            Served::There(answer) => return Ok(answer),
+        };
+        let side_id = s.side_cancel();
+        ok(pb::SideCancelResponse {
+            cancelled: side_id.is_some(),
+            side_id: side_id.unwrap_or_default(),
+        })
+    }
+
+    async fn list_side(
+        &self,
+        req: Request<pb::ListSideRequest>,
+    ) -> Result<Response<pb::SideHistory>, Status> {
+        let s = self.session(&req.into_inner().session_id).await?;
+        ok(pb::SideHistory {
+            session_id: s.id().to_string(),
+            runs: s.side_history().into_iter().map(convert::side_entry).collect(),
+        })
+    }
+
+    async fn compact_session(
+        &self,
+        req: Request<pb::CompactSessionRequest>,
+    ) -> Result<Response<pb::CompactSessionResponse>, Status> {
+        let forwarded = is_forwarded(&req);
+        let r = req.into_inner();
+        let s = match self
+            .here_or_forward(
+                forwarded,
+                &r.session_id,
+                Method::CompactSession,
+                &r,
+                SLOW_FORWARD_TIMEOUT,
+            )
+            .await?
+        {
+            Served::Here(s) => s,
+            Served::There(answer) => return Ok(answer),
+        };
+        let upto_seq = s.compact_history().await.map_err(to_status)?;
+        ok(pb::CompactSessionResponse {
+            session_id: s.id().to_string(),
+            upto_seq,
+        })
+    }
+
+    async fn get_host(&self, _req: Request<pb::GetHostRequest>) -> Result<Response<pb::HostInfo>, Status> {
+        ok(self.host_info())
+    }
+
+    async fn list_workspaces(
+        &self,
+        _req: Request<pb::ListWorkspacesRequest>,
+    ) -> Result<Response<pb::WorkspaceList>, Status> {
+        ok(pb::WorkspaceList {
+            workspaces: self
+                .hub
+                .workspaces()
+                .list()
+                .into_iter()
+                .map(convert::workspace)
+                .collect(),
+            max_workspaces: vak_core::workspaces::MAX_OPEN as u32,
+        })
+    }
+
+    async fn open_workspace(
+        &self,
+        req: Request<pb::OpenWorkspaceRequest>,
+    ) -> Result<Response<pb::OpenWorkspaceResponse>, Status> {
+        let req = req.into_inner();
+        let ws = self.hub.workspaces().clone();
+        let (w, opened) = blocking(move || ws.open(&req.path, req.trust)).await?;
+        ok(pb::OpenWorkspaceResponse {
+            workspace: Some(convert::workspace(w)),
+            opened,
+        })
+    }
+
+    async fn get_admin_status(
+        &self,
+        _req: Request<pb::GetAdminStatusRequest>,
+    ) -> Result<Response<pb::AdminStatus>, Status> {
+        let (max_streams, max_per_client) = self.limits.caps();
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        ok(pb::AdminStatus {
+            open_streams: count(self.limits.open_streams()),
+            max_streams: count(max_streams),
+            max_streams_per_client: count(max_per_client),
+            clients: self
+                .limits
+                .by_client()
+                .into_iter()
+                .map(|(client, n)| pb::ClientStreams {
+                    client,
+                    open_streams: count(n),
+                })
+                .collect(),
+            sessions: self
+                .hub
+                .presence()
+                .into_iter()
+                .map(|(info, clients)| convert::presence(info, &clients))
+                .collect(),
+            streams: self.hub.stream_ids(),
+            recent_errors: self
+                .errors
+                .list()
+                .into_iter()
+                .map(convert::recent_error)
+                .collect(),
+        })
+    }
+
+    // ---- Memory and search (issue 15) ----
+
+    async fn list_memory(
+        &self,
+        _req: Request<pb::ListMemoryRequest>,
+    ) -> Result<Response<pb::ListMemoryResponse>, Status> {
+        let memory = self.hub.memory();
+        let notes = memory.list().await.map_err(to_status)?;
+        ok(pb::ListMemoryResponse {
+            notes: notes.into_iter().map(convert::memory_note).collect(),
+            workspace: memory.workspace().to_string(),
+            max_notes: memory::MAX_NOTES as u32,
+            max_note_bytes: memory::MAX_NOTE as u32,
+        })
+    }
+
+    async fn add_memory(
+        &self,
+        req: Request<pb::AddMemoryRequest>,
+    ) -> Result<Response<pb::MemoryNote>, Status> {
+        let r = req.into_inner();
+        let new = memory::NewNote {
+            text: r.text,
+            kind: r.kind,
+            tag: r.tag,
+            scope: convert::memory_scope_in(r.scope).map_err(to_status)?,
+            session_id: r.session_id,
+        };
+        let note = self.hub.memory().add(new).await.map_err(to_status)?;
+        ok(convert::memory_note(note))
+    }
+
+    async fn update_memory(
+        &self,
+        req: Request<pb::UpdateMemoryRequest>,
+    ) -> Result<Response<pb::MemoryNote>, Status> {
+        let r = req.into_inner();
+        let scope = convert::memory_scope_in(r.scope).map_err(to_status)?;
+        let note = self
+            .hub
+            .memory()
+            .update(&r.note_id, &r.text, scope)
+            .await
+            .map_err(to_status)?;
+        ok(convert::memory_note(note))
+    }
+
+    async fn delete_memory(
+        &self,
+        req: Request<pb::DeleteMemoryRequest>,
+    ) -> Result<Response<pb::DeleteMemoryResponse>, Status> {
+        let r = req.into_inner();
+        let scope = convert::memory_scope_in(r.scope).map_err(to_status)?;
+        let note = self
+            .hub
+            .memory()
+            .delete(&r.note_id, scope)
+            .await
+            .map_err(to_status)?;
+        ok(pb::DeleteMemoryResponse {
+            note: Some(convert::memory_note(note)),
+        })
+    }
+
+    async fn search(&self, req: Request<pb::SearchRequest>) -> Result<Response<pb::SearchResponse>, Status> {
+        let r = req.into_inner();
+        let limit = limit_in(r.limit, search::DEFAULT_LIMIT, search::MAX_LIMIT)?;
+        let hits = self.hub.search(&r.q, limit, r.all).await.map_err(to_status)?;
+        ok(pb::SearchResponse {
+            hits: hits
+                .into_iter()
+                .map(|(h, title)| convert::search_hit(h, title))
+                .collect(),
+            workspace: self.hub.workspace().to_string(),
+        })
+    }
+
+    type PresentationEventsStream = PresentationStream;
+
+    async fn presentation_events(
+        &self,
+        req: Request<pb::GetPresentationRequest>,
+    ) -> Result<Response<PresentationStream>, Status> {
+        let surface = surface(&req);
+        let permit = self.permit(&req)?;
+        let s = self.session(&req.into_inner().session_id).await?;
+        let presence = (s.join(&client_id(), surface), permit);
+        let presented = s.subscribe_presented(None);
+        let sid = s.id().to_string();
+        let snapshot = PresentationEvent::Snapshot(presented.presenter.timeline().clone());
+        let first = convert::presentation(&sid, &snapshot);
+        let state = (presented.subscription, presented.presenter, presence, sid);
+        let rest = stream::unfold(Some(state), move |state| async move {
+            let (mut sub, mut presenter, presence, sid) = state?;
+            loop {
+                match sub.recv().await? {
+                    Delivery::Frame(f) => {
+                        let events = presenter.apply(f.seq, &f.event);
+                        if events.is_empty() {
+                            continue;
+                        }
+                        let batch: Vec<_> = events
+                            .iter()
+                            .map(|e| Ok(convert::presentation(&sid, e)))
+                            .collect();
+                        return Some((stream::iter(batch), Some((sub, presenter, presence, sid))));
+                    }
+                    Delivery::Resync { .. } => continue,
+                    Delivery::End(End::Closed(_)) => return None,
+                }
+            }
+        })
+        .flatten();
+        ok(Box::pin(stream::once(async move { Ok(first) }).chain(rest)) as PresentationStream)
+    }
+}

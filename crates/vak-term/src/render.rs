@@ -1,0 +1,535 @@
+//! How frames are shown: streamed text and thinking, and one-line entries for prompts, tool calls, tool results, approvals and run outcomes.
+//!
+//! The renderer only decides what to show; `screen.rs` (interactive) and
+//! `oneshot.rs` (stdout and stderr) decide where it goes.
+
+use pb::event::Kind;
+use std::collections::HashMap;
+use vak_proto::v1 as pb;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Style {
+    Plain,
+    /// Dimmed, and cut to one line: tool calls and other entries.
+    Dim,
+    /// Dimmed, and wrapped rather than cut: the header and notes worth reading whole
+    /// (`Note` and `User` wrap too; `Dim`, `Good` and `Bad` entries are cut to one line).
+    Info,
+    User,
+    Good,
+    Bad,
+    Note,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Piece {
+    /// A piece of the assistant's answer (`thinking`: of its thinking, shown dimmed).
+    Stream { thinking: bool, text: String },
+    /// A complete entry, shown on a line of its own.
+    Line { style: Style, text: String },
+}
+
+fn line(style: Style, text: impl Into<String>) -> Piece {
+    Piece::Line {
+        style,
+        text: text.into(),
+    }
+}
+
+/// A tool's result, kept whole so `/show N` can print what the one-line entry collapsed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolOutput {
+    pub tool: String,
+    pub ok: bool,
+    pub output: String,
+}
+
+/// Remembers what later frames refer back to (a result names only its call).
+#[derive(Default)]
+pub struct Render {
+    tools: HashMap<String, String>,
+    approvals: HashMap<String, String>,
+    /// A running tool's live output not yet ended by a newline, per call and stream.
+    partial: HashMap<(String, String), String>,
+    /// Every tool result shown, in order (numbered from 1 for `/show N`), when `keep_outputs`.
+    outputs: Vec<ToolOutput>,
+    keep_outputs: bool,
+}
+
+impl Render {
+    /// A renderer for the interactive prompt: it keeps tool outputs, and a
+    /// collapsed result names the `/show N` that prints it whole.
+    pub fn interactive() -> Render {
+        Render {
+            keep_outputs: true,
+            ..Render::default()
+        }
+    }
+
+    /// The tool outputs seen so far (the first is `/show 1`).
+    pub fn outputs(&self) -> &[ToolOutput] {
+        &self.outputs
+    }
+
+    fn result(&mut self, tool: &str, ok: bool, output: &str) -> Piece {
+        let shown = if self.keep_outputs {
+            self.outputs.push(ToolOutput {
+                tool: tool.to_string(),
+                ok,
+                output: output.to_string(),
+            });
+            Some(self.outputs.len())
+        } else {
+            None
+        };
+        tool_result_line(tool, ok, output, shown)
+    }
+
+    pub fn event(&mut self, e: &pb::Event) -> Vec<Piece> {
+        let Some(kind) = &e.kind else {
+            return Vec::new();
+        };
+        match kind {
+            Kind::UserMessage(m) => user_lines(&m.text),
+            Kind::TextDelta(t) => vec![Piece::Stream {
+                thinking: false,
+                text: clean(&t.text),
+            }],
+            Kind::ThinkingDelta(t) => vec![Piece::Stream {
+                thinking: true,
+                text: clean(&t.text),
+            }],
+            Kind::ToolCall(c) => {
+                self.tools.insert(c.call_id.clone(), c.tool.clone());
+                vec![line(Style::Dim, tool_call_line(&c.tool, c.input.as_ref()))]
+            }
+            Kind::ToolOutput(o) => self.live(o),
+            Kind::ToolResult(r) => {
+                let tool = self.tools.remove(&r.call_id).unwrap_or_else(|| "tool".into());
+                let mut out = self.live_rest(&r.call_id);
+                out.push(self.result(&tool, r.ok, &r.output));
+                out
+            }
+            Kind::ApprovalRequested(a) => {
+                self.approvals.insert(a.request_id.clone(), a.tool.clone());
+                Vec::new()
+            }
+            Kind::ApprovalResolved(a) => {
+                let tool = self
+                    .approvals
+                    .remove(&a.request_id)
+                    .unwrap_or_else(|| "tool".into());
+                let reason = if a.reason.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", clean(&a.reason))
+                };
+                vec![match a.outcome.as_str() {
+                    "approved" => line(Style::Good, format!("✓ {tool} approved{reason}")),
+                    "denied" => line(Style::Bad, format!("✗ {tool} denied{reason}")),
+                    other => line(Style::Note, format!("· {tool} approval {other}{reason}")),
+                }]
+            }
+            Kind::RunFinished(r) => run_end(&r.outcome, &r.message),
+            Kind::Notice(n) => vec![line(Style::Note, format!("! {}", clean(&n.text)))],
+            Kind::StreamOpened(_)
+            | Kind::TurnStarted(_)
+            | Kind::Status(_)
+            | Kind::Resync(_)
+            | Kind::SessionClosed(_)
+            // Side runs belong to whoever asked them; vak term asks none.
+            | Kind::Side(_) => Vec::new(),
+        }
+    }
+
+    /// A running tool's live output: each finished line indented and dimmed
+    /// under its call; an unfinished one waits for its end (or the result),
+    /// up to `LIVE_LINE` bytes.
+    fn live(&mut self, o: &pb::ToolOutput) -> Vec<Piece> {
+        let key = (o.call_id.clone(), o.stream.clone());
+        let partial = self.partial.entry(key.clone()).or_default();
+        partial.push_str(&clean(&o.text));
+        let mut out = Vec::new();
+        while let Some(end) = partial.find('\n') {
+            let rest = partial.split_off(end + 1);
+            out.push(live_line(&o.stream, partial.trim_end_matches('\n')));
+            *partial = rest;
+        }
+        if partial.len() > LIVE_LINE {
+            out.push(live_line(&o.stream, partial));
+            partial.clear();
+        }
+        if partial.is_empty() {
+            self.partial.remove(&key);
+        }
+        out
+    }
+
+    /// What a finished call's live output left unfinished.
+    fn live_rest(&mut self, call_id: &str) -> Vec<Piece> {
+        let mut keys: Vec<_> = self
+            .partial
+            .keys()
+            .filter(|(c, _)| c == call_id)
+            .cloned()
+            .collect();
+        keys.sort();
+        keys.into_iter()
+            .filter_map(|k| self.partial.remove(&k).map(|t| live_line(&k.1, &t)))
+            .collect()
+    }
+
+    /// An approval still pending when a transcript was redrawn: its resolution comes later, naming only its id.
+    pub fn pending_approval(&mut self, request_id: &str, tool: &str) {
+        self.approvals.insert(request_id.to_string(), tool.to_string());
+    }
+
+    /// A transcript as the pieces its events would have rendered (the redraw after a resync).
+    pub fn transcript(&mut self, t: &pb::Transcript) -> Vec<Piece> {
+        let mut out = Vec::new();
+        for m in &t.messages {
+            match m.role.as_str() {
+                "user" => out.extend(user_lines(&m.text)),
+                "assistant" => {
+                    if !m.thinking().is_empty() {
+                        out.push(Piece::Stream {
+                            thinking: true,
+                            text: clean(m.thinking()),
+                        });
+                    }
+                    if !m.text.is_empty() {
+                        out.push(Piece::Stream {
+                            thinking: false,
+                            text: clean(&m.text),
+                        });
+                    }
+                }
+                "tool" => {
+                    out.push(line(Style::Dim, tool_call_line(m.tool(), m.input.as_ref())));
+                    // A call still waiting for its result has neither output nor ok:
+                    // its result comes later, naming only the call.
+                    if m.ok() || !m.text.is_empty() {
+                        out.push(self.result(m.tool(), m.ok(), &m.text));
+                    } else {
+                        self.tools.insert(m.call_id().to_string(), m.tool().to_string());
+                    }
+                }
+                "run" => out.extend(run_end(m.outcome(), &m.text)),
+                _ => {}
+            }
+        }
+        out
+    }
+}
+
+/// How a run that did not complete is shown, live (run_finished) and on a redraw (a "run" entry).
+/// The longest unfinished line of live output held back for its end.
+const LIVE_LINE: usize = 4096;
+
+/// The tool whose approval carries a plan (and is answered with a mode).
+pub const PLAN_TOOL: &str = "exit_plan_mode";
+
+/// What an `[a]lways` answer's rule covers, said once it is stored.
+pub fn always_line(rule: &pb::PermissionRule) -> String {
+    let what = clean(&rule.pattern).replace('\n', " ⏎ ");
+    let exact = if rule.kind == "exact" {
+        " (this exact command)"
+    } else {
+        ""
+    };
+    format!(
+        "· always allowing {} `{what}`{exact} in this workspace",
+        rule.tool
+    )
+}
+
+/// An exit_plan_mode call's plan (its input's `plan`), "" when it has none.
+pub fn plan_text(input: Option<&prost_types::Struct>) -> String {
+    input
+        .map(struct_json)
+        .and_then(|v| v.get("plan").and_then(|p| p.as_str()).map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// `  │ line` for stdout, `  ! line` for stderr, dimmed.
+fn live_line(stream: &str, text: &str) -> Piece {
+    let bar = if stream == "stderr" { "!" } else { "│" };
+    line(Style::Dim, format!("  {bar} {text}"))
+}
+
+fn run_end(outcome: &str, message: &str) -> Vec<Piece> {
+    match outcome {
+        "completed" => Vec::new(),
+        "cancelled" => vec![line(Style::Note, format!("⊘ {}", clean(message)))],
+        _ => vec![line(Style::Bad, format!("✗ run {outcome}: {}", clean(message)))],
+    }
+}
+
+fn user_lines(text: &str) -> Vec<Piece> {
+    clean(text)
+        .lines()
+        .enumerate()
+        .map(|(i, l)| line(Style::User, format!("{} {l}", if i == 0 { "›" } else { " " })))
+        .collect()
+}
+
+pub use vak_proto::text::{count, noun_for};
+
+/// What the server says about a tool, as shown: cleaned of control
+/// characters, and "1 bytes" in write_file's own phrases said as "1 byte"
+/// (earlier builds said so, and their ledgers still do; only that
+/// fixed phrasing is touched, never a path or a command's output).
+pub fn tool_text(tool: &str, text: &str) -> String {
+    let text = clean(text);
+    if tool == "write_file" {
+        for verb in ["write", "wrote"] {
+            if let Some(rest) = text.strip_prefix(&format!("{verb} 1 bytes ")) {
+                return format!("{verb} 1 byte {rest}");
+            }
+        }
+    }
+    text
+}
+
+/// `write_file notes.md (11 bytes)`, `bash $ ls`, `read_file a.txt`; other tools show their input as JSON.
+pub fn tool_call_line(tool: &str, input: Option<&prost_types::Struct>) -> String {
+    let input = input.map(struct_json).unwrap_or(serde_json::Value::Null);
+    let s = |k: &str| input.get(k).and_then(|v| v.as_str()).unwrap_or("").to_string();
+    let detail = match tool {
+        "read_file" => s("path"),
+        "write_file" => format!("{} ({})", s("path"), count(s("content").len(), "byte")),
+        "bash" => format!("$ {}", s("command")),
+        // The plan itself is shown whole with its question.
+        "exit_plan_mode" => {
+            let plan = s("plan");
+            let more = plan.trim_end().lines().count().saturating_sub(1);
+            let first = plan.lines().next().unwrap_or("").to_string();
+            match more {
+                0 => first,
+                n => format!("{first} (+{n} more {})", noun_for(n, "line")),
+            }
+        }
+        _ if input.is_null() => String::new(),
+        _ => input.to_string(),
+    };
+    clean(&format!("⚙ {tool} {detail}")).replace('\n', " ⏎ ")
+}
+
+/// `✓ write_file: wrote 11 bytes to notes.md`: the first line of the output,
+/// and how many more there are. `shown`: the output's number for `/show N`,
+/// named when the entry hides lines.
+pub fn tool_result_line(tool: &str, ok: bool, output: &str, shown: Option<usize>) -> Piece {
+    let output = tool_text(tool, output);
+    let mut lines = output.lines().filter(|l| !l.trim().is_empty());
+    let first = lines.next().unwrap_or("");
+    let more = lines.count();
+    let more = match (more, shown) {
+        (0, _) => String::new(),
+        (n, None) => format!(" (+{n} more {})", noun_for(n, "line")),
+        (n, Some(i)) => format!(" (+{n} more {}: /show {i})", noun_for(n, "line")),
+    };
+    let (mark, style) = if ok {
+        ("✓", Style::Good)
+    } else {
+        ("✗", Style::Bad)
+    };
+    line(style, format!("{mark} {tool}: {first}{more}"))
+}
+
+/// A tool output in full, for `/show`: a heading, then every line.
+pub fn full_output(n: usize, o: &ToolOutput) -> Vec<Piece> {
+    let mark = if o.ok { "✓" } else { "✗" };
+    let mut out = vec![line(
+        Style::Info,
+        format!("── /show {n}: {mark} {} output ──", o.tool),
+    )];
+    let text = tool_text(&o.tool, &o.output);
+    let text = text.trim_end_matches('\n');
+    if text.is_empty() {
+        out.push(line(Style::Info, "(no output)"));
+    }
+    out.extend(
+        text.split('\n')
+            .filter(|_| !text.is_empty())
+            .map(|l| line(Style::Plain, l)),
+    );
+    out
+}
+
+/// Server text is data, never terminal commands: control characters (an
+/// escape sequence could move the cursor or retitle the window) are dropped,
+/// tabs become spaces, CRLF becomes LF.
+pub fn clean(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\n' => out.push('\n'),
+            '\t' => out.push_str("    "),
+            c if c.is_control() => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A protobuf Struct as plain JSON.
+pub fn struct_json(s: &prost_types::Struct) -> serde_json::Value {
+    serde_json::Value::Object(s.fields.iter().map(|(k, v)| (k.clone(), value_json(v))).collect())
+}
+
+fn value_json(v: &prost_types::Value) -> serde_json::Value {
+    use prost_types::value::Kind as V;
+    match &v.kind {
+        None | Some(V::NullValue(_)) => serde_json::Value::Null,
+        Some(V::NumberValue(n)) => serde_json::json!(n),
+        Some(V::StringValue(s)) => serde_json::Value::String(s.clone()),
+        Some(V::BoolValue(b)) => serde_json::Value::Bool(*b),
+        Some(V::StructValue(s)) => struct_json(s),
+        Some(V::ListValue(l)) => serde_json::Value::Array(l.values.iter().map(value_json).collect()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input(pairs: &[(&str, &str)]) -> prost_types::Struct {
+        prost_types::Struct {
+            fields: pairs
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.to_string(),
+                        prost_types::Value {
+                            kind: Some(prost_types::value::Kind::StringValue(v.to_string())),
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn tool_entries_are_one_line() {
+        let i = input(&[("path", "f.txt"), ("content", "hi")]);
+        assert_eq!(
+            tool_call_line("write_file", Some(&i)),
+            "⚙ write_file f.txt (2 bytes)"
+        );
+        let i = input(&[("command", "echo a\necho b")]);
+        assert_eq!(tool_call_line("bash", Some(&i)), "⚙ bash $ echo a ⏎ echo b");
+        assert_eq!(
+            tool_result_line("bash", false, "a\nb\n\n[exit status: 1]", None),
+            line(Style::Bad, "✗ bash: a (+2 more lines)")
+        );
+        assert_eq!(
+            tool_result_line("bash", true, "a\nb", Some(3)),
+            line(Style::Good, "✓ bash: a (+1 more line: /show 3)")
+        );
+    }
+
+    #[test]
+    fn one_is_singular_everywhere() {
+        assert_eq!(count(1, "byte"), "1 byte");
+        assert_eq!(
+            (count(0, "byte"), count(2, "line")),
+            ("0 bytes".into(), "2 lines".into())
+        );
+        let i = input(&[("path", "f.txt"), ("content", "x")]);
+        assert_eq!(
+            tool_call_line("write_file", Some(&i)),
+            "⚙ write_file f.txt (1 byte)"
+        );
+        // The server's own phrases for write_file, as the approval question and the result show them.
+        assert_eq!(
+            tool_text("write_file", "write 1 bytes to a.txt"),
+            "write 1 byte to a.txt"
+        );
+        assert_eq!(
+            tool_result_line("write_file", true, "wrote 1 bytes to 1 bytes.txt", None),
+            line(Style::Good, "✓ write_file: wrote 1 byte to 1 bytes.txt")
+        );
+        assert_eq!(
+            tool_text("write_file", "wrote 11 bytes to a"),
+            "wrote 11 bytes to a"
+        );
+        // Anything else is the command's own output, shown as it is.
+        assert_eq!(tool_text("bash", "wrote 1 bytes to x"), "wrote 1 bytes to x");
+    }
+
+    #[test]
+    fn outputs_are_kept_for_show_only_when_interactive() {
+        let mut r = Render::interactive();
+        let call = pb::Event {
+            kind: Some(Kind::ToolCall(pb::ToolCall {
+                call_id: "c1".into(),
+                tool: "bash".into(),
+                ..Default::default()
+            })),
+            ..Default::default()
+        };
+        let result = pb::Event {
+            kind: Some(Kind::ToolResult(pb::ToolResult {
+                call_id: "c1".into(),
+                ok: true,
+                output: "one\ntwo\nthree\n".into(),
+            })),
+            ..Default::default()
+        };
+        r.event(&call);
+        assert_eq!(
+            r.event(&result),
+            vec![line(Style::Good, "✓ bash: one (+2 more lines: /show 1)")]
+        );
+        assert_eq!(
+            full_output(1, &r.outputs()[0]),
+            vec![
+                line(Style::Info, "── /show 1: ✓ bash output ──"),
+                line(Style::Plain, "one"),
+                line(Style::Plain, "two"),
+                line(Style::Plain, "three"),
+            ]
+        );
+        let mut plain = Render::default();
+        plain.event(&call);
+        assert_eq!(
+            plain.event(&result),
+            vec![line(Style::Good, "✓ bash: one (+2 more lines)")]
+        );
+        assert!(plain.outputs().is_empty());
+    }
+
+    #[test]
+    fn control_characters_never_reach_the_terminal() {
+        assert_eq!(clean("a\x1b[2Jb\r\n\tc\u{7}"), "a[2Jb\n    c");
+    }
+
+    #[test]
+    fn live_output_shows_finished_lines_under_the_call_and_the_rest_with_the_result() {
+        let mut r = Render::default();
+        let ev = |kind| pb::Event {
+            seq: 1,
+            session_id: "s".into(),
+            kind: Some(kind),
+        };
+        let out = |stream: &str, text: &str| {
+            ev(Kind::ToolOutput(pb::ToolOutput {
+                call_id: "c".into(),
+                stream: stream.into(),
+                text: text.into(),
+            }))
+        };
+        let dim = |t: &str| line(Style::Dim, t);
+        assert_eq!(r.event(&out("stdout", "one\ntw")), vec![dim("  │ one")]);
+        assert_eq!(r.event(&out("stderr", "oops\n")), vec![dim("  ! oops")]);
+        assert_eq!(r.event(&out("stdout", "o\nthr")), vec![dim("  │ two")]);
+        let end = r.event(&ev(Kind::ToolResult(pb::ToolResult {
+            call_id: "c".into(),
+            ok: true,
+            output: "one\ntwo\nthree".into(),
+        })));
+        assert_eq!(end[0], dim("  │ thr"));
+        assert_eq!(end.len(), 2, "{end:?}");
+        assert!(r.partial.is_empty());
+    }
+}

@@ -1,0 +1,108 @@
+//! The one `Transport` trait that the REST/SSE and gRPC clients both implement, where
+//! the server is (`Target`) and how a call fails (`Failure`), below both clients and
+//! the code that picks one (`conn.rs`).
+
+use futures_util::Stream;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+use vak_proto::v1 as pb;
+
+/// Where the server is and how to authenticate to it.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub url: String,
+    pub token: String,
+    /// PEM roots to trust for an https server (`--ca-cert`, or the development
+    /// certificate `vak serve --tls-self-signed` keeps in the home).
+    pub ca_pem: Option<Vec<u8>>,
+}
+
+/// What a failed call means to the client: retry it, or tell the user.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailKind {
+    /// The connection failed or the server is briefly unavailable: retrying may succeed.
+    Transient,
+    /// The session (or approval) does not exist.
+    NotFound,
+    /// The request conflicts with the state (an approval already settled).
+    Conflict,
+    /// The server refused the token (HTTP 401, gRPC UNAUTHENTICATED).
+    Unauthenticated,
+    /// Retrying cannot help (bad token, bad request, a server error).
+    Fatal,
+}
+
+#[derive(Clone, Debug)]
+pub struct Failure {
+    pub kind: FailKind,
+    pub message: String,
+}
+
+impl Failure {
+    pub fn new(kind: FailKind, message: impl Into<String>) -> Failure {
+        Failure {
+            kind,
+            message: message.into(),
+        }
+    }
+    pub fn fatal(message: impl Into<String>) -> Failure {
+        Self::new(FailKind::Fatal, message)
+    }
+    pub fn transient(message: impl Into<String>) -> Failure {
+        Self::new(FailKind::Transient, message)
+    }
+    pub fn is_transient(&self) -> bool {
+        self.kind == FailKind::Transient
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl From<Failure> for vak_proto::Error {
+    fn from(f: Failure) -> vak_proto::Error {
+        match f.kind {
+            FailKind::NotFound => vak_proto::Error::not_found(f.message),
+            FailKind::Conflict => vak_proto::Error::conflict(f.message),
+            FailKind::Transient => vak_proto::Error::new(vak_proto::ErrorKind::Unavailable, f.message),
+            FailKind::Fatal | FailKind::Unauthenticated => vak_proto::Error::invalid(f.message),
+        }
+    }
+}
+
+pub type Fut<'a, T> = Pin<Box<dyn Future<Output = Result<T, Failure>> + Send + 'a>>;
+/// A session's events: `Ok` frames, then the end (`None`) or one `Err`.
+pub type Events = Pin<Box<dyn Stream<Item = Result<pb::Event, Failure>> + Send>>;
+
+/// The calls `vak term` makes. The two implementations (REST/SSE in `rest.rs`,
+/// gRPC in `grpc.rs`) must be indistinguishable to the code above them, which
+/// is what `--transport` promises.
+pub trait Transport: Send + Sync {
+    /// "sse" or "grpc", for messages.
+    fn name(&self) -> &'static str;
+    fn create_session(&self) -> Fut<'_, String>;
+    fn list_sessions(&self) -> Fut<'_, Vec<pb::SessionSummary>>;
+    fn attach(&self, session_id: &str) -> Fut<'_, pb::SessionSummary>;
+    fn run(&self, req: pb::RunRequest) -> Fut<'_, pb::Admission>;
+    fn steer(&self, req: pb::SteerRequest) -> Fut<'_, pb::Admission>;
+    fn approve(&self, req: pb::ApproveRequest) -> Fut<'_, pb::ApproveResponse>;
+    fn cancel(&self, session_id: &str) -> Fut<'_, pb::CancelResponse>;
+    fn transcript(&self, session_id: &str) -> Fut<'_, pb::Transcript>;
+    /// The presentation timeline (its pending approval items are what a resync asks again).
+    fn presentation(&self, session_id: &str) -> Fut<'_, pb::OutputTimeline>;
+    /// Opens the session's event stream; the server sends stream_opened first.
+    fn subscribe(&self, session_id: &str, after: Option<u64>) -> Fut<'_, Events>;
+}
+
+/// How long to wait for a TCP connection before calling the server unreachable.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Session ids travel in URL paths: the server's own rule, checked before any request.
+pub fn check_id(what: &str, id: &str) -> Result<(), Failure> {
+    vak_proto::ids::validate_session_id(id)
+        .map_err(|_| Failure::fatal(format!("invalid {what} {id:?}: 1 to 64 of A-Z a-z 0-9 - _")))
+}
