@@ -7,7 +7,8 @@
 //!   `rest.rs` (reqwest, with the SSE parser in `sse.rs`) and `grpc.rs` (tonic).
 //! - `follow.rs`: the event stream, resumed from the last seq after any cut.
 //! - `render.rs`: how each frame is shown.
-//! - `oneshot.rs`: `-p PROMPT`; `interactive.rs` with `screen.rs` and `editor.rs`: the prompt.
+//! - `oneshot.rs`: `-p PROMPT`, driving the renderer state machine of
+//!   `oneshot_state.rs`; `interactive.rs` with `screen.rs` and `editor.rs`: the prompt.
 
 pub mod conn;
 pub mod editor;
@@ -15,6 +16,7 @@ pub mod follow;
 pub mod grpc;
 pub mod interactive;
 pub mod oneshot;
+mod oneshot_state;
 pub mod render;
 pub mod rest;
 pub mod screen;
