@@ -7,6 +7,7 @@
 mod baseline;
 mod clients;
 mod cluster;
+mod control;
 mod floor;
 mod growth;
 mod machine;
@@ -15,8 +16,10 @@ mod method;
 mod peer;
 mod report;
 mod scenarios;
+mod server;
 mod sizes;
 mod suite;
+mod web;
 
 use clap::{Parser, Subcommand};
 use scenarios::{Env, Transport};
@@ -220,7 +223,7 @@ fn plan(args: &Args, machine: &machine::Machine) -> Result<Plan, i32> {
 /// The servers' binary and flags; Err(2) when there is no vak binary.
 fn env(args: &Args, sizes: &Sizes) -> Result<Env, i32> {
     let exe = std::env::current_exe().expect("the bench's own path");
-    let vak = args.vak.clone().unwrap_or_else(|| scenarios::default_vak(&exe));
+    let vak = args.vak.clone().unwrap_or_else(|| server::default_vak(&exe));
     if !vak.is_file() {
         log(format!(
             "no vak binary at {} (build it: cargo build --release --bins)",

@@ -6,7 +6,8 @@ use super::{
     Sample, Samples, Table,
 };
 use crate::report::{Goal, Row, Stat, Unit};
-use crate::scenarios::{self, ServeOpts, Throughput, Transport};
+use crate::scenarios::{self, Throughput, Transport};
+use crate::server::ServeOpts;
 use std::time::Instant;
 
 /// Round `run`: every subscriber count on every transport, then the fsync ones.

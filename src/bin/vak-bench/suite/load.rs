@@ -6,7 +6,8 @@ use super::{
     Samples, Table,
 };
 use crate::report::{self, Goal, Row, Unit};
-use crate::scenarios::{self, ServeOpts, Transport};
+use crate::scenarios::{self, Transport};
+use crate::server::ServeOpts;
 use std::time::Instant;
 
 fn tag(plan: &Plan, run: usize) -> String {

@@ -6,7 +6,8 @@ use super::{
     plural, throughput_msg, throughput_note, values, Measuring, Plan, Sample, Samples, Table, MIN_CPU_WALL,
 };
 use crate::report::{self, Goal, Row, Unit};
-use crate::scenarios::{self, ServeOpts, Throughput, Transport};
+use crate::scenarios::{self, Throughput, Transport};
+use crate::server::ServeOpts;
 use crate::sizes::Sizes;
 use crate::{cluster, growth};
 use std::path::PathBuf;
