@@ -227,7 +227,7 @@ impl<O: Out> Renderer<O> {
         self.state = State::Waiting;
     }
 
-    /// One update from the follower (`Fatal` and the end of the stream are the driver's).
+    /// One update from the follower (`Fatal` and the end of the stream are the driver's: they end the run with an error).
     pub(crate) fn update(&mut self, u: Update) -> Step {
         match u {
             Update::Reconnecting(why) => {
@@ -239,6 +239,7 @@ impl<O: Out> Renderer<O> {
             }
             Update::Event(e) => self.event(e),
             Update::Resynced(r) => self.resynced(*r),
+            // The driver ends the run on a fatal failure before it gets here.
             Update::Fatal(_) => Step::Continue,
         }
     }
@@ -561,7 +562,6 @@ mod tests {
             seq,
             session_id: "s1".into(),
             kind: Some(kind),
-            ..Default::default()
         })
     }
 
