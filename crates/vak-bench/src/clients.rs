@@ -484,6 +484,33 @@ pub async fn sse_subscriber(
     tally.res
 }
 
+/// Connects (one at a time per scenario, `shared.connecting`) and sends the GET.
+async fn sse_connect(
+    target: &Target,
+    session: &str,
+    after: Option<u64>,
+    shared: &Shared,
+) -> Result<TcpStream, String> {
+    let _permit = shared.connecting.acquire().await.map_err(|e| e.to_string())?;
+    let mut tcp = TcpStream::connect(target.addr)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let _ = tcp.set_nodelay(true);
+    let query = after.map_or(String::new(), |a| format!("?after={a}"));
+    let path = match target.peer {
+        true => format!("/sub/{session}"),
+        false => format!("/sessions/{session}/events{query}"),
+    };
+    let req = format!(
+        "GET {path} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\nAccept: text/event-stream\r\n\r\n",
+        target.addr, target.token
+    );
+    tcp.write_all(req.as_bytes())
+        .await
+        .map_err(|e| format!("write: {e}"))?;
+    Ok(tcp)
+}
+
 async fn sse_run(
     target: &Target,
     session: &str,
@@ -495,26 +522,7 @@ async fn sse_run(
         Mode::Idle | Mode::Stalled => 2048,
         _ => 64 * 1024,
     };
-    let mut tcp = {
-        let _permit = shared.connecting.acquire().await.map_err(|e| e.to_string())?;
-        let mut tcp = TcpStream::connect(target.addr)
-            .await
-            .map_err(|e| format!("connect: {e}"))?;
-        let _ = tcp.set_nodelay(true);
-        let query = after.map_or(String::new(), |a| format!("?after={a}"));
-        let path = match target.peer {
-            true => format!("/sub/{session}"),
-            false => format!("/sessions/{session}/events{query}"),
-        };
-        let req = format!(
-            "GET {path} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\nAccept: text/event-stream\r\n\r\n",
-            target.addr, target.token
-        );
-        tcp.write_all(req.as_bytes())
-            .await
-            .map_err(|e| format!("write: {e}"))?;
-        tcp
-    };
+    let mut tcp = sse_connect(target, session, after, shared).await?;
     let mut buf = vec![0u8; read_size];
     let mut sse: Vec<u8> = Vec::with_capacity(read_size);
     let (mut pending, is_chunked) = read_head(&mut tcp, &mut buf, target.peer).await?;
@@ -539,40 +547,8 @@ async fn sse_run(
             let frame = &sse[pos..end];
             pos = end + 2;
             from = pos;
-            if frame.first() == Some(&b':') {
-                continue; // keepalive comment
-            }
-            let (event, data, id) = sse_fields(frame);
-            let kind = sse_kind(event, data)?;
-            let tokens = match kind {
-                Kind::Opened => {
-                    if !opened {
-                        opened = true;
-                        shared.opened.fetch_add(1, Ordering::AcqRel);
-                    }
-                    None
-                }
-                Kind::Text(text) => {
-                    if tally.sample() && !target.peer {
-                        sse_validate(data, id, text, &tally.session)?;
-                        tally.res.validated += 1;
-                    }
-                    Some(tally.text(text)?)
-                }
-                Kind::Finished => {
-                    tally.check_complete()?;
-                    if tally.expect().is_some() {
-                        return Ok(());
-                    }
-                    None
-                }
-                Kind::Resync => tally.resync(data)?,
-                Kind::Other => None,
-            };
-            if let (Mode::Replay { .. }, Some(seq)) = (tally.mode, digits(id)) {
-                if tally.seq(seq, tokens)? {
-                    return Ok(());
-                }
+            if sse_frame(frame, target.peer, tally, shared, &mut opened)? {
+                return Ok(());
             }
         }
         sse.drain(..pos);
@@ -604,88 +580,48 @@ async fn sse_run(
     }
 }
 
-// ------------------------------------------- SSE over TLS or HTTP/2 (idle)
-
-/// A reqwest client for one idle stream: over TLS (HTTP/1.1, the server's
-/// self-signed certificate accepted) or over h2c; its own connection either way.
-fn web_client(tls: bool) -> Result<reqwest::Client, String> {
-    let b = reqwest::Client::builder().pool_max_idle_per_host(1);
-    let b = if tls {
-        b.http1_only().danger_accept_invalid_certs(true)
-    } else {
-        b.http2_prior_knowledge()
-    };
-    b.build().map_err(|e| format!("client: {e}"))
-}
-
-fn web_url(target: &Target, tls: bool, path: &str) -> String {
-    format!("{}://{}{path}", if tls { "https" } else { "http" }, target.addr)
-}
-
-/// `POST /sessions` over the same kind of connection the idle streams use.
-pub async fn web_create_session(target: &Target, tls: bool) -> Result<String, String> {
-    let r = web_client(tls)?
-        .post(web_url(target, tls, "/sessions"))
-        .bearer_auth(&target.token)
-        .json(&serde_json::json!({}))
-        .send()
-        .await
-        .map_err(|e| format!("POST /sessions: {e}"))?;
-    let v: serde_json::Value = r.json().await.map_err(|e| format!("POST /sessions: {e}"))?;
-    v["session_id"]
-        .as_str()
-        .map(str::to_string)
-        .ok_or_else(|| format!("POST /sessions answered {v}"))
-}
-
-/// An idle SSE subscriber over TLS or HTTP/2: reads until stream_opened,
-/// then holds the stream (reading keepalives) until cancelled.
-pub async fn web_idle_subscriber(
-    target: Target,
-    session: String,
-    tls: bool,
-    shared: Arc<Shared>,
-) -> SubResult {
-    let mut res = SubResult::default();
-    let run = async {
-        let resp = {
-            let _permit = shared.connecting.acquire().await.map_err(|e| e.to_string())?;
-            web_client(tls)?
-                .get(web_url(&target, tls, &format!("/sessions/{session}/events")))
-                .bearer_auth(&target.token)
-                .header("accept", "text/event-stream")
-                .send()
-                .await
-                .map_err(|e| format!("GET events: {e}"))?
-        };
-        if resp.status() != 200 {
-            return Err(format!("GET events: {}", resp.status()));
-        }
-        let mut resp = resp;
-        let mut seen = Vec::new();
-        let mut opened = false;
-        loop {
-            let chunk = tokio::select! {
-                c = resp.chunk() => c.map_err(|e| format!("read: {e}"))?,
-                _ = shared.cancel.cancelled() => return Ok(()),
-            };
-            let Some(chunk) = chunk else {
-                return Err("the server ended the SSE stream".to_string());
-            };
-            if !opened {
-                seen.extend_from_slice(&chunk);
-                if memchr::memmem::find(&seen, b"event: stream_opened").is_some() {
-                    opened = true;
-                    seen = Vec::new();
-                    shared.opened.fetch_add(1, Ordering::AcqRel);
-                }
-            }
-        }
-    };
-    if let Err(e) = run.await {
-        res.error = Some(e);
+/// Counts and checks one SSE frame (without its blank line); true once the
+/// subscriber has everything it waits for.
+fn sse_frame(
+    frame: &[u8],
+    peer: bool,
+    tally: &mut Tally,
+    shared: &Shared,
+    opened: &mut bool,
+) -> Result<bool, String> {
+    if frame.first() == Some(&b':') {
+        return Ok(false); // keepalive comment
     }
-    res
+    let (event, data, id) = sse_fields(frame);
+    let tokens = match sse_kind(event, data)? {
+        Kind::Opened => {
+            if !*opened {
+                *opened = true;
+                shared.opened.fetch_add(1, Ordering::AcqRel);
+            }
+            None
+        }
+        Kind::Text(text) => {
+            if tally.sample() && !peer {
+                sse_validate(data, id, text, &tally.session)?;
+                tally.res.validated += 1;
+            }
+            Some(tally.text(text)?)
+        }
+        Kind::Finished => {
+            tally.check_complete()?;
+            if tally.expect().is_some() {
+                return Ok(true);
+            }
+            None
+        }
+        Kind::Resync => tally.resync(data)?,
+        Kind::Other => None,
+    };
+    match (tally.mode, digits(id)) {
+        (Mode::Replay { .. }, Some(seq)) => tally.seq(seq, tokens),
+        _ => Ok(false),
+    }
 }
 
 // ---------------------------------------------------------------- gRPC
@@ -913,114 +849,6 @@ async fn grpc_run(
 }
 
 // ---------------------------------------------------------------- control
-
-/// The unary calls a scenario needs (over gRPC for every transport: the
-/// control plane is not what is measured).
-#[derive(Clone)]
-pub struct Control {
-    channel: Channel,
-    token: String,
-}
-
-impl Control {
-    pub async fn connect(target: &Target) -> Result<Control, String> {
-        let channel = grpc_connections(target, 1).await?.remove(0);
-        Ok(Control {
-            channel,
-            token: target.token.clone(),
-        })
-    }
-
-    fn request<T>(&self, msg: T) -> tonic::Request<T> {
-        let mut req = tonic::Request::new(msg);
-        if let Ok(v) = format!("Bearer {}", self.token).parse() {
-            req.metadata_mut().insert("authorization", v);
-        }
-        req
-    }
-
-    pub async fn create_session(&self) -> Result<String, String> {
-        let mut c = pb::agent_service_client::AgentServiceClient::new(self.channel.clone());
-        c.create_session(self.request(pb::CreateSessionRequest::default()))
-            .await
-            .map(|r| r.into_inner().session_id)
-            .map_err(|s| format!("CreateSession: {s}"))
-    }
-
-    /// Every session's (id, latest seq, busy), as `ListSessions` reports them.
-    pub async fn list_sessions(&self) -> Result<Vec<(String, u64, bool)>, String> {
-        let mut c = pb::agent_service_client::AgentServiceClient::new(self.channel.clone());
-        c.list_sessions(self.request(pb::ListSessionsRequest {}))
-            .await
-            .map(|r| {
-                r.into_inner()
-                    .sessions
-                    .into_iter()
-                    .map(|s| (s.session_id, s.latest_seq, s.busy))
-                    .collect()
-            })
-            .map_err(|s| format!("ListSessions: {s}"))
-    }
-
-    /// Every session's summary, as `ListSessions` reports it (loaded, busy, latest seq).
-    pub async fn sessions(&self) -> Result<Vec<pb::SessionSummary>, String> {
-        let mut c = pb::agent_service_client::AgentServiceClient::new(self.channel.clone());
-        c.list_sessions(self.request(pb::ListSessionsRequest {}))
-            .await
-            .map(|r| r.into_inner().sessions)
-            .map_err(|s| format!("ListSessions: {s}"))
-    }
-
-    /// Runs `prompt` and answers once the run settled (`Run` with `wait`).
-    pub async fn run_settled(&self, session: &str, prompt: &str) -> Result<(), String> {
-        let mut c = pb::agent_service_client::AgentServiceClient::new(self.channel.clone());
-        let a = c
-            .run(self.request(pb::RunRequest {
-                session_id: session.to_string(),
-                prompt: prompt.to_string(),
-                wait: true,
-                ..Default::default()
-            }))
-            .await
-            .map_err(|s| format!("Run: {s}"))?
-            .into_inner();
-        match a.result {
-            Some(r) if r.outcome == "completed" => Ok(()),
-            Some(r) => Err(format!("the run ended {:?}", r.outcome)),
-            None => Err("the run did not settle in time".into()),
-        }
-    }
-
-    /// `Search` in this workspace's sessions: the hits' session ids, best first.
-    pub async fn search(&self, q: &str, limit: u32) -> Result<Vec<String>, String> {
-        let mut c = pb::agent_service_client::AgentServiceClient::new(self.channel.clone());
-        c.search(self.request(pb::SearchRequest {
-            q: q.to_string(),
-            limit: Some(limit),
-            all: false,
-        }))
-        .await
-        .map(|r| r.into_inner().hits.into_iter().map(|h| h.session_id).collect())
-        .map_err(|s| format!("Search: {s}"))
-    }
-
-    pub async fn run(&self, session: &str, prompt: &str) -> Result<(), String> {
-        let mut c = pb::agent_service_client::AgentServiceClient::new(self.channel.clone());
-        let a = c
-            .run(self.request(pb::RunRequest {
-                session_id: session.to_string(),
-                prompt: prompt.to_string(),
-                ..Default::default()
-            }))
-            .await
-            .map_err(|s| format!("Run: {s}"))?
-            .into_inner();
-        if a.state != "started" {
-            return Err(format!("Run was {:?}, not started", a.state));
-        }
-        Ok(())
-    }
-}
 
 #[cfg(test)]
 mod tests {

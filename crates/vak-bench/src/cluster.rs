@@ -1,6 +1,7 @@
 //! The cluster rows (issue 14): a real 3-node NATS JetStream cluster and 3 `vak serve --bus` replicas, one session fanned out to SSE subscribers spread over the replicas, and a run's throughput to one subscriber on the owning replica against an embedded server.
 
-use crate::scenarios::{self, Env, Latency, ServeOpts, Server, Throughput, Transport};
+use crate::scenarios::{self, Env, Latency, Throughput, Transport};
+use crate::server::{self, ServeOpts, Server};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -162,7 +163,7 @@ pub struct ClusterSizes {
 /// its lease, so it owns them); then the embedded server for the ratio.
 pub async fn run(env: &Env, nats_bin: &Path, sz: ClusterSizes) -> Result<ClusterRun, String> {
     let nats = Nats::start(nats_bin).await?;
-    let token = scenarios::random_token();
+    let token = server::random_token();
     let mut replicas = Vec::new();
     for i in 0..3 {
         let extra: Vec<String> = [

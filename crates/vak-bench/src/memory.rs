@@ -1,9 +1,11 @@
 //! The memory scenario (issue 26): whether the server's RSS goes back after cycles of stalled SSE readers that close and whose session unloads, and how much RSS stalled readers pin against `--max-queued-mib`.
 
-use crate::clients::{self, Control, Mode, Shared};
+use crate::clients::{self, Mode, Shared};
+use crate::control::Control;
 use crate::machine;
 use crate::report::{Goal, Row, Unit};
-use crate::scenarios::{Env, ServeOpts, Server, Transport};
+use crate::scenarios::{Env, Transport};
+use crate::server::{ServeOpts, Server};
 use std::time::{Duration, Instant};
 use vak_proto::v1 as pb;
 
@@ -288,6 +290,12 @@ fn mib(kib: u64) -> String {
 /// The scenario's rows: RSS left after the cycles, and RSS the stalled
 /// readers pin at `--max-queued-mib`.
 pub fn rows(runs: &[MemoryRun], sizes: &MemorySizes, rows: &mut Vec<Row>, failures: &mut usize) {
+    cycles_row(runs, sizes, rows, failures);
+    pinned_row(runs, sizes, rows, failures);
+}
+
+/// The most RSS a later cycle left over the first.
+fn cycles_row(runs: &[MemoryRun], sizes: &MemorySizes, rows: &mut Vec<Row>, failures: &mut usize) {
     let transport = Transport::Sse.label();
     let scen = format!(
         "10. Memory, {} cycles of {} stalled readers on /burst {} {}, closed and the session unloaded",
@@ -330,6 +338,11 @@ pub fn rows(runs: &[MemoryRun], sizes: &MemorySizes, rows: &mut Vec<Row>, failur
         }
         rows.push(r);
     }
+}
+
+/// The RSS the stalled readers add at `--max-queued-mib`, held to 1.25x the cap.
+fn pinned_row(runs: &[MemoryRun], sizes: &MemorySizes, rows: &mut Vec<Row>, failures: &mut usize) {
+    let transport = Transport::Sse.label();
     let scen = format!(
         "10. Memory, {} stalled readers, --max-queued-mib {}, /burst {} {}",
         sizes.readers, sizes.cap_mib, sizes.burst, sizes.size

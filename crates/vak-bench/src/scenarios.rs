@@ -2,15 +2,16 @@
 //! each a child process with its own temp home) and one run of each scenario
 //! against a fresh server: fan-out, latency, many sessions, idle cost, stalled client.
 
-use crate::clients::{self, Control, Mode, Shared, SubResult, Target};
+use crate::clients::{self, Mode, Shared, SubResult, Target};
+use crate::control::Control;
 use crate::machine::{self, CpuMark, CpuUse};
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use crate::server::{ServeOpts, Server};
+use crate::web;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 /// How the bench reaches the server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -62,188 +63,6 @@ pub struct Env {
     pub serve_args: Vec<String>,
     /// Extra environment of every `vak serve` (--serve-env KEY=VALUE), e.g. an allocator to compare.
     pub serve_env: Vec<(String, String)>,
-}
-
-/// `vak serve` flags a scenario sets beyond the common ones.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ServeOpts {
-    /// `--durability fsync` instead of the default `process`.
-    pub fsync: bool,
-    /// `--first-subscriber-wait-ms 0`: runs start at once with nobody watching.
-    pub no_subscriber_wait: bool,
-}
-
-impl ServeOpts {
-    pub const FSYNC: ServeOpts = ServeOpts {
-        fsync: true,
-        no_subscriber_wait: false,
-    };
-}
-
-/// A server child process with its temp home; killed when dropped.
-pub struct Server {
-    child: tokio::process::Child,
-    pub target: Target,
-    pub pid: u32,
-    dir: PathBuf,
-}
-
-static RUN: AtomicUsize = AtomicUsize::new(0);
-
-/// A server's bearer token: 64 random hex digits.
-pub fn random_token() -> String {
-    format!(
-        "{}{}",
-        uuid::Uuid::new_v4().simple(),
-        uuid::Uuid::new_v4().simple()
-    )
-}
-
-impl Server {
-    /// `vak serve` on loopback port 0 with its own home and workspace, a
-    /// random token, and stream caps raised above what the scenarios open.
-    pub async fn start(env: &Env, transport: Transport, opts: ServeOpts) -> Result<Server, String> {
-        Server::start_with(env, transport, opts, &[], None).await
-    }
-
-    /// `start` with more `vak serve` flags (a `--bus` replica's) and a given
-    /// token (replicas sharing a bus share one).
-    pub async fn start_with(
-        env: &Env,
-        transport: Transport,
-        opts: ServeOpts,
-        extra: &[String],
-        token: Option<&str>,
-    ) -> Result<Server, String> {
-        let dir = std::env::temp_dir().join(format!(
-            "vak-bench-{}-{}",
-            std::process::id(),
-            RUN.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(dir.join("home")).map_err(|e| e.to_string())?;
-        std::fs::create_dir_all(dir.join("workspace")).map_err(|e| e.to_string())?;
-        let token = token.map_or_else(random_token, str::to_string);
-        if transport == Transport::Nchan {
-            let nginx = crate::peer::Nginx::start(&dir).await?;
-            return Ok(Server {
-                target: Target {
-                    addr: std::net::SocketAddr::from(([127, 0, 0, 1], nginx.port)),
-                    token,
-                    peer: true,
-                },
-                // The worker: it holds the connections and does the work.
-                pid: nginx.worker,
-                child: nginx.child,
-                dir,
-            });
-        }
-        let log = std::fs::File::create(dir.join("server.log")).map_err(|e| e.to_string())?;
-        let mut cmd = match transport {
-            Transport::Tonic => {
-                let mut c = tokio::process::Command::new(&env.exe);
-                c.args(["baseline-server", "--listen", "127.0.0.1:0", "--capacity"])
-                    .arg(env.capacity.to_string());
-                c
-            }
-            _ => {
-                let mut c = tokio::process::Command::new(&env.vak);
-                c.args(["serve", "--listen", "127.0.0.1:0", "--home"])
-                    .arg(dir.join("home"))
-                    .arg("--workspace")
-                    .arg(dir.join("workspace"))
-                    .args(["--max-streams", "1000000", "--max-streams-per-client", "1000000"])
-                    .env("VAK_TOKEN", &token);
-                if opts.fsync {
-                    c.args(["--durability", "fsync"]);
-                }
-                if transport == Transport::SseTls {
-                    c.arg("--tls-self-signed");
-                }
-                if opts.no_subscriber_wait {
-                    c.args(["--first-subscriber-wait-ms", "0"]);
-                }
-                c.args(&env.serve_args).args(extra);
-                c.envs(env.serve_env.iter().map(|(k, v)| (k, v)));
-                c
-            }
-        };
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", env.vak.display()))?;
-        let pid = child.id().unwrap_or(0);
-        let stdout = child.stdout.take().ok_or("no stdout")?;
-        let mut lines = BufReader::new(stdout).lines();
-        // With TLS a line with the certificate's fingerprint comes first.
-        let mut line = String::new();
-        for _ in 0..4 {
-            line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-                .await
-                .map_err(|_| "the server did not announce itself within 30 s".to_string())?
-                .map_err(|e| e.to_string())?
-                .ok_or_else(|| {
-                    let log = std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
-                    format!("the server exited at startup: {}", log.trim())
-                })?;
-            if line.contains("listening on ") {
-                break;
-            }
-        }
-        let url = line
-            .rsplit_once("listening on http://")
-            .or_else(|| line.rsplit_once("listening on https://"))
-            .map(|(_, u)| u.trim().to_string())
-            .ok_or_else(|| format!("unexpected line {line:?}"))?;
-        let addr = url.parse().map_err(|e| format!("bad address {url:?}: {e}"))?;
-        // Keep draining stdout so the child never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Ok(Server {
-            child,
-            target: Target {
-                addr,
-                token,
-                peer: false,
-            },
-            pid,
-            dir,
-        })
-    }
-
-    /// Bytes of every file under the server's home (its ledgers and index).
-    pub fn home_bytes(&self) -> u64 {
-        fn walk(p: &Path) -> u64 {
-            let Ok(rd) = std::fs::read_dir(p) else { return 0 };
-            rd.flatten()
-                .map(|e| match e.metadata() {
-                    Ok(m) if m.is_dir() => walk(&e.path()),
-                    Ok(m) => m.len(),
-                    Err(_) => 0,
-                })
-                .sum()
-        }
-        walk(&self.dir.join("home"))
-    }
-
-    /// SIGTERM (vak shuts down gracefully), SIGKILL after 5 s; removes the temp home.
-    pub async fn stop(mut self) {
-        // SAFETY: kill(2) on our own child's pid (vak, or nginx's master).
-        if let Some(pid) = self.child.id() {
-            unsafe {
-                libc::kill(pid as i32, libc::SIGTERM);
-            }
-        }
-        if tokio::time::timeout(Duration::from_secs(5), self.child.wait())
-            .await
-            .is_err()
-        {
-            let _ = self.child.kill().await;
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
 }
 
 /// Opens one subscriber per entry of `sessions` (SSE connections, or gRPC
@@ -754,7 +573,7 @@ pub async fn idle(env: &Env, transport: Transport, streams: usize) -> Result<Idl
     let r = async {
         let web = matches!(transport, Transport::SseTls | Transport::SseH2);
         let sid = if web {
-            clients::web_create_session(&server.target, transport == Transport::SseTls).await?
+            web::web_create_session(&server.target, transport == Transport::SseTls).await?
         } else if transport == Transport::Nchan {
             "bench".to_string()
         } else {
@@ -766,7 +585,7 @@ pub async fn idle(env: &Env, transport: Transport, streams: usize) -> Result<Idl
         let handles = if web {
             (0..streams)
                 .map(|_| {
-                    tokio::spawn(clients::web_idle_subscriber(
+                    tokio::spawn(web::web_idle_subscriber(
                         server.target.clone(),
                         sid.clone(),
                         transport == Transport::SseTls,
@@ -892,34 +711,53 @@ pub async fn replay(
     r
 }
 
-async fn replay_on(
-    env: &Env,
+/// The history a replay reads: written, settled, and measured.
+struct History {
+    ids: Vec<String>,
+    /// Each session's latest seq once written.
+    latest: Vec<u64>,
+    write_s: f64,
+    ledger_bytes: u64,
+    written_kib: u64,
+}
+
+/// `/burst history` in each of `sessions` new sessions at once, with nobody watching.
+async fn write_history(
+    ctl: &Control,
     server: &Server,
-    transport: Transport,
     sessions: usize,
     history: u64,
-) -> Result<Replay, String> {
-    let ctl = Control::connect(&server.target).await?;
-    let ids = create_sessions(&ctl, sessions).await?;
+) -> Result<History, String> {
+    let ids = create_sessions(ctl, sessions).await?;
     let written = Instant::now();
     let prompt = format!("/burst {history}");
     for r in futures_util::future::join_all(ids.iter().map(|sid| ctl.run(sid, &prompt))).await {
         r?;
     }
-    let latest = wait_idle(&ctl, &ids, Duration::from_secs(900)).await?;
-    let write_s = written.elapsed().as_secs_f64();
-    let ledger_bytes = server.home_bytes();
-    let written_kib = machine::rss_kib(server.pid).ok_or("no VmRSS")?;
+    let latest = wait_idle(ctl, &ids, Duration::from_secs(900)).await?;
+    Ok(History {
+        ids,
+        latest,
+        write_s: written.elapsed().as_secs_f64(),
+        ledger_bytes: server.home_bytes(),
+        written_kib: machine::rss_kib(server.pid).ok_or("no VmRSS")?,
+    })
+}
 
-    // One stalled subscriber per session, replaying from the start (on gRPC
-    // each on a connection of its own, so its flow-control window holds up
-    // nobody else).
-    let stalled = Shared::new();
-    let mut stalled_handles = Vec::with_capacity(sessions);
+/// One stalled subscriber per session, replaying from the start (on gRPC
+/// each on a connection of its own, so its flow-control window holds up
+/// nobody else).
+async fn open_stalled(
+    server: &Server,
+    transport: Transport,
+    ids: &[String],
+    stalled: &Arc<Shared>,
+) -> Result<Vec<JoinHandle<SubResult>>, String> {
+    let mut handles = Vec::with_capacity(ids.len());
     match transport {
         Transport::Sse => {
-            for sid in &ids {
-                stalled_handles.push(tokio::spawn(clients::sse_subscriber(
+            for sid in ids {
+                handles.push(tokio::spawn(clients::sse_subscriber(
                     server.target.clone(),
                     sid.clone(),
                     Some(0),
@@ -935,9 +773,9 @@ async fn replay_on(
             ))
         }
         Transport::Grpc | Transport::Tonic => {
-            let conns = clients::grpc_connections(&server.target, sessions).await?;
+            let conns = clients::grpc_connections(&server.target, ids.len()).await?;
             for (sid, ch) in ids.iter().zip(conns) {
-                stalled_handles.push(tokio::spawn(clients::grpc_subscriber(
+                handles.push(tokio::spawn(clients::grpc_subscriber(
                     ch,
                     server.target.token.clone(),
                     sid.clone(),
@@ -948,36 +786,27 @@ async fn replay_on(
             }
         }
     }
-    stalled.wait_opened(sessions, Duration::from_secs(120)).await?;
-    // Let the stalled streams fill their socket buffers and stop.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    Ok(handles)
+}
 
-    let lifetime_peak_kib = machine::hwm_kib(server.pid).unwrap_or(0);
-    let hwm_reset = machine::reset_hwm(server.pid);
-    let before_kib = machine::rss_kib(server.pid).ok_or("no VmRSS")?;
-    let sampling = tokio_util::sync::CancellationToken::new();
-    let sampler = {
-        let (pid, stop) = (server.pid, sampling.clone());
-        tokio::spawn(async move {
-            let mut peak = 0;
-            while !stop.is_cancelled() {
-                peak = peak.max(machine::rss_kib(pid).unwrap_or(0));
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            peak
-        })
-    };
-    let mark = CpuMark::now(server.pid);
-    let t0 = Instant::now();
-    let readers = Shared::new();
-    let mut handles = Vec::with_capacity(sessions);
-    let afters: Vec<u64> = latest.iter().map(|l| l.saturating_sub(history)).collect();
+/// One reader per session from `afters[i]` until `latest[i]` (gRPC streams
+/// `per_conn` to a connection).
+async fn open_readers(
+    env: &Env,
+    server: &Server,
+    transport: Transport,
+    h: &History,
+    afters: &[u64],
+    readers: &Arc<Shared>,
+) -> Result<Vec<JoinHandle<SubResult>>, String> {
+    let sessions = h.ids.len();
     let conns = match transport {
         Transport::Sse => Vec::new(),
         _ => clients::grpc_connections(&server.target, sessions.div_ceil(env.per_conn).max(1)).await?,
     };
-    for (i, sid) in ids.iter().enumerate() {
-        let mode = Mode::Replay { until: latest[i] };
+    let mut handles = Vec::with_capacity(sessions);
+    for (i, sid) in h.ids.iter().enumerate() {
+        let mode = Mode::Replay { until: h.latest[i] };
         handles.push(match transport {
             Transport::Sse => tokio::spawn(clients::sse_subscriber(
                 server.target.clone(),
@@ -996,6 +825,48 @@ async fn replay_on(
             )),
         });
     }
+    Ok(handles)
+}
+
+/// Samples `pid`'s VmRSS every 20 ms until cancelled; the task's result is the peak, in KiB.
+fn rss_sampler(pid: u32) -> (CancellationToken, JoinHandle<u64>) {
+    let sampling = CancellationToken::new();
+    let stop = sampling.clone();
+    let sampler = tokio::spawn(async move {
+        let mut peak = 0;
+        while !stop.is_cancelled() {
+            peak = peak.max(machine::rss_kib(pid).unwrap_or(0));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        peak
+    });
+    (sampling, sampler)
+}
+
+async fn replay_on(
+    env: &Env,
+    server: &Server,
+    transport: Transport,
+    sessions: usize,
+    history: u64,
+) -> Result<Replay, String> {
+    let ctl = Control::connect(&server.target).await?;
+    let h = write_history(&ctl, server, sessions, history).await?;
+    let stalled = Shared::new();
+    let stalled_handles = open_stalled(server, transport, &h.ids, &stalled).await?;
+    stalled.wait_opened(sessions, Duration::from_secs(120)).await?;
+    // Let the stalled streams fill their socket buffers and stop.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let lifetime_peak_kib = machine::hwm_kib(server.pid).unwrap_or(0);
+    let hwm_reset = machine::reset_hwm(server.pid);
+    let before_kib = machine::rss_kib(server.pid).ok_or("no VmRSS")?;
+    let (sampling, sampler) = rss_sampler(server.pid);
+    let mark = CpuMark::now(server.pid);
+    let t0 = Instant::now();
+    let readers = Shared::new();
+    let afters: Vec<u64> = h.latest.iter().map(|l| l.saturating_sub(history)).collect();
+    let handles = open_readers(env, server, transport, &h, &afters, &readers).await?;
     let results = collect(handles, &readers, env.limit * 3).await;
     let cpu = mark.since(server.pid);
     sampling.cancel();
@@ -1008,8 +879,8 @@ async fn replay_on(
     let stalled_results = collect(stalled_handles, &stalled, Duration::from_secs(30)).await;
     first_error(&results)?;
     first_error(&stalled_results).map_err(|e| format!("stalled subscribers: {e}"))?;
-    let now: Vec<u64> = wait_idle(&ctl, &ids, Duration::from_secs(10)).await?;
-    if now != latest {
+    let now: Vec<u64> = wait_idle(&ctl, &h.ids, Duration::from_secs(10)).await?;
+    if now != h.latest {
         return Err("the history grew after it was taken as written".into());
     }
     let replay_s = last_complete(&results, t0)?;
@@ -1019,20 +890,15 @@ async fn replay_on(
         eps: events as f64 / replay_s,
         events,
         frames: results.iter().map(|r| r.seq_frames).sum(),
-        written_kib,
+        written_kib: h.written_kib,
         before_kib,
         peak_kib,
         hwm_reset,
         lifetime_peak_kib,
-        write_s,
-        ledger_bytes,
+        write_s: h.write_s,
+        ledger_bytes: h.ledger_bytes,
         cpu,
     })
-}
-
-/// The vak binary next to this one (target/release/vak for target/release/vak-bench).
-pub fn default_vak(exe: &Path) -> PathBuf {
-    exe.with_file_name("vak")
 }
 
 /// Search latency over many sessions.

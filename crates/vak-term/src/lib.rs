@@ -7,7 +7,8 @@
 //!   `rest.rs` (reqwest, with the SSE parser in `sse.rs`) and `grpc.rs` (tonic).
 //! - `follow.rs`: the event stream, resumed from the last seq after any cut.
 //! - `render.rs`: how each frame is shown.
-//! - `oneshot.rs`: `-p PROMPT`; `interactive.rs` with `screen.rs` and `editor.rs`: the prompt.
+//! - `oneshot.rs`: `-p PROMPT`, driving the renderer state machine of
+//!   `oneshot_state.rs`; `interactive.rs` with `screen.rs` and `editor.rs`: the prompt.
 
 pub mod conn;
 pub mod editor;
@@ -15,6 +16,7 @@ pub mod follow;
 pub mod grpc;
 pub mod interactive;
 pub mod oneshot;
+mod oneshot_state;
 pub mod render;
 pub mod rest;
 pub mod screen;
@@ -22,9 +24,10 @@ pub mod sse;
 pub mod transport;
 
 use clap::{Parser, ValueEnum};
-use conn::{check_id, open, Source, TransportKind};
+use conn::{check_id, open, Source, Transport, TransportKind};
 use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
+use std::sync::Arc;
 use vak_proto::json::to_json;
 use vak_proto::v1 as pb;
 
@@ -110,20 +113,44 @@ pub async fn run(args: TermArgs) -> vak_proto::Result<i32> {
     let json = args.output == OutputArg::Json;
 
     if args.list {
-        let sessions = conn::retry({
-            let c = conn.clone();
-            move || {
-                let c = c.clone();
-                Box::pin(async move { c.list_sessions().await })
-            }
-        })
-        .await?;
-        print_sessions(sessions, json);
-        return Ok(0);
+        return list(conn, json).await;
     }
+    let prompt = prompt(&args, json)?;
 
-    let interactive = args.prompt.is_none();
-    if interactive {
+    // The session, and the seq to follow it from. The interactive prompt
+    // creates its session with the first prompt: quitting before that leaves none behind.
+    let attached = match &args.session {
+        Some(id) => {
+            check_id("session id", id)?;
+            Some(conn.attach(id).await?)
+        }
+        None => None,
+    };
+
+    match prompt {
+        Some(prompt) => one_shot(&args, conn, attached, prompt, json).await,
+        None => prompt_loop(&args, &target, conn, attached).await,
+    }
+}
+
+/// `--list`: the server's sessions.
+async fn list(conn: Arc<dyn Transport>, json: bool) -> vak_proto::Result<i32> {
+    let sessions = conn::retry({
+        let c = conn.clone();
+        move || {
+            let c = c.clone();
+            Box::pin(async move { c.list_sessions().await })
+        }
+    })
+    .await?;
+    print_sessions(sessions, json);
+    Ok(0)
+}
+
+/// The one-shot prompt (`-p`, read from stdin for `-`), or None for the
+/// interactive prompt, which needs a terminal and text output.
+fn prompt(args: &TermArgs, json: bool) -> vak_proto::Result<Option<String>> {
+    if args.prompt.is_none() {
         if json {
             return Err(vak_proto::Error::invalid(
                 "--output json needs -p PROMPT or --list",
@@ -146,62 +173,63 @@ pub async fn run(args: TermArgs) -> vak_proto::Result<i32> {
     if prompt.as_ref().is_some_and(|p| p.trim().is_empty()) {
         return Err(vak_proto::Error::invalid("the prompt is empty"));
     }
+    Ok(prompt)
+}
 
-    // The session, and the seq to follow it from. The interactive prompt
-    // creates its session with the first prompt: quitting before that leaves none behind.
-    let attached = match &args.session {
-        Some(id) => {
-            check_id("session id", id)?;
-            Some(conn.attach(id).await?)
-        }
-        None => None,
-    };
-
-    match prompt {
-        Some(prompt) => {
-            let summary = match attached {
-                Some(s) => s,
-                None => {
-                    let id = conn.create_session().await?;
-                    conn.attach(&id).await?
-                }
-            };
-            let sid = summary.session_id.clone();
-            // Reading answers from a pipe by default would consume input meant for no one.
-            let policy = args.approve.unwrap_or(
-                if std::io::stdin().is_terminal() && args.prompt.as_deref() != Some("-") {
-                    Policy::Ask
-                } else {
-                    Policy::Deny
-                },
-            );
-            let after = summary.latest_seq;
-            let code = oneshot::run(conn, sid, after, oneshot::OneShot { prompt, json, policy }).await?;
-            let _ = std::io::stdout().flush();
-            Ok(code)
-        }
+/// `-p`: one run in the attached session (or a new one); its exit code.
+async fn one_shot(
+    args: &TermArgs,
+    conn: Arc<dyn Transport>,
+    attached: Option<pb::SessionSummary>,
+    prompt: String,
+    json: bool,
+) -> vak_proto::Result<i32> {
+    let summary = match attached {
+        Some(s) => s,
         None => {
-            let summary = attached;
-            let which = match &summary {
-                Some(s) => format!("session {}", s.session_id),
-                None => "new session".to_string(),
-            };
-            let header = vec![
-                format!("vak term · {which} · {} over {}", target.url, conn.name()),
-                "Enter sends (steers while a run is going) · Ctrl-C cancels · Ctrl-D exits · /help"
-                    .to_string(),
-            ];
-            interactive::run(
-                conn,
-                summary.map(|s| (s.session_id.clone(), s)),
-                interactive::Options {
-                    policy: args.approve.unwrap_or(Policy::Ask),
-                    header,
-                },
-            )
-            .await
+            let id = conn.create_session().await?;
+            conn.attach(&id).await?
         }
-    }
+    };
+    let sid = summary.session_id.clone();
+    // Reading answers from a pipe by default would consume input meant for no one.
+    let policy = args.approve.unwrap_or(
+        if std::io::stdin().is_terminal() && args.prompt.as_deref() != Some("-") {
+            Policy::Ask
+        } else {
+            Policy::Deny
+        },
+    );
+    let after = summary.latest_seq;
+    let code = oneshot::run(conn, sid, after, oneshot::OneShot { prompt, json, policy }).await?;
+    let _ = std::io::stdout().flush();
+    Ok(code)
+}
+
+/// The interactive prompt, in the attached session (or one its first prompt creates).
+async fn prompt_loop(
+    args: &TermArgs,
+    target: &conn::Target,
+    conn: Arc<dyn Transport>,
+    summary: Option<pb::SessionSummary>,
+) -> vak_proto::Result<i32> {
+    let which = match &summary {
+        Some(s) => format!("session {}", s.session_id),
+        None => "new session".to_string(),
+    };
+    let header = vec![
+        format!("vak term · {which} · {} over {}", target.url, conn.name()),
+        "Enter sends (steers while a run is going) · Ctrl-C cancels · Ctrl-D exits · /help".to_string(),
+    ];
+    interactive::run(
+        conn,
+        summary.map(|s| (s.session_id.clone(), s)),
+        interactive::Options {
+            policy: args.approve.unwrap_or(Policy::Ask),
+            header,
+        },
+    )
+    .await
 }
 
 fn print_sessions(sessions: Vec<pb::SessionSummary>, json: bool) {
