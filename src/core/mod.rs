@@ -10,6 +10,7 @@ pub mod cursor;
 pub mod deltas;
 pub mod diff;
 pub mod event;
+pub(crate) mod file_owner;
 pub mod files;
 pub mod hub;
 pub mod index;
