@@ -71,6 +71,8 @@ pub struct Hub {
     /// sessions report live state instead; an entry is refreshed when its
     /// session loads, unloads or the server stops.
     index: Arc<Index>,
+    /// The one writer of index.json: every save runs on its task, in turn.
+    index_file: super::file_owner::FileOwner<Arc<Index>>,
     /// Set when shutdown begins: no session is created or loaded after it.
     stopping: AtomicBool,
     /// Live multiplexed streams by stream id, for follow/unfollow.
@@ -302,6 +304,7 @@ impl Hub {
             rt,
             sessions: Mutex::new(HashMap::new()),
             mirrors: Mutex::new(HashMap::new()),
+            index_file: super::file_owner::FileOwner::new("the session index", index.clone()),
             index,
             stopping: AtomicBool::new(false),
             streams: Mutex::new(HashMap::new()),
@@ -807,11 +810,19 @@ impl Hub {
         }
     }
 
-    /// Writes the index if it changed, off the runtime.
+    /// Writes the index if it changed, off the runtime, from the index
+    /// file's owner task (saves land in the order they were asked for).
     async fn save_index(&self) {
-        let index = self.index.clone();
-        match tokio::task::spawn_blocking(move || index.save()).await {
-            Ok(Ok(())) => {}
+        let saved = self
+            .index_file
+            .change(|index| {
+                let index = index.clone();
+                Box::pin(async move { tokio::task::spawn_blocking(move || index.save()).await })
+            })
+            .await;
+        match saved {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => tracing::warn!("cannot save the session index: {e}"),
             Ok(Err(e)) => tracing::warn!("cannot save the session index: {e}"),
             Err(e) => tracing::warn!("cannot save the session index: {e}"),
         }
