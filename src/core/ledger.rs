@@ -102,7 +102,7 @@ enum EventRef<'a> {
 }
 
 /// Records encoded for one append, with where each event line starts.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct Batch {
     bytes: Vec<u8>,
     /// (seq, offset of its line in `bytes`) for every event, in order.
