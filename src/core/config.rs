@@ -591,7 +591,9 @@ impl Settings {
     /// the key the route uses), for legs that start from now on.
     pub async fn adopt(self: &Arc<Self>, apply: impl FnOnce(Route) + Send + 'static) {
         let me = self.clone();
-        let turn = self.changing.change(move |_| Box::pin(async move { me.adopt_now(apply) }));
+        let turn = self
+            .changing
+            .change(move |_| Box::pin(async move { me.adopt_now(apply) }));
         if let Err(e) = turn.await {
             tracing::warn!("a route change on another replica is not taken up: {e}");
         }
@@ -765,7 +767,9 @@ impl Settings {
     /// configured when none is). The description and revision stay.
     async fn rekey(self: &Arc<Self>, kind: ProviderKind, apply: impl FnOnce(Route) + Send + 'static) {
         let me = self.clone();
-        let turn = self.changing.change(move |_| Box::pin(async move { me.rekey_now(kind, apply) }));
+        let turn = self
+            .changing
+            .change(move |_| Box::pin(async move { me.rekey_now(kind, apply) }));
         if let Err(e) = turn.await {
             tracing::warn!("the {} route keeps its client: {e}", kind.as_str());
         }

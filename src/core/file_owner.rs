@@ -159,7 +159,12 @@ mod tests {
         let panicked = owner
             .change(|_: &mut u32| -> BoxFuture<'_, ()> { Box::pin(async { panic!("a broken change") }) })
             .await;
-        assert_eq!(panicked, Err(OwnerGone { owner: "the test state" }));
+        assert_eq!(
+            panicked,
+            Err(OwnerGone {
+                owner: "the test state"
+            })
+        );
         let after = owner
             .change(|n: &mut u32| {
                 Box::pin(async move {
@@ -168,7 +173,12 @@ mod tests {
                 })
             })
             .await;
-        assert_eq!(after, Err(OwnerGone { owner: "the test state" }));
+        assert_eq!(
+            after,
+            Err(OwnerGone {
+                owner: "the test state"
+            })
+        );
     }
 
     #[tokio::test]

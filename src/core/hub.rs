@@ -403,7 +403,9 @@ impl Hub {
                             })
                         });
                         if let Err(e) = turn.await {
-                            tracing::warn!("a permission mode change on another replica is not taken up: {e}");
+                            tracing::warn!(
+                                "a permission mode change on another replica is not taken up: {e}"
+                            );
                         }
                     } else {
                         self.rt.set_mode(m.mode);

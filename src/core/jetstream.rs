@@ -1023,20 +1023,23 @@ fn direct_answer(msg: async_nats::Message) -> std::result::Result<Option<(u64, H
 impl JetStreamLog {
     /// `Link::read_from` run on the runtime, waited for on this blocking
     /// thread (no lock is held meanwhile).
-    fn read_from(&self, from: u64, after: u64, max: usize) -> std::result::Result<Vec<(u64, ClientEvent)>, ReadError> {
+    fn read_from(
+        &self,
+        from: u64,
+        after: u64,
+        max: usize,
+    ) -> std::result::Result<Vec<(u64, ClientEvent)>, ReadError> {
         let (done, answer) = oneshot::channel();
         let link = self.link.clone();
         self.rt.spawn(async move {
             let _ = done.send(link.read_from(from, after, max).await);
         });
-        answer
-            .blocking_recv()
-            .unwrap_or_else(|_| {
-                Err(ReadError::Broken(Error::internal(format!(
-                    "cannot read the log of {}: the runtime is shutting down",
-                    self.link.session
-                ))))
-            })
+        answer.blocking_recv().unwrap_or_else(|_| {
+            Err(ReadError::Broken(Error::internal(format!(
+                "cannot read the log of {}: the runtime is shutting down",
+                self.link.session
+            ))))
+        })
     }
 }
 

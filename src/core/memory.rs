@@ -334,7 +334,6 @@ impl Memory {
 }
 
 impl Tiers {
-
     fn tier_file(&self, scope: Scope) -> &(PathBuf, String) {
         match scope {
             Scope::Workspace => &self.workspace_tier,

@@ -17,6 +17,8 @@ pub mod index;
 pub mod jetstream;
 pub mod ledger;
 pub mod lifecycle;
+#[cfg(test)]
+mod lock_scan;
 pub mod memory;
 pub mod mirror;
 pub mod mux;

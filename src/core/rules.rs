@@ -41,6 +41,7 @@
 //! one replica lets calls run on any, and a delete on any removes it
 //! everywhere. The home's rules file is then not read.
 
+use super::file_owner::FileOwner;
 use super::shared_config::SharedConfig;
 use super::tools::{self, ToolClass};
 use super::workspace;
@@ -48,7 +49,6 @@ use crate::error::{Error, ErrorKind, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use super::file_owner::FileOwner;
 use std::sync::{Arc, RwLock};
 
 /// The most rules one workspace keeps.

@@ -12,6 +12,7 @@
 //! change rewrites the file on a blocking thread, from the store's owner
 //! task (`file_owner.rs`): one change at a time, no lock held across the write.
 
+use super::file_owner::FileOwner;
 use super::provider::{ProviderKind, Secret};
 use crate::error::{Error, Result};
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, CHACHA20_POLY1305, NONCE_LEN};
@@ -20,7 +21,6 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use super::file_owner::FileOwner;
 
 /// The longest key accepted (real keys are under 256 bytes).
 pub const MAX_KEY_BYTES: usize = 4096;

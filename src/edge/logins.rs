@@ -267,7 +267,13 @@ mod tests {
             t.await.unwrap();
         }
         let b = Logins::load(path, "tok");
-        assert!(kept.iter().all(|(id, key)| b.check(id, key)), "every login is kept");
-        assert!(!gone.iter().any(|(id, key)| b.check(id, key)), "every logout stays a logout");
+        assert!(
+            kept.iter().all(|(id, key)| b.check(id, key)),
+            "every login is kept"
+        );
+        assert!(
+            !gone.iter().any(|(id, key)| b.check(id, key)),
+            "every logout stays a logout"
+        );
     }
 }
