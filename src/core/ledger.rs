@@ -449,26 +449,27 @@ impl Log for Ledger {
         if batch.is_empty() {
             return Ok(());
         }
-        // Out of the slot for the I/O; put back below whatever happens.
+        // Out of the slot for the I/O; put back below whatever happens. An
+        // empty slot (no budget, or a sync holding it) means a descriptor
+        // of this append's own, closed after it.
         let kept = lock(&self.file).take();
         let was_held = kept.is_some();
-        let mut file = match &kept {
-            Some(_) => kept,
-            None => Some(self.reopen()?),
+        let mut file = match kept {
+            Some(f) => f,
+            None => self.reopen()?,
         };
-        let held = file.as_mut().expect("a file to write");
         let start = lock(&self.written).len;
-        let written = self.write_batch(held, batch);
+        let written = self.write_batch(&mut file, batch);
         if written.is_err() {
             // Part of the batch may be on disk: cut it, so the file ends on
             // a whole line and nothing unseen is ever read back. If even that
             // fails, `open` cuts the partial tail on the next load.
-            if let Err(cut) = held.set_len(start) {
+            if let Err(cut) = file.set_len(start) {
                 tracing::error!(path = %self.path.display(), "cannot cut a failed append: {cut}");
             }
         }
         if was_held {
-            *lock(&self.file) = file;
+            *lock(&self.file) = Some(file);
         }
         written?;
         let mut w = lock(&self.written);
