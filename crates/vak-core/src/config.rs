@@ -1,5 +1,6 @@
 //! Model routes and credentials: which provider and model legs use, resolved from flags, the environment, config.toml's `[model]` and the API (each with its source); keys from the environment or the key store; config.toml read leniently and written back with its comments.
 
+use super::file_owner::FileOwner;
 use super::provider::{self, Endpoint, Failure, FailureKind, ModelInfo, Provider, ProviderKind, Secret};
 pub use super::route::{Route, RouteSpec, Source};
 use super::secrets::{self, SecretStore};
@@ -439,9 +440,10 @@ pub struct Settings {
     /// The timeouts and bounds every client of a route or listing gets.
     client: provider::ClientOptions,
     current: Mutex<Current>,
-    /// One route change at a time, from resolution to apply (async: a
-    /// waiting change parks its task, not a runtime thread).
-    changing: tokio::sync::Mutex<()>,
+    /// Where every route change runs, one at a time, from resolution to
+    /// apply (config.toml and the bucket are written from its task: no lock
+    /// is held across that I/O).
+    changing: FileOwner<()>,
     /// Per server life, so a revision from before a restart never matches.
     boot: String,
     changes: watch::Sender<u64>,
@@ -474,7 +476,7 @@ impl Settings {
                 bus_rev,
                 built: (None, None),
             }),
-            changing: tokio::sync::Mutex::new(()),
+            changing: FileOwner::new("the model route", ()),
             boot: uuid::Uuid::new_v4().simple().to_string()[..8].to_string(),
             changes: watch::channel(1).0,
             shared: cfg.shared_config.clone(),
@@ -540,9 +542,19 @@ impl Settings {
 
     /// With `--bus`: takes up what another replica changed (the route, or
     /// the key the route uses), for legs that start from now on.
-    pub async fn adopt(&self, apply: impl FnOnce(Route)) {
+    pub async fn adopt(self: &Arc<Self>, apply: impl FnOnce(Route) + Send + 'static) {
+        let me = self.clone();
+        let turn = self
+            .changing
+            .change(move |_| Box::pin(async move { me.adopt_now(apply) }));
+        if let Err(e) = turn.await {
+            tracing::warn!("a route change on another replica is not taken up: {e}");
+        }
+    }
+
+    /// `adopt` on the route's owner task.
+    fn adopt_now(&self, apply: impl FnOnce(Route)) {
         let Some(shared) = &self.shared else { return };
-        let _turn = self.changing.lock().await;
         let (mut spec, mut rev, built) = {
             let c = self.lock();
             (c.spec.clone(), c.bus_rev, c.built.clone())
@@ -602,8 +614,19 @@ impl Settings {
 
     /// Changes the route: resolved, then persisted to config.toml, then
     /// handed to `apply`; nothing changes when any step fails.
-    pub async fn update(&self, patch: RoutePatch, apply: impl FnOnce(Route)) -> Result<()> {
-        let _turn = self.changing.lock().await;
+    pub async fn update(
+        self: &Arc<Self>,
+        patch: RoutePatch,
+        apply: impl FnOnce(Route) + Send + 'static,
+    ) -> Result<()> {
+        let me = self.clone();
+        self.changing
+            .change(move |_| Box::pin(async move { me.update_now(patch, apply).await }))
+            .await?
+    }
+
+    /// `update` on the route's owner task.
+    async fn update_now(&self, patch: RoutePatch, apply: impl FnOnce(Route)) -> Result<()> {
         let (spec, route, bus_rev) = match &self.shared {
             Some(shared) => self.update_shared(shared, &patch).await?,
             None => {
@@ -695,8 +718,18 @@ impl Settings {
     /// After a key of `kind` changed: a route of that provider gets a new
     /// client with the key now reachable (or one that fails as not
     /// configured when none is). The description and revision stay.
-    async fn rekey(&self, kind: ProviderKind, apply: impl FnOnce(Route)) {
-        let _turn = self.changing.lock().await;
+    async fn rekey(self: &Arc<Self>, kind: ProviderKind, apply: impl FnOnce(Route) + Send + 'static) {
+        let me = self.clone();
+        let turn = self
+            .changing
+            .change(move |_| Box::pin(async move { me.rekey_now(kind, apply) }));
+        if let Err(e) = turn.await {
+            tracing::warn!("the {} route keeps its client: {e}", kind.as_str());
+        }
+    }
+
+    /// `rekey` on the route's owner task.
+    fn rekey_now(&self, kind: ProviderKind, apply: impl FnOnce(Route)) {
         let spec = self.lock().spec.clone();
         if spec.provider != kind {
             return;
@@ -713,7 +746,12 @@ impl Settings {
     }
 
     /// Stores a key; its fingerprint.
-    pub async fn set_key(&self, kind: ProviderKind, key: &str, apply: impl FnOnce(Route)) -> Result<String> {
+    pub async fn set_key(
+        self: &Arc<Self>,
+        kind: ProviderKind,
+        key: &str,
+        apply: impl FnOnce(Route) + Send + 'static,
+    ) -> Result<String> {
         if kind == ProviderKind::Offline {
             return Err(Error::invalid("the offline provider takes no key"));
         }
@@ -731,7 +769,11 @@ impl Settings {
 
     /// Revokes the stored key: (whether there was one, whether the
     /// environment still exports one).
-    pub async fn delete_key(&self, kind: ProviderKind, apply: impl FnOnce(Route)) -> Result<(bool, bool)> {
+    pub async fn delete_key(
+        self: &Arc<Self>,
+        kind: ProviderKind,
+        apply: impl FnOnce(Route) + Send + 'static,
+    ) -> Result<(bool, bool)> {
         if kind == ProviderKind::Offline {
             return Err(Error::invalid("the offline provider takes no key"));
         }

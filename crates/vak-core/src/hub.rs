@@ -72,6 +72,8 @@ pub struct Hub {
     /// sessions report live state instead; an entry is refreshed when its
     /// session loads, unloads or the server stops.
     index: Arc<Index>,
+    /// The one writer of index.json: every save runs on its task, in turn.
+    index_file: super::file_owner::FileOwner<Arc<Index>>,
     /// Set when shutdown begins: no session is created or loaded after it.
     stopping: AtomicBool,
     /// Live multiplexed streams by stream id, for follow/unfollow.
@@ -79,8 +81,10 @@ pub struct Hub {
     closing: CancellationToken,
     /// The model route's description and revision, keys, config.toml.
     settings: Arc<Settings>,
-    /// One permission mode change at a time, from switch to settled runs.
-    mode_change: tokio::sync::Mutex<()>,
+    /// Where every permission mode change runs, one at a time, from switch
+    /// (and, with `--bus`, the bucket's put) to settled runs: no lock is
+    /// held across that I/O.
+    mode_change: super::file_owner::FileOwner<()>,
     /// The workspaces open in this process (`workspaces.rs`).
     workspaces: Arc<super::workspaces::Workspaces>,
     /// The runtimes of sessions in workspaces other than the server's own,
@@ -278,12 +282,13 @@ impl Hub {
             rt,
             sessions: Mutex::new(HashMap::new()),
             mirrors: Mutex::new(HashMap::new()),
+            index_file: super::file_owner::FileOwner::new("the session index", index.clone()),
             index,
             stopping: AtomicBool::new(false),
             streams: Mutex::new(HashMap::new()),
             closing,
             settings,
-            mode_change: tokio::sync::Mutex::new(()),
+            mode_change: super::file_owner::FileOwner::new("the permission mode", ()),
         })
     }
 
@@ -328,9 +333,16 @@ impl Hub {
     /// runs have settled and what they published is visible (all together
     /// bounded by `MODE_CHANGE_GRACE`); the same mode changes nothing. `bypass` needs a
     /// server that allows it.
-    pub async fn set_mode(&self, mode: PermissionMode) -> Result<ModeChange> {
+    pub async fn set_mode(self: &Arc<Self>, mode: PermissionMode) -> Result<ModeChange> {
         mode.check(self.rt.bypass_allowed())?;
-        let _one = self.mode_change.lock().await;
+        let me = self.clone();
+        self.mode_change
+            .change(move |_| Box::pin(async move { me.set_mode_now(mode).await }))
+            .await?
+    }
+
+    /// `set_mode` on the mode's owner task.
+    async fn set_mode_now(&self, mode: PermissionMode) -> Result<ModeChange> {
         // With --bus every replica takes it up (`follow_shared_mode`).
         if let Some(shared) = &self.rt.cfg.shared_config {
             shared
@@ -362,8 +374,17 @@ impl Hub {
                             self.rt.mode().as_str()
                         );
                     } else if m.interrupt {
-                        let _one = self.mode_change.lock().await;
-                        self.change_mode(m.mode).await;
+                        let me = self.clone();
+                        let turn = self.mode_change.change(move |_| {
+                            Box::pin(async move {
+                                me.change_mode(m.mode).await;
+                            })
+                        });
+                        if let Err(e) = turn.await {
+                            tracing::warn!(
+                                "a permission mode change on another replica is not taken up: {e}"
+                            );
+                        }
                     } else {
                         self.rt.set_mode(m.mode);
                     }
@@ -377,7 +398,7 @@ impl Hub {
     }
 
     /// Switches the mode here, denying pending approvals and cancelling
-    /// runs when it changed; called with `mode_change` held.
+    /// runs when it changed; runs on the `mode_change` owner's task.
     async fn change_mode(&self, mode: PermissionMode) -> ModeChange {
         let changed = self.rt.set_mode(mode);
         let (mut cancelled_runs, mut denied_approvals) = (0, 0);
@@ -769,11 +790,19 @@ impl Hub {
         }
     }
 
-    /// Writes the index if it changed, off the runtime.
+    /// Writes the index if it changed, off the runtime, from the index
+    /// file's owner task (saves land in the order they were asked for).
     async fn save_index(&self) {
-        let index = self.index.clone();
-        match tokio::task::spawn_blocking(move || index.save()).await {
-            Ok(Ok(())) => {}
+        let saved = self
+            .index_file
+            .change(|index| {
+                let index = index.clone();
+                Box::pin(async move { tokio::task::spawn_blocking(move || index.save()).await })
+            })
+            .await;
+        match saved {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => tracing::warn!("cannot save the session index: {e}"),
             Ok(Err(e)) => tracing::warn!("cannot save the session index: {e}"),
             Err(e) => tracing::warn!("cannot save the session index: {e}"),
         }

@@ -98,9 +98,6 @@ struct State {
 pub struct Index {
     dir: PathBuf,
     state: Mutex<State>,
-    /// Serializes saves so their renames land in snapshot order. Only `save`
-    /// takes it: readers and writers of entries never wait on the disk.
-    saving: Mutex<()>,
 }
 
 /// One `<id>.jsonl` in the directory.
@@ -210,7 +207,6 @@ impl Index {
                 generation: u64::from(changed),
                 saved: 0,
             }),
-            saving: Mutex::new(()),
         }
     }
 
@@ -310,8 +306,12 @@ impl Index {
     /// The entries are copied under the lock and written outside it. A
     /// failed save leaves the previous file whole and the changes unsaved,
     /// so the next save tries again. Blocking.
-    pub fn save(&self) -> std::io::Result<()> {
-        let _one_at_a_time = self.saving.lock().unwrap_or_else(|p| p.into_inner());
+    ///
+    /// One save at a time, so renames land in snapshot order and two never
+    /// share the temp file: the hub saves only from the index file's owner
+    /// task (`file_owner.rs`), which holds no lock across this I/O; readers
+    /// and writers of entries never wait on the disk.
+    pub(crate) fn save(&self) -> std::io::Result<()> {
         let (mut snapshot, generation) = {
             let st = self.state();
             if st.generation == st.saved {

@@ -75,9 +75,12 @@
 //! a moment behind: a read that comes back short of what this log knows is
 //! durable is asked again until `RETRY_FOR`.
 //!
-//! `append` runs on the writer's blocking thread and `block_on`s the runtime
-//! handle captured at open (never on a runtime worker); `read_events` runs
-//! on the blocking pool the same way.
+//! **Who owns what.** The CAS chain (the last stream sequence, the position,
+//! the fence) belongs to the log's writer task, started at open: `append`,
+//! called on the session writer's blocking thread, hands it a copy of the
+//! batch and waits for the answer, so no lock is held across a publish or
+//! its retries and nothing `block_on`s the runtime. `read_events` runs its
+//! reads on the runtime the same way and waits on the blocking pool.
 
 use super::event::ClientEvent;
 use super::ledger::{Batch, Log, Record};
@@ -88,9 +91,11 @@ use async_nats::{HeaderMap, StatusCode};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use std::collections::BTreeMap;
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 mod chunks;
@@ -274,7 +279,8 @@ pub fn subject_safe(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
-/// What the writer side knows.
+/// What the writer task owns: nothing else reads or changes it, so no
+/// lock is held across a publish or its retries.
 struct Writer {
     /// The stream sequence of the last message on the subject (0: none).
     last: u64,
@@ -296,9 +302,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// One session's log in `VAK_EV`.
-pub struct JetStreamLog {
-    rt: Handle,
+/// What a log's handle and its writer task share: the connection, who
+/// writes, what readers have seen, and the writer's state as last published.
+struct Link {
     client: async_nats::Client,
     session: String,
     subject: String,
@@ -308,8 +314,37 @@ pub struct JetStreamLog {
     /// Cancelled when this replica lost the session's lease: no append is
     /// tried again from then on, one in flight gives up at once.
     stopped: CancellationToken,
-    writer: Mutex<Writer>,
     seen: Mutex<Seen>,
+    /// The writer's `fenced` and `last`, published by its task before it
+    /// answers (`fenced`, `subject_empty`).
+    fenced: AtomicBool,
+    last: AtomicU64,
+}
+
+/// One session's log in `VAK_EV`.
+pub struct JetStreamLog {
+    rt: Handle,
+    link: Arc<Link>,
+    /// The writer task's queue. One session's writer appends one batch at a
+    /// time and waits for it, so the queue holds at most that append and a
+    /// head re-read or a test hook; unbounded so that the test hook, sent
+    /// from async code, never waits.
+    writer: mpsc::UnboundedSender<Request>,
+}
+
+/// What the writer task is asked to do, in order.
+enum Request {
+    /// Append the batch (a copy: the caller's is borrowed); answered when
+    /// stored or failed.
+    Append {
+        batch: Batch,
+        done: oneshot::Sender<std::io::Result<()>>,
+    },
+    /// Read the subject's head again and clear the fence (`reread_head`).
+    RereadHead { done: oneshot::Sender<Result<()>> },
+    /// Forget the last append's ack (`forget_last_ack`, a test hook).
+    #[cfg(feature = "test-hooks")]
+    ForgetLastAck,
 }
 
 /// Why one publish attempt failed.
@@ -342,7 +377,8 @@ struct Ack {
 
 impl JetStreamLog {
     /// Opens `session`'s log (the stream must exist: `ensure_stream`): reads
-    /// the subject's last message for the durable seq and the CAS chain.
+    /// the subject's last message for the durable seq and the CAS chain,
+    /// then starts the log's writer task, which owns the chain from then on.
     pub async fn open(client: async_nats::Client, session: &str) -> Result<JetStreamLog> {
         if !subject_safe(session) {
             return Err(Error::invalid(format!(
@@ -350,32 +386,199 @@ impl JetStreamLog {
             )));
         }
         let subject = format!("{SUBJECT_PREFIX}{session}");
-        let log = JetStreamLog {
-            rt: Handle::current(),
+        let link = Arc::new(Link {
             client,
             session: session.to_string(),
             subject,
             writer_id: uuid::Uuid::new_v4().simple().to_string(),
             replica: OnceLock::new(),
             stopped: CancellationToken::new(),
-            writer: Mutex::new(Writer {
-                last: 0,
-                pos: Position::default(),
-                fenced: false,
-                before: (0, Position::default()),
-            }),
             seen: Mutex::new(Seen {
                 durable_seq: 0,
                 marks: BTreeMap::new(),
             }),
+            fenced: AtomicBool::new(false),
+            last: AtomicU64::new(0),
+        });
+        let (last, pos) = link.read_head().await?;
+        let w = Writer {
+            last,
+            pos,
+            fenced: false,
+            before: (0, Position::default()),
         };
-        log.read_head().await?;
-        Ok(log)
+        w.publish(&link);
+        let (writer, requests) = mpsc::unbounded_channel();
+        tokio::spawn(write(link.clone(), w, requests));
+        Ok(JetStreamLog {
+            rt: Handle::current(),
+            link,
+            writer,
+        })
     }
 
+    /// Names `replica` in every message this log writes from now on (`Vak-Replica`).
+    pub fn write_as(&self, replica: &str) {
+        let _ = self.link.replica.set(replica.to_string());
+    }
+
+    /// This replica lost the session's lease: no append is tried again,
+    /// and one retrying through a NATS election gives up now.
+    pub fn stop(&self) {
+        self.link.stopped.cancel();
+    }
+
+    /// Reads the subject's head again and clears the fence: where a
+    /// replica taking the session over appends after a stale holder's
+    /// append (`JetStreamLog::take_over`, in `takeover.rs`). Blocking
+    /// (asks the writer task and waits for its answer).
+    pub(crate) fn reread_head(&self) -> Result<()> {
+        let (done, answer) = oneshot::channel();
+        self.writer
+            .send(Request::RereadHead { done })
+            .map_err(|_| Error::internal(self.writer_gone()))?;
+        answer
+            .blocking_recv()
+            .unwrap_or_else(|_| Err(Error::internal(self.writer_gone())))
+    }
+
+    /// Whether the subject held no message when last read (no session, or a deleted one).
+    pub(crate) fn subject_empty(&self) -> bool {
+        self.link.last.load(Ordering::Acquire) == 0
+    }
+
+    pub fn session(&self) -> &str {
+        &self.link.session
+    }
+
+    /// Whether another writer has taken this session over.
+    pub fn fenced(&self) -> bool {
+        self.link.fenced.load(Ordering::Acquire)
+    }
+
+    /// Every record of the log in order (header, events, notes): what a
+    /// session is rebuilt from when it loads. The whole history is read:
+    /// starting from the last snapshot is left for later.
+    pub async fn records(&self) -> Result<Vec<Record>> {
+        self.link.records().await
+    }
+
+    /// The stream sequence of the subject's last message (0: none).
+    pub async fn head(&self) -> Result<u64> {
+        self.link.head().await
+    }
+
+    /// Whether the subject holds no message, asked of the stream's leader
+    /// (a direct get may be served by a replica still catching up): how a
+    /// mirror tells that its session was deleted (purged).
+    pub async fn purged(&self) -> Result<bool> {
+        self.link.purged().await
+    }
+
+    /// Every message of the subject after stream sequence `after`, in
+    /// order, with its stream sequence and position.
+    /// A record cut in parts counts at its last part's stream sequence; one
+    /// whose parts are incomplete or altered is an error.
+    pub async fn stored_after(&self, after: u64) -> Result<Vec<Stored>> {
+        self.link.stored_after(after).await
+    }
+
+    /// Forgets the last append's ack, as if it had been lost: appending the
+    /// same batch again is then the retry a lost ack leads to (tests/jetstream.rs;
+    /// only with the `test-hooks` feature, which the integration tests turn on).
+    /// Queued to the writer task, so the next append finds it done.
+    #[cfg(feature = "test-hooks")]
+    pub fn forget_last_ack(&self) {
+        let _ = self.writer.send(Request::ForgetLastAck);
+    }
+
+    fn writer_gone(&self) -> String {
+        format!("the JetStream writer of {} has stopped", self.link.session)
+    }
+}
+
+/// The log's writer task: every append, in order, with the state it alone
+/// holds; ends when the log is dropped.
+async fn write(link: Arc<Link>, mut w: Writer, mut requests: mpsc::UnboundedReceiver<Request>) {
+    while let Some(r) = requests.recv().await {
+        match r {
+            Request::Append { batch, done } => {
+                let appended = w.append(&link, &batch).await;
+                w.publish(&link);
+                let _ = done.send(appended);
+            }
+            Request::RereadHead { done } => {
+                let read = link.read_head().await.map(|(last, pos)| {
+                    w.last = last;
+                    w.pos = pos;
+                    w.fenced = false;
+                });
+                w.publish(&link);
+                let _ = done.send(read);
+            }
+            #[cfg(feature = "test-hooks")]
+            Request::ForgetLastAck => {
+                (w.last, w.pos) = w.before;
+                w.publish(&link);
+            }
+        }
+    }
+}
+
+impl Writer {
+    /// Shows `fenced` and `last` to the log's handle.
+    fn publish(&self, link: &Link) {
+        link.fenced.store(self.fenced, Ordering::Release);
+        link.last.store(self.last, Ordering::Release);
+    }
+
+    /// Stores `batch` after the last message this writer saw (see the
+    /// module doc: CAS, atomic groups, fencing).
+    async fn append(&mut self, link: &Link, batch: &Batch) -> std::io::Result<()> {
+        if self.fenced {
+            return Err(std::io::Error::other(format!(
+                "{ANOTHER_WRITER} ({}): this replica stopped writing it",
+                link.session
+            )));
+        }
+        // The limit of the server this connection is on now (servers of a
+        // cluster may differ, and a reconnect may land on another).
+        let room = chunks::room(link.client.max_payload());
+        let (msgs, end, sizes) = plan(&link.session, batch, self.pos, room)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
+        self.before = (self.last, self.pos);
+        for group in chunks::atomic_groups(sizes, ATOMIC_MAX) {
+            let chunk = &msgs[group];
+            let before = self.last;
+            match link.store(chunk, before).await {
+                Ok(last) => {
+                    self.last = last;
+                    let mut seen = lock(&link.seen);
+                    if let Some(first) = chunk.iter().find_map(|m| m.seq) {
+                        // The chunk starts after `before` on the subject.
+                        seen.marks.insert(first, before + 1);
+                    }
+                    if let Some(top) = chunk.iter().rev().find_map(|m| m.seq) {
+                        seen.durable_seq = seen.durable_seq.max(top);
+                    }
+                }
+                Err(e) => {
+                    if e.to_string().starts_with(ANOTHER_WRITER) {
+                        self.fenced = true;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        self.pos = end;
+        Ok(())
+    }
+}
+
+impl Link {
     /// Reads the subject's last message: where the CAS chain and the
     /// numbering go on from (asked again through transient failures).
-    async fn read_head(&self) -> Result<()> {
+    async fn read_head(&self) -> Result<(u64, Position)> {
         let session = &self.session;
         let deadline = Instant::now() + RETRY_FOR;
         let last = loop {
@@ -400,45 +603,9 @@ impl JetStreamLog {
             }
             None => (0, Position::default()),
         };
-        let mut w = lock(&self.writer);
-        w.last = last;
-        w.pos = pos;
-        w.fenced = false;
         let mut seen = lock(&self.seen);
         seen.durable_seq = seen.durable_seq.max(pos.after);
-        Ok(())
-    }
-
-    /// Names `replica` in every message this log writes from now on (`Vak-Replica`).
-    pub fn write_as(&self, replica: &str) {
-        let _ = self.replica.set(replica.to_string());
-    }
-
-    /// This replica lost the session's lease: no append is tried again,
-    /// and one retrying through a NATS election gives up now.
-    pub fn stop(&self) {
-        self.stopped.cancel();
-    }
-
-    /// Reads the subject's head again and clears the fence: where a
-    /// replica taking the session over appends after a stale holder's
-    /// append (`JetStreamLog::take_over`, in `takeover.rs`). Blocking.
-    pub(crate) fn reread_head(&self) -> Result<()> {
-        self.rt.block_on(self.read_head())
-    }
-
-    /// Whether the subject held no message when last read (no session, or a deleted one).
-    pub(crate) fn subject_empty(&self) -> bool {
-        lock(&self.writer).last == 0
-    }
-
-    pub fn session(&self) -> &str {
-        &self.session
-    }
-
-    /// Whether another writer has taken this session over.
-    pub fn fenced(&self) -> bool {
-        lock(&self.writer).fenced
+        Ok((last, pos))
     }
 
     /// Every record of the log in order (header, events, notes): what a
@@ -531,15 +698,6 @@ impl JetStreamLog {
             "cannot read the log of {}: at stream sequence {stream_seq} of {STREAM}, {broken}",
             self.session
         ))
-    }
-
-    /// Forgets the last append's ack, as if it had been lost: appending the
-    /// same batch again is then the retry a lost ack leads to (tests/jetstream.rs;
-    /// only with the `test-hooks` feature, which the integration tests turn on).
-    #[cfg(feature = "test-hooks")]
-    pub fn forget_last_ack(&self) {
-        let mut w = lock(&self.writer);
-        (w.last, w.pos) = w.before;
     }
 
     /// The subject's last message: its stream sequence and headers.
@@ -866,49 +1024,46 @@ fn direct_answer(msg: async_nats::Message) -> std::result::Result<Option<(u64, H
     Ok(Some((seq, headers, msg.payload)))
 }
 
+impl JetStreamLog {
+    /// `Link::read_from` run on the runtime, waited for on this blocking
+    /// thread (no lock is held meanwhile).
+    fn read_from(
+        &self,
+        from: u64,
+        after: u64,
+        max: usize,
+    ) -> std::result::Result<Vec<(u64, ClientEvent)>, ReadError> {
+        let (done, answer) = oneshot::channel();
+        let link = self.link.clone();
+        self.rt.spawn(async move {
+            let _ = done.send(link.read_from(from, after, max).await);
+        });
+        answer.blocking_recv().unwrap_or_else(|_| {
+            Err(ReadError::Broken(Error::internal(format!(
+                "cannot read the log of {}: the runtime is shutting down",
+                self.link.session
+            ))))
+        })
+    }
+}
+
 impl Log for JetStreamLog {
+    /// Hands a copy of `batch` to the log's writer task and waits for its
+    /// answer (on the session writer's blocking thread, never a runtime
+    /// worker): the task does the publishing and retrying, holding no lock.
     fn append(&self, batch: &Batch) -> std::io::Result<()> {
         if batch.is_empty() {
             return Ok(());
         }
-        let mut w = lock(&self.writer);
-        if w.fenced {
-            return Err(std::io::Error::other(format!(
-                "{ANOTHER_WRITER} ({}): this replica stopped writing it",
-                self.session
-            )));
-        }
-        // The limit of the server this connection is on now (servers of a
-        // cluster may differ, and a reconnect may land on another).
-        let room = chunks::room(self.client.max_payload());
-        let (msgs, end, sizes) = plan(&self.session, batch, w.pos, room)
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
-        w.before = (w.last, w.pos);
-        for group in chunks::atomic_groups(sizes, ATOMIC_MAX) {
-            let chunk = &msgs[group];
-            let before = w.last;
-            match self.rt.block_on(self.store(chunk, before)) {
-                Ok(last) => {
-                    w.last = last;
-                    let mut seen = lock(&self.seen);
-                    if let Some(first) = chunk.iter().find_map(|m| m.seq) {
-                        // The chunk starts after `before` on the subject.
-                        seen.marks.insert(first, before + 1);
-                    }
-                    if let Some(top) = chunk.iter().rev().find_map(|m| m.seq) {
-                        seen.durable_seq = seen.durable_seq.max(top);
-                    }
-                }
-                Err(e) => {
-                    if e.to_string().starts_with(ANOTHER_WRITER) {
-                        w.fenced = true;
-                    }
-                    return Err(e);
-                }
-            }
-        }
-        w.pos = end;
-        Ok(())
+        let (done, answer) = oneshot::channel();
+        let gone = || std::io::Error::other(self.writer_gone());
+        self.writer
+            .send(Request::Append {
+                batch: batch.clone(),
+                done,
+            })
+            .map_err(|_| gone())?;
+        answer.blocking_recv().unwrap_or_else(|_| Err(gone()))
     }
 
     fn read_events(&self, after: u64, max: usize) -> Result<Vec<(u64, ClientEvent)>> {
@@ -916,7 +1071,7 @@ impl Log for JetStreamLog {
             return Ok(Vec::new());
         }
         let (from, durable) = {
-            let seen = lock(&self.seen);
+            let seen = lock(&self.link.seen);
             let from = seen
                 .marks
                 .range(..=after.saturating_add(1))
@@ -928,7 +1083,7 @@ impl Log for JetStreamLog {
         let want = durable.saturating_sub(after).min(max as u64) as usize;
         let deadline = Instant::now() + RETRY_FOR;
         loop {
-            let got = self.rt.block_on(self.read_from(from, after, max));
+            let got = self.read_from(from, after, max);
             match got {
                 Ok(events) if events.len() >= want => return Ok(events),
                 // Short but up to the durable end: the stream's retention
@@ -940,7 +1095,7 @@ impl Log for JetStreamLog {
                 Err(ReadError::Again(e)) if Instant::now() >= deadline => {
                     return Err(Error::internal(format!(
                         "cannot read the log of {}: {e}",
-                        self.session
+                        self.link.session
                     )))
                 }
                 _ => std::thread::sleep(Duration::from_millis(20)),
@@ -949,7 +1104,7 @@ impl Log for JetStreamLog {
     }
 
     fn durable_seq(&self) -> u64 {
-        lock(&self.seen).durable_seq
+        lock(&self.link.seen).durable_seq
     }
 
     /// JetStream acks a message once a quorum of replicas stored it: there is nothing more to force.

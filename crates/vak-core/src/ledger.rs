@@ -102,7 +102,7 @@ enum EventRef<'a> {
 }
 
 /// Records encoded for one append, with where each event line starts.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct Batch {
     bytes: Vec<u8>,
     /// (seq, offset of its line in `bytes`) for every event, in order.
@@ -231,7 +231,11 @@ pub struct Ledger {
     path: PathBuf,
     durability: Durability,
     /// Held while the budget allows (`reserve`); None means open per append.
-    /// Only the session's writer locks it (and shutdown's sync).
+    /// Only the session's writer uses it, one append at a time: an append
+    /// takes the file out for its write and fdatasync and puts it back
+    /// after, so the lock is held for the take and the put only, never
+    /// across the I/O (whoever finds the slot empty writes or syncs through a
+    /// descriptor of its own).
     file: Mutex<Option<File>>,
     written: Mutex<Written>,
 }
@@ -445,25 +449,29 @@ impl Log for Ledger {
         if batch.is_empty() {
             return Ok(());
         }
-        let mut slot = lock(&self.file);
-        let mut transient;
-        let file = match slot.as_mut() {
+        // Out of the slot for the I/O; put back below whatever happens. An
+        // empty slot (no budget, or a sync holding it) means a descriptor
+        // of this append's own, closed after it.
+        let kept = lock(&self.file).take();
+        let was_held = kept.is_some();
+        let mut file = match kept {
             Some(f) => f,
-            None => {
-                transient = self.reopen()?;
-                &mut transient
-            }
+            None => self.reopen()?,
         };
         let start = lock(&self.written).len;
-        if let Err(e) = self.write_batch(file, batch) {
+        let written = self.write_batch(&mut file, batch);
+        if written.is_err() {
             // Part of the batch may be on disk: cut it, so the file ends on
             // a whole line and nothing unseen is ever read back. If even that
             // fails, `open` cuts the partial tail on the next load.
             if let Err(cut) = file.set_len(start) {
                 tracing::error!(path = %self.path.display(), "cannot cut a failed append: {cut}");
             }
-            return Err(e);
         }
+        if was_held {
+            *lock(&self.file) = Some(file);
+        }
+        written?;
         let mut w = lock(&self.written);
         for &(seq, at) in &batch.events {
             w.note(seq, start + at as u64);
@@ -510,12 +518,15 @@ impl Log for Ledger {
     }
 
     fn sync(&self) -> std::io::Result<()> {
-        let slot = lock(&self.file);
-        match slot.as_ref() {
-            Some(file) => file.sync_data(),
+        // Out of the slot for the I/O, like an append (an append meanwhile
+        // writes through a descriptor of its own).
+        let Some(file) = lock(&self.file).take() else {
             // fsync on any descriptor flushes the file's data.
-            None => self.reopen()?.sync_data(),
-        }
+            return self.reopen()?.sync_data();
+        };
+        let synced = file.sync_data();
+        *lock(&self.file) = Some(file);
+        synced
     }
 }
 

@@ -14,6 +14,7 @@ pub mod cursor;
 pub mod deltas;
 pub mod diff;
 pub mod event;
+pub mod file_owner;
 pub mod files;
 pub mod folds;
 pub mod hub;
@@ -21,6 +22,8 @@ pub mod index;
 pub mod jetstream;
 pub mod ledger;
 pub mod lifecycle;
+#[cfg(test)]
+mod lock_scan;
 pub mod memory;
 pub mod mirror;
 pub mod mux;

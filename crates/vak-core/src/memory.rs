@@ -12,10 +12,12 @@
 //! and is often committed); the user tier is `<home>/USER.md`. Every read
 //! runs on a blocking thread and reads the file again (so a hand edit is
 //! seen at the next model turn), bounded by `MAX_FILE`. Every change is a
-//! read-modify-write of one tier, one change at a time, written whole
+//! read-modify-write of one tier, one change at a time on the memory's
+//! owner task (`file_owner.rs`, so no lock is held across the I/O), written whole
 //! through a temporary file and a rename (0600), so a crash leaves the old
 //! file or the new one, and a hand edit made before the change is kept.
 
+use super::file_owner::FileOwner;
 use super::shared_memory::SharedMemory;
 use crate::error::{Error, ErrorKind, Result};
 use std::io::Read as _;
@@ -271,19 +273,25 @@ fn now() -> String {
 
 /// The memory of this server's workspace and of its user.
 pub struct Memory {
+    workspace: String,
+    /// Where the tiers are kept; reads go there directly.
+    tiers: Arc<Tiers>,
+    /// Where every change runs, one at a time on this replica, from
+    /// reading a tier to writing it back (the I/O on a blocking thread;
+    /// reads never wait). Across replicas the bucket's revision check does this.
+    file: FileOwner<Arc<Tiers>>,
+}
+
+/// Where the two tiers are kept.
+struct Tiers {
     /// The folder and file name of each tier.
     workspace_tier: (PathBuf, String),
     user_tier: (PathBuf, String),
-    workspace: String,
     /// With `--bus`: the tiers live in `VAK_MEMORY` (`shared_memory.rs`),
     /// the files only seed a tier the bucket never held.
     shared: Option<Arc<SharedMemory>>,
     /// The workspace tier's key in the bucket.
     workspace_key: String,
-    /// One change at a time on this replica, from reading a tier to
-    /// writing it back (the I/O runs on a blocking thread; reads never
-    /// wait). Across replicas the bucket's revision check does this.
-    change: tokio::sync::Mutex<()>,
 }
 
 /// A tier as read to be changed: parsed, and the bucket revision a change
@@ -299,13 +307,16 @@ impl Memory {
     /// `shared`: the bucket every replica keeps its notes in (`--bus`).
     pub fn new(home: &Path, workspace: &Path, shared: Option<Arc<SharedMemory>>) -> Memory {
         let (workspace, key) = crate::home::workspace_key(workspace);
-        Memory {
+        let tiers = Arc::new(Tiers {
             workspace_tier: (home.join("memory"), format!("{key}.md")),
             user_tier: (home.to_path_buf(), "USER.md".into()),
-            workspace,
             shared,
             workspace_key: format!("{}{key}", super::shared_memory::WORKSPACE_PREFIX),
-            change: tokio::sync::Mutex::new(()),
+        });
+        Memory {
+            workspace,
+            tiers: tiers.clone(),
+            file: FileOwner::new("the memory files", tiers),
         }
     }
 
@@ -314,6 +325,15 @@ impl Memory {
         &self.workspace
     }
 
+    /// Every note, the workspace's first, each tier oldest first.
+    pub async fn list(&self) -> Result<Vec<Note>> {
+        let mut all = self.tiers.read(Scope::Workspace).await?.tier.notes;
+        all.extend(self.tiers.read(Scope::User).await?.tier.notes);
+        Ok(all)
+    }
+}
+
+impl Tiers {
     fn tier_file(&self, scope: Scope) -> &(PathBuf, String) {
         match scope {
             Scope::Workspace => &self.workspace_tier,
@@ -420,13 +440,6 @@ impl Memory {
         Ok(true)
     }
 
-    /// Every note, the workspace's first, each tier oldest first.
-    pub async fn list(&self) -> Result<Vec<Note>> {
-        let mut all = self.read(Scope::Workspace).await?.tier.notes;
-        all.extend(self.read(Scope::User).await?.tier.notes);
-        Ok(all)
-    }
-
     /// Reads `scope`'s tier, lets `f` change it (None: `f` found nothing to
     /// change, nothing is written) and writes it back; when another replica
     /// changed the tier meanwhile, reads it again and asks `f` again, so a
@@ -464,6 +477,32 @@ impl Memory {
         ))
     }
 
+    /// `Memory::change_note` on the owner's task: `f` on note `id` in the
+    /// first of `scopes` that holds it.
+    async fn change_note<T>(
+        &self,
+        id: &str,
+        scope: Option<Scope>,
+        mut f: impl FnMut(&mut Tier, usize) -> T,
+    ) -> Result<T> {
+        let scopes = match scope {
+            Some(s) => vec![s],
+            None => vec![Scope::Workspace, Scope::User],
+        };
+        for s in scopes {
+            let mut find = |tier: &mut Tier| -> Result<Option<T>> {
+                Ok(tier.notes.iter().position(|n| n.id == id).map(|at| f(tier, at)))
+            };
+            if let Some(out) = self.change_tier(s, &mut find).await? {
+                return Ok(out);
+            }
+        }
+        let where_ = scope.map_or(String::new(), |s| format!(" in the {} memory", s.as_str()));
+        Err(Error::not_found(format!("no memory note {id}{where_}")))
+    }
+}
+
+impl Memory {
     /// Appends a note to its tier (the workspace's when none is named).
     pub async fn add(&self, new: NewNote) -> Result<Note> {
         let text = validate_text(&new.text)?;
@@ -484,33 +523,41 @@ impl Memory {
             created_at: at.clone(),
             updated_at: at,
         };
-        let _one = self.change.lock().await;
+        let kept = note.clone();
         let added = self
-            .change_tier(scope, &mut |tier| {
-                if tier.notes.len() >= MAX_NOTES {
-                    return Err(Error::new(
-                        ErrorKind::ResourceExhausted,
-                        format!(
-                            "the {} memory already has {MAX_NOTES} notes, the most it keeps: delete some first",
-                            scope.as_str()
-                        ),
-                    ));
-                }
-                tier.notes.push(note.clone());
-                Ok(Some(()))
+            .file
+            .change(move |tiers| {
+                Box::pin(async move {
+                    tiers
+                        .change_tier(scope, &mut |tier| {
+                            if tier.notes.len() >= MAX_NOTES {
+                                return Err(Error::new(
+                                    ErrorKind::ResourceExhausted,
+                                    format!(
+                                        "the {} memory already has {MAX_NOTES} notes, the most it keeps: delete some first",
+                                        scope.as_str()
+                                    ),
+                                ));
+                            }
+                            tier.notes.push(kept.clone());
+                            Ok(Some(()))
+                        })
+                        .await
+                })
             })
-            .await?;
+            .await??;
         debug_assert!(added.is_some());
         Ok(note)
     }
 
     /// Changes note `id` with `f`, in the named tier or in either (the
-    /// workspace's first); what `f` answers. NotFound for an unknown id.
-    async fn change_note<T>(
+    /// workspace's first), on the owner's task; what `f` answers. NotFound
+    /// for an unknown id.
+    async fn change_note<T: Send + 'static>(
         &self,
         id: &str,
         scope: Option<Scope>,
-        mut f: impl FnMut(&mut Tier, usize) -> T,
+        f: impl FnMut(&mut Tier, usize) -> T + Send + 'static,
     ) -> Result<T> {
         if !valid_id(id) {
             return Err(Error::invalid(format!(
@@ -518,28 +565,17 @@ impl Memory {
                 id.chars().take(80).collect::<String>()
             )));
         }
-        let scopes = match scope {
-            Some(s) => vec![s],
-            None => vec![Scope::Workspace, Scope::User],
-        };
-        let _one = self.change.lock().await;
-        for s in scopes {
-            let mut find = |tier: &mut Tier| -> Result<Option<T>> {
-                Ok(tier.notes.iter().position(|n| n.id == id).map(|at| f(tier, at)))
-            };
-            if let Some(out) = self.change_tier(s, &mut find).await? {
-                return Ok(out);
-            }
-        }
-        let where_ = scope.map_or(String::new(), |s| format!(" in the {} memory", s.as_str()));
-        Err(Error::not_found(format!("no memory note {id}{where_}")))
+        let id = id.to_string();
+        self.file
+            .change(move |tiers| Box::pin(async move { tiers.change_note(&id, scope, f).await }))
+            .await?
     }
 
     /// Replaces a note's text; its provenance (kind, tag, session, creation) stays.
     pub async fn update(&self, id: &str, text: &str, scope: Option<Scope>) -> Result<Note> {
         let text = validate_text(text)?;
         let at = now();
-        self.change_note(id, scope, |tier, i| {
+        self.change_note(id, scope, move |tier, i| {
             let note = &mut tier.notes[i];
             note.text = text.clone();
             note.updated_at = at.clone();
@@ -566,7 +602,7 @@ impl Memory {
             ),
             (Scope::Workspace, "Notes remembered for this workspace"),
         ] {
-            let tier = match self.read(scope).await {
+            let tier = match self.tiers.read(scope).await {
                 Ok(read) => read.tier,
                 Err(e) => {
                     tracing::warn!(scope = scope.as_str(), "memory left out of the prompt: {e}");

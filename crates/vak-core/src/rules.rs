@@ -2,8 +2,8 @@
 //!
 //! The rules file (`<home>/permissions/<workspace key>.json`, 0600) is read
 //! once at startup and rewritten whole, through a temporary file and a rename,
-//! on every change; writes run on a blocking thread, one at a time, and the
-//! in-memory list that tool calls read is swapped only once the file is
+//! on every change; changes run on the file's owner task (`file_owner.rs`),
+//! one at a time, their writes on a blocking thread, and the in-memory list that tool calls read is swapped only once the file is
 //! written, so what is listed is what a restart finds.
 //!
 //! With `--bus` the rules live in the bucket every replica shares instead
@@ -13,6 +13,7 @@
 //! one replica lets calls run on any, and a delete on any removes it
 //! everywhere. The home's rules file is then not read.
 
+use super::file_owner::FileOwner;
 pub use super::rule::*;
 use super::shared_config::SharedConfig;
 use crate::error::{Error, ErrorKind, Result};
@@ -35,11 +36,24 @@ pub struct Rules {
     name: String,
     workspace: String,
     /// What tool calls read; replaced whole once a change is on disk.
-    list: RwLock<Arc<Vec<Rule>>>,
-    /// One change at a time, from reading the list to swapping it (the
-    /// write itself runs on a blocking thread; readers never wait on it).
-    change: tokio::sync::Mutex<()>,
+    list: List,
     /// With `--bus`: the shared bucket, which holds the list instead.
+    shared: Option<Arc<SharedConfig>>,
+    /// Where every change runs, one at a time, from reading the list to
+    /// swapping it (the write itself on a blocking thread; readers never
+    /// wait on it).
+    file: FileOwner<RulesFile>,
+}
+
+type List = Arc<RwLock<Arc<Vec<Rule>>>>;
+
+/// What the owner of the rules file holds: where the list is kept, and the
+/// live list it swaps once a change is stored.
+struct RulesFile {
+    dir: PathBuf,
+    name: String,
+    workspace: String,
+    list: List,
     shared: Option<Arc<SharedConfig>>,
 }
 
@@ -49,14 +63,7 @@ impl Rules {
     /// and treated as none, and is replaced by the next change.
     pub fn load(home: &Path, workspace: &Path) -> Rules {
         let (workspace, key) = crate::home::workspace_key(workspace);
-        let rules = Rules {
-            dir: home.join("permissions"),
-            name: format!("{key}.json"),
-            workspace,
-            list: RwLock::new(Arc::new(Vec::new())),
-            change: tokio::sync::Mutex::new(()),
-            shared: None,
-        };
+        let rules = Rules::new(home.join("permissions"), format!("{key}.json"), workspace, None);
         let path = rules.path();
         let loaded = match std::fs::read(&path) {
             Ok(bytes) => match serde_json::from_slice::<File>(&bytes) {
@@ -79,13 +86,25 @@ impl Rules {
     /// The rules of `workspace` in the bucket every replica shares (`--bus`).
     pub fn shared(shared: Arc<SharedConfig>, home: &Path, workspace: &Path) -> Rules {
         let (workspace, key) = crate::home::workspace_key(workspace);
+        Rules::new(home.join("permissions"), key, workspace, Some(shared))
+    }
+
+    fn new(dir: PathBuf, name: String, workspace: String, shared: Option<Arc<SharedConfig>>) -> Rules {
+        let list: List = Arc::new(RwLock::new(Arc::new(Vec::new())));
+        let file = RulesFile {
+            dir: dir.clone(),
+            name: name.clone(),
+            workspace: workspace.clone(),
+            list: list.clone(),
+            shared: shared.clone(),
+        };
         Rules {
-            dir: home.join("permissions"),
-            name: key,
+            dir,
+            name,
             workspace,
-            list: RwLock::new(Arc::new(Vec::new())),
-            change: tokio::sync::Mutex::new(()),
-            shared: Some(shared),
+            list,
+            shared,
+            file: FileOwner::new("the rules file", file),
         }
     }
 
@@ -129,7 +148,24 @@ impl Rules {
                 c.pattern.len()
             )));
         }
-        let _one = self.change.lock().await;
+        self.file.change(|f| Box::pin(f.add(c))).await?
+    }
+
+    /// Deletes the rule `id`; the rule deleted. NotFound for an unknown id.
+    pub async fn delete(&self, id: &str) -> Result<Rule> {
+        crate::ids::validate_plain_id("rule id", id)?;
+        let id = id.to_string();
+        self.file.change(|f| Box::pin(f.delete(id))).await?
+    }
+}
+
+impl RulesFile {
+    fn list(&self) -> Arc<Vec<Rule>> {
+        self.list.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// `Rules::add` on the owner's task.
+    async fn add(&mut self, c: Candidate) -> Result<(Rule, bool)> {
         if let Some(shared) = &self.shared {
             return shared
                 .change_rules(&self.name, &self.workspace, |list| added(list, &c))
@@ -142,23 +178,21 @@ impl Rules {
         Ok(out)
     }
 
-    /// Deletes the rule `id`; the rule deleted. NotFound for an unknown id.
-    pub async fn delete(&self, id: &str) -> Result<Rule> {
-        crate::ids::validate_plain_id("rule id", id)?;
-        let _one = self.change.lock().await;
+    /// `Rules::delete` on the owner's task.
+    async fn delete(&mut self, id: String) -> Result<Rule> {
         if let Some(shared) = &self.shared {
             return shared
-                .change_rules(&self.name, &self.workspace, |list| deleted(list, id))
+                .change_rules(&self.name, &self.workspace, |list| deleted(list, &id))
                 .await;
         }
-        let (next, gone) = deleted(&self.list(), id)?;
+        let (next, gone) = deleted(&self.list(), &id)?;
         if let Some(next) = next {
             self.store(next).await?;
         }
         Ok(gone)
     }
 
-    /// Writes `next` to the file, then makes it the live list. Called with `change` held.
+    /// Writes `next` to the file, then makes it the live list (on the owner's task).
     async fn store(&self, next: Vec<Rule>) -> Result<()> {
         let file = File {
             version: 1,

@@ -9,8 +9,10 @@
 //! user's files.
 //!
 //! Reads are served from memory (loaded once when the server starts); every
-//! change rewrites the file on a blocking thread, one change at a time.
+//! change rewrites the file on a blocking thread, from the store's owner
+//! task (`file_owner.rs`): one change at a time, no lock held across the write.
 
+use super::file_owner::FileOwner;
 use super::provider::{ProviderKind, Secret};
 use crate::error::{Error, Result};
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, CHACHA20_POLY1305, NONCE_LEN};
@@ -18,7 +20,7 @@ use ring::rand::{SecureRandom, SystemRandom};
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// The longest key accepted (real keys are under 256 bytes).
 pub const MAX_KEY_BYTES: usize = 4096;
@@ -28,11 +30,18 @@ const AAD: &[u8] = b"vak key store v1";
 
 /// The store of one home.
 pub struct SecretStore {
+    keys: Keys,
+    /// The one writer of `keys.enc`: every change runs on its task, in turn.
+    file: FileOwner<KeyFile>,
+}
+
+type Keys = Arc<Mutex<BTreeMap<&'static str, Secret>>>;
+
+/// What the key file's owner holds: the folder, and the live map it
+/// replaces once a change is on disk.
+struct KeyFile {
     dir: PathBuf,
-    keys: Mutex<BTreeMap<&'static str, Secret>>,
-    /// One change at a time: held across the blocking write (an async lock,
-    /// so a waiting change parks its task, never a runtime thread).
-    turn: tokio::sync::Mutex<()>,
+    keys: Keys,
 }
 
 /// `sha256:` and the first 8 hex digits of the key's SHA-256: enough to tell
@@ -76,10 +85,10 @@ impl SecretStore {
                 )))
             }
         };
+        let keys = Arc::new(Mutex::new(keys));
         Ok(SecretStore {
-            dir,
-            keys: Mutex::new(keys),
-            turn: tokio::sync::Mutex::new(()),
+            keys: keys.clone(),
+            file: FileOwner::new("the key store", KeyFile { dir, keys }),
         })
     }
 
@@ -89,7 +98,7 @@ impl SecretStore {
 
     /// Stores (or replaces) the key of `kind`; durable when this returns.
     pub async fn put(&self, kind: ProviderKind, key: Secret) -> Result<()> {
-        self.change(|m| {
+        self.change(move |m| {
             m.insert(kind.as_str(), key);
         })
         .await
@@ -98,17 +107,35 @@ impl SecretStore {
 
     /// Removes the key of `kind`; whether there was one.
     pub async fn delete(&self, kind: ProviderKind) -> Result<bool> {
-        self.change(|m| {
+        self.change(move |m| {
             m.remove(kind.as_str());
         })
         .await
     }
 
+    /// Has the file's owner apply `f` (see `KeyFile::change`); whether anything changed.
+    async fn change(
+        &self,
+        f: impl FnOnce(&mut BTreeMap<&'static str, Secret>) + Send + 'static,
+    ) -> Result<bool> {
+        self.file.change(|file| Box::pin(file.change(f))).await?
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<&'static str, Secret>> {
+        lock(&self.keys)
+    }
+}
+
+fn lock(keys: &Keys) -> std::sync::MutexGuard<'_, BTreeMap<&'static str, Secret>> {
+    keys.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl KeyFile {
     /// Applies `f` to a copy of the keys, writes the copy, then makes it the
-    /// live map; whether anything changed.
-    async fn change(&self, f: impl FnOnce(&mut BTreeMap<&'static str, Secret>)) -> Result<bool> {
-        let _turn = self.turn.lock().await;
-        let mut next = self.lock().clone();
+    /// live map; whether anything changed. Runs on the owner's task: no
+    /// other change starts until this one is written or failed.
+    async fn change(&mut self, f: impl FnOnce(&mut BTreeMap<&'static str, Secret>)) -> Result<bool> {
+        let mut next = lock(&self.keys).clone();
         let before = next.clone();
         f(&mut next);
         if next == before {
@@ -119,12 +146,8 @@ impl SecretStore {
         tokio::task::spawn_blocking(move || write(&dir, &plain))
             .await
             .map_err(|e| Error::internal(format!("the key store writer failed: {e}")))??;
-        *self.lock() = next;
+        *lock(&self.keys) = next;
         Ok(true)
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<&'static str, Secret>> {
-        self.keys.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

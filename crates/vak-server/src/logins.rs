@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use vak_core::file_owner::FileOwner;
 
 /// Compares in time that depends only on the lengths, never on where the bytes differ.
 pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -38,13 +39,19 @@ struct Stored {
 }
 
 pub struct Logins {
-    /// `<home>/logins.json`; None keeps logins in memory only.
-    path: Option<PathBuf>,
+    table: Arc<Mutex<HashMap<String, Entry>>>,
+    /// The one writer of `<home>/logins.json` (None keeps logins in memory
+    /// only). Each rewrite copies the table when it runs, in turn, so the
+    /// last change is always the last written (a logout is never
+    /// overwritten by an older login's table).
+    file: Option<FileOwner<Store>>,
+}
+
+/// What the owner of the logins file holds.
+struct Store {
+    path: PathBuf,
     token: String,
-    table: Mutex<HashMap<String, Entry>>,
-    /// Held across a rewrite, so the last change is always the last written
-    /// (a logout is never overwritten by an older login's table).
-    writing: tokio::sync::Mutex<()>,
+    table: Arc<Mutex<HashMap<String, Entry>>>,
 }
 
 fn sha256_hex(s: &str) -> String {
@@ -86,16 +93,22 @@ impl Logins {
                 Err(e) => tracing::warn!("cannot read {}: {e}; every browser logs in again", p.display()),
             }
         }
-        Arc::new(Logins {
-            path,
-            token,
-            table: Mutex::new(table),
-            writing: tokio::sync::Mutex::new(()),
-        })
+        let table = Arc::new(Mutex::new(table));
+        let file = path.map(|path| {
+            FileOwner::new(
+                "the logins file",
+                Store {
+                    path,
+                    token,
+                    table: table.clone(),
+                },
+            )
+        });
+        Arc::new(Logins { table, file })
     }
 
     fn table(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
-        self.table.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.table)
     }
 
     /// Whether `id` is a live login whose key is `key`.
@@ -152,21 +165,36 @@ impl Logins {
         }
     }
 
-    /// Rewrites the store from the table as it is now, off the runtime. A
-    /// failure is logged: the logins still work until the server stops.
+    /// Has the store rewritten by its owner, from the table as it is when
+    /// the rewrite runs. A failure is logged: the logins still work until
+    /// the server stops.
     async fn persist(&self) {
-        let Some(path) = self.path.clone() else {
+        let Some(file) = &self.file else {
             return;
         };
-        let _writing = self.writing.lock().await;
+        if let Err(e) = file.change(|store| Box::pin(store.write())).await {
+            tracing::warn!("{e}; logins made now end when the server stops");
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Store {
+    /// Rewrites the file from the table as it is now, off the runtime (on
+    /// the owner's task: one rewrite at a time).
+    async fn write(&mut self) {
         let stored = Stored {
             token: self.token.clone(),
-            logins: self.table().clone(),
+            logins: lock(&self.table).clone(),
         };
         let bytes = match serde_json::to_vec(&stored) {
             Ok(b) => b,
             Err(e) => return tracing::warn!("cannot encode the logins: {e}"),
         };
+        let path = self.path.clone();
         let written = tokio::task::spawn_blocking(move || {
             let dir = path.parent().map(PathBuf::from).unwrap_or_default();
             vak_core::home::write_private_file(&dir, FILE, &bytes)
@@ -217,6 +245,43 @@ mod tests {
         assert!(
             !Logins::load(path, "tok").check(&id, &key),
             "a damaged store starts empty"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_logins_and_logouts_are_all_in_the_store() {
+        let home = tempfile::tempdir().unwrap();
+        let path = Some(home.path().join(FILE));
+        let a = Logins::load(path.clone(), "tok");
+        let adds: Vec<_> = (0..40)
+            .map(|_| {
+                let a = a.clone();
+                tokio::spawn(async move { a.add(Duration::from_secs(60)).await })
+            })
+            .collect();
+        let mut all = Vec::new();
+        for t in adds {
+            all.push(t.await.unwrap());
+        }
+        let (kept, gone) = all.split_at(20);
+        let removes: Vec<_> = gone
+            .iter()
+            .map(|(id, _)| {
+                let (a, id) = (a.clone(), id.clone());
+                tokio::spawn(async move { a.remove(&id).await })
+            })
+            .collect();
+        for t in removes {
+            t.await.unwrap();
+        }
+        let b = Logins::load(path, "tok");
+        assert!(
+            kept.iter().all(|(id, key)| b.check(id, key)),
+            "every login is kept"
+        );
+        assert!(
+            !gone.iter().any(|(id, key)| b.check(id, key)),
+            "every logout stays a logout"
         );
     }
 }
