@@ -1,4 +1,4 @@
-//! The JetStream log (`src/core/jetstream.rs`) against a real 3-node nats-server cluster on loopback: exact reads, one writer per session, reopening, a killed stream leader, idempotent retries.
+//! The JetStream log (`crates/vak-core/src/jetstream.rs`) against a real 3-node nats-server cluster on loopback: exact reads, one writer per session, reopening, a killed stream leader, idempotent retries.
 
 mod support;
 

@@ -76,7 +76,10 @@ fn every_rest_route_is_documented() {
         .collect();
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut found = 0;
-    for file in ["src/edge/http/routes.rs", "src/edge/server.rs"] {
+    for file in [
+        "crates/vak-server/src/http/routes.rs",
+        "crates/vak-server/src/server.rs",
+    ] {
         let text = std::fs::read_to_string(root.join(file)).unwrap();
         let mut rest = text.as_str();
         while let Some(i) = rest.find(".route(") {

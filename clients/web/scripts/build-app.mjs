@@ -1,5 +1,5 @@
 // `npm run build:app` (`make app`): the browser app (/app) and console (/admin) into
-// dist-app/, which vak embeds at build time (src/edge/http/assets.rs):
+// dist-app/, which vak embeds at build time (crates/vak-server/src/http/assets.rs):
 //   index.html, admin.html            the shells (served no-cache), naming...
 //   assets/<name>-<hash>.{js,css}     ...content-hashed bundles (served immutable)
 //   *.gz, *.br                        precompressed here, so the server never compresses

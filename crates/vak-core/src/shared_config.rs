@@ -15,7 +15,7 @@
 //!   plaintext key in NATS. Without a cluster secret keys are not shared.
 //!
 //! With a cluster secret, `route`, `mode` and `rules.<…>` are signed
-//! (src/core/cluster_secret.rs): a value without a good signature is
+//! (crates/vak-core/src/cluster_secret.rs): a value without a good signature is
 //! refused and logged, and the last good value stays in force; a change
 //! based on a refused value (a compare-and-set over it) writes the last
 //! good value, signed. Deletes carry no value to sign: a deleted route or

@@ -1,4 +1,4 @@
-//! Writes the OpenAPI 3.1 document of the REST façade from proto/: each RPC's `(vak.v1.http)` option names its route, and the messages' descriptors give the JSON schemas (the proto3 JSON mapping with proto field names, as src/edge/http/json.rs writes it).
+//! Writes the OpenAPI 3.1 document of the REST façade from proto/: each RPC's `(vak.v1.http)` option names its route, and the messages' descriptors give the JSON schemas (the proto3 JSON mapping with proto field names, as crates/vak-proto/src/json.rs writes it).
 //!
 //! Included by build.rs, so the document is rebuilt whenever the proto
 //! changes and cannot drift from the service.
