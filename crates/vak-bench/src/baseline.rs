@@ -22,7 +22,7 @@ struct Channel {
     seq: u64,
 }
 
-pub struct Baseline {
+pub(crate) struct Baseline {
     capacity: usize,
     sessions: Mutex<HashMap<String, Arc<Mutex<Channel>>>>,
 }
@@ -359,7 +359,7 @@ impl AgentService for Baseline {
 
 /// `vak-bench baseline-server`: serves until killed, announcing its address
 /// on stdout as one line, `baseline: listening on http://ADDR`.
-pub fn serve(listen: SocketAddr, capacity: usize) -> std::io::Result<()> {
+pub(crate) fn serve(listen: SocketAddr, capacity: usize) -> std::io::Result<()> {
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(listen).await?;

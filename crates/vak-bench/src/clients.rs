@@ -29,7 +29,7 @@ const VALIDATE_EVERY: u64 = 1024;
 
 /// Where a server listens and the token it wants.
 #[derive(Clone, Debug)]
-pub struct Target {
+pub(crate) struct Target {
     pub addr: SocketAddr,
     pub token: String,
     /// nginx + nchan: `/sub/<channel>`, a body that is not chunked, no
@@ -39,7 +39,7 @@ pub struct Target {
 
 /// What a subscriber does with its stream.
 #[derive(Clone, Copy, Debug)]
-pub enum Mode {
+pub(crate) enum Mode {
     /// Count `t{i} ` tokens until `expect` are in and run_finished arrives.
     Count { expect: u64 },
     /// Like Count with `p{i}@{unix_micros} ` tokens: records each one's latency.
@@ -56,7 +56,7 @@ pub enum Mode {
 }
 
 /// State every subscriber of one scenario run shares.
-pub struct Shared {
+pub(crate) struct Shared {
     pub opened: AtomicUsize,
     pub cancel: CancellationToken,
     /// Bounds connections being set up at once (the listen backlog is finite).
@@ -64,7 +64,7 @@ pub struct Shared {
 }
 
 impl Shared {
-    pub fn new() -> Arc<Shared> {
+    pub(crate) fn new() -> Arc<Shared> {
         Arc::new(Shared {
             opened: AtomicUsize::new(0),
             cancel: CancellationToken::new(),
@@ -73,7 +73,7 @@ impl Shared {
     }
 
     /// Waits until `n` subscribers have received stream_opened.
-    pub async fn wait_opened(&self, n: usize, limit: Duration) -> Result<(), String> {
+    pub(crate) async fn wait_opened(&self, n: usize, limit: Duration) -> Result<(), String> {
         let start = Instant::now();
         while self.opened.load(Ordering::Acquire) < n {
             if start.elapsed() > limit {
@@ -90,7 +90,7 @@ impl Shared {
 
 /// What one subscriber saw.
 #[derive(Debug, Default)]
-pub struct SubResult {
+pub(crate) struct SubResult {
     /// Delivered events: text_delta tokens.
     pub tokens: u64,
     /// text_delta frames (fewer than tokens when deltas were merged).
@@ -117,7 +117,7 @@ struct Tally {
     res: SubResult,
 }
 
-pub fn unix_micros() -> u64 {
+pub(crate) fn unix_micros() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as u64)
@@ -470,7 +470,7 @@ async fn read_head(tcp: &mut TcpStream, buf: &mut [u8], peer: bool) -> Result<(V
 
 /// One SSE subscriber of `GET /sessions/:id/events`: live only, or from
 /// `?after=` a cursor.
-pub async fn sse_subscriber(
+pub(crate) async fn sse_subscriber(
     target: Target,
     session: String,
     after: Option<u64>,
@@ -628,10 +628,10 @@ fn sse_frame(
 
 /// Encodes the request with prost; hands each response message over as its raw bytes.
 #[derive(Clone, Copy, Default)]
-pub struct RawCodec;
+pub(crate) struct RawCodec;
 
-pub struct RequestEncoder;
-pub struct RawDecoder;
+pub(crate) struct RequestEncoder;
+pub(crate) struct RawDecoder;
 
 impl Encoder for RequestEncoder {
     type Item = pb::SubscribeRequest;
@@ -742,7 +742,7 @@ fn pb_validate(msg: &[u8], text: &[u8], session: &str) -> Result<(), String> {
 }
 
 /// `n` HTTP/2 connections to `target`, one tonic Channel each.
-pub async fn grpc_connections(target: &Target, n: usize) -> Result<Vec<Channel>, String> {
+pub(crate) async fn grpc_connections(target: &Target, n: usize) -> Result<Vec<Channel>, String> {
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
         let ch = Endpoint::from_shared(format!("http://{}", target.addr))
@@ -757,7 +757,7 @@ pub async fn grpc_connections(target: &Target, n: usize) -> Result<Vec<Channel>,
 }
 
 /// One gRPC `Subscribe` stream (live only, or after a cursor) on a shared connection.
-pub async fn grpc_subscriber(
+pub(crate) async fn grpc_subscriber(
     channel: Channel,
     token: String,
     session: String,

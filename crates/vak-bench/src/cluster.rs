@@ -13,7 +13,7 @@ const READY: Duration = Duration::from_secs(30);
 /// The nats-server binary, found like the Makefile finds it: `VAK_NATS_SERVER`,
 /// else `target/nats-venv/bin/nats-server` (next to the bench's own target
 /// folder, or under the working directory), which `make nats` installs.
-pub fn nats_server(exe: &Path) -> Option<PathBuf> {
+pub(crate) fn nats_server(exe: &Path) -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("VAK_NATS_SERVER") {
         return Some(PathBuf::from(p)).filter(|p| p.is_file());
     }
@@ -138,7 +138,7 @@ impl Drop for Nats {
 
 /// What one cluster run measured.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct ClusterRun {
+pub(crate) struct ClusterRun {
     /// `/burst` to the subscribers spread over the 3 replicas.
     pub fanout: Throughput,
     /// `/pace` at the paced rate to the same spread.
@@ -150,7 +150,7 @@ pub struct ClusterRun {
 
 /// The sizes of a cluster run.
 #[derive(Clone, Copy, Debug)]
-pub struct ClusterSizes {
+pub(crate) struct ClusterSizes {
     pub subs: usize,
     pub burst: u64,
     pub pace: u64,
@@ -161,7 +161,7 @@ pub struct ClusterSizes {
 /// One cluster run: 3 nats nodes, 3 replicas (`--bus-replicas 3`, one token),
 /// a fresh session per figure, all made and run on replica 0 (which takes
 /// its lease, so it owns them); then the embedded server for the ratio.
-pub async fn run(env: &Env, nats_bin: &Path, sz: ClusterSizes) -> Result<ClusterRun, String> {
+pub(crate) async fn run(env: &Env, nats_bin: &Path, sz: ClusterSizes) -> Result<ClusterRun, String> {
     let nats = Nats::start(nats_bin).await?;
     let token = server::random_token();
     let mut replicas = Vec::new();

@@ -8,13 +8,13 @@ use vak_proto::v1 as pb;
 /// The unary calls a scenario needs (over gRPC for every transport: the
 /// control plane is not what is measured).
 #[derive(Clone)]
-pub struct Control {
+pub(crate) struct Control {
     channel: Channel,
     token: String,
 }
 
 impl Control {
-    pub async fn connect(target: &Target) -> Result<Control, String> {
+    pub(crate) async fn connect(target: &Target) -> Result<Control, String> {
         let channel = grpc_connections(target, 1).await?.remove(0);
         Ok(Control {
             channel,
@@ -30,7 +30,7 @@ impl Control {
         req
     }
 
-    pub async fn create_session(&self) -> Result<String, String> {
+    pub(crate) async fn create_session(&self) -> Result<String, String> {
         let mut c = pb::agent_service_client::AgentServiceClient::new(self.channel.clone());
         c.create_session(self.request(pb::CreateSessionRequest::default()))
             .await
@@ -39,7 +39,7 @@ impl Control {
     }
 
     /// Every session's (id, latest seq, busy), as `ListSessions` reports them.
-    pub async fn list_sessions(&self) -> Result<Vec<(String, u64, bool)>, String> {
+    pub(crate) async fn list_sessions(&self) -> Result<Vec<(String, u64, bool)>, String> {
         let mut c = pb::agent_service_client::AgentServiceClient::new(self.channel.clone());
         c.list_sessions(self.request(pb::ListSessionsRequest {}))
             .await
@@ -54,7 +54,7 @@ impl Control {
     }
 
     /// Every session's summary, as `ListSessions` reports it (loaded, busy, latest seq).
-    pub async fn sessions(&self) -> Result<Vec<pb::SessionSummary>, String> {
+    pub(crate) async fn sessions(&self) -> Result<Vec<pb::SessionSummary>, String> {
         let mut c = pb::agent_service_client::AgentServiceClient::new(self.channel.clone());
         c.list_sessions(self.request(pb::ListSessionsRequest {}))
             .await
@@ -63,7 +63,7 @@ impl Control {
     }
 
     /// Runs `prompt` and answers once the run settled (`Run` with `wait`).
-    pub async fn run_settled(&self, session: &str, prompt: &str) -> Result<(), String> {
+    pub(crate) async fn run_settled(&self, session: &str, prompt: &str) -> Result<(), String> {
         let mut c = pb::agent_service_client::AgentServiceClient::new(self.channel.clone());
         let a = c
             .run(self.request(pb::RunRequest {
@@ -83,7 +83,7 @@ impl Control {
     }
 
     /// `Search` in this workspace's sessions: the hits' session ids, best first.
-    pub async fn search(&self, q: &str, limit: u32) -> Result<Vec<String>, String> {
+    pub(crate) async fn search(&self, q: &str, limit: u32) -> Result<Vec<String>, String> {
         let mut c = pb::agent_service_client::AgentServiceClient::new(self.channel.clone());
         c.search(self.request(pb::SearchRequest {
             q: q.to_string(),
@@ -95,7 +95,7 @@ impl Control {
         .map_err(|s| format!("Search: {s}"))
     }
 
-    pub async fn run(&self, session: &str, prompt: &str) -> Result<(), String> {
+    pub(crate) async fn run(&self, session: &str, prompt: &str) -> Result<(), String> {
         let mut c = pb::agent_service_client::AgentServiceClient::new(self.channel.clone());
         let a = c
             .run(self.request(pb::RunRequest {

@@ -9,12 +9,12 @@ use std::time::{Duration, Instant};
 use vak_proto::sse;
 
 /// The session id the floor's frames carry (the client checks it on sampled frames).
-pub const SESSION: &str = "floor";
+pub(crate) const SESSION: &str = "floor";
 
 /// A floor server on 127.0.0.1: it accepts `subs` SSE subscribers, and on
 /// `start` paces `n` text deltas at `rate` per second to all of them, then
 /// `run_finished`.
-pub struct Floor {
+pub(crate) struct Floor {
     pub addr: SocketAddr,
     start: Option<mpsc::Sender<()>>,
     stop: Arc<AtomicBool>,
@@ -30,7 +30,7 @@ struct Conn {
 }
 
 impl Floor {
-    pub fn start(subs: usize, n: u64, rate: u64) -> io::Result<Floor> {
+    pub(crate) fn start(subs: usize, n: u64, rate: u64) -> io::Result<Floor> {
         let listener = TcpListener::bind("127.0.0.1:0")?;
         let addr = listener.local_addr()?;
         let (start, started) = mpsc::channel();
@@ -48,14 +48,14 @@ impl Floor {
     }
 
     /// Starts the paced run (the subscribers are all open).
-    pub fn run(&mut self) {
+    pub(crate) fn run(&mut self) {
         if let Some(s) = self.start.take() {
             let _ = s.send(());
         }
     }
 
     /// Ends the thread and returns its error, if any.
-    pub fn finish(mut self) -> Result<(), String> {
+    pub(crate) fn finish(mut self) -> Result<(), String> {
         self.stop.store(true, Ordering::Release);
         self.start.take();
         match self.thread.take().map(JoinHandle::join) {

@@ -2,7 +2,7 @@
 
 /// One point of a growth axis.
 #[derive(Clone, Copy, Debug)]
-pub struct Point {
+pub(crate) struct Point {
     /// The axis value: subscribers, sessions or delta bytes.
     pub x: f64,
     /// Server CPU per delivered event, in ns (None: too short to measure).
@@ -25,7 +25,7 @@ const RSS_NOISE_KIB: f64 = 16.0 * 1024.0;
 /// exceeds that by `SLACK` is flagged. RSS: the memory each added unit
 /// (`unit`) costs over the first point should not rise from one step to
 /// the next; a step where it rises by `SLACK`, and by more than noise, is flagged.
-pub fn flags(points: &[Point], per_byte: bool, unit: &str) -> Vec<Option<String>> {
+pub(crate) fn flags(points: &[Point], per_byte: bool, unit: &str) -> Vec<Option<String>> {
     let mut out = vec![None; points.len()];
     for k in 1..points.len() {
         let (a, b) = (points[k - 1], points[k]);
@@ -60,7 +60,7 @@ pub fn flags(points: &[Point], per_byte: bool, unit: &str) -> Vec<Option<String>
 
 /// Where the p99 of a latency curve crosses a bound.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Crossing {
+pub(crate) enum Crossing {
     /// Already at or above the bound at the lowest rate measured.
     Below(u64),
     /// Under the bound at every rate measured, up to this one.
@@ -71,7 +71,7 @@ pub enum Crossing {
 
 /// The bracket of measured (rate, p99) points, sorted by rate: the last
 /// rate under `bound` and the first at or above it, among all points.
-pub fn bracket(points: &[(u64, f64)], bound: f64) -> Crossing {
+pub(crate) fn bracket(points: &[(u64, f64)], bound: f64) -> Crossing {
     let mut pts = points.to_vec();
     pts.sort_by_key(|p| p.0);
     match pts.iter().position(|&(_, p99)| p99 >= bound) {
@@ -86,7 +86,7 @@ pub fn bracket(points: &[(u64, f64)], bound: f64) -> Crossing {
 
 /// The next rate to measure inside a bracket: its geometric middle (the
 /// curve spans decades), rounded to 10/s; None once the bracket is within 10%.
-pub fn midpoint(lo: u64, hi: u64) -> Option<u64> {
+pub(crate) fn midpoint(lo: u64, hi: u64) -> Option<u64> {
     if hi as f64 <= lo as f64 * 1.1 {
         return None;
     }

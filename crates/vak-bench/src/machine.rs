@@ -5,7 +5,7 @@ use std::fmt;
 
 /// What BENCHMARKS.md records about where it was measured.
 #[derive(Clone, Debug)]
-pub struct Machine {
+pub(crate) struct Machine {
     pub cpu_model: String,
     pub cores: usize,
     pub mem_total_kib: u64,
@@ -19,7 +19,7 @@ pub struct Machine {
 }
 
 impl Machine {
-    pub fn probe(nofile_before: (u64, u64), nofile_after: u64) -> Machine {
+    pub(crate) fn probe(nofile_before: (u64, u64), nofile_after: u64) -> Machine {
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         let cpu_model = cpuinfo
             .lines()
@@ -68,7 +68,7 @@ impl fmt::Display for Machine {
 }
 
 /// The 1, 5 and 15 minute load averages.
-pub fn load_average() -> String {
+pub(crate) fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_else(|_| "unknown".into())
@@ -77,7 +77,7 @@ pub fn load_average() -> String {
 /// Raises this process's RLIMIT_NOFILE soft limit to its hard limit, so the
 /// bench can hold 10 000 connections and the server it spawns inherits the
 /// same limit. Returns ((soft, hard) before, soft after).
-pub fn raise_nofile() -> ((u64, u64), u64) {
+pub(crate) fn raise_nofile() -> ((u64, u64), u64) {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -115,24 +115,24 @@ fn status_kib(pid: u32, field: &str) -> Option<u64> {
 }
 
 /// Resident memory now.
-pub fn rss_kib(pid: u32) -> Option<u64> {
+pub(crate) fn rss_kib(pid: u32) -> Option<u64> {
     status_kib(pid, "VmRSS")
 }
 
 /// Peak resident memory since the process started.
-pub fn hwm_kib(pid: u32) -> Option<u64> {
+pub(crate) fn hwm_kib(pid: u32) -> Option<u64> {
     status_kib(pid, "VmHWM")
 }
 
 /// Resets a process's VmHWM to its current RSS (writing 5 to
 /// /proc/<pid>/clear_refs, Linux 4.0 and later), so a later VmHWM is the
 /// peak of what came after. False when the kernel refused.
-pub fn reset_hwm(pid: u32) -> bool {
+pub(crate) fn reset_hwm(pid: u32) -> bool {
     std::fs::write(format!("/proc/{pid}/clear_refs"), "5").is_ok()
 }
 
 /// The soft "Max open files" of a process, from /proc/<pid>/limits.
-pub fn nofile_of(pid: u32) -> Option<u64> {
+pub(crate) fn nofile_of(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/limits")).ok()?;
     let line = s.lines().find(|l| l.starts_with("Max open files"))?;
     line["Max open files".len()..]
@@ -143,7 +143,7 @@ pub fn nofile_of(pid: u32) -> Option<u64> {
 }
 
 /// User + system CPU seconds a process has used (0 = this process).
-pub fn cpu_seconds(pid: u32) -> f64 {
+pub(crate) fn cpu_seconds(pid: u32) -> f64 {
     let path = if pid == 0 {
         "/proc/self/stat".to_string()
     } else {
@@ -165,7 +165,7 @@ pub fn cpu_seconds(pid: u32) -> f64 {
 }
 
 /// CPU seconds the whole machine has been busy (all cores: /proc/stat minus idle and iowait).
-pub fn machine_busy_seconds() -> f64 {
+pub(crate) fn machine_busy_seconds() -> f64 {
     let Ok(s) = std::fs::read_to_string("/proc/stat") else {
         return 0.0;
     };
@@ -187,7 +187,7 @@ pub fn machine_busy_seconds() -> f64 {
 
 /// CPU time of a process, of the bench itself and of the machine at one moment.
 #[derive(Clone, Copy, Debug)]
-pub struct CpuMark {
+pub(crate) struct CpuMark {
     server: f64,
     bench: f64,
     machine: f64,
@@ -197,7 +197,7 @@ pub struct CpuMark {
 /// CPU used between two marks, in seconds: the server, the bench, everything
 /// else on the machine (other people's work competes for the same cores), and the wall time.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct CpuUse {
+pub(crate) struct CpuUse {
     pub server: f64,
     pub bench: f64,
     pub others: f64,
@@ -205,7 +205,7 @@ pub struct CpuUse {
 }
 
 impl CpuMark {
-    pub fn now(server_pid: u32) -> CpuMark {
+    pub(crate) fn now(server_pid: u32) -> CpuMark {
         CpuMark {
             server: cpu_seconds(server_pid),
             bench: cpu_seconds(0),
@@ -214,7 +214,7 @@ impl CpuMark {
         }
     }
 
-    pub fn since(&self, server_pid: u32) -> CpuUse {
+    pub(crate) fn since(&self, server_pid: u32) -> CpuUse {
         let server = cpu_seconds(server_pid) - self.server;
         let bench = cpu_seconds(0) - self.bench;
         let machine = machine_busy_seconds() - self.machine;

@@ -4,10 +4,13 @@
 //! raw tonic baseline, with this process's own async clients. `make bench` runs it and
 //! writes BENCHMARKS.md; `make bench-quick` runs the same code at small sizes.
 
+#![warn(unreachable_pub)]
+
 mod baseline;
 mod clients;
 mod cluster;
 mod control;
+mod env;
 mod floor;
 mod growth;
 mod machine;

@@ -11,7 +11,7 @@ use vak_proto::v1 as pb;
 
 /// The scenario's sizes.
 #[derive(Clone, Copy, Debug)]
-pub struct MemorySizes {
+pub(crate) struct MemorySizes {
     /// Stalled SSE readers per cycle, and per pinned-memory run.
     pub readers: usize,
     /// `/burst N SIZE`: deltas and their bytes.
@@ -26,7 +26,7 @@ pub struct MemorySizes {
 }
 
 impl MemorySizes {
-    pub fn full() -> MemorySizes {
+    pub(crate) fn full() -> MemorySizes {
         MemorySizes {
             readers: 200,
             burst: 200_000,
@@ -37,7 +37,7 @@ impl MemorySizes {
         }
     }
 
-    pub fn quick() -> MemorySizes {
+    pub(crate) fn quick() -> MemorySizes {
         MemorySizes {
             readers: 10,
             burst: 5_000,
@@ -55,7 +55,7 @@ impl MemorySizes {
 
 /// RSS of one server over the cycles, in KiB.
 #[derive(Clone, Debug, Default)]
-pub struct Cycles {
+pub(crate) struct Cycles {
     /// Settled, before the first cycle.
     pub start_kib: u64,
     /// With the cycle's readers still stalled, once its run had settled.
@@ -66,7 +66,7 @@ pub struct Cycles {
 
 impl Cycles {
     /// The most RSS any later cycle left over the first cycle's, in KiB.
-    pub fn growth_kib(&self) -> Option<f64> {
+    pub(crate) fn growth_kib(&self) -> Option<f64> {
         let first = *self.after_kib.first()?;
         let most = self.after_kib.iter().skip(1).copied().max().unwrap_or(first);
         Some(most as f64 - first as f64)
@@ -76,26 +76,26 @@ impl Cycles {
 /// RSS of the same burst with and without stalled readers, each on a fresh
 /// server with `--max-queued-mib cap_mib`, in KiB.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Pinned {
+pub(crate) struct Pinned {
     pub without_kib: u64,
     pub with_kib: u64,
     pub with_peak_kib: u64,
 }
 
 impl Pinned {
-    pub fn added_kib(&self) -> f64 {
+    pub(crate) fn added_kib(&self) -> f64 {
         self.with_kib as f64 - self.without_kib as f64
     }
 }
 
 /// Both measurements of one run.
 #[derive(Default)]
-pub struct MemoryRun {
+pub(crate) struct MemoryRun {
     pub cycles: Option<Result<Cycles, String>>,
     pub pinned: Option<Result<Pinned, String>>,
 }
 
-pub async fn run(env: &Env, sizes: &MemorySizes) -> MemoryRun {
+pub(crate) async fn run(env: &Env, sizes: &MemorySizes) -> MemoryRun {
     MemoryRun {
         cycles: Some(cycles(env, sizes).await),
         pinned: Some(pinned(env, sizes).await),
@@ -289,7 +289,7 @@ fn mib(kib: u64) -> String {
 
 /// The scenario's rows: RSS left after the cycles, and RSS the stalled
 /// readers pin at `--max-queued-mib`.
-pub fn rows(runs: &[MemoryRun], sizes: &MemorySizes, rows: &mut Vec<Row>, failures: &mut usize) {
+pub(crate) fn rows(runs: &[MemoryRun], sizes: &MemorySizes, rows: &mut Vec<Row>, failures: &mut usize) {
     cycles_row(runs, sizes, rows, failures);
     pinned_row(runs, sizes, rows, failures);
 }
@@ -385,7 +385,7 @@ fn pinned_row(runs: &[MemoryRun], sizes: &MemorySizes, rows: &mut Vec<Row>, fail
 }
 
 /// The method paragraph's sentences on this scenario.
-pub fn method(sizes: &MemorySizes) -> String {
+pub(crate) fn method(sizes: &MemorySizes) -> String {
     format!(
         "Memory: one server started with `--unload-idle-after 1`; {cycles} times a new session gets {readers} SSE \
 readers that read stream_opened and then stop reading, `/burst {burst} {size}`, and once the run settled the readers \

@@ -7,10 +7,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// Where Debian installs the module.
-pub const MODULE: &str = "/usr/lib/nginx/modules/ngx_nchan_module.so";
+pub(crate) const MODULE: &str = "/usr/lib/nginx/modules/ngx_nchan_module.so";
 
 /// Whether nginx and the nchan module are installed.
-pub fn installed() -> bool {
+pub(crate) fn installed() -> bool {
     Path::new(MODULE).exists() && which("nginx").is_some()
 }
 
@@ -70,7 +70,7 @@ http {{
 }
 
 /// A running nginx: its master (killed when dropped) and its one worker.
-pub struct Nginx {
+pub(crate) struct Nginx {
     pub child: tokio::process::Child,
     pub worker: u32,
     pub port: u16,
@@ -107,7 +107,7 @@ fn children(pid: u32) -> Vec<u32> {
 
 impl Nginx {
     /// Starts nginx with its config in `dir`; waits until it accepts connections.
-    pub async fn start(dir: &Path) -> Result<Nginx, String> {
+    pub(crate) async fn start(dir: &Path) -> Result<Nginx, String> {
         let port = free_port()?;
         // The worker may run as `nobody` when the bench runs as root.
         let nofile = nofile_hard().min(30_000);
@@ -155,7 +155,7 @@ fn publish_request(channel: &str, event: &str, body: &str) -> String {
 /// Publishes `n` text_delta messages (`t{i} `, the JSON vak writes for a
 /// delta) and then a run_finished, pipelined on one connection, and reads
 /// every answer: the counterpart of vak's `Run("/burst n")`.
-pub async fn publish(addr: std::net::SocketAddr, channel: String, n: u64) -> Result<(), String> {
+pub(crate) async fn publish(addr: std::net::SocketAddr, channel: String, n: u64) -> Result<(), String> {
     let channel = channel.as_str();
     let tcp = TcpStream::connect(addr)
         .await

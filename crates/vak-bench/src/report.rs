@@ -7,7 +7,7 @@ use std::path::Path;
 
 /// The median and spread of a figure over the runs.
 #[derive(Clone, Copy, Debug)]
-pub struct Stat {
+pub(crate) struct Stat {
     pub median: f64,
     pub min: f64,
     pub max: f64,
@@ -15,7 +15,7 @@ pub struct Stat {
 }
 
 impl Stat {
-    pub fn of(values: &[f64]) -> Option<Stat> {
+    pub(crate) fn of(values: &[f64]) -> Option<Stat> {
         if values.is_empty() {
             return None;
         }
@@ -38,7 +38,7 @@ impl Stat {
 
 /// How a figure is printed.
 #[derive(Clone, Copy, Debug)]
-pub enum Unit {
+pub(crate) enum Unit {
     /// Events per second.
     Rate,
     /// Seconds, printed as ms.
@@ -53,7 +53,7 @@ pub enum Unit {
     Fraction,
 }
 
-pub fn fmt_value(v: f64, unit: Unit) -> String {
+pub(crate) fn fmt_value(v: f64, unit: Unit) -> String {
     match unit {
         Unit::Rate if v >= 1e6 => format!("{:.2} M/s", v / 1e6),
         Unit::Rate if v >= 1e3 => format!("{:.0} k/s", v / 1e3),
@@ -70,7 +70,7 @@ pub fn fmt_value(v: f64, unit: Unit) -> String {
 
 /// A goal a figure is compared with (never asserted).
 #[derive(Clone, Debug)]
-pub struct Goal {
+pub(crate) struct Goal {
     pub text: String,
     /// Some(true) met, Some(false) missed, None nothing to compare.
     pub met: Option<bool>,
@@ -80,7 +80,7 @@ pub struct Goal {
 
 impl Goal {
     /// value >= goal.
-    pub fn at_least(value: f64, goal: f64, text: &str) -> Goal {
+    pub(crate) fn at_least(value: f64, goal: f64, text: &str) -> Goal {
         let met = value >= goal;
         Goal {
             text: text.into(),
@@ -98,7 +98,7 @@ impl Goal {
     }
 
     /// value <= goal (or < when strict).
-    pub fn at_most(value: f64, goal: f64, strict: bool, text: &str) -> Goal {
+    pub(crate) fn at_most(value: f64, goal: f64, strict: bool, text: &str) -> Goal {
         let met = if strict { value < goal } else { value <= goal };
         Goal {
             text: text.into(),
@@ -122,7 +122,7 @@ impl Goal {
 
 /// One line of the table.
 #[derive(Clone, Debug)]
-pub struct Row {
+pub(crate) struct Row {
     pub scenario: String,
     pub transport: &'static str,
     pub metric: String,
@@ -139,7 +139,13 @@ pub struct Row {
 }
 
 impl Row {
-    pub fn new(scenario: &str, transport: &'static str, metric: &str, values: &[f64], unit: Unit) -> Row {
+    pub(crate) fn new(
+        scenario: &str,
+        transport: &'static str,
+        metric: &str,
+        values: &[f64],
+        unit: Unit,
+    ) -> Row {
         Row {
             scenario: scenario.into(),
             transport,
@@ -160,7 +166,7 @@ fn cell_escape(s: &str) -> String {
 }
 
 /// The table in Markdown (readable as plain text too).
-pub fn table(rows: &[Row]) -> String {
+pub(crate) fn table(rows: &[Row]) -> String {
     let mut out = String::new();
     out.push_str("| Scenario | Transport | Metric | Median | Spread (min–max) | Goal | vs raw tonic | CPU server / bench / others (cores) | Notes |\n");
     out.push_str("|---|---|---|---:|---|---|---:|---|---|\n");
@@ -207,7 +213,7 @@ pub fn table(rows: &[Row]) -> String {
 }
 
 /// One line per goal: met, or missed and by how much.
-pub fn goals(rows: &[Row]) -> String {
+pub(crate) fn goals(rows: &[Row]) -> String {
     let mut out = String::new();
     for r in rows {
         let (Some(g), Some(s)) = (&r.goal, &r.stat) else {
@@ -236,7 +242,7 @@ const BEGIN: &str =
 const END: &str = "<!-- END vak-bench -->";
 
 /// Today's date (UTC) from the system clock, as YYYY-MM-DD.
-pub fn today() -> String {
+pub(crate) fn today() -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs()) as i64;
@@ -254,7 +260,7 @@ pub fn today() -> String {
 }
 
 /// Everything a report says besides the table.
-pub struct Context<'a> {
+pub(crate) struct Context<'a> {
     pub machine: &'a Machine,
     pub command: &'a str,
     pub revision: String,
@@ -267,7 +273,7 @@ pub struct Context<'a> {
 }
 
 /// The generated section: when, where, how, the table and the goals.
-pub fn section(ctx: &Context<'_>, rows: &[Row]) -> String {
+pub(crate) fn section(ctx: &Context<'_>, rows: &[Row]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -300,7 +306,7 @@ const END_PEER: &str = "<!-- END vak-bench-peer -->";
 /// Writes the generated section into `path` between the markers (the peer
 /// run's own markers with `peer`), keeping whatever the file holds outside
 /// them (the hand-written analysis, and the other run's section).
-pub fn write_markdown(path: &Path, generated: &str, peer: bool) -> std::io::Result<()> {
+pub(crate) fn write_markdown(path: &Path, generated: &str, peer: bool) -> std::io::Result<()> {
     let old = std::fs::read_to_string(path).unwrap_or_default();
     let (begin, end) = if peer {
         (BEGIN_PEER, END_PEER)

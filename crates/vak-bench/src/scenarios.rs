@@ -4,66 +4,14 @@
 
 use crate::clients::{self, Mode, Shared, SubResult, Target};
 use crate::control::Control;
+pub(crate) use crate::env::{Env, Transport};
 use crate::machine::{self, CpuMark, CpuUse};
 use crate::server::{ServeOpts, Server};
 use crate::web;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-
-/// How the bench reaches the server.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Transport {
-    /// vak, `GET /sessions/:id/events`.
-    Sse,
-    /// vak, gRPC `Subscribe`.
-    Grpc,
-    /// The raw tonic baseline, gRPC `Subscribe` (same client code).
-    Tonic,
-    /// vak with `--tls-self-signed`, `GET /sessions/:id/events` over HTTP/1.1
-    /// in TLS (reqwest; idle scenario only).
-    SseTls,
-    /// vak, `GET /sessions/:id/events` over HTTP/2 without TLS (h2c prior
-    /// knowledge, reqwest), one stream per connection (idle scenario only).
-    SseH2,
-    /// The peer: nginx + nchan, its EventSource subscriber location (same
-    /// client code as Sse), fed by HTTP publishes (fan-out and idle only).
-    Nchan,
-}
-
-impl Transport {
-    pub fn label(self) -> &'static str {
-        match self {
-            Transport::Sse => "SSE",
-            Transport::Grpc => "gRPC",
-            Transport::Tonic => "raw tonic",
-            Transport::SseTls => "SSE, TLS (HTTP/1.1)",
-            Transport::SseH2 => "SSE, HTTP/2 (h2c)",
-            Transport::Nchan => "nginx + nchan (SSE)",
-        }
-    }
-}
-
-/// What the bench was told to use.
-#[derive(Clone, Debug)]
-pub struct Env {
-    /// The `vak` binary to serve with.
-    pub vak: PathBuf,
-    /// This bench binary (re-executed as the baseline server).
-    pub exe: PathBuf,
-    /// gRPC streams per HTTP/2 connection.
-    pub per_conn: usize,
-    /// The baseline's broadcast capacity (must hold a whole burst: it is lossless only then).
-    pub capacity: usize,
-    /// How long one scenario run may take before it is abandoned.
-    pub limit: Duration,
-    /// Extra `vak serve` flags (--serve-arg).
-    pub serve_args: Vec<String>,
-    /// Extra environment of every `vak serve` (--serve-env KEY=VALUE), e.g. an allocator to compare.
-    pub serve_env: Vec<(String, String)>,
-}
 
 /// Opens one subscriber per entry of `sessions` (SSE connections, or gRPC
 /// streams `per_conn` to an HTTP/2 connection). Subscriber `stalled`, if any,
@@ -141,7 +89,7 @@ async fn collect(handles: Vec<JoinHandle<SubResult>>, shared: &Shared, limit: Du
 }
 
 /// How the error of a run that hit its time limit starts.
-pub const NOT_FINISHED: &str = "not finished within the";
+pub(crate) const NOT_FINISHED: &str = "not finished within the";
 
 /// When `collect` hit its limit (it cancels the rest only then): how far the
 /// subscribers got, which says more than the cancellation errors.
@@ -182,7 +130,7 @@ fn last_complete(results: &[SubResult], t0: Instant) -> Result<f64, String> {
 
 /// One fan-out (or stalled-client) run.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Throughput {
+pub(crate) struct Throughput {
     /// Delivered events per second, all (reading) subscribers together.
     pub eps: f64,
     /// Seconds from Run until the last (reading) subscriber had every event.
@@ -214,7 +162,7 @@ impl Throughput {
 /// Fan-out: one session, `subs` subscribers, `/burst n`, on a server started
 /// with `opts`. With `stall`, subscriber 0 stops reading after stream_opened
 /// and is left out of the figures.
-pub async fn fanout(
+pub(crate) async fn fanout(
     env: &Env,
     transport: Transport,
     subs: usize,
@@ -229,7 +177,7 @@ pub async fn fanout(
 }
 
 /// Fan-out of `/burst n size` (deltas of `size` bytes) over SSE, for the growth table.
-pub async fn fanout_sized(env: &Env, subs: usize, n: u64, size: u64) -> Result<Throughput, String> {
+pub(crate) async fn fanout_sized(env: &Env, subs: usize, n: u64, size: u64) -> Result<Throughput, String> {
     let server = Server::start(env, Transport::Sse, ServeOpts::default()).await?;
     let r = fanout_on(env, &server, Transport::Sse, subs, n, size, false).await;
     server.stop().await;
@@ -315,7 +263,7 @@ fn burst_prompt(n: u64, size: u64) -> String {
 
 /// Publish-to-receipt latency of a paced stream, in microseconds.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Latency {
+pub(crate) struct Latency {
     pub p50_us: f64,
     pub p99_us: f64,
     pub max_us: f64,
@@ -328,7 +276,7 @@ pub struct Latency {
 
 /// Latency: one session, `subs` subscribers, `/pace n rate`; each delta
 /// carries its send time, each subscriber stamps its receipt (same clock).
-pub async fn latency(
+pub(crate) async fn latency(
     env: &Env,
     transport: Transport,
     subs: usize,
@@ -411,7 +359,7 @@ async fn spread_run(
 }
 
 /// `/pace n rate` to `subs` subscribers spread over `servers` (see `spread_run`).
-pub async fn paced_on(
+pub(crate) async fn paced_on(
     env: &Env,
     servers: &[&Server],
     transport: Transport,
@@ -428,7 +376,7 @@ pub async fn paced_on(
 /// The latency floor (`floor.rs`): the same `/pace n rate` frames to `subs`
 /// SSE subscribers, written by one plain thread in this process; its CPU is
 /// counted as the bench's (server 0).
-pub async fn floor_latency(env: &Env, subs: usize, n: u64, rate: u64) -> Result<Latency, String> {
+pub(crate) async fn floor_latency(env: &Env, subs: usize, n: u64, rate: u64) -> Result<Latency, String> {
     let mut floor = crate::floor::Floor::start(subs, n, rate).map_err(|e| format!("floor: {e}"))?;
     let target = Target {
         addr: floor.addr,
@@ -484,7 +432,12 @@ fn summarize(results: Vec<SubResult>, cpu: CpuUse, last_s: f64) -> Result<Latenc
 }
 
 /// `/burst n` to `subs` SSE subscribers spread over `servers` (see `spread_run`).
-pub async fn burst_on(env: &Env, servers: &[&Server], subs: usize, n: u64) -> Result<Throughput, String> {
+pub(crate) async fn burst_on(
+    env: &Env,
+    servers: &[&Server],
+    subs: usize,
+    n: u64,
+) -> Result<Throughput, String> {
     let mode = Mode::Count { expect: n };
     let prompt = format!("/burst {n}");
     let (results, cpu, last_s) = spread_run(env, servers, Transport::Sse, subs, mode, &prompt, n).await?;
@@ -509,7 +462,7 @@ async fn create_sessions(ctl: &Control, n: usize) -> Result<Vec<String>, String>
 }
 
 /// Many sessions: `sessions` sessions with one subscriber each, all running `/burst n` at once.
-pub async fn many_sessions(
+pub(crate) async fn many_sessions(
     env: &Env,
     transport: Transport,
     sessions: usize,
@@ -557,7 +510,7 @@ pub async fn many_sessions(
 
 /// Server memory held by idle streams.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Idle {
+pub(crate) struct Idle {
     pub kib_per_stream: f64,
     pub before_kib: u64,
     pub after_kib: u64,
@@ -568,7 +521,7 @@ pub struct Idle {
 
 /// Idle cost: `streams` subscribers to one session that never receive an
 /// event; VmRSS before opening them and after all have had stream_opened.
-pub async fn idle(env: &Env, transport: Transport, streams: usize) -> Result<Idle, String> {
+pub(crate) async fn idle(env: &Env, transport: Transport, streams: usize) -> Result<Idle, String> {
     let server = Server::start(env, transport, ServeOpts::default()).await?;
     let r = async {
         let web = matches!(transport, Transport::SseTls | Transport::SseH2);
@@ -630,7 +583,7 @@ pub async fn idle(env: &Env, transport: Transport, streams: usize) -> Result<Idl
 
 /// Replay from the ledger on disk, with a stalled subscriber per session.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Replay {
+pub(crate) struct Replay {
     /// Seconds from opening the readers until the last one had its last event.
     pub replay_s: f64,
     /// Events replayed per second, all readers together.
@@ -695,7 +648,7 @@ async fn wait_idle(ctl: &Control, ids: &[String], limit: Duration) -> Result<Vec
 /// before the session's latest seq (far older than the replay ring) to the
 /// end. Measures the readers' time to the last event and the server's peak
 /// RSS while they replay.
-pub async fn replay(
+pub(crate) async fn replay(
     env: &Env,
     transport: Transport,
     sessions: usize,
@@ -903,7 +856,7 @@ async fn replay_on(
 
 /// Search latency over many sessions.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct SearchLatency {
+pub(crate) struct SearchLatency {
     pub p50_us: f64,
     pub p99_us: f64,
     pub max_us: f64,
@@ -920,7 +873,7 @@ const SEARCH_WRITERS: usize = 16;
 /// its own (`w<i>k`) among common ones; once the last is searchable, the
 /// word of the first one is searched `queries` times, one after another,
 /// through gRPC `Search` (the time is the round trip the client sees).
-pub async fn search(env: &Env, sessions: usize, queries: usize) -> Result<SearchLatency, String> {
+pub(crate) async fn search(env: &Env, sessions: usize, queries: usize) -> Result<SearchLatency, String> {
     let server = Server::start(env, Transport::Grpc, ServeOpts::default()).await?;
     let r = async {
         let ctl = Control::connect(&server.target).await?;

@@ -2,7 +2,7 @@
 //! baseline, or nginx + nchan) with its own temp home, found by its `listening on` line.
 
 use crate::clients::Target;
-use crate::scenarios::{Env, Transport};
+use crate::env::{Env, Transport};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -13,7 +13,7 @@ use tokio::process::ChildStdout;
 
 /// `vak serve` flags a scenario sets beyond the common ones.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ServeOpts {
+pub(crate) struct ServeOpts {
     /// `--durability fsync` instead of the default `process`.
     pub fsync: bool,
     /// `--first-subscriber-wait-ms 0`: runs start at once with nobody watching.
@@ -21,14 +21,14 @@ pub struct ServeOpts {
 }
 
 impl ServeOpts {
-    pub const FSYNC: ServeOpts = ServeOpts {
+    pub(crate) const FSYNC: ServeOpts = ServeOpts {
         fsync: true,
         no_subscriber_wait: false,
     };
 }
 
 /// A server child process with its temp home; killed when dropped.
-pub struct Server {
+pub(crate) struct Server {
     child: tokio::process::Child,
     pub target: Target,
     pub pid: u32,
@@ -38,7 +38,7 @@ pub struct Server {
 static RUN: AtomicUsize = AtomicUsize::new(0);
 
 /// A server's bearer token: 64 random hex digits.
-pub fn random_token() -> String {
+pub(crate) fn random_token() -> String {
     format!(
         "{}{}",
         uuid::Uuid::new_v4().simple(),
@@ -49,13 +49,13 @@ pub fn random_token() -> String {
 impl Server {
     /// `vak serve` on loopback port 0 with its own home and workspace, a
     /// random token, and stream caps raised above what the scenarios open.
-    pub async fn start(env: &Env, transport: Transport, opts: ServeOpts) -> Result<Server, String> {
+    pub(crate) async fn start(env: &Env, transport: Transport, opts: ServeOpts) -> Result<Server, String> {
         Server::start_with(env, transport, opts, &[], None).await
     }
 
     /// `start` with more `vak serve` flags (a `--bus` replica's) and a given
     /// token (replicas sharing a bus share one).
-    pub async fn start_with(
+    pub(crate) async fn start_with(
         env: &Env,
         transport: Transport,
         opts: ServeOpts,
@@ -102,7 +102,7 @@ impl Server {
     }
 
     /// Bytes of every file under the server's home (its ledgers and index).
-    pub fn home_bytes(&self) -> u64 {
+    pub(crate) fn home_bytes(&self) -> u64 {
         fn walk(p: &Path) -> u64 {
             let Ok(rd) = std::fs::read_dir(p) else { return 0 };
             rd.flatten()
@@ -117,7 +117,7 @@ impl Server {
     }
 
     /// SIGTERM (vak shuts down gracefully), SIGKILL after 5 s; removes the temp home.
-    pub async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         // SAFETY: kill(2) on our own child's pid (vak, or nginx's master).
         if let Some(pid) = self.child.id() {
             unsafe {
@@ -213,6 +213,6 @@ async fn announced(mut lines: Lines<BufReader<ChildStdout>>, dir: &Path) -> Resu
 }
 
 /// The vak binary next to this one (target/release/vak for target/release/vak-bench).
-pub fn default_vak(exe: &Path) -> PathBuf {
+pub(crate) fn default_vak(exe: &Path) -> PathBuf {
     exe.with_file_name("vak")
 }

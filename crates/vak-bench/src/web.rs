@@ -22,7 +22,7 @@ fn web_url(target: &Target, tls: bool, path: &str) -> String {
 }
 
 /// `POST /sessions` over the same kind of connection the idle streams use.
-pub async fn web_create_session(target: &Target, tls: bool) -> Result<String, String> {
+pub(crate) async fn web_create_session(target: &Target, tls: bool) -> Result<String, String> {
     let r = web_client(tls)?
         .post(web_url(target, tls, "/sessions"))
         .bearer_auth(&target.token)
@@ -39,7 +39,7 @@ pub async fn web_create_session(target: &Target, tls: bool) -> Result<String, St
 
 /// An idle SSE subscriber over TLS or HTTP/2: reads until stream_opened,
 /// then holds the stream (reading keepalives) until cancelled.
-pub async fn web_idle_subscriber(
+pub(crate) async fn web_idle_subscriber(
     target: Target,
     session: String,
     tls: bool,

@@ -6,15 +6,15 @@ use std::time::Duration;
 use vak_proto::home;
 use vak_proto::v1 as pb;
 
-pub use super::transport::*;
+pub(crate) use super::transport::*;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TransportKind {
+pub(crate) enum TransportKind {
     Sse,
     Grpc,
 }
 
-pub fn connect(target: &Target, kind: TransportKind) -> Result<Arc<dyn Transport>, Failure> {
+pub(crate) fn connect(target: &Target, kind: TransportKind) -> Result<Arc<dyn Transport>, Failure> {
     Ok(match kind {
         TransportKind::Sse => Arc::new(super::rest::Rest::new(target)?),
         TransportKind::Grpc => Arc::new(super::grpc::Grpc::new(target)?),
@@ -23,7 +23,7 @@ pub fn connect(target: &Target, kind: TransportKind) -> Result<Arc<dyn Transport
 
 /// Where the server's URL and token come from: the flags, or the home's server.json.
 #[derive(Clone, Debug, Default)]
-pub struct Source {
+pub(crate) struct Source {
     pub url: Option<String>,
     pub token: Option<String>,
     pub home: Option<PathBuf>,
@@ -31,7 +31,7 @@ pub struct Source {
 }
 
 impl Source {
-    pub fn discover(&self) -> Result<Target, Failure> {
+    pub(crate) fn discover(&self) -> Result<Target, Failure> {
         discover(
             self.url.clone(),
             self.token.clone(),
@@ -42,7 +42,7 @@ impl Source {
 
     /// The token comes from server.json, which a restarted (or re-keyed)
     /// server rewrites: worth reading again when the server refuses it.
-    pub fn token_from_file(&self) -> bool {
+    pub(crate) fn token_from_file(&self) -> bool {
         self.token.as_ref().is_none_or(|t| t.trim().is_empty())
     }
 }
@@ -51,7 +51,7 @@ impl Source {
 /// server.json, a call the server refuses (401), or one that cannot reach it,
 /// reads server.json again and, if it names another token or URL (the server
 /// restarted with a new one), is made again there.
-pub fn open(source: &Source, kind: TransportKind) -> Result<(Target, Arc<dyn Transport>), Failure> {
+pub(crate) fn open(source: &Source, kind: TransportKind) -> Result<(Target, Arc<dyn Transport>), Failure> {
     let target = source.discover()?;
     let inner = connect(&target, kind)?;
     if !source.token_from_file() {
@@ -192,7 +192,7 @@ impl Transport for Reloading {
 
 /// `--url` and `--token` when given; otherwise (or for the token alone) the
 /// server.json that `vak serve` writes in its home.
-pub fn discover(
+pub(crate) fn discover(
     url: Option<String>,
     token: Option<String>,
     home: Option<PathBuf>,
@@ -282,7 +282,7 @@ pub fn discover(
 
 /// Retries a call that is safe to repeat (every call vak term repeats carries
 /// its request id, or is idempotent) while it fails transiently, a few times.
-pub async fn retry<T, F>(mut call: F) -> Result<T, Failure>
+pub(crate) async fn retry<T, F>(mut call: F) -> Result<T, Failure>
 where
     F: FnMut() -> Fut<'static, T>,
 {
@@ -301,7 +301,7 @@ where
 }
 
 /// Convenience wrappers that clone what a retried call needs into a `'static` future.
-pub fn run_call(
+pub(crate) fn run_call(
     conn: &Arc<dyn Transport>,
     req: pb::RunRequest,
 ) -> impl FnMut() -> Fut<'static, pb::Admission> {
@@ -312,7 +312,7 @@ pub fn run_call(
     }
 }
 
-pub fn steer_call(
+pub(crate) fn steer_call(
     conn: &Arc<dyn Transport>,
     req: pb::SteerRequest,
 ) -> impl FnMut() -> Fut<'static, pb::Admission> {
@@ -323,7 +323,7 @@ pub fn steer_call(
     }
 }
 
-pub fn cancel_call(
+pub(crate) fn cancel_call(
     conn: &Arc<dyn Transport>,
     session_id: &str,
 ) -> impl FnMut() -> Fut<'static, pb::CancelResponse> {
@@ -335,7 +335,12 @@ pub fn cancel_call(
 }
 
 /// A plain answer to an approval: yes or no, nothing else.
-pub fn approval(session_id: &str, request_id: &str, approve: bool, reason: &str) -> pb::ApproveRequest {
+pub(crate) fn approval(
+    session_id: &str,
+    request_id: &str,
+    approve: bool,
+    reason: &str,
+) -> pb::ApproveRequest {
     pb::ApproveRequest {
         session_id: session_id.to_string(),
         request_id: request_id.to_string(),
@@ -349,7 +354,7 @@ pub fn approval(session_id: &str, request_id: &str, approve: bool, reason: &str)
 /// Answers an approval. A retry after a lost answer finds it already settled
 /// (409): that is success when the settled outcome is the one we sent (what
 /// became of an `always` rule is then unknown: `persisted` is false).
-pub async fn answer_approval(
+pub(crate) async fn answer_approval(
     conn: &Arc<dyn Transport>,
     req: pb::ApproveRequest,
 ) -> Result<pb::ApproveResponse, Failure> {
@@ -384,7 +389,7 @@ pub async fn answer_approval(
 /// Answers an approval; an `always` the server refuses (a call no rule can
 /// cover) is sent again as a plain approval, so the question never stays
 /// unanswered: the answer, and why no rule was kept.
-pub async fn answer_always_or_once(
+pub(crate) async fn answer_always_or_once(
     conn: &Arc<dyn Transport>,
     req: pb::ApproveRequest,
 ) -> Result<(pb::ApproveResponse, Option<Failure>), Failure> {

@@ -4,7 +4,7 @@ use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 
 /// What a key asks of the interactive loop, beyond editing the line.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Action {
+pub(crate) enum Action {
     /// Nothing to do but redraw (the line may have changed).
     Edited,
     /// Enter on a line with text: send it.
@@ -20,7 +20,7 @@ pub enum Action {
 }
 
 #[derive(Default)]
-pub struct Editor {
+pub(crate) struct Editor {
     chars: Vec<char>,
     cursor: usize,
     history: Vec<String>,
@@ -30,25 +30,26 @@ pub struct Editor {
 }
 
 impl Editor {
-    pub fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         self.chars.iter().collect()
     }
 
-    pub fn cursor(&self) -> usize {
+    pub(crate) fn cursor(&self) -> usize {
         self.cursor
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.chars.is_empty()
     }
 
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.chars.clear();
         self.cursor = 0;
         self.browsing = None;
     }
 
-    pub fn insert_str(&mut self, s: &str) {
+    pub(crate) fn insert_str(&mut self, s: &str) {
         for c in s.chars() {
             // A paste keeps its newlines (one prompt of several lines); other controls are dropped.
             let c = if c == '\r' { '\n' } else { c };
@@ -75,7 +76,7 @@ impl Editor {
         i
     }
 
-    pub fn key(&mut self, k: KeyEvent) -> Action {
+    pub(crate) fn key(&mut self, k: KeyEvent) -> Action {
         if k.kind == KeyEventKind::Release {
             return Action::Ignored;
         }

@@ -9,7 +9,7 @@ use vak_proto::v1 as pb;
 
 /// What the follower hands its consumer, in order.
 #[derive(Debug)]
-pub enum Update {
+pub(crate) enum Update {
     /// Every frame the server sent, stream-level ones (stream_opened,
     /// session_closed) included, minus any seq already delivered. A `resync`
     /// frame never comes this way: it becomes `Resynced`.
@@ -27,7 +27,7 @@ pub enum Update {
 
 /// What a resync hands over: everything up to `transcript.seq`, exactly.
 #[derive(Debug)]
-pub struct Resync {
+pub(crate) struct Resync {
     /// The server's `resync` frame (seq 0), as it came.
     pub event: pb::Event,
     /// The session as of `transcript.seq`; the next events have greater seqs.
@@ -45,7 +45,7 @@ pub struct Resync {
     pub busy: bool,
 }
 
-pub struct Follower {
+pub(crate) struct Follower {
     pub updates: mpsc::Receiver<Update>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -58,7 +58,7 @@ impl Drop for Follower {
 
 /// Follows `session_id` from `after` (None: live only). `give_up`: how long
 /// the server may stay unreachable before the follower stops trying.
-pub fn follow(
+pub(crate) fn follow(
     conn: Arc<dyn Transport>,
     session_id: String,
     after: Option<u64>,

@@ -20,12 +20,12 @@ impl tonic::service::Interceptor for Bearer {
 
 type Client = AgentServiceClient<InterceptedService<Channel, Bearer>>;
 
-pub struct Grpc {
+pub(crate) struct Grpc {
     client: Client,
 }
 
 impl Grpc {
-    pub fn new(target: &Target) -> Result<Grpc, Failure> {
+    pub(crate) fn new(target: &Target) -> Result<Grpc, Failure> {
         let bearer = format!("Bearer {}", target.token)
             .parse()
             .map_err(|_| Failure::fatal("the token cannot travel in a header"))?;

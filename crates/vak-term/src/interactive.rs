@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 use vak_proto::v1 as pb;
 
 /// The local commands and keys, as `/help` lists them.
-pub const HELP: &[&str] = &[
+pub(crate) const HELP: &[&str] = &[
     "vak term's own commands (any other line, /write or /bash included, goes to the model):",
     "  /help           this list",
     "  /show [N]       the last tool output in full; /show N the Nth (a collapsed entry names its N)",
@@ -41,7 +41,7 @@ pub const HELP: &[&str] = &[
 
 /// What a submitted line means.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Command {
+pub(crate) enum Command {
     Help,
     Exit,
     /// `/show` (the last tool output) or `/show N`.
@@ -54,7 +54,7 @@ pub enum Command {
 
 /// Only these exact lines are vak term's own: everything else, other `/`
 /// lines included, is the model's. `//` sends a line that starts with one `/`.
-pub fn command(line: &str) -> Command {
+pub(crate) fn command(line: &str) -> Command {
     if let Some(rest) = line.strip_prefix("//") {
         return Command::Send(format!("/{rest}"));
     }
@@ -76,7 +76,7 @@ const SPINNER: [char; 10] = ['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '�
 /// How often the busy indicator moves.
 const TICK: Duration = Duration::from_millis(120);
 
-pub struct Options {
+pub(crate) struct Options {
     pub policy: Policy,
     /// The first lines shown: which session, which server, which transport.
     pub header: Vec<String>,
@@ -132,7 +132,7 @@ enum Step {
 
 /// `session`: the attached session and its summary; None creates one with the first prompt,
 /// so quitting before sending anything leaves no empty session behind.
-pub async fn run(
+pub(crate) async fn run(
     conn: Arc<dyn Transport>,
     session: Option<(String, pb::SessionSummary)>,
     o: Options,

@@ -10,18 +10,20 @@
 //! - `oneshot.rs`: `-p PROMPT`, driving the renderer state machine of
 //!   `oneshot_state.rs`; `interactive.rs` with `screen.rs` and `editor.rs`: the prompt.
 
-pub mod conn;
-pub mod editor;
-pub mod follow;
-pub mod grpc;
-pub mod interactive;
-pub mod oneshot;
+#![warn(unreachable_pub)]
+
+mod conn;
+mod editor;
+mod follow;
+mod grpc;
+mod interactive;
+mod oneshot;
 mod oneshot_state;
-pub mod render;
-pub mod rest;
-pub mod screen;
-pub mod sse;
-pub mod transport;
+mod render;
+mod rest;
+mod screen;
+mod sse;
+mod transport;
 
 use clap::{Parser, ValueEnum};
 use conn::{check_id, open, Source, Transport, TransportKind};

@@ -4,7 +4,6 @@
 use super::conn::{answer_always_or_once, cancel_call, retry, run_call, FailKind, Failure, Transport};
 use super::follow::{follow, Follower, Update};
 use super::oneshot_state::{Effect, Out, Renderer, Step};
-pub use super::oneshot_state::{EXIT_CANCELLED, EXIT_COMPLETED, EXIT_FAILED};
 use super::render::always_line;
 use super::Policy;
 use std::io::{IsTerminal, Write};
@@ -16,7 +15,7 @@ use vak_proto::v1 as pb;
 /// A one-shot run stops trying to reach a server that has been away this long.
 const GIVE_UP: Duration = Duration::from_secs(60);
 
-pub struct OneShot {
+pub(crate) struct OneShot {
     pub prompt: String,
     pub json: bool,
     pub policy: Policy,
@@ -75,7 +74,12 @@ async fn next(follower: &mut Follower) -> vak_proto::Result<Update> {
     }
 }
 
-pub async fn run(conn: Arc<dyn Transport>, sid: String, after: u64, o: OneShot) -> vak_proto::Result<i32> {
+pub(crate) async fn run(
+    conn: Arc<dyn Transport>,
+    sid: String,
+    after: u64,
+    o: OneShot,
+) -> vak_proto::Result<i32> {
     let clean = std::io::stdout().is_terminal();
     let mut r = Renderer::new(Std, sid.clone(), o.prompt.clone(), o.json, o.policy, clean);
 

@@ -12,9 +12,9 @@ use vak_proto::json::to_json;
 use vak_proto::v1 as pb;
 
 /// Exit codes: completed, failed (the run, or vak term itself), cancelled.
-pub const EXIT_COMPLETED: i32 = 0;
-pub const EXIT_FAILED: i32 = 1;
-pub const EXIT_CANCELLED: i32 = 130;
+pub(crate) const EXIT_COMPLETED: i32 = 0;
+pub(crate) const EXIT_FAILED: i32 = 1;
+pub(crate) const EXIT_CANCELLED: i32 = 130;
 
 /// Where the output goes: the answer (or JSON lines) to stdout, notes to stderr.
 pub(crate) trait Out {

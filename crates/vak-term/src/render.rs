@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use vak_proto::v1 as pb;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Style {
+pub(crate) enum Style {
     Plain,
     /// Dimmed, and cut to one line: tool calls and other entries.
     Dim,
@@ -22,7 +22,7 @@ pub enum Style {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Piece {
+pub(crate) enum Piece {
     /// A piece of the assistant's answer (`thinking`: of its thinking, shown dimmed).
     Stream { thinking: bool, text: String },
     /// A complete entry, shown on a line of its own.
@@ -38,7 +38,7 @@ fn line(style: Style, text: impl Into<String>) -> Piece {
 
 /// A tool's result, kept whole so `/show N` can print what the one-line entry collapsed.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ToolOutput {
+pub(crate) struct ToolOutput {
     pub tool: String,
     pub ok: bool,
     pub output: String,
@@ -46,7 +46,7 @@ pub struct ToolOutput {
 
 /// Remembers what later frames refer back to (a result names only its call).
 #[derive(Default)]
-pub struct Render {
+pub(crate) struct Render {
     tools: HashMap<String, String>,
     approvals: HashMap<String, String>,
     /// A running tool's live output not yet ended by a newline, per call and stream.
@@ -59,7 +59,7 @@ pub struct Render {
 impl Render {
     /// A renderer for the interactive prompt: it keeps tool outputs, and a
     /// collapsed result names the `/show N` that prints it whole.
-    pub fn interactive() -> Render {
+    pub(crate) fn interactive() -> Render {
         Render {
             keep_outputs: true,
             ..Render::default()
@@ -67,7 +67,7 @@ impl Render {
     }
 
     /// The tool outputs seen so far (the first is `/show 1`).
-    pub fn outputs(&self) -> &[ToolOutput] {
+    pub(crate) fn outputs(&self) -> &[ToolOutput] {
         &self.outputs
     }
 
@@ -85,7 +85,7 @@ impl Render {
         tool_result_line(tool, ok, output, shown)
     }
 
-    pub fn event(&mut self, e: &pb::Event) -> Vec<Piece> {
+    pub(crate) fn event(&mut self, e: &pb::Event) -> Vec<Piece> {
         let Some(kind) = &e.kind else {
             return Vec::new();
         };
@@ -180,12 +180,12 @@ impl Render {
     }
 
     /// An approval still pending when a transcript was redrawn: its resolution comes later, naming only its id.
-    pub fn pending_approval(&mut self, request_id: &str, tool: &str) {
+    pub(crate) fn pending_approval(&mut self, request_id: &str, tool: &str) {
         self.approvals.insert(request_id.to_string(), tool.to_string());
     }
 
     /// A transcript as the pieces its events would have rendered (the redraw after a resync).
-    pub fn transcript(&mut self, t: &pb::Transcript) -> Vec<Piece> {
+    pub(crate) fn transcript(&mut self, t: &pb::Transcript) -> Vec<Piece> {
         let mut out = Vec::new();
         for m in &t.messages {
             match m.role.as_str() {
@@ -227,10 +227,10 @@ impl Render {
 const LIVE_LINE: usize = 4096;
 
 /// The tool whose approval carries a plan (and is answered with a mode).
-pub const PLAN_TOOL: &str = "exit_plan_mode";
+pub(crate) const PLAN_TOOL: &str = "exit_plan_mode";
 
 /// What an `[a]lways` answer's rule covers, said once it is stored.
-pub fn always_line(rule: &pb::PermissionRule) -> String {
+pub(crate) fn always_line(rule: &pb::PermissionRule) -> String {
     let what = clean(&rule.pattern).replace('\n', " ⏎ ");
     let exact = if rule.kind == "exact" {
         " (this exact command)"
@@ -244,7 +244,7 @@ pub fn always_line(rule: &pb::PermissionRule) -> String {
 }
 
 /// An exit_plan_mode call's plan (its input's `plan`), "" when it has none.
-pub fn plan_text(input: Option<&prost_types::Struct>) -> String {
+pub(crate) fn plan_text(input: Option<&prost_types::Struct>) -> String {
     input
         .map(struct_json)
         .and_then(|v| v.get("plan").and_then(|p| p.as_str()).map(str::to_string))
@@ -273,13 +273,13 @@ fn user_lines(text: &str) -> Vec<Piece> {
         .collect()
 }
 
-pub use vak_proto::text::{count, noun_for};
+pub(crate) use vak_proto::text::{count, noun_for};
 
 /// What the server says about a tool, as shown: cleaned of control
 /// characters, and "1 bytes" in write_file's own phrases said as "1 byte"
 /// (earlier builds said so, and their ledgers still do; only that
 /// fixed phrasing is touched, never a path or a command's output).
-pub fn tool_text(tool: &str, text: &str) -> String {
+pub(crate) fn tool_text(tool: &str, text: &str) -> String {
     let text = clean(text);
     if tool == "write_file" {
         for verb in ["write", "wrote"] {
@@ -292,7 +292,7 @@ pub fn tool_text(tool: &str, text: &str) -> String {
 }
 
 /// `write_file notes.md (11 bytes)`, `bash $ ls`, `read_file a.txt`; other tools show their input as JSON.
-pub fn tool_call_line(tool: &str, input: Option<&prost_types::Struct>) -> String {
+pub(crate) fn tool_call_line(tool: &str, input: Option<&prost_types::Struct>) -> String {
     let input = input.map(struct_json).unwrap_or(serde_json::Value::Null);
     let s = |k: &str| input.get(k).and_then(|v| v.as_str()).unwrap_or("").to_string();
     let detail = match tool {
@@ -318,7 +318,7 @@ pub fn tool_call_line(tool: &str, input: Option<&prost_types::Struct>) -> String
 /// `✓ write_file: wrote 11 bytes to notes.md`: the first line of the output,
 /// and how many more there are. `shown`: the output's number for `/show N`,
 /// named when the entry hides lines.
-pub fn tool_result_line(tool: &str, ok: bool, output: &str, shown: Option<usize>) -> Piece {
+pub(crate) fn tool_result_line(tool: &str, ok: bool, output: &str, shown: Option<usize>) -> Piece {
     let output = tool_text(tool, output);
     let mut lines = output.lines().filter(|l| !l.trim().is_empty());
     let first = lines.next().unwrap_or("");
@@ -337,7 +337,7 @@ pub fn tool_result_line(tool: &str, ok: bool, output: &str, shown: Option<usize>
 }
 
 /// A tool output in full, for `/show`: a heading, then every line.
-pub fn full_output(n: usize, o: &ToolOutput) -> Vec<Piece> {
+pub(crate) fn full_output(n: usize, o: &ToolOutput) -> Vec<Piece> {
     let mark = if o.ok { "✓" } else { "✗" };
     let mut out = vec![line(
         Style::Info,
@@ -359,7 +359,7 @@ pub fn full_output(n: usize, o: &ToolOutput) -> Vec<Piece> {
 /// Server text is data, never terminal commands: control characters (an
 /// escape sequence could move the cursor or retitle the window) are dropped,
 /// tabs become spaces, CRLF becomes LF.
-pub fn clean(s: &str) -> String {
+pub(crate) fn clean(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {
@@ -373,7 +373,7 @@ pub fn clean(s: &str) -> String {
 }
 
 /// A protobuf Struct as plain JSON.
-pub fn struct_json(s: &prost_types::Struct) -> serde_json::Value {
+pub(crate) fn struct_json(s: &prost_types::Struct) -> serde_json::Value {
     serde_json::Value::Object(s.fields.iter().map(|(k, v)| (k.clone(), value_json(v))).collect())
 }
 

@@ -12,14 +12,14 @@ use vak_proto::v1 as pb;
 /// those is dead (a cut that no FIN announced) and is reopened from the cursor.
 const READ_TIMEOUT: Duration = Duration::from_secs(45);
 
-pub struct Rest {
+pub(crate) struct Rest {
     http: reqwest::Client,
     url: String,
     auth: String,
 }
 
 impl Rest {
-    pub fn new(target: &Target) -> Result<Rest, Failure> {
+    pub(crate) fn new(target: &Target) -> Result<Rest, Failure> {
         let mut builder = reqwest::Client::builder()
             // The model providers enable reqwest's web PKI roots; a vak
             // server is trusted only through the PEM named below.

@@ -21,10 +21,10 @@ static HOOK: std::sync::Once = std::sync::Once::new();
 /// Raw mode for as long as it lives. Dropping it, or a panic anywhere (the
 /// hook runs before the default one prints the message), gives the terminal
 /// back as it was.
-pub struct TerminalGuard(());
+pub(crate) struct TerminalGuard(());
 
 impl TerminalGuard {
-    pub fn enter() -> std::io::Result<TerminalGuard> {
+    pub(crate) fn enter() -> std::io::Result<TerminalGuard> {
         HOOK.call_once(|| {
             let previous = std::panic::take_hook();
             std::panic::set_hook(Box::new(move |info| {
@@ -46,7 +46,7 @@ impl Drop for TerminalGuard {
 }
 
 /// Leaves raw mode (once; later calls do nothing).
-pub fn restore() {
+pub(crate) fn restore() {
     if RAW.swap(false, Ordering::SeqCst) {
         let _ = execute!(
             std::io::stdout(),
@@ -60,7 +60,7 @@ pub fn restore() {
 }
 
 /// What the bottom line shows: a prefix (the prompt, or an approval question) and the input being edited.
-pub struct PromptLine {
+pub(crate) struct PromptLine {
     pub prefix: String,
     pub style: Style,
     pub input: String,
@@ -68,7 +68,7 @@ pub struct PromptLine {
     pub cursor: usize,
 }
 
-pub struct Screen {
+pub(crate) struct Screen {
     out: std::io::Stdout,
     cols: usize,
     /// The streamed line not finished yet, and whether it is thinking.
@@ -82,7 +82,7 @@ pub struct Screen {
     cursor_row: usize,
 }
 
-pub fn width(s: &str) -> usize {
+pub(crate) fn width(s: &str) -> usize {
     UnicodeWidthStr::width(s)
 }
 
@@ -90,7 +90,7 @@ pub fn width(s: &str) -> usize {
 /// last space that leaves the row within `cols` (the space itself is dropped),
 /// else (one word wider than the row) mid-word at the edge. Returns the byte
 /// index the row ends at and the one the rest starts at.
-pub fn break_row(s: &str, cols: usize) -> (usize, usize) {
+pub(crate) fn break_row(s: &str, cols: usize) -> (usize, usize) {
     let cut = fit(s, cols);
     if cut == 0 {
         // Not even one character fits (a wide one in a 1-column space): take it anyway.
@@ -107,7 +107,7 @@ pub fn break_row(s: &str, cols: usize) -> (usize, usize) {
 }
 
 /// `s` as rows of at most `cols` columns, broken at spaces where there are any.
-pub fn wrap(s: &str, cols: usize) -> Vec<String> {
+pub(crate) fn wrap(s: &str, cols: usize) -> Vec<String> {
     let mut rows = Vec::new();
     let mut rest = s;
     while width(rest) > cols {
@@ -153,7 +153,7 @@ impl Default for Screen {
 }
 
 impl Screen {
-    pub fn new() -> Screen {
+    pub(crate) fn new() -> Screen {
         let mut s = Screen {
             out: std::io::stdout(),
             cols: 80,
@@ -167,20 +167,20 @@ impl Screen {
         s
     }
 
-    pub fn resize(&mut self) {
+    pub(crate) fn resize(&mut self) {
         self.cols = terminal::size().map_or(80, |(c, _)| c.max(10) as usize);
     }
 
-    pub fn set_status(&mut self, status: impl Into<String>) {
+    pub(crate) fn set_status(&mut self, status: impl Into<String>) {
         self.status = status.into();
     }
 
-    pub fn set_activity(&mut self, activity: impl Into<String>) {
+    pub(crate) fn set_activity(&mut self, activity: impl Into<String>) {
         self.activity = activity.into();
     }
 
     /// Erases the live region, prints `pieces` above it, and draws it again.
-    pub fn show(&mut self, pieces: Vec<Piece>, prompt: &PromptLine) -> std::io::Result<()> {
+    pub(crate) fn show(&mut self, pieces: Vec<Piece>, prompt: &PromptLine) -> std::io::Result<()> {
         self.erase()?;
         for p in pieces {
             self.piece(p)?;
@@ -189,7 +189,7 @@ impl Screen {
     }
 
     /// Clears the whole screen and scrollback (a resync redraws from the transcript).
-    pub fn clear_all(&mut self) -> std::io::Result<()> {
+    pub(crate) fn clear_all(&mut self) -> std::io::Result<()> {
         self.partial.clear();
         self.cursor_row = 0;
         queue!(
@@ -201,7 +201,7 @@ impl Screen {
     }
 
     /// Leaves the screen for the shell: the live region erased, an unfinished line ended.
-    pub fn close(&mut self) -> std::io::Result<()> {
+    pub(crate) fn close(&mut self) -> std::io::Result<()> {
         self.erase()?;
         self.end_partial()?;
         self.out.flush()

@@ -2,7 +2,7 @@
 
 /// One dispatched SSE frame.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct SseFrame {
+pub(crate) struct SseFrame {
     pub event: String,
     pub data: String,
     pub id: Option<String>,
@@ -11,7 +11,7 @@ pub struct SseFrame {
 /// Feed it chunks as they arrive; it returns the frames they complete. Lines
 /// end with LF, CRLF or CR, as the EventSource specification allows.
 #[derive(Default)]
-pub struct SseParser {
+pub(crate) struct SseParser {
     buf: Vec<u8>,
     event: String,
     data: Vec<String>,
@@ -23,7 +23,7 @@ pub struct SseParser {
 const MAX_LINE: usize = 64 * 1024 * 1024;
 
 impl SseParser {
-    pub fn feed(&mut self, chunk: &[u8]) -> Result<Vec<SseFrame>, String> {
+    pub(crate) fn feed(&mut self, chunk: &[u8]) -> Result<Vec<SseFrame>, String> {
         let mut out = Vec::new();
         for &b in chunk {
             // The LF of a CRLF whose CR already ended the line.

@@ -10,7 +10,7 @@ use vak_proto::v1 as pb;
 
 /// Where the server is and how to authenticate to it.
 #[derive(Clone, Debug)]
-pub struct Target {
+pub(crate) struct Target {
     pub url: String,
     pub token: String,
     /// PEM roots to trust for an https server (`--ca-cert`, or the development
@@ -74,14 +74,14 @@ impl From<Failure> for vak_proto::Error {
     }
 }
 
-pub type Fut<'a, T> = Pin<Box<dyn Future<Output = Result<T, Failure>> + Send + 'a>>;
+pub(crate) type Fut<'a, T> = Pin<Box<dyn Future<Output = Result<T, Failure>> + Send + 'a>>;
 /// A session's events: `Ok` frames, then the end (`None`) or one `Err`.
-pub type Events = Pin<Box<dyn Stream<Item = Result<pb::Event, Failure>> + Send>>;
+pub(crate) type Events = Pin<Box<dyn Stream<Item = Result<pb::Event, Failure>> + Send>>;
 
 /// The calls `vak term` makes. The two implementations (REST/SSE in `rest.rs`,
 /// gRPC in `grpc.rs`) must be indistinguishable to the code above them, which
 /// is what `--transport` promises.
-pub trait Transport: Send + Sync {
+pub(crate) trait Transport: Send + Sync {
     /// "sse" or "grpc", for messages.
     fn name(&self) -> &'static str;
     fn create_session(&self) -> Fut<'_, String>;
@@ -99,10 +99,10 @@ pub trait Transport: Send + Sync {
 }
 
 /// How long to wait for a TCP connection before calling the server unreachable.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Session ids travel in URL paths: the server's own rule, checked before any request.
-pub fn check_id(what: &str, id: &str) -> Result<(), Failure> {
+pub(crate) fn check_id(what: &str, id: &str) -> Result<(), Failure> {
     vak_proto::ids::validate_session_id(id)
         .map_err(|_| Failure::fatal(format!("invalid {what} {id:?}: 1 to 64 of A-Z a-z 0-9 - _")))
 }
