@@ -6,13 +6,14 @@
 
 use super::config::{RoutePatch, RouteSpec, Settings};
 use super::index::{Entry, Index};
-use super::jetstream::{JetStreamLog, ANOTHER_WRITER};
+use super::jetstream::JetStreamLog;
 use super::ledger::{storage_error, Batch, Ledger, Log, OpenError, Record};
 use super::lifecycle;
 use super::mux::Control;
-use super::owners::{Claim, Owner, LEASE_LOST};
+use super::owners::{Claim, Owner};
 use super::repair::{self, Remembered, Unrepairable};
 use super::session::{Route, Runtime, Session, SessionInfo};
+use super::stopped::Stopped;
 use super::CoreConfig;
 use super::PermissionMode;
 use crate::error::{Error, ErrorKind, Result};
@@ -734,10 +735,9 @@ impl Hub {
                 Ok(session) => {
                     // Moved to another replica: looked up afresh at once.
                     // Any other failure answers for a while before a reload.
-                    let moved = |r: &str| r.contains(LEASE_LOST) || r.contains(ANOTHER_WRITER);
                     if session
                         .storage_failure()
-                        .is_some_and(|(r, at)| moved(&r) || at.elapsed() >= STORAGE_RETRY)
+                        .is_some_and(|(r, at)| r.moved() || at.elapsed() >= STORAGE_RETRY)
                     {
                         // Its writer has stopped: a fresh load continues from
                         // the last durable seq.
@@ -1265,7 +1265,7 @@ impl Hub {
     }
 
     /// Sessions stopped by a storage failure right now, with its reason.
-    pub fn storage_failures(&self) -> Vec<(String, String)> {
+    pub fn storage_failures(&self) -> Vec<(String, Stopped)> {
         self.live()
             .into_iter()
             .filter_map(|s| s.storage_failure().map(|(r, _)| (s.id().to_string(), r)))
@@ -1396,7 +1396,7 @@ fn fork_point(parent: &Session, id: &str, at_seq: Option<u64>) -> Result<u64> {
 /// at once: nothing more of this replica's lands after the lease is lost.
 fn watch_lease(
     session: &Arc<Session>,
-    mut lost: tokio::sync::watch::Receiver<Option<String>>,
+    mut lost: tokio::sync::watch::Receiver<Option<Stopped>>,
     log: Option<Arc<JetStreamLog>>,
 ) {
     let weak = Arc::downgrade(session);

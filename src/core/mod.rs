@@ -37,6 +37,7 @@ pub mod shared_config;
 pub mod shared_index;
 pub mod shared_memory;
 pub mod side;
+pub mod stopped;
 pub(crate) mod takeover;
 pub mod terminal;
 pub mod tools;

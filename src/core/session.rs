@@ -14,6 +14,7 @@ use super::presentation::{Presenter, Timeline};
 use super::provider::{Provider, TokenUsage};
 use super::rules::{Rule, Rules};
 use super::side::{SideEntry, SideLog};
+use super::stopped::Stopped;
 use super::transcript::Transcript;
 use super::writer::{self, Op, Pipe, Visible};
 use super::{CoreConfig, PermissionMode};
@@ -436,8 +437,6 @@ struct RunState {
     leg_cancel: Option<CancellationToken>,
     admitted: HashSet<String>,
     admitted_order: VecDeque<String>,
-    /// The storage failure that stopped this session, and when.
-    failed: Option<(String, Instant)>,
 }
 
 impl RunState {
@@ -579,8 +578,8 @@ impl Session {
             side_busy: watch::channel(false).0,
             stopped: watch::channel(false).0,
         });
-        if let Some(reason) = read_only {
-            pipe.fail(reason);
+        if let Some(why) = read_only {
+            pipe.fail(&Stopped::ReadOnly { why: why.to_string() });
             return session;
         }
         let visible: Weak<dyn Visible> = Arc::downgrade(&session) as Weak<Session>;
@@ -651,15 +650,12 @@ impl Session {
 
     /// Resolves once everything published so far is durable and visible.
     pub async fn flush(&self) -> Result<()> {
-        self.pipe
-            .barrier()
-            .await
-            .map_err(|reason| Error::new(ErrorKind::Unavailable, reason))
+        self.pipe.barrier().await.map_err(Error::from)
     }
 
-    /// The storage failure that stopped this session, with when it happened.
-    pub fn storage_failure(&self) -> Option<(String, Instant)> {
-        lock(&self.run).failed.clone()
+    /// What stopped this session's writes, with when it happened (kept by its pipe).
+    pub fn storage_failure(&self) -> Option<(Stopped, Instant)> {
+        self.pipe.failure()
     }
 
     /// Turns true when this session's writer stops (`recovery.rs` reloads it).
@@ -789,7 +785,7 @@ impl Session {
         // retry after any crash or storage failure is then a duplicate.
         if let Err(reason) = self.pipe.admitted(request_id.clone()).await {
             lock(&self.run).forget(&request_id);
-            return Err(Error::new(ErrorKind::Unavailable, reason));
+            return Err(reason.into());
         }
         let mut run = lock(&self.run);
         // Deleted or closed while the id was written.
@@ -1059,7 +1055,7 @@ impl Session {
     /// This replica lost the session's lease to another: it stops writing
     /// at once, as after a storage failure (the live run ends, streams get
     /// session_closed with `reason`, input is refused until a reload).
-    pub fn stop_writing(&self, reason: &str) {
+    pub fn stop_writing(&self, reason: &Stopped) {
         self.pipe.fail(reason);
         Visible::failed(self, reason);
     }
@@ -1095,8 +1091,8 @@ impl Session {
     /// Refuses new work in a session that failed, is being deleted or is
     /// closing (shutdown).
     fn check_open(&self, run: &RunState) -> Result<()> {
-        if let Some((reason, _)) = &run.failed {
-            return Err(Error::new(ErrorKind::Unavailable, reason.clone()));
+        if let Some((reason, _)) = self.pipe.failure() {
+            return Err(reason.into());
         }
         if run.deleted {
             return Err(Error::not_found(format!(
@@ -1315,19 +1311,17 @@ impl Visible for Session {
     /// The live run ends, queued input is dropped, every stream gets
     /// session_closed with the reason, and new work is refused with it until
     /// the session is reloaded.
-    fn failed(&self, reason: &str) {
+    fn failed(&self, reason: &Stopped) {
         {
+            // The pipe keeps the cause (it failed first); new work is refused from it.
             let mut run = lock(&self.run);
-            // The first cause is kept (a lost lease, then its log's refusal).
-            run.failed
-                .get_or_insert_with(|| (reason.to_string(), Instant::now()));
             run.queue.clear();
             if let Some(c) = &run.leg_cancel {
                 c.cancel();
             }
         }
         self.side_cancel();
-        self.bus.close(reason);
+        self.bus.close(&reason.reason());
         self.stopped.send_replace(true);
     }
 }

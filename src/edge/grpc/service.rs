@@ -117,7 +117,11 @@ impl AgentApi {
 
     /// Sessions stopped by a storage failure, with the reason (for /health).
     pub fn storage_failures(&self) -> Vec<(String, String)> {
-        self.hub.storage_failures()
+        self.hub
+            .storage_failures()
+            .into_iter()
+            .map(|(id, stopped)| (id, stopped.reason()))
+            .collect()
     }
 
     /// A stream slot for the request's client (429 / RESOURCE_EXHAUSTED past the caps).
