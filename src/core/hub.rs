@@ -11,6 +11,7 @@ use super::ledger::{storage_error, Batch, Ledger, Log, OpenError, Record};
 use super::lifecycle;
 use super::mux::Control;
 use super::owners::{Claim, Owner};
+use super::reasons::CloseReason;
 use super::repair::{self, Remembered, Unrepairable};
 use super::session::{Route, Runtime, Session, SessionInfo};
 use super::stopped::Stopped;
@@ -930,7 +931,7 @@ impl Hub {
         }
         let s = self.get(id).await?;
         s.begin_delete()?;
-        s.close_streams("deleted").await;
+        s.close_streams(CloseReason::Deleted).await;
         let (home, dir, sid) = (
             self.rt.cfg.home.clone(),
             self.rt.cfg.sessions_dir(),
@@ -973,7 +974,7 @@ impl Hub {
             Located::Remote(owner) => return Err(served_elsewhere(id, &owner)),
         };
         s.begin_delete()?;
-        s.close_streams("deleted").await;
+        s.close_streams(CloseReason::Deleted).await;
         let purged = super::jetstream::purge_session(client, id).await;
         if purged.is_ok() {
             if let Some(shared) = &self.rt.cfg.shared_index {

@@ -21,6 +21,7 @@
 use super::event::{Frame, Note};
 use super::jetstream::{JetStreamLog, Live, LiveRecords, Position, Stored, LIVE_PREFIX};
 use super::ledger::Record;
+use super::reasons::CloseReason;
 use super::session::{Runtime, Session};
 use super::stopped::Stopped;
 use super::writer::Visible;
@@ -119,7 +120,7 @@ async fn follow(
                 // holder purged it): this copy closes as the holder's did.
                 Ok(0) if log.purged().await.unwrap_or(false) => {
                     tracing::info!(session = %s.id(), "the session was deleted on the replica that wrote it");
-                    s.close_streams("deleted").await;
+                    s.close_streams(CloseReason::Deleted).await;
                     s.stop_writing(&Stopped::Deleted);
                     return;
                 }

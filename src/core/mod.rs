@@ -25,6 +25,7 @@ pub mod permissions;
 pub mod presentation;
 pub mod prompt;
 pub mod provider;
+pub mod reasons;
 pub(crate) mod recovery;
 pub(crate) mod repair;
 pub mod replay;

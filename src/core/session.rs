@@ -12,6 +12,7 @@ use super::event::{
 use super::ledger::{Ledger, Log, OpenError, Record};
 use super::presentation::{Presenter, Timeline};
 use super::provider::{Provider, TokenUsage};
+use super::reasons::{CloseReason, Surface};
 use super::rules::{Rule, Rules};
 use super::side::{SideEntry, SideLog};
 use super::stopped::Stopped;
@@ -400,8 +401,7 @@ pub struct Snapshot {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Client {
     pub client_id: String,
-    /// "sse", "grpc" or "stream".
-    pub surface: String,
+    pub surface: Surface,
 }
 
 /// Keeps a client listed as attached until dropped.
@@ -700,10 +700,10 @@ impl Session {
     }
 
     /// Lists a client as attached until the guard drops.
-    pub fn join(&self, client_id: &str, surface: &str) -> PresenceGuard {
+    pub fn join(&self, client_id: &str, surface: Surface) -> PresenceGuard {
         let client = Client {
             client_id: client_id.to_string(),
-            surface: surface.to_string(),
+            surface,
         };
         self.presence.send_modify(|clients| clients.push(client));
         PresenceGuard {
@@ -1222,7 +1222,7 @@ impl Session {
 
     /// Ends every stream of the session with session_closed {reason}, once
     /// what was published before is visible on them.
-    pub async fn close_streams(&self, reason: &str) {
+    pub async fn close_streams(&self, reason: CloseReason) {
         let _ = self.pipe.barrier().await;
         self.bus.close(reason);
     }
@@ -1255,7 +1255,7 @@ impl Session {
         // What the settled run published reaches the disk and its streams
         // before they are closed.
         let _ = tokio::time::timeout(grace, self.pipe.barrier()).await;
-        self.bus.close("server shutting down");
+        self.bus.close(CloseReason::ShuttingDown);
         let log = self.log.clone();
         let synced = tokio::task::spawn_blocking(move || log.sync()).await;
         if let Ok(Err(e)) = synced {
@@ -1321,7 +1321,7 @@ impl Visible for Session {
             }
         }
         self.side_cancel();
-        self.bus.close(&reason.reason());
+        self.bus.close(CloseReason::Stopped(reason.clone()));
         self.stopped.send_replace(true);
     }
 }
