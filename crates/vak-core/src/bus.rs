@@ -20,6 +20,7 @@
 
 use super::event::Frame;
 use super::ledger::Log;
+use super::reasons::{CloseReason, ResyncReason};
 use super::replay::{ReplayCache, CHUNK};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -148,7 +149,7 @@ impl Default for BusConfig {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum End {
     /// The session was closed (server shutdown, storage failure); the reason says why.
-    Closed(String),
+    Closed(CloseReason),
 }
 
 /// One item a subscription yields, in order: replayed frames, live frames,
@@ -159,7 +160,7 @@ pub enum Delivery {
     /// `lost`: the range of seqs the ledger lost (`Record::Lost`) that the
     /// cursor falls in, with reason `history_lost`.
     Resync {
-        reason: String,
+        reason: ResyncReason,
         latest_seq: u64,
         lost: Option<(u64, u64)>,
     },
@@ -188,7 +189,7 @@ struct Inner {
     latest: u64,
     ring: VecDeque<Arc<Frame>>,
     subs: Vec<Arc<SubQueue>>,
-    closed: Option<String>,
+    closed: Option<CloseReason>,
     /// When the subscribers were last woken together (see `flush_window`).
     last_wake: Option<tokio::time::Instant>,
     /// A wake-up at the end of the current window is scheduled.
@@ -342,12 +343,12 @@ impl Bus {
     }
 
     /// Ends every subscription with `End::Closed(reason)`; later subscribers end at once.
-    pub fn close(&self, reason: &str) {
+    pub fn close(&self, reason: CloseReason) {
         let mut inner = self.shared.lock();
-        inner.closed = Some(reason.to_string());
         for q in inner.subs.drain(..) {
-            q.end(End::Closed(reason.to_string()));
+            q.end(End::Closed(reason.clone()));
         }
+        inner.closed = Some(reason);
     }
 }
 
@@ -381,10 +382,10 @@ fn subscribe_holding(shared: &Arc<Shared>, after: Option<u64>, held: Arc<AtomicU
         // What is due up to `latest` is read from the ring (or, older, the
         // log) lazily as the reader asks, never copied here under the lock.
         if n > latest {
-            sub.resync = Some(("cursor_ahead", latest, None));
+            sub.resync = Some((ResyncReason::CursorAhead, latest, None));
             sub.cursor = first_retained - 1;
         } else if n.saturating_add(1) < first_retained && shared.log.is_none() {
-            sub.resync = Some(("cursor_too_old", latest, None));
+            sub.resync = Some((ResyncReason::CursorTooOld, latest, None));
             sub.cursor = first_retained - 1;
         }
     }
@@ -636,7 +637,7 @@ enum Queued {
 
 /// A resync a subscription owes its reader: (reason, latest seq, the lost
 /// range with `history_lost`).
-type DueResync = (&'static str, u64, Option<(u64, u64)>);
+type DueResync = (ResyncReason, u64, Option<(u64, u64)>);
 
 /// One subscriber's view of a bus.
 pub struct Subscription {
@@ -738,7 +739,7 @@ impl Subscription {
             }
             if let Some((reason, latest_seq, lost)) = self.resync.take() {
                 return vec![Delivery::Resync {
-                    reason: reason.to_string(),
+                    reason,
                     latest_seq,
                     lost,
                 }];
@@ -779,9 +780,9 @@ impl Subscription {
             .find(|&&(from, to)| from <= upto && to > self.cursor)
             .copied();
         let reason = if lost.is_some() {
-            "history_lost"
+            ResyncReason::HistoryLost
         } else {
-            "history_unavailable"
+            ResyncReason::HistoryUnavailable
         };
         self.resync = Some((reason, inner.latest, lost));
         drop(inner);
@@ -1407,7 +1408,9 @@ mod tests {
         let gappy = Bus::new("s".into(), BusConfig::default(), None, 10, frames);
         let got = drain(&mut gappy.subscribe(Some(0)), gappy.latest_seq()).await;
         assert_eq!(seqs(&got[..2]), vec![1, 2]);
-        assert!(matches!(&got[2], Delivery::Resync { reason, .. } if reason == "history_unavailable"));
+        assert!(
+            matches!(&got[2], Delivery::Resync { reason, .. } if reason.as_str() == "history_unavailable")
+        );
         assert_eq!(seqs(&got[3..]), vec![6, 7, 8, 9, 10]);
         drop(ledger);
     }
@@ -1633,11 +1636,13 @@ mod tests {
         let b = bus(8, 8);
         let mut sub = b.subscribe(None);
         publish(&b, text("a"));
-        b.close("shutdown");
+        b.close(CloseReason::ShuttingDown);
         // Up to the end, which comes after the last seq.
         let got = drain(&mut sub, u64::MAX).await;
         assert_eq!(seqs(&got), vec![1]);
-        assert!(matches!(got.last(), Some(Delivery::End(End::Closed(r))) if r == "shutdown"));
+        assert!(
+            matches!(got.last(), Some(Delivery::End(End::Closed(r))) if r.as_str() == "server shutting down")
+        );
         let mut late = b.subscribe(None);
         assert!(matches!(late.recv().await, Some(Delivery::End(End::Closed(_)))));
         assert!(late.recv().await.is_none());

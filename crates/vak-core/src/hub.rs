@@ -6,13 +6,15 @@
 
 use super::config::{RoutePatch, RouteSpec, Settings};
 use super::index::{Entry, Index};
-use super::jetstream::{JetStreamLog, ANOTHER_WRITER};
+use super::jetstream::JetStreamLog;
 use super::ledger::{storage_error, Batch, Ledger, Log, OpenError, Record};
 use super::lifecycle;
 use super::mux::Control;
-use super::owners::{Claim, Owner, LEASE_LOST};
+use super::owners::{Claim, Owner};
+use super::reasons::CloseReason;
 use super::repair::{self, Remembered, Unrepairable};
 use super::session::{Route, Runtime, Session, SessionInfo};
+use super::stopped::Stopped;
 use super::CoreConfig;
 use super::PermissionMode;
 use crate::error::{Error, ErrorKind, Result};
@@ -733,10 +735,9 @@ impl Hub {
                 Ok(session) => {
                     // Moved to another replica: looked up afresh at once.
                     // Any other failure answers for a while before a reload.
-                    let moved = |r: &str| r.contains(LEASE_LOST) || r.contains(ANOTHER_WRITER);
                     if session
                         .storage_failure()
-                        .is_some_and(|(r, at)| moved(&r) || at.elapsed() >= STORAGE_RETRY)
+                        .is_some_and(|(r, at)| r.moved() || at.elapsed() >= STORAGE_RETRY)
                     {
                         // Its writer has stopped: a fresh load continues from
                         // the last durable seq.
@@ -937,7 +938,7 @@ impl Hub {
         }
         let s = self.get(id).await?;
         s.begin_delete()?;
-        s.close_streams("deleted").await;
+        s.close_streams(CloseReason::Deleted).await;
         let (home, dir, sid) = (
             self.rt.cfg.home.clone(),
             self.rt.cfg.sessions_dir(),
@@ -980,7 +981,7 @@ impl Hub {
             Located::Remote(owner) => return Err(served_elsewhere(id, &owner)),
         };
         s.begin_delete()?;
-        s.close_streams("deleted").await;
+        s.close_streams(CloseReason::Deleted).await;
         let purged = super::jetstream::purge_session(client, id).await;
         if purged.is_ok() {
             if let Some(shared) = &self.rt.cfg.shared_index {
@@ -1272,7 +1273,7 @@ impl Hub {
     }
 
     /// Sessions stopped by a storage failure right now, with its reason.
-    pub fn storage_failures(&self) -> Vec<(String, String)> {
+    pub fn storage_failures(&self) -> Vec<(String, Stopped)> {
         self.live()
             .into_iter()
             .filter_map(|s| s.storage_failure().map(|(r, _)| (s.id().to_string(), r)))
@@ -1403,7 +1404,7 @@ fn fork_point(parent: &Session, id: &str, at_seq: Option<u64>) -> Result<u64> {
 /// at once: nothing more of this replica's lands after the lease is lost.
 fn watch_lease(
     session: &Arc<Session>,
-    mut lost: tokio::sync::watch::Receiver<Option<String>>,
+    mut lost: tokio::sync::watch::Receiver<Option<Stopped>>,
     log: Option<Arc<JetStreamLog>>,
 ) {
     let weak = Arc::downgrade(session);

@@ -84,6 +84,7 @@
 
 use super::event::ClientEvent;
 use super::ledger::{Batch, Log, Record};
+use super::stopped::Stopped;
 use crate::error::{Error, Result};
 use async_nats::jetstream::kv;
 use async_nats::jetstream::stream;
@@ -121,11 +122,10 @@ const MESSAGE_TOO_LARGE: u64 = 10054;
 /// 2.12+ answers this under load instead of 10071): asked again, it is
 /// decided.
 pub const LAST_SEQUENCE_IN_FLIGHT: u64 = 10164;
-/// The error every append of a fenced log fails with.
-pub const ANOTHER_WRITER: &str = "another writer appended to this session";
-/// The error an append fails with once this replica lost the lease
-/// (`stop`); it starts like the lost lease's own reason (`owners::LEASE_LOST`).
-pub const LEASE_STOPPED: &str = "lease_lost: this replica no longer holds the session's lease";
+/// The texts of the errors every append of a fenced log fails with, and an
+/// append fails with once this replica lost the lease (`stop`); the errors
+/// carry their `Stopped` cause, which is what code reads.
+pub use super::stopped::{ANOTHER_WRITER, LEASE_STOPPED};
 /// The server's cap on the messages of one atomic batch.
 pub const ATOMIC_MAX: usize = 1000;
 /// How long a publish or read is retried through transient failures.
@@ -536,10 +536,11 @@ impl Writer {
     /// module doc: CAS, atomic groups, fencing).
     async fn append(&mut self, link: &Link, batch: &Batch) -> std::io::Result<()> {
         if self.fenced {
-            return Err(std::io::Error::other(format!(
-                "{ANOTHER_WRITER} ({}): this replica stopped writing it",
-                link.session
-            )));
+            return Err(Stopped::Fenced {
+                session: link.session.clone(),
+                again: true,
+            }
+            .into_io());
         }
         // The limit of the server this connection is on now (servers of a
         // cluster may differ, and a reconnect may land on another).
@@ -563,7 +564,7 @@ impl Writer {
                     }
                 }
                 Err(e) => {
-                    if e.to_string().starts_with(ANOTHER_WRITER) {
+                    if matches!(Stopped::of_io(&e), Some(Stopped::Fenced { .. })) {
                         self.fenced = true;
                     }
                     return Err(e);
@@ -862,13 +863,18 @@ impl Link {
         let deadline = Instant::now() + RETRY_FOR;
         let tail_id = &msgs.last().expect("not empty").msg_id;
         let fenced = || {
-            std::io::Error::other(format!(
-                "{ANOTHER_WRITER} ({}): this replica stops writing it",
-                self.session
-            ))
+            Stopped::Fenced {
+                session: self.session.clone(),
+                again: false,
+            }
+            .into_io()
         };
-        let stopped =
-            || std::io::Error::other(format!("{LEASE_STOPPED} ({}): it stops writing it", self.session));
+        let stopped = || {
+            Stopped::LeaseStopped {
+                session: self.session.clone(),
+            }
+            .into_io()
+        };
         loop {
             if self.stopped.is_cancelled() {
                 return Err(stopped());

@@ -14,7 +14,7 @@
 use super::event::{ClientEvent, Frame};
 use super::provider::TokenUsage;
 use super::Durability;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
@@ -268,7 +268,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// A storage failure as clients see it: the session cannot go on.
 pub fn storage_error(e: &std::io::Error) -> Error {
-    Error::new(ErrorKind::Unavailable, format!("storage_failed: {e}"))
+    super::stopped::Stopped::Storage {
+        kind: e.kind(),
+        message: e.to_string(),
+    }
+    .into()
 }
 
 impl Ledger {

@@ -21,7 +21,9 @@
 use super::event::{Frame, Note};
 use super::jetstream::{JetStreamLog, Live, LiveRecords, Position, Stored, LIVE_PREFIX};
 use super::ledger::Record;
+use super::reasons::CloseReason;
 use super::session::{Runtime, Session};
+use super::stopped::Stopped;
 use super::writer::Visible;
 use crate::error::{Error, ErrorKind, Result};
 use futures_util::{FutureExt, StreamExt};
@@ -83,7 +85,7 @@ async fn follow(
         let Some(s) = mirror.upgrade() else { return };
         let gap = match got {
             Some(None) => {
-                s.stop_writing("the live path of this session ended; it is followed afresh on its next use");
+                s.stop_writing(&Stopped::LiveEnded);
                 return;
             }
             Some(Some(msg)) => {
@@ -118,8 +120,8 @@ async fn follow(
                 // holder purged it): this copy closes as the holder's did.
                 Ok(0) if log.purged().await.unwrap_or(false) => {
                     tracing::info!(session = %s.id(), "the session was deleted on the replica that wrote it");
-                    s.close_streams("deleted").await;
-                    s.stop_writing("the session was deleted");
+                    s.close_streams(CloseReason::Deleted).await;
+                    s.stop_writing(&Stopped::Deleted);
                     return;
                 }
                 Ok(head) => head > last,

@@ -13,6 +13,7 @@ use super::cursor::{CursorVector, MAX_SESSIONS};
 use super::event::Frame;
 use super::hub::Hub;
 use super::presentation::{PresentationEvent, Presenter};
+use super::reasons::{CloseReason, ResyncReason, Surface};
 use super::session::{Client, PresenceGuard, Session};
 use crate::error::{Error, ErrorKind, Result};
 use futures_util::stream::{BoxStream, StreamExt};
@@ -31,7 +32,7 @@ pub enum MuxFrame {
     Agent(Arc<Frame>),
     Presentation(PresentationEvent),
     Resync {
-        reason: String,
+        reason: ResyncReason,
         latest_seq: u64,
         lost: Option<(u64, u64)>,
     },
@@ -41,7 +42,7 @@ pub enum MuxFrame {
         left: Vec<Client>,
     },
     Closed {
-        reason: String,
+        reason: CloseReason,
     },
 }
 
@@ -82,7 +83,7 @@ struct Feed {
 
 impl Feed {
     fn open(session: Arc<Session>, after: Option<u64>, client_id: &str) -> (Feed, u64) {
-        let guard = session.join(client_id, "stream");
+        let guard = session.join(client_id, Surface::Stream);
         let presented = session.subscribe_presented(after);
         let latest = presented.subscription.latest_seq();
         let mut presence = session.watch_presence();

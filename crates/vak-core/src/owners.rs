@@ -33,6 +33,7 @@
 //! says it holds it; and the holder, when NATS is back and its renewal
 //! finds the key gone (expired, nobody took it), takes it again at once.
 
+use super::stopped::Stopped;
 use crate::error::{Error, ErrorKind, Result};
 use async_nats::jetstream::kv;
 use serde::{Deserialize, Serialize};
@@ -48,8 +49,7 @@ pub const BUCKET: &str = "VAK_OWNERS";
 pub const RPC_PREFIX: &str = "vak.rpc.";
 /// The default lease age (`--bus-lease-ttl-ms`).
 pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
-/// The reason a session stops when its lease went to another replica.
-pub const LEASE_LOST: &str = "lease_lost";
+pub use super::stopped::LEASE_LOST;
 /// How long a ping waits for the owner's answer.
 const PING_TIMEOUT: Duration = Duration::from_millis(500);
 
@@ -74,14 +74,14 @@ pub struct Owner {
 pub enum Claim {
     /// This replica holds it. The watch turns `Some(reason)` when the lease
     /// is lost, and ends (the sender dropped) when it is released.
-    Mine(watch::Receiver<Option<String>>),
+    Mine(watch::Receiver<Option<Stopped>>),
     /// A live replica holds it.
     Theirs(Owner),
 }
 
 struct Held {
     revision: u64,
-    lost: watch::Sender<Option<String>>,
+    lost: watch::Sender<Option<Stopped>>,
 }
 
 /// This replica's leases.
@@ -229,7 +229,7 @@ impl Owners {
         serde_json::to_vec(&me).unwrap_or_default().into()
     }
 
-    fn hold(&self, session: &str, revision: u64) -> watch::Receiver<Option<String>> {
+    fn hold(&self, session: &str, revision: u64) -> watch::Receiver<Option<Stopped>> {
         let (tx, rx) = watch::channel(None);
         lock(&self.held).insert(session.to_string(), Held { revision, lost: tx });
         rx
@@ -360,7 +360,7 @@ impl Owners {
     fn lose(&self, session: &str, why: String) {
         if let Some(h) = lock(&self.held).remove(session) {
             tracing::warn!(session, "{LEASE_LOST}: {why}; this replica stops writing it");
-            let _ = h.lost.send(Some(format!("{LEASE_LOST}: {why}")));
+            let _ = h.lost.send(Some(Stopped::LeaseLost { why }));
         }
     }
 

@@ -5,7 +5,7 @@
 //! always yields the timeline the session itself holds at that point.
 //! Runtime bookkeeping (status, turn_started, admission) never becomes an item.
 
-use super::event::ClientEvent;
+use super::event::{ApprovalOutcome, ClientEvent, RunOutcome};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -38,14 +38,75 @@ impl ItemKind {
     }
 }
 
-/// One display item. `status` is one of: streaming, running, pending,
-/// completed, failed, cancelled, approved, denied, expired.
+/// Where an item stands. Kept in snapshots as its snake_case name, the
+/// same string clients read (`as_str`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ItemStatus {
+    /// Text or thinking still arriving.
+    Streaming,
+    /// A tool call not answered yet.
+    Running,
+    /// An approval not answered yet.
+    Pending,
+    Completed,
+    Failed,
+    Cancelled,
+    /// A final result: the run reached the max-turns cap.
+    MaxTurns,
+    /// A streaming item a new turn cut off (the model's stream broke).
+    Interrupted,
+    Approved,
+    Denied,
+    Expired,
+}
+
+impl ItemStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ItemStatus::Streaming => "streaming",
+            ItemStatus::Running => "running",
+            ItemStatus::Pending => "pending",
+            ItemStatus::Completed => "completed",
+            ItemStatus::Failed => "failed",
+            ItemStatus::Cancelled => "cancelled",
+            ItemStatus::MaxTurns => "max_turns",
+            ItemStatus::Interrupted => "interrupted",
+            ItemStatus::Approved => "approved",
+            ItemStatus::Denied => "denied",
+            ItemStatus::Expired => "expired",
+        }
+    }
+}
+
+impl From<RunOutcome> for ItemStatus {
+    fn from(o: RunOutcome) -> ItemStatus {
+        match o {
+            RunOutcome::Completed => ItemStatus::Completed,
+            RunOutcome::Cancelled => ItemStatus::Cancelled,
+            RunOutcome::Failed => ItemStatus::Failed,
+            RunOutcome::MaxTurns => ItemStatus::MaxTurns,
+        }
+    }
+}
+
+impl From<ApprovalOutcome> for ItemStatus {
+    fn from(o: ApprovalOutcome) -> ItemStatus {
+        match o {
+            ApprovalOutcome::Approved => ItemStatus::Approved,
+            ApprovalOutcome::Denied => ItemStatus::Denied,
+            ApprovalOutcome::Expired => ItemStatus::Expired,
+        }
+    }
+}
+
+/// One display item.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Item {
     /// Stable across restarts: derived from the seq of the event that opened it.
     pub id: String,
     pub kind: ItemKind,
-    pub status: String,
+    pub status: ItemStatus,
     pub text: String,
     /// The last seq this item reflects.
     pub seq: u64,
@@ -58,11 +119,11 @@ pub struct Item {
 }
 
 impl Item {
-    fn new(kind: ItemKind, prefix: &str, seq: u64, status: &str, text: String) -> Item {
+    fn new(kind: ItemKind, prefix: &str, seq: u64, status: ItemStatus, text: String) -> Item {
         Item {
             id: format!("{prefix}{seq}"),
             kind,
-            status: status.into(),
+            status,
             text,
             seq,
             tool: String::new(),
@@ -99,7 +160,7 @@ pub enum PresentationEvent {
     /// A streaming item is done.
     ItemCompleted {
         item_id: String,
-        status: String,
+        status: ItemStatus,
         seq: u64,
     },
 }
@@ -156,7 +217,7 @@ impl Timeline {
             }
             PresentationEvent::ItemCompleted { item_id, status, seq } => {
                 if let Some(i) = self.find(item_id) {
-                    i.status = status.clone();
+                    i.status = *status;
                     i.seq = *seq;
                 }
             }
@@ -196,17 +257,17 @@ impl Presenter {
     }
 
     fn close_open(&mut self, seq: u64, out: &mut Vec<PresentationEvent>) {
-        self.close_open_as("completed", seq, out)
+        self.close_open_as(ItemStatus::Completed, seq, out)
     }
 
-    fn close_open_as(&mut self, status: &str, seq: u64, out: &mut Vec<PresentationEvent>) {
+    fn close_open_as(&mut self, status: ItemStatus, seq: u64, out: &mut Vec<PresentationEvent>) {
         if let Some(idx) = self.open.take() {
             let item = &mut self.timeline.items[idx];
-            item.status = status.into();
+            item.status = status;
             item.seq = seq;
             out.push(PresentationEvent::ItemCompleted {
                 item_id: item.id.clone(),
-                status: item.status.clone(),
+                status,
                 seq,
             });
         }
@@ -242,7 +303,7 @@ impl Presenter {
         } else {
             "text-"
         };
-        let item = Item::new(kind, prefix, seq, "streaming", text.to_string());
+        let item = Item::new(kind, prefix, seq, ItemStatus::Streaming, text.to_string());
         self.open = Some(self.start(item, out));
     }
 
@@ -278,7 +339,13 @@ impl Presenter {
         match event {
             ClientEvent::UserMessage { text, request_id, .. } => {
                 self.close_open(seq, &mut out);
-                let mut item = Item::new(ItemKind::UserInput, "user-", seq, "completed", text.clone());
+                let mut item = Item::new(
+                    ItemKind::UserInput,
+                    "user-",
+                    seq,
+                    ItemStatus::Completed,
+                    text.clone(),
+                );
                 item.request_id = request_id.clone();
                 self.start(item, &mut out);
             }
@@ -286,7 +353,13 @@ impl Presenter {
             ClientEvent::ThinkingDelta { text } => self.stream_text(ItemKind::Thinking, seq, text, &mut out),
             ClientEvent::ToolCall { call_id, tool, input } => {
                 self.close_open(seq, &mut out);
-                let mut item = Item::new(ItemKind::ToolCall, "tool-", seq, "running", String::new());
+                let mut item = Item::new(
+                    ItemKind::ToolCall,
+                    "tool-",
+                    seq,
+                    ItemStatus::Running,
+                    String::new(),
+                );
                 item.tool = tool.clone();
                 item.call_id = call_id.clone();
                 item.input = input.clone();
@@ -295,17 +368,20 @@ impl Presenter {
             ClientEvent::ToolResult { call_id, ok, output } => self.replace(
                 |i| i.kind == ItemKind::ToolCall && &i.call_id == call_id,
                 |i| {
-                    i.status = if *ok { "completed" } else { "failed" }.into();
+                    i.status = if *ok {
+                        ItemStatus::Completed
+                    } else {
+                        ItemStatus::Failed
+                    };
                     i.text = output.clone();
                     i.seq = seq;
                 },
                 &mut out,
             ),
             ClientEvent::ToolOutput { call_id, text, .. } => {
-                let running =
-                    self.timeline.items.iter_mut().rev().find(|i| {
-                        i.kind == ItemKind::ToolCall && &i.call_id == call_id && i.status == "running"
-                    });
+                let running = self.timeline.items.iter_mut().rev().find(|i| {
+                    i.kind == ItemKind::ToolCall && &i.call_id == call_id && i.status == ItemStatus::Running
+                });
                 if let Some(item) = running {
                     // The first LIVE_TEXT bytes, never a split character.
                     let mut take = LIVE_TEXT.saturating_sub(item.text.len()).min(text.len());
@@ -331,7 +407,13 @@ impl Presenter {
                 call_id,
             } => {
                 self.close_open(seq, &mut out);
-                let mut item = Item::new(ItemKind::Approval, "approval-", seq, "pending", reason.clone());
+                let mut item = Item::new(
+                    ItemKind::Approval,
+                    "approval-",
+                    seq,
+                    ItemStatus::Pending,
+                    reason.clone(),
+                );
                 item.tool = tool.clone();
                 item.call_id = call_id.clone();
                 item.input = input.clone();
@@ -343,22 +425,27 @@ impl Presenter {
             } => self.replace(
                 |i| i.kind == ItemKind::Approval && &i.request_id == request_id,
                 |i| {
-                    i.status = outcome.as_str().into();
+                    i.status = (*outcome).into();
                     i.seq = seq;
                 },
                 &mut out,
             ),
             ClientEvent::RunFinished { outcome, message } => {
                 self.close_open(seq, &mut out);
-                let status = outcome.as_str();
-                let item = Item::new(ItemKind::FinalResult, "result-", seq, status, message.clone());
+                let item = Item::new(
+                    ItemKind::FinalResult,
+                    "result-",
+                    seq,
+                    (*outcome).into(),
+                    message.clone(),
+                );
                 self.start(item, &mut out);
                 self.timeline.seq = seq;
                 out.push(PresentationEvent::Snapshot(self.timeline.clone()));
             }
             // A turn_started inside a run: the model's stream broke and the
             // turn starts over; what it had streamed stays, marked so.
-            ClientEvent::TurnStarted { .. } => self.close_open_as("interrupted", seq, &mut out),
+            ClientEvent::TurnStarted { .. } => self.close_open_as(ItemStatus::Interrupted, seq, &mut out),
             // A notice is shown as it comes, never kept in the timeline.
             // A side run is a branch beside the conversation: not in the timeline.
             ClientEvent::Status { .. } | ClientEvent::Notice { .. } | ClientEvent::Side { .. } => {}
@@ -373,7 +460,7 @@ impl Presenter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{ApprovalOutcome, OutputStream, RunOutcome};
+    use crate::event::OutputStream;
     use proptest::prelude::*;
     use serde_json::json;
 
@@ -514,7 +601,7 @@ mod tests {
                 text: "echo: ".into(),
             },
         );
-        assert!(matches!(&ev[0], PresentationEvent::ItemStarted(i) if i.status == "streaming"));
+        assert!(matches!(&ev[0], PresentationEvent::ItemStarted(i) if i.status.as_str() == "streaming"));
         let ev = p.apply(3, &ClientEvent::TextDelta { text: "hi".into() });
         assert_eq!(
             ev,
@@ -573,7 +660,7 @@ mod tests {
         };
         assert_eq!(text.len(), LIVE_TEXT - 3 - 1, "whole characters that fit");
         assert!(p.apply(5, &out("a", "é")).is_empty());
-        assert_eq!(p.timeline().items[0].status, "running");
+        assert_eq!(p.timeline().items[0].status.as_str(), "running");
         p.apply(
             6,
             &ClientEvent::ToolResult {
@@ -587,5 +674,43 @@ mod tests {
             p.apply(7, &out("a", "late")).is_empty(),
             "a settled call shows no more"
         );
+    }
+
+    #[test]
+    fn every_item_status_has_its_wire_string_and_keeps_it_in_snapshots() {
+        let all = [
+            (ItemStatus::Streaming, "streaming"),
+            (ItemStatus::Running, "running"),
+            (ItemStatus::Pending, "pending"),
+            (ItemStatus::Completed, "completed"),
+            (ItemStatus::Failed, "failed"),
+            (ItemStatus::Cancelled, "cancelled"),
+            (ItemStatus::MaxTurns, "max_turns"),
+            (ItemStatus::Interrupted, "interrupted"),
+            (ItemStatus::Approved, "approved"),
+            (ItemStatus::Denied, "denied"),
+            (ItemStatus::Expired, "expired"),
+        ];
+        for (status, s) in all {
+            assert_eq!(status.as_str(), s);
+            // A snapshot written before the enum (a string) reads back the same.
+            assert_eq!(serde_json::to_value(status).unwrap(), json!(s));
+            assert_eq!(serde_json::from_value::<ItemStatus>(json!(s)).unwrap(), status);
+        }
+        for o in [
+            RunOutcome::Completed,
+            RunOutcome::Cancelled,
+            RunOutcome::Failed,
+            RunOutcome::MaxTurns,
+        ] {
+            assert_eq!(ItemStatus::from(o).as_str(), o.as_str());
+        }
+        for o in [
+            ApprovalOutcome::Approved,
+            ApprovalOutcome::Denied,
+            ApprovalOutcome::Expired,
+        ] {
+            assert_eq!(ItemStatus::from(o).as_str(), o.as_str());
+        }
     }
 }

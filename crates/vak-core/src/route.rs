@@ -52,6 +52,17 @@ impl Source {
             Source::Default => "default",
         }
     }
+
+    /// The source `as_str` names; any other (a newer replica's) reads as `Api`.
+    pub fn parse(s: &str) -> Source {
+        match s {
+            "flag" => Source::Flag,
+            "env" => Source::Env,
+            "file" => Source::File,
+            "default" => Source::Default,
+            _ => Source::Api,
+        }
+    }
 }
 
 /// The route in effect, as a description (the `Route` holds the client).

@@ -12,9 +12,11 @@ use super::folds::{Folds, Snapshot, REMEMBERED_REQUESTS};
 use super::ledger::{Ledger, Log, OpenError, Record};
 use super::presentation::{Presenter, Timeline};
 use super::provider::TokenUsage;
+use super::reasons::{CloseReason, Surface};
 pub use super::route::Route;
 use super::rules::{Rule, Rules};
 use super::side::SideEntry;
+use super::stopped::Stopped;
 use super::transcript::Transcript;
 use super::writer::{self, Op, Pipe, Visible};
 use super::{CoreConfig, PermissionMode};
@@ -285,8 +287,7 @@ impl Drop for Session {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Client {
     pub client_id: String,
-    /// "sse", "grpc" or "stream".
-    pub surface: String,
+    pub surface: Surface,
 }
 
 /// Keeps a client listed as attached until dropped.
@@ -322,8 +323,6 @@ struct RunState {
     leg_cancel: Option<CancellationToken>,
     admitted: HashSet<String>,
     admitted_order: VecDeque<String>,
-    /// The storage failure that stopped this session, and when.
-    failed: Option<(String, Instant)>,
 }
 
 impl RunState {
@@ -465,8 +464,8 @@ impl Session {
             side_busy: watch::channel(false).0,
             stopped: watch::channel(false).0,
         });
-        if let Some(reason) = read_only {
-            pipe.fail(reason);
+        if let Some(why) = read_only {
+            pipe.fail(&Stopped::ReadOnly { why: why.to_string() });
             return session;
         }
         let visible: Weak<dyn Visible> = Arc::downgrade(&session) as Weak<Session>;
@@ -537,15 +536,12 @@ impl Session {
 
     /// Resolves once everything published so far is durable and visible.
     pub async fn flush(&self) -> Result<()> {
-        self.pipe
-            .barrier()
-            .await
-            .map_err(|reason| Error::new(ErrorKind::Unavailable, reason))
+        self.pipe.barrier().await.map_err(Error::from)
     }
 
-    /// The storage failure that stopped this session, with when it happened.
-    pub fn storage_failure(&self) -> Option<(String, Instant)> {
-        lock(&self.run).failed.clone()
+    /// What stopped this session's writes, with when it happened (kept by its pipe).
+    pub fn storage_failure(&self) -> Option<(Stopped, Instant)> {
+        self.pipe.failure()
     }
 
     /// Turns true when this session's writer stops (`recovery.rs` reloads it).
@@ -590,10 +586,10 @@ impl Session {
     }
 
     /// Lists a client as attached until the guard drops.
-    pub fn join(&self, client_id: &str, surface: &str) -> PresenceGuard {
+    pub fn join(&self, client_id: &str, surface: Surface) -> PresenceGuard {
         let client = Client {
             client_id: client_id.to_string(),
-            surface: surface.to_string(),
+            surface,
         };
         self.presence.send_modify(|clients| clients.push(client));
         PresenceGuard {
@@ -675,7 +671,7 @@ impl Session {
         // retry after any crash or storage failure is then a duplicate.
         if let Err(reason) = self.pipe.admitted(request_id.clone()).await {
             lock(&self.run).forget(&request_id);
-            return Err(Error::new(ErrorKind::Unavailable, reason));
+            return Err(reason.into());
         }
         let mut run = lock(&self.run);
         // Deleted or closed while the id was written.
@@ -945,7 +941,7 @@ impl Session {
     /// This replica lost the session's lease to another: it stops writing
     /// at once, as after a storage failure (the live run ends, streams get
     /// session_closed with `reason`, input is refused until a reload).
-    pub fn stop_writing(&self, reason: &str) {
+    pub fn stop_writing(&self, reason: &Stopped) {
         self.pipe.fail(reason);
         Visible::failed(self, reason);
     }
@@ -981,8 +977,8 @@ impl Session {
     /// Refuses new work in a session that failed, is being deleted or is
     /// closing (shutdown).
     fn check_open(&self, run: &RunState) -> Result<()> {
-        if let Some((reason, _)) = &run.failed {
-            return Err(Error::new(ErrorKind::Unavailable, reason.clone()));
+        if let Some((reason, _)) = self.pipe.failure() {
+            return Err(reason.into());
         }
         if run.deleted {
             return Err(Error::not_found(format!(
@@ -1112,7 +1108,7 @@ impl Session {
 
     /// Ends every stream of the session with session_closed {reason}, once
     /// what was published before is visible on them.
-    pub async fn close_streams(&self, reason: &str) {
+    pub async fn close_streams(&self, reason: CloseReason) {
         let _ = self.pipe.barrier().await;
         self.bus.close(reason);
     }
@@ -1145,7 +1141,7 @@ impl Session {
         // What the settled run published reaches the disk and its streams
         // before they are closed.
         let _ = tokio::time::timeout(grace, self.pipe.barrier()).await;
-        self.bus.close("server shutting down");
+        self.bus.close(CloseReason::ShuttingDown);
         let log = self.log.clone();
         let synced = tokio::task::spawn_blocking(move || log.sync()).await;
         if let Ok(Err(e)) = synced {
@@ -1201,19 +1197,17 @@ impl Visible for Session {
     /// The live run ends, queued input is dropped, every stream gets
     /// session_closed with the reason, and new work is refused with it until
     /// the session is reloaded.
-    fn failed(&self, reason: &str) {
+    fn failed(&self, reason: &Stopped) {
         {
+            // The pipe keeps the cause (it failed first); new work is refused from it.
             let mut run = lock(&self.run);
-            // The first cause is kept (a lost lease, then its log's refusal).
-            run.failed
-                .get_or_insert_with(|| (reason.to_string(), Instant::now()));
             run.queue.clear();
             if let Some(c) = &run.leg_cancel {
                 c.cancel();
             }
         }
         self.side_cancel();
-        self.bus.close(reason);
+        self.bus.close(CloseReason::Stopped(reason.clone()));
         self.stopped.send_replace(true);
     }
 }

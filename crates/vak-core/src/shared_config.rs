@@ -73,25 +73,34 @@ pub struct SharedRoute {
     pub model: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base_url: Option<String>,
-    pub source: String,
+    /// Kept in the bucket as its name (`Source::as_str`).
+    #[serde(with = "source_name")]
+    pub source: Source,
     /// The replica that wrote it.
     #[serde(default)]
     pub replica: String,
 }
 
+/// A route's source as the bucket holds it: its name, an unknown one read as `Api`.
+mod source_name {
+    use super::Source;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(s: &Source, ser: S) -> Result<S::Ok, S::Error> {
+        ser.serialize_str(s.as_str())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Source, D::Error> {
+        String::deserialize(d).map(|s| Source::parse(&s))
+    }
+}
+
 fn spec_of(r: &SharedRoute) -> Option<RouteSpec> {
-    let source = match r.source.as_str() {
-        "flag" => Source::Flag,
-        "env" => Source::Env,
-        "file" => Source::File,
-        "default" => Source::Default,
-        _ => Source::Api,
-    };
     Some(RouteSpec {
         provider: ProviderKind::parse(&r.provider)?,
         model: r.model.clone(),
         base_url: r.base_url.clone(),
-        source,
+        source: r.source,
     })
 }
 
@@ -621,7 +630,7 @@ impl SharedConfig {
             provider: spec.provider.as_str().to_string(),
             model: spec.model.clone(),
             base_url: spec.base_url.clone(),
-            source: spec.source.as_str().to_string(),
+            source: spec.source,
             replica: self.replica.clone(),
         })
         .map_err(|e| Error::internal(e.to_string()))?;
@@ -814,5 +823,41 @@ impl SharedConfig {
             ErrorKind::Unavailable,
             format!("the rules of {workspace} keep changing on other replicas; try again"),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_routes_source_is_kept_in_the_bucket_by_its_name() {
+        let all = [
+            (Source::Flag, "flag"),
+            (Source::Env, "env"),
+            (Source::File, "file"),
+            (Source::Api, "api"),
+            (Source::Default, "default"),
+        ];
+        for (source, name) in all {
+            assert_eq!(source.as_str(), name);
+            assert_eq!(Source::parse(name), source);
+            let route = SharedRoute {
+                provider: "openai".into(),
+                model: "m".into(),
+                base_url: None,
+                source,
+                replica: "r".into(),
+            };
+            let json = serde_json::to_value(&route).unwrap();
+            assert_eq!(json["source"], name);
+            assert_eq!(serde_json::from_value::<SharedRoute>(json).unwrap(), route);
+        }
+        // A name this replica does not know (a newer one's) reads as an API change.
+        let newer = r#"{"provider":"openai","model":"m","source":"later","replica":"r"}"#;
+        assert_eq!(
+            serde_json::from_str::<SharedRoute>(newer).unwrap().source,
+            Source::Api
+        );
     }
 }

@@ -1,7 +1,7 @@
 //! Waiting for a run to settle, for callers that want its outcome and final answer in one answer (`POST /sessions/:id/run` with `wait`).
 
 use super::bus::Delivery;
-use super::event::ClientEvent;
+use super::event::{ClientEvent, RunOutcome};
 use super::session::Session;
 use super::transcript::Role;
 use std::time::Duration;
@@ -14,7 +14,7 @@ pub const DEFAULT_WAIT: Duration = Duration::from_secs(600);
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Settled {
     /// run_finished's outcome and human message.
-    pub outcome: String,
+    pub outcome: RunOutcome,
     pub message: String,
     /// The text of the last assistant message of the run ("" when the model
     /// said nothing, e.g. a run that failed before its first answer).
@@ -35,7 +35,7 @@ pub async fn settled(session: &Session, after_seq: u64, limit: Duration) -> Opti
             match sub.recv().await? {
                 Delivery::Frame(f) => {
                     if let ClientEvent::RunFinished { outcome, message } = &f.event {
-                        return Some((f.seq, outcome.as_str().to_string(), message.clone()));
+                        return Some((f.seq, *outcome, message.clone()));
                     }
                 }
                 Delivery::Resync { .. } => {}

@@ -11,7 +11,9 @@
 
 use super::event::{ClientEvent, Frame, Note};
 use super::ledger::{Batch, Log, Record};
+use super::stopped::Stopped;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Instant;
 use tokio::sync::{oneshot, Notify};
 
 /// Operations waiting for the writer beyond which publishers that pace
@@ -19,7 +21,7 @@ use tokio::sync::{oneshot, Notify};
 pub const PIPE_ROOM: usize = 4096;
 
 /// A reply to an operation that must be durable before its caller goes on.
-pub type Done = oneshot::Sender<Result<(), String>>;
+pub type Done = oneshot::Sender<Result<(), Stopped>>;
 
 pub enum Op {
     /// A client event, its frame built by the publisher (seq 0 until the
@@ -39,10 +41,10 @@ impl Op {
         Op::Event(Arc::new(Frame::new(0, session_id.clone(), event)))
     }
 
-    fn refuse(self, reason: &str) {
+    fn refuse(self, reason: &Stopped) {
         match self {
             Op::Admitted { done, .. } | Op::Barrier(done) => {
-                let _ = done.send(Err(reason.to_string()));
+                let _ = done.send(Err(reason.clone()));
             }
             Op::Event(_) | Op::Note(_) => {}
         }
@@ -55,7 +57,7 @@ pub trait Visible: Send + Sync + 'static {
     fn commit(&self, frames: Vec<Arc<Frame>>, notes: Vec<(u64, Note)>, admitted: Vec<String>);
     /// The session's state as of the last commit, as a ledger record.
     fn snapshot(&self) -> Record;
-    fn failed(&self, reason: &str);
+    fn failed(&self, reason: &Stopped);
 }
 
 #[derive(Default)]
@@ -74,7 +76,11 @@ struct PipeState {
     /// the next batch fills it instead of growing a fresh one by doubling.
     spare: Vec<Op>,
     closed: bool,
-    failed: Option<String>,
+    /// Why the session's writes stopped, and when: the first cause is kept
+    /// (a lost lease, then its log's refusal), except that a mirror's
+    /// standing refusal gives way to the stop that ends it. The one place
+    /// a session's failure is kept.
+    failed: Option<(Stopped, Instant)>,
 }
 
 impl Pipe {
@@ -86,7 +92,7 @@ impl Pipe {
     /// to with the reason) once the session's storage has failed.
     pub fn push(&self, op: Op) {
         let mut st = self.lock();
-        if let Some(reason) = st.failed.clone() {
+        if let Some((reason, _)) = st.failed.clone() {
             drop(st);
             op.refuse(&reason);
             return;
@@ -119,24 +125,26 @@ impl Pipe {
     }
 
     /// Resolves once everything pushed before it is durable and visible.
-    pub async fn barrier(&self) -> Result<(), String> {
+    pub async fn barrier(&self) -> Result<(), Stopped> {
         let (tx, rx) = oneshot::channel();
         self.push(Op::Barrier(tx));
-        rx.await
-            .unwrap_or_else(|_| Err("the session's writer stopped".into()))
+        rx.await.unwrap_or(Err(Stopped::WriterGone))
     }
 
     /// Records an admitted request id durably.
-    pub async fn admitted(&self, request_id: String) -> Result<(), String> {
+    pub async fn admitted(&self, request_id: String) -> Result<(), Stopped> {
         let (done, rx) = oneshot::channel();
         self.push(Op::Admitted { request_id, done });
-        rx.await
-            .unwrap_or_else(|_| Err("the session's writer stopped".into()))
+        rx.await.unwrap_or(Err(Stopped::WriterGone))
     }
 
-    /// The storage failure that stopped this session, if any.
-    pub fn failure(&self) -> Option<String> {
-        self.lock().failed.clone()
+    /// What stopped this session's writes, and when, if anything did (a
+    /// mirror's standing refusal is no stop).
+    pub fn failure(&self) -> Option<(Stopped, Instant)> {
+        self.lock()
+            .failed
+            .clone()
+            .filter(|(s, _)| !matches!(s, Stopped::ReadOnly { .. }))
     }
 
     /// How many operations wait for the writer.
@@ -151,15 +159,23 @@ impl Pipe {
     }
 
     /// Stops the session's writes: what is queued and every later push is
-    /// refused with `reason` (a failed append, or a lease lost to another replica).
-    pub fn fail(&self, reason: &str) {
-        let ops = {
+    /// refused with the first such reason (a failed append, or a lease
+    /// lost to another replica).
+    pub fn fail(&self, reason: &Stopped) {
+        let (first, ops) = {
             let mut st = self.lock();
-            st.failed = Some(reason.to_string());
-            std::mem::take(&mut st.ops)
+            if matches!(st.failed, Some((Stopped::ReadOnly { .. }, _))) {
+                st.failed = None;
+            }
+            let first = st
+                .failed
+                .get_or_insert_with(|| (reason.clone(), Instant::now()))
+                .0
+                .clone();
+            (first, std::mem::take(&mut st.ops))
         };
         for op in ops {
-            op.refuse(reason);
+            op.refuse(&first);
         }
         self.room.notify_waiters();
     }
@@ -346,8 +362,8 @@ fn fail(
     lost: Pending,
     e: std::io::Error,
 ) {
-    let reason = format!("storage_failed: {e}");
-    tracing::error!(session = %session_id, "{reason}: nothing after seq {} is kept; the session stops until it is reloaded", log.durable_seq());
+    let reason = Stopped::from_append(e);
+    tracing::error!(session = %session_id, "{}: nothing after seq {} is kept; the session stops until it is reloaded", reason.reason(), log.durable_seq());
     pipe.fail(&reason);
     for done in lost.replies {
         let _ = done.send(Err(reason.clone()));
@@ -492,7 +508,7 @@ mod tests {
                 request_id: format!("snapshot {}", self.last.load(Ordering::SeqCst)),
             }
         }
-        fn failed(&self, reason: &str) {
+        fn failed(&self, reason: &Stopped) {
             panic!("no failure expected: {reason}");
         }
     }

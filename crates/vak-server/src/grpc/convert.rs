@@ -9,6 +9,7 @@ use vak_core::hub::{ConfigInfo, ModeChange};
 use vak_core::mux::{MuxFrame, MuxItem};
 use vak_core::presentation::{Item, PresentationEvent, Timeline};
 use vak_core::provider::TokenUsage;
+use vak_core::reasons::{CloseReason, ResyncReason};
 use vak_core::rules::Rule;
 use vak_core::session::Client;
 use vak_core::session::{Admission, CancelResult, SessionInfo};
@@ -190,12 +191,17 @@ pub fn stream_opened(session_id: &str, latest_seq: u64) -> pb::Event {
     )
 }
 
-pub fn resync(session_id: &str, reason: String, latest_seq: u64, lost: Option<(u64, u64)>) -> pb::Event {
+pub fn resync(
+    session_id: &str,
+    reason: ResyncReason,
+    latest_seq: u64,
+    lost: Option<(u64, u64)>,
+) -> pb::Event {
     let (from, to) = lost.unwrap_or_default();
     stream_frame(
         session_id,
         Kind::Resync(pb::Resync {
-            reason,
+            reason: reason.as_str().into(),
             latest_seq,
             from,
             to,
@@ -203,7 +209,8 @@ pub fn resync(session_id: &str, reason: String, latest_seq: u64, lost: Option<(u
     )
 }
 
-pub fn session_closed(session_id: &str, reason: String) -> pb::Event {
+pub fn session_closed(session_id: &str, reason: CloseReason) -> pb::Event {
+    let reason = reason.as_str().into_owned();
     stream_frame(session_id, Kind::SessionClosed(pb::SessionClosed { reason }))
 }
 
@@ -305,7 +312,7 @@ pub fn item(i: &Item) -> pb::TimelineItem {
     pb::TimelineItem {
         id: i.id.clone(),
         kind: i.kind.as_str().into(),
-        status: i.status.clone(),
+        status: i.status.as_str().into(),
         text: i.text.clone(),
         seq: i.seq,
         tool: i.tool.clone(),
@@ -327,7 +334,7 @@ pub fn presentation(session_id: &str, e: &PresentationEvent) -> pb::Presentation
         PresentationEvent::ItemReplaced(i) => P::ItemReplaced(item(i)),
         PresentationEvent::ItemCompleted { item_id, status, .. } => P::ItemCompleted(pb::ItemCompleted {
             item_id: item_id.clone(),
-            status: status.clone(),
+            status: status.as_str().into(),
         }),
     };
     pb::PresentationEvent {
@@ -340,7 +347,7 @@ pub fn presentation(session_id: &str, e: &PresentationEvent) -> pb::Presentation
 fn client(c: &Client) -> pb::Client {
     pb::Client {
         client_id: c.client_id.clone(),
-        surface: c.surface.clone(),
+        surface: c.surface.as_str().into(),
     }
 }
 
@@ -593,7 +600,7 @@ pub fn workspace_diff(session_id: &str, d: vak_core::diff::Diff) -> pb::Workspac
 
 pub fn run_result(r: vak_core::wait::Settled) -> pb::RunResult {
     pb::RunResult {
-        outcome: r.outcome,
+        outcome: r.outcome.as_str().into(),
         message: r.message,
         answer: r.answer,
         seq: r.seq,

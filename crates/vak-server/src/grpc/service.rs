@@ -32,12 +32,14 @@ pub type MuxStream = Pin<Box<dyn Stream<Item = Result<pb::StreamMessage, Status>
 pub type PresentationStream = Pin<Box<dyn Stream<Item = Result<pb::PresentationEvent, Status>> + Send>>;
 
 /// Which surface a stream request came from, for coworking frames. The REST
-/// adapter marks its requests "sse"; without a mark a request is "grpc".
-#[derive(Clone, Copy, Debug)]
-pub struct Surface(pub &'static str);
+/// adapter marks its requests `Surface::Sse`; without a mark a request is gRPC.
+pub use vak_core::reasons::Surface;
 
-fn surface<T>(req: &Request<T>) -> &'static str {
-    req.extensions().get::<Surface>().map_or("grpc", |s| s.0)
+fn surface<T>(req: &Request<T>) -> Surface {
+    req.extensions()
+        .get::<Surface>()
+        .copied()
+        .unwrap_or(Surface::Grpc)
 }
 
 fn client_id() -> String {
@@ -117,7 +119,11 @@ impl AgentApi {
 
     /// Sessions stopped by a storage failure, with the reason (for /health).
     pub fn storage_failures(&self) -> Vec<(String, String)> {
-        self.hub.storage_failures()
+        self.hub
+            .storage_failures()
+            .into_iter()
+            .map(|(id, stopped)| (id, stopped.reason()))
+            .collect()
     }
 
     /// A stream slot for the request's client (429 / RESOURCE_EXHAUSTED past the caps).

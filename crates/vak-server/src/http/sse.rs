@@ -86,7 +86,7 @@ fn presentation_frame(e: pb::PresentationEvent) -> Bytes {
 /// address (stream caps) and is marked "sse" (coworking frames).
 pub fn sse_request<T>(msg: T, peer: Option<Extension<PeerAddr>>) -> tonic::Request<T> {
     let mut req = tonic::Request::new(msg);
-    req.extensions_mut().insert(Surface("sse"));
+    req.extensions_mut().insert(Surface::Sse);
     if let Some(Extension(p)) = peer {
         req.extensions_mut().insert(p);
     }
