@@ -1,9 +1,8 @@
 //! The browser app's delivery end to end (/app and /admin): the shell and hashed assets with their cache headers, the Content-Security-Policy, precompressed gzip and brotli, the page a binary without the bundle answers, the auth exemption of /app paths only, and traversal refused.
 
-
+use crate::support::*;
 use bytes::Bytes;
 use std::sync::Arc;
-use crate::support::*;
 use vak::edge::http::assets::{Bundle, CSP};
 
 const SHELL: &str =

@@ -6,12 +6,11 @@
 //! input keeps its image; bad media types, oversized or too many images and
 //! bad base64 are refused with 400 and a reason, admitting nothing.
 
-
 use crate::support;
-use base64::Engine;
 use crate::support::fake_provider::{FakeProvider, Reply};
-use serde_json::{json, Value};
 use crate::support::TestServer;
+use base64::Engine;
+use serde_json::{json, Value};
 
 const PNG: &[u8] = b"\x89PNG\r\n\x1a\n not really a picture";
 

@@ -1,11 +1,9 @@
 //! Records larger than a NATS message over `--bus` (issue 26): a long burst (whose snapshot outgrows the server's `max_payload`) and a 5 MB tool output finish and read the same on another replica, on one nats-server and on a 3-node cluster; a record that cannot be stored at all fails the session at once, never retried.
 
-
+use crate::support::nats::{Cluster, Replica};
+use crate::support::{Frame, Sse, DEADLINE};
 use serde_json::Value;
 use std::time::{Duration, Instant};
-use crate::support::nats::Cluster;
-use crate::support::process::{vak, Vak};
-use crate::support::{Frame, Sse, TestServer, DEADLINE, TOKEN};
 use vak::core::jetstream::JetStreamLog;
 use vak::core::ledger::Record;
 
@@ -14,46 +12,13 @@ const BASH_5MB: &str = "/bash head -c 5000000 /dev/zero | tr '\\0' a";
 /// What a writer logs each time it retries an append (`jetstream.rs::store`).
 const RETRY_LOG: &str = "appending again";
 
-/// One `vak serve --bus` child with its own home and workspace.
-struct Replica {
-    vak: Vak,
-    api: TestServer,
-    _ws: tempfile::TempDir,
-    _home: tempfile::TempDir,
-}
-
-impl Replica {
-    async fn start(bus: &str, name: &str, nodes: &str) -> Replica {
-        let (ws, home) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let mut cmd = vak(&[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--bus",
-            bus,
-            "--bus-replicas",
-            nodes,
-            "--bus-replica",
-            name,
-            "--token",
-            TOKEN,
-            "--permission-mode",
-            "bypass",
-            "--allow-bypass",
-        ]);
-        cmd.arg("--home")
-            .arg(home.path())
-            .arg("--workspace")
-            .arg(ws.path());
-        let mut vak = Vak::spawn(cmd);
-        let url = vak.url().await;
-        Replica {
-            vak,
-            api: TestServer::remote(&url),
-            _ws: ws,
-            _home: home,
-        }
-    }
+/// A replica on `bus` (of `nodes` nodes) with its own home and workspace, whose
+/// tools run without asking.
+async fn start(bus: &str, name: &str, nodes: &str) -> Replica {
+    Replica::start(bus, name, nodes, |s| {
+        s.args(["--permission-mode", "bypass", "--allow-bypass"])
+    })
+    .await
 }
 
 /// What a client makes of a run's frames: the text of its deltas, the
@@ -126,8 +91,8 @@ fn tail(log: &str) -> &str {
 /// holds a snapshot larger than the server's `max_payload`, and no append
 /// was retried.
 async fn the_same_on_another_replica(nats: &Cluster, nodes: &str, n: u64, streams: bool) {
-    let a = Replica::start(&nats.url(), "ra", nodes).await;
-    let b = Replica::start(&nats.url(), "rb", nodes).await;
+    let a = start(&nats.url(), "ra", nodes).await;
+    let b = start(&nats.url(), "rb", nodes).await;
     let sid = a.api.create_session().await;
     let mut on_a = a.api.events(&sid, None).await;
     let mut live_b = match streams {
@@ -231,7 +196,7 @@ async fn on_a_cluster_with_a_64_kib_max_payload_large_records_read_the_same_on_a
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_that_cannot_be_stored_fails_the_session_at_once_and_is_never_retried() {
     let nats = Cluster::single_with_config("max_payload: 2048\n", async_nats::ConnectOptions::new).await;
-    let a = Replica::start(&nats.url(), "ra", "1").await;
+    let a = start(&nats.url(), "ra", "1").await;
     let sid = a.api.create_session().await;
     let mut sse = a.api.events(&sid, None).await;
     let started = Instant::now();

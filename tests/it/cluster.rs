@@ -1,15 +1,13 @@
 //! Several real `vak serve --bus` replicas on a real 3-node NATS cluster (issue 14): a lease per session in VAK_OWNERS, admissions and approvals forwarded to the lease holder, streams served by any replica, failover after a SIGKILL, and fencing of an owner that was stopped past its lease.
 
-
 use crate::support;
 use crate::support::fake_provider::{fixture, FakeProvider, Reply};
+use crate::support::nats::{Cluster, Replica};
+use crate::support::{
+    agent_kind, assert_numbered, finished, sessions_query, text_of, Frame, Serve, Sse, DEADLINE,
+};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
-use crate::support::nats::Cluster;
-use crate::support::process::{vak, Vak};
-use crate::support::{
-    agent_kind, assert_numbered, finished, sessions_query, text_of, Frame, Sse, TestServer, DEADLINE, TOKEN,
-};
 use vak::core::jetstream::JetStreamLog;
 use vak::core::ledger::Record;
 use vak::core::owners::{Owner, BUCKET};
@@ -17,93 +15,58 @@ use vak::core::owners::{Owner, BUCKET};
 /// The lease age the tests' bucket is made with: a failover waits about this long.
 const TTL_MS: &str = "1500";
 
-/// One `vak serve --bus` child with its own home and workspace.
-struct Replica {
-    vak: Vak,
-    api: TestServer,
-    ws: tempfile::TempDir,
-    _home: tempfile::TempDir,
+/// A replica on every node of `nats`, with the tests' lease age.
+async fn start(nats: &Cluster, name: &str) -> Replica {
+    start_on(&nats.url(), name, TTL_MS).await
 }
 
-impl Replica {
-    async fn start(nats: &Cluster, name: &str) -> Replica {
-        Replica::start_on(&nats.url(), name, TTL_MS).await
-    }
+/// A replica given only `bus` (it learns the other nodes from the
+/// server), making the lease bucket with `ttl_ms` if it is first.
+async fn start_on(bus: &str, name: &str, ttl_ms: &str) -> Replica {
+    start_with(bus, name, ttl_ms, &[]).await
+}
 
-    /// A replica given only `bus` (it learns the other nodes from the
-    /// server), making the lease bucket with `ttl_ms` if it is first.
-    async fn start_on(bus: &str, name: &str, ttl_ms: &str) -> Replica {
-        Replica::start_with(bus, name, ttl_ms, &[]).await
-    }
+/// `start_on` with more `vak serve` flags.
+async fn start_with(bus: &str, name: &str, ttl_ms: &str, more: &[&str]) -> Replica {
+    Replica::start(bus, name, "3", |s| {
+        s.args(["--bus-lease-ttl-ms", ttl_ms]).args(more)
+    })
+    .await
+}
 
-    /// `start_on` with more `vak serve` flags.
-    async fn start_with(bus: &str, name: &str, ttl_ms: &str, more: &[&str]) -> Replica {
-        let ws = tempfile::tempdir().unwrap();
-        let path = ws.path().to_path_buf();
-        Replica::start_in(bus, name, ttl_ms, more, ws, &path).await
-    }
+/// `start_with` in the workspace `workspace` (replicas that share one
+/// share its always-allow rules).
+async fn start_in(
+    bus: &str,
+    name: &str,
+    ttl_ms: &str,
+    more: &[&str],
+    workspace: &std::path::Path,
+) -> Replica {
+    Replica::start(bus, name, "3", |s| {
+        s.args(["--bus-lease-ttl-ms", ttl_ms])
+            .args(more)
+            .workspace(workspace)
+    })
+    .await
+}
 
-    /// `start_with` in the workspace `workspace` (replicas that share one
-    /// share its always-allow rules); `ws` is kept with the replica.
-    async fn start_in(
-        bus: &str,
-        name: &str,
-        ttl_ms: &str,
-        more: &[&str],
-        ws: tempfile::TempDir,
-        workspace: &std::path::Path,
-    ) -> Replica {
-        Replica::start_home(
-            bus,
-            name,
-            ttl_ms,
-            more,
-            ws,
-            workspace,
-            tempfile::tempdir().unwrap(),
-        )
-        .await
-    }
-
-    /// `start_in` with the home `home` (what it already holds is the replica's).
-    async fn start_home(
-        bus: &str,
-        name: &str,
-        ttl_ms: &str,
-        more: &[&str],
-        ws: tempfile::TempDir,
-        workspace: &std::path::Path,
-        home: tempfile::TempDir,
-    ) -> Replica {
-        let mut cmd = vak(&[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--bus",
-            bus,
-            "--bus-replicas",
-            "3",
-            "--bus-replica",
-            name,
-            "--bus-lease-ttl-ms",
-            ttl_ms,
-            "--token",
-            TOKEN,
-        ]);
-        cmd.args(more)
-            .arg("--home")
-            .arg(home.path())
-            .arg("--workspace")
-            .arg(workspace);
-        let mut vak = Vak::spawn(cmd);
-        let url = vak.url().await;
-        Replica {
-            vak,
-            api: TestServer::remote(&url),
-            ws,
-            _home: home,
-        }
-    }
+/// `start_in` with the home `home` (what it already holds is the replica's).
+async fn start_home(
+    bus: &str,
+    name: &str,
+    ttl_ms: &str,
+    more: &[&str],
+    workspace: &std::path::Path,
+    home: &std::path::Path,
+) -> Replica {
+    Replica::start(bus, name, "3", |s| {
+        s.args(["--bus-lease-ttl-ms", ttl_ms])
+            .args(more)
+            .workspace(workspace)
+            .home(home)
+    })
+    .await
 }
 
 /// A client of every node, so it outlives any one of them.
@@ -180,8 +143,8 @@ async fn stored_seqs(nats: &Cluster, sid: &str) -> Vec<u64> {
 /// `ra` (so `ra` holds its lease) and a stream of it open on `ra`.
 async fn two_replicas() -> (Cluster, Replica, Replica, String, Sse) {
     let nats = Cluster::three().await;
-    let a = Replica::start(&nats, "ra").await;
-    let b = Replica::start(&nats, "rb").await;
+    let a = start(&nats, "ra").await;
+    let b = start(&nats, "rb").await;
     let sid = a.api.create_session().await;
     let sse = a.api.events(&sid, None).await;
     (nats, a, b, sid, sse)
@@ -203,8 +166,8 @@ async fn paced_run(owner: &Replica, sid: &str, sse: &mut Sse) -> Vec<Frame> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_leases_each_session_it_writes_renews_it_and_gives_it_back_when_it_stops() {
     let nats = Cluster::three().await;
-    let a = Replica::start(&nats, "ra").await;
-    let b = Replica::start(&nats, "rb").await;
+    let a = start(&nats, "ra").await;
+    let b = start(&nats, "rb").await;
     let kv = leases(&nats).await;
     let sid = a.api.create_session().await;
     let held = kv.entry(&sid).await.unwrap().expect("a lease");
@@ -329,9 +292,9 @@ async fn title_on(r: &Replica, sid: &str) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_created_or_renamed_on_any_replica_are_listed_on_every_replica() {
     let nats = Cluster::three().await;
-    let a = Replica::start(&nats, "ra").await;
-    let b = Replica::start(&nats, "rb").await;
-    let c = Replica::start(&nats, "rc").await;
+    let a = start(&nats, "ra").await;
+    let b = start(&nats, "rb").await;
+    let c = start(&nats, "rc").await;
     let sid = a.api.create_session().await;
     for r in [&a, &b, &c] {
         assert_eq!(title_on(r, &sid).await, "", "listed, untitled");
@@ -463,7 +426,7 @@ async fn session_changes_sent_to_a_replica_that_does_not_hold_the_session_are_ma
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_deleted_through_any_replica_is_gone_from_the_stream_and_every_replica() {
     let (nats, a, b, sid, mut on_a) = two_replicas().await;
-    let c = Replica::start(&nats, "rc").await;
+    let c = start(&nats, "rc").await;
     let (code, _) = b.api.run(&sid, "hello there").await;
     assert_eq!(code, 202);
     on_a.until("run_finished").await;
@@ -551,7 +514,7 @@ async fn an_approval_answered_on_another_replica_resolves_the_parked_call_exactl
         .collect();
     assert_eq!(results.len(), 1);
     assert_eq!(results[0]["ok"], true);
-    let written = std::fs::read_to_string(a.ws.path().join("notes.md")).unwrap();
+    let written = std::fs::read_to_string(a.workspace().join("notes.md")).unwrap();
     assert_eq!(written, "hello there");
     // Answered again on B later: 409, as on the owner.
     let (code, body) = b.api.post(&path, yes).await;
@@ -565,7 +528,7 @@ async fn an_approval_answered_on_another_replica_resolves_the_parked_call_exactl
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_owners_session_moves_to_another_replica_which_settles_the_run_and_goes_on() {
     let (nats, a, b, sid, mut sse) = two_replicas().await;
-    let c = Replica::start(&nats, "rc").await;
+    let c = start(&nats, "rc").await;
     let kv = leases(&nats).await;
     let mut seen = paced_run(&a, &sid, &mut sse).await;
     let cursor = seen.last().unwrap().seq();
@@ -645,7 +608,7 @@ async fn an_owner_stopped_past_its_lease_is_fenced_when_it_wakes_and_publishes_n
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_on_one_replica_streams_from_a_second_and_resumes_exactly_on_a_third() {
     let (nats, a, b, sid, mut on_a) = two_replicas().await;
-    let c = Replica::start(&nats, "rc").await;
+    let c = start(&nats, "rc").await;
     let kv = leases(&nats).await;
     let mut on_b = b.api.events(&sid, None).await;
     let (code, adm) = a.api.run(&sid, "/pace 3000 1500").await;
@@ -690,8 +653,8 @@ async fn a_follower_whose_nats_node_dies_fills_the_gap_from_the_stream() {
     let mut nats = Cluster::three().await;
     // A lease longer than NATS takes to elect new leaders: with 1.5 s it
     // may expire meanwhile, and B would (safely) take the session over.
-    let a = Replica::start_on(&nats.node_url(0), "ra", "10000").await;
-    let b = Replica::start_on(&nats.node_url(1), "rb", "10000").await;
+    let a = start_on(&nats.node_url(0), "ra", "10000").await;
+    let b = start_on(&nats.node_url(1), "rb", "10000").await;
     let sid = a.api.create_session().await;
     let mut on_a = a.api.events(&sid, None).await;
     let mut on_b = b.api.events(&sid, None).await;
@@ -724,8 +687,8 @@ async fn the_stream_leaders_nats_node_killed_mid_run_stalls_appends_which_resume
 {
     let mut nats = Cluster::three().await;
     // A lease longer than NATS takes to elect new leaders (as above).
-    let a = Replica::start_on(&nats.url(), "ra", "10000").await;
-    let b = Replica::start_on(&nats.url(), "rb", "10000").await;
+    let a = start_on(&nats.url(), "ra", "10000").await;
+    let b = start_on(&nats.url(), "rb", "10000").await;
     let sid = a.api.create_session().await;
     let client = nats_client(&nats).await;
     let leader = support::nats::stream_leader(&client, vak::core::jetstream::STREAM).await;
@@ -774,8 +737,8 @@ async fn a_session_older_than_the_retained_history_resyncs_and_keeps_its_head_se
         .await
         .unwrap();
     let ring = ["--ring", "8"];
-    let a = Replica::start_with(&nats.url(), "ra", TTL_MS, &ring).await;
-    let b = Replica::start_with(&nats.url(), "rb", TTL_MS, &ring).await;
+    let a = start_with(&nats.url(), "ra", TTL_MS, &ring).await;
+    let b = start_with(&nats.url(), "rb", TTL_MS, &ring).await;
     let sid = a.api.create_session().await;
     let mut sse = a.api.events(&sid, None).await;
     let (code, _) = a.api.run(&sid, "/pace 120 2000").await;
@@ -818,20 +781,13 @@ async fn a_bad_replica_name_or_lease_age_stops_startup_with_one_line() {
         ("--bus-replica", "r.1", "replica name \"r.1\""),
         ("--bus-lease-ttl-ms", "100", "--bus-lease-ttl-ms"),
     ] {
-        let mut cmd = vak(&[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--bus",
-            &nats.url(),
-            flag,
-            value,
-        ]);
-        cmd.arg("--home").arg(home.path());
-        let out = tokio::time::timeout(DEADLINE, cmd.output())
-            .await
-            .unwrap()
-            .unwrap();
+        let out = Serve::new()
+            .no_token()
+            .no_workspace()
+            .home(home.path())
+            .args(["--bus", &nats.url(), flag, value])
+            .output()
+            .await;
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{flag} {value}: {stderr}");
         assert!(stderr.contains(says), "{flag} {value}: {stderr}");
@@ -845,7 +801,7 @@ async fn a_bad_replica_name_or_lease_age_stops_startup_with_one_line() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cursor_vector_over_sessions_of_two_writers_resumes_exactly_on_another_replica() {
     let (nats, a, b, s1, _on_a) = two_replicas().await;
-    let c = Replica::start(&nats, "rc").await;
+    let c = start(&nats, "rc").await;
     let s2 = b.api.create_session().await;
     let query = sessions_query(&[&s1, &s2]);
     let mut on_c = c.api.open_stream(&c.api.url, &query, None).await;
@@ -939,8 +895,8 @@ async fn patch_config(r: &Replica, body: Value) -> (u16, Value) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_route_patched_on_one_replica_is_every_replicas_and_a_stale_revision_is_refused_on_another() {
     let nats = Cluster::three().await;
-    let a = Replica::start(&nats, "ra").await;
-    let b = Replica::start(&nats, "rb").await;
+    let a = start(&nats, "ra").await;
+    let b = start(&nats, "rb").await;
     let mut on_a = a.api.open_stream(&a.api.url, "config=1", None).await;
     let mut on_b = b.api.open_stream(&b.api.url, "config=1", None).await;
     let first = next_config(&mut on_a).await;
@@ -994,7 +950,7 @@ async fn a_route_patched_on_one_replica_is_every_replicas_and_a_stale_revision_i
     let won = if number(&x.1) > number(&y.1) { x.1 } else { y.1 };
 
     // A replica started now takes the bucket's route over its flags.
-    let c = Replica::start_with(&nats.url(), "rc", TTL_MS, &["--model", "from-flag"]).await;
+    let c = start_with(&nats.url(), "rc", TTL_MS, &["--model", "from-flag"]).await;
     let (code, on_c) = c.api.get("/config").await;
     assert_eq!(code, 200);
     assert_eq!(
@@ -1022,7 +978,7 @@ async fn an_always_rule_stored_on_the_holder_is_listed_and_applied_on_every_repl
     let start = |name: &'static str| {
         let url = nats.url();
         let ws = ws.path().to_path_buf();
-        async move { Replica::start_in(&url, name, TTL_MS, &[], tempfile::tempdir().unwrap(), &ws).await }
+        async move { start_in(&url, name, TTL_MS, &[], &ws).await }
     };
     let a = start("ra").await;
     let b = start("rb").await;
@@ -1111,9 +1067,9 @@ async fn a_key_stored_on_one_replica_is_used_on_every_replica_revoked_from_any_a
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
     let flags = ["--bus-secret-file", secret.to_str().unwrap()];
-    let a = Replica::start_with(&nats.url(), "ra", TTL_MS, &flags).await;
-    let b = Replica::start_with(&nats.url(), "rb", TTL_MS, &flags).await;
-    let c = Replica::start(&nats, "rc").await;
+    let a = start_with(&nats.url(), "ra", TTL_MS, &flags).await;
+    let b = start_with(&nats.url(), "rb", TTL_MS, &flags).await;
+    let c = start(&nats, "rc").await;
     let fake = FakeProvider::start().await;
     let mut on_b = b.api.open_stream(&b.api.url, "config=1", None).await;
     next_config(&mut on_b).await;
@@ -1267,8 +1223,8 @@ async fn a_fork_made_on_any_replica_is_a_new_subject_with_the_parents_events_up_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permission_mode_set_on_one_replica_is_every_replicas() {
     let nats = Cluster::three().await;
-    let a = Replica::start(&nats, "ra").await;
-    let b = Replica::start(&nats, "rb").await;
+    let a = start(&nats, "ra").await;
+    let b = start(&nats, "rb").await;
     let sid = b.api.create_session().await;
     let mut on_b = b.api.events(&sid, None).await;
     let (code, _) = b.api.run(&sid, "/write notes.md hello").await;
@@ -1290,7 +1246,7 @@ async fn a_permission_mode_set_on_one_replica_is_every_replicas() {
     assert_eq!(finished(&run)["outcome"], "cancelled");
     assert_eq!(b.api.get("/config").await.1["permission_mode"], "plan");
 
-    let c = Replica::start_with(&nats.url(), "rc", TTL_MS, &["--permission-mode", "accept-edits"]).await;
+    let c = start_with(&nats.url(), "rc", TTL_MS, &["--permission-mode", "accept-edits"]).await;
     assert_eq!(c.api.get("/config").await.1["permission_mode"], "plan");
 }
 
@@ -1320,7 +1276,7 @@ async fn memory_notes_changed_on_any_replica_are_every_replicas_and_reach_the_pr
     let start = |name: &'static str| {
         let url = nats.url();
         let ws = ws.path().to_path_buf();
-        async move { Replica::start_in(&url, name, TTL_MS, &flags, tempfile::tempdir().unwrap(), &ws).await }
+        async move { start_in(&url, name, TTL_MS, &flags, &ws).await }
     };
     let a = start("ra").await;
     let b = start("rb").await;
@@ -1480,22 +1436,16 @@ async fn notes_in_a_home_are_imported_once_by_the_first_replica_that_reads_them(
         ),
         note("mem_00000000000c", "C-NOTE: never imported"),
     ];
+    // Dropped after the replicas that use them.
+    let mut homes_kept = Vec::new();
     let mut replicas = Vec::new();
     let mut files = Vec::new();
     for (name, text) in ["ra", "rb", "rc"].into_iter().zip(homes) {
         let home = tempfile::tempdir().unwrap();
         std::fs::write(home.path().join("USER.md"), &text).unwrap();
         files.push((home.path().join("USER.md"), text));
-        let r = Replica::start_home(
-            &nats.url(),
-            name,
-            TTL_MS,
-            &[],
-            tempfile::tempdir().unwrap(),
-            ws.path(),
-            home,
-        )
-        .await;
+        let r = start_home(&nats.url(), name, TTL_MS, &[], ws.path(), home.path()).await;
+        homes_kept.push(home);
         replicas.push(r);
     }
     let [a, b, c] = [&replicas[0], &replicas[1], &replicas[2]];

@@ -1,15 +1,10 @@
 //! The configuration surface end to end: GET/PATCH /config with revisions and persistence, the key store behind PUT/DELETE /config/key, GET /providers and live model listings, config frames on /stream, the same over gRPC, and config.toml at startup of the real binary. A provider is reached through the real OpenAI/Anthropic clients against a fake model service (tests/support/fake_provider.rs).
 
-
 use crate::support;
 use crate::support::fake_provider::{fixture, FakeProvider, Reply};
+use crate::support::*;
 use serde_json::{json, Value};
 use std::path::Path;
-use std::process::Stdio;
-use std::sync::Arc;
-use crate::support::*;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::Command;
 use vak::core::provider::{ProviderKind, Secret};
 use vak::proto::v1 as pb;
 
@@ -779,70 +774,27 @@ async fn the_same_over_grpc() {
 
 // The real binary: startup from config.toml and the environment, logs.
 
-fn vak_serve(home: &Path, ws: &Path, extra: &[&str]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vak"));
-    cmd.args([
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--token",
-        "config-test-token-0123456789abcdef",
-    ])
-    .args(extra)
-    .arg("--home")
-    .arg(home)
-    .arg("--workspace")
-    .arg(ws);
-    for v in [
-        "VAK_TOKEN",
-        "VAK_HOME",
-        "RUST_LOG",
-        "VAK_PROVIDER",
-        "VAK_MODEL",
-        "VAK_BASE_URL",
-        "OPENAI_API_KEY",
-        "ANTHROPIC_API_KEY",
-    ] {
-        cmd.env_remove(v);
-    }
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    cmd
+fn vak_serve(home: &Path, ws: &Path, extra: &[&str]) -> Serve {
+    Serve::new()
+        .token("config-test-token-0123456789abcdef")
+        .home(home)
+        .workspace(ws)
+        .args(extra)
 }
 
-/// A running binary: its URL, and every stderr line so far.
+/// A running binary: its URL, and its stderr.
 struct Running {
-    child: tokio::process::Child,
+    served: Served,
     url: String,
-    stderr: Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Running {
-    async fn start(mut cmd: Command) -> Running {
-        let mut child = cmd.spawn().unwrap();
-        let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
-        let err = child.stderr.take().unwrap();
-        let stderr = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let sink = stderr.clone();
-        tokio::spawn(async move {
-            let mut lines = BufReader::new(err).lines();
-            while let Ok(Some(l)) = lines.next_line().await {
-                sink.lock().unwrap().push(l);
-            }
-        });
-        let url = tokio::time::timeout(DEADLINE, async {
-            while let Some(line) = out.next_line().await.unwrap() {
-                if let Some(u) = line.split("listening on ").nth(1) {
-                    return u.trim().to_string();
-                }
-            }
-            panic!("no listening line; stderr: {:?}", stderr.lock().unwrap());
-        })
-        .await
-        .unwrap();
-        Running { child, url, stderr }
+    async fn start(serve: Serve) -> Running {
+        let served = serve.start().await;
+        Running {
+            url: served.url.clone(),
+            served,
+        }
     }
 
     async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
@@ -856,27 +808,16 @@ impl Running {
         (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
     }
 
+    /// Stops it with SIGTERM; every stderr line it wrote (`wait` reads its stderr to the end).
     async fn stop(mut self) -> Vec<String> {
-        let pid = self.child.id().unwrap().to_string();
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap();
-        tokio::time::timeout(DEADLINE, self.child.wait())
-            .await
-            .unwrap()
-            .unwrap();
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        let lines = self.stderr.lock().unwrap().clone();
-        lines
+        self.served.vak.signal("TERM");
+        self.served.vak.wait().await;
+        self.served.vak.log().lines().map(str::to_string).collect()
     }
 }
 
-async fn exit_of(mut cmd: Command) -> (bool, String) {
-    let out = tokio::time::timeout(DEADLINE, cmd.output())
-        .await
-        .unwrap()
-        .unwrap();
+async fn exit_of(serve: Serve) -> (bool, String) {
+    let out = serve.output().await;
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -888,11 +829,11 @@ async fn delete_says_whether_the_environment_still_exports_a_key_and_no_log_line
     for exported in [false, true] {
         let home = tempfile::tempdir().unwrap();
         let ws = tempfile::tempdir().unwrap();
-        let mut cmd = vak_serve(home.path(), ws.path(), &[]);
+        let mut serve = vak_serve(home.path(), ws.path(), &[]);
         if exported {
-            cmd.env("OPENAI_API_KEY", "sk-exported-by-the-environment");
+            serve = serve.env("OPENAI_API_KEY", "sk-exported-by-the-environment");
         }
-        let v = Running::start(cmd).await;
+        let v = Running::start(serve).await;
         let (st, body) = v
             .call(
                 reqwest::Method::PUT,
@@ -1040,9 +981,8 @@ async fn a_real_provider_without_a_key_is_a_clear_startup_error() {
     assert!(!ok);
     assert!(stderr.contains("needs a model"), "{stderr}");
     // Flags over the environment.
-    let mut cmd = vak_serve(home.path(), ws.path(), &["--provider", "offline"]);
-    cmd.env("VAK_PROVIDER", "openai");
-    let v = Running::start(cmd).await;
+    let serve = vak_serve(home.path(), ws.path(), &["--provider", "offline"]).env("VAK_PROVIDER", "openai");
+    let v = Running::start(serve).await;
     let (_, cfg) = v.call(reqwest::Method::GET, "/config", None).await;
     assert_eq!(
         (cfg["route"]["provider"].as_str(), cfg["route"]["source"].as_str()),
@@ -1115,23 +1055,22 @@ const ENV_KEY: &str = "sk-env-vaktest-3c1d9e8f7a6b5c4d3e2f1a0b9c8d7e6f";
 
 #[tokio::test]
 async fn no_key_reaches_a_log_line_or_a_file_through_failing_turns_listings_and_key_changes() {
-    use support::process::{vak, Vak, STDERR_TAIL};
+    use support::process::STDERR_TAIL;
     let fake = FakeProvider::start().await;
     let home = tempfile::tempdir().unwrap();
     let ws = tempfile::tempdir().unwrap();
-    let mut cmd = vak(&["serve", "--listen", "127.0.0.1:0", "--token", TOKEN]);
-    cmd.arg("--home")
-        .arg(home.path())
-        .arg("--workspace")
-        .arg(ws.path())
+    let served = Serve::new()
+        .home(home.path())
+        .workspace(ws.path())
         .args(["--provider", "openai", "--model", "gpt-4.1", "--base-url"])
         .arg(format!("{}/v1", fake.url))
-        .env_remove("ANTHROPIC_API_KEY")
         .env("OPENAI_API_KEY", ENV_KEY)
         // As verbose as an operator debugging a provider would make it.
-        .env("RUST_LOG", "debug");
-    let mut server = Vak::spawn(cmd);
-    let s = TestServer::remote(&server.url().await);
+        .env("RUST_LOG", "debug")
+        .start()
+        .await;
+    let s = served.api();
+    let mut server = served.vak;
     let mut answers: Vec<Value> = Vec::new();
     let mut call = async |method: reqwest::Method, path: &str, body: Option<Value>| {
         let (st, v) = s.send(method, path, body).await;

@@ -4,11 +4,9 @@
 //! while a quiet stream in progress is not; the excess over `--max-connections` is refused at
 //! once; and a server out of descriptors recovers once the idle connections are reaped.
 
-
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
 use crate::support::*;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// The deadlines the tests configure: short, so a cut comes fast.
@@ -337,46 +335,14 @@ async fn read_until_or_closed(tcp: &mut TcpStream, needle: &[u8]) -> Vec<u8> {
 
 #[tokio::test]
 async fn a_server_out_of_descriptors_answers_again_once_idle_connections_are_reaped() {
-    let home = tempfile::tempdir().unwrap();
-    let ws = tempfile::tempdir().unwrap();
     // A cap far above the descriptors, so the accept loop really runs out of them.
-    let mut cmd = tokio::process::Command::new("sh");
-    cmd.arg("-c")
-        .arg(r#"ulimit -n 64 && exec "$0" "$@""#)
-        .arg(env!("CARGO_BIN_EXE_vak"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--header-read-timeout", "1s"])
-        .args(["--max-connections", "100000", "--home"])
-        .arg(home.path())
-        .arg("--workspace")
-        .arg(ws.path())
-        .env_remove("VAK_TOKEN")
-        .env_remove("VAK_HOME")
-        .env_remove("RUST_LOG")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true);
-    let mut child = cmd.spawn().expect("vak starts");
-    let log = Arc::new(Mutex::new(Vec::<String>::new()));
-    let mut err = BufReader::new(child.stderr.take().unwrap()).lines();
-    let sink = log.clone();
-    let logger = tokio::spawn(async move {
-        while let Ok(Some(line)) = err.next_line().await {
-            sink.lock().unwrap().push(line);
-        }
-    });
-    let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
-    let url = tokio::time::timeout(DEADLINE, async {
-        while let Some(line) = out.next_line().await.unwrap() {
-            if let Some(at) = line.find("listening on ") {
-                return line[at + "listening on ".len()..].trim().to_string();
-            }
-        }
-        panic!("stdout closed before `listening on`: {:?}", log.lock().unwrap());
-    })
-    .await
-    .expect("the listening line within the deadline");
-    let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().unwrap();
+    let mut served = Serve::new()
+        .no_token()
+        .prelude("ulimit -n 64")
+        .args(["--header-read-timeout", "1s", "--max-connections", "100000"])
+        .start()
+        .await;
+    let (url, addr) = (served.url.clone(), served.addr);
     let started = std::time::Instant::now();
 
     // More idle connections than the server has descriptors, fewer than a listen backlog
@@ -398,10 +364,10 @@ async fn a_server_out_of_descriptors_answers_again_once_idle_connections_are_rea
     }
     let elapsed = started.elapsed();
 
-    let _ = child.start_kill();
-    let _ = tokio::time::timeout(DEADLINE, child.wait()).await;
-    let _ = tokio::time::timeout(DEADLINE, logger).await;
-    let log = log.lock().unwrap().clone();
+    // Killed and reaped: its whole log has been read.
+    served.vak.signal("KILL");
+    served.vak.wait().await;
+    let log: Vec<String> = served.vak.log().lines().map(str::to_string).collect();
     assert!(
         log.iter().any(|l| l.contains("open-files limit 64")),
         "the limit is logged once at startup: {log:?}"

@@ -2,10 +2,9 @@
 //! first one left it (seq, replay, listing, transcripts, idempotency), survives a torn last
 //! ledger line, and settles a run the previous server died in.
 
-
+use crate::support::*;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-use crate::support::*;
 use tempfile::TempDir;
 
 /// Stops `s` gracefully and starts a new server on the same home and workspace. The temp

@@ -3,12 +3,11 @@
 //! connection mid-run, and the library reconnects by itself with the cursor vector as
 //! Last-Event-ID and resumes every session with no loss and no duplicate.
 
-
+use crate::support::*;
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
-use crate::support::*;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 
 fn node_dir() -> PathBuf {

@@ -4,10 +4,9 @@
 //! fail leave the file as it was, .gitignore'd files stay out of glob and
 //! grep, and long results are capped with a note.
 
-
+use crate::support::{Frame, TestServer};
 use serde_json::{json, Value};
 use std::path::Path;
-use crate::support::{Frame, TestServer};
 use vak::core::PermissionMode;
 
 async fn allow_server() -> TestServer {

@@ -1,10 +1,9 @@
 //! gRPC end to end with the typed tonic client: every RPC, its agreement with REST, replay and
 //! resync cursors, error codes, the bearer token, health and reflection.
 
-
+use crate::support::*;
 use futures_util::StreamExt;
 use serde_json::json;
-use crate::support::*;
 use tonic::Code;
 use vak::proto::v1 as pb;
 

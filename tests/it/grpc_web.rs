@@ -1,10 +1,9 @@
 //! gRPC-web end to end over HTTP/1.1 with a plain HTTP client: the framing (binary and text)
 //! is built and parsed here by hand, as a browser library would, with no gRPC library involved.
 
-
+use crate::support::*;
 use futures_util::StreamExt;
 use prost::Message;
-use crate::support::*;
 use vak::proto::v1 as pb;
 
 const BINARY: &str = "application/grpc-web+proto";

@@ -1,9 +1,8 @@
 //! The host, workspaces and terminal surface (issue 16 item 4): `GET /host` says what a client needs and never a secret; workspaces open only under the roots, bounded, with trust; `GET /pty` is off by default, refused to other machines and other sites, and a real shell whose life is the socket's.
 
-
+use crate::support::*;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
-use crate::support::*;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 use vak::proto::v1 as pb;
@@ -461,17 +460,14 @@ async fn the_real_binary_reads_server_web_and_its_shell_gets_no_keys() {
     let home = tempfile::tempdir().unwrap();
     let ws = tempfile::tempdir().unwrap();
     let args = |home: &std::path::Path| {
-        let mut cmd = process::vak(&["serve", "--listen", "127.0.0.1:0", "--token", TOKEN]);
-        cmd.arg("--home")
-            .arg(home)
-            .arg("--workspace")
-            .arg(ws.path())
-            .env("OPENAI_API_KEY", "sk-not-for-the-terminal");
-        cmd
+        Serve::new()
+            .home(home)
+            .workspace(ws.path())
+            .env("OPENAI_API_KEY", "sk-not-for-the-terminal")
     };
     // A misspelt key stops startup, naming it.
     std::fs::write(home.path().join("config.toml"), "[server.web]\nterminl = true\n").unwrap();
-    let mut bad = process::Vak::spawn(args(home.path()));
+    let mut bad = args(home.path()).spawn().vak;
     assert!(!bad.wait().await.success());
     assert!(bad.log().contains("terminl"), "{}", bad.log());
     // So does a shell that is not an absolute path to a file.
@@ -480,7 +476,7 @@ async fn the_real_binary_reads_server_web_and_its_shell_gets_no_keys() {
         "[server.web]\nterminal = true\nterminal_shell = \"sh\"\n",
     )
     .unwrap();
-    let mut bad = process::Vak::spawn(args(home.path()));
+    let mut bad = args(home.path()).spawn().vak;
     assert!(!bad.wait().await.success());
     assert!(
         bad.log().contains("terminal_shell: sh is not an absolute path"),
@@ -492,8 +488,8 @@ async fn the_real_binary_reads_server_web_and_its_shell_gets_no_keys() {
         "[server.web]\nterminal = true\nterminal_shell = \"/bin/sh\"\n",
     )
     .unwrap();
-    let mut vak = process::Vak::spawn(args(home.path()));
-    let s = TestServer::remote(&vak.url().await);
+    let served = args(home.path()).start().await;
+    let s = served.api();
     let (_, host) = s.get("/host").await;
     assert_eq!(host["features"]["terminal"], true, "{host}");
     let mut term = connect(&s, "", None).await.expect("the terminal opens");
@@ -501,7 +497,7 @@ async fn the_real_binary_reads_server_web_and_its_shell_gets_no_keys() {
     type_in(&mut term, "echo \"key=${OPENAI_API_KEY:-none}\"\r").await;
     until_line(&mut term, "key=none").await;
     drop(term);
-    vak.terminate().await;
+    served.vak.terminate().await;
 }
 
 /// What `/read marker.txt` in session `sid` answers.

@@ -1,11 +1,10 @@
 //! The JetStream log (`src/core/jetstream.rs`) against a real 3-node nats-server cluster on loopback: exact reads, one writer per session, reopening, a killed stream leader, idempotent retries.
 
-
 use crate::support;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
 use crate::support::nats::{stream_leader, Cluster};
 use crate::support::{assert_numbered, text_of, TestServer, DEADLINE};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 use vak::core::event::{ClientEvent, Frame};
 use vak::core::jetstream::{self, JetStreamLog, StreamOptions, ANOTHER_WRITER};
 use vak::core::ledger::{Batch, Log, Record};

@@ -1,57 +1,18 @@
 //! Leases that survive a NATS election, and sessions that settle their run when their writer stops (issue 26, items 4 and 2): real `vak serve --bus` replicas on a real 3-node NATS cluster.
 
-
 use crate::support;
+use crate::support::nats::{Cluster, Replica};
+use crate::support::{assert_numbered, finished, text_of, Frame, Sse, DEADLINE};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
-use crate::support::nats::Cluster;
-use crate::support::process::{vak, Vak};
-use crate::support::{assert_numbered, finished, text_of, Frame, Sse, TestServer, DEADLINE, TOKEN};
 use vak::core::jetstream::{JetStreamLog, STREAM};
 use vak::core::ledger::{Batch, Log, Record};
 use vak::core::owners::{Owner, BUCKET};
 
-/// One `vak serve --bus` child with its own home and workspace.
-struct Replica {
-    vak: Vak,
-    api: TestServer,
-    _ws: tempfile::TempDir,
-    _home: tempfile::TempDir,
-}
-
-impl Replica {
-    /// A replica on every node of `nats`, making the lease bucket with
-    /// `ttl_ms` as its age if it is the first.
-    async fn start(nats: &Cluster, name: &str, ttl_ms: &str) -> Replica {
-        let (ws, home) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let mut cmd = vak(&[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--bus",
-            &nats.url(),
-            "--bus-replicas",
-            "3",
-            "--bus-replica",
-            name,
-            "--bus-lease-ttl-ms",
-            ttl_ms,
-            "--token",
-            TOKEN,
-        ]);
-        cmd.arg("--home")
-            .arg(home.path())
-            .arg("--workspace")
-            .arg(ws.path());
-        let mut vak = Vak::spawn(cmd);
-        let url = vak.url().await;
-        Replica {
-            vak,
-            api: TestServer::remote(&url),
-            _ws: ws,
-            _home: home,
-        }
-    }
+/// A replica on every node of `nats`, making the lease bucket with
+/// `ttl_ms` as its age if it is the first.
+async fn start(nats: &Cluster, name: &str, ttl_ms: &str) -> Replica {
+    Replica::start(&nats.url(), name, "3", |s| s.args(["--bus-lease-ttl-ms", ttl_ms])).await
 }
 
 /// A client of every node, so it outlives any one of them.
@@ -133,8 +94,8 @@ async fn move_leader(client: &async_nats::Client, stream: &str, to: &str) {
 /// through the election too (the case that moved sessions).
 async fn leader_killed_mid_run(trial: usize) -> Option<String> {
     let mut nats = Cluster::three().await;
-    let a = Replica::start(&nats, "ra", "3000").await;
-    let b = Replica::start(&nats, "rb", "3000").await;
+    let a = start(&nats, "ra", "3000").await;
+    let b = start(&nats, "rb", "3000").await;
     let client = nats_client(&nats).await;
     let kv = leases(&client).await;
     let sid = a.api.create_session().await;
@@ -251,8 +212,8 @@ async fn rogue_append(client: &async_nats::Client, sid: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writer_fenced_mid_run_settles_its_run_without_a_request() {
     let nats = Cluster::three().await;
-    let a = Replica::start(&nats, "ra", "1500").await;
-    let b = Replica::start(&nats, "rb", "1500").await;
+    let a = start(&nats, "ra", "1500").await;
+    let b = start(&nats, "rb", "1500").await;
     let client = nats_client(&nats).await;
     let sid = a.api.create_session().await;
     let mut on_b = b.api.events(&sid, None).await;

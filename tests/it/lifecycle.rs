@@ -7,12 +7,11 @@
 //! carries no earlier or undone message, or the summary in their place;
 //! clients keep the transcript).
 
-
 use crate::support;
 use crate::support::fake_provider::{FakeProvider, Reply};
+use crate::support::{grpc_subscribe, Frame, TestServer};
 use reqwest::Method;
 use serde_json::{json, Value};
-use crate::support::{grpc_subscribe, Frame, TestServer};
 use vak::proto::v1 as pb;
 
 /// Runs `prompt` to its run_finished; returns the frames.

@@ -1,12 +1,8 @@
 //! Stalled readers pin no more memory than `--max-queued-mib` says (issue 26): a real `vak serve` process, readers that stop reading, its RSS from /proc.
 
-
 use crate::support;
-use std::process::Stdio;
+use crate::support::{Serve, TestServer};
 use std::time::{Duration, Instant};
-use crate::support::{TestServer, TOKEN};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
 
 /// The cap the server runs with, MiB.
 const CAP_MIB: u64 = 4;
@@ -19,7 +15,7 @@ const DELTAS: usize = 20_000;
 /// A `vak serve` child (the binary this build made; VAK_MEMORY_TEST_BIN
 /// names another, to check the test against an older build).
 struct Served {
-    child: Child,
+    child: support::Served,
     s: TestServer,
     _dirs: (tempfile::TempDir, tempfile::TempDir),
 }
@@ -28,9 +24,9 @@ async fn serve(cap_mib: u64) -> Served {
     let home = tempfile::tempdir().unwrap();
     let ws = tempfile::tempdir().unwrap();
     std::fs::set_permissions(home.path(), std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
-    let bin = std::env::var("VAK_MEMORY_TEST_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_vak").to_string());
-    let mut child = Command::new(bin)
-        .args(["serve", "--listen", "127.0.0.1:0", "--token", TOKEN])
+    let mut serve = Serve::new()
+        .home(home.path())
+        .workspace(ws.path())
         .args(["--max-queued-mib", &cap_mib.to_string()])
         .args([
             "--first-subscriber-wait-ms",
@@ -38,38 +34,18 @@ async fn serve(cap_mib: u64) -> Served {
             "--max-streams-per-client",
             "1000",
         ])
-        .arg("--home")
-        .arg(home.path())
-        .arg("--workspace")
-        .arg(ws.path())
-        .env_remove("VAK_HOME")
-        .env_remove("VAK_TOKEN")
-        .env_remove("VAK_LISTEN")
         .env("RUST_LOG", "vak=warn")
         // Freed pages go back at once, not after jemalloc's second of decay:
         // the RSS read is what is live, not what is about to be returned.
         .env("_RJEM_MALLOC_CONF", "dirty_decay_ms:0,muzzy_decay_ms:0")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("vak serve starts");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let url = tokio::time::timeout(Duration::from_secs(60), async {
-        loop {
-            let line = lines.next_line().await.unwrap().expect("a listening line");
-            if let Some(at) = line.find("listening on ") {
-                return line[at + "listening on ".len()..].trim().to_string();
-            }
-        }
-    })
-    .await
-    .expect("vak serve listens within a minute");
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        .startup_deadline(Duration::from_secs(60));
+    if let Ok(bin) = std::env::var("VAK_MEMORY_TEST_BIN") {
+        serve = serve.bin(bin);
+    }
+    let child = serve.start().await;
     Served {
+        s: child.api(),
         child,
-        s: TestServer::remote(&url),
         _dirs: (home, ws),
     }
 }
@@ -138,7 +114,7 @@ async fn burst(server: &Served, readers: usize) -> (u64, String, Vec<support::Ss
     let (status, body) = server.s.run(&sid, BURST).await;
     assert_eq!(status, 202, "{body}");
     settled(&server.s, &sid).await;
-    let rss = settled_rss_kib(server.child.id().unwrap()).await;
+    let rss = settled_rss_kib(server.child.vak.pid()).await;
     (rss, sid, stalled)
 }
 

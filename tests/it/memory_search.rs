@@ -1,10 +1,9 @@
 //! Memory notes (`/memory`) and transcript search (`/search`) end to end: every route's success and refusal, notes in the system prompt vak sends a model (of both scopes, never another workspace's), and hits that survive a restart, follow workspaces and vanish with their session.
 
-
 use crate::support::fake_provider::{FakeProvider, Reply};
+use crate::support::{assert_completed, TestServer, DEADLINE};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
-use crate::support::{assert_completed, TestServer, DEADLINE};
 use vak::core::provider::http::ClientOptions;
 use vak::core::provider::{connect_with, Endpoint, ProviderKind, Secret};
 use vak::core::session::Route;

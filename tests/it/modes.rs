@@ -5,10 +5,9 @@
 //! bypass only with --allow-bypass; the mode in GET /config and in config
 //! frames.
 
-
+use crate::support::{Frame, Serve, Sse, TestServer};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use crate::support::{Frame, Sse, TestServer, DEADLINE, TOKEN};
 use vak::core::PermissionMode;
 use vak::proto::v1 as pb;
 
@@ -329,26 +328,7 @@ async fn bypass_needs_allow_bypass_through_the_api_and_at_startup() {
     assert_eq!(mode_of(&s).await, "default");
 
     for mode in ["bypass", "allow"] {
-        let (home, ws) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_vak"))
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--token",
-                TOKEN,
-                "--permission-mode",
-                mode,
-            ])
-            .arg("--home")
-            .arg(home.path())
-            .arg("--workspace")
-            .arg(ws.path())
-            .env_remove("VAK_TOKEN")
-            .env_remove("VAK_HOME")
-            .kill_on_drop(true)
-            .output();
-        let out = tokio::time::timeout(DEADLINE, out).await.unwrap().unwrap();
+        let out = Serve::new().args(["--permission-mode", mode]).output().await;
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{mode}: {err}");
         assert!(

@@ -2,10 +2,9 @@
 //! that resumes all of them after a cut, per-session resync, follow/unfollow while live,
 //! fairness under a burst, parity with the gRPC Stream RPC, limits, and coworking frames.
 
-
+use crate::support::*;
 use serde_json::{json, Value};
 use std::collections::HashSet;
-use crate::support::*;
 use vak::proto::v1 as pb;
 
 // ---- one reader for /stream over SSE and over gRPC ------------------------------------

@@ -1,13 +1,12 @@
 //! `vak serve --bus` against a real nats-server with authorization and TLS (issue 25): vak's credentials in the URL, the environment, a token or an NKey; wrong ones stop startup naming authorization and never show the secret; another user cannot publish to vak's subjects; TLS with the test's own CA and a client certificate; and a forged shared rule refused by replicas that hold the cluster secret.
 
-
+use crate::support::nats::Cluster;
+use crate::support::process::{vak, Vak};
+use crate::support::{finished, Serve, TestServer, DEADLINE};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use crate::support::nats::Cluster;
-use crate::support::process::{vak, Vak};
-use crate::support::{finished, TestServer, DEADLINE, TOKEN};
 
 const VAK_PASSWORD: &str = "vak-pw-5f1c9e27d3";
 const OTHER_PASSWORD: &str = "other-pw-8a2d41";
@@ -59,14 +58,16 @@ fn with_userinfo(url: &str, userinfo: &str) -> String {
     format!("{scheme}://{userinfo}@{rest}")
 }
 
-/// `vak serve --bus <bus>` with its own home and workspace (`ws`, when given).
-fn serve(bus: &str, home: &Path, ws: &Path, more: &[&str]) -> tokio::process::Command {
-    let mut cmd = vak(&["serve", "--listen", "127.0.0.1:0", "--bus", bus, "--token", TOKEN]);
-    cmd.args(more).arg("--home").arg(home).arg("--workspace").arg(ws);
-    cmd
+/// `vak serve --bus <bus>` with its home and workspace.
+fn serve(bus: &str, home: &Path, ws: &Path, more: &[&str]) -> Serve {
+    Serve::new()
+        .home(home)
+        .workspace(ws)
+        .args(["--bus", bus])
+        .args(more)
 }
 
-/// A running replica and its API.
+/// A running replica (its own home) and its API.
 struct Replica {
     vak: Vak,
     api: TestServer,
@@ -76,15 +77,14 @@ struct Replica {
 /// Starts `vak serve` on `bus` with `more` flags and `env`, in workspace `ws`.
 async fn replica(bus: &str, ws: &Path, more: &[&str], env: &[(&str, &str)]) -> Replica {
     let home = tempfile::tempdir().unwrap();
-    let mut cmd = serve(bus, home.path(), ws, more);
+    let mut serve = serve(bus, home.path(), ws, more);
     for (k, v) in env {
-        cmd.env(k, v);
+        serve = serve.env(k, v);
     }
-    let mut vak = Vak::spawn(cmd);
-    let url = vak.url().await;
+    let served = serve.start().await;
     Replica {
-        vak,
-        api: TestServer::remote(&url),
+        api: served.api(),
+        vak: served.vak,
         _home: home,
     }
 }
@@ -252,13 +252,9 @@ async fn vak_connects_with_a_token_from_the_environment_or_the_url() {
 }
 
 /// `vak serve --bus` run to its exit; (success, stdout, stderr).
-async fn exit_of(mut cmd: tokio::process::Command) -> (bool, String, String) {
+async fn exit_of(serve: Serve) -> (bool, String, String) {
     // Everything async-nats and vak log, so a secret in any line shows.
-    cmd.env("RUST_LOG", "debug");
-    let out = tokio::time::timeout(DEADLINE, cmd.output())
-        .await
-        .expect("vak exits within the deadline")
-        .unwrap();
+    let out = serve.env("RUST_LOG", "debug").output().await;
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -280,8 +276,7 @@ async fn wrong_credentials_stop_startup_naming_the_authorization_violation_and_n
         ws.path(),
         &[],
     );
-    let mut in_env = serve(&plain_url(&nats), home.path(), ws.path(), &[]);
-    in_env
+    let in_env = serve(&plain_url(&nats), home.path(), ws.path(), &[])
         .env("VAK_BUS_USER", "vak")
         .env("VAK_BUS_PASSWORD", WRONG_PASSWORD);
     let none = serve(&plain_url(&nats), home.path(), ws.path(), &[]);
@@ -310,8 +305,17 @@ async fn wrong_credentials_stop_startup_naming_the_authorization_violation_and_n
     // `--help` names the variables and never shows their values.
     let mut help = vak(&["serve", "--help"]);
     help.env("VAK_BUS_PASSWORD", WRONG_PASSWORD)
-        .env("VAK_BUS_TOKEN", WRONG_PASSWORD);
-    let (ok, stdout, stderr) = exit_of(help).await;
+        .env("VAK_BUS_TOKEN", WRONG_PASSWORD)
+        .env("RUST_LOG", "debug");
+    let out = tokio::time::timeout(DEADLINE, help.output())
+        .await
+        .expect("vak exits within the deadline")
+        .unwrap();
+    let (ok, stdout, stderr) = (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
     assert!(ok, "{stderr}");
     assert!(
         stdout.contains("VAK_BUS_PASSWORD") && stdout.contains("VAK_BUS_TOKEN"),

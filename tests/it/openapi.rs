@@ -1,10 +1,9 @@
 //! The OpenAPI document: served without a token, covering every RPC and every REST route, each documented operation routed, and docs/openapi.json the document the build generates (schemathesis checks the responses: make test-api).
 
-
+use crate::support::*;
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::path::Path;
-use crate::support::*;
 
 fn document() -> Value {
     serde_json::from_str(vak::proto::OPENAPI_JSON).expect("the document is JSON")

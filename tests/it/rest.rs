@@ -1,8 +1,7 @@
 //! REST + SSE end to end: runs, admission, cancel, approvals, tools, errors, transcripts.
 
-
-use serde_json::json;
 use crate::support::*;
+use serde_json::json;
 
 const KNOWN: &[&str] = &[
     "user_message",

@@ -30,8 +30,8 @@
 //! asyncio, `follow` and `follow_many`, SSE and gRPC) and the TypeScript
 //! `StreamFollower` (tests/node/resync.mjs, on the client's source bundled by esbuild).
 
-
 use crate::support;
+use crate::support::{Auth, GrpcClient, Serve, Served, Sse, DEADLINE};
 use serde_json::{json, Value};
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -39,7 +39,6 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
-use crate::support::{Auth, GrpcClient, Sse, DEADLINE};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
@@ -102,12 +101,11 @@ async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
 // ---- the server: a real `vak serve` -------------------------------------------------------
 
 struct Vak {
-    _child: Child,
+    _served: Served,
     url: String,
     addr: SocketAddr,
     http: reqwest::Client,
     workspace: PathBuf,
-    _dirs: (tempfile::TempDir, tempfile::TempDir),
 }
 
 impl Vak {
@@ -116,62 +114,22 @@ impl Vak {
     }
 
     async fn start_with_ring(ring: u64) -> Vak {
-        let (home, ws) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        // Owner-only, as the server wants its home (it warns otherwise).
-        std::fs::set_permissions(home.path(), std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
-        let ring = ring.to_string();
         // A held connection must not look idle to the server's reaper (60 s by
         // default): it would close it where the proxy cannot pass that on.
-        let mut child = Command::new(env!("CARGO_BIN_EXE_vak"))
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--token",
-                TOKEN,
-                "--ring",
-                &ring,
-                "--idle-timeout",
-                "1h",
-            ])
-            .arg("--home")
-            .arg(home.path())
-            .arg("--workspace")
-            .arg(ws.path())
-            .env_remove("VAK_HOME")
-            .env_remove("VAK_TOKEN")
-            .env_remove("VAK_LISTEN")
+        let served = Serve::new()
+            .token(TOKEN)
+            .args(["--ring", &ring.to_string(), "--idle-timeout", "1h"])
             .env("RUST_LOG", "vak=warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("vak serve starts");
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let url = within("vak serve's listening line", async {
-            loop {
-                let line = lines
-                    .next_line()
-                    .await
-                    .unwrap()
-                    .expect("vak serve announces its address");
-                if let Some(url) = line.strip_prefix("vak: listening on ") {
-                    return url.trim().to_string();
-                }
-            }
-        })
-        .await;
-        // Whatever else it prints is read (and dropped), so stdout never blocks it.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        let addr = url.trim_start_matches("http://").parse().unwrap();
+            .start()
+            .await;
+        // Owner-only, as the server wants its home (it warns otherwise): a fresh
+        // temporary directory already is.
         Vak {
-            _child: child,
-            url,
-            addr,
+            url: served.url.clone(),
+            addr: served.addr,
             http: authed_http(),
-            workspace: ws.path().to_path_buf(),
-            _dirs: (home, ws),
+            workspace: served.workspace().to_path_buf(),
+            _served: served,
         }
     }
 

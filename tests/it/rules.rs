@@ -5,9 +5,8 @@
 //! and deleted over REST and gRPC, and a rule that cannot be stored answers
 //! `persisted: false` with a notice event while the approval still counts.
 
-
-use serde_json::{json, Value};
 use crate::support::{Frame, SecondWorkspace, Sse, TestServer};
+use serde_json::{json, Value};
 use vak::core::PermissionMode;
 use vak::proto::v1 as pb;
 

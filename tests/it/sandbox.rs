@@ -5,10 +5,9 @@
 //! the server user's full rights; no command sees a provider key or the
 //! token; `GET /host` says which sandbox is in force.
 
-
 use crate::support;
-use serde_json::Value;
 use crate::support::TestServer;
+use serde_json::Value;
 use vak::core::sandbox::{SandboxConfig, SandboxMode};
 use vak::core::PermissionMode;
 

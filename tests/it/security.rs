@@ -1,9 +1,8 @@
 //! Secure exposure end to end: TLS on the one port (every surface, both ALPN protocols), Host pinning (HTTP/2 `:authority`, one Host on HTTP/1.1), browser login (a cookie counts only with its session key, and is named per server), origin rules and CORS, `?token=` from an unproxied loopback peer only, stream caps (every loopback address one client), a weak `--token` warned about, and reaping of slow or stalled clients.
 
-
+use crate::support::*;
 use serde_json::{json, Value};
 use std::time::Duration;
-use crate::support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use vak::proto::v1 as pb;
 
@@ -996,42 +995,24 @@ async fn every_loopback_address_shares_one_stream_quota() {
 
 /// Starts `vak serve --token <token>`, waits for its listening line, stops it;
 /// returns what it wrote on stderr.
-fn serve_stderr_with_token(token: &str) -> String {
-    use std::io::{BufRead, Read};
+async fn serve_stderr_with_token(token: &str) -> String {
     let home = tempfile::tempdir().unwrap();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_vak"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--token", token])
-        .arg("--home")
-        .arg(home.path())
-        .arg("--workspace")
-        .arg(home.path())
-        .env_remove("VAK_TOKEN")
-        .env_remove("VAK_HOME")
-        .env_remove("VAK_LISTEN")
+    let mut served = Serve::new()
+        .token(token)
+        .home(home.path())
+        .workspace(home.path())
         .env("RUST_LOG", "warn")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    while !line.contains("listening on") {
-        line.clear();
-        assert!(
-            out.read_line(&mut line).unwrap() > 0,
-            "vak serve exited before listening"
-        );
-    }
-    child.kill().unwrap();
-    child.wait().unwrap();
-    let mut err = String::new();
-    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
-    err
+        .start()
+        .await;
+    // Killed and reaped: all it wrote has been read.
+    served.vak.signal("KILL");
+    served.vak.wait().await;
+    served.vak.log()
 }
 
-#[test]
-fn a_weak_token_on_the_command_line_is_warned_about() {
-    let err = serve_stderr_with_token("T");
+#[tokio::test]
+async fn a_weak_token_on_the_command_line_is_warned_about() {
+    let err = serve_stderr_with_token("T").await;
     let warning = err
         .lines()
         .find(|l| l.starts_with("vak: warning: the token"))
@@ -1042,14 +1023,17 @@ fn a_weak_token_on_the_command_line_is_warned_about() {
     );
     // 31 hex characters are 124 bits; 21 base64 ones 126.
     for weak in ["0123456789abcdef0123456789abcde", "AbCdEfGhIjKlMnOpQrStU"] {
-        assert!(serve_stderr_with_token(weak).contains("under 128"), "{weak}");
+        assert!(
+            serve_stderr_with_token(weak).await.contains("under 128"),
+            "{weak}"
+        );
     }
     for strong in [
         "0123456789abcdef0123456789abcdef",
         "AbCdEfGhIjKlMnOpQrStUv",
         "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
     ] {
-        let err = serve_stderr_with_token(strong);
+        let err = serve_stderr_with_token(strong).await;
         assert!(!err.contains("warning: the token"), "{strong}: {err}");
     }
 }

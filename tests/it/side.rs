@@ -6,10 +6,9 @@
 //! turn; one side run at a time (409 side_busy), cancel, 404 for an unknown
 //! session.
 
-
 use crate::support::fake_provider::{FakeProvider, Reply};
-use serde_json::{json, Value};
 use crate::support::{assert_numbered, grpc_subscribe, kind_of, Frame, Sse, TestServer};
+use serde_json::{json, Value};
 
 /// A main run that stays live until the test approves its write: the side
 /// question is asked while it waits.

@@ -5,10 +5,9 @@
 //! The test runs in a process of its own (`support::own_process`): the file-size
 //! limit is process-wide.
 
-
+use crate::support::*;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use crate::support::*;
 
 fn set_file_size_limit(bytes: u64) {
     let lim = libc::rlimit {
@@ -24,7 +23,8 @@ fn set_file_size_limit(bytes: u64) {
 
 #[tokio::test]
 async fn a_failed_ledger_write_stops_only_its_session_and_no_seen_seq_is_lost_or_reused() {
-    if !own_process("storage::a_failed_ledger_write_stops_only_its_session_and_no_seen_seq_is_lost_or_reused") {
+    if !own_process("storage::a_failed_ledger_write_stops_only_its_session_and_no_seen_seq_is_lost_or_reused")
+    {
         return;
     }
     let s = TestServer::start().await;

@@ -1,6 +1,5 @@
 //! The event stream over SSE: replay by cursor, resync, live-only without a cursor, and lossless delivery to a subscriber that stops reading.
 
-
 use crate::support::*;
 
 async fn finished_session(s: &TestServer, prompt: &str) -> (String, Vec<Frame>) {

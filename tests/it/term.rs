@@ -1,11 +1,10 @@
 //! `vak term` against a real server: one-shot runs over both transports (text, JSON, exit codes, approvals), --list, server.json discovery, resuming across cut connections and a resync, and the interactive mode in a real pseudo-terminal.
 
-
 use crate::support;
+use crate::support::*;
 use serde_json::Value;
 use std::path::Path;
 use std::process::Stdio;
-use crate::support::*;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
@@ -1223,48 +1222,14 @@ async fn quitting_before_the_first_prompt_leaves_no_session_behind() {
 // ---- a restarted server with a new token ----------------------------------------------
 
 /// A `vak serve` process on `port` with `home` and `token`; killed when dropped.
-struct Served {
-    child: Child,
-    url: String,
-}
-
-impl Served {
-    async fn start(home: &Path, workspace: &Path, port: u16, token: &str) -> Served {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_vak"));
-        cmd.args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--token",
-            token,
-        ])
-        .arg("--home")
-        .arg(home)
-        .arg("--workspace")
-        .arg(workspace)
-        .env_remove("VAK_TOKEN")
-        .env_remove("VAK_HOME")
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true);
-        let mut child = cmd.spawn().expect("vak serve starts");
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let url = tokio::time::timeout(DEADLINE, async {
-            while let Some(line) = lines.next_line().await.unwrap() {
-                if let Some(at) = line.find("listening on ") {
-                    return line[at + "listening on ".len()..].trim().to_string();
-                }
-            }
-            panic!("vak serve ended before its `listening on` line");
-        })
+async fn serve_at(home: &Path, workspace: &Path, port: u16, token: &str) -> Served {
+    Serve::new()
+        .listen(&format!("127.0.0.1:{port}"))
+        .token(token)
+        .home(home)
+        .workspace(workspace)
+        .start()
         .await
-        .expect("vak serve listens within the deadline");
-        // Keep reading stdout so the server never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Served { child, url }
-    }
 }
 
 #[tokio::test]
@@ -1276,7 +1241,7 @@ async fn a_server_restarted_with_a_new_token_is_followed_through_server_json() {
             .local_addr()
             .unwrap()
             .port();
-        let mut first = Served::start(home.path(), workspace.path(), port, "token-a").await;
+        let first = serve_at(home.path(), workspace.path(), port, "token-a").await;
 
         // No --url or --token: both come from the home's server.json.
         let mut cmd = portable_pty::CommandBuilder::new(env!("CARGO_BIN_EXE_vak"));
@@ -1293,9 +1258,9 @@ async fn a_server_restarted_with_a_new_token_is_followed_through_server_json() {
         pty.wait_for_line("echo: before the restart").await;
 
         // kill() waits for the exit, so the home's lock and the port are free again.
-        first.child.kill().await.unwrap();
+        first.vak.kill().await;
         pty.wait_for("reconnecting…").await;
-        let mut second = Served::start(home.path(), workspace.path(), port, "token-b").await;
+        let second = serve_at(home.path(), workspace.path(), port, "token-b").await;
         assert_eq!(second.url, first.url, "{t}: the same address");
         let old = reqwest::Client::new()
             .get(format!("{}/sessions", second.url))
@@ -1317,9 +1282,9 @@ async fn a_server_restarted_with_a_new_token_is_followed_through_server_json() {
         );
 
         // Restarted elsewhere (another port, another token): server.json still leads to it.
-        second.child.kill().await.unwrap();
+        second.vak.kill().await;
         pty.wait_for("reconnecting…").await;
-        let third = Served::start(home.path(), workspace.path(), 0, "token-c").await;
+        let third = serve_at(home.path(), workspace.path(), 0, "token-c").await;
         assert_ne!(third.url, first.url, "{t}");
         pty.wait_until("reconnected", |s| !s.contains("reconnecting…"))
             .await;

@@ -4,13 +4,12 @@
 //! always settles the run and kills what bash started, and bash output
 //! reaches clients live, tagged by stream and bounded.
 
-
 use crate::support;
+use crate::support::{exited, mkfifo, Frame, Serve, Served, Sse, TestServer, DEADLINE, TOKEN};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use crate::support::{exited, mkfifo, Frame, Sse, TestServer, DEADLINE, TOKEN};
 use tokio_util::sync::CancellationToken;
 use vak::core::tools;
 use vak::core::PermissionMode;
@@ -30,56 +29,27 @@ fn results(frames: &[Frame]) -> Vec<Value> {
 /// A `vak serve` child process (the built binary), so that its memory is
 /// measured alone, not mixed with the tests running beside it.
 struct ServerChild {
-    child: tokio::process::Child,
+    served: Served,
     url: String,
     workspace: PathBuf,
-    _dirs: (tempfile::TempDir, tempfile::TempDir),
 }
 
 impl ServerChild {
     async fn start(permission_mode: &str) -> ServerChild {
-        use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
-        let (home, ws) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let mut child = support::process::vak(&["serve", "--listen", "127.0.0.1:0", "--token", TOKEN])
-            .args(["--permission-mode", permission_mode, "--allow-bypass", "--home"])
-            .arg(home.path())
-            .arg("--workspace")
-            .arg(ws.path())
-            .spawn()
-            .expect("vak starts");
-        let mut err = child.stderr.take().unwrap();
-        // Drained all along, so a chatty log never fills the pipe and stalls the server.
-        tokio::spawn(async move {
-            let _ = tokio::io::copy(&mut err, &mut tokio::io::sink()).await;
-        });
-        let mut out = BufReader::new(child.stdout.take().unwrap());
-        let url = tokio::time::timeout(DEADLINE, async {
-            let mut line = String::new();
-            while out.read_line(&mut line).await.unwrap() > 0 {
-                if let Some(at) = line.find("listening on ") {
-                    return line[at + "listening on ".len()..].trim().to_string();
-                }
-                line.clear();
-            }
-            panic!("stdout closed before `listening on`");
-        })
-        .await
-        .expect("the listening line within the deadline");
-        tokio::spawn(async move {
-            let mut sink = Vec::new();
-            let _ = out.read_to_end(&mut sink).await;
-        });
+        let served = Serve::new()
+            .args(["--permission-mode", permission_mode, "--allow-bypass"])
+            .start()
+            .await;
         ServerChild {
-            child,
-            url,
-            workspace: ws.path().to_path_buf(),
-            _dirs: (home, ws),
+            url: served.url.clone(),
+            workspace: served.workspace().to_path_buf(),
+            served,
         }
     }
 
     /// A line of /proc/<pid>/status, in kB: `VmHWM` is the peak resident set.
     fn status_kb(&self, field: &str) -> u64 {
-        let pid = self.child.id().expect("the server is running");
+        let pid = self.served.vak.pid();
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
         let line = status
             .lines()
@@ -91,7 +61,7 @@ impl ServerChild {
     /// Resets the server's peak RSS to its current RSS (Linux 4.0+) and
     /// returns it, so the peak measured afterwards is what came after.
     fn reset_peak_rss_kb(&self) -> u64 {
-        let pid = self.child.id().expect("the server is running");
+        let pid = self.served.vak.pid();
         if let Err(e) = std::fs::write(format!("/proc/{pid}/clear_refs"), "5") {
             // Without the reset the growth measured is a lower bound only.
             eprintln!("cannot reset the server's peak RSS ({e}); measuring from its peak so far");

@@ -4,11 +4,10 @@
 //! bounded tree, folder names under the roots, and git status + diff of a
 //! real repository, including one whose config tries to run a program.
 
-
 use crate::support;
+use crate::support::{SecondWorkspace, TestServer};
 use serde_json::{json, Value};
 use std::path::Path;
-use crate::support::{SecondWorkspace, TestServer};
 use vak::proto::v1 as pb;
 
 async fn put(s: &TestServer, body: Value) -> (u16, Value) {

@@ -255,3 +255,36 @@ pub async fn stream_leader(client: &async_nats::Client, stream: &str) -> String 
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// One `vak serve --bus` child (its own home and workspace unless the test gives
+/// them) and a client of its API: the replicas of the cluster tests.
+pub struct Replica {
+    pub vak: super::process::Vak,
+    pub api: super::TestServer,
+    dirs: super::serve::Dirs,
+}
+
+impl Replica {
+    /// `vak serve --bus BUS --bus-replicas N --bus-replica NAME`, with what `more`
+    /// adds (flags, a home, a shared workspace), started and listening.
+    pub async fn start(
+        bus: &str,
+        name: &str,
+        replicas: &str,
+        more: impl FnOnce(super::Serve) -> super::Serve,
+    ) -> Replica {
+        let serve =
+            super::Serve::new().args(["--bus", bus, "--bus-replicas", replicas, "--bus-replica", name]);
+        let served = more(serve).start().await;
+        Replica {
+            api: served.api(),
+            vak: served.vak,
+            dirs: served.dirs,
+        }
+    }
+
+    /// Its `--workspace`.
+    pub fn workspace(&self) -> &std::path::Path {
+        self.dirs.workspace()
+    }
+}

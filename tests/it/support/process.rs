@@ -104,9 +104,17 @@ impl Vak {
             let line = tokio::time::timeout(deadline, self.stdout.recv())
                 .await
                 .unwrap_or_else(|_| {
-                    panic!("no `listening on` line within {deadline:?}; stdout: {seen:?}; stderr: {}", self.log())
+                    panic!(
+                        "no `listening on` line within {deadline:?}; stdout: {seen:?}; stderr: {}",
+                        self.log()
+                    )
                 })
-                .unwrap_or_else(|| panic!("stdout closed before `listening on`; stdout: {seen:?}; stderr: {}", self.log()));
+                .unwrap_or_else(|| {
+                    panic!(
+                        "stdout closed before `listening on`; stdout: {seen:?}; stderr: {}",
+                        self.log()
+                    )
+                });
             let url = line
                 .find("listening on ")
                 .map(|at| line[at + "listening on ".len()..].trim())

@@ -12,11 +12,7 @@ use super::{TestServer, DEADLINE, TOKEN};
 
 /// Environment a developer's shell may hold that would change what `vak serve`
 /// does: removed from every child (a test that wants one sets it with `env`).
-const SCRUBBED: &[&str] = &[
-    "RUST_LOG",
-    "OPENAI_API_KEY",
-    "ANTHROPIC_API_KEY",
-];
+const SCRUBBED: &[&str] = &["RUST_LOG", "OPENAI_API_KEY", "ANTHROPIC_API_KEY"];
 
 /// Where a child's home or workspace is.
 enum Place {
@@ -109,6 +105,12 @@ impl Serve {
         self
     }
 
+    /// No `--workspace` flag (the current directory).
+    pub fn no_workspace(mut self) -> Serve {
+        self.workspace = Place::Unset;
+        self
+    }
+
     pub fn arg(mut self, arg: impl AsRef<OsStr>) -> Serve {
         self.args.push(arg.as_ref().to_os_string());
         self
@@ -119,7 +121,8 @@ impl Serve {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
-        self.args.extend(args.into_iter().map(|a| a.as_ref().to_os_string()));
+        self.args
+            .extend(args.into_iter().map(|a| a.as_ref().to_os_string()));
         self
     }
 
@@ -165,7 +168,7 @@ impl Serve {
             Some(prelude) => {
                 let mut sh = Command::new("sh");
                 sh.arg("-c")
-                    .arg(format!("{prelude}; exec \"$0\" \"$@\""))
+                    .arg(format!("{prelude} && exec \"$0\" \"$@\""))
                     .arg(&self.bin);
                 sh
             }
@@ -233,9 +236,9 @@ impl Serve {
     }
 }
 
-/// The fresh directories of a child, and how long it may take to start.
+/// The fresh directories of a child (removed when this drops), and how long it may take to start.
 #[derive(Default)]
-struct Dirs {
+pub struct Dirs {
     home: Option<PathBuf>,
     workspace: Option<PathBuf>,
     fresh: Vec<tempfile::TempDir>,
@@ -273,17 +276,29 @@ pub struct Served {
     /// What the `listening on` line announced (`http://127.0.0.1:PORT`, or https).
     pub url: String,
     pub addr: SocketAddr,
-    dirs: Dirs,
+    /// Kept while the child runs (a `Replica` takes them with its `vak`).
+    pub dirs: Dirs,
+}
+
+impl Dirs {
+    /// The child's `--home`.
+    pub fn home(&self) -> &Path {
+        self.home.as_deref().expect("started with --home")
+    }
+
+    /// The child's `--workspace`.
+    pub fn workspace(&self) -> &Path {
+        self.workspace.as_deref().expect("started with --workspace")
+    }
 }
 
 impl Served {
-    /// Its `--home` (None when started without the flag).
     pub fn home(&self) -> &Path {
-        self.dirs.home.as_deref().expect("started with --home")
+        self.dirs.home()
     }
 
     pub fn workspace(&self) -> &Path {
-        self.dirs.workspace.as_deref().expect("started with --workspace")
+        self.dirs.workspace()
     }
 
     /// A client of its API (over plain HTTP) with the default token.
