@@ -319,6 +319,6 @@ async fn admin_status_shows_streams_per_client_presence_and_recent_failures_neve
             tokio::time::Instant::now() < deadline,
             "the stream is still counted: {b}"
         );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        crate::support::poll::pause().await;
     }
 }

@@ -367,6 +367,8 @@ fn make(args: &[&str]) -> Command {
 
 #[test]
 fn make_serve_starts_the_offline_server_and_a_second_one_exits_2() {
+    // `make serve` builds first when the binary is stale: not beside another heavy test.
+    let _heavy = crate::support::heavy_blocking();
     let home = tempfile::tempdir().unwrap();
     let serve = || {
         let mut cmd = make(&["serve"]);
@@ -407,6 +409,8 @@ fn make_serve_starts_the_offline_server_and_a_second_one_exits_2() {
 
 #[test]
 fn make_install_puts_a_working_vak_in_prefix_bin() {
+    // `make install` builds a release binary when it is stale: not beside another heavy test.
+    let _heavy = crate::support::heavy_blocking();
     let prefix = tempfile::tempdir().unwrap();
     let mut cmd = make(&["install", &format!("PREFIX={}", prefix.path().display())]);
     let mut install = spawn_group(&mut cmd);
@@ -540,7 +544,7 @@ fn run_document(rel: &str) {
                 && !got.contains(expect)
                 && std::time::Instant::now() < deadline
             {
-                std::thread::sleep(Duration::from_millis(20));
+                crate::support::poll::pause_blocking();
                 got = output_of(i);
             }
             assert!(

@@ -83,7 +83,7 @@ async fn move_leader(client: &async_nats::Client, stream: &str, to: &str) {
         // Until the stepdown took effect (another leader is named).
         let until = Instant::now() + Duration::from_secs(5);
         while support::nats::stream_leader(client, stream).await == leader && Instant::now() < until {
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            crate::support::poll::pause().await;
         }
     }
 }
@@ -129,7 +129,7 @@ async fn leader_killed_mid_run(trial: usize) -> Option<String> {
         match lease_of(&kv, &sid).await {
             Ok(Some(ra)) if ra == "ra" => break,
             Ok(Some(other)) => return Some(format!("trial {trial}: the lease moved from ra to {other}")),
-            _ if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(50)).await,
+            _ if Instant::now() < deadline => crate::support::poll::pause().await,
             got => {
                 return Some(format!(
                     "trial {trial}: ra did not take its expired lease again: {got:?}"

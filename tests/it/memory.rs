@@ -60,7 +60,8 @@ fn rss_kib(pid: u32) -> u64 {
 }
 
 /// RSS once it stops moving: four samples 250 ms apart within 1 MiB (an
-/// event, not a fixed sleep), at most 20 s.
+/// event, not a fixed sleep), at most 20 s. The 250 ms are the measurement's
+/// cadence (RSS "stopped moving" over a second), not a wait for something.
 async fn settled_rss_kib(pid: u32) -> u64 {
     let start = Instant::now();
     let mut last = Vec::new();
@@ -98,7 +99,7 @@ async fn settled(s: &TestServer, sid: &str) {
             return;
         }
         assert!(Instant::now() < deadline, "the run settles: {me}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        crate::support::poll::pause().await;
     }
 }
 

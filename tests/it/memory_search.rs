@@ -264,7 +264,7 @@ async fn search_until(s: &TestServer, query: &str, ok: impl Fn(&[Value]) -> bool
             return hits;
         }
         assert!(Instant::now() < deadline, "{query}: still {hits:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        crate::support::poll::pause().await;
     }
 }
 
@@ -479,7 +479,7 @@ async fn heavy_server(
             _ => panic!("{code} {body}"),
         }
         assert!(Instant::now() < deadline, "still {body}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        crate::support::poll::pause().await;
     }
     (s, home, ws)
 }
@@ -548,7 +548,7 @@ async fn searches_past_the_cap_get_429_and_a_search_whose_client_left_frees_its_
             Instant::now() < deadline,
             "the four searches never filled the slots"
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        crate::support::poll::pause().await;
     };
     assert_eq!(refused["error"]["code"], "resource_exhausted", "{refused}");
     let msg = refused["error"]["message"].as_str().unwrap();
@@ -578,7 +578,7 @@ async fn searches_past_the_cap_get_429_and_a_search_whose_client_left_frees_its_
             Instant::now() < deadline,
             "the searches of the clients that left still hold their slots"
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        crate::support::poll::pause().await;
     }
 }
 

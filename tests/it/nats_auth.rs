@@ -6,7 +6,6 @@ use crate::support::{finished, Serve, TestServer, DEADLINE};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 const VAK_PASSWORD: &str = "vak-pw-5f1c9e27d3";
 const OTHER_PASSWORD: &str = "other-pw-8a2d41";
@@ -462,7 +461,7 @@ async fn refused_in_log(r: &Replica, key: &str, n: usize) {
             "no refusal of {key} logged: {}",
             r.vak.log()
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        crate::support::poll::pause().await;
     }
 }
 

@@ -214,7 +214,7 @@ impl ModelServer {
                 if lines.iter().filter(|l| l.contains("http: stream ended")).count() >= nth {
                     return streams.nth(nth - 1).unwrap().to_vec();
                 }
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                crate::support::poll::pause().await;
             }
         })
         .await

@@ -4,6 +4,8 @@ use std::time::Duration;
 
 #[tokio::test]
 async fn make_serve_cluster_starts_three_replicas_that_share_a_session() {
+    // A release build (when stale), three nats-server nodes and three replicas.
+    let _heavy = crate::support::heavy().await;
     let nats = std::env::var("VAK_NATS_SERVER")
         .expect("VAK_NATS_SERVER names nats-server: run `make nats` (make test does)");
     let run = tokio::process::Command::new("make")

@@ -71,6 +71,8 @@ def wait_healthy(url: str, deadline: float) -> None:
             pass
         if time.monotonic() > deadline:
             sys.exit(f"serve.py: {url}/health did not answer 200 in time")
+        # A poll's pause, not a wait for something: llama.cpp says it is ready only by
+        # answering /health, and the deadline above bounds the asking.
         time.sleep(0.1)
 
 

@@ -1166,8 +1166,9 @@ impl TestServer {
 }
 pub mod fake_provider;
 pub mod nats;
+pub mod poll;
 pub mod process;
 pub mod serve;
 pub mod shared;
 pub use serve::{Serve, Served};
-pub use shared::{heavy, own_process};
+pub use shared::{heavy, heavy_blocking, own_process};

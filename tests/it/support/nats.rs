@@ -205,7 +205,7 @@ impl Cluster {
                     "the NATS cluster has no JetStream meta leader after {READY:?}\n{}",
                     self.logs()
                 );
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                super::poll::pause().await;
             }
         }
     }
@@ -252,7 +252,7 @@ pub async fn stream_leader(client: &async_nats::Client, stream: &str) -> String 
             }
         }
         assert!(Instant::now() < deadline, "the stream {stream} has no leader");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        super::poll::pause().await;
     }
 }
 

@@ -19,6 +19,11 @@ pub async fn heavy() -> MutexGuard<'static, ()> {
     HEAVY.lock().await
 }
 
+/// `heavy` for a test outside a runtime (docs.rs's `make` runs, which may build).
+pub fn heavy_blocking() -> MutexGuard<'static, ()> {
+    HEAVY.blocking_lock()
+}
+
 /// The environment variable that tells a re-run test it is in its own process.
 const OWN_PROCESS: &str = "VAK_IT_OWN_PROCESS";
 
