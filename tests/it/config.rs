@@ -1,4 +1,4 @@
-//! The configuration surface end to end: GET/PATCH /config with revisions and persistence, the key store behind PUT/DELETE /config/key, GET /providers and live model listings, config frames on /stream, the same over gRPC, and config.toml at startup of the real binary. A provider is reached through the real OpenAI/Anthropic clients against a fake model service (tests/support/fake_provider.rs).
+//! The configuration surface end to end: GET/PATCH /config with revisions and persistence, the key store behind PUT/DELETE /config/key, GET /providers and live model listings, config frames on /stream, the same over gRPC, and config.toml at startup of the real binary. A provider is reached through the real OpenAI/Anthropic clients against a fake model service (tests/it/support/fake_provider.rs).
 
 use crate::support;
 use crate::support::fake_provider::{fixture, FakeProvider, Reply};

