@@ -1,9 +1,10 @@
 //! The integration tests, one binary: each module is what used to be its own
 //! `tests/<name>.rs` binary. One binary links the crate once (38 binaries of ~87 MB
 //! each once filled a CI disk); `cargo test --test it <module>::` runs one module.
-//! The tests share one process and its test threads, so what is process-wide
-//! (environment, the current directory, heavy work with deadlines) is guarded in
-//! `support` (see `support::heavy`).
+//! The tests share one process and its test threads: a test that changes
+//! process-wide state (an rlimit, the environment) re-runs itself alone
+//! (`support::own_process`), and heavy tests whose deadlines assume a quiet
+//! machine run one at a time (`support::heavy`).
 
 mod support;
 

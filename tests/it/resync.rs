@@ -122,8 +122,6 @@ impl Vak {
             .env("RUST_LOG", "vak=warn")
             .start()
             .await;
-        // Owner-only, as the server wants its home (it warns otherwise): a fresh
-        // temporary directory already is.
         Vak {
             url: served.url.clone(),
             addr: served.addr,

@@ -16,7 +16,7 @@ const SCRUBBED: &[&str] = &["RUST_LOG", "OPENAI_API_KEY", "ANTHROPIC_API_KEY"];
 
 /// Where a child's home or workspace is.
 enum Place {
-    /// A fresh temporary directory, kept as long as the child's `Served`/`Spawned`.
+    /// A fresh temporary directory (a home owner-only), kept as long as the child's `Served`/`Spawned`.
     Fresh,
     At(PathBuf),
     /// No flag: the child finds it itself (VAK_HOME, the current directory).
@@ -151,18 +151,23 @@ impl Serve {
     /// The command, and the fresh directories it names (dropped with the child).
     fn command(self) -> (Command, Dirs) {
         let mut dirs = Dirs::default();
-        let mut place = |p: Place| match p {
+        let mut place = |p: Place, mode: Option<u32>| match p {
             Place::Fresh => {
                 let d = tempfile::tempdir().unwrap();
                 let path = d.path().to_path_buf();
+                if let Some(mode) = mode {
+                    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(mode))
+                        .unwrap();
+                }
                 dirs.fresh.push(d);
                 Some(path)
             }
             Place::At(p) => Some(p),
             Place::Unset => None,
         };
-        dirs.home = place(self.home);
-        dirs.workspace = place(self.workspace);
+        // A fresh home is owner-only, as the server wants it (it warns otherwise).
+        dirs.home = place(self.home, Some(0o700));
+        dirs.workspace = place(self.workspace, None);
         let mut cmd = match &self.prelude {
             None => Command::new(&self.bin),
             Some(prelude) => {
