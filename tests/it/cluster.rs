@@ -15,7 +15,9 @@ use vak::core::owners::{Owner, BUCKET};
 /// The lease age the tests' bucket is made with: a failover waits about this long.
 const TTL_MS: &str = "1500";
 
-/// A replica on every node of `nats`, with the tests' lease age.
+/// A replica on every node of `nats`, with the tests' lease age: `vak serve --bus URL
+/// --bus-replicas 3 --bus-replica NAME --bus-lease-ttl-ms TTL --listen 127.0.0.1:0 --home HOME
+/// --workspace WS` (`support::nats::Replica`), as docs/protocol.md's replicas are started.
 async fn start(nats: &Cluster, name: &str) -> Replica {
     start_on(&nats.url(), name, TTL_MS).await
 }
