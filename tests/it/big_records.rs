@@ -177,6 +177,9 @@ async fn the_same_on_another_replica(nats: &Cluster, nodes: &str, n: u64, stream
 /// tool output (its 1 MiB result with a note is over 1 MiB as a record).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_300000_delta_burst_and_a_5_mb_tool_output_read_the_same_on_another_replica() {
+    // Two replicas, 300 000 deltas and 5 MB keep both cores busy: not beside the
+    // 3-node run below (which holds `heavy` through its cluster) or another heavy test.
+    let _heavy = crate::support::heavy().await;
     let nats = Cluster::single().await;
     the_same_on_another_replica(&nats, "1", 300_000, false).await;
 }
