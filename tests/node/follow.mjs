@@ -1,6 +1,6 @@
 // Follows sessions on vak's multiplexed GET /stream with the `eventsource` package, a
 // third-party SSE client that reconnects by itself and resends the last id it saw as
-// Last-Event-ID. Driven by tests/eventsource_client.rs.
+// Last-Event-ID. Driven by tests/it/eventsource_client.rs.
 //
 //   node follow.mjs <base-url> <token> <session>...
 //

@@ -1,5 +1,5 @@
 // Resync trials of @vak/client's StreamFollower (clients/web/src/stream.ts), driven by
-// tests/resync.rs, which bundles the client's source with esbuild and passes the bundle.
+// tests/it/resync.rs, which bundles the client's source with esbuild and passes the bundle.
 //
 //   node resync.mjs <client-bundle.mjs> <base-url> <token>
 //

@@ -11,7 +11,7 @@ installed wheel.
 Clients talk to llama.cpp itself; nothing sits in between. llama.cpp lets each
 request set its own output limit (`max_tokens`), and this 135M model may
 ramble until its context is full (a couple of minutes on 2 cores), so a client
-should ask for few tokens: tests/real_model.rs runs vak with
+should ask for few tokens: tests/it/real_model.rs runs vak with
 `--max-output-tokens`. llama.cpp's /slots endpoint is on: it shows the
 parameters of the last request, its `max_tokens` among them.
 
@@ -71,6 +71,8 @@ def wait_healthy(url: str, deadline: float) -> None:
             pass
         if time.monotonic() > deadline:
             sys.exit(f"serve.py: {url}/health did not answer 200 in time")
+        # A poll's pause, not a wait for something: llama.cpp says it is ready only by
+        # answering /health, and the deadline above bounds the asking.
         time.sleep(0.1)
 
 

@@ -1,4 +1,4 @@
-"""Resync trials for tests/resync.rs (not a pytest module: the Rust test drives it).
+"""Resync trials for tests/it/resync.rs (not a pytest module: the Rust test drives it).
 
     python resync_trials.py <base-url> <token>
 

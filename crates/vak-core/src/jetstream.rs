@@ -50,7 +50,7 @@
 //! batch costs one round trip and one CAS and is stored whole or not at all.
 //! The alternative, a CAS per message, needs each message's ack before the
 //! next can name its predecessor's sequence: one round trip per record.
-//! Measured on a loopback R3 cluster (2 cores, tests/jetstream.rs,
+//! Measured on a loopback R3 cluster (2 cores, tests/it/jetstream.rs,
 //! `batches_are_one_round_trip`), see docs/scale-out.md for the numbers.
 //! The server caps an atomic batch at 1000 messages: a larger writer batch
 //! goes as several, each atomic and each holding whole records (a record's
@@ -484,7 +484,7 @@ impl JetStreamLog {
     }
 
     /// Forgets the last append's ack, as if it had been lost: appending the
-    /// same batch again is then the retry a lost ack leads to (tests/jetstream.rs;
+    /// same batch again is then the retry a lost ack leads to (tests/it/jetstream.rs;
     /// only with the `test-hooks` feature, which the integration tests turn on).
     /// Queued to the writer task, so the next append finds it done.
     #[cfg(feature = "test-hooks")]

@@ -1,0 +1,49 @@
+//! The integration tests, one binary: each module is what used to be its own
+//! `tests/<name>.rs` binary. One binary links the crate once (38 binaries of ~87 MB
+//! each once filled a CI disk); `cargo test --test it <module>::` runs one module.
+//! The tests share one process and its test threads: a test that changes
+//! process-wide state (an rlimit, the environment) re-runs itself alone
+//! (`support::own_process`), and heavy tests whose deadlines assume a quiet
+//! machine run one at a time (`support::heavy`).
+
+mod support;
+
+mod app;
+mod architecture;
+mod attachments;
+mod big_records;
+mod cluster;
+mod config;
+mod connections;
+mod docs;
+mod durability;
+mod eventsource_client;
+mod file_tools;
+mod grpc;
+mod grpc_web;
+mod host;
+mod jetstream;
+mod leases;
+mod lifecycle;
+mod memory;
+mod memory_search;
+mod modes;
+mod mux;
+mod nats_auth;
+mod openapi;
+mod presentation;
+mod process;
+mod providers;
+mod real_model;
+mod rest;
+mod resync;
+mod rules;
+mod sandbox;
+mod security;
+mod serve_cluster;
+mod side;
+mod storage;
+mod stream;
+mod term;
+mod tools;
+mod workspace_api;
