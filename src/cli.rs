@@ -6,11 +6,11 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use vak_core::config::{self, Environment, FileConfig, RouteLayer};
 use vak_core::error::{Error, Result};
 use vak_core::home;
+use vak_core::host::config::{self, Environment, FileConfig, RouteLayer};
 use vak_core::provider::ProviderKind;
-use vak_core::sandbox::{SandboxConfig, SandboxMode};
+use vak_core::tools::sandbox::{SandboxConfig, SandboxMode};
 use vak_core::{CoreConfig, Durability, PermissionMode};
 use vak_server::server::{ServeConfig, Server};
 use vak_server::tls;
@@ -214,7 +214,7 @@ pub struct ServeArgs {
     /// this many milliseconds, so each wake-up carries every frame of the
     /// window (the first frame after a quiet window goes out at once); 0
     /// wakes them at every frame.
-    #[arg(long, default_value_t = vak_core::bus::DEFAULT_FLUSH_WINDOW.as_millis() as u64, value_parser = clap::value_parser!(u64).range(0..=1000))]
+    #[arg(long, default_value_t = vak_core::stream::bus::DEFAULT_FLUSH_WINDOW.as_millis() as u64, value_parser = clap::value_parser!(u64).range(0..=1000))]
     pub flush_window_ms: u64,
     /// The permission mode the server starts in: default (edits and
     /// commands ask), accept-edits (commands ask), plan (read-only tools
@@ -302,9 +302,9 @@ impl ServeArgs {
     }
 
     /// The credential and TLS flags of `--bus`, as given.
-    fn bus_flags(&self) -> vak_core::nats_connect::BusFlags {
+    fn bus_flags(&self) -> vak_core::cluster::nats_connect::BusFlags {
         use vak_core::provider::Secret;
-        vak_core::nats_connect::BusFlags {
+        vak_core::cluster::nats_connect::BusFlags {
             user: self.bus_user.clone(),
             password: self.bus_password.clone().map(Secret::new),
             token: self.bus_token.clone().map(Secret::new),
@@ -544,17 +544,17 @@ async fn start(args: ServeArgs) -> Result<Started> {
     let nofile = vak_server::fdlimit::raise_nofile();
     let (mut cfg, file) = args.config_and_file(home.clone())?;
     if let Some(url) = &args.bus {
-        let opts = vak_core::jetstream::StreamOptions {
+        let opts = vak_core::cluster::jetstream::StreamOptions {
             replicas: args.bus_replicas as usize,
             ..Default::default()
         };
-        let target = vak_core::nats_connect::BusTarget::new(url, &args.bus_flags())?;
-        let client = vak_core::jetstream::connect_to(&target, &opts).await?;
+        let target = vak_core::cluster::nats_connect::BusTarget::new(url, &args.bus_flags())?;
+        let client = vak_core::cluster::jetstream::connect_to(&target, &opts).await?;
         let replica = args
             .bus_replica
             .clone()
-            .unwrap_or_else(vak_core::owners::new_replica_name);
-        let owners = vak_core::owners::Owners::open(
+            .unwrap_or_else(vak_core::cluster::owners::new_replica_name);
+        let owners = vak_core::cluster::owners::Owners::open(
             client.clone(),
             replica,
             std::time::Duration::from_millis(args.bus_lease_ttl_ms),
@@ -566,23 +566,23 @@ async fn start(args: ServeArgs) -> Result<Started> {
             target.shown(),
             target.credentials().describe(),
             if target.tls() { ", TLS" } else { "" },
-            vak_core::jetstream::STREAM,
+            vak_core::cluster::jetstream::STREAM,
             owners.replica(),
-            vak_core::owners::BUCKET,
+            vak_core::cluster::owners::BUCKET,
             owners.ttl().as_millis()
         );
-        let shared_index = vak_core::shared_index::SharedIndex::open(
+        let shared_index = vak_core::cluster::shared_index::SharedIndex::open(
             client.clone(),
             opts.replicas,
             cfg.core.workspace.display().to_string(),
         )
         .await?;
         let cipher = match &args.bus_secret_file {
-            Some(path) => Some(vak_core::shared_config::Cipher::from_file(path)?),
+            Some(path) => Some(vak_core::cluster::shared_config::Cipher::from_file(path)?),
             None => None,
         };
         let shares_keys = cipher.is_some();
-        let shared_config = vak_core::shared_config::SharedConfig::open(
+        let shared_config = vak_core::cluster::shared_config::SharedConfig::open(
             client.clone(),
             opts.replicas,
             owners.replica().to_string(),
@@ -593,7 +593,7 @@ async fn start(args: ServeArgs) -> Result<Started> {
         shared_config.seed_route(&spec).await?;
         println!(
             "vak: route, rules and keys shared in {}{}",
-            vak_core::shared_config::BUCKET,
+            vak_core::cluster::shared_config::BUCKET,
             if shares_keys {
                 " (keys sealed with the cluster secret)"
             } else {
@@ -601,7 +601,7 @@ async fn start(args: ServeArgs) -> Result<Started> {
             }
         );
         let shared_memory =
-            vak_core::shared_memory::SharedMemory::open(client.clone(), opts.replicas).await?;
+            vak_core::cluster::shared_memory::SharedMemory::open(client.clone(), opts.replicas).await?;
         cfg.core.nats = Some(client);
         cfg.core.owners = Some(owners);
         cfg.core.shared_index = Some(shared_index);

@@ -6,7 +6,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use vak::core::cursor::{CursorVector, MAX_LEN, MAX_SESSIONS};
+use vak::core::stream::cursor::{CursorVector, MAX_LEN, MAX_SESSIONS};
 
 fuzz_target!(|raw: &str| {
     match CursorVector::parse(raw) {

@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use vak::core::cursor::{CursorVector, MAX_SESSIONS};
+use vak::core::stream::cursor::{CursorVector, MAX_SESSIONS};
 use vak::edge::http::stream::parse_query;
 
 fuzz_target!(|raw: &str| {

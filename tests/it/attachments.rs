@@ -19,7 +19,7 @@ fn b64(bytes: &[u8]) -> String {
 }
 
 fn sha(bytes: &[u8]) -> String {
-    vak::core::files::sha256_hex(bytes)
+    vak::core::host::files::sha256_hex(bytes)
 }
 
 fn png() -> Value {

@@ -4,8 +4,8 @@ use crate::support::nats::{Cluster, Replica};
 use crate::support::{Frame, Sse, DEADLINE};
 use serde_json::Value;
 use std::time::{Duration, Instant};
-use vak::core::jetstream::JetStreamLog;
-use vak::core::ledger::Record;
+use vak::core::cluster::jetstream::JetStreamLog;
+use vak::core::log::ledger::Record;
 
 /// A `/bash` whose output is 5 000 000 bytes of `a`.
 const BASH_5MB: &str = "/bash head -c 5000000 /dev/zero | tr '\\0' a";
@@ -230,9 +230,9 @@ async fn a_record_that_cannot_be_stored_fails_the_session_at_once_and_is_never_r
 /// record, and a replay fails at once rather than asking again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parts_that_do_not_match_their_digest_are_an_error_never_a_record() {
+    use vak::core::cluster::jetstream::{self, StreamOptions};
     use vak::core::event::ClientEvent;
-    use vak::core::jetstream::{self, StreamOptions};
-    use vak::core::ledger::Log;
+    use vak::core::log::ledger::Log;
     let nats = Cluster::single().await;
     let client = jetstream::connect(&nats.url(), &StreamOptions::default())
         .await

@@ -8,9 +8,9 @@ use crate::support::{
 };
 use futures_util::StreamExt;
 use serde_json::{json, Value};
-use vak::core::jetstream::JetStreamLog;
-use vak::core::ledger::Record;
-use vak::core::owners::{Owner, BUCKET};
+use vak::core::cluster::jetstream::JetStreamLog;
+use vak::core::cluster::owners::{Owner, BUCKET};
+use vak::core::log::ledger::Record;
 
 /// The lease age the tests' bucket is made with: a failover waits about this long.
 const TTL_MS: &str = "1500";
@@ -693,7 +693,7 @@ async fn the_stream_leaders_nats_node_killed_mid_run_stalls_appends_which_resume
     let b = start_on(&nats.url(), "rb", "10000").await;
     let sid = a.api.create_session().await;
     let client = nats_client(&nats).await;
-    let leader = support::nats::stream_leader(&client, vak::core::jetstream::STREAM).await;
+    let leader = support::nats::stream_leader(&client, vak::core::cluster::jetstream::STREAM).await;
     let victim = nats.index_of(&leader).expect("the leader is one of ours");
     let mut on_a = a.api.events(&sid, None).await;
     let mut on_b = b.api.events(&sid, None).await;
@@ -717,7 +717,7 @@ async fn the_stream_leaders_nats_node_killed_mid_run_stalls_appends_which_resume
     let more = on_b.until("run_finished").await;
     assert_eq!(more[0].seq(), last + 1);
     assert_numbered(&more);
-    let leader_now = support::nats::stream_leader(&client, vak::core::jetstream::STREAM).await;
+    let leader_now = support::nats::stream_leader(&client, vak::core::cluster::jetstream::STREAM).await;
     assert_ne!(leader_now, leader, "a new leader was elected");
 }
 
@@ -730,12 +730,12 @@ async fn the_stream_leaders_nats_node_killed_mid_run_stalls_appends_which_resume
 async fn a_session_older_than_the_retained_history_resyncs_and_keeps_its_head_seq() {
     let nats = Cluster::three().await;
     let js = async_nats::jetstream::new(nats_client(&nats).await);
-    let opts = vak::core::jetstream::StreamOptions {
+    let opts = vak::core::cluster::jetstream::StreamOptions {
         replicas: 3,
         history: 40,
         ..Default::default()
     };
-    js.create_stream(vak::core::jetstream::stream_config(&opts))
+    js.create_stream(vak::core::cluster::jetstream::stream_config(&opts))
         .await
         .unwrap();
     let ring = ["--ring", "8"];

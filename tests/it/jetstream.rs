@@ -1,13 +1,13 @@
-//! The JetStream log (`crates/vak-core/src/jetstream.rs`) against a real 3-node nats-server cluster on loopback: exact reads, one writer per session, reopening, a killed stream leader, idempotent retries.
+//! The JetStream log (`crates/vak-core/src/cluster/jetstream.rs`) against a real 3-node nats-server cluster on loopback: exact reads, one writer per session, reopening, a killed stream leader, idempotent retries.
 
 use crate::support;
 use crate::support::nats::{stream_leader, Cluster};
 use crate::support::{assert_numbered, text_of, TestServer, DEADLINE};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use vak::core::cluster::jetstream::{self, JetStreamLog, StreamOptions, ANOTHER_WRITER};
 use vak::core::event::{ClientEvent, Frame};
-use vak::core::jetstream::{self, JetStreamLog, StreamOptions, ANOTHER_WRITER};
-use vak::core::ledger::{Batch, Log, Record};
+use vak::core::log::ledger::{Batch, Log, Record};
 use vak::edge::server::ServeConfig;
 
 fn event(seq: u64) -> ClientEvent {

@@ -5,9 +5,9 @@ use crate::support::nats::{Cluster, Replica};
 use crate::support::{assert_numbered, finished, text_of, Frame, Sse, DEADLINE};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
-use vak::core::jetstream::{JetStreamLog, STREAM};
-use vak::core::ledger::{Batch, Log, Record};
-use vak::core::owners::{Owner, BUCKET};
+use vak::core::cluster::jetstream::{JetStreamLog, STREAM};
+use vak::core::cluster::owners::{Owner, BUCKET};
+use vak::core::log::ledger::{Batch, Log, Record};
 
 /// A replica on every node of `nats`, making the lease bucket with
 /// `ttl_ms` as its age if it is the first.

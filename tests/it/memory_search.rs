@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 use vak::core::provider::http::ClientOptions;
 use vak::core::provider::{connect_with, Endpoint, ProviderKind, Secret};
-use vak::core::session::Route;
+use vak::core::session::live::Route;
 use vak::proto::v1 as pb;
 
 // ---- Memory ------------------------------------------------------------------
@@ -420,7 +420,7 @@ fn pathological() -> String {
 /// that catches the index up with every ledger it lacks).
 fn plant(home: &std::path::Path, ws: &std::path::Path, n: usize, text: impl Fn(usize) -> String) {
     use vak::core::event::ClientEvent;
-    use vak::core::ledger::Record;
+    use vak::core::log::ledger::Record;
     let dir = home.join("sessions");
     std::fs::create_dir_all(&dir).unwrap();
     let workspace = std::fs::canonicalize(ws).unwrap().display().to_string();
@@ -490,7 +490,7 @@ async fn heavy_server(
 #[tokio::test]
 async fn a_pathological_search_stops_at_its_deadline_and_the_next_one_answers() {
     let (s, _home, _ws) = heavy_server(|_| {}).await;
-    let limits = vak::core::search::Limits::default();
+    let limits = vak::core::host::search::Limits::default();
     let within = limits.deadline + Duration::from_secs(10);
     let path = format!("/search?all=true&limit=100&q={}", pathological());
     let (code, e) = tokio::time::timeout(within, s.get(&path))

@@ -11,7 +11,7 @@ use vak::core::provider::{
     connect_with, Endpoint, FailureKind, Provider, ProviderError, ProviderEvent, ProviderKind, Secret,
     StopReason, TokenUsage, TurnRequest,
 };
-use vak::core::session::Route;
+use vak::core::session::live::Route;
 use vak::core::PermissionMode;
 use vak::proto::v1 as pb;
 
@@ -1093,7 +1093,7 @@ async fn agents_md_at_the_workspace_root_reaches_the_system_prompt_bounded() {
     );
 
     // Read again for every run, and cut at its bound with a note.
-    let max = vak::core::prompt::MAX_INSTRUCTIONS;
+    let max = vak::core::session::prompt::MAX_INSTRUCTIONS;
     std::fs::write(
         s.workspace.join("AGENTS.md"),
         format!("{}{}", "a".repeat(max), "TAIL-NOT-SENT"),

@@ -8,7 +8,7 @@
 use crate::support;
 use crate::support::TestServer;
 use serde_json::Value;
-use vak::core::sandbox::{SandboxConfig, SandboxMode};
+use vak::core::tools::sandbox::{SandboxConfig, SandboxMode};
 use vak::core::PermissionMode;
 
 /// A server whose commands run without asking, in `sandbox`.

@@ -25,7 +25,7 @@ fn q(v: &str) -> String {
 }
 
 fn sha256(bytes: &[u8]) -> String {
-    vak::core::files::sha256_hex(bytes)
+    vak::core::host::files::sha256_hex(bytes)
 }
 
 fn code(v: &Value) -> &str {
@@ -231,7 +231,7 @@ async fn every_way_out_of_the_workspace_is_refused_for_reads_and_writes() {
 #[tokio::test]
 async fn files_over_the_cap_are_413_in_both_directions() {
     let s = TestServer::start().await;
-    let cap = vak::core::files::MAX_FILE_BYTES as usize;
+    let cap = vak::core::host::files::MAX_FILE_BYTES as usize;
     let (status, e) = put(&s, json!({"path": "big.txt", "content": "a".repeat(cap + 1)})).await;
     assert_eq!((status, code(&e)), (413, "payload_too_large"), "{e}");
     assert!(!s.workspace.join("big.txt").exists());

@@ -1,7 +1,7 @@
 //! Event types: what the agent loop emits internally, what clients see, and the projection between them.
 
-use super::attachments::AttachmentRef;
 use super::provider::TokenUsage;
+use crate::session::attachments::AttachmentRef;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::sync::{Arc, OnceLock};

@@ -1,62 +1,26 @@
 //! The agent core: sessions, their event buses, the agent loop, the ledger. It knows nothing of HTTP, gRPC or JSON-over-HTTP.
 
-pub mod agent;
 pub mod home;
 // The leaf types the core shares with the wire crates (no generated code: vak-proto without `wire`).
 pub use vak_proto::{error, ids, text};
 pub use vak_proto::{Error, ErrorKind, Result};
-pub mod approvals;
-pub mod attachments;
-pub mod bus;
-pub(crate) mod cluster_secret;
-pub mod config;
-pub mod cursor;
-pub mod deltas;
-pub mod diff;
+pub mod cluster;
 pub mod event;
 pub mod file_owner;
-pub mod files;
-pub mod folds;
-pub mod hub;
-pub mod index;
-pub mod jetstream;
-pub mod ledger;
-pub mod lifecycle;
+pub mod host;
 #[cfg(test)]
 mod lock_scan;
-pub mod memory;
-pub mod mirror;
-pub mod mux;
-pub mod nats_connect;
-pub mod owners;
+pub mod log;
 pub mod permissions;
-pub mod presentation;
-pub mod prompt;
 pub mod provider;
 pub mod reasons;
-pub(crate) mod recovery;
-pub(crate) mod repair;
-pub mod replay;
 pub mod route;
 pub mod rule;
-pub mod rules;
-pub mod sandbox;
-pub mod search;
-pub mod secrets;
 pub mod session;
-pub mod shared_config;
-pub mod shared_index;
-pub mod shared_memory;
-pub mod side;
 pub mod stopped;
-pub(crate) mod takeover;
-pub mod terminal;
+pub mod stream;
 pub mod tools;
-pub mod transcript;
-pub mod wait;
 pub mod workspace;
-pub mod workspaces;
-pub mod writer;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -79,7 +43,7 @@ pub struct CoreConfig {
     pub home: PathBuf,
     /// Where tools act; nothing outside it is read or written.
     pub workspace: PathBuf,
-    pub bus: bus::BusConfig,
+    pub bus: stream::bus::BusConfig,
     /// The permission mode the server starts in (the live one is the
     /// runtime's: `Runtime::mode`).
     pub permission: PermissionMode,
@@ -92,7 +56,7 @@ pub struct CoreConfig {
     /// Internal provider retries before a run fails.
     pub provider_retries: u32,
     /// Transcript search's per-query deadline and concurrent-query cap.
-    pub search: search::Limits,
+    pub search: host::search::Limits,
     pub retry_backoff: Duration,
     /// Timeouts and bounds of the model service clients the routes use
     /// (connect, response headers, silence between chunks, event sizes).
@@ -113,28 +77,28 @@ pub struct CoreConfig {
     /// Sampling temperature; None leaves it to the provider.
     pub temperature: Option<f32>,
     /// The route the flags name (`--provider`, `--model`, `--base-url`).
-    pub route_flags: config::RouteLayer,
+    pub route_flags: host::config::RouteLayer,
     /// The environment's route variables and API keys, captured at startup.
-    pub env: config::Environment,
+    pub env: host::config::Environment,
     /// Sessions' logs in NATS JetStream (`--bus`, whose stream exists:
     /// `jetstream::ensure_stream`); None: JSONL ledgers in the home.
     pub nats: Option<async_nats::Client>,
     /// With `nats`: this replica's session leases (`owners.rs`), so several
     /// replicas can share the stream. None: one replica, no leases.
-    pub owners: Option<std::sync::Arc<owners::Owners>>,
+    pub owners: Option<std::sync::Arc<cluster::owners::Owners>>,
     /// With `nats`: the session index every replica shares (`shared_index.rs`).
-    pub shared_index: Option<std::sync::Arc<shared_index::SharedIndex>>,
+    pub shared_index: Option<std::sync::Arc<cluster::shared_index::SharedIndex>>,
     /// With `nats`: the route, rules and keys every replica shares (`shared_config.rs`).
-    pub shared_config: Option<std::sync::Arc<shared_config::SharedConfig>>,
+    pub shared_config: Option<std::sync::Arc<cluster::shared_config::SharedConfig>>,
     /// With `nats`: the memory notes every replica shares (`shared_memory.rs`).
-    pub shared_memory: Option<std::sync::Arc<shared_memory::SharedMemory>>,
+    pub shared_memory: Option<std::sync::Arc<cluster::shared_memory::SharedMemory>>,
     /// `[server] workspace_roots`: the folders `GET /fs/dirs` may list
     /// (absolute). Empty: the workspace alone.
     pub workspace_roots: Vec<PathBuf>,
     /// The git program `GET /sessions/:id/diff` runs (found on PATH by default).
     pub git: PathBuf,
     /// The sandbox the agent's commands run in (`--sandbox`, `[sandbox]`).
-    pub sandbox: sandbox::SandboxConfig,
+    pub sandbox: tools::sandbox::SandboxConfig,
 }
 
 impl CoreConfig {
@@ -142,12 +106,12 @@ impl CoreConfig {
         CoreConfig {
             home,
             workspace,
-            bus: bus::BusConfig::default(),
+            bus: stream::bus::BusConfig::default(),
             permission: PermissionMode::Default,
             allow_bypass: false,
             first_subscriber_wait: Duration::from_secs(2),
             provider_retries: 4,
-            search: search::Limits::default(),
+            search: host::search::Limits::default(),
             retry_backoff: Duration::from_millis(500),
             provider_client: provider::ClientOptions::default(),
             max_queued_inputs: 64,
@@ -157,8 +121,8 @@ impl CoreConfig {
             max_turns: 50,
             max_output_tokens: 8192,
             temperature: None,
-            route_flags: config::RouteLayer::default(),
-            env: config::Environment::default(),
+            route_flags: host::config::RouteLayer::default(),
+            env: host::config::Environment::default(),
             nats: None,
             owners: None,
             shared_index: None,
@@ -166,7 +130,7 @@ impl CoreConfig {
             shared_memory: None,
             workspace_roots: Vec::new(),
             git: PathBuf::from("git"),
-            sandbox: sandbox::SandboxConfig::default(),
+            sandbox: tools::sandbox::SandboxConfig::default(),
         }
     }
 

@@ -3,6 +3,7 @@
 
 pub(crate) mod edit;
 mod read;
+pub mod sandbox;
 pub(crate) mod search;
 
 use super::provider::ToolDef;
@@ -241,7 +242,7 @@ pub fn approval_reason(tool: &str, input: &Value) -> String {
 /// This entry runs bash unsandboxed (tests of the tools); the agent runs
 /// them through `run_live` with its runtime's sandbox.
 pub async fn run(workspace: &Path, tool: &str, input: &Value, cancel: &CancellationToken) -> ToolOutput {
-    let off = std::sync::Arc::new(super::sandbox::Sandbox::off());
+    let off = std::sync::Arc::new(sandbox::Sandbox::off());
     run_live(workspace, &off, tool, input, cancel, None).await
 }
 
@@ -249,7 +250,7 @@ pub async fn run(workspace: &Path, tool: &str, input: &Value, cancel: &Cancellat
 /// arrive) handed to `live` until the tool returns.
 pub async fn run_live(
     workspace: &Path,
-    sandbox: &std::sync::Arc<super::sandbox::Sandbox>,
+    sandbox: &std::sync::Arc<sandbox::Sandbox>,
     tool: &str,
     input: &Value,
     cancel: &CancellationToken,

@@ -18,8 +18,8 @@ use crate::errors::{to_status, KIND_HEADER, REASON_HEADER};
 use prost::Message;
 use std::time::Duration;
 use tonic::{Code, Status};
+use vak_core::cluster::owners::{Owner, Owners, RPC_PREFIX};
 use vak_core::error::Error;
-use vak_core::owners::{Owner, Owners, RPC_PREFIX};
 
 /// The RPCs a replica forwards to a session's owner: every change to a
 /// session that the owner's memory or its single writer must make. Each is

@@ -11,7 +11,7 @@ use prost::Message;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Status};
-use vak_core::owners::{Owners, RPC_PREFIX};
+use vak_core::cluster::owners::{Owners, RPC_PREFIX};
 use vak_proto::v1 as pb;
 
 /// Answers the forwarded requests addressed to this replica until `stop`.

@@ -55,7 +55,7 @@ struct Store {
 }
 
 fn sha256_hex(s: &str) -> String {
-    vak_core::files::sha256_hex(s.as_bytes())
+    vak_core::host::files::sha256_hex(s.as_bytes())
 }
 
 fn now() -> u64 {

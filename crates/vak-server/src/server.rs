@@ -17,8 +17,8 @@ use tokio::net::TcpListener;
 use tonic::server::NamedService;
 use tower::{Layer, ServiceExt};
 use vak_core::error::{Error, Result};
-use vak_core::hub::Hub;
-use vak_core::session::Route;
+use vak_core::host::hub::Hub;
+use vak_core::session::live::Route;
 use vak_core::CoreConfig;
 use vak_proto::v1::agent_service_server::AgentServiceServer;
 use vak_proto::FILE_DESCRIPTOR_SET;
@@ -59,7 +59,7 @@ pub struct ServeConfig {
     /// The browser app served at /app and /admin; None: the bundle embedded at build time.
     pub app: Option<Arc<super::http::assets::Bundle>>,
     /// `[server.web]`: the browser terminal.
-    pub web: vak_core::config::FileWeb,
+    pub web: vak_core::host::config::FileWeb,
 }
 
 impl ServeConfig {

@@ -298,7 +298,7 @@ async fn every_documented_status_is_reached_and_every_status_reached_is_document
     let nid = note["id"].as_str().unwrap().to_string();
     r.call(&s, "PATCH", "/memory/{note_id}", &format!("/memory/{nid}"), Some(json!({"text": "spaces"})), 200).await;
     r.call(&s, "DELETE", "/memory/{note_id}", &format!("/memory/{nid}"), None, 200).await;
-    for i in 0..vak::core::memory::MAX_NOTES {
+    for i in 0..vak::core::host::memory::MAX_NOTES {
         r.call(&s, "POST", "/memory", "/memory", Some(json!({"text": format!("note {i}")})), 201).await;
     }
     r.call(&s, "POST", "/memory", "/memory", Some(json!({"text": "one too many"})), 429).await;
@@ -309,7 +309,7 @@ async fn every_documented_status_is_reached_and_every_status_reached_is_document
     r.call(&s, "POST", "/memory", "/memory", user_note.clone(), 409).await;
     r.call(&s, "PATCH", "/memory/{note_id}", "/memory/mem_000000000001", user_note, 409).await;
     r.call(&s, "DELETE", "/memory/{note_id}", "/memory/mem_000000000001?scope=user", None, 409).await;
-    std::fs::write(&user, vec![b'a'; vak::core::memory::MAX_FILE as usize + 1]).unwrap();
+    std::fs::write(&user, vec![b'a'; vak::core::host::memory::MAX_FILE as usize + 1]).unwrap();
     r.call(&s, "GET", "/memory", "/memory", None, 413).await;
     r.call(&s, "DELETE", "/memory/{note_id}", "/memory/mem_000000000001?scope=user", None, 413).await;
     std::fs::remove_file(&user).unwrap();

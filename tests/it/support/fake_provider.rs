@@ -135,13 +135,13 @@ impl FakeProvider {
     }
 
     /// A route to this fake model service, as an OpenAI-compatible provider.
-    pub fn openai_route(&self) -> vak::core::session::Route {
+    pub fn openai_route(&self) -> vak::core::session::live::Route {
         use vak::core::provider::ProviderKind;
         self.route(ProviderKind::OpenAi, format!("{}/v1/", self.url), "gpt-4.1")
     }
 
     /// A route to this fake model service, as the Anthropic Messages API.
-    pub fn anthropic_route(&self) -> vak::core::session::Route {
+    pub fn anthropic_route(&self) -> vak::core::session::live::Route {
         use vak::core::provider::ProviderKind;
         self.route(ProviderKind::Anthropic, self.url.clone(), "claude-sonnet-4-5")
     }
@@ -151,14 +151,14 @@ impl FakeProvider {
         kind: vak::core::provider::ProviderKind,
         base: String,
         model: &str,
-    ) -> vak::core::session::Route {
+    ) -> vak::core::session::live::Route {
         use vak::core::provider::{connect_with, http::ClientOptions, Endpoint, Secret};
         let endpoint = Endpoint {
             kind,
             base_url: Some(base),
             key: Some(Secret::new("sk-test".into())),
         };
-        vak::core::session::Route {
+        vak::core::session::live::Route {
             provider: connect_with(&endpoint, &ClientOptions::default()).unwrap(),
             model: model.into(),
             context_window: None,

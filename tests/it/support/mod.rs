@@ -56,7 +56,7 @@ pub async fn from_peer_with(
     );
     tweak(&mut cfg);
     let hub = std::sync::Arc::new(
-        vak::core::hub::Hub::new(cfg.core.clone(), vak::core::session::Route::offline()).unwrap(),
+        vak::core::host::hub::Hub::new(cfg.core.clone(), vak::core::session::live::Route::offline()).unwrap(),
     );
     let app = vak::edge::server::app(hub, &cfg).await.unwrap();
     let mut req = req;
@@ -100,7 +100,7 @@ pub struct TestServer {
     pub url: String,
     pub home: PathBuf,
     pub workspace: PathBuf,
-    hub: Option<std::sync::Arc<vak::core::hub::Hub>>,
+    hub: Option<std::sync::Arc<vak::core::host::hub::Hub>>,
     _dirs: Option<(tempfile::TempDir, tempfile::TempDir)>,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<vak::Result<()>>>,
@@ -196,7 +196,7 @@ impl TestServer {
 
     /// The core of an in-process server (to drive what no request can, such
     /// as the start of a shutdown while the listener still answers).
-    pub fn hub(&self) -> &std::sync::Arc<vak::core::hub::Hub> {
+    pub fn hub(&self) -> &std::sync::Arc<vak::core::host::hub::Hub> {
         self.hub.as_ref().expect("an in-process server")
     }
 
@@ -1139,7 +1139,7 @@ impl TestServer {
     /// A server with fresh home and workspace whose model route is `route`
     /// (e.g. a real provider client pointed at a fake model service).
     pub async fn start_with_route(
-        route: vak::core::session::Route,
+        route: vak::core::session::live::Route,
         tweak: impl FnOnce(&mut ServeConfig),
     ) -> TestServer {
         let home = tempfile::tempdir().unwrap();
@@ -1153,7 +1153,7 @@ impl TestServer {
     pub async fn start_in_with_route(
         home: &Path,
         workspace: &Path,
-        route: vak::core::session::Route,
+        route: vak::core::session::live::Route,
         tweak: impl FnOnce(&mut ServeConfig),
     ) -> TestServer {
         let mut cfg = ServeConfig::new(

@@ -401,7 +401,7 @@ impl Provider for OfflineModel {
 mod tests {
     use super::*;
     use crate::event::ClientEvent;
-    use crate::transcript::Transcript;
+    use crate::log::transcript::Transcript;
     use std::sync::Mutex;
 
     fn user(t: &mut Transcript, text: &str) {

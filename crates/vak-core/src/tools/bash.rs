@@ -2,7 +2,7 @@
 
 use super::{bytes, bytes_u64, incomplete_tail, shown, ToolOutput};
 use crate::event::OutputStream;
-use crate::sandbox::Sandbox;
+use crate::tools::sandbox::Sandbox;
 use serde_json::Value;
 use std::os::unix::process::CommandExt;
 use std::path::Path;

@@ -3,18 +3,18 @@
 use pb::event::Kind;
 use prost_types::value::Kind as Pv;
 use serde_json::Value;
-use vak_core::attachments::AttachmentRef;
 use vak_core::event::{ClientEvent, Frame, SideOutcome, SidePhase};
-use vak_core::hub::{ConfigInfo, ModeChange};
-use vak_core::mux::{MuxFrame, MuxItem};
-use vak_core::presentation::{Item, PresentationEvent, Timeline};
+use vak_core::host::hub::{ConfigInfo, ModeChange};
+use vak_core::host::rules::Rule;
+use vak_core::log::presentation::{Item, PresentationEvent, Timeline};
+use vak_core::log::transcript::{self, Role, Transcript};
 use vak_core::provider::TokenUsage;
 use vak_core::reasons::{CloseReason, ResyncReason};
-use vak_core::rules::Rule;
-use vak_core::session::Client;
-use vak_core::session::{Admission, CancelResult, SessionInfo};
-use vak_core::side::SideEntry;
-use vak_core::transcript::{self, Role, Transcript};
+use vak_core::session::attachments::AttachmentRef;
+use vak_core::session::live::Client;
+use vak_core::session::live::{Admission, CancelResult, SessionInfo};
+use vak_core::session::side::SideEntry;
+use vak_core::stream::mux::{MuxFrame, MuxItem};
 use vak_proto::v1 as pb;
 
 pub fn json_to_value(v: &Value) -> prost_types::Value {
@@ -407,7 +407,7 @@ pub fn config(c: ConfigInfo) -> pb::ConfigInfo {
     }
 }
 
-pub fn provider_info(p: vak_core::config::ProviderStatus) -> pb::ProviderInfo {
+pub fn provider_info(p: vak_core::host::config::ProviderStatus) -> pb::ProviderInfo {
     pb::ProviderInfo {
         name: p.kind.as_str().to_string(),
         label: p.kind.label().to_string(),
@@ -508,10 +508,10 @@ pub fn presentation_kind_name(kind: &pb::presentation_event::Kind) -> &'static s
 // ---- Workspace files, diff and session lifecycle (issue 15) ----
 
 /// A file read: text as itself, anything else (invalid UTF-8, a NUL byte) as base64.
-pub fn file_content(f: vak_core::files::FileRead) -> pb::FileContent {
+pub fn file_content(f: vak_core::host::files::FileRead) -> pb::FileContent {
     use base64::Engine;
     let size = f.bytes.len() as u64;
-    let (content, encoding) = if vak_core::files::is_text(&f.bytes) {
+    let (content, encoding) = if vak_core::host::files::is_text(&f.bytes) {
         (String::from_utf8(f.bytes).unwrap_or_default(), "utf-8")
     } else {
         (
@@ -543,7 +543,7 @@ pub fn file_bytes(content: String, encoding: &str) -> vak_core::Result<Vec<u8>> 
     }
 }
 
-pub fn file_written(w: vak_core::files::FileWritten) -> pb::WriteFileResponse {
+pub fn file_written(w: vak_core::host::files::FileWritten) -> pb::WriteFileResponse {
     pb::WriteFileResponse {
         path: w.path,
         sha: w.sha256,
@@ -552,7 +552,7 @@ pub fn file_written(w: vak_core::files::FileWritten) -> pb::WriteFileResponse {
     }
 }
 
-pub fn dir_listing(d: vak_core::files::DirListing) -> pb::DirListing {
+pub fn dir_listing(d: vak_core::host::files::DirListing) -> pb::DirListing {
     pb::DirListing {
         path: d.path,
         parent: d.parent,
@@ -562,7 +562,7 @@ pub fn dir_listing(d: vak_core::files::DirListing) -> pb::DirListing {
     }
 }
 
-pub fn workspace(w: vak_core::workspaces::OpenWorkspace) -> pb::Workspace {
+pub fn workspace(w: vak_core::host::workspaces::OpenWorkspace) -> pb::Workspace {
     pb::Workspace {
         path: w.path.display().to_string(),
         trusted: w.trusted,
@@ -570,7 +570,7 @@ pub fn workspace(w: vak_core::workspaces::OpenWorkspace) -> pb::Workspace {
     }
 }
 
-pub fn sandbox(s: vak_core::sandbox::SandboxFacts) -> pb::SandboxInfo {
+pub fn sandbox(s: vak_core::tools::sandbox::SandboxFacts) -> pb::SandboxInfo {
     pb::SandboxInfo {
         mode: s.mode.as_str().to_string(),
         network: s.network,
@@ -579,7 +579,7 @@ pub fn sandbox(s: vak_core::sandbox::SandboxFacts) -> pb::SandboxInfo {
     }
 }
 
-pub fn workspace_diff(session_id: &str, d: vak_core::diff::Diff) -> pb::WorkspaceDiff {
+pub fn workspace_diff(session_id: &str, d: vak_core::host::diff::Diff) -> pb::WorkspaceDiff {
     pb::WorkspaceDiff {
         session_id: session_id.to_string(),
         reason: d.reason.map(|r| r.as_str().to_string()).unwrap_or_default(),
@@ -598,7 +598,7 @@ pub fn workspace_diff(session_id: &str, d: vak_core::diff::Diff) -> pb::Workspac
     }
 }
 
-pub fn run_result(r: vak_core::wait::Settled) -> pb::RunResult {
+pub fn run_result(r: vak_core::session::wait::Settled) -> pb::RunResult {
     pb::RunResult {
         outcome: r.outcome.as_str().into(),
         message: r.message,
@@ -607,16 +607,16 @@ pub fn run_result(r: vak_core::wait::Settled) -> pb::RunResult {
     }
 }
 
-pub fn memory_scope(s: vak_core::memory::Scope) -> pb::MemoryScope {
+pub fn memory_scope(s: vak_core::host::memory::Scope) -> pb::MemoryScope {
     match s {
-        vak_core::memory::Scope::Workspace => pb::MemoryScope::Workspace,
-        vak_core::memory::Scope::User => pb::MemoryScope::User,
+        vak_core::host::memory::Scope::Workspace => pb::MemoryScope::Workspace,
+        vak_core::host::memory::Scope::User => pb::MemoryScope::User,
     }
 }
 
 /// A scope a request names (an enum number no scope has is refused).
-pub fn memory_scope_in(n: Option<i32>) -> Result<Option<vak_core::memory::Scope>, vak_core::Error> {
-    use vak_core::memory::Scope;
+pub fn memory_scope_in(n: Option<i32>) -> Result<Option<vak_core::host::memory::Scope>, vak_core::Error> {
+    use vak_core::host::memory::Scope;
     match n.map(pb::MemoryScope::try_from) {
         None => Ok(None),
         Some(Ok(pb::MemoryScope::Workspace)) => Ok(Some(Scope::Workspace)),
@@ -625,7 +625,7 @@ pub fn memory_scope_in(n: Option<i32>) -> Result<Option<vak_core::memory::Scope>
     }
 }
 
-pub fn memory_note(n: vak_core::memory::Note) -> pb::MemoryNote {
+pub fn memory_note(n: vak_core::host::memory::Note) -> pb::MemoryNote {
     pb::MemoryNote {
         id: n.id,
         scope: memory_scope(n.scope) as i32,
@@ -638,7 +638,7 @@ pub fn memory_note(n: vak_core::memory::Note) -> pb::MemoryNote {
     }
 }
 
-pub fn search_hit(h: vak_core::search::Hit, title: String) -> pb::SearchHit {
+pub fn search_hit(h: vak_core::host::search::Hit, title: String) -> pb::SearchHit {
     pb::SearchHit {
         session_id: h.session_id,
         seq: h.seq,

@@ -12,19 +12,19 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use tonic::{Request, Response, Status};
-use vak_core::approvals::Answer;
-use vak_core::bus::Subscription;
-use vak_core::bus::{Delivery, End};
-use vak_core::config::{self, RoutePatch};
-use vak_core::cursor::CursorVector;
-use vak_core::hub::{Hub, Located};
-use vak_core::mux::{self, Control, Mux};
-use vak_core::owners::Owner;
-use vak_core::presentation::PresentationEvent;
-use vak_core::session::AdmissionState;
-use vak_core::session::PresenceGuard;
+use vak_core::cluster::owners::Owner;
+use vak_core::host::config::{self, RoutePatch};
+use vak_core::host::hub::{Hub, Located};
+use vak_core::log::presentation::PresentationEvent;
+use vak_core::session::approvals::Answer;
+use vak_core::session::live::AdmissionState;
+use vak_core::session::live::PresenceGuard;
+use vak_core::stream::bus::Subscription;
+use vak_core::stream::bus::{Delivery, End};
+use vak_core::stream::cursor::CursorVector;
+use vak_core::stream::mux::{self, Control, Mux};
 use vak_core::PermissionMode;
-use vak_core::{diff, files, memory, search, wait};
+use vak_core::{host::diff, host::files, host::memory, host::search, session::wait};
 use vak_proto::v1 as pb;
 
 pub type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send>>;
@@ -59,7 +59,7 @@ pub struct AgentApi {
 /// The edge's settings `GetHost` reports and `GET /pty` obeys.
 #[derive(Clone, Debug, Default)]
 pub struct HostFacts {
-    pub web: vak_core::config::FileWeb,
+    pub web: vak_core::host::config::FileWeb,
     /// `--allow-remote`.
     pub allow_remote: bool,
     pub tls: bool,
@@ -92,7 +92,7 @@ impl AgentApi {
             workspace: ws.primary().path.display().to_string(),
             workspaces: ws.list().into_iter().map(convert::workspace).collect(),
             workspace_roots: ws.roots().iter().map(|r| r.display().to_string()).collect(),
-            max_workspaces: vak_core::workspaces::MAX_OPEN as u32,
+            max_workspaces: vak_core::host::workspaces::MAX_OPEN as u32,
             features: Some(pb::HostFeatures {
                 terminal: self.host.web.terminal,
                 terminal_requires_loopback: self.host.web.terminal_requires_loopback,
@@ -136,16 +136,16 @@ impl AgentApi {
     /// refused one admits nothing); their references.
     async fn attachments(
         &self,
-        s: &vak_core::session::Session,
+        s: &vak_core::session::live::Session,
         list: Vec<pb::Attachment>,
-    ) -> Result<Vec<vak_core::attachments::AttachmentRef>, Status> {
+    ) -> Result<Vec<vak_core::session::attachments::AttachmentRef>, Status> {
         let list = list.into_iter().map(|a| (a.media_type, a.data, a.name)).collect();
-        vak_core::attachments::accept(&s.runtime().cfg.home, list)
+        vak_core::session::attachments::accept(&s.runtime().cfg.home, list)
             .await
             .map_err(to_status)
     }
 
-    async fn session(&self, id: &str) -> Result<Arc<vak_core::session::Session>, Status> {
+    async fn session(&self, id: &str) -> Result<Arc<vak_core::session::live::Session>, Status> {
         if id.is_empty() {
             return Err(Status::invalid_argument("session_id is required"));
         }
@@ -200,7 +200,7 @@ impl AgentApi {
 
 /// A session served here, or the answer its holder gave to a forwarded request.
 enum Served<Resp> {
-    Here(Arc<vak_core::session::Session>),
+    Here(Arc<vak_core::session::live::Session>),
     There(Response<Resp>),
 }
 
@@ -657,7 +657,7 @@ impl AgentService for AgentApi {
         ok(pb::ListRulesResponse {
             workspace: rules.workspace().to_string(),
             rules: list.iter().cloned().map(convert::rule).collect(),
-            max_rules: vak_core::rules::MAX_RULES as u32,
+            max_rules: vak_core::host::rules::MAX_RULES as u32,
         })
     }
 
@@ -993,7 +993,7 @@ impl AgentService for AgentApi {
                 .into_iter()
                 .map(convert::workspace)
                 .collect(),
-            max_workspaces: vak_core::workspaces::MAX_OPEN as u32,
+            max_workspaces: vak_core::host::workspaces::MAX_OPEN as u32,
         })
     }
 

@@ -19,7 +19,7 @@ use axum::Extension;
 use bytes::Bytes;
 use std::collections::HashMap;
 use vak_core::error::Error;
-use vak_core::terminal::{self, Terminal};
+use vak_core::host::terminal::{self, Terminal};
 
 /// The largest message a client may send (a paste), and frame.
 const MAX_MESSAGE: usize = 64 << 10;
@@ -122,7 +122,7 @@ pub async fn pty(
         Err(e) => return refuse(e),
     };
     let dir = ws_dir.path.clone();
-    let shell = vak_core::terminal::shell(web.terminal_shell.as_deref());
+    let shell = vak_core::host::terminal::shell(web.terminal_shell.as_deref());
     let term = match tokio::task::spawn_blocking(move || Terminal::spawn(shell, &dir, size, permit)).await {
         Ok(Ok(t)) => t,
         Ok(Err(e)) => return refuse(e),

@@ -13,7 +13,7 @@ use axum::Router;
 use pb::agent_service_server::AgentService;
 use prost::{Message, Name};
 use tonic::Request;
-use vak_core::memory;
+use vak_core::host::memory;
 use vak_proto::v1 as pb;
 
 pub fn router(state: AppState) -> Router {

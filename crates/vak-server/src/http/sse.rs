@@ -17,9 +17,9 @@ use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use pb::agent_service_server::AgentService;
 use std::collections::HashMap;
-use vak_core::bus::{Charge, Delivery, End, Subscription};
 use vak_core::event::{ClientEvent, Frame};
-use vak_core::session::PresenceGuard;
+use vak_core::session::live::PresenceGuard;
+use vak_core::stream::bus::{Charge, Delivery, End, Subscription};
 use vak_proto::json::to_json;
 use vak_proto::v1 as pb;
 

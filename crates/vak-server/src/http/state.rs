@@ -21,7 +21,7 @@ pub struct AppState {
     /// The browser app and console served at /app and /admin.
     pub app: Arc<Bundle>,
     /// The live browser terminals (`GET /pty`), bounded.
-    pub terminals: vak_core::terminal::Terminals,
+    pub terminals: vak_core::host::terminal::Terminals,
     /// The one keepalive clock of this server's event streams.
     pub keepalive: super::sse_encode::Keepalive,
 }

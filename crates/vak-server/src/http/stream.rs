@@ -17,7 +17,7 @@ use vak_proto::json::to_json;
 use vak_proto::v1 as pb;
 
 /// The most `session=` parameters one request may carry.
-const MAX_QUERY_SESSIONS: usize = vak_core::cursor::MAX_SESSIONS;
+const MAX_QUERY_SESSIONS: usize = vak_core::stream::cursor::MAX_SESSIONS;
 
 /// A boolean query parameter; anything but these words is refused, so
 /// `host=null` or a typo never silently means "off".

@@ -1,0 +1,214 @@
+//! What a writer batch becomes on a session's subject: one planned message per record (or per part of a large one), each with its position `(n, k)`.
+
+use super::chunks;
+use super::{ATOMIC_MAX, H_NOTE, H_SEQ};
+use crate::log::ledger::{Batch, Record};
+use async_nats::HeaderMap;
+
+/// Where the next note goes: after event `after`, as its `k`-th note.
+/// Ordered as the messages of a subject are: by event, then by note.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Position {
+    /// The last event's seq (0: none yet).
+    pub after: u64,
+    /// Notes already written after it.
+    pub notes: u64,
+}
+
+/// One message to publish.
+#[derive(Debug, PartialEq)]
+pub struct Planned<'a> {
+    /// `Vak-Seq` for an event; None for a note.
+    pub seq: Option<u64>,
+    /// `Vak-Note` for a note: (the event it follows, k).
+    pub note: Option<(u64, u64)>,
+    pub msg_id: String,
+    pub payload: &'a [u8],
+    /// A record larger than `room`: which part this is (`Vak-Part`, `Vak-Digest`).
+    pub(crate) part: Option<chunks::Part>,
+}
+
+/// The messages of `batch` for `session`, starting at `pos`, a record
+/// larger than `room` bytes cut in parts of at most `room`; the position
+/// after them, and how many messages each record takes. Err for a record
+/// that needs more parts than an atomic batch holds.
+pub(crate) type Plan<'a> = (Vec<Planned<'a>>, Position, Vec<usize>);
+
+pub(crate) fn plan<'a>(
+    session: &str,
+    batch: &'a Batch,
+    mut pos: Position,
+    room: usize,
+) -> std::result::Result<Plan<'a>, chunks::Oversize> {
+    let (mut msgs, mut sizes) = (Vec::new(), Vec::new());
+    for (seq, payload) in batch.records() {
+        let (note, msg_id) = match seq {
+            Some(n) => {
+                pos = Position { after: n, notes: 0 };
+                (None, format!("{session}:{n}"))
+            }
+            None => {
+                pos.notes += 1;
+                (
+                    Some((pos.after, pos.notes)),
+                    format!("{session}:{}.{}", pos.after, pos.notes),
+                )
+            }
+        };
+        let count = chunks::parts(payload.len(), room);
+        if count == 1 {
+            msgs.push(Planned {
+                seq,
+                note,
+                msg_id,
+                payload,
+                part: None,
+            });
+            sizes.push(1);
+            continue;
+        }
+        if count > ATOMIC_MAX {
+            return Err(chunks::Oversize {
+                bytes: payload.len(),
+                room,
+            });
+        }
+        let digest = chunks::digest(payload);
+        for (i, piece) in payload.chunks(room).enumerate() {
+            msgs.push(Planned {
+                seq,
+                note,
+                msg_id: format!("{msg_id}/{}", i + 1),
+                payload: piece,
+                part: Some(chunks::Part {
+                    index: i + 1,
+                    count,
+                    digest: digest.clone(),
+                }),
+            });
+        }
+        sizes.push(count);
+    }
+    Ok((msgs, pos, sizes))
+}
+
+impl Position {
+    /// Whether a message at `next` comes right after one at `self` on a
+    /// subject: the next event, or the next note after the same event.
+    pub fn followed_by(self, next: Position) -> bool {
+        next == Position {
+            after: self.after + 1,
+            notes: 0,
+        } || next
+            == Position {
+                after: self.after,
+                notes: self.notes + 1,
+            }
+    }
+}
+
+/// One stored message of a session's subject, as a mirror applies it.
+#[derive(Debug)]
+pub struct Stored {
+    pub stream_seq: u64,
+    pub position: Position,
+    pub record: Record,
+}
+
+/// The position a stored message leaves the log at, from its headers.
+pub(crate) fn position_of(headers: &HeaderMap) -> Option<Position> {
+    if let Some(seq) = headers.get(H_SEQ) {
+        return Some(Position {
+            after: seq.as_str().parse().ok()?,
+            notes: 0,
+        });
+    }
+    let note = headers.get(H_NOTE)?;
+    let (after, k) = note.as_str().split_once('.')?;
+    Some(Position {
+        after: after.parse().ok()?,
+        notes: k.parse().ok()?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{ClientEvent, Frame};
+
+    fn frame(seq: u64) -> Frame {
+        Frame::new(
+            seq,
+            "s".into(),
+            ClientEvent::TextDelta {
+                text: format!("t{seq}"),
+            },
+        )
+    }
+
+    #[test]
+    fn every_message_of_a_session_has_its_own_id_and_notes_count_on_across_batches() {
+        let mut b1 = Batch::default();
+        b1.push(&Record::Admitted {
+            request_id: "r".into(),
+        });
+        b1.push_frame(&frame(1));
+        b1.push_frame(&frame(2));
+        b1.push(&Record::Signature {
+            signature: "x".into(),
+        });
+        let (m1, pos, _) = plan("s", &b1, Position::default(), 1 << 20).unwrap();
+        let ids: Vec<_> = m1.iter().map(|m| m.msg_id.as_str()).collect();
+        assert_eq!(ids, ["s:0.1", "s:1", "s:2", "s:2.1"]);
+        assert_eq!(m1[1].seq, Some(1));
+        assert_eq!(m1[3].note, Some((2, 1)));
+        assert_eq!(pos, Position { after: 2, notes: 1 });
+        assert!(m1[1].payload.starts_with(br#"{"event":{"seq":1"#));
+        assert!(!m1[1].payload.ends_with(b"\n"));
+
+        // A batch of notes only goes on counting after the same event.
+        let mut b2 = Batch::default();
+        b2.push(&Record::Admitted {
+            request_id: "q".into(),
+        });
+        let (m2, pos, _) = plan("s", &b2, pos, 1 << 20).unwrap();
+        assert_eq!(m2[0].msg_id, "s:2.2");
+        assert_eq!(pos, Position { after: 2, notes: 2 });
+        let mut b3 = Batch::default();
+        b3.push_frame(&frame(3));
+        b3.push(&Record::Admitted {
+            request_id: "z".into(),
+        });
+        let (m3, _, _) = plan("s", &b3, pos, 1 << 20).unwrap();
+        let ids: Vec<_> = m3.iter().map(|m| m.msg_id.as_str()).collect();
+        assert_eq!(ids, ["s:3", "s:3.1"]);
+    }
+
+    #[test]
+    fn a_position_is_read_back_from_the_headers_it_was_written_with() {
+        let mut h = HeaderMap::new();
+        h.insert(H_SEQ, "41");
+        assert_eq!(position_of(&h), Some(Position { after: 41, notes: 0 }));
+        let mut h = HeaderMap::new();
+        h.insert(H_NOTE, "41.3");
+        assert_eq!(position_of(&h), Some(Position { after: 41, notes: 3 }));
+        assert_eq!(position_of(&HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn a_mirror_applies_only_the_message_right_after_the_last_and_orders_the_rest() {
+        let at = |after, notes| Position { after, notes };
+        // After event 4: event 5, or the first note after 4.
+        assert!(at(4, 0).followed_by(at(5, 0)));
+        assert!(at(4, 0).followed_by(at(4, 1)));
+        // After a note: the next note, or the next event.
+        assert!(at(4, 2).followed_by(at(4, 3)));
+        assert!(at(4, 2).followed_by(at(5, 0)));
+        // Anything further on is a gap to fill, never applied as it is.
+        for gap in [at(6, 0), at(4, 3), at(5, 1)] {
+            assert!(!at(4, 1).followed_by(gap), "{gap:?}");
+        }
+        // Duplicates (a message read already) order at or before the last.
+        assert!(at(4, 1) <= at(4, 1) && at(3, 9) < at(4, 0) && at(4, 0) < at(4, 1));
+    }
+}

@@ -1,0 +1,1073 @@
+//! Model routes and credentials: which provider and model legs use, resolved from flags, the environment, config.toml's `[model]` and the API (each with its source); keys from the environment or the key store; config.toml read leniently and written back with its comments.
+
+use crate::cluster::shared_config::{self, SharedConfig};
+use crate::error::{Error, ErrorKind, Result};
+use crate::file_owner::FileOwner;
+use crate::host::secrets::{self, SecretStore};
+use crate::provider::{self, Endpoint, Failure, FailureKind, ModelInfo, Provider, ProviderKind, Secret};
+pub use crate::route::{Route, RouteSpec, Source};
+use crate::CoreConfig;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// The longest model name accepted.
+pub const MAX_MODEL_LEN: usize = 256;
+/// The longest base URL accepted.
+pub const MAX_BASE_URL_LEN: usize = 2048;
+/// How long a live model listing may take.
+const LIST_MODELS_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Where a key came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeySource {
+    /// The provider's environment variable (`OPENAI_API_KEY`, …).
+    Env,
+    /// The key store in the home (`PUT /config/key`).
+    Store,
+}
+
+impl KeySource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeySource::Env => "env",
+            KeySource::Store => "store",
+        }
+    }
+}
+
+/// One layer's say about the route; any part may be missing.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RouteLayer {
+    pub provider: Option<ProviderKind>,
+    pub model: Option<String>,
+    pub base_url: Option<String>,
+}
+
+impl RouteLayer {
+    fn is_empty(&self) -> bool {
+        self.provider.is_none() && self.model.is_none() && self.base_url.is_none()
+    }
+}
+
+/// What the process environment says, captured once at startup (so a test
+/// can hand a server its own and nothing races on the real one).
+#[derive(Clone, Debug, Default)]
+pub struct Environment {
+    pub route: RouteLayer,
+    pub keys: Vec<(ProviderKind, Secret)>,
+}
+
+impl Environment {
+    /// `VAK_PROVIDER`, `VAK_MODEL`, `VAK_BASE_URL` and each provider's key
+    /// variable; an empty variable counts as unset.
+    pub fn from_process() -> Result<Environment> {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        let provider = match var("VAK_PROVIDER") {
+            Some(p) => Some(parse_provider(&p, "VAK_PROVIDER")?),
+            None => None,
+        };
+        let route = RouteLayer {
+            provider,
+            model: var("VAK_MODEL"),
+            base_url: var("VAK_BASE_URL"),
+        };
+        let keys = ProviderKind::ALL
+            .into_iter()
+            .filter_map(|k| Some((k, Secret::new(var(k.key_env()?)?.trim().to_string()))))
+            .collect();
+        Ok(Environment { route, keys })
+    }
+
+    fn key(&self, kind: ProviderKind) -> Option<Secret> {
+        self.keys.iter().find(|(k, _)| *k == kind).map(|(_, s)| s.clone())
+    }
+}
+
+/// A provider name from `origin` (a flag, a variable, a request field). A
+/// refusal echoes the name only when it looks like one (never a pasted key).
+pub fn parse_provider(name: &str, origin: &str) -> Result<ProviderKind> {
+    ProviderKind::parse(name).ok_or_else(|| {
+        let known: Vec<_> = ProviderKind::ALL.iter().map(|k| k.as_str()).collect();
+        let shown = if name.len() <= 32
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            format!(" {name:?}")
+        } else {
+            String::new()
+        };
+        Error::invalid(format!(
+            "{origin}: unknown provider{shown}: expected one of {}",
+            known.join(", ")
+        ))
+    })
+}
+
+pub fn validate_model(model: &str, origin: &str) -> Result<()> {
+    if model.trim().is_empty() {
+        return Err(Error::invalid(format!("{origin}: the model name is empty")));
+    }
+    if model.len() > MAX_MODEL_LEN || model.chars().any(char::is_control) {
+        return Err(Error::invalid(format!(
+            "{origin}: a model name is 1 to {MAX_MODEL_LEN} characters with no control characters"
+        )));
+    }
+    Ok(())
+}
+
+pub fn validate_base_url(url: &str, origin: &str) -> Result<()> {
+    let ok = (url.starts_with("http://") || url.starts_with("https://"))
+        && url.len() > "http://".len()
+        && url.len() <= MAX_BASE_URL_LEN
+        && !url.chars().any(|c| c.is_control() || c.is_whitespace());
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!(
+            "{origin}: a base URL is an http:// or https:// URL of at most {MAX_BASE_URL_LEN} characters, e.g. http://127.0.0.1:11434/v1"
+        )))
+    }
+}
+
+/// The route from its layers, highest first: flags, environment, config.toml,
+/// then the default (offline). The provider comes from the highest layer that
+/// names one; a model or base URL comes from the highest layer that names one
+/// and names no other provider. The source is the highest layer that said anything.
+pub fn resolve_spec(flags: &RouteLayer, env: &RouteLayer, file: &RouteLayer) -> Result<RouteSpec> {
+    let layers = [(flags, Source::Flag), (env, Source::Env), (file, Source::File)];
+    let provider = layers
+        .iter()
+        .find_map(|(l, _)| l.provider)
+        .unwrap_or(ProviderKind::Offline);
+    let agrees = |l: &RouteLayer| l.provider.is_none_or(|p| p == provider);
+    let used: Vec<&(&RouteLayer, Source)> = layers
+        .iter()
+        .filter(|(l, _)| !l.is_empty() && agrees(l))
+        .collect();
+    let source = used.first().map_or(Source::Default, |(_, s)| *s);
+    let model = used.iter().find_map(|(l, _)| l.model.clone());
+    let base_url = used.iter().find_map(|(l, _)| l.base_url.clone());
+    let model = match (model, provider) {
+        (Some(m), _) => m,
+        (None, ProviderKind::Offline) => "offline".into(),
+        (None, p) => {
+            return Err(Error::invalid(format!(
+                "the {} provider needs a model: pass --model NAME (or set model in config.toml's [model])",
+                p.as_str()
+            )))
+        }
+    };
+    validate_model(&model, "model")?;
+    if let Some(u) = &base_url {
+        validate_base_url(u, "base_url")?;
+        offline_takes_no_url(provider)?;
+    }
+    Ok(RouteSpec {
+        provider,
+        model,
+        base_url,
+        source,
+    })
+}
+
+/// `[server]` of config.toml.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileServer {
+    #[serde(default)]
+    pub trusted_hosts: Vec<String>,
+    #[serde(default)]
+    pub allow_origins: Vec<String>,
+    /// Absolute folders `GET /fs/dirs` may list (absent: the workspace alone).
+    #[serde(default)]
+    pub workspace_roots: Vec<PathBuf>,
+    /// `[server.web]`: what the browser surface may do.
+    #[serde(default)]
+    pub web: FileWeb,
+}
+
+/// `[server.web]` of config.toml: the browser terminal (`GET /pty`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileWeb {
+    /// A shell over a WebSocket is remote code execution by design: off
+    /// unless the owner turns it on.
+    #[serde(default)]
+    pub terminal: bool,
+    /// Only a peer on this machine may open one, unless turned off (behind
+    /// a proxy that authenticates, say).
+    #[serde(default = "yes")]
+    pub terminal_requires_loopback: bool,
+    /// The terminal's shell (an absolute path); absent: `$SHELL`, else /bin/sh.
+    #[serde(default)]
+    pub terminal_shell: Option<PathBuf>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for FileWeb {
+    fn default() -> Self {
+        FileWeb {
+            terminal: false,
+            terminal_requires_loopback: true,
+            terminal_shell: None,
+        }
+    }
+}
+
+/// `[sandbox]` of config.toml: the sandbox of the agent's commands
+/// (`--sandbox` wins over `mode`).
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileSandbox {
+    #[serde(default)]
+    pub mode: Option<crate::tools::sandbox::SandboxMode>,
+    /// Whether commands may use the network (loopback included).
+    #[serde(default)]
+    pub network: bool,
+    /// Absolute folders commands may write besides their workspace.
+    #[serde(default)]
+    pub writable_roots: Vec<PathBuf>,
+    /// Environment variables no command inherits, besides the built-in ones.
+    #[serde(default)]
+    pub scrub_env: Vec<String>,
+}
+
+/// `[model]` of config.toml.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileModel {
+    provider: Option<String>,
+    model: Option<String>,
+    base_url: Option<String>,
+}
+
+/// `$VAK_HOME/config.toml`: the sections this version reads, and the names
+/// of those it does not implement (reported once at startup, not refused).
+#[derive(Debug, Default)]
+pub struct FileConfig {
+    pub server: FileServer,
+    pub sandbox: FileSandbox,
+    pub model: RouteLayer,
+    pub ignored: Vec<String>,
+}
+
+pub fn config_path(home: &Path) -> PathBuf {
+    home.join("config.toml")
+}
+
+impl FileConfig {
+    /// Reads config.toml (absent: empty). A malformed file or an unknown key
+    /// in `[server]` or `[model]` is an error naming the file and the key.
+    pub fn load(home: &Path) -> Result<FileConfig> {
+        let path = config_path(home);
+        match std::fs::read_to_string(&path) {
+            Ok(text) => {
+                FileConfig::parse(&text).map_err(|m| Error::invalid(format!("{} {m}", path.display())))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(FileConfig::default()),
+            Err(e) => Err(Error::invalid(format!("cannot read {}: {e}", path.display()))),
+        }
+    }
+
+    /// `line N: why` on failure. The known sections are read through serde
+    /// with the whole text (so an error has its line); the top-level names
+    /// besides them are the ignored sections.
+    fn parse(text: &str) -> std::result::Result<FileConfig, String> {
+        #[derive(Default, serde::Deserialize)]
+        struct Known {
+            #[serde(default)]
+            server: FileServer,
+            #[serde(default)]
+            model: FileModel,
+            #[serde(default)]
+            sandbox: FileSandbox,
+        }
+        let at = |e: toml::de::Error| {
+            let line = e
+                .span()
+                .map_or(0, |sp| text[..sp.start.min(text.len())].matches('\n').count() + 1);
+            format!("line {line}: {}", e.message())
+        };
+        let known: Known = toml::from_str(text).map_err(at)?;
+        let table: toml::Table = toml::from_str(text).map_err(at)?;
+        let ignored = table
+            .keys()
+            .filter(|k| !matches!(k.as_str(), "server" | "model" | "sandbox"))
+            .cloned()
+            .collect();
+        let m = known.model;
+        let provider = m
+            .provider
+            .as_deref()
+            .map(|p| parse_provider(p, "[model] provider"))
+            .transpose()
+            .map_err(|e| e.message)?;
+        Ok(FileConfig {
+            server: known.server,
+            sandbox: known.sandbox,
+            model: RouteLayer {
+                provider,
+                model: m.model,
+                base_url: m.base_url,
+            },
+            ignored,
+        })
+    }
+}
+
+/// Writes `spec` as config.toml's `[model]`, keeping every other section,
+/// key and comment; atomic (temporary file and rename), mode 0600. Blocking.
+fn persist(home: &Path, spec: &RouteSpec) -> Result<()> {
+    let path = config_path(home);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(Error::internal(format!("cannot read {}: {e}", path.display()))),
+    };
+    let mut doc: toml_edit::DocumentMut = text.parse().map_err(|e: toml_edit::TomlError| {
+        Error::conflict(format!(
+            "config.toml no longer parses ({}); fix it, then try again",
+            e.message()
+        ))
+    })?;
+    let model = doc
+        .entry("model")
+        .or_insert_with(|| toml_edit::Item::Table(toml_edit::Table::new()));
+    let Some(table) = model.as_table_like_mut() else {
+        return Err(Error::conflict(
+            "config.toml's model is not a table; fix it, then try again",
+        ));
+    };
+    set_keeping_decor(table, "provider", spec.provider.as_str());
+    set_keeping_decor(table, "model", &spec.model);
+    match &spec.base_url {
+        Some(u) => set_keeping_decor(table, "base_url", u),
+        None => {
+            table.remove("base_url");
+        }
+    }
+    crate::home::write_private_file(home, "config.toml", doc.to_string().as_bytes())
+}
+
+/// Sets `key` to `v`, keeping the comments around an existing value.
+fn set_keeping_decor(table: &mut dyn toml_edit::TableLike, key: &str, v: &str) {
+    match table.get_mut(key) {
+        Some(item) => {
+            let mut new = toml_edit::Value::from(v);
+            if let Some(old) = item.as_value() {
+                *new.decor_mut() = old.decor().clone();
+            }
+            *item = toml_edit::Item::Value(new);
+        }
+        None => {
+            table.insert(key, toml_edit::value(v));
+        }
+    }
+}
+
+/// A change asked for through the API; absent parts keep (or, when the
+/// provider changes, reset) what is in effect.
+#[derive(Clone, Debug, Default)]
+pub struct RoutePatch {
+    pub provider: Option<ProviderKind>,
+    pub model: Option<String>,
+    /// `Some("")` clears it.
+    pub base_url: Option<String>,
+    /// The revision the change was based on; a different one is refused.
+    pub revision: Option<String>,
+}
+
+/// One provider as `GET /providers` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProviderStatus {
+    pub kind: ProviderKind,
+    pub configured: bool,
+    pub fingerprints: Vec<String>,
+    pub key_sources: Vec<KeySource>,
+}
+
+/// A route in use that lost its key: turns fail as not configured instead of
+/// going on with a revoked key.
+struct Unconfigured;
+
+impl Provider for Unconfigured {
+    fn name(&self) -> &str {
+        "unconfigured"
+    }
+    fn turn<'a>(
+        &'a self,
+        _request: &'a provider::TurnRequest,
+        _sink: &'a dyn provider::Sink,
+        _cancel: &'a tokio_util::sync::CancellationToken,
+    ) -> provider::TurnFuture<'a> {
+        Box::pin(std::future::ready(Err(provider::ProviderError::Failed(
+            Failure::new(FailureKind::NotConfigured, "the route's key was deleted", false),
+        ))))
+    }
+    fn list_models(&self) -> provider::ModelsFuture<'_> {
+        Box::pin(std::future::ready(Err(Failure::new(
+            FailureKind::NotConfigured,
+            "the route's key was deleted",
+            false,
+        ))))
+    }
+}
+
+struct Current {
+    spec: RouteSpec,
+    /// Bumped on every route change.
+    n: u64,
+    /// With `--bus`: the bucket revision of the route in effect (the
+    /// revision clients see is then `bus-<n>`, the same on every replica).
+    bus_rev: Option<u64>,
+    /// With `--bus`: the route revision and the fingerprint of its key that
+    /// the route in use was built from (a change of either rebuilds it).
+    built: (Option<u64>, Option<String>),
+}
+
+/// The live settings of one server: the route description with its
+/// revision, the key store and the environment's keys.
+pub struct Settings {
+    home: PathBuf,
+    env: Environment,
+    store: SecretStore,
+    /// The timeouts and bounds every client of a route or listing gets.
+    client: provider::ClientOptions,
+    current: Mutex<Current>,
+    /// Where every route change runs, one at a time, from resolution to
+    /// apply (config.toml and the bucket are written from its task: no lock
+    /// is held across that I/O).
+    changing: FileOwner<()>,
+    /// Per server life, so a revision from before a restart never matches.
+    boot: String,
+    changes: watch::Sender<u64>,
+    /// With `--bus`: the route and keys every replica shares (`shared_config.rs`).
+    shared: Option<Arc<SharedConfig>>,
+}
+
+impl Settings {
+    /// Opens the key store and resolves the route description (startup: reads files).
+    pub fn open(cfg: &CoreConfig) -> Result<Settings> {
+        let file = FileConfig::load(&cfg.home)?;
+        let mut spec = resolve_spec(&cfg.route_flags, &cfg.env.route, &file.model)?;
+        let store = SecretStore::open(&cfg.home)?;
+        // With --bus the bucket's route wins over flags, environment and file.
+        let bus_rev = match cfg.shared_config.as_ref().and_then(|s| s.route()) {
+            Some((shared, rev)) => {
+                spec = shared;
+                Some(rev)
+            }
+            None => None,
+        };
+        let settings = Settings {
+            home: cfg.home.clone(),
+            env: cfg.env.clone(),
+            store,
+            client: cfg.provider_client.clone(),
+            current: Mutex::new(Current {
+                spec,
+                n: 1,
+                bus_rev,
+                built: (None, None),
+            }),
+            changing: FileOwner::new("the model route", ()),
+            boot: uuid::Uuid::new_v4().simple().to_string()[..8].to_string(),
+            changes: watch::channel(1).0,
+            shared: cfg.shared_config.clone(),
+        };
+        let fp = settings.route_key_fingerprint(&settings.lock().spec.clone());
+        settings.lock().built = (bus_rev, fp);
+        Ok(settings)
+    }
+
+    fn route_key_fingerprint(&self, spec: &RouteSpec) -> Option<String> {
+        match spec.provider {
+            ProviderKind::Offline => None,
+            kind => self.key(kind).map(|k| secrets::fingerprint(&k)),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Current> {
+        self.current.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The route in effect and its revision.
+    pub fn current(&self) -> (RouteSpec, String) {
+        let c = self.lock();
+        let revision = match c.bus_rev {
+            Some(rev) => shared_config::revision_string(rev),
+            None => format!("{}-{}", self.boot, c.n),
+        };
+        (c.spec.clone(), revision)
+    }
+
+    /// Notified (with a new number) on every route change.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    /// The key a route of `kind` uses: the environment's wins over the
+    /// store's (with `--bus`, the store every replica shares; the home's is
+    /// not read).
+    pub fn key(&self, kind: ProviderKind) -> Option<Secret> {
+        self.env.key(kind).or_else(|| self.stored_key(kind))
+    }
+
+    fn stored_key(&self, kind: ProviderKind) -> Option<Secret> {
+        match &self.shared {
+            Some(shared) => shared.key(kind),
+            None => self.store.get(kind),
+        }
+    }
+
+    /// The client for the route in effect (startup). With `--bus` a route
+    /// this replica cannot reach (another replica set it, with a key this
+    /// one lacks) fails its legs as not configured instead of the start.
+    pub fn startup_route(&self) -> Result<Route> {
+        let spec = self.lock().spec.clone();
+        match self.route_for(&spec) {
+            Err(e) if self.shared.is_some() => {
+                tracing::warn!("the shared route is not usable on this replica: {}", e.message);
+                Ok(unconfigured(&spec))
+            }
+            other => other,
+        }
+    }
+
+    /// With `--bus`: takes up what another replica changed (the route, or
+    /// the key the route uses), for legs that start from now on.
+    pub async fn adopt(self: &Arc<Self>, apply: impl FnOnce(Route) + Send + 'static) {
+        let me = self.clone();
+        let turn = self
+            .changing
+            .change(move |_| Box::pin(async move { me.adopt_now(apply) }));
+        if let Err(e) = turn.await {
+            tracing::warn!("a route change on another replica is not taken up: {e}");
+        }
+    }
+
+    /// `adopt` on the route's owner task.
+    fn adopt_now(&self, apply: impl FnOnce(Route)) {
+        let Some(shared) = &self.shared else { return };
+        let (mut spec, mut rev, built) = {
+            let c = self.lock();
+            (c.spec.clone(), c.bus_rev, c.built.clone())
+        };
+        let newer = shared.route().filter(|(_, r)| rev.is_none_or(|mine| *r > mine));
+        if let Some((s, r)) = newer.clone() {
+            spec = s;
+            rev = Some(r);
+        }
+        let fp = self.route_key_fingerprint(&spec);
+        if (rev, fp.clone()) == built && newer.is_none() {
+            return;
+        }
+        let route = self.route_for(&spec).unwrap_or_else(|e| {
+            tracing::warn!("the shared route is not usable on this replica: {}", e.message);
+            unconfigured(&spec)
+        });
+        apply(route);
+        let n = {
+            let mut c = self.lock();
+            c.built = (rev, fp);
+            if newer.is_none() {
+                return;
+            }
+            c.spec = spec;
+            c.bus_rev = rev;
+            c.n += 1;
+            c.n
+        };
+        self.changes.send_replace(n);
+        tracing::info!("model route changed on another replica");
+    }
+
+    /// Resolves `spec` into a client: a key must be reachable (or a base URL
+    /// given for a keyless local server), and `connect` must accept it.
+    fn route_for(&self, spec: &RouteSpec) -> Result<Route> {
+        let key = match spec.provider {
+            ProviderKind::Offline => None,
+            kind => self.key(kind),
+        };
+        if spec.provider != ProviderKind::Offline && key.is_none() && spec.base_url.is_none() {
+            return Err(no_ai_service(spec.provider));
+        }
+        let endpoint = Endpoint {
+            kind: spec.provider,
+            base_url: spec.base_url.clone(),
+            key,
+        };
+        let provider =
+            provider::connect_with(&endpoint, &self.client).map_err(|f| failure_error(spec.provider, f))?;
+        Ok(Route {
+            provider,
+            model: spec.model.clone(),
+            context_window: spec.provider.context_window(),
+        })
+    }
+
+    /// Changes the route: resolved, then persisted to config.toml, then
+    /// handed to `apply`; nothing changes when any step fails.
+    pub async fn update(
+        self: &Arc<Self>,
+        patch: RoutePatch,
+        apply: impl FnOnce(Route) + Send + 'static,
+    ) -> Result<()> {
+        let me = self.clone();
+        self.changing
+            .change(move |_| Box::pin(async move { me.update_now(patch, apply).await }))
+            .await?
+    }
+
+    /// `update` on the route's owner task.
+    async fn update_now(&self, patch: RoutePatch, apply: impl FnOnce(Route)) -> Result<()> {
+        let (spec, route, bus_rev) = match &self.shared {
+            Some(shared) => self.update_shared(shared, &patch).await?,
+            None => {
+                let (cur, revision) = self.current();
+                if let Some(r) = &patch.revision {
+                    if *r != revision {
+                        return Err(stale(r, &revision));
+                    }
+                }
+                let spec = patched(&cur, &patch)?;
+                let route = self.route_for(&spec)?;
+                let home = self.home.clone();
+                let saved = spec.clone();
+                tokio::task::spawn_blocking(move || persist(&home, &saved))
+                    .await
+                    .map_err(|e| Error::internal(format!("the config writer failed: {e}")))??;
+                (spec, route, None)
+            }
+        };
+        let fp = self.route_key_fingerprint(&spec);
+        let provider = spec.provider;
+        apply(route);
+        let n = {
+            let mut c = self.lock();
+            c.spec = spec;
+            c.n += 1;
+            if bus_rev.is_some() {
+                c.bus_rev = bus_rev;
+                c.built = (bus_rev, fp);
+            }
+            c.n
+        };
+        self.changes.send_replace(n);
+        tracing::info!(
+            provider = provider.as_str(),
+            model = %self.lock().spec.model,
+            "model route changed"
+        );
+        Ok(())
+    }
+
+    /// `update` with `--bus`: based on the bucket's route, read from the
+    /// leader (another replica may have changed it a moment ago), and
+    /// written expecting its revision: the compare-and-set. A change that
+    /// named no revision is based on the newer route and tried again when
+    /// another replica wrote first; one that named a revision is stale then.
+    /// config.toml is not written: the bucket is where the route lives.
+    async fn update_shared(
+        &self,
+        shared: &SharedConfig,
+        patch: &RoutePatch,
+    ) -> Result<(RouteSpec, Route, Option<u64>)> {
+        let mut last = String::new();
+        for _ in 0..shared_config::CAS_TRIES {
+            let (cur, revision, based) = match shared.read_route().await? {
+                Some((spec, rev)) => (spec, shared_config::revision_string(rev), Some(rev)),
+                None => {
+                    let (spec, revision) = self.current();
+                    (spec, revision, None)
+                }
+            };
+            if let Some(r) = &patch.revision {
+                if *r != revision {
+                    return Err(stale(r, &revision));
+                }
+            }
+            let spec = patched(&cur, patch)?;
+            let route = self.route_for(&spec)?;
+            if let Some(rev) = shared.write_route(&spec, based).await? {
+                return Ok((spec, route, Some(rev)));
+            }
+            if let Some(r) = &patch.revision {
+                let now = shared
+                    .read_route()
+                    .await
+                    .ok()
+                    .flatten()
+                    .map_or_else(String::new, |(_, n)| shared_config::revision_string(n));
+                return Err(stale(r, &now));
+            }
+            last = revision;
+        }
+        Err(Error::new(
+            ErrorKind::Unavailable,
+            format!("the route keeps changing on other replicas (last seen at {last}); try again"),
+        ))
+    }
+
+    /// After a key of `kind` changed: a route of that provider gets a new
+    /// client with the key now reachable (or one that fails as not
+    /// configured when none is). The description and revision stay.
+    async fn rekey(self: &Arc<Self>, kind: ProviderKind, apply: impl FnOnce(Route) + Send + 'static) {
+        let me = self.clone();
+        let turn = self
+            .changing
+            .change(move |_| Box::pin(async move { me.rekey_now(kind, apply) }));
+        if let Err(e) = turn.await {
+            tracing::warn!("the {} route keeps its client: {e}", kind.as_str());
+        }
+    }
+
+    /// `rekey` on the route's owner task.
+    fn rekey_now(&self, kind: ProviderKind, apply: impl FnOnce(Route)) {
+        let spec = self.lock().spec.clone();
+        if spec.provider != kind {
+            return;
+        }
+        match self.route_for(&spec) {
+            Ok(route) => apply(route),
+            Err(e) => {
+                tracing::warn!("the {} route has no usable key now: {}", kind.as_str(), e.message);
+                apply(unconfigured(&spec))
+            }
+        }
+        let fp = self.route_key_fingerprint(&spec);
+        self.lock().built.1 = fp;
+    }
+
+    /// Stores a key; its fingerprint.
+    pub async fn set_key(
+        self: &Arc<Self>,
+        kind: ProviderKind,
+        key: &str,
+        apply: impl FnOnce(Route) + Send + 'static,
+    ) -> Result<String> {
+        if kind == ProviderKind::Offline {
+            return Err(Error::invalid("the offline provider takes no key"));
+        }
+        secrets::validate_key(key)?;
+        let secret = Secret::new(key.to_string());
+        let fp = secrets::fingerprint(&secret);
+        match &self.shared {
+            Some(shared) => shared.put_key(kind, &secret).await?,
+            None => self.store.put(kind, secret).await?,
+        }
+        self.rekey(kind, apply).await;
+        tracing::info!(provider = kind.as_str(), fingerprint = %fp, "key stored");
+        Ok(fp)
+    }
+
+    /// Revokes the stored key: (whether there was one, whether the
+    /// environment still exports one).
+    pub async fn delete_key(
+        self: &Arc<Self>,
+        kind: ProviderKind,
+        apply: impl FnOnce(Route) + Send + 'static,
+    ) -> Result<(bool, bool)> {
+        if kind == ProviderKind::Offline {
+            return Err(Error::invalid("the offline provider takes no key"));
+        }
+        let deleted = match &self.shared {
+            Some(shared) => shared.delete_key(kind).await?,
+            None => self.store.delete(kind).await?,
+        };
+        if deleted {
+            self.rekey(kind, apply).await;
+            tracing::info!(provider = kind.as_str(), "stored key deleted");
+        }
+        Ok((deleted, self.env.key(kind).is_some()))
+    }
+
+    /// With `--bus`: reads the shared keys again, so what is answered next
+    /// shows a change made on another replica a moment ago.
+    pub async fn refresh_keys(&self) -> Result<()> {
+        match &self.shared {
+            Some(shared) => shared.refresh_keys().await,
+            None => Ok(()),
+        }
+    }
+
+    /// Every provider with its reachable keys (fingerprints only).
+    pub fn providers(&self) -> Vec<ProviderStatus> {
+        ProviderKind::ALL
+            .into_iter()
+            .map(|kind| {
+                let mut fingerprints = Vec::new();
+                let mut key_sources = Vec::new();
+                let keys = [
+                    (KeySource::Env, self.env.key(kind)),
+                    (KeySource::Store, self.stored_key(kind)),
+                ];
+                for (source, key) in keys {
+                    if let Some(k) = key {
+                        let fp = secrets::fingerprint(&k);
+                        key_sources.push(source);
+                        if !fingerprints.contains(&fp) {
+                            fingerprints.push(fp);
+                        }
+                    }
+                }
+                ProviderStatus {
+                    kind,
+                    configured: kind == ProviderKind::Offline || !fingerprints.is_empty(),
+                    fingerprints,
+                    key_sources,
+                }
+            })
+            .collect()
+    }
+
+    /// Asks the provider which models its key reaches, live. The base URL is
+    /// the route's when the route uses this provider, else the service's own.
+    pub async fn list_models(&self, kind: ProviderKind) -> Result<Vec<ModelInfo>> {
+        let base_url = {
+            let c = self.lock();
+            (c.spec.provider == kind)
+                .then(|| c.spec.base_url.clone())
+                .flatten()
+        };
+        let key = match kind {
+            ProviderKind::Offline => None,
+            k => self.key(k),
+        };
+        if kind != ProviderKind::Offline && key.is_none() && base_url.is_none() {
+            return Err(no_ai_service(kind));
+        }
+        let endpoint = Endpoint { kind, base_url, key };
+        let client = provider::connect_with(&endpoint, &self.client).map_err(|f| failure_error(kind, f))?;
+        match tokio::time::timeout(LIST_MODELS_TIMEOUT, client.list_models()).await {
+            Ok(Ok(models)) => Ok(models),
+            Ok(Err(f)) => Err(failure_error(kind, f)),
+            Err(_) => Err(Error::new(
+                ErrorKind::Upstream,
+                format!(
+                    "the {} service did not list its models within {}s",
+                    kind.label(),
+                    LIST_MODELS_TIMEOUT.as_secs()
+                ),
+            )
+            .with_reason("timeout")),
+        }
+    }
+}
+
+/// The route `patch` makes of `cur`: absent parts keep `cur`'s (or, when
+/// the provider changes, reset).
+fn patched(cur: &RouteSpec, patch: &RoutePatch) -> Result<RouteSpec> {
+    let provider = patch.provider.unwrap_or(cur.provider);
+    let switched = provider != cur.provider;
+    let model = match &patch.model {
+        Some(m) => m.clone(),
+        None if !switched => cur.model.clone(),
+        None if provider == ProviderKind::Offline => "offline".into(),
+        None => {
+            return Err(Error::invalid(format!(
+                "model is required when switching to the {} provider",
+                provider.as_str()
+            )))
+        }
+    };
+    validate_model(&model, "model")?;
+    let base_url = match &patch.base_url {
+        Some(u) if u.is_empty() => None,
+        Some(u) => {
+            validate_base_url(u, "base_url")?;
+            offline_takes_no_url(provider)?;
+            Some(u.clone())
+        }
+        None if switched => None,
+        None => cur.base_url.clone(),
+    };
+    Ok(RouteSpec {
+        provider,
+        model,
+        base_url,
+        source: Source::Api,
+    })
+}
+
+/// A route whose legs fail as not configured (its key is gone, or this
+/// replica cannot reach the route another replica set).
+fn unconfigured(spec: &RouteSpec) -> Route {
+    Route {
+        provider: Arc::new(Unconfigured),
+        model: spec.model.clone(),
+        context_window: None,
+    }
+}
+
+fn stale(based: &str, now: &str) -> Error {
+    Error::conflict(format!(
+        "stale revision: the configuration changed since revision {:?} (now {now}); read it again and retry",
+        based.chars().take(40).collect::<String>()
+    ))
+}
+
+fn offline_takes_no_url(provider: ProviderKind) -> Result<()> {
+    if provider == ProviderKind::Offline {
+        return Err(Error::invalid("the offline provider takes no base_url"));
+    }
+    Ok(())
+}
+
+fn no_ai_service(kind: ProviderKind) -> Error {
+    Error::new(
+        ErrorKind::NoAiService,
+        format!(
+            "no API key for the {} provider: export {}, or store one with PUT /config/key (a local server needs none: give its base_url)",
+            kind.as_str(),
+            kind.key_env().unwrap_or("its key")
+        ),
+    )
+}
+
+/// A provider failure as an error a client sees: its fixed message and a
+/// reason; the raw detail goes to the log only.
+fn failure_error(kind: ProviderKind, f: Failure) -> Error {
+    tracing::warn!(provider = kind.as_str(), detail = %f.detail, "model service failure");
+    if f.kind == FailureKind::NotConfigured {
+        return Error::new(
+            ErrorKind::NoAiService,
+            format!(
+                "the {} provider is not configured: {}",
+                kind.as_str(),
+                f.kind.message()
+            ),
+        );
+    }
+    upstream_error(&f)
+}
+
+/// A model service failure as the error a client sees: its fixed message
+/// and a machine-readable reason (never the raw detail).
+pub(crate) fn upstream_error(f: &Failure) -> Error {
+    let reason = match f.kind {
+        FailureKind::NotConfigured => "not_configured",
+        FailureKind::Auth => "auth",
+        FailureKind::RateLimit => "rate_limit",
+        FailureKind::Overloaded => "overloaded",
+        FailureKind::ContextTooLong => "context_too_long",
+        FailureKind::Network => "network",
+        FailureKind::BadResponse => "bad_response",
+        FailureKind::Redirect(_) => "redirect",
+        FailureKind::Directive(_) => "directive",
+    };
+    Error::new(ErrorKind::Upstream, f.kind.message()).with_reason(reason)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layer(p: Option<ProviderKind>, m: Option<&str>, u: Option<&str>) -> RouteLayer {
+        RouteLayer {
+            provider: p,
+            model: m.map(Into::into),
+            base_url: u.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn flags_win_over_the_environment_over_the_file_over_the_default() {
+        let none = RouteLayer::default();
+        assert_eq!(resolve_spec(&none, &none, &none).unwrap(), RouteSpec::offline());
+        let file = layer(
+            Some(ProviderKind::OpenAi),
+            Some("gpt-file"),
+            Some("http://127.0.0.1:9/v1"),
+        );
+        let s = resolve_spec(&none, &none, &file).unwrap();
+        assert_eq!(
+            (s.provider, s.model.as_str(), s.source),
+            (ProviderKind::OpenAi, "gpt-file", Source::File)
+        );
+        // A model flag alone keeps the file's provider and base URL.
+        let s = resolve_spec(&layer(None, Some("gpt-flag"), None), &none, &file).unwrap();
+        assert_eq!((s.model.as_str(), s.source), ("gpt-flag", Source::Flag));
+        assert_eq!(s.base_url.as_deref(), Some("http://127.0.0.1:9/v1"));
+        // Another provider from the environment drops the file's model and URL.
+        let env = layer(Some(ProviderKind::Anthropic), Some("claude-x"), None);
+        let s = resolve_spec(&none, &env, &file).unwrap();
+        assert_eq!(
+            (s.provider, s.model.as_str(), s.base_url, s.source),
+            (ProviderKind::Anthropic, "claude-x", None, Source::Env)
+        );
+        let e = resolve_spec(&layer(Some(ProviderKind::Anthropic), None, None), &none, &file).unwrap_err();
+        assert!(e.message.contains("needs a model"), "{e}");
+    }
+
+    #[test]
+    fn config_toml_ignores_unimplemented_sections_and_refuses_typos_in_known_ones() {
+        let f = FileConfig::parse(
+            "[server]\ntrusted_hosts = [\"a\"]\n[model]\nprovider = \"openai\"\nmodel = \"m\"\n[finops]\nmax_day_usd = 3\n[mcp.servers.x]\ncommand = \"y\"\n",
+        )
+        .unwrap();
+        assert_eq!(f.ignored, vec!["finops".to_string(), "mcp".to_string()]);
+        assert_eq!(f.model.provider, Some(ProviderKind::OpenAi));
+        let e = FileConfig::parse("[model]\nmodle = \"x\"\n").unwrap_err();
+        assert!(e.contains("line 2") && e.contains("modle"), "{e}");
+        let e = FileConfig::parse("[model]\nprovider = \"gemini\"\n").unwrap_err();
+        assert!(e.contains("unknown provider"), "{e}");
+    }
+
+    #[test]
+    fn the_terminal_is_off_and_loopback_only_unless_said_otherwise() {
+        let f = FileConfig::parse("").unwrap();
+        assert_eq!(f.server.web, FileWeb::default());
+        assert!(!f.server.web.terminal && f.server.web.terminal_requires_loopback);
+        let f = FileConfig::parse("[server.web]\nterminal = true\n").unwrap();
+        assert!(f.server.web.terminal && f.server.web.terminal_requires_loopback);
+        let e = FileConfig::parse("[server.web]\nterminal = true\nterminl_requires_loopback = false\n")
+            .unwrap_err();
+        assert!(
+            e.contains("line 3") && e.contains("terminl_requires_loopback"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn persisting_keeps_comments_and_other_sections() {
+        let home = tempfile::tempdir().unwrap();
+        let text = "# mine\n[server]\ntrusted_hosts = [\"h\"] # keep\n\n[model]\n# the model\nprovider = \"offline\" # which\nbase_url = \"http://x\"\n";
+        std::fs::write(config_path(home.path()), text).unwrap();
+        let spec = RouteSpec {
+            provider: ProviderKind::OpenAi,
+            model: "gpt-x".into(),
+            base_url: None,
+            source: Source::Api,
+        };
+        persist(home.path(), &spec).unwrap();
+        let out = std::fs::read_to_string(config_path(home.path())).unwrap();
+        assert!(
+            out.contains("# mine")
+                && out.contains("# keep")
+                && out.contains("# the model")
+                && out.contains("# which"),
+            "{out}"
+        );
+        assert!(
+            out.contains("provider = \"openai\"") && out.contains("model = \"gpt-x\""),
+            "{out}"
+        );
+        assert!(!out.contains("base_url"), "{out}");
+        let f = FileConfig::parse(&out).unwrap();
+        assert_eq!(f.model.model.as_deref(), Some("gpt-x"));
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(config_path(home.path()))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(mode, 0o600);
+    }
+}

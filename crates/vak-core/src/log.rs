@@ -1,0 +1,10 @@
+//! A session's durable record and what it folds into: the ledger, the one writer, repair on load, replay from disk, delta bounds, and the transcript and presentation projections.
+
+pub mod deltas;
+pub mod folds;
+pub mod ledger;
+pub mod presentation;
+pub(crate) mod repair;
+pub mod replay;
+pub mod transcript;
+pub mod writer;

@@ -1,0 +1,1377 @@
+//! One live session: admission of runs and steering into a single turn chain, cancel, approvals, and the publish path into the bus, the ledger and the transcript.
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::event::{
+    project, AgentEvent, ApprovalOutcome, ClientEvent, Compaction, Frame, Note, NoticeLevel, RunOutcome,
+    SideOutcome, SidePhase, Undo,
+};
+use crate::host::rules::{Rule, Rules};
+use crate::log::folds::{Folds, Snapshot, REMEMBERED_REQUESTS};
+use crate::log::ledger::{Ledger, Log, OpenError, Record};
+use crate::log::presentation::{Presenter, Timeline};
+use crate::log::transcript::Transcript;
+use crate::log::writer::{self, Op, Pipe, Visible};
+use crate::provider::TokenUsage;
+use crate::reasons::{CloseReason, Surface};
+pub use crate::route::Route;
+use crate::session::agent;
+use crate::session::approvals::{Answer, Approvals, PLAN_TOOL};
+use crate::session::attachments::AttachmentRef;
+use crate::session::side::SideEntry;
+use crate::stopped::Stopped;
+use crate::stream::bus::{Bus, Subscription};
+use crate::{CoreConfig, PermissionMode};
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// Shared by every session of a server.
+pub struct Runtime {
+    pub cfg: CoreConfig,
+    /// Shared by the runtimes of every workspace (`in_workspace`): one route.
+    route: Arc<std::sync::RwLock<Route>>,
+    /// The live permission mode; watched by config frames. Shared like the route.
+    mode: Arc<watch::Sender<PermissionMode>>,
+    /// The workspace's always-allow rules.
+    rules: Rules,
+    /// The memory notes the system prompt carries.
+    memory: crate::host::memory::Memory,
+    /// The workspace's canonical path, as ledger headers and search name it.
+    workspace: String,
+    /// The transcript search index, fed as runs finish (one for every workspace).
+    search: Arc<crate::host::search::Search>,
+    /// The sandbox the agent's commands run in (one for every workspace).
+    sandbox: Arc<crate::tools::sandbox::Sandbox>,
+    /// An opened workspace's folder, re-checked at every use; None for the
+    /// server's own.
+    pin: Option<crate::host::workspaces::Pinned>,
+}
+
+impl Runtime {
+    /// Reads the workspace's rules file and resolves its path: blocking, for startup.
+    pub fn new(
+        cfg: CoreConfig,
+        route: Route,
+        search: crate::host::search::Search,
+        sandbox: crate::tools::sandbox::Sandbox,
+    ) -> Runtime {
+        let mode = Arc::new(watch::channel(cfg.permission).0);
+        Self::with_shared(
+            cfg,
+            Arc::new(std::sync::RwLock::new(route)),
+            mode,
+            Arc::new(search),
+            Arc::new(sandbox),
+        )
+    }
+
+    fn with_shared(
+        cfg: CoreConfig,
+        route: Arc<std::sync::RwLock<Route>>,
+        mode: Arc<watch::Sender<PermissionMode>>,
+        search: Arc<crate::host::search::Search>,
+        sandbox: Arc<crate::tools::sandbox::Sandbox>,
+    ) -> Runtime {
+        let rules = match &cfg.shared_config {
+            Some(shared) => Rules::shared(shared.clone(), &cfg.home, &cfg.workspace),
+            None => Rules::load(&cfg.home, &cfg.workspace),
+        };
+        let memory = crate::host::memory::Memory::new(&cfg.home, &cfg.workspace, cfg.shared_memory.clone());
+        let workspace = crate::home::workspace_key(&cfg.workspace).0;
+        Runtime {
+            workspace,
+            search,
+            sandbox,
+            cfg,
+            route,
+            mode,
+            rules,
+            memory,
+            pin: None,
+        }
+    }
+
+    /// The runtime of sessions in another workspace: its own rules, memory
+    /// and tools' folder, this one's route, mode and search index (a change
+    /// of either applies to every workspace). Blocking: reads its rules file.
+    /// `pin` is how the folder is re-checked at every use.
+    pub(crate) fn in_workspace(&self, pin: crate::host::workspaces::Pinned) -> Runtime {
+        let mut cfg = self.cfg.clone();
+        cfg.workspace = pin.path.clone();
+        Runtime {
+            pin: Some(pin),
+            ..Self::with_shared(
+                cfg,
+                self.route.clone(),
+                self.mode.clone(),
+                self.search.clone(),
+                self.sandbox.clone(),
+            )
+        }
+    }
+
+    /// The pinned folder of an opened workspace (None: the server's own).
+    pub(crate) fn pinned(&self) -> Option<&crate::host::workspaces::Pinned> {
+        self.pin.as_ref()
+    }
+
+    /// Re-checks the workspace folder before a use (`workspaces::recheck`):
+    /// an opened workspace replaced since (by a symlink or another folder)
+    /// is PermissionDenied, `workspace_replaced`. Runs off the runtime's
+    /// workers; the server's own workspace always passes.
+    pub async fn check_workspace(&self) -> Result<()> {
+        let Some(pin) = self.pin.clone() else {
+            return Ok(());
+        };
+        tokio::task::spawn_blocking(move || pin.check())
+            .await
+            .map_err(|e| Error::internal(e.to_string()))?
+    }
+
+    pub fn rules(&self) -> &Rules {
+        &self.rules
+    }
+
+    pub fn memory(&self) -> &crate::host::memory::Memory {
+        &self.memory
+    }
+
+    pub fn search(&self) -> &crate::host::search::Search {
+        &self.search
+    }
+
+    pub fn sandbox(&self) -> &Arc<crate::tools::sandbox::Sandbox> {
+        &self.sandbox
+    }
+
+    /// The workspace's canonical path (what ledger headers and search hits name).
+    pub fn workspace(&self) -> &str {
+        &self.workspace
+    }
+
+    /// The permission mode in effect now; each tool call reads it when it is decided.
+    pub fn mode(&self) -> PermissionMode {
+        *self.mode.borrow()
+    }
+
+    /// Whether `bypass` may be chosen: `--allow-bypass`, or a server started in it.
+    pub fn bypass_allowed(&self) -> bool {
+        self.cfg.allow_bypass || self.cfg.permission == PermissionMode::Bypass
+    }
+
+    /// Switches the mode (the caller checked `bypass`); true when it changed.
+    /// Watchers (config frames) hear of a change.
+    pub fn set_mode(&self, mode: PermissionMode) -> bool {
+        self.mode.send_if_modified(|m| std::mem::replace(m, mode) != mode)
+    }
+
+    /// Notified on every mode change.
+    pub fn watch_mode(&self) -> watch::Receiver<PermissionMode> {
+        self.mode.subscribe()
+    }
+
+    /// The current route; a leg takes it once and keeps it.
+    pub fn route(&self) -> Route {
+        self.route.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Replaces the route for legs that start from now on.
+    pub fn set_route(&self, route: Route) {
+        *self.route.write().unwrap_or_else(|p| p.into_inner()) = route;
+    }
+}
+
+/// What admission did with an input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AdmissionState {
+    Started,
+    Queued,
+    Duplicate,
+}
+
+impl AdmissionState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AdmissionState::Started => "started",
+            AdmissionState::Queued => "queued",
+            AdmissionState::Duplicate => "duplicate",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Admission {
+    pub request_id: String,
+    pub state: AdmissionState,
+    /// The latest seq at admission: every event this input causes is after it.
+    pub after_seq: u64,
+}
+
+/// One leg's input: a prompt or steering text, with its images.
+#[derive(Clone, Debug)]
+pub struct Input {
+    pub request_id: String,
+    pub text: String,
+    pub attachments: Vec<AttachmentRef>,
+}
+
+/// What answering an approval did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answered {
+    pub outcome: ApprovalOutcome,
+    /// With `always`: the rule stored, or None when storing it failed (a
+    /// notice told the session's clients why).
+    pub rule: Option<Rule>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CancelResult {
+    pub cancelled: bool,
+    pub discarded: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionInfo {
+    pub session_id: String,
+    pub created_at: String,
+    pub title: String,
+    pub latest_seq: u64,
+    pub loaded: bool,
+    pub busy: bool,
+    /// Tokens the session's model turns have consumed.
+    pub usage: TokenUsage,
+    /// The workspace the session runs in (absolute; empty when not known).
+    pub workspace: String,
+}
+
+pub struct Session {
+    id: Arc<str>,
+    created_at: String,
+    rt: Arc<Runtime>,
+    bus: Bus,
+    log: Arc<dyn Log>,
+    /// To the session's writer, the only path into the ledger and the bus.
+    pipe: Arc<Pipe>,
+    folds: Mutex<Folds>,
+    presence: watch::Sender<Vec<Client>>,
+    approvals: Approvals,
+    run: Mutex<RunState>,
+    busy: watch::Sender<bool>,
+    /// When a client last asked for this session (idle unloading).
+    last_used: Mutex<Instant>,
+    /// The title a client chose (`sessions/<id>.title`), over the derived one.
+    title: Mutex<Option<String>>,
+    /// The live side run, if any: its own admission, beside the main run's.
+    side: Mutex<Option<SideLive>>,
+    side_busy: watch::Sender<bool>,
+    /// Turns true when the writer stops (storage failure, fence, lost lease).
+    stopped: watch::Sender<bool>,
+}
+
+/// A side run in flight.
+struct SideLive {
+    side_id: String,
+    cancel: CancellationToken,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // Nobody can publish any more: the writer drains what is queued and stops.
+        self.pipe.close();
+    }
+}
+
+/// A client attached to a session (a stream of any surface), for coworking frames.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Client {
+    pub client_id: String,
+    pub surface: Surface,
+}
+
+/// Keeps a client listed as attached until dropped.
+pub struct PresenceGuard {
+    presence: watch::Sender<Vec<Client>>,
+    client_id: String,
+}
+
+impl Drop for PresenceGuard {
+    fn drop(&mut self) {
+        self.presence
+            .send_modify(|clients| clients.retain(|c| c.client_id != self.client_id));
+    }
+}
+
+/// A subscription opened together with the timeline it starts from.
+pub struct Presented {
+    pub subscription: Subscription,
+    /// The presenter at the subscription point: feed it the frames that follow.
+    pub presenter: Presenter,
+}
+
+#[derive(Default)]
+struct RunState {
+    running: bool,
+    closing: bool,
+    /// Set with `closing` when the session is being deleted.
+    deleted: bool,
+    /// The model's history is being changed (clear, undo): admission
+    /// answers a conflict meanwhile.
+    editing: bool,
+    queue: VecDeque<Input>,
+    leg_cancel: Option<CancellationToken>,
+    admitted: HashSet<String>,
+    admitted_order: VecDeque<String>,
+}
+
+impl RunState {
+    fn remember(&mut self, id: &str) {
+        if self.admitted.insert(id.to_string()) {
+            self.admitted_order.push_back(id.to_string());
+            if self.admitted_order.len() > REMEMBERED_REQUESTS {
+                if let Some(old) = self.admitted_order.pop_front() {
+                    self.admitted.remove(&old);
+                }
+            }
+        }
+    }
+
+    /// Forgets an id whose admission could not be made durable.
+    fn forget(&mut self, id: &str) {
+        if self.admitted.remove(id) {
+            self.admitted_order.retain(|r| r != id);
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Session {
+    /// A brand-new session with an empty ledger.
+    pub fn create(rt: Arc<Runtime>, id: &str, created_at: String, log: Arc<dyn Log>) -> Arc<Session> {
+        Self::build(rt, id, created_at, log, 0, Vec::new(), None)
+    }
+
+    /// Rebuilds a session from its ledger, read a record at a time: the
+    /// transcript, seq, the replay ring and remembered request ids. A run
+    /// the server died in the middle of is settled now (failed), so clients
+    /// never wait forever.
+    pub fn restore(rt: Arc<Runtime>, path: &std::path::Path) -> std::result::Result<Arc<Session>, OpenError> {
+        let same = rt.clone();
+        Self::restore_in(rt, path, 0, move |_| same)
+    }
+
+    /// `restore`, in the runtime `pick` gives for the workspace the ledger's
+    /// header names (a session keeps the workspace it was created in).
+    ///
+    /// `recorded` is the highest seq known to have been issued elsewhere
+    /// (the session index): a ledger found cut short of it gets the missing
+    /// range marked lost (`repair::mark_lost`), so no seq is issued twice.
+    pub fn restore_in(
+        rt: Arc<Runtime>,
+        path: &std::path::Path,
+        recorded: u64,
+        pick: impl FnOnce(&str) -> Arc<Runtime>,
+    ) -> std::result::Result<Arc<Session>, OpenError> {
+        let mut r = Restore::new(rt.cfg.bus.ring.max(1));
+        let ledger = Ledger::open(path, rt.cfg.durability, |record| r.visit(record))?;
+        let covered = r
+            .lost
+            .iter()
+            .fold(ledger.durable_seq().max(r.latest), |m, &(_, to)| m.max(to));
+        if let Some(lost) =
+            crate::log::repair::mark_lost(&ledger, covered, recorded).map_err(OpenError::Io)?
+        {
+            r.visit(lost);
+        }
+        let rt = match r.workspace.take() {
+            Some(ws) if !ws.is_empty() && ws != rt.workspace() => pick(&ws),
+            _ => rt,
+        };
+        r.finish(rt, Arc::new(ledger), None).map_err(OpenError::Io)
+    }
+
+    /// The folder this session's tools work in (its workspace).
+    pub fn workspace_dir(&self) -> &std::path::Path {
+        &self.rt.cfg.workspace
+    }
+
+    /// Its workspace's canonical path, as its ledger header names it.
+    pub fn workspace(&self) -> &str {
+        self.rt.workspace()
+    }
+
+    /// Rebuilds a session from the records of a log that is not a file (the
+    /// JetStream log): the same fold as `restore`.
+    pub fn restore_records(
+        rt: Arc<Runtime>,
+        log: Arc<dyn Log>,
+        records: Vec<Record>,
+    ) -> Result<Arc<Session>> {
+        let mut r = Restore::new(rt.cfg.bus.ring.max(1));
+        for record in records {
+            r.visit(record);
+        }
+        r.finish(rt, log, None)
+    }
+
+    /// A read-only copy of a session another replica writes (`--bus`),
+    /// folded from `records` like a load; it settles nothing, has no writer,
+    /// and refuses every write with `read_only`. Whoever follows the log
+    /// hands it what is stored next through `Visible::commit` (`mirror.rs`).
+    pub fn mirror(
+        rt: Arc<Runtime>,
+        log: Arc<dyn Log>,
+        records: Vec<Record>,
+        read_only: &str,
+    ) -> Result<Arc<Session>> {
+        let mut r = Restore::new(rt.cfg.bus.ring.max(1));
+        for record in records {
+            r.visit(record);
+        }
+        r.finish(rt, log, Some(read_only))
+    }
+
+    /// `read_only`: a mirror, with no writer and every write refused with it.
+    fn build(
+        rt: Arc<Runtime>,
+        id: &str,
+        created_at: String,
+        log: Arc<dyn Log>,
+        latest: u64,
+        ring: Vec<Arc<Frame>>,
+        read_only: Option<&str>,
+    ) -> Arc<Session> {
+        let sid: Arc<str> = Arc::from(id);
+        let bus = Bus::new(sid.clone(), rt.cfg.bus.clone(), Some(log.clone()), latest, ring);
+        let pipe = Arc::new(Pipe::default());
+        let session = Arc::new(Session {
+            id: sid.clone(),
+            created_at,
+            rt,
+            bus,
+            log: log.clone(),
+            pipe: pipe.clone(),
+            folds: Mutex::new(Folds::new(id)),
+            presence: watch::channel(Vec::new()).0,
+            approvals: Approvals::default(),
+            run: Mutex::new(RunState::default()),
+            busy: watch::channel(false).0,
+            last_used: Mutex::new(Instant::now()),
+            title: Mutex::new(None),
+            side: Mutex::new(None),
+            side_busy: watch::channel(false).0,
+            stopped: watch::channel(false).0,
+        });
+        if let Some(why) = read_only {
+            pipe.fail(&Stopped::ReadOnly { why: why.to_string() });
+            return session;
+        }
+        let visible: Weak<dyn Visible> = Arc::downgrade(&session) as Weak<Session>;
+        let snapshots = writer::SnapshotPolicy::new(session.rt.cfg.snapshot_min_bytes);
+        tokio::spawn(writer::run(sid, pipe, log, visible, latest, snapshots));
+        session
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn runtime(&self) -> &Runtime {
+        &self.rt
+    }
+
+    pub fn info(&self) -> SessionInfo {
+        let chosen = lock(&self.title).clone();
+        let (title, usage) = {
+            let f = lock(&self.folds);
+            let title = chosen.unwrap_or_else(|| {
+                f.transcript
+                    .messages
+                    .iter()
+                    .find(|m| m.role == crate::log::transcript::Role::User)
+                    .map(|m| crate::host::index::title_of(&m.text))
+                    .unwrap_or_default()
+            });
+            (title, f.transcript.usage)
+        };
+        SessionInfo {
+            session_id: self.id.to_string(),
+            created_at: self.created_at.clone(),
+            title,
+            latest_seq: self.bus.latest_seq(),
+            loaded: true,
+            busy: lock(&self.run).running,
+            usage,
+            workspace: self.workspace_dir().display().to_string(),
+        }
+    }
+
+    /// Routes an agent event to the session's writer: usage to the ledger
+    /// and transcript, client events to be numbered, persisted, folded and
+    /// fanned out (in that order), internal traffic nowhere. Never waits;
+    /// a fast producer calls `pace` to feel the writer's backpressure.
+    pub fn emit(&self, event: AgentEvent) {
+        match event {
+            AgentEvent::Usage(u) => self.pipe.push(Op::Note(Note::Usage(u))),
+            AgentEvent::ThinkingSignature(s) => self.pipe.push(Op::Note(Note::Signature(s))),
+            AgentEvent::Compaction(c) => self.pipe.push(Op::Note(Note::Compaction(c))),
+            event => {
+                if let Some(client) = project(event) {
+                    self.pipe.push(Op::event(self.bus.session_id(), client));
+                }
+            }
+        }
+    }
+
+    pub fn publish(&self, event: ClientEvent) {
+        self.emit(AgentEvent::Client(event));
+    }
+
+    /// Waits while the writer is far behind what was published.
+    pub async fn pace(&self) {
+        self.pipe.pace().await
+    }
+
+    /// Resolves once everything published so far is durable and visible.
+    pub async fn flush(&self) -> Result<()> {
+        self.pipe.barrier().await.map_err(Error::from)
+    }
+
+    /// What stopped this session's writes, with when it happened (kept by its pipe).
+    pub fn storage_failure(&self) -> Option<(Stopped, Instant)> {
+        self.pipe.failure()
+    }
+
+    /// Turns true when this session's writer stops (`recovery.rs` reloads it).
+    pub fn watch_stopped(&self) -> watch::Receiver<bool> {
+        self.stopped.subscribe()
+    }
+
+    /// Notes a use by a client (idle unloading counts from the last one).
+    pub fn touch(&self) {
+        *lock(&self.last_used) = Instant::now();
+    }
+
+    /// Whether nothing uses this session: no run, no subscriber, no pending
+    /// writes, and no client for `idle`.
+    pub fn is_idle(&self, idle: Duration) -> bool {
+        !lock(&self.run).running
+            && lock(&self.side).is_none()
+            && self.bus.subscriber_count() == 0
+            && self.pipe.backlog() == 0
+            && lock(&self.last_used).elapsed() >= idle
+    }
+
+    pub fn subscribe(&self, after: Option<u64>) -> Subscription {
+        self.bus.subscribe(after)
+    }
+
+    pub fn latest_seq(&self) -> u64 {
+        self.bus.latest_seq()
+    }
+
+    /// Subscribes and captures the presenter at exactly the subscription point.
+    pub fn subscribe_presented(&self, after: Option<u64>) -> Presented {
+        let f = lock(&self.folds);
+        Presented {
+            subscription: self.bus.subscribe(after),
+            presenter: f.presenter.clone(),
+        }
+    }
+
+    pub fn timeline(&self) -> Timeline {
+        lock(&self.folds).presenter.timeline().clone()
+    }
+
+    /// Lists a client as attached until the guard drops.
+    pub fn join(&self, client_id: &str, surface: Surface) -> PresenceGuard {
+        let client = Client {
+            client_id: client_id.to_string(),
+            surface,
+        };
+        self.presence.send_modify(|clients| clients.push(client));
+        PresenceGuard {
+            presence: self.presence.clone(),
+            client_id: client_id.to_string(),
+        }
+    }
+
+    pub fn watch_presence(&self) -> watch::Receiver<Vec<Client>> {
+        self.presence.subscribe()
+    }
+
+    pub fn transcript(&self) -> Transcript {
+        lock(&self.folds).transcript.clone()
+    }
+
+    pub fn approvals(&self) -> &Approvals {
+        &self.approvals
+    }
+
+    /// Admits a prompt or steering text. Never rejects a busy session: the
+    /// input starts a chain when idle and is queued as its next leg otherwise.
+    pub async fn admit(self: &Arc<Self>, text: String, request_id: Option<String>) -> Result<Admission> {
+        self.admit_with(text, request_id, Vec::new()).await
+    }
+
+    /// `admit` for an input with images (already stored in the home): a
+    /// queued input keeps them until its leg starts.
+    pub async fn admit_with(
+        self: &Arc<Self>,
+        text: String,
+        request_id: Option<String>,
+        attachments: Vec<AttachmentRef>,
+    ) -> Result<Admission> {
+        if text.trim().is_empty() {
+            return Err(Error::invalid("the prompt is empty"));
+        }
+        let request_id = match request_id.filter(|r| !r.is_empty()) {
+            Some(r) => {
+                // Echoed to every client: a plain charset, so no bidi or
+                // control characters ever reach a terminal or a page.
+                let plain = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':');
+                if r.len() > 128 || !r.bytes().all(plain) {
+                    return Err(Error::invalid(
+                        "request_id must be 1 to 128 of A-Z a-z 0-9 - _ . :",
+                    ));
+                }
+                r
+            }
+            None => format!("req_{}", uuid::Uuid::new_v4().simple()),
+        };
+        {
+            let mut run = lock(&self.run);
+            if run.admitted.contains(&request_id) {
+                return Ok(Admission {
+                    request_id,
+                    state: AdmissionState::Duplicate,
+                    after_seq: self.bus.latest_seq(),
+                });
+            }
+            self.check_open(&run)?;
+            if run.editing {
+                return Err(Error::conflict(
+                    "the session's history is being changed (clear, undo); send the input again",
+                ));
+            }
+            // Refused before it is remembered: the same request_id may come back later.
+            let cap = self.rt.cfg.max_queued_inputs;
+            if run.running && run.queue.len() >= cap {
+                return Err(Error::new(
+                    ErrorKind::ResourceExhausted,
+                    format!("queue_full: {cap} inputs are already queued behind the live run; wait for it or cancel it"),
+                ));
+            }
+            // Remembered at once, so a concurrent retry is a duplicate.
+            run.remember(&request_id);
+        }
+        // `started` or `queued` is answered only once the id is on disk: a
+        // retry after any crash or storage failure is then a duplicate.
+        if let Err(reason) = self.pipe.admitted(request_id.clone()).await {
+            lock(&self.run).forget(&request_id);
+            return Err(reason.into());
+        }
+        let mut run = lock(&self.run);
+        // Deleted or closed while the id was written.
+        self.check_open(&run)?;
+        let input = Input {
+            request_id: request_id.clone(),
+            text,
+            attachments,
+        };
+        if run.running {
+            run.queue.push_back(input);
+            return Ok(Admission {
+                request_id,
+                state: AdmissionState::Queued,
+                after_seq: self.bus.latest_seq(),
+            });
+        }
+        run.running = true;
+        run.leg_cancel = Some(CancellationToken::new());
+        self.busy.send_replace(true);
+        // Read before the chain exists: nothing of this run is published yet.
+        let after_seq = self.bus.latest_seq();
+        drop(run);
+        tokio::spawn(self.clone().chain(input));
+        Ok(Admission {
+            request_id,
+            state: AdmissionState::Started,
+            after_seq,
+        })
+    }
+
+    /// Runs legs until the steering queue is empty, then settles: exactly one
+    /// run_finished per chain (a failed or cancelled leg ends its chain), published after the session is idle again so a
+    /// client reacting to it is admitted as `started`.
+    async fn chain(self: Arc<Self>, first: Input) {
+        let leg_token = |run: &RunState| run.leg_cancel.clone().unwrap_or_default();
+        if self.bus.subscriber_count() == 0 {
+            let cancel = leg_token(&lock(&self.run));
+            tokio::select! {
+                _ = self.bus.wait_for_subscriber(self.rt.cfg.first_subscriber_wait) => {}
+                _ = cancel.cancelled() => {}
+            }
+        }
+        self.publish(ClientEvent::Status { busy: true });
+        let mut input = first;
+        loop {
+            let cancel = leg_token(&lock(&self.run));
+            let (outcome, mut message) = agent::run_leg(&self, &input, &cancel).await;
+            self.approvals.expire_all("the run ended", |e| self.publish(e));
+            let mut run = lock(&self.run);
+            if outcome == RunOutcome::Cancelled && run.closing {
+                message = "cancelled: the server is shutting down".into();
+            }
+            // A failed or cancelled leg ends its chain: steering queued for
+            // it is discarded (as `cancel` does), and run_finished says so,
+            // so a client reacting to run_finished is always admitted as
+            // `started`.
+            let next = if run.closing || outcome != RunOutcome::Completed {
+                None
+            } else {
+                run.queue.pop_front()
+            };
+            match next {
+                Some(next) => {
+                    run.leg_cancel = Some(CancellationToken::new());
+                    input = next;
+                }
+                None => {
+                    let discarded = run.queue.len();
+                    if discarded > 0 {
+                        message = format!(
+                            "{message} ({} discarded)",
+                            crate::text::count(discarded, "queued input")
+                        );
+                    }
+                    run.queue.clear();
+                    run.running = false;
+                    run.leg_cancel = None;
+                    self.publish(ClientEvent::Status { busy: false });
+                    self.publish(ClientEvent::RunFinished { outcome, message });
+                    self.busy.send_replace(false);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Admits a side question: one model turn on a branch beside the main
+    /// conversation (which it sees as the model would be sent it now), its
+    /// frames `side` events of this session. One at a time: a second while
+    /// one is live is a conflict with reason `side_busy`. Runs beside a live
+    /// main run. Returns the side id and the latest seq at admission.
+    pub fn side_run(self: &Arc<Self>, question: String) -> Result<(String, u64)> {
+        if question.trim().is_empty() {
+            return Err(Error::invalid("the question is empty"));
+        }
+        if question.len() > crate::session::side::MAX_QUESTION {
+            return Err(Error::invalid(format!(
+                "the question is {} bytes; at most {} are accepted",
+                question.len(),
+                crate::session::side::MAX_QUESTION
+            )));
+        }
+        let side_id = format!("side_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+        let cancel = CancellationToken::new();
+        let after_seq = {
+            let run = lock(&self.run);
+            self.check_open(&run)?;
+            // Under the run lock, as delete's check is: no side run starts
+            // once a delete is accepted.
+            let mut side = lock(&self.side);
+            if let Some(live) = &*side {
+                return Err(Error::conflict(format!(
+                    "side_busy: side run {} is live in session {}; cancel it (POST /sessions/{}/side/cancel) or wait for its side finished frame",
+                    live.side_id, self.id, self.id
+                ))
+                .with_reason("side_busy"));
+            }
+            *side = Some(SideLive {
+                side_id: side_id.clone(),
+                cancel: cancel.clone(),
+            });
+            self.side_busy.send_replace(true);
+            self.bus.latest_seq()
+        };
+        tokio::spawn(self.clone().side_task(side_id.clone(), question, cancel));
+        Ok((side_id, after_seq))
+    }
+
+    async fn side_task(self: Arc<Self>, side_id: String, question: String, cancel: CancellationToken) {
+        // The branch sees what a main leg starting now would: everything
+        // published so far, folded in.
+        let _ = self.flush().await;
+        let (history, branch_seq) = {
+            let f = lock(&self.folds);
+            (f.transcript.chat(), f.transcript.seq)
+        };
+        self.publish(ClientEvent::Side {
+            side_id: side_id.clone(),
+            phase: SidePhase::Started {
+                question: question.clone(),
+                branch_seq,
+            },
+        });
+        let (outcome, message, usage) =
+            crate::session::side::answer(&self, &side_id, history, &question, &cancel).await;
+        // Published before the slot frees, so a client reacting to finished
+        // is admitted, and the side log never has two runs open.
+        let mut side = lock(&self.side);
+        self.publish(ClientEvent::Side {
+            side_id,
+            phase: SidePhase::Finished {
+                outcome,
+                message,
+                usage,
+            },
+        });
+        *side = None;
+        self.side_busy.send_replace(false);
+    }
+
+    /// Stops the live side run; its id, or None when none was live.
+    pub fn side_cancel(&self) -> Option<String> {
+        let side = lock(&self.side);
+        let live = side.as_ref()?;
+        live.cancel.cancel();
+        Some(live.side_id.clone())
+    }
+
+    /// The session's recent side runs, oldest first.
+    pub fn side_history(&self) -> Vec<SideEntry> {
+        lock(&self.folds).sides.runs()
+    }
+
+    /// Stops the live leg and discards queued continuation input.
+    pub fn cancel(&self) -> CancelResult {
+        let mut run = lock(&self.run);
+        let discarded = run.queue.len() as u32;
+        run.queue.clear();
+        let cancelled = run.running;
+        if let Some(c) = &run.leg_cancel {
+            c.cancel();
+        }
+        CancelResult { cancelled, discarded }
+    }
+
+    /// Answers a pending approval. With `always`, the rule is stored first
+    /// (so the call's later siblings already see it), then the approval is
+    /// settled; a rule that cannot be stored leaves the approval valid this
+    /// once and tells the session's clients with a notice.
+    pub async fn answer(&self, request_id: &str, answer: Answer) -> Result<Answered> {
+        // Approval ids are ours (`ap_` and 12 hex digits): anything far from
+        // that shape is refused before it is looked up or echoed back.
+        crate::ids::validate_plain_id("approval id", request_id)?;
+        let stored = match self.approvals.prepare(request_id, &answer)? {
+            Some(c) => Some((c.clone(), self.rt.rules.add(c).await)),
+            None => None,
+        };
+        let settled = self.approvals.answer(request_id, answer, |tool, answer, event| {
+            // An approved plan leaves plan mode before its call resumes, so
+            // the run goes on in the new mode.
+            if tool == PLAN_TOOL && answer.approve {
+                let mode = answer.mode.unwrap_or(PermissionMode::Default);
+                self.rt.set_mode(mode);
+                // With --bus every replica switches too (without interrupting).
+                if let Some(shared) = self.rt.cfg.shared_config.clone() {
+                    tokio::spawn(async move {
+                        let m = crate::cluster::shared_config::SharedMode { mode, interrupt: false };
+                        if let Err(e) = shared.put_mode(m).await {
+                            tracing::warn!("the plan's mode did not reach the other replicas: {}", e.message);
+                        }
+                    });
+                }
+                tracing::info!(session = %self.id, mode = mode.as_str(), "plan approved: permission mode changed");
+            }
+            self.publish(event)
+        });
+        let outcome = match settled {
+            Ok(o) => o,
+            Err(e) => {
+                // Settled meanwhile by someone else: a rule made for this
+                // answer alone goes too.
+                if let Some((_, Ok((rule, true)))) = &stored {
+                    let _ = self.rt.rules.delete(&rule.id).await;
+                }
+                return Err(e);
+            }
+        };
+        let rule = match stored {
+            None => None,
+            Some((_, Ok((rule, _)))) => {
+                tracing::info!(session = %self.id, rule = %rule.id, covers = %rule.what.describe(), "always-allow rule stored");
+                Some(rule)
+            }
+            Some((c, Err(e))) => {
+                let why = if e.kind == ErrorKind::Internal {
+                    let incident = &uuid::Uuid::new_v4().simple().to_string()[..12];
+                    tracing::error!(session = %self.id, incident, "cannot store an always-allow rule: {}", e.message);
+                    format!("the server could not write its rules file (incident {incident}: the server log has the details)")
+                } else {
+                    e.message
+                };
+                self.publish(ClientEvent::Notice {
+                    level: NoticeLevel::Warning,
+                    text: format!(
+                        "approved once: the always-allow rule for {} was not saved: {why}",
+                        c.describe()
+                    ),
+                });
+                None
+            }
+        };
+        Ok(Answered { outcome, rule })
+    }
+
+    /// The permission mode changed: denies every pending approval with
+    /// `reason`, then cancels the live run (and its queue) and the live side
+    /// run. How many runs were cancelled (main and side), and how many
+    /// approvals were denied.
+    pub fn interrupt(&self, reason: &str) -> (usize, usize) {
+        let denied = self.approvals.deny_all(reason, |e| self.publish(e));
+        let main = usize::from(self.cancel().cancelled);
+        let side = usize::from(self.side_cancel().is_some());
+        (main + side, denied)
+    }
+
+    /// This replica lost the session's lease to another: it stops writing
+    /// at once, as after a storage failure (the live run ends, streams get
+    /// session_closed with `reason`, input is refused until a reload).
+    pub fn stop_writing(&self, reason: &Stopped) {
+        self.pipe.fail(reason);
+        Visible::failed(self, reason);
+    }
+
+    /// Sets the title a client chose (None: derive it from the first prompt).
+    pub fn set_title(&self, title: Option<String>) {
+        *lock(&self.title) = title;
+    }
+
+    /// Whether a run is in flight now.
+    pub fn is_busy(&self) -> bool {
+        lock(&self.run).running
+    }
+
+    /// The first step of deleting the session: from now on input is refused
+    /// as not found. Refused (a conflict) while a run is live, checked under
+    /// the same lock admission takes, so no run can start in between.
+    pub fn begin_delete(&self) -> Result<()> {
+        let mut run = lock(&self.run);
+        self.check_idle(&run)?;
+        if let Some(live) = &*lock(&self.side) {
+            return Err(Error::conflict(format!(
+                "side_busy: session {} has a live side run {}; cancel it and wait for its side finished frame first",
+                self.id, live.side_id
+            ))
+            .with_reason("side_busy"));
+        }
+        run.closing = true;
+        run.deleted = true;
+        Ok(())
+    }
+
+    /// Refuses new work in a session that failed, is being deleted or is
+    /// closing (shutdown).
+    fn check_open(&self, run: &RunState) -> Result<()> {
+        if let Some((reason, _)) = self.pipe.failure() {
+            return Err(reason.into());
+        }
+        if run.deleted {
+            return Err(Error::not_found(format!(
+                "no session {}: it was deleted",
+                self.id
+            )));
+        }
+        if run.closing {
+            return Err(Error::new(ErrorKind::Unavailable, "the server is shutting down"));
+        }
+        Ok(())
+    }
+
+    /// Refuses a change of the whole session while anything else changes it:
+    /// a live run or a clear (conflict), a delete (not found), shutdown.
+    fn check_idle(&self, run: &RunState) -> Result<()> {
+        if run.deleted {
+            return Err(Error::not_found(format!(
+                "no session {}: it was deleted",
+                self.id
+            )));
+        }
+        if run.running {
+            return Err(Error::conflict(format!(
+                "session {} has a live run; cancel it and wait for run_finished first",
+                self.id
+            )));
+        }
+        if run.editing {
+            return Err(Error::conflict(
+                "the session's history is being changed (clear, undo)",
+            ));
+        }
+        if run.closing {
+            return Err(Error::new(ErrorKind::Unavailable, "the server is shutting down"));
+        }
+        Ok(())
+    }
+
+    /// Clears the history the model sees (clients keep the whole transcript):
+    /// from the next run on the model starts afresh, as after a compaction
+    /// with no summary (a ledger note, so it holds after a reload). Refused
+    /// while a run is live; admissions are refused (conflict) until the
+    /// note is folded in, so no run can start on the old history. Returns
+    /// the last seq the model no longer sees.
+    pub async fn clear_history(&self) -> Result<u64> {
+        self.edit_history(|latest, _| {
+            let note = Note::Compaction(Compaction {
+                summary: String::new(),
+                upto_seq: latest,
+            });
+            Ok((note, latest))
+        })
+        .await
+    }
+
+    /// Takes the last exchange the model sees back from it (its user
+    /// message and everything after), like `clear_history` otherwise; a
+    /// conflict when there is none. Returns the seqs it no longer sees
+    /// (after_seq, upto_seq].
+    pub async fn undo_last(&self) -> Result<Undo> {
+        self.edit_history(|latest, t| {
+            let u = t
+                .last_exchange(latest)
+                .ok_or_else(|| Error::conflict("nothing to undo: the model sees no exchange"))?;
+            Ok((Note::Undo(u), u))
+        })
+        .await
+    }
+
+    /// Has the model summarise the history now; from the next run on it sees
+    /// the summary in place of the messages up to the returned seq (clients
+    /// keep the transcript). Refused unless idle or with nothing to
+    /// compact; admissions are refused (conflict) until it is done. Bounded
+    /// by the provider's timeouts; shutdown cancels it.
+    pub async fn compact_history(&self) -> Result<u64> {
+        // Cancel (and shutdown) cancel the leg token: they stop this too.
+        let cancel = CancellationToken::new();
+        {
+            let mut run = lock(&self.run);
+            self.check_idle(&run)?;
+            run.editing = true;
+            run.leg_cancel = Some(cancel.clone());
+        }
+        let compacted = async {
+            self.flush().await?;
+            if self.transcript().chat().is_empty() {
+                return Err(Error::conflict("nothing to compact: the model sees no message"));
+            }
+            crate::session::agent::compact_now(self, &cancel).await?;
+            self.flush().await?;
+            Ok(lock(&self.folds)
+                .transcript
+                .compaction
+                .as_ref()
+                .map_or(0, |c| c.upto_seq))
+        }
+        .await;
+        lock(&self.run).editing = false;
+        compacted
+    }
+
+    /// Changes what the model sees of the history with one ledger note made
+    /// from the history as of its latest seq. Refused unless the session is
+    /// idle; admissions are refused (conflict) until the note is folded in,
+    /// so no run starts on the old history.
+    async fn edit_history<T>(&self, make: impl FnOnce(u64, &Transcript) -> Result<(Note, T)>) -> Result<T> {
+        {
+            let mut run = lock(&self.run);
+            self.check_idle(&run)?;
+            run.editing = true;
+        }
+        let edited = async {
+            // Everything published so far (a run_finished still in the
+            // writer) is folded in before the note is placed after it.
+            self.flush().await?;
+            let latest = self.bus.latest_seq();
+            let (note, out) = make(latest, &lock(&self.folds).transcript)?;
+            self.pipe.push(Op::Note(note));
+            self.flush().await?;
+            Ok(out)
+        }
+        .await;
+        lock(&self.run).editing = false;
+        edited
+    }
+
+    /// Ends every stream of the session with session_closed {reason}, once
+    /// what was published before is visible on them.
+    pub async fn close_streams(&self, reason: CloseReason) {
+        let _ = self.pipe.barrier().await;
+        self.bus.close(reason);
+    }
+
+    /// Resolves once no run is in flight, main or side (its run_finished
+    /// or side finished published).
+    pub async fn settled(&self) {
+        let mut busy = self.busy.subscribe();
+        let _ = busy.wait_for(|b| !*b).await;
+        let mut side_busy = self.side_busy.subscribe();
+        let _ = side_busy.wait_for(|b| !*b).await;
+    }
+
+    /// Refuses new input, cancels what runs, waits (bounded) for the chain
+    /// to settle, then ends every subscription and syncs the ledger.
+    pub async fn shutdown(&self, grace: Duration) {
+        {
+            let mut run = lock(&self.run);
+            run.closing = true;
+            run.queue.clear();
+            if let Some(c) = &run.leg_cancel {
+                c.cancel();
+            }
+        }
+        self.side_cancel();
+        let mut busy = self.busy.subscribe();
+        let _ = tokio::time::timeout(grace, busy.wait_for(|b| !*b)).await;
+        let mut side_busy = self.side_busy.subscribe();
+        let _ = tokio::time::timeout(grace, side_busy.wait_for(|b| !*b)).await;
+        // What the settled run published reaches the disk and its streams
+        // before they are closed.
+        let _ = tokio::time::timeout(grace, self.pipe.barrier()).await;
+        self.bus.close(CloseReason::ShuttingDown);
+        let log = self.log.clone();
+        let synced = tokio::task::spawn_blocking(move || log.sync()).await;
+        if let Ok(Err(e)) = synced {
+            tracing::error!(session = %self.id, "ledger sync failed: {e}");
+        }
+    }
+}
+
+impl Visible for Session {
+    fn commit(&self, frames: Vec<Arc<Frame>>, notes: Vec<(u64, Note)>, admitted: Vec<String>) {
+        // Folds, then bus, under the folds lock: `subscribe_presented` sees
+        // both at the same point.
+        let mut f = lock(&self.folds);
+        for id in admitted {
+            f.facts.remember_request(id);
+        }
+        let mut notes = notes.into_iter().peekable();
+        for frame in &frames {
+            while let Some((_, note)) = notes.next_if(|(after, _)| *after < frame.seq) {
+                f.transcript.note(&note);
+            }
+            f.apply(frame.seq, &frame.event);
+        }
+        for (_, note) in notes {
+            f.transcript.note(&note);
+        }
+        // A finished run's messages go to search (queued, never waited for).
+        let finished = frames
+            .iter()
+            .rev()
+            .find(|fr| matches!(fr.event, ClientEvent::RunFinished { .. }));
+        if let Some(upto) = finished.map(|fr| fr.seq) {
+            let from = std::mem::replace(&mut f.searched, upto);
+            let docs = crate::host::search::docs(&f.transcript, from, upto);
+            self.rt
+                .search
+                .index(&self.id, &self.rt.workspace, from, upto, docs);
+        }
+        self.bus.commit(frames);
+    }
+
+    fn snapshot(&self) -> Record {
+        let f = lock(&self.folds);
+        Record::Snapshot(Box::new(Snapshot {
+            seq: self.bus.latest_seq(),
+            transcript: f.transcript.clone(),
+            presenter: f.presenter.clone(),
+            facts: f.facts.clone(),
+            sides: f.sides.clone(),
+        }))
+    }
+
+    /// The live run ends, queued input is dropped, every stream gets
+    /// session_closed with the reason, and new work is refused with it until
+    /// the session is reloaded.
+    fn failed(&self, reason: &Stopped) {
+        {
+            // The pipe keeps the cause (it failed first); new work is refused from it.
+            let mut run = lock(&self.run);
+            run.queue.clear();
+            if let Some(c) = &run.leg_cancel {
+                c.cancel();
+            }
+        }
+        self.side_cancel();
+        self.bus.close(CloseReason::Stopped(reason.clone()));
+        self.stopped.send_replace(true);
+    }
+}
+
+/// What a ledger says about its session, folded a record at a time from its
+/// last snapshot on.
+struct Restore {
+    ring_size: usize,
+    header: Option<(String, String)>,
+    /// The header's workspace.
+    workspace: Option<String>,
+    latest: u64,
+    ring: VecDeque<(u64, ClientEvent)>,
+    folds: Option<Folds>,
+    /// Ranges of seqs the ledger lost (`Record::Lost`), oldest first.
+    lost: Vec<(u64, u64)>,
+}
+
+impl Restore {
+    fn new(ring_size: usize) -> Restore {
+        Restore {
+            ring_size,
+            header: None,
+            workspace: None,
+            latest: 0,
+            ring: VecDeque::new(),
+            folds: None,
+            lost: Vec::new(),
+        }
+    }
+
+    fn folds(&mut self) -> &mut Folds {
+        let sid = self.header.as_ref().map_or("", |h| h.0.as_str()).to_string();
+        self.folds.get_or_insert_with(|| Folds::new(&sid))
+    }
+
+    fn visit(&mut self, record: Record) {
+        let (seq, event) = match record {
+            Record::Header {
+                session_id,
+                created_at,
+                workspace,
+            } => {
+                self.header = Some((session_id, created_at));
+                self.workspace = Some(workspace);
+                return;
+            }
+            Record::Admitted { request_id } => return self.folds().facts.remember_request(request_id),
+            Record::Usage(u) => return self.folds().transcript.note(&Note::Usage(u)),
+            Record::Signature { signature } => {
+                return self.folds().transcript.note(&Note::Signature(signature))
+            }
+            Record::Compaction(c) => return self.folds().transcript.note(&Note::Compaction(c)),
+            Record::Undo(u) => return self.folds().transcript.note(&Note::Undo(u)),
+            Record::Lease { .. } => return,
+            Record::Snapshot(snap) => {
+                let Snapshot {
+                    seq,
+                    transcript,
+                    presenter,
+                    facts,
+                    sides,
+                } = *snap;
+                self.latest = self.latest.max(seq);
+                self.ring.clear();
+                self.folds = Some(Folds {
+                    transcript,
+                    presenter,
+                    facts,
+                    searched: 0,
+                    sides,
+                });
+                return;
+            }
+            Record::Lost { from, to } => {
+                self.latest = self.latest.max(to);
+                crate::log::repair::note_lost(&mut self.lost, from, to);
+                return;
+            }
+            Record::Event { seq, event } => (seq, event),
+        };
+        if seq <= self.latest {
+            tracing::warn!(seq, latest = self.latest, "ignoring an out-of-order ledger event");
+            return;
+        }
+        self.latest = seq;
+        self.folds().apply(seq, &event);
+        if self.ring.len() == self.ring_size {
+            self.ring.pop_front();
+        }
+        self.ring.push_back((seq, event));
+    }
+
+    fn finish(self, rt: Arc<Runtime>, log: Arc<dyn Log>, read_only: Option<&str>) -> Result<Arc<Session>> {
+        let Restore {
+            header,
+            latest,
+            ring,
+            folds,
+            lost,
+            ..
+        } = self;
+        let (id, created_at) = header.ok_or_else(|| Error::internal("ledger has no header"))?;
+        let sid: Arc<str> = Arc::from(id.as_str());
+        let ring = ring
+            .into_iter()
+            .map(|(seq, event)| Arc::new(Frame::new(seq, sid.clone(), event)))
+            .collect();
+        let session = Session::build(rt, &id, created_at, log, latest, ring, read_only);
+        session.bus.note_lost(lost);
+        let (facts, open_side) = {
+            let mut f = lock(&session.folds);
+            if let Some(restored) = folds {
+                *f = restored;
+            }
+            f.searched = latest;
+            (f.facts.clone(), f.sides.open())
+        };
+        // A side run the server stopped in the middle of is settled too.
+        if let Some(side_id) = open_side {
+            session.publish(ClientEvent::Side {
+                side_id,
+                phase: SidePhase::Finished {
+                    outcome: SideOutcome::Failed,
+                    message: "interrupted: the server stopped during this side run".into(),
+                    usage: TokenUsage::default(),
+                },
+            });
+        }
+        for (rid, outcome) in &facts.settled {
+            session.approvals.remember(rid, *outcome);
+        }
+        {
+            let mut run = lock(&session.run);
+            for rid in &facts.request_ids {
+                run.remember(rid);
+            }
+        }
+        // A mirror's run is its writer's to settle.
+        if facts.busy && read_only.is_none() {
+            for rid in facts.open_approvals {
+                session.approvals.remember(&rid, ApprovalOutcome::Expired);
+                session.publish(ClientEvent::ApprovalResolved {
+                    request_id: rid,
+                    outcome: ApprovalOutcome::Expired,
+                    reason: "the server stopped during this run".into(),
+                });
+            }
+            // Every tool call gets exactly one result, also across a crash.
+            for call_id in facts.open_calls {
+                session.publish(ClientEvent::ToolResult {
+                    call_id,
+                    ok: false,
+                    output: "interrupted: the server stopped during this call".into(),
+                });
+            }
+            session.publish(ClientEvent::Status { busy: false });
+            session.publish(ClientEvent::RunFinished {
+                outcome: RunOutcome::Failed,
+                message: "interrupted: the server stopped during this run".into(),
+            });
+        }
+        Ok(session)
+    }
+}
