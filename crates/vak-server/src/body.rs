@@ -5,7 +5,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 /// What rides along a response body.
-pub trait Watch: Send + Unpin + 'static {
+pub(crate) trait Watch: Send + Unpin + 'static {
     /// A frame on its way out (data or trailers).
     fn frame(&mut self, _frame: &http_body::Frame<Bytes>) {}
     /// The body ended (called at most once before the watcher is dropped,
@@ -29,7 +29,7 @@ impl<W: Watch> Watched<W> {
 }
 
 /// `body` with `watch` riding along.
-pub fn watched<W: Watch>(body: Body, watch: W) -> Body {
+pub(crate) fn watched<W: Watch>(body: Body, watch: W) -> Body {
     Body::new(Watched {
         inner: body,
         watch,

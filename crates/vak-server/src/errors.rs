@@ -8,7 +8,7 @@ use vak_core::error::{Error, ErrorKind};
 /// A core error as the status a client sees. An internal error's message
 /// names files and system errors of this machine: it goes to the server log
 /// under an incident id, and the client gets the id, never the details.
-pub fn to_status(e: Error) -> Status {
+pub(crate) fn to_status(e: Error) -> Status {
     let code = match e.kind {
         ErrorKind::InvalidArgument => Code::InvalidArgument,
         ErrorKind::NotFound => Code::NotFound,
@@ -58,9 +58,9 @@ pub fn to_status(e: Error) -> Status {
 
 /// gRPC metadata naming the error kind of a status whose code alone is
 /// ambiguous (`no_ai_service`, `bad_gateway`, `deadline_exceeded`).
-pub const KIND_HEADER: &str = "vak-error-kind";
+pub(crate) const KIND_HEADER: &str = "vak-error-kind";
 /// gRPC metadata with the machine-readable reason of an upstream failure.
-pub const REASON_HEADER: &str = "vak-error-reason";
+pub(crate) const REASON_HEADER: &str = "vak-error-reason";
 
 /// The REST answer of a status that carries a kind: `no_ai_service` is 400
 /// with `"kind": "no_ai_service"`, an upstream failure 502 with its `reason`,
@@ -102,7 +102,7 @@ fn kind_response(s: &Status) -> Option<Response> {
 }
 
 /// The HTTP status and body code for a gRPC code.
-pub fn http_of(code: Code) -> (StatusCode, &'static str) {
+pub(crate) fn http_of(code: Code) -> (StatusCode, &'static str) {
     match code {
         Code::InvalidArgument | Code::OutOfRange => (StatusCode::BAD_REQUEST, "invalid_argument"),
         Code::NotFound => (StatusCode::NOT_FOUND, "not_found"),
@@ -118,7 +118,7 @@ pub fn http_of(code: Code) -> (StatusCode, &'static str) {
 }
 
 /// A structured JSON error response.
-pub fn json_error(status: StatusCode, code: &str, message: &str) -> Response {
+pub(crate) fn json_error(status: StatusCode, code: &str, message: &str) -> Response {
     let body = serde_json::json!({ "error": { "code": code, "message": message } });
     let mut resp = (status, body.to_string()).into_response();
     resp.headers_mut()
@@ -132,7 +132,7 @@ pub fn json_error(status: StatusCode, code: &str, message: &str) -> Response {
 }
 
 /// A gRPC status as a REST response.
-pub fn status_response(s: &Status) -> Response {
+pub(crate) fn status_response(s: &Status) -> Response {
     if let Some(resp) = kind_response(s) {
         return resp;
     }
@@ -156,21 +156,21 @@ pub fn status_response(s: &Status) -> Response {
 }
 
 /// The content type of a gRPC or gRPC-web request (which wants its errors as grpc-status), if it is one.
-pub fn grpc_content_type(headers: &axum::http::HeaderMap) -> Option<HeaderValue> {
+pub(crate) fn grpc_content_type(headers: &axum::http::HeaderMap) -> Option<HeaderValue> {
     headers
         .get(header::CONTENT_TYPE)
         .filter(|v| v.to_str().is_ok_and(|ct| ct.starts_with("application/grpc")))
         .cloned()
 }
 
-pub fn is_grpc(headers: &axum::http::HeaderMap) -> bool {
+pub(crate) fn is_grpc(headers: &axum::http::HeaderMap) -> bool {
     grpc_content_type(headers).is_some()
 }
 
 /// Refuses a request in the dialect it speaks: a trailers-only grpc-status
 /// response labelled with the request's own gRPC or gRPC-web content type
 /// (browser clients check it before the status), JSON otherwise.
-pub fn refuse(grpc: Option<HeaderValue>, status: Status) -> Response {
+pub(crate) fn refuse(grpc: Option<HeaderValue>, status: Status) -> Response {
     match grpc {
         Some(content_type) => {
             let mut resp = status.into_http::<axum::body::Body>();

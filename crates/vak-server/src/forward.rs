@@ -25,7 +25,7 @@ use vak_core::error::Error;
 /// session that the owner's memory or its single writer must make. Each is
 /// the subject's last token (`vak.rpc.<owner>.<Method>`) under its proto name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Method {
+pub(crate) enum Method {
     Run,
     Steer,
     Approve,
@@ -40,7 +40,7 @@ pub enum Method {
 }
 
 impl Method {
-    pub const ALL: [Method; 11] = [
+    pub(crate) const ALL: [Method; 11] = [
         Method::Run,
         Method::Steer,
         Method::Approve,
@@ -55,7 +55,7 @@ impl Method {
     ];
 
     /// The RPC's name in proto/ (and on the subject).
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Method::Run => "Run",
             Method::Steer => "Steer",
@@ -72,19 +72,19 @@ impl Method {
     }
 
     /// The method a subject's last token names, if it is one that is forwarded.
-    pub fn from_name(name: &str) -> Option<Method> {
+    pub(crate) fn from_name(name: &str) -> Option<Method> {
         Method::ALL.into_iter().find(|m| m.as_str() == name)
     }
 }
 
 /// How long a forwarded request (that does not wait for its run) may take.
-pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const FORWARD_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a forwarded compaction may take: the holder asks the model for
 /// a summary, bounded by the provider's own timeouts.
-pub const SLOW_FORWARD_TIMEOUT: Duration = Duration::from_secs(300);
+pub(crate) const SLOW_FORWARD_TIMEOUT: Duration = Duration::from_secs(300);
 /// Forwarded requests this replica answers at once; more wait in the
 /// subscription (NATS bounds what it holds for a slow subscriber).
-pub const MAX_ANSWERING: usize = 1024;
+pub(crate) const MAX_ANSWERING: usize = 1024;
 
 pub(crate) const H_CODE: &str = "Vak-Code";
 pub(crate) const H_KIND: &str = "Vak-Error-Kind";
@@ -92,10 +92,10 @@ pub(crate) const H_REASON: &str = "Vak-Error-Reason";
 
 /// Marks a request that arrived forwarded: it is served here or refused, never forwarded again.
 #[derive(Clone, Copy, Debug)]
-pub struct Forwarded;
+pub(crate) struct Forwarded;
 
 /// Sends `req` to `owner`'s `method` and decodes its answer.
-pub async fn call<Req: Message, Resp: Message + Default>(
+pub(crate) async fn call<Req: Message, Resp: Message + Default>(
     owners: &Owners,
     owner: &Owner,
     method: Method,

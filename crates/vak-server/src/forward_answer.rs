@@ -15,7 +15,7 @@ use vak_core::cluster::owners::{Owners, RPC_PREFIX};
 use vak_proto::v1 as pb;
 
 /// Answers the forwarded requests addressed to this replica until `stop`.
-pub async fn serve(api: AgentApi, owners: Arc<Owners>, stop: CancellationToken) {
+pub(crate) async fn serve(api: AgentApi, owners: Arc<Owners>, stop: CancellationToken) {
     let client = owners.client().clone();
     let mut subs = Vec::new();
     for m in Method::ALL {

@@ -15,13 +15,13 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 /// A response extension set by a handler whose body is a long-lived event
 /// stream: on HTTP/1.1 it may leave hyper (`Parkable`, `Writer`).
 #[derive(Clone, Copy, Debug)]
-pub struct LongLived;
+pub(crate) struct LongLived;
 
 /// Where a connection's long-lived response body waits for the connection
 /// task to take it over, and whether hyper has flushed since. One per
 /// connection.
 #[derive(Clone, Default)]
-pub struct Park(Arc<Parked>);
+pub(crate) struct Park(Arc<Parked>);
 
 #[derive(Default)]
 struct Parked {
@@ -38,11 +38,11 @@ impl Park {
     }
 
     /// Whether a body is parked and everything before it is on the socket.
-    pub fn ready(&self) -> bool {
+    pub(crate) fn ready(&self) -> bool {
         !self.0.unflushed.load(Ordering::Acquire) && self.lock().is_some()
     }
 
-    pub fn take(&self) -> Option<Body> {
+    pub(crate) fn take(&self) -> Option<Body> {
         self.lock().take()
     }
 
@@ -56,14 +56,14 @@ impl Park {
 /// has nothing to send (after at least one frame, so the head goes out with
 /// it); then it moves its inner body to the `Park` and stays pending: the
 /// connection task sees it there once hyper has flushed, and drops hyper.
-pub struct Parkable {
+pub(crate) struct Parkable {
     inner: Option<Body>,
     park: Park,
     sent: bool,
 }
 
 impl Parkable {
-    pub fn new(inner: Body, park: Park) -> Self {
+    pub(crate) fn new(inner: Body, park: Park) -> Self {
         Parkable {
             inner: Some(inner),
             park,
@@ -105,13 +105,13 @@ impl http_body::Body for Parkable {
 /// The connection's IO as hyper sees it, shared with the connection task so
 /// the task can take it back once hyper is dropped; it tells the `Park`
 /// when hyper writes and when a flush completes.
-pub struct SharedIo<T> {
+pub(crate) struct SharedIo<T> {
     io: Arc<Mutex<T>>,
     park: Park,
 }
 
 impl<T> SharedIo<T> {
-    pub fn new(io: T, park: Park) -> (SharedIo<T>, Arc<Mutex<T>>) {
+    pub(crate) fn new(io: T, park: Park) -> (SharedIo<T>, Arc<Mutex<T>>) {
         let io = Arc::new(Mutex::new(io));
         (SharedIo { io: io.clone(), park }, io)
     }
@@ -126,7 +126,7 @@ impl<T> SharedIo<T> {
 }
 
 /// The IO back, once hyper (its other owner) has been dropped.
-pub fn reclaim<T>(io: Arc<Mutex<T>>) -> Option<T> {
+pub(crate) fn reclaim<T>(io: Arc<Mutex<T>>) -> Option<T> {
     Arc::into_inner(io).map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()))
 }
 
@@ -186,7 +186,7 @@ const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
 /// more (the connection just drops, as hyper does) if the body fails. A
 /// client that closes its side, or an IO error (the write timeout beneath),
 /// ends it and drops the body.
-pub struct Writer<T> {
+pub(crate) struct Writer<T> {
     io: T,
     body: Body,
     queue: VecDeque<Bytes>,
@@ -197,7 +197,7 @@ pub struct Writer<T> {
 }
 
 impl<T> Writer<T> {
-    pub fn new(io: T, body: Body) -> Self {
+    pub(crate) fn new(io: T, body: Body) -> Self {
         Writer {
             io,
             body,

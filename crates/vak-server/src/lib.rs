@@ -1,20 +1,24 @@
 //! The network edge: the one listener, the auth guard, and the gRPC and REST/SSE adapters over the core. The only code that imports tonic or axum.
 
-pub mod access_log;
+// What another crate may use is `pub`; everything else is `pub(crate)`, and the
+// compiler checks it (a `pub` item no other crate can reach is a warning).
+#![warn(unreachable_pub)]
+
+pub(crate) mod access_log;
 pub mod auth;
-pub mod body;
-pub mod errors;
+pub(crate) mod body;
+pub(crate) mod errors;
 pub mod fdlimit;
-pub mod forward;
-pub mod forward_answer;
-pub mod grpc;
-pub mod handoff;
+pub(crate) mod forward;
+pub(crate) mod forward_answer;
+pub(crate) mod grpc;
+pub(crate) mod handoff;
 pub mod http;
-pub mod limits;
+pub(crate) mod limits;
 pub mod listener;
-pub mod logins;
-pub mod reaper;
-pub mod recent_errors;
+pub(crate) mod logins;
+pub(crate) mod reaper;
+pub(crate) mod recent_errors;
 pub mod server;
-pub mod stream_caps;
+pub(crate) mod stream_caps;
 pub mod tls;

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use vak_core::file_owner::FileOwner;
 
 /// Compares in time that depends only on the lengths, never on where the bytes differ.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     let mut diff = u8::from(a.len() != b.len());
     for (i, x) in a.iter().enumerate() {
         diff |= x ^ b.get(i).copied().unwrap_or(0);
@@ -16,9 +16,9 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// Browser logins a server keeps at once; the oldest go first.
-pub const MAX_LOGINS: usize = 10_000;
+pub(crate) const MAX_LOGINS: usize = 10_000;
 /// The store's file in the home.
-pub const FILE: &str = "logins.json";
+pub(crate) const FILE: &str = "logins.json";
 
 /// One login, as kept: hashes of what the browser holds.
 #[derive(Clone, serde::Serialize, serde::Deserialize)]
@@ -38,7 +38,7 @@ struct Stored {
     logins: HashMap<String, Entry>,
 }
 
-pub struct Logins {
+pub(crate) struct Logins {
     table: Arc<Mutex<HashMap<String, Entry>>>,
     /// The one writer of `<home>/logins.json` (None keeps logins in memory
     /// only). Each rewrite copies the table when it runs, in turn, so the
@@ -68,7 +68,7 @@ impl Logins {
     /// The logins kept at `path` for `token` (at startup: a blocking read of
     /// a small file). A missing file, another token's or one that does not
     /// parse starts empty; the last is logged.
-    pub fn load(path: Option<PathBuf>, token: &str) -> Arc<Logins> {
+    pub(crate) fn load(path: Option<PathBuf>, token: &str) -> Arc<Logins> {
         let token = sha256_hex(token);
         let mut table = HashMap::new();
         if let Some(p) = &path {
@@ -112,7 +112,7 @@ impl Logins {
     }
 
     /// Whether `id` is a live login whose key is `key`.
-    pub fn check(&self, id: &str, key: &str) -> bool {
+    pub(crate) fn check(&self, id: &str, key: &str) -> bool {
         let (id, key) = (sha256_hex(id), sha256_hex(key.trim()));
         let t = now();
         // Hashes compared in constant time; the map is walked whole.
@@ -124,7 +124,7 @@ impl Logins {
 
     /// A new login living `ttl`: its cookie id and session key. Kept before
     /// it is answered.
-    pub async fn add(&self, ttl: Duration) -> (String, String) {
+    pub(crate) async fn add(&self, ttl: Duration) -> (String, String) {
         let random = || {
             format!(
                 "{}{}",
@@ -159,7 +159,7 @@ impl Logins {
     }
 
     /// Ends the login of cookie `id` (here and in the store).
-    pub async fn remove(&self, id: &str) {
+    pub(crate) async fn remove(&self, id: &str) {
         if self.table().remove(&sha256_hex(id)).is_some() {
             self.persist().await;
         }

@@ -16,7 +16,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// What one connection is doing: how many requests are in flight (from a
 /// complete request head until its response body ends or is dropped), and
 /// since when none has been.
-pub struct ConnState {
+pub(crate) struct ConnState {
     inner: Mutex<Activity>,
     /// Signalled whenever a request begins or the last one ends.
     idle: Notify,
@@ -30,7 +30,7 @@ struct Activity {
 }
 
 impl ConnState {
-    pub fn new() -> Arc<ConnState> {
+    pub(crate) fn new() -> Arc<ConnState> {
         Arc::new(ConnState {
             inner: Mutex::new(Activity {
                 active: 0,
@@ -42,7 +42,7 @@ impl ConnState {
     }
 
     /// A request head is complete: the connection is busy until the guard drops.
-    pub fn begin(self: &Arc<Self>) -> InFlight {
+    pub(crate) fn begin(self: &Arc<Self>) -> InFlight {
         let mut a = self.lock();
         a.active += 1;
         a.served = true;
@@ -62,7 +62,7 @@ impl ConnState {
     /// HTTP/2 preface, a HEADERS block without END_HEADERS) or `idle`
     /// (afterwards). A request in progress, such as a quiet SSE or gRPC
     /// stream, is never idle.
-    pub async fn idle_for(&self, first: Duration, idle: Duration) {
+    pub(crate) async fn idle_for(&self, first: Duration, idle: Duration) {
         loop {
             let (active, since, served) = {
                 let a = self.lock();
@@ -89,7 +89,7 @@ impl ConnState {
 
 /// One request in flight; dropping it (the response body ended or was
 /// dropped, or the request was abandoned) may make the connection idle.
-pub struct InFlight(Arc<ConnState>);
+pub(crate) struct InFlight(Arc<ConnState>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
@@ -104,13 +104,13 @@ impl Drop for InFlight {
 }
 
 /// A response body that keeps its request counted as in flight until it ends.
-pub struct Tracked<B> {
+pub(crate) struct Tracked<B> {
     inner: B,
     _guard: InFlight,
 }
 
 impl<B> Tracked<B> {
-    pub fn new(inner: B, guard: InFlight) -> Self {
+    pub(crate) fn new(inner: B, guard: InFlight) -> Self {
         Tracked { inner, _guard: guard }
     }
 }
@@ -137,7 +137,7 @@ impl<B: Body + Unpin> Body for Tracked<B> {
 
 /// The error a request body yields once its deadline has passed.
 #[derive(Debug)]
-pub struct BodyTimeout(pub Duration);
+pub(crate) struct BodyTimeout(pub Duration);
 
 impl std::fmt::Display for BodyTimeout {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -153,7 +153,7 @@ impl std::error::Error for BodyTimeout {}
 
 /// A request body that must be complete within `limit` of its request head.
 /// `timed_out` records that the deadline cut it, so the response can say so.
-pub struct DeadlineBody<B> {
+pub(crate) struct DeadlineBody<B> {
     inner: B,
     limit: Duration,
     deadline: Instant,
@@ -163,7 +163,7 @@ pub struct DeadlineBody<B> {
 }
 
 impl<B> DeadlineBody<B> {
-    pub fn new(inner: B, limit: Duration, timed_out: Arc<AtomicBool>) -> Self {
+    pub(crate) fn new(inner: B, limit: Duration, timed_out: Arc<AtomicBool>) -> Self {
         DeadlineBody {
             inner,
             limit,
@@ -225,14 +225,14 @@ where
 /// Counts an event that may happen thousands of times a second and says when
 /// to log it: at most once a second, with how many happened since the last line.
 #[derive(Default)]
-pub struct Tally {
+pub(crate) struct Tally {
     pending: u64,
     last: Option<Instant>,
 }
 
 impl Tally {
     /// Counts one; returns the count to log now, if a line is due.
-    pub fn hit(&mut self) -> Option<u64> {
+    pub(crate) fn hit(&mut self) -> Option<u64> {
         self.pending += 1;
         let now = Instant::now();
         match self.last {
@@ -242,7 +242,7 @@ impl Tally {
     }
 
     /// When the counted-but-unlogged events are due to be logged.
-    pub fn due(&self) -> Option<Instant> {
+    pub(crate) fn due(&self) -> Option<Instant> {
         (self.pending > 0).then(|| {
             self.last
                 .map_or_else(Instant::now, |l| l + Duration::from_secs(1))
@@ -250,7 +250,7 @@ impl Tally {
     }
 
     /// The count to log now, if any is due.
-    pub fn flush(&mut self) -> Option<u64> {
+    pub(crate) fn flush(&mut self) -> Option<u64> {
         let now = Instant::now();
         match self.due() {
             Some(due) if due <= now => self.take(now),

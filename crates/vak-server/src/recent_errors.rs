@@ -4,7 +4,7 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 
 /// How many failures are kept.
-pub const KEPT: usize = 50;
+pub(crate) const KEPT: usize = 50;
 /// The longest message kept, in bytes (cut at a character boundary).
 const MESSAGE: usize = 512;
 
@@ -26,7 +26,7 @@ pub struct RecentErrors {
 /// Whether an answer is worth an operator's attention: a server-side failure or a
 /// refusal at a cap. Other 4xx are the client's business (and an unauthenticated
 /// prober would otherwise flood the ring).
-pub fn noteworthy(status: u16, grpc_status: Option<u16>) -> bool {
+pub(crate) fn noteworthy(status: u16, grpc_status: Option<u16>) -> bool {
     // UNKNOWN, RESOURCE_EXHAUSTED, INTERNAL, UNAVAILABLE, DATA_LOSS.
     status >= 500 || status == 429 || grpc_status.is_some_and(|c| matches!(c, 2 | 8 | 13 | 14 | 15))
 }

@@ -18,7 +18,7 @@ fn is_open_stream(path: &str) -> bool {
 
 /// Middleware on the gRPC services: refuses with RESOURCE_EXHAUSTED past the
 /// caps, else ties a permit to the response body.
-pub async fn cap(State(limits): State<Arc<StreamLimits>>, req: Request, next: Next) -> Response {
+pub(crate) async fn cap(State(limits): State<Arc<StreamLimits>>, req: Request, next: Next) -> Response {
     if !is_open_stream(req.uri().path()) {
         return next.run(req).await;
     }

@@ -17,7 +17,7 @@ use vak_core::session::side::SideEntry;
 use vak_core::stream::mux::{MuxFrame, MuxItem};
 use vak_proto::v1 as pb;
 
-pub fn json_to_value(v: &Value) -> prost_types::Value {
+pub(crate) fn json_to_value(v: &Value) -> prost_types::Value {
     let kind = match v {
         Value::Null => Pv::NullValue(0),
         Value::Bool(b) => Pv::BoolValue(*b),
@@ -32,7 +32,7 @@ pub fn json_to_value(v: &Value) -> prost_types::Value {
 }
 
 /// A JSON object as a Struct; any other value is wrapped as `{"value": v}`.
-pub fn json_to_struct(v: &Value) -> prost_types::Struct {
+pub(crate) fn json_to_struct(v: &Value) -> prost_types::Struct {
     match v {
         Value::Object(map) => prost_types::Struct {
             fields: map.iter().map(|(k, v)| (k.clone(), json_to_value(v))).collect(),
@@ -45,7 +45,7 @@ pub fn json_to_struct(v: &Value) -> prost_types::Struct {
     }
 }
 
-pub fn kind(event: &ClientEvent) -> Kind {
+pub(crate) fn kind(event: &ClientEvent) -> Kind {
     match event.clone() {
         ClientEvent::UserMessage {
             text,
@@ -142,7 +142,7 @@ fn side_phase(phase: SidePhase) -> pb::side::Phase {
     }
 }
 
-pub fn side_outcome(o: Option<SideOutcome>) -> pb::SideOutcome {
+pub(crate) fn side_outcome(o: Option<SideOutcome>) -> pb::SideOutcome {
     match o {
         None => pb::SideOutcome::Unspecified,
         Some(SideOutcome::Completed) => pb::SideOutcome::Completed,
@@ -151,7 +151,7 @@ pub fn side_outcome(o: Option<SideOutcome>) -> pb::SideOutcome {
     }
 }
 
-pub fn side_entry(e: SideEntry) -> pb::SideEntry {
+pub(crate) fn side_entry(e: SideEntry) -> pb::SideEntry {
     pb::SideEntry {
         side_id: e.side_id,
         question: e.question,
@@ -163,7 +163,7 @@ pub fn side_entry(e: SideEntry) -> pb::SideEntry {
     }
 }
 
-pub fn frame(f: &Frame) -> pb::Event {
+pub(crate) fn frame(f: &Frame) -> pb::Event {
     pb::Event {
         seq: f.seq,
         session_id: f.session_id.to_string(),
@@ -180,7 +180,7 @@ fn stream_frame(session_id: &str, kind: Kind) -> pb::Event {
     }
 }
 
-pub fn stream_opened(session_id: &str, latest_seq: u64) -> pb::Event {
+pub(crate) fn stream_opened(session_id: &str, latest_seq: u64) -> pb::Event {
     stream_frame(
         session_id,
         Kind::StreamOpened(pb::StreamOpened {
@@ -191,7 +191,7 @@ pub fn stream_opened(session_id: &str, latest_seq: u64) -> pb::Event {
     )
 }
 
-pub fn resync(
+pub(crate) fn resync(
     session_id: &str,
     reason: ResyncReason,
     latest_seq: u64,
@@ -209,12 +209,12 @@ pub fn resync(
     )
 }
 
-pub fn session_closed(session_id: &str, reason: CloseReason) -> pb::Event {
+pub(crate) fn session_closed(session_id: &str, reason: CloseReason) -> pb::Event {
     let reason = reason.as_str().into_owned();
     stream_frame(session_id, Kind::SessionClosed(pb::SessionClosed { reason }))
 }
 
-pub fn summary(s: SessionInfo) -> pb::SessionSummary {
+pub(crate) fn summary(s: SessionInfo) -> pb::SessionSummary {
     pb::SessionSummary {
         session_id: s.session_id,
         created_at: s.created_at,
@@ -227,7 +227,7 @@ pub fn summary(s: SessionInfo) -> pb::SessionSummary {
     }
 }
 
-pub fn admission(a: Admission) -> pb::Admission {
+pub(crate) fn admission(a: Admission) -> pb::Admission {
     pb::Admission {
         request_id: a.request_id,
         state: a.state.as_str().into(),
@@ -236,7 +236,7 @@ pub fn admission(a: Admission) -> pb::Admission {
     }
 }
 
-pub fn cancel(c: CancelResult) -> pb::CancelResponse {
+pub(crate) fn cancel(c: CancelResult) -> pb::CancelResponse {
     pb::CancelResponse {
         cancelled: c.cancelled,
         discarded: c.discarded,
@@ -282,7 +282,7 @@ fn usage(u: TokenUsage) -> pb::Usage {
     }
 }
 
-pub fn transcript(session_id: &str, t: Transcript) -> pb::Transcript {
+pub(crate) fn transcript(session_id: &str, t: Transcript) -> pb::Transcript {
     pb::Transcript {
         session_id: session_id.to_string(),
         seq: t.seq,
@@ -299,7 +299,7 @@ pub fn transcript(session_id: &str, t: Transcript) -> pb::Transcript {
     }
 }
 
-pub fn timeline(t: &Timeline) -> pb::OutputTimeline {
+pub(crate) fn timeline(t: &Timeline) -> pb::OutputTimeline {
     pb::OutputTimeline {
         schema_version: t.schema_version,
         session_id: t.session_id.clone(),
@@ -308,7 +308,7 @@ pub fn timeline(t: &Timeline) -> pb::OutputTimeline {
     }
 }
 
-pub fn item(i: &Item) -> pb::TimelineItem {
+pub(crate) fn item(i: &Item) -> pb::TimelineItem {
     pb::TimelineItem {
         id: i.id.clone(),
         kind: i.kind.as_str().into(),
@@ -322,7 +322,7 @@ pub fn item(i: &Item) -> pb::TimelineItem {
     }
 }
 
-pub fn presentation(session_id: &str, e: &PresentationEvent) -> pb::PresentationEvent {
+pub(crate) fn presentation(session_id: &str, e: &PresentationEvent) -> pb::PresentationEvent {
     use pb::presentation_event::Kind as P;
     let kind = match e {
         PresentationEvent::Snapshot(t) => P::Snapshot(timeline(t)),
@@ -352,7 +352,7 @@ fn client(c: &Client) -> pb::Client {
 }
 
 /// The console's view of one live session and who is attached to it.
-pub fn presence(s: SessionInfo, clients: &[Client]) -> pb::SessionPresence {
+pub(crate) fn presence(s: SessionInfo, clients: &[Client]) -> pb::SessionPresence {
     pb::SessionPresence {
         session_id: s.session_id,
         busy: s.busy,
@@ -361,7 +361,7 @@ pub fn presence(s: SessionInfo, clients: &[Client]) -> pb::SessionPresence {
     }
 }
 
-pub fn recent_error(e: crate::recent_errors::RecentError) -> pb::RecentError {
+pub(crate) fn recent_error(e: crate::recent_errors::RecentError) -> pb::RecentError {
     pb::RecentError {
         at: e.at,
         method: e.method,
@@ -372,7 +372,7 @@ pub fn recent_error(e: crate::recent_errors::RecentError) -> pb::RecentError {
     }
 }
 
-pub fn rule(r: Rule) -> pb::PermissionRule {
+pub(crate) fn rule(r: Rule) -> pb::PermissionRule {
     pb::PermissionRule {
         id: r.id,
         tool: r.what.tool,
@@ -382,7 +382,7 @@ pub fn rule(r: Rule) -> pb::PermissionRule {
     }
 }
 
-pub fn mode_change(m: ModeChange) -> pb::SetModeResponse {
+pub(crate) fn mode_change(m: ModeChange) -> pb::SetModeResponse {
     pb::SetModeResponse {
         config: Some(config(m.config)),
         changed: m.changed,
@@ -391,7 +391,7 @@ pub fn mode_change(m: ModeChange) -> pb::SetModeResponse {
     }
 }
 
-pub fn config(c: ConfigInfo) -> pb::ConfigInfo {
+pub(crate) fn config(c: ConfigInfo) -> pb::ConfigInfo {
     pb::ConfigInfo {
         permission_mode: c.permission_mode,
         ring: c.ring,
@@ -407,7 +407,7 @@ pub fn config(c: ConfigInfo) -> pb::ConfigInfo {
     }
 }
 
-pub fn provider_info(p: vak_core::host::config::ProviderStatus) -> pb::ProviderInfo {
+pub(crate) fn provider_info(p: vak_core::host::config::ProviderStatus) -> pb::ProviderInfo {
     pb::ProviderInfo {
         name: p.kind.as_str().to_string(),
         label: p.kind.label().to_string(),
@@ -418,14 +418,14 @@ pub fn provider_info(p: vak_core::host::config::ProviderStatus) -> pb::ProviderI
     }
 }
 
-pub fn model_entry(m: vak_core::provider::ModelInfo) -> pb::ModelEntry {
+pub(crate) fn model_entry(m: vak_core::provider::ModelInfo) -> pb::ModelEntry {
     pb::ModelEntry {
         id: m.id,
         display_name: m.display_name,
     }
 }
 
-pub fn mux_opened(stream_id: &str, cursor: String) -> pb::StreamMessage {
+pub(crate) fn mux_opened(stream_id: &str, cursor: String) -> pb::StreamMessage {
     pb::StreamMessage {
         id: String::new(),
         session_id: String::new(),
@@ -437,7 +437,7 @@ pub fn mux_opened(stream_id: &str, cursor: String) -> pb::StreamMessage {
     }
 }
 
-pub fn mux_item(m: MuxItem) -> pb::StreamMessage {
+pub(crate) fn mux_item(m: MuxItem) -> pb::StreamMessage {
     use pb::stream_message::Frame as F;
     let sid = m.session_id.as_str();
     let frame = match m.frame {
@@ -469,7 +469,7 @@ pub fn mux_item(m: MuxItem) -> pb::StreamMessage {
     }
 }
 
-pub fn mux_extra(frame: pb::stream_message::Frame) -> pb::StreamMessage {
+pub(crate) fn mux_extra(frame: pb::stream_message::Frame) -> pb::StreamMessage {
     pb::StreamMessage {
         id: String::new(),
         session_id: String::new(),
@@ -478,7 +478,7 @@ pub fn mux_extra(frame: pb::stream_message::Frame) -> pb::StreamMessage {
 }
 
 /// The SSE `event:` name of a multiplexed message.
-pub fn mux_kind_name(frame: &pb::stream_message::Frame) -> &'static str {
+pub(crate) fn mux_kind_name(frame: &pb::stream_message::Frame) -> &'static str {
     use pb::stream_message::Frame as F;
     match frame {
         F::StreamOpened(_) => "stream_opened",
@@ -494,7 +494,7 @@ pub fn mux_kind_name(frame: &pb::stream_message::Frame) -> &'static str {
 }
 
 /// The SSE `event:` name of a presentation event.
-pub fn presentation_kind_name(kind: &pb::presentation_event::Kind) -> &'static str {
+pub(crate) fn presentation_kind_name(kind: &pb::presentation_event::Kind) -> &'static str {
     use pb::presentation_event::Kind as P;
     match kind {
         P::Snapshot(_) => "snapshot",
@@ -508,7 +508,7 @@ pub fn presentation_kind_name(kind: &pb::presentation_event::Kind) -> &'static s
 // ---- Workspace files, diff and session lifecycle (issue 15) ----
 
 /// A file read: text as itself, anything else (invalid UTF-8, a NUL byte) as base64.
-pub fn file_content(f: vak_core::host::files::FileRead) -> pb::FileContent {
+pub(crate) fn file_content(f: vak_core::host::files::FileRead) -> pb::FileContent {
     use base64::Engine;
     let size = f.bytes.len() as u64;
     let (content, encoding) = if vak_core::host::files::is_text(&f.bytes) {
@@ -529,7 +529,7 @@ pub fn file_content(f: vak_core::host::files::FileRead) -> pb::FileContent {
 }
 
 /// The bytes a WriteFile carries, decoded as its `encoding` says.
-pub fn file_bytes(content: String, encoding: &str) -> vak_core::Result<Vec<u8>> {
+pub(crate) fn file_bytes(content: String, encoding: &str) -> vak_core::Result<Vec<u8>> {
     use base64::Engine;
     match encoding {
         "" | "utf-8" => Ok(content.into_bytes()),
@@ -543,7 +543,7 @@ pub fn file_bytes(content: String, encoding: &str) -> vak_core::Result<Vec<u8>> 
     }
 }
 
-pub fn file_written(w: vak_core::host::files::FileWritten) -> pb::WriteFileResponse {
+pub(crate) fn file_written(w: vak_core::host::files::FileWritten) -> pb::WriteFileResponse {
     pb::WriteFileResponse {
         path: w.path,
         sha: w.sha256,
@@ -552,7 +552,7 @@ pub fn file_written(w: vak_core::host::files::FileWritten) -> pb::WriteFileRespo
     }
 }
 
-pub fn dir_listing(d: vak_core::host::files::DirListing) -> pb::DirListing {
+pub(crate) fn dir_listing(d: vak_core::host::files::DirListing) -> pb::DirListing {
     pb::DirListing {
         path: d.path,
         parent: d.parent,
@@ -562,7 +562,7 @@ pub fn dir_listing(d: vak_core::host::files::DirListing) -> pb::DirListing {
     }
 }
 
-pub fn workspace(w: vak_core::host::workspaces::OpenWorkspace) -> pb::Workspace {
+pub(crate) fn workspace(w: vak_core::host::workspaces::OpenWorkspace) -> pb::Workspace {
     pb::Workspace {
         path: w.path.display().to_string(),
         trusted: w.trusted,
@@ -570,7 +570,7 @@ pub fn workspace(w: vak_core::host::workspaces::OpenWorkspace) -> pb::Workspace 
     }
 }
 
-pub fn sandbox(s: vak_core::tools::sandbox::SandboxFacts) -> pb::SandboxInfo {
+pub(crate) fn sandbox(s: vak_core::tools::sandbox::SandboxFacts) -> pb::SandboxInfo {
     pb::SandboxInfo {
         mode: s.mode.as_str().to_string(),
         network: s.network,
@@ -579,7 +579,7 @@ pub fn sandbox(s: vak_core::tools::sandbox::SandboxFacts) -> pb::SandboxInfo {
     }
 }
 
-pub fn workspace_diff(session_id: &str, d: vak_core::host::diff::Diff) -> pb::WorkspaceDiff {
+pub(crate) fn workspace_diff(session_id: &str, d: vak_core::host::diff::Diff) -> pb::WorkspaceDiff {
     pb::WorkspaceDiff {
         session_id: session_id.to_string(),
         reason: d.reason.map(|r| r.as_str().to_string()).unwrap_or_default(),
@@ -598,7 +598,7 @@ pub fn workspace_diff(session_id: &str, d: vak_core::host::diff::Diff) -> pb::Wo
     }
 }
 
-pub fn run_result(r: vak_core::session::wait::Settled) -> pb::RunResult {
+pub(crate) fn run_result(r: vak_core::session::wait::Settled) -> pb::RunResult {
     pb::RunResult {
         outcome: r.outcome.as_str().into(),
         message: r.message,
@@ -607,7 +607,7 @@ pub fn run_result(r: vak_core::session::wait::Settled) -> pb::RunResult {
     }
 }
 
-pub fn memory_scope(s: vak_core::host::memory::Scope) -> pb::MemoryScope {
+pub(crate) fn memory_scope(s: vak_core::host::memory::Scope) -> pb::MemoryScope {
     match s {
         vak_core::host::memory::Scope::Workspace => pb::MemoryScope::Workspace,
         vak_core::host::memory::Scope::User => pb::MemoryScope::User,
@@ -615,7 +615,7 @@ pub fn memory_scope(s: vak_core::host::memory::Scope) -> pb::MemoryScope {
 }
 
 /// A scope a request names (an enum number no scope has is refused).
-pub fn memory_scope_in(n: Option<i32>) -> Result<Option<vak_core::host::memory::Scope>, vak_core::Error> {
+pub(crate) fn memory_scope_in(n: Option<i32>) -> Result<Option<vak_core::host::memory::Scope>, vak_core::Error> {
     use vak_core::host::memory::Scope;
     match n.map(pb::MemoryScope::try_from) {
         None => Ok(None),
@@ -625,7 +625,7 @@ pub fn memory_scope_in(n: Option<i32>) -> Result<Option<vak_core::host::memory::
     }
 }
 
-pub fn memory_note(n: vak_core::host::memory::Note) -> pb::MemoryNote {
+pub(crate) fn memory_note(n: vak_core::host::memory::Note) -> pb::MemoryNote {
     pb::MemoryNote {
         id: n.id,
         scope: memory_scope(n.scope) as i32,
@@ -638,7 +638,7 @@ pub fn memory_note(n: vak_core::host::memory::Note) -> pb::MemoryNote {
     }
 }
 
-pub fn search_hit(h: vak_core::host::search::Hit, title: String) -> pb::SearchHit {
+pub(crate) fn search_hit(h: vak_core::host::search::Hit, title: String) -> pb::SearchHit {
     pb::SearchHit {
         session_id: h.session_id,
         seq: h.seq,

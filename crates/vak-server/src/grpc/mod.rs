@@ -1,6 +1,6 @@
 //! The gRPC adapter: the tonic `AgentService` implementation (the only implementation; REST calls it too) and the core-to-wire conversions.
 
-pub mod convert;
-pub mod service;
+pub(crate) mod convert;
+pub(crate) mod service;
 
-pub use service::AgentApi;
+pub(crate) use service::AgentApi;

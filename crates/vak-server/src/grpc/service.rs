@@ -27,13 +27,13 @@ use vak_core::PermissionMode;
 use vak_core::{host::diff, host::files, host::memory, host::search, session::wait};
 use vak_proto::v1 as pb;
 
-pub type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send>>;
-pub type MuxStream = Pin<Box<dyn Stream<Item = Result<pb::StreamMessage, Status>> + Send>>;
-pub type PresentationStream = Pin<Box<dyn Stream<Item = Result<pb::PresentationEvent, Status>> + Send>>;
+pub(crate) type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send>>;
+pub(crate) type MuxStream = Pin<Box<dyn Stream<Item = Result<pb::StreamMessage, Status>> + Send>>;
+pub(crate) type PresentationStream = Pin<Box<dyn Stream<Item = Result<pb::PresentationEvent, Status>> + Send>>;
 
 /// Which surface a stream request came from, for coworking frames. The REST
 /// adapter marks its requests `Surface::Sse`; without a mark a request is gRPC.
-pub use vak_core::reasons::Surface;
+pub(crate) use vak_core::reasons::Surface;
 
 fn surface<T>(req: &Request<T>) -> Surface {
     req.extensions()

@@ -1,10 +1,10 @@
 //! The REST/SSE adapter: axum handlers that translate HTTP into calls on the gRPC service implementation and its results back into JSON and SSE.
 
 pub mod assets;
-pub mod pty;
-pub mod query;
-pub mod routes;
-pub mod sse;
-pub mod sse_encode;
-pub mod state;
-pub mod stream;
+pub(crate) mod pty;
+pub(crate) mod query;
+pub(crate) mod routes;
+pub(crate) mod sse;
+pub(crate) mod sse_encode;
+pub(crate) mod state;
+pub(crate) mod stream;

@@ -28,7 +28,7 @@ const MAX_MESSAGE: usize = 64 << 10;
 const DRAIN: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The query `GET /pty` reads.
-pub const PARAMS: &[&str] = &["workspace", "cols", "rows"];
+pub(crate) const PARAMS: &[&str] = &["workspace", "cols", "rows"];
 
 /// A control message from the client.
 #[derive(serde::Deserialize)]
@@ -41,7 +41,7 @@ fn refuse(e: Error) -> Response {
     status_response(&to_status(e))
 }
 
-pub async fn pty(
+pub(crate) async fn pty(
     State(st): State<AppState>,
     Query(q): Query<HashMap<String, String>>,
     headers: HeaderMap,

@@ -27,7 +27,7 @@ fn params(route: &str) -> &'static [&'static str] {
 }
 
 /// Route middleware: refuses a parameter its route does not read.
-pub async fn refuse_unknown(req: Request, next: Next) -> Response {
+pub(crate) async fn refuse_unknown(req: Request, next: Next) -> Response {
     if let (Some(query), Some(route)) = (req.uri().query(), req.extensions().get::<MatchedPath>()) {
         if let Err(message) = check(route.as_str(), query) {
             return json_error(StatusCode::BAD_REQUEST, "invalid_argument", &message);

@@ -1,6 +1,6 @@
 //! The REST routes of the endpoint table, each a thin translation onto an `AgentService` call.
 
-pub use super::state::{body, json, AppState};
+pub(crate) use super::state::{body, json, AppState};
 use super::{sse, stream};
 use crate::errors::{json_error, status_response};
 use crate::grpc::convert;
@@ -16,7 +16,7 @@ use tonic::Request;
 use vak_core::host::memory;
 use vak_proto::v1 as pb;
 
-pub fn router(state: AppState) -> Router {
+pub(crate) fn router(state: AppState) -> Router {
     Router::new()
         .route("/health", get(health))
         .route("/openapi.json", get(openapi))

@@ -24,7 +24,7 @@ use vak_proto::json::to_json;
 use vak_proto::v1 as pb;
 
 /// Parses a cursor (a seq): decimal digits only, within u64.
-pub fn parse_cursor(raw: &str) -> Result<u64, String> {
+pub(crate) fn parse_cursor(raw: &str) -> Result<u64, String> {
     let s = raw.trim();
     if s.is_empty() || s.len() > 20 || !s.bytes().all(|b| b.is_ascii_digit()) {
         return Err(format!(
@@ -38,7 +38,7 @@ pub fn parse_cursor(raw: &str) -> Result<u64, String> {
 
 /// A gRPC server stream as an SSE response: one frame per message until the
 /// stream ends or fails.
-pub fn respond<T, S>(stream: S, to_frame: fn(T) -> Bytes, keepalive: &Keepalive) -> Response
+pub(crate) fn respond<T, S>(stream: S, to_frame: fn(T) -> Bytes, keepalive: &Keepalive) -> Response
 where
     T: Send + 'static,
     S: futures_util::Stream<Item = Result<T, tonic::Status>> + Send + 'static,
@@ -84,7 +84,7 @@ fn presentation_frame(e: pb::PresentationEvent) -> Bytes {
 
 /// A service request made on behalf of an SSE client: it keeps the client's
 /// address (stream caps) and is marked "sse" (coworking frames).
-pub fn sse_request<T>(msg: T, peer: Option<Extension<PeerAddr>>) -> tonic::Request<T> {
+pub(crate) fn sse_request<T>(msg: T, peer: Option<Extension<PeerAddr>>) -> tonic::Request<T> {
     let mut req = tonic::Request::new(msg);
     req.extensions_mut().insert(Surface::Sse);
     if let Some(Extension(p)) = peer {
@@ -94,7 +94,7 @@ pub fn sse_request<T>(msg: T, peer: Option<Extension<PeerAddr>>) -> tonic::Reque
 }
 
 /// GET /sessions/:id/presentation/events: a snapshot, then semantic deltas.
-pub async fn presentation_events(
+pub(crate) async fn presentation_events(
     State(st): State<AppState>,
     Path(id): Path<String>,
     peer: Option<Extension<PeerAddr>>,
@@ -106,7 +106,7 @@ pub async fn presentation_events(
     }
 }
 
-pub async fn events(
+pub(crate) async fn events(
     State(st): State<AppState>,
     Path(id): Path<String>,
     query: Result<Query<HashMap<String, String>>, axum::extract::rejection::QueryRejection>,

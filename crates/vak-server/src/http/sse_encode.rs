@@ -11,14 +11,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
-pub use vak_proto::sse::{frame, write_frame};
+pub(crate) use vak_proto::sse::{frame, write_frame};
 
 /// A comment is sent after this long without a frame, so proxies and
 /// clients see a live connection.
-pub const KEEPALIVE: Duration = Duration::from_secs(15);
+pub(crate) const KEEPALIVE: Duration = Duration::from_secs(15);
 /// The shared clock's period: a keepalive comes between `KEEPALIVE` and
 /// `KEEPALIVE + TICK` after the last chunk, then every `KEEPALIVE`.
-pub const TICK: Duration = Duration::from_secs(1);
+pub(crate) const TICK: Duration = Duration::from_secs(1);
 const QUIET_TICKS: u64 = KEEPALIVE.as_secs() / TICK.as_secs();
 /// Wake-up lists by due tick, modulo: a due tick is at most
 /// `QUIET_TICKS + 1` ahead, so no two pending ticks share a slot.
@@ -178,7 +178,7 @@ impl<S: Stream<Item = Bytes>> http_body::Body for EventStream<S> {
 /// response: `retry:` first, a keepalive comment whenever the chunks pause
 /// for `KEEPALIVE` (on `keepalive`'s clock), no caching and no proxy
 /// buffering.
-pub fn response<S>(chunks: S, keepalive: &Keepalive) -> Response
+pub(crate) fn response<S>(chunks: S, keepalive: &Keepalive) -> Response
 where
     S: Stream<Item = Bytes> + Send + 'static,
 {

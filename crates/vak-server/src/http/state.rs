@@ -33,7 +33,7 @@ impl FromRef<AppState> for Arc<Bundle> {
     }
 }
 
-pub fn json<M: Message + Name>(status: StatusCode, msg: &M) -> Response {
+pub(crate) fn json<M: Message + Name>(status: StatusCode, msg: &M) -> Response {
     let mut resp = (status, to_json(msg)).into_response();
     resp.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -41,7 +41,7 @@ pub fn json<M: Message + Name>(status: StatusCode, msg: &M) -> Response {
 }
 
 /// Reads and parses a JSON body, answering 413 past the limit and 400 when malformed.
-pub async fn body<M: Message + Name + Default>(st: &AppState, body: Body) -> Result<M, Response> {
+pub(crate) async fn body<M: Message + Name + Default>(st: &AppState, body: Body) -> Result<M, Response> {
     let bytes = match http_body_util::Limited::new(body, st.max_body).collect().await {
         Ok(c) => c.to_bytes(),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => {

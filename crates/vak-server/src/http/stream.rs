@@ -33,11 +33,11 @@ fn flag(name: &str, v: &str) -> Result<bool, String> {
 }
 
 /// The query parameters `/stream` reads (besides the loopback `token`).
-pub const PARAMS: &[&str] = &["session", "host", "config", "cursor"];
+pub(crate) const PARAMS: &[&str] = &["session", "host", "config", "cursor"];
 
 /// Parses `session=A&session=B&host=1&config=1&cursor=V`; the `query`
 /// middleware has already refused any other parameter but `token`.
-pub fn parse_query(raw: &str) -> Result<pb::StreamRequest, String> {
+pub(crate) fn parse_query(raw: &str) -> Result<pb::StreamRequest, String> {
     let pairs: Vec<(String, String)> =
         serde_urlencoded::from_str(raw).map_err(|e| format!("malformed query string: {e}"))?;
     let mut req = pb::StreamRequest::default();
@@ -74,7 +74,7 @@ fn mux_frame(m: pb::StreamMessage) -> bytes::Bytes {
     sse_encode::frame(name, id, &data)
 }
 
-pub async fn stream(
+pub(crate) async fn stream(
     State(st): State<AppState>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
@@ -99,7 +99,7 @@ pub async fn stream(
     }
 }
 
-pub async fn follow(State(st): State<AppState>, Path(stream_id): Path<String>, b: Body) -> Response {
+pub(crate) async fn follow(State(st): State<AppState>, Path(stream_id): Path<String>, b: Body) -> Response {
     let mut req: pb::FollowRequest = match body(&st, b).await {
         Ok(r) => r,
         Err(e) => return e,
@@ -111,7 +111,7 @@ pub async fn follow(State(st): State<AppState>, Path(stream_id): Path<String>, b
     }
 }
 
-pub async fn unfollow(State(st): State<AppState>, Path(stream_id): Path<String>, b: Body) -> Response {
+pub(crate) async fn unfollow(State(st): State<AppState>, Path(stream_id): Path<String>, b: Body) -> Response {
     let mut req: pb::UnfollowRequest = match body(&st, b).await {
         Ok(r) => r,
         Err(e) => return e,
