@@ -1,7 +1,6 @@
 //! Event types: what the agent loop emits internally, what clients see, and the projection between them.
 
-use super::provider::TokenUsage;
-use crate::session::attachments::AttachmentRef;
+use crate::provider::{Image, TokenUsage};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::sync::{Arc, OnceLock};
@@ -502,6 +501,29 @@ impl Frame {
     pub fn encoded_json(&self, make: impl FnOnce(&Frame) -> bytes::Bytes) -> bytes::Bytes {
         self.json.get_or_init(|| make(self)).clone()
     }
+}
+
+/// An attachment as ledgers, events and transcripts hold it: a reference
+/// to the file `attachments/<sha256>` in the home, never its bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttachmentRef {
+    /// 64 lowercase hex digits of the SHA-256 of the bytes.
+    pub sha256: String,
+    pub media_type: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    pub size: u64,
+}
+
+/// The images of a user message, to be loaded before they are sent.
+pub fn images(refs: &[AttachmentRef]) -> Vec<Image> {
+    refs.iter()
+        .map(|r| Image {
+            sha256: r.sha256.clone(),
+            media_type: r.media_type.clone(),
+            data: String::new(),
+        })
+        .collect()
 }
 
 #[cfg(test)]

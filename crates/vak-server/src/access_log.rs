@@ -15,7 +15,11 @@ use std::time::{Duration, Instant, SystemTime};
 const ERROR_BODY: usize = 4096;
 
 /// The middleware: outermost, so refusals by the guard are logged too.
-pub(crate) async fn access_log(State(errors): State<Arc<RecentErrors>>, req: Request, next: Next) -> Response {
+pub(crate) async fn access_log(
+    State(errors): State<Arc<RecentErrors>>,
+    req: Request,
+    next: Next,
+) -> Response {
     let start = Instant::now();
     let method = req.method().clone();
     let target = redacted(req.uri());

@@ -1,8 +1,8 @@
 //! The transcript: a fold of client events into messages and usage, shared by the live session, a reload from the ledger, and Markdown export.
 
+use crate::event::AttachmentRef;
 use crate::event::{ClientEvent, Compaction, Note, RunOutcome, Undo};
 use crate::provider::{ChatMessage, Thinking, TokenUsage, ToolCall};
-use crate::session::attachments::AttachmentRef;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::fmt::Write;
@@ -253,7 +253,7 @@ impl Transcript {
             match m.role {
                 Role::User => out.push(ChatMessage::User {
                     text: m.text.clone(),
-                    images: crate::session::attachments::images(&m.attachments),
+                    images: crate::event::images(&m.attachments),
                 }),
                 Role::Assistant if m.interrupted => {}
                 Role::Assistant => {

@@ -2,9 +2,8 @@
 
 use crate::error::{Error, Result};
 use crate::host::files::sha256_hex;
-use crate::provider::{ChatMessage, Image};
+use crate::provider::ChatMessage;
 use base64::Engine;
-use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 /// The media types a model service takes as native image blocks.
@@ -18,17 +17,9 @@ pub const MAX_COUNT: usize = 4;
 /// The longest name kept, in characters.
 pub const MAX_NAME: usize = 255;
 
-/// An attachment as ledgers, events and transcripts hold it: a reference
-/// to the file `attachments/<sha256>` in the home, never its bytes.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AttachmentRef {
-    /// 64 lowercase hex digits of the SHA-256 of the bytes.
-    pub sha256: String,
-    pub media_type: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub name: String,
-    pub size: u64,
-}
+// The reference type lives with the events that carry it (event.rs), below
+// the session, so the log's folds need nothing from this module.
+pub use crate::event::AttachmentRef;
 
 /// An attachment as a client sent it, checked and decoded.
 pub struct Upload {
@@ -208,17 +199,6 @@ pub async fn load(home: &Path, messages: &mut [ChatMessage]) -> Result<()> {
     Ok(())
 }
 
-/// The images of a user message, to be loaded before they are sent.
-pub fn images(refs: &[AttachmentRef]) -> Vec<Image> {
-    refs.iter()
-        .map(|r| Image {
-            sha256: r.sha256.clone(),
-            media_type: r.media_type.clone(),
-            data: String::new(),
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -279,7 +259,7 @@ mod tests {
         assert_eq!(names.len(), 1, "no temporary file is left behind");
         let mut messages = vec![ChatMessage::User {
             text: "look".into(),
-            images: images(&refs),
+            images: crate::event::images(&refs),
         }];
         load(home.path(), &mut messages).await.unwrap();
         let ChatMessage::User { images, .. } = &messages[0] else {

@@ -615,7 +615,9 @@ pub(crate) fn memory_scope(s: vak_core::host::memory::Scope) -> pb::MemoryScope 
 }
 
 /// A scope a request names (an enum number no scope has is refused).
-pub(crate) fn memory_scope_in(n: Option<i32>) -> Result<Option<vak_core::host::memory::Scope>, vak_core::Error> {
+pub(crate) fn memory_scope_in(
+    n: Option<i32>,
+) -> Result<Option<vak_core::host::memory::Scope>, vak_core::Error> {
     use vak_core::host::memory::Scope;
     match n.map(pb::MemoryScope::try_from) {
         None => Ok(None),

@@ -29,7 +29,8 @@ use vak_proto::v1 as pb;
 
 pub(crate) type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send>>;
 pub(crate) type MuxStream = Pin<Box<dyn Stream<Item = Result<pb::StreamMessage, Status>> + Send>>;
-pub(crate) type PresentationStream = Pin<Box<dyn Stream<Item = Result<pb::PresentationEvent, Status>> + Send>>;
+pub(crate) type PresentationStream =
+    Pin<Box<dyn Stream<Item = Result<pb::PresentationEvent, Status>> + Send>>;
 
 /// Which surface a stream request came from, for coworking frames. The REST
 /// adapter marks its requests `Surface::Sse`; without a mark a request is gRPC.
