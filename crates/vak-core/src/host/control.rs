@@ -219,3 +219,50 @@ impl ControlPlane {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::error::ErrorKind;
+    use crate::host::hub::Hub;
+    use crate::session::live::Route;
+    use crate::CoreConfig;
+    use std::sync::Arc;
+
+    #[tokio::test]
+    async fn an_open_workspace_has_one_runtime_for_its_rules_and_its_sessions() {
+        let home = tempfile::tempdir().unwrap();
+        let other = home.path().join("other");
+        std::fs::create_dir(&other).unwrap();
+        let mut cfg = CoreConfig::new(home.path().to_path_buf(), home.path().to_path_buf());
+        cfg.workspace_roots = vec![home.path().to_path_buf()];
+        let h = Hub::new(cfg, Route::offline()).unwrap();
+        let control = h.control();
+        let primary = control.workspace_runtime(None).await.unwrap();
+        assert!(Arc::ptr_eq(&primary, control.runtimes.primary()));
+
+        let empty = control.workspace_runtime(Some("")).await.map(drop).unwrap_err();
+        assert_eq!(empty.kind, ErrorKind::InvalidArgument);
+        let asked = other.display().to_string();
+        let closed = control
+            .workspace_runtime(Some(&asked))
+            .await
+            .map(drop)
+            .unwrap_err();
+        assert_eq!(
+            (closed.kind, closed.reason),
+            (ErrorKind::NotFound, Some("workspace_not_open"))
+        );
+
+        let (w, opened) = control.workspaces().open(&asked, true).unwrap();
+        assert!(opened);
+        let rt = control.workspace_runtime(Some(&asked)).await.unwrap();
+        assert!(!Arc::ptr_eq(&rt, &primary));
+        let again = control.workspace_runtime(Some(&asked)).await.unwrap();
+        assert!(Arc::ptr_eq(&rt, &again), "made once, then kept");
+        let s = h.sessions().create_in(Some(w)).await.unwrap();
+        assert!(
+            std::ptr::eq(s.runtime(), &*rt),
+            "the registry's sessions share it"
+        );
+    }
+}

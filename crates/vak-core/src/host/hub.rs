@@ -151,3 +151,20 @@ impl Hub {
         self.closing.cancel();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::FutureExt;
+
+    #[tokio::test]
+    async fn the_hub_closes_once_shutdown_is_done_and_refuses_sessions_from_its_start() {
+        let home = tempfile::tempdir().unwrap();
+        let cfg = CoreConfig::new(home.path().to_path_buf(), home.path().to_path_buf());
+        let h = Hub::new(cfg, Route::offline()).unwrap();
+        assert!(h.closed().now_or_never().is_none());
+        h.shutdown(Duration::from_secs(1)).await;
+        assert!(h.closed().now_or_never().is_some());
+        assert!(h.sessions().create().await.is_err());
+    }
+}

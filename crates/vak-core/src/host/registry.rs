@@ -678,3 +678,175 @@ fn watch_lease(
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::ClientEvent;
+    use crate::host::hub::Hub;
+    use crate::session::live::Route;
+    use crate::CoreConfig;
+
+    fn hub(home: &std::path::Path, tweak: impl FnOnce(&mut CoreConfig)) -> Arc<Hub> {
+        let mut cfg = CoreConfig::new(home.to_path_buf(), home.to_path_buf());
+        tweak(&mut cfg);
+        Arc::new(Hub::new(cfg, Route::offline()).unwrap())
+    }
+
+    #[test]
+    fn the_shared_index_adds_other_replicas_sessions_and_the_holders_title_wins() {
+        let e = |id: &str, title: &str, seq: u64| Entry {
+            session_id: id.into(),
+            created_at: "2026-12-02T00:00:00Z".into(),
+            title: title.into(),
+            latest_seq: seq,
+            usage: Default::default(),
+            workspace: String::new(),
+        };
+        let mine = vec![e("a", "old", 9), e("b", "kept", 3)];
+        let shared = vec![e("a", "renamed", 4), e("b", "", 5), e("c", "theirs", 1)];
+        let mut merged = merge_shared(mine, shared);
+        merged.sort_by(|x, y| x.session_id.cmp(&y.session_id));
+        assert_eq!(
+            merged,
+            vec![e("a", "renamed", 9), e("b", "kept", 5), e("c", "theirs", 1)]
+        );
+    }
+
+    async fn session_with_history(home: &std::path::Path, events: usize) -> String {
+        let h = hub(home, |_| {});
+        let s = h.sessions().create().await.unwrap();
+        for i in 0..events {
+            s.publish(ClientEvent::TextDelta {
+                text: format!("{i} "),
+            });
+        }
+        s.flush().await.unwrap();
+        h.shutdown(Duration::from_secs(5)).await;
+        s.id().to_string()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_first_loads_share_one_load_and_one_live_session() {
+        let home = tempfile::tempdir().unwrap();
+        let id = session_with_history(home.path(), 20_000).await;
+        let h = hub(home.path(), |_| {});
+        let gets: Vec<_> = (0..32)
+            .map(|_| {
+                let (h, id) = (h.clone(), id.clone());
+                tokio::spawn(async move { h.sessions().get(&id).await.unwrap() })
+            })
+            .collect();
+        // While the big ledger loads, other requests are not held up by it.
+        let other = h.sessions().create().await.unwrap();
+        assert_eq!(other.latest_seq(), 0);
+        let mut sessions = Vec::new();
+        for g in gets {
+            sessions.push(g.await.unwrap());
+        }
+        assert!(
+            sessions.iter().all(|s| Arc::ptr_eq(s, &sessions[0])),
+            "one live state"
+        );
+        assert_eq!(sessions[0].latest_seq(), 20_000);
+        assert_eq!(h.sessions().loaded_count(), 2);
+    }
+
+    #[tokio::test]
+    async fn an_idle_session_is_unloaded_and_loads_again_on_use() {
+        let home = tempfile::tempdir().unwrap();
+        let h = hub(home.path(), |c| c.unload_idle_after = Duration::ZERO);
+        let s = h.sessions().create().await.unwrap();
+        s.publish(ClientEvent::TextDelta { text: "kept".into() });
+        s.flush().await.unwrap();
+        let id = s.id().to_string();
+        let sub = s.subscribe(None);
+        drop(s);
+        assert_eq!(
+            h.sessions().unload_idle().await,
+            0,
+            "a subscriber keeps it loaded"
+        );
+        drop(sub);
+        assert_eq!(h.sessions().unload_idle().await, 1);
+        assert_eq!(h.sessions().loaded_count(), 0);
+        let again = h.sessions().get(&id).await.unwrap();
+        assert_eq!(again.latest_seq(), 1);
+        assert_eq!(again.transcript().messages[0].text, "kept");
+    }
+
+    #[tokio::test]
+    async fn nothing_is_created_or_loaded_once_shutdown_began() {
+        let home = tempfile::tempdir().unwrap();
+        let id = session_with_history(home.path(), 1).await;
+        let h = hub(home.path(), |_| {});
+        h.shutdown(Duration::from_secs(1)).await;
+        let created = h.sessions().create().await.map(|_| ()).unwrap_err();
+        assert_eq!(created.kind, ErrorKind::Unavailable);
+        let loaded = h.sessions().get(&id).await.map(|_| ()).unwrap_err();
+        assert_eq!(loaded.kind, ErrorKind::Unavailable);
+    }
+
+    #[tokio::test]
+    async fn a_created_session_is_the_one_live_state_every_lookup_finds() {
+        let home = tempfile::tempdir().unwrap();
+        let h = hub(home.path(), |_| {});
+        let reg = h.sessions();
+        let s = reg.create().await.unwrap();
+        let id = s.id().to_string();
+        assert!(Arc::ptr_eq(&reg.get(&id).await.unwrap(), &s));
+        assert!(Arc::ptr_eq(&reg.attach(&id).await.unwrap(), &s));
+        match reg.find(&id).await.unwrap() {
+            Located::Local(found) => assert!(Arc::ptr_eq(&found, &s)),
+            Located::Remote(o) => panic!("served by {}", o.replica),
+        }
+        assert_eq!(reg.loaded_count(), 1);
+        assert_eq!(reg.live().len(), 1);
+        let listed = reg.list().await.unwrap();
+        let ids: Vec<&str> = listed.iter().map(|i| i.session_id.as_str()).collect();
+        assert_eq!(ids, [id.as_str()]);
+        assert!(listed[0].loaded, "a loaded session reports its live state");
+    }
+
+    #[tokio::test]
+    async fn a_held_or_recently_used_session_stays_loaded() {
+        let home = tempfile::tempdir().unwrap();
+        let h = hub(home.path(), |c| c.unload_idle_after = Duration::ZERO);
+        let s = h.sessions().create().await.unwrap();
+        assert_eq!(
+            h.sessions().unload_idle().await,
+            0,
+            "another holder keeps it loaded"
+        );
+        assert_eq!(h.sessions().loaded_count(), 1);
+        drop(s);
+        assert_eq!(h.sessions().unload_idle().await, 1);
+        assert_eq!(h.sessions().loaded_count(), 0);
+        assert!(!h.sessions().list().await.unwrap()[0].loaded);
+
+        let home = tempfile::tempdir().unwrap();
+        let h = hub(home.path(), |c| c.unload_idle_after = Duration::from_secs(3600));
+        drop(h.sessions().create().await.unwrap());
+        assert_eq!(h.sessions().unload_idle().await, 0, "used within the idle time");
+        assert_eq!(h.sessions().loaded_count(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_title_is_the_live_sessions_while_loaded_and_the_indexs_after() {
+        let home = tempfile::tempdir().unwrap();
+        let h = hub(home.path(), |c| c.unload_idle_after = Duration::ZERO);
+        let s = h.sessions().create().await.unwrap();
+        let id = s.id().to_string();
+        assert_eq!(h.sessions().title(&id), "");
+        s.set_title(Some("live".into()));
+        assert_eq!(h.sessions().title(&id), "live", "before the index catches up");
+        drop(s);
+        assert_eq!(h.sessions().unload_idle().await, 1);
+        assert_eq!(
+            h.sessions().title(&id),
+            "live",
+            "noted in the index as it unloaded"
+        );
+        assert_eq!(h.sessions().title("nosuch"), "");
+    }
+}

@@ -407,3 +407,40 @@ pub async fn control(
         )),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::hub::Hub;
+    use crate::session::live::Route;
+    use crate::CoreConfig;
+
+    #[tokio::test]
+    async fn a_stream_is_reachable_by_its_id_while_it_lives_and_ends_when_the_hub_closes() {
+        let home = tempfile::tempdir().unwrap();
+        let cfg = CoreConfig::new(home.path().to_path_buf(), home.path().to_path_buf());
+        let h = Hub::new(cfg, Route::offline()).unwrap();
+        let s = h.sessions().create().await.unwrap();
+        let ids = [s.id().to_string()];
+        let live = CursorVector::default();
+        let mux = Mux::open(h.sessions(), h.streams(), &ids, &live).await.unwrap();
+        let gone_id = mux.stream_id().to_string();
+        assert_eq!(h.streams().ids(), [gone_id.as_str()]);
+        drop(mux);
+        assert!(h.streams().ids().is_empty(), "a dropped stream leaves");
+        let unfollow = |reply| Control::Unfollow {
+            session_id: ids[0].clone(),
+            reply,
+        };
+        let gone = control(h.streams(), &gone_id, unfollow).await.unwrap_err();
+        assert_eq!(gone.kind, ErrorKind::NotFound);
+
+        let mut mux = Mux::open(h.sessions(), h.streams(), &ids, &live).await.unwrap();
+        drop(s);
+        h.shutdown(Duration::from_secs(5)).await;
+        let ended = async { while mux.next().await.is_some() {} };
+        tokio::time::timeout(Duration::from_secs(10), ended)
+            .await
+            .expect("the stream ends once the hub has closed");
+    }
+}

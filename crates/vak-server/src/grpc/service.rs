@@ -721,7 +721,11 @@ impl AgentService for AgentApi {
         &self,
         _req: Request<pb::ListProvidersRequest>,
     ) -> Result<Response<pb::ListProvidersResponse>, Status> {
-        self.control().settings().refresh_keys().await.map_err(to_status)?;
+        self.control()
+            .settings()
+            .refresh_keys()
+            .await
+            .map_err(to_status)?;
         ok(pb::ListProvidersResponse {
             providers: self
                 .control()
@@ -742,8 +746,17 @@ impl AgentService for AgentApi {
         // exist is not found (a malformed body field elsewhere is a 400).
         let kind = config::parse_provider(&r.provider, "provider")
             .map_err(|e| to_status(vak_core::error::Error::not_found(e.message)))?;
-        self.control().settings().refresh_keys().await.map_err(to_status)?;
-        let models = self.control().settings().list_models(kind).await.map_err(to_status)?;
+        self.control()
+            .settings()
+            .refresh_keys()
+            .await
+            .map_err(to_status)?;
+        let models = self
+            .control()
+            .settings()
+            .list_models(kind)
+            .await
+            .map_err(to_status)?;
         ok(pb::ListModelsResponse {
             provider: kind.as_str().to_string(),
             models: models.into_iter().map(convert::model_entry).collect(),
@@ -860,7 +873,11 @@ impl AgentService for AgentApi {
         if r.session_id.is_empty() {
             return Err(Status::invalid_argument("session_id is required"));
         }
-        let (child, at_seq) = self.sessions().fork(&r.session_id, r.at_seq).await.map_err(to_status)?;
+        let (child, at_seq) = self
+            .sessions()
+            .fork(&r.session_id, r.at_seq)
+            .await
+            .map_err(to_status)?;
         ok(pb::ForkSessionResponse {
             session: Some(convert::summary(child.info())),
             parent_id: r.session_id,
@@ -1124,7 +1141,11 @@ impl AgentService for AgentApi {
     async fn search(&self, req: Request<pb::SearchRequest>) -> Result<Response<pb::SearchResponse>, Status> {
         let r = req.into_inner();
         let limit = limit_in(r.limit, search::DEFAULT_LIMIT, search::MAX_LIMIT)?;
-        let hits = self.control().search(&r.q, limit, r.all).await.map_err(to_status)?;
+        let hits = self
+            .control()
+            .search(&r.q, limit, r.all)
+            .await
+            .map_err(to_status)?;
         ok(pb::SearchResponse {
             hits: hits
                 .into_iter()

@@ -148,3 +148,175 @@ fn set_aside(path: &std::path::Path, id: &str, why: &str) -> Error {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+    use crate::event::ClientEvent;
+    use crate::host::hub::Hub;
+    use crate::log::ledger::Ledger;
+    use crate::session::live::Route;
+    use crate::CoreConfig;
+    use std::time::Duration;
+
+    fn hub(home: &std::path::Path, tweak: impl FnOnce(&mut CoreConfig)) -> Arc<Hub> {
+        let mut cfg = CoreConfig::new(home.to_path_buf(), home.to_path_buf());
+        tweak(&mut cfg);
+        Arc::new(Hub::new(cfg, Route::offline()).unwrap())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reload_reads_from_the_last_snapshot_and_equals_the_live_session() {
+        let home = tempfile::tempdir().unwrap();
+        let small = |c: &mut CoreConfig| c.snapshot_min_bytes = 64 * 1024;
+        let h = hub(home.path(), small);
+        let s = h.sessions().create().await.unwrap();
+        for round in 0..20 {
+            let admitted = s
+                .admit(format!("round {round}\n/burst 1000"), None)
+                .await
+                .unwrap();
+            assert_ne!(admitted.state, crate::session::live::AdmissionState::Duplicate);
+            // Let the round finish before the next, so each is its own run.
+            let mut busy = s.subscribe(Some(admitted.after_seq));
+            loop {
+                match busy.recv().await {
+                    Some(crate::stream::bus::Delivery::Frame(f))
+                        if matches!(f.event, ClientEvent::RunFinished { .. }) =>
+                    {
+                        break
+                    }
+                    Some(_) => {}
+                    None => panic!("the stream ended"),
+                }
+            }
+        }
+        s.flush().await.unwrap();
+        let (transcript, timeline, latest) = (s.transcript(), s.timeline(), s.latest_seq());
+        let id = s.id().to_string();
+        drop(s);
+        h.shutdown(Duration::from_secs(5)).await;
+
+        let path = home.path().join("sessions").join(format!("{id}.jsonl"));
+        let lines = std::fs::read_to_string(&path).unwrap().lines().count();
+        let snapshots = std::fs::read_to_string(&path)
+            .unwrap()
+            .lines()
+            .filter(|l| l.starts_with("{\"snapshot\":"))
+            .count();
+        assert!(snapshots >= 2, "{snapshots} snapshots in {lines} lines");
+        let mut visited = 0;
+        Ledger::open(&path, crate::Durability::Process, |_| visited += 1).unwrap();
+        // A load starts at the last snapshot, and the policy keeps what
+        // follows it under four times that snapshot's size (plus the batch
+        // that made the next one due, at most a round here).
+        let text = std::fs::read_to_string(&path).unwrap();
+        let all: Vec<&str> = text.lines().collect();
+        let last = all.iter().rposition(|l| l.starts_with("{\"snapshot\":")).unwrap();
+        assert_eq!(
+            visited,
+            1 + lines - last,
+            "a load parses the header, the last snapshot and what follows it"
+        );
+        let after: usize = all[last + 1..].iter().map(|l| l.len() + 1).sum();
+        assert!(
+            after < 4 * all[last].len() + 64 * 1024,
+            "{after} bytes after a snapshot of {}",
+            all[last].len()
+        );
+
+        let h = hub(home.path(), small);
+        let again = h.sessions().get(&id).await.unwrap();
+        assert_eq!(again.latest_seq(), latest);
+        assert_eq!(again.transcript(), transcript);
+        assert_eq!(again.timeline(), timeline);
+        // Request ids from before the snapshot are still remembered.
+        let first = &transcript.messages[0];
+        assert_eq!(first.role, crate::log::transcript::Role::User);
+        let dup = again
+            .admit("again".into(), Some(first_request_id(&again)))
+            .await
+            .unwrap();
+        assert_eq!(dup.state, crate::session::live::AdmissionState::Duplicate);
+        // And the session goes on from there.
+        let next = again.admit("after".into(), None).await.unwrap();
+        assert_eq!(next.after_seq, latest);
+    }
+
+    /// The request id of the session's first run, from its timeline.
+    fn first_request_id(s: &Session) -> String {
+        s.timeline()
+            .items
+            .iter()
+            .find(|i| !i.request_id.is_empty())
+            .map(|i| i.request_id.clone())
+            .expect("a user input item carries its request id")
+    }
+
+    #[tokio::test]
+    async fn an_unusable_ledger_is_set_aside_and_answers_not_found() {
+        let home = tempfile::tempdir().unwrap();
+        let h = hub(home.path(), |_| {});
+        let dir = h.control().config().sessions_dir();
+        std::fs::write(dir.join("empty.jsonl"), b"").unwrap();
+        std::fs::write(dir.join("garbled.jsonl"), b"{not json\n").unwrap();
+        for id in ["empty", "garbled"] {
+            let e = h.sessions().get(id).await.map(|_| ()).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::NotFound, "{e}");
+            assert!(e.message.contains("set aside"), "{e}");
+            assert!(!dir.join(format!("{id}.jsonl")).exists());
+            let e = h.sessions().get(id).await.map(|_| ()).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::NotFound);
+        }
+        let aside = std::fs::read_dir(dir.join("corrupt")).unwrap().count();
+        assert_eq!(aside, 2, "kept for a person to look at");
+    }
+
+    #[tokio::test]
+    async fn thinking_signatures_and_usage_survive_a_reload_beside_the_events_they_follow() {
+        use crate::event::AgentEvent;
+        use crate::provider::{ChatMessage, Thinking, TokenUsage};
+        let home = tempfile::tempdir().unwrap();
+        let h = hub(home.path(), |_| {});
+        let s = h.sessions().create().await.unwrap();
+        let id = s.id().to_string();
+        let usage = TokenUsage {
+            input_tokens: 5,
+            output_tokens: 3,
+            cache_read_tokens: 2,
+            cache_write_tokens: 1,
+        };
+        // One batch as the writer may see it: two signed blocks and their usage.
+        for (thinking, sig) in [("a", "sig-a"), ("b", "sig-b")] {
+            s.publish(ClientEvent::ThinkingDelta {
+                text: thinking.into(),
+            });
+            s.emit(AgentEvent::ThinkingSignature(sig.into()));
+            s.publish(ClientEvent::TextDelta { text: "t".into() });
+            s.emit(AgentEvent::Usage(usage));
+        }
+        s.flush().await.unwrap();
+        let live = s.transcript();
+        h.shutdown(Duration::from_secs(5)).await;
+        drop(s);
+
+        let h = hub(home.path(), |_| {});
+        let reloaded = h.sessions().get(&id).await.unwrap().transcript();
+        assert_eq!(reloaded, live);
+        let signed: Vec<Thinking> = reloaded
+            .chat()
+            .into_iter()
+            .flat_map(|m| match m {
+                ChatMessage::Assistant { thinking, .. } => thinking,
+                _ => vec![],
+            })
+            .collect();
+        let sigs: Vec<_> = signed
+            .iter()
+            .map(|t| (t.text.as_str(), t.signature.as_str()))
+            .collect();
+        assert_eq!(sigs, [("a", "sig-a"), ("b", "sig-b")]);
+        assert_eq!(reloaded.usage.cache_read_tokens, 4);
+    }
+}
