@@ -665,7 +665,7 @@ async fn start(args: ServeArgs) -> Result<Started> {
             ),
         );
     }
-    let route = server.hub().config_info().route;
+    let route = server.hub().control().config_info().route;
     tracing::info!(
         provider = route.provider.as_str(),
         model = %route.model,
@@ -682,7 +682,7 @@ async fn start(args: ServeArgs) -> Result<Started> {
         );
     }
     let url = home::local_url(scheme, addr);
-    if let Some(owners) = &server.hub().config().owners {
+    if let Some(owners) = &server.hub().control().config().owners {
         owners.set_url(&url);
     }
     if addr.ip().is_unspecified() {

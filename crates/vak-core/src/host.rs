@@ -1,13 +1,16 @@
-//! What the server holds besides sessions' logs: the hub of live sessions and their recovery, config and keys, rules, memory, search, workspaces, the session index, files, diffs and terminals.
+//! What the server holds besides sessions' logs: the hub, with its registry of live sessions and their recovery and its control plane; config and keys, rules, memory, search, workspaces, the session index, files, diffs and terminals.
 
 pub mod config;
+pub mod control;
 pub mod diff;
 pub mod files;
 pub mod hub;
 pub mod index;
 pub mod memory;
 pub(crate) mod recovery;
+pub mod registry;
 pub mod rules;
+pub(crate) mod runtimes;
 pub mod search;
 pub mod secrets;
 pub mod terminal;

@@ -118,7 +118,7 @@ impl Server {
     ) -> Result<()> {
         let app = app(self.hub.clone(), &self.cfg).await?;
         tokio::spawn(self.hub.clone().housekeep());
-        tokio::spawn(self.hub.clone().follow_shared_mode());
+        tokio::spawn(self.hub.control().clone().follow_shared_mode());
         let hub = self.hub.clone();
         let grace = self.cfg.shutdown_grace;
         let signal = async move {
@@ -157,7 +157,7 @@ pub async fn app(hub: Arc<Hub>, cfg: &ServeConfig) -> Result<Router> {
     let api = AgentApi::new(hub.clone(), limits.clone(), errors.clone(), host);
     // Several replicas on one NATS: admissions for the sessions this one
     // holds arrive forwarded from the others, until the hub shuts down.
-    if let Some(owners) = hub.config().owners.clone() {
+    if let Some(owners) = hub.control().config().owners.clone() {
         let stop = tokio_util::sync::CancellationToken::new();
         let hub = hub.clone();
         let done = stop.clone();

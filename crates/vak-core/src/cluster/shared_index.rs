@@ -4,7 +4,7 @@
 //! on one replica must be listed on all of them, and a rename made through
 //! any of them (forwarded to the holder) must read the same everywhere.
 //! The holder puts the summary when it creates, loads, renames or unloads
-//! the session (`Hub::note`); create and rename wait for the put, so a
+//! the session (`Registry::note`); create and rename wait for the put, so a
 //! listing made after their answer, on any replica, shows them.
 //!
 //! Bounded: a summary is at most `MAX_VALUE` bytes, the bucket at most

@@ -308,7 +308,7 @@ impl Index {
     /// so the next save tries again. Blocking.
     ///
     /// One save at a time, so renames land in snapshot order and two never
-    /// share the temp file: the hub saves only from the index file's owner
+    /// share the temp file: the registry saves only from the index file's owner
     /// task (`file_owner.rs`), which holds no lock across this I/O; readers
     /// and writers of entries never wait on the disk.
     pub(crate) fn save(&self) -> std::io::Result<()> {

@@ -612,7 +612,7 @@ mod tests {
             context_window: Some(1000),
         };
         let hub = Hub::new(CoreConfig::new(home.path().into(), home.path().into()), route).unwrap();
-        let s = hub.create().await.unwrap();
+        let s = hub.sessions().create().await.unwrap();
         let seen = run_to_end(&s, "go").await;
         assert!(
             matches!(
@@ -649,7 +649,7 @@ mod tests {
             Route::offline(),
         )
         .unwrap();
-        let reloaded = hub.get(&id).await.unwrap().transcript();
+        let reloaded = hub.sessions().get(&id).await.unwrap().transcript();
         assert_eq!(reloaded.chat(), live.chat());
         assert_eq!(reloaded.usage.input_tokens, 850 + 850 + 120);
         // Clients still see every message.
@@ -665,7 +665,7 @@ mod tests {
         cfg.permission = PermissionMode::Allow;
         cfg.bus.queue = 8;
         let hub = Hub::new(cfg, Route::offline()).unwrap();
-        let s = hub.create().await.unwrap();
+        let s = hub.sessions().create().await.unwrap();
         // Subscribed before the run and not read until it is over.
         let mut stalled = s.subscribe(Some(0));
         let command = "/bash for i in $(seq 1 3000); do echo \"line $i\"; echo \"err $i\" >&2; done; \
@@ -724,7 +724,7 @@ mod tests {
         let mut cfg = CoreConfig::new(home.path().into(), home.path().into());
         cfg.max_turns = 2;
         let hub = Hub::new(cfg, Route::offline()).unwrap();
-        let s = hub.create().await.unwrap();
+        let s = hub.sessions().create().await.unwrap();
         let seen = run_to_end(&s, "/read a\n/read a\n/read a").await;
         let calls = seen
             .iter()

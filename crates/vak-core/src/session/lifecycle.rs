@@ -1,6 +1,6 @@
 //! The files behind a session's lifecycle: a deleted ledger moved to the home's trash, a chosen title kept beside the ledger, a fork's ledger copied from its parent's up to a seq.
 //!
-//! Every function here blocks: the hub calls them through `spawn_blocking`.
+//! Every function here blocks: the session registry (`host/registry/lifecycle.rs`) calls them through `spawn_blocking`.
 
 use crate::error::{Error, Result};
 use crate::log::ledger::{self, Record};

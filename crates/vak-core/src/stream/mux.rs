@@ -10,18 +10,19 @@
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::event::Frame;
-use crate::host::hub::Hub;
+use crate::host::registry::Registry;
 use crate::log::presentation::{PresentationEvent, Presenter};
 use crate::reasons::{CloseReason, ResyncReason, Surface};
 use crate::session::live::{Client, PresenceGuard, Session};
 use crate::stream::bus::{Delivery, End};
 use crate::stream::cursor::{CursorVector, MAX_SESSIONS};
 use futures_util::stream::{BoxStream, StreamExt};
-use std::collections::{HashSet, VecDeque};
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::StreamMap;
+use tokio_util::sync::CancellationToken;
 
 /// Frames one feed hands over per turn.
 const BATCH: usize = 32;
@@ -52,6 +53,46 @@ pub struct MuxItem {
     pub frame: MuxFrame,
     /// The cursor vector after this frame, on agent and presentation frames.
     pub cursor: Option<String>,
+}
+
+/// The live multiplexed streams by stream id, for follow and unfollow by
+/// id; the hub's closing ends them.
+pub struct Streams {
+    live: Mutex<HashMap<String, mpsc::Sender<Control>>>,
+    /// Cancelled once the hub has shut down.
+    closing: CancellationToken,
+}
+
+impl Streams {
+    pub(crate) fn new(closing: CancellationToken) -> Streams {
+        Streams {
+            live: Mutex::new(HashMap::new()),
+            closing,
+        }
+    }
+
+    fn live(&self) -> MutexGuard<'_, HashMap<String, mpsc::Sender<Control>>> {
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn register(&self, stream_id: &str, control: mpsc::Sender<Control>) {
+        self.live().insert(stream_id.to_string(), control);
+    }
+
+    fn unregister(&self, stream_id: &str) {
+        self.live().remove(stream_id);
+    }
+
+    fn control(&self, stream_id: &str) -> Option<mpsc::Sender<Control>> {
+        self.live().get(stream_id).cloned()
+    }
+
+    /// The stream ids of the live multiplexed streams, sorted.
+    pub fn ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self.live().keys().cloned().collect();
+        ids.sort();
+        ids
+    }
 }
 
 pub enum Control {
@@ -192,7 +233,7 @@ fn feed_stream(feed: Feed) -> BoxStream<'static, Vec<MuxFrame>> {
 
 /// One multiplexed stream.
 pub struct Mux {
-    hub: Arc<Hub>,
+    streams: Arc<Streams>,
     stream_id: String,
     cursors: CursorVector,
     feeds: StreamMap<String, BoxStream<'static, Vec<MuxFrame>>>,
@@ -207,7 +248,12 @@ impl Mux {
     /// resuming from its entry in `cursor` when it has one, else live.
     /// Sessions named only in the cursor are followed too, so a reconnect
     /// keeps what was followed live. Every session must exist.
-    pub async fn open(hub: Arc<Hub>, sessions: &[String], cursor: &CursorVector) -> Result<Mux> {
+    pub async fn open(
+        registry: &Registry,
+        streams: &Arc<Streams>,
+        sessions: &[String],
+        cursor: &CursorVector,
+    ) -> Result<Mux> {
         let mut order: Vec<&str> = Vec::new();
         for s in sessions.iter().map(String::as_str).chain(cursor.sessions()) {
             if !order.contains(&s) {
@@ -222,13 +268,13 @@ impl Mux {
         }
         let mut loaded = Vec::with_capacity(order.len());
         for s in &order {
-            loaded.push(hub.get(s).await?);
+            loaded.push(registry.get(s).await?);
         }
         let stream_id = format!("st_{}", uuid::Uuid::new_v4().simple());
         let (tx, rx) = mpsc::channel(16);
-        hub.register_stream(&stream_id, tx);
+        streams.register(&stream_id, tx);
         let mut mux = Mux {
-            hub,
+            streams: streams.clone(),
             stream_id,
             cursors: CursorVector::default(),
             feeds: StreamMap::new(),
@@ -318,7 +364,7 @@ impl Mux {
                 Some((sid, batch)) = self.feeds.next(), if !self.feeds.is_empty() => {
                     self.pending.extend(batch.into_iter().map(|frame| (sid.clone(), frame)));
                 }
-                _ = self.hub.closed() => {
+                _ = self.streams.closing.cancelled() => {
                     if self.feeds.is_empty() {
                         return None;
                     }
@@ -335,18 +381,18 @@ impl Mux {
 
 impl Drop for Mux {
     fn drop(&mut self) {
-        self.hub.unregister_stream(&self.stream_id);
+        self.streams.unregister(&self.stream_id);
     }
 }
 
 /// Follows or unfollows on a live stream, by its id.
 pub async fn control(
-    hub: &Hub,
+    streams: &Streams,
     stream_id: &str,
     make: impl FnOnce(oneshot::Sender<Result<Vec<String>>>) -> Control,
 ) -> Result<Vec<String>> {
-    let tx = hub
-        .stream_control(stream_id)
+    let tx = streams
+        .control(stream_id)
         .ok_or_else(|| Error::not_found(format!("no live stream {stream_id}")))?;
     let (reply, rx) = oneshot::channel();
     tx.send(make(reply))
@@ -359,5 +405,42 @@ pub async fn control(
             ErrorKind::Unavailable,
             format!("the stream {stream_id} is not being read; try again"),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::hub::Hub;
+    use crate::session::live::Route;
+    use crate::CoreConfig;
+
+    #[tokio::test]
+    async fn a_stream_is_reachable_by_its_id_while_it_lives_and_ends_when_the_hub_closes() {
+        let home = tempfile::tempdir().unwrap();
+        let cfg = CoreConfig::new(home.path().to_path_buf(), home.path().to_path_buf());
+        let h = Hub::new(cfg, Route::offline()).unwrap();
+        let s = h.sessions().create().await.unwrap();
+        let ids = [s.id().to_string()];
+        let live = CursorVector::default();
+        let mux = Mux::open(h.sessions(), h.streams(), &ids, &live).await.unwrap();
+        let gone_id = mux.stream_id().to_string();
+        assert_eq!(h.streams().ids(), [gone_id.as_str()]);
+        drop(mux);
+        assert!(h.streams().ids().is_empty(), "a dropped stream leaves");
+        let unfollow = |reply| Control::Unfollow {
+            session_id: ids[0].clone(),
+            reply,
+        };
+        let gone = control(h.streams(), &gone_id, unfollow).await.unwrap_err();
+        assert_eq!(gone.kind, ErrorKind::NotFound);
+
+        let mut mux = Mux::open(h.sessions(), h.streams(), &ids, &live).await.unwrap();
+        drop(s);
+        h.shutdown(Duration::from_secs(5)).await;
+        let ended = async { while mux.next().await.is_some() {} };
+        tokio::time::timeout(Duration::from_secs(10), ended)
+            .await
+            .expect("the stream ends once the hub has closed");
     }
 }

@@ -4,7 +4,7 @@ use pb::event::Kind;
 use prost_types::value::Kind as Pv;
 use serde_json::Value;
 use vak_core::event::{ClientEvent, Frame, SideOutcome, SidePhase};
-use vak_core::host::hub::{ConfigInfo, ModeChange};
+use vak_core::host::control::{ConfigInfo, ModeChange};
 use vak_core::host::rules::Rule;
 use vak_core::log::presentation::{Item, PresentationEvent, Timeline};
 use vak_core::log::transcript::{self, Role, Transcript};

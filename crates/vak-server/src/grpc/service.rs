@@ -14,7 +14,9 @@ use std::time::Duration;
 use tonic::{Request, Response, Status};
 use vak_core::cluster::owners::Owner;
 use vak_core::host::config::{self, RoutePatch};
-use vak_core::host::hub::{Hub, Located};
+use vak_core::host::control::ControlPlane;
+use vak_core::host::hub::Hub;
+use vak_core::host::registry::{Located, Registry};
 use vak_core::log::presentation::PresentationEvent;
 use vak_core::session::approvals::Answer;
 use vak_core::session::live::AdmissionState;
@@ -80,14 +82,24 @@ impl AgentApi {
         &self.hub
     }
 
+    /// The hub's sessions: create, load, list, delete, rename, fork.
+    fn sessions(&self) -> &Registry {
+        self.hub.sessions()
+    }
+
+    /// The hub's route, keys, mode, rules, memory, search and workspaces.
+    fn control(&self) -> &Arc<ControlPlane> {
+        self.hub.control()
+    }
+
     pub fn host(&self) -> &HostFacts {
         &self.host
     }
 
     /// What GetHost answers and /stream's host frames carry.
     fn host_info(&self) -> pb::HostInfo {
-        let ws = self.hub.workspaces();
-        let cfg = self.hub.config();
+        let ws = self.control().workspaces();
+        let cfg = self.control().config();
         pb::HostInfo {
             version: env!("CARGO_PKG_VERSION").to_string(),
             workspace: ws.primary().path.display().to_string(),
@@ -114,13 +126,13 @@ impl AgentApi {
                 .as_ref()
                 .map(|o| o.replica().to_string())
                 .unwrap_or_default(),
-            sandbox: Some(convert::sandbox(self.hub.sandbox())),
+            sandbox: Some(convert::sandbox(self.control().sandbox())),
         }
     }
 
     /// Sessions stopped by a storage failure, with the reason (for /health).
     pub fn storage_failures(&self) -> Vec<(String, String)> {
-        self.hub
+        self.sessions()
             .storage_failures()
             .into_iter()
             .map(|(id, stopped)| (id, stopped.reason()))
@@ -150,7 +162,7 @@ impl AgentApi {
         if id.is_empty() {
             return Err(Status::invalid_argument("session_id is required"));
         }
-        self.hub.get(id).await.map_err(to_status)
+        self.sessions().get(id).await.map_err(to_status)
     }
 
     /// The workspace the files API works in: the session's when one is
@@ -163,7 +175,7 @@ impl AgentApi {
                 s.runtime().check_workspace().await.map_err(to_status)?;
                 Ok(s.workspace_dir().to_path_buf())
             }
-            None => Ok(self.hub.config().workspace.clone()),
+            None => Ok(self.control().config().workspace.clone()),
         }
     }
 
@@ -176,7 +188,7 @@ impl AgentApi {
         if id.is_empty() {
             return Err(Status::invalid_argument("session_id is required"));
         }
-        self.hub.find(id).await.map_err(to_status)
+        self.sessions().find(id).await.map_err(to_status)
     }
 
     /// Asks `owner` to answer `req` as its `method` (`forward.rs`).
@@ -188,7 +200,7 @@ impl AgentApi {
         timeout: Duration,
     ) -> Result<Response<Resp>, Status> {
         let owners = self
-            .hub
+            .control()
             .config()
             .owners
             .as_ref()
@@ -291,7 +303,7 @@ impl AgentService for AgentApi {
         let workspace = if asked.is_empty() {
             None
         } else {
-            let ws = self.hub.workspaces().clone();
+            let ws = self.control().workspaces().clone();
             let found = blocking(move || ws.find(&asked)).await?;
             Some(found.ok_or_else(|| {
                 to_status(
@@ -302,7 +314,7 @@ impl AgentService for AgentApi {
                 )
             })?)
         };
-        let s = self.hub.create_in(workspace).await.map_err(to_status)?;
+        let s = self.sessions().create_in(workspace).await.map_err(to_status)?;
         ok(pb::CreateSessionResponse {
             session_id: s.id().to_string(),
             workspace: s.workspace().to_string(),
@@ -313,7 +325,7 @@ impl AgentService for AgentApi {
         &self,
         _req: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
-        let sessions = self.hub.list().await.map_err(to_status)?;
+        let sessions = self.sessions().list().await.map_err(to_status)?;
         ok(pb::ListSessionsResponse {
             sessions: sessions.into_iter().map(convert::summary).collect(),
         })
@@ -327,7 +339,7 @@ impl AgentService for AgentApi {
         if id.is_empty() {
             return Err(Status::invalid_argument("session_id is required"));
         }
-        let s = self.hub.attach(&id).await.map_err(to_status)?;
+        let s = self.sessions().attach(&id).await.map_err(to_status)?;
         ok(pb::AttachSessionResponse {
             session: Some(convert::summary(s.info())),
         })
@@ -514,7 +526,7 @@ impl AgentService for AgentApi {
         let permit = self.permit(&req)?;
         let r = req.into_inner();
         let cursor = CursorVector::parse(&r.cursor).map_err(to_status)?;
-        let mux = Mux::open(self.hub.clone(), &r.sessions, &cursor)
+        let mux = Mux::open(self.sessions(), self.hub.streams(), &r.sessions, &cursor)
             .await
             .map_err(to_status)?;
         let mut first = vec![convert::mux_opened(mux.stream_id(), mux.cursor())];
@@ -523,18 +535,18 @@ impl AgentService for AgentApi {
         }
         if r.config {
             first.push(convert::mux_extra(F::Config(convert::config(
-                self.hub.config_info(),
+                self.control().config_info(),
             ))));
         }
         // Config frames: one now (above), then one on every route change
         // and every permission mode change.
         let changes = r
             .config
-            .then(|| (self.hub.settings().changes(), self.hub.watch_mode()));
-        let hub = self.hub.clone();
+            .then(|| (self.control().settings().changes(), self.control().watch_mode()));
+        let control = self.control().clone();
         let rest = stream::unfold(
-            (mux, permit, changes, hub),
-            |(mut mux, permit, mut changes, hub)| async move {
+            (mux, permit, changes, control),
+            |(mut mux, permit, mut changes, control)| async move {
                 let msg = loop {
                     let Some((route, mode)) = changes.as_mut() else {
                         break convert::mux_item(mux.next().await?);
@@ -542,17 +554,17 @@ impl AgentService for AgentApi {
                     tokio::select! {
                         biased;
                         changed = route.changed() => match changed {
-                            Ok(()) => break convert::mux_extra(F::Config(convert::config(hub.config_info()))),
+                            Ok(()) => break convert::mux_extra(F::Config(convert::config(control.config_info()))),
                             Err(_) => changes = None,
                         },
                         changed = mode.changed() => match changed {
-                            Ok(()) => break convert::mux_extra(F::Config(convert::config(hub.config_info()))),
+                            Ok(()) => break convert::mux_extra(F::Config(convert::config(control.config_info()))),
                             Err(_) => changes = None,
                         },
                         item = mux.next() => break convert::mux_item(item?),
                     }
                 };
-                Some((Ok(msg), (mux, permit, changes, hub)))
+                Some((Ok(msg), (mux, permit, changes, control)))
             },
         );
         ok(Box::pin(stream::iter(first.into_iter().map(Ok)).chain(rest)) as MuxStream)
@@ -562,7 +574,7 @@ impl AgentService for AgentApi {
         let r = req.into_inner();
         let session = self.session(&r.session_id).await?;
         let after = r.after;
-        let sessions = mux::control(&self.hub, &r.stream_id, |reply| Control::Follow {
+        let sessions = mux::control(self.hub.streams(), &r.stream_id, |reply| Control::Follow {
             session,
             after,
             reply,
@@ -583,7 +595,7 @@ impl AgentService for AgentApi {
         // Unknown or malformed sessions are refused like Follow's; a known
         // session that is not followed is a no-op (retries are safe).
         let session_id = self.session(&r.session_id).await?.id().to_string();
-        let sessions = mux::control(&self.hub, &r.stream_id, |reply| Control::Unfollow {
+        let sessions = mux::control(self.hub.streams(), &r.stream_id, |reply| Control::Unfollow {
             session_id,
             reply,
         })
@@ -607,7 +619,7 @@ impl AgentService for AgentApi {
         &self,
         _req: Request<pb::GetConfigRequest>,
     ) -> Result<Response<pb::ConfigInfo>, Status> {
-        ok(convert::config(self.hub.config_info()))
+        ok(convert::config(self.control().config_info()))
     }
 
     async fn update_config(
@@ -630,7 +642,7 @@ impl AgentService for AgentApi {
             base_url: r.base_url,
             revision: r.revision,
         };
-        let info = self.hub.update_route(patch).await.map_err(to_status)?;
+        let info = self.control().update_route(patch).await.map_err(to_status)?;
         ok(convert::config(info))
     }
 
@@ -639,7 +651,7 @@ impl AgentService for AgentApi {
         req: Request<pb::SetModeRequest>,
     ) -> Result<Response<pb::SetModeResponse>, Status> {
         let mode = PermissionMode::parse(&req.into_inner().mode).map_err(to_status)?;
-        let change = self.hub.set_mode(mode).await.map_err(to_status)?;
+        let change = self.control().set_mode(mode).await.map_err(to_status)?;
         ok(convert::mode_change(change))
     }
 
@@ -649,7 +661,7 @@ impl AgentService for AgentApi {
     ) -> Result<Response<pb::ListRulesResponse>, Status> {
         let asked = req.into_inner().workspace;
         let rt = self
-            .hub
+            .control()
             .workspace_runtime(asked.as_deref())
             .await
             .map_err(to_status)?;
@@ -671,7 +683,7 @@ impl AgentService for AgentApi {
             return Err(Status::invalid_argument("id is required"));
         }
         let rt = self
-            .hub
+            .control()
             .workspace_runtime(r.workspace.as_deref())
             .await
             .map_err(to_status)?;
@@ -684,7 +696,7 @@ impl AgentService for AgentApi {
     async fn set_key(&self, req: Request<pb::SetKeyRequest>) -> Result<Response<pb::SetKeyResponse>, Status> {
         let r = req.into_inner();
         let kind = config::parse_provider(&r.provider, "provider").map_err(to_status)?;
-        let fingerprint = self.hub.set_key(kind, &r.key).await.map_err(to_status)?;
+        let fingerprint = self.control().set_key(kind, &r.key).await.map_err(to_status)?;
         ok(pb::SetKeyResponse {
             provider: kind.as_str().to_string(),
             stored: true,
@@ -698,7 +710,7 @@ impl AgentService for AgentApi {
     ) -> Result<Response<pb::DeleteKeyResponse>, Status> {
         let r = req.into_inner();
         let kind = config::parse_provider(&r.provider, "provider").map_err(to_status)?;
-        let (deleted, shadowed_by_env) = self.hub.delete_key(kind).await.map_err(to_status)?;
+        let (deleted, shadowed_by_env) = self.control().delete_key(kind).await.map_err(to_status)?;
         ok(pb::DeleteKeyResponse {
             provider: kind.as_str().to_string(),
             deleted,
@@ -710,10 +722,14 @@ impl AgentService for AgentApi {
         &self,
         _req: Request<pb::ListProvidersRequest>,
     ) -> Result<Response<pb::ListProvidersResponse>, Status> {
-        self.hub.settings().refresh_keys().await.map_err(to_status)?;
+        self.control()
+            .settings()
+            .refresh_keys()
+            .await
+            .map_err(to_status)?;
         ok(pb::ListProvidersResponse {
             providers: self
-                .hub
+                .control()
                 .settings()
                 .providers()
                 .into_iter()
@@ -731,8 +747,17 @@ impl AgentService for AgentApi {
         // exist is not found (a malformed body field elsewhere is a 400).
         let kind = config::parse_provider(&r.provider, "provider")
             .map_err(|e| to_status(vak_core::error::Error::not_found(e.message)))?;
-        self.hub.settings().refresh_keys().await.map_err(to_status)?;
-        let models = self.hub.settings().list_models(kind).await.map_err(to_status)?;
+        self.control()
+            .settings()
+            .refresh_keys()
+            .await
+            .map_err(to_status)?;
+        let models = self
+            .control()
+            .settings()
+            .list_models(kind)
+            .await
+            .map_err(to_status)?;
         ok(pb::ListModelsResponse {
             provider: kind.as_str().to_string(),
             models: models.into_iter().map(convert::model_entry).collect(),
@@ -773,7 +798,7 @@ impl AgentService for AgentApi {
 
     async fn list_dirs(&self, req: Request<pb::ListDirsRequest>) -> Result<Response<pb::DirListing>, Status> {
         let path = req.into_inner().path;
-        let roots = self.hub.config().dir_roots();
+        let roots = self.control().config().dir_roots();
         let listing = blocking(move || files::dirs(&roots, &path)).await?;
         ok(convert::dir_listing(listing))
     }
@@ -783,7 +808,7 @@ impl AgentService for AgentApi {
         req: Request<pb::GetDiffRequest>,
     ) -> Result<Response<pb::WorkspaceDiff>, Status> {
         let s = self.session(&req.into_inner().session_id).await?;
-        let cfg = self.hub.config();
+        let cfg = self.control().config();
         s.runtime().check_workspace().await.map_err(to_status)?;
         // The session's own workspace, which may not be the server's.
         let d = diff::diff(s.workspace_dir(), &cfg.git).await.map_err(to_status)?;
@@ -813,7 +838,7 @@ impl AgentService for AgentApi {
             return Ok(answer);
         }
         let id = r.session_id;
-        self.hub.delete(&id).await.map_err(to_status)?;
+        self.sessions().delete(&id).await.map_err(to_status)?;
         ok(pb::DeleteSessionResponse {
             session_id: id,
             deleted: true,
@@ -834,7 +859,7 @@ impl AgentService for AgentApi {
             return Ok(answer);
         }
         let info = self
-            .hub
+            .sessions()
             .rename(&r.session_id, &r.title)
             .await
             .map_err(to_status)?;
@@ -849,7 +874,11 @@ impl AgentService for AgentApi {
         if r.session_id.is_empty() {
             return Err(Status::invalid_argument("session_id is required"));
         }
-        let (child, at_seq) = self.hub.fork(&r.session_id, r.at_seq).await.map_err(to_status)?;
+        let (child, at_seq) = self
+            .sessions()
+            .fork(&r.session_id, r.at_seq)
+            .await
+            .map_err(to_status)?;
         ok(pb::ForkSessionResponse {
             session: Some(convert::summary(child.info())),
             parent_id: r.session_id,
@@ -988,7 +1017,7 @@ impl AgentService for AgentApi {
     ) -> Result<Response<pb::WorkspaceList>, Status> {
         ok(pb::WorkspaceList {
             workspaces: self
-                .hub
+                .control()
                 .workspaces()
                 .list()
                 .into_iter()
@@ -1003,7 +1032,7 @@ impl AgentService for AgentApi {
         req: Request<pb::OpenWorkspaceRequest>,
     ) -> Result<Response<pb::OpenWorkspaceResponse>, Status> {
         let req = req.into_inner();
-        let ws = self.hub.workspaces().clone();
+        let ws = self.control().workspaces().clone();
         let (w, opened) = blocking(move || ws.open(&req.path, req.trust)).await?;
         ok(pb::OpenWorkspaceResponse {
             workspace: Some(convert::workspace(w)),
@@ -1031,12 +1060,12 @@ impl AgentService for AgentApi {
                 })
                 .collect(),
             sessions: self
-                .hub
+                .sessions()
                 .presence()
                 .into_iter()
                 .map(|(info, clients)| convert::presence(info, &clients))
                 .collect(),
-            streams: self.hub.stream_ids(),
+            streams: self.hub.streams().ids(),
             recent_errors: self
                 .errors
                 .list()
@@ -1052,7 +1081,7 @@ impl AgentService for AgentApi {
         &self,
         _req: Request<pb::ListMemoryRequest>,
     ) -> Result<Response<pb::ListMemoryResponse>, Status> {
-        let memory = self.hub.memory();
+        let memory = self.control().memory();
         let notes = memory.list().await.map_err(to_status)?;
         ok(pb::ListMemoryResponse {
             notes: notes.into_iter().map(convert::memory_note).collect(),
@@ -1074,7 +1103,7 @@ impl AgentService for AgentApi {
             scope: convert::memory_scope_in(r.scope).map_err(to_status)?,
             session_id: r.session_id,
         };
-        let note = self.hub.memory().add(new).await.map_err(to_status)?;
+        let note = self.control().memory().add(new).await.map_err(to_status)?;
         ok(convert::memory_note(note))
     }
 
@@ -1085,7 +1114,7 @@ impl AgentService for AgentApi {
         let r = req.into_inner();
         let scope = convert::memory_scope_in(r.scope).map_err(to_status)?;
         let note = self
-            .hub
+            .control()
             .memory()
             .update(&r.note_id, &r.text, scope)
             .await
@@ -1100,7 +1129,7 @@ impl AgentService for AgentApi {
         let r = req.into_inner();
         let scope = convert::memory_scope_in(r.scope).map_err(to_status)?;
         let note = self
-            .hub
+            .control()
             .memory()
             .delete(&r.note_id, scope)
             .await
@@ -1113,13 +1142,17 @@ impl AgentService for AgentApi {
     async fn search(&self, req: Request<pb::SearchRequest>) -> Result<Response<pb::SearchResponse>, Status> {
         let r = req.into_inner();
         let limit = limit_in(r.limit, search::DEFAULT_LIMIT, search::MAX_LIMIT)?;
-        let hits = self.hub.search(&r.q, limit, r.all).await.map_err(to_status)?;
+        let hits = self
+            .control()
+            .search(&r.q, limit, r.all)
+            .await
+            .map_err(to_status)?;
         ok(pb::SearchResponse {
             hits: hits
                 .into_iter()
                 .map(|(h, title)| convert::search_hit(h, title))
                 .collect(),
-            workspace: self.hub.workspace().to_string(),
+            workspace: self.control().workspace().to_string(),
         })
     }
 

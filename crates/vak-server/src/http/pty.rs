@@ -80,7 +80,7 @@ pub(crate) async fn pty(
         },
         (Err(e), _) | (_, Err(e)) => return refuse(e),
     };
-    let workspaces = st.api.hub().workspaces().clone();
+    let workspaces = st.api.hub().control().workspaces().clone();
     let asked = q.get("workspace").cloned().unwrap_or_default();
     let found = tokio::task::spawn_blocking(move || {
         if asked.is_empty() {

@@ -1,0 +1,268 @@
+//! The control plane: what the server is configured with and changes at run time, for every session at once: the model route and keys, the permission mode (`control/mode.rs`), always-allow rules, memory notes, transcript search and the open workspaces.
+
+mod mode;
+
+use crate::error::Result;
+use crate::host::config::{RoutePatch, RouteSpec, Settings};
+use crate::host::registry::Registry;
+use crate::host::runtimes::Runtimes;
+use crate::host::workspaces::Workspaces;
+use crate::session::live::Runtime;
+use crate::CoreConfig;
+use crate::PermissionMode;
+use std::sync::{Arc, Weak};
+use tokio_util::sync::CancellationToken;
+
+/// The effective configuration: what GetConfig answers and config frames carry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigInfo {
+    pub permission_mode: String,
+    pub ring: u64,
+    pub route: RouteSpec,
+    /// Changes on every route change (and with every server start).
+    pub revision: String,
+    pub max_turns: u32,
+}
+
+/// What a permission mode change did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModeChange {
+    pub config: ConfigInfo,
+    /// False when the mode was already the one asked for (nothing happened).
+    pub changed: bool,
+    pub cancelled_runs: usize,
+    pub denied_approvals: usize,
+}
+
+pub struct ControlPlane {
+    /// The server's own workspace's runtime: its route, mode, rules,
+    /// memory and search.
+    rt: Arc<Runtime>,
+    /// The runtimes of other open workspaces (their rules).
+    runtimes: Arc<Runtimes>,
+    /// The model route's description and revision, keys, config.toml.
+    settings: Arc<Settings>,
+    /// Where every permission mode change runs, one at a time, from switch
+    /// (and, with `--bus`, the bucket's put) to settled runs: no lock is
+    /// held across that I/O.
+    mode_change: crate::file_owner::FileOwner<()>,
+    /// The workspaces open in this process (`workspaces.rs`).
+    workspaces: Arc<Workspaces>,
+    /// The live sessions a mode change interrupts and search hits name.
+    sessions: Arc<Registry>,
+    /// Cancelled once the hub has shut down.
+    closing: CancellationToken,
+}
+
+/// With `--bus`: takes up every route and key change another replica
+/// makes, until the hub closes.
+async fn adopt_shared_config(
+    shared: Arc<crate::cluster::shared_config::SharedConfig>,
+    settings: Weak<Settings>,
+    rt: Weak<Runtime>,
+    closing: CancellationToken,
+) {
+    let mut changes = shared.changes();
+    loop {
+        {
+            let (Some(s), Some(rt)) = (settings.upgrade(), rt.upgrade()) else {
+                return;
+            };
+            s.adopt(move |route| rt.set_route(route)).await;
+        }
+        tokio::select! {
+            changed = changes.changed() => if changed.is_err() { return },
+            _ = closing.cancelled() => return,
+        }
+    }
+}
+
+impl ControlPlane {
+    /// The control plane over `runtimes`' primary; with `--bus` it takes
+    /// up the shared mode now and every route and key change from now on.
+    pub(crate) fn new(
+        runtimes: Arc<Runtimes>,
+        settings: Settings,
+        workspaces: Arc<Workspaces>,
+        sessions: Arc<Registry>,
+        closing: CancellationToken,
+    ) -> ControlPlane {
+        let rt = runtimes.primary().clone();
+        let settings = Arc::new(settings);
+        if let Some(shared) = rt.cfg.shared_config.clone() {
+            // The bucket's mode wins over --permission-mode (a bypass this
+            // replica does not allow aside: `follow_shared_mode` warns).
+            if let Some(m) = shared.mode() {
+                if m.mode.check(rt.bypass_allowed()).is_ok() {
+                    rt.set_mode(m.mode);
+                }
+            }
+            tokio::spawn(adopt_shared_config(
+                shared,
+                Arc::downgrade(&settings),
+                Arc::downgrade(&rt),
+                closing.clone(),
+            ));
+        }
+        ControlPlane {
+            rt,
+            runtimes,
+            settings,
+            mode_change: crate::file_owner::FileOwner::new("the permission mode", ()),
+            workspaces,
+            sessions,
+            closing,
+        }
+    }
+
+    /// The workspaces open in this process.
+    pub fn workspaces(&self) -> &Arc<Workspaces> {
+        &self.workspaces
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// Changes the model route (resolved, persisted, then applied to legs
+    /// that start from now on); the new effective configuration.
+    pub async fn update_route(&self, patch: RoutePatch) -> Result<ConfigInfo> {
+        let rt = self.rt.clone();
+        self.settings
+            .update(patch, move |route| rt.set_route(route))
+            .await?;
+        Ok(self.config_info())
+    }
+
+    /// Stores a provider key; its fingerprint. A route of that provider
+    /// picks it up for its next legs.
+    pub async fn set_key(&self, kind: crate::provider::ProviderKind, key: &str) -> Result<String> {
+        let rt = self.rt.clone();
+        self.settings
+            .set_key(kind, key, move |route| rt.set_route(route))
+            .await
+    }
+
+    /// Deletes a stored key: (deleted, the environment still exports one).
+    pub async fn delete_key(&self, kind: crate::provider::ProviderKind) -> Result<(bool, bool)> {
+        let rt = self.rt.clone();
+        self.settings
+            .delete_key(kind, move |route| rt.set_route(route))
+            .await
+    }
+
+    /// The workspace's always-allow rules.
+    pub fn rules(&self) -> &crate::host::rules::Rules {
+        self.rt.rules()
+    }
+
+    /// The runtime of the open workspace at `workspace` (an absolute path,
+    /// as `GET /workspaces` lists it; None: the server's own), for its
+    /// always-allow rules: made on first use like a session's, its folder
+    /// re-checked. An empty path is InvalidArgument; a path no open
+    /// workspace has is NotFound (`workspace_not_open`).
+    pub async fn workspace_runtime(&self, workspace: Option<&str>) -> Result<Arc<Runtime>> {
+        self.runtimes.of_open(workspace).await
+    }
+
+    /// The best `limit` transcript hits for `q`, in this workspace's
+    /// sessions or in every workspace's (`all`), each with its session's title.
+    pub async fn search(
+        &self,
+        q: &str,
+        limit: usize,
+        all: bool,
+    ) -> Result<Vec<(crate::host::search::Hit, String)>> {
+        let workspace = (!all).then(|| self.rt.workspace().to_string());
+        let hits = self.rt.search().query(q, limit, workspace).await?;
+        Ok(hits
+            .into_iter()
+            .map(|h| {
+                let title = self.sessions.title(&h.session_id);
+                (h, title)
+            })
+            .collect())
+    }
+
+    /// The workspace's canonical path (what search hits name).
+    pub fn workspace(&self) -> &str {
+        self.rt.workspace()
+    }
+
+    /// The workspace's and the user's memory notes.
+    pub fn memory(&self) -> &crate::host::memory::Memory {
+        self.rt.memory()
+    }
+
+    /// Notified on every permission mode change (config frames).
+    pub fn watch_mode(&self) -> tokio::sync::watch::Receiver<PermissionMode> {
+        self.rt.watch_mode()
+    }
+
+    /// The sandbox in force for the agent's commands.
+    pub fn sandbox(&self) -> crate::tools::sandbox::SandboxFacts {
+        self.rt.sandbox().facts()
+    }
+
+    pub fn config(&self) -> &CoreConfig {
+        &self.rt.cfg
+    }
+
+    pub fn config_info(&self) -> ConfigInfo {
+        let (route, revision) = self.settings.current();
+        ConfigInfo {
+            permission_mode: self.rt.mode().as_str().to_string(),
+            ring: self.rt.cfg.bus.ring as u64,
+            route,
+            revision,
+            max_turns: self.rt.cfg.max_turns,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::error::ErrorKind;
+    use crate::host::hub::Hub;
+    use crate::session::live::Route;
+    use crate::CoreConfig;
+    use std::sync::Arc;
+
+    #[tokio::test]
+    async fn an_open_workspace_has_one_runtime_for_its_rules_and_its_sessions() {
+        let home = tempfile::tempdir().unwrap();
+        let other = home.path().join("other");
+        std::fs::create_dir(&other).unwrap();
+        let mut cfg = CoreConfig::new(home.path().to_path_buf(), home.path().to_path_buf());
+        cfg.workspace_roots = vec![home.path().to_path_buf()];
+        let h = Hub::new(cfg, Route::offline()).unwrap();
+        let control = h.control();
+        let primary = control.workspace_runtime(None).await.unwrap();
+        assert!(Arc::ptr_eq(&primary, control.runtimes.primary()));
+
+        let empty = control.workspace_runtime(Some("")).await.map(drop).unwrap_err();
+        assert_eq!(empty.kind, ErrorKind::InvalidArgument);
+        let asked = other.display().to_string();
+        let closed = control
+            .workspace_runtime(Some(&asked))
+            .await
+            .map(drop)
+            .unwrap_err();
+        assert_eq!(
+            (closed.kind, closed.reason),
+            (ErrorKind::NotFound, Some("workspace_not_open"))
+        );
+
+        let (w, opened) = control.workspaces().open(&asked, true).unwrap();
+        assert!(opened);
+        let rt = control.workspace_runtime(Some(&asked)).await.unwrap();
+        assert!(!Arc::ptr_eq(&rt, &primary));
+        let again = control.workspace_runtime(Some(&asked)).await.unwrap();
+        assert!(Arc::ptr_eq(&rt, &again), "made once, then kept");
+        let s = h.sessions().create_in(Some(w)).await.unwrap();
+        assert!(
+            std::ptr::eq(s.runtime(), &*rt),
+            "the registry's sessions share it"
+        );
+    }
+}
