@@ -476,12 +476,18 @@ impl Session {
         let id = &*self.id;
         let request_id = admission::request_id(&text, request_id).map_err(|r| r.error(id))?;
         let cap = self.rt.cfg.max_queued_inputs;
-        let checked = lock(&self.run).check(&request_id, self.stopped_by(), cap);
-        if checked.map_err(|r| r.error(id))? == Checked::Duplicate {
+        let duplicate = {
+            let mut run = lock(&self.run);
+            let checked = run
+                .check(&request_id, self.stopped_by(), cap)
+                .map_err(|r| r.error(id))?;
+            (checked == Checked::Duplicate).then(|| self.bus.latest_seq())
+        };
+        if let Some(after_seq) = duplicate {
             return Ok(Admission {
                 request_id,
                 state: AdmissionState::Duplicate,
-                after_seq: self.bus.latest_seq(),
+                after_seq,
             });
         }
         // `started` or `queued` is answered only once the id is on disk: a
