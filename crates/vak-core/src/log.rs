@@ -3,6 +3,8 @@
 pub mod deltas;
 pub mod folds;
 pub mod ledger;
+#[cfg(test)]
+pub(crate) mod memory;
 pub mod presentation;
 pub(crate) mod repair;
 pub mod replay;

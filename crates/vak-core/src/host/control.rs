@@ -7,7 +7,7 @@ use crate::host::config::{RoutePatch, RouteSpec, Settings};
 use crate::host::registry::Registry;
 use crate::host::runtimes::Runtimes;
 use crate::host::workspaces::Workspaces;
-use crate::session::live::Runtime;
+use crate::session::runtime::Runtime;
 use crate::CoreConfig;
 use crate::PermissionMode;
 use std::sync::{Arc, Weak};

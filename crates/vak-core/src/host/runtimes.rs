@@ -2,7 +2,7 @@
 
 use crate::error::{Error, Result};
 use crate::host::workspaces::{Pinned, Workspaces};
-use crate::session::live::Runtime;
+use crate::session::runtime::Runtime;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};

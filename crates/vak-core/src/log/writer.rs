@@ -450,40 +450,8 @@ pub async fn run(
 mod tests {
     use super::*;
     use crate::event::ClientEvent;
+    use crate::log::memory::MemLog;
     use std::sync::atomic::{AtomicU64, Ordering};
-
-    /// A log in memory: its lines in append order (events as their seq,
-    /// other records as their JSON).
-    #[derive(Default)]
-    struct MemLog {
-        lines: Mutex<Vec<String>>,
-        durable: AtomicU64,
-    }
-
-    impl Log for MemLog {
-        fn append(&self, batch: &Batch) -> std::io::Result<()> {
-            let mut lines = self.lines.lock().unwrap();
-            for (seq, line) in batch.records() {
-                match seq {
-                    Some(seq) => {
-                        lines.push(format!("event {seq}"));
-                        self.durable.store(seq, Ordering::SeqCst);
-                    }
-                    None => lines.push(String::from_utf8_lossy(line).into_owned()),
-                }
-            }
-            Ok(())
-        }
-        fn read_events(&self, _: u64, _: usize) -> crate::error::Result<Vec<(u64, ClientEvent)>> {
-            Ok(Vec::new())
-        }
-        fn durable_seq(&self) -> u64 {
-            self.durable.load(Ordering::SeqCst)
-        }
-        fn sync(&self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
 
     /// Checks at every commit that what becomes visible is on disk and
     /// follows what was visible before; its snapshot names the last seq.
@@ -558,7 +526,7 @@ mod tests {
             "visible before on disk: {:?}",
             seen.early.lock().unwrap()
         );
-        let lines = log.lines.lock().unwrap();
+        let lines = log.lines();
         let mut snapshots = 0;
         let mut expect = 1;
         for (i, line) in lines.iter().enumerate() {

@@ -6,8 +6,10 @@ use crate::permissions::{self, Decision};
 use crate::provider::{
     ChatMessage, Failure, FailureKind, ProviderError, ProviderEvent, Sink, ToolCall, ToolDef, TurnRequest,
 };
+use crate::route::Route;
+use crate::session::admission::Input;
 use crate::session::approvals::Answer;
-use crate::session::live::{Input, Route, Session};
+use crate::session::context::TurnContext;
 use crate::tools::ToolClass;
 use crate::{session::prompt, tools, PermissionMode};
 use std::future::Future;
@@ -30,13 +32,13 @@ const MAX_BACKOFF: Duration = Duration::from_secs(8);
 
 /// A provider turn's output on its way to the session: deltas bounded by
 /// `Deltas`, and the writer's backpressure as the provider's `ready`.
-struct TurnSink<'a> {
-    session: &'a Session,
+struct TurnSink<'a, S> {
+    session: &'a S,
     streamed: AtomicBool,
     deltas: Mutex<Deltas>,
 }
 
-impl Sink for TurnSink<'_> {
+impl<S: TurnContext> Sink for TurnSink<'_, S> {
     fn send(&self, e: ProviderEvent) {
         if let ProviderEvent::ThinkingSignature(sig) = e {
             // After the thinking it signs: flush what the merge holds first.
@@ -93,15 +95,15 @@ fn near_full(context_tokens: u64, window: Option<u64>) -> bool {
 }
 
 /// What every model call of one leg shares.
-struct Leg<'a> {
-    session: &'a Session,
+struct Leg<'a, S> {
+    session: &'a S,
     route: Route,
     system: String,
     tools: Vec<ToolDef>,
 }
 
-impl<'a> Leg<'a> {
-    async fn new(session: &'a Session) -> Leg<'a> {
+impl<'a, S: TurnContext> Leg<'a, S> {
+    async fn new(session: &'a S) -> Leg<'a, S> {
         let rt = session.runtime();
         Leg {
             session,
@@ -172,8 +174,8 @@ impl<'a> Leg<'a> {
 
 /// The history with its images' bytes read from the home. A missing file
 /// is logged and answered with a fixed message (no path reaches a client).
-pub async fn with_images(
-    session: &Session,
+pub(crate) async fn with_images(
+    session: &impl TurnContext,
     mut history: Vec<ChatMessage>,
 ) -> Result<Vec<ChatMessage>, String> {
     match crate::session::attachments::load(&session.runtime().cfg.home, &mut history).await {
@@ -188,7 +190,10 @@ pub async fn with_images(
 /// The route and request of one model turn outside a leg (a side run):
 /// the same route, system prompt and tool definitions a leg starting now
 /// would use, for `messages`.
-pub async fn one_turn_request(session: &Session, messages: Vec<ChatMessage>) -> (Route, TurnRequest) {
+pub(crate) async fn one_turn_request(
+    session: &impl TurnContext,
+    messages: Vec<ChatMessage>,
+) -> (Route, TurnRequest) {
     let leg = Leg::new(session).await;
     let request = leg.request(messages);
     (leg.route, request)
@@ -197,7 +202,10 @@ pub async fn one_turn_request(session: &Session, messages: Vec<ChatMessage>) -> 
 /// Compacts the session's history now, outside a run (`POST
 /// /sessions/:id/compact`): the same summary turn and ledger note as when
 /// the context window fills. The caller keeps runs from starting meanwhile.
-pub async fn compact_now(session: &Session, cancel: &CancellationToken) -> crate::error::Result<()> {
+pub(crate) async fn compact_now(
+    session: &impl TurnContext,
+    cancel: &CancellationToken,
+) -> crate::error::Result<()> {
     let leg = Leg::new(session).await;
     match leg.compact(cancel).await {
         Ok(()) => Ok(()),
@@ -213,7 +221,11 @@ pub async fn compact_now(session: &Session, cancel: &CancellationToken) -> crate
 }
 
 /// Runs one leg for `input`; returns how it ended and the human message for run_finished.
-pub async fn run_leg(session: &Session, input: &Input, cancel: &CancellationToken) -> (RunOutcome, String) {
+pub(crate) async fn run_leg(
+    session: &impl TurnContext,
+    input: &Input,
+    cancel: &CancellationToken,
+) -> (RunOutcome, String) {
     session.publish(ClientEvent::UserMessage {
         text: input.text.clone(),
         request_id: input.request_id.clone(),
@@ -351,7 +363,7 @@ fn plan_of(input: &serde_json::Value) -> Result<(), String> {
 
 /// Publishes tool_call, settles permission, runs the tool and publishes its
 /// tool_result: every call gets exactly one result, also when refused or cancelled.
-async fn call_tool(session: &Session, defs: &[ToolDef], call: ToolCall, cancel: &CancellationToken) {
+async fn call_tool(session: &impl TurnContext, defs: &[ToolDef], call: ToolCall, cancel: &CancellationToken) {
     // The provider's own id goes back to it with the result; a provider
     // that sends none (or an unusable one) gets one of ours.
     let call_id = if call.id.is_empty() || call.id.len() > 128 {
@@ -516,6 +528,7 @@ mod tests {
     use crate::provider::{
         ModelInfo, ModelsFuture, Provider, StopReason, TokenUsage, TurnFuture, TurnOutput,
     };
+    use crate::session::live::Session;
     use crate::CoreConfig;
     use std::sync::Arc;
 

@@ -1,12 +1,12 @@
-//! One live session: admission of runs and steering into a single turn chain, cancel, approvals, and the publish path into the bus, the ledger and the transcript.
+//! One live session: its turn chain (admitted as `admission.rs` decides), cancel, history edits, approvals, side runs, and the publish path into the bus, the ledger and the transcript.
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::event::{
     project, AgentEvent, ApprovalOutcome, ClientEvent, Compaction, Frame, Note, NoticeLevel, RunOutcome,
     SideOutcome, SidePhase, Undo,
 };
-use crate::host::rules::{Rule, Rules};
-use crate::log::folds::{Folds, Snapshot, REMEMBERED_REQUESTS};
+use crate::host::rules::Rule;
+use crate::log::folds::{Folds, Snapshot};
 use crate::log::ledger::{Ledger, Log, OpenError, Record};
 use crate::log::presentation::{Presenter, Timeline};
 use crate::log::transcript::Transcript;
@@ -14,208 +14,24 @@ use crate::log::writer::{self, Op, Pipe, Visible};
 use crate::provider::TokenUsage;
 use crate::reasons::{CloseReason, Surface};
 pub use crate::route::Route;
+use crate::session::admission::{
+    self, Admission, AdmissionState, AfterLeg, CancelResult, Checked, Input, Placed, Refused, RunState,
+};
 use crate::session::agent;
 use crate::session::approvals::{Answer, Approvals, PLAN_TOOL};
 use crate::session::attachments::AttachmentRef;
+use crate::session::context::TurnContext;
+use crate::session::restore::{Restore, Restored};
+use crate::session::runtime::Runtime;
 use crate::session::side::SideEntry;
 use crate::stopped::Stopped;
 use crate::stream::bus::{Bus, Subscription};
-use crate::{CoreConfig, PermissionMode};
-use std::collections::{HashSet, VecDeque};
+use crate::PermissionMode;
+use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-
-/// Shared by every session of a server.
-pub struct Runtime {
-    pub cfg: CoreConfig,
-    /// Shared by the runtimes of every workspace (`in_workspace`): one route.
-    route: Arc<std::sync::RwLock<Route>>,
-    /// The live permission mode; watched by config frames. Shared like the route.
-    mode: Arc<watch::Sender<PermissionMode>>,
-    /// The workspace's always-allow rules.
-    rules: Rules,
-    /// The memory notes the system prompt carries.
-    memory: crate::host::memory::Memory,
-    /// The workspace's canonical path, as ledger headers and search name it.
-    workspace: String,
-    /// The transcript search index, fed as runs finish (one for every workspace).
-    search: Arc<crate::host::search::Search>,
-    /// The sandbox the agent's commands run in (one for every workspace).
-    sandbox: Arc<crate::tools::sandbox::Sandbox>,
-    /// An opened workspace's folder, re-checked at every use; None for the
-    /// server's own.
-    pin: Option<crate::host::workspaces::Pinned>,
-}
-
-impl Runtime {
-    /// Reads the workspace's rules file and resolves its path: blocking, for startup.
-    pub fn new(
-        cfg: CoreConfig,
-        route: Route,
-        search: crate::host::search::Search,
-        sandbox: crate::tools::sandbox::Sandbox,
-    ) -> Runtime {
-        let mode = Arc::new(watch::channel(cfg.permission).0);
-        Self::with_shared(
-            cfg,
-            Arc::new(std::sync::RwLock::new(route)),
-            mode,
-            Arc::new(search),
-            Arc::new(sandbox),
-        )
-    }
-
-    fn with_shared(
-        cfg: CoreConfig,
-        route: Arc<std::sync::RwLock<Route>>,
-        mode: Arc<watch::Sender<PermissionMode>>,
-        search: Arc<crate::host::search::Search>,
-        sandbox: Arc<crate::tools::sandbox::Sandbox>,
-    ) -> Runtime {
-        let rules = match &cfg.shared_config {
-            Some(shared) => Rules::shared(shared.clone(), &cfg.home, &cfg.workspace),
-            None => Rules::load(&cfg.home, &cfg.workspace),
-        };
-        let memory = crate::host::memory::Memory::new(&cfg.home, &cfg.workspace, cfg.shared_memory.clone());
-        let workspace = crate::home::workspace_key(&cfg.workspace).0;
-        Runtime {
-            workspace,
-            search,
-            sandbox,
-            cfg,
-            route,
-            mode,
-            rules,
-            memory,
-            pin: None,
-        }
-    }
-
-    /// The runtime of sessions in another workspace: its own rules, memory
-    /// and tools' folder, this one's route, mode and search index (a change
-    /// of either applies to every workspace). Blocking: reads its rules file.
-    /// `pin` is how the folder is re-checked at every use.
-    pub(crate) fn in_workspace(&self, pin: crate::host::workspaces::Pinned) -> Runtime {
-        let mut cfg = self.cfg.clone();
-        cfg.workspace = pin.path.clone();
-        Runtime {
-            pin: Some(pin),
-            ..Self::with_shared(
-                cfg,
-                self.route.clone(),
-                self.mode.clone(),
-                self.search.clone(),
-                self.sandbox.clone(),
-            )
-        }
-    }
-
-    /// The pinned folder of an opened workspace (None: the server's own).
-    pub(crate) fn pinned(&self) -> Option<&crate::host::workspaces::Pinned> {
-        self.pin.as_ref()
-    }
-
-    /// Re-checks the workspace folder before a use (`workspaces::recheck`):
-    /// an opened workspace replaced since (by a symlink or another folder)
-    /// is PermissionDenied, `workspace_replaced`. Runs off the runtime's
-    /// workers; the server's own workspace always passes.
-    pub async fn check_workspace(&self) -> Result<()> {
-        let Some(pin) = self.pin.clone() else {
-            return Ok(());
-        };
-        tokio::task::spawn_blocking(move || pin.check())
-            .await
-            .map_err(|e| Error::internal(e.to_string()))?
-    }
-
-    pub fn rules(&self) -> &Rules {
-        &self.rules
-    }
-
-    pub fn memory(&self) -> &crate::host::memory::Memory {
-        &self.memory
-    }
-
-    pub fn search(&self) -> &crate::host::search::Search {
-        &self.search
-    }
-
-    pub fn sandbox(&self) -> &Arc<crate::tools::sandbox::Sandbox> {
-        &self.sandbox
-    }
-
-    /// The workspace's canonical path (what ledger headers and search hits name).
-    pub fn workspace(&self) -> &str {
-        &self.workspace
-    }
-
-    /// The permission mode in effect now; each tool call reads it when it is decided.
-    pub fn mode(&self) -> PermissionMode {
-        *self.mode.borrow()
-    }
-
-    /// Whether `bypass` may be chosen: `--allow-bypass`, or a server started in it.
-    pub fn bypass_allowed(&self) -> bool {
-        self.cfg.allow_bypass || self.cfg.permission == PermissionMode::Bypass
-    }
-
-    /// Switches the mode (the caller checked `bypass`); true when it changed.
-    /// Watchers (config frames) hear of a change.
-    pub fn set_mode(&self, mode: PermissionMode) -> bool {
-        self.mode.send_if_modified(|m| std::mem::replace(m, mode) != mode)
-    }
-
-    /// Notified on every mode change.
-    pub fn watch_mode(&self) -> watch::Receiver<PermissionMode> {
-        self.mode.subscribe()
-    }
-
-    /// The current route; a leg takes it once and keeps it.
-    pub fn route(&self) -> Route {
-        self.route.read().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    /// Replaces the route for legs that start from now on.
-    pub fn set_route(&self, route: Route) {
-        *self.route.write().unwrap_or_else(|p| p.into_inner()) = route;
-    }
-}
-
-/// What admission did with an input.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AdmissionState {
-    Started,
-    Queued,
-    Duplicate,
-}
-
-impl AdmissionState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AdmissionState::Started => "started",
-            AdmissionState::Queued => "queued",
-            AdmissionState::Duplicate => "duplicate",
-        }
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Admission {
-    pub request_id: String,
-    pub state: AdmissionState,
-    /// The latest seq at admission: every event this input causes is after it.
-    pub after_seq: u64,
-}
-
-/// One leg's input: a prompt or steering text, with its images.
-#[derive(Clone, Debug)]
-pub struct Input {
-    pub request_id: String,
-    pub text: String,
-    pub attachments: Vec<AttachmentRef>,
-}
 
 /// What answering an approval did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -224,12 +40,6 @@ pub struct Answered {
     /// With `always`: the rule stored, or None when storing it failed (a
     /// notice told the session's clients why).
     pub rule: Option<Rule>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CancelResult {
-    pub cancelled: bool,
-    pub discarded: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -310,41 +120,6 @@ pub struct Presented {
     pub presenter: Presenter,
 }
 
-#[derive(Default)]
-struct RunState {
-    running: bool,
-    closing: bool,
-    /// Set with `closing` when the session is being deleted.
-    deleted: bool,
-    /// The model's history is being changed (clear, undo): admission
-    /// answers a conflict meanwhile.
-    editing: bool,
-    queue: VecDeque<Input>,
-    leg_cancel: Option<CancellationToken>,
-    admitted: HashSet<String>,
-    admitted_order: VecDeque<String>,
-}
-
-impl RunState {
-    fn remember(&mut self, id: &str) {
-        if self.admitted.insert(id.to_string()) {
-            self.admitted_order.push_back(id.to_string());
-            if self.admitted_order.len() > REMEMBERED_REQUESTS {
-                if let Some(old) = self.admitted_order.pop_front() {
-                    self.admitted.remove(&old);
-                }
-            }
-        }
-    }
-
-    /// Forgets an id whose admission could not be made durable.
-    fn forget(&mut self, id: &str) {
-        if self.admitted.remove(id) {
-            self.admitted_order.retain(|r| r != id);
-        }
-    }
-}
-
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -378,20 +153,92 @@ impl Session {
     ) -> std::result::Result<Arc<Session>, OpenError> {
         let mut r = Restore::new(rt.cfg.bus.ring.max(1));
         let ledger = Ledger::open(path, rt.cfg.durability, |record| r.visit(record))?;
-        let covered = r
-            .lost
-            .iter()
-            .fold(ledger.durable_seq().max(r.latest), |m, &(_, to)| m.max(to));
+        let covered = r.covered(ledger.durable_seq());
         if let Some(lost) =
             crate::log::repair::mark_lost(&ledger, covered, recorded).map_err(OpenError::Io)?
         {
             r.visit(lost);
         }
-        let rt = match r.workspace.take() {
+        let rt = match r.take_workspace() {
             Some(ws) if !ws.is_empty() && ws != rt.workspace() => pick(&ws),
             _ => rt,
         };
-        r.finish(rt, Arc::new(ledger), None).map_err(OpenError::Io)
+        let restored = r.finish().map_err(OpenError::Io)?;
+        Self::from_restored(rt, Arc::new(ledger), restored, None).map_err(OpenError::Io)
+    }
+
+    /// A session rebuilt from its folded ledger. What the server stopped in
+    /// the middle of (a run, a side run, approvals, tool calls) is settled
+    /// now, unless this is a mirror (`read_only`), whose writer settles it.
+    fn from_restored(
+        rt: Arc<Runtime>,
+        log: Arc<dyn Log>,
+        restored: Restored,
+        read_only: Option<&str>,
+    ) -> Result<Arc<Session>> {
+        let Restored {
+            id,
+            created_at,
+            latest,
+            ring,
+            folds,
+            lost,
+        } = restored;
+        let session = Session::build(rt, &id, created_at, log, latest, ring, read_only);
+        session.bus.note_lost(lost);
+        let (facts, open_side) = {
+            let mut f = lock(&session.folds);
+            if let Some(restored) = folds {
+                *f = restored;
+            }
+            f.searched = latest;
+            (f.facts.clone(), f.sides.open())
+        };
+        // A side run the server stopped in the middle of is settled too.
+        if let Some(side_id) = open_side {
+            session.publish(ClientEvent::Side {
+                side_id,
+                phase: SidePhase::Finished {
+                    outcome: SideOutcome::Failed,
+                    message: "interrupted: the server stopped during this side run".into(),
+                    usage: TokenUsage::default(),
+                },
+            });
+        }
+        for (rid, outcome) in &facts.settled {
+            session.approvals.remember(rid, *outcome);
+        }
+        {
+            let mut run = lock(&session.run);
+            for rid in &facts.request_ids {
+                run.remember(rid);
+            }
+        }
+        // A mirror's run is its writer's to settle.
+        if facts.busy && read_only.is_none() {
+            for rid in facts.open_approvals {
+                session.approvals.remember(&rid, ApprovalOutcome::Expired);
+                session.publish(ClientEvent::ApprovalResolved {
+                    request_id: rid,
+                    outcome: ApprovalOutcome::Expired,
+                    reason: "the server stopped during this run".into(),
+                });
+            }
+            // Every tool call gets exactly one result, also across a crash.
+            for call_id in facts.open_calls {
+                session.publish(ClientEvent::ToolResult {
+                    call_id,
+                    ok: false,
+                    output: "interrupted: the server stopped during this call".into(),
+                });
+            }
+            session.publish(ClientEvent::Status { busy: false });
+            session.publish(ClientEvent::RunFinished {
+                outcome: RunOutcome::Failed,
+                message: "interrupted: the server stopped during this run".into(),
+            });
+        }
+        Ok(session)
     }
 
     /// The folder this session's tools work in (its workspace).
@@ -415,7 +262,7 @@ impl Session {
         for record in records {
             r.visit(record);
         }
-        r.finish(rt, log, None)
+        Self::from_restored(rt, log, r.finish()?, None)
     }
 
     /// A read-only copy of a session another replica writes (`--bus`),
@@ -432,7 +279,7 @@ impl Session {
         for record in records {
             r.visit(record);
         }
-        r.finish(rt, log, Some(read_only))
+        Self::from_restored(rt, log, r.finish()?, Some(read_only))
     }
 
     /// `read_only`: a mirror, with no writer and every write refused with it.
@@ -504,7 +351,7 @@ impl Session {
             title,
             latest_seq: self.bus.latest_seq(),
             loaded: true,
-            busy: lock(&self.run).running,
+            busy: lock(&self.run).running(),
             usage,
             workspace: self.workspace_dir().display().to_string(),
         }
@@ -559,7 +406,7 @@ impl Session {
     /// Whether nothing uses this session: no run, no subscriber, no pending
     /// writes, and no client for `idle`.
     pub fn is_idle(&self, idle: Duration) -> bool {
-        !lock(&self.run).running
+        !lock(&self.run).running()
             && lock(&self.side).is_none()
             && self.bus.subscriber_count() == 0
             && self.pipe.backlog() == 0
@@ -626,73 +473,44 @@ impl Session {
         request_id: Option<String>,
         attachments: Vec<AttachmentRef>,
     ) -> Result<Admission> {
-        if text.trim().is_empty() {
-            return Err(Error::invalid("the prompt is empty"));
-        }
-        let request_id = match request_id.filter(|r| !r.is_empty()) {
-            Some(r) => {
-                // Echoed to every client: a plain charset, so no bidi or
-                // control characters ever reach a terminal or a page.
-                let plain = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':');
-                if r.len() > 128 || !r.bytes().all(plain) {
-                    return Err(Error::invalid(
-                        "request_id must be 1 to 128 of A-Z a-z 0-9 - _ . :",
-                    ));
-                }
-                r
-            }
-            None => format!("req_{}", uuid::Uuid::new_v4().simple()),
-        };
-        {
+        let id = &*self.id;
+        let request_id = admission::request_id(&text, request_id).map_err(|r| r.error(id))?;
+        let cap = self.rt.cfg.max_queued_inputs;
+        let duplicate = {
             let mut run = lock(&self.run);
-            if run.admitted.contains(&request_id) {
-                return Ok(Admission {
-                    request_id,
-                    state: AdmissionState::Duplicate,
-                    after_seq: self.bus.latest_seq(),
-                });
-            }
-            self.check_open(&run)?;
-            if run.editing {
-                return Err(Error::conflict(
-                    "the session's history is being changed (clear, undo); send the input again",
-                ));
-            }
-            // Refused before it is remembered: the same request_id may come back later.
-            let cap = self.rt.cfg.max_queued_inputs;
-            if run.running && run.queue.len() >= cap {
-                return Err(Error::new(
-                    ErrorKind::ResourceExhausted,
-                    format!("queue_full: {cap} inputs are already queued behind the live run; wait for it or cancel it"),
-                ));
-            }
-            // Remembered at once, so a concurrent retry is a duplicate.
-            run.remember(&request_id);
+            let checked = run
+                .check(&request_id, self.stopped_by(), cap)
+                .map_err(|r| r.error(id))?;
+            (checked == Checked::Duplicate).then(|| self.bus.latest_seq())
+        };
+        if let Some(after_seq) = duplicate {
+            return Ok(Admission {
+                request_id,
+                state: AdmissionState::Duplicate,
+                after_seq,
+            });
         }
         // `started` or `queued` is answered only once the id is on disk: a
         // retry after any crash or storage failure is then a duplicate.
         if let Err(reason) = self.pipe.admitted(request_id.clone()).await {
             lock(&self.run).forget(&request_id);
-            return Err(reason.into());
+            return Err(Refused::Stopped(reason).error(id));
         }
-        let mut run = lock(&self.run);
-        // Deleted or closed while the id was written.
-        self.check_open(&run)?;
         let input = Input {
             request_id: request_id.clone(),
             text,
             attachments,
         };
-        if run.running {
-            run.queue.push_back(input);
+        let mut run = lock(&self.run);
+        // Refused when deleted or closed while the id was written.
+        let placed = run.place(input, self.stopped_by()).map_err(|r| r.error(id))?;
+        let Placed::Started(input) = placed else {
             return Ok(Admission {
                 request_id,
                 state: AdmissionState::Queued,
                 after_seq: self.bus.latest_seq(),
             });
-        }
-        run.running = true;
-        run.leg_cancel = Some(CancellationToken::new());
+        };
         self.busy.send_replace(true);
         // Read before the chain exists: nothing of this run is published yet.
         let after_seq = self.bus.latest_seq();
@@ -709,9 +527,8 @@ impl Session {
     /// run_finished per chain (a failed or cancelled leg ends its chain), published after the session is idle again so a
     /// client reacting to it is admitted as `started`.
     async fn chain(self: Arc<Self>, first: Input) {
-        let leg_token = |run: &RunState| run.leg_cancel.clone().unwrap_or_default();
         if self.bus.subscriber_count() == 0 {
-            let cancel = leg_token(&lock(&self.run));
+            let cancel = lock(&self.run).leg_token();
             tokio::select! {
                 _ = self.bus.wait_for_subscriber(self.rt.cfg.first_subscriber_wait) => {}
                 _ = cancel.cancelled() => {}
@@ -720,38 +537,26 @@ impl Session {
         self.publish(ClientEvent::Status { busy: true });
         let mut input = first;
         loop {
-            let cancel = leg_token(&lock(&self.run));
-            let (outcome, mut message) = agent::run_leg(&self, &input, &cancel).await;
+            let cancel = lock(&self.run).leg_token();
+            let (outcome, mut message) = agent::run_leg(&*self, &input, &cancel).await;
             self.approvals.expire_all("the run ended", |e| self.publish(e));
             let mut run = lock(&self.run);
-            if outcome == RunOutcome::Cancelled && run.closing {
+            if outcome == RunOutcome::Cancelled && run.closing() {
                 message = "cancelled: the server is shutting down".into();
             }
             // A failed or cancelled leg ends its chain: steering queued for
             // it is discarded (as `cancel` does), and run_finished says so,
             // so a client reacting to run_finished is always admitted as
             // `started`.
-            let next = if run.closing || outcome != RunOutcome::Completed {
-                None
-            } else {
-                run.queue.pop_front()
-            };
-            match next {
-                Some(next) => {
-                    run.leg_cancel = Some(CancellationToken::new());
-                    input = next;
-                }
-                None => {
-                    let discarded = run.queue.len();
+            match run.after_leg(outcome) {
+                AfterLeg::Next(next) => input = next,
+                AfterLeg::Finished { discarded } => {
                     if discarded > 0 {
                         message = format!(
                             "{message} ({} discarded)",
                             crate::text::count(discarded, "queued input")
                         );
                     }
-                    run.queue.clear();
-                    run.running = false;
-                    run.leg_cancel = None;
                     self.publish(ClientEvent::Status { busy: false });
                     self.publish(ClientEvent::RunFinished { outcome, message });
                     self.busy.send_replace(false);
@@ -781,7 +586,7 @@ impl Session {
         let cancel = CancellationToken::new();
         let after_seq = {
             let run = lock(&self.run);
-            self.check_open(&run)?;
+            run.open(self.stopped_by()).map_err(|r| r.error(&self.id))?;
             // Under the run lock, as delete's check is: no side run starts
             // once a delete is accepted.
             let mut side = lock(&self.side);
@@ -819,7 +624,7 @@ impl Session {
             },
         });
         let (outcome, message, usage) =
-            crate::session::side::answer(&self, &side_id, history, &question, &cancel).await;
+            crate::session::side::answer(&*self, &side_id, history, &question, &cancel).await;
         // Published before the slot frees, so a client reacting to finished
         // is admitted, and the side log never has two runs open.
         let mut side = lock(&self.side);
@@ -850,14 +655,7 @@ impl Session {
 
     /// Stops the live leg and discards queued continuation input.
     pub fn cancel(&self) -> CancelResult {
-        let mut run = lock(&self.run);
-        let discarded = run.queue.len() as u32;
-        run.queue.clear();
-        let cancelled = run.running;
-        if let Some(c) = &run.leg_cancel {
-            c.cancel();
-        }
-        CancelResult { cancelled, discarded }
+        lock(&self.run).cancel()
     }
 
     /// Answers a pending approval. With `always`, the rule is stored first
@@ -869,7 +667,7 @@ impl Session {
         // that shape is refused before it is looked up or echoed back.
         crate::ids::validate_plain_id("approval id", request_id)?;
         let stored = match self.approvals.prepare(request_id, &answer)? {
-            Some(c) => Some((c.clone(), self.rt.rules.add(c).await)),
+            Some(c) => Some((c.clone(), self.rt.rules().add(c).await)),
             None => None,
         };
         let settled = self.approvals.answer(request_id, answer, |tool, answer, event| {
@@ -897,7 +695,7 @@ impl Session {
                 // Settled meanwhile by someone else: a rule made for this
                 // answer alone goes too.
                 if let Some((_, Ok((rule, true)))) = &stored {
-                    let _ = self.rt.rules.delete(&rule.id).await;
+                    let _ = self.rt.rules().delete(&rule.id).await;
                 }
                 return Err(e);
             }
@@ -955,7 +753,7 @@ impl Session {
 
     /// Whether a run is in flight now.
     pub fn is_busy(&self) -> bool {
-        lock(&self.run).running
+        lock(&self.run).running()
     }
 
     /// The first step of deleting the session: from now on input is refused
@@ -963,7 +761,7 @@ impl Session {
     /// the same lock admission takes, so no run can start in between.
     pub fn begin_delete(&self) -> Result<()> {
         let mut run = lock(&self.run);
-        self.check_idle(&run)?;
+        run.idle().map_err(|r| r.error(&self.id))?;
         if let Some(live) = &*lock(&self.side) {
             return Err(Error::conflict(format!(
                 "side_busy: session {} has a live side run {}; cancel it and wait for its side finished frame first",
@@ -971,53 +769,13 @@ impl Session {
             ))
             .with_reason("side_busy"));
         }
-        run.closing = true;
-        run.deleted = true;
+        run.mark_deleted();
         Ok(())
     }
 
-    /// Refuses new work in a session that failed, is being deleted or is
-    /// closing (shutdown).
-    fn check_open(&self, run: &RunState) -> Result<()> {
-        if let Some((reason, _)) = self.pipe.failure() {
-            return Err(reason.into());
-        }
-        if run.deleted {
-            return Err(Error::not_found(format!(
-                "no session {}: it was deleted",
-                self.id
-            )));
-        }
-        if run.closing {
-            return Err(Error::new(ErrorKind::Unavailable, "the server is shutting down"));
-        }
-        Ok(())
-    }
-
-    /// Refuses a change of the whole session while anything else changes it:
-    /// a live run or a clear (conflict), a delete (not found), shutdown.
-    fn check_idle(&self, run: &RunState) -> Result<()> {
-        if run.deleted {
-            return Err(Error::not_found(format!(
-                "no session {}: it was deleted",
-                self.id
-            )));
-        }
-        if run.running {
-            return Err(Error::conflict(format!(
-                "session {} has a live run; cancel it and wait for run_finished first",
-                self.id
-            )));
-        }
-        if run.editing {
-            return Err(Error::conflict(
-                "the session's history is being changed (clear, undo)",
-            ));
-        }
-        if run.closing {
-            return Err(Error::new(ErrorKind::Unavailable, "the server is shutting down"));
-        }
-        Ok(())
+    /// What stopped this session's writer, if anything did (new work is refused with it).
+    fn stopped_by(&self) -> Option<Stopped> {
+        self.pipe.failure().map(|(reason, _)| reason)
     }
 
     /// Clears the history the model sees (clients keep the whole transcript):
@@ -1060,10 +818,8 @@ impl Session {
         // Cancel (and shutdown) cancel the leg token: they stop this too.
         let cancel = CancellationToken::new();
         {
-            let mut run = lock(&self.run);
-            self.check_idle(&run)?;
-            run.editing = true;
-            run.leg_cancel = Some(cancel.clone());
+            let begun = lock(&self.run).begin_edit(Some(cancel.clone()));
+            begun.map_err(|r| r.error(&self.id))?;
         }
         let compacted = async {
             self.flush().await?;
@@ -1079,7 +835,7 @@ impl Session {
                 .map_or(0, |c| c.upto_seq))
         }
         .await;
-        lock(&self.run).editing = false;
+        lock(&self.run).end_edit();
         compacted
     }
 
@@ -1089,9 +845,8 @@ impl Session {
     /// so no run starts on the old history.
     async fn edit_history<T>(&self, make: impl FnOnce(u64, &Transcript) -> Result<(Note, T)>) -> Result<T> {
         {
-            let mut run = lock(&self.run);
-            self.check_idle(&run)?;
-            run.editing = true;
+            let begun = lock(&self.run).begin_edit(None);
+            begun.map_err(|r| r.error(&self.id))?;
         }
         let edited = async {
             // Everything published so far (a run_finished still in the
@@ -1104,7 +859,7 @@ impl Session {
             Ok(out)
         }
         .await;
-        lock(&self.run).editing = false;
+        lock(&self.run).end_edit();
         edited
     }
 
@@ -1128,12 +883,7 @@ impl Session {
     /// to settle, then ends every subscription and syncs the ledger.
     pub async fn shutdown(&self, grace: Duration) {
         {
-            let mut run = lock(&self.run);
-            run.closing = true;
-            run.queue.clear();
-            if let Some(c) = &run.leg_cancel {
-                c.cancel();
-            }
+            lock(&self.run).shut();
         }
         self.side_cancel();
         let mut busy = self.busy.subscribe();
@@ -1149,6 +899,31 @@ impl Session {
         if let Ok(Err(e)) = synced {
             tracing::error!(session = %self.id, "ledger sync failed: {e}");
         }
+    }
+}
+
+/// The agent loop and side chat see the session through this.
+impl TurnContext for Session {
+    fn id(&self) -> &str {
+        Session::id(self)
+    }
+    fn runtime(&self) -> &Runtime {
+        Session::runtime(self)
+    }
+    fn emit(&self, event: AgentEvent) {
+        Session::emit(self, event)
+    }
+    fn pace(&self) -> impl Future<Output = ()> + Send + '_ {
+        Session::pace(self)
+    }
+    fn flush(&self) -> impl Future<Output = Result<()>> + Send + '_ {
+        Session::flush(self)
+    }
+    fn transcript(&self) -> Transcript {
+        Session::transcript(self)
+    }
+    fn approvals(&self) -> &Approvals {
+        Session::approvals(self)
     }
 }
 
@@ -1179,8 +954,8 @@ impl Visible for Session {
             let from = std::mem::replace(&mut f.searched, upto);
             let docs = crate::host::search::docs(&f.transcript, from, upto);
             self.rt
-                .search
-                .index(&self.id, &self.rt.workspace, from, upto, docs);
+                .search()
+                .index(&self.id, self.rt.workspace(), from, upto, docs);
         }
         self.bus.commit(frames);
     }
@@ -1202,176 +977,10 @@ impl Visible for Session {
     fn failed(&self, reason: &Stopped) {
         {
             // The pipe keeps the cause (it failed first); new work is refused from it.
-            let mut run = lock(&self.run);
-            run.queue.clear();
-            if let Some(c) = &run.leg_cancel {
-                c.cancel();
-            }
+            lock(&self.run).cancel();
         }
         self.side_cancel();
         self.bus.close(CloseReason::Stopped(reason.clone()));
         self.stopped.send_replace(true);
-    }
-}
-
-/// What a ledger says about its session, folded a record at a time from its
-/// last snapshot on.
-struct Restore {
-    ring_size: usize,
-    header: Option<(String, String)>,
-    /// The header's workspace.
-    workspace: Option<String>,
-    latest: u64,
-    ring: VecDeque<(u64, ClientEvent)>,
-    folds: Option<Folds>,
-    /// Ranges of seqs the ledger lost (`Record::Lost`), oldest first.
-    lost: Vec<(u64, u64)>,
-}
-
-impl Restore {
-    fn new(ring_size: usize) -> Restore {
-        Restore {
-            ring_size,
-            header: None,
-            workspace: None,
-            latest: 0,
-            ring: VecDeque::new(),
-            folds: None,
-            lost: Vec::new(),
-        }
-    }
-
-    fn folds(&mut self) -> &mut Folds {
-        let sid = self.header.as_ref().map_or("", |h| h.0.as_str()).to_string();
-        self.folds.get_or_insert_with(|| Folds::new(&sid))
-    }
-
-    fn visit(&mut self, record: Record) {
-        let (seq, event) = match record {
-            Record::Header {
-                session_id,
-                created_at,
-                workspace,
-            } => {
-                self.header = Some((session_id, created_at));
-                self.workspace = Some(workspace);
-                return;
-            }
-            Record::Admitted { request_id } => return self.folds().facts.remember_request(request_id),
-            Record::Usage(u) => return self.folds().transcript.note(&Note::Usage(u)),
-            Record::Signature { signature } => {
-                return self.folds().transcript.note(&Note::Signature(signature))
-            }
-            Record::Compaction(c) => return self.folds().transcript.note(&Note::Compaction(c)),
-            Record::Undo(u) => return self.folds().transcript.note(&Note::Undo(u)),
-            Record::Lease { .. } => return,
-            Record::Snapshot(snap) => {
-                let Snapshot {
-                    seq,
-                    transcript,
-                    presenter,
-                    facts,
-                    sides,
-                } = *snap;
-                self.latest = self.latest.max(seq);
-                self.ring.clear();
-                self.folds = Some(Folds {
-                    transcript,
-                    presenter,
-                    facts,
-                    searched: 0,
-                    sides,
-                });
-                return;
-            }
-            Record::Lost { from, to } => {
-                self.latest = self.latest.max(to);
-                crate::log::repair::note_lost(&mut self.lost, from, to);
-                return;
-            }
-            Record::Event { seq, event } => (seq, event),
-        };
-        if seq <= self.latest {
-            tracing::warn!(seq, latest = self.latest, "ignoring an out-of-order ledger event");
-            return;
-        }
-        self.latest = seq;
-        self.folds().apply(seq, &event);
-        if self.ring.len() == self.ring_size {
-            self.ring.pop_front();
-        }
-        self.ring.push_back((seq, event));
-    }
-
-    fn finish(self, rt: Arc<Runtime>, log: Arc<dyn Log>, read_only: Option<&str>) -> Result<Arc<Session>> {
-        let Restore {
-            header,
-            latest,
-            ring,
-            folds,
-            lost,
-            ..
-        } = self;
-        let (id, created_at) = header.ok_or_else(|| Error::internal("ledger has no header"))?;
-        let sid: Arc<str> = Arc::from(id.as_str());
-        let ring = ring
-            .into_iter()
-            .map(|(seq, event)| Arc::new(Frame::new(seq, sid.clone(), event)))
-            .collect();
-        let session = Session::build(rt, &id, created_at, log, latest, ring, read_only);
-        session.bus.note_lost(lost);
-        let (facts, open_side) = {
-            let mut f = lock(&session.folds);
-            if let Some(restored) = folds {
-                *f = restored;
-            }
-            f.searched = latest;
-            (f.facts.clone(), f.sides.open())
-        };
-        // A side run the server stopped in the middle of is settled too.
-        if let Some(side_id) = open_side {
-            session.publish(ClientEvent::Side {
-                side_id,
-                phase: SidePhase::Finished {
-                    outcome: SideOutcome::Failed,
-                    message: "interrupted: the server stopped during this side run".into(),
-                    usage: TokenUsage::default(),
-                },
-            });
-        }
-        for (rid, outcome) in &facts.settled {
-            session.approvals.remember(rid, *outcome);
-        }
-        {
-            let mut run = lock(&session.run);
-            for rid in &facts.request_ids {
-                run.remember(rid);
-            }
-        }
-        // A mirror's run is its writer's to settle.
-        if facts.busy && read_only.is_none() {
-            for rid in facts.open_approvals {
-                session.approvals.remember(&rid, ApprovalOutcome::Expired);
-                session.publish(ClientEvent::ApprovalResolved {
-                    request_id: rid,
-                    outcome: ApprovalOutcome::Expired,
-                    reason: "the server stopped during this run".into(),
-                });
-            }
-            // Every tool call gets exactly one result, also across a crash.
-            for call_id in facts.open_calls {
-                session.publish(ClientEvent::ToolResult {
-                    call_id,
-                    ok: false,
-                    output: "interrupted: the server stopped during this call".into(),
-                });
-            }
-            session.publish(ClientEvent::Status { busy: false });
-            session.publish(ClientEvent::RunFinished {
-                outcome: RunOutcome::Failed,
-                message: "interrupted: the server stopped during this run".into(),
-            });
-        }
-        Ok(session)
     }
 }

@@ -4,7 +4,7 @@ use crate::event::{ClientEvent, SideOutcome, SidePhase};
 use crate::log::deltas::{Deltas, FREE};
 pub use crate::log::folds::{SideEntry, SideLog, KEPT};
 use crate::provider::{ChatMessage, ProviderError, ProviderEvent, Sink, TokenUsage};
-use crate::session::live::Session;
+use crate::session::context::TurnContext;
 use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
@@ -44,13 +44,13 @@ pub fn branch_point(mut history: Vec<ChatMessage>) -> Vec<ChatMessage> {
 
 /// A side turn's text on its way to the session: bounded like a main turn's
 /// deltas, published as side frames; thinking is not shown.
-struct SideSink<'a> {
-    session: &'a Session,
+struct SideSink<'a, S> {
+    session: &'a S,
     side_id: &'a str,
     deltas: Mutex<Deltas>,
 }
 
-impl SideSink<'_> {
+impl<S: TurnContext> SideSink<'_, S> {
     fn publish(&self, events: impl IntoIterator<Item = ClientEvent>) {
         for e in events {
             if let ClientEvent::TextDelta { text } = e {
@@ -63,7 +63,7 @@ impl SideSink<'_> {
     }
 }
 
-impl Sink for SideSink<'_> {
+impl<S: TurnContext> Sink for SideSink<'_, S> {
     fn send(&self, e: ProviderEvent) {
         if let ProviderEvent::Text(_) = e {
             let ready = self.deltas.lock().unwrap_or_else(|p| p.into_inner()).push(e);
@@ -79,8 +79,8 @@ impl Sink for SideSink<'_> {
 /// Runs one side turn: `history` (the main conversation at the branch
 /// point) and the question, one attempt, tools defined but never run.
 /// Returns how it ended, its message and its usage.
-pub async fn answer(
-    session: &Session,
+pub(crate) async fn answer(
+    session: &impl TurnContext,
     side_id: &str,
     history: Vec<ChatMessage>,
     question: &str,

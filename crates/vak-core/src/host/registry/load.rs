@@ -177,7 +177,7 @@ mod tests {
                 .admit(format!("round {round}\n/burst 1000"), None)
                 .await
                 .unwrap();
-            assert_ne!(admitted.state, crate::session::live::AdmissionState::Duplicate);
+            assert_ne!(admitted.state, crate::session::admission::AdmissionState::Duplicate);
             // Let the round finish before the next, so each is its own run.
             let mut busy = s.subscribe(Some(admitted.after_seq));
             loop {
@@ -238,7 +238,7 @@ mod tests {
             .admit("again".into(), Some(first_request_id(&again)))
             .await
             .unwrap();
-        assert_eq!(dup.state, crate::session::live::AdmissionState::Duplicate);
+        assert_eq!(dup.state, crate::session::admission::AdmissionState::Duplicate);
         // And the session goes on from there.
         let next = again.admit("after".into(), None).await.unwrap();
         assert_eq!(next.after_seq, latest);

@@ -1,0 +1,34 @@
+//! What a model turn needs from its live session (publish and pace, the history, approvals, the runtime), as a trait the live session implements: the agent loop and side chat take it instead of importing live.rs.
+
+use crate::error::Result;
+use crate::event::{AgentEvent, ClientEvent};
+use crate::log::transcript::Transcript;
+use crate::session::approvals::Approvals;
+use crate::session::runtime::Runtime;
+use std::future::Future;
+
+/// A session as a leg of the agent loop or a side turn sees it.
+pub(crate) trait TurnContext: Send + Sync {
+    /// The session's id (for logs).
+    fn id(&self) -> &str;
+
+    fn runtime(&self) -> &Runtime;
+
+    /// Routes an agent event to the session's writer; never waits.
+    fn emit(&self, event: AgentEvent);
+
+    fn publish(&self, event: ClientEvent) {
+        self.emit(AgentEvent::Client(event));
+    }
+
+    /// Waits while the writer is far behind what was published.
+    fn pace(&self) -> impl Future<Output = ()> + Send + '_;
+
+    /// Resolves once everything published so far is durable and visible.
+    fn flush(&self) -> impl Future<Output = Result<()>> + Send + '_;
+
+    /// The history as folded so far.
+    fn transcript(&self) -> Transcript;
+
+    fn approvals(&self) -> &Approvals;
+}

@@ -1,0 +1,164 @@
+//! What every session of a server shares: the config, the route and permission mode (shared by every workspace), and a workspace's rules, memory, search index and sandbox.
+
+use crate::error::{Error, Result};
+use crate::host::rules::Rules;
+use crate::route::Route;
+use crate::{CoreConfig, PermissionMode};
+use std::sync::Arc;
+use tokio::sync::watch;
+
+/// Shared by every session of a server.
+pub struct Runtime {
+    pub cfg: CoreConfig,
+    /// Shared by the runtimes of every workspace (`in_workspace`): one route.
+    route: Arc<std::sync::RwLock<Route>>,
+    /// The live permission mode; watched by config frames. Shared like the route.
+    mode: Arc<watch::Sender<PermissionMode>>,
+    /// The workspace's always-allow rules.
+    rules: Rules,
+    /// The memory notes the system prompt carries.
+    memory: crate::host::memory::Memory,
+    /// The workspace's canonical path, as ledger headers and search name it.
+    workspace: String,
+    /// The transcript search index, fed as runs finish (one for every workspace).
+    search: Arc<crate::host::search::Search>,
+    /// The sandbox the agent's commands run in (one for every workspace).
+    sandbox: Arc<crate::tools::sandbox::Sandbox>,
+    /// An opened workspace's folder, re-checked at every use; None for the
+    /// server's own.
+    pin: Option<crate::host::workspaces::Pinned>,
+}
+
+impl Runtime {
+    /// Reads the workspace's rules file and resolves its path: blocking, for startup.
+    pub fn new(
+        cfg: CoreConfig,
+        route: Route,
+        search: crate::host::search::Search,
+        sandbox: crate::tools::sandbox::Sandbox,
+    ) -> Runtime {
+        let mode = Arc::new(watch::channel(cfg.permission).0);
+        Self::with_shared(
+            cfg,
+            Arc::new(std::sync::RwLock::new(route)),
+            mode,
+            Arc::new(search),
+            Arc::new(sandbox),
+        )
+    }
+
+    fn with_shared(
+        cfg: CoreConfig,
+        route: Arc<std::sync::RwLock<Route>>,
+        mode: Arc<watch::Sender<PermissionMode>>,
+        search: Arc<crate::host::search::Search>,
+        sandbox: Arc<crate::tools::sandbox::Sandbox>,
+    ) -> Runtime {
+        let rules = match &cfg.shared_config {
+            Some(shared) => Rules::shared(shared.clone(), &cfg.home, &cfg.workspace),
+            None => Rules::load(&cfg.home, &cfg.workspace),
+        };
+        let memory = crate::host::memory::Memory::new(&cfg.home, &cfg.workspace, cfg.shared_memory.clone());
+        let workspace = crate::home::workspace_key(&cfg.workspace).0;
+        Runtime {
+            workspace,
+            search,
+            sandbox,
+            cfg,
+            route,
+            mode,
+            rules,
+            memory,
+            pin: None,
+        }
+    }
+
+    /// The runtime of sessions in another workspace: its own rules, memory
+    /// and tools' folder, this one's route, mode and search index (a change
+    /// of either applies to every workspace). Blocking: reads its rules file.
+    /// `pin` is how the folder is re-checked at every use.
+    pub(crate) fn in_workspace(&self, pin: crate::host::workspaces::Pinned) -> Runtime {
+        let mut cfg = self.cfg.clone();
+        cfg.workspace = pin.path.clone();
+        Runtime {
+            pin: Some(pin),
+            ..Self::with_shared(
+                cfg,
+                self.route.clone(),
+                self.mode.clone(),
+                self.search.clone(),
+                self.sandbox.clone(),
+            )
+        }
+    }
+
+    /// The pinned folder of an opened workspace (None: the server's own).
+    pub(crate) fn pinned(&self) -> Option<&crate::host::workspaces::Pinned> {
+        self.pin.as_ref()
+    }
+
+    /// Re-checks the workspace folder before a use (`workspaces::recheck`):
+    /// an opened workspace replaced since (by a symlink or another folder)
+    /// is PermissionDenied, `workspace_replaced`. Runs off the runtime's
+    /// workers; the server's own workspace always passes.
+    pub async fn check_workspace(&self) -> Result<()> {
+        let Some(pin) = self.pin.clone() else {
+            return Ok(());
+        };
+        tokio::task::spawn_blocking(move || pin.check())
+            .await
+            .map_err(|e| Error::internal(e.to_string()))?
+    }
+
+    pub fn rules(&self) -> &Rules {
+        &self.rules
+    }
+
+    pub fn memory(&self) -> &crate::host::memory::Memory {
+        &self.memory
+    }
+
+    pub fn search(&self) -> &crate::host::search::Search {
+        &self.search
+    }
+
+    pub fn sandbox(&self) -> &Arc<crate::tools::sandbox::Sandbox> {
+        &self.sandbox
+    }
+
+    /// The workspace's canonical path (what ledger headers and search hits name).
+    pub fn workspace(&self) -> &str {
+        &self.workspace
+    }
+
+    /// The permission mode in effect now; each tool call reads it when it is decided.
+    pub fn mode(&self) -> PermissionMode {
+        *self.mode.borrow()
+    }
+
+    /// Whether `bypass` may be chosen: `--allow-bypass`, or a server started in it.
+    pub fn bypass_allowed(&self) -> bool {
+        self.cfg.allow_bypass || self.cfg.permission == PermissionMode::Bypass
+    }
+
+    /// Switches the mode (the caller checked `bypass`); true when it changed.
+    /// Watchers (config frames) hear of a change.
+    pub fn set_mode(&self, mode: PermissionMode) -> bool {
+        self.mode.send_if_modified(|m| std::mem::replace(m, mode) != mode)
+    }
+
+    /// Notified on every mode change.
+    pub fn watch_mode(&self) -> watch::Receiver<PermissionMode> {
+        self.mode.subscribe()
+    }
+
+    /// The current route; a leg takes it once and keeps it.
+    pub fn route(&self) -> Route {
+        self.route.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Replaces the route for legs that start from now on.
+    pub fn set_route(&self, route: Route) {
+        *self.route.write().unwrap_or_else(|p| p.into_inner()) = route;
+    }
+}
