@@ -1542,7 +1542,7 @@ mod tests {
             let mut busy = s.subscribe(Some(admitted.after_seq));
             loop {
                 match busy.recv().await {
-                    Some(crate::stream::bus::Delivery::Frame(f))
+                    Some(crate::stream::delivery::Delivery::Frame(f))
                         if matches!(f.event, ClientEvent::RunFinished { .. }) =>
                     {
                         break
