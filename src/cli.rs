@@ -214,7 +214,7 @@ pub struct ServeArgs {
     /// this many milliseconds, so each wake-up carries every frame of the
     /// window (the first frame after a quiet window goes out at once); 0
     /// wakes them at every frame.
-    #[arg(long, default_value_t = vak_core::stream::bus::DEFAULT_FLUSH_WINDOW.as_millis() as u64, value_parser = clap::value_parser!(u64).range(0..=1000))]
+    #[arg(long, default_value_t = vak_core::stream::bus_config::DEFAULT_FLUSH_WINDOW.as_millis() as u64, value_parser = clap::value_parser!(u64).range(0..=1000))]
     pub flush_window_ms: u64,
     /// The permission mode the server starts in: default (edits and
     /// commands ask), accept-edits (commands ask), plan (read-only tools

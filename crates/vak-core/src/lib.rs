@@ -43,7 +43,7 @@ pub struct CoreConfig {
     pub home: PathBuf,
     /// Where tools act; nothing outside it is read or written.
     pub workspace: PathBuf,
-    pub bus: stream::bus::BusConfig,
+    pub bus: stream::bus_config::BusConfig,
     /// The permission mode the server starts in (the live one is the
     /// runtime's: `Runtime::mode`).
     pub permission: PermissionMode,
@@ -106,7 +106,7 @@ impl CoreConfig {
         CoreConfig {
             home,
             workspace,
-            bus: stream::bus::BusConfig::default(),
+            bus: stream::bus_config::BusConfig::default(),
             permission: PermissionMode::Default,
             allow_bypass: false,
             first_subscriber_wait: Duration::from_secs(2),

@@ -1,5 +1,10 @@
 //! How events reach readers: the per-session bus with its lossless queues, the multiplexer behind `/stream`, and its cursor vector.
 
 pub mod bus;
+pub mod bus_config;
 pub mod cursor;
+pub mod delivery;
 pub mod mux;
+mod ring;
+mod sub_queue;
+pub mod subscription;

@@ -351,15 +351,35 @@ pub(crate) fn approval(
     }
 }
 
+/// How `request_id` of `session_id` was settled, read from the presentation
+/// timeline (None: not settled, or no such approval item).
+async fn settled_outcome(
+    conn: &dyn Transport,
+    session_id: &str,
+    request_id: &str,
+) -> Option<ApprovalOutcome> {
+    let timeline = conn.presentation(session_id).await.ok()?;
+    timeline
+        .items
+        .iter()
+        .find(|i| i.kind == "approval" && i.request_id == request_id)
+        .and_then(|i| ApprovalOutcome::parse(&i.status))
+}
+
 /// Answers an approval. A retry after a lost answer finds it already settled
-/// (409): that is success when the settled outcome is the one we sent (what
-/// became of an `always` rule is then unknown: `persisted` is false).
+/// (409): that is success when the settled outcome, read from the session's
+/// presentation timeline, is the one we sent (what became of an `always`
+/// rule is then unknown: `persisted` is false).
 pub(crate) async fn answer_approval(
     conn: &Arc<dyn Transport>,
     req: pb::ApproveRequest,
 ) -> Result<pb::ApproveResponse, Failure> {
     check_id("approval id", &req.request_id)?;
-    let approve = req.approve.unwrap_or(false);
+    let want = if req.approve.unwrap_or(false) {
+        ApprovalOutcome::Approved
+    } else {
+        ApprovalOutcome::Denied
+    };
     let mut sent_once = false;
     let c = conn.clone();
     retry(move || {
@@ -367,12 +387,11 @@ pub(crate) async fn answer_approval(
         let retried = sent_once;
         sent_once = true;
         Box::pin(async move {
-            match c.approve(req).await {
+            match c.approve(req.clone()).await {
                 Err(f) if retried && f.kind == FailKind::Conflict => {
-                    let want = if approve { "(approved)" } else { "(denied)" };
-                    if f.message.contains(want) {
+                    if settled_outcome(&*c, &req.session_id, &req.request_id).await == Some(want) {
                         Ok(pb::ApproveResponse {
-                            outcome: if approve { "approved" } else { "denied" }.into(),
+                            outcome: want.as_str().into(),
                             ..pb::ApproveResponse::default()
                         })
                     } else {
@@ -463,5 +482,124 @@ mod tests {
         for bad in ["", "a/b", "a.b", &"x".repeat(65)] {
             assert!(check_id("session id", bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_refused_id_gets_vak_protos_message() {
+        let f = check_id("approval id", "a/b").unwrap_err();
+        let e = vak_proto::ids::validate_plain_id("approval id", "a/b").unwrap_err();
+        assert_eq!((f.kind, f.message), (FailKind::Fatal, e.message));
+    }
+
+    /// A server whose first answer to an approval is lost (transient) and
+    /// whose second is 409, with the approval settled as `status` says.
+    struct Settled {
+        status: &'static str,
+        approves: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Transport for Settled {
+        fn name(&self) -> &'static str {
+            "fake"
+        }
+        fn create_session(&self) -> Fut<'_, String> {
+            Box::pin(async { Err(Failure::fatal("unused")) })
+        }
+        fn list_sessions(&self) -> Fut<'_, Vec<pb::SessionSummary>> {
+            Box::pin(async { Err(Failure::fatal("unused")) })
+        }
+        fn attach(&self, _: &str) -> Fut<'_, pb::SessionSummary> {
+            Box::pin(async { Err(Failure::fatal("unused")) })
+        }
+        fn run(&self, _: pb::RunRequest) -> Fut<'_, pb::Admission> {
+            Box::pin(async { Err(Failure::fatal("unused")) })
+        }
+        fn steer(&self, _: pb::SteerRequest) -> Fut<'_, pb::Admission> {
+            Box::pin(async { Err(Failure::fatal("unused")) })
+        }
+        fn approve(&self, _: pb::ApproveRequest) -> Fut<'_, pb::ApproveResponse> {
+            let n = self.approves.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Box::pin(async move {
+                Err(match n {
+                    0 => Failure::transient("the answer was lost"),
+                    // The message no longer says how: the outcome comes from the timeline.
+                    _ => Failure::new(FailKind::Conflict, "approval ap_1 is already settled"),
+                })
+            })
+        }
+        fn cancel(&self, _: &str) -> Fut<'_, pb::CancelResponse> {
+            Box::pin(async { Err(Failure::fatal("unused")) })
+        }
+        fn transcript(&self, _: &str) -> Fut<'_, pb::Transcript> {
+            Box::pin(async { Err(Failure::fatal("unused")) })
+        }
+        fn presentation(&self, session_id: &str) -> Fut<'_, pb::OutputTimeline> {
+            let items = vec![
+                pb::TimelineItem {
+                    kind: "approval".into(),
+                    status: "denied".into(),
+                    request_id: "ap_0".into(),
+                    ..Default::default()
+                },
+                pb::TimelineItem {
+                    kind: "approval".into(),
+                    status: self.status.into(),
+                    request_id: "ap_1".into(),
+                    ..Default::default()
+                },
+            ];
+            let session_id = session_id.to_string();
+            Box::pin(async move {
+                Ok(pb::OutputTimeline {
+                    session_id,
+                    items,
+                    ..Default::default()
+                })
+            })
+        }
+        fn subscribe(&self, _: &str, _: Option<u64>) -> Fut<'_, Events> {
+            Box::pin(async { Err(Failure::fatal("unused")) })
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retried_answer_that_finds_its_approval_settled_its_way_succeeds_and_any_other_way_is_the_conflict(
+    ) {
+        for (status, approve, ok) in [
+            ("approved", true, true),
+            ("denied", false, true),
+            ("denied", true, false),
+            ("expired", true, false),
+            ("pending", false, false),
+        ] {
+            let conn: Arc<dyn Transport> = Arc::new(Settled {
+                status,
+                approves: Default::default(),
+            });
+            let got = answer_approval(&conn, approval("s1", "ap_1", approve, "")).await;
+            match got {
+                Ok(r) => {
+                    assert!(ok, "{status} after approve={approve} is not a success");
+                    assert_eq!(r.outcome, if approve { "approved" } else { "denied" });
+                }
+                Err(f) => {
+                    assert!(!ok, "{status} after approve={approve}: {f}");
+                    assert_eq!(f.kind, FailKind::Conflict);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn approval_outcomes_read_the_wire_names_and_nothing_else() {
+        for o in [
+            ApprovalOutcome::Approved,
+            ApprovalOutcome::Denied,
+            ApprovalOutcome::Expired,
+        ] {
+            assert_eq!(ApprovalOutcome::parse(o.as_str()), Some(o));
+        }
+        assert_eq!(ApprovalOutcome::parse("pending"), None);
+        assert_eq!(ApprovalOutcome::parse("(approved)"), None);
     }
 }

@@ -3,6 +3,7 @@
 //! The renderer only decides what to show; `screen.rs` (interactive) and
 //! `oneshot.rs` (stdout and stderr) decide where it goes.
 
+use crate::transport::ApprovalOutcome;
 use pb::event::Kind;
 use std::collections::HashMap;
 use vak_proto::v1 as pb;
@@ -124,10 +125,11 @@ impl Render {
                 } else {
                     format!(": {}", clean(&a.reason))
                 };
-                vec![match a.outcome.as_str() {
-                    "approved" => line(Style::Good, format!("✓ {tool} approved{reason}")),
-                    "denied" => line(Style::Bad, format!("✗ {tool} denied{reason}")),
-                    other => line(Style::Note, format!("· {tool} approval {other}{reason}")),
+                vec![match ApprovalOutcome::parse(&a.outcome) {
+                    Some(ApprovalOutcome::Approved) => line(Style::Good, format!("✓ {tool} approved{reason}")),
+                    Some(ApprovalOutcome::Denied) => line(Style::Bad, format!("✗ {tool} denied{reason}")),
+                    // Expired, or an outcome a newer server added: shown as sent.
+                    _ => line(Style::Note, format!("· {tool} approval {}{reason}", a.outcome)),
                 }]
             }
             Kind::RunFinished(r) => run_end(&r.outcome, &r.message),

@@ -1,6 +1,6 @@
 //! The one `Transport` trait that the REST/SSE and gRPC clients both implement, where
-//! the server is (`Target`) and how a call fails (`Failure`), below both clients and
-//! the code that picks one (`conn.rs`).
+//! the server is (`Target`), how a call fails (`Failure`) and how an approval was
+//! settled (`ApprovalOutcome`), below both clients and the code that picks one (`conn.rs`).
 
 use futures_util::Stream;
 use std::future::Future;
@@ -98,11 +98,42 @@ pub(crate) trait Transport: Send + Sync {
     fn subscribe(&self, session_id: &str, after: Option<u64>) -> Fut<'_, Events>;
 }
 
+/// How an approval was settled: the closed set the server sends as
+/// `outcome` (`ApproveResponse`, `approval_resolved`) and as an approval
+/// item's `status` in the presentation timeline (docs/protocol.md, section 13).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ApprovalOutcome {
+    Approved,
+    Denied,
+    Expired,
+}
+
+impl ApprovalOutcome {
+    /// The wire's name of an outcome; None for anything else (`pending`, an
+    /// unknown value from a newer server).
+    pub(crate) fn parse(s: &str) -> Option<ApprovalOutcome> {
+        match s {
+            "approved" => Some(ApprovalOutcome::Approved),
+            "denied" => Some(ApprovalOutcome::Denied),
+            "expired" => Some(ApprovalOutcome::Expired),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            ApprovalOutcome::Approved => "approved",
+            ApprovalOutcome::Denied => "denied",
+            ApprovalOutcome::Expired => "expired",
+        }
+    }
+}
+
 /// How long to wait for a TCP connection before calling the server unreachable.
 pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Session ids travel in URL paths: the server's own rule, checked before any request.
+/// Session and approval ids travel in URL paths: the server's own rule and
+/// its message (vak-proto's `ids`), checked before any request.
 pub(crate) fn check_id(what: &str, id: &str) -> Result<(), Failure> {
-    vak_proto::ids::validate_session_id(id)
-        .map_err(|_| Failure::fatal(format!("invalid {what} {id:?}: 1 to 64 of A-Z a-z 0-9 - _")))
+    vak_proto::ids::validate_plain_id(what, id).map_err(|e| Failure::fatal(e.message))
 }

@@ -78,7 +78,8 @@
 //! **Who owns what.** The CAS chain (the last stream sequence, the position,
 //! the fence) belongs to the log's writer task, started at open: `append`,
 //! called on the session writer's blocking thread, hands it a copy of the
-//! batch and waits for the answer, so no lock is held across a publish or
+//! batch through a bounded queue (a full one waits) and waits for the
+//! answer, so no lock is held across a publish or
 //! its retries and nothing `block_on`s the runtime. `read_events` runs its
 //! reads on the runtime the same way and waits on the blocking pool.
 
@@ -325,12 +326,17 @@ struct Link {
 pub struct JetStreamLog {
     rt: Handle,
     link: Arc<Link>,
-    /// The writer task's queue. One session's writer appends one batch at a
-    /// time and waits for it, so the queue holds at most that append and a
-    /// head re-read or a test hook; unbounded so that the test hook, sent
-    /// from async code, never waits.
-    writer: mpsc::UnboundedSender<Request>,
+    /// The writer task's queue, `REQUESTS` long. Blocking callers (`append`,
+    /// `reread_head`) wait while it is full; the test hook, sent from async
+    /// code, fails loudly instead.
+    writer: mpsc::Sender<Request>,
 }
+
+/// How many requests a log's writer task may have queued. One session's
+/// writer appends one batch at a time and waits for it, so the queue holds
+/// at most that append, a takeover's head re-read and a test hook: a full
+/// queue means a caller outside that pattern, which waits its turn.
+const REQUESTS: usize = 4;
 
 /// What the writer task is asked to do, in order.
 enum Request {
@@ -408,7 +414,7 @@ impl JetStreamLog {
             before: (0, Position::default()),
         };
         w.publish(&link);
-        let (writer, requests) = mpsc::unbounded_channel();
+        let (writer, requests) = mpsc::channel(REQUESTS);
         tokio::spawn(write(link.clone(), w, requests));
         Ok(JetStreamLog {
             rt: Handle::current(),
@@ -435,7 +441,7 @@ impl JetStreamLog {
     pub(crate) fn reread_head(&self) -> Result<()> {
         let (done, answer) = oneshot::channel();
         self.writer
-            .send(Request::RereadHead { done })
+            .blocking_send(Request::RereadHead { done })
             .map_err(|_| Error::internal(self.writer_gone()))?;
         answer
             .blocking_recv()
@@ -486,10 +492,17 @@ impl JetStreamLog {
     /// Forgets the last append's ack, as if it had been lost: appending the
     /// same batch again is then the retry a lost ack leads to (tests/it/jetstream.rs;
     /// only with the `test-hooks` feature, which the integration tests turn on).
-    /// Queued to the writer task, so the next append finds it done.
+    /// Queued to the writer task, so the next append finds it done (a
+    /// stopped task: the next append says so). Called between appends, it
+    /// finds room; a full queue is a misuse and panics, never drops it.
     #[cfg(feature = "test-hooks")]
     pub fn forget_last_ack(&self) {
-        let _ = self.writer.send(Request::ForgetLastAck);
+        if let Err(mpsc::error::TrySendError::Full(_)) = self.writer.try_send(Request::ForgetLastAck) {
+            panic!(
+                "forget_last_ack: the writer task of {} has a full queue",
+                self.link.session
+            );
+        }
     }
 
     fn writer_gone(&self) -> String {
@@ -499,7 +512,7 @@ impl JetStreamLog {
 
 /// The log's writer task: every append, in order, with the state it alone
 /// holds; ends when the log is dropped.
-async fn write(link: Arc<Link>, mut w: Writer, mut requests: mpsc::UnboundedReceiver<Request>) {
+async fn write(link: Arc<Link>, mut w: Writer, mut requests: mpsc::Receiver<Request>) {
     while let Some(r) = requests.recv().await {
         match r {
             Request::Append { batch, done } => {
@@ -1063,8 +1076,9 @@ impl Log for JetStreamLog {
         }
         let (done, answer) = oneshot::channel();
         let gone = || std::io::Error::other(self.writer_gone());
+        // Waits while the queue is full (another request ahead of this one).
         self.writer
-            .send(Request::Append {
+            .blocking_send(Request::Append {
                 batch: batch.clone(),
                 done,
             })

@@ -33,6 +33,7 @@
 //! says it holds it; and the holder, when NATS is back and its renewal
 //! finds the key gone (expired, nobody took it), takes it again at once.
 
+use crate::cluster::takeover::last_writer;
 use crate::error::{Error, ErrorKind, Result};
 use crate::stopped::Stopped;
 use async_nats::jetstream::kv;
@@ -52,6 +53,11 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
 pub use crate::stopped::LEASE_LOST;
 /// How long a ping waits for the owner's answer.
 const PING_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// How many pings a silent last writer gets before its session is taken
+/// (each waits up to the ping timeout): a replica whose NATS node died
+/// answers again once its client has moved to another node.
+const ASKS: usize = 3;
 
 /// A replica's answer to a ping naming a session.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -271,7 +277,7 @@ impl Owners {
 
     /// `claim` for a session that may have a history: a free lease is taken
     /// only once the replica that wrote the session last (if another) says
-    /// it does not hold it, or does not answer (`takeover.rs`): its lease
+    /// it does not hold it, or does not answer (`held_without_lease`): its lease
     /// may have expired while a NATS election stalled its renewals.
     pub async fn claim_checked(&self, session: &str) -> Result<Claim> {
         self.claim_as(session, true).await
@@ -284,9 +290,7 @@ impl Owners {
         // The key may expire or be released between a failed create and the read.
         for _ in 0..5 {
             if check {
-                if let Some(owner) =
-                    crate::cluster::takeover::held_without_lease(self, &self.kv, session).await?
-                {
+                if let Some(owner) = held_without_lease(self, &self.kv, session).await? {
                     return Ok(Claim::Theirs(owner));
                 }
             }
@@ -445,7 +449,7 @@ impl Owners {
         }
         // Expired and nobody took it (the bucket's leader was being elected
         // past the lease's age): taken again at once. A replica that
-        // meanwhile asked us was told we hold it (`takeover.rs`).
+        // meanwhile asked us was told we hold it (`held_without_lease`).
         match self.kv.create(session, self.me()).await {
             Ok(new) => {
                 tracing::info!(
@@ -482,4 +486,46 @@ impl Owners {
             self.release(&s).await;
         }
     }
+}
+
+/// The replica that holds `session` although its lease is gone (expired
+/// during an election), if the lease is free and the session's last writer
+/// says it holds it; None when the lease may be taken (or is held: the
+/// caller's create then names the holder). While the last writer answers
+/// that it holds the session, the lease is left to it (it takes the key
+/// again when its renewal finds it gone); a replica that is gone (no
+/// responders), answers that it does not hold it, or stays silent through
+/// `ASKS` pings is taken over. Core NATS answers while JetStream elects a
+/// leader, so this works through the election that expired the lease.
+async fn held_without_lease(owners: &Owners, kv: &kv::Store, session: &str) -> Result<Option<Owner>> {
+    let entry = kv.entry(session).await.map_err(|e| {
+        Error::new(
+            ErrorKind::Unavailable,
+            format!("cannot read the lease of {session}: {e}"),
+        )
+    })?;
+    if entry.is_some_and(|e| e.operation == kv::Operation::Put) {
+        return Ok(None);
+    }
+    let Some(last) = last_writer(owners.client(), session).await else {
+        return Ok(None);
+    };
+    if last == owners.replica() {
+        return Ok(None);
+    }
+    for _ in 0..ASKS {
+        match owners.ask_holder(&last, session).await {
+            Some(h) if h.holds => {
+                tracing::info!(session, holder = %last, "the lease is free but its last writer still holds the session (its renewal stalled): left to it");
+                return Ok(Some(Owner {
+                    replica: last,
+                    url: h.url,
+                }));
+            }
+            Some(_) => return Ok(None),
+            None => {}
+        }
+    }
+    tracing::info!(session, writer = %last, "the session's last writer does not answer: its free lease is taken");
+    Ok(None)
 }

@@ -1,17 +1,10 @@
-//! Who may take a free lease (`--bus`): the replica that wrote a session last is asked first, over core NATS, whether it still holds it.
+//! The log side of a takeover (`--bus`): who wrote a session last (asked before a free lease is taken, `owners.rs`), and the new holder's first append, which fences a stale one.
 //!
-//! A lease expires when its holder cannot renew it for a lease age. A
-//! NATS election longer than that (the lease bucket's leader died) expires
-//! the lease of a holder that is alive and writing through the same NATS,
-//! and the next replica to look would take the session over, ending its
-//! live run as "interrupted". So before taking a free lease a replica reads
-//! who wrote the session's last message (`Vak-Replica`, which every
-//! message carries) and asks that replica (`Owners::ask_holder`, a ping
-//! naming the session, answered over core NATS, which does not wait for
-//! JetStream). While it answers that it holds the session, the lease is
-//! left to it (it takes the key again when its renewal finds it gone); a
-//! replica that is gone (no responders), answers that it does not hold
-//! it, or stays silent through `ASKS` pings is taken over as before.
+//! Every message carries the replica that wrote it (`Vak-Replica`):
+//! `last_writer` reads it off the subject's last message, so that
+//! `Owners::claim_checked` can ask that replica whether it still holds the
+//! session before taking its expired lease (an election longer than the
+//! lease).
 //!
 //! A holder that was taken over anyway (it was silent: partitioned,
 //! stopped) cannot hurt the new one: the new holder's first append is a
@@ -20,64 +13,15 @@
 //! its compare-and-set.
 
 use crate::cluster::jetstream::{JetStreamLog, H_REPLICA, RETRY_FOR, STREAM, SUBJECT_PREFIX};
-use crate::cluster::owners::{Owner, Owners};
-use crate::error::{Error, ErrorKind, Result};
 use crate::log::ledger::{Batch, Log};
-use async_nats::jetstream::kv;
 use std::time::{Duration, Instant};
-
-/// How many pings a silent last writer gets before its session is taken
-/// (each waits up to the ping timeout): a replica whose NATS node died
-/// answers again once its client has moved to another node.
-const ASKS: usize = 3;
 
 /// How long reading the subject's last message may take.
 const READ_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The replica that holds `session` although its lease is gone (expired
-/// during an election), if the lease is free and the session's last writer
-/// says it holds it; None when the lease may be taken (or is held: the
-/// caller's create then names the holder).
-pub(crate) async fn held_without_lease(
-    owners: &Owners,
-    kv: &kv::Store,
-    session: &str,
-) -> Result<Option<Owner>> {
-    let entry = kv.entry(session).await.map_err(|e| {
-        Error::new(
-            ErrorKind::Unavailable,
-            format!("cannot read the lease of {session}: {e}"),
-        )
-    })?;
-    if entry.is_some_and(|e| e.operation == kv::Operation::Put) {
-        return Ok(None);
-    }
-    let Some(last) = last_writer(owners.client(), session).await else {
-        return Ok(None);
-    };
-    if last == owners.replica() {
-        return Ok(None);
-    }
-    for _ in 0..ASKS {
-        match owners.ask_holder(&last, session).await {
-            Some(h) if h.holds => {
-                tracing::info!(session, holder = %last, "the lease is free but its last writer still holds the session (its renewal stalled): left to it");
-                return Ok(Some(Owner {
-                    replica: last,
-                    url: h.url,
-                }));
-            }
-            Some(_) => return Ok(None),
-            None => {}
-        }
-    }
-    tracing::info!(session, writer = %last, "the session's last writer does not answer: its free lease is taken");
-    Ok(None)
-}
-
 /// The replica named on `session`'s last message (None: no message, none
 /// named, or the stream cannot be read now).
-async fn last_writer(client: &async_nats::Client, session: &str) -> Option<String> {
+pub(crate) async fn last_writer(client: &async_nats::Client, session: &str) -> Option<String> {
     let ask = client.request(
         format!("$JS.API.DIRECT.GET.{STREAM}.{SUBJECT_PREFIX}{session}"),
         bytes::Bytes::new(),

@@ -94,6 +94,11 @@ pub struct Registry {
 
 /// Sends `session`'s id to `stopped` when its writer stops (ends quietly
 /// when the session is dropped first).
+//
+// `stopped` is unbounded on purpose: each loaded session's watcher sends
+// at most one id per stop, and `recovery::run` only spawns per id, so the
+// queue drains as fast as it fills; a bound would only park watchers until
+// `housekeep` starts `run` (never, in a hub that does not housekeep).
 fn report_stop(session: &Arc<Session>, stopped: mpsc::UnboundedSender<String>) {
     let mut rx = session.watch_stopped();
     let id = session.id().to_string();

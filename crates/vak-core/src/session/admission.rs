@@ -671,7 +671,8 @@ mod tests {
         use crate::route::Route;
         use crate::session::live::Session;
         use crate::session::runtime::Runtime;
-        use crate::stream::bus::{Delivery, Subscription};
+        use crate::stream::delivery::Delivery;
+        use crate::stream::subscription::Subscription;
         use crate::CoreConfig;
         use std::sync::Arc;
         use std::time::Duration;

@@ -602,7 +602,7 @@ mod tests {
         let mut seen = Vec::new();
         loop {
             match tokio::time::timeout(Duration::from_secs(30), sub.recv()).await {
-                Ok(Some(crate::stream::bus::Delivery::Frame(f))) => {
+                Ok(Some(crate::stream::delivery::Delivery::Frame(f))) => {
                     seen.push(f.event.clone());
                     if matches!(f.event, ClientEvent::RunFinished { .. }) {
                         return seen;
@@ -699,7 +699,7 @@ mod tests {
         };
         let mut late = Vec::new();
         while let Ok(Some(d)) = tokio::time::timeout(Duration::from_secs(30), stalled.recv()).await {
-            if let crate::stream::bus::Delivery::Frame(f) = d {
+            if let crate::stream::delivery::Delivery::Frame(f) = d {
                 let done = matches!(f.event, ClientEvent::RunFinished { .. });
                 late.push(f.event.clone());
                 if done {

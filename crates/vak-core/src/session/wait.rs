@@ -3,7 +3,7 @@
 use crate::event::{ClientEvent, RunOutcome};
 use crate::log::transcript::Role;
 use crate::session::live::Session;
-use crate::stream::bus::Delivery;
+use crate::stream::delivery::Delivery;
 use std::time::Duration;
 
 /// The longest a caller may wait, and the wait when it names none.

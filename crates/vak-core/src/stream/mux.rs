@@ -14,8 +14,8 @@ use crate::host::registry::Registry;
 use crate::log::presentation::{PresentationEvent, Presenter};
 use crate::reasons::{CloseReason, ResyncReason, Surface};
 use crate::session::live::{Client, PresenceGuard, Session};
-use crate::stream::bus::{Delivery, End};
 use crate::stream::cursor::{CursorVector, MAX_SESSIONS};
+use crate::stream::delivery::{Delivery, End};
 use futures_util::stream::{BoxStream, StreamExt};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -110,7 +110,7 @@ pub enum Control {
 struct Feed {
     /// Held so the session stays loaded while it is followed.
     _session: Arc<Session>,
-    sub: crate::stream::bus::Subscription,
+    sub: crate::stream::subscription::Subscription,
     presenter: Presenter,
     /// Frames up to this seq are already in the presenter's state.
     presented_through: u64,

@@ -19,7 +19,9 @@ use pb::agent_service_server::AgentService;
 use std::collections::HashMap;
 use vak_core::event::{ClientEvent, Frame};
 use vak_core::session::live::PresenceGuard;
-use vak_core::stream::bus::{Charge, Delivery, End, Subscription};
+use vak_core::stream::bus_config::Charge;
+use vak_core::stream::delivery::{Delivery, End};
+use vak_core::stream::subscription::Subscription;
 use vak_proto::json::to_json;
 use vak_proto::v1 as pb;
 

@@ -177,12 +177,15 @@ mod tests {
                 .admit(format!("round {round}\n/burst 1000"), None)
                 .await
                 .unwrap();
-            assert_ne!(admitted.state, crate::session::admission::AdmissionState::Duplicate);
+            assert_ne!(
+                admitted.state,
+                crate::session::admission::AdmissionState::Duplicate
+            );
             // Let the round finish before the next, so each is its own run.
             let mut busy = s.subscribe(Some(admitted.after_seq));
             loop {
                 match busy.recv().await {
-                    Some(crate::stream::bus::Delivery::Frame(f))
+                    Some(crate::stream::delivery::Delivery::Frame(f))
                         if matches!(f.event, ClientEvent::RunFinished { .. }) =>
                     {
                         break
