@@ -2,7 +2,7 @@
 
 pub(crate) mod cluster_secret;
 pub mod jetstream;
-pub mod mirror;
+pub(crate) mod mirror;
 pub mod nats_connect;
 pub mod owners;
 pub mod shared_config;

@@ -1,5 +1,9 @@
 //! The agent core: sessions, their event buses, the agent loop, the ledger. It knows nothing of HTTP, gRPC or JSON-over-HTTP.
 
+// What another crate may use is `pub`; everything else is `pub(crate)`, and the
+// compiler checks it (a `pub` item no other crate can reach is a warning).
+#![warn(unreachable_pub)]
+
 pub mod home;
 // The leaf types the core shares with the wire crates (no generated code: vak-proto without `wire`).
 pub use vak_proto::{error, ids, text};
@@ -11,16 +15,16 @@ pub mod host;
 #[cfg(test)]
 mod lock_scan;
 pub mod log;
-pub mod permissions;
+pub(crate) mod permissions;
 pub mod provider;
 pub mod reasons;
-pub mod route;
-pub mod rule;
+pub(crate) mod route;
+pub(crate) mod rule;
 pub mod session;
-pub mod stopped;
+pub(crate) mod stopped;
 pub mod stream;
 pub mod tools;
-pub mod workspace;
+pub(crate) mod workspace;
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -1,12 +1,12 @@
 //! A session's durable record and what it folds into: the ledger, the one writer, repair on load, replay from disk, delta bounds, and the transcript and presentation projections.
 
-pub mod deltas;
-pub mod folds;
+pub(crate) mod deltas;
+pub(crate) mod folds;
 pub mod ledger;
 #[cfg(test)]
 pub(crate) mod memory;
 pub mod presentation;
 pub(crate) mod repair;
-pub mod replay;
+pub(crate) mod replay;
 pub mod transcript;
-pub mod writer;
+pub(crate) mod writer;

@@ -28,7 +28,7 @@ impl PermissionMode {
 }
 
 /// The names the API and `--permission-mode` accept, in the order errors list them.
-pub const MODES: [PermissionMode; 4] = [
+pub(crate) const MODES: [PermissionMode; 4] = [
     PermissionMode::Default,
     PermissionMode::AcceptEdits,
     PermissionMode::Plan,
@@ -91,7 +91,7 @@ fn quoted(s: &str) -> String {
 
 /// What a tool call does in a mode.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Decision {
+pub(crate) enum Decision {
     /// Runs without asking.
     Run,
     /// Waits for a client's approval.
@@ -101,17 +101,17 @@ pub enum Decision {
 }
 
 /// What plan mode tells the model when it tries to change something.
-pub const PLAN_REFUSAL: &str =
+pub(crate) const PLAN_REFUSAL: &str =
     "refused: the session is in plan mode, where only tools that read the workspace run. \
 Do not change anything yet: finish looking around, then propose your plan with exit_plan_mode";
 
 /// What exit_plan_mode answers outside plan mode.
-pub const NOT_IN_PLAN_MODE: &str = "the session is not in plan mode: go ahead without exit_plan_mode";
+pub(crate) const NOT_IN_PLAN_MODE: &str = "the session is not in plan mode: go ahead without exit_plan_mode";
 
 /// The permission table: read-only tools always run; edits ask in
 /// `default`; commands ask in `default` and `accept-edits`; `plan` refuses
 /// both and asks only for `exit_plan_mode`; `bypass` asks nothing.
-pub fn decide(mode: PermissionMode, class: ToolClass) -> Decision {
+pub(crate) fn decide(mode: PermissionMode, class: ToolClass) -> Decision {
     use PermissionMode as M;
     use ToolClass as C;
     match (mode, class) {

@@ -1,14 +1,14 @@
 //! A session's life: the live session, its admission, the runtime sessions share and the restore from a ledger, the agent loop (seeing the session through `context.rs`), approvals, side chat, lifecycle files, waiting for an outcome, attachments and the system prompt.
 
 pub mod admission;
-pub mod agent;
+pub(crate) mod agent;
 pub mod approvals;
 pub mod attachments;
 pub(crate) mod context;
-pub mod lifecycle;
+pub(crate) mod lifecycle;
 pub mod live;
 pub mod prompt;
 pub(crate) mod restore;
-pub mod runtime;
+pub(crate) mod runtime;
 pub mod side;
 pub mod wait;

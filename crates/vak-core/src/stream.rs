@@ -1,6 +1,6 @@
 //! How events reach readers: the per-session bus with its lossless queues, the multiplexer behind `/stream`, and its cursor vector.
 
-pub mod bus;
+pub(crate) mod bus;
 pub mod bus_config;
 pub mod cursor;
 pub mod delivery;

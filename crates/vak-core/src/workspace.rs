@@ -21,13 +21,13 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Component, Path};
 
 /// The longest path a tool may name, in bytes (Linux's PATH_MAX).
-pub const MAX_PATH_BYTES: usize = 4096;
+pub(crate) const MAX_PATH_BYTES: usize = 4096;
 /// The longest single path component, in bytes (NAME_MAX).
-pub const MAX_NAME_BYTES: usize = 255;
+pub(crate) const MAX_NAME_BYTES: usize = 255;
 
 /// What `read` returns: at most `cap` bytes of the file, and whether there was more.
 #[derive(Debug)]
-pub struct Clipped {
+pub(crate) struct Clipped {
     pub bytes: Vec<u8>,
     /// The file's size when it was opened.
     pub size: u64,
@@ -35,7 +35,7 @@ pub struct Clipped {
 }
 
 /// Checks a tool's path and returns its components (no `.`, no `..`, no root).
-pub fn components(path: &str) -> Result<Vec<&str>, String> {
+pub(crate) fn components(path: &str) -> Result<Vec<&str>, String> {
     if path.is_empty() {
         return Err("an empty path".into());
     }
@@ -76,7 +76,7 @@ pub fn components(path: &str) -> Result<Vec<&str>, String> {
 }
 
 /// Reads at most `cap` bytes of the regular file `path` inside `workspace`.
-pub fn read(workspace: &Path, path: &str, cap: usize) -> Result<Clipped, String> {
+pub(crate) fn read(workspace: &Path, path: &str, cap: usize) -> Result<Clipped, String> {
     let parts = components(path)?;
     let root = open_root(workspace)?;
     let fd = open_beneath(
@@ -104,7 +104,7 @@ pub fn read(workspace: &Path, path: &str, cap: usize) -> Result<Clipped, String>
 
 /// Creates or replaces the regular file `path` inside `workspace` with
 /// `content`, creating missing parent folders (each one beneath the workspace).
-pub fn write(workspace: &Path, path: &str, content: &[u8]) -> Result<(), String> {
+pub(crate) fn write(workspace: &Path, path: &str, content: &[u8]) -> Result<(), String> {
     let parts = components(path)?;
     let Some((_, dirs)) = parts.split_last() else {
         return Err(format!("{path}: is the workspace itself, not a file"));
@@ -226,7 +226,7 @@ pub(crate) fn cstr(s: &str) -> io::Result<std::ffi::CString> {
 }
 
 /// Opens `parts` relative to `root` with a resolution that cannot leave it.
-pub fn open_beneath(
+pub(crate) fn open_beneath(
     root: &OwnedFd,
     parts: &[&str],
     flags: libc::c_int,
@@ -295,7 +295,7 @@ fn openat2_beneath(
 }
 
 /// The portable fallback: one component at a time, never following a symlink.
-pub fn open_walk(
+pub(crate) fn open_walk(
     root: &OwnedFd,
     parts: &[&str],
     flags: libc::c_int,

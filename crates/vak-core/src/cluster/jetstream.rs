@@ -625,7 +625,7 @@ impl Link {
     /// Every record of the log in order (header, events, notes): what a
     /// session is rebuilt from when it loads. The whole history is read:
     /// starting from the last snapshot is left for later.
-    pub async fn records(&self) -> Result<Vec<Record>> {
+    pub(crate) async fn records(&self) -> Result<Vec<Record>> {
         Ok(self
             .stored_after(0)
             .await?
@@ -635,7 +635,7 @@ impl Link {
     }
 
     /// The stream sequence of the subject's last message (0: none).
-    pub async fn head(&self) -> Result<u64> {
+    pub(crate) async fn head(&self) -> Result<u64> {
         let last = self
             .last_message()
             .await
@@ -646,7 +646,7 @@ impl Link {
     /// Whether the subject holds no message, asked of the stream's leader
     /// (a direct get may be served by a replica still catching up): how a
     /// mirror tells that its session was deleted (purged).
-    pub async fn purged(&self) -> Result<bool> {
+    pub(crate) async fn purged(&self) -> Result<bool> {
         let js = async_nats::jetstream::new(self.client.clone());
         let unavailable = |e: &dyn std::fmt::Display| {
             Error::new(
@@ -668,7 +668,7 @@ impl Link {
     /// order, with its stream sequence and position.
     /// A record cut in parts counts at its last part's stream sequence; one
     /// whose parts are incomplete or altered is an error.
-    pub async fn stored_after(&self, after: u64) -> Result<Vec<Stored>> {
+    pub(crate) async fn stored_after(&self, after: u64) -> Result<Vec<Stored>> {
         let mut out = Vec::new();
         let mut next = after + 1;
         let mut records = chunks::Records::default();

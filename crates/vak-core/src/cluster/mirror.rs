@@ -37,7 +37,7 @@ const TICK: Duration = Duration::from_secs(1);
 const APPLY_MAX: usize = 1024;
 
 /// Opens the mirror of session `id`; `read_only` is what its writes are refused with.
-pub async fn open(
+pub(crate) async fn open(
     rt: Arc<Runtime>,
     client: async_nats::Client,
     id: &str,

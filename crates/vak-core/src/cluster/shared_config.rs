@@ -86,11 +86,11 @@ mod source_name {
     use super::Source;
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub fn serialize<S: Serializer>(s: &Source, ser: S) -> Result<S::Ok, S::Error> {
+    pub(super) fn serialize<S: Serializer>(s: &Source, ser: S) -> Result<S::Ok, S::Error> {
         ser.serialize_str(s.as_str())
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Source, D::Error> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Source, D::Error> {
         String::deserialize(d).map(|s| Source::parse(&s))
     }
 }

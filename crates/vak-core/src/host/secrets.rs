@@ -23,13 +23,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 /// The longest key accepted (real keys are under 256 bytes).
-pub const MAX_KEY_BYTES: usize = 4096;
+pub(crate) const MAX_KEY_BYTES: usize = 4096;
 
 const MAGIC: &[u8] = b"VAKKEYS1";
 const AAD: &[u8] = b"vak key store v1";
 
 /// The store of one home.
-pub struct SecretStore {
+pub(crate) struct SecretStore {
     keys: Keys,
     /// The one writer of `keys.enc`: every change runs on its task, in turn.
     file: FileOwner<KeyFile>,
@@ -46,14 +46,14 @@ struct KeyFile {
 
 /// `sha256:` and the first 8 hex digits of the key's SHA-256: enough to tell
 /// keys apart on a screen, useless for recovering one.
-pub fn fingerprint(key: &Secret) -> String {
+pub(crate) fn fingerprint(key: &Secret) -> String {
     let d = ring::digest::digest(&ring::digest::SHA256, key.expose().as_bytes());
     let hex: String = d.as_ref()[..4].iter().map(|b| format!("{b:02x}")).collect();
     format!("sha256:{hex}")
 }
 
 /// Why a key is refused; never echoes it.
-pub fn validate_key(key: &str) -> Result<()> {
+pub(crate) fn validate_key(key: &str) -> Result<()> {
     if key.is_empty() {
         return Err(Error::invalid("the key is empty"));
     }
@@ -73,7 +73,7 @@ pub fn validate_key(key: &str) -> Result<()> {
 
 impl SecretStore {
     /// Loads `<home>/secrets/keys.enc` if there is one (at startup: this reads files).
-    pub fn open(home: &Path) -> Result<SecretStore> {
+    pub(crate) fn open(home: &Path) -> Result<SecretStore> {
         let dir = home.join("secrets");
         let keys = match std::fs::read(dir.join("keys.enc")) {
             Ok(bytes) => decrypt(&dir, &bytes)?,
@@ -92,12 +92,12 @@ impl SecretStore {
         })
     }
 
-    pub fn get(&self, kind: ProviderKind) -> Option<Secret> {
+    pub(crate) fn get(&self, kind: ProviderKind) -> Option<Secret> {
         self.lock().get(kind.as_str()).cloned()
     }
 
     /// Stores (or replaces) the key of `kind`; durable when this returns.
-    pub async fn put(&self, kind: ProviderKind, key: Secret) -> Result<()> {
+    pub(crate) async fn put(&self, kind: ProviderKind, key: Secret) -> Result<()> {
         self.change(move |m| {
             m.insert(kind.as_str(), key);
         })
@@ -106,7 +106,7 @@ impl SecretStore {
     }
 
     /// Removes the key of `kind`; whether there was one.
-    pub async fn delete(&self, kind: ProviderKind) -> Result<bool> {
+    pub(crate) async fn delete(&self, kind: ProviderKind) -> Result<bool> {
         self.change(move |m| {
             m.remove(kind.as_str());
         })

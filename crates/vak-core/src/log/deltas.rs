@@ -11,12 +11,12 @@ use crate::event::ClientEvent;
 use crate::provider::ProviderEvent;
 
 /// Deltas a turn publishes unmerged (the agent's setting).
-pub const FREE: usize = 1_000_000;
+pub(crate) const FREE: usize = 1_000_000;
 /// The size a merged delta grows to before it is published.
-pub const CHUNK: usize = 8 * 1024;
+pub(crate) const CHUNK: usize = 8 * 1024;
 
 /// What one `push` publishes: up to two events, in order.
-pub struct Ready([Option<ClientEvent>; 2]);
+pub(crate) struct Ready([Option<ClientEvent>; 2]);
 
 impl IntoIterator for Ready {
     type Item = ClientEvent;
@@ -27,7 +27,7 @@ impl IntoIterator for Ready {
     }
 }
 
-pub struct Deltas {
+pub(crate) struct Deltas {
     free: usize,
     seen: usize,
     held: Option<(bool, String)>,
@@ -42,7 +42,7 @@ fn event(thinking: bool, text: String) -> ClientEvent {
 }
 
 impl Deltas {
-    pub fn new(free: usize) -> Deltas {
+    pub(crate) fn new(free: usize) -> Deltas {
         Deltas {
             free,
             seen: 0,
@@ -52,7 +52,7 @@ impl Deltas {
 
     /// Takes one provider delta; returns the events to publish now, in order
     /// (at most two, in place: this runs once per delta).
-    pub fn push(&mut self, e: ProviderEvent) -> Ready {
+    pub(crate) fn push(&mut self, e: ProviderEvent) -> Ready {
         let (thinking, text) = match e {
             ProviderEvent::Text(t) => (false, t),
             ProviderEvent::Thinking(t) => (true, t),
@@ -78,7 +78,7 @@ impl Deltas {
     }
 
     /// What is held, as one event (the turn ended or the kind changed).
-    pub fn flush(&mut self) -> Option<ClientEvent> {
+    pub(crate) fn flush(&mut self) -> Option<ClientEvent> {
         self.held.take().map(|(thinking, text)| event(thinking, text))
     }
 }

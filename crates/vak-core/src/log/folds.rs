@@ -54,7 +54,7 @@ impl Folds {
 /// What a reload needs beyond the transcript and the timeline: is a run in
 /// flight, what it left open, and the ids a retry must find again.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Facts {
+pub(crate) struct Facts {
     pub(crate) busy: bool,
     pub(crate) open_approvals: Vec<String>,
     pub(crate) open_calls: Vec<String>,

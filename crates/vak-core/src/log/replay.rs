@@ -7,13 +7,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::watch;
 
 /// Events per chunk: chunk `i` holds seqs `i * CHUNK + 1 ..= (i + 1) * CHUNK`.
-pub const CHUNK: u64 = 512;
+pub(crate) const CHUNK: u64 = 512;
 /// Chunks kept, most recently used last.
 const MAX_CHUNKS: usize = 16;
 /// Payload bytes kept across the chunks (the newest chunk is kept whatever its size).
 const MAX_BYTES: usize = 32 << 20;
 
-pub type Chunk = Arc<[Arc<Frame>]>;
+pub(crate) type Chunk = Arc<[Arc<Frame>]>;
 
 /// A chunk's read: None while it runs, then its outcome.
 type Read = Option<Result<Chunk, String>>;
@@ -29,7 +29,7 @@ struct Entry {
 }
 
 #[derive(Default)]
-pub struct ReplayCache {
+pub(crate) struct ReplayCache {
     entries: Mutex<VecDeque<Entry>>,
 }
 
@@ -40,19 +40,19 @@ impl ReplayCache {
 
     /// Chunks cached now.
     #[cfg(test)]
-    pub fn cached_chunks(&self) -> usize {
+    pub(crate) fn cached_chunks(&self) -> usize {
         self.lock().len()
     }
 
     /// Forgets every cached chunk (reads under way still answer their waiters).
-    pub fn clear(&self) {
+    pub(crate) fn clear(&self) {
         *self.lock() = VecDeque::new();
     }
 
     /// The frames of chunk `index`, read from `log` off the runtime once for
     /// every subscription that asks while it is cached (those asking at the
     /// same time wait for the one read).
-    pub async fn chunk(
+    pub(crate) async fn chunk(
         &self,
         index: u64,
         log: &Arc<dyn Log>,

@@ -18,12 +18,12 @@ use tokio::sync::{oneshot, Notify};
 
 /// Operations waiting for the writer beyond which publishers that pace
 /// themselves (the agent loop) wait for room.
-pub const PIPE_ROOM: usize = 4096;
+pub(crate) const PIPE_ROOM: usize = 4096;
 
 /// A reply to an operation that must be durable before its caller goes on.
-pub type Done = oneshot::Sender<Result<(), Stopped>>;
+pub(crate) type Done = oneshot::Sender<Result<(), Stopped>>;
 
-pub enum Op {
+pub(crate) enum Op {
     /// A client event, its frame built by the publisher (seq 0 until the
     /// writer numbers it): the allocation and sizing happen on the
     /// publisher's task, not on the writer's, which every event goes through.
@@ -37,7 +37,7 @@ pub enum Op {
 }
 
 impl Op {
-    pub fn event(session_id: &Arc<str>, event: ClientEvent) -> Op {
+    pub(crate) fn event(session_id: &Arc<str>, event: ClientEvent) -> Op {
         Op::Event(Arc::new(Frame::new(0, session_id.clone(), event)))
     }
 
@@ -52,7 +52,7 @@ impl Op {
 }
 
 /// What the writer hands back to the session once a batch is durable.
-pub trait Visible: Send + Sync + 'static {
+pub(crate) trait Visible: Send + Sync + 'static {
     /// `notes` each carry the seq of the last event published before them.
     fn commit(&self, frames: Vec<Arc<Frame>>, notes: Vec<(u64, Note)>, admitted: Vec<String>);
     /// The session's state as of the last commit, as a ledger record.
@@ -61,7 +61,7 @@ pub trait Visible: Send + Sync + 'static {
 }
 
 #[derive(Default)]
-pub struct Pipe {
+pub(crate) struct Pipe {
     state: Mutex<PipeState>,
     /// The writer waits here for work (one consumer: a stored permit is never lost).
     wake: Notify,
@@ -90,7 +90,7 @@ impl Pipe {
 
     /// Queues `op` for the writer; never waits. Refused (dropped, or replied
     /// to with the reason) once the session's storage has failed.
-    pub fn push(&self, op: Op) {
+    pub(crate) fn push(&self, op: Op) {
         let mut st = self.lock();
         if let Some((reason, _)) = st.failed.clone() {
             drop(st);
@@ -109,7 +109,7 @@ impl Pipe {
 
     /// Waits while the writer is `PIPE_ROOM` operations behind: the
     /// backpressure a fast producer feels, never a subscriber.
-    pub async fn pace(&self) {
+    pub(crate) async fn pace(&self) {
         loop {
             let room = self.room.notified();
             tokio::pin!(room);
@@ -125,14 +125,14 @@ impl Pipe {
     }
 
     /// Resolves once everything pushed before it is durable and visible.
-    pub async fn barrier(&self) -> Result<(), Stopped> {
+    pub(crate) async fn barrier(&self) -> Result<(), Stopped> {
         let (tx, rx) = oneshot::channel();
         self.push(Op::Barrier(tx));
         rx.await.unwrap_or(Err(Stopped::WriterGone))
     }
 
     /// Records an admitted request id durably.
-    pub async fn admitted(&self, request_id: String) -> Result<(), Stopped> {
+    pub(crate) async fn admitted(&self, request_id: String) -> Result<(), Stopped> {
         let (done, rx) = oneshot::channel();
         self.push(Op::Admitted { request_id, done });
         rx.await.unwrap_or(Err(Stopped::WriterGone))
@@ -140,7 +140,7 @@ impl Pipe {
 
     /// What stopped this session's writes, and when, if anything did (a
     /// mirror's standing refusal is no stop).
-    pub fn failure(&self) -> Option<(Stopped, Instant)> {
+    pub(crate) fn failure(&self) -> Option<(Stopped, Instant)> {
         self.lock()
             .failed
             .clone()
@@ -148,12 +148,12 @@ impl Pipe {
     }
 
     /// How many operations wait for the writer.
-    pub fn backlog(&self) -> usize {
+    pub(crate) fn backlog(&self) -> usize {
         self.lock().ops.len()
     }
 
     /// No more pushes will come: the writer finishes what is queued and stops.
-    pub fn close(&self) {
+    pub(crate) fn close(&self) {
         self.lock().closed = true;
         self.wake.notify_one();
     }
@@ -161,7 +161,7 @@ impl Pipe {
     /// Stops the session's writes: what is queued and every later push is
     /// refused with the first such reason (a failed append, or a lease
     /// lost to another replica).
-    pub fn fail(&self, reason: &Stopped) {
+    pub(crate) fn fail(&self, reason: &Stopped) {
         let (first, ops) = {
             let mut st = self.lock();
             if matches!(st.failed, Some((Stopped::ReadOnly { .. }, _))) {
@@ -271,14 +271,14 @@ fn joined(r: Result<std::io::Result<u64>, tokio::task::JoinError>) -> std::io::R
 /// When the writer appends a snapshot: after at least `min` bytes, and at
 /// least four times the last snapshot's size, so snapshots never cost more
 /// than a quarter of the ledger however large a session's state grows.
-pub struct SnapshotPolicy {
+pub(crate) struct SnapshotPolicy {
     pub min: u64,
     since: u64,
     last: u64,
 }
 
 impl SnapshotPolicy {
-    pub fn new(min: u64) -> Self {
+    pub(crate) fn new(min: u64) -> Self {
         SnapshotPolicy {
             min,
             since: 0,
@@ -382,7 +382,7 @@ fn fail(
 /// append at a time, and k is visible before k+1 is. A snapshot is the
 /// exception: it must follow its batch directly in the log (it is exact as
 /// of that batch's last seq), so the batch after it waits.
-pub async fn run(
+pub(crate) async fn run(
     session_id: Arc<str>,
     pipe: Arc<Pipe>,
     log: Arc<dyn Log>,

@@ -11,12 +11,12 @@ use std::collections::BTreeMap;
 use tokio_util::sync::CancellationToken;
 
 /// The SDKs' default: the base has no `/v1`, paths add it.
-pub const DEFAULT_BASE: &str = "https://api.anthropic.com";
-pub const API_VERSION: &str = "2023-06-01";
+pub(crate) const DEFAULT_BASE: &str = "https://api.anthropic.com";
+pub(crate) const API_VERSION: &str = "2023-06-01";
 /// The Messages API requires `max_tokens`; this is sent when the request has none.
-pub const FALLBACK_MAX_TOKENS: u32 = 8192;
+pub(crate) const FALLBACK_MAX_TOKENS: u32 = 8192;
 
-pub struct Anthropic {
+pub(crate) struct Anthropic {
     http: reqwest::Client,
     base: String,
     key: Option<Secret>,
@@ -27,13 +27,17 @@ pub struct Anthropic {
 
 /// `base` less a trailing `/` and a trailing `/v1` (an OpenAI-style base
 /// pasted here), so paths can add `/v1/…` themselves.
-pub fn normalize_base(base: Option<&str>) -> String {
+pub(crate) fn normalize_base(base: Option<&str>) -> String {
     let b = base.unwrap_or(DEFAULT_BASE).trim().trim_end_matches('/');
     b.strip_suffix("/v1").unwrap_or(b).to_string()
 }
 
 impl Anthropic {
-    pub fn new(base: Option<&str>, key: Option<Secret>, opts: ClientOptions) -> Result<Anthropic, Failure> {
+    pub(crate) fn new(
+        base: Option<&str>,
+        key: Option<Secret>,
+        opts: ClientOptions,
+    ) -> Result<Anthropic, Failure> {
         let key = key.filter(|k| !k.expose().is_empty());
         let key_header = match &key {
             Some(k) => Some(http::key_header(k.expose())?),
@@ -116,7 +120,7 @@ impl Anthropic {
 }
 
 /// `GET /v1/models`: `{"data": [{"id", "display_name", …}], "has_more", …}`.
-pub fn parse_models(text: &str) -> Result<Vec<ModelInfo>, Failure> {
+pub(crate) fn parse_models(text: &str) -> Result<Vec<ModelInfo>, Failure> {
     #[derive(Deserialize)]
     struct List {
         data: Vec<Item>,
@@ -161,7 +165,7 @@ impl Provider for Anthropic {
 }
 
 /// The Messages body for `req`.
-pub fn request_body(req: &TurnRequest) -> Value {
+pub(crate) fn request_body(req: &TurnRequest) -> Value {
     let mut messages: Vec<Value> = Vec::with_capacity(req.messages.len());
     // Consecutive tool results go back as one user message.
     let mut results: Vec<Value> = Vec::new();
@@ -368,14 +372,14 @@ enum Block {
 
 /// What one event produced.
 #[derive(Debug, Default, PartialEq)]
-pub struct Step {
+pub(crate) struct Step {
     pub events: Vec<ProviderEvent>,
     /// `message_stop`: the response is complete.
     pub done: bool,
 }
 
 /// Folds the events into streamed output and the turn's output.
-pub struct Assembler {
+pub(crate) struct Assembler {
     blocks: BTreeMap<usize, Block>,
     args_bytes: usize,
     max_args: usize,
@@ -385,7 +389,7 @@ pub struct Assembler {
 }
 
 impl Assembler {
-    pub fn new(max_args: usize) -> Self {
+    pub(crate) fn new(max_args: usize) -> Self {
         Assembler {
             blocks: BTreeMap::new(),
             args_bytes: 0,
@@ -409,7 +413,7 @@ impl Assembler {
     }
 
     /// One SSE `data:` payload.
-    pub fn on_event(&mut self, data: &str) -> Result<Step, Failure> {
+    pub(crate) fn on_event(&mut self, data: &str) -> Result<Step, Failure> {
         let data = data.trim();
         if data.is_empty() {
             return Ok(Step::default());
@@ -538,7 +542,7 @@ impl Assembler {
     }
 
     /// The turn's output; a stream without `message_stop` was cut.
-    pub fn finish(self) -> Result<TurnOutput, ProviderError> {
+    pub(crate) fn finish(self) -> Result<TurnOutput, ProviderError> {
         if !self.stopped {
             return Err(http::ended_early());
         }

@@ -1,9 +1,9 @@
 //! The model seam: one streaming chat turn (system prompt, history, tool definitions in; text, thinking and assembled tool calls out). The agent loop talks to models only through `Provider`.
 
-pub mod anthropic;
+pub(crate) mod anthropic;
 pub mod http;
-pub mod offline;
-pub mod openai;
+pub(crate) mod offline;
+pub(crate) mod openai;
 
 pub use http::ClientOptions;
 

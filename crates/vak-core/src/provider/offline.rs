@@ -17,17 +17,17 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// How soon a `/fail` asks to be retried.
-pub const FAIL_RETRY_AFTER: Duration = Duration::from_millis(50);
+pub(crate) const FAIL_RETRY_AFTER: Duration = Duration::from_millis(50);
 
 /// The largest `/burst` the model accepts.
-pub const MAX_BURST: u64 = 10_000_000;
+pub(crate) const MAX_BURST: u64 = 10_000_000;
 
 /// The largest delta `/burst N SIZE` pads to (1 MiB, the size the bus merges
 /// queued deltas up to, so one padded delta is never larger than a merged frame).
-pub const MAX_DELTA_SIZE: u64 = 1 << 20;
+pub(crate) const MAX_DELTA_SIZE: u64 = 1 << 20;
 
 #[derive(Default)]
-pub struct OfflineModel;
+pub(crate) struct OfflineModel;
 
 #[derive(Clone, Debug, PartialEq)]
 enum Directive<'a> {

@@ -11,9 +11,9 @@ use std::collections::BTreeMap;
 use tokio_util::sync::CancellationToken;
 
 /// The SDKs' default: the base includes `/v1`, paths are relative to it.
-pub const DEFAULT_BASE: &str = "https://api.openai.com/v1";
+pub(crate) const DEFAULT_BASE: &str = "https://api.openai.com/v1";
 
-pub struct OpenAi {
+pub(crate) struct OpenAi {
     http: reqwest::Client,
     base: String,
     key: Option<Secret>,
@@ -32,13 +32,13 @@ pub struct OpenAi {
 /// the official service (and Azure's) gets `max_completion_tokens`, every
 /// other base URL `max_tokens`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LimitField {
+pub(crate) enum LimitField {
     MaxCompletionTokens,
     MaxTokens,
 }
 
 impl LimitField {
-    pub fn for_base(base: &str) -> LimitField {
+    pub(crate) fn for_base(base: &str) -> LimitField {
         let host = base
             .split("://")
             .nth(1)
@@ -65,7 +65,11 @@ impl LimitField {
 impl OpenAi {
     /// `base`: None is OpenAI's own; a given one is used as is, less a
     /// trailing `/` (SDK convention: `http://localhost:11434/v1`).
-    pub fn new(base: Option<&str>, key: Option<Secret>, opts: ClientOptions) -> Result<OpenAi, Failure> {
+    pub(crate) fn new(
+        base: Option<&str>,
+        key: Option<Secret>,
+        opts: ClientOptions,
+    ) -> Result<OpenAi, Failure> {
         let base = base
             .unwrap_or(DEFAULT_BASE)
             .trim()
@@ -162,7 +166,7 @@ fn failure(e: ProviderError) -> Failure {
 }
 
 /// `GET /models`: `{"data": [{"id": …}, …]}`.
-pub fn parse_models(text: &str) -> Result<Vec<ModelInfo>, Failure> {
+pub(crate) fn parse_models(text: &str) -> Result<Vec<ModelInfo>, Failure> {
     #[derive(Deserialize)]
     struct List {
         data: Vec<Item>,
@@ -202,7 +206,7 @@ impl Provider for OpenAi {
 }
 
 /// The Chat Completions body for `req`.
-pub fn request_body(req: &TurnRequest, limit: LimitField) -> Value {
+pub(crate) fn request_body(req: &TurnRequest, limit: LimitField) -> Value {
     let mut messages = Vec::with_capacity(req.messages.len() + 1);
     if !req.system.is_empty() {
         messages.push(json!({"role": "system", "content": req.system}));
@@ -373,7 +377,7 @@ struct PartialCall {
 
 /// What one data payload produced.
 #[derive(Debug, Default, PartialEq)]
-pub struct Step {
+pub(crate) struct Step {
     pub events: Vec<ProviderEvent>,
     /// `[DONE]`: the response is complete.
     pub done: bool,
@@ -382,7 +386,7 @@ pub struct Step {
 /// Folds the stream's chunks into streamed events and the turn's output:
 /// tool calls by `index` (id and name once, argument fragments appended),
 /// the finish reason and the final usage chunk.
-pub struct Assembler {
+pub(crate) struct Assembler {
     calls: BTreeMap<usize, PartialCall>,
     args_bytes: usize,
     max_args: usize,
@@ -392,7 +396,7 @@ pub struct Assembler {
 }
 
 impl Assembler {
-    pub fn new(max_args: usize) -> Self {
+    pub(crate) fn new(max_args: usize) -> Self {
         Assembler {
             calls: BTreeMap::new(),
             args_bytes: 0,
@@ -404,7 +408,7 @@ impl Assembler {
     }
 
     /// One SSE `data:` payload.
-    pub fn on_data(&mut self, data: &str) -> Result<Step, Failure> {
+    pub(crate) fn on_data(&mut self, data: &str) -> Result<Step, Failure> {
         let data = data.trim();
         if data == "[DONE]" {
             return Ok(Step {
@@ -525,7 +529,7 @@ impl Assembler {
     /// The turn's output. `done`: `[DONE]` arrived; without it, a stream
     /// that gave a finish reason is complete too (some servers end there),
     /// one that gave neither was cut.
-    pub fn finish(self, done: bool) -> Result<TurnOutput, ProviderError> {
+    pub(crate) fn finish(self, done: bool) -> Result<TurnOutput, ProviderError> {
         if !done && self.finish.is_none() {
             return Err(http::ended_early());
         }

@@ -26,7 +26,7 @@ const LIVE_QUEUE: usize = 16;
 
 /// The longest wait a provider's `retry-after` may ask for; a longer one is
 /// capped (the run would look hung).
-pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+pub(crate) const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
 /// The cap on the exponential backoff between retries.
 const MAX_BACKOFF: Duration = Duration::from_secs(8);
 
@@ -66,7 +66,7 @@ impl<S: TurnContext> Sink for TurnSink<'_, S> {
 /// provider asked for (capped), else `base` doubling per attempt up to
 /// `MAX_BACKOFF`, less up to a quarter at random so clients that failed
 /// together do not retry together.
-pub fn retry_delay(base: Duration, attempt: u32, failure: &Failure, random: f64) -> Duration {
+pub(crate) fn retry_delay(base: Duration, attempt: u32, failure: &Failure, random: f64) -> Duration {
     if let Some(after) = failure.retry_after {
         return after.min(MAX_RETRY_AFTER);
     }
@@ -82,7 +82,7 @@ fn random_unit() -> f64 {
 
 /// The share of the context window past which the history is compacted
 /// before the next turn, in percent.
-pub const COMPACT_AT_PERCENT: u64 = 80;
+pub(crate) const COMPACT_AT_PERCENT: u64 = 80;
 
 /// What the model is asked when the history is compacted.
 const COMPACT_PROMPT: &str = "The conversation is about to exceed your context window. \
@@ -346,7 +346,7 @@ pub(crate) async fn run_leg(
 }
 
 /// The most a plan may hold.
-pub const MAX_PLAN_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_PLAN_BYTES: usize = 64 * 1024;
 
 /// Checks exit_plan_mode's input: a plan that is not blank and at most `MAX_PLAN_BYTES`.
 fn plan_of(input: &serde_json::Value) -> Result<(), String> {

@@ -11,12 +11,12 @@ use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 /// A title is at most this many characters (of the first line of the first prompt).
-pub const TITLE_CHARS: usize = 80;
+pub(crate) const TITLE_CHARS: usize = 80;
 /// A title is 1 to this many characters (the same cap as a derived title).
-pub const MAX_TITLE_CHARS: usize = TITLE_CHARS;
+pub(crate) const MAX_TITLE_CHARS: usize = TITLE_CHARS;
 
 /// A title a client chose: trimmed, one line, no control characters.
-pub fn validate_title(title: &str) -> Result<String> {
+pub(crate) fn validate_title(title: &str) -> Result<String> {
     let t = title.trim();
     let chars = t.chars().count();
     if chars == 0 || chars > MAX_TITLE_CHARS {
@@ -34,12 +34,12 @@ pub fn validate_title(title: &str) -> Result<String> {
 
 /// `sessions/<id>.title`: the title a client chose, which wins over the one
 /// derived from the first prompt (also when the index is rebuilt).
-pub fn title_path(sessions: &Path, id: &str) -> PathBuf {
+pub(crate) fn title_path(sessions: &Path, id: &str) -> PathBuf {
     sessions.join(format!("{id}.title"))
 }
 
 /// The chosen title of `id`, if any (a damaged file counts as none).
-pub fn read_title(sessions: &Path, id: &str) -> Option<String> {
+pub(crate) fn read_title(sessions: &Path, id: &str) -> Option<String> {
     let text = std::fs::read(title_path(sessions, id)).ok()?;
     if text.len() > 4 * MAX_TITLE_CHARS + 1 {
         return None;
@@ -48,7 +48,7 @@ pub fn read_title(sessions: &Path, id: &str) -> Option<String> {
 }
 
 /// Writes the chosen title atomically (temp file, fsync, rename), owner-only.
-pub fn write_title(sessions: &Path, id: &str, title: &str) -> Result<()> {
+pub(crate) fn write_title(sessions: &Path, id: &str, title: &str) -> Result<()> {
     let path = title_path(sessions, id);
     let tmp = sessions.join(format!(".{id}.title.{}.tmp", short_uuid()));
     let written = (|| {
@@ -74,13 +74,13 @@ fn short_uuid() -> String {
 
 /// `home/trash/`: where deleted sessions' ledgers go (owner-only). Nothing
 /// reads it; a person can restore a ledger by moving it back to `sessions/`.
-pub fn trash_dir(home: &Path) -> PathBuf {
+pub(crate) fn trash_dir(home: &Path) -> PathBuf {
     home.join("trash")
 }
 
 /// Moves the ledger of `id` (and its title file) to the trash as
 /// `<id>.<unix seconds>.jsonl`; returns where it went.
-pub fn move_to_trash(home: &Path, sessions: &Path, id: &str) -> Result<PathBuf> {
+pub(crate) fn move_to_trash(home: &Path, sessions: &Path, id: &str) -> Result<PathBuf> {
     let trash = trash_dir(home);
     crate::home::create_private_dir(&trash).map_err(|e| ledger::storage_error(&e))?;
     let stamp = SystemTime::now()
@@ -107,7 +107,7 @@ pub fn move_to_trash(home: &Path, sessions: &Path, id: &str) -> Result<PathBuf> 
 /// rebuilt from its events when it loads. Written to a temp file renamed
 /// into place, so a half-made fork never lists or loads. Returns the seq of
 /// the last event copied.
-pub fn fork_ledger(
+pub(crate) fn fork_ledger(
     parent: &Path,
     child: &Path,
     child_id: &str,

@@ -36,14 +36,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
 
-pub struct Bus {
+pub(crate) struct Bus {
     shared: Arc<Shared>,
 }
 
 impl Bus {
     /// A bus whose latest seq is `latest`, with `retained` (oldest first)
     /// already in the ring, replaying older cursors from `log`.
-    pub fn new(
+    pub(crate) fn new(
         session_id: Arc<str>,
         cfg: BusConfig,
         log: Option<Arc<dyn Log>>,
@@ -78,18 +78,18 @@ impl Bus {
         }
     }
 
-    pub fn session_id(&self) -> &Arc<str> {
+    pub(crate) fn session_id(&self) -> &Arc<str> {
         &self.shared.session_id
     }
 
     /// The highest seq visible so far (0: none).
-    pub fn latest_seq(&self) -> u64 {
+    pub(crate) fn latest_seq(&self) -> u64 {
         self.shared.lock().latest
     }
 
     /// Makes durable frames visible: retained for replay and handed to every
     /// subscriber. Frames come numbered, in order, each one after the last.
-    pub fn commit(&self, frames: Vec<Arc<Frame>>) {
+    pub(crate) fn commit(&self, frames: Vec<Arc<Frame>>) {
         if frames.is_empty() {
             return;
         }
@@ -149,12 +149,12 @@ impl Bus {
     /// every frame with seq > n first (from the ring, or from the log when
     /// n is older than the ring), or a resync plus the ring when n is ahead
     /// of the session or the history it needs is gone.
-    pub fn subscribe(&self, after: Option<u64>) -> Subscription {
+    pub(crate) fn subscribe(&self, after: Option<u64>) -> Subscription {
         subscribe(&self.shared, after)
     }
 
     /// How many subscriptions are attached right now.
-    pub fn subscriber_count(&self) -> usize {
+    pub(crate) fn subscriber_count(&self) -> usize {
         let mut inner = self.shared.lock();
         inner.subs.retain(|q| q.is_attached());
         inner.subs.len()
@@ -162,7 +162,7 @@ impl Bus {
 
     /// Waits up to `timeout` for a first subscriber, returning at once when
     /// somebody is already watching.
-    pub async fn wait_for_subscriber(&self, timeout: Duration) {
+    pub(crate) async fn wait_for_subscriber(&self, timeout: Duration) {
         let notified = self.shared.subscribed.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
@@ -174,12 +174,12 @@ impl Bus {
 
     /// The ranges of seqs this session's ledger lost: a replay across one
     /// resyncs with `history_lost` and the range instead of `history_unavailable`.
-    pub fn note_lost(&self, lost: Vec<(u64, u64)>) {
+    pub(crate) fn note_lost(&self, lost: Vec<(u64, u64)>) {
         self.shared.lock().lost = lost;
     }
 
     /// Ends every subscription with `End::Closed(reason)`; later subscribers end at once.
-    pub fn close(&self, reason: CloseReason) {
+    pub(crate) fn close(&self, reason: CloseReason) {
         let mut inner = self.shared.lock();
         for q in inner.subs.drain(..) {
             q.end(End::Closed(reason.clone()));

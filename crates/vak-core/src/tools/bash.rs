@@ -23,8 +23,8 @@ pub const LIVE_CAP: usize = 8 << 20;
 /// Live output is handed on at once when nothing was for `LIVE_INTERVAL`,
 /// else held and merged until then or until `LIVE_CHUNK` bytes are held, so
 /// a command that prints byte by byte is a bounded number of events.
-pub const LIVE_INTERVAL: Duration = Duration::from_millis(50);
-pub const LIVE_CHUNK: usize = 64 * 1024;
+pub(super) const LIVE_INTERVAL: Duration = Duration::from_millis(50);
+pub(super) const LIVE_CHUNK: usize = 64 * 1024;
 /// The note that ends a call's live output at `LIVE_CAP`.
 pub const LIVE_STOPPED: &str =
     "\n[live output stopped after 8 MiB; the command runs on and its result follows]\n";
@@ -43,7 +43,7 @@ pub type Live = mpsc::Sender<Chunk>;
 
 /// The timeout an input asks for: `timeout` in whole seconds, 1 to 600, or
 /// the default when absent.
-pub fn timeout(input: &Value) -> Result<Duration, String> {
+pub(super) fn timeout(input: &Value) -> Result<Duration, String> {
     match input.get("timeout") {
         None | Some(Value::Null) => Ok(Duration::from_secs(DEFAULT_TIMEOUT_SECS)),
         Some(v) => match v.as_u64() {
@@ -79,7 +79,7 @@ impl Drop for ProcessGroup {
 /// killing its whole process group when `cancel` fires or `limit` passes.
 /// The result keeps the first `cap` bytes of stdout and stderr in the order
 /// they were read, and a note when the sandbox likely stopped it.
-pub async fn run(
+pub(super) async fn run(
     workspace: &Path,
     sandbox: &Arc<Sandbox>,
     command: &str,

@@ -9,12 +9,12 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 
 /// The largest file edit_file changes.
-pub const MAX_EDIT_FILE: u64 = 16 << 20;
+pub(crate) const MAX_EDIT_FILE: u64 = 16 << 20;
 /// The most edits one call may carry.
-pub const MAX_EDITS: usize = 100;
+pub(crate) const MAX_EDITS: usize = 100;
 
 #[derive(Debug, PartialEq, Eq)]
-pub struct Edit {
+pub(crate) struct Edit {
     pub old: String,
     pub new: String,
     pub all: bool,
@@ -22,7 +22,7 @@ pub struct Edit {
 
 /// The edits an edit_file input asks for: `{old_string, new_string,
 /// replace_all?}` or `{edits: [...]}`, never both.
-pub fn parse(input: &Value) -> Result<Vec<Edit>, String> {
+pub(crate) fn parse(input: &Value) -> Result<Vec<Edit>, String> {
     let one = |v: &Value, at: &str| -> Result<Edit, String> {
         let s = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_string);
         let (Some(old), Some(new)) = (s("old_string"), s("new_string")) else {
@@ -75,7 +75,7 @@ pub fn parse(input: &Value) -> Result<Vec<Edit>, String> {
 /// Applies `edits` in order to `text`; the first that does not match exactly
 /// once (or at least once with replace_all) fails the whole call. Returns the
 /// new text and how many replacements were made.
-pub fn apply(path: &str, mut text: String, edits: &[Edit]) -> Result<(String, usize), String> {
+pub(crate) fn apply(path: &str, mut text: String, edits: &[Edit]) -> Result<(String, usize), String> {
     let mut made = 0;
     for (i, e) in edits.iter().enumerate() {
         let which = if edits.len() > 1 {
@@ -107,7 +107,7 @@ pub fn apply(path: &str, mut text: String, edits: &[Edit]) -> Result<(String, us
 /// Edits the regular file `path` beneath `workspace`: reads it whole (text,
 /// at most MAX_EDIT_FILE), applies `edits`, and replaces it once through a
 /// temp file in its folder renamed over it, with the same mode.
-pub fn edit(workspace: &Path, path: &str, edits: &[Edit]) -> Result<usize, String> {
+pub(crate) fn edit(workspace: &Path, path: &str, edits: &[Edit]) -> Result<usize, String> {
     let parts = workspace::components(path)?;
     let Some((name, dirs)) = parts.split_last() else {
         return Err(format!("{path}: is the workspace itself, not a file"));

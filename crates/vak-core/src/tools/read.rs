@@ -9,11 +9,11 @@ use std::path::Path;
 use tokio_util::sync::CancellationToken;
 
 /// How much of a file's start decides whether it is text.
-pub const SNIFF: usize = 8 * 1024;
+pub(super) const SNIFF: usize = 8 * 1024;
 
 /// Why `head` (a file's first bytes, `more` when the file goes on) is not
 /// text: a NUL byte or invalid UTF-8; None for text.
-pub fn binary_reason(head: &[u8], more: bool) -> Option<&'static str> {
+pub(super) fn binary_reason(head: &[u8], more: bool) -> Option<&'static str> {
     if memchr::memchr(0, head).is_some() {
         return Some("it contains NUL bytes");
     }
@@ -26,12 +26,12 @@ pub fn binary_reason(head: &[u8], more: bool) -> Option<&'static str> {
 }
 
 /// The message for a refused binary file.
-pub fn binary_message(path: &str, why: &str) -> String {
+pub(super) fn binary_message(path: &str, why: &str) -> String {
     format!("{path}: a binary file ({why} in its first 8 KiB); read_file reads text files only")
 }
 
 /// Opens the regular file `path` beneath `workspace` for reading.
-pub fn open(workspace: &Path, path: &str) -> Result<(File, u64), String> {
+pub(super) fn open(workspace: &Path, path: &str) -> Result<(File, u64), String> {
     let parts = workspace::components(path)?;
     let root = workspace::open_root(workspace)?;
     let fd = workspace::open_beneath(
@@ -48,7 +48,7 @@ pub fn open(workspace: &Path, path: &str) -> Result<(File, u64), String> {
 
 /// Refuses `path` if its first 8 KiB are not text (reads them with pread,
 /// so the file's position is unchanged).
-pub fn refuse_binary(file: &File, path: &str) -> Result<(), String> {
+pub(super) fn refuse_binary(file: &File, path: &str) -> Result<(), String> {
     use std::os::unix::fs::FileExt;
     let mut head = vec![0u8; SNIFF + 1];
     let mut n = 0;
@@ -69,7 +69,7 @@ pub fn refuse_binary(file: &File, path: &str) -> Result<(), String> {
 
 /// A window of lines read from a file.
 #[derive(Debug, PartialEq, Eq)]
-pub struct Window {
+pub(super) struct Window {
     pub text: String,
     /// The first line shown (1-based) and how many lines were shown whole.
     pub first: u64,
@@ -85,7 +85,7 @@ pub struct Window {
 /// of `reader`, holding at most `cap` bytes of text. Lines are kept with
 /// their `\n`; invalid UTF-8 is shown as U+FFFD. An offset past the end is an
 /// error that says how many lines there are.
-pub fn window(
+pub(super) fn window(
     reader: impl Read,
     path: &str,
     offset: u64,
@@ -177,7 +177,7 @@ pub fn window(
 
 /// read_file's `offset` and `limit`: None when neither is given (the
 /// whole file), else the offset (default 1) and the limit.
-pub fn window_args(input: &Value) -> Result<Option<(u64, Option<u64>)>, String> {
+pub(super) fn window_args(input: &Value) -> Result<Option<(u64, Option<u64>)>, String> {
     let line_arg = |k: &str| match input.get(k) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => match v.as_u64() {
@@ -193,7 +193,7 @@ pub fn window_args(input: &Value) -> Result<Option<(u64, Option<u64>)>, String> 
 }
 
 /// A window of the text file `path` beneath `workspace`, with its note.
-pub fn read_window(
+pub(super) fn read_window(
     workspace: &Path,
     path: &str,
     offset: u64,
@@ -209,7 +209,7 @@ pub fn read_window(
 }
 
 /// The note after a window: where it stopped and how to read on.
-pub fn note(path: &str, w: &Window) -> Option<String> {
+pub(super) fn note(path: &str, w: &Window) -> Option<String> {
     if !w.more {
         return None;
     }

@@ -24,23 +24,23 @@ use std::path::{Path, PathBuf};
 use tokio_util::sync::CancellationToken;
 
 /// The most entries list_dir shows.
-pub const MAX_LIST: usize = 1000;
+pub(crate) const MAX_LIST: usize = 1000;
 /// The most paths glob returns.
-pub const MAX_GLOB: usize = 1000;
+pub(crate) const MAX_GLOB: usize = 1000;
 /// The most matching lines grep returns, and the most bytes they take.
-pub const MAX_GREP_LINES: usize = 1000;
-pub const MAX_GREP_BYTES: usize = 256 * 1024;
+pub(crate) const MAX_GREP_LINES: usize = 1000;
+pub(crate) const MAX_GREP_BYTES: usize = 256 * 1024;
 /// A matching line longer than this is cut with `…`.
-pub const MAX_GREP_LINE: usize = 500;
+pub(crate) const MAX_GREP_LINE: usize = 500;
 /// The most files and folders one glob or grep walks.
-pub const MAX_WALK: usize = 200_000;
+pub(crate) const MAX_WALK: usize = 200_000;
 /// The longest pattern glob or grep accepts.
-pub const MAX_PATTERN: usize = 4096;
+pub(crate) const MAX_PATTERN: usize = 4096;
 
 const CANCELLED: &str = "cancelled";
 
 /// Runs list_dir, glob or grep with its JSON input.
-pub fn run(
+pub(crate) fn run(
     workspace: &Path,
     tool: &str,
     input: &Value,
@@ -78,7 +78,7 @@ pub fn run(
 }
 
 /// Checks a pattern argument: not empty, no NUL, bounded.
-pub fn check_pattern(tool: &str, what: &str, p: &str) -> Result<(), String> {
+pub(crate) fn check_pattern(tool: &str, what: &str, p: &str) -> Result<(), String> {
     if p.is_empty() {
         return Err(format!("{tool}: `{what}` is empty"));
     }
@@ -117,7 +117,7 @@ fn open_in(root: &OwnedFd, parts: &[&str], shown: &str, dir: bool) -> Result<Own
 
 /// `list_dir`: the entries of a folder, sorted by name, folders with a
 /// trailing `/`, symlinks as `name -> target` (never followed).
-pub fn list_dir(workspace: &Path, path: Option<&str>) -> Result<String, String> {
+pub(crate) fn list_dir(workspace: &Path, path: Option<&str>) -> Result<String, String> {
     let parts = parts(path)?;
     let shown = path.unwrap_or(".");
     let root = workspace::open_root(workspace)?;
@@ -367,7 +367,7 @@ fn walk_note(hit: bool) -> &'static str {
 /// `glob`: the files under `path` (default the workspace) whose path
 /// relative to it matches `pattern` (`*` does not cross `/`, `**` does),
 /// sorted, as paths relative to the workspace.
-pub fn glob(
+pub(crate) fn glob(
     workspace: &Path,
     pattern: &str,
     path: Option<&str>,
@@ -407,7 +407,7 @@ fn glob_matcher(tool: &str, what: &str, p: &str) -> Result<globset::GlobMatcher,
         .compile_matcher())
 }
 
-pub struct GrepArgs<'a> {
+pub(crate) struct GrepArgs<'a> {
     pub pattern: &'a str,
     pub path: Option<&'a str>,
     pub glob: Option<&'a str>,
@@ -416,7 +416,7 @@ pub struct GrepArgs<'a> {
 
 /// `grep`: lines matching the regex `pattern` in the text files under
 /// `path` (a folder, or one file), as `path:line:text`, files in path order.
-pub fn grep(workspace: &Path, a: &GrepArgs, cancel: &CancellationToken) -> Result<String, String> {
+pub(crate) fn grep(workspace: &Path, a: &GrepArgs, cancel: &CancellationToken) -> Result<String, String> {
     use grep_searcher::{BinaryDetection, SearcherBuilder};
     check_pattern("grep", "pattern", a.pattern)?;
     let matcher = grep_regex::RegexMatcherBuilder::new()

@@ -78,7 +78,7 @@ pub(crate) struct Part {
 
 impl Part {
     /// The `H_PART` value.
-    pub fn header(&self) -> String {
+    pub(crate) fn header(&self) -> String {
         format!("{}/{}", self.index, self.count)
     }
 }
@@ -166,7 +166,12 @@ impl<K: PartialEq> Assembler<K> {
     /// Takes the next message: the record it completes (a whole record is
     /// complete at once), None while parts are missing, or why what was
     /// read cannot be a record (the parts so far are then dropped).
-    pub fn push(&mut self, key: K, part: Option<Part>, payload: Bytes) -> Result<Option<Bytes>, Broken> {
+    pub(super) fn push(
+        &mut self,
+        key: K,
+        part: Option<Part>,
+        payload: Bytes,
+    ) -> Result<Option<Bytes>, Broken> {
         let Some(part) = part else {
             return match self.begun.take() {
                 None => Ok(Some(payload)),
@@ -223,7 +228,7 @@ impl<K: PartialEq> Assembler<K> {
     }
 
     /// Drops a record begun.
-    pub fn reset(&mut self) {
+    pub(super) fn reset(&mut self) {
         self.begun = None;
     }
 }
@@ -241,7 +246,7 @@ pub(crate) struct Records {
 impl Records {
     /// The record the message at `position` completes, None while its
     /// parts are missing, or why what was read is no record.
-    pub fn push(
+    pub(super) fn push(
         &mut self,
         position: Position,
         headers: &HeaderMap,
@@ -278,7 +283,7 @@ pub(crate) struct LiveRecords {
 
 impl LiveRecords {
     /// What `msg` is after the record at `applied`.
-    pub fn next(&mut self, msg: &async_nats::Message, applied: Position) -> Live {
+    pub(crate) fn next(&mut self, msg: &async_nats::Message, applied: Position) -> Live {
         let Some(headers) = msg.headers.as_ref() else {
             return Live::Gap;
         };
@@ -316,7 +321,7 @@ impl LiveRecords {
     }
 
     /// Forgets a record begun (the subject was read instead).
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.parts.reset();
     }
 }

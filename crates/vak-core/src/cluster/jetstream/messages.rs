@@ -17,7 +17,7 @@ pub struct Position {
 
 /// One message to publish.
 #[derive(Debug, PartialEq)]
-pub struct Planned<'a> {
+pub(crate) struct Planned<'a> {
     /// `Vak-Seq` for an event; None for a note.
     pub seq: Option<u64>,
     /// `Vak-Note` for a note: (the event it follows, k).
