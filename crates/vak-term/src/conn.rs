@@ -372,7 +372,11 @@ pub(crate) async fn answer_approval(
                     let want = if approve { "(approved)" } else { "(denied)" };
                     if f.message.contains(want) {
                         Ok(pb::ApproveResponse {
-                            outcome: if approve { "approved" } else { "denied" }.into(),
+                            outcome: if approve {
+                                pb::ApprovalOutcome::Approved
+                            } else {
+                                pb::ApprovalOutcome::Denied
+                            } as i32,
                             ..pb::ApproveResponse::default()
                         })
                     } else {

@@ -122,7 +122,7 @@ fn transcript_answer(t: &pb::Transcript, user: usize) -> String {
     let mut a = String::new();
     let mut need_sep = false;
     for m in &t.messages[user + 1..] {
-        match m.role.as_str() {
+        match m.role().json_name() {
             "user" => break,
             "tool" => need_sep = true,
             "assistant" if !m.text.is_empty() => {
@@ -222,7 +222,7 @@ impl<O: Out> Renderer<O> {
         self.admitted = Some(Admitted {
             request_id,
             after_seq: a.after_seq,
-            queued: a.state == "queued",
+            queued: a.state() == pb::AdmissionState::Queued,
         });
         self.state = State::Waiting;
     }
@@ -324,10 +324,10 @@ impl<O: Out> Renderer<O> {
         let queued = self.admitted.as_ref().is_some_and(|a| a.queued);
         let ours = match self.state.user_seq() {
             Some(u) => seq > u,
-            None => queued && r.outcome == "cancelled",
+            None => queued && r.outcome() == pb::RunOutcome::Cancelled,
         };
         match ours {
-            true => Step::Exit(self.run_over(&r.outcome, &r.message)),
+            true => Step::Exit(self.run_over(r.outcome().json_name(), &r.message)),
             false => Step::Continue,
         }
     }
@@ -377,10 +377,10 @@ impl<O: Out> Renderer<O> {
         let queued = self.admitted.as_ref().is_some_and(|a| a.queued);
         let ended = finished_runs.iter().find(|r| match self.state.user_seq() {
             Some(u) => r.seq > u,
-            None => queued && r.status == "cancelled" && r.seq > after_seq,
+            None => queued && r.status() == pb::ItemStatus::Cancelled && r.seq > after_seq,
         });
         if let Some(r) = ended {
-            return Step::Exit(self.run_over(&r.status, &r.text));
+            return Step::Exit(self.run_over(r.status().json_name(), &r.text));
         }
         if self.state.ours() {
             for a in pending_approvals {
@@ -401,11 +401,11 @@ impl<O: Out> Renderer<O> {
         let after_seq = self.admitted.as_ref().map_or(0, |a| a.after_seq);
         let known = self.state.user_seq();
         let user = t.messages.iter().rposition(|m| {
-            m.role == "user" && known.map_or(m.text == self.prompt && m.seq > after_seq, |s| m.seq == s)
+            m.role() == pb::MessageRole::User && known.map_or(m.text == self.prompt && m.seq > after_seq, |s| m.seq == s)
         });
         let Some(i) = user else { return };
         let user_seq = t.messages[i].seq;
-        self.state = match t.messages[i + 1..].iter().any(|m| m.role == "user") {
+        self.state = match t.messages[i + 1..].iter().any(|m| m.role() == pb::MessageRole::User) {
             false => State::Ours { user_seq },
             true => State::After { user_seq },
         };
@@ -420,7 +420,7 @@ impl<O: Out> Renderer<O> {
             }
             None => self.note("resynced: the text above differs from the transcript"),
         }
-        self.answer.need_sep = t.messages.last().is_some_and(|m| m.role == "tool");
+        self.answer.need_sep = t.messages.last().is_some_and(|m| m.role() == pb::MessageRole::Tool);
     }
 
     /// What the policy says to a question of our leg: Some(answer) at once, None: ask.
@@ -504,7 +504,7 @@ impl<O: Out> Renderer<O> {
                     true
                 }
                 "e" if plan => {
-                    req.mode = Some("accept-edits".into());
+                    req.mode = Some(pb::PlanExitMode::AcceptEdits as i32);
                     true
                 }
                 _ => false,
