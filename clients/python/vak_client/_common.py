@@ -14,12 +14,12 @@ import urllib.parse
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, NamedTuple, TypeAlias, TypeVar
+from typing import Any, Generic, Literal, NamedTuple, TypeAlias, TypeVar, cast
 
 import grpc
 import httpx
 from google.protobuf import json_format
-from google.protobuf.descriptor import Descriptor, EnumDescriptor
+from google.protobuf.descriptor import EnumDescriptor
 from google.protobuf.message import Message
 from httpx_sse import ServerSentEvent
 
@@ -334,8 +334,9 @@ def enum_json_name(enum: EnumDescriptor, number: int) -> str:
     the fields carried before they were enums ("completed", "accept-edits")."""
     value = enum.values_by_number[number]
     options = value.GetOptions()
-    if options.HasExtension(http_pb2.json):
-        return options.Extensions[http_pb2.json]
+    ext: Any = http_pb2.json  # typed as a plain FieldDescriptor by the generated stub
+    if options.HasExtension(ext):
+        return str(options.Extensions[ext])
     rest = value.name.removeprefix(_prefix(enum))
     return "" if rest == "UNSPECIFIED" else rest.lower()
 
@@ -343,7 +344,10 @@ def enum_json_name(enum: EnumDescriptor, number: int) -> str:
 def json_name(message: Message, field: str) -> str:
     """The JSON name of the value an enum field of `message` holds:
     `json_name(admission, "state") == "started"`."""
-    return enum_json_name(message.DESCRIPTOR.fields_by_name[field].enum_type, getattr(message, field))
+    enum: Any = message.DESCRIPTOR.fields_by_name[field].enum_type
+    if enum is None:
+        raise ValueError(f"{type(message).__name__}.{field} is not an enum")
+    return enum_json_name(enum, getattr(message, field))
 
 
 def enum_from_json_name(enum: EnumDescriptor, name: str) -> int:
@@ -365,7 +369,7 @@ def _request_enum(enum: EnumDescriptor, name: str, field: str) -> int:
         raise VakError(400, "invalid_argument", f"unknown {field} {name!r}: expected one of {expected}") from None
 
 
-def _enum_numbers(obj: Any, desc: Descriptor) -> Any:
+def _enum_numbers(obj: Any, desc: Any) -> Any:
     """A JSON object of `desc` with every enum value's JSON name replaced by its
     number (which the protobuf JSON parser takes; it knows only proto names)."""
     if not isinstance(obj, dict):
@@ -504,7 +508,7 @@ def call_approve(
         req.always = True
         body["always"] = True
     if mode is not None:
-        req.mode = _request_enum(agent_pb2.PlanExitMode.DESCRIPTOR, mode, "mode")
+        req.mode = cast("agent_pb2.PlanExitMode", _request_enum(agent_pb2.PlanExitMode.DESCRIPTOR, mode, "mode"))
         body["mode"] = mode
     return UnaryCall(
         "Approve",
@@ -519,7 +523,9 @@ def call_approve(
 def call_set_mode(mode: str) -> UnaryCall[agent_pb2.SetModeRequest, agent_pb2.SetModeResponse]:
     return UnaryCall(
         "SetMode",
-        agent_pb2.SetModeRequest(mode=_request_enum(agent_pb2.PermissionMode.DESCRIPTOR, mode, "mode")),
+        agent_pb2.SetModeRequest(
+            mode=cast("agent_pb2.PermissionMode", _request_enum(agent_pb2.PermissionMode.DESCRIPTOR, mode, "mode"))
+        ),
         agent_pb2.SetModeResponse,
         "POST",
         "/config/mode",

@@ -59,8 +59,8 @@ pub fn from_json<M: Message + Name + Default>(body: &[u8]) -> Result<M, String> 
 }
 
 /// After a body failed to parse: the first string that names no value of its
-/// field's enum, said the way the core says it of a bad name (the mapping's
-/// own error names neither the field nor the accepted names).
+/// field's enum, with the names the field takes (the mapping's own error
+/// names neither), still a "malformed JSON body" as every parse error is.
 fn unknown_enum_name(desc: MessageDescriptor, body: &[u8]) -> Option<String> {
     let value: serde_json::Value = serde_json::from_slice(body).ok()?;
     find_unknown(&desc, &value)
@@ -88,7 +88,7 @@ fn find_unknown(desc: &MessageDescriptor, value: &serde_json::Value) -> Option<S
                         names => format!("one of {}", names.join(", ")),
                     };
                     let shown: String = name.chars().take(64).collect();
-                    Some(format!("unknown {} {shown:?}: expected {expected}", field.name()))
+                    Some(format!("malformed JSON body: unknown {} {shown:?}: expected {expected}", field.name()))
                 }
                 (Kind::Message(m), item) => find_unknown(&m, item),
                 _ => None,
@@ -211,15 +211,15 @@ mod tests {
     fn an_unknown_enum_name_is_refused_with_the_names_it_takes() {
         assert_eq!(
             from_json::<pb::SetModeRequest>(br#"{"mode": "yolo"}"#).unwrap_err(),
-            r#"unknown mode "yolo": expected one of default, accept-edits, plan, bypass"#
+            r#"malformed JSON body: unknown mode "yolo": expected one of default, accept-edits, plan, bypass"#
         );
         assert_eq!(
             from_json::<pb::ApproveRequest>(br#"{"approve": true, "mode": "plan"}"#).unwrap_err(),
-            r#"unknown mode "plan": expected accept-edits or default"#
+            r#"malformed JSON body: unknown mode "plan": expected accept-edits or default"#
         );
         assert_eq!(
             from_json::<pb::WriteFileRequest>(br#"{"path": "x", "encoding": "latin-1"}"#).unwrap_err(),
-            r#"unknown encoding "latin-1": expected utf-8 or base64"#
+            r#"malformed JSON body: unknown encoding "latin-1": expected utf-8 or base64"#
         );
         // The proto name is not a JSON name.
         assert!(from_json::<pb::SetModeRequest>(br#"{"mode": "PERMISSION_MODE_PLAN"}"#).is_err());
