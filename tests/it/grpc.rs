@@ -396,7 +396,10 @@ async fn a_cursor_ahead_of_the_session_gets_a_resync_before_the_retained_frames(
     assert_eq!(resync.seq, 0, "resync never moves a cursor");
     match &resync.kind {
         Some(pb::event::Kind::Resync(r)) => {
-            assert_eq!((r.reason(), r.latest_seq), (pb::ResyncReason::CursorAhead, latest))
+            assert_eq!(
+                (r.reason(), r.latest_seq),
+                (pb::ResyncReason::CursorAhead, latest)
+            )
         }
         other => panic!("expected resync, got {other:?}"),
     }

@@ -368,7 +368,10 @@ async fn get_config_and_config_frames_follow_the_mode() {
         .unwrap()
         .into_inner();
     assert!(r.changed);
-    assert_eq!(r.config.unwrap().permission_mode(), pb::PermissionMode::AcceptEdits);
+    assert_eq!(
+        r.config.unwrap().permission_mode(),
+        pb::PermissionMode::AcceptEdits
+    );
     assert_eq!(next_config(&mut stream).await, "accept-edits");
     let e = grpc
         .set_mode(pb::SetModeRequest {
@@ -391,9 +394,16 @@ async fn get_config_and_config_frames_follow_the_mode() {
         always: None,
     };
     // No mode named (a plan exit needs one), as REST's "mode": "" is refused.
-    let e = grpc.approve(approve(pb::PlanExitMode::Unspecified)).await.unwrap_err();
+    let e = grpc
+        .approve(approve(pb::PlanExitMode::Unspecified))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
-    let r = grpc.approve(approve(pb::PlanExitMode::AcceptEdits)).await.unwrap().into_inner();
+    let r = grpc
+        .approve(approve(pb::PlanExitMode::AcceptEdits))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(r.outcome(), pb::ApprovalOutcome::Approved);
     assert_eq!(next_config(&mut stream).await, "accept-edits");
     assert_eq!(mode_of(&s).await, "accept-edits");

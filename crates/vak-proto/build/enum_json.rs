@@ -47,10 +47,14 @@ pub fn json_name(value: &EnumValueDescriptor) -> String {
         }
     }
     let e = value.parent_enum();
-    let rest = value
-        .name()
-        .strip_prefix(&prefix(e.name()))
-        .unwrap_or_else(|| panic!("{}: every value of {} starts with {}", value.name(), e.name(), prefix(e.name())));
+    let rest = value.name().strip_prefix(&prefix(e.name())).unwrap_or_else(|| {
+        panic!(
+            "{}: every value of {} starts with {}",
+            value.name(),
+            e.name(),
+            prefix(e.name())
+        )
+    });
     if rest == "UNSPECIFIED" {
         String::new()
     } else {
@@ -69,7 +73,12 @@ pub fn enums(pool: &DescriptorPool) -> Vec<EnumDescriptor> {
             e.full_name()
         );
         let names: BTreeSet<String> = e.values().map(|v| json_name(&v)).collect();
-        assert_eq!(names.len(), e.values().len(), "{}: two values share a JSON name", e.full_name());
+        assert_eq!(
+            names.len(),
+            e.values().len(),
+            "{}: two values share a JSON name",
+            e.full_name()
+        );
     }
     out
 }
@@ -79,7 +88,12 @@ pub fn enums(pool: &DescriptorPool) -> Vec<EnumDescriptor> {
 pub fn json_descriptor_set(pool: &DescriptorPool, fds: &FileDescriptorSet) -> FileDescriptorSet {
     let renamed: HashMap<String, Vec<String>> = enums(pool)
         .iter()
-        .map(|e| (e.full_name().to_string(), e.values().map(|v| json_name(&v)).collect()))
+        .map(|e| {
+            (
+                e.full_name().to_string(),
+                e.values().map(|v| json_name(&v)).collect(),
+            )
+        })
         .collect();
     let mut out = fds.clone();
     let mut moved = HashMap::new();
@@ -143,7 +157,10 @@ pub fn rust(pool: &DescriptorPool) -> String {
         for (n, j) in &arms {
             let _ = writeln!(s, "            {n} => {j:?},");
         }
-        let _ = writeln!(s, "            _ => unreachable!(\"every {name} value is listed\"),");
+        let _ = writeln!(
+            s,
+            "            _ => unreachable!(\"every {name} value is listed\"),"
+        );
         let _ = writeln!(s, "        }}\n    }}");
         let _ = writeln!(s, "    /// The value a JSON name names, if any.");
         let _ = writeln!(s, "    pub fn from_json_name(name: &str) -> Option<Self> {{");

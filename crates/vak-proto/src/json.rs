@@ -51,7 +51,9 @@ pub fn from_json<M: Message + Name + Default>(body: &[u8]) -> Result<M, String> 
     let mut de = serde_json::Deserializer::from_slice(body);
     let dynamic =
         DynamicMessage::deserialize_with_options(descriptor::<M>(), &mut de, &DeserializeOptions::new())
-            .map_err(|e| unknown_enum_name(descriptor::<M>(), body).unwrap_or(format!("malformed JSON body: {e}")))?;
+            .map_err(|e| {
+                unknown_enum_name(descriptor::<M>(), body).unwrap_or(format!("malformed JSON body: {e}"))
+            })?;
     de.end().map_err(|e| format!("malformed JSON body: {e}"))?;
     dynamic
         .transcode_to::<M>()
@@ -68,7 +70,10 @@ fn unknown_enum_name(desc: MessageDescriptor, body: &[u8]) -> Option<String> {
 
 fn find_unknown(desc: &MessageDescriptor, value: &serde_json::Value) -> Option<String> {
     for (key, v) in value.as_object()? {
-        let Some(field) = desc.get_field_by_name(key).or_else(|| desc.get_field_by_json_name(key)) else {
+        let Some(field) = desc
+            .get_field_by_name(key)
+            .or_else(|| desc.get_field_by_json_name(key))
+        else {
             continue;
         };
         let items = match v {
@@ -88,7 +93,10 @@ fn find_unknown(desc: &MessageDescriptor, value: &serde_json::Value) -> Option<S
                         names => format!("one of {}", names.join(", ")),
                     };
                     let shown: String = name.chars().take(64).collect();
-                    Some(format!("malformed JSON body: unknown {} {shown:?}: expected {expected}", field.name()))
+                    Some(format!(
+                        "malformed JSON body: unknown {} {shown:?}: expected {expected}",
+                        field.name()
+                    ))
                 }
                 (Kind::Message(m), item) => find_unknown(&m, item),
                 _ => None,
@@ -166,7 +174,8 @@ mod tests {
             let e = POOL
                 .get_enum_by_name(&format!("{package}.{name}Json.{name}"))
                 .expect("the JSON pool has every enum");
-            let pool_names: Vec<(i32, String)> = e.values().map(|v| (v.number(), v.name().to_string())).collect();
+            let pool_names: Vec<(i32, String)> =
+                e.values().map(|v| (v.number(), v.name().to_string())).collect();
             let table: Vec<(i32, String)> = values.iter().map(|(n, j)| (*n, j.to_string())).collect();
             assert_eq!(pool_names, table, "{full_name}");
         }
@@ -192,7 +201,10 @@ mod tests {
         assert!(json.contains(r#""key_sources":["env","store"]"#), "{json}");
         let t = pb::TimelineItem::default();
         let json = String::from_utf8(to_json(&t)).unwrap();
-        assert!(json.contains(r#""kind":"","status":"""#), "unspecified is \"\": {json}");
+        assert!(
+            json.contains(r#""kind":"","status":"""#),
+            "unspecified is \"\": {json}"
+        );
         let h = pb::HostInfo {
             auth: pb::AuthMode::Remote as i32,
             ..Default::default()

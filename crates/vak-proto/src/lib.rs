@@ -29,7 +29,8 @@ pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "
 
 /// The same set with vak's enum values named by their JSON names (crates/vak-proto/build/enum_json.rs): feeds the proto3 JSON mapping.
 #[cfg(feature = "wire")]
-pub(crate) const JSON_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/vak_json_descriptor.bin"));
+pub(crate) const JSON_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/vak_json_descriptor.bin"));
 
 /// The REST façade's OpenAPI 3.1 document, written by build.rs from the
 /// routes the proto's `(vak.v1.http)` options name (served at /openapi.json).

@@ -619,7 +619,10 @@ impl Ui {
                 .await
             };
             let _ = tx.send(match r {
-                Ok(a) => Notice::Admitted { state: a.state(), text },
+                Ok(a) => Notice::Admitted {
+                    state: a.state(),
+                    text,
+                },
                 Err(f) => Notice::Failed(format!("not sent: {f}")),
             });
         });

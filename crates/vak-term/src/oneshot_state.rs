@@ -401,11 +401,15 @@ impl<O: Out> Renderer<O> {
         let after_seq = self.admitted.as_ref().map_or(0, |a| a.after_seq);
         let known = self.state.user_seq();
         let user = t.messages.iter().rposition(|m| {
-            m.role() == pb::MessageRole::User && known.map_or(m.text == self.prompt && m.seq > after_seq, |s| m.seq == s)
+            m.role() == pb::MessageRole::User
+                && known.map_or(m.text == self.prompt && m.seq > after_seq, |s| m.seq == s)
         });
         let Some(i) = user else { return };
         let user_seq = t.messages[i].seq;
-        self.state = match t.messages[i + 1..].iter().any(|m| m.role() == pb::MessageRole::User) {
+        self.state = match t.messages[i + 1..]
+            .iter()
+            .any(|m| m.role() == pb::MessageRole::User)
+        {
             false => State::Ours { user_seq },
             true => State::After { user_seq },
         };
@@ -420,7 +424,10 @@ impl<O: Out> Renderer<O> {
             }
             None => self.note("resynced: the text above differs from the transcript"),
         }
-        self.answer.need_sep = t.messages.last().is_some_and(|m| m.role() == pb::MessageRole::Tool);
+        self.answer.need_sep = t
+            .messages
+            .last()
+            .is_some_and(|m| m.role() == pb::MessageRole::Tool);
     }
 
     /// What the policy says to a question of our leg: Some(answer) at once, None: ask.

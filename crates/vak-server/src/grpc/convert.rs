@@ -1,5 +1,6 @@
 //! Every conversion between core types and wire (proto) types, in one place.
 
+use super::enums;
 use pb::event::Kind;
 use prost_types::value::Kind as Pv;
 use serde_json::Value;
@@ -15,7 +16,6 @@ use vak_core::session::Client;
 use vak_core::session::{Admission, CancelResult, SessionInfo};
 use vak_core::side::SideEntry;
 use vak_core::transcript::{self, Role, Transcript};
-use super::enums;
 use vak_proto::v1 as pb;
 
 pub fn json_to_value(v: &Value) -> prost_types::Value {
@@ -418,7 +418,11 @@ pub fn provider_info(p: vak_core::config::ProviderStatus) -> pb::ProviderInfo {
         configured: p.configured,
         pool_size: p.fingerprints.len() as u32,
         fingerprints: p.fingerprints,
-        key_sources: p.key_sources.iter().map(|&s| enums::key_source(s) as i32).collect(),
+        key_sources: p
+            .key_sources
+            .iter()
+            .map(|&s| enums::key_source(s) as i32)
+            .collect(),
     }
 }
 
@@ -516,7 +520,10 @@ pub fn file_content(f: vak_core::files::FileRead) -> pb::FileContent {
     use base64::Engine;
     let size = f.bytes.len() as u64;
     let (content, encoding) = if vak_core::files::is_text(&f.bytes) {
-        (String::from_utf8(f.bytes).unwrap_or_default(), pb::FileEncoding::Utf8)
+        (
+            String::from_utf8(f.bytes).unwrap_or_default(),
+            pb::FileEncoding::Utf8,
+        )
     } else {
         (
             base64::engine::general_purpose::STANDARD.encode(&f.bytes),

@@ -185,7 +185,12 @@ mod tests {
 
     /// Every core value's proto value has the core's wire string as its JSON
     /// name, and the proto enum has no other value but UNSPECIFIED ("").
-    fn same_names<C: Copy>(full_name: &str, all: &[C], as_str: fn(C) -> String, json_name: fn(C) -> &'static str) {
+    fn same_names<C: Copy>(
+        full_name: &str,
+        all: &[C],
+        as_str: fn(C) -> String,
+        json_name: fn(C) -> &'static str,
+    ) {
         for &c in all {
             assert_eq!(json_name(c), as_str(c), "{full_name}");
         }
@@ -199,7 +204,10 @@ mod tests {
             .map(|(_, j)| j.to_string())
             .filter(|j| !j.is_empty())
             .collect();
-        assert_eq!(wire, core, "{full_name}: the proto enum and the core's set differ");
+        assert_eq!(
+            wire, core,
+            "{full_name}: the proto enum and the core's set differ"
+        );
     }
 
     #[test]
@@ -240,7 +248,12 @@ mod tests {
         use ResyncReason as Rr;
         same_names(
             "vak.v1.ResyncReason",
-            &[Rr::CursorAhead, Rr::CursorTooOld, Rr::HistoryLost, Rr::HistoryUnavailable],
+            &[
+                Rr::CursorAhead,
+                Rr::CursorTooOld,
+                Rr::HistoryLost,
+                Rr::HistoryUnavailable,
+            ],
             |c| c.as_str().into(),
             |c| resync_reason(c).json_name(),
         );
@@ -271,7 +284,13 @@ mod tests {
         );
         same_names(
             "vak.v1.RouteSource",
-            &[Source::Flag, Source::Env, Source::File, Source::Api, Source::Default],
+            &[
+                Source::Flag,
+                Source::Env,
+                Source::File,
+                Source::Api,
+                Source::Default,
+            ],
             |c| c.as_str().into(),
             |c| route_source(c).json_name(),
         );
@@ -290,7 +309,14 @@ mod tests {
         use ItemKind as K;
         same_names(
             "vak.v1.ItemKind",
-            &[K::UserInput, K::AssistantText, K::Thinking, K::ToolCall, K::Approval, K::FinalResult],
+            &[
+                K::UserInput,
+                K::AssistantText,
+                K::Thinking,
+                K::ToolCall,
+                K::Approval,
+                K::FinalResult,
+            ],
             |c| c.as_str().into(),
             |c| item_kind(c).json_name(),
         );
