@@ -229,7 +229,10 @@ async fn event_loop(
             },
             Some(n) = notices.recv() => {
                 let p = match n {
-                    Notice::Admitted { state, text } if state == pb::AdmissionState::Queued => vec![Piece::Line {
+                    Notice::Admitted {
+                        state: pb::AdmissionState::Queued,
+                        text,
+                    } => vec![Piece::Line {
                         style: Style::Dim,
                         text: format!("⋯ queued: {}", clean(&text).replace('\n', " ⏎ ")),
                     }],

@@ -595,7 +595,7 @@ mod tests {
         ev(
             seq,
             Kind::RunFinished(pb::RunFinished {
-                outcome: outcome.into(),
+                outcome: pb::RunOutcome::from_json_name(outcome).expect("an outcome") as i32,
                 message: message.into(),
             }),
         )
@@ -624,7 +624,7 @@ mod tests {
         assert_eq!(r.update(opened()), Step::Opened);
         let a = pb::Admission {
             request_id: OURS.into(),
-            state: state.into(),
+            state: pb::AdmissionState::from_json_name(state).expect("a state") as i32,
             after_seq: 3,
             ..Default::default()
         };
@@ -744,7 +744,7 @@ mod tests {
         r.update(opened());
         let a = pb::Admission {
             request_id: OURS.into(),
-            state: "running".into(),
+            state: pb::AdmissionState::Started as i32,
             ..Default::default()
         };
         r.admitted(OURS.into(), &a);
@@ -829,7 +829,7 @@ mod tests {
 
     fn msg(role: &str, text: &str) -> pb::Message {
         pb::Message {
-            role: role.into(),
+            role: pb::MessageRole::from_json_name(role).expect("a role") as i32,
             text: text.into(),
             ..Default::default()
         }
@@ -864,7 +864,7 @@ mod tests {
         assert_eq!(r.state(), State::Ours { user_seq: 4 });
         let end = pb::TimelineItem {
             seq: 7,
-            status: "completed".into(),
+            status: pb::ItemStatus::Completed as i32,
             ..Default::default()
         };
         assert_eq!(

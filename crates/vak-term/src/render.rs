@@ -516,7 +516,7 @@ mod tests {
         let out = |stream: &str, text: &str| {
             ev(Kind::ToolOutput(pb::ToolOutput {
                 call_id: "c".into(),
-                stream: stream.into(),
+                stream: pb::OutputStream::from_json_name(stream).expect("a stream") as i32,
                 text: text.into(),
             }))
         };
