@@ -615,10 +615,10 @@ mod tests {
 
     /// Opened and admitted to run at once, after seq 3.
     fn started(json: bool, policy: Policy) -> Renderer<Rec> {
-        started_as(json, policy, "running")
+        started_as(json, policy, "started")
     }
 
-    /// Opened and admitted (`state`: "running" or "queued"), after seq 3.
+    /// Opened and admitted (`state`: "started" or "queued"), after seq 3.
     fn started_as(json: bool, policy: Policy, state: &str) -> Renderer<Rec> {
         let mut r = renderer(json, policy);
         assert_eq!(r.update(opened()), Step::Opened);
