@@ -38,7 +38,7 @@ from typing import IO, Any
 
 import grpc
 
-from vak_client import Client, Event, Subscription, VakError
+from vak_client import Client, Event, Subscription, VakError, json_name
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -169,7 +169,7 @@ def describe(event: Event) -> str:
     if kind in ("text_delta", "thinking_delta"):
         detail = repr(getattr(event, kind).text)
     elif kind == "run_finished":
-        detail = f"outcome={event.run_finished.outcome!r} message={event.run_finished.message!r}"
+        detail = f"outcome={json_name(event.run_finished, 'outcome')!r} message={event.run_finished.message!r}"
     elif kind in ("resync", "session_closed"):
         detail = f"reason={getattr(event, kind).reason!r}"
     return f"seq={event.seq} {kind} {detail}".rstrip()
@@ -272,7 +272,10 @@ def smoke(binary: Path, workdir: Path, report: dict[str, Any]) -> str:
             admission = rest.run(session_id, PROMPT, request_id=request_id)
         except VakError as err:
             raise SmokeFailure(f"POST /sessions/{{id}}/run: {err}") from None
-        check(admission.state == "started", f"admission state is {admission.state!r}, expected 'started'")
+        check(
+            json_name(admission, "state") == "started",
+            f"admission state is {json_name(admission, 'state')!r}, expected 'started'",
+        )
         check(
             admission.request_id == request_id,
             f"admission request_id is {admission.request_id!r}, expected {request_id!r}",
@@ -314,7 +317,7 @@ def smoke(binary: Path, workdir: Path, report: dict[str, Any]) -> str:
 
         joined = "".join(text)
         check(joined == EXPECTED_TEXT, f"text deltas concatenate to {joined!r}, expected {EXPECTED_TEXT!r}")
-        outcome = finished.run_finished.outcome
+        outcome = json_name(finished.run_finished, "outcome")
         check(
             outcome == "completed",
             f"run_finished outcome is {outcome!r} (message {finished.run_finished.message!r}), expected 'completed'",

@@ -1,7 +1,10 @@
 //! Compiles proto/ with protox (pure Rust, no system protoc) and tonic-prost-build, and writes the REST façade's OpenAPI document from the same descriptors.
-//! The encoded descriptor set is kept for gRPC reflection and the proto3 JSON mapping.
+//! The encoded descriptor set is kept for gRPC reflection; a copy with the enum values named by their JSON names
+//! (build/enum_json.rs) feeds the proto3 JSON mapping.
 //! Without the `wire` feature (vak-core's view of this crate) it generates nothing.
 
+#[path = "build/enum_json.rs"]
+mod enum_json;
 #[path = "build/openapi.rs"]
 mod openapi;
 
@@ -18,7 +21,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     compiler.include_source_info(true).include_imports(true);
     compiler.open_files(["vak/v1/agent.proto"])?;
     let fds = compiler.file_descriptor_set();
-    let doc = openapi::document(&compiler.descriptor_pool());
+    let pool = compiler.descriptor_pool();
+    let doc = openapi::document(&pool);
     std::fs::write(
         out.join("openapi.json"),
         serde_json::to_string_pretty(&doc)? + "\n",
@@ -27,6 +31,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         out.join("vak_descriptor.bin"),
         prost::Message::encode_to_vec(&fds),
     )?;
+    std::fs::write(
+        out.join("vak_json_descriptor.bin"),
+        prost::Message::encode_to_vec(&enum_json::json_descriptor_set(&pool, &fds)),
+    )?;
+    std::fs::write(out.join("vak.v1.json_names.rs"), enum_json::rust(&pool))?;
     let mut config = prost_build::Config::new();
     config.enable_type_names();
     tonic_prost_build::configure()

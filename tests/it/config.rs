@@ -684,7 +684,7 @@ async fn the_same_over_grpc() {
     let cfg = c.get_config(pb::GetConfigRequest {}).await.unwrap().into_inner();
     let route = cfg.route.clone().unwrap();
     assert_eq!(
-        (route.provider.as_str(), route.source.as_str()),
+        (route.provider.as_str(), route.source().json_name()),
         ("offline", "default")
     );
 
@@ -746,7 +746,7 @@ async fn the_same_over_grpc() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(updated.route.as_ref().unwrap().source, "api");
+    assert_eq!(updated.route.as_ref().unwrap().source(), pb::RouteSource::Api);
     assert_ne!(updated.revision, cfg.revision);
     assert_eq!(
         next_config().await,

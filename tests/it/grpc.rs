@@ -113,7 +113,8 @@ async fn list_attach_and_transcripts_over_grpc_agree_with_rest() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(adm.state, "started");
+    // gRPC carries the enum (its JSON name, "started", is what REST shows).
+    assert_eq!(adm.state(), pb::AdmissionState::Started);
     assert!(!adm.request_id.is_empty(), "the server generates a request_id");
     let got = events.until("run_finished").await;
     let latest = got.last().unwrap().seq;
@@ -168,7 +169,7 @@ async fn list_attach_and_transcripts_over_grpc_agree_with_rest() {
     assert_eq!(rest_msgs.len(), t.messages.len());
     for (g, r) in t.messages.iter().zip(rest_msgs) {
         assert_eq!(
-            json!({"role": g.role, "text": g.text, "thinking": g.thinking, "seq": g.seq}),
+            json!({"role": g.role().json_name(), "text": g.text, "thinking": g.thinking, "seq": g.seq}),
             json!({"role": r["role"], "text": r["text"], "thinking": r["thinking"], "seq": r["seq"]}),
         );
     }
@@ -209,7 +210,7 @@ async fn run_steer_and_cancel_over_grpc_admit_queue_dedup_and_settle_once() {
         a,
         pb::Admission {
             request_id: "g-1".into(),
-            state: "started".into(),
+            state: pb::AdmissionState::Started as i32,
             after_seq: 0,
             result: None,
         },
@@ -221,13 +222,13 @@ async fn run_steer_and_cancel_over_grpc_admit_queue_dedup_and_settle_once() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(q.state, "queued");
+    assert_eq!(q.state(), pb::AdmissionState::Queued);
     let dup = c
         .steer(steer_req(&sid, "more", "g-2"))
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(dup.state, "duplicate");
+    assert_eq!(dup.state(), pb::AdmissionState::Duplicate);
     let (code, dup) = s
         .post(
             &format!("/sessions/{sid}/run"),
@@ -263,7 +264,7 @@ async fn run_steer_and_cancel_over_grpc_admit_queue_dedup_and_settle_once() {
 
     // Idle: steering starts a run of its own.
     let st = c.steer(steer_req(&sid, "fresh", "")).await.unwrap().into_inner();
-    assert_eq!(st.state, "started");
+    assert_eq!(st.state(), pb::AdmissionState::Started);
     let got = events.until("run_finished").await;
     assert_eq!(grpc_text_of(&got), "echo: fresh");
     assert_eq!(outcome_of(got.last().unwrap()), "completed");
@@ -311,7 +312,7 @@ async fn approvals_over_grpc_resolve_exactly_once() {
         ok,
         pb::ApproveResponse {
             request_id: ask.request_id.clone(),
-            outcome: "approved".into(),
+            outcome: pb::ApprovalOutcome::Approved as i32,
             persisted: false,
             rule: None,
         }
@@ -326,8 +327,8 @@ async fn approvals_over_grpc_resolve_exactly_once() {
     match &got[0].kind {
         Some(pb::event::Kind::ApprovalResolved(r)) => {
             assert_eq!(
-                (r.request_id.as_str(), r.outcome.as_str()),
-                (ask.request_id.as_str(), "approved")
+                (r.request_id.as_str(), r.outcome()),
+                (ask.request_id.as_str(), pb::ApprovalOutcome::Approved)
             )
         }
         _ => unreachable!(),
@@ -395,7 +396,10 @@ async fn a_cursor_ahead_of_the_session_gets_a_resync_before_the_retained_frames(
     assert_eq!(resync.seq, 0, "resync never moves a cursor");
     match &resync.kind {
         Some(pb::event::Kind::Resync(r)) => {
-            assert_eq!((r.reason.as_str(), r.latest_seq), ("cursor_ahead", latest))
+            assert_eq!(
+                (r.reason(), r.latest_seq),
+                (pb::ResyncReason::CursorAhead, latest)
+            )
         }
         other => panic!("expected resync, got {other:?}"),
     }
@@ -700,7 +704,7 @@ async fn an_oversized_message_is_refused_and_runs_nothing() {
     assert!(t.messages.is_empty(), "nothing ran: {t:?}");
     // The connection is still usable afterwards.
     let ok = c.run(run_req(&sid, "small", "")).await.unwrap().into_inner();
-    assert_eq!(ok.state, "started");
+    assert_eq!(ok.state(), pb::AdmissionState::Started);
 }
 
 #[tokio::test]

@@ -393,8 +393,8 @@ async fn a_run_with_wait_answers_when_it_settles_with_its_outcome_and_final_answ
         .into_inner();
     let r = a.result.expect("a result");
     assert_eq!(
-        (r.outcome.as_str(), r.answer.as_str()),
-        ("completed", "echo: over grpc")
+        (r.outcome(), r.answer.as_str()),
+        (pb::RunOutcome::Completed, "echo: over grpc")
     );
 }
 

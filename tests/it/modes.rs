@@ -362,17 +362,20 @@ async fn get_config_and_config_frames_follow_the_mode() {
     let mut grpc = s.grpc().await;
     let r = grpc
         .set_mode(pb::SetModeRequest {
-            mode: "accept-edits".into(),
+            mode: pb::PermissionMode::AcceptEdits as i32,
         })
         .await
         .unwrap()
         .into_inner();
     assert!(r.changed);
-    assert_eq!(r.config.unwrap().permission_mode, "accept-edits");
+    assert_eq!(
+        r.config.unwrap().permission_mode(),
+        pb::PermissionMode::AcceptEdits
+    );
     assert_eq!(next_config(&mut stream).await, "accept-edits");
     let e = grpc
         .set_mode(pb::SetModeRequest {
-            mode: "bypass".into(),
+            mode: pb::PermissionMode::Bypass as i32,
         })
         .await
         .unwrap_err();
@@ -382,18 +385,26 @@ async fn get_config_and_config_frames_follow_the_mode() {
     assert_eq!(set_mode(&s, "plan").await.0, 200);
     assert_eq!(next_config(&mut stream).await, "plan");
     let (sid, _sse, ask) = plan_asked(&s, "/plan p").await;
-    let approve = |mode: &str| pb::ApproveRequest {
+    let approve = |mode: pb::PlanExitMode| pb::ApproveRequest {
         session_id: sid.clone(),
         request_id: ask["request_id"].as_str().unwrap().into(),
         approve: Some(true),
         reason: String::new(),
-        mode: Some(mode.into()),
+        mode: Some(mode as i32),
         always: None,
     };
-    let e = grpc.approve(approve("plan")).await.unwrap_err();
+    // No mode named (a plan exit needs one), as REST's "mode": "" is refused.
+    let e = grpc
+        .approve(approve(pb::PlanExitMode::Unspecified))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
-    let r = grpc.approve(approve("accept-edits")).await.unwrap().into_inner();
-    assert_eq!(r.outcome, "approved");
+    let r = grpc
+        .approve(approve(pb::PlanExitMode::AcceptEdits))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.outcome(), pb::ApprovalOutcome::Approved);
     assert_eq!(next_config(&mut stream).await, "accept-edits");
     assert_eq!(mode_of(&s).await, "accept-edits");
 }

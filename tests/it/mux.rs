@@ -92,26 +92,26 @@ fn event_json(e: &pb::Event) -> Value {
         K::ThinkingDelta(t) => json!({"text": t.text}),
         K::ToolCall(t) => json!({"call_id": t.call_id, "tool": t.tool, "input": input(&t.input)}),
         K::ToolResult(t) => json!({"call_id": t.call_id, "ok": t.ok, "output": t.output}),
-        K::ToolOutput(t) => json!({"call_id": t.call_id, "stream": t.stream, "text": t.text}),
+        K::ToolOutput(t) => json!({"call_id": t.call_id, "stream": t.stream().json_name(), "text": t.text}),
         K::ApprovalRequested(a) => json!({
             "request_id": a.request_id, "tool": a.tool, "reason": a.reason,
             "input": input(&a.input), "call_id": a.call_id
         }),
         K::ApprovalResolved(a) => {
-            json!({"request_id": a.request_id, "outcome": a.outcome, "reason": a.reason})
+            json!({"request_id": a.request_id, "outcome": a.outcome().json_name(), "reason": a.reason})
         }
         K::Status(s) => json!({"busy": s.busy}),
-        K::RunFinished(r) => json!({"outcome": r.outcome, "message": r.message}),
-        K::Resync(r) => json!({"reason": r.reason, "latest_seq": r.latest_seq}),
+        K::RunFinished(r) => json!({"outcome": r.outcome().json_name(), "message": r.message}),
+        K::Resync(r) => json!({"reason": r.reason().json_name(), "latest_seq": r.latest_seq}),
         K::SessionClosed(c) => json!({"reason": c.reason}),
-        K::Notice(n) => json!({"level": n.level, "text": n.text}),
+        K::Notice(n) => json!({"level": n.level().json_name(), "text": n.text}),
         K::Side(side) => {
             use pb::side::Phase as S;
             let phase = match side.phase.as_ref().expect("a side frame has a phase") {
                 S::Started(st) => json!({"started": {"question": st.question, "branch_seq": st.branch_seq}}),
                 S::TextDelta(t) => json!({"text_delta": {"text": t.text}}),
                 S::Finished(f) => {
-                    let outcome = pb::SideOutcome::try_from(f.outcome).map_or("?", |o| o.as_str_name());
+                    let outcome = pb::SideOutcome::try_from(f.outcome).map_or("?", |o| o.json_name());
                     let u = f.usage.unwrap_or_default();
                     let usage = json!({
                         "input_tokens": u.input_tokens, "output_tokens": u.output_tokens,
@@ -163,7 +163,7 @@ fn grpc_frame(m: pb::StreamMessage) -> Frame {
         F::Coworking(c) => {
             let list = |l: &[pb::Client]| -> Value {
                 l.iter()
-                    .map(|c| json!({"client_id": c.client_id, "surface": c.surface}))
+                    .map(|c| json!({"client_id": c.client_id, "surface": c.surface().json_name()}))
                     .collect()
             };
             (
@@ -174,7 +174,7 @@ fn grpc_frame(m: pb::StreamMessage) -> Frame {
         F::Host(h) => ("host", json!({"version": h.version, "workspace": h.workspace})),
         F::Config(c) => (
             "config",
-            json!({"permission_mode": c.permission_mode, "ring": c.ring}),
+            json!({"permission_mode": c.permission_mode().json_name(), "ring": c.ring}),
         ),
     };
     if matches!(

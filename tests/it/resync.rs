@@ -708,7 +708,7 @@ async fn grpc_follow(mut c: GrpcClient, sid: String, mut cursor: u64) -> Tally {
                     .unwrap()
                     .into_inner();
                     let t = transcript_json(&t);
-                    if tally.resync(&r.reason, &t) {
+                    if tally.resync(r.reason().json_name(), &t) {
                         return tally;
                     }
                     cursor = seq_of(&t);
@@ -775,7 +775,7 @@ fn transcript_json(t: &pb::Transcript) -> Value {
     let messages: Vec<Value> = t
         .messages
         .iter()
-        .map(|m| json!({"role": m.role, "text": m.text}))
+        .map(|m| json!({"role": m.role().json_name(), "text": m.text}))
         .collect();
     json!({"seq": t.seq, "messages": messages})
 }

@@ -133,7 +133,7 @@ async fn a_file_is_read_and_written_with_its_sha_and_a_stale_sha_changes_nothing
         .write_file(pb::WriteFileRequest {
             path: "src/new.txt".into(),
             content: "y".into(),
-            encoding: String::new(),
+            encoding: pb::FileEncoding::Unspecified as i32,
             expected_sha: Some(first),
             session_id: None,
         })
@@ -144,7 +144,7 @@ async fn a_file_is_read_and_written_with_its_sha_and_a_stale_sha_changes_nothing
         .write_file(pb::WriteFileRequest {
             path: "src/new.txt".into(),
             content: "y".into(),
-            encoding: String::new(),
+            encoding: pb::FileEncoding::Unspecified as i32,
             expected_sha: Some(read.sha),
             session_id: None,
         })

@@ -20,17 +20,18 @@ if (!bundle || !base || !token) {
   console.error('usage: node resync.mjs <client-bundle.mjs> <base-url> <token>');
   process.exit(2);
 }
-const { StreamFollower } = await import(pathToFileURL(bundle).href);
+// Enums are numbers in the messages; enumJsonName gives the name the JSON carries.
+const { StreamFollower, enumJsonName, MessageRoleSchema, ResyncReasonSchema } = await import(pathToFileURL(bundle).href);
 
 const STARTS = { too_old: 1n, ahead: 1000000000n };
 
 const assistantText = (t) =>
   t.messages
-    .filter((m) => m.role === 'assistant')
+    .filter((m) => enumJsonName(MessageRoleSchema, m.role) === 'assistant')
     .map((m) => m.text)
     .join('');
 // The test's runs end cancelled, which the transcript records as a `run` entry.
-const runOver = (t) => t.messages.some((m) => m.role === 'run');
+const runOver = (t) => t.messages.some((m) => enumJsonName(MessageRoleSchema, m.role) === 'run');
 
 function follow(session, start) {
   return new Promise((resolve) => {
@@ -58,7 +59,7 @@ function follow(session, start) {
     f.on('resync', (ev, transcript) => {
       if (ev.sessionId !== session) return;
       tally.resyncs++;
-      tally.reasons.push(ev.kind.case === 'resync' ? ev.kind.value.reason : '?');
+      tally.reasons.push(ev.kind.case === 'resync' ? enumJsonName(ResyncReasonSchema, ev.kind.value.reason) : '?');
       tally.text = assistantText(transcript);
       if (runOver(transcript)) done();
     });

@@ -25,7 +25,7 @@ import threading
 from concurrent.futures import Future
 from typing import Any
 
-from vak_client import AsyncClient, Backoff, Client, agent_pb2
+from vak_client import AsyncClient, Backoff, Client, agent_pb2, json_name
 
 AHEAD = 1_000_000_000
 STARTS = {"too_old": 1, "ahead": AHEAD}
@@ -39,12 +39,12 @@ BACKOFF = Backoff(initial=0.02, maximum=0.5, give_up_after=30)
 
 
 def assistant_text(t: agent_pb2.Transcript) -> str:
-    return "".join(m.text for m in t.messages if m.role == "assistant")
+    return "".join(m.text for m in t.messages if json_name(m, "role") == "assistant")
 
 
 def run_over(t: agent_pb2.Transcript) -> bool:
     """The test's runs end cancelled, which the transcript records as a `run` entry."""
-    return any(m.role == "run" for m in t.messages)
+    return any(json_name(m, "role") == "run" for m in t.messages)
 
 
 class Tally:
@@ -61,7 +61,7 @@ class Tally:
         """Shows the transcript in place of what was there; True when the run is over."""
         assert t is not None, "a resync is handed over with its transcript"
         self.resyncs += 1
-        self.reasons.append(ev.resync.reason)
+        self.reasons.append(json_name(ev.resync, "reason"))
         self.text = assistant_text(t)
         return run_over(t)
 

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import pytest
 from helpers import STEP, Proxy, Server, assert_gap_free, burst_text, kind, texts
 
-from vak_client import AsyncClient, Backoff, Event, StreamItem, VakError, agent_pb2
+from vak_client import AsyncClient, Backoff, Event, StreamItem, VakError, agent_pb2, json_name
 from vak_client._common import parse_vector
 
 T = TypeVar("T")
@@ -64,19 +64,19 @@ def test_async_unary_calls(server: Server, unary: str) -> None:
             name = f"a-{secrets.token_hex(4)}.txt"
             async with c.follow(sid, after=0) as events:
                 admission = await c.run(sid, f"/write {name} hi\n/sleep 60000", request_id="r1")
-                assert admission.state == "started"
+                assert json_name(admission, "state") == "started"
                 requested = await take_until(events, lambda e: kind(e) == "approval_requested")
                 rid = requested[-1].approval_requested.request_id
-                assert (await c.approve(sid, rid, True)).outcome == "approved"
+                assert json_name(await c.approve(sid, rid, True), "outcome") == "approved"
                 await take_until(events, lambda e: kind(e) == "tool_result")
-                assert (await c.steer(sid, "later")).state == "queued"
+                assert json_name(await c.steer(sid, "later"), "state") == "queued"
                 cancelled = await c.cancel(sid)
                 assert cancelled.cancelled and cancelled.discarded == 1
                 got = await take_until(events, finished)
-            assert got[-1].run_finished.outcome == "cancelled"
+            assert json_name(got[-1].run_finished, "outcome") == "cancelled"
             assert (server.workspace / name).read_text() == "hi"
             transcript = await c.transcript(sid)
-            assert [m.role for m in transcript.messages][:2] == ["user", "tool"]
+            assert [json_name(m, "role") for m in transcript.messages][:2] == ["user", "tool"]
             assert (await c.transcript_markdown(sid)).startswith(f"# Session {sid}")
             assert (await c.presentation(sid)).schema_version == 2
             with pytest.raises(VakError) as err:

@@ -8,7 +8,7 @@ import secrets
 import pytest
 from helpers import Server, burst_text, finished, kind, take_until, texts, wait_finished
 
-from vak_client import Client, VakError, agent_pb2
+from vak_client import Client, VakError, agent_pb2, json_name
 
 
 def test_create_list_attach(client: Client) -> None:
@@ -28,16 +28,16 @@ def test_run_transcript_presentation(client: Client) -> None:
     rid = f"r-{secrets.token_hex(4)}"
     with client.follow(sid, after=0) as events:
         admission = client.run(sid, "hello world\nbye", request_id=rid)
-        assert (admission.request_id, admission.state) == (rid, "started")
+        assert (admission.request_id, json_name(admission, "state")) == (rid, "started")
         got = take_until(events, finished, events)
     assert texts(got) == "echo: hello world\necho: bye"
-    assert got[-1].run_finished.outcome == "completed"
+    assert json_name(got[-1].run_finished, "outcome") == "completed"
     # Retrying with the same request id is safe.
-    assert client.run(sid, "hello world\nbye", request_id=rid).state == "duplicate"
+    assert json_name(client.run(sid, "hello world\nbye", request_id=rid), "state") == "duplicate"
 
     transcript = client.transcript(sid)
     assert transcript.session_id == sid
-    assert [(m.role, m.text) for m in transcript.messages] == [
+    assert [(json_name(m, "role"), m.text) for m in transcript.messages] == [
         ("user", "hello world\nbye"),
         ("assistant", "echo: hello world\necho: bye"),
     ]
@@ -50,7 +50,7 @@ def test_run_transcript_presentation(client: Client) -> None:
     timeline = client.presentation(sid)
     assert timeline.schema_version == 2 and timeline.session_id == sid
     assert timeline.seq == got[-1].seq
-    assert [i.kind for i in timeline.items][:2] == ["user_input", "assistant_text"]
+    assert [json_name(i, "kind") for i in timeline.items][:2] == ["user_input", "assistant_text"]
     assert client.attach(sid).title == "hello world"
 
 
@@ -64,16 +64,16 @@ def test_run_generates_request_id(client: Client) -> None:
 def test_steer_and_cancel(client: Client) -> None:
     sid = client.create_session()
     with client.follow(sid, after=0) as events:
-        assert client.run(sid, "/sleep 60000").state == "started"
+        assert json_name(client.run(sid, "/sleep 60000"), "state") == "started"
         take_until(events, lambda e: kind(e) == "turn_started", events)
         steered = client.steer(sid, "also this", request_id="s1")
-        assert (steered.request_id, steered.state) == ("s1", "queued")
-        assert client.steer(sid, "also this", request_id="s1").state == "duplicate"
-        assert client.steer(sid, "and this").state == "queued"
+        assert (steered.request_id, json_name(steered, "state")) == ("s1", "queued")
+        assert json_name(client.steer(sid, "also this", request_id="s1"), "state") == "duplicate"
+        assert json_name(client.steer(sid, "and this"), "state") == "queued"
         cancelled = client.cancel(sid)
         assert cancelled.cancelled and cancelled.discarded == 2
         got = take_until(events, finished, events)
-    assert got[-1].run_finished.outcome == "cancelled"
+    assert json_name(got[-1].run_finished, "outcome") == "cancelled"
     assert got[-1].run_finished.message == "cancelled by a client"
     # Discarded input never appears; an idle cancel is not an error.
     assert not any(kind(e) == "user_message" for e in got)
@@ -84,7 +84,7 @@ def test_steer_and_cancel(client: Client) -> None:
 def test_steer_starts_a_run_when_idle(client: Client) -> None:
     sid = client.create_session()
     with client.follow(sid, after=0) as events:
-        assert client.steer(sid, "steered").state == "started"
+        assert json_name(client.steer(sid, "steered"), "state") == "started"
         got = take_until(events, finished, events)
     assert texts(got) == "echo: steered"
 
@@ -107,7 +107,7 @@ def test_approval_round_trip(server: Server, client: Client, approve: bool) -> N
         got = take_until(events, finished, events, on_item=answer)
 
     assert len(answers) == 1
-    assert answers[0].outcome == ("approved" if approve else "denied")
+    assert json_name(answers[0], "outcome") == ("approved" if approve else "denied")
     resolved = [e.approval_resolved for e in got if kind(e) == "approval_resolved"]
     assert [r.outcome for r in resolved] == [answers[0].outcome]
     result = next(e.tool_result for e in got if kind(e) == "tool_result")
@@ -118,7 +118,7 @@ def test_approval_round_trip(server: Server, client: Client, approve: bool) -> N
     else:
         assert not result.ok and result.output == "denied by the user: no thanks"
         assert not path.exists()
-    assert got[-1].run_finished.outcome == "completed"
+    assert json_name(got[-1].run_finished, "outcome") == "completed"
 
     # An approval resolves exactly once.
     with pytest.raises(VakError) as err:
@@ -181,9 +181,9 @@ def test_always_rules_are_stored_listed_and_deleted(client: Client) -> None:
     with client.follow(sid, after=0) as events:
         client.run(sid, f"/bash {prog} run fast")
         take_until(events, finished, events, on_item=answer)
-    assert len(answers) == 1 and answers[0].outcome == "approved" and answers[0].persisted
+    assert len(answers) == 1 and json_name(answers[0], "outcome") == "approved" and answers[0].persisted
     rule = answers[0].rule
-    assert (rule.tool, rule.kind, rule.pattern) == ("bash", "prefix", f"{prog} run")
+    assert (rule.tool, json_name(rule, "kind"), rule.pattern) == ("bash", "prefix", f"{prog} run")
     assert rule.id.startswith("rule_")
     listed = client.list_rules()
     assert rule in list(listed.rules) and listed.max_rules == 256 and listed.workspace
@@ -209,7 +209,7 @@ def test_always_rules_are_stored_listed_and_deleted(client: Client) -> None:
 def test_set_mode_and_leaving_plan_mode_with_a_mode(client: Client) -> None:
     try:
         changed = client.set_mode("plan")
-        assert changed.changed and changed.config.permission_mode == "plan"
+        assert changed.changed and json_name(changed.config, "permission_mode") == "plan"
         assert not client.set_mode("plan").changed
         with pytest.raises(VakError) as err:
             client.set_mode("yolo")
@@ -230,7 +230,7 @@ def test_set_mode_and_leaving_plan_mode_with_a_mode(client: Client) -> None:
         with client.follow(sid, after=0) as events:
             client.run(sid, "/plan 1. nothing")
             take_until(events, finished, events, on_item=answer)
-        assert [a.outcome for a in answers] == ["approved"]
+        assert [json_name(a, "outcome") for a in answers] == ["approved"]
         assert not answers[0].persisted
         assert not client.set_mode("accept-edits").changed, "the plan's answer chose it"
     finally:

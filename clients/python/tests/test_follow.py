@@ -22,7 +22,7 @@ from helpers import (
     wait_finished,
 )
 
-from vak_client import Backoff, Client, Event, VakError
+from vak_client import Backoff, Client, Event, VakError, json_name
 
 
 def test_follow_yields_the_whole_echo(direct: Client, transport: str) -> None:
@@ -121,10 +121,10 @@ def test_follow_resyncs_from_the_transcript_when_the_cursor_is_ahead(
             after = take_until(events, finished, events)
     assert kind(resync) == "resync"
     assert resync.seq == 0
-    assert resync.resync.reason == "cursor_ahead"
+    assert json_name(resync.resync, "reason") == "cursor_ahead"
     assert resync.resync.latest_seq == latest
     assert transcript.seq == latest
-    assert [m.text for m in transcript.messages if m.role == "assistant"] == [burst_text(40)]
+    assert [m.text for m in transcript.messages if json_name(m, "role") == "assistant"] == [burst_text(40)]
     # The new stream starts right after the transcript: the second run, whole.
     assert_gap_free(after, first=latest + 1)
     assert texts(after) == "echo: next"
@@ -171,9 +171,9 @@ def test_follow_an_old_cursor_is_replayed_and_one_ahead_resyncs(ring_server: Ser
             c.run(sid, "more")
             got = take_until(events, finished, events)
     assert kind(resync) == "resync"
-    assert resync.resync.reason == "cursor_ahead"
+    assert json_name(resync.resync, "reason") == "cursor_ahead"
     assert transcript is not None and transcript.seq == latest
-    assert [m.text for m in transcript.messages if m.role == "assistant"] == [burst_text(20)]
+    assert [m.text for m in transcript.messages if json_name(m, "role") == "assistant"] == [burst_text(20)]
     # After the resync the stream goes on after the transcript's seq, even
     # below a cursor that was ahead; no retained frame is handed over again.
     assert_gap_free(got, first=latest + 1)
@@ -251,7 +251,7 @@ def test_follow_resumes_across_a_server_crash_and_restart(tmp_path: Path, transp
         got = before + after
         assert_gap_free(got, first=1)
         assert texts(got) == "echo: before"
-        assert got[-1].run_finished.outcome == "failed"
+        assert json_name(got[-1].run_finished, "outcome") == "failed"
         assert got[-1].run_finished.message == "interrupted: the server stopped during this run"
         assert events.reconnects >= 1 and events.duplicates_dropped == 0
         assert second.terminate() == 0
@@ -279,7 +279,7 @@ def test_session_closed_ends_the_follower(tmp_path: Path, transport: str) -> Non
             stopper.join(20)
         assert result == [0]
         assert [kind(e) for e in rest][-3:] == ["status", "run_finished", "session_closed"]
-        assert rest[-2].run_finished.outcome == "cancelled"
+        assert json_name(rest[-2].run_finished, "outcome") == "cancelled"
         assert rest[-1].session_closed.reason == "server shutting down"
     finally:
         server.kill()

@@ -9,7 +9,7 @@ from collections import defaultdict
 
 from helpers import Proxy, Server, burst_text, kind, take_until
 
-from vak_client import Client, Event, StreamItem, agent_pb2
+from vak_client import Client, Event, StreamItem, agent_pb2, json_name
 from vak_client._common import parse_vector
 
 
@@ -43,7 +43,7 @@ def assert_exact(events: list[Event], expected_text: str, first: int) -> None:
     seqs = [e.seq for e in events]
     assert seqs == list(range(first, first + len(seqs))), f"not gap-free from {first}: {seqs}"
     assert "".join(e.text_delta.text for e in events if kind(e) == "text_delta") == expected_text
-    assert kind(events[-1]) == "run_finished" and events[-1].run_finished.outcome == "completed"
+    assert kind(events[-1]) == "run_finished" and json_name(events[-1].run_finished, "outcome") == "completed"
 
 
 def test_follow_many_three_sessions(direct: Client, transport: str) -> None:
@@ -59,7 +59,7 @@ def test_follow_many_three_sessions(direct: Client, transport: str) -> None:
     host = next(i.message for i in items if i.kind == "host")
     assert isinstance(host, agent_pb2.HostInfo) and host.version
     config = next(i.message for i in items if i.kind == "config")
-    assert isinstance(config, agent_pb2.ConfigInfo) and config.permission_mode == "default"
+    assert isinstance(config, agent_pb2.ConfigInfo) and json_name(config, "permission_mode") == "default"
     by = per_session(items)
     for i, sid in enumerate(sids):
         assert_exact(by[sid], f"echo: hello {i}", first=1)
@@ -173,9 +173,9 @@ def test_follow_many_resyncs_one_session_from_its_transcript(ring_server: Server
     assert not [i for i in first if i.kind == "agent"], "no agent frame before the resync"
     resync = first[-1]
     assert resync.session_id == sids[0]
-    assert isinstance(resync.message, agent_pb2.Event) and resync.message.resync.reason == "cursor_ahead"
+    assert isinstance(resync.message, agent_pb2.Event) and json_name(resync.message.resync, "reason") == "cursor_ahead"
     assert transcript.seq == latest[sids[0]]
-    assert [m.text for m in transcript.messages if m.role == "assistant"] == [burst_text(20)]
+    assert [m.text for m in transcript.messages if json_name(m, "role") == "assistant"] == [burst_text(20)]
     assert not [i for i in items if i.kind == "resync"]
     # Both sessions go on exactly after their entries: the resynced one after the transcript.
     for sid in sids:

@@ -8,8 +8,11 @@ import httpx
 import pytest
 from httpx_sse import EventSource, ServerSentEvent
 
-from vak_client import Backoff, ProtocolError, agent_pb2
+from vak_client import Backoff, ProtocolError, VakError, agent_pb2, json_name
 from vak_client._common import (
+    call_approve,
+    call_set_mode,
+    parse_json,
     MuxFrame,
     SessionCursor,
     VectorCursor,
@@ -79,7 +82,7 @@ def ev(seq: int, kind: str = "text_delta") -> agent_pb2.Event:
     if kind == "text_delta":
         e.text_delta.text = f"t{seq}"
     elif kind == "resync":
-        e.resync.reason = "cursor_ahead"
+        e.resync.reason = agent_pb2.RESYNC_REASON_CURSOR_AHEAD
     elif kind == "session_closed":
         e.session_closed.reason = "bye"
     return e
@@ -154,3 +157,29 @@ def test_error_mapping() -> None:
     r = rest_error(404, b'{"error":{"code":"not_found","message":"no session x"}}')
     assert (r.status, r.code, r.message) == (404, "not_found", "no session x")
     assert rest_error(502, b"<html>").code == ""
+
+
+def test_enums_travel_by_their_json_names() -> None:
+    e = parse_json('{"seq": 3, "run_finished": {"outcome": "max_turns", "message": "m"}}', agent_pb2.Event())
+    assert e.run_finished.outcome == agent_pb2.RUN_OUTCOME_MAX_TURNS
+    assert json_name(e.run_finished, "outcome") == "max_turns"
+    h = parse_json('{"auth": "remote", "storage": "jetstream", "sandbox": {"mode": "read-only"}}', agent_pb2.HostInfo())
+    assert (h.auth, h.storage, h.sandbox.mode) == (
+        agent_pb2.AUTH_MODE_REMOTE,
+        agent_pb2.STORAGE_KIND_JETSTREAM,
+        agent_pb2.SANDBOX_MODE_READ_ONLY,
+    )
+    side = parse_json('{"side": {"finished": {"outcome": "SIDE_OUTCOME_FAILED"}}}', agent_pb2.Event())
+    assert side.side.finished.outcome == agent_pb2.SIDE_OUTCOME_FAILED
+    p = parse_json('{"key_sources": ["env", "store"]}', agent_pb2.ProviderInfo())
+    assert list(p.key_sources) == [agent_pb2.KEY_SOURCE_ENV, agent_pb2.KEY_SOURCE_STORE]
+    d = parse_json('{"reason": ""}', agent_pb2.WorkspaceDiff())
+    assert d.reason == agent_pb2.DIFF_REASON_UNSPECIFIED and json_name(d, "reason") == ""
+    # Requests: a JSON name becomes its number for gRPC and stays as it is for REST.
+    m = call_set_mode("accept-edits")
+    assert (m.request.mode, m.body) == (agent_pb2.PERMISSION_MODE_ACCEPT_EDITS, {"mode": "accept-edits"})
+    assert call_approve("s", "r", True, "", mode="default").request.mode == agent_pb2.PLAN_EXIT_MODE_DEFAULT
+    with pytest.raises(VakError) as err:
+        call_set_mode("yolo")
+    assert (err.value.status, err.value.code) == (400, "invalid_argument")
+

@@ -24,6 +24,9 @@ from vak_client._common import (
     Transport,
     Unary,
     VakError,
+    enum_from_json_name,
+    enum_json_name,
+    json_name,
 )
 from vak_client._async import AsyncClient, AsyncFollower, AsyncStreamFollower
 from vak_client._gen import agent_pb2, agent_pb2_grpc
@@ -52,4 +55,7 @@ __all__ = [
     "VakError",
     "agent_pb2",
     "agent_pb2_grpc",
+    "enum_from_json_name",
+    "enum_json_name",
+    "json_name",
 ]

@@ -14,16 +14,17 @@ import urllib.parse
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, NamedTuple, TypeAlias, TypeVar
+from typing import Any, Generic, Literal, NamedTuple, TypeAlias, TypeVar, cast
 
 import grpc
 import httpx
 from google.protobuf import json_format
+from google.protobuf.descriptor import EnumDescriptor
 from google.protobuf.message import Message
 from httpx_sse import ServerSentEvent
 
 try:
-    from vak_client._gen import agent_pb2
+    from vak_client._gen import agent_pb2, http_pb2
 except ModuleNotFoundError as exc:  # pragma: no cover - depends on the build step
     if not (exc.name or "").startswith("vak_client._gen"):
         raise
@@ -321,12 +322,86 @@ class UnaryCall(Generic[Req, Resp]):
         return f"/{SERVICE}/{self.rpc}"
 
 
+def _prefix(enum: EnumDescriptor) -> str:
+    """`RunOutcome` -> `RUN_OUTCOME_`."""
+    return "".join("_" + c if c.isupper() and i else c.upper() for i, c in enumerate(enum.name)) + "_"
+
+
+def enum_json_name(enum: EnumDescriptor, number: int) -> str:
+    """The name vak's REST/SSE JSON gives an enum value (proto/vak/v1/http.proto,
+    `(json)`): the value's name without its enum's prefix, lower-cased, "" for
+    UNSPECIFIED, unless its `(json)` option says otherwise. These are the strings
+    the fields carried before they were enums ("completed", "accept-edits")."""
+    value = enum.values_by_number[number]
+    options = value.GetOptions()
+    ext: Any = http_pb2.json  # typed as a plain FieldDescriptor by the generated stub
+    if options.HasExtension(ext):
+        return str(options.Extensions[ext])
+    rest = value.name.removeprefix(_prefix(enum))
+    return "" if rest == "UNSPECIFIED" else rest.lower()
+
+
+def json_name(message: Message, field: str) -> str:
+    """The JSON name of the value an enum field of `message` holds:
+    `json_name(admission, "state") == "started"`."""
+    enum: Any = message.DESCRIPTOR.fields_by_name[field].enum_type
+    if enum is None:
+        raise ValueError(f"{type(message).__name__}.{field} is not an enum")
+    return enum_json_name(enum, getattr(message, field))
+
+
+def enum_from_json_name(enum: EnumDescriptor, name: str) -> int:
+    """The number of the value `name` (a JSON name) names; ValueError if none."""
+    for value in enum.values:
+        if enum_json_name(enum, value.number) == name:
+            return value.number
+    raise ValueError(f"unknown {enum.name} {name!r}")
+
+
+def _request_enum(enum: EnumDescriptor, name: str, field: str) -> int:
+    """A request's enum field by its JSON name; an unknown name is refused as the
+    server refuses it over REST (400 invalid_argument), before any call."""
+    try:
+        return enum_from_json_name(enum, name)
+    except ValueError:
+        names = [enum_json_name(enum, v.number) for v in enum.values]
+        expected = ", ".join(n for n in names if n)
+        raise VakError(400, "invalid_argument", f"unknown {field} {name!r}: expected one of {expected}") from None
+
+
+def _enum_numbers(obj: Any, desc: Any) -> Any:
+    """A JSON object of `desc` with every enum value's JSON name replaced by its
+    number (which the protobuf JSON parser takes; it knows only proto names)."""
+    if not isinstance(obj, dict):
+        return obj
+    out = {}
+    for key, value in obj.items():
+        f = desc.fields_by_name.get(key) or desc.fields_by_camelcase_name.get(key)
+        if f is not None and f.enum_type is not None and f.enum_type.full_name.startswith("vak."):
+
+            def number(v: Any, e: EnumDescriptor = f.enum_type) -> Any:
+                if not isinstance(v, str):
+                    return v
+                try:
+                    return enum_from_json_name(e, v)
+                except ValueError:
+                    return v  # left to the parser, which ignores a value it does not know
+
+            value = [number(v) for v in value] if isinstance(value, list) else number(value)
+        elif f is not None and f.message_type is not None and not f.message_type.full_name.startswith("google."):
+            m = f.message_type
+            value = [_enum_numbers(v, m) for v in value] if isinstance(value, list) else _enum_numbers(value, m)
+        out[key] = value
+    return out
+
+
 def parse_json(data: str | bytes, message: Resp) -> Resp:
     """The proto3 JSON mapping of `message`, tolerant of fields this client
-    does not know (a newer server)."""
+    does not know (a newer server); enums by vak's JSON names."""
     try:
-        json_format.Parse(data, message, ignore_unknown_fields=True)
-    except json_format.ParseError as err:
+        obj = json.loads(data)
+        json_format.ParseDict(_enum_numbers(obj, message.DESCRIPTOR), message, ignore_unknown_fields=True)
+    except (ValueError, json_format.ParseError) as err:
         raise ProtocolError(f"cannot read {type(message).__name__} from {str(data)[:200]!r}: {err}") from None
     return message
 
@@ -433,7 +508,7 @@ def call_approve(
         req.always = True
         body["always"] = True
     if mode is not None:
-        req.mode = mode
+        req.mode = cast("agent_pb2.PlanExitMode", _request_enum(agent_pb2.PlanExitMode.DESCRIPTOR, mode, "mode"))
         body["mode"] = mode
     return UnaryCall(
         "Approve",
@@ -447,7 +522,14 @@ def call_approve(
 
 def call_set_mode(mode: str) -> UnaryCall[agent_pb2.SetModeRequest, agent_pb2.SetModeResponse]:
     return UnaryCall(
-        "SetMode", agent_pb2.SetModeRequest(mode=mode), agent_pb2.SetModeResponse, "POST", "/config/mode", {"mode": mode}
+        "SetMode",
+        agent_pb2.SetModeRequest(
+            mode=cast("agent_pb2.PermissionMode", _request_enum(agent_pb2.PermissionMode.DESCRIPTOR, mode, "mode"))
+        ),
+        agent_pb2.SetModeResponse,
+        "POST",
+        "/config/mode",
+        {"mode": mode},
     )
 
 

@@ -9,7 +9,12 @@ import "./app.css";
 import { ConnectError } from "@connectrpc/connect";
 import {
   createAgentClient,
+  enumJsonName,
+  KeySourceSchema,
+  PermissionModeSchema,
+  RouteSourceSchema,
   StreamFollower,
+  SurfaceSchema,
   type AdminStatus,
   type ConfigInfo,
   type ListProvidersResponse,
@@ -61,7 +66,7 @@ function render(): void {
   const c = state.config;
   const st = state.status;
   const attached = (id: string) =>
-    (st?.sessions.find((p) => p.sessionId === id)?.clients ?? []).map((x) => `${x.surface} ${x.clientId}`).join(", ");
+    (st?.sessions.find((p) => p.sessionId === id)?.clients ?? []).map((x) => `${enumJsonName(SurfaceSchema, x.surface)} ${x.clientId}`).join(", ");
   root.replaceChildren(
     h(
       "div",
@@ -100,9 +105,9 @@ function render(): void {
         ? table(
             ["setting", "value"],
             [
-              ["route", `${c.route?.provider ?? ""} · ${c.route?.model ?? ""} (${c.route?.source ?? ""})`],
+              ["route", `${c.route?.provider ?? ""} · ${c.route?.model ?? ""} (${c.route ? enumJsonName(RouteSourceSchema, c.route.source) : ""})`],
               ["base url", c.route?.baseUrl ?? "(the service's own)"],
-              ["permission mode", c.permissionMode],
+              ["permission mode", enumJsonName(PermissionModeSchema, c.permissionMode)],
               ["max turns", String(c.maxTurns)],
               ["replay ring", String(c.ring)],
               ["revision", c.revision],
@@ -117,7 +122,7 @@ function render(): void {
           p.label || p.name,
           p.configured ? "yes" : "no",
           String(p.poolSize),
-          p.keySources.join(", "),
+          p.keySources.map((s) => enumJsonName(KeySourceSchema, s)).join(", "),
           p.fingerprints.join(", "),
         ]),
         "admin-providers",

@@ -9,6 +9,13 @@ import "./app.css";
 import { Code, ConnectError } from "@connectrpc/connect";
 import {
   createAgentClient,
+  DiffReasonSchema,
+  enumJsonName,
+  ItemKindSchema,
+  ItemStatusSchema,
+  PermissionModeSchema,
+  PlanExitMode,
+  SurfaceSchema,
   login,
   logout,
   storedKey,
@@ -178,7 +185,7 @@ function header(): HTMLElement {
     { class: "top" },
     h("strong", {}, "vak"),
     h("span", { class: "route", id: "route" }, r ? `${r.label || r.provider} · ${r.model}` : ""),
-    h("span", { class: "mode", id: "mode" }, state.config ? `mode: ${state.config.permissionMode}` : ""),
+    h("span", { class: "mode", id: "mode" }, state.config ? `mode: ${enumJsonName(PermissionModeSchema, state.config.permissionMode)}` : ""),
     h("span", { class: `conn conn-${state.conn}`, id: "conn", "data-state": state.conn }, reconnecting ? "reconnecting…" : state.conn),
     h("a", { href: `/admin?key=${encodeURIComponent(storedKey(base) ?? "")}`, id: "admin-link" }, "admin"),
     button("Log out", async () => {
@@ -359,7 +366,7 @@ function conversationPane(): HTMLElement {
       "div",
       { class: "presence", id: "presence", "data-others": String(others.length) },
       others.length
-        ? `also here: ${others.map((c) => `${c.surface} ${c.clientId.slice(0, 11)}`).join(", ")}`
+        ? `also here: ${others.map((c) => `${enumJsonName(SurfaceSchema, c.surface)} ${c.clientId.slice(0, 11)}`).join(", ")}`
         : "only you",
     ),
     items,
@@ -389,8 +396,11 @@ function details(item: TimelineItem, summary: string, ...body: (Node | string)[]
 }
 
 function renderItem(item: TimelineItem): HTMLElement {
-  const attrs = { class: `item ${item.kind} status-${item.status}`, "data-item": item.id, "data-kind": item.kind, "data-status": item.status };
-  switch (item.kind) {
+  // The page shows (and its CSS and tests read) the JSON names: "tool_call", "completed".
+  const kind = enumJsonName(ItemKindSchema, item.kind);
+  const status = enumJsonName(ItemStatusSchema, item.status);
+  const attrs = { class: `item ${kind} status-${status}`, "data-item": item.id, "data-kind": kind, "data-status": status };
+  switch (kind) {
     case "user_input":
       return h("div", attrs, h("div", { class: "who" }, "you"), h("div", { class: "text plain" }, item.text));
     case "assistant_text": {
@@ -399,52 +409,52 @@ function renderItem(item: TimelineItem): HTMLElement {
       return h("div", attrs, h("div", { class: "who" }, "vak"), body);
     }
     case "thinking":
-      return h("div", attrs, details(item, item.status === "streaming" ? "Thinking…" : "Thought", h("pre", { class: "plain" }, item.text)));
+      return h("div", attrs, details(item, status === "streaming" ? "Thinking…" : "Thought", h("pre", { class: "plain" }, item.text)));
     case "tool_call":
       return h(
         "div",
         attrs,
         details(
           item,
-          `${item.tool} · ${item.status}`,
+          `${item.tool} · ${status}`,
           h("pre", { class: "input" }, JSON.stringify(item.input ?? {}, null, 2)),
           h("pre", { class: "output" }, item.text),
         ),
       );
     case "approval":
-      return approval(item, attrs);
+      return approval(item, status, attrs);
     case "final_result":
-      return h("div", attrs, `Run ${item.status}${item.text && item.text !== item.status ? `: ${item.text}` : ""}`);
+      return h("div", attrs, `Run ${status}${item.text && item.text !== status ? `: ${item.text}` : ""}`);
     default:
       return h("div", attrs, item.text);
   }
 }
 
-function approval(item: TimelineItem, attrs: Record<string, string>): HTMLElement {
+function approval(item: TimelineItem, status: string, attrs: Record<string, string>): HTMLElement {
   const sid = state.current;
   const el = h(
     "div",
     attrs,
-    h("div", { class: "who" }, `approval · ${item.tool} · ${item.status}`),
+    h("div", { class: "who" }, `approval · ${item.tool} · ${status}`),
     h("div", { class: "text plain" }, item.text),
     h("pre", { class: "input" }, JSON.stringify(item.input ?? {}, null, 2)),
   );
-  if (item.status === "pending" && item.tool === "exit_plan_mode") {
+  if (status === "pending" && item.tool === "exit_plan_mode") {
     // A plan: approving it leaves plan mode for the mode chosen here (docs/protocol.md section 13).
     const reason = h("input", { id: `deny-reason-${item.id}`, placeholder: "reason (for deny)", "aria-label": "deny reason" });
     el.append(
       h(
         "div",
         { class: "actions" },
-        button("Approve, then accept edits", () => client.approve({ sessionId: sid, requestId: item.requestId, approve: true, mode: "accept-edits" }), { class: "approve-accept-edits" }),
-        button("Approve, then ask (default)", () => client.approve({ sessionId: sid, requestId: item.requestId, approve: true, mode: "default" }), { class: "approve" }),
+        button("Approve, then accept edits", () => client.approve({ sessionId: sid, requestId: item.requestId, approve: true, mode: PlanExitMode.ACCEPT_EDITS }), { class: "approve-accept-edits" }),
+        button("Approve, then ask (default)", () => client.approve({ sessionId: sid, requestId: item.requestId, approve: true, mode: PlanExitMode.DEFAULT }), { class: "approve" }),
         reason,
         button("Deny", () => client.approve({ sessionId: sid, requestId: item.requestId, approve: false, reason: reason.value }), { class: "deny danger" }),
       ),
     );
     return el;
   }
-  if (item.status === "pending") {
+  if (status === "pending") {
     const reason = h("input", { id: `deny-reason-${item.id}`, placeholder: "reason (for deny)", "aria-label": "deny reason" });
     el.append(
       h(
@@ -505,7 +515,7 @@ async function showDiff(): Promise<void> {
   if (!state.current) throw new Error("pick a session first");
   const d = await client.getDiff({ sessionId: state.current });
   state.side = "diff";
-  state.sideText = d.reason ? `${d.reason}: ${d.message}` : d.diff || "(no changes)";
+  state.sideText = d.reason ? `${enumJsonName(DiffReasonSchema, d.reason)}: ${d.message}` : d.diff || "(no changes)";
   render();
 }
 

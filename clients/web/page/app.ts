@@ -9,7 +9,13 @@
 // the login cookie goes with the session key the login answered.
 import { ConnectError } from "@connectrpc/connect";
 import {
+  AdmissionStateSchema,
+  ApprovalOutcomeSchema,
   createAgentClient,
+  enumJsonName,
+  ItemKind,
+  ResyncReasonSchema,
+  RunOutcomeSchema,
   login,
   StreamFollower,
   type AgentClient,
@@ -110,7 +116,7 @@ function renderApprovals(): void {
 async function answer(requestId: string, approve: boolean): Promise<void> {
   try {
     const r = await client.approve({ sessionId: state.sessionId, requestId, approve });
-    log(`approve ${requestId}: ${r.outcome}`);
+    log(`approve ${requestId}: ${enumJsonName(ApprovalOutcomeSchema, r.outcome)}`);
   } catch (err) {
     fail("approve", err);
   }
@@ -138,14 +144,14 @@ function onAgent(ev: Event): void {
       break;
     case "approvalResolved": {
       const a = state.approvals.find((x) => x.requestId === k.value.requestId);
-      if (a) a.outcome = k.value.outcome;
+      if (a) a.outcome = enumJsonName(ApprovalOutcomeSchema, k.value.outcome);
       renderApprovals();
-      log(`approval ${k.value.requestId}: ${k.value.outcome}`);
+      log(`approval ${k.value.requestId}: ${enumJsonName(ApprovalOutcomeSchema, k.value.outcome)}`);
       break;
     }
     case "runFinished":
-      state.outcome = k.value.outcome;
-      log(`run finished: ${k.value.outcome} (${k.value.message})`);
+      state.outcome = enumJsonName(RunOutcomeSchema, k.value.outcome);
+      log(`run finished: ${state.outcome} (${k.value.message})`);
       break;
     case "toolResult":
       log(`tool result ${k.value.callId}: ${k.value.ok ? "ok" : "failed"}: ${k.value.output}`);
@@ -163,7 +169,7 @@ async function resync(): Promise<void> {
   try {
     const t = await client.getPresentation({ sessionId: state.sessionId });
     state.text = t.items
-      .filter((i) => i.kind === "assistant_text")
+      .filter((i) => i.kind === ItemKind.ASSISTANT_TEXT)
       .map((i) => i.text)
       .join("");
     horizon = t.seq;
@@ -201,7 +207,7 @@ function follow(sessionId: string): void {
   f.on("agent", onAgent);
   f.on("resync", (ev) => {
     if (ev.sessionId !== state.sessionId) return;
-    log(`resync: ${ev.kind.case === "resync" ? ev.kind.value.reason : "?"}`);
+    log(`resync: ${ev.kind.case === "resync" ? enumJsonName(ResyncReasonSchema, ev.kind.value.reason) : "?"}`);
     void resync();
   });
   f.start();
@@ -213,7 +219,7 @@ async function subscribeGrpc(sessionId: string): Promise<void> {
     for await (const ev of client.subscribe({ sessionId, after: 0n })) {
       const k = ev.kind;
       if (k.case === "textDelta") state.grpcText += k.value.text;
-      if (k.case === "runFinished") state.grpcOutcome = k.value.outcome;
+      if (k.case === "runFinished") state.grpcOutcome = enumJsonName(RunOutcomeSchema, k.value.outcome);
       render();
     }
   } catch (err) {
@@ -242,7 +248,7 @@ async function run(): Promise<void> {
   state.outcome = "";
   try {
     const r = await client.run({ sessionId: state.sessionId, prompt });
-    log(`run ${r.requestId}: ${r.state}`);
+    log(`run ${r.requestId}: ${enumJsonName(AdmissionStateSchema, r.state)}`);
   } catch (err) {
     fail("run", err);
   }

@@ -1,6 +1,7 @@
 // @vak/client: the generated proto types, a gRPC-web AgentService client, and
 // StreamFollower for the multiplexed SSE stream. Browsers and Node 20+.
 export * from "./gen/vak/v1/agent_pb.js";
+export { enumFromJsonName, enumJsonName, fromVakJson } from "./enums.js";
 export {
   bearer,
   createAgentClient,

@@ -16,7 +16,6 @@
 // transcript by seq), fetches that session's transcript (exact as of its
 // `seq`), hands it to the `resync` listeners, and opens a new stream whose
 // cursor vector has that session's entry set to the transcript's seq.
-import { fromJsonString } from "@bufbuild/protobuf";
 import {
   ConfigInfoSchema,
   CoworkingSchema,
@@ -34,6 +33,7 @@ import {
   type Transcript,
 } from "./gen/vak/v1/agent_pb.js";
 import { KEY_HEADER, storedKey, trimSlash } from "./client.js";
+import { fromVakJson } from "./enums.js";
 
 export type FollowerState = "idle" | "connecting" | "open" | "reconnecting" | "closed";
 
@@ -152,8 +152,6 @@ export function parseCursor(cursor: string): Map<string, bigint> {
   return out;
 }
 
-const json = { ignoreUnknownFields: true };
-
 export class StreamFollower {
   /** The last cursor vector received (the SSE id of the last agent/presentation frame). */
   cursor: string;
@@ -255,7 +253,7 @@ export class StreamFollower {
   private async transcript(sessionId: string): Promise<Transcript> {
     const path = `/sessions/${encodeURIComponent(sessionId)}/transcript`;
     const text = await this.call("GET", path, undefined, `transcript of ${sessionId}`);
-    return fromJsonString(TranscriptSchema, text, json);
+    return fromVakJson(TranscriptSchema, text);
   }
 
   /** One REST call with this follower's credentials; the answer's body, or an error naming `what`. */
@@ -340,14 +338,14 @@ export class StreamFollower {
           this.emit("error", new Error(`bad ${name} frame: ${String(err)}`));
         }
       });
-    on("stream_opened", (e) => this.opened(fromJsonString(StreamOpenedSchema, e.data, json)));
-    on("agent", (e) => this.agent(fromJsonString(EventSchema, e.data, json), e.lastEventId));
+    on("stream_opened", (e) => this.opened(fromVakJson(StreamOpenedSchema, e.data)));
+    on("agent", (e) => this.agent(fromVakJson(EventSchema, e.data), e.lastEventId));
     on("presentation", (e) => {
       this.advance(e.lastEventId);
-      this.emit("presentation", fromJsonString(PresentationEventSchema, e.data, json), this.cursor);
+      this.emit("presentation", fromVakJson(PresentationEventSchema, e.data), this.cursor);
     });
     on("resync", (e) => {
-      const ev = fromJsonString(EventSchema, e.data, json);
+      const ev = fromVakJson(EventSchema, e.data);
       // Nothing more is read from this stream: the transcript stands for
       // that session up to its seq, and a new stream goes on from there.
       es.close();
@@ -355,10 +353,10 @@ export class StreamFollower {
       this.setState("reconnecting");
       void this.resync(ev);
     });
-    on("coworking", (e) => this.emit("coworking", fromJsonString(CoworkingSchema, e.data, json)));
-    on("host", (e) => this.emit("host", fromJsonString(HostInfoSchema, e.data, json)));
-    on("config", (e) => this.emit("config", fromJsonString(ConfigInfoSchema, e.data, json)));
-    on("session_closed", (e) => this.emit("session_closed", fromJsonString(EventSchema, e.data, json)));
+    on("coworking", (e) => this.emit("coworking", fromVakJson(CoworkingSchema, e.data)));
+    on("host", (e) => this.emit("host", fromVakJson(HostInfoSchema, e.data)));
+    on("config", (e) => this.emit("config", fromVakJson(ConfigInfoSchema, e.data)));
+    on("session_closed", (e) => this.emit("session_closed", fromVakJson(EventSchema, e.data)));
     es.onerror = () => {
       if (this.es !== es) return;
       if (es.readyState === ES.CLOSED) {

@@ -22,6 +22,7 @@ import { fileURLToPath } from "node:url";
 import { startProxy } from "../harness/proxy.mjs";
 import { launchChromium, screenshot, stepper, within } from "../harness/steps.mjs";
 import { startVak } from "../harness/vak.mjs";
+import { ItemKind } from "../dist/index.js";
 
 const root = join(dirname(fileURLToPath(import.meta.url)), "..");
 // Its own folder: the demo page's test empties artifacts/ itself, except this.
@@ -223,10 +224,10 @@ step("a cut of /stream mid-run shows the reconnect indicator and ends with every
     await page.waitForFunction(() => document.querySelector("#conn")?.getAttribute("data-state") === "open");
     // The page's model of the answer equals the server's record of it (the transcript), so
     // no delta was lost or applied twice across the cut; and the page shows that text.
-    const shown = await page.evaluate((id) => {
-      const items = window.vakApp.state.sessions.get(id).timeline.items.filter((i) => i.kind === "assistant_text");
+    const shown = await page.evaluate(([id, assistantText]) => {
+      const items = window.vakApp.state.sessions.get(id).timeline.items.filter((i) => i.kind === assistantText);
       return items[items.length - 1].text;
-    }, sessionId);
+    }, [sessionId, ItemKind.ASSISTANT_TEXT]);
     const r = await fetch(`${vak.url}/sessions/${sessionId}/transcript`, { headers: { authorization: `Bearer ${token}` } });
     const said = (await r.json()).messages.filter((m) => m.role === "assistant").pop().text;
     assert.equal(shown, said);

@@ -17,6 +17,7 @@ import { startProxy } from "../harness/proxy.mjs";
 import { serveStatic } from "../harness/static.mjs";
 import { launchChromium, screenshot, stepper, within } from "../harness/steps.mjs";
 import { startVak } from "../harness/vak.mjs";
+import { RunOutcome } from "../dist/index.js";
 
 const root = join(dirname(fileURLToPath(import.meta.url)), "..");
 const artifacts = join(root, "artifacts");
@@ -209,7 +210,7 @@ step("follow and unfollow change the live stream", async () => {
     return { b, followed, outcome, text, cursor, unfollowed };
   });
   assert.deepEqual(r.followed, [sessionId, r.b]);
-  assert.equal(r.outcome, "completed");
+  assert.equal(r.outcome, RunOutcome.COMPLETED);
   assert.equal(r.text, "echo: second session");
   assert.match(r.cursor, new RegExp(`^${sessionId}:\\d+,${r.b}:\\d+$`));
   assert.deepEqual(r.unfollowed, [sessionId]);

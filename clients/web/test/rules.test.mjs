@@ -11,7 +11,13 @@ import { mkdirSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Code, ConnectError } from "@connectrpc/connect";
-import { createAgentClient } from "../dist/index.js";
+import {
+  ApprovalOutcome,
+  createAgentClient,
+  PermissionMode,
+  PlanExitMode,
+  RuleKind,
+} from "../dist/index.js";
 import { startVak } from "../harness/vak.mjs";
 
 let tmp, vak, client;
@@ -55,10 +61,11 @@ test("approve with always stores a rule that later calls use; listRules and dele
   const first = await runAnswering("/bash ls", () => ({ approve: true, always: true }));
   assert.equal(first.answers.length, 1);
   const [answer] = first.answers;
-  assert.equal(answer.outcome, "approved");
+  // gRPC-web carries the enums (their JSON names, "approved" and "prefix", are what REST shows).
+  assert.equal(answer.outcome, ApprovalOutcome.APPROVED);
   assert.equal(answer.persisted, true);
   assert.equal(answer.rule?.tool, "bash");
-  assert.equal(answer.rule?.kind, "prefix");
+  assert.equal(answer.rule?.kind, RuleKind.PREFIX);
   assert.equal(answer.rule?.pattern, "ls");
 
   const listed = await client.listRules({});
@@ -83,19 +90,19 @@ test("approve with always stores a rule that later calls use; listRules and dele
 });
 
 test("setMode switches the mode, and a plan's approval chooses the next one", { timeout: 60_000 }, async () => {
-  const changed = await client.setMode({ mode: "plan" });
+  const changed = await client.setMode({ mode: PermissionMode.PLAN });
   assert.equal(changed.changed, true);
-  assert.equal(changed.config?.permissionMode, "plan");
+  assert.equal(changed.config?.permissionMode, PermissionMode.PLAN);
   await assert.rejects(
-    client.setMode({ mode: "yolo" }),
+    client.setMode({ mode: 99 }), // no mode has that number
     (err) => err instanceof ConnectError && err.code === Code.InvalidArgument,
   );
   const ran = await runAnswering("/plan 1. nothing", (a) => {
     assert.equal(a.tool, "exit_plan_mode");
-    return { approve: true, mode: "accept-edits" };
+    return { approve: true, mode: PlanExitMode.ACCEPT_EDITS };
   });
-  assert.equal(ran.answers[0].outcome, "approved");
+  assert.equal(ran.answers[0].outcome, ApprovalOutcome.APPROVED);
   assert.equal(ran.answers[0].persisted, false);
-  assert.equal((await client.getConfig({})).permissionMode, "accept-edits");
-  assert.equal((await client.setMode({ mode: "default" })).changed, true);
+  assert.equal((await client.getConfig({})).permissionMode, PermissionMode.ACCEPT_EDITS);
+  assert.equal((await client.setMode({ mode: PermissionMode.DEFAULT })).changed, true);
 });

@@ -62,7 +62,7 @@ async fn burst(session_id: String, chan: Arc<Mutex<Channel>>, n: u64) {
         }));
     }
     send(pb::event::Kind::RunFinished(pb::RunFinished {
-        outcome: "completed".into(),
+        outcome: pb::RunOutcome::Completed as i32,
         message: "completed".into(),
     }));
 }
@@ -102,7 +102,7 @@ impl AgentService for Baseline {
         tokio::spawn(burst(r.session_id, chan, n));
         Ok(Response::new(pb::Admission {
             request_id: r.request_id,
-            state: "started".into(),
+            state: pb::AdmissionState::Started as i32,
             ..Default::default()
         }))
     }

@@ -76,8 +76,8 @@ impl Control {
             .map_err(|s| format!("Run: {s}"))?
             .into_inner();
         match a.result {
-            Some(r) if r.outcome == "completed" => Ok(()),
-            Some(r) => Err(format!("the run ended {:?}", r.outcome)),
+            Some(r) if r.outcome() == pb::RunOutcome::Completed => Ok(()),
+            Some(r) => Err(format!("the run ended {:?}", r.outcome().json_name())),
             None => Err("the run did not settle in time".into()),
         }
     }
@@ -106,8 +106,8 @@ impl Control {
             .await
             .map_err(|s| format!("Run: {s}"))?
             .into_inner();
-        if a.state != "started" {
-            return Err(format!("Run was {:?}, not started", a.state));
+        if a.state() != pb::AdmissionState::Started {
+            return Err(format!("Run was {:?}, not started", a.state().json_name()));
         }
         Ok(())
     }

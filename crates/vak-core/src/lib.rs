@@ -15,11 +15,11 @@ pub mod host;
 #[cfg(test)]
 mod lock_scan;
 pub mod log;
-pub(crate) mod permissions;
+pub mod permissions;
 pub mod provider;
 pub mod reasons;
-pub(crate) mod route;
-pub(crate) mod rule;
+pub mod route;
+pub mod rule;
 pub mod session;
 pub(crate) mod stopped;
 pub mod stream;

@@ -28,7 +28,7 @@ impl PermissionMode {
 }
 
 /// The names the API and `--permission-mode` accept, in the order errors list them.
-pub(crate) const MODES: [PermissionMode; 4] = [
+pub const MODES: [PermissionMode; 4] = [
     PermissionMode::Default,
     PermissionMode::AcceptEdits,
     PermissionMode::Plan,

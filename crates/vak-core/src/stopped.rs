@@ -12,7 +12,7 @@ pub const ANOTHER_WRITER: &str = "another writer appended to this session";
 pub const LEASE_STOPPED: &str = "lease_lost: this replica no longer holds the session's lease";
 
 /// Why a session's writer stopped. A log's append fails with an
-/// `io::Error` carrying one of these (`Fenced`, `LeaseStopped`) when it
+/// `io::Error` carrying one of these (`Fenced`, `LeaseGoneAtAppend`) when it
 /// refuses for good, so the writer and the hub read the cause from its
 /// type, never from its text. `Display` is the cause alone; `reason` is
 /// what clients see (`session_closed`, 503s, `/healthz`).
@@ -27,7 +27,7 @@ pub enum Stopped {
     /// The owner's renewal found the session's lease gone: `why`.
     LeaseLost { why: String },
     /// The log refused an append because the lease was lost meanwhile.
-    LeaseStopped { session: String },
+    LeaseGoneAtAppend { session: String },
     /// Another writer appended to the session's log: this one is fenced.
     /// `again`: the log was already fenced before this append.
     Fenced { session: String, again: bool },
@@ -70,14 +70,14 @@ impl Stopped {
     pub fn moved(&self) -> bool {
         matches!(
             self,
-            Stopped::LeaseLost { .. } | Stopped::LeaseStopped { .. } | Stopped::Fenced { .. }
+            Stopped::LeaseLost { .. } | Stopped::LeaseGoneAtAppend { .. } | Stopped::Fenced { .. }
         )
     }
 
     /// The reason clients see: a failed or refused append is `storage_failed: <cause>`.
     pub fn reason(&self) -> String {
         match self {
-            Stopped::Storage { .. } | Stopped::LeaseStopped { .. } | Stopped::Fenced { .. } => {
+            Stopped::Storage { .. } | Stopped::LeaseGoneAtAppend { .. } | Stopped::Fenced { .. } => {
                 format!("storage_failed: {self}")
             }
             Stopped::LeaseLost { .. }
@@ -94,7 +94,7 @@ impl fmt::Display for Stopped {
         match self {
             Stopped::Storage { message, .. } => f.write_str(message),
             Stopped::LeaseLost { why } => write!(f, "{LEASE_LOST}: {why}"),
-            Stopped::LeaseStopped { session } => {
+            Stopped::LeaseGoneAtAppend { session } => {
                 write!(f, "{LEASE_STOPPED} ({session}): it stops writing it")
             }
             Stopped::Fenced { session, again } => {
@@ -141,7 +141,7 @@ mod tests {
                 "lease_lost: another replica took the lease",
             ),
             (
-                Stopped::LeaseStopped { session: "s1".into() },
+                Stopped::LeaseGoneAtAppend { session: "s1".into() },
                 "storage_failed: lease_lost: this replica no longer holds the session's lease (s1): it stops writing it",
             ),
             (
@@ -175,7 +175,7 @@ mod tests {
             assert_eq!(stopped.reason(), reason);
             let moved = matches!(
                 stopped,
-                Stopped::LeaseLost { .. } | Stopped::LeaseStopped { .. } | Stopped::Fenced { .. }
+                Stopped::LeaseLost { .. } | Stopped::LeaseGoneAtAppend { .. } | Stopped::Fenced { .. }
             );
             assert_eq!(stopped.moved(), moved, "{stopped:?}");
             let e = Error::from(stopped);

@@ -101,7 +101,7 @@ fn scalar(kind: &Kind, refs: &mut BTreeSet<String>) -> Value {
         Kind::String => json!({"type": "string"}),
         Kind::Bytes => json!({"type": "string", "contentEncoding": "base64"}),
         Kind::Enum(e) => {
-            json!({"type": "string", "enum": e.values().map(|v| v.name().to_string()).collect::<Vec<_>>()})
+            json!({"type": "string", "enum": e.values().map(|v| crate::enum_json::json_name(&v)).collect::<Vec<_>>()})
         }
         Kind::Message(m) => match m.full_name() {
             // The well-known types' JSON forms.

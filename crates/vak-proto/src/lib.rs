@@ -20,11 +20,17 @@ pub mod json;
 #[allow(clippy::all, missing_docs)]
 pub mod v1 {
     tonic::include_proto!("vak.v1");
+    include!(concat!(env!("OUT_DIR"), "/vak.v1.json_names.rs"));
 }
 
-/// The encoded `FileDescriptorSet` of proto/: feeds gRPC reflection and the proto3 JSON mapping.
+/// The encoded `FileDescriptorSet` of proto/: feeds gRPC reflection.
 #[cfg(feature = "wire")]
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/vak_descriptor.bin"));
+
+/// The same set with vak's enum values named by their JSON names (crates/vak-proto/build/enum_json.rs): feeds the proto3 JSON mapping.
+#[cfg(feature = "wire")]
+pub(crate) const JSON_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/vak_json_descriptor.bin"));
 
 /// The REST façade's OpenAPI 3.1 document, written by build.rs from the
 /// routes the proto's `(vak.v1.http)` options name (served at /openapi.json).

@@ -362,8 +362,8 @@ async fn settled_outcome(
     timeline
         .items
         .iter()
-        .find(|i| i.kind == "approval" && i.request_id == request_id)
-        .and_then(|i| ApprovalOutcome::parse(&i.status))
+        .find(|i| i.kind() == pb::ItemKind::Approval && i.request_id == request_id)
+        .and_then(|i| ApprovalOutcome::from_status(i.status()))
 }
 
 /// Answers an approval. A retry after a lost answer finds it already settled
@@ -391,7 +391,7 @@ pub(crate) async fn answer_approval(
                 Err(f) if retried && f.kind == FailKind::Conflict => {
                     if settled_outcome(&*c, &req.session_id, &req.request_id).await == Some(want) {
                         Ok(pb::ApproveResponse {
-                            outcome: want.as_str().into(),
+                            outcome: want.to_pb() as i32,
                             ..pb::ApproveResponse::default()
                         })
                     } else {
@@ -536,14 +536,14 @@ mod tests {
         fn presentation(&self, session_id: &str) -> Fut<'_, pb::OutputTimeline> {
             let items = vec![
                 pb::TimelineItem {
-                    kind: "approval".into(),
-                    status: "denied".into(),
+                    kind: pb::ItemKind::Approval as i32,
+                    status: pb::ItemStatus::Denied as i32,
                     request_id: "ap_0".into(),
                     ..Default::default()
                 },
                 pb::TimelineItem {
-                    kind: "approval".into(),
-                    status: self.status.into(),
+                    kind: pb::ItemKind::Approval as i32,
+                    status: pb::ItemStatus::from_json_name(self.status).unwrap() as i32,
                     request_id: "ap_1".into(),
                     ..Default::default()
                 },
@@ -580,7 +580,14 @@ mod tests {
             match got {
                 Ok(r) => {
                     assert!(ok, "{status} after approve={approve} is not a success");
-                    assert_eq!(r.outcome, if approve { "approved" } else { "denied" });
+                    assert_eq!(
+                        r.outcome(),
+                        if approve {
+                            pb::ApprovalOutcome::Approved
+                        } else {
+                            pb::ApprovalOutcome::Denied
+                        }
+                    );
                 }
                 Err(f) => {
                     assert!(!ok, "{status} after approve={approve}: {f}");
@@ -591,15 +598,16 @@ mod tests {
     }
 
     #[test]
-    fn approval_outcomes_read_the_wire_names_and_nothing_else() {
-        for o in [
-            ApprovalOutcome::Approved,
-            ApprovalOutcome::Denied,
-            ApprovalOutcome::Expired,
+    fn approval_outcomes_read_the_wire_enums_and_nothing_else() {
+        for (o, status) in [
+            (ApprovalOutcome::Approved, pb::ItemStatus::Approved),
+            (ApprovalOutcome::Denied, pb::ItemStatus::Denied),
+            (ApprovalOutcome::Expired, pb::ItemStatus::Expired),
         ] {
-            assert_eq!(ApprovalOutcome::parse(o.as_str()), Some(o));
+            assert_eq!(ApprovalOutcome::from_pb(o.to_pb()), Some(o));
+            assert_eq!(ApprovalOutcome::from_status(status), Some(o));
         }
-        assert_eq!(ApprovalOutcome::parse("pending"), None);
-        assert_eq!(ApprovalOutcome::parse("(approved)"), None);
+        assert_eq!(ApprovalOutcome::from_status(pb::ItemStatus::Pending), None);
+        assert_eq!(ApprovalOutcome::from_pb(pb::ApprovalOutcome::Unspecified), None);
     }
 }

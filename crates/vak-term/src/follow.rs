@@ -80,9 +80,9 @@ async fn fetch_resync(conn: &Arc<dyn Transport>, sid: &str, event: pb::Event) ->
     let summary = conn.attach(sid).await?;
     let (mut pending_approvals, mut finished_runs) = (Vec::new(), Vec::new());
     for i in timeline.items.into_iter().filter(|i| i.seq <= transcript.seq) {
-        match (i.kind.as_str(), i.status.as_str()) {
-            ("approval", "pending") => pending_approvals.push(i),
-            ("final_result", _) => finished_runs.push(i),
+        match (i.kind(), i.status()) {
+            (pb::ItemKind::Approval, pb::ItemStatus::Pending) => pending_approvals.push(i),
+            (pb::ItemKind::FinalResult, _) => finished_runs.push(i),
             _ => {}
         }
     }

@@ -93,7 +93,7 @@ struct Approval {
 /// What a call made in the background reports back to the loop.
 enum Notice {
     Admitted {
-        state: String,
+        state: pb::AdmissionState,
         text: String,
     },
     Failed(String),
@@ -229,7 +229,10 @@ async fn event_loop(
             },
             Some(n) = notices.recv() => {
                 let p = match n {
-                    Notice::Admitted { state, text } if state == "queued" => vec![Piece::Line {
+                    Notice::Admitted {
+                        state: pb::AdmissionState::Queued,
+                        text,
+                    } => vec![Piece::Line {
                         style: Style::Dim,
                         text: format!("⋯ queued: {}", clean(&text).replace('\n', " ⏎ ")),
                     }],
@@ -517,7 +520,7 @@ impl Ui {
                 }
                 KeyCode::Char('e' | 'E') if a.plan => {
                     req.approve = Some(true);
-                    req.mode = Some("accept-edits".into());
+                    req.mode = Some(pb::PlanExitMode::AcceptEdits as i32);
                 }
                 _ => return Ok(Step::Continue),
             }
@@ -619,7 +622,10 @@ impl Ui {
                 .await
             };
             let _ = tx.send(match r {
-                Ok(a) => Notice::Admitted { state: a.state, text },
+                Ok(a) => Notice::Admitted {
+                    state: a.state(),
+                    text,
+                },
                 Err(f) => Notice::Failed(format!("not sent: {f}")),
             });
         });

@@ -122,7 +122,7 @@ fn transcript_answer(t: &pb::Transcript, user: usize) -> String {
     let mut a = String::new();
     let mut need_sep = false;
     for m in &t.messages[user + 1..] {
-        match m.role.as_str() {
+        match m.role().json_name() {
             "user" => break,
             "tool" => need_sep = true,
             "assistant" if !m.text.is_empty() => {
@@ -222,7 +222,7 @@ impl<O: Out> Renderer<O> {
         self.admitted = Some(Admitted {
             request_id,
             after_seq: a.after_seq,
-            queued: a.state == "queued",
+            queued: a.state() == pb::AdmissionState::Queued,
         });
         self.state = State::Waiting;
     }
@@ -324,10 +324,10 @@ impl<O: Out> Renderer<O> {
         let queued = self.admitted.as_ref().is_some_and(|a| a.queued);
         let ours = match self.state.user_seq() {
             Some(u) => seq > u,
-            None => queued && r.outcome == "cancelled",
+            None => queued && r.outcome() == pb::RunOutcome::Cancelled,
         };
         match ours {
-            true => Step::Exit(self.run_over(&r.outcome, &r.message)),
+            true => Step::Exit(self.run_over(r.outcome().json_name(), &r.message)),
             false => Step::Continue,
         }
     }
@@ -377,10 +377,10 @@ impl<O: Out> Renderer<O> {
         let queued = self.admitted.as_ref().is_some_and(|a| a.queued);
         let ended = finished_runs.iter().find(|r| match self.state.user_seq() {
             Some(u) => r.seq > u,
-            None => queued && r.status == "cancelled" && r.seq > after_seq,
+            None => queued && r.status() == pb::ItemStatus::Cancelled && r.seq > after_seq,
         });
         if let Some(r) = ended {
-            return Step::Exit(self.run_over(&r.status, &r.text));
+            return Step::Exit(self.run_over(r.status().json_name(), &r.text));
         }
         if self.state.ours() {
             for a in pending_approvals {
@@ -401,11 +401,15 @@ impl<O: Out> Renderer<O> {
         let after_seq = self.admitted.as_ref().map_or(0, |a| a.after_seq);
         let known = self.state.user_seq();
         let user = t.messages.iter().rposition(|m| {
-            m.role == "user" && known.map_or(m.text == self.prompt && m.seq > after_seq, |s| m.seq == s)
+            m.role() == pb::MessageRole::User
+                && known.map_or(m.text == self.prompt && m.seq > after_seq, |s| m.seq == s)
         });
         let Some(i) = user else { return };
         let user_seq = t.messages[i].seq;
-        self.state = match t.messages[i + 1..].iter().any(|m| m.role == "user") {
+        self.state = match t.messages[i + 1..]
+            .iter()
+            .any(|m| m.role() == pb::MessageRole::User)
+        {
             false => State::Ours { user_seq },
             true => State::After { user_seq },
         };
@@ -420,7 +424,10 @@ impl<O: Out> Renderer<O> {
             }
             None => self.note("resynced: the text above differs from the transcript"),
         }
-        self.answer.need_sep = t.messages.last().is_some_and(|m| m.role == "tool");
+        self.answer.need_sep = t
+            .messages
+            .last()
+            .is_some_and(|m| m.role() == pb::MessageRole::Tool);
     }
 
     /// What the policy says to a question of our leg: Some(answer) at once, None: ask.
@@ -504,7 +511,7 @@ impl<O: Out> Renderer<O> {
                     true
                 }
                 "e" if plan => {
-                    req.mode = Some("accept-edits".into());
+                    req.mode = Some(pb::PlanExitMode::AcceptEdits as i32);
                     true
                 }
                 _ => false,
@@ -588,7 +595,7 @@ mod tests {
         ev(
             seq,
             Kind::RunFinished(pb::RunFinished {
-                outcome: outcome.into(),
+                outcome: pb::RunOutcome::from_json_name(outcome).expect("an outcome") as i32,
                 message: message.into(),
             }),
         )
@@ -608,16 +615,16 @@ mod tests {
 
     /// Opened and admitted to run at once, after seq 3.
     fn started(json: bool, policy: Policy) -> Renderer<Rec> {
-        started_as(json, policy, "running")
+        started_as(json, policy, "started")
     }
 
-    /// Opened and admitted (`state`: "running" or "queued"), after seq 3.
+    /// Opened and admitted (`state`: "started" or "queued"), after seq 3.
     fn started_as(json: bool, policy: Policy, state: &str) -> Renderer<Rec> {
         let mut r = renderer(json, policy);
         assert_eq!(r.update(opened()), Step::Opened);
         let a = pb::Admission {
             request_id: OURS.into(),
-            state: state.into(),
+            state: pb::AdmissionState::from_json_name(state).expect("a state") as i32,
             after_seq: 3,
             ..Default::default()
         };
@@ -737,7 +744,7 @@ mod tests {
         r.update(opened());
         let a = pb::Admission {
             request_id: OURS.into(),
-            state: "running".into(),
+            state: pb::AdmissionState::Started as i32,
             ..Default::default()
         };
         r.admitted(OURS.into(), &a);
@@ -822,7 +829,7 @@ mod tests {
 
     fn msg(role: &str, text: &str) -> pb::Message {
         pb::Message {
-            role: role.into(),
+            role: pb::MessageRole::from_json_name(role).expect("a role") as i32,
             text: text.into(),
             ..Default::default()
         }
@@ -857,7 +864,7 @@ mod tests {
         assert_eq!(r.state(), State::Ours { user_seq: 4 });
         let end = pb::TimelineItem {
             seq: 7,
-            status: "completed".into(),
+            status: pb::ItemStatus::Completed as i32,
             ..Default::default()
         };
         assert_eq!(

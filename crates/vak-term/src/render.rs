@@ -125,14 +125,14 @@ impl Render {
                 } else {
                     format!(": {}", clean(&a.reason))
                 };
-                vec![match ApprovalOutcome::parse(&a.outcome) {
+                vec![match ApprovalOutcome::from_pb(a.outcome()) {
                     Some(ApprovalOutcome::Approved) => line(Style::Good, format!("✓ {tool} approved{reason}")),
                     Some(ApprovalOutcome::Denied) => line(Style::Bad, format!("✗ {tool} denied{reason}")),
                     // Expired, or an outcome a newer server added: shown as sent.
-                    _ => line(Style::Note, format!("· {tool} approval {}{reason}", a.outcome)),
+                    _ => line(Style::Note, format!("· {tool} approval {}{reason}", a.outcome().json_name())),
                 }]
             }
-            Kind::RunFinished(r) => run_end(&r.outcome, &r.message),
+            Kind::RunFinished(r) => run_end(r.outcome().json_name(), &r.message),
             Kind::Notice(n) => vec![line(Style::Note, format!("! {}", clean(&n.text)))],
             Kind::StreamOpened(_)
             | Kind::TurnStarted(_)
@@ -148,17 +148,18 @@ impl Render {
     /// under its call; an unfinished one waits for its end (or the result),
     /// up to `LIVE_LINE` bytes.
     fn live(&mut self, o: &pb::ToolOutput) -> Vec<Piece> {
-        let key = (o.call_id.clone(), o.stream.clone());
+        let stream = o.stream().json_name();
+        let key = (o.call_id.clone(), stream.to_string());
         let partial = self.partial.entry(key.clone()).or_default();
         partial.push_str(&clean(&o.text));
         let mut out = Vec::new();
         while let Some(end) = partial.find('\n') {
             let rest = partial.split_off(end + 1);
-            out.push(live_line(&o.stream, partial.trim_end_matches('\n')));
+            out.push(live_line(stream, partial.trim_end_matches('\n')));
             *partial = rest;
         }
         if partial.len() > LIVE_LINE {
-            out.push(live_line(&o.stream, partial));
+            out.push(live_line(stream, partial));
             partial.clear();
         }
         if partial.is_empty() {
@@ -190,7 +191,7 @@ impl Render {
     pub(crate) fn transcript(&mut self, t: &pb::Transcript) -> Vec<Piece> {
         let mut out = Vec::new();
         for m in &t.messages {
-            match m.role.as_str() {
+            match m.role().json_name() {
                 "user" => out.extend(user_lines(&m.text)),
                 "assistant" => {
                     if !m.thinking().is_empty() {
@@ -216,7 +217,7 @@ impl Render {
                         self.tools.insert(m.call_id().to_string(), m.tool().to_string());
                     }
                 }
-                "run" => out.extend(run_end(m.outcome(), &m.text)),
+                "run" => out.extend(run_end(m.outcome().json_name(), &m.text)),
                 _ => {}
             }
         }
@@ -234,7 +235,7 @@ pub(crate) const PLAN_TOOL: &str = "exit_plan_mode";
 /// What an `[a]lways` answer's rule covers, said once it is stored.
 pub(crate) fn always_line(rule: &pb::PermissionRule) -> String {
     let what = clean(&rule.pattern).replace('\n', " ⏎ ");
-    let exact = if rule.kind == "exact" {
+    let exact = if rule.kind() == pb::RuleKind::Exact {
         " (this exact command)"
     } else {
         ""
@@ -517,7 +518,7 @@ mod tests {
         let out = |stream: &str, text: &str| {
             ev(Kind::ToolOutput(pb::ToolOutput {
                 call_id: "c".into(),
-                stream: stream.into(),
+                stream: pb::OutputStream::from_json_name(stream).expect("a stream") as i32,
                 text: text.into(),
             }))
         };

@@ -109,22 +109,32 @@ pub(crate) enum ApprovalOutcome {
 }
 
 impl ApprovalOutcome {
-    /// The wire's name of an outcome; None for anything else (`pending`, an
-    /// unknown value from a newer server).
-    pub(crate) fn parse(s: &str) -> Option<ApprovalOutcome> {
+    /// The outcome a settled approval item of the timeline has; None for
+    /// any other status (`pending`, one a newer server added).
+    pub(crate) fn from_status(s: pb::ItemStatus) -> Option<ApprovalOutcome> {
         match s {
-            "approved" => Some(ApprovalOutcome::Approved),
-            "denied" => Some(ApprovalOutcome::Denied),
-            "expired" => Some(ApprovalOutcome::Expired),
+            pb::ItemStatus::Approved => Some(ApprovalOutcome::Approved),
+            pb::ItemStatus::Denied => Some(ApprovalOutcome::Denied),
+            pb::ItemStatus::Expired => Some(ApprovalOutcome::Expired),
             _ => None,
         }
     }
 
-    pub(crate) fn as_str(self) -> &'static str {
+    /// The outcome an `approval_resolved` frame names; None for UNSPECIFIED.
+    pub(crate) fn from_pb(o: pb::ApprovalOutcome) -> Option<ApprovalOutcome> {
+        match o {
+            pb::ApprovalOutcome::Approved => Some(ApprovalOutcome::Approved),
+            pb::ApprovalOutcome::Denied => Some(ApprovalOutcome::Denied),
+            pb::ApprovalOutcome::Expired => Some(ApprovalOutcome::Expired),
+            pb::ApprovalOutcome::Unspecified => None,
+        }
+    }
+
+    pub(crate) fn to_pb(self) -> pb::ApprovalOutcome {
         match self {
-            ApprovalOutcome::Approved => "approved",
-            ApprovalOutcome::Denied => "denied",
-            ApprovalOutcome::Expired => "expired",
+            ApprovalOutcome::Approved => pb::ApprovalOutcome::Approved,
+            ApprovalOutcome::Denied => pb::ApprovalOutcome::Denied,
+            ApprovalOutcome::Expired => pb::ApprovalOutcome::Expired,
         }
     }
 }

@@ -596,7 +596,7 @@ pub fn assert_grpc_kinds(events: &[pb::Event], kinds: &[&str]) {
 #[track_caller]
 pub fn outcome_of(e: &pb::Event) -> String {
     match &e.kind {
-        Some(pb::event::Kind::RunFinished(r)) => r.outcome.clone(),
+        Some(pb::event::Kind::RunFinished(r)) => r.outcome().json_name().to_string(),
         other => panic!("expected run_finished, got {other:?}"),
     }
 }

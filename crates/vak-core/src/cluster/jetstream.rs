@@ -883,7 +883,7 @@ impl Link {
             .into_io()
         };
         let stopped = || {
-            Stopped::LeaseStopped {
+            Stopped::LeaseGoneAtAppend {
                 session: self.session.clone(),
             }
             .into_io()

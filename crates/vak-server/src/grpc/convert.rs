@@ -1,5 +1,6 @@
 //! Every conversion between core types and wire (proto) types, in one place.
 
+use super::enums;
 use pb::event::Kind;
 use prost_types::value::Kind as Pv;
 use serde_json::Value;
@@ -74,7 +75,7 @@ pub(crate) fn kind(event: &ClientEvent) -> Kind {
             text,
         } => Kind::ToolOutput(pb::ToolOutput {
             call_id,
-            stream: stream.as_str().into(),
+            stream: enums::output_stream(stream) as i32,
             text,
         }),
         ClientEvent::ApprovalRequested {
@@ -96,16 +97,16 @@ pub(crate) fn kind(event: &ClientEvent) -> Kind {
             reason,
         } => Kind::ApprovalResolved(pb::ApprovalResolved {
             request_id,
-            outcome: outcome.as_str().into(),
+            outcome: enums::approval_outcome(outcome) as i32,
             reason,
         }),
         ClientEvent::Status { busy } => Kind::Status(pb::Status { busy }),
         ClientEvent::RunFinished { outcome, message } => Kind::RunFinished(pb::RunFinished {
-            outcome: outcome.as_str().into(),
+            outcome: enums::run_outcome(outcome) as i32,
             message,
         }),
         ClientEvent::Notice { level, text } => Kind::Notice(pb::Notice {
-            level: level.as_str().into(),
+            level: enums::notice_level(level) as i32,
             text,
         }),
         ClientEvent::Side { side_id, phase } => Kind::Side(pb::Side {
@@ -202,7 +203,7 @@ pub(crate) fn resync(
     stream_frame(
         session_id,
         Kind::Resync(pb::Resync {
-            reason: reason.as_str().into(),
+            reason: enums::resync_reason(reason) as i32,
             latest_seq,
             from,
             to,
@@ -231,7 +232,7 @@ pub(crate) fn summary(s: SessionInfo) -> pb::SessionSummary {
 pub(crate) fn admission(a: Admission) -> pb::Admission {
     pb::Admission {
         request_id: a.request_id,
-        state: a.state.as_str().into(),
+        state: enums::admission_state(a.state) as i32,
         after_seq: a.after_seq,
         result: None,
     }
@@ -247,7 +248,7 @@ pub(crate) fn cancel(c: CancelResult) -> pb::CancelResponse {
 /// One transcript entry with only its role's fields present (see proto `Message`).
 fn message(m: transcript::Message) -> pb::Message {
     let mut out = pb::Message {
-        role: m.role.as_str().into(),
+        role: enums::role(m.role) as i32,
         text: m.text,
         seq: m.seq,
         ..Default::default()
@@ -269,7 +270,7 @@ fn message(m: transcript::Message) -> pb::Message {
             out.input = (!m.input.is_null()).then(|| json_to_struct(&m.input));
             out.ok = Some(m.ok);
         }
-        Role::Run => out.outcome = m.outcome.map(|o| o.as_str().to_string()),
+        Role::Run => out.outcome = m.outcome.map(|o| enums::run_outcome(o) as i32),
     }
     out
 }
@@ -312,8 +313,8 @@ pub(crate) fn timeline(t: &Timeline) -> pb::OutputTimeline {
 pub(crate) fn item(i: &Item) -> pb::TimelineItem {
     pb::TimelineItem {
         id: i.id.clone(),
-        kind: i.kind.as_str().into(),
-        status: i.status.as_str().into(),
+        kind: enums::item_kind(i.kind) as i32,
+        status: enums::item_status(i.status) as i32,
         text: i.text.clone(),
         seq: i.seq,
         tool: i.tool.clone(),
@@ -335,7 +336,7 @@ pub(crate) fn presentation(session_id: &str, e: &PresentationEvent) -> pb::Prese
         PresentationEvent::ItemReplaced(i) => P::ItemReplaced(item(i)),
         PresentationEvent::ItemCompleted { item_id, status, .. } => P::ItemCompleted(pb::ItemCompleted {
             item_id: item_id.clone(),
-            status: status.as_str().into(),
+            status: enums::item_status(*status) as i32,
         }),
     };
     pb::PresentationEvent {
@@ -348,7 +349,7 @@ pub(crate) fn presentation(session_id: &str, e: &PresentationEvent) -> pb::Prese
 fn client(c: &Client) -> pb::Client {
     pb::Client {
         client_id: c.client_id.clone(),
-        surface: c.surface.as_str().into(),
+        surface: enums::surface(c.surface) as i32,
     }
 }
 
@@ -377,7 +378,7 @@ pub(crate) fn rule(r: Rule) -> pb::PermissionRule {
     pb::PermissionRule {
         id: r.id,
         tool: r.what.tool,
-        kind: r.what.kind.as_str().into(),
+        kind: enums::rule_kind(r.what.kind) as i32,
         pattern: r.what.pattern,
         created_at: r.created_at,
     }
@@ -394,13 +395,16 @@ pub(crate) fn mode_change(m: ModeChange) -> pb::SetModeResponse {
 
 pub(crate) fn config(c: ConfigInfo) -> pb::ConfigInfo {
     pb::ConfigInfo {
-        permission_mode: c.permission_mode,
+        // The core hands the live mode over by its name.
+        permission_mode: vak_core::PermissionMode::parse(&c.permission_mode)
+            .map(enums::permission_mode)
+            .unwrap_or_default() as i32,
         ring: c.ring,
         route: Some(pb::ModelRoute {
             provider: c.route.provider.as_str().to_string(),
             model: c.route.model,
             base_url: c.route.base_url,
-            source: c.route.source.as_str().to_string(),
+            source: enums::route_source(c.route.source) as i32,
             label: c.route.provider.label().to_string(),
         }),
         revision: c.revision,
@@ -415,7 +419,11 @@ pub(crate) fn provider_info(p: vak_core::host::config::ProviderStatus) -> pb::Pr
         configured: p.configured,
         pool_size: p.fingerprints.len() as u32,
         fingerprints: p.fingerprints,
-        key_sources: p.key_sources.iter().map(|s| s.as_str().to_string()).collect(),
+        key_sources: p
+            .key_sources
+            .iter()
+            .map(|&s| enums::key_source(s) as i32)
+            .collect(),
     }
 }
 
@@ -513,33 +521,35 @@ pub(crate) fn file_content(f: vak_core::host::files::FileRead) -> pb::FileConten
     use base64::Engine;
     let size = f.bytes.len() as u64;
     let (content, encoding) = if vak_core::host::files::is_text(&f.bytes) {
-        (String::from_utf8(f.bytes).unwrap_or_default(), "utf-8")
+        (
+            String::from_utf8(f.bytes).unwrap_or_default(),
+            pb::FileEncoding::Utf8,
+        )
     } else {
         (
             base64::engine::general_purpose::STANDARD.encode(&f.bytes),
-            "base64",
+            pb::FileEncoding::Base64,
         )
     };
     pb::FileContent {
         path: f.path,
         content,
-        encoding: encoding.into(),
+        encoding: encoding as i32,
         sha: f.sha256,
         size,
     }
 }
 
 /// The bytes a WriteFile carries, decoded as its `encoding` says.
-pub(crate) fn file_bytes(content: String, encoding: &str) -> vak_core::Result<Vec<u8>> {
+pub(crate) fn file_bytes(content: String, encoding: i32) -> vak_core::Result<Vec<u8>> {
     use base64::Engine;
-    match encoding {
-        "" | "utf-8" => Ok(content.into_bytes()),
-        "base64" => base64::engine::general_purpose::STANDARD
+    match pb::FileEncoding::try_from(encoding) {
+        Ok(pb::FileEncoding::Unspecified | pb::FileEncoding::Utf8) => Ok(content.into_bytes()),
+        Ok(pb::FileEncoding::Base64) => base64::engine::general_purpose::STANDARD
             .decode(content.as_bytes())
             .map_err(|e| vak_core::Error::invalid(format!("content is not valid base64: {e}"))),
-        other => Err(vak_core::Error::invalid(format!(
-            "encoding {:?}: use \"utf-8\" or \"base64\"",
-            other.chars().take(32).collect::<String>()
+        Err(_) => Err(vak_core::Error::invalid(format!(
+            "encoding {encoding}: use \"utf-8\" or \"base64\""
         ))),
     }
 }
@@ -573,7 +583,7 @@ pub(crate) fn workspace(w: vak_core::host::workspaces::OpenWorkspace) -> pb::Wor
 
 pub(crate) fn sandbox(s: vak_core::tools::sandbox::SandboxFacts) -> pb::SandboxInfo {
     pb::SandboxInfo {
-        mode: s.mode.as_str().to_string(),
+        mode: enums::sandbox_mode(s.mode) as i32,
         network: s.network,
         landlock_abi: u32::try_from(s.landlock_abi).unwrap_or(0),
         writable_roots: s.writable_roots.iter().map(|r| r.display().to_string()).collect(),
@@ -583,7 +593,7 @@ pub(crate) fn sandbox(s: vak_core::tools::sandbox::SandboxFacts) -> pb::SandboxI
 pub(crate) fn workspace_diff(session_id: &str, d: vak_core::host::diff::Diff) -> pb::WorkspaceDiff {
     pb::WorkspaceDiff {
         session_id: session_id.to_string(),
-        reason: d.reason.map(|r| r.as_str().to_string()).unwrap_or_default(),
+        reason: enums::diff_reason(d.reason) as i32,
         message: d.message,
         files: d
             .files
@@ -601,7 +611,7 @@ pub(crate) fn workspace_diff(session_id: &str, d: vak_core::host::diff::Diff) ->
 
 pub(crate) fn run_result(r: vak_core::session::wait::Settled) -> pb::RunResult {
     pb::RunResult {
-        outcome: r.outcome.as_str().into(),
+        outcome: enums::run_outcome(r.outcome) as i32,
         message: r.message,
         answer: r.answer,
         seq: r.seq,
@@ -646,7 +656,8 @@ pub(crate) fn search_hit(h: vak_core::host::search::Hit, title: String) -> pb::S
         session_id: h.session_id,
         seq: h.seq,
         workspace: h.workspace,
-        role: h.role,
+        // The index keeps the role by its name.
+        role: pb::MessageRole::from_json_name(&h.role).unwrap_or_default() as i32,
         snippet: h.snippet,
         score: h.score,
         title,

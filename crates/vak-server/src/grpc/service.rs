@@ -1,6 +1,6 @@
 //! The tonic `AgentService`: validates requests, calls the core, maps results. REST handlers call these same methods.
 
-use super::convert;
+use super::{convert, enums};
 use crate::errors::to_status;
 use crate::forward::{self, Forwarded, Method, FORWARD_TIMEOUT, SLOW_FORWARD_TIMEOUT};
 use crate::limits::{StreamLimits, StreamPermit};
@@ -25,7 +25,6 @@ use vak_core::stream::cursor::CursorVector;
 use vak_core::stream::delivery::{Delivery, End};
 use vak_core::stream::mux::{self, Control, Mux};
 use vak_core::stream::subscription::Subscription;
-use vak_core::PermissionMode;
 use vak_core::{host::diff, host::files, host::memory, host::search, session::wait};
 use vak_proto::v1 as pb;
 
@@ -417,8 +416,8 @@ impl AgentService for AgentApi {
         if r.request_id.is_empty() {
             return Err(Status::invalid_argument("request_id is required"));
         }
-        let mode = match r.mode.as_deref() {
-            Some(m) => Some(PermissionMode::parse_plan_exit(m).map_err(to_status)?),
+        let mode = match r.mode {
+            Some(m) => Some(enums::plan_exit_mode_in(m).map_err(to_status)?),
             None => None,
         };
         let s = match self.locate(forwarded, &r.session_id).await? {
@@ -442,7 +441,7 @@ impl AgentService for AgentApi {
             .map_err(to_status)?;
         ok(pb::ApproveResponse {
             request_id: r.request_id,
-            outcome: answered.outcome.as_str().into(),
+            outcome: enums::approval_outcome(answered.outcome) as i32,
             persisted: answered.rule.is_some(),
             rule: answered.rule.map(convert::rule),
         })
@@ -650,7 +649,7 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::SetModeRequest>,
     ) -> Result<Response<pb::SetModeResponse>, Status> {
-        let mode = PermissionMode::parse(&req.into_inner().mode).map_err(to_status)?;
+        let mode = enums::permission_mode_in(req.into_inner().mode).map_err(to_status)?;
         let change = self.control().set_mode(mode).await.map_err(to_status)?;
         ok(convert::mode_change(change))
     }
@@ -782,7 +781,7 @@ impl AgentService for AgentApi {
         req: Request<pb::WriteFileRequest>,
     ) -> Result<Response<pb::WriteFileResponse>, Status> {
         let r = req.into_inner();
-        let bytes = convert::file_bytes(r.content, &r.encoding).map_err(to_status)?;
+        let bytes = convert::file_bytes(r.content, r.encoding).map_err(to_status)?;
         let ws = self.files_root(r.session_id.as_deref()).await?;
         let written = blocking(move || files::write(&ws, &r.path, &bytes, r.expected_sha.as_deref())).await?;
         ok(convert::file_written(written))
