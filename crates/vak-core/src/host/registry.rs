@@ -693,7 +693,8 @@ mod tests {
     use crate::session::live::Route;
     use crate::CoreConfig;
 
-    fn hub(home: &std::path::Path, tweak: impl FnOnce(&mut CoreConfig)) -> Arc<Hub> {
+    /// A hub over `home` (also its workspace), for these tests and load.rs's.
+    pub(super) fn hub(home: &std::path::Path, tweak: impl FnOnce(&mut CoreConfig)) -> Arc<Hub> {
         let mut cfg = CoreConfig::new(home.to_path_buf(), home.to_path_buf());
         tweak(&mut cfg);
         Arc::new(Hub::new(cfg, Route::offline()).unwrap())

@@ -154,17 +154,11 @@ mod tests {
     use super::*;
     use crate::error::ErrorKind;
     use crate::event::ClientEvent;
-    use crate::host::hub::Hub;
     use crate::log::ledger::Ledger;
-    use crate::session::live::Route;
     use crate::CoreConfig;
     use std::time::Duration;
 
-    fn hub(home: &std::path::Path, tweak: impl FnOnce(&mut CoreConfig)) -> Arc<Hub> {
-        let mut cfg = CoreConfig::new(home.to_path_buf(), home.to_path_buf());
-        tweak(&mut cfg);
-        Arc::new(Hub::new(cfg, Route::offline()).unwrap())
-    }
+    use crate::host::registry::tests::hub;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_reload_reads_from_the_last_snapshot_and_equals_the_live_session() {
