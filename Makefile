@@ -3,7 +3,7 @@ CARGO ?= cargo
 
 PREFIX ?= $(HOME)/.local
 
-.PHONY: python-client app serve serve-cluster install release tools real-model nats schemathesis openapi test test-api test-rust test-python test-web screenshots lint build fuzz bench bench-quick bench-peer
+.PHONY: python-client app serve serve-cluster install release tools real-model nats mcp schemathesis openapi test test-api test-rust test-python test-web screenshots lint build fuzz bench bench-quick bench-peer
 
 ## Start `vak serve` on the embedded offline model (loopback, port 8901; VAK_LISTEN,
 ## VAK_HOME and VAK_TOKEN change that), with the browser app at /app built first.
@@ -111,12 +111,28 @@ lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
+## A real MCP server for tests/it/mcp.rs: tests/mcp/server.py, written with the official
+## Python SDK (the PyPI package mcp), served over stdio and streamable HTTP from a venv under
+## target, found through VAK_MCP_PYTHON. The stamp names the pin, so a new pin reinstalls.
+MCP_SDK ?= mcp==2.3.0
+MCP_VENV := target/mcp-venv
+MCP_STAMP := $(MCP_VENV)/.installed-$(subst ==,-,$(MCP_SDK))
+mcp: $(MCP_STAMP)
+
+$(MCP_STAMP):
+	test -x $(MCP_VENV)/bin/python || python3 -m venv $(MCP_VENV)
+	$(MCP_VENV)/bin/pip install -q --disable-pip-version-check --no-input $(MCP_SDK)
+	rm -f $(MCP_VENV)/.installed-*
+	touch $@
+
 ## The Rust tests, including tests/it/docs.rs, which runs the documentation's commands: it
 ## needs the release binary (make serve, make install), grpcurl, and buf from clients/web;
 ## tests/it/real_model.rs needs the real model (make real-model), found through VAK_REAL_MODEL_PYTHON;
-## tests/it/jetstream.rs needs nats-server (make nats), found through VAK_NATS_SERVER.
-test-rust: tests/node/node_modules/.package-lock.json clients/web/node_modules/.package-lock.json tools release real-model nats python-client
+## tests/it/jetstream.rs needs nats-server (make nats), found through VAK_NATS_SERVER;
+## tests/it/mcp.rs needs the MCP SDK (make mcp), found through VAK_MCP_PYTHON.
+test-rust: tests/node/node_modules/.package-lock.json clients/web/node_modules/.package-lock.json tools release real-model nats mcp python-client
 	VAK_REAL_MODEL_PYTHON=$(CURDIR)/$(REAL_MODEL_VENV)/bin/python \
+	VAK_MCP_PYTHON=$(CURDIR)/$(MCP_VENV)/bin/python \
 	VAK_NATS_SERVER=$(CURDIR)/$(NATS_VENV)/bin/nats-server \
 	$(CARGO) test --workspace --all-targets --no-fail-fast
 

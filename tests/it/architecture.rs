@@ -127,6 +127,7 @@ const CORE_IMPORTS: &[(&str, &[&str])] = &[
             "file_owner",
             "home",
             "log",
+            "mcp",
             "provider",
             "reasons",
             "route",
@@ -139,10 +140,11 @@ const CORE_IMPORTS: &[(&str, &[&str])] = &[
         ],
     ),
     ("log", &["event", "provider", "stopped"]),
+    ("mcp", &["file_owner", "provider", "tools"]),
     ("permissions", &["tools"]),
     ("reasons", &["stopped"]),
     ("route", &["provider"]),
-    ("rule", &["tools", "workspace"]),
+    ("rule", &["mcp", "tools", "workspace"]),
     (
         "session",
         &[
@@ -151,6 +153,7 @@ const CORE_IMPORTS: &[(&str, &[&str])] = &[
             "home",
             "host",
             "log",
+            "mcp",
             "permissions",
             "provider",
             "reasons",

@@ -447,6 +447,12 @@ fn require_tools(path: &str) {
             "{tool} is not installed: `make tools` puts grpcurl in target/tools; jq and curl are Debian packages (.ci/run installs them)"
         );
     }
+    // docs/protocol.md's MCP example runs a server written with the MCP SDK.
+    assert!(
+        std::env::var_os("VAK_MCP_PYTHON").is_some(),
+        "VAK_MCP_PYTHON is not set: `make mcp` installs the MCP SDK into target/mcp-venv; \
+         then VAK_MCP_PYTHON=$PWD/target/mcp-venv/bin/python"
+    );
 }
 
 /// Runs a document's `run` and `background` blocks as described at the top of this file.

@@ -25,6 +25,7 @@ mod host;
 mod jetstream;
 mod leases;
 mod lifecycle;
+mod mcp;
 mod memory;
 mod memory_search;
 mod modes;

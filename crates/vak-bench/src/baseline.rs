@@ -221,6 +221,18 @@ impl AgentService for Baseline {
     ) -> Result<Response<pb::DeleteRuleResponse>, Status> {
         unimplemented()
     }
+    async fn get_mcp_config(
+        &self,
+        _: Request<pb::GetMcpConfigRequest>,
+    ) -> Result<Response<pb::McpConfig>, Status> {
+        unimplemented()
+    }
+    async fn put_mcp_config(
+        &self,
+        _: Request<pb::PutMcpConfigRequest>,
+    ) -> Result<Response<pb::McpConfig>, Status> {
+        unimplemented()
+    }
     async fn set_key(&self, _: Request<pb::SetKeyRequest>) -> Result<Response<pb::SetKeyResponse>, Status> {
         unimplemented()
     }

@@ -15,6 +15,7 @@ pub mod host;
 #[cfg(test)]
 mod lock_scan;
 pub mod log;
+pub mod mcp;
 pub mod permissions;
 pub mod provider;
 pub mod reasons;

@@ -49,6 +49,9 @@ pub enum RuleKind {
     Exact,
     /// A file tool: this path, relative to the workspace.
     Path,
+    /// An MCP tool (`mcp__<server>__<tool>`): every call of it; the pattern
+    /// is the tool's name.
+    Tool,
 }
 
 impl RuleKind {
@@ -57,6 +60,7 @@ impl RuleKind {
             RuleKind::Prefix => "prefix",
             RuleKind::Exact => "exact",
             RuleKind::Path => "path",
+            RuleKind::Tool => "tool",
         }
     }
 }
@@ -87,6 +91,7 @@ impl Candidate {
                     && words[prefix.len()..].iter().all(|w| plain_word(w))
             }),
             RuleKind::Path => arg("path").and_then(normal_path).as_deref() == Some(self.pattern.as_str()),
+            RuleKind::Tool => self.pattern == tool && crate::mcp::names::server_of(tool).is_some(),
         }
     }
 
@@ -99,6 +104,7 @@ impl Candidate {
             ),
             RuleKind::Exact => format!("{} `{}` (exactly this command)", self.tool, self.pattern),
             RuleKind::Path => format!("{} `{}`", self.tool, self.pattern),
+            RuleKind::Tool => format!("{} (every call)", self.tool),
         }
     }
 }
@@ -295,6 +301,11 @@ pub fn candidate(tool: &str, input: &Value) -> Option<Candidate> {
             let command = input.get("command").and_then(Value::as_str)?;
             (!as_run(command).is_empty()).then(|| bash_candidate(command))
         }
+        ToolClass::Exec if crate::mcp::names::server_of(tool).is_some() => Some(Candidate {
+            tool: tool.to_string(),
+            kind: RuleKind::Tool,
+            pattern: tool.to_string(),
+        }),
         ToolClass::Edit => Some(Candidate {
             tool: tool.to_string(),
             kind: RuleKind::Path,

@@ -254,6 +254,8 @@ pub struct FileConfig {
     pub server: FileServer,
     pub sandbox: FileSandbox,
     pub model: RouteLayer,
+    /// `[mcp.servers.<name>]`: the MCP servers.
+    pub mcp: crate::mcp::config::ServerDefs,
     pub ignored: Vec<String>,
 }
 
@@ -287,6 +289,8 @@ impl FileConfig {
             model: FileModel,
             #[serde(default)]
             sandbox: FileSandbox,
+            #[serde(default)]
+            mcp: crate::mcp::config::FileMcp,
         }
         let at = |e: toml::de::Error| {
             let line = e
@@ -298,7 +302,7 @@ impl FileConfig {
         let table: toml::Table = toml::from_str(text).map_err(at)?;
         let ignored = table
             .keys()
-            .filter(|k| !matches!(k.as_str(), "server" | "model" | "sandbox"))
+            .filter(|k| !matches!(k.as_str(), "server" | "model" | "sandbox" | "mcp"))
             .cloned()
             .collect();
         let m = known.model;
@@ -308,7 +312,9 @@ impl FileConfig {
             .map(|p| parse_provider(p, "[model] provider"))
             .transpose()
             .map_err(|e| e.message)?;
+        crate::mcp::config::validate(&known.mcp.servers).map_err(|e| format!("[mcp] {}", e.message))?;
         Ok(FileConfig {
+            mcp: known.mcp.servers,
             server: known.server,
             sandbox: known.sandbox,
             model: RouteLayer {
@@ -324,18 +330,7 @@ impl FileConfig {
 /// Writes `spec` as config.toml's `[model]`, keeping every other section,
 /// key and comment; atomic (temporary file and rename), mode 0600. Blocking.
 fn persist(home: &Path, spec: &RouteSpec) -> Result<()> {
-    let path = config_path(home);
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(e) => return Err(Error::internal(format!("cannot read {}: {e}", path.display()))),
-    };
-    let mut doc: toml_edit::DocumentMut = text.parse().map_err(|e: toml_edit::TomlError| {
-        Error::conflict(format!(
-            "config.toml no longer parses ({}); fix it, then try again",
-            e.message()
-        ))
-    })?;
+    let mut doc = read_doc(home)?;
     let model = doc
         .entry("model")
         .or_insert_with(|| toml_edit::Item::Table(toml_edit::Table::new()));
@@ -353,6 +348,23 @@ fn persist(home: &Path, spec: &RouteSpec) -> Result<()> {
         }
     }
     crate::home::write_private_file(home, "config.toml", doc.to_string().as_bytes())
+}
+
+/// config.toml as an editable document (absent: empty); one that no longer
+/// parses is a Conflict the user fixes. Blocking.
+fn read_doc(home: &Path) -> Result<toml_edit::DocumentMut> {
+    let path = config_path(home);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(Error::internal(format!("cannot read {}: {e}", path.display()))),
+    };
+    text.parse().map_err(|e: toml_edit::TomlError| {
+        Error::conflict(format!(
+            "config.toml no longer parses ({}); fix it, then try again",
+            e.message()
+        ))
+    })
 }
 
 /// Sets `key` to `v`, keeping the comments around an existing value.
@@ -449,6 +461,8 @@ pub struct Settings {
     changes: watch::Sender<u64>,
     /// With `--bus`: the route and keys every replica shares (`shared_config.rs`).
     shared: Option<Arc<SharedConfig>>,
+    /// config.toml's `[mcp.servers]` as read at startup.
+    file_mcp: crate::mcp::config::ServerDefs,
 }
 
 impl Settings {
@@ -480,10 +494,39 @@ impl Settings {
             boot: uuid::Uuid::new_v4().simple().to_string()[..8].to_string(),
             changes: watch::channel(1).0,
             shared: cfg.shared_config.clone(),
+            file_mcp: file.mcp,
         };
         let fp = settings.route_key_fingerprint(&settings.lock().spec.clone());
         settings.lock().built = (bus_rev, fp);
         Ok(settings)
+    }
+
+    /// config.toml's `[mcp.servers]` as read at startup.
+    pub(crate) fn file_mcp(&self) -> crate::mcp::config::ServerDefs {
+        self.file_mcp.clone()
+    }
+
+    /// Rewrites config.toml with `edit`, keeping every comment and key it
+    /// does not touch; on the route's owner task, so two changes of the
+    /// file never interleave. Atomic, mode 0600.
+    pub(crate) async fn edit_file(
+        &self,
+        edit: impl FnOnce(&mut toml_edit::DocumentMut) -> Result<()> + Send + 'static,
+    ) -> Result<()> {
+        let home = self.home.clone();
+        self.changing
+            .change(move |_| {
+                Box::pin(async move {
+                    tokio::task::spawn_blocking(move || {
+                        let mut doc = read_doc(&home)?;
+                        edit(&mut doc)?;
+                        crate::home::write_private_file(&home, "config.toml", doc.to_string().as_bytes())
+                    })
+                    .await
+                    .map_err(|e| Error::internal(format!("the config writer failed: {e}")))?
+                })
+            })
+            .await?
     }
 
     fn route_key_fingerprint(&self, spec: &RouteSpec) -> Option<String> {
@@ -1012,7 +1055,8 @@ mod tests {
             "[server]\ntrusted_hosts = [\"a\"]\n[model]\nprovider = \"openai\"\nmodel = \"m\"\n[finops]\nmax_day_usd = 3\n[mcp.servers.x]\ncommand = \"y\"\n",
         )
         .unwrap();
-        assert_eq!(f.ignored, vec!["finops".to_string(), "mcp".to_string()]);
+        assert_eq!(f.ignored, vec!["finops".to_string()]);
+        assert_eq!(f.mcp["x"].command.as_deref(), Some("y"));
         assert_eq!(f.model.provider, Some(ProviderKind::OpenAi));
         let e = FileConfig::parse("[model]\nmodle = \"x\"\n").unwrap_err();
         assert!(e.contains("line 2") && e.contains("modle"), "{e}");

@@ -151,6 +151,39 @@ impl ControlPlane {
             .await
     }
 
+    /// The MCP servers every session shares.
+    pub fn mcp(&self) -> &Arc<crate::mcp::Mcp> {
+        self.rt.mcp()
+    }
+
+    /// Replaces the MCP servers: validated (InvalidArgument naming the
+    /// field), written to config.toml's `[mcp.servers]` (every other key
+    /// and comment kept), then applied without a restart; the new state,
+    /// once the started servers are ready or failed (at most `settle`).
+    pub async fn put_mcp(
+        &self,
+        defs: crate::mcp::config::ServerDefs,
+        settle: std::time::Duration,
+    ) -> Result<Vec<crate::mcp::ServerStatus>> {
+        crate::mcp::config::validate(&defs)?;
+        let mcp = self.rt.mcp().clone();
+        let settings = self.settings.clone();
+        let applied = mcp.clone();
+        mcp.changing
+            .change(move |_| {
+                Box::pin(async move {
+                    let written = defs.clone();
+                    settings
+                        .edit_file(move |doc| crate::mcp::config::write_servers(doc, &written))
+                        .await?;
+                    applied.apply(defs, settle).await;
+                    Ok::<_, crate::error::Error>(())
+                })
+            })
+            .await??;
+        Ok(mcp.status())
+    }
+
     /// The workspace's always-allow rules.
     pub fn rules(&self) -> &crate::host::rules::Rules {
         self.rt.rules()

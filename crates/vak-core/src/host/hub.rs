@@ -77,7 +77,8 @@ impl Hub {
             cfg.workspace_roots.clone(),
         ));
         let sandbox = crate::tools::sandbox::Sandbox::new(&cfg.sandbox, &cfg.home)?;
-        let rt = Arc::new(Runtime::new(cfg, route, search, sandbox));
+        let mcp = Arc::new(crate::mcp::Mcp::start(settings.file_mcp(), cfg.workspace.clone()));
+        let rt = Arc::new(Runtime::new(cfg, route, search, sandbox, mcp));
         let runtimes = Arc::new(Runtimes::new(rt, workspaces.clone()));
         let closing = CancellationToken::new();
         let (sessions, stopped_rx) = Registry::new(runtimes.clone(), index, closing.clone());
@@ -149,6 +150,7 @@ impl Hub {
     /// everything waiting for the hub to close ends.
     pub async fn shutdown(&self, grace: Duration) {
         self.sessions.stop(grace).await;
+        self.control.mcp().shutdown().await;
         self.closing.cancel();
     }
 }

@@ -33,7 +33,7 @@ pub(crate) struct OfflineModel;
 enum Directive<'a> {
     Echo(&'a str),
     Think(&'a str),
-    Tool(&'static str, Value),
+    Tool(&'a str, Value),
     Sleep(u64),
     /// N deltas as fast as possible, each padded to `size` bytes (0: unpadded).
     Burst {
@@ -146,6 +146,22 @@ fn parse(line: &str) -> Directive<'_> {
         let secs = secs.parse::<u64>().map_or_else(|_| json!(secs), |n| json!(n));
         return Directive::Tool("bash", json!({ "command": cmd.trim_start(), "timeout": secs }));
     }
+    if let Some(rest) = word("/call") {
+        // Any tool by name (MCP tools included), with its input as a JSON object.
+        let (name, args) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
+        let args = args.trim();
+        if name.is_empty() {
+            return Directive::Invalid("/call expects TOOL-NAME [JSON-OBJECT]".into());
+        }
+        if args.is_empty() {
+            return Directive::Tool(name, json!({}));
+        }
+        return match serde_json::from_str::<Value>(args) {
+            Ok(v) if v.is_object() => Directive::Tool(name, v),
+            Ok(_) => Directive::Invalid("/call expects a JSON object as the tool's input".into()),
+            Err(e) => Directive::Invalid(format!("/call: bad JSON argument: {e}")),
+        };
+    }
     if let Some(ms) = word("/sleep") {
         return number("/sleep", ms, 3_600_000).map_or_else(Directive::Invalid, Directive::Sleep);
     }
@@ -243,7 +259,7 @@ impl OfflineModel {
         let last_user = history
             .iter()
             .rposition(|m| matches!(m, ChatMessage::User { .. }));
-        let (prompt, done_tools) = match last_user {
+        let (prompt, results) = match last_user {
             Some(i) => (
                 match &history[i] {
                     ChatMessage::User { text, .. } => text.as_str(),
@@ -251,11 +267,17 @@ impl OfflineModel {
                 },
                 history[i + 1..]
                     .iter()
-                    .filter(|m| matches!(m, ChatMessage::ToolResult { .. }))
-                    .count(),
+                    .filter_map(|m| match m {
+                        ChatMessage::ToolResult {
+                            content, is_error, ..
+                        } => Some((content.as_str(), *is_error)),
+                        _ => None,
+                    })
+                    .collect(),
             ),
-            None => ("", 0),
+            None => ("", Vec::new()),
         };
+        let done_tools = results.len();
         let mut out = TurnOutput::default();
         out.usage.input_tokens = prompt.split_whitespace().count() as u64;
         let mut skip_tools = done_tools;
@@ -277,6 +299,13 @@ impl OfflineModel {
             if skip_tools > 0 {
                 if matches!(directive, Directive::Tool(..)) {
                     skip_tools -= 1;
+                    // A `/call` echoes the result it got, first thing in the next turn.
+                    if skip_tools == 0 && line.starts_with("/call") {
+                        if let Some((content, is_error)) = results.last() {
+                            let kind = if *is_error { "error" } else { "result" };
+                            ack = Some(format!("{kind}: {content}"));
+                        }
+                    }
                 }
                 continue;
             }
@@ -369,6 +398,14 @@ impl OfflineModel {
                     f.retry_after = Some(FAIL_RETRY_AFTER);
                     return Err(ProviderError::Failed(f));
                 }
+            }
+        }
+        // A `/call` on the prompt's last line: its result is all this turn says.
+        if let Some(a) = ack.take() {
+            for (i, w) in deltas(&a).into_iter().enumerate() {
+                let w = if i == 0 && wrote_text { format!("\n{w}") } else { w };
+                out.usage.output_tokens += w.split_whitespace().count().max(1) as u64;
+                sink.send(ProviderEvent::Text(w));
             }
         }
         Ok(out)
@@ -504,6 +541,52 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn call_names_any_tool_and_echoes_its_result_next_turn() {
+        assert_eq!(
+            parse(r#"/call mcp__git__log {"n": 2}"#),
+            Directive::Tool("mcp__git__log", json!({"n": 2}))
+        );
+        assert_eq!(
+            parse("/call mcp__t__pid"),
+            Directive::Tool("mcp__t__pid", json!({}))
+        );
+        assert!(matches!(parse("/call"), Directive::Invalid(_)));
+        assert!(matches!(parse("/call x [1]"), Directive::Invalid(_)));
+        assert!(matches!(parse("/call x {oops"), Directive::Invalid(_)));
+        let mut t = Transcript::default();
+        user(&mut t, "/call mcp__t__add {\"a\": 1}\nafter");
+        let out = turn(&t).await.0.unwrap();
+        assert_eq!(out.tool_calls[0].name, "mcp__t__add");
+        let call = |n: u64, ok: bool, output: &str| {
+            [
+                ClientEvent::ToolCall {
+                    call_id: format!("c{n}"),
+                    tool: "mcp__t__add".into(),
+                    input: json!({}),
+                },
+                ClientEvent::ToolResult {
+                    call_id: format!("c{n}"),
+                    ok,
+                    output: output.into(),
+                },
+            ]
+        };
+        for (i, e) in call(1, true, "3").iter().enumerate() {
+            t.apply(2 + i as u64, e);
+        }
+        let (r, evs) = turn(&t).await;
+        assert!(r.unwrap().tool_calls.is_empty());
+        assert_eq!(text(&evs), "result: 3\necho: after");
+        // On the last line, the result is the whole answer; a failure says so.
+        user(&mut t, "/call mcp__t__add {}");
+        turn(&t).await.0.unwrap();
+        for (i, e) in call(2, false, "boom").iter().enumerate() {
+            t.apply(10 + i as u64, e);
+        }
+        assert_eq!(text(&turn(&t).await.1), "error: boom");
+    }
+
+    #[tokio::test]
     async fn fail_and_bad_arguments() {
         let mut t = Transcript::default();
         user(&mut t, "/fail boom");
@@ -549,10 +632,12 @@ mod tests {
 
     #[test]
     fn file_tool_directives_take_words_or_a_json_object() {
-        let tool = |line: &str| match parse(line) {
-            Directive::Tool(name, input) => (name, input),
-            other => panic!("{line}: {other:?}"),
-        };
+        fn tool(line: &str) -> (&str, Value) {
+            match parse(line) {
+                Directive::Tool(name, input) => (name, input),
+                other => panic!("{line}: {other:?}"),
+            }
+        }
         assert_eq!(
             tool("/edit src/a.rs let x = 1; => let x = 2;"),
             (

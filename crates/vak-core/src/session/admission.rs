@@ -682,7 +682,13 @@ mod tests {
             cfg.max_queued_inputs = cap;
             let search = crate::host::search::Search::open(home, "ws", None, Vec::new(), cfg.search);
             let sandbox = crate::tools::sandbox::Sandbox::off();
-            let rt = Arc::new(Runtime::new(cfg, Route::offline(), search, sandbox));
+            let rt = Arc::new(Runtime::new(
+                cfg,
+                Route::offline(),
+                search,
+                sandbox,
+                Arc::default(),
+            ));
             Session::create(rt, "s_mem", "2026-01-01T00:00:00Z".into(), log)
         }
 

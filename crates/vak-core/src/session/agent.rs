@@ -116,7 +116,11 @@ impl<'a, S: TurnContext> Leg<'a, S> {
                 &rt.memory().prompt().await,
             )
             .await,
-            tools: tools::definitions(),
+            // The MCP servers' tools next to the built-in ones.
+            tools: tools::definitions()
+                .into_iter()
+                .chain(rt.mcp().tool_defs())
+                .collect(),
         }
     }
 
@@ -477,6 +481,9 @@ async fn call_tool(session: &impl TurnContext, defs: &[ToolDef], call: ToolCall,
                 }
             };
             let run = async move {
+                if crate::mcp::names::server_of(&tool).is_some() {
+                    return rt.mcp().call(&tool, &input, cancel).await;
+                }
                 tools::run_live(
                     &rt.cfg.workspace,
                     rt.sandbox(),

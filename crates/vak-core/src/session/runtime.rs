@@ -24,6 +24,8 @@ pub struct Runtime {
     search: Arc<crate::host::search::Search>,
     /// The sandbox the agent's commands run in (one for every workspace).
     sandbox: Arc<crate::tools::sandbox::Sandbox>,
+    /// The MCP servers (one set for every workspace and session).
+    mcp: Arc<crate::mcp::Mcp>,
     /// An opened workspace's folder, re-checked at every use; None for the
     /// server's own.
     pin: Option<crate::host::workspaces::Pinned>,
@@ -36,6 +38,7 @@ impl Runtime {
         route: Route,
         search: crate::host::search::Search,
         sandbox: crate::tools::sandbox::Sandbox,
+        mcp: Arc<crate::mcp::Mcp>,
     ) -> Runtime {
         let mode = Arc::new(watch::channel(cfg.permission).0);
         Self::with_shared(
@@ -44,6 +47,7 @@ impl Runtime {
             mode,
             Arc::new(search),
             Arc::new(sandbox),
+            mcp,
         )
     }
 
@@ -53,6 +57,7 @@ impl Runtime {
         mode: Arc<watch::Sender<PermissionMode>>,
         search: Arc<crate::host::search::Search>,
         sandbox: Arc<crate::tools::sandbox::Sandbox>,
+        mcp: Arc<crate::mcp::Mcp>,
     ) -> Runtime {
         let rules = match &cfg.shared_config {
             Some(shared) => Rules::shared(shared.clone(), &cfg.home, &cfg.workspace),
@@ -64,6 +69,7 @@ impl Runtime {
             workspace,
             search,
             sandbox,
+            mcp,
             cfg,
             route,
             mode,
@@ -88,6 +94,7 @@ impl Runtime {
                 self.mode.clone(),
                 self.search.clone(),
                 self.sandbox.clone(),
+                self.mcp.clone(),
             )
         }
     }
@@ -124,6 +131,11 @@ impl Runtime {
 
     pub fn sandbox(&self) -> &Arc<crate::tools::sandbox::Sandbox> {
         &self.sandbox
+    }
+
+    /// The MCP servers every session shares.
+    pub fn mcp(&self) -> &Arc<crate::mcp::Mcp> {
+        &self.mcp
     }
 
     /// The workspace's canonical path (what ledger headers and search hits name).

@@ -384,6 +384,57 @@ pub(crate) fn rule(r: Rule) -> pb::PermissionRule {
     }
 }
 
+/// The MCP servers as GetMcpConfig answers them.
+pub(crate) fn mcp_config(servers: Vec<vak_core::mcp::ServerStatus>) -> pb::McpConfig {
+    pb::McpConfig {
+        servers: servers
+            .into_iter()
+            .map(|s| {
+                let d = s.def;
+                let server = pb::McpServer {
+                    enabled: Some(d.enabled),
+                    timeout_ms: d.timeout_ms,
+                    command: d.command,
+                    args: d.args,
+                    env: d.env.into_iter().collect(),
+                    cwd: d.cwd,
+                    url: d.url,
+                    headers: d.headers.into_iter().collect(),
+                    state: enums::mcp_state(s.state) as i32,
+                    tool_count: s.tools.len() as u32,
+                    tools: s.tools,
+                    pid: s.pid,
+                    restarts: s.restarts,
+                    last_error: s.last_error,
+                };
+                (s.name, server)
+            })
+            .collect(),
+    }
+}
+
+/// A PutMcpConfig request's definitions (the output-only fields ignored).
+pub(crate) fn mcp_defs(
+    servers: std::collections::HashMap<String, pb::McpServer>,
+) -> vak_core::mcp::config::ServerDefs {
+    servers
+        .into_iter()
+        .map(|(name, s)| {
+            let def = vak_core::mcp::config::ServerDef {
+                enabled: s.enabled.unwrap_or(true),
+                timeout_ms: s.timeout_ms,
+                command: s.command,
+                args: s.args,
+                env: s.env.into_iter().collect(),
+                cwd: s.cwd,
+                url: s.url,
+                headers: s.headers.into_iter().collect(),
+            };
+            (name, def)
+        })
+        .collect()
+}
+
 pub(crate) fn mode_change(m: ModeChange) -> pb::SetModeResponse {
     pb::SetModeResponse {
         config: Some(config(m.config)),

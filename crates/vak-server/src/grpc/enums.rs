@@ -133,6 +133,17 @@ pub(crate) fn rule_kind(k: RuleKind) -> pb::RuleKind {
         RuleKind::Prefix => pb::RuleKind::Prefix,
         RuleKind::Exact => pb::RuleKind::Exact,
         RuleKind::Path => pb::RuleKind::Path,
+        RuleKind::Tool => pb::RuleKind::Tool,
+    }
+}
+
+pub(crate) fn mcp_state(s: vak_core::mcp::McpState) -> pb::McpServerState {
+    use vak_core::mcp::McpState;
+    match s {
+        McpState::Starting => pb::McpServerState::Starting,
+        McpState::Ready => pb::McpServerState::Ready,
+        McpState::Failed => pb::McpServerState::Failed,
+        McpState::Disabled => pb::McpServerState::Disabled,
     }
 }
 
@@ -296,9 +307,21 @@ mod tests {
         );
         same_names(
             "vak.v1.RuleKind",
-            &[RuleKind::Prefix, RuleKind::Exact, RuleKind::Path],
+            &[RuleKind::Prefix, RuleKind::Exact, RuleKind::Path, RuleKind::Tool],
             |c| c.as_str().into(),
             |c| rule_kind(c).json_name(),
+        );
+        use vak_core::mcp::McpState;
+        same_names(
+            "vak.v1.McpServerState",
+            &[
+                McpState::Starting,
+                McpState::Ready,
+                McpState::Failed,
+                McpState::Disabled,
+            ],
+            |c| c.as_str().into(),
+            |c| mcp_state(c).json_name(),
         );
         same_names(
             "vak.v1.KeySource",

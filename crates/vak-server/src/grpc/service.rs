@@ -28,6 +28,12 @@ use vak_core::stream::subscription::Subscription;
 use vak_core::{host::diff, host::files, host::memory, host::search, session::wait};
 use vak_proto::v1 as pb;
 
+/// How long PutMcpConfig waits for the servers it started to be ready or
+/// failed before it answers (they go on starting after that).
+const MCP_SETTLE: Duration = Duration::from_secs(30);
+
+mod host_info;
+
 pub(crate) type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send>>;
 pub(crate) type MuxStream = Pin<Box<dyn Stream<Item = Result<pb::StreamMessage, Status>> + Send>>;
 pub(crate) type PresentationStream =
@@ -93,40 +99,6 @@ impl AgentApi {
 
     pub fn host(&self) -> &HostFacts {
         &self.host
-    }
-
-    /// What GetHost answers and /stream's host frames carry.
-    fn host_info(&self) -> pb::HostInfo {
-        let ws = self.control().workspaces();
-        let cfg = self.control().config();
-        pb::HostInfo {
-            version: env!("CARGO_PKG_VERSION").to_string(),
-            workspace: ws.primary().path.display().to_string(),
-            workspaces: ws.list().into_iter().map(convert::workspace).collect(),
-            workspace_roots: ws.roots().iter().map(|r| r.display().to_string()).collect(),
-            max_workspaces: vak_core::host::workspaces::MAX_OPEN as u32,
-            features: Some(pb::HostFeatures {
-                terminal: self.host.web.terminal,
-                terminal_requires_loopback: self.host.web.terminal_requires_loopback,
-                tls: self.host.tls,
-            }),
-            auth: if self.host.allow_remote {
-                pb::AuthMode::Remote
-            } else {
-                pb::AuthMode::Local
-            } as i32,
-            storage: if cfg.nats.is_some() {
-                pb::StorageKind::Jetstream
-            } else {
-                pb::StorageKind::Ledger
-            } as i32,
-            replica: cfg
-                .owners
-                .as_ref()
-                .map(|o| o.replica().to_string())
-                .unwrap_or_default(),
-            sandbox: Some(convert::sandbox(self.control().sandbox())),
-        }
     }
 
     /// Sessions stopped by a storage failure, with the reason (for /health).
@@ -690,6 +662,26 @@ impl AgentService for AgentApi {
         ok(pb::DeleteRuleResponse {
             rule: Some(convert::rule(rule)),
         })
+    }
+
+    async fn get_mcp_config(
+        &self,
+        _req: Request<pb::GetMcpConfigRequest>,
+    ) -> Result<Response<pb::McpConfig>, Status> {
+        ok(convert::mcp_config(self.control().mcp().status()))
+    }
+
+    async fn put_mcp_config(
+        &self,
+        req: Request<pb::PutMcpConfigRequest>,
+    ) -> Result<Response<pb::McpConfig>, Status> {
+        let defs = convert::mcp_defs(req.into_inner().servers);
+        let status = self
+            .control()
+            .put_mcp(defs, MCP_SETTLE)
+            .await
+            .map_err(to_status)?;
+        ok(convert::mcp_config(status))
     }
 
     async fn set_key(&self, req: Request<pb::SetKeyRequest>) -> Result<Response<pb::SetKeyResponse>, Status> {

@@ -40,6 +40,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/config", get(get_config).patch(update_config))
         .route("/config/mode", post(set_mode))
         .route("/config/key", put(set_key).delete(delete_key))
+        .route("/config/mcp", get(get_mcp_config).put(put_mcp_config))
         .route("/permissions/rules", get(list_rules))
         .route("/permissions/rules/{id}", delete(delete_rule))
         .route("/providers", get(list_providers))
@@ -301,6 +302,19 @@ async fn update_config(State(st): State<AppState>, headers: axum::http::HeaderMa
         }
     }
     config_reply(st.api.update_config(Request::new(req)).await)
+}
+
+async fn get_mcp_config(State(st): State<AppState>) -> Response {
+    let req = pb::GetMcpConfigRequest {};
+    reply(StatusCode::OK, st.api.get_mcp_config(Request::new(req)).await)
+}
+
+async fn put_mcp_config(State(st): State<AppState>, b: Body) -> Response {
+    let req: pb::PutMcpConfigRequest = match body(&st, b).await {
+        Ok(r) => r,
+        Err(e) => return e,
+    };
+    reply(StatusCode::OK, st.api.put_mcp_config(Request::new(req)).await)
 }
 
 async fn set_mode(State(st): State<AppState>, b: Body) -> Response {
