@@ -115,7 +115,7 @@ const CORE_IMPORTS: &[(&str, &[&str])] = &[
     (
         "cluster",
         &[
-            "event", "host", "log", "provider", "reasons", "route", "rule", "session", "stopped",
+            "event", "host", "log", "mcp", "provider", "reasons", "route", "rule", "session", "stopped",
         ],
     ),
     ("event", &["provider"]),

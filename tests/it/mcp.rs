@@ -363,6 +363,7 @@ async fn http_server(token: &str, dir: &Path) -> (String, tokio::process::Child)
         .env("MCP_TEST_TOKEN", token)
         .env("MCP_TEST_DIR", dir)
         .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
@@ -524,4 +525,73 @@ async fn put_config_mcp_adds_an_http_server_keeping_config_toml_outside_mcp_serv
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     s.stop().await;
+}
+
+/// With `--bus`, the table put on one replica is in VAK_CONFIG, signed
+/// with the cluster secret: every replica with the secret runs the servers
+/// (its own processes), one started later too; a replica without the secret
+/// refuses to put one (403 `no_bus_secret`) and never runs the shared ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_bus_the_mcp_servers_put_on_one_replica_run_on_every_replica_with_the_cluster_secret() {
+    use crate::support::nats::{Cluster, Replica};
+    use std::os::unix::fs::PermissionsExt;
+    let nats = Cluster::three().await;
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("bus-secret");
+    std::fs::write(
+        &secret,
+        "9c2e4b6d8f0a1c3e5b7d9f4f1e9a0c7b2d5e8f3a6c9b0d2e4f6a8c1b3d5e7f9a\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let secret = secret.display().to_string();
+    let start = |name: &'static str, signed: bool| {
+        let url = nats.url();
+        let secret = secret.clone();
+        async move {
+            Replica::start(&url, name, "3", |s| {
+                if signed {
+                    s.args(["--bus-secret-file", secret.as_str()])
+                } else {
+                    s
+                }
+            })
+            .await
+        }
+    };
+    let a = start("ra", true).await;
+    let b = start("rb", true).await;
+    let c = start("rc", false).await;
+
+    let table = json!({"servers": {"t": {"command": python().display().to_string(), "args": [server_py(), "stdio"]}}});
+    let (code, v) = c
+        .api
+        .send(reqwest::Method::PUT, "/config/mcp", Some(table.clone()))
+        .await;
+    assert_eq!(code, 403, "{v}");
+    assert_eq!(v["error"]["reason"], "no_bus_secret", "{v}");
+
+    let (code, v) = a.api.send(reqwest::Method::PUT, "/config/mcp", Some(table)).await;
+    assert_eq!(code, 200, "{v}");
+    let on_a = &v["servers"]["t"];
+    assert_eq!(on_a["state"], "ready", "{v}");
+    let on_b = ready(&b.api, "t").await;
+    assert_ne!(on_b["pid"], on_a["pid"], "each replica runs its own process");
+    let (sid, mut sse) = session(&b.api).await;
+    let ran = run(
+        &b.api,
+        &sid,
+        &mut sse,
+        r#"/call mcp__t__add {"a": 20, "b": 22}"#,
+        json!({"approve": true}),
+    )
+    .await;
+    assert_eq!(ran.results[0]["output"], "42", "{:?}", ran.results);
+
+    let d = start("rd", true).await;
+    ready(&d.api, "t").await;
+    assert!(
+        c.api.get("/config/mcp").await.1["servers"].get("t").is_none(),
+        "a replica without the secret does not run the shared servers"
+    );
 }

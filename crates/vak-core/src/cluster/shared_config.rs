@@ -51,6 +51,9 @@ pub const MODE_KEY: &str = "mode";
 pub const KEY_PREFIX: &str = "key.";
 /// A workspace's rules are `rules.<workspace key>`.
 pub const RULES_PREFIX: &str = "rules.";
+/// The key of the MCP servers' table (`PUT /config/mcp`): obeyed only
+/// signed with the cluster secret, since it names commands every replica runs.
+pub const MCP_KEY: &str = "mcp";
 /// The largest value the bucket takes (a workspace's 256 rules fit).
 pub const MAX_VALUE: usize = 768 * 1024;
 use crate::cluster::cluster_secret::{document, signed, Unsigned};
@@ -138,6 +141,7 @@ struct State {
     /// None: deleted at that revision.
     keys: HashMap<ProviderKind, (Option<Secret>, u64)>,
     rules: HashMap<String, (Arc<Vec<Rule>>, u64)>,
+    mcp: Option<(crate::mcp::config::ServerDefs, u64)>,
 }
 
 /// Puts `v`, read at revision `rev`, in `slot` unless the slot holds a
@@ -160,6 +164,8 @@ pub struct SharedConfig {
     changes: watch::Sender<u64>,
     /// Bumped when the permission mode changes.
     modes: watch::Sender<u64>,
+    /// Bumped when the MCP servers' table changes.
+    mcps: watch::Sender<u64>,
     /// This replica's own route (`seed_route`): what stands in for a
     /// refused route when no good one was ever applied here.
     own: Mutex<Option<RouteSpec>>,
@@ -332,6 +338,7 @@ impl SharedConfig {
             state: Mutex::new(State::default()),
             changes: watch::channel(0).0,
             modes: watch::channel(0).0,
+            mcps: watch::channel(0).0,
             own: Mutex::new(None),
         });
         let held = bounded(
@@ -478,6 +485,22 @@ impl SharedConfig {
                 None
             };
             self.set_key(kind, secret, rev);
+        } else if key == MCP_KEY {
+            if self.cipher.is_none() {
+                tracing::warn!(
+                    "ignoring the MCP servers in VAK_CONFIG (revision {rev}): they name commands to run, \
+                     and this replica has no cluster secret (--bus-secret-file) to check their signature"
+                );
+                return;
+            }
+            let defs = put
+                .then(|| serde_json::from_slice::<crate::mcp::config::ServerDefs>(doc).ok())
+                .flatten()
+                .filter(|d| crate::mcp::config::validate(d).is_ok());
+            match defs {
+                Some(d) => self.set_mcp(d, rev),
+                None => tracing::warn!("ignoring unreadable MCP servers in VAK_CONFIG (revision {rev})"),
+            }
         } else if let Some(ws) = key.strip_prefix(RULES_PREFIX) {
             let rules = if put {
                 match serde_json::from_slice::<RulesValue>(doc) {
@@ -559,6 +582,53 @@ impl SharedConfig {
             return;
         }
         s.rules.insert(ws.to_string(), (Arc::new(rules), rev));
+    }
+
+    fn set_mcp(&self, defs: crate::mcp::config::ServerDefs, rev: u64) {
+        if newer(&mut self.lock().mcp, defs, rev) {
+            self.mcps.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// The MCP servers' table in the bucket, as last applied here (None:
+    /// nobody has put one, or this replica cannot check its signature).
+    pub fn mcp(&self) -> Option<crate::mcp::config::ServerDefs> {
+        self.lock().mcp.as_ref().map(|(d, _)| d.clone())
+    }
+
+    /// Notified when the MCP servers' table changed (on any replica).
+    pub fn mcp_changes(&self) -> watch::Receiver<u64> {
+        self.mcps.subscribe()
+    }
+
+    /// Makes `defs` every replica's MCP servers: signed, so only a replica
+    /// with the cluster secret writes it (PermissionDenied, `no_bus_secret`,
+    /// without one) and every replica checks it before it runs anything.
+    pub async fn put_mcp(&self, defs: &crate::mcp::config::ServerDefs) -> Result<()> {
+        if self.cipher.is_none() {
+            return Err(Error::new(
+                ErrorKind::PermissionDenied,
+                "this replica shares NATS (--bus) but has no cluster secret (--bus-secret-file): \
+                 MCP servers name commands every replica runs, so they are shared only signed; give \
+                 every replica the same secret file, or configure them in each replica's config.toml",
+            )
+            .with_reason("no_bus_secret"));
+        }
+        let value = serde_json::to_vec(defs).map_err(|e| Error::internal(e.to_string()))?;
+        let value = self.wrap(MCP_KEY, value);
+        if value.len() > MAX_VALUE {
+            return Err(Error::too_large(format!(
+                "the MCP servers would be {} bytes; {BUCKET} holds at most {MAX_VALUE} per value",
+                value.len()
+            )));
+        }
+        let rev = bounded(
+            "cannot write the MCP servers to VAK_CONFIG",
+            self.kv.put(MCP_KEY, value.into()),
+        )
+        .await?;
+        self.set_mcp(defs.clone(), rev);
+        Ok(())
     }
 
     /// Notified when the route or a key changed (from any replica).

@@ -77,6 +77,36 @@ async fn adopt_shared_config(
     }
 }
 
+/// With `--bus`: applies every MCP servers' table another replica puts,
+/// until the hub closes (servers this replica already runs as given stay).
+async fn adopt_shared_mcp(
+    shared: Arc<crate::cluster::shared_config::SharedConfig>,
+    mcp: Weak<crate::mcp::Mcp>,
+    closing: CancellationToken,
+) {
+    let mut changes = shared.mcp_changes();
+    loop {
+        tokio::select! {
+            changed = changes.changed() => if changed.is_err() { return },
+            _ = closing.cancelled() => return,
+        }
+        let (Some(defs), Some(m)) = (shared.mcp(), mcp.upgrade()) else {
+            continue;
+        };
+        if m.defs() == defs {
+            continue;
+        }
+        let applied = m.clone();
+        let turn = m
+            .changing
+            .change(move |_| Box::pin(async move { applied.apply(defs, std::time::Duration::ZERO).await }));
+        if turn.await.is_err() {
+            return;
+        }
+        tracing::info!("MCP servers changed on another replica");
+    }
+}
+
 impl ControlPlane {
     /// The control plane over `runtimes`' primary; with `--bus` it takes
     /// up the shared mode now and every route and key change from now on.
@@ -97,6 +127,11 @@ impl ControlPlane {
                     rt.set_mode(m.mode);
                 }
             }
+            tokio::spawn(adopt_shared_mcp(
+                shared.clone(),
+                Arc::downgrade(rt.mcp()),
+                closing.clone(),
+            ));
             tokio::spawn(adopt_shared_config(
                 shared,
                 Arc::downgrade(&settings),
@@ -168,14 +203,22 @@ impl ControlPlane {
         crate::mcp::config::validate(&defs)?;
         let mcp = self.rt.mcp().clone();
         let settings = self.settings.clone();
+        let shared = self.rt.cfg.shared_config.clone();
         let applied = mcp.clone();
         mcp.changing
             .change(move |_| {
                 Box::pin(async move {
-                    let written = defs.clone();
-                    settings
-                        .edit_file(move |doc| crate::mcp::config::write_servers(doc, &written))
-                        .await?;
+                    match shared {
+                        // With --bus the bucket is where the table lives
+                        // (config.toml is not written, as for the route).
+                        Some(shared) => shared.put_mcp(&defs).await?,
+                        None => {
+                            let written = defs.clone();
+                            settings
+                                .edit_file(move |doc| crate::mcp::config::write_servers(doc, &written))
+                                .await?
+                        }
+                    }
                     applied.apply(defs, settle).await;
                     Ok::<_, crate::error::Error>(())
                 })

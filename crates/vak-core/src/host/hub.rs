@@ -77,7 +77,13 @@ impl Hub {
             cfg.workspace_roots.clone(),
         ));
         let sandbox = crate::tools::sandbox::Sandbox::new(&cfg.sandbox, &cfg.home)?;
-        let mcp = Arc::new(crate::mcp::Mcp::start(settings.file_mcp(), cfg.workspace.clone()));
+        // With --bus, a table put on any replica (in the bucket) wins over config.toml's.
+        let defs = cfg
+            .shared_config
+            .as_ref()
+            .and_then(|s| s.mcp())
+            .unwrap_or_else(|| settings.file_mcp());
+        let mcp = Arc::new(crate::mcp::Mcp::start(defs, cfg.workspace.clone()));
         let rt = Arc::new(Runtime::new(cfg, route, search, sandbox, mcp));
         let runtimes = Arc::new(Runtimes::new(rt, workspaces.clone()));
         let closing = CancellationToken::new();

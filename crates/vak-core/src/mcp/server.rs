@@ -331,6 +331,11 @@ impl Owner {
             .as_ref()
             .map_or_else(|| self.workspace.clone(), PathBuf::from);
         let mut cmd = tokio::process::Command::new(&program);
+        // The providers' keys, the token and the bus's secrets stay vak's,
+        // as for the agent's commands (a definition's `env` may still set one).
+        for k in crate::tools::sandbox::WITHHELD_ENV {
+            cmd.env_remove(k);
+        }
         cmd.args(&def.args)
             .envs(&def.env)
             .current_dir(&cwd)
