@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use vak::core::PermissionMode;
+use vak::proto::v1 as pb;
 
 /// The venv's python with the official MCP SDK.
 fn python() -> PathBuf {
@@ -154,6 +155,29 @@ async fn an_mcp_tool_over_stdio_asks_in_default_runs_in_bypass_and_under_a_rule_
     }
     assert!(t["pid"].as_u64().is_some(), "a stdio server shows its pid: {t}");
     assert_eq!(t["command"], python().display().to_string());
+
+    // The same table over gRPC, typed; a bad one is INVALID_ARGUMENT naming the field.
+    let mut grpc = s.grpc().await;
+    let got = grpc
+        .get_mcp_config(pb::GetMcpConfigRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let typed = &got.servers["t"];
+    assert_eq!(typed.state(), pb::McpServerState::Ready);
+    assert_eq!((typed.tool_count, typed.enabled), (6, Some(true)));
+    let mut bad = got.servers.clone();
+    bad.get_mut("t").unwrap().timeout_ms = Some(0);
+    let e = grpc
+        .put_mcp_config(pb::PutMcpConfigRequest { servers: bad })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(
+        e.message().starts_with("servers.t.timeout_ms:"),
+        "{}",
+        e.message()
+    );
 
     // default: asked, approved, run; the offline model echoes the result.
     let (sid, mut sse) = session(&s).await;
