@@ -326,6 +326,11 @@ mod tests {
         );
         write_servers(&mut doc, &defs).unwrap();
         let out = doc.to_string();
+        // In place, byte for byte around it.
+        assert_eq!(
+            out,
+            "# top comment\n[server]\n# kept\ntrusted_hosts = [\"a\"] # trailing\n\n[mcp.servers.new]\ncommand = \"python3\"\nargs = [\"-m\", \"srv\"]\nenv = { A = \"1\" }\n\n[model]\nprovider = \"offline\"\n"
+        );
         assert!(
             out.starts_with("# top comment\n[server]\n# kept\ntrusted_hosts = [\"a\"] # trailing\n"),
             "{out}"
