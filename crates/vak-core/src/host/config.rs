@@ -3,6 +3,8 @@
 use crate::cluster::shared_config::{self, SharedConfig};
 use crate::error::{Error, ErrorKind, Result};
 use crate::file_owner::FileOwner;
+use crate::host::agent_settings::{self, AgentSettings, FileAgent, FileApp, FileSettings, SettingsPatch};
+use crate::host::hooks::HookSpecs;
 use crate::host::secrets::{self, SecretStore};
 use crate::provider::{self, Endpoint, Failure, FailureKind, ModelInfo, Provider, ProviderKind, Secret};
 pub use crate::route::{Route, RouteSpec, Source};
@@ -254,6 +256,8 @@ pub struct FileConfig {
     pub server: FileServer,
     pub sandbox: FileSandbox,
     pub model: RouteLayer,
+    /// `[agent]`, `[app]` and `[hooks]` (`agent_settings.rs`).
+    pub settings: FileSettings,
     pub ignored: Vec<String>,
 }
 
@@ -287,6 +291,12 @@ impl FileConfig {
             model: FileModel,
             #[serde(default)]
             sandbox: FileSandbox,
+            #[serde(default)]
+            agent: FileAgent,
+            #[serde(default)]
+            app: FileApp,
+            #[serde(default)]
+            hooks: Option<HookSpecs>,
         }
         let at = |e: toml::de::Error| {
             let line = e
@@ -298,7 +308,12 @@ impl FileConfig {
         let table: toml::Table = toml::from_str(text).map_err(at)?;
         let ignored = table
             .keys()
-            .filter(|k| !matches!(k.as_str(), "server" | "model" | "sandbox"))
+            .filter(|k| {
+                !matches!(
+                    k.as_str(),
+                    "server" | "model" | "sandbox" | "agent" | "app" | "hooks"
+                )
+            })
             .cloned()
             .collect();
         let m = known.model;
@@ -308,7 +323,9 @@ impl FileConfig {
             .map(|p| parse_provider(p, "[model] provider"))
             .transpose()
             .map_err(|e| e.message)?;
+        let settings = FileSettings::check(known.agent, known.app, known.hooks).map_err(|e| e.message)?;
         Ok(FileConfig {
+            settings,
             server: known.server,
             sandbox: known.sandbox,
             model: RouteLayer {
@@ -321,9 +338,10 @@ impl FileConfig {
     }
 }
 
-/// Writes `spec` as config.toml's `[model]`, keeping every other section,
-/// key and comment; atomic (temporary file and rename), mode 0600. Blocking.
-fn persist(home: &Path, spec: &RouteSpec) -> Result<()> {
+/// Writes `spec` as config.toml's `[model]` and what `more` names
+/// (`[agent]`, `[app]`, `[hooks]`), keeping every other section, key and
+/// comment; atomic (temporary file and rename), mode 0600. Blocking.
+fn persist(home: &Path, spec: Option<&RouteSpec>, more: &SettingsPatch) -> Result<()> {
     let path = config_path(home);
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
@@ -336,6 +354,10 @@ fn persist(home: &Path, spec: &RouteSpec) -> Result<()> {
             e.message()
         ))
     })?;
+    agent_settings::write_toml(&mut doc, more)?;
+    let Some(spec) = spec else {
+        return crate::home::write_private_file(home, "config.toml", doc.to_string().as_bytes());
+    };
     let model = doc
         .entry("model")
         .or_insert_with(|| toml_edit::Item::Table(toml_edit::Table::new()));
@@ -381,6 +403,16 @@ pub struct RoutePatch {
     pub base_url: Option<String>,
     /// The revision the change was based on; a different one is refused.
     pub revision: Option<String>,
+    /// max_turns, theme and hooks (checked).
+    pub settings: SettingsPatch,
+}
+
+impl RoutePatch {
+    /// Whether the route is asked to change (an empty patch counts, as it
+    /// always did: it re-resolves and re-persists the route).
+    fn touches_route(&self) -> bool {
+        self.provider.is_some() || self.model.is_some() || self.base_url.is_some() || self.settings.is_empty()
+    }
 }
 
 /// One provider as `GET /providers` shows it.
@@ -426,6 +458,8 @@ struct Current {
     /// With `--bus`: the bucket revision of the route in effect (the
     /// revision clients see is then `bus-<n>`, the same on every replica).
     bus_rev: Option<u64>,
+    /// max_turns, theme and hooks (this replica's own, also with `--bus`).
+    settings: AgentSettings,
     /// With `--bus`: the route revision and the fingerprint of its key that
     /// the route in use was built from (a change of either rebuilds it).
     built: (Option<u64>, Option<String>),
@@ -456,6 +490,7 @@ impl Settings {
     pub fn open(cfg: &CoreConfig) -> Result<Settings> {
         let file = FileConfig::load(&cfg.home)?;
         let mut spec = resolve_spec(&cfg.route_flags, &cfg.env.route, &file.model)?;
+        let agent = AgentSettings::resolve(cfg.max_turns, cfg.max_turns_from_flag, &file.settings);
         let store = SecretStore::open(&cfg.home)?;
         // With --bus the bucket's route wins over flags, environment and file.
         let bus_rev = match cfg.shared_config.as_ref().and_then(|s| s.route()) {
@@ -474,6 +509,7 @@ impl Settings {
                 spec,
                 n: 1,
                 bus_rev,
+                settings: agent,
                 built: (None, None),
             }),
             changing: FileOwner::new("the model route", ()),
@@ -507,7 +543,12 @@ impl Settings {
         (c.spec.clone(), revision)
     }
 
-    /// Notified (with a new number) on every route change.
+    /// max_turns, theme and hooks in effect, with their sources.
+    pub fn agent_settings(&self) -> AgentSettings {
+        self.lock().settings.clone()
+    }
+
+    /// Notified (with a new number) on every configuration change.
     pub fn changes(&self) -> watch::Receiver<u64> {
         self.changes.subscribe()
     }
@@ -612,12 +653,14 @@ impl Settings {
         })
     }
 
-    /// Changes the route: resolved, then persisted to config.toml, then
-    /// handed to `apply`; nothing changes when any step fails.
+    /// Changes the route and the other settings: resolved, then persisted
+    /// to config.toml, then handed to `apply` (the new route, when it was
+    /// asked to change, and the settings now in effect); nothing changes
+    /// when any step fails. Every change bumps the one revision.
     pub async fn update(
         self: &Arc<Self>,
         patch: RoutePatch,
-        apply: impl FnOnce(Route) + Send + 'static,
+        apply: impl FnOnce(Option<Route>, &AgentSettings) + Send + 'static,
     ) -> Result<()> {
         let me = self.clone();
         self.changing
@@ -625,46 +668,72 @@ impl Settings {
             .await?
     }
 
-    /// `update` on the route's owner task.
-    async fn update_now(&self, patch: RoutePatch, apply: impl FnOnce(Route)) -> Result<()> {
+    /// `update` on the route's owner task. With `--bus` the route is the
+    /// bucket's (compare-and-set) while max_turns, theme and hooks are this
+    /// replica's own: written to its config.toml, and their change alone
+    /// leaves the shared revision as it is.
+    async fn update_now(
+        &self,
+        patch: RoutePatch,
+        apply: impl FnOnce(Option<Route>, &AgentSettings),
+    ) -> Result<()> {
         let (spec, route, bus_rev) = match &self.shared {
-            Some(shared) => self.update_shared(shared, &patch).await?,
-            None => {
+            Some(shared) if patch.touches_route() => {
+                let (spec, route, rev) = self.update_shared(shared, &patch).await?;
+                (Some(spec), Some(route), rev)
+            }
+            _ => {
                 let (cur, revision) = self.current();
                 if let Some(r) = &patch.revision {
                     if *r != revision {
                         return Err(stale(r, &revision));
                     }
                 }
-                let spec = patched(&cur, &patch)?;
-                let route = self.route_for(&spec)?;
-                let home = self.home.clone();
-                let saved = spec.clone();
-                tokio::task::spawn_blocking(move || persist(&home, &saved))
-                    .await
-                    .map_err(|e| Error::internal(format!("the config writer failed: {e}")))??;
+                let spec = patch.touches_route().then(|| patched(&cur, &patch)).transpose()?;
+                let route = spec.as_ref().map(|s| self.route_for(s)).transpose()?;
                 (spec, route, None)
             }
         };
-        let fp = self.route_key_fingerprint(&spec);
-        let provider = spec.provider;
-        apply(route);
+        // config.toml: the route only without --bus (the bucket holds it then).
+        let saved = spec.clone().filter(|_| self.shared.is_none());
+        if saved.is_some() || !patch.settings.is_empty() {
+            let (home, more) = (self.home.clone(), patch.settings.clone());
+            let written = tokio::task::spawn_blocking(move || persist(&home, saved.as_ref(), &more))
+                .await
+                .map_err(|e| Error::internal(format!("the config writer failed: {e}")))
+                .and_then(|r| r);
+            match written {
+                // With --bus the shared route already changed: go on.
+                Err(e) if self.shared.is_some() && spec.is_some() => {
+                    tracing::warn!("config.toml keeps its old settings: {}", e.message)
+                }
+                other => other?,
+            }
+        }
+        let settings = self.lock().settings.patched(&patch.settings);
+        let fp = spec.as_ref().map(|s| self.route_key_fingerprint(s));
+        let provider = spec.as_ref().map(|s| s.provider);
+        apply(route, &settings);
         let n = {
             let mut c = self.lock();
-            c.spec = spec;
+            if let Some(spec) = spec {
+                c.spec = spec;
+            }
+            c.settings = settings;
             c.n += 1;
             if bus_rev.is_some() {
                 c.bus_rev = bus_rev;
-                c.built = (bus_rev, fp);
+                c.built = (bus_rev, fp.flatten());
             }
             c.n
         };
         self.changes.send_replace(n);
-        tracing::info!(
-            provider = provider.as_str(),
-            model = %self.lock().spec.model,
-            "model route changed"
-        );
+        match provider {
+            Some(p) => {
+                tracing::info!(provider = p.as_str(), model = %self.lock().spec.model, "model route changed")
+            }
+            None => tracing::info!("configuration changed"),
+        }
         Ok(())
     }
 
@@ -1046,7 +1115,7 @@ mod tests {
             base_url: None,
             source: Source::Api,
         };
-        persist(home.path(), &spec).unwrap();
+        persist(home.path(), Some(&spec), &SettingsPatch::default()).unwrap();
         let out = std::fs::read_to_string(config_path(home.path())).unwrap();
         assert!(
             out.contains("# mine")
