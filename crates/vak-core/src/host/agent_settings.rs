@@ -182,7 +182,7 @@ fn table<'a>(doc: &'a mut toml_edit::DocumentMut, name: &str) -> Result<&'a mut 
 }
 
 /// Sets `key` to `v`, keeping the comments around an existing value.
-fn set_keeping_decor(table: &mut dyn toml_edit::TableLike, key: &str, mut v: toml_edit::Value) {
+pub(crate) fn set_keeping_decor(table: &mut dyn toml_edit::TableLike, key: &str, mut v: toml_edit::Value) {
     match table.get_mut(key) {
         Some(item) => {
             if let Some(old) = item.as_value() {

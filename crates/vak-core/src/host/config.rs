@@ -3,7 +3,9 @@
 use crate::cluster::shared_config::{self, SharedConfig};
 use crate::error::{Error, ErrorKind, Result};
 use crate::file_owner::FileOwner;
-use crate::host::agent_settings::{self, AgentSettings, FileAgent, FileApp, FileSettings, SettingsPatch};
+use crate::host::agent_settings::{
+    self, set_keeping_decor, AgentSettings, FileAgent, FileApp, FileSettings, SettingsPatch,
+};
 use crate::host::hooks::HookSpecs;
 use crate::host::secrets::{self, SecretStore};
 use crate::provider::{self, Endpoint, Failure, FailureKind, ModelInfo, Provider, ProviderKind, Secret};
@@ -366,31 +368,15 @@ fn persist(home: &Path, spec: Option<&RouteSpec>, more: &SettingsPatch) -> Resul
             "config.toml's model is not a table; fix it, then try again",
         ));
     };
-    set_keeping_decor(table, "provider", spec.provider.as_str());
-    set_keeping_decor(table, "model", &spec.model);
+    set_keeping_decor(table, "provider", spec.provider.as_str().into());
+    set_keeping_decor(table, "model", spec.model.as_str().into());
     match &spec.base_url {
-        Some(u) => set_keeping_decor(table, "base_url", u),
+        Some(u) => set_keeping_decor(table, "base_url", u.as_str().into()),
         None => {
             table.remove("base_url");
         }
     }
     crate::home::write_private_file(home, "config.toml", doc.to_string().as_bytes())
-}
-
-/// Sets `key` to `v`, keeping the comments around an existing value.
-fn set_keeping_decor(table: &mut dyn toml_edit::TableLike, key: &str, v: &str) {
-    match table.get_mut(key) {
-        Some(item) => {
-            let mut new = toml_edit::Value::from(v);
-            if let Some(old) = item.as_value() {
-                *new.decor_mut() = old.decor().clone();
-            }
-            *item = toml_edit::Item::Value(new);
-        }
-        None => {
-            table.insert(key, toml_edit::value(v));
-        }
-    }
 }
 
 /// A change asked for through the API; absent parts keep (or, when the

@@ -5,8 +5,9 @@ use pb::event::Kind;
 use prost_types::value::Kind as Pv;
 use serde_json::Value;
 use vak_core::event::{ClientEvent, Frame, SideOutcome, SidePhase};
+use vak_core::host::agent_settings::{self, SettingsPatch};
 use vak_core::host::control::{ConfigInfo, ModeChange};
-use vak_core::host::hooks::{HookEvent, HookSpec, HookSpecs};
+use vak_core::host::hooks::{HookEvent, HookSpec, HookSpecs, Hooks};
 use vak_core::host::rules::Rule;
 use vak_core::log::presentation::{Item, PresentationEvent, Timeline};
 use vak_core::log::transcript::{self, Role, Transcript};
@@ -437,7 +438,22 @@ pub(crate) fn hooks(h: &HookSpecs) -> pb::Hooks {
     }
 }
 
-pub(crate) fn hook_specs(h: pb::Hooks) -> HookSpecs {
+/// UpdateConfigRequest's max_turns, theme and hooks, checked (an error names the field).
+pub(crate) fn settings_patch(
+    max_turns: Option<u32>,
+    theme: Option<i32>,
+    hooks: Option<pb::Hooks>,
+) -> vak_core::Result<SettingsPatch> {
+    Ok(SettingsPatch {
+        max_turns: max_turns
+            .map(|n| agent_settings::check_max_turns(n, "max_turns"))
+            .transpose()?,
+        theme: theme.map(enums::theme_in).transpose()?,
+        hooks: hooks.map(|h| Hooks::check(&hook_specs(h), "hooks")).transpose()?,
+    })
+}
+
+fn hook_specs(h: pb::Hooks) -> HookSpecs {
     let list = |v: Vec<pb::Hook>| {
         v.into_iter()
             .map(|h| HookSpec {

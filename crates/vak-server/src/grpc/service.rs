@@ -13,10 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tonic::{Request, Response, Status};
 use vak_core::cluster::owners::Owner;
-use vak_core::host::agent_settings::{self, SettingsPatch};
 use vak_core::host::config::{self, RoutePatch};
 use vak_core::host::control::ControlPlane;
-use vak_core::host::hooks::Hooks;
 use vak_core::host::hub::Hub;
 use vak_core::host::registry::{Located, Registry};
 use vak_core::log::presentation::PresentationEvent;
@@ -637,19 +635,7 @@ impl AgentService for AgentApi {
                 return Err(Status::invalid_argument("revision is longer than 128 characters"));
             }
         }
-        let settings = SettingsPatch {
-            max_turns: r
-                .max_turns
-                .map(|n| agent_settings::check_max_turns(n, "max_turns"))
-                .transpose()
-                .map_err(to_status)?,
-            theme: r.theme.map(enums::theme_in).transpose().map_err(to_status)?,
-            hooks: r
-                .hooks
-                .map(|h| Hooks::check(&convert::hook_specs(h), "hooks"))
-                .transpose()
-                .map_err(to_status)?,
-        };
+        let settings = convert::settings_patch(r.max_turns, r.theme, r.hooks).map_err(to_status)?;
         let patch = RoutePatch {
             provider,
             model: r.model,
