@@ -2,10 +2,10 @@
 // vak itself serves at /app (the bundle `npm run build:app` makes, embedded by
 // `cargo build`), through a TCP proxy that can cut GET /stream mid-frame. It logs
 // in with the token, runs prompts with the offline model, answers an approval in
-// the page, follows the theme PATCH /config sets, checks that model text with HTML is shown as text, that a reload
-// shows the same page, that a cut mid-run shows the reconnect indicator and ends
-// with every line once, that the terminal panel (on in this vak's config.toml)
-// runs `echo hi` in a real shell, and that /admin lists the session; no console
+// the page, follows the theme PATCH /config sets, checks that model text with
+// HTML is shown as text, that a reload shows the same page, that a cut mid-run
+// shows the reconnect indicator and ends with every line once, that the
+// terminal panel (on in this vak's config.toml) runs `echo hi` in a real shell, and that /admin lists the session; no console
 // error and no CSP violation during the whole run. Screenshots go to
 // artifacts/app/ (`make screenshots` copies four of them to docs/screenshots/).
 //
