@@ -5,8 +5,9 @@
 // the page, follows the theme PATCH /config sets, checks that model text with
 // HTML is shown as text, that a reload shows the same page, that a cut mid-run
 // shows the reconnect indicator and ends with every line once, that the
-// terminal panel (on in this vak's config.toml) runs `echo hi` in a real shell, and that /admin lists the session; no console
-// error and no CSP violation during the whole run. Screenshots go to
+// terminal panel (on in this vak's config.toml) runs `echo hi` in a real shell,
+// and that /admin lists the session; no console error and no CSP violation
+// during the whole run. Screenshots go to
 // artifacts/app/ (`make screenshots` copies four of them to docs/screenshots/).
 //
 //   VAK_BIN      the vak binary (default: $CARGO_TARGET_DIR/debug/vak, else
