@@ -54,8 +54,16 @@ pub(crate) async fn pre_tool_use(rt: &Runtime, call: &Call<'_>, cancel: &Cancell
         return Verdict::Proceed;
     }
     let doc = call.document(rt, HookEvent::PreToolUse);
-    for hook in &hooks {
-        let ran = run_one(rt, HookEvent::PreToolUse, hook, &doc, call.session_id, cancel).await;
+    for (i, hook) in hooks.iter().enumerate() {
+        let ran = run_one(
+            rt,
+            HookEvent::PreToolUse,
+            (i, hook),
+            &doc,
+            call.session_id,
+            cancel,
+        )
+        .await;
         match ran.ended {
             Ended::Exited(BLOCK) => return Verdict::Blocked(reason(&ran.stderr)),
             Ended::Cancelled => return Verdict::Cancelled,
@@ -80,10 +88,17 @@ pub(crate) async fn post_tool_use(
     let mut doc = call.document(rt, HookEvent::PostToolUse);
     doc["ok"] = json!(ok);
     doc["output"] = json!(output);
-    for hook in &hooks {
-        if run_one(rt, HookEvent::PostToolUse, hook, &doc, call.session_id, cancel)
-            .await
-            .ended
+    for (i, hook) in hooks.iter().enumerate() {
+        if run_one(
+            rt,
+            HookEvent::PostToolUse,
+            (i, hook),
+            &doc,
+            call.session_id,
+            cancel,
+        )
+        .await
+        .ended
             == Ended::Cancelled
         {
             return;
@@ -123,17 +138,19 @@ fn spawn(rt: &Arc<Runtime>, event: HookEvent, session_id: &str, extra: Value) {
     let (rt, session_id) = (rt.clone(), session_id.to_string());
     tokio::spawn(async move {
         let never = CancellationToken::new();
-        for hook in &hooks {
-            run_one(&rt, event, hook, &doc, &session_id, &never).await;
+        for (i, hook) in hooks.iter().enumerate() {
+            run_one(&rt, event, (i, hook), &doc, &session_id, &never).await;
         }
     });
 }
 
-/// Runs one hook; a failure (but a `pre_tool_use` hook's exit 2) is logged.
+/// Runs one hook (`i`: its place among those that matched); a failure (but
+/// a `pre_tool_use` hook's exit 2) is logged, naming the hook by event and
+/// place, not by its command, which may hold a secret.
 async fn run_one(
     rt: &Runtime,
     event: HookEvent,
-    hook: &Hook,
+    (i, hook): (usize, &Hook),
     doc: &Value,
     session_id: &str,
     cancel: &CancellationToken,
@@ -164,14 +181,14 @@ async fn run_one(
         Some(why) => tracing::warn!(
             session = %session_id,
             event = event.as_str(),
-            command = %hook.command,
+            hook = i,
             stderr = bounded(&ran.stderr),
             "hook failed ({why}); going on"
         ),
         None => tracing::debug!(
             session = %session_id,
             event = event.as_str(),
-            command = %hook.command,
+            hook = i,
             ended = ?ran.ended,
             stdout = bounded(&ran.stdout),
             "hook ran"
