@@ -668,7 +668,21 @@ impl Settings {
                 let (spec, route, rev) = self.update_shared(shared, &patch).await?;
                 (Some(spec), Some(route), rev)
             }
-            _ => {
+            Some(shared) => {
+                // Checked against the bucket's revision as the leader has it
+                // now (another replica may have changed the route a moment ago).
+                if let Some(r) = &patch.revision {
+                    let revision = match shared.read_route().await? {
+                        Some((_, rev)) => shared_config::revision_string(rev),
+                        None => self.current().1,
+                    };
+                    if *r != revision {
+                        return Err(stale(r, &revision));
+                    }
+                }
+                (None, None, None)
+            }
+            None => {
                 let (cur, revision) = self.current();
                 if let Some(r) = &patch.revision {
                     if *r != revision {
