@@ -247,9 +247,10 @@ pub struct ServeArgs {
     /// server (which needs no key). Also VAK_BASE_URL and `[model] base_url`.
     #[arg(long)]
     pub base_url: Option<String>,
-    /// Model turns one run leg may take before it ends with `max_turns`.
-    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=10_000))]
-    pub max_turns: u32,
+    /// Model turns one run leg may take before it ends with `max_turns`
+    /// (default 50). Also `[agent] max_turns` and `PATCH /config`.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub max_turns: Option<u32>,
     /// The most tokens one model turn may produce (the request's
     /// max_tokens). Also VAK_MAX_OUTPUT_TOKENS.
     #[arg(long, env = "VAK_MAX_OUTPUT_TOKENS", default_value_t = 8192, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
@@ -354,7 +355,10 @@ impl ServeArgs {
             ))
         })?;
         core.allow_bypass = self.allow_bypass;
-        core.max_turns = self.max_turns;
+        if let Some(n) = self.max_turns {
+            core.max_turns = n;
+            core.max_turns_from_flag = true;
+        }
         core.max_output_tokens = self.max_output_tokens;
         if let Some(m) = &self.model {
             config::validate_model(m, "--model")?;

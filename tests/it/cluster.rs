@@ -961,6 +961,40 @@ async fn a_route_patched_on_one_replica_is_every_replicas_and_a_stale_revision_i
     );
 }
 
+/// max_turns, theme and hooks are each replica's own (docs/protocol.md,
+/// section 28): a change through one replica is checked against the shared
+/// revision, leaves that revision and the other replica as they are, and
+/// a stale revision is still refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_turns_theme_and_hooks_stay_with_the_replica_that_changed_them() {
+    let nats = Cluster::three().await;
+    let a = start(&nats, "ra").await;
+    let b = start(&nats, "rb").await;
+    let (_, before) = a.api.get("/config").await;
+    let rev = before["revision"].as_str().unwrap().to_string();
+    let (code, v) = patch_config(
+        &a,
+        json!({"max_turns": 4, "theme": "dark", "hooks": {"stop": [{"command": "true"}]}, "revision": rev}),
+    )
+    .await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(
+        (&v["max_turns"], &v["theme"], &v["revision"]),
+        (&json!(4), &json!("dark"), &json!(rev))
+    );
+    assert_eq!(v["hooks"]["stop"][0]["command"], "true");
+    let (_, on_b) = b.api.get("/config").await;
+    assert_eq!(
+        (&on_b["max_turns"], &on_b["theme"], &on_b["revision"]),
+        (&json!(50), &json!("system"), &json!(rev))
+    );
+    // A route change moves the shared revision; the old one is stale for every setting.
+    let (code, v) = patch_config(&b, json!({"model": "offline", "revision": rev})).await;
+    assert_eq!(code, 200, "{v}");
+    let (code, e) = patch_config(&a, json!({"max_turns": 5, "revision": rev})).await;
+    assert_eq!(code, 409, "{e}");
+}
+
 /// Rules ListRules answers, minus nothing: the whole body.
 async fn rules_on(r: &Replica) -> Value {
     let (code, v) = r.api.get("/permissions/rules").await;

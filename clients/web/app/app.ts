@@ -16,6 +16,7 @@ import {
   PermissionModeSchema,
   PlanExitMode,
   SurfaceSchema,
+  ThemeSchema,
   login,
   logout,
   storedKey,
@@ -117,7 +118,15 @@ function schedule(): void {
   });
 }
 
+/** The server's theme (`light`, `dark`, `system`) on the root element, which app.css reads. */
+function applyTheme(): void {
+  const theme = state.config ? enumJsonName(ThemeSchema, state.config.theme) : "";
+  if (theme) document.documentElement.dataset.theme = theme;
+  else delete document.documentElement.dataset.theme;
+}
+
 function render(): void {
+  applyTheme();
   const scroller = root.querySelector(".conversation");
   const atBottom = !scroller || scroller.scrollHeight - scroller.scrollTop - scroller.clientHeight < 40;
   const focused = document.activeElement;

@@ -2,11 +2,12 @@
 // vak itself serves at /app (the bundle `npm run build:app` makes, embedded by
 // `cargo build`), through a TCP proxy that can cut GET /stream mid-frame. It logs
 // in with the token, runs prompts with the offline model, answers an approval in
-// the page, checks that model text with HTML is shown as text, that a reload
-// shows the same page, that a cut mid-run shows the reconnect indicator and ends
-// with every line once, that the terminal panel (on in this vak's config.toml)
-// runs `echo hi` in a real shell, and that /admin lists the session; no console
-// error and no CSP violation during the whole run. Screenshots go to
+// the page, follows the theme PATCH /config sets, checks that model text with
+// HTML is shown as text, that a reload shows the same page, that a cut mid-run
+// shows the reconnect indicator and ends with every line once, that the
+// terminal panel (on in this vak's config.toml) runs `echo hi` in a real shell,
+// and that /admin lists the session; no console error and no CSP violation
+// during the whole run. Screenshots go to
 // artifacts/app/ (`make screenshots` copies four of them to docs/screenshots/).
 //
 //   VAK_BIN      the vak binary (default: $CARGO_TARGET_DIR/debug/vak, else
@@ -361,6 +362,26 @@ step("a plan is approved with the mode to leave plan mode for; a bash call is de
   const call = page.locator("#timeline .item.tool_call").last();
   assert.equal(await call.getAttribute("data-status"), "failed");
   assert.match(await call.textContent(), /not now/);
+});
+
+step("the theme PATCH /config sets reaches the page live: dark, then the browser's own", async () => {
+  const patch = async (theme) => {
+    const r = await fetch(`${vak.url}/config`, {
+      method: "PATCH",
+      headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
+      body: JSON.stringify({ theme }),
+    });
+    assert.equal(r.status, 200);
+  };
+  const background = () => page.evaluate(() => getComputedStyle(document.body).backgroundColor);
+  await page.waitForFunction(() => document.documentElement.dataset.theme === "system");
+  const light = await background();
+  await patch("dark");
+  await page.waitForFunction(() => document.documentElement.dataset.theme === "dark");
+  assert.notEqual(await background(), light, "dark colours");
+  await patch("system");
+  await page.waitForFunction(() => document.documentElement.dataset.theme === "system");
+  assert.equal(await background(), light);
 });
 
 step("Files shows the workspace's tree and Diff the session's diff", async () => {

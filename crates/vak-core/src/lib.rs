@@ -75,8 +75,12 @@ pub struct CoreConfig {
     /// Ledger bytes between snapshots of a session's state, at least (they
     /// also grow with the state: see `writer::SnapshotPolicy`).
     pub snapshot_min_bytes: u64,
-    /// Model turns one leg may take before it ends with `max_turns`.
+    /// Model turns one leg may take before it ends with `max_turns` (at
+    /// startup: config.toml's `[agent] max_turns` wins unless this came
+    /// from `--max-turns`; then it is live state, `Runtime::max_turns`).
     pub max_turns: u32,
+    /// Whether `max_turns` came from `--max-turns`.
+    pub max_turns_from_flag: bool,
     /// The output token limit of one model turn.
     pub max_output_tokens: u32,
     /// Sampling temperature; None leaves it to the provider.
@@ -124,6 +128,7 @@ impl CoreConfig {
             unload_idle_after: Duration::from_secs(300),
             snapshot_min_bytes: 8 << 20,
             max_turns: 50,
+            max_turns_from_flag: false,
             max_output_tokens: 8192,
             temperature: None,
             route_flags: host::config::RouteLayer::default(),

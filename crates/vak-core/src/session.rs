@@ -5,6 +5,7 @@ pub(crate) mod agent;
 pub mod approvals;
 pub mod attachments;
 pub(crate) mod context;
+pub(crate) mod hooks;
 pub(crate) mod lifecycle;
 pub mod live;
 pub mod prompt;

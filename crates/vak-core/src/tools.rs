@@ -13,6 +13,7 @@ use std::path::Path;
 use tokio_util::sync::CancellationToken;
 
 mod bash;
+pub(crate) mod piped;
 pub use bash::{Chunk, Live, DEFAULT_TIMEOUT_SECS, LIVE_CAP, LIVE_STOPPED, MAX_TIMEOUT_SECS};
 
 /// The most a tool returns as output; the rest is cut with a note.

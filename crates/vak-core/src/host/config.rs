@@ -3,6 +3,10 @@
 use crate::cluster::shared_config::{self, SharedConfig};
 use crate::error::{Error, ErrorKind, Result};
 use crate::file_owner::FileOwner;
+use crate::host::agent_settings::{
+    self, set_keeping_decor, AgentSettings, FileAgent, FileApp, FileSettings, SettingsPatch,
+};
+use crate::host::hooks::HookSpecs;
 use crate::host::secrets::{self, SecretStore};
 use crate::provider::{self, Endpoint, Failure, FailureKind, ModelInfo, Provider, ProviderKind, Secret};
 pub use crate::route::{Route, RouteSpec, Source};
@@ -256,6 +260,8 @@ pub struct FileConfig {
     pub model: RouteLayer,
     /// `[mcp.servers.<name>]`: the MCP servers.
     pub mcp: crate::mcp::config::ServerDefs,
+    /// `[agent]`, `[app]` and `[hooks]` (`agent_settings.rs`).
+    pub settings: FileSettings,
     pub ignored: Vec<String>,
 }
 
@@ -291,6 +297,12 @@ impl FileConfig {
             sandbox: FileSandbox,
             #[serde(default)]
             mcp: crate::mcp::config::FileMcp,
+            #[serde(default)]
+            agent: FileAgent,
+            #[serde(default)]
+            app: FileApp,
+            #[serde(default)]
+            hooks: Option<HookSpecs>,
         }
         let at = |e: toml::de::Error| {
             let line = e
@@ -302,7 +314,12 @@ impl FileConfig {
         let table: toml::Table = toml::from_str(text).map_err(at)?;
         let ignored = table
             .keys()
-            .filter(|k| !matches!(k.as_str(), "server" | "model" | "sandbox" | "mcp"))
+            .filter(|k| {
+                !matches!(
+                    k.as_str(),
+                    "server" | "model" | "sandbox" | "mcp" | "agent" | "app" | "hooks"
+                )
+            })
             .cloned()
             .collect();
         let m = known.model;
@@ -313,8 +330,10 @@ impl FileConfig {
             .transpose()
             .map_err(|e| e.message)?;
         crate::mcp::config::validate(&known.mcp.servers).map_err(|e| format!("[mcp] {}", e.message))?;
+        let settings = FileSettings::check(known.agent, known.app, known.hooks).map_err(|e| e.message)?;
         Ok(FileConfig {
             mcp: known.mcp.servers,
+            settings,
             server: known.server,
             sandbox: known.sandbox,
             model: RouteLayer {
@@ -327,10 +346,15 @@ impl FileConfig {
     }
 }
 
-/// Writes `spec` as config.toml's `[model]`, keeping every other section,
-/// key and comment; atomic (temporary file and rename), mode 0600. Blocking.
-fn persist(home: &Path, spec: &RouteSpec) -> Result<()> {
+/// Writes `spec` as config.toml's `[model]` and what `more` names
+/// (`[agent]`, `[app]`, `[hooks]`), keeping every other section, key and
+/// comment; atomic (temporary file and rename), mode 0600. Blocking.
+fn persist(home: &Path, spec: Option<&RouteSpec>, more: &SettingsPatch) -> Result<()> {
     let mut doc = read_doc(home)?;
+    agent_settings::write_toml(&mut doc, more)?;
+    let Some(spec) = spec else {
+        return crate::home::write_private_file(home, "config.toml", doc.to_string().as_bytes());
+    };
     let model = doc
         .entry("model")
         .or_insert_with(|| toml_edit::Item::Table(toml_edit::Table::new()));
@@ -339,10 +363,10 @@ fn persist(home: &Path, spec: &RouteSpec) -> Result<()> {
             "config.toml's model is not a table; fix it, then try again",
         ));
     };
-    set_keeping_decor(table, "provider", spec.provider.as_str());
-    set_keeping_decor(table, "model", &spec.model);
+    set_keeping_decor(table, "provider", spec.provider.as_str().into());
+    set_keeping_decor(table, "model", spec.model.as_str().into());
     match &spec.base_url {
-        Some(u) => set_keeping_decor(table, "base_url", u),
+        Some(u) => set_keeping_decor(table, "base_url", u.as_str().into()),
         None => {
             table.remove("base_url");
         }
@@ -367,22 +391,6 @@ fn read_doc(home: &Path) -> Result<toml_edit::DocumentMut> {
     })
 }
 
-/// Sets `key` to `v`, keeping the comments around an existing value.
-fn set_keeping_decor(table: &mut dyn toml_edit::TableLike, key: &str, v: &str) {
-    match table.get_mut(key) {
-        Some(item) => {
-            let mut new = toml_edit::Value::from(v);
-            if let Some(old) = item.as_value() {
-                *new.decor_mut() = old.decor().clone();
-            }
-            *item = toml_edit::Item::Value(new);
-        }
-        None => {
-            table.insert(key, toml_edit::value(v));
-        }
-    }
-}
-
 /// A change asked for through the API; absent parts keep (or, when the
 /// provider changes, reset) what is in effect.
 #[derive(Clone, Debug, Default)]
@@ -393,6 +401,16 @@ pub struct RoutePatch {
     pub base_url: Option<String>,
     /// The revision the change was based on; a different one is refused.
     pub revision: Option<String>,
+    /// max_turns, theme and hooks (checked).
+    pub settings: SettingsPatch,
+}
+
+impl RoutePatch {
+    /// Whether the route is asked to change (an empty patch counts, as it
+    /// always did: it re-resolves and re-persists the route).
+    fn touches_route(&self) -> bool {
+        self.provider.is_some() || self.model.is_some() || self.base_url.is_some() || self.settings.is_empty()
+    }
 }
 
 /// One provider as `GET /providers` shows it.
@@ -438,6 +456,8 @@ struct Current {
     /// With `--bus`: the bucket revision of the route in effect (the
     /// revision clients see is then `bus-<n>`, the same on every replica).
     bus_rev: Option<u64>,
+    /// max_turns, theme and hooks (this replica's own, also with `--bus`).
+    settings: AgentSettings,
     /// With `--bus`: the route revision and the fingerprint of its key that
     /// the route in use was built from (a change of either rebuilds it).
     built: (Option<u64>, Option<String>),
@@ -470,6 +490,7 @@ impl Settings {
     pub fn open(cfg: &CoreConfig) -> Result<Settings> {
         let file = FileConfig::load(&cfg.home)?;
         let mut spec = resolve_spec(&cfg.route_flags, &cfg.env.route, &file.model)?;
+        let agent = AgentSettings::resolve(cfg.max_turns, cfg.max_turns_from_flag, &file.settings);
         let store = SecretStore::open(&cfg.home)?;
         // With --bus the bucket's route wins over flags, environment and file.
         let bus_rev = match cfg.shared_config.as_ref().and_then(|s| s.route()) {
@@ -488,6 +509,7 @@ impl Settings {
                 spec,
                 n: 1,
                 bus_rev,
+                settings: agent,
                 built: (None, None),
             }),
             changing: FileOwner::new("the model route", ()),
@@ -550,7 +572,12 @@ impl Settings {
         (c.spec.clone(), revision)
     }
 
-    /// Notified (with a new number) on every route change.
+    /// max_turns, theme and hooks in effect, with their sources.
+    pub fn agent_settings(&self) -> AgentSettings {
+        self.lock().settings.clone()
+    }
+
+    /// Notified (with a new number) on every configuration change.
     pub fn changes(&self) -> watch::Receiver<u64> {
         self.changes.subscribe()
     }
@@ -655,12 +682,14 @@ impl Settings {
         })
     }
 
-    /// Changes the route: resolved, then persisted to config.toml, then
-    /// handed to `apply`; nothing changes when any step fails.
+    /// Changes the route and the other settings: resolved, then persisted
+    /// to config.toml, then handed to `apply` (the new route, when it was
+    /// asked to change, and the settings now in effect); nothing changes
+    /// when any step fails. Every change bumps the one revision.
     pub async fn update(
         self: &Arc<Self>,
         patch: RoutePatch,
-        apply: impl FnOnce(Route) + Send + 'static,
+        apply: impl FnOnce(Option<Route>, &AgentSettings) + Send + 'static,
     ) -> Result<()> {
         let me = self.clone();
         self.changing
@@ -668,10 +697,34 @@ impl Settings {
             .await?
     }
 
-    /// `update` on the route's owner task.
-    async fn update_now(&self, patch: RoutePatch, apply: impl FnOnce(Route)) -> Result<()> {
+    /// `update` on the route's owner task. With `--bus` the route is the
+    /// bucket's (compare-and-set) while max_turns, theme and hooks are this
+    /// replica's own: written to its config.toml, and their change alone
+    /// leaves the shared revision as it is.
+    async fn update_now(
+        &self,
+        patch: RoutePatch,
+        apply: impl FnOnce(Option<Route>, &AgentSettings),
+    ) -> Result<()> {
         let (spec, route, bus_rev) = match &self.shared {
-            Some(shared) => self.update_shared(shared, &patch).await?,
+            Some(shared) if patch.touches_route() => {
+                let (spec, route, rev) = self.update_shared(shared, &patch).await?;
+                (Some(spec), Some(route), rev)
+            }
+            Some(shared) => {
+                // Checked against the bucket's revision as the leader has it
+                // now (another replica may have changed the route a moment ago).
+                if let Some(r) = &patch.revision {
+                    let revision = match shared.read_route().await? {
+                        Some((_, rev)) => shared_config::revision_string(rev),
+                        None => self.current().1,
+                    };
+                    if *r != revision {
+                        return Err(stale(r, &revision));
+                    }
+                }
+                (None, None, None)
+            }
             None => {
                 let (cur, revision) = self.current();
                 if let Some(r) = &patch.revision {
@@ -679,35 +732,51 @@ impl Settings {
                         return Err(stale(r, &revision));
                     }
                 }
-                let spec = patched(&cur, &patch)?;
-                let route = self.route_for(&spec)?;
-                let home = self.home.clone();
-                let saved = spec.clone();
-                tokio::task::spawn_blocking(move || persist(&home, &saved))
-                    .await
-                    .map_err(|e| Error::internal(format!("the config writer failed: {e}")))??;
+                let spec = patch.touches_route().then(|| patched(&cur, &patch)).transpose()?;
+                let route = spec.as_ref().map(|s| self.route_for(s)).transpose()?;
                 (spec, route, None)
             }
         };
-        let fp = self.route_key_fingerprint(&spec);
-        let provider = spec.provider;
-        apply(route);
+        // config.toml: the route only without --bus (the bucket holds it then).
+        let saved = spec.clone().filter(|_| self.shared.is_none());
+        if saved.is_some() || !patch.settings.is_empty() {
+            let (home, more) = (self.home.clone(), patch.settings.clone());
+            let written = tokio::task::spawn_blocking(move || persist(&home, saved.as_ref(), &more))
+                .await
+                .map_err(|e| Error::internal(format!("the config writer failed: {e}")))
+                .and_then(|r| r);
+            match written {
+                // With --bus the shared route already changed: go on.
+                Err(e) if self.shared.is_some() && spec.is_some() => {
+                    tracing::warn!("config.toml keeps its old settings: {}", e.message)
+                }
+                other => other?,
+            }
+        }
+        let settings = self.lock().settings.patched(&patch.settings);
+        let fp = spec.as_ref().map(|s| self.route_key_fingerprint(s));
+        let provider = spec.as_ref().map(|s| s.provider);
+        apply(route, &settings);
         let n = {
             let mut c = self.lock();
-            c.spec = spec;
+            if let Some(spec) = spec {
+                c.spec = spec;
+            }
+            c.settings = settings;
             c.n += 1;
             if bus_rev.is_some() {
                 c.bus_rev = bus_rev;
-                c.built = (bus_rev, fp);
+                c.built = (bus_rev, fp.flatten());
             }
             c.n
         };
         self.changes.send_replace(n);
-        tracing::info!(
-            provider = provider.as_str(),
-            model = %self.lock().spec.model,
-            "model route changed"
-        );
+        match provider {
+            Some(p) => {
+                tracing::info!(provider = p.as_str(), model = %self.lock().spec.model, "model route changed")
+            }
+            None => tracing::info!("configuration changed"),
+        }
         Ok(())
     }
 
@@ -1090,7 +1159,7 @@ mod tests {
             base_url: None,
             source: Source::Api,
         };
-        persist(home.path(), &spec).unwrap();
+        persist(home.path(), Some(&spec), &SettingsPatch::default()).unwrap();
         let out = std::fs::read_to_string(config_path(home.path())).unwrap();
         assert!(
             out.contains("# mine")

@@ -21,7 +21,8 @@ pub struct ConfigInfo {
     pub route: RouteSpec,
     /// Changes on every route change (and with every server start).
     pub revision: String,
-    pub max_turns: u32,
+    /// max_turns, theme and hooks, with their sources.
+    pub settings: crate::host::agent_settings::AgentSettings,
 }
 
 /// What a permission mode change did.
@@ -118,6 +119,7 @@ impl ControlPlane {
         closing: CancellationToken,
     ) -> ControlPlane {
         let rt = runtimes.primary().clone();
+        rt.set_agent_settings(&settings.agent_settings());
         let settings = Arc::new(settings);
         if let Some(shared) = rt.cfg.shared_config.clone() {
             // The bucket's mode wins over --permission-mode (a bypass this
@@ -159,12 +161,18 @@ impl ControlPlane {
         &self.settings
     }
 
-    /// Changes the model route (resolved, persisted, then applied to legs
-    /// that start from now on); the new effective configuration.
+    /// Changes the model route and max_turns, theme and hooks (resolved,
+    /// persisted, then applied to legs that start from now on); the new
+    /// effective configuration.
     pub async fn update_route(&self, patch: RoutePatch) -> Result<ConfigInfo> {
         let rt = self.rt.clone();
         self.settings
-            .update(patch, move |route| rt.set_route(route))
+            .update(patch, move |route, settings| {
+                if let Some(route) = route {
+                    rt.set_route(route);
+                }
+                rt.set_agent_settings(settings);
+            })
             .await?;
         Ok(self.config_info())
     }
@@ -291,7 +299,7 @@ impl ControlPlane {
             ring: self.rt.cfg.bus.ring as u64,
             route,
             revision,
-            max_turns: self.rt.cfg.max_turns,
+            settings: self.settings.agent_settings(),
         }
     }
 }

@@ -260,12 +260,14 @@ impl Registry {
             ),
         };
         let (log, lease, jetstream) = log;
+        let hook_rt = rt.clone();
         let session = Session::create(rt, &id, created_at, log);
         if let Some(lost) = lease {
             watch_lease(&session, lost, jetstream);
         }
         report_stop(&session, self.stopped.clone());
         self.note_shared(&session).await;
+        crate::session::hooks::session_start(&hook_rt, &id);
         self.loaded()
             .insert(id, Arc::new(OnceCell::new_with(Some(session.clone()))));
         Ok(session)

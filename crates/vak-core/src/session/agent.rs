@@ -1,6 +1,7 @@
 //! The agent loop: one leg of a turn chain. It asks the provider for a turn, runs the tools it calls (through approvals when needed), and repeats until the model answers without tools or the max-turns cap.
 
 use crate::event::{AgentEvent, ClientEvent, Compaction, RunOutcome};
+use crate::host::hooks::HookEvent;
 use crate::log::deltas::{Deltas, FREE};
 use crate::permissions::{self, Decision};
 use crate::provider::{
@@ -10,6 +11,7 @@ use crate::route::Route;
 use crate::session::admission::Input;
 use crate::session::approvals::Answer;
 use crate::session::context::TurnContext;
+use crate::session::hooks;
 use crate::tools::ToolClass;
 use crate::{session::prompt, tools, PermissionMode};
 use std::future::Future;
@@ -240,18 +242,17 @@ pub(crate) async fn run_leg(
     });
     let rt = session.runtime();
     let leg = Leg::new(session).await;
+    // Fixed for the whole leg, like the route.
+    let max_turns = rt.max_turns();
     let mut turns = 0;
     loop {
         if cancel.is_cancelled() {
             return (RunOutcome::Cancelled, CANCELLED.into());
         }
-        if turns == rt.cfg.max_turns {
+        if turns == max_turns {
             return (
                 RunOutcome::MaxTurns,
-                format!(
-                    "stopped after {} model turns (the max-turns limit)",
-                    rt.cfg.max_turns
-                ),
+                format!("stopped after {max_turns} model turns (the max-turns limit)"),
             );
         }
         turns += 1;
@@ -384,6 +385,15 @@ async fn call_tool(session: &impl TurnContext, defs: &[ToolDef], call: ToolCall,
         input: input.clone(),
     });
     let rt = session.runtime();
+    // Before the permission question: a blocked call never asks the user.
+    if let Some(why) = pre_tool_hooks(session, &tool, &input, &call_id, cancel).await {
+        session.publish(ClientEvent::ToolResult {
+            call_id,
+            ok: false,
+            output: why,
+        });
+        return;
+    }
     let class = tools::class(&tool);
     let decision = if defs.iter().any(|d| d.name == tool) {
         permissions::decide(rt.mode(), class)
@@ -480,7 +490,9 @@ async fn call_tool(session: &impl TurnContext, defs: &[ToolDef], call: ToolCall,
                     });
                 }
             };
-            let run = async move {
+            let run = async {
+                // Moved in, so the publishing loop ends with the tool.
+                let live = live;
                 if crate::mcp::names::server_of(&tool).is_some() {
                     return rt.mcp().call(&tool, &input, cancel).await;
                 }
@@ -501,11 +513,43 @@ async fn call_tool(session: &impl TurnContext, defs: &[ToolDef], call: ToolCall,
             output: why,
         },
     };
+    let seen = hooks::Call {
+        session_id: session.id(),
+        tool: &tool,
+        input: &input,
+        call_id: &call_id,
+    };
+    let post = (!rt.hooks().of(HookEvent::PostToolUse).is_empty()).then(|| result.output.clone());
     session.publish(ClientEvent::ToolResult {
-        call_id,
+        call_id: call_id.clone(),
         ok: result.ok,
         output: result.output,
     });
+    if let Some(output) = post {
+        hooks::post_tool_use(rt, &seen, result.ok, &output, cancel).await;
+    }
+}
+
+/// The `pre_tool_use` hooks' say: None to go on, else the tool error
+/// (a hook's reason, or the cancellation).
+async fn pre_tool_hooks(
+    session: &impl TurnContext,
+    tool: &str,
+    input: &serde_json::Value,
+    call_id: &str,
+    cancel: &CancellationToken,
+) -> Option<String> {
+    let call = hooks::Call {
+        session_id: session.id(),
+        tool,
+        input,
+        call_id,
+    };
+    match hooks::pre_tool_use(session.runtime(), &call, cancel).await {
+        hooks::Verdict::Proceed => None,
+        hooks::Verdict::Blocked(why) => Some(why),
+        hooks::Verdict::Cancelled => Some(CANCELLED.into()),
+    }
 }
 
 #[cfg(test)]

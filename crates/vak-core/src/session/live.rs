@@ -561,6 +561,7 @@ impl Session {
                     self.publish(ClientEvent::Status { busy: false });
                     self.publish(ClientEvent::RunFinished { outcome, message });
                     self.busy.send_replace(false);
+                    crate::session::hooks::stop(&self.rt, self.id(), outcome);
                     return;
                 }
             }

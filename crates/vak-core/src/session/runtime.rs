@@ -1,11 +1,19 @@
-//! What every session of a server shares: the config, the route and permission mode (shared by every workspace), and a workspace's rules, memory, search index and sandbox.
+//! What every session of a server shares: the config, the route, permission mode, max_turns and hooks (shared by every workspace), and a workspace's rules, memory, search index and sandbox.
 
 use crate::error::{Error, Result};
+use crate::host::hooks::Hooks;
 use crate::host::rules::Rules;
 use crate::route::Route;
 use crate::{CoreConfig, PermissionMode};
 use std::sync::Arc;
 use tokio::sync::watch;
+
+/// The live settings a leg reads when it starts (or a hook event when it fires).
+#[derive(Clone)]
+struct Agent {
+    max_turns: u32,
+    hooks: Arc<Hooks>,
+}
 
 /// Shared by every session of a server.
 pub struct Runtime {
@@ -14,6 +22,9 @@ pub struct Runtime {
     route: Arc<std::sync::RwLock<Route>>,
     /// The live permission mode; watched by config frames. Shared like the route.
     mode: Arc<watch::Sender<PermissionMode>>,
+    /// Model turns a leg may take and the lifecycle hooks, shared like the
+    /// route (`PATCH /config` changes them for legs and calls from then on).
+    agent: Arc<std::sync::RwLock<Agent>>,
     /// The workspace's always-allow rules.
     rules: Rules,
     /// The memory notes the system prompt carries.
@@ -41,10 +52,15 @@ impl Runtime {
         mcp: Arc<crate::mcp::Mcp>,
     ) -> Runtime {
         let mode = Arc::new(watch::channel(cfg.permission).0);
+        let agent = Agent {
+            max_turns: cfg.max_turns,
+            hooks: Arc::new(Hooks::default()),
+        };
         Self::with_shared(
             cfg,
             Arc::new(std::sync::RwLock::new(route)),
             mode,
+            Arc::new(std::sync::RwLock::new(agent)),
             Arc::new(search),
             Arc::new(sandbox),
             mcp,
@@ -55,6 +71,7 @@ impl Runtime {
         cfg: CoreConfig,
         route: Arc<std::sync::RwLock<Route>>,
         mode: Arc<watch::Sender<PermissionMode>>,
+        agent: Arc<std::sync::RwLock<Agent>>,
         search: Arc<crate::host::search::Search>,
         sandbox: Arc<crate::tools::sandbox::Sandbox>,
         mcp: Arc<crate::mcp::Mcp>,
@@ -73,6 +90,7 @@ impl Runtime {
             cfg,
             route,
             mode,
+            agent,
             rules,
             memory,
             pin: None,
@@ -92,6 +110,7 @@ impl Runtime {
                 cfg,
                 self.route.clone(),
                 self.mode.clone(),
+                self.agent.clone(),
                 self.search.clone(),
                 self.sandbox.clone(),
                 self.mcp.clone(),
@@ -172,5 +191,27 @@ impl Runtime {
     /// Replaces the route for legs that start from now on.
     pub fn set_route(&self, route: Route) {
         *self.route.write().unwrap_or_else(|p| p.into_inner()) = route;
+    }
+
+    fn agent(&self) -> Agent {
+        self.agent.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The model turns a leg starting now may take.
+    pub fn max_turns(&self) -> u32 {
+        self.agent().max_turns
+    }
+
+    /// The lifecycle hooks in effect now (a snapshot: no lock is held while they run).
+    pub fn hooks(&self) -> Arc<Hooks> {
+        self.agent().hooks
+    }
+
+    /// Takes up max_turns and hooks for legs and events from now on.
+    pub fn set_agent_settings(&self, s: &crate::host::agent_settings::AgentSettings) {
+        *self.agent.write().unwrap_or_else(|p| p.into_inner()) = Agent {
+            max_turns: s.max_turns,
+            hooks: s.hooks.clone(),
+        };
     }
 }

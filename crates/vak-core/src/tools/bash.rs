@@ -57,10 +57,10 @@ pub(super) fn timeout(input: &Value) -> Result<Duration, String> {
 
 /// Kills a process group when dropped, unless disarmed: a bash command that
 /// is cancelled (or whose run is dropped) takes its children with it.
-struct ProcessGroup(Option<i32>);
+pub(super) struct ProcessGroup(pub(super) Option<i32>);
 
 impl ProcessGroup {
-    fn kill(&mut self) {
+    pub(super) fn kill(&mut self) {
         if let Some(pgid) = self.0.take() {
             // SAFETY: killpg only sends a signal. The group's leader is our
             // child, so its id is not another group's while the group lives.
@@ -223,14 +223,14 @@ async fn read_both(
 /// The output a result shows: its first `cap` bytes as read, and how many
 /// there were in all (the rest is read and dropped, so a command never
 /// stalls on a full pipe). Holds at most `cap` bytes.
-struct Kept {
+pub(super) struct Kept {
     bytes: Vec<u8>,
     total: u64,
     cap: usize,
 }
 
 impl Kept {
-    fn new(cap: usize) -> Kept {
+    pub(super) fn new(cap: usize) -> Kept {
         Kept {
             bytes: Vec::new(),
             total: 0,
@@ -238,7 +238,7 @@ impl Kept {
         }
     }
 
-    fn push(&mut self, b: &[u8]) {
+    pub(super) fn push(&mut self, b: &[u8]) {
         self.total += b.len() as u64;
         let take = b.len().min(self.cap - self.bytes.len());
         if take > 0 {
@@ -254,7 +254,7 @@ impl Kept {
     }
 
     /// The kept output as text, with a note when some was cut.
-    fn text(&mut self) -> String {
+    pub(super) fn text(&mut self) -> String {
         let total = self.total;
         let more = total > self.bytes.len() as u64;
         let (mut text, shown) = shown(std::mem::take(&mut self.bytes), self.cap, more);

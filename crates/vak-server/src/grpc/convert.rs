@@ -5,7 +5,9 @@ use pb::event::Kind;
 use prost_types::value::Kind as Pv;
 use serde_json::Value;
 use vak_core::event::{ClientEvent, Frame, SideOutcome, SidePhase};
+use vak_core::host::agent_settings::{self, SettingsPatch};
 use vak_core::host::control::{ConfigInfo, ModeChange};
+use vak_core::host::hooks::{HookEvent, HookSpec, HookSpecs, Hooks};
 use vak_core::host::rules::Rule;
 use vak_core::log::presentation::{Item, PresentationEvent, Timeline};
 use vak_core::log::transcript::{self, Role, Transcript};
@@ -459,7 +461,64 @@ pub(crate) fn config(c: ConfigInfo) -> pb::ConfigInfo {
             label: c.route.provider.label().to_string(),
         }),
         revision: c.revision,
-        max_turns: c.max_turns,
+        max_turns: c.settings.max_turns,
+        max_turns_source: enums::route_source(c.settings.max_turns_source) as i32,
+        theme: enums::theme(c.settings.theme) as i32,
+        theme_source: enums::route_source(c.settings.theme_source) as i32,
+        hooks: Some(hooks(&c.settings.hooks.specs())),
+        hooks_source: enums::route_source(c.settings.hooks_source) as i32,
+    }
+}
+
+pub(crate) fn hooks(h: &HookSpecs) -> pb::Hooks {
+    let list = |e: HookEvent| {
+        h.of(e)
+            .iter()
+            .map(|s| pb::Hook {
+                command: s.command.clone(),
+                matcher: s.matcher.clone(),
+                timeout_ms: s.timeout_ms.map(|t| t as u32),
+            })
+            .collect()
+    };
+    pb::Hooks {
+        pre_tool_use: list(HookEvent::PreToolUse),
+        post_tool_use: list(HookEvent::PostToolUse),
+        session_start: list(HookEvent::SessionStart),
+        stop: list(HookEvent::Stop),
+    }
+}
+
+/// UpdateConfigRequest's max_turns, theme and hooks, checked (an error names the field).
+pub(crate) fn settings_patch(
+    max_turns: Option<u32>,
+    theme: Option<i32>,
+    hooks: Option<pb::Hooks>,
+) -> vak_core::Result<SettingsPatch> {
+    Ok(SettingsPatch {
+        max_turns: max_turns
+            .map(|n| agent_settings::check_max_turns(n, "max_turns"))
+            .transpose()?,
+        theme: theme.map(enums::theme_in).transpose()?,
+        hooks: hooks.map(|h| Hooks::check(&hook_specs(h), "hooks")).transpose()?,
+    })
+}
+
+fn hook_specs(h: pb::Hooks) -> HookSpecs {
+    let list = |v: Vec<pb::Hook>| {
+        v.into_iter()
+            .map(|h| HookSpec {
+                command: h.command,
+                matcher: h.matcher,
+                timeout_ms: h.timeout_ms.map(u64::from),
+            })
+            .collect()
+    };
+    HookSpecs {
+        pre_tool_use: list(h.pre_tool_use),
+        post_tool_use: list(h.post_tool_use),
+        session_start: list(h.session_start),
+        stop: list(h.stop),
     }
 }
 

@@ -1,6 +1,7 @@
 //! The core's closed sets as proto enums and back: the core keeps its own types (it never sees generated code), the wire names each value once in proto/.
 
 use vak_core::event::{ApprovalOutcome, NoticeLevel, OutputStream, RunOutcome};
+use vak_core::host::agent_settings::Theme;
 use vak_core::host::config::KeySource;
 use vak_core::host::diff;
 use vak_core::log::presentation::{ItemKind, ItemStatus};
@@ -128,6 +129,26 @@ pub(crate) fn route_source(s: Source) -> pb::RouteSource {
     }
 }
 
+pub(crate) fn theme(t: Theme) -> pb::Theme {
+    match t {
+        Theme::Light => pb::Theme::Light,
+        Theme::Dark => pb::Theme::Dark,
+        Theme::System => pb::Theme::System,
+    }
+}
+
+/// UpdateConfigRequest.theme; UNSPECIFIED or an unknown number is refused naming the field.
+pub(crate) fn theme_in(n: i32) -> vak_core::Result<Theme> {
+    match pb::Theme::try_from(n) {
+        Ok(pb::Theme::Light) => Ok(Theme::Light),
+        Ok(pb::Theme::Dark) => Ok(Theme::Dark),
+        Ok(pb::Theme::System) => Ok(Theme::System),
+        _ => Err(vak_core::Error::invalid(
+            "theme: expected one of light, dark, system",
+        )),
+    }
+}
+
 pub(crate) fn rule_kind(k: RuleKind) -> pb::RuleKind {
     match k {
         RuleKind::Prefix => pb::RuleKind::Prefix,
@@ -229,6 +250,12 @@ mod tests {
             &[A::Started, A::Queued, A::Duplicate],
             |c| c.as_str().into(),
             |c| admission_state(c).json_name(),
+        );
+        same_names(
+            "vak.v1.Theme",
+            &[Theme::Light, Theme::Dark, Theme::System],
+            |c| c.as_str().into(),
+            |c| theme(c).json_name(),
         );
         use RunOutcome as R;
         same_names(

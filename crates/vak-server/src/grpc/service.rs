@@ -607,11 +607,13 @@ impl AgentService for AgentApi {
                 return Err(Status::invalid_argument("revision is longer than 128 characters"));
             }
         }
+        let settings = convert::settings_patch(r.max_turns, r.theme, r.hooks).map_err(to_status)?;
         let patch = RoutePatch {
             provider,
             model: r.model,
             base_url: r.base_url,
             revision: r.revision,
+            settings,
         };
         let info = self.control().update_route(patch).await.map_err(to_status)?;
         ok(convert::config(info))
