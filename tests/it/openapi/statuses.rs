@@ -265,6 +265,17 @@ async fn every_documented_status_is_reached_and_every_status_reached_is_document
     r.call(&s, "PUT", "/config/key", "/config/key", Some(json!({"provider": "openai", "key": "sk-test-0123456789"})), 200).await;
     r.call(&s, "DELETE", "/config/key", "/config/key", Some(json!({"provider": "openai"})), 200).await;
     r.call(&s, "POST", "/config/mode", "/config/mode", Some(json!({"mode": "default"})), 200).await;
+    r.call(&s, "GET", "/config/mcp", "/config/mcp", None, 200).await;
+    r.call(&s, "PUT", "/config/mcp", "/config/mcp", Some(json!({"servers": {}})), 200).await;
+    // A config.toml that no longer parses: the table is not changed.
+    let conf = s.home.join("config.toml");
+    let kept = std::fs::read(&conf).ok();
+    std::fs::write(&conf, "[model\n").unwrap();
+    r.call(&s, "PUT", "/config/mcp", "/config/mcp", Some(json!({"servers": {}})), 409).await;
+    match kept {
+        Some(k) => std::fs::write(&conf, k).unwrap(),
+        None => std::fs::remove_file(&conf).unwrap(),
+    }
     r.call(&s, "GET", "/providers", "/providers", None, 200).await;
     r.call(&s, "GET", "/providers/{provider}/models", "/providers/offline/models", None, 200).await;
 
