@@ -61,20 +61,20 @@ impl Mcp {
         }
     }
 
-    fn table(&self) -> Table {
+    fn current(&self) -> Table {
         self.servers.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// The definitions in effect.
     pub fn defs(&self) -> ServerDefs {
-        self.table()
+        self.current()
             .iter()
             .map(|(n, s)| (n.clone(), s.def.clone()))
             .collect()
     }
 
     pub fn status(&self) -> Vec<ServerStatus> {
-        self.table()
+        self.current()
             .iter()
             .map(|(name, s)| {
                 let snap = s.snapshot();
@@ -95,7 +95,7 @@ impl Mcp {
     /// ones included: a call answers `mcp_unavailable`).
     pub(crate) fn tool_defs(&self) -> Vec<ToolDef> {
         let mut defs = Vec::new();
-        for s in self.table().values() {
+        for s in self.current().values() {
             let snap = s.snapshot();
             if snap.state == McpState::Disabled {
                 continue;
@@ -114,7 +114,7 @@ impl Mcp {
     /// when `cancel` fires or the timeout passes.
     pub(crate) async fn call(&self, name: &str, input: &Value, cancel: &CancellationToken) -> ToolOutput {
         let err = |output: String| ToolOutput { ok: false, output };
-        let Some(server) = names::server_of(name).and_then(|s| self.table().get(s).cloned()) else {
+        let Some(server) = names::server_of(name).and_then(|s| self.current().get(s).cloned()) else {
             return err(format!("unknown tool {name}"));
         };
         let snap = server.snapshot();
@@ -162,7 +162,7 @@ impl Mcp {
     /// changed ones restart, unchanged ones stay connected. Waits (at most
     /// `settle`) for the started ones to be ready or failed.
     pub(crate) async fn apply(&self, defs: ServerDefs, settle: Duration) {
-        let old = self.table();
+        let old = self.current();
         let mut next = BTreeMap::new();
         let mut stopping = Vec::new();
         let mut started = Vec::new();
