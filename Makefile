@@ -150,9 +150,10 @@ tests/node/node_modules/.package-lock.json: tests/node/package.json tests/node/p
 python-client:
 	clients/python/run-smoke.sh --setup-only
 
-## The Python client: its pytest suite, then its smoke test (both against target/debug/vak).
-test-python: build
-	clients/python/run-tests.sh
+## The Python client: its pytest suite, then its smoke test (both against target/debug/vak);
+## tests/test_mcp.py runs tests/mcp/server.py with the MCP SDK (make mcp).
+test-python: build mcp
+	VAK_MCP_PYTHON=$(CURDIR)/$(MCP_VENV)/bin/python clients/python/run-tests.sh
 
 build:
 	$(CARGO) build
