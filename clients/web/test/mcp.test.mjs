@@ -3,7 +3,8 @@
 // the official Python SDK, through VAK_MCP_PYTHON), getMcpConfig with its
 // state and tools, what getMcpConfig answered put back as it is (the server
 // keeps its process), a disabled and a failing server, InvalidArgument naming
-// the field, and an MCP tool's approval with `always` storing a `tool` rule.
+// the field, and an MCP tool's approval with `always` storing a `tool` rule;
+// fromVakJson reads the REST answer (enums inside a map's values) the same.
 // Run by `npm test`, after the build.
 //
 //   VAK_BIN         the vak binary (default: <repo>/target/debug/vak)
@@ -15,17 +16,25 @@ import { mkdirSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Code, ConnectError } from "@connectrpc/connect";
-import { createAgentClient, enumJsonName, McpServerState, McpServerStateSchema, RuleKind } from "../dist/index.js";
+import {
+  createAgentClient,
+  enumJsonName,
+  fromVakJson,
+  McpConfigSchema,
+  McpServerState,
+  McpServerStateSchema,
+  RuleKind,
+} from "../dist/index.js";
 import { mcpStdioServer, startVak } from "../harness/vak.mjs";
 
 const TOOLS = ["mcp__demo__add", "mcp__demo__echo", "mcp__demo__fail", "mcp__demo__grow", "mcp__demo__pid", "mcp__demo__wait"];
-let tmp, vak, client;
+let tmp, vak, client, token;
 
 before(async () => {
   mcpStdioServer(); // fails at once, saying how, without the MCP SDK
   tmp = mkdtempSync(join(tmpdir(), "vak-mcp-"));
   mkdirSync(join(tmp, "workspace"));
-  const token = randomBytes(24).toString("hex");
+  token = randomBytes(24).toString("hex");
   vak = await startVak(["--home", join(tmp, "home"), "--workspace", join(tmp, "workspace"), "--token", token]);
   // PutMcpConfig answers once the servers it started are ready or failed (at most 30 s).
   client = createAgentClient({ baseUrl: vak.url, token, timeoutMs: 40_000 });
@@ -48,6 +57,11 @@ test("putMcpConfig starts a server, getMcpConfig lists it, and what it answered 
   assert.equal(demo.timeoutMs, 30_000n);
   const got = await client.getMcpConfig({});
   assert.deepEqual(got.servers, put.servers);
+  // The REST answer, read with fromVakJson (its states are JSON names inside a map's values), is the same.
+  const r = await fetch(`${vak.url}/config/mcp`, { headers: { authorization: `Bearer ${token}` } });
+  const rest = await r.text();
+  assert.match(rest, /"state":"ready"/);
+  assert.deepEqual(fromVakJson(McpConfigSchema, rest).servers, got.servers);
 
   // Put back as got (output-only fields included), with a disabled and a failing server.
   const again = await client.putMcpConfig({
