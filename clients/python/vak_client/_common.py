@@ -387,7 +387,9 @@ def _map_enums(obj: Any, desc: Any, convert: Any) -> Any:
         m = f.message_type if f is not None else None
         if m is not None and m.GetOptions().map_entry:
             # A map: its keys are strings; its values may be enums or messages.
-            value = {k: _map_value(v, m.fields_by_name["value"], convert) for k, v in value.items()} if isinstance(value, dict) else value
+            if isinstance(value, dict):
+                entry = m.fields_by_name["value"]
+                value = {k: _map_value(v, entry, convert) for k, v in value.items()}
         elif f is not None:
             value = [_map_value(v, f, convert) for v in value] if isinstance(value, list) else _map_value(value, f, convert)
         out[key] = value
