@@ -150,9 +150,10 @@ tests/node/node_modules/.package-lock.json: tests/node/package.json tests/node/p
 python-client:
 	clients/python/run-smoke.sh --setup-only
 
-## The Python client: its pytest suite, then its smoke test (both against target/debug/vak).
-test-python: build
-	clients/python/run-tests.sh
+## The Python client: its pytest suite, then its smoke test (both against target/debug/vak);
+## tests/test_mcp.py runs tests/mcp/server.py with the MCP SDK (make mcp).
+test-python: build mcp
+	VAK_MCP_PYTHON=$(CURDIR)/$(MCP_VENV)/bin/python clients/python/run-tests.sh
 
 build:
 	$(CARGO) build
@@ -192,20 +193,20 @@ bench-quick:
 ## and bundle the demo page, drive Debian's chromium against target/debug/vak (the demo page,
 ## then the app at /app, so vak is built after the app), then install the package into a new
 ## project as its README shows and run it (npm ci first when node_modules is missing or older
-## than the lock).
-test-web: clients/web/node_modules/.package-lock.json
+## than the lock). The app and MCP tests run tests/mcp/server.py with the MCP SDK (make mcp).
+test-web: clients/web/node_modules/.package-lock.json mcp
 	$(MAKE) app
 	$(CARGO) build
-	npm test --prefix clients/web
+	VAK_MCP_PYTHON=$(CURDIR)/$(MCP_VENV)/bin/python npm test --prefix clients/web
 
 ## The README's screenshots (docs/screenshots/): the browser app test saves /app and
 ## /admin at desktop and phone widths in clients/web/artifacts/app/; this runs it and
 ## copies five of them (60 to 180 KB each: full-page PNGs at CSS pixels).
 SHOTS := app-after-cut-desktop:app-desktop app-phone:app-phone app-terminal:app-terminal admin-desktop:admin-desktop admin-phone:admin-phone
-screenshots: clients/web/node_modules/.package-lock.json
+screenshots: clients/web/node_modules/.package-lock.json mcp
 	$(MAKE) app
 	$(CARGO) build
-	cd clients/web && node --test --test-reporter=spec test/app.test.mjs
+	cd clients/web && VAK_MCP_PYTHON=$(CURDIR)/$(MCP_VENV)/bin/python node --test --test-reporter=spec test/app.test.mjs
 	mkdir -p docs/screenshots
 	for s in $(SHOTS); do \
 		cp clients/web/artifacts/app/$${s%%:*}.png docs/screenshots/$${s##*:}.png || exit 1; \

@@ -6,12 +6,13 @@
 //! server shows `failed`, calls meanwhile get `mcp_unavailable`, and it comes
 //! back `ready`; timeouts and cancelled runs reach the server as
 //! `notifications/cancelled`; a changed tool list is taken up; config.toml
-//! keeps everything outside `[mcp.servers]`.
+//! keeps everything outside `[mcp.servers]`; `vak term` shows an MCP tool call
+//! and asks for it like any other, one-shot and interactive.
 //!
 //! `make test` installs the SDK and sets VAK_MCP_PYTHON; by hand:
 //! `make mcp`, then `VAK_MCP_PYTHON=$PWD/target/mcp-venv/bin/python cargo test --test it mcp::`.
 
-use crate::support::{Frame, Sse, TestServer};
+use crate::support::{Frame, Pty, Sse, TestServer, TOKEN};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -618,4 +619,115 @@ async fn with_bus_the_mcp_servers_put_on_one_replica_run_on_every_replica_with_t
         c.api.get("/config/mcp").await.1["servers"].get("t").is_none(),
         "a replica without the secret does not run the shared servers"
     );
+}
+
+// ---- vak term ------------------------------------------------------------------
+
+/// `vak term --url … --token … --transport T ARGS` with stdin piped.
+fn term(s: &TestServer, transport: &str, args: &[&str]) -> tokio::process::Command {
+    let mut cmd = crate::support::process::vak(&["term", "--url", &s.url, "--token", TOKEN]);
+    cmd.args(["--transport", transport])
+        .args(args)
+        .env_remove("VAK_URL")
+        .stdin(std::process::Stdio::piped());
+    cmd
+}
+
+#[tokio::test]
+async fn vak_term_shows_an_mcp_tool_call_like_the_others_and_asks_for_it_one_shot_and_interactive() {
+    use tokio::io::AsyncWriteExt;
+    let config = format!(
+        "[mcp.servers.t]\ncommand = {}\nargs = [{}, \"stdio\"]\n",
+        lit(&python().display().to_string()),
+        lit(&server_py())
+    );
+    let (s, _home, ws) = start(&config, PermissionMode::Default).await;
+    ready(&s, "t").await;
+
+    // One-shot, over both transports: the question is asked on stderr and
+    // answered on stdin; `a` keeps a tool rule, so the second call asks nobody.
+    for (t, tool, first, second, shown) in [
+        (
+            "sse",
+            "echo",
+            r#"{"text": "one"}"#,
+            r#"{"text": "two"}"#,
+            [r#"{"text":"one"}"#, "echo: one", "echo: two"],
+        ),
+        (
+            "grpc",
+            "add",
+            r#"{"a": 2, "b": 3}"#,
+            r#"{"a": 4, "b": 5}"#,
+            [r#"{"a":2,"b":3}"#, "5", "9"],
+        ),
+    ] {
+        let name = format!("mcp__t__{tool}");
+        let prompt = format!("/call {name} {first}\n/call {name} {second}");
+        let mut child = term(&s, t, &["--approve", "ask", "-p", &prompt]).spawn().unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"a\n").await.unwrap();
+        drop(stdin);
+        let out = tokio::time::timeout(crate::support::DEADLINE, child.wait_with_output())
+            .await
+            .expect("vak term exits within the deadline")
+            .unwrap();
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(out.status.code(), Some(0), "{t}: {err}");
+        for line in [
+            format!("vak: ⚙ {name} {}", shown[0]),
+            format!(
+                "vak: {name} wants approval: run {name}  [y]es / [n]o / [a]lways allow in this workspace"
+            ),
+            format!("vak: · always allowing every `{name}` call in this workspace"),
+            format!("vak: ✓ {name} approved"),
+            format!("vak: ✓ {name}: {}", shown[1]),
+            format!("vak: ✓ {name}: {}", shown[2]),
+        ] {
+            assert!(
+                err.lines().any(|l| l.trim_end() == line),
+                "{t}: {line:?} in:\n{err}"
+            );
+        }
+        assert_eq!(err.matches("wants approval").count(), 1, "{t}: {err}");
+        let said = String::from_utf8(out.stdout).unwrap();
+        assert!(said.contains(&format!("result: {}", shown[2])), "{t}: {said}");
+    }
+    let (_, rules) = s.get("/permissions/rules").await;
+    let kinds: Vec<(&str, &str)> = rules["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["pattern"].as_str().unwrap(), r["kind"].as_str().unwrap()))
+        .collect();
+    assert_eq!(kinds.len(), 2, "{rules}");
+    assert!(
+        kinds.contains(&("mcp__t__echo", "tool")) && kinds.contains(&("mcp__t__add", "tool")),
+        "{rules}"
+    );
+
+    // Interactive, in a real terminal: the call, the question, the failed result.
+    let mut cmd = portable_pty::CommandBuilder::new(env!("CARGO_BIN_EXE_vak"));
+    cmd.args(["term", "--url", &s.url, "--token", TOKEN, "--transport", "sse"]);
+    for v in ["VAK_URL", "VAK_TOKEN", "VAK_HOME", "RUST_LOG"] {
+        cmd.env_remove(v);
+    }
+    cmd.env("TERM", "xterm-256color");
+    cmd.cwd(ws.path());
+    let mut pty = Pty::spawn(cmd, 30, 120);
+    pty.wait_for("vak term · new session").await;
+    pty.send("/call mcp__t__fail {\"why\": \"no luck\"}\r");
+    let screen = pty.wait_for("[y]es / [n]o / [a]lways").await;
+    assert!(screen.contains(r#"⚙ mcp__t__fail {"why":"no luck"}"#), "{screen}");
+    assert!(
+        screen.contains("? mcp__t__fail run mcp__t__fail  [y]es"),
+        "{screen}"
+    );
+    pty.send("y");
+    let screen = pty
+        .wait_for("✗ mcp__t__fail: Error executing tool fail: no luck")
+        .await;
+    assert!(screen.contains("✓ mcp__t__fail approved"), "{screen}");
+    pty.send("\x04");
+    assert_eq!(pty.wait_exit().await, 0, "Ctrl-D at an empty prompt exits 0");
 }

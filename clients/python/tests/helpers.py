@@ -330,3 +330,20 @@ def wait_finished(client: Client, session_id: str, after: int = 0) -> list[Event
         return take_until(follower, finished, follower)
     finally:
         follower.close()
+
+
+def mcp_python() -> str:
+    """A Python with the official MCP SDK (tests/mcp/server.py needs it): `make
+    mcp` installs it into target/mcp-venv; VAK_MCP_PYTHON names it."""
+    py = os.environ.get("VAK_MCP_PYTHON")
+    assert py, (
+        "VAK_MCP_PYTHON is not set: run `make mcp` (it installs the MCP SDK into target/mcp-venv), "
+        "then VAK_MCP_PYTHON=$PWD/target/mcp-venv/bin/python (`make test-python` does both)"
+    )
+    return py
+
+
+def mcp_stdio_server() -> dict[str, object]:
+    """The definition of the repository's test MCP server over stdio (tools
+    echo, add, fail, pid, wait, grow)."""
+    return {"command": mcp_python(), "args": [str(REPO / "tests" / "mcp" / "server.py"), "stdio"]}

@@ -11,6 +11,7 @@ from httpx_sse import EventSource, ServerSentEvent
 from vak_client import Backoff, ProtocolError, VakError, agent_pb2, json_name
 from vak_client._common import (
     call_approve,
+    call_put_mcp_config,
     call_set_mode,
     parse_json,
     MuxFrame,
@@ -183,3 +184,26 @@ def test_enums_travel_by_their_json_names() -> None:
         call_set_mode("yolo")
     assert (err.value.status, err.value.code) == (400, "invalid_argument")
 
+
+
+def test_enums_in_map_values_travel_by_their_json_names() -> None:
+    # McpConfig.servers is a map of messages: an enum inside its values too.
+    raw = '{"servers": {"a": {"command": "x", "state": "ready", "timeout_ms": 5}, "b": {"state": "failed"}}}'
+    c = parse_json(raw, agent_pb2.McpConfig())
+    assert (c.servers["a"].state, c.servers["b"].state) == (agent_pb2.MCP_SERVER_STATE_READY, agent_pb2.MCP_SERVER_STATE_FAILED)
+    assert json_name(c.servers["a"], "state") == "ready" and c.servers["a"].timeout_ms == 5
+    # A server as GET answered it goes back with its enum by its JSON name (the
+    # server's REST parser refuses the proto names); the same over gRPC.
+    put = call_put_mcp_config({"a": c.servers["a"], "d": {"url": "http://h/mcp", "enabled": False, "state": "disabled"}})
+    assert put.body == {
+        "servers": {
+            "a": {"command": "x", "state": "ready", "timeout_ms": "5"},
+            "d": {"url": "http://h/mcp", "enabled": False, "state": "disabled"},
+        }
+    }
+    assert put.request.servers["d"].state == agent_pb2.MCP_SERVER_STATE_DISABLED and put.request.servers["a"] == c.servers["a"]
+    for bad, field in (({"comand": "x"}, "comand"), ({"state": "sleepy"}, "state"), ({"args": "x"}, "args")):
+        with pytest.raises(VakError) as err:
+            call_put_mcp_config({"s": bad})
+        assert (err.value.status, err.value.code) == (400, "invalid_argument")
+        assert err.value.message.startswith("servers.s: ") and field in err.value.message, err.value.message

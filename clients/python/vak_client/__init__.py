@@ -18,6 +18,7 @@ from __future__ import annotations
 # _common first: it explains a missing generated package.
 from vak_client._common import (
     Backoff,
+    McpServers,
     ProtocolError,
     StreamItem,
     StreamMessage,
@@ -44,6 +45,7 @@ __all__ = [
     "Client",
     "Event",
     "Follower",
+    "McpServers",
     "ProtocolError",
     "RestResponse",
     "StreamFollower",

@@ -23,6 +23,7 @@ from vak_client._common import (
     DEFAULT_TIMEOUT,
     GRPC_OPTIONS,
     Backoff,
+    McpServers,
     ClientConfig,
     MuxFrame,
     Req,
@@ -34,6 +35,8 @@ from vak_client._common import (
     VakError,
     call_approve,
     call_delete_rule,
+    call_get_mcp_config,
+    call_put_mcp_config,
     call_list_rules,
     call_set_mode,
     call_attach,
@@ -372,9 +375,11 @@ class AsyncClient(ClientConfig):
                 self._aio_channel = grpc.aio.insecure_channel(self.endpoint.target, GRPC_OPTIONS)
         return self._aio_channel
 
-    async def _rest(self, method: str, path: str, data: bytes | None) -> httpx.Response:
+    async def _rest(self, method: str, path: str, data: bytes | None, timeout: float | None = None) -> httpx.Response:
         with http_errors(f"{method} {path}"):
-            response = await self._http.request(method, path, content=data, headers=rest_headers(data))
+            response = await self._http.request(
+                method, path, content=data, headers=rest_headers(data), timeout=timeout or httpx.USE_CLIENT_DEFAULT
+            )
         check_rest(response)
         return response
 
@@ -385,12 +390,13 @@ class AsyncClient(ClientConfig):
 
     async def _unary(self, call: UnaryCall[Req, Resp], *, rest: bool | None = None) -> Resp:
         if self._use_rest(rest):
-            return rest_response(call, (await self._rest(call.http_method, call.path, rest_body(call))).content)
+            raw = (await self._rest(call.http_method, call.path, rest_body(call), self._call_timeout(call))).content
+            return rest_response(call, raw)
         rpc = self._channel().unary_unary(
             call.method, request_serializer=_serialize, response_deserializer=call.response.FromString
         )
         try:
-            return await rpc(call.request, timeout=self.timeout, metadata=self.metadata)
+            return await rpc(call.request, timeout=self._call_timeout(call), metadata=self.metadata)
         except grpc.RpcError as err:
             raise rpc_error(err) from None
 
@@ -448,6 +454,12 @@ class AsyncClient(ClientConfig):
 
     async def delete_rule(self, rule_id: str, workspace: str | None = None) -> agent_pb2.DeleteRuleResponse:
         return await self._unary(call_delete_rule(rule_id, workspace))
+
+    async def get_mcp_config(self) -> agent_pb2.McpConfig:
+        return await self._unary(call_get_mcp_config())
+
+    async def put_mcp_config(self, servers: McpServers) -> agent_pb2.McpConfig:
+        return await self._unary(call_put_mcp_config(servers))
 
     async def cancel(self, session_id: str) -> agent_pb2.CancelResponse:
         return await self._unary(call_cancel(session_id))

@@ -11,7 +11,7 @@ import random
 import socket
 import ssl
 import urllib.parse
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, NamedTuple, TypeAlias, TypeVar, cast
@@ -258,6 +258,10 @@ class ClientConfig:
             timeout=httpx.Timeout(self.timeout, read=self.idle_timeout),
         )
 
+    def _call_timeout(self, call: UnaryCall[Any, Any]) -> float:
+        """A unary call's deadline: the client's, or longer for a call the server may answer slowly."""
+        return max(self.timeout, call.slow or 0.0)
+
     def _use_rest(self, rest: bool | None) -> bool:
         return self.unary == "rest" if rest is None else rest
 
@@ -316,6 +320,9 @@ class UnaryCall(Generic[Req, Resp]):
     body: dict[str, Any] | None = None
     # The REST answer is text (not JSON), to be put in this field of the response.
     text_field: str | None = None
+    # How long the server may take to answer at most, when that can be longer
+    # than a client's timeout (the call then waits this long).
+    slow: float | None = None
 
     @property
     def method(self) -> str:
@@ -369,30 +376,59 @@ def _request_enum(enum: EnumDescriptor, name: str, field: str) -> int:
         raise VakError(400, "invalid_argument", f"unknown {field} {name!r}: expected one of {expected}") from None
 
 
-def _enum_numbers(obj: Any, desc: Any) -> Any:
-    """A JSON object of `desc` with every enum value's JSON name replaced by its
-    number (which the protobuf JSON parser takes; it knows only proto names)."""
+def _map_enums(obj: Any, desc: Any, convert: Any) -> Any:
+    """A JSON object of `desc` with `convert(enum, value)` applied to the value
+    of every vak enum field, in nested messages, lists and maps too."""
     if not isinstance(obj, dict):
         return obj
     out = {}
     for key, value in obj.items():
         f = desc.fields_by_name.get(key) or desc.fields_by_camelcase_name.get(key)
-        if f is not None and f.enum_type is not None and f.enum_type.full_name.startswith("vak."):
-
-            def number(v: Any, e: EnumDescriptor = f.enum_type) -> Any:
-                if not isinstance(v, str):
-                    return v
-                try:
-                    return enum_from_json_name(e, v)
-                except ValueError:
-                    return v  # left to the parser, which ignores a value it does not know
-
-            value = [number(v) for v in value] if isinstance(value, list) else number(value)
-        elif f is not None and f.message_type is not None and not f.message_type.full_name.startswith("google."):
-            m = f.message_type
-            value = [_enum_numbers(v, m) for v in value] if isinstance(value, list) else _enum_numbers(value, m)
+        m = f.message_type if f is not None else None
+        if m is not None and m.GetOptions().map_entry:
+            # A map: its keys are strings; its values may be enums or messages.
+            if isinstance(value, dict):
+                entry = m.fields_by_name["value"]
+                value = {k: _map_value(v, entry, convert) for k, v in value.items()}
+        elif f is not None:
+            value = [_map_value(v, f, convert) for v in value] if isinstance(value, list) else _map_value(value, f, convert)
         out[key] = value
     return out
+
+
+def _map_value(value: Any, f: Any, convert: Any) -> Any:
+    """One value of field `f` (one element of a repeated field) through `_map_enums`."""
+    if f.enum_type is not None and f.enum_type.full_name.startswith("vak."):
+        return convert(f.enum_type, value)
+    if f.message_type is not None and not f.message_type.full_name.startswith("google."):
+        return _map_enums(value, f.message_type, convert)
+    return value
+
+
+def _to_number(e: EnumDescriptor, v: Any) -> Any:
+    if not isinstance(v, str):
+        return v
+    try:
+        return enum_from_json_name(e, v)
+    except ValueError:
+        return v  # left to the parser, which ignores a value it does not know
+
+
+def _to_name(e: EnumDescriptor, v: Any) -> Any:
+    return enum_json_name(e, v) if isinstance(v, int) and v in e.values_by_number else v
+
+
+def _enum_numbers(obj: Any, desc: Any) -> Any:
+    """A JSON object of `desc` with every enum value's JSON name replaced by its
+    number (which the protobuf JSON parser takes; it knows only proto names)."""
+    return _map_enums(obj, desc, _to_number)
+
+
+def to_json(message: Message) -> dict[str, Any]:
+    """`message` as vak's REST JSON: proto field names, enums by their JSON
+    names (what the server reads; it refuses the proto names)."""
+    obj = json_format.MessageToDict(message, preserving_proto_field_name=True, use_integers_for_enums=True)
+    return cast("dict[str, Any]", _map_enums(obj, message.DESCRIPTOR, _to_name))
 
 
 def parse_json(data: str | bytes, message: Resp) -> Resp:
@@ -531,6 +567,37 @@ def call_set_mode(mode: str) -> UnaryCall[agent_pb2.SetModeRequest, agent_pb2.Se
         "/config/mode",
         {"mode": mode},
     )
+
+
+def call_get_mcp_config() -> UnaryCall[agent_pb2.GetMcpConfigRequest, agent_pb2.McpConfig]:
+    return UnaryCall("GetMcpConfig", agent_pb2.GetMcpConfigRequest(), agent_pb2.McpConfig, "GET", "/config/mcp")
+
+
+McpServers: TypeAlias = Mapping[str, agent_pb2.McpServer | Mapping[str, Any]]
+"""The MCP server table `put_mcp_config` takes: by name, each an `McpServer` (as
+`get_mcp_config` answers it) or its REST JSON (`{"command": ..., "args": [...]}`)."""
+
+
+def _mcp_server(name: str, server: agent_pb2.McpServer | Mapping[str, Any]) -> agent_pb2.McpServer:
+    if isinstance(server, agent_pb2.McpServer):
+        return server
+    out = agent_pb2.McpServer()
+    try:
+        # Strict, as the server's REST parser is: a misspelt field is refused, not dropped.
+        json_format.ParseDict(_enum_numbers(dict(server), out.DESCRIPTOR), out)
+    except (json_format.ParseError, TypeError, AttributeError) as err:
+        raise VakError(400, "invalid_argument", f"servers.{name}: {err}") from None
+    return out
+
+
+def call_put_mcp_config(
+    servers: McpServers,
+) -> UnaryCall[agent_pb2.PutMcpConfigRequest, agent_pb2.McpConfig]:
+    req = agent_pb2.PutMcpConfigRequest()
+    for name, server in servers.items():
+        req.servers[name].CopyFrom(_mcp_server(name, server))
+    # The server answers once the servers it started are ready or failed, after 30 s at most.
+    return UnaryCall("PutMcpConfig", req, agent_pb2.McpConfig, "PUT", "/config/mcp", to_json(req), slow=35.0)
 
 
 def _workspace_query(workspace: str | None) -> str:

@@ -22,6 +22,7 @@ from vak_client._common import (
     DEFAULT_TIMEOUT,
     GRPC_OPTIONS,
     Backoff,
+    McpServers,
     ClientConfig,
     MuxFrame,
     Req,
@@ -33,6 +34,8 @@ from vak_client._common import (
     VakError,
     call_approve,
     call_delete_rule,
+    call_get_mcp_config,
+    call_put_mcp_config,
     call_list_rules,
     call_set_mode,
     call_attach,
@@ -477,9 +480,11 @@ class Client(ClientConfig):
             self._stub = agent_pb2_grpc.AgentServiceStub(self._channel)  # type: ignore[no-untyped-call]
         return self._stub
 
-    def _rest(self, method: str, path: str, data: bytes | None) -> httpx.Response:
+    def _rest(self, method: str, path: str, data: bytes | None, timeout: float | None = None) -> httpx.Response:
         with http_errors(f"{method} {path}"):
-            response = self._http.request(method, path, content=data, headers=rest_headers(data))
+            response = self._http.request(
+                method, path, content=data, headers=rest_headers(data), timeout=timeout or httpx.USE_CLIENT_DEFAULT
+            )
         check_rest(response)
         return response
 
@@ -490,12 +495,13 @@ class Client(ClientConfig):
 
     def _unary(self, call: UnaryCall[Req, Resp], *, rest: bool | None = None) -> Resp:
         if self._use_rest(rest):
-            return rest_response(call, self._rest(call.http_method, call.path, rest_body(call)).content)
+            raw = self._rest(call.http_method, call.path, rest_body(call), self._call_timeout(call)).content
+            return rest_response(call, raw)
         rpc = self._channel.unary_unary(
             call.method, request_serializer=_serialize, response_deserializer=call.response.FromString
         )
         try:
-            return rpc(call.request, timeout=self.timeout, metadata=self.metadata)
+            return rpc(call.request, timeout=self._call_timeout(call), metadata=self.metadata)
         except grpc.RpcError as err:
             raise rpc_error(err) from None
 
@@ -552,8 +558,9 @@ class Client(ClientConfig):
     ) -> agent_pb2.ApproveResponse:
         """Answers the pending approval `request_id` (the `ap_...` id of approval_requested).
 
-        `always=True` (with `approve=True`, on a bash, write_file or edit_file
-        call) also stores an always-allow rule for what the call does: the
+        `always=True` (with `approve=True`, on a bash, write_file, edit_file or
+        MCP tool call) also stores an always-allow rule for what the call does
+        (for an MCP tool, of kind "tool": every call of that tool): the
         answer's `persisted` says whether it was stored, `rule` is the rule.
         `mode` ("accept-edits" or "default") answers an exit_plan_mode approval."""
         return self._unary(call_approve(session_id, request_id, approve, reason, always=always, mode=mode))
@@ -572,6 +579,23 @@ class Client(ClientConfig):
         """Deletes an always-allow rule of the server's workspace or of the open
         `workspace` (`VakError` with code "not_found" for an unknown id or workspace)."""
         return self._unary(call_delete_rule(rule_id, workspace))
+
+    def get_mcp_config(self) -> agent_pb2.McpConfig:
+        """The MCP servers (`GET /config/mcp`): by name, each its definition and
+        live state: `json_name(server, "state")` is "starting", "ready",
+        "failed" or "disabled"; `tools` (the model-facing names
+        `mcp__<server>__<tool>`), `tool_count`, `pid`, `restarts`, `last_error`."""
+        return self._unary(call_get_mcp_config())
+
+    def put_mcp_config(self, servers: McpServers) -> agent_pb2.McpConfig:
+        """Replaces the MCP servers (`PUT /config/mcp`): the whole table by name
+        (a server left out is removed), each an `McpServer` (what
+        `get_mcp_config` answered can be put back as it is) or its JSON
+        (`{"command": "python3", "args": ["server.py"]}`, `{"url": ...}`).
+        Applied without a restart; answers the new table once the servers it
+        started are ready or failed (up to 30 s, which this call waits). An
+        invalid table is `VakError` 400 naming the field (`servers.NAME.FIELD`)."""
+        return self._unary(call_put_mcp_config(servers))
 
     def cancel(self, session_id: str) -> agent_pb2.CancelResponse:
         """Stops the run in flight and discards queued input."""

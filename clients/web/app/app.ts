@@ -2,7 +2,8 @@
 // state, the conversation rendered from each session's presentation timeline
 // (followed for every listed session on one GET /stream, resumed with its
 // cursor vector), approvals, steering, cancel, the file tree and the diff,
-// and a terminal (xterm.js onto GET /pty) when GET /host says it is on.
+// a terminal (xterm.js onto GET /pty) when GET /host says it is on, and the
+// settings (the model route, the mode, the MCP servers and their state).
 // Calls go through the package's gRPC-web client with the login cookie and
 // its session key; nothing the server or the model sends is parsed as HTML.
 import "./app.css";
@@ -26,6 +27,7 @@ import {
   type ConfigInfo,
   type FollowerState,
   type HostInfo,
+  type McpConfig,
   type SearchHit,
   type SessionSummary,
   type TimelineItem,
@@ -33,6 +35,7 @@ import {
 import { button, h, onError } from "./dom.js";
 import { currentKey, forgetKey, shareKey } from "./login.js";
 import { renderMarkdown } from "./markdown.js";
+import { settingsPanel } from "./settings.js";
 import { TerminalPanel } from "./terminal.js";
 import { apply, empty, fromSnapshot, type Timeline } from "./timeline.js";
 
@@ -63,7 +66,7 @@ const state = {
   errors: [] as string[],
   /** Thinking and tool items the user opened, by item id (kept across re-renders). */
   open: new Set<string>(),
-  side: "" as "" | "files" | "diff" | "terminal",
+  side: "" as "" | "files" | "diff" | "terminal" | "settings",
   sideText: "",
   renaming: "",
   confirmDelete: "",
@@ -71,6 +74,10 @@ const state = {
   search: { q: "", hits: [] as SearchHit[], done: false },
   /** The workspace a new session is created in ("" = the server's own). */
   newWorkspace: "",
+  /** GET /config/mcp, read when the settings open (undefined until then). */
+  mcp: undefined as McpConfig | undefined,
+  /** The settings' tool lists the user opened or closed, by server name. */
+  mcpToolsOpen: new Map<string, boolean>(),
 };
 
 let client: AgentClient;
@@ -196,6 +203,7 @@ function header(): HTMLElement {
     h("span", { class: "route", id: "route" }, r ? `${r.label || r.provider} · ${r.model}` : ""),
     h("span", { class: "mode", id: "mode" }, state.config ? `mode: ${enumJsonName(PermissionModeSchema, state.config.permissionMode)}` : ""),
     h("span", { class: `conn conn-${state.conn}`, id: "conn", "data-state": state.conn }, reconnecting ? "reconnecting…" : state.conn),
+    button("Settings", () => showSettings(), { class: "small", id: "show-settings" }),
     h("a", { href: `/admin?key=${encodeURIComponent(storedKey(base) ?? "")}`, id: "admin-link" }, "admin"),
     button("Log out", async () => {
       follower?.close();
@@ -481,6 +489,13 @@ function approval(item: TimelineItem, status: string, attrs: Record<string, stri
 
 function sidePane(): HTMLElement {
   if (!state.side) return h("aside", { class: "side hidden" });
+  if (state.side === "settings") {
+    const close = () => {
+      state.side = "";
+      render();
+    };
+    return settingsPanel({ config: state.config, mcp: state.mcp, toolsOpen: state.mcpToolsOpen }, refreshMcp, close);
+  }
   if (state.side === "terminal") {
     return h(
       "aside",
@@ -511,6 +526,18 @@ async function showFiles(): Promise<void> {
   const t = await client.listTree({ limit: 2000, sessionId: state.current || undefined });
   state.side = "files";
   state.sideText = t.files.join("\n") + (t.truncated ? "\n… (more files)" : "") || "(no files)";
+  render();
+}
+
+/** Opens the settings and reads the MCP servers afresh (their state changes on its own). */
+async function showSettings(): Promise<void> {
+  state.side = "settings";
+  render();
+  await refreshMcp();
+}
+
+async function refreshMcp(): Promise<void> {
+  state.mcp = await client.getMcpConfig({});
   render();
 }
 

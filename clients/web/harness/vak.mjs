@@ -60,3 +60,20 @@ export function startVak(args, { timeoutMs = 20_000, env = {} } = {}) {
     });
   });
 }
+
+/**
+ * The repository's MCP test server over stdio (tests/mcp/server.py: tools echo,
+ * add, fail, pid, wait, grow) as a `McpServer` definition. It needs a Python
+ * with the official MCP SDK: VAK_MCP_PYTHON (`make mcp` installs one into
+ * target/mcp-venv; `make test-web` sets it).
+ */
+export function mcpStdioServer() {
+  const python = process.env.VAK_MCP_PYTHON;
+  if (!python) {
+    throw new Error(
+      "VAK_MCP_PYTHON is not set: run `make mcp` at the repository root (it installs the MCP SDK into " +
+        "target/mcp-venv), then VAK_MCP_PYTHON=$PWD/target/mcp-venv/bin/python (`make test-web` does both)",
+    );
+  }
+  return { command: python, args: [join(repo, "tests", "mcp", "server.py"), "stdio"] };
+}

@@ -36,13 +36,22 @@ function enumNumbers(desc: DescMessage, obj: JsonValue): JsonValue {
     const f = desc.fields.find((f) => f.name === key || f.jsonName === key);
     let v = value;
     if (f) {
-      const e = f.fieldKind === "enum" || (f.fieldKind === "list" && f.listKind === "enum") ? f.enum : undefined;
-      const m = f.fieldKind === "message" || (f.fieldKind === "list" && f.listKind === "message") ? f.message : undefined;
-      if (e && e.typeName.startsWith("vak.")) {
-        const one = (x: JsonValue) => (typeof x === "string" ? (enumFromJsonName(e, x) ?? x) : x);
-        v = Array.isArray(value) ? value.map(one) : one(value);
-      } else if (m && !m.typeName.startsWith("google.")) {
-        v = Array.isArray(value) ? value.map((x) => enumNumbers(m, x)) : enumNumbers(m, value);
+      const e =
+        f.fieldKind === "enum" || (f.fieldKind === "list" && f.listKind === "enum") || (f.fieldKind === "map" && f.mapKind === "enum")
+          ? f.enum
+          : undefined;
+      const m =
+        f.fieldKind === "message" || (f.fieldKind === "list" && f.listKind === "message") || (f.fieldKind === "map" && f.mapKind === "message")
+          ? f.message
+          : undefined;
+      let each: ((x: JsonValue) => JsonValue) | undefined;
+      if (e && e.typeName.startsWith("vak.")) each = (x) => (typeof x === "string" ? (enumFromJsonName(e, x) ?? x) : x);
+      else if (m && !m.typeName.startsWith("google.")) each = (x) => enumNumbers(m, x);
+      if (each && f.fieldKind === "map" && value !== null && typeof value === "object" && !Array.isArray(value)) {
+        // A map's values (McpConfig.servers: McpServer by name), keyed by strings.
+        v = Object.fromEntries(Object.entries(value).map(([k, x]) => [k, each(x)]));
+      } else if (each) {
+        v = Array.isArray(value) ? value.map(each) : each(value);
       }
     }
     out[key] = v;

@@ -6,13 +6,16 @@
 // HTML is shown as text, that a reload shows the same page, that a cut mid-run
 // shows the reconnect indicator and ends with every line once, that the
 // terminal panel (on in this vak's config.toml) runs `echo hi` in a real shell,
-// and that /admin lists the session; no console error and no CSP violation
-// during the whole run. Screenshots go to
+// that the settings list the MCP servers (the repository's MCP test server:
+// VAK_MCP_PYTHON) with their state and that an MCP tool call is approved in the
+// page, and that /admin lists the session; no console error and no CSP
+// violation during the whole run. Screenshots go to
 // artifacts/app/ (`make screenshots` copies four of them to docs/screenshots/).
 //
 //   VAK_BIN      the vak binary (default: $CARGO_TARGET_DIR/debug/vak, else
 //                <repo>/target/debug/vak), built with the bundle
 //   CHROMIUM_BIN the browser (default: /usr/bin/chromium)
+//   VAK_MCP_PYTHON a Python with the MCP SDK (`make mcp`; `make test-web` sets it)
 import { after, before } from "node:test";
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
@@ -22,7 +25,7 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { startProxy } from "../harness/proxy.mjs";
 import { launchChromium, screenshot, stepper, within } from "../harness/steps.mjs";
-import { startVak } from "../harness/vak.mjs";
+import { mcpStdioServer, startVak } from "../harness/vak.mjs";
 import { ItemKind } from "../dist/index.js";
 
 const root = join(dirname(fileURLToPath(import.meta.url)), "..");
@@ -454,6 +457,60 @@ step("at phone width the app still shows the conversation", async () => {
   await page.setViewportSize({ width: 390, height: 844 });
   await shot(page, "app-phone");
   await page.setViewportSize({ width: 1280, height: 800 });
+});
+
+step("the settings list the MCP servers with their state, read afresh when they open", async () => {
+  await page.click("#show-settings");
+  await page.locator("#mcp-servers[data-count='0']").waitFor();
+  assert.match(await page.locator("#settings-route").innerText(), /offline/);
+  assert.equal(await page.locator("#settings-mode").innerText(), "accept-edits");
+  const demo = mcpStdioServer();
+  const r = await fetch(`${vak.url}/config/mcp`, {
+    method: "PUT",
+    headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
+    body: JSON.stringify({
+      servers: {
+        demo,
+        off: { url: "http://127.0.0.1:9/mcp", enabled: false },
+        broken: { command: join(tmp, "no-such-program") },
+      },
+    }),
+  });
+  assert.equal(r.status, 200, await r.text());
+  // Opened again, the panel reads the table again.
+  await page.click("#close-settings");
+  await page.click("#show-settings");
+  const row = (name) => page.locator(`#mcp-servers li[data-server="${name}"]`);
+  await row("demo").waitFor();
+  assert.equal(await row("demo").getAttribute("data-state"), "ready");
+  const text = await row("demo").innerText();
+  assert.ok(text.includes(`command ${demo.command} ${demo.args.join(" ")}`), text);
+  assert.match(text, /6 tools · pid \d+/);
+  assert.match(text, /mcp__demo__echo[\s\S]*mcp__demo__wait/);
+  assert.equal(await row("off").getAttribute("data-state"), "disabled");
+  assert.match(await row("off").innerText(), /url http:\/\/127\.0\.0\.1:9\/mcp/);
+  // The failing one is restarted with backoff: failed, or starting between tries, with its error.
+  await page.waitForFunction(() => document.querySelector('#mcp-servers li[data-server="broken"] .mcp-error')?.textContent?.includes("no-such-program"));
+  assert.match(await row("broken").getAttribute("data-state"), /^(failed|starting)$/);
+  // Each state looks different (the colour of its left border).
+  const border = (name) => row(name).evaluate((el) => getComputedStyle(el).borderLeftColor);
+  assert.equal(new Set([await border("demo"), await border("off"), await border("broken")]).size, 3);
+  await shot(page, "app-settings");
+  await page.click("#close-settings");
+  await page.locator("#side").waitFor({ state: "detached" });
+});
+
+step("an MCP tool call is approved in the page and shown like the other tools", async () => {
+  await send(page, '/call mcp__demo__echo {"text": "from the app"}');
+  const pending = page.locator("#timeline .item.approval[data-status=pending]");
+  await pending.waitFor();
+  assert.match(await pending.innerText(), /mcp__demo__echo[\s\S]*run mcp__demo__echo/);
+  await pending.locator("button.approve").click();
+  assert.equal(await lastOutcome(page, 9), "completed");
+  const call = page.locator("#timeline .item.tool_call").last();
+  assert.equal(await call.getAttribute("data-status"), "completed");
+  assert.match(await call.locator("summary").innerText(), /^mcp__demo__echo · completed$/);
+  assert.match(await call.textContent(), /echo: from the app/);
 });
 
 step("/admin lists the session", async () => {

@@ -235,6 +235,10 @@ pub(crate) const PLAN_TOOL: &str = "exit_plan_mode";
 /// What an `[a]lways` answer's rule covers, said once it is stored.
 pub(crate) fn always_line(rule: &pb::PermissionRule) -> String {
     let what = clean(&rule.pattern).replace('\n', " ⏎ ");
+    // A tool rule (an MCP tool's) is the tool's name: naming it twice says nothing.
+    if rule.kind() == pb::RuleKind::Tool {
+        return format!("· always allowing every `{what}` call in this workspace");
+    }
     let exact = if rule.kind() == pb::RuleKind::Exact {
         " (this exact command)"
     } else {
@@ -384,6 +388,11 @@ fn value_json(v: &prost_types::Value) -> serde_json::Value {
     use prost_types::value::Kind as V;
     match &v.kind {
         None | Some(V::NullValue(_)) => serde_json::Value::Null,
+        // A Struct's numbers are all f64: a whole one is shown as the integer
+        // it was sent as (`{"a":2}`, not `{"a":2.0}`).
+        Some(V::NumberValue(n)) if n.fract() == 0.0 && n.abs() < 9_007_199_254_740_992.0 => {
+            serde_json::json!(*n as i64)
+        }
         Some(V::NumberValue(n)) => serde_json::json!(n),
         Some(V::StringValue(s)) => serde_json::Value::String(s.clone()),
         Some(V::BoolValue(b)) => serde_json::Value::Bool(*b),
@@ -428,6 +437,42 @@ mod tests {
         assert_eq!(
             tool_result_line("bash", true, "a\nb", Some(3)),
             line(Style::Good, "✓ bash: a (+1 more line: /show 3)")
+        );
+    }
+
+    #[test]
+    fn an_mcp_tool_shows_its_input_as_json_and_its_rule_once() {
+        use prost_types::value::Kind as V;
+        let num = |n| prost_types::Value {
+            kind: Some(V::NumberValue(n)),
+        };
+        let i = prost_types::Struct {
+            fields: [("a".to_string(), num(2.0)), ("b".to_string(), num(-0.5))].into(),
+        };
+        assert_eq!(
+            tool_call_line("mcp__demo__add", Some(&i)),
+            r#"⚙ mcp__demo__add {"a":2,"b":-0.5}"#
+        );
+        assert_eq!(
+            tool_result_line("mcp__demo__add", true, "5", None),
+            line(Style::Good, "✓ mcp__demo__add: 5")
+        );
+        let rule = |kind: pb::RuleKind, tool: &str, pattern: &str| {
+            let mut r = pb::PermissionRule {
+                tool: tool.into(),
+                pattern: pattern.into(),
+                ..Default::default()
+            };
+            r.set_kind(kind);
+            always_line(&r)
+        };
+        assert_eq!(
+            rule(pb::RuleKind::Tool, "mcp__demo__add", "mcp__demo__add"),
+            "· always allowing every `mcp__demo__add` call in this workspace"
+        );
+        assert_eq!(
+            rule(pb::RuleKind::Prefix, "bash", "ls"),
+            "· always allowing bash `ls` in this workspace"
         );
     }
 
