@@ -8,9 +8,12 @@ pub mod home;
 // The leaf types the core shares with the wire crates (no generated code: vak-proto without `wire`).
 pub use vak_proto::{error, ids, text};
 pub use vak_proto::{Error, ErrorKind, Result};
+pub mod automation;
+pub mod background;
 pub mod cluster;
 pub mod event;
 pub mod file_owner;
+pub mod finops;
 pub mod host;
 #[cfg(test)]
 mod lock_scan;
@@ -26,6 +29,7 @@ pub(crate) mod stopped;
 pub mod stream;
 pub mod tools;
 pub(crate) mod workspace;
+pub mod zone;
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -262,6 +262,10 @@ pub struct FileConfig {
     pub mcp: crate::mcp::config::ServerDefs,
     /// `[agent]`, `[app]` and `[hooks]` (`agent_settings.rs`).
     pub settings: FileSettings,
+    /// `[automation]`: the scheduler's zone and catch-up.
+    pub automation: crate::automation::config::FileAutomation,
+    /// `[finops]`: prices and the daily budget.
+    pub finops: crate::finops::config::FileFinops,
     pub ignored: Vec<String>,
 }
 
@@ -303,6 +307,10 @@ impl FileConfig {
             app: FileApp,
             #[serde(default)]
             hooks: Option<HookSpecs>,
+            #[serde(default)]
+            automation: crate::automation::config::FileAutomation,
+            #[serde(default)]
+            finops: crate::finops::config::FileFinops,
         }
         let at = |e: toml::de::Error| {
             let line = e
@@ -317,7 +325,15 @@ impl FileConfig {
             .filter(|k| {
                 !matches!(
                     k.as_str(),
-                    "server" | "model" | "sandbox" | "mcp" | "agent" | "app" | "hooks"
+                    "server"
+                        | "model"
+                        | "sandbox"
+                        | "mcp"
+                        | "agent"
+                        | "app"
+                        | "hooks"
+                        | "automation"
+                        | "finops"
                 )
             })
             .cloned()
@@ -334,6 +350,8 @@ impl FileConfig {
         Ok(FileConfig {
             mcp: known.mcp.servers,
             settings,
+            automation: known.automation,
+            finops: known.finops,
             server: known.server,
             sandbox: known.sandbox,
             model: RouteLayer {
@@ -1121,10 +1139,11 @@ mod tests {
     #[test]
     fn config_toml_ignores_unimplemented_sections_and_refuses_typos_in_known_ones() {
         let f = FileConfig::parse(
-            "[server]\ntrusted_hosts = [\"a\"]\n[model]\nprovider = \"openai\"\nmodel = \"m\"\n[finops]\nmax_day_usd = 3\n[mcp.servers.x]\ncommand = \"y\"\n",
+            "[server]\ntrusted_hosts = [\"a\"]\n[model]\nprovider = \"openai\"\nmodel = \"m\"\n[finops]\nmax_day_usd = 3\n[mcp.servers.x]\ncommand = \"y\"\n[skills]\nx = 1\n",
         )
         .unwrap();
-        assert_eq!(f.ignored, vec!["finops".to_string()]);
+        assert_eq!(f.ignored, vec!["skills".to_string()]);
+        assert_eq!(f.finops.max_day_usd, Some(3.0));
         assert_eq!(f.mcp["x"].command.as_deref(), Some("y"));
         assert_eq!(f.model.provider, Some(ProviderKind::OpenAi));
         let e = FileConfig::parse("[model]\nmodle = \"x\"\n").unwrap_err();

@@ -32,7 +32,9 @@ use vak_proto::v1 as pb;
 /// failed before it answers (they go on starting after that).
 const MCP_SETTLE: Duration = Duration::from_secs(30);
 
+mod admin;
 mod host_info;
+mod tasks;
 
 pub(crate) type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send>>;
 pub(crate) type MuxStream = Pin<Box<dyn Stream<Item = Result<pb::StreamMessage, Status>> + Send>>;
@@ -963,6 +965,43 @@ impl AgentService for AgentApi {
         })
     }
 
+    async fn list_tasks(
+        &self,
+        r: Request<pb::ListTasksRequest>,
+    ) -> Result<Response<pb::ListTasksResponse>, Status> {
+        self.tasks_list(r.into_inner()).await.map(Response::new)
+    }
+    async fn create_task(
+        &self,
+        r: Request<pb::CreateTaskRequest>,
+    ) -> Result<Response<pb::TaskResponse>, Status> {
+        self.tasks_create(r.into_inner()).await.map(Response::new)
+    }
+    async fn get_task(&self, r: Request<pb::GetTaskRequest>) -> Result<Response<pb::TaskResponse>, Status> {
+        self.tasks_get(r.into_inner()).await.map(Response::new)
+    }
+    async fn update_task(
+        &self,
+        r: Request<pb::UpdateTaskRequest>,
+    ) -> Result<Response<pb::TaskResponse>, Status> {
+        self.tasks_update(r.into_inner()).await.map(Response::new)
+    }
+    async fn delete_task(
+        &self,
+        r: Request<pb::DeleteTaskRequest>,
+    ) -> Result<Response<pb::DeleteTaskResponse>, Status> {
+        self.tasks_delete(r.into_inner()).await.map(Response::new)
+    }
+    async fn run_task_now(
+        &self,
+        r: Request<pb::RunTaskNowRequest>,
+    ) -> Result<Response<pb::TaskResponse>, Status> {
+        self.tasks_run_now(r.into_inner()).await.map(Response::new)
+    }
+    async fn get_digest(&self, r: Request<pb::GetDigestRequest>) -> Result<Response<pb::Digest>, Status> {
+        self.digest(r.into_inner()).await.map(Response::new)
+    }
+
     async fn list_side(
         &self,
         req: Request<pb::ListSideRequest>,
@@ -1037,35 +1076,7 @@ impl AgentService for AgentApi {
         &self,
         _req: Request<pb::GetAdminStatusRequest>,
     ) -> Result<Response<pb::AdminStatus>, Status> {
-        let (max_streams, max_per_client) = self.limits.caps();
-        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
-        ok(pb::AdminStatus {
-            open_streams: count(self.limits.open_streams()),
-            max_streams: count(max_streams),
-            max_streams_per_client: count(max_per_client),
-            clients: self
-                .limits
-                .by_client()
-                .into_iter()
-                .map(|(client, n)| pb::ClientStreams {
-                    client,
-                    open_streams: count(n),
-                })
-                .collect(),
-            sessions: self
-                .sessions()
-                .presence()
-                .into_iter()
-                .map(|(info, clients)| convert::presence(info, &clients))
-                .collect(),
-            streams: self.hub.streams().ids(),
-            recent_errors: self
-                .errors
-                .list()
-                .into_iter()
-                .map(convert::recent_error)
-                .collect(),
-        })
+        ok(self.admin_status())
     }
 
     // ---- Memory and search (issue 15) ----
