@@ -46,6 +46,7 @@ mod serve_cluster;
 mod settings;
 mod side;
 mod storage;
+mod tasks;
 mod stream;
 mod term;
 mod tools;

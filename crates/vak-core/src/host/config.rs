@@ -501,6 +501,8 @@ pub struct Settings {
     shared: Option<Arc<SharedConfig>>,
     /// config.toml's `[mcp.servers]` as read at startup.
     file_mcp: crate::mcp::config::ServerDefs,
+    /// config.toml's `[automation]` as read at startup.
+    file_automation: crate::automation::config::FileAutomation,
 }
 
 impl Settings {
@@ -535,10 +537,16 @@ impl Settings {
             changes: watch::channel(1).0,
             shared: cfg.shared_config.clone(),
             file_mcp: file.mcp,
+            file_automation: file.automation,
         };
         let fp = settings.route_key_fingerprint(&settings.lock().spec.clone());
         settings.lock().built = (bus_rev, fp);
         Ok(settings)
+    }
+
+    /// config.toml's `[automation]` as read at startup.
+    pub(crate) fn file_automation(&self) -> &crate::automation::config::FileAutomation {
+        &self.file_automation
     }
 
     /// config.toml's `[mcp.servers]` as read at startup.

@@ -4,7 +4,13 @@ use crate::error::{Error, Result};
 use crate::host::config::Settings;
 use crate::host::control::ControlPlane;
 use crate::host::index::Index;
+use crate::automation::scheduler::{
+    LocalClaim, Scheduler, SchedulerConfig, SchedulerHandle, SlotClaim, SystemClock,
+};
+use crate::automation::store::{FileTasks, TaskPersist};
+use crate::cluster::shared_tasks::{KvClaim, SharedTasks};
 use crate::host::registry::Registry;
+use crate::host::tasks::{HostCheck, HostFirer, Open};
 use crate::host::runtimes::Runtimes;
 use crate::session::live::Route;
 use crate::session::runtime::Runtime;
@@ -22,6 +28,8 @@ pub struct Hub {
     control: Arc<ControlPlane>,
     /// Live multiplexed streams by stream id, for follow/unfollow.
     streams: Arc<Streams>,
+    /// The scheduler's owner task: scheduled tasks and their fires.
+    tasks: SchedulerHandle,
     /// Ids of sessions whose writer stopped, until `housekeep` hands them
     /// to `recovery::run`.
     stopped_rx: Mutex<Option<mpsc::UnboundedReceiver<String>>>,
@@ -84,11 +92,59 @@ impl Hub {
             .and_then(|s| s.mcp())
             .unwrap_or_else(|| settings.file_mcp());
         let mcp = Arc::new(crate::mcp::Mcp::start(defs, cfg.workspace.clone()));
+        let auto = settings.file_automation().clone();
+        let tz = crate::zone::resolve(auto.timezone.as_deref()).map_err(Error::invalid)?;
+        let script_timeout = auto.script_timeout().map_err(Error::invalid)?;
+        // With --bus the replicas share one task list and claim each slot.
+        let (persist, claim): (Arc<dyn TaskPersist>, Arc<dyn SlotClaim>) =
+            match (&cfg.shared_config, &cfg.task_claims, &cfg.owners) {
+                (Some(shared), Some(store), Some(owners)) => (
+                    Arc::new(SharedTasks {
+                        shared: shared.clone(),
+                    }),
+                    Arc::new(KvClaim {
+                        store: store.clone(),
+                        replica: owners.replica().to_string(),
+                    }),
+                ),
+                _ => (Arc::new(FileTasks::new(&cfg.home)), Arc::new(LocalClaim)),
+            };
+        let task_changes = cfg.shared_config.as_ref().map(|s| s.task_changes());
         let rt = Arc::new(Runtime::new(cfg, route, search, sandbox, mcp));
         let runtimes = Arc::new(Runtimes::new(rt, workspaces.clone()));
         let closing = CancellationToken::new();
         let (sessions, stopped_rx) = Registry::new(runtimes.clone(), index, closing.clone());
         let sessions = Arc::new(sessions);
+        let firer = HostFirer {
+            sessions: sessions.clone(),
+            workspaces: workspaces.clone(),
+            gate: Arc::new(Open),
+            script_timeout,
+        };
+        let tasks = Scheduler::start(SchedulerConfig {
+            persist,
+            clock: Arc::new(SystemClock),
+            tz,
+            catch_up_missed: auto.catch_up_missed,
+            firer: Arc::new(firer),
+            claim,
+            check: Arc::new(HostCheck {
+                sessions: sessions.clone(),
+            }),
+        })?;
+        if let Some(mut changes) = task_changes {
+            // Another replica changed the tasks: read them again.
+            let (handle, closing) = (tasks.clone(), closing.clone());
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        changed = changes.changed() => if changed.is_err() { return },
+                        _ = closing.cancelled() => return,
+                    }
+                    handle.reload().await;
+                }
+            });
+        }
         let control = Arc::new(ControlPlane::new(
             runtimes,
             settings,
@@ -100,6 +156,7 @@ impl Hub {
             sessions,
             control,
             streams: Arc::new(Streams::new(closing.clone())),
+            tasks,
             stopped_rx: Mutex::new(Some(stopped_rx)),
             closing,
         })
@@ -114,6 +171,11 @@ impl Hub {
     /// search, workspaces.
     pub fn control(&self) -> &Arc<ControlPlane> {
         &self.control
+    }
+
+    /// The scheduler: tasks' CRUD, run-now and next fires.
+    pub fn tasks(&self) -> &SchedulerHandle {
+        &self.tasks
     }
 
     /// The live multiplexed streams (`Mux::open`, `mux::control`).

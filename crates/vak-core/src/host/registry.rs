@@ -284,7 +284,13 @@ impl Registry {
         }
     }
 
-    /// Explicit attach: the same as `get`, named for the API.
+    /// Whether session `id` exists (in memory or in the index): what a
+    /// task may name, asked without loading it.
+    pub fn known(&self, id: &str) -> bool {
+        self.loaded().contains_key(id) || self.index.get(id).is_some()
+    }
+
+        /// Explicit attach: the same as `get`, named for the API.
     pub async fn attach(&self, id: &str) -> Result<Arc<Session>> {
         self.get(id).await
     }

@@ -1076,7 +1076,7 @@ impl AgentService for AgentApi {
         &self,
         _req: Request<pb::GetAdminStatusRequest>,
     ) -> Result<Response<pb::AdminStatus>, Status> {
-        ok(self.admin_status())
+        ok(self.admin_status().await)
     }
 
     // ---- Memory and search (issue 15) ----
