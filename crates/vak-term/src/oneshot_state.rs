@@ -4,7 +4,7 @@
 
 use super::conn::approval;
 use super::follow::{Resync, Update};
-use super::render::{clean, plan_text, tool_text, Piece, Render, PLAN_TOOL};
+use super::render::{background_lines, clean, plan_text, tool_text, Piece, Render, PLAN_TOOL};
 use super::Policy;
 use pb::event::Kind;
 use std::collections::VecDeque;
@@ -270,6 +270,15 @@ impl<O: Out> Renderer<O> {
             }
             Kind::ApprovalRequested(a) if ours => self.approval_requested(&e, a),
             Kind::Notice(n) if ours && !self.json => self.note(&format!("! {}", clean(&n.text))),
+            // Delivered only while the session is idle (before our prompt's
+            // leg, or between legs): said on stderr, never mixed into the answer.
+            Kind::BackgroundResult(b) if !self.json => {
+                for p in background_lines(b) {
+                    if let Piece::Line { text, .. } = p {
+                        self.note(&text);
+                    }
+                }
+            }
             Kind::RunFinished(r) => return self.run_finished(e.seq, r),
             _ => {}
         }
@@ -684,6 +693,57 @@ mod tests {
             "{:?}",
             r.out.notes
         );
+    }
+
+    #[test]
+    fn a_background_result_before_our_leg_is_a_note_never_part_of_the_answer() {
+        let bg = |alert: bool| {
+            let mut b = pb::BackgroundResult {
+                id: "task_0123456789ab".into(),
+                text: if alert {
+                    "exit code 3\nno disk"
+                } else {
+                    "all quiet"
+                }
+                .into(),
+                alert,
+                ..Default::default()
+            };
+            b.set_source(pb::BackgroundSource::Script);
+            if alert {
+                b.set_reason(pb::BackgroundReason::ScriptFailed);
+            }
+            Kind::BackgroundResult(b)
+        };
+        let mut r = started_as(false, Policy::Ask, "queued");
+        feed(
+            &mut r,
+            vec![
+                ev(4, bg(false)),
+                ev(5, bg(true)),
+                user(6, OURS),
+                text(7, "answer"),
+            ],
+        );
+        assert_eq!(r.update(finished(8, "completed", "")), Step::Exit(EXIT_COMPLETED));
+        assert_eq!(r.out.stdout, "answer\n");
+        assert_eq!(
+            r.out.notes,
+            [
+                "⟲ background (script task_0123456789ab): all quiet",
+                "⚠ script_failed (script task_0123456789ab): exit code 3",
+                "  no disk",
+            ]
+        );
+        // In JSON mode it is a line like every other frame, and no note.
+        let mut r = started(true, Policy::Ask);
+        feed(&mut r, vec![ev(4, bg(false))]);
+        assert!(
+            r.out.stdout.contains(r#""background_result":{"source":"script""#),
+            "{}",
+            r.out.stdout
+        );
+        assert!(r.out.notes.is_empty(), "{:?}", r.out.notes);
     }
 
     #[test]

@@ -134,6 +134,8 @@ impl Render {
             }
             Kind::RunFinished(r) => run_end(r.outcome().json_name(), &r.message),
             Kind::Notice(n) => vec![line(Style::Note, format!("! {}", clean(&n.text)))],
+            // The server sends it only while the session is idle, so it falls between runs.
+            Kind::BackgroundResult(b) => background_lines(b),
             Kind::StreamOpened(_)
             | Kind::TurnStarted(_)
             | Kind::Status(_)
@@ -218,6 +220,14 @@ impl Render {
                     }
                 }
                 "run" => out.extend(run_end(m.outcome().json_name(), &m.text)),
+                "background" => match &m.background {
+                    Some(b) => out.extend(background_lines(b)),
+                    // A server that filled in only the text: shown as a plain result.
+                    None => out.extend(background_lines(&pb::BackgroundResult {
+                        text: m.text.clone(),
+                        ..Default::default()
+                    })),
+                },
                 _ => {}
             }
         }
@@ -270,6 +280,63 @@ fn run_end(outcome: &str, message: &str) -> Vec<Piece> {
         "cancelled" => vec![line(Style::Note, format!("⊘ {}", clean(message)))],
         _ => vec![line(Style::Bad, format!("✗ run {outcome}: {}", clean(message)))],
     }
+}
+
+/// The most lines of a background result shown; the transcript keeps them all.
+const BACKGROUND_LINES: usize = 20;
+
+/// A background result between runs: `⟲ background (script task_…): first line`
+/// (dimmed), or for an alert `⚠ script_failed (script task_…): first line` (red);
+/// further lines indented under it, at most `BACKGROUND_LINES`.
+pub(crate) fn background_lines(b: &pb::BackgroundResult) -> Vec<Piece> {
+    let source = b.source().json_name();
+    let from = match (source, b.id.as_str()) {
+        ("", "") => String::new(),
+        (s, "") | ("", s) => format!(" ({})", clean(s)),
+        (s, id) => format!(" ({s} {})", clean(id)),
+    };
+    let summarised = match b.summarised {
+        0 => String::new(),
+        n => format!(" [{} summarised]", count(n as usize, "result")),
+    };
+    let text = clean(&b.text);
+    let mut lines = text.trim_end().lines();
+    let first = match lines.next().unwrap_or("").trim() {
+        "" => String::new(),
+        f => format!(": {f}"),
+    };
+    let (style, head, body) = if b.alert {
+        let reason = match b.reason().json_name() {
+            "" => "alert",
+            r => r,
+        };
+        (
+            Style::Bad,
+            format!("⚠ {reason}{from}{summarised}{first}"),
+            Style::Note,
+        )
+    } else {
+        (
+            Style::Info,
+            format!("⟲ background{from}{summarised}{first}"),
+            Style::Plain,
+        )
+    };
+    let rest: Vec<&str> = lines.collect();
+    let mut out = vec![line(style, head)];
+    out.extend(
+        rest.iter()
+            .take(BACKGROUND_LINES)
+            .map(|l| line(body, format!("  {l}"))),
+    );
+    if rest.len() > BACKGROUND_LINES {
+        let n = rest.len() - BACKGROUND_LINES;
+        out.push(line(
+            Style::Info,
+            format!("  … (+{n} more {} in the transcript)", noun_for(n, "line")),
+        ));
+    }
+    out
 }
 
 fn user_lines(text: &str) -> Vec<Piece> {
@@ -545,6 +612,111 @@ mod tests {
             vec![line(Style::Good, "✓ bash: one (+2 more lines)")]
         );
         assert!(plain.outputs().is_empty());
+    }
+
+    fn background(source: &str, id: &str, text: &str, reason: Option<&str>) -> pb::BackgroundResult {
+        let mut b = pb::BackgroundResult {
+            id: id.into(),
+            text: text.into(),
+            alert: reason.is_some(),
+            ..Default::default()
+        };
+        b.set_source(pb::BackgroundSource::from_json_name(source).expect("a source"));
+        if let Some(r) = reason {
+            b.set_reason(pb::BackgroundReason::from_json_name(r).expect("a reason"));
+        }
+        b
+    }
+
+    #[test]
+    fn a_background_result_is_one_entry_and_an_alert_is_marked_as_one() {
+        let ev = |b: pb::BackgroundResult| pb::Event {
+            seq: 9,
+            session_id: "s".into(),
+            kind: Some(Kind::BackgroundResult(b)),
+        };
+        let mut r = Render::default();
+        assert_eq!(
+            r.event(&ev(background(
+                "script",
+                "task_0123456789ab",
+                "  all quiet\n",
+                None
+            ))),
+            vec![line(
+                Style::Info,
+                "⟲ background (script task_0123456789ab): all quiet"
+            )]
+        );
+        assert_eq!(
+            r.event(&ev(background(
+                "script",
+                "task_0123456789ab",
+                "exit code 3\ndisk is \x1b[31mfull",
+                Some("script_failed")
+            ))),
+            vec![
+                line(
+                    Style::Bad,
+                    "⚠ script_failed (script task_0123456789ab): exit code 3"
+                ),
+                line(Style::Note, "  disk is [31mfull"),
+            ]
+        );
+        let mut budget = background(
+            "budget",
+            "budget:2026-12-04:80",
+            "80% of today's budget",
+            Some("budget_80"),
+        );
+        budget.summarised = 2;
+        assert_eq!(
+            background_lines(&budget),
+            vec![line(
+                Style::Bad,
+                "⚠ budget_80 (budget budget:2026-12-04:80) [2 results summarised]: 80% of today's budget"
+            )]
+        );
+        // A long output is cut, saying where the rest is.
+        let long: String = (1..=30).map(|i| format!("line {i}\n")).collect();
+        let shown = background_lines(&background("task", "task_x", &long, None));
+        assert_eq!(shown.len(), 1 + BACKGROUND_LINES + 1);
+        assert_eq!(shown[1], line(Style::Plain, "  line 2"));
+        assert_eq!(
+            shown.last().unwrap(),
+            &line(Style::Info, "  … (+9 more lines in the transcript)")
+        );
+        // An empty text says only where it came from.
+        assert_eq!(
+            background_lines(&background("worker", "w1", "", None)),
+            vec![line(Style::Info, "⟲ background (worker w1)")]
+        );
+    }
+
+    #[test]
+    fn a_transcript_replays_its_background_messages() {
+        let mut m = pb::Message {
+            text: "all quiet".into(),
+            background: Some(background("script", "task_a", "all quiet", None)),
+            ..Default::default()
+        };
+        m.set_role(pb::MessageRole::Background);
+        let bare = pb::Message {
+            role: pb::MessageRole::Background as i32,
+            text: "no result attached".into(),
+            ..Default::default()
+        };
+        let t = pb::Transcript {
+            messages: vec![m, bare],
+            ..Default::default()
+        };
+        assert_eq!(
+            Render::default().transcript(&t),
+            vec![
+                line(Style::Info, "⟲ background (script task_a): all quiet"),
+                line(Style::Info, "⟲ background: no result attached"),
+            ]
+        );
     }
 
     #[test]
