@@ -60,6 +60,15 @@ from vak_client._common import (
     shutdown,
     socket_of,
 )
+from vak_client._tasks import (
+    call_create_task,
+    call_delete_task,
+    call_digest,
+    call_get_task,
+    call_list_tasks,
+    call_run_task_now,
+    call_update_task,
+)
 from vak_client._follow import (
     Call,
     Conn,
@@ -460,6 +469,49 @@ class AsyncClient(ClientConfig):
 
     async def put_mcp_config(self, servers: McpServers) -> agent_pb2.McpConfig:
         return await self._unary(call_put_mcp_config(servers))
+
+    # -- scheduled tasks and the digest (docs/protocol.md section 31) ----------
+
+    async def list_tasks(self) -> agent_pb2.ListTasksResponse:
+        return await self._unary(call_list_tasks())
+
+    async def create_task(
+        self,
+        name: str,
+        prompt: str | None = None,
+        script: str | None = None,
+        schedule: str | None = None,
+        session_id: str | None = None,
+        model_pin: str | None = None,
+        enabled: bool | None = None,
+        workspace: str | None = None,
+    ) -> agent_pb2.Task:
+        call = call_create_task(
+            name,
+            prompt=prompt,
+            script=script,
+            schedule=schedule,
+            session_id=session_id,
+            model_pin=model_pin,
+            enabled=enabled,
+            workspace=workspace,
+        )
+        return (await self._unary(call)).task
+
+    async def get_task(self, task_id: str) -> agent_pb2.Task:
+        return (await self._unary(call_get_task(task_id))).task
+
+    async def update_task(self, task_id: str, **fields: Any) -> agent_pb2.Task:
+        return (await self._unary(call_update_task(task_id, fields))).task
+
+    async def delete_task(self, task_id: str) -> agent_pb2.DeleteTaskResponse:
+        return await self._unary(call_delete_task(task_id))
+
+    async def run_task_now(self, task_id: str) -> agent_pb2.Task:
+        return (await self._unary(call_run_task_now(task_id))).task
+
+    async def digest(self, days: int | None = None) -> agent_pb2.Digest:
+        return await self._unary(call_digest(days))
 
     async def cancel(self, session_id: str) -> agent_pb2.CancelResponse:
         return await self._unary(call_cancel(session_id))

@@ -59,6 +59,15 @@ from vak_client._common import (
     shutdown,
     socket_of,
 )
+from vak_client._tasks import (
+    call_create_task,
+    call_delete_task,
+    call_digest,
+    call_get_task,
+    call_list_tasks,
+    call_run_task_now,
+    call_update_task,
+)
 from vak_client._follow import (
     Call,
     Conn,
@@ -596,6 +605,68 @@ class Client(ClientConfig):
         started are ready or failed (up to 30 s, which this call waits). An
         invalid table is `VakError` 400 naming the field (`servers.NAME.FIELD`)."""
         return self._unary(call_put_mcp_config(servers))
+
+    # -- scheduled tasks and the digest (docs/protocol.md section 31) ----------
+
+    def list_tasks(self) -> agent_pb2.ListTasksResponse:
+        """Every task, oldest first (`tasks`), and the time zone schedules are read in (`timezone`)."""
+        return self._unary(call_list_tasks())
+
+    def create_task(
+        self,
+        name: str,
+        prompt: str | None = None,
+        script: str | None = None,
+        schedule: str | None = None,
+        session_id: str | None = None,
+        model_pin: str | None = None,
+        enabled: bool | None = None,
+        workspace: str | None = None,
+    ) -> agent_pb2.Task:
+        """Creates a task (`POST /tasks`): exactly one of `prompt` (run by the
+        model in `session_id`, or in a new session per fire) and `script` (a
+        shell command whose trimmed stdout is delivered to its session as a
+        `background_result`); `schedule` a 5-field cron (None: run-now only).
+        A refused task is `VakError` 400 whose message starts with the field
+        (`schedule: ...`); past the most tasks kept, 429."""
+        call = call_create_task(
+            name,
+            prompt=prompt,
+            script=script,
+            schedule=schedule,
+            session_id=session_id,
+            model_pin=model_pin,
+            enabled=enabled,
+            workspace=workspace,
+        )
+        return self._unary(call).task
+
+    def get_task(self, task_id: str) -> agent_pb2.Task:
+        """One task, with `next_fire` and `last_fire` (`json_name(task.last_fire, "outcome")`)."""
+        return self._unary(call_get_task(task_id)).task
+
+    def update_task(self, task_id: str, **fields: Any) -> agent_pb2.Task:
+        """Changes the fields given (`name`, `prompt`, `script`, `schedule`,
+        `session_id`, `model_pin`, `enabled`): `update_task(id, enabled=False)`;
+        an empty string clears `schedule`, `session_id` or `model_pin`, and
+        setting `prompt` or `script` replaces the other."""
+        return self._unary(call_update_task(task_id, fields)).task
+
+    def delete_task(self, task_id: str) -> agent_pb2.DeleteTaskResponse:
+        """Deletes a task (`VakError` 404 for an unknown id); a fire in flight finishes."""
+        return self._unary(call_delete_task(task_id))
+
+    def run_task_now(self, task_id: str) -> agent_pb2.Task:
+        """Fires a task now and resets its schedule from now (`POST
+        /tasks/ID/run-now`, 202): answers once the fire has started; its result
+        arrives on the session's stream (`background_result`, or the run)."""
+        return self._unary(call_run_task_now(task_id)).task
+
+    def digest(self, days: int | None = None) -> agent_pb2.Digest:
+        """Spend and usage per day (`GET /digest?days=N`, 1 to 90; None: the
+        server's default, 7): `days` oldest first, each with `by_model` and
+        `by_session` maps of `DigestUsage`; `total`, `unpriced`, `today_usd`."""
+        return self._unary(call_digest(days))
 
     def cancel(self, session_id: str) -> agent_pb2.CancelResponse:
         """Stops the run in flight and discards queued input."""
