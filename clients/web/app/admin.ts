@@ -2,7 +2,8 @@
 // and who is attached, connected clients with their open streams and the
 // stream caps, the live /stream connections, the effective config and
 // providers (key fingerprints, never key values), the server's recent
-// failures (GetAdminStatus), and two actions: cancel a session's run, close
+// failures, the scheduler's next fires and its time zone, and the day's model
+// spend against [finops] max_day_usd (GetAdminStatus); and two actions: cancel a session's run, close
 // (delete) a session. Read through the same gRPC-web client and login as the
 // app; refreshed live from GET /stream (status frames) and every few seconds.
 import "./app.css";
@@ -127,6 +128,15 @@ function render(): void {
         ]),
         "admin-providers",
       ),
+      h("h2", {}, "Scheduler"),
+      h("p", { id: "admin-timezone" }, st ? `Schedules are read in ${st.timezone || "the server's time zone"}.` : ""),
+      table(
+        ["next fire", "task", "name"],
+        (st?.scheduler ?? []).map((f) => [f.nextFire, h("code", {}, f.taskId), f.name]),
+        "admin-scheduler",
+      ),
+      h("h2", {}, "Spend"),
+      spend(st),
       h("h2", {}, "Recent errors"),
       table(
         ["at", "request", "status", "message"],
@@ -141,6 +151,21 @@ function render(): void {
       h("h3", {}, "This page's errors"),
       h("pre", { class: "errors", id: "errors" }, state.errors.join("\n") || "none"),
     ),
+  );
+}
+
+/** Today's model spend, and the share of [finops] max_day_usd it is when one is set. */
+function spend(st: AdminStatus | undefined): HTMLElement {
+  if (!st) return h("p", { id: "admin-spend" });
+  const today = `$${st.todayUsd.toFixed(4)}`;
+  const max = st.maxDayUsd;
+  if (max === undefined) return h("p", { id: "admin-spend", "data-over": "false" }, `Today: ${today} (no daily budget: [finops] max_day_usd is not set)`);
+  const share = max > 0 ? Math.round((st.todayUsd / max) * 100) : 100;
+  const over = st.todayUsd >= max;
+  return h(
+    "p",
+    { id: "admin-spend", class: over ? "spend-over" : "", "data-over": over ? "true" : "false" },
+    `Today: ${today} of $${max.toFixed(2)} (${share}% of the daily budget)`,
   );
 }
 

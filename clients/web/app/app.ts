@@ -2,8 +2,10 @@
 // state, the conversation rendered from each session's presentation timeline
 // (followed for every listed session on one GET /stream, resumed with its
 // cursor vector), approvals, steering, cancel, the file tree and the diff,
-// a terminal (xterm.js onto GET /pty) when GET /host says it is on, and the
-// settings (the model route, the mode, the MCP servers and their state).
+// a terminal (xterm.js onto GET /pty) when GET /host says it is on, the
+// settings (the model route, the mode, the MCP servers and their state), and
+// the scheduled tasks (tasks.ts), whose background results show in the
+// conversation.
 // Calls go through the package's gRPC-web client with the login cookie and
 // its session key; nothing the server or the model sends is parsed as HTML.
 import "./app.css";
@@ -36,6 +38,7 @@ import { button, h, onError } from "./dom.js";
 import { currentKey, forgetKey, shareKey } from "./login.js";
 import { renderMarkdown } from "./markdown.js";
 import { settingsPanel } from "./settings.js";
+import { tasksPanel, type TasksView } from "./tasks.js";
 import { TerminalPanel } from "./terminal.js";
 import { apply, empty, fromSnapshot, type Timeline } from "./timeline.js";
 
@@ -66,7 +69,7 @@ const state = {
   errors: [] as string[],
   /** Thinking and tool items the user opened, by item id (kept across re-renders). */
   open: new Set<string>(),
-  side: "" as "" | "files" | "diff" | "terminal" | "settings",
+  side: "" as "" | "files" | "diff" | "terminal" | "settings" | "tasks",
   sideText: "",
   renaming: "",
   confirmDelete: "",
@@ -78,6 +81,8 @@ const state = {
   mcp: undefined as McpConfig | undefined,
   /** The settings' tool lists the user opened or closed, by server name. */
   mcpToolsOpen: new Map<string, boolean>(),
+  /** The tasks panel: GET /tasks (read when it opens), its form and confirmations. */
+  tasks: { list: undefined, formError: "", confirmDelete: "", sessions: [], kind: "script", session: "" } as TasksView,
 };
 
 let client: AgentClient;
@@ -276,6 +281,7 @@ function sidebar(): HTMLElement {
       { class: "tools" },
       button("Files", () => showFiles(), { id: "show-files" }),
       button("Diff", () => showDiff(), { id: "show-diff" }),
+      button("Tasks", () => showTasks(), { id: "show-tasks" }),
       state.host?.features?.terminal ? button("Terminal", () => showTerminal(), { id: "show-terminal" }) : null,
     ),
   );
@@ -442,6 +448,14 @@ function renderItem(item: TimelineItem): HTMLElement {
       return approval(item, status, attrs);
     case "final_result":
       return h("div", attrs, `Run ${status}${item.text && item.text !== status ? `: ${item.text}` : ""}`);
+    case "background":
+      // Delivered between runs: a script's output, or (status failed) an alert.
+      return h(
+        "div",
+        attrs,
+        h("div", { class: "who" }, status === "failed" ? "⚠ background alert" : "⟲ background"),
+        h("pre", { class: "text plain" }, item.text),
+      );
     default:
       return h("div", attrs, item.text);
   }
@@ -496,6 +510,22 @@ function sidePane(): HTMLElement {
     };
     return settingsPanel({ config: state.config, mcp: state.mcp, toolsOpen: state.mcpToolsOpen }, refreshMcp, close);
   }
+  if (state.side === "tasks") {
+    state.tasks.sessions = state.order.flatMap((id) => state.sessions.get(id)?.summary ?? []);
+    return tasksPanel(state.tasks, {
+      client,
+      refresh: refreshTasks,
+      render,
+      open: (id) => {
+        if (state.sessions.has(id)) select(id);
+        else void refreshList().then(() => select(id), onErrorNow);
+      },
+      close: () => {
+        state.side = "";
+        render();
+      },
+    });
+  }
   if (state.side === "terminal") {
     return h(
       "aside",
@@ -539,6 +569,31 @@ async function showSettings(): Promise<void> {
 async function refreshMcp(): Promise<void> {
   state.mcp = await client.getMcpConfig({});
   render();
+}
+
+/** Opens the tasks panel and reads the list afresh. */
+async function showTasks(): Promise<void> {
+  state.side = "tasks";
+  render();
+  await refreshTasks();
+}
+
+/** Reads the tasks again; a script task's own new session is listed (and followed) too. */
+async function refreshTasks(): Promise<void> {
+  state.tasks.list = await client.listTasks({});
+  const unlisted = state.tasks.list.tasks.some((t) => t.sessionId && !state.sessions.has(t.sessionId));
+  if (unlisted) await refreshList();
+  render();
+}
+
+let tasksTimer: ReturnType<typeof setTimeout> | undefined;
+/** A fire's outcome lands soon after its result or its run's end: the open panel reads the list again, once per burst. */
+function tasksChanged(): void {
+  if (state.side !== "tasks" || tasksTimer) return;
+  tasksTimer = setTimeout(() => {
+    tasksTimer = undefined;
+    void refreshTasks().catch(onErrorNow);
+  }, 200);
 }
 
 function showTerminal(): void {
@@ -652,6 +707,8 @@ async function start(): Promise<void> {
     } else if (ev.kind.case === "userMessage" && !s.summary.title) {
       s.summary.title = ev.kind.value.text.split("\n")[0]?.slice(0, 80) ?? "";
       schedule();
+    } else if (ev.kind.case === "backgroundResult" || ev.kind.case === "runFinished") {
+      tasksChanged();
     }
   });
   follower.on("resync", (ev) => {
@@ -687,7 +744,11 @@ async function start(): Promise<void> {
   follower.start();
   select(state.current);
   clearInterval(listTimer);
-  listTimer = setInterval(() => void refreshList().catch(() => undefined), LIST_EVERY_MS);
+  listTimer = setInterval(() => {
+    void refreshList().catch(() => undefined);
+    // Scheduled fires move next_fire and last_fire with no event of their own here.
+    if (state.side === "tasks") void refreshTasks().catch(() => undefined);
+  }, LIST_EVERY_MS);
 }
 
 /** Sessions another client created or deleted show up within this long (no event says so). */
