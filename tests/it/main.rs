@@ -49,5 +49,6 @@ mod storage;
 mod tasks;
 mod stream;
 mod term;
+mod term_background;
 mod tools;
 mod workspace_api;

@@ -8,7 +8,9 @@
 // terminal panel (on in this vak's config.toml) runs `echo hi` in a real shell,
 // that the settings list the MCP servers (the repository's MCP test server:
 // VAK_MCP_PYTHON) with their state and that an MCP tool call is approved in the
-// page, and that /admin lists the session; no console error and no CSP
+// page, that the tasks panel creates, runs, disables and deletes tasks whose
+// output and alert show in the conversation, and that /admin lists the session,
+// the scheduler and the day's spend; no console error and no CSP
 // violation during the whole run. Screenshots go to
 // artifacts/app/ (`make screenshots` copies four of them to docs/screenshots/).
 //
@@ -129,7 +131,11 @@ before(
     token = randomBytes(24).toString("hex");
     // The terminal is on for this run (it is off by default): one step uses it.
     mkdirSync(join(tmp, "home"), { mode: 0o700 });
-    writeFileSync(join(tmp, "home", "config.toml"), "[server.web]\nterminal = true\nterminal_shell = \"/bin/sh\"\n");
+    // A daily budget, so /admin shows today's spend against it.
+    writeFileSync(
+      join(tmp, "home", "config.toml"),
+      "[server.web]\nterminal = true\nterminal_shell = \"/bin/sh\"\n\n[finops]\nmax_day_usd = 5.0\n",
+    );
     vakArgs = ["--home", join(tmp, "home"), "--workspace", workspace, "--token", token];
     vak = await startVak(vakArgs);
     proxy = await startProxy(vak.port);
@@ -513,6 +519,64 @@ step("an MCP tool call is approved in the page and shown like the other tools", 
   assert.match(await call.textContent(), /echo: from the app/);
 });
 
+step("the tasks panel creates, runs, disables and deletes tasks; their output and alert show in the conversation", async () => {
+  await page.click("#show-tasks");
+  await page.locator("#tasks[data-count='0']").waitFor();
+  assert.match(await page.locator("#tasks-timezone").innerText(), /Schedules are read in \S+/);
+  const create = async (name, script, schedule = "") => {
+    await page.fill("#task-name", name);
+    await page.selectOption("#task-kind", "script");
+    await page.fill("#task-text", script);
+    await page.fill("#task-schedule", schedule);
+    await page.selectOption("#task-session", sessionId);
+    await page.click("#task-create");
+  };
+  // A bad cron is refused in the form, naming the field.
+  await create("bad", "true", "61 * * * *");
+  await page.waitForFunction(() => document.querySelector("#task-error")?.textContent?.startsWith("schedule:"));
+  assert.equal(await page.locator("#tasks li").count(), 0);
+
+  await create("watchdog", "echo '  all quiet  '");
+  const row = (name) => page.locator("#tasks li", { has: page.locator(".task-name", { hasText: new RegExp(`^${name}$`) }) });
+  await row("watchdog").waitFor();
+  assert.equal(await page.locator("#task-error").textContent(), "");
+  assert.match(await row("watchdog").innerText(), /SCRIPT[\s\S]*on demand[\s\S]*never fired/i);
+  await row("watchdog").locator(".task-run").click();
+  const quiet = page.locator("#timeline .item.background[data-status=completed]").last();
+  await quiet.waitFor();
+  assert.match(await quiet.innerText(), /background[\s\S]*all quiet/);
+  await page.waitForFunction(() => [...document.querySelectorAll("#tasks li")].some((l) => l.dataset.outcome === "delivered"));
+
+  // A failing script is an alert, and looks like one.
+  await create("failing", "echo 'disk is full' >&2; exit 3");
+  await row("failing").locator(".task-run").click();
+  const alert = page.locator("#timeline .item.background[data-status=failed]").last();
+  await alert.waitFor();
+  assert.match(await alert.innerText(), /background alert[\s\S]*disk is full/);
+  const border = (l) => l.evaluate((el) => getComputedStyle(el).borderLeftColor);
+  assert.notEqual(await border(alert), await border(quiet), "an alert looks different");
+  await page.waitForFunction(() => [...document.querySelectorAll("#tasks li")].some((l) => l.dataset.outcome === "script_failed"));
+
+  // A scheduled one has a next fire; disabled, it has none; enabled again for /admin.
+  await create("hourly", "true", "0 * * * *");
+  await row("hourly").waitFor();
+  assert.match(await row("hourly").locator(".task-schedule").innerText(), /^0 \* \* \* \*$/);
+  assert.match(await row("hourly").locator(".task-next").innerText(), /^\d{4}-\d\d-\d\dT/);
+  await row("hourly").locator(".task-toggle").click();
+  await page.waitForFunction(() => document.querySelector("#tasks li[data-enabled=false] .task-next")?.textContent === "—");
+  await row("hourly").locator(".task-toggle").click();
+  await page.waitForFunction(() => document.querySelectorAll("#tasks li[data-enabled=false]").length === 0);
+  await shot(page, "app-tasks");
+
+  // Delete asks once more.
+  await row("failing").locator(".task-delete").click();
+  await row("failing").locator(".task-delete", { hasText: "Really delete?" }).click();
+  await row("failing").waitFor({ state: "detached" });
+  await page.locator("#tasks[data-count='2']").waitFor();
+  await page.click("#close-tasks");
+  await page.locator("#side").waitFor({ state: "detached" });
+});
+
 step("/admin lists the session", async () => {
   await page.click("#admin-link");
   await page.locator("#admin-sessions").waitFor();
@@ -521,6 +585,12 @@ step("/admin lists the session", async () => {
   // GetAdminStatus: this machine's streams (the console's own /stream at least) and the caps.
   assert.match(await page.locator("#admin-clients").innerText(), /loopback\s+\d+/);
   assert.match(await page.locator("#admin-caps").innerText(), /streams open; at most 256 per client/);
+  // The scheduler: the enabled scheduled task and its next fire, the zone; the day's spend against the budget.
+  await page.waitForFunction(() => document.querySelector("#admin-scheduler")?.textContent?.includes("hourly"));
+  assert.match(await page.locator("#admin-scheduler").innerText(), /\d{4}-\d\d-\d\dT\S+\s+task_[0-9a-f]{12}\s+hourly/);
+  assert.doesNotMatch(await page.locator("#admin-scheduler").innerText(), /watchdog/, "an unscheduled task has no next fire");
+  assert.match(await page.locator("#admin-timezone").innerText(), /Schedules are read in \S+/);
+  assert.match(await page.locator("#admin-spend").innerText(), /^Today: \$0\.0000 of \$5\.00 \(0% of the daily budget\)$/);
   await shot(page, "admin-desktop");
   await page.setViewportSize({ width: 390, height: 844 });
   await shot(page, "admin-phone");
