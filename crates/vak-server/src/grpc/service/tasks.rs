@@ -13,7 +13,7 @@ use vak_proto::v1 as pb;
 /// A task error as the wire says it: a refused field names itself first.
 fn task_error(e: TaskError) -> Status {
     to_status(match e {
-        TaskError::NotFound(id) => Error::not_found(format!("no task {id}")).with_reason("task_not_found"),
+        TaskError::NotFound => Error::not_found("no task with that id").with_reason("task_not_found"),
         TaskError::Invalid(f) => Error::invalid(format!("{}: {}", f.field, f.message)),
         TaskError::Full => Error::new(
             vak_core::ErrorKind::ResourceExhausted,
