@@ -134,6 +134,11 @@ impl Render {
             }
             Kind::RunFinished(r) => run_end(r.outcome().json_name(), &r.message),
             Kind::Notice(n) => vec![line(Style::Note, format!("! {}", clean(&n.text)))],
+            // Arrives only between runs (the server delivers it when idle).
+            Kind::BackgroundResult(b) => vec![line(
+                Style::Note,
+                format!("⟲ background ({}): {}", clean(&b.id), clean(&b.text)),
+            )],
             Kind::StreamOpened(_)
             | Kind::TurnStarted(_)
             | Kind::Status(_)

@@ -34,7 +34,7 @@ const MCP_SETTLE: Duration = Duration::from_secs(30);
 
 mod admin;
 mod host_info;
-mod memory;
+mod memory_writes;
 mod tasks;
 
 pub(crate) type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send>>;

@@ -62,8 +62,8 @@ fn the_terminal_is_off_and_loopback_only_unless_said_otherwise() {
     assert!(!f.server.web.terminal && f.server.web.terminal_requires_loopback);
     let f = FileConfig::parse("[server.web]\nterminal = true\n").unwrap();
     assert!(f.server.web.terminal && f.server.web.terminal_requires_loopback);
-    let e = FileConfig::parse("[server.web]\nterminal = true\nterminl_requires_loopback = false\n")
-        .unwrap_err();
+    let e =
+        FileConfig::parse("[server.web]\nterminal = true\nterminl_requires_loopback = false\n").unwrap_err();
     assert!(
         e.contains("line 3") && e.contains("terminl_requires_loopback"),
         "{e}"

@@ -31,7 +31,10 @@ impl AgentApi {
         Ok(convert::memory_note(note))
     }
 
-    pub(super) async fn memory_delete(&self, r: pb::DeleteMemoryRequest) -> Result<pb::DeleteMemoryResponse, Status> {
+    pub(super) async fn memory_delete(
+        &self,
+        r: pb::DeleteMemoryRequest,
+    ) -> Result<pb::DeleteMemoryResponse, Status> {
         let scope = convert::memory_scope_in(r.scope).map_err(to_status)?;
         let note = self
             .control()
