@@ -680,7 +680,7 @@ async fn tasks_in_the_home_survive_a_restart_and_a_bad_stored_schedule_only_stop
     // Someone edits the file by hand: one schedule no longer parses.
     let store = FileTasks::new(home.path());
     let mut tasks = store.load().unwrap();
-    assert_eq!(tasks, [made.def.clone()]);
+    assert_eq!(tasks, std::slice::from_ref(&made.def));
     let mut broken = tasks[0].clone();
     broken.id = "task_0123456789ab".into();
     broken.schedule = Some("0 * * *".into());
