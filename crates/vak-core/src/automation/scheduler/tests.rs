@@ -726,3 +726,19 @@ fn task_errors_become_the_core_s_error_kinds() {
         ErrorKind::Internal
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn catch_up_after_a_year_down_fires_only_the_latest_minute() {
+    let persist = Arc::new(MemoryTasks::new(vec![stored(
+        "tick",
+        "* * * * *",
+        "2025-01-01T00:00:00Z",
+        Some("2025-01-05T10:30:00Z"),
+        true,
+    )]));
+    let mut rig = start(persist, "2026-01-05T10:30:30Z", "UTC", true);
+    let (_, fire) = next_fire(&mut rig).await;
+    assert_eq!(fire.slot, slot("2026-01-05T10:30:00Z"));
+    let (_, fire) = next_fire(&mut rig).await;
+    assert_eq!(fire.slot, slot("2026-01-05T10:31:00Z"));
+}
