@@ -27,7 +27,9 @@ pub struct Fire {
 }
 
 /// Does what a fire does (admits a run, runs a script) and says how it
-/// went. The scheduler spawns the future and records its answer.
+/// went. The scheduler spawns the future and records its answer; `fire`
+/// itself is called on the scheduler's owner task, so it only builds the
+/// future and does its work inside it.
 pub trait Firer: Send + Sync + 'static {
     fn fire(&self, task: TaskDef, fire: Fire) -> BoxFuture<'static, LastFire>;
 }

@@ -122,8 +122,10 @@ impl Entry {
         Timestamp::from_second(secs).ok()
     }
 
-    /// Sets `next` to the first slot after both `from` and the last slot.
+    /// Sets `next` to the first slot after `from`, the last slot and the
+    /// task's creation (a slot at the instant of creation was never due).
     fn plan(&mut self, from: Timestamp, tz: &TimeZone) {
+        let from = from.max(self.def.created_at);
         let from = self.last_slot().map_or(from, |l| l.max(from));
         self.next = match &self.schedule {
             Some(s) if self.def.enabled => s.next_after(from, tz),
@@ -214,14 +216,16 @@ impl Owner {
     }
 
     /// At start: fires a task's most recent slot at or before `now` when it
-    /// is later than its last slot and not before it was created.
+    /// is later than its last slot and than the task's creation.
     async fn catch_up(&mut self, i: usize, now: Timestamp) {
         let entry = &self.tasks[i];
         let Some(schedule) = entry.schedule.as_ref().filter(|_| entry.def.enabled) else {
             return;
         };
-        // Slots strictly after this are candidates.
-        let created = entry.def.created_at - SignedDuration::from_nanos(1);
+        // Slots strictly after this are candidates: a slot at the very
+        // instant of creation was not planned then (plans are strictly
+        // after now), so it is not missed either.
+        let created = entry.def.created_at;
         let floor = entry.last_slot().map_or(created, |l| l.max(created));
         let Some(first) = schedule.next_after(floor, &self.tz).filter(|&s| s <= now) else {
             return;

@@ -168,7 +168,7 @@ pub struct FieldError {
 }
 
 impl FieldError {
-    fn new(field: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(field: &'static str, message: impl Into<String>) -> Self {
         FieldError {
             field,
             message: message.into(),

@@ -658,3 +658,87 @@ async fn reload_takes_the_store_s_tasks_and_the_later_last_slot() {
     );
     assert_eq!(rig.handle.timezone().await, TimeZone::UTC);
 }
+
+#[tokio::test(start_paused = true)]
+async fn tasks_in_the_home_survive_a_restart_and_a_bad_stored_schedule_only_stops_that_task() {
+    use crate::automation::store::FileTasks;
+    let home = tempfile::tempdir().unwrap();
+    let (tx, _fires) = unbounded_channel();
+    let cfg = |tx: UnboundedSender<(String, Fire)>| SchedulerConfig {
+        persist: Arc::new(FileTasks::new(home.path())),
+        clock: Arc::new(TokioClock::new(ts("2026-01-05T10:00:00Z"))),
+        tz: TimeZone::UTC,
+        catch_up_missed: true,
+        firer: Arc::new(Recorder(tx)),
+        claim: Arc::new(LocalClaim),
+        check: Arc::new(Known),
+    };
+    let h = Scheduler::start(cfg(tx.clone())).unwrap();
+    let made = h.create(script_task("kept", Some("0 * * * *"))).await.unwrap();
+    h.stop().await;
+
+    // Someone edits the file by hand: one schedule no longer parses.
+    let store = FileTasks::new(home.path());
+    let mut tasks = store.load().unwrap();
+    assert_eq!(tasks, std::slice::from_ref(&made.def));
+    let mut broken = tasks[0].clone();
+    broken.id = "task_0123456789ab".into();
+    broken.schedule = Some("0 * * *".into());
+    tasks.push(broken);
+    store.save(&tasks).unwrap();
+
+    let h = Scheduler::start(cfg(tx)).unwrap();
+    let views = h.list().await.unwrap();
+    assert_eq!(views.len(), 2);
+    assert_eq!(views[0].def, made.def);
+    assert_eq!(
+        views[0].next_fire.as_ref().unwrap().timestamp(),
+        ts("2026-01-05T11:00:00Z")
+    );
+    assert_eq!(
+        views[1].next_fire, None,
+        "a stored schedule that does not parse never fires"
+    );
+
+    // A file that does not parse stops the start, naming the file.
+    std::fs::write(store.path(), b"not json").unwrap();
+    let (tx, _fires) = unbounded_channel();
+    let Err(e) = Scheduler::start(cfg(tx)) else {
+        panic!("started over a corrupt store");
+    };
+    assert!(e.message.contains("tasks.json"), "{}", e.message);
+}
+
+#[test]
+fn task_errors_become_the_core_s_error_kinds() {
+    use crate::ErrorKind;
+    let kind = |e: TaskError| Error::from(e).kind;
+    assert_eq!(kind(TaskError::NotFound), ErrorKind::NotFound);
+    let invalid = TaskError::Invalid(crate::automation::task::FieldError {
+        field: "schedule",
+        message: "bad".into(),
+    });
+    assert_eq!(invalid.to_string(), "schedule: bad");
+    assert_eq!(kind(invalid), ErrorKind::InvalidArgument);
+    assert_eq!(kind(TaskError::Full), ErrorKind::ResourceExhausted);
+    assert_eq!(
+        kind(TaskError::Store(Error::internal("disk"))),
+        ErrorKind::Internal
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn catch_up_after_a_year_down_fires_only_the_latest_minute() {
+    let persist = Arc::new(MemoryTasks::new(vec![stored(
+        "tick",
+        "* * * * *",
+        "2025-01-01T00:00:00Z",
+        Some("2025-01-05T10:30:00Z"),
+        true,
+    )]));
+    let mut rig = start(persist, "2026-01-05T10:30:30Z", "UTC", true);
+    let (_, fire) = next_fire(&mut rig).await;
+    assert_eq!(fire.slot, slot("2026-01-05T10:30:00Z"));
+    let (_, fire) = next_fire(&mut rig).await;
+    assert_eq!(fire.slot, slot("2026-01-05T10:31:00Z"));
+}
