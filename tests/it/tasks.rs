@@ -5,7 +5,11 @@ use crate::support::{self, Frame, TestServer, DEADLINE};
 use serde_json::{json, Value};
 
 fn of_kind<'a>(frames: &'a [Frame], kind: &str) -> Vec<&'a Value> {
-    frames.iter().filter(|f| f.event == kind).map(|f| f.body()).collect()
+    frames
+        .iter()
+        .filter(|f| f.event == kind)
+        .map(|f| f.body())
+        .collect()
 }
 
 async fn create(s: &TestServer, body: Value) -> Value {
@@ -41,7 +45,12 @@ async fn transcript_roles(s: &TestServer, sid: &str) -> Vec<(String, String)> {
         .as_array()
         .unwrap()
         .iter()
-        .map(|m| (m["role"].as_str().unwrap_or("").to_string(), m["text"].as_str().unwrap_or("").to_string()))
+        .map(|m| {
+            (
+                m["role"].as_str().unwrap_or("").to_string(),
+                m["text"].as_str().unwrap_or("").to_string(),
+            )
+        })
         .collect()
 }
 
@@ -49,13 +58,23 @@ async fn transcript_roles(s: &TestServer, sid: &str) -> Vec<(String, String)> {
 async fn a_script_task_delivers_its_stdout_its_failure_as_an_alert_and_an_empty_output_as_a_silent_tick() {
     let served = Serve::new().start().await;
     let s = served.api();
-    let task = create(&s, json!({"name": "watchdog", "script": "echo '  all quiet on disk  '"})).await;
+    let task = create(
+        &s,
+        json!({"name": "watchdog", "script": "echo '  all quiet on disk  '"}),
+    )
+    .await;
     let id = task["id"].as_str().unwrap().to_string();
     assert!(id.starts_with("task_"), "{task}");
     assert_eq!(task["enabled"], true);
-    assert!(task.get("next_fire").is_none(), "no schedule, no next fire: {task}");
+    assert!(
+        task.get("next_fire").is_none(),
+        "no schedule, no next fire: {task}"
+    );
     // A script task named no session: it got one of its own.
-    let sid = task["session_id"].as_str().expect("a session of its own").to_string();
+    let sid = task["session_id"]
+        .as_str()
+        .expect("a session of its own")
+        .to_string();
     let mut ev = s.events(&sid, None).await;
 
     run_now(&s, &id).await;
@@ -63,12 +82,20 @@ async fn a_script_task_delivers_its_stdout_its_failure_as_an_alert_and_an_empty_
     let r = frames.last().unwrap().body();
     assert_eq!(
         (&r["source"], &r["id"], &r["text"], &r["alert"]),
-        (&json!("script"), &json!(id), &json!("all quiet on disk"), &json!(false)),
+        (
+            &json!("script"),
+            &json!(id),
+            &json!("all quiet on disk"),
+            &json!(false)
+        ),
         "{r}"
     );
     assert!(r["result_id"].as_str().unwrap().starts_with("bg_"), "{r}");
     let t = fired(&s, &id, "delivered").await;
-    assert!(t["last_fire"]["slot"].as_str().unwrap().starts_with("now-"), "{t}");
+    assert!(
+        t["last_fire"]["slot"].as_str().unwrap().starts_with("now-"),
+        "{t}"
+    );
     assert_eq!(
         transcript_roles(&s, &sid).await.last().unwrap(),
         &("background".to_string(), "all quiet on disk".to_string())
@@ -85,16 +112,27 @@ async fn a_script_task_delivers_its_stdout_its_failure_as_an_alert_and_an_empty_
     assert_eq!(st, 200, "{v}");
     run_now(&s, &id).await;
     let r = ev.until("background_result").await.last().unwrap().body().clone();
-    assert_eq!((&r["alert"], &r["reason"]), (&json!(true), &json!("script_failed")), "{r}");
+    assert_eq!(
+        (&r["alert"], &r["reason"]),
+        (&json!(true), &json!("script_failed")),
+        "{r}"
+    );
     let text = r["text"].as_str().unwrap();
     assert!(text.contains("code 3") && text.contains("disk is full"), "{text}");
     let t = fired(&s, &id, "script_failed").await;
-    assert!(t["last_fire"]["message"].as_str().unwrap().contains("code 3"), "{t}");
+    assert!(
+        t["last_fire"]["message"].as_str().unwrap().contains("code 3"),
+        "{t}"
+    );
 
     // Empty stdout: a silent tick, recorded and not delivered.
     let before = transcript_roles(&s, &sid).await.len();
     let (st, _) = s
-        .send(reqwest::Method::PATCH, &format!("/tasks/{id}"), Some(json!({"script": "true"})))
+        .send(
+            reqwest::Method::PATCH,
+            &format!("/tasks/{id}"),
+            Some(json!({"script": "true"})),
+        )
         .await;
     assert_eq!(st, 200);
     run_now(&s, &id).await;
@@ -116,17 +154,35 @@ async fn a_bad_task_is_refused_with_400_naming_its_field_and_an_unknown_id_is_40
     let s = TestServer::start().await;
     let sid = s.create_session().await;
     for (body, field) in [
-        (json!({"name": "x", "script": "true", "schedule": "61 * * * *"}), "schedule"),
-        (json!({"name": "x", "script": "true", "schedule": "* * *"}), "schedule"),
+        (
+            json!({"name": "x", "script": "true", "schedule": "61 * * * *"}),
+            "schedule",
+        ),
+        (
+            json!({"name": "x", "script": "true", "schedule": "* * *"}),
+            "schedule",
+        ),
         (json!({"name": "x"}), "prompt"),
-        (json!({"name": "x", "prompt": "hi", "script": "true", "session_id": sid}), "prompt"),
-        (json!({"name": "x", "prompt": "hi", "session_id": "0123456789abcdef0123456789abcdef"}), "session_id"),
-        (json!({"name": "x", "prompt": "hi", "model_pin": "no-such-model"}), "model_pin"),
+        (
+            json!({"name": "x", "prompt": "hi", "script": "true", "session_id": sid}),
+            "prompt",
+        ),
+        (
+            json!({"name": "x", "prompt": "hi", "session_id": "0123456789abcdef0123456789abcdef"}),
+            "session_id",
+        ),
+        (
+            json!({"name": "x", "prompt": "hi", "model_pin": "no-such-model"}),
+            "model_pin",
+        ),
         (json!({"name": "", "prompt": "hi"}), "name"),
     ] {
         let (st, v) = s.post("/tasks", body.clone()).await;
         assert_eq!(st, 400, "{body} -> {v}");
-        assert!(v["message"].as_str().unwrap().starts_with(&format!("{field}:")), "{body} -> {v}");
+        assert!(
+            v["message"].as_str().unwrap().starts_with(&format!("{field}:")),
+            "{body} -> {v}"
+        );
     }
     let (_, list) = s.get("/tasks").await;
     assert_eq!(list["tasks"], json!([]), "nothing refused was kept: {list}");
@@ -139,7 +195,11 @@ async fn a_bad_task_is_refused_with_400_naming_its_field_and_an_unknown_id_is_40
         assert_eq!(st, 404, "{path} -> {v}");
     }
     // A schedule is read in the server's zone and gives the next fire.
-    let t = create(&s, json!({"name": "nightly", "prompt": "hi", "session_id": sid, "schedule": "0 3 * * *"})).await;
+    let t = create(
+        &s,
+        json!({"name": "nightly", "prompt": "hi", "session_id": sid, "schedule": "0 3 * * *"}),
+    )
+    .await;
     assert!(t["next_fire"].as_str().unwrap().contains("T03:00:00"), "{t}");
     let (st, v) = s
         .send(
@@ -149,7 +209,10 @@ async fn a_bad_task_is_refused_with_400_naming_its_field_and_an_unknown_id_is_40
         )
         .await;
     assert_eq!(st, 200, "{v}");
-    assert!(v["task"].get("next_fire").is_none(), "a disabled task has no next fire: {v}");
+    assert!(
+        v["task"].get("next_fire").is_none(),
+        "a disabled task has no next fire: {v}"
+    );
 }
 
 #[tokio::test]
@@ -157,7 +220,11 @@ async fn a_prompt_task_runs_in_its_session_under_a_task_request_id() {
     let s = TestServer::start().await;
     let sid = s.create_session().await;
     let mut ev = s.events(&sid, None).await;
-    let t = create(&s, json!({"name": "greet", "prompt": "hello from the scheduler", "session_id": sid})).await;
+    let t = create(
+        &s,
+        json!({"name": "greet", "prompt": "hello from the scheduler", "session_id": sid}),
+    )
+    .await;
     let id = t["id"].as_str().unwrap();
     run_now(&s, id).await;
     let frames = ev.until("run_finished").await;
@@ -178,7 +245,11 @@ async fn a_result_arriving_during_a_run_is_delivered_after_run_finished_and_once
     let s = served.api();
     let sid = s.create_session().await;
     let mut ev = s.events(&sid, None).await;
-    let t = create(&s, json!({"name": "probe", "script": "echo probe says hi", "session_id": sid})).await;
+    let t = create(
+        &s,
+        json!({"name": "probe", "script": "echo probe says hi", "session_id": sid}),
+    )
+    .await;
     let id = t["id"].as_str().unwrap().to_string();
 
     // A live run, waiting on its approval.
@@ -189,13 +260,23 @@ async fn a_result_arriving_during_a_run_is_delivered_after_run_finished_and_once
     fired(&s, &id, "delivered").await;
     let rid = ask["request_id"].as_str().unwrap();
     let (st, v) = s
-        .post(&format!("/sessions/{sid}/approvals/{rid}"), json!({"approve": true}))
+        .post(
+            &format!("/sessions/{sid}/approvals/{rid}"),
+            json!({"approve": true}),
+        )
         .await;
     assert_eq!(st, 200, "{v}");
     let frames = ev.until("background_result").await;
     let kinds: Vec<&str> = frames.iter().map(|f| f.event.as_str()).collect();
-    let finished = kinds.iter().position(|k| *k == "run_finished").expect("run_finished first");
-    assert_eq!(finished, kinds.len() - 2, "delivered right after run_finished: {kinds:?}");
+    let finished = kinds
+        .iter()
+        .position(|k| *k == "run_finished")
+        .expect("run_finished first");
+    assert_eq!(
+        finished,
+        kinds.len() - 2,
+        "delivered right after run_finished: {kinds:?}"
+    );
     assert_eq!(frames.last().unwrap().body()["text"], "probe says hi");
 
     // Again during a run, and the server stops before the run ends.
@@ -217,8 +298,15 @@ async fn a_result_arriving_during_a_run_is_delivered_after_run_finished_and_once
     }
     // The interrupted run was settled first, then the queued result delivered.
     let kinds: Vec<&str> = frames.iter().map(|f| f.event.as_str()).collect();
-    assert_eq!(&kinds[kinds.len() - 2..], ["run_finished", "background_result"], "{kinds:?}");
-    assert_eq!(support::finished(&frames[..frames.len() - 1])["outcome"], "failed");
+    assert_eq!(
+        &kinds[kinds.len() - 2..],
+        ["run_finished", "background_result"],
+        "{kinds:?}"
+    );
+    assert_eq!(
+        support::finished(&frames[..frames.len() - 1])["outcome"],
+        "failed"
+    );
     drop(ev);
     served.vak.terminate().await;
 
@@ -232,7 +320,11 @@ async fn a_result_arriving_during_a_run_is_delivered_after_run_finished_and_once
         .iter()
         .map(|m| m["role"].as_str().unwrap())
         .collect();
-    assert_eq!(roles.iter().filter(|r| **r == "background").count(), 2, "{roles:?}");
+    assert_eq!(
+        roles.iter().filter(|r| **r == "background").count(),
+        2,
+        "{roles:?}"
+    );
     assert_eq!(roles.last(), Some(&"background"), "{roles:?}");
 }
 
@@ -246,7 +338,11 @@ async fn with_bus_two_replicas_share_the_tasks_and_a_slot_fires_once() {
     let nats = Cluster::single().await;
     let dir = tempfile::tempdir().unwrap();
     let secret = dir.path().join("bus-secret");
-    std::fs::write(&secret, "4e1f0a9c8b7d6e5f4a3b2c1d0e9f8a7b6c5d4e3f2a1b0c9d8e7f6a5b4c3d2e1f\n").unwrap();
+    std::fs::write(
+        &secret,
+        "4e1f0a9c8b7d6e5f4a3b2c1d0e9f8a7b6c5d4e3f2a1b0c9d8e7f6a5b4c3d2e1f\n",
+    )
+    .unwrap();
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
     let ws = dir.path().join("ws");
     std::fs::create_dir(&ws).unwrap();
@@ -262,7 +358,11 @@ async fn with_bus_two_replicas_share_the_tasks_and_a_slot_fires_once() {
     let a = start("ta").await;
     let b = start("tb").await;
     let prompt = "the minutely check-in";
-    let t = create(&a.api, json!({"name": "minutely", "prompt": prompt, "schedule": "* * * * *"})).await;
+    let t = create(
+        &a.api,
+        json!({"name": "minutely", "prompt": prompt, "schedule": "* * * * *"}),
+    )
+    .await;
     let id = t["id"].as_str().unwrap().to_string();
     // The other replica has it too, and both wait for the same slot.
     let deadline = tokio::time::Instant::now() + DEADLINE;
@@ -282,12 +382,19 @@ async fn with_bus_two_replicas_share_the_tasks_and_a_slot_fires_once() {
         if let Some(slot) = v["task"]["last_fire"]["slot"].as_str() {
             break slot.to_string();
         }
-        assert!(tokio::time::Instant::now() < deadline, "the slot never fired: {v}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slot never fired: {v}"
+        );
         support::poll::pause().await;
     };
     let (st, _) = a
         .api
-        .send(reqwest::Method::PATCH, &format!("/tasks/{id}"), Some(json!({"enabled": false})))
+        .send(
+            reqwest::Method::PATCH,
+            &format!("/tasks/{id}"),
+            Some(json!({"enabled": false})),
+        )
         .await;
     assert_eq!(st, 200);
     // Each replica saw the fire; one session was made for it.

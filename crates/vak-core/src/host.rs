@@ -14,7 +14,7 @@ pub mod registry;
 pub mod rules;
 pub(crate) mod runtimes;
 pub mod search;
-pub mod tasks;
 pub(crate) mod secrets;
+pub mod tasks;
 pub mod terminal;
 pub mod workspaces;

@@ -74,7 +74,9 @@ impl KvClaim {
             Ok(Ok(_)) => Ok(true),
             Ok(Err(e)) if e.kind() == kv::CreateErrorKind::AlreadyExists => Ok(false),
             Ok(Err(e)) => Err(Error::internal(format!("cannot claim {key}: {e}"))),
-            Err(_) => Err(Error::internal(format!("cannot claim {key}: no answer in {CLAIM_TIMEOUT:?}"))),
+            Err(_) => Err(Error::internal(format!(
+                "cannot claim {key}: no answer in {CLAIM_TIMEOUT:?}"
+            ))),
         }
     }
 }

@@ -1,17 +1,17 @@
 //! The hub: what `vak serve` holds, built once at startup: the registry of live sessions (`registry.rs`), the control plane (`control.rs`) and the live multiplexed streams, with the background work that keeps them (idle unloading, recovery, orphan adoption) and the graceful stop.
 
-use crate::error::{Error, Result};
-use crate::host::config::Settings;
-use crate::host::control::ControlPlane;
-use crate::host::index::Index;
 use crate::automation::scheduler::{
     LocalClaim, Scheduler, SchedulerConfig, SchedulerHandle, SlotClaim, SystemClock,
 };
 use crate::automation::store::{FileTasks, TaskPersist};
 use crate::cluster::shared_tasks::{KvClaim, SharedTasks};
+use crate::error::{Error, Result};
+use crate::host::config::Settings;
+use crate::host::control::ControlPlane;
+use crate::host::index::Index;
 use crate::host::registry::Registry;
-use crate::host::tasks::{HostCheck, HostFirer, Open};
 use crate::host::runtimes::Runtimes;
+use crate::host::tasks::{HostCheck, HostFirer, Open};
 use crate::session::live::Route;
 use crate::session::runtime::Runtime;
 use crate::stream::mux::Streams;
@@ -141,7 +141,11 @@ impl Hub {
                         changed = changes.changed() => if changed.is_err() { return },
                         _ = closing.cancelled() => return,
                     }
-                    handle.reload().await;
+                    if let Err(e) = handle.reload().await {
+                        tracing::warn!(
+                            "the tasks changed on another replica and could not be read again: {e:?}"
+                        );
+                    }
                 }
             });
         }

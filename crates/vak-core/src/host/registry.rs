@@ -290,7 +290,7 @@ impl Registry {
         self.loaded().contains_key(id) || self.index.get(id).is_some()
     }
 
-        /// Explicit attach: the same as `get`, named for the API.
+    /// Explicit attach: the same as `get`, named for the API.
     pub async fn attach(&self, id: &str) -> Result<Arc<Session>> {
         self.get(id).await
     }

@@ -54,7 +54,10 @@ impl Firer for HostFirer {
         Box::pin(async move {
             let last = this.run(&task, &fire).await;
             this.gate.fired(&task.id, last.outcome);
-            if !matches!(last.outcome, TaskOutcome::Started | TaskOutcome::Queued | TaskOutcome::Duplicate) {
+            if !matches!(
+                last.outcome,
+                TaskOutcome::Started | TaskOutcome::Queued | TaskOutcome::Duplicate
+            ) {
                 tracing::info!(task = %task.id, slot = %fire.slot, outcome = last.outcome.as_str(), "task fired");
             }
             last
@@ -118,7 +121,10 @@ impl HostFirer {
                         return done(
                             TaskOutcome::Failed,
                             Some(sid),
-                            format!("the script ran, but its result could not be delivered: {}", e.message),
+                            format!(
+                                "the script ran, but its result could not be delivered: {}",
+                                e.message
+                            ),
                         );
                     }
                 }
@@ -168,7 +174,12 @@ impl HostFirer {
         )
         .await;
         let alert = |reason: BackgroundReason, text: String| {
-            Some(BackgroundResult::new(BackgroundSource::Script, task.id.clone(), text, Some(reason)))
+            Some(BackgroundResult::new(
+                BackgroundSource::Script,
+                task.id.clone(),
+                text,
+                Some(reason),
+            ))
         };
         let tail = stderr_tail(&ran.stderr);
         match ran.ended {
@@ -177,7 +188,12 @@ impl HostFirer {
                 if out.is_empty() {
                     (TaskOutcome::Silent, None, String::new())
                 } else {
-                    let r = BackgroundResult::new(BackgroundSource::Script, task.id.clone(), out.to_string(), None);
+                    let r = BackgroundResult::new(
+                        BackgroundSource::Script,
+                        task.id.clone(),
+                        out.to_string(),
+                        None,
+                    );
                     (TaskOutcome::Delivered, Some(r), String::new())
                 }
             }
@@ -187,24 +203,38 @@ impl HostFirer {
                     task.name,
                     self.script_timeout.as_millis()
                 );
-                (TaskOutcome::ScriptTimeout, alert(BackgroundReason::ScriptTimeout, msg.clone()), msg)
+                (
+                    TaskOutcome::ScriptTimeout,
+                    alert(BackgroundReason::ScriptTimeout, msg.clone()),
+                    msg,
+                )
             }
-            ended => {
-                let how = match ended {
-                    Ended::Exited(code) => format!("exited with code {code}"),
-                    Ended::Signalled(s) => format!("was ended by {s}"),
-                    Ended::NotStarted(why) => format!("did not start: {why}"),
-                    Ended::Cancelled => "was cancelled".to_string(),
-                    Ended::TimedOut | Ended::Exited(0) => unreachable!("matched above"),
-                };
-                let mut msg = format!("script_failed: task {} {how}", task.name);
-                if !tail.is_empty() {
-                    msg.push_str("\nstderr:\n");
-                    msg.push_str(&tail);
-                }
-                (TaskOutcome::ScriptFailed, alert(BackgroundReason::ScriptFailed, msg.clone()), msg)
-            }
+            Ended::Exited(code) => self.failed(task, format!("exited with code {code}"), &tail),
+            Ended::Signalled(s) => self.failed(task, format!("was ended by {s}"), &tail),
+            Ended::NotStarted(why) => self.failed(task, format!("did not start: {why}"), &tail),
+            Ended::Cancelled => self.failed(task, "was cancelled".to_string(), &tail),
         }
+    }
+
+    /// A failed script's alert: how it ended, then its stderr's tail.
+    fn failed(
+        &self,
+        task: &TaskDef,
+        how: String,
+        tail: &str,
+    ) -> (TaskOutcome, Option<BackgroundResult>, String) {
+        let mut msg = format!("script_failed: task {} {how}", task.name);
+        if !tail.is_empty() {
+            msg.push_str("\nstderr:\n");
+            msg.push_str(tail);
+        }
+        let r = BackgroundResult::new(
+            BackgroundSource::Script,
+            task.id.clone(),
+            msg.clone(),
+            Some(BackgroundReason::ScriptFailed),
+        );
+        (TaskOutcome::ScriptFailed, Some(r), msg)
     }
 }
 

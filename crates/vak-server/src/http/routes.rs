@@ -596,7 +596,10 @@ async fn list_side(State(st): State<AppState>, Path(id): Path<String>) -> Respon
 // ---- Scheduled tasks (issue 29) ----
 
 async fn list_tasks(State(st): State<AppState>) -> Response {
-    reply(StatusCode::OK, st.api.list_tasks(Request::new(pb::ListTasksRequest {})).await)
+    reply(
+        StatusCode::OK,
+        st.api.list_tasks(Request::new(pb::ListTasksRequest {})).await,
+    )
 }
 
 async fn create_task(State(st): State<AppState>, b: Body) -> Response {
@@ -607,7 +610,12 @@ async fn create_task(State(st): State<AppState>, b: Body) -> Response {
 }
 
 async fn get_task(State(st): State<AppState>, Path(task_id): Path<String>) -> Response {
-    reply(StatusCode::OK, st.api.get_task(Request::new(pb::GetTaskRequest { task_id })).await)
+    reply(
+        StatusCode::OK,
+        st.api
+            .get_task(Request::new(pb::GetTaskRequest { task_id }))
+            .await,
+    )
 }
 
 async fn update_task(State(st): State<AppState>, Path(id): Path<String>, b: Body) -> Response {

@@ -13,7 +13,7 @@ use vak_proto::v1 as pb;
 /// A task error as the wire says it: a refused field names itself first.
 fn task_error(e: TaskError) -> Status {
     to_status(match e {
-        TaskError::NotFound(id) => Error::not_found(format!("no task {id}")).with_reason("task_not_found"),
+        TaskError::NotFound => Error::not_found("no task with that id").with_reason("task_not_found"),
         TaskError::Invalid(f) => Error::invalid(format!("{}: {}", f.field, f.message)),
         TaskError::Full => Error::new(
             vak_core::ErrorKind::ResourceExhausted,
@@ -114,16 +114,29 @@ impl AgentApi {
             ))),
             Ok(_) => Ok(()),
             Err(e) => {
-                tracing::warn!(pin, "model_pin not checked: the model list is out of reach: {}", e.message);
+                tracing::warn!(
+                    pin,
+                    "model_pin not checked: the model list is out of reach: {}",
+                    e.message
+                );
                 Ok(())
             }
         }
     }
 
-    pub(super) async fn tasks_list(&self, _req: pb::ListTasksRequest) -> Result<pb::ListTasksResponse, Status> {
+    pub(super) async fn tasks_list(
+        &self,
+        _req: pb::ListTasksRequest,
+    ) -> Result<pb::ListTasksResponse, Status> {
         let s = self.scheduler();
         Ok(pb::ListTasksResponse {
-            tasks: s.list().await.map_err(task_error)?.into_iter().map(task).collect(),
+            tasks: s
+                .list()
+                .await
+                .map_err(task_error)?
+                .into_iter()
+                .map(task)
+                .collect(),
             timezone: vak_core::zone::name(&s.timezone().await),
         })
     }
@@ -175,8 +188,10 @@ impl AgentApi {
         if !asked.is_empty() {
             return find(asked.to_string()).await?.ok_or_else(|| {
                 to_status(
-                    Error::invalid("workspace: no open workspace there: open it first (POST /workspaces/open)")
-                        .with_reason("workspace_not_open"),
+                    Error::invalid(
+                        "workspace: no open workspace there: open it first (POST /workspaces/open)",
+                    )
+                    .with_reason("workspace_not_open"),
                 )
             });
         }
@@ -208,11 +223,18 @@ impl AgentApi {
             model_pin: clearable(r.model_pin),
             enabled: r.enabled,
         };
-        let v = self.scheduler().update(&r.task_id, patch).await.map_err(task_error)?;
+        let v = self
+            .scheduler()
+            .update(&r.task_id, patch)
+            .await
+            .map_err(task_error)?;
         Ok(pb::TaskResponse { task: Some(task(v)) })
     }
 
-    pub(super) async fn tasks_delete(&self, r: pb::DeleteTaskRequest) -> Result<pb::DeleteTaskResponse, Status> {
+    pub(super) async fn tasks_delete(
+        &self,
+        r: pb::DeleteTaskRequest,
+    ) -> Result<pb::DeleteTaskResponse, Status> {
         self.scheduler().delete(&r.task_id).await.map_err(task_error)?;
         Ok(pb::DeleteTaskResponse { deleted: true })
     }
