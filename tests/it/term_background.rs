@@ -49,14 +49,15 @@ async fn set_script(s: &TestServer, id: &str, script: &str) {
     assert_eq!(st, 200, "{v}");
 }
 
-/// Waits (bounded) until the task's last fire has this outcome and is not `before` (its `at`).
+/// Waits (bounded) until the task's last fire has this outcome and is not `before`
+/// (its slot: a run-now's is `now-<unix-ms>`, one of its own per fire).
 async fn fired(s: &TestServer, id: &str, outcome: &str, before: &Value) -> Value {
     let deadline = tokio::time::Instant::now() + DEADLINE;
     loop {
         let (st, v) = s.get(&format!("/tasks/{id}")).await;
         assert_eq!(st, 200, "{v}");
         let last = &v["task"]["last_fire"];
-        if last["outcome"] == outcome && &last["at"] != before {
+        if last["outcome"] == outcome && &last["slot"] != before {
             return last.clone();
         }
         assert!(tokio::time::Instant::now() < deadline, "never {outcome}: {v}");
@@ -88,13 +89,13 @@ async fn background_results_are_printed_between_runs_and_replayed_when_attached_
 
     // An alert: its reason first, not dimmed, the stderr under it.
     set_script(&server, &id, "echo 'disk is full' >&2; exit 3").await;
-    let before = fired(&server, &id, "delivered", &Value::Null).await["at"].clone();
+    let before = fired(&server, &id, "delivered", &Value::Null).await["slot"].clone();
     run_now(&server, &id).await;
     let alert = format!("⚠ script_failed (script {id})");
     let screen = pty.wait_for(&alert).await;
     assert!(screen.contains("disk is full"), "{screen}");
     assert_eq!(pty.is_dim(&alert), Some(false), "an alert stands out");
-    let before = fired(&server, &id, "script_failed", &before).await["at"].clone();
+    let before = fired(&server, &id, "script_failed", &before).await["slot"].clone();
 
     // During a run: held back until the run is over, then printed below its output.
     let go = server.workspace.join("go");
