@@ -367,6 +367,42 @@ impl AgentService for Baseline {
     async fn list_side(&self, _: Request<pb::ListSideRequest>) -> Result<Response<pb::SideHistory>, Status> {
         unimplemented()
     }
+    async fn list_tasks(
+        &self,
+        _: Request<pb::ListTasksRequest>,
+    ) -> Result<Response<pb::ListTasksResponse>, Status> {
+        unimplemented()
+    }
+    async fn create_task(
+        &self,
+        _: Request<pb::CreateTaskRequest>,
+    ) -> Result<Response<pb::TaskResponse>, Status> {
+        unimplemented()
+    }
+    async fn get_task(&self, _: Request<pb::GetTaskRequest>) -> Result<Response<pb::TaskResponse>, Status> {
+        unimplemented()
+    }
+    async fn update_task(
+        &self,
+        _: Request<pb::UpdateTaskRequest>,
+    ) -> Result<Response<pb::TaskResponse>, Status> {
+        unimplemented()
+    }
+    async fn delete_task(
+        &self,
+        _: Request<pb::DeleteTaskRequest>,
+    ) -> Result<Response<pb::DeleteTaskResponse>, Status> {
+        unimplemented()
+    }
+    async fn run_task_now(
+        &self,
+        _: Request<pb::RunTaskNowRequest>,
+    ) -> Result<Response<pb::TaskResponse>, Status> {
+        unimplemented()
+    }
+    async fn get_digest(&self, _: Request<pb::GetDigestRequest>) -> Result<Response<pb::Digest>, Status> {
+        unimplemented()
+    }
 }
 
 /// `vak-bench baseline-server`: serves until killed, announcing its address

@@ -140,7 +140,9 @@ impl Render {
             | Kind::Resync(_)
             | Kind::SessionClosed(_)
             // Side runs belong to whoever asked them; vak term asks none.
-            | Kind::Side(_) => Vec::new(),
+            | Kind::Side(_)
+            // Not printed yet (issue 29's idle delivery prints them between runs).
+            | Kind::BackgroundResult(_) => Vec::new(),
         }
     }
 

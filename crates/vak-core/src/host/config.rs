@@ -347,6 +347,7 @@ impl FileConfig {
             .map_err(|e| e.message)?;
         crate::mcp::config::validate(&known.mcp.servers).map_err(|e| format!("[mcp] {}", e.message))?;
         let settings = FileSettings::check(known.agent, known.app, known.hooks).map_err(|e| e.message)?;
+        known.finops.validate()?;
         Ok(FileConfig {
             mcp: known.mcp.servers,
             settings,
@@ -501,6 +502,9 @@ pub struct Settings {
     shared: Option<Arc<SharedConfig>>,
     /// config.toml's `[mcp.servers]` as read at startup.
     file_mcp: crate::mcp::config::ServerDefs,
+    /// config.toml's `[finops]` and `[automation]` as read at startup.
+    file_finops: crate::finops::config::FileFinops,
+    file_automation: crate::automation::config::FileAutomation,
 }
 
 impl Settings {
@@ -535,6 +539,8 @@ impl Settings {
             changes: watch::channel(1).0,
             shared: cfg.shared_config.clone(),
             file_mcp: file.mcp,
+            file_finops: file.finops,
+            file_automation: file.automation,
         };
         let fp = settings.route_key_fingerprint(&settings.lock().spec.clone());
         settings.lock().built = (bus_rev, fp);
@@ -544,6 +550,16 @@ impl Settings {
     /// config.toml's `[mcp.servers]` as read at startup.
     pub(crate) fn file_mcp(&self) -> crate::mcp::config::ServerDefs {
         self.file_mcp.clone()
+    }
+
+    /// config.toml's `[finops]` as read at startup.
+    pub(crate) fn file_finops(&self) -> crate::finops::config::FileFinops {
+        self.file_finops.clone()
+    }
+
+    /// config.toml's `[automation]` as read at startup.
+    pub(crate) fn file_automation(&self) -> crate::automation::config::FileAutomation {
+        self.file_automation.clone()
     }
 
     /// Rewrites config.toml with `edit`, keeping every comment and key it

@@ -84,7 +84,10 @@ impl Hub {
             .and_then(|s| s.mcp())
             .unwrap_or_else(|| settings.file_mcp());
         let mcp = Arc::new(crate::mcp::Mcp::start(defs, cfg.workspace.clone()));
-        let rt = Arc::new(Runtime::new(cfg, route, search, sandbox, mcp));
+        let tz =
+            crate::zone::resolve(settings.file_automation().timezone.as_deref()).map_err(Error::invalid)?;
+        let finops = Arc::new(crate::finops::Finops::open(&cfg.home, settings.file_finops(), tz));
+        let rt = Arc::new(Runtime::new(cfg, route, search, sandbox, mcp, finops));
         let runtimes = Arc::new(Runtimes::new(rt, workspaces.clone()));
         let closing = CancellationToken::new();
         let (sessions, stopped_rx) = Registry::new(runtimes.clone(), index, closing.clone());
@@ -157,6 +160,8 @@ impl Hub {
     pub async fn shutdown(&self, grace: Duration) {
         self.sessions.stop(grace).await;
         self.control.mcp().shutdown().await;
+        // The usage of the runs just settled reaches the cost ledger.
+        self.control.finops().flush().await;
         self.closing.cancel();
     }
 }

@@ -68,6 +68,8 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/search", get(search))
         .route("/sessions/{id}/side", post(side_run).get(list_side))
         .route("/sessions/{id}/side/cancel", post(side_cancel))
+        // ---- Budget and digest (issue 29) ----
+        .route("/digest", get(digest))
         .method_not_allowed_fallback(|| async {
             json_error(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -584,4 +586,23 @@ async fn side_cancel(State(st): State<AppState>, Path(id): Path<String>, b: Body
 async fn list_side(State(st): State<AppState>, Path(id): Path<String>) -> Response {
     let req = pb::ListSideRequest { session_id: id };
     reply(StatusCode::OK, st.api.list_side(Request::new(req)).await)
+}
+
+// ---- Budget and digest (issue 29) ----
+
+/// `?days=`: absent (7), or a whole number the service checks is 1 to 90.
+async fn digest(State(st): State<AppState>, q: Query) -> Response {
+    let days = match q.get("days").map(|d| d.parse::<u32>()) {
+        None => None,
+        Some(Ok(n)) => Some(n),
+        Some(Err(_)) => {
+            return json_error(
+                StatusCode::BAD_REQUEST,
+                "invalid_argument",
+                "days must be a whole number from 1 to 90",
+            )
+        }
+    };
+    let req = pb::GetDigestRequest { days };
+    reply(StatusCode::OK, st.api.get_digest(Request::new(req)).await)
 }

@@ -36,8 +36,8 @@ impl AgentApi {
                 .collect(),
             scheduler: Vec::new(),
             timezone: String::new(),
-            today_usd: 0.0,
-            max_day_usd: None,
+            today_usd: self.control().finops().today_usd(),
+            max_day_usd: self.control().finops().max_day_usd(),
         }
     }
 }

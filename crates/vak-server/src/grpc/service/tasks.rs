@@ -1,4 +1,4 @@
-//! The task and digest RPCs: scheduled tasks' CRUD and run-now, and the usage digest.
+//! The task RPCs: scheduled tasks' CRUD and run-now.
 
 use super::AgentApi;
 use tonic::Status;
@@ -31,8 +31,5 @@ impl AgentApi {
         _req: pb::RunTaskNowRequest,
     ) -> Result<pb::TaskResponse, Status> {
         Err(Status::unimplemented("tasks: not yet"))
-    }
-    pub(super) async fn digest(&self, _req: pb::GetDigestRequest) -> Result<pb::Digest, Status> {
-        Err(Status::unimplemented("digest: not yet"))
     }
 }
