@@ -494,6 +494,7 @@ pub fn kind_of(e: &pb::Event) -> &'static str {
         Some(Kind::SessionClosed(_)) => "session_closed",
         Some(Kind::Notice(_)) => "notice",
         Some(Kind::Side(_)) => "side",
+        Some(Kind::BackgroundResult(_)) => "background_result",
     }
 }
 

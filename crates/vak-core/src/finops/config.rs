@@ -41,9 +41,11 @@ impl FileFinops {
         for (key, price) in &self.prices {
             match key.split_once('/') {
                 Some((p, m)) if !p.is_empty() && !m.is_empty() => {}
-                _ => return Err(format!(
+                _ => {
+                    return Err(format!(
                     "[finops.prices] {key:?}: a price's key is \"provider/model\", such as \"openai/gpt-4o\""
-                )),
+                ))
+                }
             }
             for (field, v) in [
                 ("input_per_mtok", price.input_per_mtok),
