@@ -119,12 +119,15 @@ const CORE_IMPORTS: &[(&str, &[&str])] = &[
         ],
     ),
     ("event", &["provider"]),
+    ("finops", &["background", "home", "provider", "route", "zone"]),
     (
         "host",
         &[
+            "automation",
             "cluster",
             "event",
             "file_owner",
+            "finops",
             "home",
             "log",
             "mcp",
@@ -137,6 +140,7 @@ const CORE_IMPORTS: &[(&str, &[&str])] = &[
             "stream",
             "tools",
             "workspace",
+            "zone",
         ],
     ),
     ("log", &["event", "provider", "stopped"]),
@@ -150,6 +154,7 @@ const CORE_IMPORTS: &[(&str, &[&str])] = &[
         &[
             "cluster",
             "event",
+            "finops",
             "home",
             "host",
             "log",
