@@ -1,5 +1,7 @@
 //! Event types: what the agent loop emits internally, what clients see, and the projection between them.
 
+pub use crate::background::BackgroundResult;
+use crate::background::Pending;
 use crate::provider::{Image, TokenUsage};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -152,6 +154,22 @@ pub enum ClientEvent {
         side_id: String,
         phase: SidePhase,
     },
+    /// Background results delivered while the session is idle (issue 29):
+    /// one result, or a summary of several that arrived past the queue's bound.
+    BackgroundResult {
+        #[serde(flatten)]
+        result: BackgroundResult,
+        /// Every queued result numbered up to this one is delivered by this
+        /// event (the ledger's pending queue folds it away).
+        upto: u64,
+        /// How many results a summary stands for; 0 for a single result.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        summarised: u32,
+    },
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// What one side frame says.
@@ -200,6 +218,7 @@ impl ClientEvent {
             ClientEvent::RunFinished { .. } => "run_finished",
             ClientEvent::Notice { .. } => "notice",
             ClientEvent::Side { .. } => "side",
+            ClientEvent::BackgroundResult { .. } => "background_result",
         }
     }
 
@@ -314,6 +333,7 @@ impl ClientEvent {
                 ClientEvent::RunFinished { message, .. } | ClientEvent::Notice { text: message, .. } => {
                     message.len()
                 }
+                ClientEvent::BackgroundResult { result, .. } => result.text.len() + result.id.len(),
                 ClientEvent::Side { side_id, phase } => {
                     side_id.len()
                         + match phase {
@@ -381,6 +401,8 @@ pub enum Note {
     Signature(String),
     Compaction(Compaction),
     Undo(Undo),
+    /// A background result queued for delivery when the session is idle.
+    Background(Pending),
 }
 
 /// The last exchange taken back from the model: it no longer sees the

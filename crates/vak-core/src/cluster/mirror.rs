@@ -170,6 +170,7 @@ fn apply(s: &Session, msgs: Vec<Stored>) {
             Record::Signature { signature } => notes.push((latest, Note::Signature(signature))),
             Record::Compaction(c) => notes.push((latest, Note::Compaction(c))),
             Record::Undo(u) => notes.push((latest, Note::Undo(u))),
+            Record::Background(p) => notes.push((latest, Note::Background(p))),
             Record::Admitted { request_id } => admitted.push(request_id),
             Record::Header { .. } | Record::Snapshot(_) | Record::Lost { .. } | Record::Lease { .. } => {}
         }

@@ -2,7 +2,8 @@
 //! timeline, the facts a reload needs, the side log), and the snapshot of them its ledger
 //! keeps now and then. Below the session and the ledger, so both can name them.
 
-use crate::event::{ApprovalOutcome, ClientEvent, SideOutcome, SidePhase};
+use crate::background::BackgroundQueue;
+use crate::event::{ApprovalOutcome, ClientEvent, Note, SideOutcome, SidePhase};
 use crate::log::presentation::Presenter;
 use crate::log::transcript::Transcript;
 use serde::{Deserialize, Serialize};
@@ -25,6 +26,8 @@ pub(crate) struct Folds {
     /// startup reconcile's).
     pub(crate) searched: u64,
     pub(crate) sides: SideLog,
+    /// Background results queued and not yet delivered.
+    pub(crate) background: BackgroundQueue,
 }
 
 impl Folds {
@@ -35,6 +38,16 @@ impl Folds {
             facts: Facts::default(),
             searched: 0,
             sides: SideLog::default(),
+            background: BackgroundQueue::default(),
+        }
+    }
+
+    /// Folds an internal fact: a queued background result, or one the
+    /// transcript keeps.
+    pub(crate) fn note(&mut self, note: &Note) {
+        match note {
+            Note::Background(p) => self.background.queue(p.n, p.result.clone()),
+            note => self.transcript.note(note),
         }
     }
 
@@ -44,6 +57,9 @@ impl Folds {
         if let ClientEvent::Side { side_id, phase } = event {
             self.sides.apply(seq, side_id, phase);
             return;
+        }
+        if let ClientEvent::BackgroundResult { upto, .. } = event {
+            self.background.delivered(*upto);
         }
         self.transcript.apply(seq, event);
         self.facts.apply(event);
@@ -103,6 +119,9 @@ pub struct Snapshot {
     /// Absent in snapshots written before side chat.
     #[serde(default)]
     pub(crate) sides: SideLog,
+    /// Absent in snapshots written before background results.
+    #[serde(default)]
+    pub(crate) background: BackgroundQueue,
 }
 
 /// The side runs a session keeps readable (`GET /sessions/:id/side`);

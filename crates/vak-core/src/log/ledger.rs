@@ -91,6 +91,9 @@ pub enum Record {
     /// loading holder appends (`JetStreamLog::take_over`), so a stale
     /// holder's later append fails the CAS; nothing folds it.
     Lease { replica: String, revision: u64 },
+    /// A background result queued for the session (delivered later by a
+    /// `background_result` event whose `upto` covers its number).
+    Background(crate::background::Pending),
 }
 
 /// `Record::Event` by reference, so a batch encodes frames without copying

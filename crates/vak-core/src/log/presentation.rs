@@ -23,6 +23,8 @@ pub enum ItemKind {
     ToolCall,
     Approval,
     FinalResult,
+    /// A background result delivered while the session was idle.
+    Background,
 }
 
 impl ItemKind {
@@ -34,6 +36,7 @@ impl ItemKind {
             ItemKind::ToolCall => "tool_call",
             ItemKind::Approval => "approval",
             ItemKind::FinalResult => "final_result",
+            ItemKind::Background => "background",
         }
     }
 }
@@ -442,6 +445,16 @@ impl Presenter {
                 self.start(item, &mut out);
                 self.timeline.seq = seq;
                 out.push(PresentationEvent::Snapshot(self.timeline.clone()));
+            }
+            ClientEvent::BackgroundResult { result, .. } => {
+                self.close_open(seq, &mut out);
+                let status = if result.alert() {
+                    ItemStatus::Failed
+                } else {
+                    ItemStatus::Completed
+                };
+                let item = Item::new(ItemKind::Background, "background-", seq, status, result.text.clone());
+                self.start(item, &mut out);
             }
             // A turn_started inside a run: the model's stream broke and the
             // turn starts over; what it had streamed stays, marked so.

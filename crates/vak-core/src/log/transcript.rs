@@ -1,7 +1,7 @@
 //! The transcript: a fold of client events into messages and usage, shared by the live session, a reload from the ledger, and Markdown export.
 
 use crate::event::AttachmentRef;
-use crate::event::{ClientEvent, Compaction, Note, RunOutcome, Undo};
+use crate::event::{BackgroundResult, ClientEvent, Compaction, Note, RunOutcome, Undo};
 use crate::provider::{ChatMessage, Thinking, TokenUsage, ToolCall};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -14,6 +14,8 @@ pub enum Role {
     Tool,
     /// How a run ended, when it did not complete: its outcome and the human message.
     Run,
+    /// A background result delivered while the session was idle.
+    Background,
 }
 
 impl Role {
@@ -23,6 +25,7 @@ impl Role {
             Role::Assistant => "assistant",
             Role::Tool => "tool",
             Role::Run => "run",
+            Role::Background => "background",
         }
     }
 }
@@ -55,6 +58,9 @@ pub struct Message {
     /// Role::User only: the input's images, by reference.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attachments: Vec<AttachmentRef>,
+    /// Role::Background only: the result delivered (its text is `text`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub background: Option<BackgroundResult>,
 }
 
 impl Message {
@@ -73,6 +79,7 @@ impl Message {
             outcome: None,
             seq,
             attachments: Vec::new(),
+            background: None,
         }
     }
 }
@@ -179,6 +186,12 @@ impl Transcript {
                 m.text = message.clone();
                 self.messages.push(m);
             }
+            ClientEvent::BackgroundResult { result, .. } => {
+                let mut m = Message::new(Role::Background, seq);
+                m.text = result.text.clone();
+                m.background = Some(result.clone());
+                self.messages.push(m);
+            }
             _ => {}
         }
     }
@@ -207,6 +220,8 @@ impl Transcript {
                     m.signature = sig.clone();
                 }
             }
+            // The session's background queue folds these, not the transcript.
+            Note::Background(_) => {}
         }
     }
 
@@ -238,6 +253,7 @@ impl Transcript {
     pub fn chat(&self) -> Vec<ChatMessage> {
         let mut out: Vec<ChatMessage> = Vec::new();
         let mut results: Vec<ChatMessage> = Vec::new();
+        let mut background = String::new();
         let upto = self.compaction.as_ref().map_or(0, |c| c.upto_seq);
         // A cleared history is a compaction with no summary: nothing stands in for it.
         if let Some(c) = self.compaction.as_ref().filter(|c| !c.summary.is_empty()) {
@@ -252,9 +268,26 @@ impl Transcript {
             }
             match m.role {
                 Role::User => out.push(ChatMessage::User {
-                    text: m.text.clone(),
+                    text: if background.is_empty() {
+                        m.text.clone()
+                    } else {
+                        format!("{}\n{}", std::mem::take(&mut background), m.text)
+                    },
                     images: crate::event::images(&m.attachments),
                 }),
+                // The model hears of background results with the next input
+                // (a leg always starts with one), so roles still alternate.
+                Role::Background => {
+                    let (source, id) = m
+                        .background
+                        .as_ref()
+                        .map_or(("background", ""), |b| (b.source.as_str(), b.id.as_str()));
+                    let _ = write!(
+                        background,
+                        "[A background result arrived while you were idle, from {source} {id}:]\n{}\n",
+                        m.text
+                    );
+                }
                 Role::Assistant if m.interrupted => {}
                 Role::Assistant => {
                     let thinking = if m.thinking.is_empty() {
@@ -359,6 +392,14 @@ impl Transcript {
                 Role::Run => {
                     let outcome = m.outcome.map_or("ended", |o| o.as_str());
                     let _ = write!(out, "\n## Run {outcome}\n\n{}\n", m.text);
+                }
+                Role::Background => {
+                    let from = m
+                        .background
+                        .as_ref()
+                        .map(|b| format!(" from {} {}", b.source.as_str(), b.id))
+                        .unwrap_or_default();
+                    let _ = write!(out, "\n## Background{from}\n\n{}\n", m.text);
                 }
             }
         }

@@ -337,6 +337,7 @@ fn prepare(ops: &mut Vec<Op>, latest: &mut u64) -> (Vec<Item>, Pending) {
                     Note::Signature(s) => Record::Signature { signature: s.clone() },
                     Note::Compaction(c) => Record::Compaction(c.clone()),
                     Note::Undo(u) => Record::Undo(*u),
+                    Note::Background(p) => Record::Background(p.clone()),
                 }));
                 p.notes.push((*latest, note));
             }

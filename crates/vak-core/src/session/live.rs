@@ -5,6 +5,7 @@ use crate::event::{
     project, AgentEvent, ApprovalOutcome, ClientEvent, Compaction, Frame, Note, NoticeLevel, RunOutcome,
     SideOutcome, SidePhase, Undo,
 };
+use crate::background::{BackgroundQueue, BackgroundResult, Pending};
 use crate::host::rules::Rule;
 use crate::log::folds::{Folds, Snapshot};
 use crate::log::ledger::{Ledger, Log, OpenError, Record};
@@ -79,6 +80,10 @@ pub struct Session {
     side_busy: watch::Sender<bool>,
     /// Turns true when the writer stops (storage failure, fence, lost lease).
     stopped: watch::Sender<bool>,
+    /// Background results waiting for the session to be idle. Locked only
+    /// under `run` (idle is the run state's word), so a result is either
+    /// delivered by its arrival or by the run's end, never both.
+    background: Mutex<BackgroundQueue>,
 }
 
 /// A side run in flight.
@@ -239,7 +244,51 @@ impl Session {
                 message: "interrupted: the server stopped during this run".into(),
             });
         }
+        // Results queued before the server stopped: the session is idle
+        // now, so they are delivered (a mirror's writer delivers its own).
+        let queued = lock(&session.folds).background.clone();
+        if read_only.is_none() {
+            let _run = lock(&session.run);
+            let mut bg = lock(&session.background);
+            *bg = queued;
+            session.drain_background(&mut bg);
+        }
         Ok(session)
+    }
+
+    /// Queues a background result for this session and returns once it is
+    /// durable. It is delivered (a `background_result` event) at once when
+    /// the session is idle, else right after its run's run_finished, so never
+    /// inside a run; in arrival order, each exactly once.
+    pub async fn deliver_background(&self, result: BackgroundResult) -> Result<()> {
+        {
+            let run = lock(&self.run);
+            run.open(self.stopped_by()).map_err(|r| r.error(&self.id))?;
+            let mut bg = lock(&self.background);
+            let n = bg.next_n;
+            self.pipe.push(Op::Note(Note::Background(Pending {
+                n,
+                result: result.clone(),
+                summarised: 0,
+            })));
+            bg.queue(n, result);
+            if !run.running() {
+                self.drain_background(&mut bg);
+            }
+        }
+        self.flush().await
+    }
+
+    /// Publishes every queued background result (the caller holds `run`
+    /// and knows the session is idle or its run has just finished).
+    fn drain_background(&self, bg: &mut BackgroundQueue) {
+        for p in bg.take() {
+            self.publish(ClientEvent::BackgroundResult {
+                result: p.result,
+                upto: p.n,
+                summarised: p.summarised,
+            });
+        }
     }
 
     /// The folder this session's tools work in (its workspace).
@@ -313,6 +362,7 @@ impl Session {
             side: Mutex::new(None),
             side_busy: watch::channel(false).0,
             stopped: watch::channel(false).0,
+            background: Mutex::new(BackgroundQueue::default()),
         });
         if let Some(why) = read_only {
             pipe.fail(&Stopped::ReadOnly { why: why.to_string() });
@@ -560,6 +610,8 @@ impl Session {
                     }
                     self.publish(ClientEvent::Status { busy: false });
                     self.publish(ClientEvent::RunFinished { outcome, message });
+                    // What arrived during the run, now that it is over.
+                    self.drain_background(&mut lock(&self.background));
                     self.busy.send_replace(false);
                     crate::session::hooks::stop(&self.rt, self.id(), outcome);
                     return;
@@ -940,12 +992,12 @@ impl Visible for Session {
         let mut notes = notes.into_iter().peekable();
         for frame in &frames {
             while let Some((_, note)) = notes.next_if(|(after, _)| *after < frame.seq) {
-                f.transcript.note(&note);
+                f.note(&note);
             }
             f.apply(frame.seq, &frame.event);
         }
         for (_, note) in notes {
-            f.transcript.note(&note);
+            f.note(&note);
         }
         // A finished run's messages go to search (queued, never waited for).
         let finished = frames
@@ -970,6 +1022,7 @@ impl Visible for Session {
             presenter: f.presenter.clone(),
             facts: f.facts.clone(),
             sides: f.sides.clone(),
+            background: f.background.clone(),
         }))
     }
 

@@ -58,6 +58,7 @@ impl Restore {
             Record::Compaction(c) => return self.folds().transcript.note(&Note::Compaction(c)),
             Record::Undo(u) => return self.folds().transcript.note(&Note::Undo(u)),
             Record::Lease { .. } => return,
+            Record::Background(p) => return self.folds().note(&Note::Background(p)),
             Record::Snapshot(snap) => {
                 let Snapshot {
                     seq,
@@ -65,6 +66,7 @@ impl Restore {
                     presenter,
                     facts,
                     sides,
+                    background,
                 } = *snap;
                 self.latest = self.latest.max(seq);
                 self.ring.clear();
@@ -74,6 +76,7 @@ impl Restore {
                     facts,
                     searched: 0,
                     sides,
+                    background,
                 });
                 return;
             }

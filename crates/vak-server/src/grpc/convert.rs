@@ -115,6 +115,22 @@ pub(crate) fn kind(event: &ClientEvent) -> Kind {
             side_id,
             phase: Some(side_phase(phase)),
         }),
+        ClientEvent::BackgroundResult {
+            result, summarised, ..
+        } => Kind::BackgroundResult(background_result(result, summarised)),
+    }
+}
+
+pub(crate) fn background_result(r: vak_core::background::BackgroundResult, summarised: u32) -> pb::BackgroundResult {
+    pb::BackgroundResult {
+        source: enums::background_source(r.source) as i32,
+        alert: r.alert(),
+        reason: enums::background_reason(r.reason) as i32,
+        id: r.id,
+        text: r.text,
+        result_id: r.result_id,
+        arrived_at: r.arrived_at,
+        summarised,
     }
 }
 
@@ -273,6 +289,7 @@ fn message(m: transcript::Message) -> pb::Message {
             out.ok = Some(m.ok);
         }
         Role::Run => out.outcome = m.outcome.map(|o| enums::run_outcome(o) as i32),
+        Role::Background => out.background = m.background.map(|b| background_result(b, 0)),
     }
     out
 }

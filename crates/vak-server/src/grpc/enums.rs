@@ -1,5 +1,6 @@
 //! The core's closed sets as proto enums and back: the core keeps its own types (it never sees generated code), the wire names each value once in proto/.
 
+use vak_core::background::{BackgroundReason, BackgroundSource};
 use vak_core::event::{ApprovalOutcome, NoticeLevel, OutputStream, RunOutcome};
 use vak_core::host::agent_settings::Theme;
 use vak_core::host::config::KeySource;
@@ -68,6 +69,26 @@ pub(crate) fn role(r: Role) -> pb::MessageRole {
         Role::Assistant => pb::MessageRole::Assistant,
         Role::Tool => pb::MessageRole::Tool,
         Role::Run => pb::MessageRole::Run,
+        Role::Background => pb::MessageRole::Background,
+    }
+}
+
+pub(crate) fn background_source(s: BackgroundSource) -> pb::BackgroundSource {
+    match s {
+        BackgroundSource::Task => pb::BackgroundSource::Task,
+        BackgroundSource::Script => pb::BackgroundSource::Script,
+        BackgroundSource::Budget => pb::BackgroundSource::Budget,
+        BackgroundSource::Worker => pb::BackgroundSource::Worker,
+    }
+}
+
+pub(crate) fn background_reason(r: Option<BackgroundReason>) -> pb::BackgroundReason {
+    match r {
+        None => pb::BackgroundReason::Unspecified,
+        Some(BackgroundReason::ScriptFailed) => pb::BackgroundReason::ScriptFailed,
+        Some(BackgroundReason::ScriptTimeout) => pb::BackgroundReason::ScriptTimeout,
+        Some(BackgroundReason::Budget80) => pb::BackgroundReason::Budget80,
+        Some(BackgroundReason::Budget100) => pb::BackgroundReason::Budget100,
     }
 }
 
@@ -183,6 +204,7 @@ pub(crate) fn item_kind(k: ItemKind) -> pb::ItemKind {
         ItemKind::ToolCall => pb::ItemKind::ToolCall,
         ItemKind::Approval => pb::ItemKind::Approval,
         ItemKind::FinalResult => pb::ItemKind::FinalResult,
+        ItemKind::Background => pb::ItemKind::Background,
     }
 }
 
@@ -297,7 +319,7 @@ mod tests {
         );
         same_names(
             "vak.v1.MessageRole",
-            &[Role::User, Role::Assistant, Role::Tool, Role::Run],
+            &[Role::User, Role::Assistant, Role::Tool, Role::Run, Role::Background],
             |c| c.as_str().into(),
             |c| role(c).json_name(),
         );
@@ -356,6 +378,20 @@ mod tests {
             |c| c.as_str().into(),
             |c| key_source(c).json_name(),
         );
+        use BackgroundSource as B;
+        same_names(
+            "vak.v1.BackgroundSource",
+            &[B::Task, B::Script, B::Budget, B::Worker],
+            |c| c.as_str().into(),
+            |c| background_source(c).json_name(),
+        );
+        use BackgroundReason as Br;
+        same_names(
+            "vak.v1.BackgroundReason",
+            &[Br::ScriptFailed, Br::ScriptTimeout, Br::Budget80, Br::Budget100],
+            |c| c.as_str().into(),
+            |c| background_reason(Some(c)).json_name(),
+        );
         use ItemKind as K;
         same_names(
             "vak.v1.ItemKind",
@@ -366,6 +402,7 @@ mod tests {
                 K::ToolCall,
                 K::Approval,
                 K::FinalResult,
+                K::Background,
             ],
             |c| c.as_str().into(),
             |c| item_kind(c).json_name(),

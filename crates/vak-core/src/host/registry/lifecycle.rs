@@ -182,7 +182,9 @@ impl Registry {
                 Record::Header { .. }
                 | Record::Admitted { .. }
                 | Record::Snapshot(_)
-                | Record::Lease { .. } => {}
+                | Record::Lease { .. }
+                // Undelivered results stay the parent's to deliver.
+                | Record::Background(_) => {}
             }
         }
         // Nobody knows the new id yet: no lease is needed to write it, and
