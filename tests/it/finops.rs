@@ -1,4 +1,4 @@
-//! The budget and the usage digest on the real binary (issue 29): a `vak serve` whose config.toml prices the offline model and sets `[finops] max_day_usd`; runs that cross 80% and then 100% leave exactly two `budget_alert` rows in the cost ledger, `GET /digest` and GetDigest report the spend and tokens, and a window outside 1 to 90 days is a 400 naming `days`.
+//! The budget and the usage digest on the real binary (issue 29): a `vak serve` whose config.toml prices the offline model and sets `[finops] max_day_usd`; runs that cross 80% and then 100% leave exactly two `budget_alert` rows in the cost ledger and deliver two `background_result` alerts to the session once it is idle, `GET /digest` and GetDigest report the spend and tokens, and a window outside 1 to 90 days is a 400 naming `days`.
 
 use crate::support::{Frame, Serve, Sse, TestServer};
 use serde_json::Value;
@@ -10,13 +10,30 @@ use vak::proto::v1 as pb;
 const CONFIG: &str = "[automation]\ntimezone = \"UTC\"\n\n[finops]\nmax_day_usd = 1.0\n\n\
 [finops.prices.\"offline/offline\"]\ninput_per_mtok = 100000\noutput_per_mtok = 0\n";
 
-/// Runs `prompt` in `sid` to its end.
-async fn run(s: &TestServer, sse: &mut Sse, sid: &str, prompt: &str) -> Vec<Frame> {
+/// Runs `prompt` in `sid` to its end; its frames (and any before them) join `seen`.
+async fn run(s: &TestServer, sse: &mut Sse, sid: &str, prompt: &str, seen: &mut Vec<Frame>) {
     let (status, body) = s.run(sid, prompt).await;
     assert_eq!(status, 202, "{body}");
     let frames = sse.until("run_finished").await;
-    crate::support::assert_completed(&frames);
+    let mine = frames
+        .iter()
+        .position(|f| f.event == "user_message")
+        .expect("the run's user_message");
+    crate::support::assert_completed(&frames[mine..]);
+    assert!(
+        frames[mine..].iter().all(|f| f.event != "background_result"),
+        "never inside a run: {frames:?}"
+    );
+    seen.extend(frames);
+}
+
+/// The background results among `frames`.
+fn background(frames: &[Frame]) -> Vec<&Value> {
     frames
+        .iter()
+        .filter(|f| f.event == "background_result")
+        .map(Frame::body)
+        .collect()
 }
 
 /// `GET /digest?days=1` (which reads after every usage recorded before it).
@@ -51,16 +68,33 @@ async fn runs_crossing_80_and_100_percent_record_two_alerts_and_the_digest_has_t
     std::fs::write(home.path().join("config.toml"), CONFIG).unwrap();
     let served = Serve::new().home(home.path()).start().await;
     let s = served.api();
-    let sid = s.create_session().await;
-    let mut sse = s.events(&sid, None).await;
+    // Three sessions: a delivered alert is part of a session's next input
+    // (the model hears of it), which the offline model would count as
+    // tokens; each run here is in a session that has heard nothing yet.
+    let (a, b, c) = (
+        s.create_session().await,
+        s.create_session().await,
+        s.create_session().await,
+    );
+    let mut sse_a = s.events(&a, None).await;
+    let mut sse_b = s.events(&b, None).await;
+    let mut sse_c = s.events(&c, None).await;
+    let (mut seen_a, mut seen_b, mut seen_c) = (Vec::new(), Vec::new(), Vec::new());
 
     let empty = today(&s).await;
     assert_eq!(empty["timezone"], "UTC");
     assert_eq!(usd(&empty["max_day_usd"]), 1.0);
     let date = empty["days"][0]["date"].as_str().unwrap().to_string();
 
-    // 8 words: $0.80, 80% of the day's budget.
-    run(&s, &mut sse, &sid, "one two three four five six seven eight").await;
+    // 8 words in a: $0.80, 80% of the day's budget.
+    run(
+        &s,
+        &mut sse_a,
+        &a,
+        "one two three four five six seven eight",
+        &mut seen_a,
+    )
+    .await;
     let d = today(&s).await;
     let day = &d["days"][0];
     assert!((usd(&day["usd"]) - 0.8).abs() < 1e-9, "{d}");
@@ -72,8 +106,8 @@ async fn runs_crossing_80_and_100_percent_record_two_alerts_and_the_digest_has_t
         rows(home.path(), &date)
     );
 
-    // 2 more: $1.00, the limit.
-    run(&s, &mut sse, &sid, "nine ten").await;
+    // 2 words in b: $1.00, the limit.
+    run(&s, &mut sse_b, &b, "nine ten", &mut seen_b).await;
     let d = today(&s).await;
     let day = &d["days"][0];
     assert!((usd(&day["usd"]) - 1.0).abs() < 1e-9, "{d}");
@@ -90,7 +124,8 @@ async fn runs_crossing_80_and_100_percent_record_two_alerts_and_the_digest_has_t
         (2.into(), 10.into()),
         "{d}"
     );
-    assert!((usd(&day["by_session"][&sid]["usd"]) - 1.0).abs() < 1e-9, "{d}");
+    assert!((usd(&day["by_session"][&a]["usd"]) - 0.8).abs() < 1e-9, "{d}");
+    assert!((usd(&day["by_session"][&b]["usd"]) - 0.2).abs() < 1e-9, "{d}");
     assert_eq!(d["total"]["input_tokens"], 10, "{d}");
     assert!(
         d.get("unpriced")
@@ -99,30 +134,72 @@ async fn runs_crossing_80_and_100_percent_record_two_alerts_and_the_digest_has_t
     );
     assert_eq!(alert_levels(home.path(), &date), [80, 100]);
 
-    // Past the limit: spend goes on, no level alerts twice.
-    run(&s, &mut sse, &sid, "eleven").await;
+    // 1 word in c, past the limit: spend goes on, no level alerts twice.
+    run(&s, &mut sse_c, &c, "eleven", &mut seen_c).await;
     let d = today(&s).await;
     assert!((usd(&d["days"][0]["usd"]) - 1.1).abs() < 1e-9, "{d}");
+    assert_eq!(d["days"][0]["runs"], 3, "{d}");
     assert_eq!(alert_levels(home.path(), &date), [80, 100]);
     let all = rows(home.path(), &date);
     let usage: Vec<&Value> = all.iter().filter(|r| r["kind"] == "usage").collect();
-    assert_eq!(usage.len(), 3);
+    let sessions: Vec<&str> = usage.iter().map(|r| r["session_id"].as_str().unwrap()).collect();
+    assert_eq!(sessions, [a.as_str(), b.as_str(), c.as_str()]);
     for r in &usage {
         assert_eq!(
-            (
-                r["session_id"].as_str(),
-                r["provider"].as_str(),
-                r["model"].as_str()
-            ),
-            (Some(sid.as_str()), Some("offline"), Some("offline")),
+            (r["provider"].as_str(), r["model"].as_str()),
+            (Some("offline"), Some("offline")),
             "{r}"
         );
         assert!(r["request_id"].as_str().is_some_and(|id| !id.is_empty()), "{r}");
     }
 
+    // The alerts reach the sessions that had spent when each level was
+    // crossed, each once, when they are idle: a both, b the 100% one.
+    while background(&seen_a).len() < 2 {
+        seen_a.push(sse_a.next().await.expect("the stream goes on"));
+    }
+    while background(&seen_b).is_empty() {
+        seen_b.push(sse_b.next().await.expect("the stream goes on"));
+    }
+    let shape = |frames: &[Frame]| -> Vec<(String, String, String, bool)> {
+        background(frames)
+            .iter()
+            .map(|b| {
+                let field = |k: &str| b[k].as_str().unwrap_or_default().to_string();
+                (field("source"), field("reason"), field("id"), b["alert"] == true)
+            })
+            .collect()
+    };
+    let alert = |level: u32| {
+        (
+            "budget".to_string(),
+            format!("budget_{level}"),
+            format!("budget:{date}:{level}"),
+            true,
+        )
+    };
+    assert_eq!(shape(&seen_a), [alert(80), alert(100)]);
+    assert_eq!(shape(&seen_b), [alert(100)]);
+    assert!(background(&seen_c).is_empty(), "c spent after both levels");
+    let text = background(&seen_a)[0]["text"].as_str().unwrap().to_string();
+    assert!(text.contains("$0.80 of the $1.00 daily budget (80%)"), "{text}");
+    let (_, t) = s.get(&format!("/sessions/{a}/transcript")).await;
+    let kept = t["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "background")
+        .count();
+    assert_eq!(kept, 2, "{t}");
+    // Nothing more arrives: one more run in a ends with no third alert.
+    run(&s, &mut sse_a, &a, "twelve", &mut seen_a).await;
+    assert_eq!(shape(&seen_a).len(), 2);
+    assert_eq!(alert_levels(home.path(), &date), [80, 100]);
+
     let (status, admin) = s.get("/admin/status").await;
     assert_eq!(status, 200, "{admin}");
-    assert!((usd(&admin["today_usd"]) - 1.1).abs() < 1e-9, "{admin}");
+    let spent = usd(&admin["today_usd"]);
+    assert!(spent > 1.1, "{admin}");
     assert_eq!(usd(&admin["max_day_usd"]), 1.0, "{admin}");
 
     // The same over gRPC.
@@ -134,8 +211,8 @@ async fn runs_crossing_80_and_100_percent_record_two_alerts_and_the_digest_has_t
         .into_inner();
     assert_eq!(d.days.len(), 3);
     assert_eq!(d.days[2].date, date);
-    assert_eq!(d.days[2].input_tokens, 11);
-    assert_eq!(d.total.unwrap().calls, 3);
+    assert_eq!(d.total.unwrap().calls, 4);
+    assert!((d.today_usd - spent).abs() < 1e-9);
     assert_eq!(d.days[0].runs, 0, "the days before are zeros");
     let e = g
         .get_digest(pb::GetDigestRequest { days: Some(91) })

@@ -172,7 +172,11 @@ fn summarise(a: Pending, b: Pending) -> Pending {
     let lines = |p: &Pending| {
         if p.summarised > 0 {
             // Already a summary: its lines follow its first one.
-            p.result.text.split_once('\n').map(|(_, rest)| rest.to_string()).unwrap_or_default()
+            p.result
+                .text
+                .split_once('\n')
+                .map(|(_, rest)| rest.to_string())
+                .unwrap_or_default()
         } else {
             headline(&p.result)
         }
@@ -206,7 +210,12 @@ mod tests {
     use super::*;
 
     fn r(i: u64) -> BackgroundResult {
-        BackgroundResult::new(BackgroundSource::Script, format!("task_{i}"), format!("out {i}\nmore"), None)
+        BackgroundResult::new(
+            BackgroundSource::Script,
+            format!("task_{i}"),
+            format!("out {i}\nmore"),
+            None,
+        )
     }
 
     #[test]
@@ -220,7 +229,11 @@ mod tests {
         let all = q.take();
         let first = &all[0];
         assert_eq!(first.summarised, 11, "{first:?}");
-        assert!(first.result.text.starts_with("11 background results"), "{}", first.result.text);
+        assert!(
+            first.result.text.starts_with("11 background results"),
+            "{}",
+            first.result.text
+        );
         assert!(first.result.text.contains("[script task_0] out 0"));
         assert!(first.result.text.contains("[script task_10] out 10"));
         // Every result is either itself or counted in the summary.

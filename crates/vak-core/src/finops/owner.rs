@@ -150,6 +150,30 @@ impl Finops {
         .await
     }
 
+    /// `record_fire` for a caller that cannot wait (the scheduler's
+    /// firer): queued now, or, when the queue is full, by a task of its own.
+    pub fn record_fire_nowait(&self, task_id: &str, outcome: &str) {
+        let msg = Msg::Fire {
+            task_id: task_id.to_owned(),
+            outcome: outcome.to_owned(),
+        };
+        self.start();
+        match self.tx.try_send(msg) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(msg)) => {
+                let tx = self.tx.clone();
+                tokio::spawn(async move {
+                    if tx.send(msg).await.is_err() {
+                        tracing::warn!("the cost ledger's owner has stopped: a task fire is not recorded");
+                    }
+                });
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                tracing::warn!("the cost ledger's owner has stopped: a task fire is not recorded")
+            }
+        }
+    }
+
     /// Checks the day's spend against the budget (alerts a level crossed).
     pub async fn check(&self) {
         self.send(Msg::Check).await
@@ -162,11 +186,16 @@ impl Finops {
         let _ = rx.await;
     }
 
-    async fn send(&self, msg: Msg) {
+    /// Starts the owner task on the first record.
+    fn start(&self) {
         let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some((rx, today)) = idle {
             tokio::spawn(run(self.shared.clone(), today, rx));
         }
+    }
+
+    async fn send(&self, msg: Msg) {
+        self.start();
         if self.tx.send(msg).await.is_err() {
             tracing::warn!("the cost ledger's owner has stopped: a record is lost");
         }
@@ -195,6 +224,19 @@ impl Finops {
             && cfg
                 .max_day_usd
                 .is_some_and(|max| budget::reached(self.today_usd(), max, 100))
+    }
+
+    /// Why a task fire is refused now (`over_limit`), in words for its
+    /// `last_fire`; None when fires go ahead.
+    pub fn refusal(&self) -> Option<String> {
+        if !self.over_limit() {
+            return None;
+        }
+        Some(format!(
+            "today's model spend, {}, has reached the daily budget of {} ([finops] max_day_usd); with stop_at_limit, tasks fire again tomorrow",
+            budget::dollars(self.today_usd()),
+            budget::dollars(self.max_day_usd().unwrap_or_default())
+        ))
     }
 
     /// The zone days are counted in.

@@ -129,11 +129,21 @@ async fn each_level_alerts_once_a_day_to_the_sessions_that_spent_also_across_a_r
     }
     assert_ne!(first.1.result_id, second.1.result_id);
     assert!(f.over_limit(), "100% with stop_at_limit");
+    let why = f.refusal().expect("fires are refused");
+    assert!(why.contains("$1.00") && why.contains("max_day_usd"), "{why}");
     f.record_usage("s1", Some("r4"), &route, tokens(5)).await;
     f.record_fire("task_1", "fired").await;
+    f.record_fire_nowait("task_2", "fired");
     f.flush().await;
     assert!(rx.try_recv().is_err(), "no level is alerted twice");
     assert_eq!(alerts_in(home.path(), day), [80, 100]);
+    let fires = ledger::read_day(&ledger::dir(home.path()), day)
+        .unwrap()
+        .into_iter()
+        .filter(|r| matches!(r, Row::Fire { .. }))
+        .count();
+    assert_eq!(fires, 2);
+    assert_eq!(f.digest(1, Vec::new()).await.unwrap().tasks_fired, 2);
     drop(f);
     let f = Finops::with_clock(home.path(), priced(true), TimeZone::UTC, clock);
     f.record_usage("s1", None, &route, tokens(1)).await;
@@ -208,6 +218,7 @@ async fn an_unpriced_model_is_counted_without_a_cost_and_named_by_the_digest() {
     assert_eq!(d.memory_notes_added, 1);
     assert_eq!((d.max_day_usd, f.today_usd()), (None, 0.0));
     assert!(!f.over_limit(), "no budget, no limit");
+    assert_eq!(f.refusal(), None);
     let rows = ledger::read_day(&ledger::dir(home.path()), date(2026, 5, 5)).unwrap();
     assert!(matches!(rows[..], [Row::Usage { usd: None, .. }]), "{rows:?}");
     let e = f.digest(0, Vec::new()).await.unwrap_err();

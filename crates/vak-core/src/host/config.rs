@@ -502,9 +502,10 @@ pub struct Settings {
     shared: Option<Arc<SharedConfig>>,
     /// config.toml's `[mcp.servers]` as read at startup.
     file_mcp: crate::mcp::config::ServerDefs,
-    /// config.toml's `[finops]` and `[automation]` as read at startup.
-    file_finops: crate::finops::config::FileFinops,
+    /// config.toml's `[automation]` as read at startup.
     file_automation: crate::automation::config::FileAutomation,
+    /// config.toml's `[finops]` as read at startup.
+    file_finops: crate::finops::config::FileFinops,
 }
 
 impl Settings {
@@ -539,12 +540,17 @@ impl Settings {
             changes: watch::channel(1).0,
             shared: cfg.shared_config.clone(),
             file_mcp: file.mcp,
-            file_finops: file.finops,
             file_automation: file.automation,
+            file_finops: file.finops,
         };
         let fp = settings.route_key_fingerprint(&settings.lock().spec.clone());
         settings.lock().built = (bus_rev, fp);
         Ok(settings)
+    }
+
+    /// config.toml's `[automation]` as read at startup.
+    pub(crate) fn file_automation(&self) -> &crate::automation::config::FileAutomation {
+        &self.file_automation
     }
 
     /// config.toml's `[mcp.servers]` as read at startup.
@@ -555,11 +561,6 @@ impl Settings {
     /// config.toml's `[finops]` as read at startup.
     pub(crate) fn file_finops(&self) -> crate::finops::config::FileFinops {
         self.file_finops.clone()
-    }
-
-    /// config.toml's `[automation]` as read at startup.
-    pub(crate) fn file_automation(&self) -> crate::automation::config::FileAutomation {
-        self.file_automation.clone()
     }
 
     /// Rewrites config.toml with `edit`, keeping every comment and key it

@@ -84,14 +84,17 @@ impl Hub {
             .and_then(|s| s.mcp())
             .unwrap_or_else(|| settings.file_mcp());
         let mcp = Arc::new(crate::mcp::Mcp::start(defs, cfg.workspace.clone()));
-        let tz =
-            crate::zone::resolve(settings.file_automation().timezone.as_deref()).map_err(Error::invalid)?;
+        let auto = settings.file_automation().clone();
+        let tz = crate::zone::resolve(auto.timezone.as_deref()).map_err(Error::invalid)?;
         let finops = Arc::new(crate::finops::Finops::open(&cfg.home, settings.file_finops(), tz));
-        let rt = Arc::new(Runtime::new(cfg, route, search, sandbox, mcp, finops));
+        let rt = Arc::new(Runtime::new(cfg, route, search, sandbox, mcp, finops.clone()));
         let runtimes = Arc::new(Runtimes::new(rt, workspaces.clone()));
         let closing = CancellationToken::new();
         let (sessions, stopped_rx) = Registry::new(runtimes.clone(), index, closing.clone());
         let sessions = Arc::new(sessions);
+        // Budget alerts go to the sessions that spent (idle delivery).
+        let registry: std::sync::Weak<Registry> = Arc::downgrade(&sessions);
+        finops.set_sink(registry);
         let control = Arc::new(ControlPlane::new(
             runtimes,
             settings,

@@ -687,6 +687,19 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Background results (budget alerts, task fires) reach a session through
+/// the registry: loaded on first use, queued in its ledger, delivered idle.
+impl crate::background::BackgroundSink for Registry {
+    fn deliver(
+        &self,
+        session_id: &str,
+        result: crate::background::BackgroundResult,
+    ) -> futures_util::future::BoxFuture<'_, Result<()>> {
+        let id = session_id.to_string();
+        Box::pin(async move { self.get(&id).await?.deliver_background(result).await })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

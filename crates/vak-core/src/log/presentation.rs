@@ -453,7 +453,13 @@ impl Presenter {
                 } else {
                     ItemStatus::Completed
                 };
-                let item = Item::new(ItemKind::Background, "background-", seq, status, result.text.clone());
+                let item = Item::new(
+                    ItemKind::Background,
+                    "background-",
+                    seq,
+                    status,
+                    result.text.clone(),
+                );
                 self.start(item, &mut out);
             }
             // A turn_started inside a run: the model's stream broke and the

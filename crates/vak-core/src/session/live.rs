@@ -1,11 +1,11 @@
 //! One live session: its turn chain (admitted as `admission.rs` decides), cancel, history edits, approvals, side runs, and the publish path into the bus, the ledger and the transcript.
 
+use crate::background::{BackgroundQueue, BackgroundResult, Pending};
 use crate::error::{Error, ErrorKind, Result};
 use crate::event::{
     project, AgentEvent, ApprovalOutcome, ClientEvent, Compaction, Frame, Note, NoticeLevel, RunOutcome,
     SideOutcome, SidePhase, Undo,
 };
-use crate::background::{BackgroundQueue, BackgroundResult, Pending};
 use crate::host::rules::Rule;
 use crate::log::folds::{Folds, Snapshot};
 use crate::log::ledger::{Ledger, Log, OpenError, Record};

@@ -121,7 +121,10 @@ pub(crate) fn kind(event: &ClientEvent) -> Kind {
     }
 }
 
-pub(crate) fn background_result(r: vak_core::background::BackgroundResult, summarised: u32) -> pb::BackgroundResult {
+pub(crate) fn background_result(
+    r: vak_core::background::BackgroundResult,
+    summarised: u32,
+) -> pb::BackgroundResult {
     pb::BackgroundResult {
         source: enums::background_source(r.source) as i32,
         alert: r.alert(),

@@ -319,7 +319,13 @@ mod tests {
         );
         same_names(
             "vak.v1.MessageRole",
-            &[Role::User, Role::Assistant, Role::Tool, Role::Run, Role::Background],
+            &[
+                Role::User,
+                Role::Assistant,
+                Role::Tool,
+                Role::Run,
+                Role::Background,
+            ],
             |c| c.as_str().into(),
             |c| role(c).json_name(),
         );
