@@ -118,12 +118,13 @@ const CORE_IMPORTS: &[(&str, &[&str])] = &[
             "event", "host", "log", "mcp", "provider", "reasons", "route", "rule", "session", "stopped",
         ],
     ),
-    ("event", &["provider"]),
+    ("event", &["background", "provider"]),
     ("finops", &["background", "home", "provider", "route", "zone"]),
     (
         "host",
         &[
             "automation",
+            "background",
             "cluster",
             "event",
             "file_owner",
@@ -143,7 +144,7 @@ const CORE_IMPORTS: &[(&str, &[&str])] = &[
             "zone",
         ],
     ),
-    ("log", &["event", "provider", "stopped"]),
+    ("log", &["background", "event", "provider", "stopped"]),
     ("mcp", &["file_owner", "provider", "tools"]),
     ("permissions", &["tools"]),
     ("reasons", &["stopped"]),
@@ -152,6 +153,7 @@ const CORE_IMPORTS: &[(&str, &[&str])] = &[
     (
         "session",
         &[
+            "background",
             "cluster",
             "event",
             "finops",

@@ -251,3 +251,64 @@ async fn a_window_outside_1_to_90_days_is_a_400_naming_days() {
     );
     served.vak.terminate().await;
 }
+
+#[tokio::test]
+async fn a_side_run_and_a_compaction_are_priced_as_the_sessions_calls() {
+    let home = tempfile::tempdir().unwrap();
+    // Prices without a budget: no alert joins the session's input.
+    std::fs::write(
+        home.path().join("config.toml"),
+        CONFIG.replace("max_day_usd = 1.0\n", ""),
+    )
+    .unwrap();
+    let served = Serve::new().home(home.path()).start().await;
+    let s = served.api();
+    let sid = s.create_session().await;
+    let mut sse = s.events(&sid, None).await;
+    let mut seen = Vec::new();
+    run(&s, &mut sse, &sid, "alpha beta gamma", &mut seen).await;
+    let (status, side) = s
+        .post(
+            &format!("/sessions/{sid}/side"),
+            serde_json::json!({"question": "delta epsilon"}),
+        )
+        .await;
+    assert_eq!(status, 202, "{side}");
+    let side_id = side["side_id"].as_str().unwrap().to_string();
+    loop {
+        let f = sse.next().await.expect("the side run's frames");
+        if f.event == "side" && f.body()["side_id"] == side_id.as_str() && f.body().get("finished").is_some()
+        {
+            break;
+        }
+    }
+    let (status, c) = s
+        .post(&format!("/sessions/{sid}/compact"), serde_json::json!({}))
+        .await;
+    assert_eq!(status, 200, "{c}");
+
+    let d = today(&s).await;
+    assert!(d.get("max_day_usd").is_none(), "{d}");
+    let date = d["days"][0]["date"].as_str().unwrap().to_string();
+    let mine = &d["days"][0]["by_session"][&sid];
+    assert_eq!(mine["calls"], 3, "the run, the side run and the compaction: {d}");
+    assert_eq!(
+        d["days"][0]["runs"], 2,
+        "the run and the side run; a compaction on request is none: {d}"
+    );
+    let all = rows(home.path(), &date);
+    let ids: Vec<Option<&str>> = all
+        .iter()
+        .filter(|r| r["kind"] == "usage")
+        .map(|r| r["request_id"].as_str())
+        .collect();
+    assert_eq!(ids.len(), 3, "{all:?}");
+    assert_eq!(ids[1], Some(side_id.as_str()), "{all:?}");
+    assert_eq!(ids[2], None, "{all:?}");
+    assert_eq!(
+        all.iter().filter(|r| r["kind"] == "usage").nth(1).unwrap()["input_tokens"],
+        2,
+        "the side question's words: {all:?}"
+    );
+    served.vak.terminate().await;
+}
