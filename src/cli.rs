@@ -606,11 +606,14 @@ async fn start(args: ServeArgs) -> Result<Started> {
         );
         let shared_memory =
             vak_core::cluster::shared_memory::SharedMemory::open(client.clone(), opts.replicas).await?;
+        let client_for_claims = client.clone();
         cfg.core.nats = Some(client);
         cfg.core.owners = Some(owners);
         cfg.core.shared_index = Some(shared_index);
         cfg.core.shared_config = Some(shared_config);
         cfg.core.shared_memory = Some(shared_memory);
+        cfg.core.task_claims =
+            Some(vak_core::cluster::shared_tasks::open_claims(&client_for_claims, opts.replicas).await?);
     }
     let max_connections = cfg.max_connections;
     let tls = if args.tls_self_signed {

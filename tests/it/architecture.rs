@@ -115,7 +115,17 @@ const CORE_IMPORTS: &[(&str, &[&str])] = &[
     (
         "cluster",
         &[
-            "event", "host", "log", "mcp", "provider", "reasons", "route", "rule", "session", "stopped",
+            "automation",
+            "event",
+            "host",
+            "log",
+            "mcp",
+            "provider",
+            "reasons",
+            "route",
+            "rule",
+            "session",
+            "stopped",
         ],
     ),
     ("event", &["background", "provider"]),

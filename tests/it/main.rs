@@ -48,6 +48,7 @@ mod settings;
 mod side;
 mod storage;
 mod stream;
+mod tasks;
 mod term;
 mod tools;
 mod workspace_api;

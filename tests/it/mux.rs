@@ -128,7 +128,8 @@ fn event_json(e: &pb::Event) -> Value {
         }
         K::BackgroundResult(b) => json!({
             "source": b.source().json_name(), "id": b.id, "text": b.text, "alert": b.alert,
-            "reason": b.reason().json_name(), "result_id": b.result_id, "arrived_at": b.arrived_at
+            "reason": b.reason().json_name(), "result_id": b.result_id, "arrived_at": b.arrived_at,
+            "summarised": b.summarised
         }),
     };
     json!({"seq": e.seq, "session_id": e.session_id, kind_of(e): body})

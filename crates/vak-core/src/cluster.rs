@@ -8,4 +8,5 @@ pub mod owners;
 pub mod shared_config;
 pub mod shared_index;
 pub mod shared_memory;
+pub mod shared_tasks;
 pub(crate) mod takeover;

@@ -15,5 +15,6 @@ pub mod rules;
 pub(crate) mod runtimes;
 pub mod search;
 pub(crate) mod secrets;
+pub mod tasks;
 pub mod terminal;
 pub mod workspaces;

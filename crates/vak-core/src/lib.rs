@@ -103,6 +103,9 @@ pub struct CoreConfig {
     pub shared_index: Option<std::sync::Arc<cluster::shared_index::SharedIndex>>,
     /// With `nats`: the route, rules and keys every replica shares (`shared_config.rs`).
     pub shared_config: Option<std::sync::Arc<cluster::shared_config::SharedConfig>>,
+    /// With `nats`: the bucket where a replica claims a task's slot before
+    /// it fires it (`shared_tasks.rs`).
+    pub task_claims: Option<async_nats::jetstream::kv::Store>,
     /// With `nats`: the memory notes every replica shares (`shared_memory.rs`).
     pub shared_memory: Option<std::sync::Arc<cluster::shared_memory::SharedMemory>>,
     /// `[server] workspace_roots`: the folders `GET /fs/dirs` may list
@@ -141,6 +144,7 @@ impl CoreConfig {
             owners: None,
             shared_index: None,
             shared_config: None,
+            task_claims: None,
             shared_memory: None,
             workspace_roots: Vec::new(),
             git: PathBuf::from("git"),

@@ -134,15 +134,18 @@ impl Render {
             }
             Kind::RunFinished(r) => run_end(r.outcome().json_name(), &r.message),
             Kind::Notice(n) => vec![line(Style::Note, format!("! {}", clean(&n.text)))],
+            // Arrives only between runs (the server delivers it when idle).
+            Kind::BackgroundResult(b) => vec![line(
+                Style::Note,
+                format!("⟲ background ({}): {}", clean(&b.id), clean(&b.text)),
+            )],
             Kind::StreamOpened(_)
             | Kind::TurnStarted(_)
             | Kind::Status(_)
             | Kind::Resync(_)
             | Kind::SessionClosed(_)
             // Side runs belong to whoever asked them; vak term asks none.
-            | Kind::Side(_)
-            // Not printed yet (issue 29's idle delivery prints them between runs).
-            | Kind::BackgroundResult(_) => Vec::new(),
+            | Kind::Side(_) => Vec::new(),
         }
     }
 

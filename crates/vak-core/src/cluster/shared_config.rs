@@ -54,6 +54,9 @@ pub const RULES_PREFIX: &str = "rules.";
 /// The key of the MCP servers' table (`PUT /config/mcp`): obeyed only
 /// signed with the cluster secret, since it names commands every replica runs.
 pub const MCP_KEY: &str = "mcp";
+/// The key of the scheduled tasks (`/tasks`): scripts every replica may
+/// run, so obeyed only signed, like the MCP servers.
+pub const TASKS_KEY: &str = "tasks";
 /// The largest value the bucket takes (a workspace's 256 rules fit).
 pub const MAX_VALUE: usize = 768 * 1024;
 use crate::cluster::cluster_secret::{document, signed, Unsigned};
@@ -142,6 +145,8 @@ struct State {
     keys: HashMap<ProviderKind, (Option<Secret>, u64)>,
     rules: HashMap<String, (Arc<Vec<Rule>>, u64)>,
     mcp: Option<(crate::mcp::config::ServerDefs, u64)>,
+    /// The tasks' JSON document (the scheduler's store reads it).
+    tasks: Option<(Arc<Vec<u8>>, u64)>,
 }
 
 /// Puts `v`, read at revision `rev`, in `slot` unless the slot holds a
@@ -166,6 +171,8 @@ pub struct SharedConfig {
     modes: watch::Sender<u64>,
     /// Bumped when the MCP servers' table changes.
     mcps: watch::Sender<u64>,
+    /// Bumped when the tasks change.
+    tasks: watch::Sender<u64>,
     /// This replica's own route (`seed_route`): what stands in for a
     /// refused route when no good one was ever applied here.
     own: Mutex<Option<RouteSpec>>,
@@ -339,6 +346,7 @@ impl SharedConfig {
             changes: watch::channel(0).0,
             modes: watch::channel(0).0,
             mcps: watch::channel(0).0,
+            tasks: watch::channel(0).0,
             own: Mutex::new(None),
         });
         let held = bounded(
@@ -501,6 +509,18 @@ impl SharedConfig {
                 Some(d) => self.set_mcp(d, rev),
                 None => tracing::warn!("ignoring unreadable MCP servers in VAK_CONFIG (revision {rev})"),
             }
+        } else if key == TASKS_KEY {
+            if self.cipher.is_none() {
+                tracing::warn!(
+                    "ignoring the tasks in VAK_CONFIG (revision {rev}): they name scripts to run, \
+                     and this replica has no cluster secret (--bus-secret-file) to check their signature"
+                );
+                return;
+            }
+            let doc = if put { doc.to_vec() } else { b"[]".to_vec() };
+            if newer(&mut self.lock().tasks, Arc::new(doc), rev) {
+                self.tasks.send_modify(|n| *n += 1);
+            }
         } else if let Some(ws) = key.strip_prefix(RULES_PREFIX) {
             let rules = if put {
                 match serde_json::from_slice::<RulesValue>(doc) {
@@ -605,30 +625,56 @@ impl SharedConfig {
     /// with the cluster secret writes it (PermissionDenied, `no_bus_secret`,
     /// without one) and every replica checks it before it runs anything.
     pub async fn put_mcp(&self, defs: &crate::mcp::config::ServerDefs) -> Result<()> {
+        let value = serde_json::to_vec(defs).map_err(|e| Error::internal(e.to_string()))?;
+        let rev = self.put_signed(MCP_KEY, "MCP servers", value).await?;
+        self.set_mcp(defs.clone(), rev);
+        Ok(())
+    }
+
+    /// The tasks every replica shares (their JSON document), as last applied here.
+    pub fn tasks(&self) -> Option<Arc<Vec<u8>>> {
+        self.lock().tasks.as_ref().map(|(d, _)| d.clone())
+    }
+
+    /// Bumped when the tasks change (from any replica).
+    pub fn task_changes(&self) -> watch::Receiver<u64> {
+        self.tasks.subscribe()
+    }
+
+    /// Makes `doc` every replica's tasks: signed, like the MCP servers
+    /// (their scripts are commands every replica may run).
+    pub async fn put_tasks(&self, doc: Vec<u8>) -> Result<()> {
+        let rev = self.put_signed(TASKS_KEY, "tasks", doc.clone()).await?;
+        newer(&mut self.lock().tasks, Arc::new(doc), rev);
+        Ok(())
+    }
+
+    /// Writes a value that names commands every replica runs: signed with
+    /// the cluster secret, or refused without one. Its revision.
+    async fn put_signed(&self, key: &str, what: &str, value: Vec<u8>) -> Result<u64> {
         if self.cipher.is_none() {
             return Err(Error::new(
                 ErrorKind::PermissionDenied,
-                "this replica shares NATS (--bus) but has no cluster secret (--bus-secret-file): \
-                 MCP servers name commands every replica runs, so they are shared only signed; give \
-                 every replica the same secret file, or configure them in each replica's config.toml",
+                format!(
+                    "this replica shares NATS (--bus) but has no cluster secret (--bus-secret-file): \
+                     {what} name commands every replica runs, so they are shared only signed; give \
+                     every replica the same secret file, or configure them in each replica's config.toml"
+                ),
             )
             .with_reason("no_bus_secret"));
         }
-        let value = serde_json::to_vec(defs).map_err(|e| Error::internal(e.to_string()))?;
-        let value = self.wrap(MCP_KEY, value);
+        let value = self.wrap(key, value);
         if value.len() > MAX_VALUE {
             return Err(Error::too_large(format!(
-                "the MCP servers would be {} bytes; {BUCKET} holds at most {MAX_VALUE} per value",
+                "the {what} would be {} bytes; {BUCKET} holds at most {MAX_VALUE} per value",
                 value.len()
             )));
         }
-        let rev = bounded(
-            "cannot write the MCP servers to VAK_CONFIG",
-            self.kv.put(MCP_KEY, value.into()),
+        bounded(
+            &format!("cannot write the {what} to VAK_CONFIG"),
+            self.kv.put(key, value.into()),
         )
-        .await?;
-        self.set_mcp(defs.clone(), rev);
-        Ok(())
+        .await
     }
 
     /// Notified when the route or a key changed (from any replica).

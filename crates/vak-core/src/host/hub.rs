@@ -1,11 +1,17 @@
 //! The hub: what `vak serve` holds, built once at startup: the registry of live sessions (`registry.rs`), the control plane (`control.rs`) and the live multiplexed streams, with the background work that keeps them (idle unloading, recovery, orphan adoption) and the graceful stop.
 
+use crate::automation::scheduler::{
+    LocalClaim, Scheduler, SchedulerConfig, SchedulerHandle, SlotClaim, SystemClock,
+};
+use crate::automation::store::{FileTasks, TaskPersist};
+use crate::cluster::shared_tasks::{KvClaim, SharedTasks};
 use crate::error::{Error, Result};
 use crate::host::config::Settings;
 use crate::host::control::ControlPlane;
 use crate::host::index::Index;
 use crate::host::registry::Registry;
 use crate::host::runtimes::Runtimes;
+use crate::host::tasks::{HostCheck, HostFirer};
 use crate::session::live::Route;
 use crate::session::runtime::Runtime;
 use crate::stream::mux::Streams;
@@ -22,6 +28,8 @@ pub struct Hub {
     control: Arc<ControlPlane>,
     /// Live multiplexed streams by stream id, for follow/unfollow.
     streams: Arc<Streams>,
+    /// The scheduler's owner task: scheduled tasks and their fires.
+    tasks: SchedulerHandle,
     /// Ids of sessions whose writer stopped, until `housekeep` hands them
     /// to `recovery::run`.
     stopped_rx: Mutex<Option<mpsc::UnboundedReceiver<String>>>,
@@ -86,7 +94,27 @@ impl Hub {
         let mcp = Arc::new(crate::mcp::Mcp::start(defs, cfg.workspace.clone()));
         let auto = settings.file_automation().clone();
         let tz = crate::zone::resolve(auto.timezone.as_deref()).map_err(Error::invalid)?;
-        let finops = Arc::new(crate::finops::Finops::open(&cfg.home, settings.file_finops(), tz));
+        let script_timeout = auto.script_timeout().map_err(Error::invalid)?;
+        // With --bus the replicas share one task list and claim each slot.
+        let (persist, claim): (Arc<dyn TaskPersist>, Arc<dyn SlotClaim>) =
+            match (&cfg.shared_config, &cfg.task_claims, &cfg.owners) {
+                (Some(shared), Some(store), Some(owners)) => (
+                    Arc::new(SharedTasks {
+                        shared: shared.clone(),
+                    }),
+                    Arc::new(KvClaim {
+                        store: store.clone(),
+                        replica: owners.replica().to_string(),
+                    }),
+                ),
+                _ => (Arc::new(FileTasks::new(&cfg.home)), Arc::new(LocalClaim)),
+            };
+        let task_changes = cfg.shared_config.as_ref().map(|s| s.task_changes());
+        let finops = Arc::new(crate::finops::Finops::open(
+            &cfg.home,
+            settings.file_finops(),
+            tz.clone(),
+        ));
         let rt = Arc::new(Runtime::new(cfg, route, search, sandbox, mcp, finops.clone()));
         let runtimes = Arc::new(Runtimes::new(rt, workspaces.clone()));
         let closing = CancellationToken::new();
@@ -95,6 +123,41 @@ impl Hub {
         // Budget alerts go to the sessions that spent (idle delivery).
         let registry: std::sync::Weak<Registry> = Arc::downgrade(&sessions);
         finops.set_sink(registry);
+        let firer = HostFirer {
+            sessions: sessions.clone(),
+            workspaces: workspaces.clone(),
+            // The budget: past it with stop_at_limit, fires are refused.
+            gate: finops,
+            script_timeout,
+        };
+        let tasks = Scheduler::start(SchedulerConfig {
+            persist,
+            clock: Arc::new(SystemClock),
+            tz,
+            catch_up_missed: auto.catch_up_missed,
+            firer: Arc::new(firer),
+            claim,
+            check: Arc::new(HostCheck {
+                sessions: sessions.clone(),
+            }),
+        })?;
+        if let Some(mut changes) = task_changes {
+            // Another replica changed the tasks: read them again.
+            let (handle, closing) = (tasks.clone(), closing.clone());
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        changed = changes.changed() => if changed.is_err() { return },
+                        _ = closing.cancelled() => return,
+                    }
+                    if let Err(e) = handle.reload().await {
+                        tracing::warn!(
+                            "the tasks changed on another replica and could not be read again: {e:?}"
+                        );
+                    }
+                }
+            });
+        }
         let control = Arc::new(ControlPlane::new(
             runtimes,
             settings,
@@ -106,6 +169,7 @@ impl Hub {
             sessions,
             control,
             streams: Arc::new(Streams::new(closing.clone())),
+            tasks,
             stopped_rx: Mutex::new(Some(stopped_rx)),
             closing,
         })
@@ -120,6 +184,11 @@ impl Hub {
     /// search, workspaces.
     pub fn control(&self) -> &Arc<ControlPlane> {
         &self.control
+    }
+
+    /// The scheduler: tasks' CRUD, run-now and next fires.
+    pub fn tasks(&self) -> &SchedulerHandle {
+        &self.tasks
     }
 
     /// The live multiplexed streams (`Mux::open`, `mux::control`).

@@ -284,6 +284,12 @@ impl Registry {
         }
     }
 
+    /// Whether session `id` exists (in memory or in the index): what a
+    /// task may name, asked without loading it.
+    pub fn known(&self, id: &str) -> bool {
+        self.loaded().contains_key(id) || self.index.get(id).is_some()
+    }
+
     /// Explicit attach: the same as `get`, named for the API.
     pub async fn attach(&self, id: &str) -> Result<Arc<Session>> {
         self.get(id).await
@@ -685,19 +691,6 @@ fn watch_lease(
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Background results (budget alerts, task fires) reach a session through
-/// the registry: loaded on first use, queued in its ledger, delivered idle.
-impl crate::background::BackgroundSink for Registry {
-    fn deliver(
-        &self,
-        session_id: &str,
-        result: crate::background::BackgroundResult,
-    ) -> futures_util::future::BoxFuture<'_, Result<()>> {
-        let id = session_id.to_string();
-        Box::pin(async move { self.get(&id).await?.deliver_background(result).await })
-    }
 }
 
 #[cfg(test)]

@@ -40,6 +40,9 @@ pub struct Input {
     pub request_id: String,
     pub text: String,
     pub attachments: Vec<AttachmentRef>,
+    /// A model this input's leg uses instead of the route's (a task's
+    /// `model_pin`), on the route's provider.
+    pub model: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -347,6 +350,7 @@ mod tests {
             request_id: id.into(),
             text: format!("text of {id}"),
             attachments: Vec::new(),
+            model: None,
         }
     }
 

@@ -106,12 +106,17 @@ struct Leg<'a, S> {
 }
 
 impl<'a, S: TurnContext> Leg<'a, S> {
-    async fn new(session: &'a S) -> Leg<'a, S> {
+    /// `model`: a model to use instead of the route's (a task's pin).
+    async fn new(session: &'a S, model: Option<&str>) -> Leg<'a, S> {
         let rt = session.runtime();
+        let mut route = rt.route();
+        if let Some(m) = model {
+            route.model = m.to_string();
+        }
         Leg {
             session,
             // Fixed for the whole leg: a config change applies to the next one.
-            route: rt.route(),
+            route,
             system: prompt::system(
                 &rt.cfg.workspace,
                 // AGENTS.md is read only from a folder that passes the check.
@@ -216,7 +221,7 @@ pub(crate) async fn one_turn_request(
     session: &impl TurnContext,
     messages: Vec<ChatMessage>,
 ) -> (Route, TurnRequest) {
-    let leg = Leg::new(session).await;
+    let leg = Leg::new(session, None).await;
     let request = leg.request(messages);
     (leg.route, request)
 }
@@ -228,7 +233,7 @@ pub(crate) async fn compact_now(
     session: &impl TurnContext,
     cancel: &CancellationToken,
 ) -> crate::error::Result<()> {
-    let leg = Leg::new(session).await;
+    let leg = Leg::new(session, None).await;
     match leg.compact(None, cancel).await {
         Ok(()) => Ok(()),
         Err(ProviderError::Cancelled) => Err(crate::error::Error::new(
@@ -257,7 +262,7 @@ pub(crate) async fn run_leg(
         request_id: input.request_id.clone(),
     });
     let rt = session.runtime();
-    let leg = Leg::new(session).await;
+    let leg = Leg::new(session, input.model.as_deref()).await;
     // Fixed for the whole leg, like the route.
     let max_turns = rt.max_turns();
     let mut turns = 0;

@@ -524,6 +524,26 @@ impl Session {
         request_id: Option<String>,
         attachments: Vec<AttachmentRef>,
     ) -> Result<Admission> {
+        self.admit_input(text, request_id, attachments, None).await
+    }
+
+    /// `admit` for a task's fire: its leg runs on `model` when pinned.
+    pub async fn admit_pinned(
+        self: &Arc<Self>,
+        text: String,
+        request_id: String,
+        model: Option<String>,
+    ) -> Result<Admission> {
+        self.admit_input(text, Some(request_id), Vec::new(), model).await
+    }
+
+    async fn admit_input(
+        self: &Arc<Self>,
+        text: String,
+        request_id: Option<String>,
+        attachments: Vec<AttachmentRef>,
+        model: Option<String>,
+    ) -> Result<Admission> {
         let id = &*self.id;
         let request_id = admission::request_id(&text, request_id).map_err(|r| r.error(id))?;
         let cap = self.rt.cfg.max_queued_inputs;
@@ -551,6 +571,7 @@ impl Session {
             request_id: request_id.clone(),
             text,
             attachments,
+            model,
         };
         let mut run = lock(&self.run);
         // Refused when deleted or closed while the id was written.

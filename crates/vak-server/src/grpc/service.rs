@@ -35,6 +35,7 @@ const MCP_SETTLE: Duration = Duration::from_secs(30);
 mod admin;
 mod digest;
 mod host_info;
+mod memory_writes;
 mod tasks;
 
 pub(crate) type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send>>;
@@ -1077,7 +1078,7 @@ impl AgentService for AgentApi {
         &self,
         _req: Request<pb::GetAdminStatusRequest>,
     ) -> Result<Response<pb::AdminStatus>, Status> {
-        ok(self.admin_status())
+        ok(self.admin_status().await)
     }
 
     // ---- Memory and search (issue 15) ----
@@ -1096,52 +1097,22 @@ impl AgentService for AgentApi {
         })
     }
 
-    async fn add_memory(
-        &self,
-        req: Request<pb::AddMemoryRequest>,
-    ) -> Result<Response<pb::MemoryNote>, Status> {
-        let r = req.into_inner();
-        let new = memory::NewNote {
-            text: r.text,
-            kind: r.kind,
-            tag: r.tag,
-            scope: convert::memory_scope_in(r.scope).map_err(to_status)?,
-            session_id: r.session_id,
-        };
-        let note = self.control().memory().add(new).await.map_err(to_status)?;
-        ok(convert::memory_note(note))
+    async fn add_memory(&self, r: Request<pb::AddMemoryRequest>) -> Result<Response<pb::MemoryNote>, Status> {
+        self.memory_add(r.into_inner()).await.map(Response::new)
     }
 
     async fn update_memory(
         &self,
-        req: Request<pb::UpdateMemoryRequest>,
+        r: Request<pb::UpdateMemoryRequest>,
     ) -> Result<Response<pb::MemoryNote>, Status> {
-        let r = req.into_inner();
-        let scope = convert::memory_scope_in(r.scope).map_err(to_status)?;
-        let note = self
-            .control()
-            .memory()
-            .update(&r.note_id, &r.text, scope)
-            .await
-            .map_err(to_status)?;
-        ok(convert::memory_note(note))
+        self.memory_update(r.into_inner()).await.map(Response::new)
     }
 
     async fn delete_memory(
         &self,
-        req: Request<pb::DeleteMemoryRequest>,
+        r: Request<pb::DeleteMemoryRequest>,
     ) -> Result<Response<pb::DeleteMemoryResponse>, Status> {
-        let r = req.into_inner();
-        let scope = convert::memory_scope_in(r.scope).map_err(to_status)?;
-        let note = self
-            .control()
-            .memory()
-            .delete(&r.note_id, scope)
-            .await
-            .map_err(to_status)?;
-        ok(pb::DeleteMemoryResponse {
-            note: Some(convert::memory_note(note)),
-        })
+        self.memory_delete(r.into_inner()).await.map(Response::new)
     }
 
     async fn search(&self, req: Request<pb::SearchRequest>) -> Result<Response<pb::SearchResponse>, Status> {

@@ -68,6 +68,13 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/search", get(search))
         .route("/sessions/{id}/side", post(side_run).get(list_side))
         .route("/sessions/{id}/side/cancel", post(side_cancel))
+        // ---- Scheduled tasks (issue 29) ----
+        .route("/tasks", get(list_tasks).post(create_task))
+        .route(
+            "/tasks/{task_id}",
+            get(get_task).patch(update_task).delete(delete_task),
+        )
+        .route("/tasks/{task_id}/run-now", post(run_task_now))
         // ---- Budget and digest (issue 29) ----
         .route("/digest", get(digest))
         .method_not_allowed_fallback(|| async {
@@ -586,6 +593,52 @@ async fn side_cancel(State(st): State<AppState>, Path(id): Path<String>, b: Body
 async fn list_side(State(st): State<AppState>, Path(id): Path<String>) -> Response {
     let req = pb::ListSideRequest { session_id: id };
     reply(StatusCode::OK, st.api.list_side(Request::new(req)).await)
+}
+
+// ---- Scheduled tasks (issue 29) ----
+
+async fn list_tasks(State(st): State<AppState>) -> Response {
+    reply(
+        StatusCode::OK,
+        st.api.list_tasks(Request::new(pb::ListTasksRequest {})).await,
+    )
+}
+
+async fn create_task(State(st): State<AppState>, b: Body) -> Response {
+    match body::<pb::CreateTaskRequest>(&st, b).await {
+        Ok(req) => reply(StatusCode::CREATED, st.api.create_task(Request::new(req)).await),
+        Err(e) => e,
+    }
+}
+
+async fn get_task(State(st): State<AppState>, Path(task_id): Path<String>) -> Response {
+    reply(
+        StatusCode::OK,
+        st.api
+            .get_task(Request::new(pb::GetTaskRequest { task_id }))
+            .await,
+    )
+}
+
+async fn update_task(State(st): State<AppState>, Path(id): Path<String>, b: Body) -> Response {
+    let mut req: pb::UpdateTaskRequest = match body(&st, b).await {
+        Ok(r) => r,
+        Err(e) => return e,
+    };
+    if let Some(e) = path_mismatch("task_id", &id, &mut req.task_id) {
+        return e;
+    }
+    reply(StatusCode::OK, st.api.update_task(Request::new(req)).await)
+}
+
+async fn delete_task(State(st): State<AppState>, Path(task_id): Path<String>) -> Response {
+    let req = pb::DeleteTaskRequest { task_id };
+    reply(StatusCode::OK, st.api.delete_task(Request::new(req)).await)
+}
+
+async fn run_task_now(State(st): State<AppState>, Path(task_id): Path<String>) -> Response {
+    let req = pb::RunTaskNowRequest { task_id };
+    reply(StatusCode::ACCEPTED, st.api.run_task_now(Request::new(req)).await)
 }
 
 // ---- Budget and digest (issue 29) ----

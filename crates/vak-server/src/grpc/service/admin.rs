@@ -5,7 +5,21 @@ use crate::grpc::convert;
 use vak_proto::v1 as pb;
 
 impl AgentApi {
-    pub(super) fn admin_status(&self) -> pb::AdminStatus {
+    pub(super) async fn admin_status(&self) -> pb::AdminStatus {
+        let tasks = self.hub.tasks();
+        let scheduler = tasks
+            .next_fires(50)
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|v| {
+                Some(pb::ScheduledFire {
+                    next_fire: super::tasks::zoned(&v.next_fire?),
+                    task_id: v.def.id,
+                    name: v.def.name,
+                })
+            })
+            .collect();
         let (max_streams, max_per_client) = self.limits.caps();
         let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
         pb::AdminStatus {
@@ -34,8 +48,8 @@ impl AgentApi {
                 .into_iter()
                 .map(convert::recent_error)
                 .collect(),
-            scheduler: Vec::new(),
-            timezone: String::new(),
+            scheduler,
+            timezone: vak_core::zone::name(&tasks.timezone().await),
             today_usd: self.control().finops().today_usd(),
             max_day_usd: self.control().finops().max_day_usd(),
         }
