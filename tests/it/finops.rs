@@ -312,3 +312,83 @@ async fn a_side_run_and_a_compaction_are_priced_as_the_sessions_calls() {
     );
     served.vak.terminate().await;
 }
+
+/// Fires task `id` now and waits (bounded) for that fire's outcome; the task.
+async fn fire_now(s: &TestServer, id: &str) -> Value {
+    let (st, v) = s
+        .post(&format!("/tasks/{id}/run-now"), serde_json::json!({}))
+        .await;
+    assert_eq!(st, 202, "{v}");
+    let before = v["task"]["last_fire"]["slot"].clone();
+    let deadline = tokio::time::Instant::now() + crate::support::DEADLINE;
+    loop {
+        let (st, t) = s.get(&format!("/tasks/{id}")).await;
+        assert_eq!(st, 200, "{t}");
+        let last = &t["task"]["last_fire"];
+        if last["slot"] != before && last["outcome"].as_str().is_some_and(|o| o != "started") {
+            return t["task"].clone();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the fire never settled: {t}"
+        );
+        crate::support::poll::pause().await;
+    }
+}
+
+#[tokio::test]
+async fn past_the_limit_with_stop_at_limit_a_task_fire_is_refused_and_a_conversation_is_not() {
+    let home = tempfile::tempdir().unwrap();
+    let config = CONFIG.replace("max_day_usd = 1.0\n", "max_day_usd = 1.0\nstop_at_limit = true\n");
+    std::fs::write(home.path().join("config.toml"), config).unwrap();
+    let served = Serve::new().home(home.path()).start().await;
+    let s = served.api();
+    let (a, b) = (s.create_session().await, s.create_session().await);
+    let (st, t) = s
+        .post(
+            "/tasks",
+            serde_json::json!({"name": "tick", "script": "echo tick", "session_id": a}),
+        )
+        .await;
+    assert_eq!(st, 201, "{t}");
+    let id = t["task"]["id"].as_str().unwrap().to_string();
+
+    // Under the budget a fire goes ahead and is counted.
+    let task = fire_now(&s, &id).await;
+    assert_eq!(task["last_fire"]["outcome"], "delivered", "{task}");
+    // 11 words: $1.10, past the limit.
+    let mut sse = s.events(&b, None).await;
+    let mut seen = Vec::new();
+    run(
+        &s,
+        &mut sse,
+        &b,
+        "one two three four five six seven eight nine ten eleven",
+        &mut seen,
+    )
+    .await;
+    let d = today(&s).await;
+    assert!((usd(&d["today_usd"]) - 1.1).abs() < 1e-9, "{d}");
+
+    let task = fire_now(&s, &id).await;
+    let last = &task["last_fire"];
+    assert_eq!(last["outcome"], "budget_exceeded", "{task}");
+    let why = last["message"].as_str().unwrap_or_default();
+    assert!(why.contains("max_day_usd") && why.contains("$1.10"), "{task}");
+    let d = today(&s).await;
+    assert_eq!(d["tasks_fired"], 1, "a refused fire ran nothing: {d}");
+    let date = d["days"][0]["date"].as_str().unwrap().to_string();
+    let fires: Vec<Value> = rows(home.path(), &date)
+        .into_iter()
+        .filter(|r| r["kind"] == "fire")
+        .collect();
+    assert_eq!(fires.len(), 1, "{fires:?}");
+    assert_eq!(
+        (fires[0]["task_id"].as_str(), fires[0]["outcome"].as_str()),
+        (Some(id.as_str()), Some("delivered"))
+    );
+
+    // A conversation is never refused by the budget.
+    run(&s, &mut sse, &b, "still talking", &mut seen).await;
+    served.vak.terminate().await;
+}
