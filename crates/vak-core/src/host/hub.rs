@@ -99,9 +99,7 @@ impl Hub {
         let (persist, claim): (Arc<dyn TaskPersist>, Arc<dyn SlotClaim>) =
             match (&cfg.shared_config, &cfg.task_claims, &cfg.owners) {
                 (Some(shared), Some(store), Some(owners)) => (
-                    Arc::new(SharedTasks {
-                        shared: shared.clone(),
-                    }),
+                    Arc::new(SharedTasks::new(shared.clone())),
                     Arc::new(KvClaim {
                         store: store.clone(),
                         replica: owners.replica().to_string(),
