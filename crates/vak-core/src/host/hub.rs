@@ -219,6 +219,8 @@ impl Hub {
     /// run, settles, closes its streams and syncs its ledger; then
     /// everything waiting for the hub to close ends.
     pub async fn shutdown(&self, grace: Duration) {
+        // No fire starts once sessions begin to close.
+        self.tasks.stop().await;
         self.sessions.stop(grace).await;
         self.control.mcp().shutdown().await;
         self.closing.cancel();
