@@ -422,3 +422,110 @@ async fn with_bus_two_replicas_share_the_tasks_and_a_slot_fires_once() {
     let fired = list["sessions"].as_array().unwrap();
     assert_eq!(fired.len(), 1, "the slot fired once: {list}");
 }
+
+/// A task's `model_pin` routes its runs to that model of the route's
+/// provider (the request the provider gets names it); a pin the provider
+/// does not list is refused with 400 naming `model_pin`.
+#[tokio::test]
+async fn a_pinned_task_runs_on_its_model_and_an_unlisted_pin_is_refused() {
+    use crate::support::fake_provider::{fixture, FakeProvider, Reply};
+    let fake = FakeProvider::start().await;
+    let served = Serve::new()
+        .args(["--provider", "openai", "--model", "gpt-4.1", "--base-url"])
+        .arg(format!("{}/v1", fake.url))
+        .env("OPENAI_API_KEY", "sk-test-pin-0123456789")
+        .start()
+        .await;
+    let s = served.api();
+    let sid = s.create_session().await;
+    fake.script([
+        Reply::status(200, &fixture("openai/models.json")),
+        Reply::status(200, &fixture("openai/models.json")),
+        Reply::fixture("openai/text.sse"),
+    ]);
+    let (st, v) = s
+        .post(
+            "/tasks",
+            json!({"name": "p", "prompt": "hi", "session_id": sid, "model_pin": "gpt-5-imaginary"}),
+        )
+        .await;
+    assert_eq!(st, 400, "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().starts_with("model_pin:"),
+        "{v}"
+    );
+    let t = create(
+        &s,
+        json!({"name": "p", "prompt": "hi", "session_id": sid, "model_pin": "openai/o3"}),
+    )
+    .await;
+    assert_eq!(t["model_pin"], "openai/o3");
+    let mut ev = s.events(&sid, None).await;
+    run_now(&s, t["id"].as_str().unwrap()).await;
+    support::assert_completed(&ev.until("run_finished").await);
+    let turns: Vec<_> = fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "POST")
+        .collect();
+    assert_eq!(turns.len(), 1, "{turns:?}");
+    assert_eq!(turns[0].body["model"], "o3", "{}", turns[0].raw);
+}
+
+/// A delivered result reaches every stream of its session: the per-session
+/// SSE stream, `/stream`, gRPC Subscribe, and the presentation timeline as
+/// an item of kind `background` (failed for an alert).
+#[tokio::test]
+async fn a_background_result_reaches_every_surface_of_its_session() {
+    use vak::proto::v1 as pb;
+    let s = TestServer::start().await;
+    let sid = s.create_session().await;
+    let mut sse = s.events(&sid, None).await;
+    let mut mux = s
+        .open_stream(&s.url, &support::sessions_query(&[&sid]), None)
+        .await;
+    let mut client = s.grpc().await;
+    let (mut grpc, _) = support::grpc_subscribe(&mut client, &sid, None).await;
+    let t = create(
+        &s,
+        json!({"name": "w", "script": "echo 'fs: ok'; exit 1", "session_id": sid}),
+    )
+    .await;
+    run_now(&s, t["id"].as_str().unwrap()).await;
+
+    let r = sse
+        .until("background_result")
+        .await
+        .last()
+        .unwrap()
+        .body()
+        .clone();
+    assert_eq!(
+        (&r["alert"], &r["reason"]),
+        (&json!(true), &json!("script_failed")),
+        "{r}"
+    );
+    let on_mux = loop {
+        let f = mux.next().await.expect("a /stream frame");
+        if f.event == "agent" && support::agent_kind(&f.data) == "background_result" {
+            break f.data["background_result"].clone();
+        }
+    };
+    assert_eq!(on_mux["result_id"], r["result_id"], "{on_mux}");
+    let events = grpc.until("background_result").await;
+    let Some(pb::event::Kind::BackgroundResult(b)) = &events.last().unwrap().kind else {
+        panic!("{events:?}")
+    };
+    assert_eq!(b.result_id, r["result_id"].as_str().unwrap());
+    assert_eq!(b.reason(), pb::BackgroundReason::ScriptFailed);
+    assert_eq!(b.source(), pb::BackgroundSource::Script);
+
+    let (_, timeline) = s.get(&format!("/sessions/{sid}/presentation")).await;
+    let item = timeline["items"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(
+        (&item["kind"], &item["status"]),
+        (&json!("background"), &json!("failed")),
+        "{item}"
+    );
+    assert!(item["text"].as_str().unwrap().contains("code 1"), "{item}");
+}

@@ -99,9 +99,7 @@ impl Hub {
         let (persist, claim): (Arc<dyn TaskPersist>, Arc<dyn SlotClaim>) =
             match (&cfg.shared_config, &cfg.task_claims, &cfg.owners) {
                 (Some(shared), Some(store), Some(owners)) => (
-                    Arc::new(SharedTasks {
-                        shared: shared.clone(),
-                    }),
+                    Arc::new(SharedTasks::new(shared.clone())),
                     Arc::new(KvClaim {
                         store: store.clone(),
                         replica: owners.replica().to_string(),
@@ -230,6 +228,8 @@ impl Hub {
     /// run, settles, closes its streams and syncs its ledger; then
     /// everything waiting for the hub to close ends.
     pub async fn shutdown(&self, grace: Duration) {
+        // No fire starts once sessions begin to close.
+        self.tasks.stop().await;
         self.sessions.stop(grace).await;
         self.control.mcp().shutdown().await;
         // The usage of the runs just settled reaches the cost ledger.

@@ -109,10 +109,12 @@ impl HostFirer {
                 };
                 let sid = Some(session.id().to_string());
                 let request_id = format!("task:{}:{}", task.id, fire.slot);
-                match session
-                    .admit_pinned(prompt.clone(), request_id, task.model_pin.clone())
-                    .await
-                {
+                // A pin is "model" or "provider/model" of the route's provider.
+                let model = task
+                    .model_pin
+                    .as_deref()
+                    .map(|p| p.split_once('/').map_or(p, |(_, m)| m).to_string());
+                match session.admit_pinned(prompt.clone(), request_id, model).await {
                     Ok(a) => {
                         let outcome = match a.state {
                             AdmissionState::Started => TaskOutcome::Started,
