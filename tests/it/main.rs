@@ -19,6 +19,7 @@ mod docs;
 mod durability;
 mod eventsource_client;
 mod file_tools;
+mod finops;
 mod grpc;
 mod grpc_web;
 mod hooks;

@@ -18,13 +18,18 @@ async fn create(s: &TestServer, body: Value) -> Value {
     v["task"].clone()
 }
 
-/// Waits (bounded) until the task's last fire has this outcome; the task.
-async fn fired(s: &TestServer, id: &str, outcome: &str) -> Value {
+/// Waits (bounded) until the task's last fire is the one run-now answered
+/// `fire` for (its slot is newer than the one `fire` shows) and has this
+/// outcome; the task.
+async fn fired(s: &TestServer, fire: &Value, outcome: &str) -> Value {
+    let id = fire["id"].as_str().unwrap();
+    let before = fire["last_fire"]["slot"].clone();
     let deadline = tokio::time::Instant::now() + DEADLINE;
     loop {
         let (st, v) = s.get(&format!("/tasks/{id}")).await;
         assert_eq!(st, 200, "{v}");
-        if v["task"]["last_fire"]["outcome"] == outcome {
+        let last = &v["task"]["last_fire"];
+        if last["slot"] != before && last["outcome"] == outcome {
             return v["task"].clone();
         }
         assert!(tokio::time::Instant::now() < deadline, "never {outcome}: {v}");
@@ -77,7 +82,7 @@ async fn a_script_task_delivers_its_stdout_its_failure_as_an_alert_and_an_empty_
         .to_string();
     let mut ev = s.events(&sid, None).await;
 
-    run_now(&s, &id).await;
+    let fire = run_now(&s, &id).await;
     let frames = ev.until("background_result").await;
     let r = frames.last().unwrap().body();
     assert_eq!(
@@ -91,7 +96,7 @@ async fn a_script_task_delivers_its_stdout_its_failure_as_an_alert_and_an_empty_
         "{r}"
     );
     assert!(r["result_id"].as_str().unwrap().starts_with("bg_"), "{r}");
-    let t = fired(&s, &id, "delivered").await;
+    let t = fired(&s, &fire, "delivered").await;
     assert!(
         t["last_fire"]["slot"].as_str().unwrap().starts_with("now-"),
         "{t}"
@@ -110,7 +115,7 @@ async fn a_script_task_delivers_its_stdout_its_failure_as_an_alert_and_an_empty_
         )
         .await;
     assert_eq!(st, 200, "{v}");
-    run_now(&s, &id).await;
+    let fire = run_now(&s, &id).await;
     let r = ev.until("background_result").await.last().unwrap().body().clone();
     assert_eq!(
         (&r["alert"], &r["reason"]),
@@ -119,7 +124,7 @@ async fn a_script_task_delivers_its_stdout_its_failure_as_an_alert_and_an_empty_
     );
     let text = r["text"].as_str().unwrap();
     assert!(text.contains("code 3") && text.contains("disk is full"), "{text}");
-    let t = fired(&s, &id, "script_failed").await;
+    let t = fired(&s, &fire, "script_failed").await;
     assert!(
         t["last_fire"]["message"].as_str().unwrap().contains("code 3"),
         "{t}"
@@ -135,8 +140,8 @@ async fn a_script_task_delivers_its_stdout_its_failure_as_an_alert_and_an_empty_
         )
         .await;
     assert_eq!(st, 200);
-    run_now(&s, &id).await;
-    fired(&s, &id, "silent").await;
+    let fire = run_now(&s, &id).await;
+    fired(&s, &fire, "silent").await;
     assert_eq!(transcript_roles(&s, &sid).await.len(), before);
 
     // Listed, then deleted.
@@ -180,7 +185,10 @@ async fn a_bad_task_is_refused_with_400_naming_its_field_and_an_unknown_id_is_40
         let (st, v) = s.post("/tasks", body.clone()).await;
         assert_eq!(st, 400, "{body} -> {v}");
         assert!(
-            v["message"].as_str().unwrap().starts_with(&format!("{field}:")),
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("{field}:")),
             "{body} -> {v}"
         );
     }
@@ -226,14 +234,14 @@ async fn a_prompt_task_runs_in_its_session_under_a_task_request_id() {
     )
     .await;
     let id = t["id"].as_str().unwrap();
-    run_now(&s, id).await;
+    let fire = run_now(&s, id).await;
     let frames = ev.until("run_finished").await;
     support::assert_completed(&frames);
     let user = of_kind(&frames, "user_message");
     let rid = user[0]["request_id"].as_str().unwrap();
     assert!(rid.starts_with(&format!("task:{id}:now-")), "{rid}");
     assert_eq!(user[0]["text"], "hello from the scheduler");
-    let t = fired(&s, id, "started").await;
+    let t = fired(&s, &fire, "started").await;
     assert_eq!(t["last_fire"]["session_id"], sid.as_str());
 }
 
@@ -256,8 +264,8 @@ async fn a_result_arriving_during_a_run_is_delivered_after_run_finished_and_once
     let (st, v) = s.run(&sid, "/bash echo from the run").await;
     assert_eq!(st, 202, "{v}");
     let ask = ev.next_ask().await;
-    run_now(&s, &id).await;
-    fired(&s, &id, "delivered").await;
+    let fire = run_now(&s, &id).await;
+    fired(&s, &fire, "delivered").await;
     let rid = ask["request_id"].as_str().unwrap();
     let (st, v) = s
         .post(
@@ -283,8 +291,8 @@ async fn a_result_arriving_during_a_run_is_delivered_after_run_finished_and_once
     let (st, _) = s.run(&sid, "/bash echo second").await;
     assert_eq!(st, 202);
     ev.next_ask().await;
-    run_now(&s, &id).await;
-    fired(&s, &id, "delivered").await;
+    let fire = run_now(&s, &id).await;
+    fired(&s, &fire, "delivered").await;
     drop(ev);
     // Killed, not stopped: a graceful stop would end the run (and deliver).
     served.vak.kill().await;
@@ -409,12 +417,115 @@ async fn with_bus_two_replicas_share_the_tasks_and_a_slot_fires_once() {
             support::poll::pause().await;
         }
     }
+    // Each fire of a prompt task without a session makes one; the test made none.
     let (_, list) = b.api.get("/sessions").await;
-    let fired: Vec<&Value> = list["sessions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|s| s["title"] == prompt)
-        .collect();
+    let fired = list["sessions"].as_array().unwrap();
     assert_eq!(fired.len(), 1, "the slot fired once: {list}");
+}
+
+/// A task's `model_pin` routes its runs to that model of the route's
+/// provider (the request the provider gets names it); a pin the provider
+/// does not list is refused with 400 naming `model_pin`.
+#[tokio::test]
+async fn a_pinned_task_runs_on_its_model_and_an_unlisted_pin_is_refused() {
+    use crate::support::fake_provider::{fixture, FakeProvider, Reply};
+    let fake = FakeProvider::start().await;
+    let served = Serve::new()
+        .args(["--provider", "openai", "--model", "gpt-4.1", "--base-url"])
+        .arg(format!("{}/v1", fake.url))
+        .env("OPENAI_API_KEY", "sk-test-pin-0123456789")
+        .start()
+        .await;
+    let s = served.api();
+    let sid = s.create_session().await;
+    fake.script([
+        Reply::status(200, &fixture("openai/models.json")),
+        Reply::status(200, &fixture("openai/models.json")),
+        Reply::fixture("openai/text.sse"),
+    ]);
+    let (st, v) = s
+        .post(
+            "/tasks",
+            json!({"name": "p", "prompt": "hi", "session_id": sid, "model_pin": "gpt-5-imaginary"}),
+        )
+        .await;
+    assert_eq!(st, 400, "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().starts_with("model_pin:"),
+        "{v}"
+    );
+    let t = create(
+        &s,
+        json!({"name": "p", "prompt": "hi", "session_id": sid, "model_pin": "openai/o3"}),
+    )
+    .await;
+    assert_eq!(t["model_pin"], "openai/o3");
+    let mut ev = s.events(&sid, None).await;
+    run_now(&s, t["id"].as_str().unwrap()).await;
+    support::assert_completed(&ev.until("run_finished").await);
+    let turns: Vec<_> = fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "POST")
+        .collect();
+    assert_eq!(turns.len(), 1, "{turns:?}");
+    assert_eq!(turns[0].body["model"], "o3", "{}", turns[0].raw);
+}
+
+/// A delivered result reaches every stream of its session: the per-session
+/// SSE stream, `/stream`, gRPC Subscribe, and the presentation timeline as
+/// an item of kind `background` (failed for an alert).
+#[tokio::test]
+async fn a_background_result_reaches_every_surface_of_its_session() {
+    use vak::proto::v1 as pb;
+    let s = TestServer::start().await;
+    let sid = s.create_session().await;
+    let mut sse = s.events(&sid, None).await;
+    let mut mux = s
+        .open_stream(&s.url, &support::sessions_query(&[&sid]), None)
+        .await;
+    let mut client = s.grpc().await;
+    let (mut grpc, _) = support::grpc_subscribe(&mut client, &sid, None).await;
+    let t = create(
+        &s,
+        json!({"name": "w", "script": "echo 'fs: ok'; exit 1", "session_id": sid}),
+    )
+    .await;
+    run_now(&s, t["id"].as_str().unwrap()).await;
+
+    let r = sse
+        .until("background_result")
+        .await
+        .last()
+        .unwrap()
+        .body()
+        .clone();
+    assert_eq!(
+        (&r["alert"], &r["reason"]),
+        (&json!(true), &json!("script_failed")),
+        "{r}"
+    );
+    let on_mux = loop {
+        let f = mux.next().await.expect("a /stream frame");
+        if f.event == "agent" && support::agent_kind(&f.data) == "background_result" {
+            break f.data["background_result"].clone();
+        }
+    };
+    assert_eq!(on_mux["result_id"], r["result_id"], "{on_mux}");
+    let events = grpc.until("background_result").await;
+    let Some(pb::event::Kind::BackgroundResult(b)) = &events.last().unwrap().kind else {
+        panic!("{events:?}")
+    };
+    assert_eq!(b.result_id, r["result_id"].as_str().unwrap());
+    assert_eq!(b.reason(), pb::BackgroundReason::ScriptFailed);
+    assert_eq!(b.source(), pb::BackgroundSource::Script);
+
+    let (_, timeline) = s.get(&format!("/sessions/{sid}/presentation")).await;
+    let item = timeline["items"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(
+        (&item["kind"], &item["status"]),
+        (&json!("background"), &json!("failed")),
+        "{item}"
+    );
+    assert!(item["text"].as_str().unwrap().contains("code 1"), "{item}");
 }

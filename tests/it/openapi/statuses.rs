@@ -303,6 +303,21 @@ async fn every_documented_status_is_reached_and_every_status_reached_is_document
     r.call(&s, "GET", "/fs/file", "/fs/file?path=nothing.txt", None, 404).await;
     r.call(&s, "GET", "/fs/file", "/fs/file?path=big.bin", None, 413).await;
 
+    // ---- scheduled tasks ----
+    r.call(&s, "GET", "/tasks", "/tasks", None, 200).await;
+    let task = r.call(&s, "POST", "/tasks", "/tasks", Some(json!({"name": "t", "script": "true", "session_id": sid})), 201).await;
+    let tid = task["task"]["id"].as_str().unwrap().to_string();
+    let tp = format!("/tasks/{tid}");
+    r.call(&s, "GET", "/tasks/{task_id}", &tp, None, 200).await;
+    r.call(&s, "PATCH", "/tasks/{task_id}", &tp, Some(json!({"enabled": false})), 200).await;
+    r.call(&s, "POST", "/tasks/{task_id}/run-now", &format!("{tp}/run-now"), None, 202).await;
+    r.call(&s, "DELETE", "/tasks/{task_id}", &tp, None, 200).await;
+    for i in 0..vak::core::automation::store::MAX_TASKS {
+        let t = json!({"name": format!("t{i}"), "prompt": "hi", "session_id": sid, "enabled": false});
+        r.call(&s, "POST", "/tasks", "/tasks", Some(t), 201).await;
+    }
+    r.call(&s, "POST", "/tasks", "/tasks", Some(json!({"name": "one too many", "prompt": "hi"})), 429).await;
+
     // ---- memory ----
     r.call(&s, "GET", "/memory", "/memory", None, 200).await;
     let note = r.call(&s, "POST", "/memory", "/memory", Some(json!({"text": "tabs, not spaces"})), 201).await;

@@ -20,9 +20,27 @@ const CLAIM_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
 /// How long a claim may take before the slot is left to others.
 const CLAIM_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The task list in VAK_CONFIG's `tasks` key.
+/// The task list in VAK_CONFIG's `tasks` key. The scheduler saves from a
+/// blocking thread; the bucket is written by a task of its own, which that
+/// thread waits for.
 pub(crate) struct SharedTasks {
-    pub(crate) shared: Arc<SharedConfig>,
+    shared: Arc<SharedConfig>,
+    writes: tokio::sync::mpsc::Sender<(Vec<u8>, tokio::sync::oneshot::Sender<Result<()>>)>,
+}
+
+impl SharedTasks {
+    /// Starts the writer (inside a runtime).
+    pub(crate) fn new(shared: Arc<SharedConfig>) -> SharedTasks {
+        let (writes, mut rx) =
+            tokio::sync::mpsc::channel::<(Vec<u8>, tokio::sync::oneshot::Sender<Result<()>>)>(1);
+        let bucket = shared.clone();
+        tokio::spawn(async move {
+            while let Some((doc, done)) = rx.recv().await {
+                let _ = done.send(bucket.put_tasks(doc).await);
+            }
+        });
+        SharedTasks { shared, writes }
+    }
 }
 
 impl TaskPersist for SharedTasks {
@@ -36,14 +54,10 @@ impl TaskPersist for SharedTasks {
 
     fn save(&self, tasks: &[TaskDef]) -> Result<()> {
         let doc = serde_json::to_vec(tasks).map_err(|e| Error::internal(e.to_string()))?;
-        let shared = self.shared.clone();
-        // The store's callers are synchronous (they write files elsewhere);
-        // the bucket is written on this thread, the runtime told it blocks.
-        let put = move || tokio::runtime::Handle::current().block_on(shared.put_tasks(doc));
-        match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(put),
-            _ => put(),
-        }
+        let stopped = || Error::internal("the tasks' writer has stopped");
+        let (done, answer) = tokio::sync::oneshot::channel();
+        self.writes.blocking_send((doc, done)).map_err(|_| stopped())?;
+        answer.blocking_recv().map_err(|_| stopped())?
     }
 }
 

@@ -347,6 +347,7 @@ impl FileConfig {
             .map_err(|e| e.message)?;
         crate::mcp::config::validate(&known.mcp.servers).map_err(|e| format!("[mcp] {}", e.message))?;
         let settings = FileSettings::check(known.agent, known.app, known.hooks).map_err(|e| e.message)?;
+        known.finops.validate()?;
         Ok(FileConfig {
             mcp: known.mcp.servers,
             settings,
@@ -503,6 +504,8 @@ pub struct Settings {
     file_mcp: crate::mcp::config::ServerDefs,
     /// config.toml's `[automation]` as read at startup.
     file_automation: crate::automation::config::FileAutomation,
+    /// config.toml's `[finops]` as read at startup.
+    file_finops: crate::finops::config::FileFinops,
 }
 
 impl Settings {
@@ -538,6 +541,7 @@ impl Settings {
             shared: cfg.shared_config.clone(),
             file_mcp: file.mcp,
             file_automation: file.automation,
+            file_finops: file.finops,
         };
         let fp = settings.route_key_fingerprint(&settings.lock().spec.clone());
         settings.lock().built = (bus_rev, fp);
@@ -552,6 +556,11 @@ impl Settings {
     /// config.toml's `[mcp.servers]` as read at startup.
     pub(crate) fn file_mcp(&self) -> crate::mcp::config::ServerDefs {
         self.file_mcp.clone()
+    }
+
+    /// config.toml's `[finops]` as read at startup.
+    pub(crate) fn file_finops(&self) -> crate::finops::config::FileFinops {
+        self.file_finops.clone()
     }
 
     /// Rewrites config.toml with `edit`, keeping every comment and key it

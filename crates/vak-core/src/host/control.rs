@@ -1,5 +1,6 @@
 //! The control plane: what the server is configured with and changes at run time, for every session at once: the model route and keys, the permission mode (`control/mode.rs`), always-allow rules, memory notes, transcript search and the open workspaces.
 
+mod digest;
 mod mode;
 
 use crate::error::Result;

@@ -11,7 +11,7 @@ use crate::host::control::ControlPlane;
 use crate::host::index::Index;
 use crate::host::registry::Registry;
 use crate::host::runtimes::Runtimes;
-use crate::host::tasks::{HostCheck, HostFirer, Open};
+use crate::host::tasks::{HostCheck, HostFirer};
 use crate::session::live::Route;
 use crate::session::runtime::Runtime;
 use crate::stream::mux::Streams;
@@ -99,9 +99,7 @@ impl Hub {
         let (persist, claim): (Arc<dyn TaskPersist>, Arc<dyn SlotClaim>) =
             match (&cfg.shared_config, &cfg.task_claims, &cfg.owners) {
                 (Some(shared), Some(store), Some(owners)) => (
-                    Arc::new(SharedTasks {
-                        shared: shared.clone(),
-                    }),
+                    Arc::new(SharedTasks::new(shared.clone())),
                     Arc::new(KvClaim {
                         store: store.clone(),
                         replica: owners.replica().to_string(),
@@ -110,15 +108,24 @@ impl Hub {
                 _ => (Arc::new(FileTasks::new(&cfg.home)), Arc::new(LocalClaim)),
             };
         let task_changes = cfg.shared_config.as_ref().map(|s| s.task_changes());
-        let rt = Arc::new(Runtime::new(cfg, route, search, sandbox, mcp));
+        let finops = Arc::new(crate::finops::Finops::open(
+            &cfg.home,
+            settings.file_finops(),
+            tz.clone(),
+        ));
+        let rt = Arc::new(Runtime::new(cfg, route, search, sandbox, mcp, finops.clone()));
         let runtimes = Arc::new(Runtimes::new(rt, workspaces.clone()));
         let closing = CancellationToken::new();
         let (sessions, stopped_rx) = Registry::new(runtimes.clone(), index, closing.clone());
         let sessions = Arc::new(sessions);
+        // Budget alerts go to the sessions that spent (idle delivery).
+        let registry: std::sync::Weak<Registry> = Arc::downgrade(&sessions);
+        finops.set_sink(registry);
         let firer = HostFirer {
             sessions: sessions.clone(),
             workspaces: workspaces.clone(),
-            gate: Arc::new(Open),
+            // The budget: past it with stop_at_limit, fires are refused.
+            gate: finops,
             script_timeout,
         };
         let tasks = Scheduler::start(SchedulerConfig {
@@ -221,8 +228,12 @@ impl Hub {
     /// run, settles, closes its streams and syncs its ledger; then
     /// everything waiting for the hub to close ends.
     pub async fn shutdown(&self, grace: Duration) {
+        // No fire starts once sessions begin to close.
+        self.tasks.stop().await;
         self.sessions.stop(grace).await;
         self.control.mcp().shutdown().await;
+        // The usage of the runs just settled reaches the cost ledger.
+        self.control.finops().flush().await;
         self.closing.cancel();
     }
 }

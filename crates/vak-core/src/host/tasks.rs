@@ -39,6 +39,23 @@ impl FireGate for Open {
     fn fired(&self, _: &str, _: TaskOutcome) {}
 }
 
+/// The budget (`[finops]`): fires refused at 100% of `max_day_usd` with
+/// `stop_at_limit`; each fire recorded in the cost ledger (the digest's
+/// `tasks_fired`) and followed by a budget check.
+impl FireGate for crate::finops::Finops {
+    fn refuse(&self) -> Option<String> {
+        self.refusal()
+    }
+
+    fn fired(&self, task_id: &str, outcome: TaskOutcome) {
+        match outcome {
+            // Nothing ran: the budget refused it, or the slot's run was admitted before.
+            TaskOutcome::BudgetExceeded | TaskOutcome::Duplicate => {}
+            _ => self.record_fire_nowait(task_id, outcome.as_str()),
+        }
+    }
+}
+
 /// Fires tasks into this host's sessions.
 #[derive(Clone)]
 pub struct HostFirer {
@@ -92,10 +109,12 @@ impl HostFirer {
                 };
                 let sid = Some(session.id().to_string());
                 let request_id = format!("task:{}:{}", task.id, fire.slot);
-                match session
-                    .admit_pinned(prompt.clone(), request_id, task.model_pin.clone())
-                    .await
-                {
+                // A pin is "model" or "provider/model" of the route's provider.
+                let model = task
+                    .model_pin
+                    .as_deref()
+                    .map(|p| p.split_once('/').map_or(p, |(_, m)| m).to_string());
+                match session.admit_pinned(prompt.clone(), request_id, model).await {
                     Ok(a) => {
                         let outcome = match a.state {
                             AdmissionState::Started => TaskOutcome::Started,

@@ -692,6 +692,11 @@ mod tests {
                 search,
                 sandbox,
                 Arc::default(),
+                Arc::new(crate::finops::Finops::open(
+                    home,
+                    Default::default(),
+                    jiff::tz::TimeZone::UTC,
+                )),
             ));
             Session::create(rt, "s_mem", "2026-01-01T00:00:00Z".into(), log)
         }

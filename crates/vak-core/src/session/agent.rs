@@ -5,7 +5,8 @@ use crate::host::hooks::HookEvent;
 use crate::log::deltas::{Deltas, FREE};
 use crate::permissions::{self, Decision};
 use crate::provider::{
-    ChatMessage, Failure, FailureKind, ProviderError, ProviderEvent, Sink, ToolCall, ToolDef, TurnRequest,
+    ChatMessage, Failure, FailureKind, ProviderError, ProviderEvent, Sink, TokenUsage, ToolCall, ToolDef,
+    TurnRequest,
 };
 use crate::route::Route;
 use crate::session::admission::Input;
@@ -145,10 +146,25 @@ impl<'a, S: TurnContext> Leg<'a, S> {
         }
     }
 
+    /// Records one model call's usage: in the session's ledger, and priced
+    /// in the cost ledger under the run that made it (`request_id`; None
+    /// outside a run) and the model this leg's route really asked.
+    async fn spent(&self, request_id: Option<&str>, usage: TokenUsage) {
+        self.session.emit(AgentEvent::Usage(usage));
+        let rt = self.session.runtime();
+        rt.finops()
+            .record_usage(self.session.id(), request_id, &self.route, usage)
+            .await;
+    }
+
     /// Asks the model to summarise the history so far and records the
     /// summary (a ledger note, internal to clients): from then on the model
     /// sees the summary in place of the messages it covers.
-    async fn compact(&self, cancel: &CancellationToken) -> Result<(), ProviderError> {
+    async fn compact(
+        &self,
+        request_id: Option<&str>,
+        cancel: &CancellationToken,
+    ) -> Result<(), ProviderError> {
         let transcript = self.session.transcript();
         let mut messages = with_images(self.session, transcript.chat())
             .await
@@ -165,7 +181,7 @@ impl<'a, S: TurnContext> Leg<'a, S> {
             }
         };
         let out = self.route.provider.turn(&request, &sink, cancel).await?;
-        self.session.emit(AgentEvent::Usage(out.usage));
+        self.spent(request_id, out.usage).await;
         let summary = summary.into_inner().unwrap_or_else(|p| p.into_inner());
         if summary.trim().is_empty() {
             return Err(ProviderError::Failed(Failure::new(
@@ -218,7 +234,7 @@ pub(crate) async fn compact_now(
     cancel: &CancellationToken,
 ) -> crate::error::Result<()> {
     let leg = Leg::new(session, None).await;
-    match leg.compact(cancel).await {
+    match leg.compact(None, cancel).await {
         Ok(()) => Ok(()),
         Err(ProviderError::Cancelled) => Err(crate::error::Error::new(
             crate::error::ErrorKind::Unavailable,
@@ -271,7 +287,7 @@ pub(crate) async fn run_leg(
             }
             if !compacted && near_full(session.transcript().context_tokens, leg.route.context_window) {
                 compacted = true;
-                match leg.compact(cancel).await {
+                match leg.compact(Some(&input.request_id), cancel).await {
                     Ok(()) => continue,
                     Err(ProviderError::Cancelled) => return (RunOutcome::Cancelled, CANCELLED.into()),
                     // The turn itself may still fit; if not, it fails on its own.
@@ -313,7 +329,7 @@ pub(crate) async fn run_leg(
             if failure.kind == FailureKind::ContextTooLong && !compacted {
                 // The window is smaller than we knew: compact now, once.
                 compacted = true;
-                match leg.compact(cancel).await {
+                match leg.compact(Some(&input.request_id), cancel).await {
                     Ok(()) => continue,
                     Err(ProviderError::Cancelled) => return (RunOutcome::Cancelled, CANCELLED.into()),
                     Err(ProviderError::Failed(_)) => return (RunOutcome::Failed, failure.kind.message()),
@@ -342,7 +358,7 @@ pub(crate) async fn run_leg(
                 });
             }
         };
-        session.emit(AgentEvent::Usage(output.usage));
+        leg.spent(Some(&input.request_id), output.usage).await;
         if output.tool_calls.is_empty() {
             return (RunOutcome::Completed, "completed".into());
         }

@@ -1,4 +1,4 @@
-//! What every session of a server shares: the config, the route, permission mode, max_turns and hooks (shared by every workspace), and a workspace's rules, memory, search index and sandbox.
+//! What every session of a server shares: the config, the route, permission mode, max_turns and hooks (shared by every workspace), the MCP servers and the cost ledger, and a workspace's rules, memory, search index and sandbox.
 
 use crate::error::{Error, Result};
 use crate::host::hooks::Hooks;
@@ -13,6 +13,14 @@ use tokio::sync::watch;
 struct Agent {
     max_turns: u32,
     hooks: Arc<Hooks>,
+}
+
+/// What every workspace's runtime shares besides the route, mode and agent settings.
+struct Services {
+    search: Arc<crate::host::search::Search>,
+    sandbox: Arc<crate::tools::sandbox::Sandbox>,
+    mcp: Arc<crate::mcp::Mcp>,
+    finops: Arc<crate::finops::Finops>,
 }
 
 /// Shared by every session of a server.
@@ -37,6 +45,8 @@ pub struct Runtime {
     sandbox: Arc<crate::tools::sandbox::Sandbox>,
     /// The MCP servers (one set for every workspace and session).
     mcp: Arc<crate::mcp::Mcp>,
+    /// Prices, the cost ledger and the daily budget (one for every workspace).
+    finops: Arc<crate::finops::Finops>,
     /// An opened workspace's folder, re-checked at every use; None for the
     /// server's own.
     pin: Option<crate::host::workspaces::Pinned>,
@@ -50,6 +60,7 @@ impl Runtime {
         search: crate::host::search::Search,
         sandbox: crate::tools::sandbox::Sandbox,
         mcp: Arc<crate::mcp::Mcp>,
+        finops: Arc<crate::finops::Finops>,
     ) -> Runtime {
         let mode = Arc::new(watch::channel(cfg.permission).0);
         let agent = Agent {
@@ -61,9 +72,12 @@ impl Runtime {
             Arc::new(std::sync::RwLock::new(route)),
             mode,
             Arc::new(std::sync::RwLock::new(agent)),
-            Arc::new(search),
-            Arc::new(sandbox),
-            mcp,
+            Services {
+                search: Arc::new(search),
+                sandbox: Arc::new(sandbox),
+                mcp,
+                finops,
+            },
         )
     }
 
@@ -72,10 +86,14 @@ impl Runtime {
         route: Arc<std::sync::RwLock<Route>>,
         mode: Arc<watch::Sender<PermissionMode>>,
         agent: Arc<std::sync::RwLock<Agent>>,
-        search: Arc<crate::host::search::Search>,
-        sandbox: Arc<crate::tools::sandbox::Sandbox>,
-        mcp: Arc<crate::mcp::Mcp>,
+        services: Services,
     ) -> Runtime {
+        let Services {
+            search,
+            sandbox,
+            mcp,
+            finops,
+        } = services;
         let rules = match &cfg.shared_config {
             Some(shared) => Rules::shared(shared.clone(), &cfg.home, &cfg.workspace),
             None => Rules::load(&cfg.home, &cfg.workspace),
@@ -87,6 +105,7 @@ impl Runtime {
             search,
             sandbox,
             mcp,
+            finops,
             cfg,
             route,
             mode,
@@ -111,9 +130,12 @@ impl Runtime {
                 self.route.clone(),
                 self.mode.clone(),
                 self.agent.clone(),
-                self.search.clone(),
-                self.sandbox.clone(),
-                self.mcp.clone(),
+                Services {
+                    search: self.search.clone(),
+                    sandbox: self.sandbox.clone(),
+                    mcp: self.mcp.clone(),
+                    finops: self.finops.clone(),
+                },
             )
         }
     }
@@ -155,6 +177,11 @@ impl Runtime {
     /// The MCP servers every session shares.
     pub fn mcp(&self) -> &Arc<crate::mcp::Mcp> {
         &self.mcp
+    }
+
+    /// Prices, the cost ledger and the daily budget: where a model call's usage is recorded.
+    pub fn finops(&self) -> &Arc<crate::finops::Finops> {
+        &self.finops
     }
 
     /// The workspace's canonical path (what ledger headers and search hits name).

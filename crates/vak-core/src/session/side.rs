@@ -103,6 +103,13 @@ pub(crate) async fn answer(
     let result = route.provider.turn(&request, &sink, cancel).await;
     let held = sink.deltas.lock().unwrap_or_else(|p| p.into_inner()).flush();
     sink.publish(held);
+    if let Ok(out) = &result {
+        // Priced like a leg's turns, under the side run's id.
+        let rt = session.runtime();
+        rt.finops()
+            .record_usage(session.id(), Some(side_id), &route, out.usage)
+            .await;
+    }
     match result {
         Ok(out) if out.tool_calls.is_empty() => (SideOutcome::Completed, "completed".into(), out.usage),
         Ok(out) => (

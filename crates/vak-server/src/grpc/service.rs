@@ -33,6 +33,7 @@ use vak_proto::v1 as pb;
 const MCP_SETTLE: Duration = Duration::from_secs(30);
 
 mod admin;
+mod digest;
 mod host_info;
 mod memory_writes;
 mod tasks;

@@ -21,6 +21,7 @@ fn params(route: &str) -> &'static [&'static str] {
         "/permissions/rules" | "/permissions/rules/{id}" => &["workspace"],
         "/memory/{note_id}" => &["scope"],
         "/search" => &["q", "limit", "all"],
+        "/digest" => &["days"],
         "/pty" => super::pty::PARAMS,
         _ => &[],
     }

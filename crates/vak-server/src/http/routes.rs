@@ -75,6 +75,8 @@ pub(crate) fn router(state: AppState) -> Router {
             get(get_task).patch(update_task).delete(delete_task),
         )
         .route("/tasks/{task_id}/run-now", post(run_task_now))
+        // ---- Budget and digest (issue 29) ----
+        .route("/digest", get(digest))
         .method_not_allowed_fallback(|| async {
             json_error(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -637,4 +639,23 @@ async fn delete_task(State(st): State<AppState>, Path(task_id): Path<String>) ->
 async fn run_task_now(State(st): State<AppState>, Path(task_id): Path<String>) -> Response {
     let req = pb::RunTaskNowRequest { task_id };
     reply(StatusCode::ACCEPTED, st.api.run_task_now(Request::new(req)).await)
+}
+
+// ---- Budget and digest (issue 29) ----
+
+/// `?days=`: absent (7), or a whole number the service checks is 1 to 90.
+async fn digest(State(st): State<AppState>, q: Query) -> Response {
+    let days = match q.get("days").map(|d| d.parse::<u32>()) {
+        None => None,
+        Some(Ok(n)) => Some(n),
+        Some(Err(_)) => {
+            return json_error(
+                StatusCode::BAD_REQUEST,
+                "invalid_argument",
+                "days must be a whole number from 1 to 90",
+            )
+        }
+    };
+    let req = pb::GetDigestRequest { days };
+    reply(StatusCode::OK, st.api.get_digest(Request::new(req)).await)
 }

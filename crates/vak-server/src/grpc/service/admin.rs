@@ -50,8 +50,8 @@ impl AgentApi {
                 .collect(),
             scheduler,
             timezone: vak_core::zone::name(&tasks.timezone().await),
-            today_usd: 0.0,
-            max_day_usd: None,
+            today_usd: self.control().finops().today_usd(),
+            max_day_usd: self.control().finops().max_day_usd(),
         }
     }
 }

@@ -243,8 +243,4 @@ impl AgentApi {
         let v = self.scheduler().run_now(&r.task_id).await.map_err(task_error)?;
         Ok(pb::TaskResponse { task: Some(task(v)) })
     }
-
-    pub(super) async fn digest(&self, _req: pb::GetDigestRequest) -> Result<pb::Digest, Status> {
-        Err(Status::unimplemented("digest: not yet"))
-    }
 }
