@@ -128,7 +128,7 @@ const CORE_IMPORTS: &[(&str, &[&str])] = &[
             "stopped",
         ],
     ),
-    ("event", &["background", "provider"]),
+    ("event", &["background", "provider", "worker"]),
     ("finops", &["background", "home", "provider", "route", "zone"]),
     (
         "host",
@@ -178,6 +178,7 @@ const CORE_IMPORTS: &[(&str, &[&str])] = &[
             "stopped",
             "stream",
             "tools",
+            "worker",
             "workspace",
         ],
     ),

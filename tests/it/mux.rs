@@ -131,6 +131,12 @@ fn event_json(e: &pb::Event) -> Value {
             "reason": b.reason().json_name(), "result_id": b.result_id, "arrived_at": b.arrived_at,
             "summarised": b.summarised
         }),
+        K::LaunchOutput(o) => json!({"name": o.name, "stream": o.stream().json_name(), "text": o.text}),
+        K::DraftDiscarded(d) => {
+            json!({"candidate": d.candidate, "branch": d.branch, "why": d.why().json_name()})
+        }
+        // The mux tests never start children.
+        K::Worker(_) | K::Workbench(_) => unreachable!("no children in these tests"),
     };
     json!({"seq": e.seq, "session_id": e.session_id, kind_of(e): body})
 }

@@ -403,6 +403,69 @@ impl AgentService for Baseline {
     async fn get_digest(&self, _: Request<pb::GetDigestRequest>) -> Result<Response<pb::Digest>, Status> {
         unimplemented()
     }
+    async fn list_workers(
+        &self,
+        _: Request<pb::ListWorkersRequest>,
+    ) -> Result<Response<pb::ListWorkersResponse>, Status> {
+        unimplemented()
+    }
+    async fn steer_worker(&self, _: Request<pb::SteerWorkerRequest>) -> Result<Response<pb::Worker>, Status> {
+        unimplemented()
+    }
+    async fn stop_worker(&self, _: Request<pb::StopWorkerRequest>) -> Result<Response<pb::Worker>, Status> {
+        unimplemented()
+    }
+    async fn start_best_of_n(
+        &self,
+        _: Request<pb::StartBestOfNRequest>,
+    ) -> Result<Response<pb::StartBestOfNResponse>, Status> {
+        unimplemented()
+    }
+    async fn keep_candidate(
+        &self,
+        _: Request<pb::KeepCandidateRequest>,
+    ) -> Result<Response<pb::KeepCandidateResponse>, Status> {
+        unimplemented()
+    }
+    async fn discard_candidate(
+        &self,
+        _: Request<pb::DiscardCandidateRequest>,
+    ) -> Result<Response<pb::DraftDiscarded>, Status> {
+        unimplemented()
+    }
+    async fn list_launch(
+        &self,
+        _: Request<pb::ListLaunchRequest>,
+    ) -> Result<Response<pb::ListLaunchResponse>, Status> {
+        unimplemented()
+    }
+    async fn start_launch(
+        &self,
+        _: Request<pb::StartLaunchRequest>,
+    ) -> Result<Response<pb::LaunchStarted>, Status> {
+        unimplemented()
+    }
+    async fn stop_launch(
+        &self,
+        _: Request<pb::StopLaunchRequest>,
+    ) -> Result<Response<pb::LaunchStopped>, Status> {
+        unimplemented()
+    }
+    async fn get_launch_logs(
+        &self,
+        _: Request<pb::GetLaunchLogsRequest>,
+    ) -> Result<Response<pb::LaunchLogs>, Status> {
+        unimplemented()
+    }
+    async fn get_pr(&self, _: Request<pb::GetPrRequest>) -> Result<Response<pb::PrView>, Status> {
+        unimplemented()
+    }
+    async fn merge_pr(
+        &self,
+        _: Request<pb::MergePrRequest>,
+    ) -> Result<Response<pb::MergePrResponse>, Status> {
+        unimplemented()
+    }
 }
 
 /// `vak-bench baseline-server`: serves until killed, announcing its address

@@ -166,6 +166,28 @@ pub enum ClientEvent {
         #[serde(default, skip_serializing_if = "is_zero")]
         summarised: u32,
     },
+    /// A child of this session was spawned, changed state or finished (issue 30).
+    Worker {
+        phase: crate::worker::WorkerPhase,
+        worker: crate::worker::WorkerInfo,
+    },
+    /// A best-of-N candidate's state, with its diff stat once finished.
+    Workbench {
+        bestofn_id: String,
+        candidate: crate::worker::WorkerInfo,
+    },
+    /// A candidate's worktree and branch were removed.
+    DraftDiscarded {
+        candidate: String,
+        branch: String,
+        why: crate::worker::DiscardWhy,
+    },
+    /// A dev server's output, batched at the source.
+    LaunchOutput {
+        name: String,
+        stream: OutputStream,
+        text: String,
+    },
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -219,6 +241,10 @@ impl ClientEvent {
             ClientEvent::Notice { .. } => "notice",
             ClientEvent::Side { .. } => "side",
             ClientEvent::BackgroundResult { .. } => "background_result",
+            ClientEvent::Worker { .. } => "worker",
+            ClientEvent::Workbench { .. } => "workbench",
+            ClientEvent::DraftDiscarded { .. } => "draft_discarded",
+            ClientEvent::LaunchOutput { .. } => "launch_output",
         }
     }
 
@@ -334,6 +360,10 @@ impl ClientEvent {
                     message.len()
                 }
                 ClientEvent::BackgroundResult { result, .. } => result.text.len() + result.id.len(),
+                ClientEvent::Worker { worker: w, .. } | ClientEvent::Workbench { candidate: w, .. } => {
+                    w.prompt.len() + w.summary.len() + w.worktree.len() + 128
+                }
+                ClientEvent::LaunchOutput { name, text, .. } => name.len() + text.len(),
                 ClientEvent::Side { side_id, phase } => {
                     side_id.len()
                         + match phase {

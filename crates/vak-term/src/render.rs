@@ -142,7 +142,12 @@ impl Render {
             | Kind::Resync(_)
             | Kind::SessionClosed(_)
             // Side runs belong to whoever asked them; vak term asks none.
-            | Kind::Side(_) => Vec::new(),
+            | Kind::Side(_)
+            // Children and dev servers: rendered by a later change (issue 30).
+            | Kind::Worker(_)
+            | Kind::Workbench(_)
+            | Kind::DraftDiscarded(_)
+            | Kind::LaunchOutput(_) => Vec::new(),
         }
     }
 

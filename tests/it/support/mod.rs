@@ -495,6 +495,10 @@ pub fn kind_of(e: &pb::Event) -> &'static str {
         Some(Kind::Notice(_)) => "notice",
         Some(Kind::Side(_)) => "side",
         Some(Kind::BackgroundResult(_)) => "background_result",
+        Some(Kind::Worker(_)) => "worker",
+        Some(Kind::Workbench(_)) => "workbench",
+        Some(Kind::DraftDiscarded(_)) => "draft_discarded",
+        Some(Kind::LaunchOutput(_)) => "launch_output",
     }
 }
 

@@ -467,7 +467,15 @@ impl Presenter {
             ClientEvent::TurnStarted { .. } => self.close_open_as(ItemStatus::Interrupted, seq, &mut out),
             // A notice is shown as it comes, never kept in the timeline.
             // A side run is a branch beside the conversation: not in the timeline.
-            ClientEvent::Status { .. } | ClientEvent::Notice { .. } | ClientEvent::Side { .. } => {}
+            // Children and dev servers are shown beside the conversation
+            // (their own listings), not in its timeline.
+            ClientEvent::Status { .. }
+            | ClientEvent::Notice { .. }
+            | ClientEvent::Side { .. }
+            | ClientEvent::Worker { .. }
+            | ClientEvent::Workbench { .. }
+            | ClientEvent::DraftDiscarded { .. }
+            | ClientEvent::LaunchOutput { .. } => {}
         }
         if let Some(last) = out.last() {
             self.timeline.seq = last.seq().max(self.timeline.seq);

@@ -21,6 +21,7 @@ struct Services {
     sandbox: Arc<crate::tools::sandbox::Sandbox>,
     mcp: Arc<crate::mcp::Mcp>,
     finops: Arc<crate::finops::Finops>,
+    spawner: Arc<std::sync::OnceLock<Arc<dyn crate::worker::Spawner>>>,
 }
 
 /// Shared by every session of a server.
@@ -47,6 +48,9 @@ pub struct Runtime {
     mcp: Arc<crate::mcp::Mcp>,
     /// Prices, the cost ledger and the daily budget (one for every workspace).
     finops: Arc<crate::finops::Finops>,
+    /// What spawns child sessions (the host's children table), set once
+    /// when the hub is built; shared by every workspace's runtime.
+    spawner: Arc<std::sync::OnceLock<Arc<dyn crate::worker::Spawner>>>,
     /// An opened workspace's folder, re-checked at every use; None for the
     /// server's own.
     pin: Option<crate::host::workspaces::Pinned>,
@@ -77,6 +81,7 @@ impl Runtime {
                 sandbox: Arc::new(sandbox),
                 mcp,
                 finops,
+                spawner: Arc::default(),
             },
         )
     }
@@ -93,6 +98,7 @@ impl Runtime {
             sandbox,
             mcp,
             finops,
+            spawner,
         } = services;
         let rules = match &cfg.shared_config {
             Some(shared) => Rules::shared(shared.clone(), &cfg.home, &cfg.workspace),
@@ -106,6 +112,7 @@ impl Runtime {
             sandbox,
             mcp,
             finops,
+            spawner,
             cfg,
             route,
             mode,
@@ -135,6 +142,7 @@ impl Runtime {
                     sandbox: self.sandbox.clone(),
                     mcp: self.mcp.clone(),
                     finops: self.finops.clone(),
+                    spawner: self.spawner.clone(),
                 },
             )
         }
@@ -182,6 +190,19 @@ impl Runtime {
     /// Prices, the cost ledger and the daily budget: where a model call's usage is recorded.
     pub fn finops(&self) -> &Arc<crate::finops::Finops> {
         &self.finops
+    }
+
+    /// What spawns child sessions; None until the hub has set it (a
+    /// runtime built without a hub, in unit tests).
+    pub fn spawner(&self) -> Option<&Arc<dyn crate::worker::Spawner>> {
+        self.spawner.get()
+    }
+
+    /// Sets what spawns child sessions, for every workspace's runtime; a
+    /// second call is ignored.
+    #[allow(dead_code)] // the hub sets it once host/children.rs lands (issue 30)
+    pub(crate) fn set_spawner(&self, spawner: Arc<dyn crate::worker::Spawner>) {
+        let _ = self.spawner.set(spawner);
     }
 
     /// The workspace's canonical path (what ledger headers and search hits name).

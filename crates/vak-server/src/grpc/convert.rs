@@ -118,6 +118,51 @@ pub(crate) fn kind(event: &ClientEvent) -> Kind {
         ClientEvent::BackgroundResult {
             result, summarised, ..
         } => Kind::BackgroundResult(background_result(result, summarised)),
+        ClientEvent::Worker { phase, worker: w } => Kind::Worker(pb::WorkerEvent {
+            phase: enums::worker_phase(phase) as i32,
+            worker: Some(worker(w)),
+        }),
+        ClientEvent::Workbench {
+            bestofn_id,
+            candidate,
+        } => Kind::Workbench(pb::Workbench {
+            bestofn_id,
+            candidate: Some(worker(candidate)),
+        }),
+        ClientEvent::DraftDiscarded {
+            candidate,
+            branch,
+            why,
+        } => Kind::DraftDiscarded(pb::DraftDiscarded {
+            candidate,
+            branch,
+            why: enums::discard_reason(why) as i32,
+        }),
+        ClientEvent::LaunchOutput { name, stream, text } => Kind::LaunchOutput(pb::LaunchOutput {
+            name,
+            stream: enums::output_stream(stream) as i32,
+            text,
+        }),
+    }
+}
+
+/// A child session as the wire carries it.
+pub(crate) fn worker(w: vak_core::worker::WorkerInfo) -> pb::Worker {
+    pb::Worker {
+        id: w.id,
+        parent_id: w.parent_id,
+        kind: enums::worker_kind(w.kind) as i32,
+        prompt: w.prompt,
+        state: enums::worker_state(w.state) as i32,
+        branch: w.branch,
+        worktree: w.worktree,
+        started_at: w.started_at,
+        summary: w.summary,
+        diff_stat: w.diff_stat.map(|d| pb::DiffStat {
+            files: d.files,
+            insertions: d.insertions,
+            deletions: d.deletions,
+        }),
     }
 }
 

@@ -12,6 +12,7 @@ use vak_core::route::Source;
 use vak_core::rule::RuleKind;
 use vak_core::session::admission::AdmissionState;
 use vak_core::tools::sandbox::SandboxMode;
+use vak_core::worker::{DiscardWhy, WorkerKind, WorkerPhase, WorkerState};
 use vak_core::PermissionMode;
 use vak_proto::v1 as pb;
 
@@ -70,6 +71,38 @@ pub(crate) fn role(r: Role) -> pb::MessageRole {
         Role::Tool => pb::MessageRole::Tool,
         Role::Run => pb::MessageRole::Run,
         Role::Background => pb::MessageRole::Background,
+    }
+}
+
+pub(crate) fn worker_kind(k: WorkerKind) -> pb::WorkerKind {
+    match k {
+        WorkerKind::Worker => pb::WorkerKind::Worker,
+        WorkerKind::Candidate => pb::WorkerKind::Candidate,
+    }
+}
+
+pub(crate) fn worker_state(s: WorkerState) -> pb::WorkerState {
+    match s {
+        WorkerState::Running => pb::WorkerState::Running,
+        WorkerState::Idle => pb::WorkerState::Idle,
+        WorkerState::Finished => pb::WorkerState::Finished,
+        WorkerState::Failed => pb::WorkerState::Failed,
+        WorkerState::Cancelled => pb::WorkerState::Cancelled,
+    }
+}
+
+pub(crate) fn worker_phase(p: WorkerPhase) -> pb::WorkerPhase {
+    match p {
+        WorkerPhase::Spawned => pb::WorkerPhase::Spawned,
+        WorkerPhase::State => pb::WorkerPhase::State,
+        WorkerPhase::Finished => pb::WorkerPhase::Finished,
+    }
+}
+
+pub(crate) fn discard_reason(w: DiscardWhy) -> pb::DiscardReason {
+    match w {
+        DiscardWhy::Discarded => pb::DiscardReason::Discarded,
+        DiscardWhy::KeptOther => pb::DiscardReason::KeptOther,
     }
 }
 
@@ -298,6 +331,31 @@ mod tests {
             &[OutputStream::Stdout, OutputStream::Stderr],
             |c| c.as_str().into(),
             |c| output_stream(c).json_name(),
+        );
+        use WorkerState as Ws;
+        same_names(
+            "vak.v1.WorkerState",
+            &[Ws::Running, Ws::Idle, Ws::Finished, Ws::Failed, Ws::Cancelled],
+            |c| c.as_str().into(),
+            |c| worker_state(c).json_name(),
+        );
+        same_names(
+            "vak.v1.WorkerKind",
+            &[WorkerKind::Worker, WorkerKind::Candidate],
+            |c| c.as_str().into(),
+            |c| worker_kind(c).json_name(),
+        );
+        same_names(
+            "vak.v1.WorkerPhase",
+            &[WorkerPhase::Spawned, WorkerPhase::State, WorkerPhase::Finished],
+            |c| c.as_str().into(),
+            |c| worker_phase(c).json_name(),
+        );
+        same_names(
+            "vak.v1.DiscardReason",
+            &[DiscardWhy::Discarded, DiscardWhy::KeptOther],
+            |c| c.as_str().into(),
+            |c| discard_reason(c).json_name(),
         );
         same_names(
             "vak.v1.NoticeLevel",

@@ -2,7 +2,7 @@
 
 use super::{convert, enums};
 use crate::errors::to_status;
-use crate::forward::{self, Forwarded, Method, FORWARD_TIMEOUT, SLOW_FORWARD_TIMEOUT};
+use crate::forward::{Method, FORWARD_TIMEOUT, SLOW_FORWARD_TIMEOUT};
 use crate::limits::{StreamLimits, StreamPermit};
 use crate::listener::PeerAddr;
 use crate::recent_errors::RecentErrors;
@@ -12,7 +12,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use tonic::{Request, Response, Status};
-use vak_core::cluster::owners::Owner;
 use vak_core::host::config::{self, RoutePatch};
 use vak_core::host::control::ControlPlane;
 use vak_core::host::hub::Hub;
@@ -34,9 +33,15 @@ const MCP_SETTLE: Duration = Duration::from_secs(30);
 
 mod admin;
 mod digest;
+mod forwarding;
 mod host_info;
+mod launch;
 mod memory_writes;
+mod pr;
 mod tasks;
+mod workers;
+
+use forwarding::{is_forwarded, Served};
 
 pub(crate) type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send>>;
 pub(crate) type MuxStream = Pin<Box<dyn Stream<Item = Result<pb::StreamMessage, Status>> + Send>>;
@@ -153,65 +158,6 @@ impl AgentApi {
             None => Ok(self.control().config().workspace.clone()),
         }
     }
-
-    /// Where an admission for session `id` is served: here, or the replica
-    /// holding its lease (`--bus`). A forwarded request is never forwarded again.
-    async fn locate(&self, forwarded: bool, id: &str) -> Result<Located, Status> {
-        if forwarded {
-            return self.session(id).await.map(Located::Local);
-        }
-        if id.is_empty() {
-            return Err(Status::invalid_argument("session_id is required"));
-        }
-        self.sessions().find(id).await.map_err(to_status)
-    }
-
-    /// Asks `owner` to answer `req` as its `method` (`forward.rs`).
-    async fn forward<Req: prost::Message, Resp: prost::Message + Default>(
-        &self,
-        owner: &Owner,
-        method: Method,
-        req: &Req,
-        timeout: Duration,
-    ) -> Result<Response<Resp>, Status> {
-        let owners = self
-            .control()
-            .config()
-            .owners
-            .as_ref()
-            .ok_or_else(|| Status::internal("a session served elsewhere on a replica without leases"))?;
-        forward::call(owners, owner, method, req, timeout)
-            .await
-            .map(Response::new)
-    }
-}
-
-/// A session served here, or the answer its holder gave to a forwarded request.
-enum Served<Resp> {
-    Here(Arc<vak_core::session::live::Session>),
-    There(Response<Resp>),
-}
-
-impl AgentApi {
-    /// The session `id` when this replica writes it; else `req` forwarded
-    /// to the holder as `method` (`--bus`), and the holder's answer.
-    async fn here_or_forward<Req: prost::Message, Resp: prost::Message + Default>(
-        &self,
-        forwarded: bool,
-        id: &str,
-        method: Method,
-        req: &Req,
-        timeout: Duration,
-    ) -> Result<Served<Resp>, Status> {
-        Ok(match self.locate(forwarded, id).await? {
-            Located::Local(s) => Served::Here(s),
-            Located::Remote(owner) => Served::There(self.forward(&owner, method, req, timeout).await?),
-        })
-    }
-}
-
-fn is_forwarded<T>(req: &Request<T>) -> bool {
-    req.extensions().get::<Forwarded>().is_some()
 }
 
 /// A subscription opened for one client, with what holds its stream slot and
@@ -1002,6 +948,69 @@ impl AgentService for AgentApi {
     }
     async fn get_digest(&self, r: Request<pb::GetDigestRequest>) -> Result<Response<pb::Digest>, Status> {
         self.digest(r.into_inner()).await.map(Response::new)
+    }
+    async fn list_workers(
+        &self,
+        r: Request<pb::ListWorkersRequest>,
+    ) -> Result<Response<pb::ListWorkersResponse>, Status> {
+        self.workers_list(r.into_inner()).await.map(Response::new)
+    }
+    async fn steer_worker(&self, r: Request<pb::SteerWorkerRequest>) -> Result<Response<pb::Worker>, Status> {
+        self.workers_steer(r.into_inner()).await.map(Response::new)
+    }
+    async fn stop_worker(&self, r: Request<pb::StopWorkerRequest>) -> Result<Response<pb::Worker>, Status> {
+        self.workers_stop(r.into_inner()).await.map(Response::new)
+    }
+    async fn start_best_of_n(
+        &self,
+        r: Request<pb::StartBestOfNRequest>,
+    ) -> Result<Response<pb::StartBestOfNResponse>, Status> {
+        self.bestofn_start(r.into_inner()).await.map(Response::new)
+    }
+    async fn keep_candidate(
+        &self,
+        r: Request<pb::KeepCandidateRequest>,
+    ) -> Result<Response<pb::KeepCandidateResponse>, Status> {
+        self.bestofn_keep(r.into_inner()).await.map(Response::new)
+    }
+    async fn discard_candidate(
+        &self,
+        r: Request<pb::DiscardCandidateRequest>,
+    ) -> Result<Response<pb::DraftDiscarded>, Status> {
+        self.bestofn_discard(r.into_inner()).await.map(Response::new)
+    }
+    async fn list_launch(
+        &self,
+        r: Request<pb::ListLaunchRequest>,
+    ) -> Result<Response<pb::ListLaunchResponse>, Status> {
+        self.launch_list(r.into_inner()).await.map(Response::new)
+    }
+    async fn start_launch(
+        &self,
+        r: Request<pb::StartLaunchRequest>,
+    ) -> Result<Response<pb::LaunchStarted>, Status> {
+        self.launch_start(r.into_inner()).await.map(Response::new)
+    }
+    async fn stop_launch(
+        &self,
+        r: Request<pb::StopLaunchRequest>,
+    ) -> Result<Response<pb::LaunchStopped>, Status> {
+        self.launch_stop(r.into_inner()).await.map(Response::new)
+    }
+    async fn get_launch_logs(
+        &self,
+        r: Request<pb::GetLaunchLogsRequest>,
+    ) -> Result<Response<pb::LaunchLogs>, Status> {
+        self.launch_logs(r.into_inner()).await.map(Response::new)
+    }
+    async fn get_pr(&self, r: Request<pb::GetPrRequest>) -> Result<Response<pb::PrView>, Status> {
+        self.pr_view(r.into_inner()).await.map(Response::new)
+    }
+    async fn merge_pr(
+        &self,
+        r: Request<pb::MergePrRequest>,
+    ) -> Result<Response<pb::MergePrResponse>, Status> {
+        self.pr_merge(r.into_inner()).await.map(Response::new)
     }
 
     async fn list_side(

@@ -8,3 +8,4 @@ pub(crate) mod sse;
 pub(crate) mod sse_encode;
 pub(crate) mod state;
 pub(crate) mod stream;
+pub(crate) mod workbench;

@@ -1,6 +1,7 @@
 //! The REST routes of the endpoint table, each a thin translation onto an `AgentService` call.
 
 pub(crate) use super::state::{body, json, AppState};
+use super::state::{for_session, path_mismatch, reply, session_mismatch, Query};
 use super::{sse, stream};
 use crate::errors::{json_error, status_response};
 use crate::grpc::convert;
@@ -11,7 +12,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, patch, post, put};
 use axum::Router;
 use pb::agent_service_server::AgentService;
-use prost::{Message, Name};
 use tonic::Request;
 use vak_core::host::memory;
 use vak_proto::v1 as pb;
@@ -77,6 +77,8 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/tasks/{task_id}/run-now", post(run_task_now))
         // ---- Budget and digest (issue 29) ----
         .route("/digest", get(digest))
+        // ---- Workers, best-of-N, dev servers, the PR view (issue 30) ----
+        .merge(super::workbench::routes())
         .method_not_allowed_fallback(|| async {
             json_error(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -85,50 +87,6 @@ pub(crate) fn router(state: AppState) -> Router {
             )
         })
         .with_state(state)
-}
-
-/// A JSON response in the proto3 mapping.
-fn reply<M: Message + Name>(
-    status: StatusCode,
-    result: Result<tonic::Response<M>, tonic::Status>,
-) -> Response {
-    match result {
-        Ok(r) => json(status, r.get_ref()),
-        Err(s) => status_response(&s),
-    }
-}
-
-/// Reads a body for the session the path names (see `session_mismatch`).
-async fn for_session<M: Message + Name + Default>(
-    st: &AppState,
-    id: &str,
-    b: Body,
-    field: fn(&mut M) -> &mut String,
-) -> Result<M, Response> {
-    let mut req: M = body(st, b).await?;
-    match session_mismatch(id, field(&mut req)) {
-        Some(e) => Err(e),
-        None => Ok(req),
-    }
-}
-
-/// The path names the session; a body that names another one is refused.
-fn session_mismatch(path: &str, body: &mut String) -> Option<Response> {
-    path_mismatch("session_id", path, body)
-}
-
-/// The path names the resource (`field` in the body); a body that names
-/// another one is refused, an empty one takes the path's.
-fn path_mismatch(field: &str, path: &str, body: &mut String) -> Option<Response> {
-    if !body.is_empty() && body != path {
-        return Some(json_error(
-            StatusCode::BAD_REQUEST,
-            "invalid_argument",
-            &format!("{field} in the body does not match the path"),
-        ));
-    }
-    *body = path.to_string();
-    None
 }
 
 /// `ok`, or `degraded` with the sessions a storage failure stopped (the
@@ -391,7 +349,6 @@ async fn list_models(State(st): State<AppState>, Path(name): Path<String>) -> Re
 // ---- Workspace files, diff and session lifecycle (issue 15) ----
 
 /// The query parameters of a GET route (query.rs has already refused unknown ones).
-type Query = axum::extract::Query<std::collections::HashMap<String, String>>;
 
 async fn read_file(State(st): State<AppState>, q: Query) -> Response {
     let req = pb::ReadFileRequest {

@@ -2,7 +2,7 @@
 //! (`json`, `body`), below the routes, the SSE and stream handlers and the app's assets.
 
 use super::assets::Bundle;
-use crate::errors::json_error;
+use crate::errors::{json_error, status_response};
 use crate::grpc::AgentApi;
 use axum::body::Body;
 use axum::extract::FromRef;
@@ -60,4 +60,51 @@ pub(crate) async fn body<M: Message + Name + Default>(st: &AppState, body: Body)
         }
     };
     from_json(&bytes).map_err(|m| json_error(StatusCode::BAD_REQUEST, "invalid_argument", &m))
+}
+
+/// The query parameters of a route, by name (`query.rs` refuses any the route does not read).
+pub(super) type Query = axum::extract::Query<std::collections::HashMap<String, String>>;
+
+/// A JSON response in the proto3 mapping.
+pub(super) fn reply<M: Message + Name>(
+    status: StatusCode,
+    result: Result<tonic::Response<M>, tonic::Status>,
+) -> Response {
+    match result {
+        Ok(r) => json(status, r.get_ref()),
+        Err(s) => status_response(&s),
+    }
+}
+
+/// Reads a body for the session the path names (see `session_mismatch`).
+pub(super) async fn for_session<M: Message + Name + Default>(
+    st: &AppState,
+    id: &str,
+    b: Body,
+    field: fn(&mut M) -> &mut String,
+) -> Result<M, Response> {
+    let mut req: M = body(st, b).await?;
+    match session_mismatch(id, field(&mut req)) {
+        Some(e) => Err(e),
+        None => Ok(req),
+    }
+}
+
+/// The path names the session; a body that names another one is refused.
+pub(super) fn session_mismatch(path: &str, body: &mut String) -> Option<Response> {
+    path_mismatch("session_id", path, body)
+}
+
+/// The path names the resource (`field` in the body); a body that names
+/// another one is refused, an empty one takes the path's.
+pub(super) fn path_mismatch(field: &str, path: &str, body: &mut String) -> Option<Response> {
+    if !body.is_empty() && body != path {
+        return Some(json_error(
+            StatusCode::BAD_REQUEST,
+            "invalid_argument",
+            &format!("{field} in the body does not match the path"),
+        ));
+    }
+    *body = path.to_string();
+    None
 }
