@@ -38,6 +38,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::write(out.join("vak.v1.json_names.rs"), enum_json::rust(&pool))?;
     let mut config = prost_build::Config::new();
     config.enable_type_names();
+    // A child's record is large next to the other events' payloads: boxed,
+    // so every `Event` (and each frame a stream moves) stays small.
+    config.boxed(".vak.v1.WorkerEvent.worker");
+    config.boxed(".vak.v1.Workbench.candidate");
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)

@@ -169,12 +169,13 @@ pub enum ClientEvent {
     /// A child of this session was spawned, changed state or finished (issue 30).
     Worker {
         phase: crate::worker::WorkerPhase,
-        worker: crate::worker::WorkerInfo,
+        /// Boxed: a child's record is large next to the other events.
+        worker: Box<crate::worker::WorkerInfo>,
     },
     /// A best-of-N candidate's state, with its diff stat once finished.
     Workbench {
         bestofn_id: String,
-        candidate: crate::worker::WorkerInfo,
+        candidate: Box<crate::worker::WorkerInfo>,
     },
     /// A candidate's worktree and branch were removed.
     DraftDiscarded {

@@ -120,14 +120,14 @@ pub(crate) fn kind(event: &ClientEvent) -> Kind {
         } => Kind::BackgroundResult(background_result(result, summarised)),
         ClientEvent::Worker { phase, worker: w } => Kind::Worker(pb::WorkerEvent {
             phase: enums::worker_phase(phase) as i32,
-            worker: Some(worker(w)),
+            worker: Some(Box::new(worker(*w))),
         }),
         ClientEvent::Workbench {
             bestofn_id,
             candidate,
         } => Kind::Workbench(pb::Workbench {
             bestofn_id,
-            candidate: Some(worker(candidate)),
+            candidate: Some(Box::new(worker(*candidate))),
         }),
         ClientEvent::DraftDiscarded {
             candidate,

@@ -348,8 +348,6 @@ async fn list_models(State(st): State<AppState>, Path(name): Path<String>) -> Re
 
 // ---- Workspace files, diff and session lifecycle (issue 15) ----
 
-/// The query parameters of a GET route (query.rs has already refused unknown ones).
-
 async fn read_file(State(st): State<AppState>, q: Query) -> Response {
     let req = pb::ReadFileRequest {
         path: q.get("path").cloned().unwrap_or_default(),
