@@ -52,4 +52,5 @@ mod tasks;
 mod term;
 mod term_background;
 mod tools;
+mod worker_tool;
 mod workspace_api;
