@@ -391,14 +391,13 @@ impl OfflineModel {
                     out.tool_calls.push(call(name, input));
                     out.usage.output_tokens += 1;
                     // `/worker` lines in a row are one turn's calls: they run together.
-                    while batch {
-                        match lines.peek().map(|l| parse(l)) {
-                            Some(Directive::Tool("spawn_worker", input)) => {
-                                lines.next();
-                                out.tool_calls.push(call("spawn_worker", input));
-                                out.usage.output_tokens += 1;
-                            }
-                            _ => break,
+                    if batch {
+                        while let Some(Directive::Tool("spawn_worker", input)) =
+                            lines.peek().map(|l| parse(l))
+                        {
+                            lines.next();
+                            out.tool_calls.push(call("spawn_worker", input));
+                            out.usage.output_tokens += 1;
                         }
                     }
                     out.stop = StopReason::ToolUse;
