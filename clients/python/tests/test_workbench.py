@@ -7,6 +7,7 @@ its output shows in the logs, and it stops."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 
@@ -25,7 +26,15 @@ env = { GREETING = "hi" }
 
 @pytest.fixture(scope="module")
 def bench_vak(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = Server(tmp_path_factory.mktemp("vak-workbench"))
+    # A gh on the server's PATH (one that fails if run), so the PR view gets
+    # past "gh_unavailable" to the workspace's own state, wherever it runs.
+    bin_dir = tmp_path_factory.mktemp("fake-gh")
+    gh = bin_dir / "gh"
+    gh.write_text("#!/bin/sh\necho 'fake gh: not for this test' >&2\nexit 1\n")
+    gh.chmod(0o755)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+        server = Server(tmp_path_factory.mktemp("vak-workbench"))
     (server.workspace / ".vak").mkdir()
     (server.workspace / ".vak" / "launch.toml").write_text(LAUNCH_TOML)
     try:

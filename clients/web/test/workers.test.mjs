@@ -98,8 +98,13 @@ describe("workers, dev servers and the PR view against a live vak serve", () => 
       join(ws, ".vak", "launch.toml"),
       '[[launch]]\nname = "echoer"\ncommand = "echo hello from echoer; sleep 30"\nenv = { GREETING = "hi" }\n',
     );
+    // A gh on the server's PATH (one that fails if run), so the PR view gets
+    // past gh_unavailable to the workspace's own state, wherever it runs.
+    const bin = join(tmp, "bin");
+    mkdirSync(bin);
+    writeFileSync(join(bin, "gh"), "#!/bin/sh\necho 'fake gh: not for this test' >&2\nexit 1\n", { mode: 0o755 });
     const token = randomBytes(24).toString("hex");
-    vak = await startVak(["--home", join(tmp, "home"), "--workspace", ws, "--token", token]);
+    vak = await startVak(["--home", join(tmp, "home"), "--workspace", ws, "--token", token], { env: { PATH: `${bin}:${process.env.PATH ?? ""}` } });
     client = createAgentClient({ baseUrl: vak.url, token, timeoutMs: 20_000 });
   });
 
