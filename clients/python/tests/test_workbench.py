@@ -7,6 +7,7 @@ its output shows in the logs, and it stops."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 from helpers import STEP, Server
 
-from vak_client import Client, VakError, json_name
+from vak_client import AsyncClient, Client, VakError, json_name
 
 LAUNCH_TOML = """
 [[launch]]
@@ -112,3 +113,23 @@ def test_a_launch_config_is_listed_started_logged_and_stopped(bc: Client) -> Non
     with pytest.raises(VakError) as e:
         bc.start_launch(sid, "no-such-server")
     assert e.value.status == 404
+
+
+def test_async_client(bench_vak: Server, unary: str) -> None:
+    async def main() -> None:
+        async with AsyncClient(bench_vak.url, bench_vak.token, unary=unary) as c:  # type: ignore[arg-type]
+            sid = await c.create_session()
+            assert await c.list_workers(sid) == []
+            with pytest.raises(VakError) as err:
+                await c.stop_worker(sid, "no-such-child")
+            assert err.value.status == 404
+            assert json_name(await c.get_pr(sid), "reason") == "not_a_git_repo"
+            assert [x.name for x in await c.list_launch(sid)] == ["echoer"]
+            assert (await c.start_launch(sid, "echoer")).pid > 0
+            try:
+                logs = await c.launch_logs(sid, "echoer", tail=5)
+                assert logs.name == "echoer" and logs.max_lines > 0
+            finally:
+                assert (await c.stop_launch(sid, "echoer")).was_running
+
+    asyncio.run(asyncio.wait_for(main(), STEP))
