@@ -251,6 +251,11 @@ pub struct ServeArgs {
     /// (default 50). Also `[agent] max_turns` and `PATCH /config`.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub max_turns: Option<u32>,
+    /// Workers (spawn_worker children) one session may have running at
+    /// once: waited calls beyond it queue for a slot, background ones are
+    /// refused.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub max_workers: u32,
     /// The most tokens one model turn may produce (the request's
     /// max_tokens). Also VAK_MAX_OUTPUT_TOKENS.
     #[arg(long, env = "VAK_MAX_OUTPUT_TOKENS", default_value_t = 8192, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
@@ -355,6 +360,7 @@ impl ServeArgs {
             ))
         })?;
         core.allow_bypass = self.allow_bypass;
+        core.max_workers = self.max_workers as usize;
         if let Some(n) = self.max_turns {
             core.max_turns = n;
             core.max_turns_from_flag = true;

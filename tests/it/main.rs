@@ -51,5 +51,7 @@ mod stream;
 mod tasks;
 mod term;
 mod term_background;
+mod term_workers;
 mod tools;
+mod worker_tool;
 mod workspace_api;

@@ -60,6 +60,20 @@ from vak_client._common import (
     shutdown,
     socket_of,
 )
+from vak_client._workbench import (
+    call_discard_candidate,
+    call_get_pr,
+    call_keep_candidate,
+    call_launch_logs,
+    call_list_launch,
+    call_list_workers,
+    call_merge_pr,
+    call_start_best_of_n,
+    call_start_launch,
+    call_steer_worker,
+    call_stop_launch,
+    call_stop_worker,
+)
 from vak_client._tasks import (
     call_create_task,
     call_delete_task,
@@ -512,6 +526,44 @@ class AsyncClient(ClientConfig):
 
     async def digest(self, days: int | None = None) -> agent_pb2.Digest:
         return await self._unary(call_digest(days))
+
+    # -- workers, best-of-N, dev servers, the PR view (docs/protocol.md 33) ----
+
+    async def list_workers(self, session_id: str) -> list[agent_pb2.Worker]:
+        return list((await self._unary(call_list_workers(session_id))).workers)
+
+    async def steer_worker(self, session_id: str, child_id: str, text: str) -> agent_pb2.Worker:
+        return await self._unary(call_steer_worker(session_id, child_id, text))
+
+    async def stop_worker(self, session_id: str, child_id: str) -> agent_pb2.Worker:
+        return await self._unary(call_stop_worker(session_id, child_id))
+
+    async def start_best_of_n(self, session_id: str, prompt: str, n: int) -> agent_pb2.StartBestOfNResponse:
+        return await self._unary(call_start_best_of_n(session_id, prompt, n))
+
+    async def keep_candidate(self, session_id: str, candidate: str) -> agent_pb2.KeepCandidateResponse:
+        return await self._unary(call_keep_candidate(session_id, candidate))
+
+    async def discard_candidate(self, session_id: str, candidate: str) -> agent_pb2.DraftDiscarded:
+        return await self._unary(call_discard_candidate(session_id, candidate))
+
+    async def list_launch(self, session_id: str) -> list[agent_pb2.LaunchConfig]:
+        return list((await self._unary(call_list_launch(session_id))).configs)
+
+    async def start_launch(self, session_id: str, name: str) -> agent_pb2.LaunchStarted:
+        return await self._unary(call_start_launch(session_id, name))
+
+    async def stop_launch(self, session_id: str, name: str) -> agent_pb2.LaunchStopped:
+        return await self._unary(call_stop_launch(session_id, name))
+
+    async def launch_logs(self, session_id: str, name: str, tail: int | None = None) -> agent_pb2.LaunchLogs:
+        return await self._unary(call_launch_logs(session_id, name, tail))
+
+    async def get_pr(self, session_id: str) -> agent_pb2.PrView:
+        return await self._unary(call_get_pr(session_id))
+
+    async def merge_pr(self, session_id: str, number: int, method: str = "squash") -> agent_pb2.MergePrResponse:
+        return await self._unary(call_merge_pr(session_id, number, method))
 
     async def cancel(self, session_id: str) -> agent_pb2.CancelResponse:
         return await self._unary(call_cancel(session_id))

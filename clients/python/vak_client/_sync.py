@@ -59,6 +59,20 @@ from vak_client._common import (
     shutdown,
     socket_of,
 )
+from vak_client._workbench import (
+    call_discard_candidate,
+    call_get_pr,
+    call_keep_candidate,
+    call_launch_logs,
+    call_list_launch,
+    call_list_workers,
+    call_merge_pr,
+    call_start_best_of_n,
+    call_start_launch,
+    call_steer_worker,
+    call_stop_launch,
+    call_stop_worker,
+)
 from vak_client._tasks import (
     call_create_task,
     call_delete_task,
@@ -667,6 +681,66 @@ class Client(ClientConfig):
         server's default, 7): `days` oldest first, each with `by_model` and
         `by_session` maps of `DigestUsage`; `total`, `unpriced`, `today_usd`."""
         return self._unary(call_digest(days))
+
+    # -- workers, best-of-N, dev servers, the PR view (docs/protocol.md 33) ----
+
+    def list_workers(self, session_id: str) -> list[agent_pb2.Worker]:
+        """The session's children, workers and best-of-N candidates, oldest
+        first: each with `id` (its own session id, followable), `kind`,
+        `state`, `branch`, `worktree`, `summary` and `diff_stat`
+        (`json_name(w, "state")` gives "running", "finished", ...)."""
+        return list(self._unary(call_list_workers(session_id)).workers)
+
+    def steer_worker(self, session_id: str, child_id: str, text: str) -> agent_pb2.Worker:
+        """Queues `text` for one child (`VakError` 404 unless it is the session's)."""
+        return self._unary(call_steer_worker(session_id, child_id, text))
+
+    def stop_worker(self, session_id: str, child_id: str) -> agent_pb2.Worker:
+        """Cancels one child's run and kills its processes."""
+        return self._unary(call_stop_worker(session_id, child_id))
+
+    def start_best_of_n(self, session_id: str, prompt: str, n: int) -> agent_pb2.StartBestOfNResponse:
+        """`n` isolated runs of `prompt`, each on its own branch and worktree
+        (`bestofn_id`, `candidates`); outside git `VakError` 400, reason
+        `not_a_git_repo`."""
+        return self._unary(call_start_best_of_n(session_id, prompt, n))
+
+    def keep_candidate(self, session_id: str, candidate: str) -> agent_pb2.KeepCandidateResponse:
+        """Merges a finished candidate's branch into the workspace's branch and
+        discards the others; `VakError` 409 while it runs or on a conflict."""
+        return self._unary(call_keep_candidate(session_id, candidate))
+
+    def discard_candidate(self, session_id: str, candidate: str) -> agent_pb2.DraftDiscarded:
+        """Removes a candidate's worktree and branch (stopping it first)."""
+        return self._unary(call_discard_candidate(session_id, candidate))
+
+    def list_launch(self, session_id: str) -> list[agent_pb2.LaunchConfig]:
+        """The workspace's dev servers (`.vak/launch.toml`, package.json's
+        dev/start/serve scripts), each with `running`, `pid`, `exit_code`."""
+        return list(self._unary(call_list_launch(session_id)).configs)
+
+    def start_launch(self, session_id: str, name: str) -> agent_pb2.LaunchStarted:
+        """Starts a dev server (`VakError` 409 when it runs already)."""
+        return self._unary(call_start_launch(session_id, name))
+
+    def stop_launch(self, session_id: str, name: str) -> agent_pb2.LaunchStopped:
+        """Stops a dev server: SIGTERM, SIGKILL after 5 s (`was_running`)."""
+        return self._unary(call_stop_launch(session_id, name))
+
+    def launch_logs(self, session_id: str, name: str, tail: int | None = None) -> agent_pb2.LaunchLogs:
+        """A dev server's latest output `lines` (the last `tail`; None: all the ring holds)."""
+        return self._unary(call_launch_logs(session_id, name, tail))
+
+    def get_pr(self, session_id: str) -> agent_pb2.PrView:
+        """The pull request of the workspace's branch; none is a `reason`
+        (`json_name(pr, "reason")`: "no_pr", "gh_unavailable",
+        "not_a_git_repo"), not an error."""
+        return self._unary(call_get_pr(session_id))
+
+    def merge_pr(self, session_id: str, number: int, method: str = "squash") -> agent_pb2.MergePrResponse:
+        """`gh pr merge NUMBER --auto --METHOD` ("squash", "merge" or
+        "rebase"); gh's failure is `VakError` 502 with its stderr's tail."""
+        return self._unary(call_merge_pr(session_id, number, method))
 
     def cancel(self, session_id: str) -> agent_pb2.CancelResponse:
         """Stops the run in flight and discards queued input."""

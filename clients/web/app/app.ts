@@ -5,7 +5,8 @@
 // a terminal (xterm.js onto GET /pty) when GET /host says it is on, the
 // settings (the model route, the mode, the MCP servers and their state), and
 // the scheduled tasks (tasks.ts), whose background results show in the
-// conversation.
+// conversation, and the open session's workers, best-of-N candidates and dev
+// servers (workers.ts).
 // Calls go through the package's gRPC-web client with the login cookie and
 // its session key; nothing the server or the model sends is parsed as HTML.
 import "./app.css";
@@ -39,6 +40,7 @@ import { currentKey, forgetKey, shareKey } from "./login.js";
 import { renderMarkdown } from "./markdown.js";
 import { settingsPanel } from "./settings.js";
 import { tasksPanel, type TasksView } from "./tasks.js";
+import { emptyWorkers, loadWorkers, workersPanel } from "./workers.js";
 import { TerminalPanel } from "./terminal.js";
 import { apply, empty, fromSnapshot, type Timeline } from "./timeline.js";
 
@@ -69,7 +71,7 @@ const state = {
   errors: [] as string[],
   /** Thinking and tool items the user opened, by item id (kept across re-renders). */
   open: new Set<string>(),
-  side: "" as "" | "files" | "diff" | "terminal" | "settings" | "tasks",
+  side: "" as "" | "files" | "diff" | "terminal" | "settings" | "tasks" | "workers",
   sideText: "",
   renaming: "",
   confirmDelete: "",
@@ -83,6 +85,8 @@ const state = {
   mcpToolsOpen: new Map<string, boolean>(),
   /** The tasks panel: GET /tasks (read when it opens), its form and confirmations. */
   tasks: { list: undefined, formError: "", confirmDelete: "", sessions: [], kind: "script", session: "" } as TasksView,
+  /** The workers panel: the open session's children and dev servers (read when it opens). */
+  workers: emptyWorkers(),
 };
 
 let client: AgentClient;
@@ -282,6 +286,7 @@ function sidebar(): HTMLElement {
       button("Files", () => showFiles(), { id: "show-files" }),
       button("Diff", () => showDiff(), { id: "show-diff" }),
       button("Tasks", () => showTasks(), { id: "show-tasks" }),
+      button("Workers", () => showWorkers(), { id: "show-workers" }),
       state.host?.features?.terminal ? button("Terminal", () => showTerminal(), { id: "show-terminal" }) : null,
     ),
   );
@@ -526,6 +531,21 @@ function sidePane(): HTMLElement {
       },
     });
   }
+  if (state.side === "workers") {
+    return workersPanel(state.workers, {
+      client,
+      refresh: refreshWorkers,
+      render,
+      open: (id) => {
+        if (state.sessions.has(id)) select(id);
+        else void refreshList().then(() => select(id), onErrorNow);
+      },
+      close: () => {
+        state.side = "";
+        render();
+      },
+    });
+  }
   if (state.side === "terminal") {
     return h(
       "aside",
@@ -596,6 +616,28 @@ function tasksChanged(): void {
   }, 200);
 }
 
+/** Opens the workers panel for the open session and reads its lists afresh. */
+async function showWorkers(): Promise<void> {
+  state.side = "workers";
+  render();
+  await refreshWorkers();
+}
+
+async function refreshWorkers(): Promise<void> {
+  await loadWorkers(state.workers, client, state.current);
+  render();
+}
+
+let workersTimer: ReturnType<typeof setTimeout> | undefined;
+/** A child or a dev server of the open session changed: the open panel reads again, once per burst. */
+function workersChanged(sessionId: string): void {
+  if (state.side !== "workers" || sessionId !== state.current || workersTimer) return;
+  workersTimer = setTimeout(() => {
+    workersTimer = undefined;
+    void refreshWorkers().catch(onErrorNow);
+  }, 200);
+}
+
 function showTerminal(): void {
   state.side = "terminal";
   render();
@@ -654,6 +696,8 @@ function select(id: string): void {
     }, onErrorNow);
   }
   render();
+  // The panel shows the open session's children.
+  if (state.side === "workers") void refreshWorkers().catch(onErrorNow);
 }
 
 window.addEventListener("popstate", () => {
@@ -709,6 +753,8 @@ async function start(): Promise<void> {
       schedule();
     } else if (ev.kind.case === "backgroundResult" || ev.kind.case === "runFinished") {
       tasksChanged();
+    } else if (["worker", "workbench", "draftDiscarded", "launchOutput"].includes(ev.kind.case ?? "")) {
+      workersChanged(ev.sessionId);
     }
   });
   follower.on("resync", (ev) => {
@@ -748,6 +794,8 @@ async function start(): Promise<void> {
     void refreshList().catch(() => undefined);
     // Scheduled fires move next_fire and last_fire with no event of their own here.
     if (state.side === "tasks") void refreshTasks().catch(() => undefined);
+    // A child's state between its events (a crashed dev server has none).
+    if (state.side === "workers") void refreshWorkers().catch(() => undefined);
   }, LIST_EVERY_MS);
 }
 

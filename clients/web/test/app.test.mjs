@@ -9,7 +9,10 @@
 // that the settings list the MCP servers (the repository's MCP test server:
 // VAK_MCP_PYTHON) with their state and that an MCP tool call is approved in the
 // page, that the tasks panel creates, runs, disables and deletes tasks whose
-// output and alert show in the conversation, and that /admin lists the session,
+// output and alert show in the conversation, that the workers panel shows a
+// `/worker`'s child finished with its answer and starts a .vak/launch.toml dev
+// server whose output reaches the panel's log tail, then stops it (this step
+// needs the children table and the dev servers of issue 30), and that /admin lists the session,
 // the scheduler and the day's spend; no console error and no CSP
 // violation during the whole run. Screenshots go to
 // artifacts/app/ (`make screenshots` copies four of them to docs/screenshots/).
@@ -574,6 +577,32 @@ step("the tasks panel creates, runs, disables and deletes tasks; their output an
   await row("failing").waitFor({ state: "detached" });
   await page.locator("#tasks[data-count='2']").waitFor();
   await page.click("#close-tasks");
+  await page.locator("#side").waitFor({ state: "detached" });
+});
+
+step("the workers panel shows a worker's answer and runs a dev server with a live log", async () => {
+  // Read when the panel asks: no restart needed.
+  mkdirSync(join(workspace, ".vak"), { recursive: true });
+  writeFileSync(join(workspace, ".vak", "launch.toml"), '[[launch]]\nname = "ticker"\ncommand = "echo tick from the dev server; sleep 60"\n');
+  await send(page, '/worker {"prompt": "hello from a worker", "isolated": false}');
+  assert.equal(await lastOutcome(page, 10), "completed");
+  assert.match(await timelineText(page), /worker: echo: hello from a worker/);
+  await page.click("#show-workers");
+  const worker = page.locator("#workers li[data-kind=worker]");
+  await worker.first().waitFor();
+  await page.waitForFunction(() => document.querySelector("#workers li[data-kind=worker]")?.dataset.state === "finished");
+  assert.match(await worker.first().locator(".worker-summary").innerText(), /echo: hello from a worker/);
+  const ticker = page.locator("#launch li[data-launch=ticker]");
+  await ticker.waitFor();
+  assert.equal(await ticker.getAttribute("data-running"), "false");
+  await ticker.locator(".launch-start").click();
+  await page.locator("#launch li[data-launch=ticker][data-running=true]").waitFor();
+  await page.waitForFunction(() => /tick from the dev server/.test(document.querySelector("#launch-log")?.textContent ?? ""));
+  await shot(page, "app-workers");
+  await page.locator("#launch li[data-launch=ticker] .launch-stop").click();
+  await page.locator("#launch li[data-launch=ticker][data-running=false]").waitFor();
+  assert.equal(await page.locator("#workers-error").textContent(), "");
+  await page.click("#close-workers");
   await page.locator("#side").waitFor({ state: "detached" });
 });
 

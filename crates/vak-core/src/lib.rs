@@ -86,6 +86,9 @@ pub struct CoreConfig {
     pub max_turns: u32,
     /// Whether `max_turns` came from `--max-turns`.
     pub max_turns_from_flag: bool,
+    /// Children a session's `spawn_worker` calls may have running at once
+    /// (`--max-workers`).
+    pub max_workers: usize,
     /// The output token limit of one model turn.
     pub max_output_tokens: u32,
     /// Sampling temperature; None leaves it to the provider.
@@ -137,6 +140,7 @@ impl CoreConfig {
             snapshot_min_bytes: 8 << 20,
             max_turns: 50,
             max_turns_from_flag: false,
+            max_workers: 4,
             max_output_tokens: 8192,
             temperature: None,
             route_flags: host::config::RouteLayer::default(),

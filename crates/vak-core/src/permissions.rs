@@ -108,7 +108,14 @@ Do not change anything yet: finish looking around, then propose your plan with e
 /// What exit_plan_mode answers outside plan mode.
 pub(crate) const NOT_IN_PLAN_MODE: &str = "the session is not in plan mode: go ahead without exit_plan_mode";
 
-/// The permission table: read-only tools always run; edits ask in
+/// What plan mode tells the model when it tries to spawn a worker.
+pub(crate) const PLAN_WORKER_REFUSAL: &str =
+    "refused: the session is in plan mode, where no work that changes anything starts, \
+and a worker would. Propose your plan with exit_plan_mode first";
+
+/// The permission table: read-only tools always run; spawning a worker
+/// runs without asking (the child's own tools ask in the child) except in
+/// `plan`, which refuses it; edits ask in
 /// `default`; commands ask in `default` and `accept-edits`; `plan` refuses
 /// both and asks only for `exit_plan_mode`; `bypass` asks nothing.
 pub(crate) fn decide(mode: PermissionMode, class: ToolClass) -> Decision {
@@ -116,6 +123,8 @@ pub(crate) fn decide(mode: PermissionMode, class: ToolClass) -> Decision {
     use ToolClass as C;
     match (mode, class) {
         (_, C::Read) => Decision::Run,
+        (M::Plan, C::Delegate) => Decision::Refuse(PLAN_WORKER_REFUSAL.into()),
+        (_, C::Delegate) => Decision::Run,
         (M::Plan, C::Plan) => Decision::Ask,
         (_, C::Plan) => Decision::Refuse(NOT_IN_PLAN_MODE.into()),
         (M::Plan, C::Edit | C::Exec) => Decision::Refuse(PLAN_REFUSAL.into()),
@@ -143,11 +152,13 @@ mod tests {
             assert_eq!(decide(mode, ToolClass::Edit), edit, "{mode:?}");
             assert_eq!(decide(mode, ToolClass::Exec), exec, "{mode:?}");
             assert!(refused(decide(mode, ToolClass::Plan)), "{mode:?}");
+            assert_eq!(decide(mode, ToolClass::Delegate), Run, "{mode:?}");
         }
         assert_eq!(decide(M::Plan, ToolClass::Read), Run);
         assert_eq!(decide(M::Plan, ToolClass::Plan), Ask);
         assert!(refused(decide(M::Plan, ToolClass::Edit)));
         assert!(refused(decide(M::Plan, ToolClass::Exec)));
+        assert!(refused(decide(M::Plan, ToolClass::Delegate)));
     }
 
     #[test]

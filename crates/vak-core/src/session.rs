@@ -12,4 +12,5 @@ pub mod prompt;
 pub(crate) mod restore;
 pub(crate) mod runtime;
 pub mod side;
+pub(crate) mod spawn_tool;
 pub mod wait;

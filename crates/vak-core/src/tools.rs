@@ -1,5 +1,6 @@
 //! The tools the agent can call (read_file, write_file, edit_file, list_dir,
-//! glob, grep, bash), each confined to the workspace.
+//! glob, grep, bash), each confined to the workspace; exit_plan_mode and
+//! spawn_worker are defined here and carried out by the agent loop.
 
 pub(crate) mod edit;
 mod read;
@@ -17,7 +18,13 @@ pub(crate) mod piped;
 pub use bash::{Chunk, Live, DEFAULT_TIMEOUT_SECS, LIVE_CAP, LIVE_STOPPED, MAX_TIMEOUT_SECS};
 
 /// The most a tool returns as output; the rest is cut with a note.
-const MAX_OUTPUT: usize = 1 << 20;
+pub(crate) const MAX_OUTPUT: usize = 1 << 20;
+
+/// The tool that starts a child session (`session/spawn_tool.rs` runs it).
+pub const SPAWN_WORKER: &str = "spawn_worker";
+
+/// The longest prompt `spawn_worker` accepts.
+pub const MAX_WORKER_PROMPT: usize = 32 * 1024;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ToolOutput {
@@ -183,6 +190,24 @@ pub fn definitions() -> Vec<ToolDef> {
                 "additionalProperties": false
             }),
         ),
+        def(
+            SPAWN_WORKER,
+            "Start a worker: a child agent session that carries out `prompt` on its own, with the same tools. \
+             By default it works in a fresh git worktree on its own branch (isolated) and you wait for it: \
+             the result is its final answer. With wait=false the result is the worker's id at once, and its \
+             final answer reaches you later as a background result. Several spawn_worker calls in one turn \
+             run in parallel (a few at a time). Give each worker a complete, self-contained task.",
+            json!({
+                "type": "object",
+                "properties": {
+                    "prompt": {"type": "string", "maxLength": MAX_WORKER_PROMPT, "description": "The worker's task, complete and self-contained"},
+                    "isolated": {"type": "boolean", "description": "Work in a fresh git worktree and branch (default true); false: in this workspace"},
+                    "wait": {"type": "boolean", "description": "Wait for the worker's final answer (default true); false: answer its id at once"}
+                },
+                "required": ["prompt"],
+                "additionalProperties": false
+            }),
+        ),
     ]
 }
 
@@ -197,6 +222,10 @@ pub enum ToolClass {
     Exec,
     /// Asks to leave plan mode with a plan (exit_plan_mode).
     Plan,
+    /// Starts a child session (spawn_worker): not an edit itself (the
+    /// child's tools go through the child's own permission path), but work
+    /// that edits, so plan mode refuses it.
+    Delegate,
 }
 
 /// The class of `tool`; a name this server does not know is `Exec`, the
@@ -206,13 +235,14 @@ pub fn class(tool: &str) -> ToolClass {
         "read_file" | "list_dir" | "glob" | "grep" => ToolClass::Read,
         "write_file" | "edit_file" => ToolClass::Edit,
         "exit_plan_mode" => ToolClass::Plan,
+        SPAWN_WORKER => ToolClass::Delegate,
         _ => ToolClass::Exec,
     }
 }
 
 /// Whether `tool` asks the user before it runs (in the default permission mode).
 pub fn needs_approval(tool: &str) -> bool {
-    class(tool) != ToolClass::Read
+    !matches!(class(tool), ToolClass::Read | ToolClass::Delegate)
 }
 
 /// A one-line human reason shown with an approval request.
@@ -228,6 +258,10 @@ pub fn approval_reason(tool: &str, input: &Value) -> String {
         "write_file" => format!("write {} to {}", bytes(arg("content").len()), arg("path")),
         "bash" => format!("run `{}` in the workspace", arg("command")),
         "exit_plan_mode" => "leave plan mode and carry out this plan".into(),
+        SPAWN_WORKER => format!(
+            "start a worker: {}",
+            arg("prompt").chars().take(80).collect::<String>()
+        ),
         "edit_file" => {
             let n = input.get("edits").and_then(Value::as_array).map_or(1, Vec::len);
             format!("edit {} ({})", arg("path"), crate::text::count(n, "replacement"))

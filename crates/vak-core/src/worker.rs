@@ -138,6 +138,11 @@ pub struct Spawn {
     pub isolated: bool,
     /// The best-of-N a candidate belongs to; empty for a worker.
     pub bestofn_id: String,
+    /// Whether the parent waits for the child's answer (`spawn_worker`'s
+    /// `wait`). When false, the spawner delivers the child's final answer to
+    /// the parent as a `background_result` (source worker, id the child's)
+    /// once the child settles.
+    pub wait: bool,
 }
 
 /// What spawns children and waits for them: the host's children table

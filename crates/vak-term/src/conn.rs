@@ -181,6 +181,13 @@ impl Transport for Reloading {
             Box::pin(async move { t.presentation(&sid).await })
         }))
     }
+    fn list_workers(&self, session_id: &str) -> Fut<'_, Vec<pb::Worker>> {
+        let sid = session_id.to_string();
+        Box::pin(self.call(move |t| {
+            let sid = sid.clone();
+            Box::pin(async move { t.list_workers(&sid).await })
+        }))
+    }
     fn subscribe(&self, session_id: &str, after: Option<u64>) -> Fut<'_, Events> {
         let sid = session_id.to_string();
         Box::pin(self.call(move |t| {
@@ -531,6 +538,9 @@ mod tests {
             Box::pin(async { Err(Failure::fatal("unused")) })
         }
         fn transcript(&self, _: &str) -> Fut<'_, pb::Transcript> {
+            Box::pin(async { Err(Failure::fatal("unused")) })
+        }
+        fn list_workers(&self, _: &str) -> Fut<'_, Vec<pb::Worker>> {
             Box::pin(async { Err(Failure::fatal("unused")) })
         }
         fn presentation(&self, session_id: &str) -> Fut<'_, pb::OutputTimeline> {

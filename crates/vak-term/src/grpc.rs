@@ -185,6 +185,19 @@ impl Transport for Grpc {
         })
     }
 
+    fn list_workers(&self, session_id: &str) -> Fut<'_, Vec<pb::Worker>> {
+        let sid = session_id.to_string();
+        Box::pin(async move {
+            check_id("session id", &sid)?;
+            let r = self
+                .client()
+                .list_workers(pb::ListWorkersRequest { session_id: sid })
+                .await
+                .map_err(failure)?;
+            Ok(r.into_inner().workers)
+        })
+    }
+
     fn presentation(&self, session_id: &str) -> Fut<'_, pb::OutputTimeline> {
         let sid = session_id.to_string();
         Box::pin(async move {

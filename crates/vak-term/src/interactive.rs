@@ -23,6 +23,7 @@ pub(crate) const HELP: &[&str] = &[
     "vak term's own commands (any other line, /write or /bash included, goes to the model):",
     "  /help           this list",
     "  /show [N]       the last tool output in full; /show N the Nth (a collapsed entry names its N)",
+    "  /workers        the session's workers and best-of-N candidates: state, branch, diff stat",
     "  /exit, /quit    leave vak term; the session, and a run going on, stay on the server",
     "                  (vak term --session ID attaches again)",
     "  //text          sends /text to the model (//help sends \"/help\")",
@@ -48,6 +49,8 @@ pub(crate) enum Command {
     Show(Option<usize>),
     /// `/show` with something that is not a number.
     BadShow,
+    /// `/workers`: the session's children.
+    Workers,
     /// Text for the model (a prompt, or steering while a run is going).
     Send(String),
 }
@@ -62,6 +65,7 @@ pub(crate) fn command(line: &str) -> Command {
         "/help" => Command::Help,
         "/exit" | "/quit" => Command::Exit,
         "/show" => Command::Show(None),
+        "/workers" => Command::Workers,
         t => match t.strip_prefix("/show ") {
             Some(n) => match n.trim().parse::<usize>() {
                 Ok(n) if n > 0 => Command::Show(Some(n)),
@@ -101,6 +105,8 @@ enum Notice {
     Created(Result<String, String>),
     /// The always-allow rule an `[a]lways` answer stored.
     Always(pb::PermissionRule),
+    /// What `/workers` asked for.
+    Workers(Vec<pb::Worker>),
 }
 
 struct Ui {
@@ -249,6 +255,7 @@ async fn event_loop(
                         vec![Piece::Line { style: Style::Info, text: format!("· session {sid}") }]
                     }
                     Notice::Always(rule) => vec![Piece::Line { style: Style::Info, text: always_line(&rule) }],
+                    Notice::Workers(workers) => super::render::worker_list(&workers),
                     Notice::Created(Err(m)) => {
                         ui.creating = false;
                         let lost = std::mem::take(&mut ui.unsent).len();
@@ -569,6 +576,7 @@ impl Ui {
                     self.show(pieces)?;
                 }
                 Command::BadShow => self.note(Style::Note, "usage: /show [N] (N: a number from 1)")?,
+                Command::Workers => self.workers()?,
                 Command::Send(text) => {
                     self.send(text);
                     self.show(Vec::new())?;
@@ -577,6 +585,26 @@ impl Ui {
             Action::Edited | Action::Ignored => self.show(Vec::new())?,
         }
         Ok(Step::Continue)
+    }
+
+    /// `/workers`: lists the session's children once the server answers.
+    fn workers(&mut self) -> vak_proto::Result<()> {
+        let Some(sid) = self.sid.clone() else {
+            return self.note(Style::Note, "no session yet, so no workers");
+        };
+        let (conn, tx) = (self.conn.clone(), self.notices.clone());
+        tokio::spawn(async move {
+            let listed = retry(move || {
+                let (c, sid) = (conn.clone(), sid.clone());
+                Box::pin(async move { c.list_workers(&sid).await })
+            })
+            .await;
+            let _ = tx.send(match listed {
+                Ok(w) => Notice::Workers(w),
+                Err(f) => Notice::Failed(format!("cannot list the workers: {f}")),
+            });
+        });
+        self.show(Vec::new())
     }
 
     /// Idle: a new run. Busy: steering, which the server queues as the run's next leg.
@@ -646,9 +674,12 @@ mod tests {
         assert_eq!(command("/show 2"), Command::Show(Some(2)));
         assert_eq!(command("/show 0"), Command::BadShow);
         assert_eq!(command("/show all"), Command::BadShow);
+        assert_eq!(command("/workers"), Command::Workers);
         // The model's directives, and anything else, are sent as typed.
         for sent in [
             "/helpme",
+            "/workers all",
+            "/worker do it",
             "/write a.txt x",
             "/bash ls",
             "/sleep 10",
@@ -668,6 +699,7 @@ mod tests {
         for c in [
             "/help",
             "/show [N]",
+            "/workers",
             "/exit",
             "/quit",
             "//text",

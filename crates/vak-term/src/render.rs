@@ -142,12 +142,24 @@ impl Render {
             | Kind::Resync(_)
             | Kind::SessionClosed(_)
             // Side runs belong to whoever asked them; vak term asks none.
-            | Kind::Side(_)
-            // Children and dev servers: rendered by a later change (issue 30).
-            | Kind::Worker(_)
-            | Kind::Workbench(_)
-            | Kind::DraftDiscarded(_)
-            | Kind::LaunchOutput(_) => Vec::new(),
+            | Kind::Side(_) => Vec::new(),
+            Kind::Worker(w) => w.worker.as_ref().map_or_else(Vec::new, |c| {
+                vec![worker_line(w.phase().json_name(), c)]
+            }),
+            Kind::Workbench(b) => b.candidate.as_ref().map_or_else(Vec::new, |c| {
+                vec![worker_line("state", c)]
+            }),
+            Kind::DraftDiscarded(d) => {
+                let why = match d.why() {
+                    pb::DiscardReason::KeptOther => "another candidate was kept",
+                    _ => "discarded",
+                };
+                vec![line(
+                    Style::Dim,
+                    format!("· candidate {} removed: {why} (branch {} deleted)", clean(&d.candidate), clean(&d.branch)),
+                )]
+            }
+            Kind::LaunchOutput(o) => launch_lines(o),
         }
     }
 
@@ -285,6 +297,123 @@ fn run_end(outcome: &str, message: &str) -> Vec<Piece> {
         "cancelled" => vec![line(Style::Note, format!("⊘ {}", clean(message)))],
         _ => vec![line(Style::Bad, format!("✗ run {outcome}: {}", clean(message)))],
     }
+}
+
+/// `2 files +5 -1`.
+fn diff_stat(d: &pb::DiffStat) -> String {
+    format!(
+        "{} +{} -{}",
+        count(d.files as usize, "file"),
+        d.insertions,
+        d.deletions
+    )
+}
+
+/// The first line of `text`, cleaned, "" when blank.
+fn first_line(text: &str) -> String {
+    clean(text)
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("")
+        .to_string()
+}
+
+/// One child of the session as an event shows it, on one line:
+/// `⑂ worker ID spawned: PROMPT`, `⑂ candidate ID running`, then
+/// `✓ worker ID finished (2 files +5 -1): SUMMARY` (or ✗ failed, · cancelled).
+pub(crate) fn worker_line(phase: &str, w: &pb::Worker) -> Piece {
+    let who = match w.kind() {
+        pb::WorkerKind::Candidate => "candidate",
+        _ => "worker",
+    };
+    let id = clean(&w.id);
+    if phase == "spawned" {
+        let prompt = first_line(&w.prompt);
+        let on = if w.branch.is_empty() {
+            String::new()
+        } else {
+            format!(" on {}", clean(&w.branch))
+        };
+        return line(Style::Dim, format!("⑂ {who} {id} spawned{on}: {prompt}"));
+    }
+    let stat = w
+        .diff_stat
+        .as_ref()
+        .map_or(String::new(), |d| format!(" ({})", diff_stat(d)));
+    let summary = match first_line(&w.summary) {
+        s if s.is_empty() => String::new(),
+        s => format!(": {s}"),
+    };
+    match w.state() {
+        pb::WorkerState::Finished => line(Style::Good, format!("✓ {who} {id} finished{stat}{summary}")),
+        pb::WorkerState::Failed => line(Style::Bad, format!("✗ {who} {id} failed{summary}")),
+        pb::WorkerState::Cancelled => line(Style::Note, format!("· {who} {id} cancelled")),
+        other => line(Style::Dim, format!("⑂ {who} {id} {}", other.json_name())),
+    }
+}
+
+/// The most lines of one piece of a dev server's output shown; `/launch/logs` keeps more.
+const LAUNCH_LINES: usize = 20;
+
+/// A dev server's output, a line each: `[NAME] text` (dimmed; stderr as a note).
+fn launch_lines(o: &pb::LaunchOutput) -> Vec<Piece> {
+    let style = match o.stream() {
+        pb::OutputStream::Stderr => Style::Note,
+        _ => Style::Dim,
+    };
+    let name = clean(&o.name);
+    let text = clean(&o.text);
+    let lines: Vec<&str> = text.trim_end_matches('\n').split('\n').collect();
+    let mut out: Vec<Piece> = lines
+        .iter()
+        .take(LAUNCH_LINES)
+        .map(|l| line(style, format!("[{name}] {}", l.trim_end())))
+        .collect();
+    if lines.len() > LAUNCH_LINES {
+        out.push(line(
+            Style::Dim,
+            format!(
+                "[{name}] … (+{} more {})",
+                lines.len() - LAUNCH_LINES,
+                noun_for(lines.len() - LAUNCH_LINES, "line")
+            ),
+        ));
+    }
+    out
+}
+
+/// `/workers`: the session's children, one line each (or that it has none).
+pub(crate) fn worker_list(workers: &[pb::Worker]) -> Vec<Piece> {
+    if workers.is_empty() {
+        return vec![line(Style::Info, "no workers in this session")];
+    }
+    let mut out = vec![line(
+        Style::Info,
+        format!("{} of this session:", count(workers.len(), "worker")),
+    )];
+    for w in workers {
+        let kind = match w.kind() {
+            pb::WorkerKind::Candidate => "candidate",
+            _ => "worker",
+        };
+        let mut text = format!("  {}  {kind}  {}", clean(&w.id), w.state().json_name());
+        if !w.branch.is_empty() {
+            text.push_str(&format!("  {}", clean(&w.branch)));
+        }
+        if let Some(d) = &w.diff_stat {
+            text.push_str(&format!("  {}", diff_stat(d)));
+        }
+        let about = match first_line(&w.summary) {
+            s if s.is_empty() => first_line(&w.prompt),
+            s => s,
+        };
+        if !about.is_empty() {
+            text.push_str(&format!("  {about}"));
+        }
+        out.push(line(Style::Plain, text));
+    }
+    out
 }
 
 /// The most lines of a background result shown; the transcript keeps them all.
@@ -617,6 +746,136 @@ mod tests {
             vec![line(Style::Good, "✓ bash: one (+2 more lines)")]
         );
         assert!(plain.outputs().is_empty());
+    }
+
+    fn child(id: &str, kind: pb::WorkerKind, state: pb::WorkerState) -> pb::Worker {
+        let mut w = pb::Worker {
+            id: id.into(),
+            parent_id: "p".into(),
+            prompt: "write the README\nwith care".into(),
+            branch: format!("vak/p/{id}"),
+            ..Default::default()
+        };
+        w.set_kind(kind);
+        w.set_state(state);
+        w
+    }
+
+    #[test]
+    fn children_and_dev_servers_are_one_line_each() {
+        let ev = |kind: Kind| pb::Event {
+            seq: 3,
+            session_id: "p".into(),
+            kind: Some(kind),
+        };
+        let worker = |phase: pb::WorkerPhase, w: pb::Worker| {
+            let mut e = pb::WorkerEvent {
+                worker: Some(w),
+                ..Default::default()
+            };
+            e.set_phase(phase);
+            Kind::Worker(e)
+        };
+        let mut r = Render::default();
+        let (w, c) = (pb::WorkerKind::Worker, pb::WorkerKind::Candidate);
+        assert_eq!(
+            r.event(&ev(worker(
+                pb::WorkerPhase::Spawned,
+                child("c1", w, pb::WorkerState::Running)
+            ))),
+            vec![line(
+                Style::Dim,
+                "⑂ worker c1 spawned on vak/p/c1: write the README"
+            )]
+        );
+        let mut done = child("c1", w, pb::WorkerState::Finished);
+        done.summary = "Added README.md.\n\nDetails follow.".into();
+        done.diff_stat = Some(pb::DiffStat {
+            files: 1,
+            insertions: 12,
+            deletions: 0,
+        });
+        assert_eq!(
+            r.event(&ev(worker(pb::WorkerPhase::Finished, done))),
+            vec![line(
+                Style::Good,
+                "✓ worker c1 finished (1 file +12 -0): Added README.md."
+            )]
+        );
+        let mut failed = child("c2", w, pb::WorkerState::Failed);
+        failed.summary = "the model failed".into();
+        assert_eq!(
+            r.event(&ev(worker(pb::WorkerPhase::Finished, failed))),
+            vec![line(Style::Bad, "✗ worker c2 failed: the model failed")]
+        );
+        let bench = pb::Workbench {
+            bestofn_id: "bon_0123456789ab".into(),
+            candidate: Some(child("c3", c, pb::WorkerState::Running)),
+        };
+        assert_eq!(
+            r.event(&ev(Kind::Workbench(bench))),
+            vec![line(Style::Dim, "⑂ candidate c3 running")]
+        );
+        let mut gone = pb::DraftDiscarded {
+            candidate: "c4".into(),
+            branch: "vak/p/c4".into(),
+            ..Default::default()
+        };
+        gone.set_why(pb::DiscardReason::KeptOther);
+        assert_eq!(
+            r.event(&ev(Kind::DraftDiscarded(gone))),
+            vec![line(
+                Style::Dim,
+                "· candidate c4 removed: another candidate was kept (branch vak/p/c4 deleted)"
+            )]
+        );
+        let mut out = pb::LaunchOutput {
+            name: "web".into(),
+            text: "ready on :3000\nGET /\n".into(),
+            ..Default::default()
+        };
+        out.set_stream(pb::OutputStream::Stdout);
+        assert_eq!(
+            r.event(&ev(Kind::LaunchOutput(out.clone()))),
+            vec![
+                line(Style::Dim, "[web] ready on :3000"),
+                line(Style::Dim, "[web] GET /"),
+            ]
+        );
+        out.set_stream(pb::OutputStream::Stderr);
+        out.text = (1..=25).map(|i| format!("e{i}\n")).collect();
+        let shown = r.event(&ev(Kind::LaunchOutput(out)));
+        assert_eq!(shown.len(), LAUNCH_LINES + 1);
+        assert_eq!(shown[0], line(Style::Note, "[web] e1"));
+        assert_eq!(shown[LAUNCH_LINES], line(Style::Dim, "[web] … (+5 more lines)"));
+    }
+
+    #[test]
+    fn the_worker_list_is_a_line_per_child() {
+        assert_eq!(
+            worker_list(&[]),
+            vec![line(Style::Info, "no workers in this session")]
+        );
+        let mut done = child("c1", pb::WorkerKind::Candidate, pb::WorkerState::Finished);
+        done.summary = "Fixed it.".into();
+        done.diff_stat = Some(pb::DiffStat {
+            files: 2,
+            insertions: 5,
+            deletions: 1,
+        });
+        let mut running = child("c2", pb::WorkerKind::Worker, pb::WorkerState::Running);
+        running.branch.clear();
+        assert_eq!(
+            worker_list(&[done, running]),
+            vec![
+                line(Style::Info, "2 workers of this session:"),
+                line(
+                    Style::Plain,
+                    "  c1  candidate  finished  vak/p/c1  2 files +5 -1  Fixed it."
+                ),
+                line(Style::Plain, "  c2  worker  running  write the README"),
+            ]
+        );
     }
 
     fn background(source: &str, id: &str, text: &str, reason: Option<&str>) -> pb::BackgroundResult {

@@ -227,6 +227,17 @@ impl Transport for Rest {
         })
     }
 
+    fn list_workers(&self, session_id: &str) -> Fut<'_, Vec<pb::Worker>> {
+        let sid = session_id.to_string();
+        Box::pin(async move {
+            check_id("session id", &sid)?;
+            let r: pb::ListWorkersResponse = self
+                .call::<pb::ListWorkersRequest, _>(Method::GET, format!("/sessions/{sid}/workers"), None)
+                .await?;
+            Ok(r.workers)
+        })
+    }
+
     fn subscribe(&self, session_id: &str, after: Option<u64>) -> Fut<'_, Events> {
         let sid = session_id.to_string();
         Box::pin(async move {

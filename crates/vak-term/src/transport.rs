@@ -94,6 +94,8 @@ pub(crate) trait Transport: Send + Sync {
     fn transcript(&self, session_id: &str) -> Fut<'_, pb::Transcript>;
     /// The presentation timeline (its pending approval items are what a resync asks again).
     fn presentation(&self, session_id: &str) -> Fut<'_, pb::OutputTimeline>;
+    /// The session's children (workers and best-of-N candidates), oldest first.
+    fn list_workers(&self, session_id: &str) -> Fut<'_, Vec<pb::Worker>>;
     /// Opens the session's event stream; the server sends stream_opened first.
     fn subscribe(&self, session_id: &str, after: Option<u64>) -> Fut<'_, Events>;
 }

@@ -2,10 +2,11 @@
 //!
 //! Each non-blank prompt line runs in order. Lines starting with a directive
 //! (`/think`, `/read`, `/write`, `/edit`, `/ls`, `/glob`, `/grep`, `/bash`,
-//! `/bash-timeout`, `/plan`, `/sleep`, `/burst`, `/fail`) act;
+//! `/bash-timeout`, `/plan`, `/worker`, `/call`, `/sleep`, `/burst`, `/fail`) act;
 //! any other line L is answered `echo: L`, one text_delta per word. A tool
-//! directive ends the turn with that tool call; the next turn resumes after
-//! it (the number of tool results since the prompt says where), so the
+//! directive ends the turn with that tool call (consecutive `/worker` lines
+//! end it with one spawn_worker call each, which run in parallel); the next
+//! turn resumes after it (the number of tool results since the prompt says where), so the
 //! model keeps no state of its own.
 
 use super::{
@@ -136,6 +137,19 @@ fn parse(line: &str) -> Directive<'_> {
     if let Some(cmd) = word("/bash") {
         return Directive::Tool("bash", json!({ "command": cmd }));
     }
+    if let Some(rest) = word("/worker") {
+        // `/worker {...}` gives spawn_worker its whole input (wait, isolated).
+        if let Some(d) = object("/worker", "spawn_worker", rest) {
+            return d;
+        }
+        if rest.trim().is_empty() {
+            return Directive::Invalid("/worker expects PROMPT (the worker's task) or a JSON object".into());
+        }
+        return Directive::Tool(
+            "spawn_worker",
+            json!({ "prompt": rest, "isolated": true, "wait": true }),
+        );
+    }
     if let Some(plan) = word("/plan") {
         return Directive::Tool("exit_plan_mode", json!({ "plan": plan }));
     }
@@ -190,6 +204,11 @@ fn parse(line: &str) -> Directive<'_> {
         return Directive::Fail(msg);
     }
     Directive::Echo(line)
+}
+
+/// Whether a prompt line is a `/worker` (a spawn_worker call).
+fn is_worker(d: &Directive<'_>) -> bool {
+    matches!(d, Directive::Tool("spawn_worker", _))
 }
 
 /// `/burst`'s token `i`, "t{i} ", in a buffer sized once: `format!` grows
@@ -294,17 +313,44 @@ impl OfflineModel {
             }
             _ => None,
         };
-        for line in prompt.lines().map(str::trim_end).filter(|l| !l.trim().is_empty()) {
+        let lines: Vec<&str> = prompt
+            .lines()
+            .map(str::trim_end)
+            .filter(|l| !l.trim().is_empty())
+            .collect();
+        let mut lines = lines.into_iter().peekable();
+        // The results of the `/worker` lines just before (one turn's batch).
+        let mut workers: Vec<usize> = Vec::new();
+        while let Some(line) = lines.next() {
             let directive = parse(line);
             if skip_tools > 0 {
+                let worker = is_worker(&directive);
+                if !worker {
+                    workers.clear();
+                }
                 if matches!(directive, Directive::Tool(..)) {
+                    let at = done_tools - skip_tools;
                     skip_tools -= 1;
-                    // A `/call` echoes the result it got, first thing in the next turn.
+                    if worker {
+                        workers.push(at);
+                    }
+                    // A `/call` echoes the result it got, first thing in the
+                    // next turn; a batch of `/worker`s each of theirs.
                     if skip_tools == 0 && line.starts_with("/call") {
                         if let Some((content, is_error)) = results.last() {
                             let kind = if *is_error { "error" } else { "result" };
                             ack = Some(format!("{kind}: {content}"));
                         }
+                    } else if skip_tools == 0 && worker {
+                        let said: Vec<String> = workers
+                            .iter()
+                            .filter_map(|&i| results.get(i))
+                            .map(|(content, is_error)| {
+                                let kind = if *is_error { "worker error" } else { "worker" };
+                                format!("{kind}: {content}")
+                            })
+                            .collect();
+                        ack = Some(said.join("\n"));
                     }
                 }
                 continue;
@@ -336,12 +382,24 @@ impl OfflineModel {
                     }
                 }
                 Directive::Tool(name, input) => {
-                    out.tool_calls.push(ToolCall {
+                    let batch = name == "spawn_worker";
+                    let call = |name: &str, input| ToolCall {
                         id: format!("call_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]),
                         name: name.into(),
                         input,
-                    });
+                    };
+                    out.tool_calls.push(call(name, input));
                     out.usage.output_tokens += 1;
+                    // `/worker` lines in a row are one turn's calls: they run together.
+                    if batch {
+                        while let Some(Directive::Tool("spawn_worker", input)) =
+                            lines.peek().map(|l| parse(l))
+                        {
+                            lines.next();
+                            out.tool_calls.push(call("spawn_worker", input));
+                            out.usage.output_tokens += 1;
+                        }
+                    }
                     out.stop = StopReason::ToolUse;
                     return Ok(out);
                 }
@@ -584,6 +642,69 @@ mod tests {
             t.apply(10 + i as u64, e);
         }
         assert_eq!(text(&turn(&t).await.1), "error: boom");
+    }
+
+    #[test]
+    fn worker_spawns_its_prompt_and_needs_one() {
+        assert_eq!(
+            parse("/worker add a README"),
+            Directive::Tool(
+                "spawn_worker",
+                json!({"prompt": "add a README", "isolated": true, "wait": true})
+            )
+        );
+        assert_eq!(
+            parse(r#"/worker {"prompt": "p", "wait": false}"#),
+            Directive::Tool("spawn_worker", json!({"prompt": "p", "wait": false}))
+        );
+        match parse("/worker") {
+            Directive::Invalid(why) => assert!(why.starts_with("/worker expects PROMPT"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(parse("/worker   "), Directive::Invalid(_)));
+        assert_eq!(parse("/workers"), Directive::Echo("/workers"));
+    }
+
+    #[tokio::test]
+    async fn workers_in_a_row_are_one_turn_and_each_answer_is_echoed_next_turn() {
+        let mut t = Transcript::default();
+        user(&mut t, "/worker a\n/worker b\n/read x\n/worker c\ndone");
+        let out = turn(&t).await.0.unwrap();
+        let prompts: Vec<_> = out.tool_calls.iter().map(|c| c.input["prompt"].clone()).collect();
+        assert_eq!(prompts, [json!("a"), json!("b")]);
+        assert!(out.tool_calls.iter().all(|c| c.name == "spawn_worker"));
+        let mut seq = 2;
+        let mut apply = |t: &mut Transcript, id: &str, tool: &str, ok: bool, output: &str| {
+            t.apply(
+                seq,
+                &ClientEvent::ToolCall {
+                    call_id: id.into(),
+                    tool: tool.into(),
+                    input: json!({}),
+                },
+            );
+            t.apply(
+                seq + 1,
+                &ClientEvent::ToolResult {
+                    call_id: id.into(),
+                    ok,
+                    output: output.into(),
+                },
+            );
+            seq += 2;
+        };
+        apply(&mut t, "c1", "spawn_worker", true, "A done");
+        apply(&mut t, "c2", "spawn_worker", false, "B failed");
+        let (r, evs) = turn(&t).await;
+        let out = r.unwrap();
+        assert_eq!(text(&evs), "worker: A done\nworker error: B failed");
+        assert_eq!(out.tool_calls[0].name, "read_file");
+        apply(&mut t, "c3", "read_file", true, "x");
+        let out = turn(&t).await.0.unwrap();
+        assert_eq!(out.tool_calls.len(), 1);
+        assert_eq!(out.tool_calls[0].input["prompt"], "c");
+        apply(&mut t, "c4", "spawn_worker", true, "C done");
+        assert_eq!(text(&turn(&t).await.1), "worker: C done\necho: done");
     }
 
     #[tokio::test]

@@ -362,8 +362,24 @@ pub(crate) async fn run_leg(
         if output.tool_calls.is_empty() {
             return (RunOutcome::Completed, "completed".into());
         }
-        for call in output.tool_calls {
-            call_tool(session, &leg.tools, call, cancel).await;
+        let mut calls = output.tool_calls.into_iter().peekable();
+        while let Some(call) = calls.next() {
+            if call.name == tools::SPAWN_WORKER {
+                // Workers the turn asks for together run together (each
+                // still gets its own tool_call and tool_result).
+                let mut batch = vec![call];
+                while let Some(next) = calls.next_if(|c| c.name == tools::SPAWN_WORKER) {
+                    batch.push(next);
+                }
+                futures_util::future::join_all(
+                    batch
+                        .into_iter()
+                        .map(|c| call_tool(session, &leg.tools, c, cancel)),
+                )
+                .await;
+            } else {
+                call_tool(session, &leg.tools, call, cancel).await;
+            }
             if cancel.is_cancelled() {
                 return (RunOutcome::Cancelled, CANCELLED.into());
             }
@@ -514,6 +530,9 @@ async fn call_tool(session: &impl TurnContext, defs: &[ToolDef], call: ToolCall,
             let run = async {
                 // Moved in, so the publishing loop ends with the tool.
                 let live = live;
+                if class == ToolClass::Delegate {
+                    return crate::session::spawn_tool::run(session, &input, cancel).await;
+                }
                 if crate::mcp::names::server_of(&tool).is_some() {
                     return rt.mcp().call(&tool, &input, cancel).await;
                 }

@@ -31,4 +31,8 @@ pub(crate) trait TurnContext: Send + Sync {
     fn transcript(&self) -> Transcript;
 
     fn approvals(&self) -> &Approvals;
+
+    /// The session's slots for running `spawn_worker` children
+    /// (`--max-workers` of them).
+    fn worker_slots(&self) -> &std::sync::Arc<tokio::sync::Semaphore>;
 }

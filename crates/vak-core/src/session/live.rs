@@ -84,6 +84,8 @@ pub struct Session {
     /// under `run` (idle is the run state's word), so a result is either
     /// delivered by its arrival or by the run's end, never both.
     background: Mutex<BackgroundQueue>,
+    /// Slots for the children its `spawn_worker` calls run (`--max-workers`).
+    worker_slots: Arc<tokio::sync::Semaphore>,
 }
 
 /// A side run in flight.
@@ -345,6 +347,7 @@ impl Session {
         let sid: Arc<str> = Arc::from(id);
         let bus = Bus::new(sid.clone(), rt.cfg.bus.clone(), Some(log.clone()), latest, ring);
         let pipe = Arc::new(Pipe::default());
+        let worker_slots = Arc::new(tokio::sync::Semaphore::new(rt.cfg.max_workers.max(1)));
         let session = Arc::new(Session {
             id: sid.clone(),
             created_at,
@@ -363,6 +366,7 @@ impl Session {
             side_busy: watch::channel(false).0,
             stopped: watch::channel(false).0,
             background: Mutex::new(BackgroundQueue::default()),
+            worker_slots,
         });
         if let Some(why) = read_only {
             pipe.fail(&Stopped::ReadOnly { why: why.to_string() });
@@ -999,6 +1003,9 @@ impl TurnContext for Session {
     }
     fn approvals(&self) -> &Approvals {
         Session::approvals(self)
+    }
+    fn worker_slots(&self) -> &Arc<tokio::sync::Semaphore> {
+        &self.worker_slots
     }
 }
 

@@ -1,0 +1,74 @@
+//! `vak term` and workers (issue 30): a `/worker`'s child shown as one line when it is spawned and one when it finishes with its answer, and `/workers` listing the session's children, in a real pseudo-terminal.
+
+use crate::support::*;
+
+/// `vak term --session SID` over `transport`, in the server's workspace.
+fn attached(server: &TestServer, transport: &str, sid: &str) -> portable_pty::CommandBuilder {
+    let mut cmd = portable_pty::CommandBuilder::new(env!("CARGO_BIN_EXE_vak"));
+    cmd.args([
+        "term",
+        "--url",
+        &server.url,
+        "--token",
+        TOKEN,
+        "--transport",
+        transport,
+        "--session",
+        sid,
+    ]);
+    for v in ["VAK_URL", "VAK_TOKEN", "VAK_HOME", "RUST_LOG"] {
+        cmd.env_remove(v);
+    }
+    cmd.env("TERM", "xterm-256color");
+    cmd.cwd(&server.workspace);
+    cmd
+}
+
+async fn idle(pty: &Pty) -> String {
+    pty.wait_until("an idle prompt", |s| {
+        !s.contains("running…") && s.lines().any(|l| l.trim_end() == ">")
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_worker_is_a_line_when_spawned_and_when_finished_and_workers_lists_it() {
+    let server = TestServer::start_with(|c| {
+        c.core.permission = vak::core::PermissionMode::Bypass;
+        c.core.allow_bypass = true;
+    })
+    .await;
+    let sid = server.create_session().await;
+    for transport in ["sse", "grpc"] {
+        let mut pty = Pty::spawn(attached(&server, transport, &sid), 30, 120);
+        idle(&pty).await;
+        if transport == "sse" {
+            pty.send("/workers\r");
+            pty.wait_for("no workers in this session").await;
+            pty.send("/worker {\"prompt\": \"hello from a worker\", \"isolated\": false}\r");
+            let screen = pty.wait_for("worker: echo: hello from a worker").await;
+            let spawned = screen
+                .lines()
+                .find(|l| l.contains("⑂ worker ") && l.contains(" spawned: hello from a worker"))
+                .unwrap_or_else(|| panic!("no spawned line:\n{screen}"));
+            assert_eq!(pty.is_dim(spawned.trim()), Some(true), "{spawned}");
+            assert!(
+                screen
+                    .lines()
+                    .any(|l| l.contains("✓ worker ") && l.contains(" finished: echo: hello from a worker")),
+                "no finished line:\n{screen}"
+            );
+            idle(&pty).await;
+        }
+        pty.send("/workers\r");
+        let screen = pty.wait_for("1 worker of this session:").await;
+        assert!(
+            screen
+                .lines()
+                .any(|l| l.contains("  worker  finished  echo: hello from a worker")),
+            "{screen}"
+        );
+        pty.send("\x04");
+        assert_eq!(pty.wait_exit().await, 0);
+    }
+}
