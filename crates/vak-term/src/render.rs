@@ -770,7 +770,7 @@ mod tests {
         };
         let worker = |phase: pb::WorkerPhase, w: pb::Worker| {
             let mut e = pb::WorkerEvent {
-                worker: Some(w),
+                worker: Some(Box::new(w)),
                 ..Default::default()
             };
             e.set_phase(phase);
@@ -810,7 +810,7 @@ mod tests {
         );
         let bench = pb::Workbench {
             bestofn_id: "bon_0123456789ab".into(),
-            candidate: Some(child("c3", c, pb::WorkerState::Running)),
+            candidate: Some(Box::new(child("c3", c, pb::WorkerState::Running))),
         };
         assert_eq!(
             r.event(&ev(Kind::Workbench(bench))),
