@@ -64,14 +64,20 @@ impl Method {
     }
 }
 
-/// `gh` on the server's PATH, if it is there.
-fn find_gh() -> Option<PathBuf> {
+/// The gh program `gh` names: a path as it is, a bare name on the
+/// server's PATH; None when there is no such executable file.
+fn find_gh(gh: &Path) -> Option<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
+    let runnable =
+        |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    if gh.components().count() > 1 {
+        return runnable(gh).then(|| gh.to_path_buf());
+    }
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
         .filter(|d| d.is_absolute())
-        .map(|d| d.join("gh"))
-        .find(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
+        .map(|d| d.join(gh))
+        .find(|p| runnable(p))
 }
 
 fn no(reason: Reason, message: String) -> View {
@@ -82,9 +88,18 @@ fn no(reason: Reason, message: String) -> View {
     }
 }
 
+/// The lookup of gh on PATH reads directories: call it off the runtime.
+async fn locate(gh: &Path) -> Option<PathBuf> {
+    let gh = gh.to_path_buf();
+    tokio::task::spawn_blocking(move || find_gh(&gh))
+        .await
+        .ok()
+        .flatten()
+}
+
 /// The PR of `ws`'s current branch, or why there is none.
-pub async fn view(ws: &Path, git: &Path) -> Result<View> {
-    let Some(gh) = find_gh() else {
+pub async fn view(ws: &Path, git: &Path, gh: &Path) -> Result<View> {
+    let Some(gh) = locate(gh).await else {
         return Ok(no(Reason::GhUnavailable, "gh is not on the server's PATH".into()));
     };
     if let Some((_, message)) = diff::probe(ws, git).await? {
@@ -103,11 +118,11 @@ pub async fn view(ws: &Path, git: &Path) -> Result<View> {
 
 /// `gh pr merge <number> --auto --<method>` in `ws`: gh's stdout tail, or
 /// its failure as a bad gateway with its stderr tail.
-pub async fn merge(ws: &Path, number: u32, method: Method) -> Result<String> {
+pub async fn merge(ws: &Path, gh: &Path, number: u32, method: Method) -> Result<String> {
     if number == 0 {
         return Err(Error::invalid("number is required"));
     }
-    let Some(gh) = find_gh() else {
+    let Some(gh) = locate(gh).await else {
         return Err(
             Error::new(ErrorKind::Upstream, "gh is not on the server's PATH").with_reason("gh_unavailable")
         );
