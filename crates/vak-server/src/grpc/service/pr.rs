@@ -51,11 +51,11 @@ impl AgentApi {
     }
 
     pub(super) async fn pr_merge(&self, r: pb::MergePrRequest) -> Result<pb::MergePrResponse, Status> {
+        let s = self.session(&r.session_id).await?;
         let method = method_in(r.method)?;
         if r.number == 0 {
             return Err(Status::invalid_argument("number is required"));
         }
-        let s = self.session(&r.session_id).await?;
         s.runtime().check_workspace().await.map_err(to_status)?;
         let gh = self.control().config().gh.clone();
         let output = pr::merge(s.workspace_dir(), &gh, r.number, method)
