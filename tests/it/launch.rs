@@ -58,6 +58,17 @@ fn group_alive(pgid: i32) -> bool {
     })
 }
 
+/// Whether process `pid` is alive (not a zombie).
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|st| {
+            st.rsplit_once(')')
+                .map(|(_, r)| r.split_whitespace().next() != Some("Z"))
+        })
+        .unwrap_or(false)
+}
+
 async fn until(what: &str, mut cond: impl AsyncFnMut() -> bool) {
     let start = Instant::now();
     while !cond().await {
@@ -211,10 +222,7 @@ async fn launch_toml_and_npm_configs_start_stream_log_and_stop_with_their_group(
     let (status, stopped) = s.post(&format!("{base}/stop"), json!({"name": "start"})).await;
     assert_eq!(status, 200, "{stopped}");
     until("npm's group gone", async || !group_alive(npm_pgid)).await;
-    assert!(
-        !std::path::Path::new(&format!("/proc/{script}/stat")).exists() || !group_alive(npm_pgid),
-        "npm's script went with its group"
-    );
+    assert!(!alive(script), "npm's script went with its group");
 
     let (_, list) = s.get(&base).await;
     assert_ne!(config(&list, "web")["running"], true, "{list}");
@@ -285,4 +293,25 @@ async fn deleting_the_session_stops_its_dev_servers_and_a_bad_launch_file_is_400
     assert_eq!(status, 400, "{e}");
     let msg = e["error"]["message"].as_str().unwrap();
     assert!(msg.contains("line 4") && msg.contains("port"), "{msg}");
+}
+
+#[tokio::test]
+async fn the_servers_stop_ends_every_dev_server() {
+    let s = TestServer::start().await;
+    workspace(&s.workspace);
+    let sid = s.create_session().await;
+    let (status, started) = s
+        .post(&format!("/sessions/{sid}/launch/start"), json!({"name": "web"}))
+        .await;
+    assert_eq!(status, 200, "{started}");
+    let pid = started["pid"].as_i64().unwrap() as i32;
+    let child = read_pid(&s.workspace.join("web.child")).await;
+    assert!(group_alive(pid) && alive(child));
+    tokio::time::timeout(DEADLINE, s.hub().shutdown(std::time::Duration::from_secs(5)))
+        .await
+        .expect("the hub stops within the deadline");
+    // The stop answers once the leader is reaped; the rest of the group follows.
+    assert!(!alive(pid), "the leader is gone when shutdown returns");
+    until("the group gone after shutdown", async || !group_alive(pid)).await;
+    assert!(!alive(child));
 }
