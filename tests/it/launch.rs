@@ -315,3 +315,53 @@ async fn the_servers_stop_ends_every_dev_server() {
     until("the group gone after shutdown", async || !group_alive(pid)).await;
     assert!(!alive(child));
 }
+
+#[tokio::test]
+async fn a_flood_streams_8_mib_then_one_line_and_the_ring_keeps_the_latest_256_kib() {
+    let s = TestServer::start().await;
+    std::fs::create_dir_all(s.workspace.join(".vak")).unwrap();
+    std::fs::write(
+        s.workspace.join(".vak/launch.toml"),
+        "[[launch]]\nname = \"flood\"\ncommand = \"head -c 9000000 /dev/zero | tr '\\\\0' x | fold -w 4000; echo; echo the-end\"\n",
+    )
+    .unwrap();
+    let sid = s.create_session().await;
+    let mut sse = s.events(&sid, None).await;
+    let (status, started) = s
+        .post(&format!("/sessions/{sid}/launch/start"), json!({"name": "flood"}))
+        .await;
+    assert_eq!(status, 200, "{started}");
+    let mut streamed = 0usize;
+    let note = loop {
+        let f = sse.next().await.expect("the stream goes on");
+        if f.event != "launch_output" {
+            continue;
+        }
+        let text = f.body()["text"].as_str().unwrap().to_string();
+        if text.starts_with("[vak: ") {
+            break text;
+        }
+        assert!(!text.contains("the-end"), "past the cap nothing more is streamed");
+        streamed += text.len();
+    };
+    assert!(note.contains("only in its logs"), "{note}");
+    assert!(
+        (8 << 20..(8 << 20) + (128 << 10)).contains(&streamed),
+        "{streamed}"
+    );
+    let mut logs = serde_json::Value::Null;
+    until("the flood ended", async || {
+        logs = s.get(&format!("/sessions/{sid}/launch/logs?name=flood")).await.1;
+        logs["running"] != true
+    })
+    .await;
+    let lines = logs["lines"].as_array().unwrap();
+    assert_eq!(lines.last().unwrap()["text"], "the-end");
+    let kept: usize = lines.iter().map(|l| l["text"].as_str().unwrap().len()).sum();
+    assert!(kept <= 256 << 10, "{kept}");
+    assert_eq!(
+        lines.len() as u64 + logs["dropped"].as_u64().unwrap(),
+        2251,
+        "every line counted once"
+    );
+}

@@ -21,8 +21,8 @@ pub const MAX_LINE: usize = 8 << 10;
 pub const MAX_PUBLISHED: usize = 8 << 20;
 /// The most text in one published event.
 const MAX_BATCH: usize = 64 << 10;
-/// Lines in flight between the readers and the publisher.
-const LIVE_QUEUE: usize = 256;
+/// Reads' worth of lines in flight between the readers and the publisher.
+const LIVE_QUEUE: usize = 16;
 /// How long a stopped group has between SIGTERM and SIGKILL.
 pub const STOP_GRACE: Duration = Duration::from_secs(5);
 
@@ -162,7 +162,7 @@ pub fn start(spec: Spec, sink: Sink) -> Result<Run> {
         exit_code: None,
     });
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let (live_tx, live_rx) = mpsc::channel::<(OutputStream, String)>(LIVE_QUEUE);
+    let (live_tx, live_rx) = mpsc::channel::<Lines>(LIVE_QUEUE);
     let readers = [
         tokio::spawn(read_lines(
             out,
@@ -217,67 +217,74 @@ pub fn start(spec: Spec, sink: Sink) -> Result<Run> {
     })
 }
 
+/// What one read of a pipe completed: its lines.
+type Lines = (OutputStream, Vec<String>);
+
 /// Reads `pipe` line by line (a line over MAX_LINE is cut) into the ring
-/// and on to the publisher.
+/// and on to the publisher, the lines of one read together. A full queue
+/// holds the reader (and the dev server's writes) up; the publisher never
+/// waits on the session, so it drains as fast as it is scheduled.
 async fn read_lines(
     mut pipe: impl AsyncRead + Unpin,
     stream: OutputStream,
     ring: Arc<Mutex<Ring>>,
-    live: mpsc::Sender<(OutputStream, String)>,
+    live: mpsc::Sender<Lines>,
 ) {
     let mut buf = vec![0u8; 16 << 10];
     let mut line: Vec<u8> = Vec::new();
     let mut live = Some(live);
-    let emit = |bytes: &[u8], live: &mut Option<mpsc::Sender<(OutputStream, String)>>| {
-        let text = String::from_utf8_lossy(bytes).into_owned();
-        lock(&ring).push(stream, text.clone());
-        // A full queue drops the live copy (the ring has it): output never
-        // waits for the session.
-        if let Some(tx) = live {
-            if let Err(mpsc::error::TrySendError::Closed(_)) = tx.try_send((stream, text)) {
-                *live = None;
-            }
-        }
-    };
     loop {
         let n = match pipe.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
+            Ok(0) | Err(_) => 0,
             Ok(n) => n,
         };
+        let mut done = Vec::new();
         for &b in &buf[..n] {
             if b == b'\n' {
-                emit(&line, &mut live);
+                done.push(String::from_utf8_lossy(&line).into_owned());
                 line.clear();
             } else {
                 line.push(b);
                 if line.len() >= MAX_LINE {
-                    emit(&line, &mut live);
+                    done.push(String::from_utf8_lossy(&line).into_owned());
                     line.clear();
                 }
             }
         }
-    }
-    if !line.is_empty() {
-        emit(&line, &mut live);
+        if n == 0 && !line.is_empty() {
+            done.push(String::from_utf8_lossy(&line).into_owned());
+        }
+        if !done.is_empty() {
+            {
+                let mut ring = lock(&ring);
+                for l in &done {
+                    ring.push(stream, l.clone());
+                }
+            }
+            if let Some(tx) = &live {
+                if tx.send((stream, done)).await.is_err() {
+                    live = None;
+                }
+            }
+        }
+        if n == 0 {
+            return;
+        }
     }
 }
 
 /// Publishes lines as `launch_output` events: whatever arrived together,
-/// one event per stream run, at most MAX_PUBLISHED bytes per start.
-async fn publish(
-    session_id: String,
-    name: String,
-    mut lines: mpsc::Receiver<(OutputStream, String)>,
-    sink: Sink,
-) {
+/// one event per stream run, at most MAX_PUBLISHED bytes per start (then
+/// it goes on draining, so the readers never wait for it).
+async fn publish(session_id: String, name: String, mut lines: mpsc::Receiver<Lines>, sink: Sink) {
     let mut sent = 0usize;
     while let Some(first) = lines.recv().await {
         let mut batch = vec![first];
-        let mut size = batch[0].1.len();
+        let mut size: usize = batch[0].1.iter().map(|l| l.len() + 1).sum();
         while size < MAX_BATCH {
             match lines.try_recv() {
                 Ok(l) => {
-                    size += l.1.len() + 1;
+                    size += l.1.iter().map(|l| l.len() + 1).sum::<usize>();
                     batch.push(l);
                 }
                 Err(_) => break,
@@ -290,13 +297,11 @@ async fn publish(
             continue;
         };
         let mut events: Vec<(OutputStream, String)> = Vec::new();
-        for (stream, text) in batch {
+        for (stream, texts) in batch {
+            let text: String = texts.into_iter().map(|t| t + "\n").collect();
             match events.last_mut() {
-                Some((s, t)) if *s == stream => {
-                    t.push_str(&text);
-                    t.push('\n');
-                }
-                _ => events.push((stream, text + "\n")),
+                Some((s, t)) if *s == stream => t.push_str(&text),
+                _ => events.push((stream, text)),
             }
         }
         for (stream, text) in events {
