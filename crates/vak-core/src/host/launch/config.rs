@@ -236,6 +236,41 @@ mod tests {
     }
 
     #[test]
+    fn a_cwd_stays_inside_the_workspace_also_through_a_symlink() {
+        let outside = tempfile::tempdir().unwrap();
+        let ws = tempfile::tempdir().unwrap();
+        std::fs::create_dir(ws.path().join("app")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), ws.path().join("out")).unwrap();
+        let root = ws.path().canonicalize().unwrap();
+        assert_eq!(resolve_cwd(ws.path(), "").unwrap(), root);
+        assert_eq!(resolve_cwd(ws.path(), "app").unwrap(), root.join("app"));
+        assert!(resolve_cwd(ws.path(), "out").is_err(), "a symlink out is refused");
+        assert!(resolve_cwd(ws.path(), "../x").is_err());
+        assert!(resolve_cwd(ws.path(), "missing").is_err());
+    }
+
+    #[test]
+    fn a_launch_file_symlinked_out_of_the_workspace_is_not_read() {
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(
+            outside.path().join("launch.toml"),
+            "[[launch]]\nname = \"x\"\ncommand = \"true\"\n",
+        )
+        .unwrap();
+        let ws = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(outside.path(), ws.path().join(".vak")).unwrap();
+        assert!(load(ws.path()).is_err());
+        std::fs::remove_file(ws.path().join(".vak")).unwrap();
+        std::fs::write(
+            ws.path().join("package.json"),
+            r#"{"scripts":{"start":"node ."}}"#,
+        )
+        .unwrap();
+        let c = load(ws.path()).unwrap();
+        assert_eq!((c.len(), c[0].source), (1, Source::Npm));
+    }
+
+    #[test]
     fn package_json_offers_dev_start_and_serve_only() {
         let c = parse_package_json(r#"{"scripts":{"build":"x","serve":"y","dev":"z"}}"#);
         let names: Vec<_> = c.iter().map(|c| (c.name.as_str(), c.command.as_str())).collect();
