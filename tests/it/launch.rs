@@ -365,3 +365,78 @@ async fn a_flood_streams_8_mib_then_one_line_and_the_ring_keeps_the_latest_256_k
         "every line counted once"
     );
 }
+
+#[tokio::test]
+async fn over_grpc_a_dev_server_is_listed_started_logged_and_stopped() {
+    use vak::proto::v1 as pb;
+    let s = TestServer::start().await;
+    workspace(&s.workspace);
+    let sid = s.create_session().await;
+    let mut g = s.grpc().await;
+    let list = g
+        .list_launch(pb::ListLaunchRequest {
+            session_id: sid.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let sources: Vec<(String, pb::LaunchSource)> = list
+        .configs
+        .iter()
+        .map(|c| (c.name.clone(), c.source()))
+        .collect();
+    assert_eq!(sources[0], ("web".into(), pb::LaunchSource::LaunchToml));
+    assert_eq!(sources[3], ("start".into(), pb::LaunchSource::Npm));
+    let started = g
+        .start_launch(pb::StartLaunchRequest {
+            session_id: sid.clone(),
+            name: "web".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let again = g
+        .start_launch(pb::StartLaunchRequest {
+            session_id: sid.clone(),
+            name: "web".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(again.code(), tonic::Code::FailedPrecondition, "{again:?}");
+    read_pid(&s.workspace.join("web.child")).await;
+    let mut logs = pb::LaunchLogs::default();
+    until("web's lines in its logs", async || {
+        logs = g
+            .get_launch_logs(pb::GetLaunchLogsRequest {
+                session_id: sid.clone(),
+                name: "web".into(),
+                tail: 0,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        logs.lines.iter().any(|l| l.text == "web-err")
+    })
+    .await;
+    let err = logs.lines.iter().find(|l| l.text == "web-err").unwrap();
+    assert_eq!(err.stream(), pb::OutputStream::Stderr);
+    assert_eq!((logs.max_lines, logs.max_bytes), (1000, 256 << 10));
+    let stopped = g
+        .stop_launch(pb::StopLaunchRequest {
+            session_id: sid.clone(),
+            name: "web".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(stopped.was_running);
+    until("web's group gone", async || !group_alive(started.pid as i32)).await;
+    let unknown = g
+        .stop_launch(pb::StopLaunchRequest {
+            session_id: sid,
+            name: "nope".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::NotFound);
+}
