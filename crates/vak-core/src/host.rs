@@ -1,4 +1,4 @@
-//! What the server holds besides sessions' logs: the hub, with its registry of live sessions and their recovery and its control plane; config and keys, rules, memory, search, workspaces, the session index, files, diffs and terminals.
+//! What the server holds besides sessions' logs: the hub, with its registry of live sessions and their recovery and its control plane; config and keys, rules, memory, search, workspaces, the session index, files, diffs, terminals, dev servers and the PR view.
 
 pub mod agent_settings;
 pub mod config;
@@ -8,7 +8,9 @@ pub mod files;
 pub mod hooks;
 pub mod hub;
 pub(crate) mod index;
+pub mod launch;
 pub mod memory;
+pub mod pr;
 pub(crate) mod recovery;
 pub mod registry;
 pub mod rules;

@@ -117,6 +117,9 @@ pub struct CoreConfig {
     pub workspace_roots: Vec<PathBuf>,
     /// The git program `GET /sessions/:id/diff` runs (found on PATH by default).
     pub git: PathBuf,
+    /// The GitHub CLI `GET /sessions/:id/pr` and its merge run: a bare name
+    /// is looked up on the server's PATH (`gh` by default).
+    pub gh: PathBuf,
     /// The sandbox the agent's commands run in (`--sandbox`, `[sandbox]`).
     pub sandbox: tools::sandbox::SandboxConfig,
 }
@@ -153,6 +156,7 @@ impl CoreConfig {
             shared_memory: None,
             workspace_roots: Vec::new(),
             git: PathBuf::from("git"),
+            gh: PathBuf::from("gh"),
             sandbox: tools::sandbox::SandboxConfig::default(),
         }
     }

@@ -505,6 +505,53 @@ async fn every_documented_status_is_reached_and_every_status_reached_is_document
     r.hit(&w, Who::Socket, "GET", "/pty", "/pty", Body::None, 429).await;
     drop(shells);
 
+    // ---- dev servers and the PR view (issue 30), with a fake gh ----
+    let bin = tempfile::tempdir().unwrap();
+    let gh = bin.path().join("gh");
+    std::fs::write(&gh, concat!(
+        "#!/bin/sh\n",
+        "case \"$1 $2\" in\n",
+        "\"pr view\") [ -f \"$0.fail\" ] && { echo 'HTTP 401: Bad credentials' >&2; exit 1; }\n",
+        "  echo '{\"number\":1,\"title\":\"t\",\"state\":\"OPEN\",\"url\":\"u\",\"headRefName\":\"main\",\"statusCheckRollup\":[]}' ;;\n",
+        "\"pr merge\") [ \"$3\" = 2 ] && { echo 'not mergeable' >&2; exit 1; }; echo merged ;;\n",
+        "esac\n",
+    )).unwrap();
+    std::fs::set_permissions(&gh, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let l = TestServer::start_with(|c| c.core.gh = gh.clone()).await;
+    let git = std::process::Command::new("git").current_dir(&l.workspace).args(["init", "-q"]).output().unwrap();
+    assert!(git.status.success());
+    std::fs::create_dir(l.workspace.join(".vak")).unwrap();
+    let toml: String = (0..9).map(|i| format!("[[launch]]\nname = \"s{i}\"\ncommand = \"sleep 1000\"\n")).collect();
+    std::fs::write(l.workspace.join(".vak/launch.toml"), toml).unwrap();
+    let lsid = l.create_session().await;
+    let lp = |tail: &str| format!("/sessions/{lsid}{tail}");
+    let name = |n: &str| Some(json!({"name": n}));
+    r.call(&l, "GET", &t("/launch"), &lp("/launch"), None, 200).await;
+    r.call(&l, "POST", &t("/launch/start"), &lp("/launch/start"), name("s0"), 200).await;
+    r.call(&l, "POST", &t("/launch/start"), &lp("/launch/start"), name("s0"), 409).await;
+    r.call(&l, "POST", &t("/launch/start"), &lp("/launch/start"), Some(json!({})), 400).await;
+    r.call(&l, "POST", &t("/launch/start"), &lp("/launch/start"), name("nope"), 404).await;
+    for i in 1..8 {
+        r.call(&l, "POST", &t("/launch/start"), &lp("/launch/start"), name(&format!("s{i}")), 200).await;
+    }
+    // Eight run in the session, the most.
+    r.call(&l, "POST", &t("/launch/start"), &lp("/launch/start"), name("s8"), 429).await;
+    r.call(&l, "GET", &t("/launch/logs"), &lp("/launch/logs?name=s0&tail=5"), None, 200).await;
+    r.call(&l, "GET", &t("/launch/logs"), &lp("/launch/logs"), None, 400).await;
+    r.call(&l, "GET", &t("/launch/logs"), &lp("/launch/logs?name=nope"), None, 404).await;
+    r.call(&l, "POST", &t("/launch/stop"), &lp("/launch/stop"), name("s0"), 200).await;
+    r.call(&l, "POST", &t("/launch/stop"), &lp("/launch/stop"), Some(json!({})), 400).await;
+    r.call(&l, "POST", &t("/launch/stop"), &lp("/launch/stop"), name("nope"), 404).await;
+    r.call(&l, "GET", &t("/pr"), &lp("/pr"), None, 200).await;
+    r.call(&l, "POST", &t("/pr/merge"), &lp("/pr/merge"), Some(json!({"number": 1, "method": "squash"})), 200).await;
+    r.call(&l, "POST", &t("/pr/merge"), &lp("/pr/merge"), Some(json!({"number": 1})), 400).await;
+    r.call(&l, "POST", &t("/pr/merge"), &lp("/pr/merge"), Some(json!({"number": 2, "method": "merge"})), 502).await;
+    std::fs::write(bin.path().join("gh.fail"), "").unwrap();
+    r.call(&l, "GET", &t("/pr"), &lp("/pr"), None, 502).await;
+    // A launch file that does not parse.
+    std::fs::write(l.workspace.join(".vak/launch.toml"), "[[launch]]\nname = 1\n").unwrap();
+    r.call(&l, "GET", &t("/launch"), &lp("/launch"), None, 400).await;
+
     // ---- a server shutting down (the listener still answers): 503 ----
     let d = TestServer::start_with(small).await;
     let dsid = d.create_session().await;

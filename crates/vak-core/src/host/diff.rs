@@ -82,6 +82,23 @@ pub struct Diff {
     pub truncated: bool,
 }
 
+/// Why `ws` has no git work tree to look at (None: it has one), as `diff` decides.
+pub async fn probe(ws: &Path, git: &Path) -> Result<Option<(Reason, String)>> {
+    let probe = Git::new(ws, git, Vec::new());
+    match probe.run(&["rev-parse", "--is-inside-work-tree"], 4096).await {
+        Err(Spawn::Missing(e)) => Ok(Some((
+            Reason::GitUnavailable,
+            format!("git is not installed: {e}"),
+        ))),
+        Err(Spawn::Failed(e)) => Err(e),
+        Ok(out) if out.ok && out.stdout.trim_ascii() == b"true" => Ok(None),
+        Ok(_) => Ok(Some((
+            Reason::NotAGitRepo,
+            "the workspace is not inside a git work tree".into(),
+        ))),
+    }
+}
+
 /// The status and diff of `ws` against HEAD (staged and unstaged changes),
 /// with untracked files as new-file diffs.
 pub async fn diff(ws: &Path, git: &Path) -> Result<Diff> {

@@ -120,7 +120,11 @@ impl Hub {
         let sessions = Arc::new(sessions);
         // Budget alerts go to the sessions that spent (idle delivery).
         let registry: std::sync::Weak<Registry> = Arc::downgrade(&sessions);
-        finops.set_sink(registry);
+        finops.set_sink(registry.clone());
+        // Dev servers' output goes to their session while it is loaded.
+        sessions
+            .launches()
+            .set_sink(Arc::new(move |id: &str| registry.upgrade()?.loaded_session(id)));
         let firer = HostFirer {
             sessions: sessions.clone(),
             workspaces: workspaces.clone(),
@@ -230,6 +234,8 @@ impl Hub {
     pub async fn shutdown(&self, grace: Duration) {
         // No fire starts once sessions begin to close.
         self.tasks.stop().await;
+        // Dev servers go first: their output has nowhere to go after.
+        self.sessions.launches().stop_all().await;
         self.sessions.stop(grace).await;
         self.control.mcp().shutdown().await;
         // The usage of the runs just settled reaches the cost ledger.

@@ -90,6 +90,8 @@ pub struct Registry {
     /// Ids of sessions whose writer stopped, for `recovery::run` (which
     /// the hub's `housekeep` starts with the receiver).
     stopped: mpsc::UnboundedSender<String>,
+    /// Every session's dev servers (stopped with their session).
+    launches: Arc<crate::host::launch::Launches>,
 }
 
 /// Sends `session`'s id to `stopped` when its writer stops (ends quietly
@@ -128,6 +130,7 @@ impl Registry {
             stopping: AtomicBool::new(false),
             closing,
             stopped,
+            launches: Arc::default(),
         };
         (registry, stopped_rx)
     }
@@ -150,6 +153,16 @@ impl Registry {
             return Err(Error::new(ErrorKind::Unavailable, "the server is shutting down"));
         }
         Ok(())
+    }
+
+    /// Every session's dev servers.
+    pub fn launches(&self) -> &Arc<crate::host::launch::Launches> {
+        &self.launches
+    }
+
+    /// Session `id` when it is in memory now (never loads it).
+    pub(crate) fn loaded_session(&self, id: &str) -> Option<Arc<Session>> {
+        self.loaded().get(id).and_then(|c| c.get().cloned())
     }
 
     /// Every session in memory now (loads in flight are not).

@@ -21,6 +21,8 @@ impl Registry {
         }
         let s = self.get(id).await?;
         s.begin_delete()?;
+        // No dev server outlives its session.
+        self.launches.stop_session(id).await;
         s.close_streams(CloseReason::Deleted).await;
         let (home, dir, sid) = (
             self.rt.cfg.home.clone(),
@@ -64,6 +66,7 @@ impl Registry {
             Located::Remote(owner) => return Err(served_elsewhere(id, &owner)),
         };
         s.begin_delete()?;
+        self.launches.stop_session(id).await;
         s.close_streams(CloseReason::Deleted).await;
         let purged = crate::cluster::jetstream::purge_session(client, id).await;
         if purged.is_ok() {
