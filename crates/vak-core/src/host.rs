@@ -18,3 +18,4 @@ pub(crate) mod secrets;
 pub mod tasks;
 pub mod terminal;
 pub mod workspaces;
+pub mod worktree;
