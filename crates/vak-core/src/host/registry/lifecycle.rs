@@ -21,6 +21,9 @@ impl Registry {
         }
         let s = self.get(id).await?;
         s.begin_delete()?;
+        if let Some(hook) = self.delete_hook() {
+            hook.deleting(id).await;
+        }
         s.close_streams(CloseReason::Deleted).await;
         let (home, dir, sid) = (
             self.rt.cfg.home.clone(),
@@ -64,6 +67,9 @@ impl Registry {
             Located::Remote(owner) => return Err(served_elsewhere(id, &owner)),
         };
         s.begin_delete()?;
+        if let Some(hook) = self.delete_hook() {
+            hook.deleting(id).await;
+        }
         s.close_streams(CloseReason::Deleted).await;
         let purged = crate::cluster::jetstream::purge_session(client, id).await;
         if purged.is_ok() {
