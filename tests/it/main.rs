@@ -52,4 +52,5 @@ mod tasks;
 mod term;
 mod term_background;
 mod tools;
+mod workers;
 mod workspace_api;

@@ -153,7 +153,10 @@ impl Children {
         let path = cfg.home.join(FILE);
         let mut entries: Vec<Entry> = match std::fs::read(&path) {
             Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
-                tracing::warn!("{} cannot be read ({e}); starting with no children", path.display());
+                tracing::warn!(
+                    "{} cannot be read ({e}); starting with no children",
+                    path.display()
+                );
                 Vec::new()
             }),
             Err(_) => Vec::new(),
@@ -383,7 +386,8 @@ impl Children {
                 None
             }
             Err(e) => {
-                self.settle(&id, None, WorkerState::Failed, e.message.clone()).await;
+                self.settle(&id, None, WorkerState::Failed, e.message.clone())
+                    .await;
                 Some(e)
             }
         }
@@ -427,7 +431,11 @@ impl Children {
             };
             match measured.await {
                 Ok(s) => stat = Some(s),
-                Err(err) => tracing::warn!(child = id, "cannot commit or measure the child's work: {}", err.message),
+                Err(err) => tracing::warn!(
+                    child = id,
+                    "cannot commit or measure the child's work: {}",
+                    err.message
+                ),
             }
         }
         let info = {
@@ -503,7 +511,12 @@ impl Children {
 
     /// n isolated candidates of `prompt` under `parent`: the best-of-N's id
     /// and the candidates, each running.
-    pub async fn start_bestofn(&self, parent: &str, prompt: String, n: u32) -> Result<(String, Vec<WorkerInfo>)> {
+    pub async fn start_bestofn(
+        &self,
+        parent: &str,
+        prompt: String,
+        n: u32,
+    ) -> Result<(String, Vec<WorkerInfo>)> {
         if n < 2 || n > self.max_bestofn {
             return Err(Error::invalid(format!(
                 "n {n}: a best-of-N runs 2 to {} candidates (--max-bestofn)",
@@ -621,7 +634,8 @@ impl Children {
     /// and branch removed, its session deleted, the parent told.
     pub async fn discard(&self, parent: &str, candidate: &str) -> Result<Discarded> {
         self.candidate_of(parent, candidate)?;
-        self.discard_one(candidate.to_string(), DiscardWhy::Discarded, true).await
+        self.discard_one(candidate.to_string(), DiscardWhy::Discarded, true)
+            .await
     }
 
     async fn discard_one(&self, id: String, why: DiscardWhy, tell: bool) -> Result<Discarded> {

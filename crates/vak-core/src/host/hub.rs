@@ -6,8 +6,8 @@ use crate::automation::scheduler::{
 use crate::automation::store::{FileTasks, TaskPersist};
 use crate::cluster::shared_tasks::{KvClaim, SharedTasks};
 use crate::error::{Error, Result};
-use crate::host::config::Settings;
 use crate::host::children::Children;
+use crate::host::config::Settings;
 use crate::host::control::ControlPlane;
 use crate::host::index::Index;
 use crate::host::registry::{DeleteHook, Registry};

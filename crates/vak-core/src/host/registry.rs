@@ -204,7 +204,11 @@ impl Registry {
 
     /// `create_in` under an id the caller chose (a fresh one: a child's, so
     /// its worktree can be named before the session exists).
-    pub(crate) async fn create_as(&self, workspace: Option<OpenWorkspace>, id: String) -> Result<Arc<Session>> {
+    pub(crate) async fn create_as(
+        &self,
+        workspace: Option<OpenWorkspace>,
+        id: String,
+    ) -> Result<Arc<Session>> {
         self.refuse_when_stopping()?;
         let rt = match workspace.filter(|w| !w.primary) {
             None => self.rt.clone(),
