@@ -136,6 +136,7 @@ async fn a_kept_candidate_is_merged_and_the_others_branches_and_worktrees_go() {
             "{b}"
         );
     }
+    let mut sse = s.events(&sid, None).await;
     let c = bestofn(&s, &sid, "/write cand.txt hello", 2).await;
     for (_, branch, wt) in &c {
         assert!(Path::new(wt).is_dir(), "{wt}");
@@ -150,6 +151,19 @@ async fn a_kept_candidate_is_merged_and_the_others_branches_and_worktrees_go() {
         assert_eq!(w["diff_stat"]["files"], 1, "{w}");
         assert_eq!(w["parent_id"], sid.as_str());
     }
+    // A settled candidate steered runs again, on the same branch.
+    let (status, w) = s
+        .post(
+            &format!("/sessions/{sid}/workers/{}/steer", c[1].0),
+            json!({"text": "/write more.txt again"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{w}");
+    until_all(&s, &sid, "finished again", |w| {
+        w["state"] == "finished" && (w["id"] == c[0].0.as_str() || w["diff_stat"]["files"] == 2)
+    })
+    .await;
+    assert!(Path::new(&c[1].2).join("more.txt").is_file());
     // Another session's id finds no candidate.
     let other = s.create_session().await;
     let (status, b) = s
@@ -181,6 +195,24 @@ async fn a_kept_candidate_is_merged_and_the_others_branches_and_worktrees_go() {
         );
     }
     assert!(workers(&s, &sid).await.is_empty());
+    // The parent's stream told each step: the candidates' states, then the discard.
+    let frames = sse.until("draft_discarded").await;
+    let bench: Vec<&Value> = frames
+        .iter()
+        .filter(|f| f.event == "workbench")
+        .map(|f| f.body())
+        .collect();
+    assert!(
+        bench.iter().any(|b| b["candidate"]["state"] == "finished"
+            && b["candidate"]["diff_stat"]["files"] == 1
+            && b["bestofn_id"].as_str().unwrap().starts_with("bon_")),
+        "{bench:?}"
+    );
+    let last = frames.last().unwrap().body();
+    assert_eq!(
+        (last["candidate"].as_str(), last["why"].as_str()),
+        (Some(c[1].0.as_str()), Some("kept_other"))
+    );
     s.stop().await;
 }
 
