@@ -366,9 +366,7 @@ impl Children {
                 }
                 let (gen, info) = {
                     let mut t = self.table();
-                    let Some(e) = t.entries.iter_mut().find(|e| e.info.id == id) else {
-                        return None;
-                    };
+                    let e = t.entries.iter_mut().find(|e| e.info.id == id)?;
                     e.gen += 1;
                     let was = e.info.state;
                     e.info.state = WorkerState::Running;
