@@ -344,3 +344,64 @@ async fn children_outlive_a_restart_and_a_running_one_is_failed() {
     s.stop().await;
     drop(dirs);
 }
+
+#[tokio::test]
+async fn the_spawner_runs_workers_in_place_or_isolated_and_a_cancelled_wait_stops_them() {
+    use tokio_util::sync::CancellationToken;
+    use vak::core::worker::{Spawn, Spawner, WorkerKind, WorkerState};
+    let s = server().await;
+    let ws = s.workspace.clone();
+    init_repo(&ws);
+    let sid = s.create_session().await;
+    let mut sse = s.events(&sid, None).await;
+    let sp = s.hub().children().clone();
+    let spawn = |prompt: &str, isolated: bool| Spawn {
+        parent: sid.clone(),
+        kind: WorkerKind::Worker,
+        prompt: prompt.into(),
+        isolated,
+        bestofn_id: String::new(),
+    };
+    // In place: the parent's workspace itself, no branch.
+    let w = sp
+        .spawn(spawn("/write here.txt in place\ndone here", false))
+        .await
+        .unwrap();
+    assert_eq!(
+        (w.state, w.branch.as_str(), w.parent_id.as_str()),
+        (WorkerState::Running, "", sid.as_str())
+    );
+    let done = sp.wait(&w.id, CancellationToken::new()).await.unwrap();
+    assert_eq!(done.state, WorkerState::Finished, "{done:?}");
+    assert!(done.summary.contains("done here"), "{done:?}");
+    assert_eq!(
+        std::fs::read_to_string(ws.join("here.txt")).unwrap().trim(),
+        "in place"
+    );
+    // Isolated: its own worktree and branch, committed and measured.
+    let w = sp.spawn(spawn("/write there.txt apart", true)).await.unwrap();
+    let done = sp.wait(&w.id, CancellationToken::new()).await.unwrap();
+    assert_eq!(done.state, WorkerState::Finished, "{done:?}");
+    assert_eq!(done.diff_stat.map(|d| d.files), Some(1), "{done:?}");
+    assert!(!ws.join("there.txt").exists());
+    assert!(Path::new(&done.worktree).join("there.txt").is_file());
+    assert!(git(&ws, &["log", "--format=%s", &done.branch]).contains(&format!("vak: worker {}", w.id)));
+    // A wait cancelled stops the child.
+    let w = sp.spawn(spawn("/sleep 60000", false)).await.unwrap();
+    let cancel = CancellationToken::new();
+    cancel.cancel();
+    let got = sp.wait(&w.id, cancel).await.unwrap();
+    assert_eq!(got.state, WorkerState::Cancelled, "{got:?}");
+    assert_eq!(workers(&s, &sid).await.len(), 3);
+    // The parent's stream told each spawn and each settling.
+    let mut seen = Vec::new();
+    while seen.iter().filter(|p| *p == "finished").count() < 3 {
+        let f = sse.next().await.expect("the parent's stream ends early");
+        if f.event == "worker" {
+            assert_eq!(f.body()["worker"]["kind"], "worker");
+            seen.push(f.body()["phase"].as_str().unwrap().to_string());
+        }
+    }
+    assert_eq!(seen.iter().filter(|p| *p == "spawned").count(), 3, "{seen:?}");
+    s.stop().await;
+}

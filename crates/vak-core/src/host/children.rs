@@ -420,7 +420,8 @@ impl Children {
             return;
         }
         let mut stat = None;
-        if !e.info.worktree.is_empty() && Path::new(&e.info.worktree).exists() {
+        let going = self.table().busy.contains(id);
+        if !going && !e.info.worktree.is_empty() && Path::new(&e.info.worktree).exists() {
             let measured = async {
                 let repo = Repo::open(&e.workspace, &self.git).await?;
                 let what = format!("vak: {} {}", e.info.kind.as_str(), e.info.id);
@@ -661,6 +662,9 @@ impl Children {
     /// Stops child `id`, deletes its session (which, through the delete
     /// hook, removes its worktree, branch and entry, and its own children).
     async fn forget(&self, id: &str) -> Result<()> {
+        // Busy from the start: the run settling under the cancel commits
+        // nothing into a worktree about to go.
+        let _busy = self.take(vec![id.to_string()])?;
         if let Ok(s) = self.sessions.get(id).await {
             s.cancel();
             let _ = tokio::time::timeout(STOP_WAIT, s.settled()).await;
@@ -672,7 +676,6 @@ impl Children {
         }
         // The session was gone already: the entry and worktree still go.
         if let Some(e) = self.entry(id) {
-            let _busy = self.take(vec![id.to_string()])?;
             self.remove_worktree(&e.workspace, &e.info).await;
             self.table().entries.retain(|x| x.info.id != id);
             self.save().await;
