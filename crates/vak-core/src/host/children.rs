@@ -495,10 +495,10 @@ impl Children {
     /// Steers child `child`: queued into its live run, or a new run of a
     /// settled child.
     pub async fn steer(&self, parent: &str, child: &str, text: String) -> Result<WorkerInfo> {
+        self.child_of(parent, child)?;
         if text.trim().is_empty() {
             return Err(Error::invalid("text is required"));
         }
-        self.child_of(parent, child)?;
         let s = self.sessions.get(child).await?;
         if let Some(e) = self.start(&s, text, false).await {
             return Err(e);
@@ -516,6 +516,7 @@ impl Children {
         prompt: String,
         n: u32,
     ) -> Result<(String, Vec<WorkerInfo>)> {
+        let p = self.sessions.get(parent).await?;
         if n < 2 || n > self.max_bestofn {
             return Err(Error::invalid(format!(
                 "n {n}: a best-of-N runs 2 to {} candidates (--max-bestofn)",
@@ -525,7 +526,6 @@ impl Children {
         if prompt.trim().is_empty() {
             return Err(Error::invalid("prompt is required"));
         }
-        let p = self.sessions.get(parent).await?;
         if self.bus {
             return Err(Error::invalid(
                 "with --bus, sessions run in the server's own workspace: no best-of-N",
