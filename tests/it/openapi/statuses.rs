@@ -557,6 +557,8 @@ async fn children(r: &mut Reached) {
     let steer_c0 = path(&format!("/workers/{c0}/steer"));
     r.call(&g, "POST", steer, &steer_c0, Some(json!({"text": "queued"})), 200).await;
     r.call(&g, "POST", steer, &steer_c0, Some(json!({"text": "one too many"})), 429).await;
+    let (_, w) = g.get(&path("/workers")).await;
+    assert_eq!(w["workers"][0]["state"], "running", "a refused steer leaves the child running: {w}");
     let stop = "/sessions/{session_id}/workers/{child_id}/stop";
     r.call(&g, "POST", stop, &path(&format!("/workers/{c1}/stop")), Some(json!({})), 200).await;
     r.call(&g, "POST", &t("/discard"), &path("/discard"), Some(json!({"candidate": c0})), 200).await;

@@ -383,9 +383,13 @@ impl Children {
                 }
                 None
             }
+            // A first run that cannot start fails the child; a refused
+            // steer (a full queue) leaves it as it is.
             Err(e) => {
-                self.settle(&id, None, WorkerState::Failed, e.message.clone())
-                    .await;
+                if fresh {
+                    self.settle(&id, None, WorkerState::Failed, e.message.clone())
+                        .await;
+                }
                 Some(e)
             }
         }
