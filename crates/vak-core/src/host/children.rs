@@ -60,6 +60,9 @@ struct Entry {
     base: String,
     /// The parent's workspace: the repository its branch is in.
     workspace: PathBuf,
+    /// The child session's own workspace, as its runtime is kept.
+    #[serde(default)]
+    folder: String,
     /// Its run's generation: bumped at each chain it starts.
     #[serde(skip)]
     gen: u64,
@@ -315,7 +318,13 @@ impl Children {
             let base = repo.add(&branch, &dir).await?;
             info.branch = branch;
             info.worktree = dir.display().to_string();
-            (base, if prefix.is_empty() { dir } else { dir.join(prefix) })
+            let folder = if prefix.is_empty() { dir } else { dir.join(prefix) };
+            // A runtime is pinned to a canonical path (the home may lie
+            // behind a symlink).
+            let folder = tokio::task::spawn_blocking(move || folder.canonicalize().unwrap_or(folder))
+                .await
+                .map_err(|e| Error::internal(e.to_string()))?;
+            (base, folder)
         } else {
             (base, folder)
         };
@@ -340,6 +349,7 @@ impl Children {
                 info: info.clone(),
                 base,
                 workspace,
+                folder: child.workspace().to_string(),
                 gen: 0,
             });
             t.pending = t.pending.saturating_sub(slot.1);
@@ -681,6 +691,10 @@ impl Children {
         // The session was gone already: the entry and worktree still go.
         if let Some(e) = self.entry(id) {
             self.remove_worktree(&e.workspace, &e.info).await;
+            if !e.info.worktree.is_empty() {
+                // The worktree's runtime goes with it.
+                self.sessions.forget_runtime(&e.folder);
+            }
             self.table().entries.retain(|x| x.info.id != id);
             self.save().await;
             self.changed.send_modify(|v| *v += 1);
@@ -720,6 +734,10 @@ impl Children {
         }
         if let Some(e) = self.entry(id) {
             self.remove_worktree(&e.workspace, &e.info).await;
+            if !e.info.worktree.is_empty() {
+                // The worktree's runtime goes with it.
+                self.sessions.forget_runtime(&e.folder);
+            }
             self.table().entries.retain(|x| x.info.id != id);
             self.save().await;
             self.changed.send_modify(|v| *v += 1);

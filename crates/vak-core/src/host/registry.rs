@@ -192,6 +192,11 @@ impl Registry {
             .await
     }
 
+    /// Forgets the runtime kept for `workspace` (a removed worktree).
+    pub(crate) fn forget_runtime(&self, workspace: &str) {
+        self.runtimes.forget(workspace);
+    }
+
     /// Sets what else a delete removes (a second call is ignored).
     pub(crate) fn set_delete_hook(&self, hook: std::sync::Weak<dyn DeleteHook>) {
         let _ = self.on_delete.set(hook);
