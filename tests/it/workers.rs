@@ -236,6 +236,11 @@ async fn a_running_candidate_cannot_be_kept_is_discarded_stopped_and_goes_with_i
         }
         v
     };
+    // A worktree is where a child runs, never a folder a client may open.
+    let (status, b) = s
+        .post("/workspaces/open", json!({"path": c[1].2, "trust": true}))
+        .await;
+    assert_eq!(status, 403, "{b}");
     let (status, b) = s
         .post(&format!("/sessions/{sid}/keep"), json!({"candidate": c[0].0}))
         .await;
