@@ -410,3 +410,34 @@ async fn the_spawner_runs_workers_in_place_or_isolated_and_a_cancelled_wait_stop
     assert_eq!(seen.iter().filter(|p| *p == "spawned").count(), 3, "{seen:?}");
     s.stop().await;
 }
+
+#[tokio::test]
+async fn a_conflicting_keep_changes_nothing_and_names_the_paths() {
+    let s = server().await;
+    let ws = s.workspace.clone();
+    init_repo(&ws);
+    let sid = s.create_session().await;
+    let c = bestofn(&s, &sid, "/write cand.txt theirs", 2).await;
+    until_all(&s, &sid, "finished", |w| w["state"] == "finished").await;
+    // The workspace's branch moved on with its own cand.txt.
+    std::fs::write(ws.join("cand.txt"), "ours\n").unwrap();
+    git(&ws, &["add", "cand.txt"]);
+    git(&ws, &["commit", "-q", "-m", "ours"]);
+    let head = git(&ws, &["rev-parse", "HEAD"]);
+    let (status, b) = s
+        .post(&format!("/sessions/{sid}/keep"), json!({"candidate": c[0].0}))
+        .await;
+    assert_eq!(status, 409, "{b}");
+    assert_eq!(b["error"]["reason"], "merge_conflict", "{b}");
+    assert!(
+        b["error"]["message"].as_str().unwrap().contains("cand.txt"),
+        "{b}"
+    );
+    assert_eq!(git(&ws, &["rev-parse", "HEAD"]), head);
+    assert_eq!(git(&ws, &["status", "--porcelain"]), "");
+    assert_eq!(std::fs::read_to_string(ws.join("cand.txt")).unwrap(), "ours\n");
+    // Both candidates are still there to keep or discard.
+    assert_eq!(workers(&s, &sid).await.len(), 2);
+    assert!(c.iter().all(|c| Path::new(&c.2).is_dir()));
+    s.stop().await;
+}
