@@ -94,9 +94,47 @@ pub struct Discarded {
     pub why: DiscardWhy,
 }
 
+/// The registry, held weakly: the runtimes it holds hold the children
+/// table (as their `Spawner`), so a strong handle here would be a cycle.
+struct Reg(Weak<Registry>);
+
+impl Reg {
+    fn up(&self) -> Result<Arc<Registry>> {
+        self.0
+            .upgrade()
+            .ok_or_else(|| Error::new(ErrorKind::Unavailable, "the server is shutting down"))
+    }
+
+    async fn get(&self, id: &str) -> Result<Arc<Session>> {
+        self.up()?.get(id).await
+    }
+
+    fn known(&self, id: &str) -> bool {
+        self.0.upgrade().is_some_and(|r| r.known(id))
+    }
+
+    async fn create_as(&self, ws: Option<OpenWorkspace>, id: String) -> Result<Arc<Session>> {
+        self.up()?.create_as(ws, id).await
+    }
+
+    async fn delete(&self, id: &str) -> Result<()> {
+        self.up()?.delete(id).await
+    }
+
+    fn is_stopping(&self) -> bool {
+        self.0.upgrade().is_none_or(|r| r.is_stopping())
+    }
+
+    fn forget_runtime(&self, workspace: &str) {
+        if let Some(r) = self.0.upgrade() {
+            r.forget_runtime(workspace);
+        }
+    }
+}
+
 pub struct Children {
     me: Weak<Children>,
-    sessions: Arc<Registry>,
+    sessions: Reg,
     home: PathBuf,
     git: PathBuf,
     /// `--bus`: sessions run in the server's own workspace; no isolation.
@@ -173,7 +211,7 @@ impl Children {
         entries.truncate(MAX_TOTAL);
         Arc::new_cyclic(|me| Children {
             me: me.clone(),
-            sessions,
+            sessions: Reg(Arc::downgrade(&sessions)),
             home: cfg.home.clone(),
             git: cfg.git.clone(),
             bus: cfg.nats.is_some(),
