@@ -129,6 +129,9 @@ pub struct ServeArgs {
     /// it, admission answers 429 / RESOURCE_EXHAUSTED (`queue_full`).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub max_queued_inputs: u64,
+    /// The most candidates one best-of-N may run (`POST /sessions/:id/bestofn`'s `n`).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(2..=16))]
+    pub max_bestofn: u32,
     /// How long a freshly started run waits for a first subscriber when
     /// nobody is watching its session (0: start at once; a client can then
     /// subscribe with `after` = the admission's `after_seq`).
@@ -338,6 +341,7 @@ impl ServeArgs {
         let mut core = CoreConfig::new(home, workspace);
         core.bus.ring = self.ring as usize;
         core.max_queued_inputs = self.max_queued_inputs as usize;
+        core.max_bestofn = self.max_bestofn;
         core.first_subscriber_wait = std::time::Duration::from_millis(self.first_subscriber_wait_ms);
         core.durability = match self.durability {
             DurabilityArg::Process => Durability::Process,

@@ -150,6 +150,7 @@ const CORE_IMPORTS: &[(&str, &[&str])] = &[
             "stopped",
             "stream",
             "tools",
+            "worker",
             "workspace",
             "zone",
         ],

@@ -56,4 +56,5 @@ mod term_background;
 mod term_workers;
 mod tools;
 mod worker_tool;
+mod workers;
 mod workspace_api;

@@ -1,6 +1,7 @@
 //! What the server holds besides sessions' logs: the hub, with its registry of live sessions and their recovery and its control plane; config and keys, rules, memory, search, workspaces, the session index, files, diffs, terminals, dev servers and the PR view.
 
 pub mod agent_settings;
+pub mod children;
 pub mod config;
 pub mod control;
 pub mod diff;
@@ -20,3 +21,4 @@ pub(crate) mod secrets;
 pub mod tasks;
 pub mod terminal;
 pub mod workspaces;
+pub mod worktree;

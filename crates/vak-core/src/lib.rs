@@ -73,6 +73,8 @@ pub struct CoreConfig {
     pub provider_client: provider::ClientOptions,
     /// Inputs a busy session queues as its next legs; past it, admission is refused.
     pub max_queued_inputs: usize,
+    /// The most candidates one best-of-N may run (`--max-bestofn`).
+    pub max_bestofn: u32,
     pub durability: Durability,
     /// A loaded session with no run, no subscriber and no other user for
     /// this long is unloaded (its ledger keeps everything).
@@ -138,6 +140,7 @@ impl CoreConfig {
             retry_backoff: Duration::from_millis(500),
             provider_client: provider::ClientOptions::default(),
             max_queued_inputs: 64,
+            max_bestofn: 4,
             durability: Durability::Process,
             unload_idle_after: Duration::from_secs(300),
             snapshot_min_bytes: 8 << 20,

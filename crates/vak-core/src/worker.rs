@@ -145,6 +145,15 @@ pub struct Spawn {
     pub wait: bool,
 }
 
+/// A child whose run has settled, as a waiter gets it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settled {
+    pub info: WorkerInfo,
+    /// Its run's whole final answer (the listing's `summary` is only its
+    /// first paragraph); empty when it said nothing or did not finish.
+    pub answer: String,
+}
+
 /// What spawns children and waits for them: the host's children table
 /// implements it (`host/children.rs`); the agent loop's `spawn_worker`
 /// tool reaches it through the runtime, so the session layer needs no
@@ -152,12 +161,12 @@ pub struct Spawn {
 pub trait Spawner: Send + Sync + 'static {
     /// Spawns a child and starts its run; answers its info (state running).
     fn spawn(&self, req: Spawn) -> futures_util::future::BoxFuture<'_, crate::Result<WorkerInfo>>;
-    /// Resolves with the child's info once its run has settled (finished,
-    /// failed or cancelled; `summary` is then its final answer or why).
-    /// Cancelling `cancel` stops the child first.
+    /// Resolves once the child's run has settled (finished, failed or
+    /// cancelled), with its info and final answer. Cancelling `cancel`
+    /// stops the child first.
     fn wait(
         &self,
         child: &str,
         cancel: tokio_util::sync::CancellationToken,
-    ) -> futures_util::future::BoxFuture<'_, crate::Result<WorkerInfo>>;
+    ) -> futures_util::future::BoxFuture<'_, crate::Result<Settled>>;
 }

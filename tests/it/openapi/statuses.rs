@@ -552,6 +552,9 @@ async fn every_documented_status_is_reached_and_every_status_reached_is_document
     std::fs::write(l.workspace.join(".vak/launch.toml"), "[[launch]]\nname = 1\n").unwrap();
     r.call(&l, "GET", &t("/launch"), &lp("/launch"), None, 400).await;
 
+    // ---- children and best-of-N, in a git workspace ----
+    children(&mut r).await;
+
     // ---- a server shutting down (the listener still answers): 503 ----
     let d = TestServer::start_with(small).await;
     let dsid = d.create_session().await;
@@ -571,4 +574,48 @@ async fn every_documented_status_is_reached_and_every_status_reached_is_document
         "documented but never answered here ({}): {missing:#?}",
         missing.len()
     );
+}
+
+/// The workers and best-of-N operations: a best-of-N started (202), listed,
+/// a running candidate's keep refused (409), its steering queued then full
+/// (429), stopped, discarded and the other kept; a session's 65th child (429).
+#[rustfmt::skip]
+async fn children(r: &mut Reached) {
+    let g = TestServer::start_with(small).await;
+    for args in [&["init", "-q"][..], &["commit", "-q", "--allow-empty", "-m", "init"]] {
+        let out = std::process::Command::new("git")
+            .current_dir(&g.workspace)
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let sid = g.create_session().await;
+    let t = |tail: &str| format!("/sessions/{{session_id}}{tail}");
+    let path = |tail: &str| format!("/sessions/{sid}{tail}");
+    let b = r.call(&g, "POST", &t("/bestofn"), &path("/bestofn"), Some(json!({"prompt": "/sleep 60000", "n": 2})), 202).await;
+    let (c0, c1) = (b["candidates"][0]["id"].as_str().unwrap().to_string(), b["candidates"][1]["id"].as_str().unwrap().to_string());
+    r.call(&g, "GET", &t("/workers"), &path("/workers"), None, 200).await;
+    r.call(&g, "POST", &t("/keep"), &path("/keep"), Some(json!({"candidate": c0})), 409).await;
+    let steer = "/sessions/{session_id}/workers/{child_id}/steer";
+    let steer_c0 = path(&format!("/workers/{c0}/steer"));
+    r.call(&g, "POST", steer, &steer_c0, Some(json!({"text": "queued"})), 200).await;
+    r.call(&g, "POST", steer, &steer_c0, Some(json!({"text": "one too many"})), 429).await;
+    let (_, w) = g.get(&path("/workers")).await;
+    assert_eq!(w["workers"][0]["state"], "running", "a refused steer leaves the child running: {w}");
+    let stop = "/sessions/{session_id}/workers/{child_id}/stop";
+    r.call(&g, "POST", stop, &path(&format!("/workers/{c1}/stop")), Some(json!({})), 200).await;
+    r.call(&g, "POST", &t("/discard"), &path("/discard"), Some(json!({"candidate": c0})), 200).await;
+    r.call(&g, "POST", &t("/keep"), &path("/keep"), Some(json!({"candidate": c1})), 200).await;
+    // A session has at most 64 children.
+    let full = g.create_session().await;
+    for _ in 0..16 {
+        let (status, b) = g.post(&format!("/sessions/{full}/bestofn"), json!({"prompt": "x", "n": 4})).await;
+        assert_eq!(status, 202, "{b}");
+    }
+    let more = Some(json!({"prompt": "x", "n": 2}));
+    r.call(&g, "POST", &t("/bestofn"), &format!("/sessions/{full}/bestofn"), more, 429).await;
 }

@@ -212,17 +212,28 @@ pub async fn diff(ws: &Path, git: &Path) -> Result<Diff> {
 
 /// `filter.<driver>.{clean,smudge,process}` set to empty for every driver
 /// the repository's config names.
-async fn filter_overrides(git: &Git<'_>) -> Result<Vec<(String, String)>> {
+pub(super) async fn filter_overrides(git: &Git<'_>) -> Result<Vec<(String, String)>> {
+    Ok(config_drivers(git, "filter")
+        .await?
+        .iter()
+        .flat_map(|d| ["clean", "smudge", "process"].map(|v| (format!("filter.{d}.{v}"), String::new())))
+        .collect())
+}
+
+/// The driver names the repository's config declares under `<section>.<driver>.<key>`.
+pub(super) async fn config_drivers(git: &Git<'_>, section: &str) -> Result<Vec<String>> {
+    let pattern = format!(r"^{section}\.");
     let out = git
-        .run(&["config", "--null", "--get-regexp", r"^filter\."], 256 * 1024)
+        .run(&["config", "--null", "--get-regexp", &pattern], 256 * 1024)
         .await
         .map_err(Spawn::into_error)?;
     let mut drivers: Vec<String> = Vec::new();
+    let prefix = format!("{section}.");
     // Each item is `key\nvalue\0`.
     for item in out.stdout.split(|b| *b == 0) {
         let key = item.split(|b| *b == b'\n').next().unwrap_or_default();
         let key = String::from_utf8_lossy(key);
-        let Some(rest) = key.strip_prefix("filter.") else {
+        let Some(rest) = key.strip_prefix(&prefix) else {
             continue;
         };
         let Some((driver, _)) = rest.rsplit_once('.') else {
@@ -234,13 +245,10 @@ async fn filter_overrides(git: &Git<'_>) -> Result<Vec<(String, String)>> {
     }
     if out.truncated || drivers.len() > MAX_FILTERS {
         return Err(Error::invalid(format!(
-            "the repository configures more than {MAX_FILTERS} filter drivers; vak will not run git there"
+            "the repository configures more than {MAX_FILTERS} {section} drivers; vak will not run git there"
         )));
     }
-    Ok(drivers
-        .iter()
-        .flat_map(|d| ["clean", "smudge", "process"].map(|v| (format!("filter.{d}.{v}"), String::new())))
-        .collect())
+    Ok(drivers)
 }
 
 /// `XY path\0` entries; a rename or copy is followed by `from\0`.
@@ -269,26 +277,32 @@ fn parse_status(out: &[u8]) -> (Vec<FileStatus>, bool) {
     (files, false)
 }
 
-struct Git<'a> {
+/// git run with the repository's code-running settings neutralized (see
+/// the module doc); `host/worktree.rs` runs its writes through it too.
+pub(super) struct Git<'a> {
     ws: &'a Path,
     program: &'a Path,
     overrides: Vec<(String, String)>,
 }
 
-struct Output {
-    ok: bool,
-    stdout: Vec<u8>,
-    truncated: bool,
+pub(super) struct Output {
+    pub(super) ok: bool,
+    /// The exit code (None when killed by a signal).
+    pub(super) code: Option<i32>,
+    pub(super) stdout: Vec<u8>,
+    /// Its first 8 KiB, for messages and logs only.
+    pub(super) stderr: Vec<u8>,
+    pub(super) truncated: bool,
 }
 
-enum Spawn {
+pub(super) enum Spawn {
     /// The program could not be started at all.
     Missing(std::io::Error),
     Failed(Error),
 }
 
 impl Spawn {
-    fn into_error(self) -> Error {
+    pub(super) fn into_error(self) -> Error {
         match self {
             Spawn::Missing(e) => Error::internal(format!("cannot run git: {e}")),
             Spawn::Failed(e) => e,
@@ -297,7 +311,7 @@ impl Spawn {
 }
 
 impl<'a> Git<'a> {
-    fn new(ws: &'a Path, program: &'a Path, filters: Vec<(String, String)>) -> Git<'a> {
+    pub(super) fn new(ws: &'a Path, program: &'a Path, filters: Vec<(String, String)>) -> Git<'a> {
         let mut overrides: Vec<(String, String)> = [
             ("core.fsmonitor", "false"),
             ("core.untrackedCache", "false"),
@@ -349,6 +363,12 @@ impl<'a> Git<'a> {
             .env("GIT_SSH_COMMAND", "false")
             .env("GIT_ASKPASS", "")
             .env("GIT_PROXY_COMMAND", "")
+            // The environment is cleared: commits and merges (worktree.rs)
+            // are made as vak.
+            .env("GIT_AUTHOR_NAME", "vak")
+            .env("GIT_AUTHOR_EMAIL", "vak@localhost")
+            .env("GIT_COMMITTER_NAME", "vak")
+            .env("GIT_COMMITTER_EMAIL", "vak@localhost")
             .env("GIT_CONFIG_COUNT", self.overrides.len().to_string())
             .arg("--no-pager")
             .stdin(Stdio::null())
@@ -365,12 +385,12 @@ impl<'a> Git<'a> {
         c
     }
 
-    async fn run(&self, args: &[&str], cap: usize) -> std::result::Result<Output, Spawn> {
+    pub(super) async fn run(&self, args: &[&str], cap: usize) -> std::result::Result<Output, Spawn> {
         self.run_in(self.ws, args, cap).await
     }
 
     /// Like `run`, but a failed command is an error naming its stderr.
-    async fn must(&self, args: &[&str], cap: usize) -> Result<Output> {
+    pub(super) async fn must(&self, args: &[&str], cap: usize) -> Result<Output> {
         let out = self.run(args, cap).await.map_err(Spawn::into_error)?;
         if !out.ok && !out.truncated {
             return Err(Error::internal(format!("git {} failed", args.join(" "))));
@@ -381,7 +401,12 @@ impl<'a> Git<'a> {
     /// Runs git with at most `cap` bytes of its stdout kept (then it is
     /// killed), at most GIT_TIMEOUT long. `git diff --no-index` exits 1
     /// when files differ: that counts as success.
-    async fn run_in(&self, dir: &Path, args: &[&str], cap: usize) -> std::result::Result<Output, Spawn> {
+    pub(super) async fn run_in(
+        &self,
+        dir: &Path,
+        args: &[&str],
+        cap: usize,
+    ) -> std::result::Result<Output, Spawn> {
         let mut child = self.command(dir).args(args).spawn().map_err(Spawn::Missing)?;
         let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
             return Err(Spawn::Failed(Error::internal("git's pipes are missing")));
@@ -407,7 +432,9 @@ impl<'a> Git<'a> {
             let ok = status.success() || (args.contains(&"--no-index") && status.code() == Some(1));
             Ok::<_, Error>(Output {
                 ok,
+                code: status.code(),
                 stdout: out,
+                stderr: err,
                 truncated,
             })
         };

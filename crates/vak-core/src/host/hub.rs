@@ -6,10 +6,11 @@ use crate::automation::scheduler::{
 use crate::automation::store::{FileTasks, TaskPersist};
 use crate::cluster::shared_tasks::{KvClaim, SharedTasks};
 use crate::error::{Error, Result};
+use crate::host::children::Children;
 use crate::host::config::Settings;
 use crate::host::control::ControlPlane;
 use crate::host::index::Index;
-use crate::host::registry::Registry;
+use crate::host::registry::{DeleteHook, Registry};
 use crate::host::runtimes::Runtimes;
 use crate::host::tasks::{HostCheck, HostFirer};
 use crate::session::live::Route;
@@ -30,6 +31,8 @@ pub struct Hub {
     streams: Arc<Streams>,
     /// The scheduler's owner task: scheduled tasks and their fires.
     tasks: SchedulerHandle,
+    /// Child sessions (workers, best-of-N candidates) under their parents.
+    children: Arc<Children>,
     /// Ids of sessions whose writer stopped, until `housekeep` hands them
     /// to `recovery::run`.
     stopped_rx: Mutex<Option<mpsc::UnboundedReceiver<String>>>,
@@ -80,10 +83,15 @@ impl Hub {
                 .collect(),
             cfg.search,
         );
-        let workspaces = Arc::new(crate::host::workspaces::Workspaces::new(
-            &cfg.workspace,
-            cfg.workspace_roots.clone(),
-        ));
+        // Isolated children's worktrees: sessions may be pinned there.
+        let worktrees = crate::host::children::Children::worktrees_dir(&cfg.home);
+        crate::home::create_private_dir(&worktrees)
+            .map_err(|e| Error::internal(format!("cannot create {}: {e}", worktrees.display())))?;
+        let workspaces = Arc::new(
+            crate::host::workspaces::Workspaces::new(&cfg.workspace, cfg.workspace_roots.clone())
+                .with_worktrees(&worktrees),
+        );
+        let core = cfg.clone();
         let sandbox = crate::tools::sandbox::Sandbox::new(&cfg.sandbox, &cfg.home)?;
         // With --bus, a table put on any replica (in the bucket) wins over config.toml's.
         let defs = cfg
@@ -118,6 +126,10 @@ impl Hub {
         let closing = CancellationToken::new();
         let (sessions, stopped_rx) = Registry::new(runtimes.clone(), index, closing.clone());
         let sessions = Arc::new(sessions);
+        // Children: the spawn_worker tool's and best-of-N's sessions.
+        let children = Children::open(sessions.clone(), &core);
+        runtimes.primary().set_spawner(children.clone());
+        sessions.set_delete_hook(Arc::downgrade(&children) as std::sync::Weak<dyn DeleteHook>);
         // Budget alerts go to the sessions that spent (idle delivery).
         let registry: std::sync::Weak<Registry> = Arc::downgrade(&sessions);
         finops.set_sink(registry.clone());
@@ -172,6 +184,7 @@ impl Hub {
             control,
             streams: Arc::new(Streams::new(closing.clone())),
             tasks,
+            children,
             stopped_rx: Mutex::new(Some(stopped_rx)),
             closing,
         })
@@ -191,6 +204,11 @@ impl Hub {
     /// The scheduler: tasks' CRUD, run-now and next fires.
     pub fn tasks(&self) -> &SchedulerHandle {
         &self.tasks
+    }
+
+    /// Child sessions: workers and best-of-N candidates, by parent.
+    pub fn children(&self) -> &Arc<Children> {
+        &self.children
     }
 
     /// The live multiplexed streams (`Mux::open`, `mux::control`).

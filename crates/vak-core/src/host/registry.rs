@@ -92,6 +92,15 @@ pub struct Registry {
     stopped: mpsc::UnboundedSender<String>,
     /// Every session's dev servers (stopped with their session).
     launches: Arc<crate::host::launch::Launches>,
+    /// What else a delete removes (the children table: a session's
+    /// children, or a child's worktree), set once by the hub.
+    on_delete: std::sync::OnceLock<std::sync::Weak<dyn DeleteHook>>,
+}
+
+/// Told when a session is being deleted (it refuses input already), before
+/// its streams close: what it owns elsewhere goes with it.
+pub(crate) trait DeleteHook: Send + Sync + 'static {
+    fn deleting<'a>(&'a self, id: &'a str) -> futures_util::future::BoxFuture<'a, ()>;
 }
 
 /// Sends `session`'s id to `stopped` when its writer stops (ends quietly
@@ -131,6 +140,7 @@ impl Registry {
             closing,
             stopped,
             launches: Arc::default(),
+            on_delete: std::sync::OnceLock::new(),
         };
         (registry, stopped_rx)
     }
@@ -191,6 +201,32 @@ impl Registry {
     /// workspace's, and its ledger header names it, so a reload finds it.
     /// An untrusted workspace is refused: the agent runs programs there.
     pub async fn create_in(&self, workspace: Option<OpenWorkspace>) -> Result<Arc<Session>> {
+        self.create_as(workspace, uuid::Uuid::new_v4().simple().to_string())
+            .await
+    }
+
+    /// Forgets the runtime kept for `workspace` (a removed worktree).
+    pub(crate) fn forget_runtime(&self, workspace: &str) {
+        self.runtimes.forget(workspace);
+    }
+
+    /// Sets what else a delete removes (a second call is ignored).
+    pub(crate) fn set_delete_hook(&self, hook: std::sync::Weak<dyn DeleteHook>) {
+        let _ = self.on_delete.set(hook);
+    }
+
+    /// The delete hook, if set and alive.
+    pub(crate) fn delete_hook(&self) -> Option<Arc<dyn DeleteHook>> {
+        self.on_delete.get().and_then(|w| w.upgrade())
+    }
+
+    /// `create_in` under an id the caller chose (a fresh one: a child's, so
+    /// its worktree can be named before the session exists).
+    pub(crate) async fn create_as(
+        &self,
+        workspace: Option<OpenWorkspace>,
+        id: String,
+    ) -> Result<Arc<Session>> {
         self.refuse_when_stopping()?;
         let rt = match workspace.filter(|w| !w.primary) {
             None => self.rt.clone(),
@@ -211,7 +247,6 @@ impl Registry {
                     .map_err(|e| Error::internal(e.to_string()))??
             }
         };
-        let id = uuid::Uuid::new_v4().simple().to_string();
         let created_at = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
         let path = self.ledger_path(&id);
         let durability = self.rt.cfg.durability;

@@ -105,6 +105,12 @@ impl Runtimes {
         .map_err(|e| Error::internal(e.to_string()))?
     }
 
+    /// Forgets the runtime of `workspace` (a removed child's worktree), so
+    /// the map holds only folders still in use.
+    pub(crate) fn forget(&self, workspace: &str) {
+        self.made().remove(workspace);
+    }
+
     fn made(&self) -> MutexGuard<'_, HashMap<String, Arc<Runtime>>> {
         self.made.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -116,6 +116,9 @@ pub struct OpenWorkspace {
 
 pub struct Workspaces {
     roots: Vec<PathBuf>,
+    /// `roots` and the home's `worktrees/` (children's worktrees): where a
+    /// session's runtime may be pinned, never where a client opens.
+    pin_roots: Vec<PathBuf>,
     /// The primary first, then in the order they were opened.
     open: Mutex<Vec<OpenWorkspace>>,
 }
@@ -133,6 +136,7 @@ impl Workspaces {
             roots.iter().filter_map(|r| r.canonicalize().ok()).collect()
         };
         Workspaces {
+            pin_roots: roots.clone(),
             roots,
             open: Mutex::new(vec![OpenWorkspace {
                 path,
@@ -141,6 +145,16 @@ impl Workspaces {
                 id: None,
             }]),
         }
+    }
+
+    /// Lets sessions' runtimes be pinned under `dir` too (the home's
+    /// `worktrees/`, where isolated children run); clients still open
+    /// folders under the roots only. Blocking (resolves `dir`): startup.
+    pub(crate) fn with_worktrees(mut self, dir: &Path) -> Workspaces {
+        if let Ok(dir) = dir.canonicalize() {
+            self.pin_roots.push(dir);
+        }
+        self
     }
 
     fn list_lock(&self) -> std::sync::MutexGuard<'_, Vec<OpenWorkspace>> {
@@ -191,10 +205,10 @@ impl Workspaces {
             .iter()
             .find(|w| w.path == path)
             .and_then(|w| w.id);
-        let id = recheck(path, &self.roots, opened)?;
+        let id = recheck(path, &self.pin_roots, opened)?;
         Ok(Pinned {
             path: path.to_path_buf(),
-            roots: self.roots.clone(),
+            roots: self.pin_roots.clone(),
             id: Some(id),
         })
     }
@@ -207,7 +221,7 @@ impl Workspaces {
             tracing::warn!(workspace = %path.display(), "a reloaded session's workspace: {}", e.message);
             Pinned {
                 path: path.to_path_buf(),
-                roots: self.roots.clone(),
+                roots: self.pin_roots.clone(),
                 id: None,
             }
         })

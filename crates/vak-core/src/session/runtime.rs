@@ -200,7 +200,6 @@ impl Runtime {
 
     /// Sets what spawns child sessions, for every workspace's runtime; a
     /// second call is ignored.
-    #[allow(dead_code)] // the hub sets it once host/children.rs lands (issue 30)
     pub(crate) fn set_spawner(&self, spawner: Arc<dyn crate::worker::Spawner>) {
         let _ = self.spawner.set(spawner);
     }

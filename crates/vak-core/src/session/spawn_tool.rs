@@ -2,7 +2,7 @@
 
 use crate::session::context::TurnContext;
 use crate::tools::{ToolOutput, MAX_OUTPUT, MAX_WORKER_PROMPT, SPAWN_WORKER};
-use crate::worker::{Spawn, WorkerInfo, WorkerKind, WorkerState};
+use crate::worker::{Settled, Spawn, WorkerKind, WorkerState};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
@@ -123,7 +123,7 @@ pub(crate) async fn run(session: &impl TurnContext, input: &Value, cancel: &Canc
     let settled = spawner.wait(&child.id, cancel.clone()).await;
     drop(permit);
     match settled {
-        Ok(info) => answer(&info),
+        Ok(settled) => answer(&settled),
         Err(e) => err(format!(
             "waiting for the worker {} failed: {}",
             child.id, e.message
@@ -132,12 +132,24 @@ pub(crate) async fn run(session: &impl TurnContext, input: &Value, cancel: &Canc
 }
 
 /// A waited child's settled info as spawn_worker's result: its final answer
-/// (bounded like any tool output), and where its changes are.
-pub(crate) fn answer(info: &WorkerInfo) -> ToolOutput {
+/// (bounded like any tool output, the cut said), and where its changes are.
+pub(crate) fn answer(settled: &Settled) -> ToolOutput {
+    let info = &settled.info;
     let summary = cut(&info.summary, MAX_OUTPUT);
     match info.state {
         WorkerState::Finished => {
-            let mut output = summary.to_string();
+            let whole = if settled.answer.is_empty() {
+                &info.summary
+            } else {
+                &settled.answer
+            };
+            let mut output = cut(whole, MAX_OUTPUT).to_string();
+            if output.len() < whole.len() {
+                output.push_str(&format!(
+                    "\n[the answer is cut at {MAX_OUTPUT} bytes of {}; the worker's transcript has it whole]",
+                    whole.len()
+                ));
+            }
             if !info.branch.is_empty() {
                 let stat = info.diff_stat.map_or(String::new(), |d| {
                     format!(

@@ -163,6 +163,7 @@ pub(crate) fn worker(w: vak_core::worker::WorkerInfo) -> pb::Worker {
             insertions: d.insertions,
             deletions: d.deletions,
         }),
+        bestofn_id: w.bestofn_id,
     }
 }
 

@@ -21,8 +21,11 @@ impl Registry {
         }
         let s = self.get(id).await?;
         s.begin_delete()?;
-        // No dev server outlives its session.
+        // No dev server outlives its session; its children go with it.
         self.launches.stop_session(id).await;
+        if let Some(hook) = self.delete_hook() {
+            hook.deleting(id).await;
+        }
         s.close_streams(CloseReason::Deleted).await;
         let (home, dir, sid) = (
             self.rt.cfg.home.clone(),
@@ -67,6 +70,9 @@ impl Registry {
         };
         s.begin_delete()?;
         self.launches.stop_session(id).await;
+        if let Some(hook) = self.delete_hook() {
+            hook.deleting(id).await;
+        }
         s.close_streams(CloseReason::Deleted).await;
         let purged = crate::cluster::jetstream::purge_session(client, id).await;
         if purged.is_ok() {

@@ -4,7 +4,7 @@ use crate::event::{ClientEvent, RunOutcome};
 use crate::host::hub::Hub;
 use crate::route::Route;
 use crate::session::live::Session;
-use crate::worker::{Spawn, Spawner, WorkerInfo, WorkerKind, WorkerState};
+use crate::worker::{Settled, Spawn, Spawner, WorkerInfo, WorkerKind, WorkerState};
 use crate::{CoreConfig, PermissionMode};
 use futures_util::future::BoxFuture;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -51,7 +51,7 @@ impl Spawner for Fake {
         })
     }
 
-    fn wait(&self, child: &str, cancel: CancellationToken) -> BoxFuture<'_, crate::Result<WorkerInfo>> {
+    fn wait(&self, child: &str, cancel: CancellationToken) -> BoxFuture<'_, crate::Result<Settled>> {
         let child = child.to_string();
         Box::pin(async move {
             let prompt = {
@@ -92,7 +92,10 @@ impl Spawner for Fake {
             }
             .await;
             self.in_wait.fetch_sub(1, Ordering::SeqCst);
-            out
+            out.map(|info| Settled {
+                answer: info.summary.clone(),
+                info,
+            })
         })
     }
 }
