@@ -61,13 +61,11 @@ async fn a_worker_is_a_line_when_spawned_and_when_finished_and_workers_lists_it(
             idle(&pty).await;
         }
         pty.send("/workers\r");
-        let screen = pty.wait_for("1 worker of this session:").await;
-        assert!(
-            screen
-                .lines()
-                .any(|l| l.contains("  worker  finished  echo: hello from a worker")),
-            "{screen}"
-        );
+        // The listing's line comes after its heading: wait for the line.
+        let screen = pty
+            .wait_for("  worker  finished  echo: hello from a worker")
+            .await;
+        assert!(screen.contains("1 worker of this session:"), "{screen}");
         pty.send("\x04");
         assert_eq!(pty.wait_exit().await, 0);
     }

@@ -304,6 +304,7 @@ async fn every_documented_status_is_reached_and_every_status_reached_is_document
     r.call(&s, "GET", "/fs/file", "/fs/file?path=big.bin", None, 413).await;
 
     // ---- scheduled tasks ----
+    r.call(&s, "GET", "/digest", "/digest?days=2", None, 200).await;
     r.call(&s, "GET", "/tasks", "/tasks", None, 200).await;
     let task = r.call(&s, "POST", "/tasks", "/tasks", Some(json!({"name": "t", "script": "true", "session_id": sid})), 201).await;
     let tid = task["task"]["id"].as_str().unwrap().to_string();
