@@ -1,4 +1,4 @@
-//! The spawn_worker tool end to end, driven by the offline model's `/worker`: a waited worker's answer is the tool result and its work is on its own branch, two workers of one turn run at the same time, and a background worker's answer reaches the parent as a background_result.
+//! The spawn_worker tool end to end, driven by the offline model's `/worker`: a waited worker's answer is the tool result and its work is on its own branch, two workers of one turn run at the same time, a background worker's answer reaches the parent as a background_result, and a worker running a command is listed, refused to other sessions and stopped through its parent with its process.
 
 use crate::support::{TestServer, DEADLINE};
 use serde_json::{json, Value};
@@ -195,4 +195,92 @@ async fn a_background_worker_answers_its_id_and_its_answer_arrives_as_a_backgrou
             break;
         }
     }
+}
+
+/// The session's one worker once its command has written `pid` in its worktree: the listing and the pid.
+async fn running_worker(s: &TestServer, sid: &str) -> (Value, i32) {
+    let start = std::time::Instant::now();
+    loop {
+        let (status, listed) = s.get(&format!("/sessions/{sid}/workers")).await;
+        assert_eq!(status, 200, "{listed}");
+        if let Some(w) = listed["workers"].get(0) {
+            let pid = Path::new(w["worktree"].as_str().unwrap_or_default()).join("pid");
+            if let Some(pid) = std::fs::read_to_string(pid)
+                .ok()
+                .filter(|p| p.ends_with('\n'))
+                .and_then(|p| p.trim().parse().ok())
+            {
+                return (w.clone(), pid);
+            }
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "no running worker wrote its pid: {listed}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_worker_running_a_command_is_stopped_only_through_its_parent_and_its_process_is_gone() {
+    let s = server().await;
+    init_repo(&s.workspace);
+    let sid = s.create_session().await;
+    let other = s.create_session().await;
+    let mut events = s.events(&sid, None).await;
+    let prompt = worker(json!({"prompt": "/bash echo $$ > pid; exec sleep 60"}));
+    let (status, b) = s.run(&sid, &prompt).await;
+    assert!(status < 300, "{b}");
+
+    // Listed under its parent, running, in its own worktree on its branch.
+    let (w, pid) = running_worker(&s, &sid).await;
+    let id = w["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        (w["kind"].as_str(), w["state"].as_str()),
+        (Some("worker"), Some("running")),
+        "{w}"
+    );
+    assert_eq!(w["branch"], format!("vak/{sid}/{id}"), "{w}");
+    assert!(Path::new(&format!("/proc/{pid}")).exists());
+
+    // Through another session's id: not found, and the child runs on.
+    for (path, body) in [
+        (format!("/sessions/{other}/workers/{id}/stop"), json!({})),
+        (
+            format!("/sessions/{other}/workers/{id}/steer"),
+            json!({"text": "hi"}),
+        ),
+    ] {
+        let (status, b) = s.post(&path, body).await;
+        assert_eq!(status, 404, "{path}: {b}");
+        assert_eq!(b["error"]["reason"], "worker_not_found", "{b}");
+    }
+    assert!(
+        Path::new(&format!("/proc/{pid}")).exists(),
+        "a refused stop stopped nothing"
+    );
+
+    // Through its parent: cancelled, its process gone.
+    let (status, stopped) = s
+        .post(&format!("/sessions/{sid}/workers/{id}/stop"), json!({}))
+        .await;
+    assert_eq!(status, 200, "{stopped}");
+    assert_eq!(stopped["state"], "cancelled", "{stopped}");
+    let start = std::time::Instant::now();
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(
+            start.elapsed() < DEADLINE,
+            "the worker's process {pid} still runs"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // The parent's waited call ends with the worker cancelled, and its run settles.
+    let frames = events.until("run_finished").await;
+    let r = results(&frames);
+    assert_eq!(r.len(), 1, "{frames:#?}");
+    assert_eq!(r[0]["ok"], false, "{r:?}");
+    assert!(
+        r[0]["output"].as_str().unwrap().contains("was cancelled"),
+        "{r:?}"
+    );
 }
