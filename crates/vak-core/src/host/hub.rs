@@ -128,7 +128,7 @@ impl Hub {
         let sessions = Arc::new(sessions);
         // Children: the spawn_worker tool's and best-of-N's sessions.
         let children = Children::open(sessions.clone(), &core);
-        runtimes.primary().set_spawner(children.clone());
+        runtimes.primary().set_spawner(Some(children.clone()));
         sessions.set_delete_hook(Arc::downgrade(&children) as std::sync::Weak<dyn DeleteHook>);
         // Budget alerts go to the sessions that spent (idle delivery).
         let registry: std::sync::Weak<Registry> = Arc::downgrade(&sessions);

@@ -21,7 +21,7 @@ struct Services {
     sandbox: Arc<crate::tools::sandbox::Sandbox>,
     mcp: Arc<crate::mcp::Mcp>,
     finops: Arc<crate::finops::Finops>,
-    spawner: Arc<std::sync::OnceLock<Arc<dyn crate::worker::Spawner>>>,
+    spawner: Arc<std::sync::RwLock<Option<Arc<dyn crate::worker::Spawner>>>>,
 }
 
 /// Shared by every session of a server.
@@ -48,9 +48,9 @@ pub struct Runtime {
     mcp: Arc<crate::mcp::Mcp>,
     /// Prices, the cost ledger and the daily budget (one for every workspace).
     finops: Arc<crate::finops::Finops>,
-    /// What spawns child sessions (the host's children table), set once
-    /// when the hub is built; shared by every workspace's runtime.
-    spawner: Arc<std::sync::OnceLock<Arc<dyn crate::worker::Spawner>>>,
+    /// What spawns child sessions (the host's children table), set when
+    /// the hub is built; shared by every workspace's runtime.
+    spawner: Arc<std::sync::RwLock<Option<Arc<dyn crate::worker::Spawner>>>>,
     /// An opened workspace's folder, re-checked at every use; None for the
     /// server's own.
     pin: Option<crate::host::workspaces::Pinned>,
@@ -194,14 +194,14 @@ impl Runtime {
 
     /// What spawns child sessions; None until the hub has set it (a
     /// runtime built without a hub, in unit tests).
-    pub fn spawner(&self) -> Option<&Arc<dyn crate::worker::Spawner>> {
-        self.spawner.get()
+    pub fn spawner(&self) -> Option<Arc<dyn crate::worker::Spawner>> {
+        self.spawner.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// Sets what spawns child sessions, for every workspace's runtime; a
-    /// second call is ignored.
-    pub(crate) fn set_spawner(&self, spawner: Arc<dyn crate::worker::Spawner>) {
-        let _ = self.spawner.set(spawner);
+    /// Sets (or, with None, takes away) what spawns child sessions, for
+    /// every workspace's runtime.
+    pub(crate) fn set_spawner(&self, spawner: Option<Arc<dyn crate::worker::Spawner>>) {
+        *self.spawner.write().unwrap_or_else(|p| p.into_inner()) = spawner;
     }
 
     /// The workspace's canonical path (what ledger headers and search hits name).

@@ -62,7 +62,7 @@ pub(crate) async fn run(session: &impl TurnContext, input: &Value, cancel: &Canc
         Err(why) => return err(why),
     };
     let rt = session.runtime();
-    let Some(spawner) = rt.spawner().cloned() else {
+    let Some(spawner) = rt.spawner() else {
         return err("this server cannot start workers (no spawner is set up)");
     };
     let slots = session.worker_slots().clone();

@@ -109,9 +109,9 @@ async fn session(
     cfg(&mut c);
     let hub = Hub::new(c, Route::offline()).unwrap();
     let s = hub.sessions().create().await.unwrap();
-    if let Some(f) = spawner {
-        s.runtime().set_spawner(f);
-    }
+    // The fake in place of the hub's children table (None: no spawner at all).
+    s.runtime()
+        .set_spawner(spawner.map(|f| f as Arc<dyn crate::worker::Spawner>));
     (hub, s, home)
 }
 
