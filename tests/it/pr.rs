@@ -1,4 +1,4 @@
-//! The PR view against a real server and a fake `gh` the test writes: no gh is gh_unavailable, a workspace outside git is not_a_git_repo, gh's "no pull requests found" is no_pr, a PR comes back with its checks counted, and a merge passes `--auto --<method>` to gh (its failure a 502 with gh's stderr).
+//! The PR view against a real server and a fake `gh` the test writes: no gh is gh_unavailable, a workspace outside git is not_a_git_repo, gh's "no pull requests found" is no_pr, a PR comes back with its checks counted, and a merge passes `--auto --<method>` to gh (its failure a 502 with gh's stderr, no gh a 409).
 
 use crate::support::TestServer;
 use serde_json::json;
@@ -89,7 +89,8 @@ async fn without_gh_the_view_says_gh_unavailable() {
             json!({"number": 7, "method": "squash"}),
         )
         .await;
-    assert_eq!(status, 502, "{e}");
+    assert_eq!(status, 409, "{e}");
+    assert_eq!(e["error"]["reason"], "gh_unavailable", "{e}");
 }
 
 #[tokio::test]

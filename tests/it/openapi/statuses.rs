@@ -549,6 +549,9 @@ async fn every_documented_status_is_reached_and_every_status_reached_is_document
     r.call(&l, "POST", &t("/pr/merge"), &lp("/pr/merge"), Some(json!({"number": 2, "method": "merge"})), 502).await;
     std::fs::write(bin.path().join("gh.fail"), "").unwrap();
     r.call(&l, "GET", &t("/pr"), &lp("/pr"), None, 502).await;
+    // Without gh a merge cannot be tried.
+    std::fs::remove_file(&gh).unwrap();
+    r.call(&l, "POST", &t("/pr/merge"), &lp("/pr/merge"), Some(json!({"number": 1, "method": "squash"})), 409).await;
     // A launch file that does not parse.
     std::fs::write(l.workspace.join(".vak/launch.toml"), "[[launch]]\nname = 1\n").unwrap();
     r.call(&l, "GET", &t("/launch"), &lp("/launch"), None, 400).await;

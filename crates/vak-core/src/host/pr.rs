@@ -117,14 +117,16 @@ pub async fn view(ws: &Path, git: &Path, gh: &Path) -> Result<View> {
 }
 
 /// `gh pr merge <number> --auto --<method>` in `ws`: gh's stdout tail, or
-/// its failure as a bad gateway with its stderr tail.
+/// its failure as a bad gateway with its stderr tail. No gh on this server is
+/// a conflict (409 `gh_unavailable`): nothing upstream failed, the server
+/// lacks what the operation needs.
 pub async fn merge(ws: &Path, gh: &Path, number: u32, method: Method) -> Result<String> {
     if number == 0 {
         return Err(Error::invalid("number is required"));
     }
     let Some(gh) = locate(gh).await else {
         return Err(
-            Error::new(ErrorKind::Upstream, "gh is not on the server's PATH").with_reason("gh_unavailable")
+            Error::new(ErrorKind::Conflict, "gh is not on the server's PATH").with_reason("gh_unavailable")
         );
     };
     let n = number.to_string();
