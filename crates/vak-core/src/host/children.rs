@@ -317,7 +317,7 @@ impl Children {
             return Err(Error::new(
                 ErrorKind::ResourceExhausted,
                 format!(
-                    "too_many_workers: a session has at most {MAX_PER_PARENT} children and the server {MAX_TOTAL}; discard or delete some first"
+                    "too_many_workers: a session has at most {MAX_PER_PARENT} children and the server {MAX_TOTAL}; discard candidates or delete settled children (DELETE /sessions/<child id>) first"
                 ),
             )
             .with_reason(TOO_MANY_WORKERS));
