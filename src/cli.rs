@@ -259,6 +259,11 @@ pub struct ServeArgs {
     /// refused.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub max_workers: u32,
+    /// How long an approval waits for an answer before it expires: the
+    /// tool call is denied (the model is told) and the run goes on. `0`:
+    /// never.
+    #[arg(long, default_value = "30m", value_parser = parse_wait)]
+    pub approval_timeout: std::time::Duration,
     /// The most tokens one model turn may produce (the request's
     /// max_tokens). Also VAK_MAX_OUTPUT_TOKENS.
     #[arg(long, env = "VAK_MAX_OUTPUT_TOKENS", default_value_t = 8192, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
@@ -301,6 +306,15 @@ fn parse_timeout(s: &str) -> std::result::Result<std::time::Duration, String> {
         Ok(d) => Ok(d),
         Err(e) => Err(format!("{e}: expected a duration such as 10s, 500ms or 2m")),
     }
+}
+
+/// A wait such as `30m`, `90s` or `0` (zero: no limit).
+fn parse_wait(s: &str) -> std::result::Result<std::time::Duration, String> {
+    if s == "0" {
+        return Ok(std::time::Duration::ZERO);
+    }
+    humantime::parse_duration(s)
+        .map_err(|e| format!("{e}: expected a duration such as 30m or 90s, or 0 for never"))
 }
 
 impl ServeArgs {
@@ -365,6 +379,7 @@ impl ServeArgs {
         })?;
         core.allow_bypass = self.allow_bypass;
         core.max_workers = self.max_workers as usize;
+        core.approval_timeout = Some(self.approval_timeout).filter(|d| !d.is_zero());
         if let Some(n) = self.max_turns {
             core.max_turns = n;
             core.max_turns_from_flag = true;
@@ -713,4 +728,28 @@ async fn start(args: ServeArgs) -> Result<Started> {
         server,
         listener,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn approval_timeout_takes_a_duration_or_zero_for_never() {
+        let args = |extra: &[&str]| {
+            let mut argv = vec!["vak", "serve"];
+            argv.extend_from_slice(extra);
+            match Cli::try_parse_from(argv).unwrap().command {
+                Command::Serve(a) => a.approval_timeout,
+                _ => unreachable!("serve"),
+            }
+        };
+        assert_eq!(args(&[]), std::time::Duration::from_secs(1800));
+        assert_eq!(
+            args(&["--approval-timeout", "1s"]),
+            std::time::Duration::from_secs(1)
+        );
+        assert!(args(&["--approval-timeout", "0"]).is_zero());
+        assert!(Cli::try_parse_from(["vak", "serve", "--approval-timeout", "soon"]).is_err());
+    }
 }

@@ -3,7 +3,7 @@
 //! pending approvals and cancelling runs before it answers; leaving plan mode
 //! through an approved plan (and staying in it when the plan is denied);
 //! bypass only with --allow-bypass; the mode in GET /config and in config
-//! frames.
+//! frames; an approval nobody answers expiring at `--approval-timeout`.
 
 use crate::support::{Frame, Serve, Sse, TestServer};
 use serde_json::{json, Value};
@@ -407,4 +407,49 @@ async fn get_config_and_config_frames_follow_the_mode() {
     assert_eq!(r.outcome(), pb::ApprovalOutcome::Approved);
     assert_eq!(next_config(&mut stream).await, "accept-edits");
     assert_eq!(mode_of(&s).await, "accept-edits");
+}
+
+#[tokio::test]
+async fn an_unanswered_approval_expires_at_the_approval_timeout_and_the_run_settles() {
+    let s = TestServer::start_with(|c| {
+        c.core.permission = PermissionMode::Default;
+        c.core.approval_timeout = Some(std::time::Duration::from_secs(1));
+    })
+    .await;
+    let sid = s.create_session().await;
+    let mut events = s.events(&sid, None).await;
+    let (status, b) = s.run(&sid, "/bash echo never-run").await;
+    assert!(status < 300, "{b}");
+    // Nobody answers: the approval expires, the call is denied, the run ends.
+    let frames = events.until("run_finished").await;
+    let asked = frames
+        .iter()
+        .find(|f| f.event == "approval_requested")
+        .expect("the bash call asks");
+    let rid = asked.body()["request_id"].as_str().unwrap().to_string();
+    let resolved = frames
+        .iter()
+        .find(|f| f.event == "approval_resolved")
+        .expect("the approval is resolved");
+    assert_eq!(resolved.body()["request_id"], rid.as_str());
+    assert_eq!(resolved.body()["outcome"], "expired", "{:?}", resolved.body());
+    assert!(
+        resolved.body()["reason"]
+            .as_str()
+            .unwrap()
+            .contains("--approval-timeout"),
+        "{:?}",
+        resolved.body()
+    );
+    let result = frames
+        .iter()
+        .find(|f| f.event == "tool_result")
+        .expect("the call gets its result");
+    assert_eq!(result.body()["ok"], false);
+    let output = result.body()["output"].as_str().unwrap();
+    assert!(output.contains("the approval expired"), "{output}");
+    assert!(!output.contains("never-run\n"), "the command never ran: {output}");
+    // An answer after the expiry is refused: the approval is settled.
+    let (code, v) = answer(&s, &sid, &rid, json!({"approve": true})).await;
+    assert!(code >= 400, "{code} {v}");
 }

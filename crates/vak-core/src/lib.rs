@@ -91,6 +91,10 @@ pub struct CoreConfig {
     /// Children a session's `spawn_worker` calls may have running at once
     /// (`--max-workers`).
     pub max_workers: usize,
+    /// How long an approval waits for an answer before it expires (the
+    /// tool call is then denied and the run goes on); None: forever
+    /// (`--approval-timeout`, default 30 min, 0 for never).
+    pub approval_timeout: Option<std::time::Duration>,
     /// The output token limit of one model turn.
     pub max_output_tokens: u32,
     /// Sampling temperature; None leaves it to the provider.
@@ -147,6 +151,7 @@ impl CoreConfig {
             max_turns: 50,
             max_turns_from_flag: false,
             max_workers: 4,
+            approval_timeout: Some(std::time::Duration::from_secs(30 * 60)),
             max_output_tokens: 8192,
             temperature: None,
             route_flags: host::config::RouteLayer::default(),

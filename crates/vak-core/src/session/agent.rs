@@ -479,12 +479,33 @@ async fn call_tool(session: &impl TurnContext, defs: &[ToolDef], call: ToolCall,
                 }
                 why
             };
+            // Nobody answering is an answer too, after the timeout: the
+            // call is denied and the run goes on (a run never waits forever).
+            let timeout = rt.cfg.approval_timeout;
+            let expired = async {
+                match timeout {
+                    Some(t) => tokio::time::sleep(t).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let settle = |a: Result<Answer, _>| match a {
+                Ok(a) if a.approve => Ok(Some(a)),
+                Ok(a) => Err(denied(&a)),
+                Err(_) => Err("the approval expired".to_string()),
+            };
+            let mut answer = std::pin::pin!(answer);
             tokio::select! {
-                a = answer => match a {
-                    Ok(a) if a.approve => Ok(Some(a)),
-                    Ok(a) => Err(denied(&a)),
-                    Err(_) => Err("the approval expired".into()),
-                },
+                a = &mut answer => settle(a),
+                _ = expired => {
+                    let t = humantime::format_duration(timeout.unwrap_or_default());
+                    let why = format!("nobody answered within {t} (--approval-timeout)");
+                    if session.approvals().expire(&request_id, &why, |e| session.publish(e)) {
+                        Err(format!("the approval expired: {why}; the call did not run"))
+                    } else {
+                        // Answered at the last moment: that answer stands.
+                        settle(answer.await)
+                    }
+                }
                 _ = cancel.cancelled() => {
                     session.approvals().expire_all("the run was cancelled", |e| session.publish(e));
                     Err(CANCELLED.into())

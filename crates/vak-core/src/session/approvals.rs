@@ -205,6 +205,22 @@ impl Approvals {
     }
 
     /// Expires every pending request (its run ended or was cancelled).
+    /// Expires the one pending approval `id` (nobody answered it in time);
+    /// false when it was settled already.
+    pub fn expire(&self, id: &str, reason: &str, publish: impl FnOnce(ClientEvent)) -> bool {
+        let mut inner = self.lock();
+        if inner.pending.remove(id).is_none() {
+            return false;
+        }
+        inner.settle(id, ApprovalOutcome::Expired);
+        publish(ClientEvent::ApprovalResolved {
+            request_id: id.to_string(),
+            outcome: ApprovalOutcome::Expired,
+            reason: reason.to_string(),
+        });
+        true
+    }
+
     pub fn expire_all(&self, reason: &str, mut publish: impl FnMut(ClientEvent)) {
         let mut inner = self.lock();
         let ids: Vec<String> = inner.pending.keys().cloned().collect();
