@@ -1,5 +1,5 @@
-//! The real `vak` binary: the startup line, server.json, SIGTERM, startup failures, and the
-//! VAK_TOKEN / VAK_HOME environment.
+//! The real `vak` binary: the startup line, server.json, SIGTERM, startup failures, the
+//! VAK_TOKEN / VAK_HOME environment, and the log lines of a run and of a failed login.
 
 use crate::support::process::Vak;
 use crate::support::*;
@@ -900,4 +900,44 @@ async fn sigterm_right_after_the_listening_line_is_a_graceful_stop() {
             "a graceful stop removes server.json"
         );
     }
+}
+
+#[tokio::test]
+async fn a_run_logs_a_line_when_it_starts_and_when_it_ends_and_a_failed_login_its_peer() {
+    let served = Serve::new().start().await;
+    let api = served.api();
+    let sid = api.create_session().await;
+    let mut events = api.events(&sid, None).await;
+    let (status, b) = api.run(&sid, "hello log").await;
+    assert!(status < 300, "{b}");
+    events.until("run_finished").await;
+    let login = reqwest::Client::new()
+        .post(format!("{}/auth/login", served.url))
+        .json(&serde_json::json!({"token": "wrong"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(login.status(), 401);
+    let start = std::time::Instant::now();
+    let log = loop {
+        let log = served.vak.log();
+        if log.contains("run finished") && log.contains("failed login") {
+            break log;
+        }
+        assert!(start.elapsed() < DEADLINE, "no run or login lines in:\n{log}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    let line = |what: &str| log.lines().find(|l| l.contains(what)).unwrap().to_string();
+    assert!(line("run started").contains(&sid), "{log}");
+    let finished = line("run finished");
+    assert!(
+        finished.contains(&sid) && finished.contains("outcome=\"completed\""),
+        "{finished}"
+    );
+    assert!(finished.contains("duration_ms="), "{finished}");
+    let failed = line("failed login");
+    assert!(
+        failed.contains("peer=127.0.0.1:") && !failed.contains("Some("),
+        "{failed}"
+    );
 }

@@ -430,7 +430,10 @@ pub async fn login(State(auth): State<Arc<Auth>>, req: Request<Body>) -> Respons
     };
     if !auth.token_ok(&token) {
         // The presented value is never logged.
-        tracing::warn!(peer = ?peer, "failed login");
+        match peer {
+            Some(p) => tracing::warn!(peer = %p, "failed login"),
+            None => tracing::warn!("failed login (peer unknown)"),
+        }
         return json_error(
             StatusCode::UNAUTHORIZED,
             "unauthenticated",

@@ -611,6 +611,8 @@ impl Session {
             }
         }
         self.publish(ClientEvent::Status { busy: true });
+        let started = std::time::Instant::now();
+        tracing::info!(session = %self.id(), request_id = %first.request_id, "run started");
         let mut input = first;
         loop {
             let cancel = lock(&self.run).leg_token();
@@ -633,6 +635,12 @@ impl Session {
                             crate::text::count(discarded, "queued input")
                         );
                     }
+                    tracing::info!(
+                        session = %self.id(),
+                        outcome = outcome.as_str(),
+                        duration_ms = started.elapsed().as_millis() as u64,
+                        "run finished"
+                    );
                     self.publish(ClientEvent::Status { busy: false });
                     self.publish(ClientEvent::RunFinished { outcome, message });
                     // What arrived during the run, now that it is over.
