@@ -295,8 +295,10 @@ fn parse_listen(s: &str) -> std::result::Result<SocketAddr, String> {
     }
 }
 
+/// clap names the flag itself (`invalid value 'x' for '--provider …'`): the
+/// message says only what is wrong with the value.
 fn parse_provider_flag(s: &str) -> std::result::Result<ProviderKind, String> {
-    config::parse_provider(s, "--provider").map_err(|e| e.message)
+    config::parse_provider(s, "").map_err(|e| e.message.trim_start_matches(": ").to_string())
 }
 
 /// A timeout such as `10s`, `500ms` or `2m`; zero is refused.
@@ -751,5 +753,17 @@ mod tests {
         );
         assert!(args(&["--approval-timeout", "0"]).is_zero());
         assert!(Cli::try_parse_from(["vak", "serve", "--approval-timeout", "soon"]).is_err());
+    }
+
+    #[test]
+    fn an_unknown_provider_names_the_flag_once() {
+        let e = Cli::try_parse_from(["vak", "serve", "--provider", "gemini"])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e.matches("--provider").count(), 1, "{e}");
+        assert!(
+            e.contains("unknown provider \"gemini\": expected one of offline, openai, anthropic"),
+            "{e}"
+        );
     }
 }
