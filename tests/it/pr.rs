@@ -51,14 +51,7 @@ esac
 }
 
 fn git_init(dir: &Path) {
-    let out = std::process::Command::new("git")
-        .current_dir(dir)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .args(["-c", "init.defaultBranch=main", "init", "-q"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    crate::support::git::git(dir, &["init", "-q"]);
 }
 
 fn set_mode(dir: &Path, mode: &str) {

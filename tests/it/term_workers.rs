@@ -1,35 +1,7 @@
 //! `vak term` and workers (issue 30): a `/worker`'s child shown as one line when it is spawned and one when it finishes with its answer, and `/workers` listing the session's children, in a real pseudo-terminal.
 
+use crate::support::term::{attached, idle};
 use crate::support::*;
-
-/// `vak term --session SID` over `transport`, in the server's workspace.
-fn attached(server: &TestServer, transport: &str, sid: &str) -> portable_pty::CommandBuilder {
-    let mut cmd = portable_pty::CommandBuilder::new(env!("CARGO_BIN_EXE_vak"));
-    cmd.args([
-        "term",
-        "--url",
-        &server.url,
-        "--token",
-        TOKEN,
-        "--transport",
-        transport,
-        "--session",
-        sid,
-    ]);
-    for v in ["VAK_URL", "VAK_TOKEN", "VAK_HOME", "RUST_LOG"] {
-        cmd.env_remove(v);
-    }
-    cmd.env("TERM", "xterm-256color");
-    cmd.cwd(&server.workspace);
-    cmd
-}
-
-async fn idle(pty: &Pty) -> String {
-    pty.wait_until("an idle prompt", |s| {
-        !s.contains("running…") && s.lines().any(|l| l.trim_end() == ">")
-    })
-    .await
-}
 
 #[tokio::test]
 async fn a_worker_is_a_line_when_spawned_and_when_finished_and_workers_lists_it() {

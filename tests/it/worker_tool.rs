@@ -1,40 +1,10 @@
 //! The spawn_worker tool end to end, driven by the offline model's `/worker`: a waited worker's answer is the tool result and its work is on its own branch, two workers of one turn run at the same time, a background worker's answer reaches the parent as a background_result, and a worker running a command is listed, refused to other sessions and stopped through its parent with its process.
 
+use crate::support::git::init_repo;
 use crate::support::{TestServer, DEADLINE};
 use serde_json::{json, Value};
 use std::path::Path;
 use vak::core::permissions::PermissionMode;
-
-/// Runs git in `dir` for the test's own setup (its own config only).
-fn git(dir: &Path, args: &[&str]) {
-    let out = std::process::Command::new("git")
-        .current_dir(dir)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .args([
-            "-c",
-            "user.name=t",
-            "-c",
-            "user.email=t@t",
-            "-c",
-            "init.defaultBranch=main",
-        ])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn init_repo(ws: &Path) {
-    git(ws, &["init", "-q"]);
-    std::fs::write(ws.join("README.md"), "hi\n").unwrap();
-    git(ws, &["add", "."]);
-    git(ws, &["commit", "-q", "-m", "init"]);
-}
 
 /// A server in bypass mode: the children's tools run without asking.
 async fn server() -> TestServer {

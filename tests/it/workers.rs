@@ -1,43 +1,12 @@
 //! Child sessions over REST: best-of-N candidates in their own git worktrees and branches, kept (merged) or discarded, listed, steered and stopped through their parent, deleted with it, and still listed after a restart.
 
+use crate::support::git::{git, init_repo};
 use crate::support::poll::pause;
 use crate::support::{TestServer, DEADLINE};
 use serde_json::{json, Value};
 use std::path::Path;
 use std::time::Instant;
 use vak::core::permissions::PermissionMode;
-
-/// Runs git in `dir` for the test's own setup (its own config only).
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = std::process::Command::new("git")
-        .current_dir(dir)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .args([
-            "-c",
-            "user.name=t",
-            "-c",
-            "user.email=t@t",
-            "-c",
-            "init.defaultBranch=main",
-        ])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
-fn init_repo(ws: &Path) {
-    git(ws, &["init", "-q"]);
-    std::fs::write(ws.join("README.md"), "hi\n").unwrap();
-    git(ws, &["add", "."]);
-    git(ws, &["commit", "-q", "-m", "init"]);
-}
 
 /// A server in bypass mode (the offline model's tools run without asking).
 async fn server() -> TestServer {

@@ -5,6 +5,7 @@
 //! real repository, including one whose config tries to run a program.
 
 use crate::support;
+use crate::support::git::git;
 use crate::support::{SecondWorkspace, TestServer};
 use serde_json::{json, Value};
 use std::path::Path;
@@ -505,30 +506,6 @@ async fn folders_are_listed_only_inside_the_workspace_roots() {
         [s.workspace.canonicalize().unwrap().display().to_string()]
     );
     assert_eq!(d.dirs, ["sub"]);
-}
-
-/// Runs git in `dir` for the test's own setup (its own config only).
-fn git(dir: &Path, args: &[&str]) {
-    let out = std::process::Command::new("git")
-        .current_dir(dir)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .args([
-            "-c",
-            "user.name=t",
-            "-c",
-            "user.email=t@t",
-            "-c",
-            "init.defaultBranch=main",
-        ])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 #[tokio::test]

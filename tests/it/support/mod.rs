@@ -1170,10 +1170,12 @@ impl TestServer {
     }
 }
 pub mod fake_provider;
+pub mod git;
 pub mod nats;
 pub mod poll;
 pub mod process;
 pub mod serve;
 pub mod shared;
+pub mod term;
 pub use serve::{Serve, Served};
 pub use shared::{heavy, heavy_blocking, own_process};
