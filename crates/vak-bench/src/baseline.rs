@@ -64,6 +64,7 @@ async fn burst(session_id: String, chan: Arc<Mutex<Channel>>, n: u64) {
     send(pb::event::Kind::RunFinished(pb::RunFinished {
         outcome: pb::RunOutcome::Completed as i32,
         message: "completed".into(),
+        stop_reason: None,
     }));
 }
 

@@ -82,6 +82,49 @@ impl NoticeLevel {
     }
 }
 
+/// Why a model's reply stopped when it did not end on its own: the run still
+/// completes, and says so (`run_finished.stop_reason`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// Cut at the output token limit.
+    MaxTokens,
+    /// The model refused.
+    Refusal,
+    /// The provider's content filter stopped it.
+    ContentFilter,
+}
+
+impl StopReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopReason::MaxTokens => "max_tokens",
+            StopReason::Refusal => "refusal",
+            StopReason::ContentFilter => "content_filter",
+        }
+    }
+
+    /// What `run_finished.message` says for it.
+    pub fn message(self) -> &'static str {
+        match self {
+            StopReason::MaxTokens => "cut at the output limit",
+            StopReason::Refusal => "the model refused",
+            StopReason::ContentFilter => "stopped by the provider's content filter",
+        }
+    }
+}
+
+/// A run about to try the model service again.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Retrying {
+    /// This retry's number, from 1.
+    pub attempt: u32,
+    /// How many retries the run may make.
+    pub of: u32,
+    /// Words for a person: what failed, naming the host when unreachable.
+    pub reason: String,
+}
+
 /// A client-visible event: what the bus numbers, the ledger persists and every
 /// surface streams. Stream-level frames (stream_opened, resync, session_closed)
 /// are not events: they belong to one subscription and carry no seq.
@@ -135,10 +178,16 @@ pub enum ClientEvent {
     },
     Status {
         busy: bool,
+        /// Present while the run waits to try the model service again.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        retrying: Option<Retrying>,
     },
     RunFinished {
         outcome: RunOutcome,
         message: String,
+        /// Why the last reply stopped, when it did not end on its own.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stop_reason: Option<StopReason>,
     },
     /// Something the session's people should know that no other event says
     /// (an always-allow rule that could not be saved). Shown, never part of
@@ -225,6 +274,20 @@ pub enum SideOutcome {
 }
 
 impl ClientEvent {
+    /// A plain busy/idle status (no retry under way).
+    pub fn status(busy: bool) -> Self {
+        ClientEvent::Status { busy, retrying: None }
+    }
+
+    /// How a run ended, with no stop reason.
+    pub fn finished(outcome: RunOutcome, message: impl Into<String>) -> Self {
+        ClientEvent::RunFinished {
+            outcome,
+            message: message.into(),
+            stop_reason: None,
+        }
+    }
+
     /// The snake_case kind: the SSE `event:` name and the gRPC oneof case.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -609,7 +672,7 @@ mod tests {
         ] {
             assert_eq!(project(e), None);
         }
-        let ev = ClientEvent::Status { busy: true };
+        let ev = ClientEvent::status(true);
         assert_eq!(project(AgentEvent::Client(ev.clone())), Some(ev));
     }
 
@@ -619,11 +682,11 @@ mod tests {
         assert!(a.try_merge(&ClientEvent::TextDelta { text: "b".into() }));
         assert_eq!(a, ClientEvent::TextDelta { text: "ab".into() });
         assert!(!a.try_merge(&ClientEvent::ThinkingDelta { text: "c".into() }));
-        assert!(!a.try_merge(&ClientEvent::Status { busy: false }));
+        assert!(!a.try_merge(&ClientEvent::status(false)));
         let mut t = ClientEvent::ThinkingDelta { text: "x".into() };
         assert!(t.try_merge(&ClientEvent::ThinkingDelta { text: "y".into() }));
         assert_eq!(a.delta_len(), Some(2));
-        assert_eq!(ClientEvent::Status { busy: true }.delta_len(), None);
+        assert_eq!(ClientEvent::status(true).delta_len(), None);
     }
 
     #[test]
@@ -673,7 +736,7 @@ mod tests {
             assert!(text.capacity() < 2 * text.len() + 16, "doubling, never more");
         }
         assert!(delta(1, "x")
-            .size_after_absorbing(&Frame::new(2, sid.clone(), ClientEvent::Status { busy: true }))
+            .size_after_absorbing(&Frame::new(2, sid.clone(), ClientEvent::status(true)))
             .is_none());
         let parts = [delta(1, "ab"), delta(2, "cd"), delta(3, "ef")];
         let merged = Frame::merged(&parts.iter().collect::<Vec<_>>());

@@ -606,6 +606,7 @@ mod tests {
             Kind::RunFinished(pb::RunFinished {
                 outcome: pb::RunOutcome::from_json_name(outcome).expect("an outcome") as i32,
                 message: message.into(),
+                stop_reason: None,
             }),
         )
     }

@@ -647,7 +647,7 @@ mod tests {
             attachments: Vec::new(),
         };
         l.append_event(&Frame::new(1, "a".into(), prompt)).unwrap();
-        l.append_event(&Frame::new(2, "a".into(), ClientEvent::Status { busy: false }))
+        l.append_event(&Frame::new(2, "a".into(), ClientEvent::status(false)))
             .unwrap();
         drop(l);
 

@@ -89,7 +89,7 @@ impl Facts {
 
     pub(crate) fn apply(&mut self, event: &ClientEvent) {
         match event {
-            ClientEvent::Status { busy } => self.busy = *busy,
+            ClientEvent::Status { busy, .. } => self.busy = *busy,
             ClientEvent::UserMessage { request_id, .. } => self.remember_request(request_id.clone()),
             ClientEvent::ApprovalRequested { request_id, .. } => self.open_approvals.push(request_id.clone()),
             ClientEvent::ToolCall { call_id, .. } => self.open_calls.push(call_id.clone()),

@@ -714,7 +714,7 @@ mod tests {
                 event: ClientEvent::TextDelta { text: "hi".into() }
             }
         );
-        l.append_event(&Frame::new(2, "s".into(), ClientEvent::Status { busy: false }))
+        l.append_event(&Frame::new(2, "s".into(), ClientEvent::status(false)))
             .unwrap();
         drop(l);
         let mut records = Vec::new();

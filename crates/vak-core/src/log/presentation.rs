@@ -433,7 +433,7 @@ impl Presenter {
                 },
                 &mut out,
             ),
-            ClientEvent::RunFinished { outcome, message } => {
+            ClientEvent::RunFinished { outcome, message, .. } => {
                 self.close_open(seq, &mut out);
                 let item = Item::new(
                     ItemKind::FinalResult,
@@ -538,7 +538,7 @@ mod tests {
                 },
             ]),
             "[a-z]{1,8}".prop_map(|t| vec![
-                ClientEvent::Status { busy: true },
+                ClientEvent::status(true),
                 ClientEvent::UserMessage {
                     text: t,
                     request_id: "r".into(),
@@ -549,10 +549,11 @@ mod tests {
                 },
             ]),
             (0..3u8).prop_map(|o| vec![
-                ClientEvent::Status { busy: false },
+                ClientEvent::status(false),
                 ClientEvent::RunFinished {
                     outcome: [RunOutcome::Completed, RunOutcome::Cancelled, RunOutcome::Failed][o as usize],
                     message: "done".into(),
+                    stop_reason: None,
                 },
             ]),
         ];
@@ -598,7 +599,7 @@ mod tests {
     #[test]
     fn bookkeeping_never_becomes_an_item() {
         let mut p = Presenter::new("s");
-        assert!(p.apply(1, &ClientEvent::Status { busy: true }).is_empty());
+        assert!(p.apply(1, &ClientEvent::status(true)).is_empty());
         assert!(p
             .apply(
                 2,
@@ -643,6 +644,7 @@ mod tests {
             &ClientEvent::RunFinished {
                 outcome: RunOutcome::Completed,
                 message: "completed".into(),
+                stop_reason: None,
             },
         );
         let kinds: Vec<_> = ev.iter().map(PresentationEvent::kind).collect();

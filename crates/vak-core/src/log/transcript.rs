@@ -1,7 +1,7 @@
 //! The transcript: a fold of client events into messages and usage, shared by the live session, a reload from the ledger, and Markdown export.
 
 use crate::event::AttachmentRef;
-use crate::event::{BackgroundResult, ClientEvent, Compaction, Note, RunOutcome, Undo};
+use crate::event::{BackgroundResult, ClientEvent, Compaction, Note, RunOutcome, StopReason, Undo};
 use crate::provider::{ChatMessage, Thinking, TokenUsage, ToolCall};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -12,7 +12,7 @@ pub enum Role {
     User,
     Assistant,
     Tool,
-    /// How a run ended, when it did not complete: its outcome and the human message.
+    /// How a run ended, when it did not complete or its reply was cut: its outcome and the human message.
     Run,
     /// A background result delivered while the session was idle.
     Background,
@@ -52,8 +52,11 @@ pub struct Message {
     pub tool: String,
     pub input: Value,
     pub ok: bool,
-    /// Role::Run only: how the run ended (never Completed).
+    /// Role::Run only: how the run ended (Completed only with a stop reason).
     pub outcome: Option<RunOutcome>,
+    /// Role::Run only: why the last reply stopped, when not on its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<StopReason>,
     pub seq: u64,
     /// Role::User only: the input's images, by reference.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -77,6 +80,7 @@ impl Message {
             input: Value::Null,
             ok: false,
             outcome: None,
+            stop_reason: None,
             seq,
             attachments: Vec::new(),
             background: None,
@@ -178,11 +182,17 @@ impl Transcript {
                     m.text = output.clone();
                 }
             }
-            // A completed run speaks for itself; one that failed or was
-            // cancelled says so, with the message its clients were shown.
-            ClientEvent::RunFinished { outcome, message } if *outcome != RunOutcome::Completed => {
+            // A completed run speaks for itself unless its reply was cut or
+            // stopped; one that failed or was cancelled says so, with the
+            // message its clients were shown.
+            ClientEvent::RunFinished {
+                outcome,
+                message,
+                stop_reason,
+            } if *outcome != RunOutcome::Completed || stop_reason.is_some() => {
                 let mut m = Message::new(Role::Run, seq);
                 m.outcome = Some(*outcome);
+                m.stop_reason = *stop_reason;
                 m.text = message.clone();
                 self.messages.push(m);
             }
@@ -391,7 +401,11 @@ impl Transcript {
                 }
                 Role::Run => {
                     let outcome = m.outcome.map_or("ended", |o| o.as_str());
-                    let _ = write!(out, "\n## Run {outcome}\n\n{}\n", m.text);
+                    let why = m
+                        .stop_reason
+                        .map(|r| format!(" ({})", r.as_str()))
+                        .unwrap_or_default();
+                    let _ = write!(out, "\n## Run {outcome}{why}\n\n{}\n", m.text);
                 }
                 Role::Background => {
                     let from = m
@@ -432,7 +446,7 @@ mod tests {
                 tool: "read_file".into(),
                 input: json!({"path": "a"}),
             },
-            ClientEvent::Status { busy: true },
+            ClientEvent::status(true),
             ClientEvent::ToolResult {
                 call_id: "c1".into(),
                 ok: true,
@@ -468,6 +482,7 @@ mod tests {
         let finished = |outcome, message: &str| ClientEvent::RunFinished {
             outcome,
             message: message.into(),
+            stop_reason: None,
         };
         t.apply(
             1,
@@ -527,6 +542,7 @@ mod tests {
             &ClientEvent::RunFinished {
                 outcome: RunOutcome::Failed,
                 message: "boom".into(),
+                stop_reason: None,
             },
         );
         t.apply(
@@ -584,7 +600,7 @@ mod tests {
         let text = |t: &str| ClientEvent::TextDelta { text: t.into() };
         // As the agent publishes them: each turn's usage is noted when the
         // turn ends, before its calls run one after the other.
-        let turn_end = ClientEvent::Status { busy: true };
+        let turn_end = ClientEvent::status(true);
         let mut t = Transcript::default();
         for (i, e) in [
             user("q"),
@@ -605,12 +621,13 @@ mod tests {
             ClientEvent::RunFinished {
                 outcome: RunOutcome::Completed,
                 message: "completed".into(),
+                stop_reason: None,
             },
         ]
         .iter()
         .enumerate()
         {
-            if *e == (ClientEvent::Status { busy: true }) {
+            if *e == (ClientEvent::status(true)) {
                 t.note(&Note::Usage(TokenUsage::default()));
             } else {
                 t.apply(i as u64 + 1, e);

@@ -120,8 +120,22 @@ pub enum StopReason {
     ToolUse,
     /// It hit the output token limit.
     MaxTokens,
-    /// It refused (content filter, refusal).
+    /// It refused.
     Refusal,
+    /// The provider's content filter stopped it.
+    ContentFilter,
+}
+
+impl StopReason {
+    /// Why a reply that ends the run did not end on its own, if so.
+    pub fn cut(self) -> Option<crate::event::StopReason> {
+        match self {
+            StopReason::EndTurn | StopReason::ToolUse => None,
+            StopReason::MaxTokens => Some(crate::event::StopReason::MaxTokens),
+            StopReason::Refusal => Some(crate::event::StopReason::Refusal),
+            StopReason::ContentFilter => Some(crate::event::StopReason::ContentFilter),
+        }
+    }
 }
 
 /// What a turn ends with: the tool calls to run (none: the answer is complete), usage and why it stopped.

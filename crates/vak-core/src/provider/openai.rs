@@ -563,7 +563,7 @@ impl Assembler {
         let mut stop = match self.finish.as_deref() {
             Some("tool_calls") | Some("function_call") => StopReason::ToolUse,
             Some("length") => StopReason::MaxTokens,
-            Some("content_filter") => StopReason::Refusal,
+            Some("content_filter") => StopReason::ContentFilter,
             _ => StopReason::EndTurn,
         };
         // Ollama and some llama.cpp builds say "stop" after tool calls.
@@ -731,7 +731,7 @@ mod tests {
         for (reason, stop) in [
             ("\"stop\"", StopReason::EndTurn),
             ("\"length\"", StopReason::MaxTokens),
-            ("\"content_filter\"", StopReason::Refusal),
+            ("\"content_filter\"", StopReason::ContentFilter),
             ("\"\"", StopReason::EndTurn),
             ("null", StopReason::EndTurn),
             ("\"eos\"", StopReason::EndTurn),

@@ -1,6 +1,6 @@
 //! The agent loop: one leg of a turn chain. It asks the provider for a turn, runs the tools it calls (through approvals when needed), and repeats until the model answers without tools or the max-turns cap.
 
-use crate::event::{AgentEvent, ClientEvent, Compaction, RunOutcome};
+use crate::event::{AgentEvent, ClientEvent, Compaction, RunOutcome, StopReason};
 use crate::host::hooks::HookEvent;
 use crate::log::deltas::{Deltas, FREE};
 use crate::permissions::{self, Decision};
@@ -247,12 +247,27 @@ pub(crate) async fn compact_now(
     }
 }
 
+/// How a leg ended: what its run_finished says.
+pub(crate) struct LegEnd {
+    pub(crate) outcome: RunOutcome,
+    /// The human message.
+    pub(crate) message: String,
+    /// Why the last reply stopped, when not on its own.
+    pub(crate) stop_reason: Option<StopReason>,
+}
+
+impl LegEnd {
+    fn new(outcome: RunOutcome, message: String) -> Self {
+        LegEnd {
+            outcome,
+            message,
+            stop_reason: None,
+        }
+    }
+}
+
 /// Runs one leg for `input`; returns how it ended and the human message for run_finished.
-pub(crate) async fn run_leg(
-    session: &impl TurnContext,
-    input: &Input,
-    cancel: &CancellationToken,
-) -> (RunOutcome, String) {
+pub(crate) async fn run_leg(session: &impl TurnContext, input: &Input, cancel: &CancellationToken) -> LegEnd {
     session.publish(ClientEvent::UserMessage {
         text: input.text.clone(),
         request_id: input.request_id.clone(),
@@ -268,10 +283,10 @@ pub(crate) async fn run_leg(
     let mut turns = 0;
     loop {
         if cancel.is_cancelled() {
-            return (RunOutcome::Cancelled, CANCELLED.into());
+            return LegEnd::new(RunOutcome::Cancelled, CANCELLED.into());
         }
         if turns == max_turns {
-            return (
+            return LegEnd::new(
                 RunOutcome::MaxTurns,
                 format!("stopped after {max_turns} model turns (the max-turns limit)"),
             );
@@ -283,13 +298,15 @@ pub(crate) async fn run_leg(
             // The history is the transcript, which folds what is durable: wait
             // until everything this leg published so far is.
             if let Err(e) = session.flush().await {
-                return (RunOutcome::Failed, e.message);
+                return LegEnd::new(RunOutcome::Failed, e.message);
             }
             if !compacted && near_full(session.transcript().context_tokens, leg.route.context_window) {
                 compacted = true;
                 match leg.compact(Some(&input.request_id), cancel).await {
                     Ok(()) => continue,
-                    Err(ProviderError::Cancelled) => return (RunOutcome::Cancelled, CANCELLED.into()),
+                    Err(ProviderError::Cancelled) => {
+                        return LegEnd::new(RunOutcome::Cancelled, CANCELLED.into())
+                    }
                     // The turn itself may still fit; if not, it fails on its own.
                     Err(ProviderError::Failed(f)) => {
                         tracing::warn!(session = %session.id(), kind = ?f.kind, error = %f.detail, "compaction failed")
@@ -298,7 +315,7 @@ pub(crate) async fn run_leg(
             }
             let history = match with_images(session, session.transcript().chat()).await {
                 Ok(h) => h,
-                Err(message) => return (RunOutcome::Failed, message),
+                Err(message) => return LegEnd::new(RunOutcome::Failed, message),
             };
             let request = leg.request(history);
             let sink = TurnSink {
@@ -314,7 +331,7 @@ pub(crate) async fn run_leg(
             let streamed = sink.streamed.load(Ordering::Relaxed);
             let failure = match result {
                 Ok(o) => break o,
-                Err(ProviderError::Cancelled) => return (RunOutcome::Cancelled, CANCELLED.into()),
+                Err(ProviderError::Cancelled) => return LegEnd::new(RunOutcome::Cancelled, CANCELLED.into()),
                 Err(ProviderError::Failed(f)) => f,
             };
             tracing::warn!(
@@ -331,12 +348,16 @@ pub(crate) async fn run_leg(
                 compacted = true;
                 match leg.compact(Some(&input.request_id), cancel).await {
                     Ok(()) => continue,
-                    Err(ProviderError::Cancelled) => return (RunOutcome::Cancelled, CANCELLED.into()),
-                    Err(ProviderError::Failed(_)) => return (RunOutcome::Failed, failure.kind.message()),
+                    Err(ProviderError::Cancelled) => {
+                        return LegEnd::new(RunOutcome::Cancelled, CANCELLED.into())
+                    }
+                    Err(ProviderError::Failed(_)) => {
+                        return LegEnd::new(RunOutcome::Failed, failure.kind.message())
+                    }
                 }
             }
             if !failure.retryable || attempt >= rt.cfg.provider_retries {
-                return (RunOutcome::Failed, failure.kind.message());
+                return LegEnd::new(RunOutcome::Failed, failure.kind.message());
             }
             attempt += 1;
             session.emit(AgentEvent::Retry {
@@ -346,7 +367,7 @@ pub(crate) async fn run_leg(
             let wait = retry_delay(rt.cfg.retry_backoff, attempt, &failure, random_unit());
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
-                _ = cancel.cancelled() => return (RunOutcome::Cancelled, CANCELLED.into()),
+                _ = cancel.cancelled() => return LegEnd::new(RunOutcome::Cancelled, CANCELLED.into()),
             }
             if streamed {
                 // The broken attempt's text stays where clients saw it; a
@@ -360,7 +381,14 @@ pub(crate) async fn run_leg(
         };
         leg.spent(Some(&input.request_id), output.usage).await;
         if output.tool_calls.is_empty() {
-            return (RunOutcome::Completed, "completed".into());
+            return match output.stop.cut() {
+                Some(why) => LegEnd {
+                    outcome: RunOutcome::Completed,
+                    message: why.message().into(),
+                    stop_reason: Some(why),
+                },
+                None => LegEnd::new(RunOutcome::Completed, "completed".into()),
+            };
         }
         let mut calls = output.tool_calls.into_iter().peekable();
         while let Some(call) = calls.next() {
@@ -381,7 +409,7 @@ pub(crate) async fn run_leg(
                 call_tool(session, &leg.tools, call, cancel).await;
             }
             if cancel.is_cancelled() {
-                return (RunOutcome::Cancelled, CANCELLED.into());
+                return LegEnd::new(RunOutcome::Cancelled, CANCELLED.into());
             }
         }
     }
@@ -857,7 +885,7 @@ mod tests {
             .count();
         assert_eq!(calls, 2);
         match seen.last() {
-            Some(ClientEvent::RunFinished { outcome, message }) => {
+            Some(ClientEvent::RunFinished { outcome, message, .. }) => {
                 assert_eq!(*outcome, RunOutcome::MaxTurns);
                 assert_eq!(message, "stopped after 2 model turns (the max-turns limit)");
             }

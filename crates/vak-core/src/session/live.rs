@@ -4,7 +4,7 @@ use crate::background::{BackgroundQueue, BackgroundResult, Pending};
 use crate::error::{Error, ErrorKind, Result};
 use crate::event::{
     project, AgentEvent, ApprovalOutcome, ClientEvent, Compaction, Frame, Note, NoticeLevel, RunOutcome,
-    SideOutcome, SidePhase, Undo,
+    SideOutcome, SidePhase, StopReason, Undo,
 };
 use crate::host::rules::Rule;
 use crate::log::folds::{Folds, Snapshot};
@@ -240,11 +240,11 @@ impl Session {
                     output: "interrupted: the server stopped during this call".into(),
                 });
             }
-            session.publish(ClientEvent::Status { busy: false });
-            session.publish(ClientEvent::RunFinished {
-                outcome: RunOutcome::Failed,
-                message: "interrupted: the server stopped during this run".into(),
-            });
+            session.publish(ClientEvent::status(false));
+            session.publish(ClientEvent::finished(
+                RunOutcome::Failed,
+                "interrupted: the server stopped during this run",
+            ));
         }
         // Results queued before the server stopped: the session is idle
         // now, so they are delivered (a mirror's writer delivers its own).
@@ -610,13 +610,17 @@ impl Session {
                 _ = cancel.cancelled() => {}
             }
         }
-        self.publish(ClientEvent::Status { busy: true });
+        self.publish(ClientEvent::status(true));
         let started = std::time::Instant::now();
         tracing::info!(session = %self.id(), request_id = %first.request_id, "run started");
         let mut input = first;
         loop {
             let cancel = lock(&self.run).leg_token();
-            let (outcome, mut message) = agent::run_leg(&*self, &input, &cancel).await;
+            let agent::LegEnd {
+                outcome,
+                mut message,
+                stop_reason,
+            } = agent::run_leg(&*self, &input, &cancel).await;
             self.approvals.expire_all("the run ended", |e| self.publish(e));
             let mut run = lock(&self.run);
             if outcome == RunOutcome::Cancelled && run.closing() {
@@ -638,11 +642,16 @@ impl Session {
                     tracing::info!(
                         session = %self.id(),
                         outcome = outcome.as_str(),
+                        stop_reason = stop_reason.map(StopReason::as_str),
                         duration_ms = started.elapsed().as_millis() as u64,
                         "run finished"
                     );
-                    self.publish(ClientEvent::Status { busy: false });
-                    self.publish(ClientEvent::RunFinished { outcome, message });
+                    self.publish(ClientEvent::status(false));
+                    self.publish(ClientEvent::RunFinished {
+                        outcome,
+                        message,
+                        stop_reason,
+                    });
                     // What arrived during the run, now that it is over.
                     self.drain_background(&mut lock(&self.background));
                     self.busy.send_replace(false);

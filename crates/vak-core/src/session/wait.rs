@@ -34,7 +34,7 @@ pub async fn settled(session: &Session, after_seq: u64, limit: Duration) -> Opti
         loop {
             match sub.recv().await? {
                 Delivery::Frame(f) => {
-                    if let ClientEvent::RunFinished { outcome, message } = &f.event {
+                    if let ClientEvent::RunFinished { outcome, message, .. } = &f.event {
                         return Some((f.seq, *outcome, message.clone()));
                     }
                 }

@@ -102,10 +102,22 @@ pub(crate) fn kind(event: &ClientEvent) -> Kind {
             outcome: enums::approval_outcome(outcome) as i32,
             reason,
         }),
-        ClientEvent::Status { busy } => Kind::Status(pb::Status { busy }),
-        ClientEvent::RunFinished { outcome, message } => Kind::RunFinished(pb::RunFinished {
+        ClientEvent::Status { busy, retrying } => Kind::Status(pb::Status {
+            busy,
+            retrying: retrying.map(|r| pb::Retrying {
+                attempt: r.attempt,
+                of: r.of,
+                reason: r.reason,
+            }),
+        }),
+        ClientEvent::RunFinished {
+            outcome,
+            message,
+            stop_reason,
+        } => Kind::RunFinished(pb::RunFinished {
             outcome: enums::run_outcome(outcome) as i32,
             message,
+            stop_reason: stop_reason.map(|r| enums::stop_reason(r) as i32),
         }),
         ClientEvent::Notice { level, text } => Kind::Notice(pb::Notice {
             level: enums::notice_level(level) as i32,
@@ -337,7 +349,10 @@ fn message(m: transcript::Message) -> pb::Message {
             out.input = (!m.input.is_null()).then(|| json_to_struct(&m.input));
             out.ok = Some(m.ok);
         }
-        Role::Run => out.outcome = m.outcome.map(|o| enums::run_outcome(o) as i32),
+        Role::Run => {
+            out.outcome = m.outcome.map(|o| enums::run_outcome(o) as i32);
+            out.stop_reason = m.stop_reason.map(|r| enums::stop_reason(r) as i32);
+        }
         Role::Background => out.background = m.background.map(|b| background_result(b, 0)),
     }
     out
@@ -533,6 +548,7 @@ pub(crate) fn config(c: ConfigInfo) -> pb::ConfigInfo {
         theme_source: enums::route_source(c.settings.theme_source) as i32,
         hooks: Some(hooks(&c.settings.hooks.specs())),
         hooks_source: enums::route_source(c.settings.hooks_source) as i32,
+        warnings: Vec::new(),
     }
 }
 

@@ -1,7 +1,7 @@
 //! The core's closed sets as proto enums and back: the core keeps its own types (it never sees generated code), the wire names each value once in proto/.
 
 use vak_core::background::{BackgroundReason, BackgroundSource};
-use vak_core::event::{ApprovalOutcome, NoticeLevel, OutputStream, RunOutcome};
+use vak_core::event::{ApprovalOutcome, NoticeLevel, OutputStream, RunOutcome, StopReason};
 use vak_core::host::agent_settings::Theme;
 use vak_core::host::config::KeySource;
 use vak_core::host::diff;
@@ -30,6 +30,14 @@ pub(crate) fn run_outcome(o: RunOutcome) -> pb::RunOutcome {
         RunOutcome::Cancelled => pb::RunOutcome::Cancelled,
         RunOutcome::Failed => pb::RunOutcome::Failed,
         RunOutcome::MaxTurns => pb::RunOutcome::MaxTurns,
+    }
+}
+
+pub(crate) fn stop_reason(r: StopReason) -> pb::StopReason {
+    match r {
+        StopReason::MaxTokens => pb::StopReason::MaxTokens,
+        StopReason::Refusal => pb::StopReason::Refusal,
+        StopReason::ContentFilter => pb::StopReason::ContentFilter,
     }
 }
 
@@ -318,6 +326,13 @@ mod tests {
             &[R::Completed, R::Cancelled, R::Failed, R::MaxTurns],
             |c| c.as_str().into(),
             |c| run_outcome(c).json_name(),
+        );
+        use StopReason as Sr;
+        same_names(
+            "vak.v1.StopReason",
+            &[Sr::MaxTokens, Sr::Refusal, Sr::ContentFilter],
+            |c| c.as_str().into(),
+            |c| stop_reason(c).json_name(),
         );
         use ApprovalOutcome as Ap;
         same_names(

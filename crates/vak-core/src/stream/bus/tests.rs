@@ -111,14 +111,14 @@ async fn a_cursor_older_than_the_ring_or_ahead_resyncs_then_replays_the_ring() {
 async fn a_full_queue_merges_deltas_losslessly() {
     let b = bus(4, 4);
     let mut sub = b.subscribe(Some(0));
-    publish(&b, ClientEvent::Status { busy: true });
+    publish(&b, ClientEvent::status(true));
     let mut expected = String::new();
     for i in 0..1000 {
         let t = format!("t{i} ");
         expected.push_str(&t);
         publish(&b, text(&t));
     }
-    publish(&b, ClientEvent::Status { busy: false });
+    publish(&b, ClientEvent::status(false));
     let got = drain(&mut sub, b.latest_seq()).await;
     assert!(got.len() <= 4, "queue stayed bounded: {}", got.len());
     let mut all = String::new();
@@ -153,7 +153,7 @@ async fn a_reader_whose_queue_filled_gets_the_deltas_it_takes_together_merged_an
     for t in ["a ", "b ", "c "] {
         publish(&b, text(t));
     }
-    publish(&b, ClientEvent::Status { busy: false });
+    publish(&b, ClientEvent::status(false));
     publish(&b, text("d "));
     publish(&b, ClientEvent::ThinkingDelta { text: "e ".into() });
     publish(&b, text("f "));
@@ -168,7 +168,7 @@ async fn a_reader_whose_queue_filled_gets_the_deltas_it_takes_together_merged_an
         .collect();
     let want = [
         (5, text("a b c ")),
-        (6, ClientEvent::Status { busy: false }),
+        (6, ClientEvent::status(false)),
         (7, text("d ")),
         (8, ClientEvent::ThinkingDelta { text: "e ".into() }),
         (10, text("f g ")),
@@ -261,7 +261,7 @@ async fn a_subscriber_too_far_behind_resumes_from_its_cursor_in_the_same_subscri
     let b = bus(64, 4);
     let mut sub = b.subscribe(None);
     for i in 0..10 {
-        publish(&b, ClientEvent::Status { busy: i % 2 == 0 });
+        publish(&b, ClientEvent::status(i % 2 == 0));
     }
     assert_eq!(b.subscriber_count(), 0, "the lagging queue was dropped");
     let got = drain(&mut sub, b.latest_seq()).await;
@@ -272,7 +272,7 @@ async fn a_subscriber_too_far_behind_resumes_from_its_cursor_in_the_same_subscri
     );
     assert!(got.iter().all(|d| matches!(d, Delivery::Frame(_))));
     assert_eq!(b.subscriber_count(), 1, "attached again");
-    publish(&b, ClientEvent::Status { busy: true });
+    publish(&b, ClientEvent::status(true));
     assert_eq!(seqs(&drain(&mut sub, b.latest_seq()).await), vec![11]);
 }
 
@@ -284,13 +284,7 @@ async fn a_commit_of_many_frames_reaches_each_subscriber_in_order_and_one_that_f
     let mut fast = b.subscribe(None);
     let mut slow = b.subscribe(None);
     let first: Vec<Arc<Frame>> = (1..=3)
-        .map(|seq| {
-            Arc::new(Frame::new(
-                seq,
-                b.session_id().clone(),
-                ClientEvent::Status { busy: true },
-            ))
-        })
+        .map(|seq| Arc::new(Frame::new(seq, b.session_id().clone(), ClientEvent::status(true))))
         .collect();
     b.commit(first);
     // `fast` reads those three; `slow` keeps them queued, so the next
@@ -301,7 +295,7 @@ async fn a_commit_of_many_frames_reaches_each_subscriber_in_order_and_one_that_f
             Arc::new(Frame::new(
                 seq,
                 b.session_id().clone(),
-                ClientEvent::Status { busy: seq % 2 == 0 },
+                ClientEvent::status(seq % 2 == 0),
             ))
         })
         .collect();
@@ -368,7 +362,7 @@ async fn a_stalled_subscriber_past_the_ring_resumes_from_the_log() {
     let mut sub = b.subscribe(None);
     for i in 0..2000 {
         // Status frames never merge: the queue overflows at once.
-        write(&b, &ledger, ClientEvent::Status { busy: i % 2 == 0 });
+        write(&b, &ledger, ClientEvent::status(i % 2 == 0));
     }
     let got = drain(&mut sub, b.latest_seq()).await;
     assert!(
@@ -561,7 +555,7 @@ async fn a_drained_queue_and_a_finished_replay_give_back_what_a_burst_grew() {
     let b = bus(64, 1 << 20);
     let mut sub = b.subscribe(None);
     for i in 0..1000 {
-        publish(&b, ClientEvent::Status { busy: i % 2 == 0 });
+        publish(&b, ClientEvent::status(i % 2 == 0));
     }
     assert!(sub.queue.lock().frames.capacity() >= 1000);
     assert_eq!(drain(&mut sub, 1000).await.len(), 1000);
@@ -606,7 +600,7 @@ async fn all_subscribers_together_hold_at_most_the_total_budget() {
     let subs: Vec<Subscription> = (0..10).map(|_| b.subscribe(None)).collect();
     let chunk = "x".repeat(1000);
     for _ in 0..1000 {
-        publish(&b, ClientEvent::Status { busy: true });
+        publish(&b, ClientEvent::status(true));
         publish(&b, text(&chunk));
     }
     assert!(cfg_total(&b) <= 100 * 1024, "total {}", cfg_total(&b));
