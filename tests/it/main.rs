@@ -48,6 +48,7 @@ mod security;
 mod serve_cluster;
 mod settings;
 mod side;
+mod stop_reason;
 mod storage;
 mod stream;
 mod tasks;

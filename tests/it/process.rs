@@ -935,6 +935,11 @@ async fn a_run_logs_a_line_when_it_starts_and_when_it_ends_and_a_failed_login_it
         "{finished}"
     );
     assert!(finished.contains("duration_ms="), "{finished}");
+    // The offline model counts a token per word: "hello log" in, "echo: hello log" out.
+    assert!(
+        finished.contains("input_tokens=2") && finished.contains("output_tokens=3"),
+        "{finished}"
+    );
     let failed = line("failed login");
     assert!(
         failed.contains("peer=127.0.0.1:") && !failed.contains("Some("),

@@ -42,6 +42,16 @@ impl Reply {
         }
     }
 
+    /// A recorded stream with `from` replaced by `to` (another stop reason).
+    pub fn fixture_with(name: &str, from: &str, to: &str) -> Reply {
+        let text = fixture(name);
+        assert!(text.contains(from), "{name} has {from}");
+        Reply::Sse {
+            events: split_events(&text.replace(from, to)),
+            stall: false,
+        }
+    }
+
     /// A recorded stream that stops short after its events and stays open.
     pub fn stalling(name: &str) -> Reply {
         Reply::Sse {

@@ -319,6 +319,10 @@ impl OfflineModel {
             .filter(|l| !l.trim().is_empty())
             .collect();
         let mut lines = lines.into_iter().peekable();
+        // The request's output limit (0: none), counted a token per word like
+        // the usage: text past it is cut and the turn stops with MaxTokens.
+        let limit = u64::from(request.max_tokens);
+        let mut cut = false;
         // The results of the `/worker` lines just before (one turn's batch).
         let mut workers: Vec<usize> = Vec::new();
         while let Some(line) = lines.next() {
@@ -364,7 +368,18 @@ impl OfflineModel {
                     let w = if first && wrote_text { format!("\n{w}") } else { w };
                     first = false;
                     // A token per word, however the words were grouped into deltas.
-                    out.usage.output_tokens += w.split_whitespace().count().max(1) as u64;
+                    let tokens = w.split_whitespace().count().max(1) as u64;
+                    if limit > 0 && out.usage.output_tokens + tokens > limit {
+                        let room = (limit - out.usage.output_tokens) as usize;
+                        let kept: String = w.split_inclusive(' ').take(room).collect();
+                        if !kept.is_empty() {
+                            out.usage.output_tokens += room as u64;
+                            sink.send(ProviderEvent::Text(kept));
+                        }
+                        cut = true;
+                        break;
+                    }
+                    out.usage.output_tokens += tokens;
                     sink.send(ProviderEvent::Text(w));
                 }
                 wrote_text = true;
@@ -457,6 +472,10 @@ impl OfflineModel {
                     return Err(ProviderError::Failed(f));
                 }
             }
+            if cut {
+                out.stop = StopReason::MaxTokens;
+                return Ok(out);
+            }
         }
         // A `/call` on the prompt's last line: its result is all this turn says.
         if let Some(a) = ack.take() {
@@ -540,6 +559,30 @@ mod tests {
             evs,
             ["echo: ", "hello ", "big ", "world"].map(|w| ProviderEvent::Text(w.into()))
         );
+    }
+
+    #[tokio::test]
+    async fn text_past_the_output_limit_is_cut_and_the_turn_stops_with_max_tokens() {
+        let mut t = Transcript::default();
+        user(&mut t, "hello big world again\n/read a");
+        let got = Mutex::new(Vec::new());
+        let sink = |e: ProviderEvent| got.lock().unwrap().push(e);
+        let req = TurnRequest {
+            messages: t.chat(),
+            max_tokens: 3,
+            ..TurnRequest::default()
+        };
+        let out = OfflineModel
+            .turn(&req, &sink, &CancellationToken::new())
+            .await
+            .unwrap();
+        assert_eq!(text(&got.into_inner().unwrap()), "echo: hello big ");
+        assert_eq!((out.stop, out.usage.output_tokens), (StopReason::MaxTokens, 3));
+        assert!(out.tool_calls.is_empty(), "a cut turn calls no tool");
+        // Within the limit nothing changes.
+        let (r, evs) = turn(&t).await;
+        assert_eq!(r.unwrap().stop, StopReason::ToolUse);
+        assert_eq!(text(&evs), "echo: hello big world again");
     }
 
     #[test]

@@ -266,8 +266,24 @@ impl LegEnd {
     }
 }
 
-/// Runs one leg for `input`; returns how it ended and the human message for run_finished.
-pub(crate) async fn run_leg(session: &impl TurnContext, input: &Input, cancel: &CancellationToken) -> LegEnd {
+/// Runs one leg for `input`; returns how it ended, the human message for
+/// run_finished, and the tokens its model turns used.
+pub(crate) async fn run_leg(
+    session: &impl TurnContext,
+    input: &Input,
+    cancel: &CancellationToken,
+) -> (LegEnd, TokenUsage) {
+    let mut used = TokenUsage::default();
+    let end = leg_turns(session, input, cancel, &mut used).await;
+    (end, used)
+}
+
+async fn leg_turns(
+    session: &impl TurnContext,
+    input: &Input,
+    cancel: &CancellationToken,
+    used: &mut TokenUsage,
+) -> LegEnd {
     session.publish(ClientEvent::UserMessage {
         text: input.text.clone(),
         request_id: input.request_id.clone(),
@@ -379,6 +395,7 @@ pub(crate) async fn run_leg(session: &impl TurnContext, input: &Input, cancel: &
                 });
             }
         };
+        used.add(output.usage);
         leg.spent(Some(&input.request_id), output.usage).await;
         if output.tool_calls.is_empty() {
             return match output.stop.cut() {

@@ -612,15 +612,21 @@ impl Session {
         }
         self.publish(ClientEvent::status(true));
         let started = std::time::Instant::now();
+        // The run's tokens, for its log line.
+        let mut usage = crate::provider::TokenUsage::default();
         tracing::info!(session = %self.id(), request_id = %first.request_id, "run started");
         let mut input = first;
         loop {
             let cancel = lock(&self.run).leg_token();
-            let agent::LegEnd {
-                outcome,
-                mut message,
-                stop_reason,
-            } = agent::run_leg(&*self, &input, &cancel).await;
+            let (
+                agent::LegEnd {
+                    outcome,
+                    mut message,
+                    stop_reason,
+                },
+                used,
+            ) = agent::run_leg(&*self, &input, &cancel).await;
+            usage.add(used);
             self.approvals.expire_all("the run ended", |e| self.publish(e));
             let mut run = lock(&self.run);
             if outcome == RunOutcome::Cancelled && run.closing() {
@@ -644,6 +650,8 @@ impl Session {
                         outcome = outcome.as_str(),
                         stop_reason = stop_reason.map(StopReason::as_str),
                         duration_ms = started.elapsed().as_millis() as u64,
+                        input_tokens = usage.input_tokens,
+                        output_tokens = usage.output_tokens,
                         "run finished"
                     );
                     self.publish(ClientEvent::status(false));
