@@ -7,8 +7,11 @@ PREFIX ?= $(HOME)/.local
 
 ## Start `vak serve` on the embedded offline model (loopback, port 8901; VAK_LISTEN,
 ## VAK_HOME and VAK_TOKEN change that), with the browser app at /app built first.
+## The agent works in WORKSPACE= when given, else in `workspace` in the data home
+## (made on first use), never in this checkout.
+WORKSPACE ?=
 serve: app
-	$(CARGO) run --release --bin vak -- serve
+	$(CARGO) run --release --bin vak -- serve $(if $(WORKSPACE),--workspace "$(WORKSPACE)",--home-workspace)
 
 ## Three nats-server nodes (one JetStream cluster) and three `vak serve --bus` replicas
 ## on this machine, sharing every session (docs/scale-out.md); each prints where it

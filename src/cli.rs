@@ -30,6 +30,10 @@ pub enum Command {
     Serve(ServeArgs),
     /// A terminal client of a running server: an interactive prompt, or one run with -p.
     Term(vak_term::TermArgs),
+    /// Print the bearer token: the running server's (its server.json), else the one kept in the home.
+    Token(crate::open::TokenArgs),
+    /// Open /app in the browser, logged in through a one-time link (it works once, within 60 s).
+    Open(crate::open::OpenArgs),
 }
 
 /// `--permission-mode`; `ask`, `allow` and `deny`, its values before modes
@@ -122,6 +126,15 @@ pub struct ServeArgs {
     /// Where tools act. Defaults to the current directory.
     #[arg(long)]
     pub workspace: Option<PathBuf>,
+    /// Work in `<home>/workspace` (made on first use) instead of the
+    /// current directory: `make serve` does, so the agent never writes into
+    /// the vak checkout.
+    #[arg(long, conflicts_with = "workspace")]
+    pub home_workspace: bool,
+    /// Print the token and a one-time login link for /app at startup (the
+    /// link works once, within 60 s).
+    #[arg(long)]
+    pub print_token: bool,
     /// Frames each session keeps for replay.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub ring: u64,
@@ -346,6 +359,13 @@ impl ServeArgs {
     fn config_and_file(&self, home: PathBuf) -> Result<(ServeConfig, FileConfig)> {
         let workspace = match &self.workspace {
             Some(w) => w.clone(),
+            None if self.home_workspace => {
+                let w = home.join("workspace");
+                home::create_private_dir(&w).map_err(|e| {
+                    Error::internal(format!("cannot create the workspace {}: {e}", w.display()))
+                })?;
+                w
+            }
             None => std::env::current_dir()?,
         };
         if !workspace.is_dir() {
@@ -509,6 +529,7 @@ fn warn(format: LogFormat, message: &str) {
 
 /// `vak serve`: any startup failure is one clear line and a non-zero exit.
 pub async fn serve(args: ServeArgs) -> Result<()> {
+    let print_token = args.print_token;
     // Installed first: a SIGINT or SIGTERM during startup (a slow bus, a
     // large home) stops it cleanly; `early_signals` covered the moments
     // before the runtime existed.
@@ -526,11 +547,25 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
         home,
         url,
         token,
+        workspace,
+        tickets,
         server,
         listener,
     } = started;
     home::write_server_json(&home, &url, &token)?;
     println!("vak: listening on {url}");
+    println!("vak: workspace {}", workspace.display());
+    println!("vak: app {url}/app/ (log in with the token `vak token` prints, or run `vak open`)");
+    if print_token {
+        println!("vak: token {token}");
+        match tickets.issue() {
+            Ok(ticket) => println!(
+                "vak: login link {url}{} (works once, within 60 s)",
+                vak_server::tickets::link_path(&ticket)
+            ),
+            Err(_) => println!("vak: no login link: too many are waiting"),
+        }
+    }
     let _ = std::io::stdout().flush();
     let result = server.run(listener, stop).await;
     home::remove_server_json(&home);
@@ -544,6 +579,10 @@ struct Started {
     home: std::path::PathBuf,
     url: String,
     token: String,
+    /// Where tools act, for the startup lines.
+    workspace: PathBuf,
+    /// The server's one-time login links (`--print-token` makes one).
+    tickets: vak_server::tickets::Tickets,
     server: Server,
     listener: tokio::net::TcpListener,
 }
@@ -666,6 +705,8 @@ async fn start(args: ServeArgs) -> Result<Started> {
     }
     let scheme = if cfg.tls.is_some() { "https" } else { "http" };
     let token = cfg.token.clone();
+    let workspace = cfg.core.workspace.clone();
+    let tickets = cfg.tickets.clone();
     let server = Server::new(cfg)?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -727,6 +768,8 @@ async fn start(args: ServeArgs) -> Result<Started> {
         home,
         url,
         token,
+        workspace,
+        tickets,
         server,
         listener,
     })

@@ -48,7 +48,7 @@ fn main() {
     }
     init_logging(match &cli.command {
         Command::Serve(args) => args.log_format,
-        Command::Term(_) => LogFormat::Text,
+        _ => LogFormat::Text,
     });
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
@@ -69,6 +69,8 @@ fn main() {
                 Err(e) => Err(e),
             },
             Command::Term(args) => vak::term::run(args).await,
+            Command::Token(args) => vak::open::token(args).map(|()| 0),
+            Command::Open(args) => vak::open::open(args).await.map(|()| 0),
         }
     });
     match result {

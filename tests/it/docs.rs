@@ -384,6 +384,59 @@ fn make_serve_starts_the_offline_server_and_a_second_one_exits_2() {
         .output()
         .expect("curl runs");
     assert_eq!(String::from_utf8_lossy(&health.stdout), r#"{"status":"ok"}"#);
+    // It works in a folder of the home, never in the checkout, and says where, with
+    // the app's URL and how to log in.
+    let workspace = home.path().join("workspace");
+    let said = wait_for(&out, "vak: workspace ", Duration::from_secs(10));
+    assert_eq!(said, format!("vak: workspace {}", workspace.display()));
+    let app = wait_for(&out, "vak: app ", Duration::from_secs(10));
+    assert_eq!(
+        app,
+        format!("vak: app {url}/app/ (log in with the token `vak token` prints, or run `vak open`)")
+    );
+    // The README's `/write notes.md …` lands there and leaves the checkout as it was.
+    let status = || {
+        let out = Command::new("git")
+            .args(["status", "--porcelain", "--untracked-files=all"])
+            .current_dir(repo())
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let before = status();
+    let token = std::fs::read_to_string(home.path().join("token")).unwrap();
+    let curl = |args: &[&str]| {
+        let out = Command::new("curl")
+            .args(["-s", "-H", &format!("Authorization: Bearer {}", token.trim())])
+            .args(args)
+            .output()
+            .unwrap();
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    curl(&[
+        "-X",
+        "POST",
+        &format!("{url}/config/mode"),
+        "-d",
+        r#"{"mode":"accept-edits"}"#,
+    ]);
+    let sid = curl(&["-X", "POST", &format!("{url}/sessions")])["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let ran = curl(&[
+        "-X",
+        "POST",
+        &format!("{url}/sessions/{sid}/run"),
+        "-d",
+        r#"{"prompt": "/write notes.md hello there", "wait": true}"#,
+    ]);
+    assert_eq!(ran["result"]["outcome"], "completed", "{ran}");
+    assert_eq!(
+        std::fs::read_to_string(workspace.join("notes.md")).unwrap(),
+        "hello there"
+    );
+    assert_eq!(status(), before, "the checkout's git status is unchanged");
 
     let second = serve().stdin(Stdio::null()).output().unwrap();
     let stderr = String::from_utf8_lossy(&second.stderr);

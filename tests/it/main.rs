@@ -28,6 +28,7 @@ mod jetstream;
 mod launch;
 mod leases;
 mod lifecycle;
+mod login_link;
 mod mcp;
 mod memory;
 mod memory_search;

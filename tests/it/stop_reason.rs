@@ -109,7 +109,6 @@ async fn the_offline_model_cut_at_max_output_tokens_says_so_over_sse_grpc_and_th
     let t = client
         .get_transcript(pb::GetTranscriptRequest {
             session_id: sid.clone(),
-            ..Default::default()
         })
         .await
         .unwrap()

@@ -96,6 +96,17 @@ pub enum StopReason {
 }
 
 impl StopReason {
+    /// Why a model's reply that ends the run did not end on its own, if so.
+    pub fn of(stop: crate::provider::StopReason) -> Option<StopReason> {
+        use crate::provider::StopReason as P;
+        match stop {
+            P::EndTurn | P::ToolUse => None,
+            P::MaxTokens => Some(StopReason::MaxTokens),
+            P::Refusal => Some(StopReason::Refusal),
+            P::ContentFilter => Some(StopReason::ContentFilter),
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             StopReason::MaxTokens => "max_tokens",

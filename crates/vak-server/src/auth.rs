@@ -3,6 +3,7 @@
 use super::errors::{grpc_content_type, json_error, refuse};
 use super::listener::{PeerAddr, Secure};
 use super::logins::{constant_time_eq, Logins};
+use super::tickets::{link_path, TicketRefused, Tickets, TICKET_TTL};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
@@ -37,6 +38,8 @@ pub struct AuthConfig {
     /// Where logins are kept across restarts (`<home>/logins.json`); None:
     /// in memory only.
     pub login_store: Option<std::path::PathBuf>,
+    /// One-time login links waiting to be used.
+    pub tickets: Tickets,
 }
 
 /// `vak_session_<16 hex>`: the home's path hashed, so two servers on one host
@@ -402,9 +405,10 @@ fn set_cookie(resp: &mut Response, name: &str, value: &str, max_age: u64, secure
     }
 }
 
-/// POST /auth/login {token}: a `vak_session_<instance>` cookie for a browser,
+/// POST /auth/login {token} or {ticket}: a `vak_session_<instance>` cookie for a browser,
 /// and in the body `{"authenticated":true,"key":"..."}`, the session key the
-/// page keeps in its origin's storage and sends with every request.
+/// page keeps in its origin's storage and sends with every request. A
+/// ticket (a one-time login link's) works once, within a minute of being made.
 pub async fn login(State(auth): State<Arc<Auth>>, req: Request<Body>) -> Response {
     let secure = req.extensions().get::<Secure>().is_some_and(|s| s.0);
     let peer = req.extensions().get::<PeerAddr>().map(|p| p.0);
@@ -418,14 +422,31 @@ pub async fn login(State(auth): State<Arc<Auth>>, req: Request<Body>) -> Respons
             )
         }
     };
-    let token = serde_json::from_slice::<serde_json::Value>(&bytes)
-        .ok()
-        .and_then(|v| v.get("token").and_then(|t| t.as_str()).map(str::to_string));
+    let body = serde_json::from_slice::<serde_json::Value>(&bytes).ok();
+    let field = |name: &str| {
+        body.as_ref()
+            .and_then(|v| v.get(name).and_then(|t| t.as_str()).map(str::to_string))
+    };
+    let (token, ticket) = (field("token"), field("ticket"));
+    if let Some(ticket) = ticket {
+        if !auth.cfg.tickets.redeem(&ticket) {
+            match peer {
+                Some(p) => tracing::warn!(peer = %p, "failed login (a login link not valid)"),
+                None => tracing::warn!("failed login (a login link not valid)"),
+            }
+            return json_error(
+                StatusCode::UNAUTHORIZED,
+                "unauthenticated",
+                "this login link is not valid: it works once, within a minute of being made; run `vak open` for a new one",
+            );
+        }
+        return logged_in(&auth, secure).await;
+    }
     let Some(token) = token else {
         return json_error(
             StatusCode::BAD_REQUEST,
             "invalid_argument",
-            "expected {\"token\": \"...\"}",
+            "expected {\"token\": \"...\"} or {\"ticket\": \"...\"}",
         );
     };
     if !auth.token_ok(&token) {
@@ -440,6 +461,11 @@ pub async fn login(State(auth): State<Arc<Auth>>, req: Request<Body>) -> Respons
             "the token is not valid",
         );
     }
+    logged_in(&auth, secure).await
+}
+
+/// A new login: its cookie, and its session key in the body.
+async fn logged_in(auth: &Auth, secure: bool) -> Response {
     let (id, key) = auth.logins.add(auth.cfg.login_ttl).await;
     let mut resp = json_body(format!(r#"{{"authenticated":true,"key":"{key}"}}"#));
     set_cookie(
@@ -450,6 +476,35 @@ pub async fn login(State(auth): State<Arc<Auth>>, req: Request<Body>) -> Respons
         secure,
     );
     resp
+}
+
+/// POST /auth/ticket, with the bearer token only (never a login: a login
+/// cannot make more logins): a one-time login link,
+/// `{"ticket","path":"/app/#ticket=…","expires_in_s":60}`; 429 while
+/// `MAX_TICKETS` links wait.
+pub async fn ticket(State(auth): State<Arc<Auth>>, req: Request<Body>) -> Response {
+    if !bearer(req.headers()).is_some_and(|t| auth.token_ok(t)) {
+        return json_error(
+            StatusCode::UNAUTHORIZED,
+            "unauthenticated",
+            "a login link needs `Authorization: Bearer <token>`",
+        );
+    }
+    match auth.cfg.tickets.issue() {
+        Ok(ticket) => json_body(
+            serde_json::json!({
+                "ticket": ticket,
+                "path": link_path(&ticket),
+                "expires_in_s": TICKET_TTL.as_secs(),
+            })
+            .to_string(),
+        ),
+        Err(TicketRefused::TooMany) => json_error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "resource_exhausted",
+            "too many login links are waiting to be used; use one, or wait a minute",
+        ),
+    }
 }
 
 /// POST /auth/logout: forgets the cookie on both sides. The cookie alone is

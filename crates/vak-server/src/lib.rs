@@ -21,4 +21,5 @@ pub(crate) mod reaper;
 pub(crate) mod recent_errors;
 pub mod server;
 pub(crate) mod stream_caps;
+pub mod tickets;
 pub mod tls;

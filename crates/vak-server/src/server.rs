@@ -60,6 +60,8 @@ pub struct ServeConfig {
     pub app: Option<Arc<super::http::assets::Bundle>>,
     /// `[server.web]`: the browser terminal.
     pub web: vak_core::host::config::FileWeb,
+    /// One-time login links waiting to be used (clones share them).
+    pub tickets: super::tickets::Tickets,
 }
 
 impl ServeConfig {
@@ -82,6 +84,7 @@ impl ServeConfig {
             max_connections: super::fdlimit::default_max_connections(),
             app: None,
             web: Default::default(),
+            tickets: Default::default(),
         }
     }
 }
@@ -223,10 +226,12 @@ pub async fn app(hub: Arc<Hub>, cfg: &ServeConfig) -> Result<Router> {
         cookie_name: auth::cookie_name(&cfg.core.home),
         login_store: Some(cfg.core.home.join(super::logins::FILE)),
         allow_remote: cfg.allow_remote,
+        tickets: cfg.tickets.clone(),
     });
     let login = Router::new()
         .route("/auth/login", axum::routing::post(auth::login))
         .route("/auth/logout", axum::routing::post(auth::logout))
+        .route("/auth/ticket", axum::routing::post(auth::ticket))
         .route("/auth/session", axum::routing::get(auth::session))
         .with_state(auth.clone());
     Ok(routes::router(state)

@@ -129,6 +129,14 @@ impl Vak {
         }
     }
 
+    /// The next line it prints on stdout (after `listening on`: the startup lines that follow it).
+    pub async fn next_line(&mut self) -> String {
+        tokio::time::timeout(DEADLINE, self.stdout.recv())
+            .await
+            .expect("a stdout line within the deadline")
+            .expect("stdout is still open")
+    }
+
     /// What it printed on stdout before `listening on` (once `url` returned).
     pub fn banner(&self) -> &[String] {
         &self.banner

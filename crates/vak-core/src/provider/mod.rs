@@ -126,18 +126,6 @@ pub enum StopReason {
     ContentFilter,
 }
 
-impl StopReason {
-    /// Why a reply that ends the run did not end on its own, if so.
-    pub fn cut(self) -> Option<crate::event::StopReason> {
-        match self {
-            StopReason::EndTurn | StopReason::ToolUse => None,
-            StopReason::MaxTokens => Some(crate::event::StopReason::MaxTokens),
-            StopReason::Refusal => Some(crate::event::StopReason::Refusal),
-            StopReason::ContentFilter => Some(crate::event::StopReason::ContentFilter),
-        }
-    }
-}
-
 /// What a turn ends with: the tool calls to run (none: the answer is complete), usage and why it stopped.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TurnOutput {

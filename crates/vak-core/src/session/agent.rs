@@ -398,7 +398,7 @@ async fn leg_turns(
         used.add(output.usage);
         leg.spent(Some(&input.request_id), output.usage).await;
         if output.tool_calls.is_empty() {
-            return match output.stop.cut() {
+            return match StopReason::of(output.stop) {
                 Some(why) => LegEnd {
                     outcome: RunOutcome::Completed,
                     message: why.message().into(),
