@@ -34,6 +34,8 @@ pub enum Command {
     Token(crate::open::TokenArgs),
     /// Open /app in the browser, logged in through a one-time link (it works once, within 60 s).
     Open(crate::open::OpenArgs),
+    /// Check the running server's health (GET /doctor); exits 1 when a check fails.
+    Doctor(crate::doctor::DoctorArgs),
 }
 
 /// `--permission-mode`; `ask`, `allow` and `deny`, its values before modes

@@ -9,6 +9,7 @@
 //! The integration tests (tests/) reach the crates through the names below.
 
 pub mod cli;
+pub mod doctor;
 pub mod open;
 
 pub use vak_core as core;

@@ -71,6 +71,7 @@ fn main() {
             Command::Term(args) => vak::term::run(args).await,
             Command::Token(args) => vak::open::token(args).map(|()| 0),
             Command::Open(args) => vak::open::open(args).await.map(|()| 0),
+            Command::Doctor(args) => vak::doctor::run(args).await,
         }
     });
     match result {

@@ -88,8 +88,8 @@ pub async fn open(args: OpenArgs) -> Result<()> {
     }
 }
 
-/// Asks the server for a one-time login link.
-async fn login_link(home: &Path, info: &home::ServerInfo) -> Result<String> {
+/// An HTTP client for the server in `home` (trusting its dev certificate when it serves TLS with one).
+pub(crate) fn client_for(home: &Path, info: &home::ServerInfo) -> Result<reqwest::Client> {
     let mut client = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
         .redirect(reqwest::redirect::Policy::none());
@@ -101,10 +101,14 @@ async fn login_link(home: &Path, info: &home::ServerInfo) -> Result<String> {
             client = client.add_root_certificate(cert);
         }
     }
-    let client = client
+    client
         .build()
-        .map_err(|e| Error::internal(format!("an HTTP client: {e}")))?;
-    let resp = client
+        .map_err(|e| Error::internal(format!("an HTTP client: {e}")))
+}
+
+/// Asks the server for a one-time login link.
+async fn login_link(home: &Path, info: &home::ServerInfo) -> Result<String> {
+    let resp = client_for(home, info)?
         .post(format!("{}/auth/ticket", info.url))
         .bearer_auth(&info.token)
         .send()

@@ -16,6 +16,7 @@ mod cluster;
 mod config;
 mod connections;
 mod docs;
+mod doctor;
 mod durability;
 mod eventsource_client;
 mod file_tools;

@@ -467,6 +467,12 @@ impl AgentService for Baseline {
     ) -> Result<Response<pb::MergePrResponse>, Status> {
         unimplemented()
     }
+    async fn get_doctor(
+        &self,
+        _: Request<pb::GetDoctorRequest>,
+    ) -> Result<Response<pb::DoctorReport>, Status> {
+        unimplemented()
+    }
 }
 
 /// `vak-bench baseline-server`: serves until killed, announcing its address

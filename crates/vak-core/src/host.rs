@@ -5,6 +5,7 @@ pub mod children;
 pub mod config;
 pub mod control;
 pub mod diff;
+pub mod doctor;
 pub mod files;
 pub mod hooks;
 pub mod hub;

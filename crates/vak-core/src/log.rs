@@ -9,4 +9,5 @@ pub mod presentation;
 pub(crate) mod repair;
 pub(crate) mod replay;
 pub mod transcript;
+pub mod verify;
 pub(crate) mod writer;

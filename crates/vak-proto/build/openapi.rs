@@ -358,14 +358,23 @@ fn extra_routes(paths: &mut Map<String, Value>) {
         "responses": {"200": {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}},
             "400": error(reason(400)), "403": error(reason(403))}}}));
     paths.insert("/auth/login".into(), json!({"post": {
-        "operationId": "Login", "summary": "Exchanges the token for a login cookie and the session key a page sends with each request.",
+        "operationId": "Login", "summary": "Exchanges the token, or a one-time login link's ticket, for a login cookie and the session key a page sends with each request.",
         "tags": ["Auth"], "security": [],
         "requestBody": {"required": true, "content": {"application/json": {"schema": {
-            "type": "object", "required": ["token"], "properties": {"token": {"type": "string"}}}}}},
+            "type": "object", "properties": {"token": {"type": "string"}, "ticket": {"type": "string",
+                "description": "From POST /auth/ticket: works once, within 60 s."}}}}}},
         "responses": {"200": {"description": "Logged in", "content": {"application/json": {"schema": {
             "type": "object", "required": ["authenticated", "key"], "properties": {
                 "authenticated": {"type": "boolean"}, "key": {"type": "string"}}}}}},
-            "400": error(reason(400)), "403": error(reason(403)), "401": error("The token is not valid"), "413": error(reason(413))}}}));
+            "400": error(reason(400)), "403": error(reason(403)), "401": error("The token is not valid, or the ticket is used, expired or unknown"), "413": error(reason(413))}}}));
+    paths.insert("/auth/ticket".into(), json!({"post": {
+        "operationId": "LoginTicket", "summary": "A one-time login link for /app: its ticket logs one browser in once (POST /auth/login {ticket}), within 60 s. Only with the bearer token, never a login.",
+        "tags": ["Auth"], "security": [{"bearer": []}],
+        "responses": {"200": {"description": "A ticket and the link's path", "content": {"application/json": {"schema": {
+            "type": "object", "required": ["ticket", "path", "expires_in_s"], "properties": {
+                "ticket": {"type": "string"}, "path": {"type": "string"}, "expires_in_s": {"type": "integer"}}}}}},
+            "400": error(reason(400)), "401": error(reason(401)), "403": error(reason(403)),
+            "429": error("16 login links wait to be used already")}}}));
     // Not an RPC: a WebSocket (a terminal is one bidirectional byte
     // stream; gRPC-web carries no client streams). docs/protocol.md has the frames.
     paths.insert("/pty".into(), json!({"get": {

@@ -156,6 +156,7 @@ pub async fn app(hub: Arc<Hub>, cfg: &ServeConfig) -> Result<Router> {
         web: cfg.web.clone(),
         allow_remote: cfg.allow_remote,
         tls: cfg.tls.is_some(),
+        max_connections: cfg.max_connections,
     };
     let api = AgentApi::new(hub.clone(), limits.clone(), errors.clone(), host);
     // Several replicas on one NATS: admissions for the sessions this one

@@ -256,6 +256,15 @@ async fn every_documented_status_is_reached_and_every_status_reached_is_document
     r.hit(&s, Who::Nobody, "POST", "/auth/login", "/auth/login", Body::Json(json!({"token": "wrong"})), 401).await;
     r.call(&s, "GET", "/auth/session", "/auth/session", None, 200).await;
     r.call(&s, "POST", "/auth/logout", "/auth/logout", None, 200).await;
+    let t = r.call(&s, "POST", "/auth/ticket", "/auth/ticket", None, 200).await;
+    r.hit(&s, Who::Nobody, "POST", "/auth/login", "/auth/login", Body::Json(json!({"ticket": t["ticket"]})), 200).await;
+    for _ in 0..16 {
+        r.call(&s, "POST", "/auth/ticket", "/auth/ticket", None, 200).await;
+    }
+    r.call(&s, "POST", "/auth/ticket", "/auth/ticket", None, 429).await;
+    r.call(&s, "GET", "/doctor", &format!("/doctor?session={sid}"), None, 200).await;
+    r.call(&s, "GET", "/doctor", "/doctor?session=bad%20id", None, 400).await;
+    r.call(&s, "GET", "/doctor", "/doctor?session=nosuchsession", None, 404).await;
 
     // ---- configuration ----
     let cfg = r.call(&s, "GET", "/config", "/config", None, 200).await;

@@ -33,6 +33,7 @@ const MCP_SETTLE: Duration = Duration::from_secs(30);
 
 mod admin;
 mod digest;
+mod doctor;
 mod forwarding;
 mod host_info;
 mod launch;
@@ -80,6 +81,8 @@ pub struct HostFacts {
     /// `--allow-remote`.
     pub allow_remote: bool,
     pub tls: bool,
+    /// `--max-connections`, for /doctor's open-files check.
+    pub max_connections: usize,
 }
 
 impl AgentApi {
@@ -948,6 +951,12 @@ impl AgentService for AgentApi {
     }
     async fn get_digest(&self, r: Request<pb::GetDigestRequest>) -> Result<Response<pb::Digest>, Status> {
         self.digest(r.into_inner()).await.map(Response::new)
+    }
+    async fn get_doctor(
+        &self,
+        r: Request<pb::GetDoctorRequest>,
+    ) -> Result<Response<pb::DoctorReport>, Status> {
+        self.doctor(r.into_inner()).await.map(Response::new)
     }
     async fn list_workers(
         &self,

@@ -22,6 +22,7 @@ fn params(route: &str) -> &'static [&'static str] {
         "/memory/{note_id}" => &["scope"],
         "/search" => &["q", "limit", "all"],
         "/digest" => &["days"],
+        "/doctor" => &["session"],
         "/sessions/{id}/launch/logs" => &["name", "tail"],
         "/pty" => super::pty::PARAMS,
         _ => &[],

@@ -77,6 +77,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/tasks/{task_id}/run-now", post(run_task_now))
         // ---- Budget and digest (issue 29) ----
         .route("/digest", get(digest))
+        .route("/doctor", get(doctor))
         // ---- Workers, best-of-N, dev servers, the PR view (issue 30) ----
         .merge(super::workbench::routes())
         .method_not_allowed_fallback(|| async {
@@ -613,4 +614,12 @@ async fn digest(State(st): State<AppState>, q: Query) -> Response {
     };
     let req = pb::GetDigestRequest { days };
     reply(StatusCode::OK, st.api.get_digest(Request::new(req)).await)
+}
+
+/// `GET /doctor?session=ID`: 200 with the checks (a failed check is a row).
+async fn doctor(State(st): State<AppState>, q: Query) -> Response {
+    let req = pb::GetDoctorRequest {
+        session: q.get("session").cloned(),
+    };
+    reply(StatusCode::OK, st.api.get_doctor(Request::new(req)).await)
 }
