@@ -4,7 +4,7 @@
 
 use super::conn::approval;
 use super::follow::{Resync, Update};
-use super::render::{background_lines, clean, plan_text, tool_text, Piece, Render, PLAN_TOOL};
+use super::render::{background_lines, clean, plan_text, stopped_line, tool_text, Piece, Render, PLAN_TOOL};
 use super::Policy;
 use pb::event::Kind;
 use std::collections::VecDeque;
@@ -336,20 +336,24 @@ impl<O: Out> Renderer<O> {
             None => queued && r.outcome() == pb::RunOutcome::Cancelled,
         };
         match ours {
-            true => Step::Exit(self.run_over(r.outcome().json_name(), &r.message)),
+            true => Step::Exit(self.run_over(r.outcome().json_name(), &r.message, r.stop_reason)),
             false => Step::Continue,
         }
     }
 
-    /// Our run is over (`outcome`, `message`: its run_finished's): ends the
-    /// answer and says how it ended; the exit code.
-    fn run_over(&mut self, outcome: &str, message: &str) -> i32 {
+    /// Our run is over (`outcome`, `message`, `stop_reason`: its
+    /// run_finished's): ends the answer and says how it ended (and when its
+    /// reply was cut or stopped: `⚠ cut at the output limit`); the exit code.
+    fn run_over(&mut self, outcome: &str, message: &str, stop_reason: Option<i32>) -> i32 {
         if !self.json {
             self.answer.finish(&mut self.out);
             if self.state.user_seq().is_none() {
                 self.note("run cancelled before the prompt ran");
             } else if outcome != "completed" {
                 self.note(&format!("run {outcome}: {}", clean(message)));
+            }
+            if let Some(line) = stopped_line(outcome, message, stop_reason) {
+                self.note(&line);
             }
         }
         match outcome {
@@ -389,7 +393,13 @@ impl<O: Out> Renderer<O> {
             None => queued && r.status() == pb::ItemStatus::Cancelled && r.seq > after_seq,
         });
         if let Some(r) = ended {
-            return Step::Exit(self.run_over(r.status().json_name(), &r.text));
+            // The timeline item has no stop_reason; the transcript's "run" entry for it does.
+            let stop_reason = t
+                .messages
+                .iter()
+                .find(|m| m.role() == pb::MessageRole::Run && m.seq == r.seq)
+                .and_then(|m| m.stop_reason);
+            return Step::Exit(self.run_over(r.status().json_name(), &r.text, stop_reason));
         }
         if self.state.ours() {
             for a in pending_approvals {

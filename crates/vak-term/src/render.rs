@@ -147,7 +147,7 @@ impl Render {
             }
             Kind::RunFinished(r) => {
                 self.refused.clear();
-                run_end(r.outcome().json_name(), &r.message)
+                run_end(r.outcome().json_name(), &r.message, r.stop_reason)
             }
             Kind::Notice(n) => vec![line(Style::Note, format!("! {}", clean(&n.text)))],
             // The server sends it only while the session is idle, so it falls between runs.
@@ -253,7 +253,7 @@ impl Render {
                         self.tools.insert(m.call_id().to_string(), m.tool().to_string());
                     }
                 }
-                "run" => out.extend(run_end(m.outcome().json_name(), &m.text)),
+                "run" => out.extend(run_end(m.outcome().json_name(), &m.text, m.stop_reason)),
                 "background" => match &m.background {
                     Some(b) => out.extend(background_lines(b)),
                     // A server that filled in only the text: shown as a plain result.
@@ -308,12 +308,34 @@ fn live_line(stream: &str, text: &str) -> Piece {
     line(Style::Dim, format!("  {bar} {text}"))
 }
 
-fn run_end(outcome: &str, message: &str) -> Vec<Piece> {
-    match outcome {
+/// A completed run shows nothing (its answer speaks for itself) unless its
+/// reply was cut or stopped (`stop_reason`): then one line says so.
+fn run_end(outcome: &str, message: &str, stop_reason: Option<i32>) -> Vec<Piece> {
+    let mut out = match outcome {
         "completed" => Vec::new(),
         "cancelled" => vec![line(Style::Note, format!("⊘ {}", clean(message)))],
         _ => vec![line(Style::Bad, format!("✗ run {outcome}: {}", clean(message)))],
+    };
+    if let Some(text) = stopped_line(outcome, message, stop_reason) {
+        out.push(line(Style::Note, text));
     }
+    out
+}
+
+/// The line that says a run's last reply did not end on its own
+/// (`run_finished.stop_reason` set): `⚠ cut at the output limit`, `⚠ the
+/// model refused`, `⚠ stopped by the provider's content filter`. A reason
+/// this client does not know is shown by the run's message.
+pub(crate) fn stopped_line(outcome: &str, message: &str, stop_reason: Option<i32>) -> Option<String> {
+    let words = match pb::StopReason::try_from(stop_reason?) {
+        Ok(pb::StopReason::MaxTokens) => "cut at the output limit".to_string(),
+        Ok(pb::StopReason::Refusal) => "the model refused".to_string(),
+        Ok(pb::StopReason::ContentFilter) => "stopped by the provider's content filter".to_string(),
+        // A newer server's reason: the message (shown already unless completed) says it.
+        _ if outcome == "completed" && !message.is_empty() => clean(message),
+        _ => return None,
+    };
+    Some(format!("⚠ {words}"))
 }
 
 /// `2 files +5 -1`.

@@ -484,3 +484,92 @@ fn the_transcript_answer_matches_the_live_text() {
     assert_eq!(transcript_answer(&t, 2), "echo: before\necho: after");
     assert_eq!(transcript_answer(&t, 0), "echo: old");
 }
+
+fn stopped(seq: u64, outcome: &str, message: &str, why: pb::StopReason) -> Update {
+    ev(
+        seq,
+        Kind::RunFinished(pb::RunFinished {
+            outcome: pb::RunOutcome::from_json_name(outcome).expect("an outcome") as i32,
+            message: message.into(),
+            stop_reason: Some(why as i32),
+        }),
+    )
+}
+
+#[test]
+fn a_reply_cut_or_stopped_says_so_once_after_the_answer() {
+    for (why, message, said) in [
+        (
+            pb::StopReason::MaxTokens,
+            "cut at the output limit",
+            "⚠ cut at the output limit",
+        ),
+        (
+            pb::StopReason::Refusal,
+            "the model refused",
+            "⚠ the model refused",
+        ),
+        (
+            pb::StopReason::ContentFilter,
+            "stopped by the provider's content filter",
+            "⚠ stopped by the provider's content filter",
+        ),
+    ] {
+        let mut r = started(false, Policy::Ask);
+        feed(&mut r, vec![user(4, OURS), text(5, "half an ans")]);
+        assert_eq!(
+            r.update(stopped(6, "completed", message, why)),
+            Step::Exit(EXIT_COMPLETED),
+            "the run completed"
+        );
+        assert_eq!(r.out.stdout, "half an ans\n");
+        assert_eq!(r.out.notes, [said], "{why:?}");
+    }
+    // A completed run whose reply ended on its own says nothing more.
+    let mut r = started(false, Policy::Ask);
+    feed(&mut r, vec![user(4, OURS), text(5, "all")]);
+    r.update(finished(6, "completed", "completed"));
+    assert!(r.out.notes.is_empty(), "{:?}", r.out.notes);
+    // --output json: the frame is on stdout, no note.
+    let mut r = started(true, Policy::Ask);
+    feed(&mut r, vec![user(4, OURS)]);
+    r.update(stopped(
+        5,
+        "completed",
+        "cut at the output limit",
+        pb::StopReason::MaxTokens,
+    ));
+    assert!(r.out.notes.is_empty(), "{:?}", r.out.notes);
+    assert!(
+        r.out.stdout.contains("\"stop_reason\":\"max_tokens\""),
+        "{}",
+        r.out.stdout
+    );
+}
+
+#[test]
+fn a_run_cut_behind_a_resync_says_so_from_the_transcript() {
+    let mut r = started(false, Policy::Ask);
+    feed(&mut r, vec![user(4, OURS), text(5, "half")]);
+    let mut prompt = msg("user", "p");
+    prompt.seq = 4;
+    let mut answer = msg("assistant", "half");
+    answer.seq = 5;
+    let mut run = msg("run", "cut at the output limit");
+    run.seq = 6;
+    run.outcome = Some(pb::RunOutcome::Completed as i32);
+    run.stop_reason = Some(pb::StopReason::MaxTokens as i32);
+    let end = pb::TimelineItem {
+        seq: 6,
+        status: pb::ItemStatus::Completed as i32,
+        ..Default::default()
+    };
+    assert_eq!(
+        r.update(resync(vec![prompt, answer, run], vec![end])),
+        Step::Exit(EXIT_COMPLETED)
+    );
+    assert_eq!(
+        r.out.notes,
+        ["resynced from the transcript", "⚠ cut at the output limit"]
+    );
+}

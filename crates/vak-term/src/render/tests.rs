@@ -497,3 +497,67 @@ fn a_refused_approval_is_said_once_by_its_approval_line() {
         assert!(r.refused.is_empty());
     }
 }
+
+#[test]
+fn a_run_cut_or_stopped_is_one_line_live_and_on_a_redraw() {
+    let end = |outcome: pb::RunOutcome, message: &str, stop: Option<i32>| pb::Event {
+        seq: 9,
+        session_id: "s".into(),
+        kind: Some(Kind::RunFinished(pb::RunFinished {
+            outcome: outcome as i32,
+            message: message.into(),
+            stop_reason: stop,
+        })),
+    };
+    let note = |t: &str| line(Style::Note, t);
+    let mut r = Render::interactive();
+    let cut = Some(pb::StopReason::MaxTokens as i32);
+    assert_eq!(
+        r.event(&end(pb::RunOutcome::Completed, "cut at the output limit", cut)),
+        vec![note("⚠ cut at the output limit")]
+    );
+    assert_eq!(
+        r.event(&end(
+            pb::RunOutcome::Completed,
+            "the model refused",
+            Some(pb::StopReason::Refusal as i32)
+        )),
+        vec![note("⚠ the model refused")]
+    );
+    assert_eq!(
+        r.event(&end(
+            pb::RunOutcome::Completed,
+            "stopped by the provider's content filter",
+            Some(pb::StopReason::ContentFilter as i32)
+        )),
+        vec![note("⚠ stopped by the provider's content filter")]
+    );
+    assert!(r
+        .event(&end(pb::RunOutcome::Completed, "completed", None))
+        .is_empty());
+    // A reason this client does not know: the message says it.
+    assert_eq!(
+        r.event(&end(
+            pb::RunOutcome::Completed,
+            "stopped for a new reason",
+            Some(99)
+        )),
+        vec![note("⚠ stopped for a new reason")]
+    );
+    // Redrawn from the transcript's "run" entry: the same line.
+    let t = pb::Transcript {
+        messages: vec![pb::Message {
+            role: pb::MessageRole::Run as i32,
+            text: "cut at the output limit".into(),
+            outcome: Some(pb::RunOutcome::Completed as i32),
+            stop_reason: cut,
+            seq: 9,
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    assert_eq!(
+        Render::interactive().transcript(&t),
+        vec![note("⚠ cut at the output limit")]
+    );
+}
