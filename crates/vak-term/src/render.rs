@@ -114,7 +114,8 @@ impl Render {
                 let mut out = self.live_rest(&r.call_id);
                 // A call that was refused an approval did not run: its result
                 // only repeats the denial its approval line showed.
-                if !(self.refused.remove(&r.call_id) && !r.ok) {
+                let repeats_a_denial = self.refused.remove(&r.call_id) && !r.ok;
+                if !repeats_a_denial {
                     out.push(self.result(&tool, r.ok, &r.output));
                 }
                 out
