@@ -56,6 +56,7 @@ mod stream;
 mod tasks;
 mod term;
 mod term_background;
+mod term_stop;
 mod term_workers;
 mod tools;
 mod worker_tool;

@@ -309,7 +309,14 @@ async fn approvals_follow_the_approve_flag_and_default_to_deny_without_a_termina
                 !server.workspace.join(&file).exists(),
                 "{t} {name}: nothing written"
             );
-            assert!(out.stderr.contains("denied"), "{t} {name}: {}", out.stderr);
+            // Said once: the approval's line, not again by the call's result.
+            assert_eq!(out.stderr.matches("✗").count(), 1, "{t} {name}: {}", out.stderr);
+            assert!(
+                out.stderr
+                    .contains("✗ write_file denied: vak term --approve deny"),
+                "{t} {name}: {}",
+                out.stderr
+            );
         }
     }
 }
@@ -1073,6 +1080,7 @@ async fn always_keeps_a_rule_on_the_server_says_what_it_covers_and_applies_when_
         pty.send("n");
         pty.wait_for("✗ write_file denied").await;
         let screen = wait_idle(&pty).await;
+        assert_eq!(screen.matches("denied").count(), 1, "{t}: said once:\n{screen}");
         let sid = screen
             .lines()
             .find_map(|l| l.trim_end().strip_prefix("· session "))

@@ -231,3 +231,20 @@ def test_async_follow_errors(server: Server, transport: str) -> None:
             assert err.value.status == 401
 
     run(main)
+
+
+def test_async_unreachable_server_says_so() -> None:
+    import socket
+
+    with socket.socket() as s:  # a port with nothing listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    async def main() -> None:
+        async with AsyncClient(f"http://127.0.0.1:{port}", "t", unary="rest", timeout=5) as c:
+            with pytest.raises(VakError) as err:
+                await c.list_sessions()
+        assert str(err.value) == f"could not connect to http://127.0.0.1:{port}: connection refused (GET /sessions)"
+        assert (err.value.status, err.value.reached, err.value.retryable) == (503, False, True)
+
+    run(main)

@@ -158,7 +158,16 @@ def test_unreachable_server_is_unavailable(unary: str) -> None:
     with Client(f"http://127.0.0.1:{port}", "t", unary=unary, timeout=5) as c:  # type: ignore[arg-type]
         with pytest.raises(VakError) as err:
             c.list_sessions()
+    # Retryable 503 unavailable, but the text says what happened: the server
+    # sent no status, so the text names none.
     assert err.value.status == 503 and err.value.retryable
+    text = str(err.value)
+    assert "HTTP" not in text and "503" not in text, text
+    if unary == "rest":
+        assert not err.value.reached
+        assert text == f"could not connect to http://127.0.0.1:{port}: connection refused (GET /sessions)"
+    else:
+        assert text.startswith("gRPC UNAVAILABLE: ") and "connection refused" in text.lower(), text
 
 
 def test_burst_is_exact(direct: Client) -> None:

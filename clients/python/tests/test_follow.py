@@ -208,6 +208,7 @@ def test_follow_gives_up_on_a_dead_server(transport: str) -> None:
             follower.open()
         assert not fired.is_set()
     assert err.value.status == 503
+    assert "HTTP" not in str(err.value) and "connection refused" in str(err.value).lower(), err.value
 
 
 def test_close_from_another_thread_ends_iteration(direct: Client, transport: str) -> None:

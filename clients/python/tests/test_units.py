@@ -3,6 +3,8 @@ resume state machines, backoff and error mapping."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import grpc
 import httpx
 import pytest
@@ -158,6 +160,64 @@ def test_error_mapping() -> None:
     r = rest_error(404, b'{"error":{"code":"not_found","message":"no session x"}}')
     assert (r.status, r.code, r.message) == (404, "not_found", "no session x")
     assert rest_error(502, b"<html>").code == ""
+    # An answer the server sent names its status; a gRPC one its gRPC code.
+    assert str(r) == "HTTP 404: not_found: no session x" and r.reached
+    assert str(e) == "gRPC FAILED_PRECONDITION: settled"
+
+
+def _listener(behaviour: str) -> tuple[int, Callable[[], None]]:
+    """A TCP listener on 127.0.0.1 that accepts one connection and either
+    closes it at once ("close") or holds it without answering ("silent")."""
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    done = threading.Event()
+
+    def serve() -> None:
+        try:
+            conn, _ = srv.accept()
+        except OSError:
+            return
+        with conn:
+            if behaviour == "silent":
+                conn.recv(65536)
+                done.wait(10)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+
+    def stop() -> None:
+        done.set()
+        srv.close()
+        t.join(10)
+
+    return srv.getsockname()[1], stop
+
+
+@pytest.mark.parametrize(
+    "behaviour, said",
+    [
+        ("close", "the connection to http://127.0.0.1:{port} broke: "),
+        ("silent", "http://127.0.0.1:{port} sent nothing within the read timeout (GET /sessions)"),
+    ],
+)
+def test_transport_failures_say_what_happened(behaviour: str, said: str) -> None:
+    from vak_client import Client
+
+    port, stop = _listener(behaviour)
+    try:
+        with Client(f"http://127.0.0.1:{port}", "t", unary="rest", timeout=0.5) as c:
+            with pytest.raises(VakError) as err:
+                c.list_sessions()
+    finally:
+        stop()
+    text = str(err.value)
+    assert text.startswith(said.format(port=port)) and text.endswith("(GET /sessions)"), text
+    assert "HTTP" not in text and not err.value.reached
+    assert (err.value.status, err.value.code, err.value.retryable) == (503, "unavailable", True)
 
 
 def test_enums_travel_by_their_json_names() -> None:

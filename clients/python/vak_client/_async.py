@@ -160,7 +160,7 @@ class _AGrpcConn(Conn, Generic[M, T]):
             except asyncio.CancelledError:
                 if self._aborted:
                     # grpc.aio reports our own cancel() (from abort()) this way.
-                    raise VakError(499, "cancelled", "the stream was cancelled") from None
+                    raise VakError(499, "cancelled", "the stream was cancelled", reached=False) from None
                 raise
             if msg is grpc.aio.EOF:
                 return None
@@ -291,7 +291,7 @@ class _Awaiting(Resume[F, I]):
         try:
             return await self._run(self._open_steps())
         except Stop:
-            raise VakError(499, "cancelled", "the follower is closed") from None
+            raise VakError(499, "cancelled", "the follower is closed", reached=False) from None
         except BaseException:
             self.close_nowait()
             raise

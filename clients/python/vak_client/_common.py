@@ -74,8 +74,17 @@ class VakError(Exception):
     (`invalid_argument`, `unauthenticated`, `forbidden`, `not_found`,
     `conflict`, `unavailable`, ...); `message` the server's human text;
     `body` the raw REST body ("" for gRPC); `grpc_code` the gRPC status code
-    when the call was made over gRPC. A connection failure is `503
-    unavailable`. `retryable` says whether the followers retry it.
+    when the call was made over gRPC. `retryable` says whether the followers
+    retry it.
+
+    `reached` is False when no answer came back over REST/SSE: the client
+    could not connect, the connection broke, or the server did not answer in
+    time. Such an error is `503 unavailable` (retryable), and its text says
+    what happened ("could not connect to http://127.0.0.1:8901: connection
+    refused (GET /v1/sessions)"), never an HTTP status the server did not
+    send. Over gRPC the library reports these failures itself as
+    `UNAVAILABLE` (or `DEADLINE_EXCEEDED`) with its own words; the text of a
+    gRPC error names the gRPC code, not an HTTP status.
     """
 
     def __init__(
@@ -85,13 +94,22 @@ class VakError(Exception):
         message: str,
         body: str = "",
         grpc_code: grpc.StatusCode | None = None,
+        *,
+        reached: bool = True,
     ) -> None:
-        super().__init__(f"HTTP {status}: {code or '-'}: {message}")
+        if not reached:
+            text = message
+        elif grpc_code is not None:
+            text = f"gRPC {grpc_code.name}: {message}"
+        else:
+            text = f"HTTP {status}: {code or '-'}: {message}"
+        super().__init__(text)
         self.status = status
         self.code = code
         self.message = message
         self.body = body
         self.grpc_code = grpc_code
+        self.reached = reached
 
     @property
     def retryable(self) -> bool:
@@ -105,13 +123,76 @@ class ProtocolError(VakError):
         super().__init__(0, "protocol_error", message)
 
 
+def unreachable(message: str) -> VakError:
+    """No answer came back from the server (`503 unavailable`, retryable)."""
+    return VakError(503, "unavailable", message, reached=False)
+
+
+def _origin(exc: httpx.RequestError) -> str:
+    """scheme://host:port of the request that failed ("the server" when unknown)."""
+    try:
+        url = exc.request.url
+    except RuntimeError:  # no request attached
+        return "the server"
+    port = f":{url.port}" if url.port is not None else ""
+    host = f"[{url.host}]" if ":" in url.host else url.host
+    return f"{url.scheme}://{host}{port}"
+
+
+def _os_reason(exc: BaseException) -> str | None:
+    """What the operating system said under an httpx error, in lower case words."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(cur, ConnectionResetError):
+            return "connection reset by the server"
+        if isinstance(cur, socket.gaierror):
+            return f"cannot resolve the host name ({cur.strerror or cur})"
+        if isinstance(cur, ssl.SSLError):
+            return f"TLS handshake failed ({cur.reason or cur})"
+        if isinstance(cur, OSError) and cur.strerror:
+            return cur.strerror[:1].lower() + cur.strerror[1:]
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+def transport_message(what: str, exc: BaseException) -> str:
+    """What went wrong with a REST/SSE request that got no usable answer."""
+    detail = _os_reason(exc) or str(exc) or type(exc).__name__
+    if isinstance(exc, httpx.RequestError):
+        origin = _origin(exc)
+        if isinstance(exc, httpx.ConnectTimeout):
+            said = f"could not connect to {origin}: no answer to the connection attempt in time"
+        elif isinstance(exc, httpx.ConnectError):
+            said = f"could not connect to {origin}: {detail}"
+        elif isinstance(exc, httpx.ReadTimeout):
+            said = f"{origin} sent nothing within the read timeout"
+        elif isinstance(exc, httpx.TimeoutException):
+            said = f"the request to {origin} timed out ({type(exc).__name__})"
+        elif isinstance(exc, httpx.RemoteProtocolError):
+            said = f"the connection to {origin} broke: {detail}"
+        elif isinstance(exc, (httpx.ReadError, httpx.WriteError, httpx.CloseError)):
+            said = f"the connection to {origin} broke: {detail}"
+        elif isinstance(exc, httpx.DecodingError):
+            said = f"could not decode the answer from {origin}: {detail}"
+        else:
+            said = f"request to {origin} failed: {detail}"
+    else:
+        said = f"{type(exc).__name__}: {detail}"
+    return f"{said} ({what})"
+
+
 def connection_error(what: str, exc: BaseException) -> VakError:
-    return VakError(503, "unavailable", f"{what}: {type(exc).__name__}: {exc}")
+    return unreachable(transport_message(what, exc))
 
 
 @contextmanager
 def http_errors(what: str) -> Iterator[None]:
-    """Turns httpx's transport failures inside the block into `503 unavailable`."""
+    """Turns httpx's transport failures inside the block into `503
+    unavailable` errors with `reached=False` whose text says what happened."""
     try:
         yield
     except (httpx.TransportError, httpx.DecodingError, httpx.StreamError) as exc:

@@ -49,6 +49,7 @@ from vak_client._common import (
     mux_from_grpc,
     mux_from_sse,
     stream_path,
+    unreachable,
 )
 from vak_client._gen import agent_pb2
 
@@ -225,7 +226,7 @@ class Resume(Generic[F, I]):
                 assert conn is not None
                 first = yield Read(conn)
                 if first is None:
-                    raise VakError(503, "unavailable", "the stream ended before stream_opened")
+                    raise unreachable("the stream ended before stream_opened")
                 self._on_opened(first)
             except VakError as err:
                 if conn is not None:

@@ -302,7 +302,7 @@ class _Blocking(Resume[F, I]):
         try:
             return self._run(self._open_steps())
         except Stop:
-            raise VakError(499, "cancelled", "the follower is closed") from None
+            raise VakError(499, "cancelled", "the follower is closed", reached=False) from None
         except BaseException:
             self.close()
             raise

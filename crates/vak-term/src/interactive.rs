@@ -369,7 +369,7 @@ impl Ui {
                 // Questions still open are behind the new stream's start: ask them again.
                 self.approvals.clear();
                 for a in &r.pending_approvals {
-                    self.render.pending_approval(&a.request_id, &a.tool);
+                    self.render.pending_approval(&a.request_id, &a.tool, &a.call_id);
                     self.approval_requested(&a.request_id, &a.tool, &a.text, a.input.as_ref(), pieces);
                 }
                 return Ok(());
@@ -429,13 +429,11 @@ impl Ui {
             Policy::Ask => None,
         };
         match auto {
+            // Said once, by the approval_resolved line the answer brings
+            // ("✗ bash denied: vak term --approve deny").
             Some(v) => {
-                let how = if v { "auto-approving" } else { "auto-denying" };
-                pieces.push(Piece::Line {
-                    style: Style::Dim,
-                    text: format!("· {how} {tool}: {}", tool_text(tool, reason)),
-                });
-                self.answer(approval(&self.sid(), request_id, v, ""));
+                let why = if v { "" } else { "vak term --approve deny" };
+                self.answer(approval(&self.sid(), request_id, v, why));
             }
             None => self.approvals.push_back(Approval {
                 request_id: request_id.to_string(),

@@ -5,7 +5,7 @@
 
 use crate::transport::ApprovalOutcome;
 use pb::event::Kind;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use vak_proto::v1 as pb;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,7 +49,11 @@ pub(crate) struct ToolOutput {
 #[derive(Default)]
 pub(crate) struct Render {
     tools: HashMap<String, String>,
-    approvals: HashMap<String, String>,
+    /// An approval asked: its tool, and the call it is about ("" when not known).
+    approvals: HashMap<String, (String, String)>,
+    /// Calls whose approval was denied or expired: their approval line said
+    /// so, and their (failed) result is not shown again. Cleared when a run ends.
+    refused: HashSet<String>,
     /// A running tool's live output not yet ended by a newline, per call and stream.
     partial: HashMap<(String, String), String>,
     /// Every tool result shown, in order (numbered from 1 for `/show N`), when `keep_outputs`.
@@ -108,31 +112,44 @@ impl Render {
             Kind::ToolResult(r) => {
                 let tool = self.tools.remove(&r.call_id).unwrap_or_else(|| "tool".into());
                 let mut out = self.live_rest(&r.call_id);
-                out.push(self.result(&tool, r.ok, &r.output));
+                // A call that was refused an approval did not run: its result
+                // only repeats the denial its approval line showed.
+                let repeats_a_denial = self.refused.remove(&r.call_id) && !r.ok;
+                if !repeats_a_denial {
+                    out.push(self.result(&tool, r.ok, &r.output));
+                }
                 out
             }
             Kind::ApprovalRequested(a) => {
-                self.approvals.insert(a.request_id.clone(), a.tool.clone());
+                self.approvals
+                    .insert(a.request_id.clone(), (a.tool.clone(), a.call_id.clone()));
                 Vec::new()
             }
             Kind::ApprovalResolved(a) => {
-                let tool = self
+                let (tool, call_id) = self
                     .approvals
                     .remove(&a.request_id)
-                    .unwrap_or_else(|| "tool".into());
+                    .unwrap_or_else(|| ("tool".into(), String::new()));
+                let outcome = ApprovalOutcome::from_pb(a.outcome());
+                if outcome != Some(ApprovalOutcome::Approved) && !call_id.is_empty() {
+                    self.refused.insert(call_id);
+                }
                 let reason = if a.reason.is_empty() {
                     String::new()
                 } else {
                     format!(": {}", clean(&a.reason))
                 };
-                vec![match ApprovalOutcome::from_pb(a.outcome()) {
+                vec![match outcome {
                     Some(ApprovalOutcome::Approved) => line(Style::Good, format!("✓ {tool} approved{reason}")),
                     Some(ApprovalOutcome::Denied) => line(Style::Bad, format!("✗ {tool} denied{reason}")),
                     // Expired, or an outcome a newer server added: shown as sent.
                     _ => line(Style::Note, format!("· {tool} approval {}{reason}", a.outcome().json_name())),
                 }]
             }
-            Kind::RunFinished(r) => run_end(r.outcome().json_name(), &r.message),
+            Kind::RunFinished(r) => {
+                self.refused.clear();
+                run_end(r.outcome().json_name(), &r.message, r.stop_reason)
+            }
             Kind::Notice(n) => vec![line(Style::Note, format!("! {}", clean(&n.text)))],
             // The server sends it only while the session is idle, so it falls between runs.
             Kind::BackgroundResult(b) => background_lines(b),
@@ -202,8 +219,9 @@ impl Render {
     }
 
     /// An approval still pending when a transcript was redrawn: its resolution comes later, naming only its id.
-    pub(crate) fn pending_approval(&mut self, request_id: &str, tool: &str) {
-        self.approvals.insert(request_id.to_string(), tool.to_string());
+    pub(crate) fn pending_approval(&mut self, request_id: &str, tool: &str, call_id: &str) {
+        self.approvals
+            .insert(request_id.to_string(), (tool.to_string(), call_id.to_string()));
     }
 
     /// A transcript as the pieces its events would have rendered (the redraw after a resync).
@@ -236,7 +254,7 @@ impl Render {
                         self.tools.insert(m.call_id().to_string(), m.tool().to_string());
                     }
                 }
-                "run" => out.extend(run_end(m.outcome().json_name(), &m.text)),
+                "run" => out.extend(run_end(m.outcome().json_name(), &m.text, m.stop_reason)),
                 "background" => match &m.background {
                     Some(b) => out.extend(background_lines(b)),
                     // A server that filled in only the text: shown as a plain result.
@@ -291,12 +309,34 @@ fn live_line(stream: &str, text: &str) -> Piece {
     line(Style::Dim, format!("  {bar} {text}"))
 }
 
-fn run_end(outcome: &str, message: &str) -> Vec<Piece> {
-    match outcome {
+/// A completed run shows nothing (its answer speaks for itself) unless its
+/// reply was cut or stopped (`stop_reason`): then one line says so.
+fn run_end(outcome: &str, message: &str, stop_reason: Option<i32>) -> Vec<Piece> {
+    let mut out = match outcome {
         "completed" => Vec::new(),
         "cancelled" => vec![line(Style::Note, format!("⊘ {}", clean(message)))],
         _ => vec![line(Style::Bad, format!("✗ run {outcome}: {}", clean(message)))],
+    };
+    if let Some(text) = stopped_line(outcome, message, stop_reason) {
+        out.push(line(Style::Note, text));
     }
+    out
+}
+
+/// The line that says a run's last reply did not end on its own
+/// (`run_finished.stop_reason` set): `⚠ cut at the output limit`, `⚠ the
+/// model refused`, `⚠ stopped by the provider's content filter`. A reason
+/// this client does not know is shown by the run's message.
+pub(crate) fn stopped_line(outcome: &str, message: &str, stop_reason: Option<i32>) -> Option<String> {
+    let words = match pb::StopReason::try_from(stop_reason?) {
+        Ok(pb::StopReason::MaxTokens) => "cut at the output limit".to_string(),
+        Ok(pb::StopReason::Refusal) => "the model refused".to_string(),
+        Ok(pb::StopReason::ContentFilter) => "stopped by the provider's content filter".to_string(),
+        // A newer server's reason: the message (shown already unless completed) says it.
+        _ if outcome == "completed" && !message.is_empty() => clean(message),
+        _ => return None,
+    };
+    Some(format!("⚠ {words}"))
 }
 
 /// `2 files +5 -1`.
@@ -603,417 +643,4 @@ fn value_json(v: &prost_types::Value) -> serde_json::Value {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn input(pairs: &[(&str, &str)]) -> prost_types::Struct {
-        prost_types::Struct {
-            fields: pairs
-                .iter()
-                .map(|(k, v)| {
-                    (
-                        k.to_string(),
-                        prost_types::Value {
-                            kind: Some(prost_types::value::Kind::StringValue(v.to_string())),
-                        },
-                    )
-                })
-                .collect(),
-        }
-    }
-
-    #[test]
-    fn tool_entries_are_one_line() {
-        let i = input(&[("path", "f.txt"), ("content", "hi")]);
-        assert_eq!(
-            tool_call_line("write_file", Some(&i)),
-            "⚙ write_file f.txt (2 bytes)"
-        );
-        let i = input(&[("command", "echo a\necho b")]);
-        assert_eq!(tool_call_line("bash", Some(&i)), "⚙ bash $ echo a ⏎ echo b");
-        assert_eq!(
-            tool_result_line("bash", false, "a\nb\n\n[exit status: 1]", None),
-            line(Style::Bad, "✗ bash: a (+2 more lines)")
-        );
-        assert_eq!(
-            tool_result_line("bash", true, "a\nb", Some(3)),
-            line(Style::Good, "✓ bash: a (+1 more line: /show 3)")
-        );
-    }
-
-    #[test]
-    fn an_mcp_tool_shows_its_input_as_json_and_its_rule_once() {
-        use prost_types::value::Kind as V;
-        let num = |n| prost_types::Value {
-            kind: Some(V::NumberValue(n)),
-        };
-        let i = prost_types::Struct {
-            fields: [("a".to_string(), num(2.0)), ("b".to_string(), num(-0.5))].into(),
-        };
-        assert_eq!(
-            tool_call_line("mcp__demo__add", Some(&i)),
-            r#"⚙ mcp__demo__add {"a":2,"b":-0.5}"#
-        );
-        assert_eq!(
-            tool_result_line("mcp__demo__add", true, "5", None),
-            line(Style::Good, "✓ mcp__demo__add: 5")
-        );
-        let rule = |kind: pb::RuleKind, tool: &str, pattern: &str| {
-            let mut r = pb::PermissionRule {
-                tool: tool.into(),
-                pattern: pattern.into(),
-                ..Default::default()
-            };
-            r.set_kind(kind);
-            always_line(&r)
-        };
-        assert_eq!(
-            rule(pb::RuleKind::Tool, "mcp__demo__add", "mcp__demo__add"),
-            "· always allowing every `mcp__demo__add` call in this workspace"
-        );
-        assert_eq!(
-            rule(pb::RuleKind::Prefix, "bash", "ls"),
-            "· always allowing bash `ls` in this workspace"
-        );
-    }
-
-    #[test]
-    fn one_is_singular_everywhere() {
-        assert_eq!(count(1, "byte"), "1 byte");
-        assert_eq!(
-            (count(0, "byte"), count(2, "line")),
-            ("0 bytes".into(), "2 lines".into())
-        );
-        let i = input(&[("path", "f.txt"), ("content", "x")]);
-        assert_eq!(
-            tool_call_line("write_file", Some(&i)),
-            "⚙ write_file f.txt (1 byte)"
-        );
-        // The server's own phrases for write_file, as the approval question and the result show them.
-        assert_eq!(
-            tool_text("write_file", "write 1 bytes to a.txt"),
-            "write 1 byte to a.txt"
-        );
-        assert_eq!(
-            tool_result_line("write_file", true, "wrote 1 bytes to 1 bytes.txt", None),
-            line(Style::Good, "✓ write_file: wrote 1 byte to 1 bytes.txt")
-        );
-        assert_eq!(
-            tool_text("write_file", "wrote 11 bytes to a"),
-            "wrote 11 bytes to a"
-        );
-        // Anything else is the command's own output, shown as it is.
-        assert_eq!(tool_text("bash", "wrote 1 bytes to x"), "wrote 1 bytes to x");
-    }
-
-    #[test]
-    fn outputs_are_kept_for_show_only_when_interactive() {
-        let mut r = Render::interactive();
-        let call = pb::Event {
-            kind: Some(Kind::ToolCall(pb::ToolCall {
-                call_id: "c1".into(),
-                tool: "bash".into(),
-                ..Default::default()
-            })),
-            ..Default::default()
-        };
-        let result = pb::Event {
-            kind: Some(Kind::ToolResult(pb::ToolResult {
-                call_id: "c1".into(),
-                ok: true,
-                output: "one\ntwo\nthree\n".into(),
-            })),
-            ..Default::default()
-        };
-        r.event(&call);
-        assert_eq!(
-            r.event(&result),
-            vec![line(Style::Good, "✓ bash: one (+2 more lines: /show 1)")]
-        );
-        assert_eq!(
-            full_output(1, &r.outputs()[0]),
-            vec![
-                line(Style::Info, "── /show 1: ✓ bash output ──"),
-                line(Style::Plain, "one"),
-                line(Style::Plain, "two"),
-                line(Style::Plain, "three"),
-            ]
-        );
-        let mut plain = Render::default();
-        plain.event(&call);
-        assert_eq!(
-            plain.event(&result),
-            vec![line(Style::Good, "✓ bash: one (+2 more lines)")]
-        );
-        assert!(plain.outputs().is_empty());
-    }
-
-    fn child(id: &str, kind: pb::WorkerKind, state: pb::WorkerState) -> pb::Worker {
-        let mut w = pb::Worker {
-            id: id.into(),
-            parent_id: "p".into(),
-            prompt: "write the README\nwith care".into(),
-            branch: format!("vak/p/{id}"),
-            ..Default::default()
-        };
-        w.set_kind(kind);
-        w.set_state(state);
-        w
-    }
-
-    #[test]
-    fn children_and_dev_servers_are_one_line_each() {
-        let ev = |kind: Kind| pb::Event {
-            seq: 3,
-            session_id: "p".into(),
-            kind: Some(kind),
-        };
-        let worker = |phase: pb::WorkerPhase, w: pb::Worker| {
-            let mut e = pb::WorkerEvent {
-                worker: Some(Box::new(w)),
-                ..Default::default()
-            };
-            e.set_phase(phase);
-            Kind::Worker(e)
-        };
-        let mut r = Render::default();
-        let (w, c) = (pb::WorkerKind::Worker, pb::WorkerKind::Candidate);
-        assert_eq!(
-            r.event(&ev(worker(
-                pb::WorkerPhase::Spawned,
-                child("c1", w, pb::WorkerState::Running)
-            ))),
-            vec![line(
-                Style::Dim,
-                "⑂ worker c1 spawned on vak/p/c1: write the README"
-            )]
-        );
-        let mut done = child("c1", w, pb::WorkerState::Finished);
-        done.summary = "Added README.md.\n\nDetails follow.".into();
-        done.diff_stat = Some(pb::DiffStat {
-            files: 1,
-            insertions: 12,
-            deletions: 0,
-        });
-        assert_eq!(
-            r.event(&ev(worker(pb::WorkerPhase::Finished, done))),
-            vec![line(
-                Style::Good,
-                "✓ worker c1 finished (1 file +12 -0): Added README.md."
-            )]
-        );
-        let mut failed = child("c2", w, pb::WorkerState::Failed);
-        failed.summary = "the model failed".into();
-        assert_eq!(
-            r.event(&ev(worker(pb::WorkerPhase::Finished, failed))),
-            vec![line(Style::Bad, "✗ worker c2 failed: the model failed")]
-        );
-        let bench = pb::Workbench {
-            bestofn_id: "bon_0123456789ab".into(),
-            candidate: Some(Box::new(child("c3", c, pb::WorkerState::Running))),
-        };
-        assert_eq!(
-            r.event(&ev(Kind::Workbench(bench))),
-            vec![line(Style::Dim, "⑂ candidate c3 running")]
-        );
-        let mut gone = pb::DraftDiscarded {
-            candidate: "c4".into(),
-            branch: "vak/p/c4".into(),
-            ..Default::default()
-        };
-        gone.set_why(pb::DiscardReason::KeptOther);
-        assert_eq!(
-            r.event(&ev(Kind::DraftDiscarded(gone))),
-            vec![line(
-                Style::Dim,
-                "· candidate c4 removed: another candidate was kept (branch vak/p/c4 deleted)"
-            )]
-        );
-        let mut out = pb::LaunchOutput {
-            name: "web".into(),
-            text: "ready on :3000\nGET /\n".into(),
-            ..Default::default()
-        };
-        out.set_stream(pb::OutputStream::Stdout);
-        assert_eq!(
-            r.event(&ev(Kind::LaunchOutput(out.clone()))),
-            vec![
-                line(Style::Dim, "[web] ready on :3000"),
-                line(Style::Dim, "[web] GET /"),
-            ]
-        );
-        out.set_stream(pb::OutputStream::Stderr);
-        out.text = (1..=25).map(|i| format!("e{i}\n")).collect();
-        let shown = r.event(&ev(Kind::LaunchOutput(out)));
-        assert_eq!(shown.len(), LAUNCH_LINES + 1);
-        assert_eq!(shown[0], line(Style::Note, "[web] e1"));
-        assert_eq!(shown[LAUNCH_LINES], line(Style::Dim, "[web] … (+5 more lines)"));
-    }
-
-    #[test]
-    fn the_worker_list_is_a_line_per_child() {
-        assert_eq!(
-            worker_list(&[]),
-            vec![line(Style::Info, "no workers in this session")]
-        );
-        let mut done = child("c1", pb::WorkerKind::Candidate, pb::WorkerState::Finished);
-        done.summary = "Fixed it.".into();
-        done.diff_stat = Some(pb::DiffStat {
-            files: 2,
-            insertions: 5,
-            deletions: 1,
-        });
-        let mut running = child("c2", pb::WorkerKind::Worker, pb::WorkerState::Running);
-        running.branch.clear();
-        assert_eq!(
-            worker_list(&[done, running]),
-            vec![
-                line(Style::Info, "2 workers of this session:"),
-                line(
-                    Style::Plain,
-                    "  c1  candidate  finished  vak/p/c1  2 files +5 -1  Fixed it."
-                ),
-                line(Style::Plain, "  c2  worker  running  write the README"),
-            ]
-        );
-    }
-
-    fn background(source: &str, id: &str, text: &str, reason: Option<&str>) -> pb::BackgroundResult {
-        let mut b = pb::BackgroundResult {
-            id: id.into(),
-            text: text.into(),
-            alert: reason.is_some(),
-            ..Default::default()
-        };
-        b.set_source(pb::BackgroundSource::from_json_name(source).expect("a source"));
-        if let Some(r) = reason {
-            b.set_reason(pb::BackgroundReason::from_json_name(r).expect("a reason"));
-        }
-        b
-    }
-
-    #[test]
-    fn a_background_result_is_one_entry_and_an_alert_is_marked_as_one() {
-        let ev = |b: pb::BackgroundResult| pb::Event {
-            seq: 9,
-            session_id: "s".into(),
-            kind: Some(Kind::BackgroundResult(b)),
-        };
-        let mut r = Render::default();
-        assert_eq!(
-            r.event(&ev(background(
-                "script",
-                "task_0123456789ab",
-                "  all quiet\n",
-                None
-            ))),
-            vec![line(
-                Style::Info,
-                "⟲ background (script task_0123456789ab): all quiet"
-            )]
-        );
-        assert_eq!(
-            r.event(&ev(background(
-                "script",
-                "task_0123456789ab",
-                "exit code 3\ndisk is \x1b[31mfull",
-                Some("script_failed")
-            ))),
-            vec![
-                line(
-                    Style::Bad,
-                    "⚠ script_failed (script task_0123456789ab): exit code 3"
-                ),
-                line(Style::Note, "  disk is [31mfull"),
-            ]
-        );
-        let mut budget = background(
-            "budget",
-            "budget:2026-12-04:80",
-            "80% of today's budget",
-            Some("budget_80"),
-        );
-        budget.summarised = 2;
-        assert_eq!(
-            background_lines(&budget),
-            vec![line(
-                Style::Bad,
-                "⚠ budget_80 (budget budget:2026-12-04:80) [2 results summarised]: 80% of today's budget"
-            )]
-        );
-        // A long output is cut, saying where the rest is.
-        let long: String = (1..=30).map(|i| format!("line {i}\n")).collect();
-        let shown = background_lines(&background("task", "task_x", &long, None));
-        assert_eq!(shown.len(), 1 + BACKGROUND_LINES + 1);
-        assert_eq!(shown[1], line(Style::Plain, "  line 2"));
-        assert_eq!(
-            shown.last().unwrap(),
-            &line(Style::Info, "  … (+9 more lines in the transcript)")
-        );
-        // An empty text says only where it came from.
-        assert_eq!(
-            background_lines(&background("worker", "w1", "", None)),
-            vec![line(Style::Info, "⟲ background (worker w1)")]
-        );
-    }
-
-    #[test]
-    fn a_transcript_replays_its_background_messages() {
-        let mut m = pb::Message {
-            text: "all quiet".into(),
-            background: Some(background("script", "task_a", "all quiet", None)),
-            ..Default::default()
-        };
-        m.set_role(pb::MessageRole::Background);
-        let bare = pb::Message {
-            role: pb::MessageRole::Background as i32,
-            text: "no result attached".into(),
-            ..Default::default()
-        };
-        let t = pb::Transcript {
-            messages: vec![m, bare],
-            ..Default::default()
-        };
-        assert_eq!(
-            Render::default().transcript(&t),
-            vec![
-                line(Style::Info, "⟲ background (script task_a): all quiet"),
-                line(Style::Info, "⟲ background: no result attached"),
-            ]
-        );
-    }
-
-    #[test]
-    fn control_characters_never_reach_the_terminal() {
-        assert_eq!(clean("a\x1b[2Jb\r\n\tc\u{7}"), "a[2Jb\n    c");
-    }
-
-    #[test]
-    fn live_output_shows_finished_lines_under_the_call_and_the_rest_with_the_result() {
-        let mut r = Render::default();
-        let ev = |kind| pb::Event {
-            seq: 1,
-            session_id: "s".into(),
-            kind: Some(kind),
-        };
-        let out = |stream: &str, text: &str| {
-            ev(Kind::ToolOutput(pb::ToolOutput {
-                call_id: "c".into(),
-                stream: pb::OutputStream::from_json_name(stream).expect("a stream") as i32,
-                text: text.into(),
-            }))
-        };
-        let dim = |t: &str| line(Style::Dim, t);
-        assert_eq!(r.event(&out("stdout", "one\ntw")), vec![dim("  │ one")]);
-        assert_eq!(r.event(&out("stderr", "oops\n")), vec![dim("  ! oops")]);
-        assert_eq!(r.event(&out("stdout", "o\nthr")), vec![dim("  │ two")]);
-        let end = r.event(&ev(Kind::ToolResult(pb::ToolResult {
-            call_id: "c".into(),
-            ok: true,
-            output: "one\ntwo\nthree".into(),
-        })));
-        assert_eq!(end[0], dim("  │ thr"));
-        assert_eq!(end.len(), 2, "{end:?}");
-        assert!(r.partial.is_empty());
-    }
-}
+mod tests;

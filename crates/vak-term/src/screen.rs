@@ -168,7 +168,9 @@ impl Screen {
     }
 
     pub(crate) fn resize(&mut self) {
-        self.cols = terminal::size().map_or(80, |(c, _)| c.max(10) as usize);
+        let env = |name: &str| std::env::var(name).ok();
+        let (cols, _rows) = size_or_fallback(terminal::size().ok(), env("COLUMNS"), env("LINES"));
+        self.cols = cols.max(10);
     }
 
     pub(crate) fn set_status(&mut self, status: impl Into<String>) {
@@ -334,9 +336,43 @@ impl Screen {
     }
 }
 
+/// The terminal's size (columns, rows) as reported, where a 0 (some pty,
+/// CI and ssh setups report 0x0) or a failed query means unknown: then
+/// `$COLUMNS` / `$LINES` when they hold a positive number, else 80x24.
+fn size_or_fallback(
+    reported: Option<(u16, u16)>,
+    columns: Option<String>,
+    lines: Option<String>,
+) -> (usize, usize) {
+    let known = |n: Option<u16>, var: Option<String>, default: usize| {
+        n.filter(|&n| n > 0)
+            .map(usize::from)
+            .or_else(|| {
+                var.and_then(|v| v.trim().parse::<usize>().ok())
+                    .filter(|&n| n > 0)
+            })
+            .unwrap_or(default)
+    };
+    (
+        known(reported.map(|(c, _)| c), columns, 80),
+        known(reported.map(|(_, r)| r), lines, 24),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_zero_size_is_unknown_and_falls_back_to_the_environment_or_80x24() {
+        let s = |v: &str| Some(v.to_string());
+        assert_eq!(size_or_fallback(Some((120, 40)), s("90"), s("30")), (120, 40));
+        // Reported as 0x0: the environment's, else 80x24 (never a 10-column wrap).
+        assert_eq!(size_or_fallback(Some((0, 0)), s("132"), s("50")), (132, 50));
+        assert_eq!(size_or_fallback(Some((0, 0)), None, None), (80, 24));
+        assert_eq!(size_or_fallback(Some((0, 33)), s("0"), s("x")), (80, 33));
+        assert_eq!(size_or_fallback(None, s(" 100 "), None), (100, 24));
+    }
 
     #[test]
     fn fit_counts_columns_not_bytes() {

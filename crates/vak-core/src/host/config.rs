@@ -624,6 +624,12 @@ impl Settings {
         self.env.key(kind).or_else(|| self.stored_key(kind))
     }
 
+    /// A real provider's route with no key reachable and no base URL (a
+    /// local server needs no key).
+    fn lacks_key(&self, spec: &RouteSpec) -> bool {
+        spec.provider != ProviderKind::Offline && spec.base_url.is_none() && self.key(spec.provider).is_none()
+    }
+
     fn stored_key(&self, kind: ProviderKind) -> Option<Secret> {
         match &self.shared {
             Some(shared) => shared.key(kind),
@@ -636,6 +642,10 @@ impl Settings {
     /// one lacks) fails its legs as not configured instead of the start.
     pub fn startup_route(&self) -> Result<Route> {
         let spec = self.lock().spec.clone();
+        // No server runs yet: the advice is what works before it starts.
+        if self.shared.is_none() && self.lacks_key(&spec) {
+            return Err(no_key_at_startup(spec.provider));
+        }
         match self.route_for(&spec) {
             Err(e) if self.shared.is_some() => {
                 tracing::warn!("the shared route is not usable on this replica: {}", e.message);
@@ -700,7 +710,7 @@ impl Settings {
             ProviderKind::Offline => None,
             kind => self.key(kind),
         };
-        if spec.provider != ProviderKind::Offline && key.is_none() && spec.base_url.is_none() {
+        if self.lacks_key(spec) {
             return Err(no_ai_service(spec.provider));
         }
         let endpoint = Endpoint {
@@ -1074,6 +1084,23 @@ fn no_ai_service(kind: ProviderKind) -> Error {
             "no API key for the {} provider: export {}, or store one with PUT /config/key (a local server needs none: give its base_url)",
             kind.as_str(),
             kind.key_env().unwrap_or("its key")
+        ),
+    )
+}
+
+/// The same, when `vak serve` starts: the server refuses to start, so the
+/// advice is what works before it runs (the key store is filled through a
+/// running server: one started on the offline provider).
+fn no_key_at_startup(kind: ProviderKind) -> Error {
+    let var = kind.key_env().unwrap_or("its key variable");
+    Error::new(
+        ErrorKind::NoAiService,
+        format!(
+            "no API key for the {p} provider: set {var} when starting (`{var}=… vak serve --provider {p} …`), \
+             or give --base-url for a local server, which needs none; to keep a key in vak's home instead, \
+             start with --provider offline, store it with PUT /config/key and switch with PATCH /config \
+             (later starts find it)",
+            p = kind.as_str(),
         ),
     )
 }
