@@ -85,7 +85,8 @@ onError((err) => {
 function table(head: string[], rows: (Node | string)[][], id: string): HTMLElement {
   return h(
     "div",
-    { class: "table-wrap" },
+    // Scrolled sideways on a phone: focusable, so the keyboard can scroll it too.
+    { class: "table-wrap", tabindex: "0", role: "region", "aria-label": id.replace(/^admin-/, "").replace("-", " ") },
     h(
       "table",
       { id },
@@ -111,7 +112,7 @@ function sessionActions(s: SessionSummary): HTMLElement {
           await client.cancel({ sessionId: s.sessionId });
           state.notice = `Cancelled the run of ${name}.`;
           await refresh();
-        }, { class: "small", "aria-label": `Cancel the run of ${name}` })
+        }, { class: "small", "aria-label": `Cancel run of ${name}` })
       : "",
     confirming
       ? button("Really close?", async () => {
@@ -119,11 +120,11 @@ function sessionActions(s: SessionSummary): HTMLElement {
           state.confirmClose = "";
           state.notice = `Closed ${name}: the session and its history are deleted.`;
           await refresh();
-        }, { class: "small danger", "aria-label": `Really close ${name}?` })
+        }, { class: "small danger", "aria-label": `Really close? ${name}` })
       : button("Close session", () => {
           state.confirmClose = s.sessionId;
           render();
-        }, { class: "small danger", "aria-label": `Close ${name} (deletes it)` }),
+        }, { class: "small danger", "aria-label": `Close session ${name} (deletes it)` }),
   );
 }
 

@@ -18,7 +18,7 @@ import { diffPanel, diffView } from "./diff.js";
 import { appLogin, currentKey, forgetKey, shareKey } from "./login.js";
 import { settingsPanel } from "./settings.js";
 import { sidebar } from "./sidebar.js";
-import { ctx, describe, newSessionView, onErrorNow, state, type Side } from "./state.js";
+import { ctx, describe, newSessionView, onErrorNow, state, titleOf, type Side } from "./state.js";
 import { header } from "./status.js";
 import { tasksPanel } from "./tasks.js";
 import { applyTheme } from "./theme.js";
@@ -302,7 +302,7 @@ async function create(): Promise<void> {
 }
 
 async function remove(id: string): Promise<void> {
-  const title = state.sessions.get(id)?.summary.title || "the session";
+  const title = titleOf(state.sessions.get(id), id);
   // Unfollowed first: once deleted, the stream no longer knows the session (404).
   await ctx.follower?.unfollow(id).catch(() => undefined);
   try {

@@ -9,7 +9,7 @@
 // with its stop_reason in words.
 import { enumJsonName, ItemKindSchema, ItemStatusSchema, PlanExitMode, type TimelineItem } from "../src/index.js";
 import { button, h } from "./dom.js";
-import { renderMarkdown } from "./markdown.js";
+import { inline, renderMarkdown } from "./markdown.js";
 import { ctx, state, type SessionView } from "./state.js";
 
 const STOP_WORDS: Record<string, string> = {
@@ -149,7 +149,8 @@ function approvalBar(item: TimelineItem): HTMLElement {
   const sid = state.current;
   const a = attrs(item, status === "pending" ? " bar" : " settled");
   if (status !== "pending") {
-    return h("div", a, h("span", { class: "settled-word" }, APPROVAL_WORDS[status] ?? status), item.text && status === "denied" ? h("span", { class: "settled-text" }, ` — ${item.text}`) : null);
+    // (Why it was asked is the card's title; a denial's reason is in the output the model saw.)
+    return h("div", a, h("span", { class: "settled-word" }, APPROVAL_WORDS[status] ?? status));
   }
   const reason = h("input", { id: `deny-reason-${item.id}`, placeholder: "reason (for deny)", "aria-label": "reason for denying" });
   const deny = button("Deny", () => ctx.client.approve({ sessionId: sid, requestId: item.requestId, approve: false, reason: reason.value }), { class: "deny danger" });
@@ -167,7 +168,7 @@ function approvalBar(item: TimelineItem): HTMLElement {
   return h(
     "div",
     { ...a, role: "group", "aria-label": `approve ${item.tool}?` },
-    item.text ? h("div", { class: "text plain" }, item.text) : null,
+    item.text ? h("div", { class: "text why" }, ...inline(item.text)) : null,
     h("div", { class: "actions" }, ...buttons, reason, deny),
   );
 }

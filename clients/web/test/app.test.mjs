@@ -35,6 +35,7 @@ import { ItemKind } from "../dist/index.js";
 import { execFileSync } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { createRequire } from "node:module";
+import { createServer } from "node:http";
 
 // axe-core's source, evaluated in the page through the browser's debugging protocol
 // (not a <script>: the page's CSP would refuse an inline one).
@@ -145,13 +146,16 @@ async function axeProblems(p, what) {
   return found.map((l) => `${what}: ${l}`);
 }
 
-/** Asserts that `inner` (a locator) is laid out inside `outer` (a selector) horizontally and inside the viewport: nothing cut. */
+/** Asserts that `inner` is laid out inside `outer` horizontally and inside the viewport (both selectors): nothing cut. */
 async function fullyShown(inner, outer) {
-  // Measured in one evaluation: the page re-renders every frame a run or the list changes.
-  const { a, b, vw, vh } = await inner.evaluate((el, sel) => {
-    const box = (r) => ({ x: r.x, y: r.y, width: r.width, height: r.height });
-    return { a: box(el.getBoundingClientRect()), b: box(document.querySelector(sel).getBoundingClientRect()), vw: innerWidth, vh: innerHeight };
-  }, outer);
+  // Found and measured in one evaluation: the page re-renders every frame a run or the list changes.
+  const { a, b, vw, vh } = await page.evaluate(([inner, outer]) => {
+    const box = (el) => {
+      const r = el?.getBoundingClientRect() ?? { x: 0, y: 0, width: 0, height: 0 };
+      return { x: r.x, y: r.y, width: r.width, height: r.height };
+    };
+    return { a: box(document.querySelector(inner)), b: box(document.querySelector(outer)), vw: innerWidth, vh: innerHeight };
+  }, [inner, outer]);
   assert.ok(a.width > 0 && a.height > 0, `laid out: ${JSON.stringify(a)}`);
   assert.ok(a.x >= b.x - 0.5 && a.x + a.width <= b.x + b.width + 0.5, `inside ${outer} horizontally: ${JSON.stringify({ a, b })}`);
   assert.ok(a.y >= -0.5 && a.y + a.height <= vh + 0.5 && a.x + a.width <= vw + 0.5, `inside the viewport: ${JSON.stringify(a)}`);
@@ -572,10 +576,10 @@ step("at phone width the list is a drawer and the conversation has the screen", 
   const conv = await page.locator("#main").boundingBox();
   assert.ok(conv.width >= PHONE.width - 1, `the conversation is as wide as the phone: ${conv.width}`);
   assert.ok((await page.locator("#timeline").boundingBox()).y < 200, "the conversation starts near the top");
-  await shot(page, "app-phone");
+  await shot(page, "app-phone-early");
   await page.click("#toggle-sidebar");
   await page.locator("#sidebar").waitFor();
-  await fullyShown(page.locator("#search"), "#sidebar");
+  await fullyShown("#search", "#sidebar");
   await shot(page, "app-phone-drawer");
   assert.deepEqual(await axeProblems(page, "phone with the drawer open"), []);
   // Picking a session closes the drawer.
@@ -743,17 +747,6 @@ step("a bash call shows its command as the title and its exit status", async () 
   assert.equal(await page.locator("#mode-select").inputValue(), "default");
 });
 
-step("a code block is highlighted and has a copy button", async () => {
-  await send(page, "code:\n```rust\nfn main() { let answer = 42; }\n```");
-  const block = page.locator("#timeline .item.assistant_text .code-block").last();
-  await block.waitFor();
-  assert.ok((await block.locator(".hljs-keyword").count()) >= 2, "fn and let are keywords");
-  assert.equal(await block.locator(".code-lang").innerText(), "rust");
-  await block.locator("button.copy").click();
-  await page.waitForFunction(() => [...document.querySelectorAll("#timeline button.copy")].some((b) => b.textContent === "Copied"));
-  assert.equal(await page.evaluate(() => navigator.clipboard.readText()), "fn main() { let answer = 42; }");
-});
-
 step("Esc stops the live run (a Stop button shows while it is live); Up brings back the last prompt", async () => {
   const runs = await page.locator("#timeline .item.final_result").count();
   await send(page, "/sleep 30000");
@@ -792,8 +785,8 @@ step("with 50 sessions every sidebar action is in view and works, at desktop and
       await page.locator("#sidebar").waitFor();
     }
     // New session and the search are in view without scrolling.
-    await fullyShown(page.locator("#new-session"), "#sidebar");
-    await fullyShown(page.locator("#search"), "#sidebar");
+    await fullyShown("#new-session", "#sidebar");
+    await fullyShown("#search", "#sidebar");
     // Every row's menu button sits inside the list (nothing cut at the right).
     const cut = await page.evaluate(() => {
       const list = document.querySelector("#sessions").getBoundingClientRect();
@@ -809,10 +802,9 @@ step("with 50 sessions every sidebar action is in view and works, at desktop and
     const id = await last.getAttribute("data-session");
     const row = () => page.locator(`#sessions li[data-session="${id}"]`);
     await row().locator(".row-menu").click();
-    for (const label of ["Rename", "Delete"]) {
-      const b = row().locator(".row-actions button", { hasText: label });
-      await b.scrollIntoViewIfNeeded();
-      await fullyShown(b, "#sessions");
+    for (const cls of ["row-rename", "row-delete"]) {
+      await row().locator(`.${cls}`).scrollIntoViewIfNeeded();
+      await fullyShown(`#sessions li[data-session="${id}"] .${cls}`, "#sessions");
     }
     await shot(page, `app-50-sessions-${name}`);
     await row().locator(".row-actions button", { hasText: "Rename" }).click();
@@ -833,6 +825,54 @@ step("with 50 sessions every sidebar action is in view and works, at desktop and
   await page.locator("#timeline .item.final_result").first().waitFor();
 });
 
+step("a model's code block is highlighted with a copy button; a reply cut at the output limit says so (stop_reason)", async () => {
+  // A local OpenAI-compatible server (keyless, like Ollama) whose reply has a code block and stops at its length limit.
+  const ANSWER = "Here is the program:\n\n```rust\nfn main() { let answer = 42; }\n```\n\nThe beginning of a long explanation";
+  const chunk = (choices, extra = {}) => `data: ${JSON.stringify({ id: "c1", object: "chat.completion.chunk", created: 1, model: "fake", choices, ...extra })}\n\n`;
+  const fake = createServer((req, res) => {
+    req.resume();
+    if (req.method === "GET") {
+      res.writeHead(200, { "content-type": "application/json" });
+      return res.end(JSON.stringify({ object: "list", data: [{ id: "fake", object: "model" }] }));
+    }
+    res.writeHead(200, { "content-type": "text/event-stream" });
+    res.end(
+      chunk([{ index: 0, delta: { role: "assistant", content: ANSWER }, finish_reason: null }]) +
+        chunk([{ index: 0, delta: {}, finish_reason: "length" }]) +
+        chunk([], { usage: { prompt_tokens: 10, completion_tokens: 5, total_tokens: 15 } }) +
+        "data: [DONE]\n\n",
+    );
+  });
+  await new Promise((r) => fake.listen(0, "127.0.0.1", r));
+  const headers = { authorization: `Bearer ${token}`, "content-type": "application/json" };
+  const patch = (body) => fetch(`${vak.url}/config`, { method: "PATCH", headers, body: JSON.stringify(body) });
+  try {
+    const r = await patch({ provider: "openai", model: "fake", base_url: `http://127.0.0.1:${fake.address().port}/v1` });
+    assert.equal(r.status, 200, await r.text());
+    await page.waitForFunction(() => /fake/.test(document.querySelector("#route")?.textContent ?? ""));
+    const runs = await page.locator("#timeline .item.final_result").count();
+    await send(page, "tell me everything");
+    assert.equal(await lastOutcome(page, runs + 1), "completed");
+    const result = page.locator("#timeline .item.final_result").last();
+    assert.equal(await result.getAttribute("data-stop-reason"), "max_tokens");
+    assert.match(await result.innerText(), /cut at the output limit/);
+    assert.match(await timelineText(page), /The beginning of a long explanation/);
+    // The code block: highlighted by highlight.js, its language named, a copy button that copies it.
+    const block = page.locator("#timeline .item.assistant_text .code-block").last();
+    assert.ok((await block.locator(".hljs-keyword").count()) >= 2, "fn and let are keywords");
+    assert.equal(await block.locator(".code-lang").innerText(), "rust");
+    await block.locator("button.copy").click();
+    await page.waitForFunction(() => [...document.querySelectorAll("#timeline button.copy")].some((b) => b.textContent === "Copied"));
+    assert.equal(await page.evaluate(() => navigator.clipboard.readText()), "fn main() { let answer = 42; }");
+    await shot(page, "app-cut-at-limit");
+  } finally {
+    const r = await patch({ provider: "offline" });
+    assert.equal(r.status, 200, await r.text());
+    fake.close();
+  }
+  await page.waitForFunction(() => /offline/.test(document.querySelector("#route")?.textContent ?? ""));
+});
+
 step("the app passes axe-core at desktop width (no serious or critical violation)", async () => {
   await page.locator(`#timeline .card`).first().waitFor();
   await page.click("#show-diff");
@@ -845,6 +885,10 @@ step("the app passes axe-core at desktop width (no serious or critical violation
   await page.evaluate(() => document.querySelector("#scroll").scrollTo(0, 1e9));
   await page.screenshot({ path: join(artifacts, "app-desktop.png") });
   assert.deepEqual(await axeProblems(page, "desktop"), []);
+  await page.setViewportSize(PHONE);
+  await page.evaluate(() => document.querySelector("#scroll").scrollTo(0, 1e9));
+  await page.screenshot({ path: join(artifacts, "app-phone.png") });
+  await page.setViewportSize(DESKTOP);
 });
 
 step("/admin lists the session", async () => {
