@@ -99,7 +99,7 @@ function render(): void {
   }
   if (keep) {
     const el = document.getElementById(keep) as HTMLElement | null;
-    el?.focus();
+    el?.focus({ preventScroll: true });
     if (caret && (el instanceof HTMLTextAreaElement || el instanceof HTMLInputElement)) {
       try {
         el.setSelectionRange(caret[0] ?? null, caret[1] ?? null);
@@ -464,7 +464,10 @@ async function start(): Promise<void> {
   follower.start();
   select(state.current);
   clearInterval(listTimer);
+  let ticks = 0;
   listTimer = setInterval(() => {
+    // The sidebar's relative times move on without any event.
+    if (++ticks % 12 === 0) schedule();
     void refreshList().catch(() => undefined);
     // Scheduled fires move next_fire and last_fire with no event of their own here.
     if (state.side === "tasks") void refreshTasks().catch(() => undefined);

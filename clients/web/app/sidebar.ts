@@ -60,7 +60,7 @@ function row(id: string, s: SessionView): HTMLElement {
   const when = s.active || Date.parse(s.summary.createdAt);
   const open = h(
     "a",
-    { href: `/app/s/${id}`, class: "open", "aria-current": id === state.current ? "page" : undefined },
+    { href: `/app/s/${id}`, class: "open", id: `open-${id}`, "aria-current": id === state.current ? "page" : undefined },
     h("span", { class: `dot${s.busy ? " busy" : ""}`, title: s.busy ? "a run is live" : "", "aria-label": s.busy ? "running" : undefined, role: s.busy ? "img" : undefined }),
     h("span", { class: "title" }, title),
     h("span", { class: "when", title: new Date(when).toLocaleString() }, relativeTime(when)),
@@ -76,7 +76,7 @@ function row(id: string, s: SessionView): HTMLElement {
     state.confirmDelete = "";
     ctx.render();
     if (!menuOpen) document.querySelector<HTMLElement>(`li[data-session="${id}"] .row-actions button`)?.focus();
-  }, { class: "row-menu", "aria-label": `Actions for ${title}`, "aria-expanded": menuOpen ? "true" : "false", title: "Rename or delete" });
+  }, { class: "row-menu", id: `menu-${id}`, "aria-label": `Actions for ${title}`, "aria-expanded": menuOpen ? "true" : "false", title: "Rename or delete" });
   li.append(h("div", { class: "row-main" }, open, toggle));
   if (menuOpen) li.appendChild(actions(id));
   return li;
@@ -89,22 +89,22 @@ function actions(id: string): HTMLElement {
     { class: "row-actions", role: "group", "aria-label": "session actions" },
     confirming ? h("span", { class: "confirm" }, "Delete it and its history?") : null,
     confirming
-      ? button("Really delete?", () => ctx.remove(id), { class: "small danger row-delete-confirm" })
+      ? button("Really delete?", () => ctx.remove(id), { class: "small danger row-delete-confirm", id: `delete-really-${id}` })
       : button("Rename", () => {
           state.renaming = id;
           state.menu = "";
           ctx.render();
           document.getElementById(`rename-${id}`)?.focus();
-        }, { class: "small row-rename" }),
+        }, { class: "small row-rename", id: `rename-btn-${id}` }),
     confirming
       ? button("Keep it", () => {
           state.confirmDelete = "";
           ctx.render();
-        }, { class: "small" })
+        }, { class: "small", id: `delete-keep-${id}` })
       : button("Delete", () => {
           state.confirmDelete = id;
           ctx.render();
-        }, { class: "small danger row-delete" }),
+        }, { class: "small danger row-delete", id: `delete-btn-${id}` }),
   );
 }
 

@@ -153,17 +153,17 @@ function approvalBar(item: TimelineItem): HTMLElement {
     return h("div", a, h("span", { class: "settled-word" }, APPROVAL_WORDS[status] ?? status));
   }
   const reason = h("input", { id: `deny-reason-${item.id}`, placeholder: "reason (for deny)", "aria-label": "reason for denying" });
-  const deny = button("Deny", () => ctx.client.approve({ sessionId: sid, requestId: item.requestId, approve: false, reason: reason.value }), { class: "deny danger" });
+  const deny = button("Deny", () => ctx.client.approve({ sessionId: sid, requestId: item.requestId, approve: false, reason: reason.value }), { class: "deny danger", id: `deny-${item.id}` });
   const buttons =
     item.tool === "exit_plan_mode"
       ? // A plan: approving it leaves plan mode for the mode chosen here (docs/protocol.md section 13).
         [
-          button("Approve, then accept edits", () => ctx.client.approve({ sessionId: sid, requestId: item.requestId, approve: true, mode: PlanExitMode.ACCEPT_EDITS }), { class: "approve-accept-edits primary" }),
-          button("Approve, then ask (default)", () => ctx.client.approve({ sessionId: sid, requestId: item.requestId, approve: true, mode: PlanExitMode.DEFAULT }), { class: "approve" }),
+          button("Approve, then accept edits", () => ctx.client.approve({ sessionId: sid, requestId: item.requestId, approve: true, mode: PlanExitMode.ACCEPT_EDITS }), { class: "approve-accept-edits primary", id: `approve-edits-${item.id}` }),
+          button("Approve, then ask (default)", () => ctx.client.approve({ sessionId: sid, requestId: item.requestId, approve: true, mode: PlanExitMode.DEFAULT }), { class: "approve", id: `approve-${item.id}` }),
         ]
       : [
-          button("Approve", () => ctx.client.approve({ sessionId: sid, requestId: item.requestId, approve: true }), { class: "approve primary" }),
-          button("Always allow", () => ctx.client.approve({ sessionId: sid, requestId: item.requestId, approve: true, always: true }), { class: "always", title: "approve, and never ask again for this in this workspace" }),
+          button("Approve", () => ctx.client.approve({ sessionId: sid, requestId: item.requestId, approve: true }), { class: "approve primary", id: `approve-${item.id}` }),
+          button("Always allow", () => ctx.client.approve({ sessionId: sid, requestId: item.requestId, approve: true, always: true }), { class: "always", id: `always-${item.id}`, title: "approve, and never ask again for this in this workspace" }),
         ];
   return h(
     "div",
@@ -174,7 +174,7 @@ function approvalBar(item: TimelineItem): HTMLElement {
 }
 
 export function details(id: string, summary: string, openByDefault: boolean, ...body: (Node | string)[]): HTMLElement {
-  const d = h("details", { open: state.open.has(id) || (openByDefault && !state.open.has(`${id}:closed`)) }, h("summary", {}, summary), ...body);
+  const d = h("details", { open: state.open.has(id) || (openByDefault && !state.open.has(`${id}:closed`)) }, h("summary", { id: `sum-${id}` }, summary), ...body);
   d.addEventListener("toggle", () => {
     if (d.open) state.open.add(id);
     else state.open.delete(id);

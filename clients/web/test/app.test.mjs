@@ -491,10 +491,10 @@ step("the theme PATCH /config sets reaches the page live: dark, then the browser
   await page.waitForFunction((light) => getComputedStyle(document.body).backgroundColor !== light, light);
   const dark = await background();
   assert.notEqual(dark, light);
-  await shot(page, "app-dark-desktop");
+  await shot(page, "app-dark-desktop-early");
   assert.deepEqual(await axeProblems(page, "dark desktop"), []);
   await page.setViewportSize(PHONE);
-  await shot(page, "app-dark-phone");
+  await shot(page, "app-dark-phone-early");
   await page.setViewportSize(DESKTOP);
   await page.emulateMedia({ colorScheme: "light" });
   await page.waitForFunction((light) => getComputedStyle(document.body).backgroundColor === light, light);
@@ -553,6 +553,40 @@ step("a folder opened from the sidebar is where the next new session runs", asyn
   await page.waitForFunction(() => document.querySelector(".ws-group:has(li.current) .ws-name")?.textContent === "sub2");
   await page.click("#show-files");
   await page.waitForFunction(() => document.querySelector("#side-text")?.textContent === "marker.txt");
+  await page.goto(`${proxy.url}/app/s/${sessionId}`);
+  await page.waitForFunction((n) => document.querySelectorAll("#timeline .item.final_result").length >= n, 3);
+});
+
+step("Diff of a session in a git repository shows one section per changed file", async () => {
+  const repo = join(workspace, "repo");
+  mkdirSync(repo);
+  const git = (...args) => execFileSync("git", ["-C", repo, ...args], { stdio: "pipe" });
+  git("init", "-q");
+  writeFileSync(join(repo, "a.txt"), "one\ntwo\nthree\n");
+  git("add", "a.txt");
+  git("-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "first");
+  writeFileSync(join(repo, "a.txt"), "one\nTWO\nthree\nfour\n");
+  writeFileSync(join(repo, "b.txt"), "new file\n");
+  const headers = { authorization: `Bearer ${token}`, "content-type": "application/json" };
+  const post = (path, body) => fetch(`${vak.url}${path}`, { method: "POST", headers, body: JSON.stringify(body) });
+  assert.equal((await post("/workspaces/open", { path: repo, trust: true })).status, 200);
+  const created = await post("/sessions", { workspace: repo });
+  assert.equal(created.status, 201);
+  const id = (await created.json()).session_id;
+  await page.goto(`${proxy.url}/app/s/${id}`);
+  await page.click("#show-diff");
+  await page.locator("#diff[data-files='2']").waitFor();
+  const file = (path) => page.locator(`#diff .diff-file[data-path="${path}"]`);
+  assert.equal(await file("a.txt").locator(".diff-count").innerText(), "+2 −1");
+  assert.equal(await file("b.txt").locator(".diff-count").innerText(), "+1 −0");
+  assert.match(await file("a.txt").locator(".diff-add").first().innerText(), /^\+TWO/);
+  assert.match(await file("a.txt").locator(".diff-del").first().innerText(), /^-two/);
+  // A section folds away.
+  await file("a.txt").locator("summary").click();
+  assert.equal(await file("a.txt").getAttribute("open"), null);
+  await file("a.txt").locator("summary").click();
+  await shot(page, "app-diff");
+  await page.click("#close-diff");
   await page.goto(`${proxy.url}/app/s/${sessionId}`);
   await page.waitForFunction((n) => document.querySelectorAll("#timeline .item.final_result").length >= n, 3);
 });
@@ -730,6 +764,17 @@ step("the workers panel shows a worker's answer and runs a dev server with a liv
   await page.locator("#side").waitFor({ state: "detached" });
 });
 
+step("thinking is collapsed, and opens on a click", async () => {
+  const runs = await page.locator("#timeline .item.final_result").count();
+  await send(page, "/think weighing the options\nanswer after thinking");
+  await lastOutcome(page, runs + 1);
+  const thought = page.locator("#timeline .item.thinking").last();
+  assert.equal(await thought.locator("details").getAttribute("open"), null);
+  assert.equal(await thought.locator("summary").innerText(), "Thought");
+  await thought.locator("summary").click();
+  assert.match(await thought.locator("pre").innerText(), /weighing the options/);
+});
+
 step("a bash call shows its command as the title and its exit status", async () => {
   // The mode is switched from the header (the plan step left it at accept-edits).
   await page.selectOption("#mode-select", "default");
@@ -888,7 +933,13 @@ step("the app passes axe-core at desktop width (no serious or critical violation
   await page.setViewportSize(PHONE);
   await page.evaluate(() => document.querySelector("#scroll").scrollTo(0, 1e9));
   await page.screenshot({ path: join(artifacts, "app-phone.png") });
+  // The same in dark mode (the browser prefers dark; the config's theme is "system").
+  await page.emulateMedia({ colorScheme: "dark" });
+  await page.screenshot({ path: join(artifacts, "app-dark-phone.png") });
   await page.setViewportSize(DESKTOP);
+  await page.evaluate(() => document.querySelector("#scroll").scrollTo(0, 1e9));
+  await page.screenshot({ path: join(artifacts, "app-dark-desktop.png") });
+  await page.emulateMedia({ colorScheme: "light" });
 });
 
 step("/admin lists the session", async () => {
@@ -917,10 +968,11 @@ step("/admin lists the session", async () => {
   await actions.locator("button", { hasText: "Really close?" }).click();
   await page.locator("#admin-notice", { hasText: /^Closed session [0-9a-f]{8}: the session and its history are deleted\.$/ }).waitFor();
   await actions.waitFor({ state: "detached" });
-  await shot(page, "admin-desktop");
+  // The viewport (the page is as long as the server has sessions).
+  await page.screenshot({ path: join(artifacts, "admin-desktop.png") });
   assert.deepEqual(await axeProblems(page, "admin desktop"), []);
   await page.setViewportSize(PHONE);
-  await shot(page, "admin-phone");
+  await page.screenshot({ path: join(artifacts, "admin-phone.png") });
   assert.deepEqual(await axeProblems(page, "admin phone"), []);
   await page.setViewportSize(DESKTOP);
   // Opened by its URL in a new tab of the same browser, it uses the app's login.
