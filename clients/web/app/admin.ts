@@ -91,7 +91,8 @@ function table(head: string[], rows: (Node | string)[][], id: string): HTMLEleme
       "table",
       { id },
       h("thead", {}, h("tr", {}, ...head.map((x) => h("th", { scope: "col" }, x || h("span", { class: "sr-only" }, "actions"))))),
-      h("tbody", {}, ...rows.map((r) => h("tr", {}, ...r.map((c) => h("td", {}, c))))),
+      // Each cell names its column: on a phone a row is a card of labelled lines (app.css).
+      h("tbody", {}, ...rows.map((r) => h("tr", {}, ...r.map((c, i) => h("td", { "data-label": head[i] ?? "" }, c))))),
     ),
   );
 }

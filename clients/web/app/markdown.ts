@@ -90,7 +90,12 @@ export function codeBlock(text: string, lang: string): HTMLElement {
         await navigator.clipboard.writeText(text);
         copy.textContent = "Copied";
       } catch {
-        copy.textContent = "Copy failed";
+        // No clipboard API (a page served over plain http to another machine): select the code to copy by hand.
+        const range = document.createRange();
+        range.selectNodeContents(code);
+        getSelection()?.removeAllRanges();
+        getSelection()?.addRange(range);
+        copy.textContent = "Selected: press Ctrl+C";
       }
       setTimeout(() => (copy.textContent = "Copy"), 2000);
     },

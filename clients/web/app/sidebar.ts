@@ -14,7 +14,17 @@ export function sidebar(): HTMLElement {
     h(
       "div",
       { class: "sidebar-top" },
-      button("+ New session", () => ctx.create(), { id: "new-session", class: "primary" }),
+      h(
+        "div",
+        { class: "sidebar-actions" },
+        button("+ New session", () => ctx.create(), { id: "new-session", class: "primary" }),
+        // On a phone the list is a drawer over the page: it closes here too.
+        button("Close", () => {
+          state.drawer = false;
+          ctx.render();
+          document.getElementById("toggle-sidebar")?.focus();
+        }, { class: "drawer-close", id: "close-sidebar", "aria-label": "close the session list" }),
+      ),
       searchBox(),
     ),
     sessionGroups(),
@@ -38,12 +48,12 @@ function sessionGroups(): HTMLElement {
   const wrap = h("div", { class: "session-groups", id: "sessions", "data-count": String(state.order.length) });
   for (const ws of names) {
     const ids = groups.get(ws) ?? [];
-    const label = ws === home ? `${folderName(ws)} · the server's workspace` : folderName(ws);
+    const label = folderName(ws);
     const headingId = `ws-${[...ws].reduce((n, c) => (n * 31 + c.charCodeAt(0)) >>> 0, 7).toString(36)}`;
     const list = h("ul", { class: "sessions", "aria-labelledby": headingId });
     for (const id of ids) list.appendChild(row(id, state.sessions.get(id) as SessionView));
     wrap.appendChild(
-      h("section", { class: "ws-group", "data-workspace": ws }, names.length > 1 || ws !== home ? h("h2", { class: "ws-name", id: headingId, title: ws }, label) : h("h2", { class: "ws-name sr-only", id: headingId }, label), list),
+      h("section", { class: "ws-group", "data-workspace": ws }, names.length > 1 || ws !== home ? h("h2", { class: "ws-name", id: headingId, title: ws === home ? `the server's workspace: ${ws}` : ws }, label) : h("h2", { class: "ws-name sr-only", id: headingId }, label), list),
     );
   }
   if (!state.order.length) wrap.appendChild(h("p", { class: "hint" }, "No sessions yet: start one with New session."));

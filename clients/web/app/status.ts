@@ -49,9 +49,10 @@ export function header(): HTMLElement {
   return h(
     "header",
     { class: "top" },
-    button(state.drawer ? "Close" : "Sessions", () => {
+    button("Sessions", () => {
       state.drawer = !state.drawer;
       ctx.render();
+      if (state.drawer) document.getElementById("new-session")?.focus();
     }, { class: "drawer-toggle", id: "toggle-sidebar", "aria-expanded": state.drawer ? "true" : "false", "aria-controls": "sidebar" }),
     h("strong", { class: "brand" }, "vak"),
     h("span", { class: "route", id: "route", title: r ? `model route: ${r.provider} · ${r.model}${r.baseUrl ? ` at ${r.baseUrl}` : ""}` : "" }, r ? `${r.label || r.provider} · ${r.model}` : ""),

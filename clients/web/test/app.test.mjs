@@ -616,6 +616,11 @@ step("at phone width the list is a drawer and the conversation has the screen", 
   await fullyShown("#search", "#sidebar");
   await shot(page, "app-phone-drawer");
   assert.deepEqual(await axeProblems(page, "phone with the drawer open"), []);
+  // Its own Close button closes it, and the header's button opens it again.
+  await page.click("#close-sidebar");
+  await page.locator("#sidebar").waitFor({ state: "hidden" });
+  await page.click("#toggle-sidebar");
+  await page.locator("#sidebar").waitFor();
   // Picking a session closes the drawer.
   await page.locator(`#sessions li[data-session="${sessionId}"] a.open`).click();
   await page.locator("#sidebar").waitFor({ state: "hidden" });
@@ -930,6 +935,13 @@ step("the app passes axe-core at desktop width (no serious or critical violation
   await page.evaluate(() => document.querySelector("#scroll").scrollTo(0, 1e9));
   await page.screenshot({ path: join(artifacts, "app-desktop.png") });
   assert.deepEqual(await axeProblems(page, "desktop"), []);
+  // From 360 to 1920 px wide nothing scrolls sideways.
+  for (const width of [360, 1920]) {
+    await page.setViewportSize({ width, height: 900 });
+    const wide = await page.evaluate(() => document.documentElement.scrollWidth);
+    assert.ok(wide <= width, `${width} px: the page is ${wide} px wide`);
+  }
+  await page.setViewportSize(DESKTOP);
   await page.setViewportSize(PHONE);
   await page.evaluate(() => document.querySelector("#scroll").scrollTo(0, 1e9));
   await page.screenshot({ path: join(artifacts, "app-phone.png") });
@@ -948,7 +960,8 @@ step("/admin lists the session", async () => {
   await page.waitForFunction((id) => document.querySelector("#admin-sessions")?.textContent?.includes(id), sessionId);
   assert.match(await page.locator("#admin-config").innerText(), /offline/);
   // GetAdminStatus: this machine's streams (the console's own /stream at least) and the caps.
-  assert.match(await page.locator("#admin-clients").innerText(), /loopback\s+\d+/);
+  // (Once its own stream is open, the console reads the status again and counts it.)
+  await page.waitForFunction(() => /loopback\s+\d+/.test(document.querySelector("#admin-clients")?.innerText ?? ""));
   assert.match(await page.locator("#admin-caps").innerText(), /streams open; at most 256 per client/);
   // The scheduler: the enabled scheduled task and its next fire, the zone; the day's spend against the budget.
   await page.waitForFunction(() => document.querySelector("#admin-scheduler")?.textContent?.includes("hourly"));
