@@ -48,7 +48,7 @@ const state = {
   seen: new Map<string, number>(),
 };
 
-const SURFACE_WORDS: Record<string, string> = { stream: "browser or app (/stream)", sse: "SSE follower", grpc: "gRPC client" };
+const SURFACE_WORDS: Record<string, string> = { stream: "a browser tab or app", sse: "an SSE follower", grpc: "a gRPC client" };
 const CONN_WORDS: Record<string, string> = { idle: "offline", connecting: "connecting…", open: "live", reconnecting: "reconnecting…", closed: "offline" };
 
 /** "under a minute", "5 min", "2 h": how long this page has seen a client. */
@@ -64,7 +64,7 @@ function clientWords(c: Client): Node {
   const surface = enumJsonName(SurfaceSchema, c.surface);
   const first = state.seen.get(c.clientId) ?? Date.now();
   state.seen.set(c.clientId, first);
-  return h("span", { class: "client", title: `client id ${c.clientId}` }, `${SURFACE_WORDS[surface] ?? surface}, seen ${age(first)}`);
+  return h("span", { class: "client", title: `client id ${c.clientId}` }, `${SURFACE_WORDS[surface] ?? surface}, for ${age(first)}`);
 }
 declare global {
   interface Window {
@@ -82,7 +82,7 @@ onError((err) => {
   render();
 });
 
-function table(head: string[], rows: (Node | string)[][], id: string): HTMLElement {
+function table(head: string[], rows: (Node | string)[][], id: string, keys: string[] = []): HTMLElement {
   return h(
     "div",
     // Scrolled sideways on a phone: focusable, so the keyboard can scroll it too.
@@ -92,7 +92,7 @@ function table(head: string[], rows: (Node | string)[][], id: string): HTMLEleme
       { id },
       h("thead", {}, h("tr", {}, ...head.map((x) => h("th", { scope: "col" }, x || h("span", { class: "sr-only" }, "actions"))))),
       // Each cell names its column: on a phone a row is a card of labelled lines (app.css).
-      h("tbody", {}, ...rows.map((r) => h("tr", {}, ...r.map((c, i) => h("td", { "data-label": head[i] ?? "" }, c))))),
+      h("tbody", {}, ...rows.map((r, n) => h("tr", { "data-key": keys[n] }, ...r.map((c, i) => h("td", { "data-label": head[i] ?? "" }, c))))),
     ),
   );
 }
@@ -153,17 +153,18 @@ function render(): void {
       h("p", { class: "notice", id: "admin-notice", role: "status" }, state.notice),
       h("h2", {}, "Sessions"),
       table(
-        ["session", "title", "run", "events", "attached", "created", ""],
+        ["session", "run", "events", "attached", "created", ""],
         state.sessions.map((s) => [
-          h("code", {}, s.sessionId),
-          s.title,
+          // Its title, and the start of its id (the whole id on hover).
+          h("span", { class: "session-name" }, h("span", { class: s.title ? "" : "untitled" }, s.title || "untitled"), " ", h("code", { title: s.sessionId }, s.sessionId.slice(0, 8))),
           runState(s),
           String(s.latestSeq),
           attached(s.sessionId),
-          s.createdAt.replace("T", " ").replace(/\.\d+Z$|Z$/, " UTC"),
+          h("span", { class: "nowrap" }, s.createdAt.replace("T", " ").replace(/\.\d+Z$|Z$/, " UTC")),
           sessionActions(s),
         ]),
         "admin-sessions",
+        state.sessions.map((s) => s.sessionId),
       ),
       h("h2", {}, "Clients and streams"),
       h(

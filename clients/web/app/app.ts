@@ -111,7 +111,8 @@ function render(): void {
   const list = root.querySelector("#sessions");
   if (list) list.scrollTop = listScroll;
   const conv = root.querySelector("#scroll");
-  if (conv && atBottom) conv.scrollTop = conv.scrollHeight;
+  if (conv && (atBottom || ctx.toBottom)) conv.scrollTop = conv.scrollHeight;
+  if (conv) ctx.toBottom = false;
 }
 
 function loginForm(): HTMLElement {
@@ -327,6 +328,7 @@ function addSession(summary: SessionSummary): void {
 }
 
 function select(id: string): void {
+  if (id !== state.current) ctx.toBottom = true;
   state.current = id;
   state.side = state.side === "diff" ? "" : state.side;
   const path = id ? `/app/s/${id}` : "/app/";

@@ -59,6 +59,7 @@ function composer(s: SessionView): HTMLElement {
     const text = prompt.value;
     if (!text.trim()) return;
     prompt.value = "";
+    ctx.toBottom = true;
     try {
       if (s.busy) await ctx.client.steer({ sessionId: id, text });
       else await ctx.client.run({ sessionId: id, prompt: text });

@@ -97,6 +97,8 @@ export const ctx = {
   remove: (_id: string): Promise<void> => Promise.resolve(),
   openSide: (_side: Side): Promise<void> => Promise.resolve(),
   logout: (): Promise<void> => Promise.resolve(),
+  /** The next render scrolls the conversation to its end (a prompt sent, a session opened). */
+  toBottom: false,
 };
 
 /** An error for the page's error line, in words (never a raw JSON body). */
