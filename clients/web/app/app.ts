@@ -95,7 +95,7 @@ function render(): void {
   root.replaceChildren(state.authenticated ? workspace() : loginForm());
   for (const [id, v] of drafts) {
     const el = document.getElementById(id) as HTMLInputElement | null;
-    if (el && el.type !== "password" && el.type !== "search") el.value = v;
+    if (el && el.type !== "password") el.value = v;
   }
   if (keep) {
     const el = document.getElementById(keep) as HTMLElement | null;

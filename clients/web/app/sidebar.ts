@@ -187,6 +187,7 @@ function searchBox(): HTMLElement {
   const clear = state.search.done
     ? button("Clear search", () => {
         state.search = { q: "", hits: [], done: false };
+        input.value = "";
         ctx.render();
       }, { class: "small link", id: "clear-search" })
     : null;
