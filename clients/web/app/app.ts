@@ -356,10 +356,13 @@ window.addEventListener("popstate", () => {
 document.addEventListener("keydown", (e) => {
   if (e.key !== "Escape" || e.defaultPrevented) return;
   if (state.drawer || state.menu) {
+    const menu = state.menu;
     state.drawer = false;
     state.menu = "";
     state.confirmDelete = "";
     render();
+    // Back on the button that opened the menu.
+    if (menu) document.getElementById(`menu-${menu}`)?.focus();
   }
 });
 

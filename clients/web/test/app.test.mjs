@@ -900,6 +900,29 @@ step("with 50 sessions every sidebar action is in view and works, at desktop and
   await page.locator("#timeline .item.final_result").first().waitFor();
 });
 
+step("the sidebar works from the keyboard: Tab to a session, Enter opens it, its menu opens and Esc closes it", async () => {
+  const focused = () => page.evaluate(() => document.activeElement?.id ?? "");
+  await page.focus("#search");
+  await page.keyboard.press("Tab");
+  const first = await focused();
+  assert.match(first, /^open-[0-9a-f]{32}$/, `Tab from the search lands on a session: ${first}`);
+  const id = first.slice("open-".length);
+  await page.keyboard.press("Enter");
+  await page.waitForFunction((id) => location.pathname.endsWith(id), id);
+  assert.equal(await focused(), first, "focus stays on the row");
+  await page.keyboard.press("Tab");
+  assert.equal(await focused(), `menu-${id}`);
+  await page.keyboard.press("Enter");
+  assert.equal(await focused(), `rename-btn-${id}`, "the menu's first action has the focus");
+  await page.keyboard.press("Tab");
+  assert.equal(await focused(), `delete-btn-${id}`);
+  await page.keyboard.press("Escape");
+  await page.locator(`#sessions li[data-session="${id}"] .row-actions`).waitFor({ state: "detached" });
+  assert.equal(await focused(), `menu-${id}`, "Esc closes the menu and gives the focus back to its button");
+  await page.goto(`${proxy.url}/app/s/${sessionId}`);
+  await page.locator("#timeline .item.final_result").first().waitFor();
+});
+
 step("a model's code block is highlighted with a copy button; a reply cut at the output limit says so (stop_reason)", async () => {
   // A local OpenAI-compatible server (keyless, like Ollama) whose reply has a code block and stops at its length limit.
   const ANSWER = "Here is the program:\n\n```rust\nfn main() { let answer = 42; }\n```\n\nThe beginning of a long explanation";
