@@ -116,11 +116,12 @@ function toolCard(call: TimelineItem | undefined, approvals: TimelineItem[]): HT
   const title = titleFor(tool, input);
   const callStatus = call ? statusOf(call) : "";
   const words = pending ? APPROVAL_WORDS.pending : call ? CALL_WORDS[callStatus] ?? callStatus : APPROVAL_WORDS[statusOf(first)] ?? statusOf(first);
+  // A command's exit status, from the bash tool's last output line ("[exit status: N]"), shown, never acted on.
   const exit = call && callStatus !== "running" ? /\[exit status: (-?\d+)\]\s*$/.exec(call.text)?.[1] : undefined;
-  const state_ = pending ? "pending" : call ? callStatus : statusOf(first);
-  const a = call ? attrs(call, " card") : { class: `item approval-card card status-${state_}`, "data-item": first.id, "data-kind": "approval_card", "data-status": state_ };
+  const phase = pending ? "pending" : call ? callStatus : statusOf(first);
+  const a = call ? attrs(call, " card") : { class: `item approval-card card status-${phase}`, "data-item": first.id, "data-kind": "approval_card", "data-status": phase };
   a["data-call"] = first.callId;
-  a["data-state"] = state_;
+  a["data-state"] = phase;
   const card = h(
     "div",
     a,
@@ -129,7 +130,7 @@ function toolCard(call: TimelineItem | undefined, approvals: TimelineItem[]): HT
       { class: "card-head" },
       h("span", { class: "tool-name" }, tool),
       title ? h("code", { class: "card-title", title }, title) : null,
-      h("span", { class: `badge badge-${state_}` }, words, exit !== undefined ? ` · exit ${exit}` : ""),
+      h("span", { class: `badge badge-${phase}` }, words, exit !== undefined ? ` · exit ${exit}` : ""),
     ),
   );
   // The input once: when it says more than the title (a file's content, several arguments).
