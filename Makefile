@@ -204,8 +204,9 @@ test-web: clients/web/node_modules/.package-lock.json mcp
 
 ## The README's screenshots (docs/screenshots/): the browser app test saves /app and
 ## /admin at desktop and phone widths in clients/web/artifacts/app/; this runs it and
-## copies five of them (60 to 180 KB each: full-page PNGs at CSS pixels).
-SHOTS := app-after-cut-desktop:app-desktop app-phone:app-phone app-terminal:app-terminal admin-desktop:admin-desktop admin-phone:admin-phone
+## copies seven of them (60 to 180 KB each: full-page PNGs at CSS pixels).
+SHOTS := app-desktop:app-desktop app-phone:app-phone app-terminal:app-terminal admin-desktop:admin-desktop admin-phone:admin-phone \
+	app-dark-desktop:app-dark-desktop app-dark-phone:app-dark-phone
 screenshots: clients/web/node_modules/.package-lock.json mcp
 	$(MAKE) app
 	$(CARGO) build

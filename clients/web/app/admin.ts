@@ -4,8 +4,10 @@
 // providers (key fingerprints, never key values), the server's recent
 // failures, the scheduler's next fires and its time zone, and the day's model
 // spend against [finops] max_day_usd (GetAdminStatus); and two actions: cancel a session's run, close
-// (delete) a session. Read through the same gRPC-web client and login as the
-// app; refreshed live from GET /stream (status frames) and every few seconds.
+// (delete) a session, each saying what it did. Who is attached reads as the
+// kind of client and how long this page has seen it, never raw stream ids.
+// Read through the same gRPC-web client and login as the app; refreshed live
+// from GET /stream (status frames) and every few seconds.
 import "./app.css";
 import { ConnectError } from "@connectrpc/connect";
 import {
@@ -17,6 +19,7 @@ import {
   StreamFollower,
   SurfaceSchema,
   type AdminStatus,
+  type Client,
   type ConfigInfo,
   type ListProvidersResponse,
   type SessionSummary,
@@ -37,7 +40,32 @@ const state = {
   status: undefined as AdminStatus | undefined,
   errors: [] as string[],
   conn: "idle",
+  /** What the last action did. */
+  notice: "",
+  /** The session whose Close asks once more. */
+  confirmClose: "",
+  /** When this page first saw each attached client (the server does not say when it attached). */
+  seen: new Map<string, number>(),
 };
+
+const SURFACE_WORDS: Record<string, string> = { stream: "a browser tab or app", sse: "an SSE follower", grpc: "a gRPC client" };
+const CONN_WORDS: Record<string, string> = { idle: "offline", connecting: "connecting…", open: "live", reconnecting: "reconnecting…", closed: "offline" };
+
+/** "under a minute", "5 min", "2 h": how long this page has seen a client. */
+function age(ms: number): string {
+  const s = Math.round((Date.now() - ms) / 1000);
+  if (s < 60) return "under a minute";
+  if (s < 3600) return `${Math.round(s / 60)} min`;
+  return `${Math.round(s / 3600)} h`;
+}
+
+/** One attached client in words: its kind, and for how long this page has seen it. */
+function clientWords(c: Client): Node {
+  const surface = enumJsonName(SurfaceSchema, c.surface);
+  const first = state.seen.get(c.clientId) ?? Date.now();
+  state.seen.set(c.clientId, first);
+  return h("span", { class: "client", title: `client id ${c.clientId}` }, `${SURFACE_WORDS[surface] ?? surface}, for ${age(first)}`);
+}
 declare global {
   interface Window {
     vakAdmin: unknown;
@@ -54,53 +82,99 @@ onError((err) => {
   render();
 });
 
-function table(head: string[], rows: (Node | string)[][], id: string): HTMLElement {
+function table(head: string[], rows: (Node | string)[][], id: string, keys: string[] = []): HTMLElement {
   return h(
-    "table",
-    { id },
-    h("thead", {}, h("tr", {}, ...head.map((x) => h("th", {}, x)))),
-    h("tbody", {}, ...rows.map((r) => h("tr", {}, ...r.map((c) => h("td", {}, c))))),
+    "div",
+    // Scrolled sideways on a phone: focusable, so the keyboard can scroll it too.
+    { class: "table-wrap", tabindex: "0", role: "region", "aria-label": id.replace(/^admin-/, "").replace("-", " ") },
+    h(
+      "table",
+      { id },
+      h("thead", {}, h("tr", {}, ...head.map((x) => h("th", { scope: "col" }, x || h("span", { class: "sr-only" }, "actions"))))),
+      // Each cell names its column: on a phone a row is a card of labelled lines (app.css).
+      h("tbody", {}, ...rows.map((r, n) => h("tr", { "data-key": keys[n] }, ...r.map((c, i) => h("td", { "data-label": head[i] ?? "" }, c))))),
+    ),
+  );
+}
+
+function runState(s: SessionSummary): Node {
+  if (s.busy) return h("span", { class: "state-busy" }, "running");
+  return document.createTextNode(s.loaded ? "idle (in memory)" : "on disk");
+}
+
+function sessionActions(s: SessionSummary): HTMLElement {
+  const name = s.title ? `“${s.title}”` : `session ${s.sessionId.slice(0, 8)}`;
+  const confirming = state.confirmClose === s.sessionId;
+  return h(
+    "span",
+    { class: "actions", "data-session": s.sessionId },
+    s.busy
+      ? button("Cancel run", async () => {
+          await client.cancel({ sessionId: s.sessionId });
+          state.notice = `Cancelled the run of ${name}.`;
+          await refresh();
+        }, { class: "small", "aria-label": `Cancel run of ${name}` })
+      : "",
+    confirming
+      ? button("Really close?", async () => {
+          await client.deleteSession({ sessionId: s.sessionId });
+          state.confirmClose = "";
+          state.notice = `Closed ${name}: the session and its history are deleted.`;
+          await refresh();
+        }, { class: "small danger", "aria-label": `Really close? ${name}` })
+      : button("Close session", () => {
+          state.confirmClose = s.sessionId;
+          render();
+        }, { class: "small danger", "aria-label": `Close session ${name} (deletes it)` }),
   );
 }
 
 function render(): void {
   const c = state.config;
   const st = state.status;
-  const attached = (id: string) =>
-    (st?.sessions.find((p) => p.sessionId === id)?.clients ?? []).map((x) => `${enumJsonName(SurfaceSchema, x.surface)} ${x.clientId}`).join(", ");
+  const attached = (id: string): Node => {
+    const list = st?.sessions.find((p) => p.sessionId === id)?.clients ?? [];
+    if (!list.length) return document.createTextNode("nobody");
+    const ul = h("ul", { class: "clients" });
+    for (const c of list) ul.appendChild(h("li", {}, clientWords(c)));
+    return ul;
+  };
   root.replaceChildren(
     h(
       "div",
       { class: "admin" },
-      h("header", { class: "top" }, h("strong", {}, "vak admin"), h("span", { class: "conn", id: "conn", "data-state": state.conn }, state.conn), h("a", { href: "/app/" }, "app")),
+      h(
+        "header",
+        { class: "top" },
+        h("h1", { class: "brand" }, "vak admin"),
+        h("span", { class: `conn conn-${state.conn}`, id: "conn", role: "status", "data-state": state.conn, title: "this page's live connection to the server" }, h("span", { class: "conn-dot", "aria-hidden": "true" }), CONN_WORDS[state.conn] ?? state.conn),
+        h("a", { href: "/app/", class: "admin-link" }, "Back to the app"),
+      ),
+      h("p", { class: "notice", id: "admin-notice", role: "status" }, state.notice),
       h("h2", {}, "Sessions"),
       table(
-        ["session", "title", "state", "seq", "attached", "created", ""],
+        ["session", "run", "events", "attached", "created", ""],
         state.sessions.map((s) => [
-          h("code", {}, s.sessionId),
-          s.title,
-          s.busy ? "busy" : s.loaded ? "idle" : "on disk",
+          // Its title, and the start of its id (the whole id on hover).
+          h("span", { class: "session-name" }, h("span", { class: s.title ? "" : "untitled" }, s.title || "untitled"), " ", h("code", { title: s.sessionId }, s.sessionId.slice(0, 8))),
+          runState(s),
           String(s.latestSeq),
           attached(s.sessionId),
-          s.createdAt,
-          h(
-            "span",
-            { class: "actions", "data-session": s.sessionId },
-            s.busy ? button("Cancel run", () => client.cancel({ sessionId: s.sessionId }).then(refresh), { class: "small" }) : "",
-            button("Close session", () => client.deleteSession({ sessionId: s.sessionId }).then(refresh), { class: "small danger" }),
-          ),
+          h("span", { class: "nowrap" }, s.createdAt.replace("T", " ").replace(/\.\d+Z$|Z$/, " UTC")),
+          sessionActions(s),
         ]),
         "admin-sessions",
+        state.sessions.map((s) => s.sessionId),
       ),
       h("h2", {}, "Clients and streams"),
       h(
         "p",
         { id: "admin-caps" },
         st
-          ? `${st.openStreams} of ${st.maxStreams} streams open; at most ${st.maxStreamsPerClient} per client; live /stream connections: ${st.streams.join(", ") || "none"}`
+          ? `${st.openStreams} of ${st.maxStreams} streams open; at most ${st.maxStreamsPerClient} per client; ${st.streams.length} live /stream ${st.streams.length === 1 ? "connection" : "connections"} (browser tabs and apps)`
           : "",
       ),
-      table(["client", "open streams"], (st?.clients ?? []).map((x) => [x.client, String(x.openStreams)]), "admin-clients"),
+      table(["client address", "open streams"], (st?.clients ?? []).map((x) => [x.client, String(x.openStreams)]), "admin-clients"),
       h("h2", {}, "Configuration"),
       c
         ? table(

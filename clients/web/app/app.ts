@@ -1,96 +1,35 @@
-// The browser app served at /app: login, the session sidebar with live busy
-// state, the conversation rendered from each session's presentation timeline
-// (followed for every listed session on one GET /stream, resumed with its
-// cursor vector), approvals, steering, cancel, the file tree and the diff,
-// a terminal (xterm.js onto GET /pty) when GET /host says it is on, the
-// settings (the model route, the mode, the MCP servers and their state), and
-// the scheduled tasks (tasks.ts), whose background results show in the
-// conversation, and the open session's workers, best-of-N candidates and dev
-// servers (workers.ts).
-// Calls go through the package's gRPC-web client with the login cookie and
-// its session key; nothing the server or the model sends is parsed as HTML.
+// The browser app served at /app: login, then the session list (sidebar.ts),
+// the open conversation (conversation.ts, toolcard.ts), the header with the
+// model, mode, connection and viewers (status.ts), and a right-hand panel
+// whose tabs are the workspace's files, its diff (diff.ts), the scheduled
+// tasks (tasks.ts), the session's workers (workers.ts), a terminal
+// (terminal.ts) and the settings (settings.ts). Every listed session is
+// followed live on one GET /stream (resumed with its cursor vector).
+// This file holds the start, the stream's handlers and the actions; state.ts
+// what the page knows. Calls go through the package's gRPC-web client with
+// the login cookie and its session key; nothing the server or the model
+// sends is parsed as HTML.
 import "./app.css";
 import { Code, ConnectError } from "@connectrpc/connect";
-import {
-  createAgentClient,
-  DiffReasonSchema,
-  enumJsonName,
-  ItemKindSchema,
-  ItemStatusSchema,
-  PermissionModeSchema,
-  PlanExitMode,
-  SurfaceSchema,
-  ThemeSchema,
-  login,
-  logout,
-  storedKey,
-  StreamFollower,
-  type AgentClient,
-  type Client,
-  type ConfigInfo,
-  type FollowerState,
-  type HostInfo,
-  type McpConfig,
-  type SearchHit,
-  type SessionSummary,
-  type TimelineItem,
-} from "../src/index.js";
+import { createAgentClient, enumJsonName, logout, StopReasonSchema, StreamFollower, type SessionSummary } from "../src/index.js";
 import { button, h, onError } from "./dom.js";
-import { currentKey, forgetKey, shareKey } from "./login.js";
-import { renderMarkdown } from "./markdown.js";
+import { conversationPane } from "./conversation.js";
+import { diffPanel, diffView } from "./diff.js";
+import { appLogin, currentKey, forgetKey, shareKey } from "./login.js";
 import { settingsPanel } from "./settings.js";
-import { tasksPanel, type TasksView } from "./tasks.js";
-import { emptyWorkers, loadWorkers, workersPanel } from "./workers.js";
+import { sidebar } from "./sidebar.js";
+import { ctx, describe, newSessionView, onErrorNow, state, titleOf, type Side } from "./state.js";
+import { header } from "./status.js";
+import { tasksPanel } from "./tasks.js";
+import { applyTheme } from "./theme.js";
+import { loadWorkers, workersPanel } from "./workers.js";
 import { TerminalPanel } from "./terminal.js";
-import { apply, empty, fromSnapshot, type Timeline } from "./timeline.js";
+import { apply, fromSnapshot } from "./timeline.js";
 
 const base = location.origin;
 /** At most this many sessions are followed live on the one stream (the server's cap is 64). */
 const FOLLOW_CAP = 64;
 
-interface SessionView {
-  summary: SessionSummary;
-  busy: boolean;
-  timeline: Timeline;
-  /** Who is attached (coworking presence), this tab's own stream included. */
-  clients: Client[];
-}
-
-/** What the page knows; window.vakApp exposes it to the browser test. */
-const state = {
-  authenticated: false,
-  sessions: new Map<string, SessionView>(),
-  order: [] as string[],
-  current: "",
-  config: undefined as ConfigInfo | undefined,
-  /** GET /host: the version, the workspaces and whether the terminal is on. */
-  host: undefined as HostInfo | undefined,
-  conn: "idle" as FollowerState,
-  /** Every state the stream went through (the reconnect indicator's history). */
-  connHistory: [] as FollowerState[],
-  errors: [] as string[],
-  /** Thinking and tool items the user opened, by item id (kept across re-renders). */
-  open: new Set<string>(),
-  side: "" as "" | "files" | "diff" | "terminal" | "settings" | "tasks" | "workers",
-  sideText: "",
-  renaming: "",
-  confirmDelete: "",
-  /** The sidebar's last search: its words and hits (GET /search over every transcript). */
-  search: { q: "", hits: [] as SearchHit[], done: false },
-  /** The workspace a new session is created in ("" = the server's own). */
-  newWorkspace: "",
-  /** GET /config/mcp, read when the settings open (undefined until then). */
-  mcp: undefined as McpConfig | undefined,
-  /** The settings' tool lists the user opened or closed, by server name. */
-  mcpToolsOpen: new Map<string, boolean>(),
-  /** The tasks panel: GET /tasks (read when it opens), its form and confirmations. */
-  tasks: { list: undefined, formError: "", confirmDelete: "", sessions: [], kind: "script", session: "" } as TasksView,
-  /** The workers panel: the open session's children and dev servers (read when it opens). */
-  workers: emptyWorkers(),
-};
-
-let client: AgentClient;
-let follower: StreamFollower | undefined;
 const root = document.getElementById("root") as HTMLElement;
 const terminal = new TerminalPanel(base, () => currentKey(base) ?? "");
 
@@ -99,26 +38,21 @@ declare global {
     vakApp: unknown;
   }
 }
-window.vakApp = { state, terminal, get follower() { return follower; } };
+window.vakApp = { state, terminal, get follower() { return ctx.follower; } };
 
-function message(err: unknown): string {
-  return err instanceof ConnectError ? `${err.code}: ${err.rawMessage}` : err instanceof Error ? err.message : String(err);
-}
 onError((err) => {
   if (err instanceof ConnectError && err.code === Code.Unauthenticated) return loggedOut();
-  state.errors.push(message(err));
-  if (state.errors.length > 20) state.errors.shift();
-  schedule();
+  onErrorNow(err);
 });
 
 /** The login ended (expired, logged out elsewhere, another token): back to the form. */
 function loggedOut(): void {
   clearInterval(listTimer);
-  follower?.close();
-  follower = undefined;
+  ctx.follower?.close();
+  ctx.follower = undefined;
   forgetKey();
   state.authenticated = false;
-  state.errors = ["Your login ended (it expired, the server's token changed, or it was logged out): log in again."];
+  state.errors = ["Your login ended (it expired, the server's token changed, or you logged out): log in again."];
   render();
 }
 
@@ -134,19 +68,26 @@ function schedule(): void {
   });
 }
 
-/** The server's theme (`light`, `dark`, `system`) on the root element, which app.css reads. */
-function applyTheme(): void {
-  const theme = state.config ? enumJsonName(ThemeSchema, state.config.theme) : "";
-  if (theme) document.documentElement.dataset.theme = theme;
-  else delete document.documentElement.dataset.theme;
-}
+/** A notice says what the last action did, for a few seconds. */
+const NOTICE_MS = 6000;
+let noticeShown = "";
 
 function render(): void {
-  applyTheme();
-  const scroller = root.querySelector(".conversation");
+  applyTheme(state.config);
+  if (state.notice && state.notice !== noticeShown) {
+    const n = (noticeShown = state.notice);
+    setTimeout(() => {
+      if (state.notice !== n) return;
+      state.notice = noticeShown = "";
+      schedule();
+    }, NOTICE_MS);
+  }
+  const scroller = root.querySelector("#scroll");
   const atBottom = !scroller || scroller.scrollHeight - scroller.scrollTop - scroller.clientHeight < 40;
+  const listScroll = root.querySelector("#sessions")?.scrollTop ?? 0;
   const focused = document.activeElement;
-  const keep = focused instanceof HTMLTextAreaElement || focused instanceof HTMLInputElement ? focused.id : "";
+  const keep = focused instanceof HTMLElement && focused.id ? focused.id : "";
+  const caret = focused instanceof HTMLTextAreaElement || focused instanceof HTMLInputElement ? [focused.selectionStart, focused.selectionEnd] : undefined;
   const drafts = new Map<string, string>();
   for (const el of root.querySelectorAll<HTMLInputElement | HTMLTextAreaElement>("input[id], textarea[id]")) {
     drafts.set(el.id, el.value);
@@ -156,451 +97,171 @@ function render(): void {
     const el = document.getElementById(id) as HTMLInputElement | null;
     if (el && el.type !== "password") el.value = v;
   }
-  if (keep) (document.getElementById(keep) as HTMLElement | null)?.focus();
-  const conv = root.querySelector(".conversation");
-  if (conv && atBottom) conv.scrollTop = conv.scrollHeight;
+  if (keep) {
+    const el = document.getElementById(keep) as HTMLElement | null;
+    el?.focus({ preventScroll: true });
+    if (caret && (el instanceof HTMLTextAreaElement || el instanceof HTMLInputElement)) {
+      try {
+        el.setSelectionRange(caret[0] ?? null, caret[1] ?? null);
+      } catch {
+        // (an input type without a caret)
+      }
+    }
+  }
+  const list = root.querySelector("#sessions");
+  if (list) list.scrollTop = listScroll;
+  const conv = root.querySelector("#scroll");
+  if (conv && (atBottom || ctx.toBottom)) conv.scrollTop = conv.scrollHeight;
+  if (conv) ctx.toBottom = false;
 }
 
 function loginForm(): HTMLElement {
-  const input = h("input", { id: "token", type: "password", autocomplete: "current-password", placeholder: "token", "aria-label": "token" });
+  const input = h("input", { id: "token", type: "password", autocomplete: "current-password", required: true, "aria-describedby": "token-help" });
   const form = h(
     "form",
-    { class: "login", id: "login" },
-    h("h1", {}, "vak"),
-    h("p", {}, "Paste the token `vak serve` printed (also in server.json in its home)."),
+    { class: "login", id: "login", "aria-labelledby": "login-title" },
+    h("h1", { id: "login-title" }, "Log in to vak"),
+    h("label", { for: "token" }, "Token"),
     input,
-    h("button", { type: "submit" }, "Log in"),
+    h(
+      "p",
+      { class: "hint", id: "token-help" },
+      "The server's access token. On the machine vak serve runs on, ",
+      h("code", {}, "vak token"),
+      " prints it (it is also in server.json in vak's home folder).",
+    ),
+    h("button", { type: "submit", class: "primary" }, "Log in"),
     errors(),
   );
   form.addEventListener("submit", (e) => {
     e.preventDefault();
-    void login(base, input.value)
+    void appLogin(base, input.value.trim())
       .then((key) => {
         shareKey(key);
         return start();
       })
       .catch((err) => {
-        state.errors = [message(err)];
+        state.errors = [describe(err)];
         render();
+        document.getElementById("token")?.focus();
       });
   });
   return form;
 }
 
 function errors(): HTMLElement {
-  return h("pre", { class: "errors", id: "errors" }, state.errors.join("\n"));
+  const el = h("div", { class: "errors", id: "errors", role: "alert" });
+  if (state.errors.length) {
+    el.append(h("pre", {}, state.errors.join("\n")));
+    if (state.authenticated)
+      el.append(
+        button("Dismiss", () => {
+          state.errors = [];
+          render();
+        }, { class: "small", id: "dismiss-errors" }),
+      );
+  }
+  return el;
 }
 
 function workspace(): HTMLElement {
   return h(
     "div",
-    { class: "layout" },
+    { class: `layout${state.side ? " with-side" : ""}${state.drawer ? " drawer-open" : ""}` },
     header(),
+    h("p", { class: "notice", id: "notice", role: "status" }, state.notice),
     sidebar(),
-    conversationPane(),
+    state.drawer
+      ? button("", () => {
+          state.drawer = false;
+          render();
+        }, { class: "backdrop", "aria-label": "close the session list", tabindex: "-1" })
+      : null,
+    conversationPane(errors),
     sidePane(),
   );
 }
 
-function header(): HTMLElement {
-  const r = state.config?.route;
-  const reconnecting = state.conn === "reconnecting" || state.conn === "connecting";
-  return h(
-    "header",
-    { class: "top" },
-    h("strong", {}, "vak"),
-    h("span", { class: "route", id: "route" }, r ? `${r.label || r.provider} · ${r.model}` : ""),
-    h("span", { class: "mode", id: "mode" }, state.config ? `mode: ${enumJsonName(PermissionModeSchema, state.config.permissionMode)}` : ""),
-    h("span", { class: `conn conn-${state.conn}`, id: "conn", "data-state": state.conn }, reconnecting ? "reconnecting…" : state.conn),
-    button("Settings", () => showSettings(), { class: "small", id: "show-settings" }),
-    h("a", { href: `/admin?key=${encodeURIComponent(storedKey(base) ?? "")}`, id: "admin-link" }, "admin"),
-    button("Log out", async () => {
-      follower?.close();
-      forgetKey();
-      await logout(base);
-      state.authenticated = false;
-      render();
-    }),
-  );
-}
-
-function sidebar(): HTMLElement {
-  const list = h("ul", { class: "sessions", id: "sessions" });
-  for (const id of state.order) {
-    const s = state.sessions.get(id);
-    if (!s) continue;
-    const title = s.summary.title || `session ${id.slice(0, 8)}`;
-    const li = h("li", { class: id === state.current ? "current" : "", "data-session": id, "data-busy": s.busy ? "true" : "false" });
-    if (state.renaming === id) {
-      const input = h("input", { id: `rename-${id}`, value: s.summary.title, "aria-label": "new title" });
-      const form = h("form", { class: "rename" }, input, h("button", { type: "submit" }, "Save"));
-      form.addEventListener("submit", (e) => {
-        e.preventDefault();
-        void client
-          .renameSession({ sessionId: id, title: input.value })
-          .then((summary) => {
-            s.summary = summary;
-            state.renaming = "";
-            schedule();
-          })
-          .catch((err) => onErrorNow(err));
-      });
-      li.appendChild(form);
-    } else {
-      const open = h("a", { href: `/app/s/${id}`, class: "open" }, h("span", { class: "busy" }, s.busy ? "●" : "○"), " ", title);
-      // A session in a workspace other than the server's says which (its folder's name; the path on hover).
-      const ws = s.summary.workspace;
-      if (ws && ws !== state.host?.workspace) {
-        open.append(" ", h("span", { class: "ws", title: ws }, folderName(ws)));
-      }
-      open.addEventListener("click", (e) => {
-        e.preventDefault();
-        select(id);
-      });
-      li.append(
-        open,
-        button("Rename", () => {
-          state.renaming = id;
-          render();
-        }, { class: "small" }),
-        state.confirmDelete === id
-          ? button("Really delete?", () => remove(id), { class: "small danger" })
-          : button("Delete", () => {
-              state.confirmDelete = id;
-              render();
-            }, { class: "small" }),
-      );
-    }
-    list.appendChild(li);
-  }
-  return h(
-    "nav",
-    { class: "sidebar" },
-    button("New session", () => create(), { id: "new-session" }),
-    workspacePicker(),
-    list,
-    searchBox(),
-    h(
-      "div",
-      { class: "tools" },
-      button("Files", () => showFiles(), { id: "show-files" }),
-      button("Diff", () => showDiff(), { id: "show-diff" }),
-      button("Tasks", () => showTasks(), { id: "show-tasks" }),
-      button("Workers", () => showWorkers(), { id: "show-workers" }),
-      state.host?.features?.terminal ? button("Terminal", () => showTerminal(), { id: "show-terminal" }) : null,
-    ),
-  );
-}
-
-/** Where "New session" creates one: a trusted open workspace, and a form
- * that opens (and trusts) a folder under the server's workspace roots. */
-function workspacePicker(): HTMLElement {
-  const trusted = (state.host?.workspaces ?? []).filter((w) => w.trusted);
-  const select = h("select", { id: "new-workspace", "aria-label": "workspace of a new session" });
-  for (const w of trusted) {
-    const value = w.primary ? "" : w.path;
-    const name = folderName(w.path);
-    const option = h("option", { value, title: w.path }, w.primary ? `${name} (the server's)` : name);
-    if (value === state.newWorkspace) option.setAttribute("selected", "");
-    select.appendChild(option);
-  }
-  select.addEventListener("change", () => {
-    state.newWorkspace = (select as HTMLSelectElement).value;
-  });
-  const input = h("input", { id: "open-workspace", placeholder: "/absolute/folder", "aria-label": "folder to open" });
-  const form = h("form", { class: "open-workspace" }, input, h("button", { type: "submit" }, "Open"));
-  form.addEventListener("submit", (e) => {
-    e.preventDefault();
-    const path = (input as HTMLInputElement).value.trim();
-    if (!path) return;
-    void openWorkspace(path).catch((err) => onErrorNow(err));
-  });
-  return h("div", { class: "workspace-picker" }, trusted.length > 1 ? select : null, form);
-}
-
-/** The last component of an absolute folder path. */
-function folderName(path: string): string {
-  return path.split("/").filter(Boolean).pop() ?? path;
-}
-
-async function openWorkspace(path: string): Promise<void> {
-  const { workspace } = await client.openWorkspace({ path, trust: true });
-  state.host = await client.getHost({});
-  state.newWorkspace = workspace?.primary ? "" : workspace?.path ?? "";
-  const input = document.getElementById("open-workspace") as HTMLInputElement | null;
-  if (input) input.value = "";
+function close(): void {
+  if (state.side === "terminal") terminal.close();
+  state.side = "";
   render();
 }
 
-/** Finds old conversations: each hit names its session and opens it. */
-function searchBox(): HTMLElement {
-  const input = h("input", { id: "search", type: "search", value: state.search.q, placeholder: "Search conversations", "aria-label": "search" });
-  const form = h("form", { class: "search" }, input);
-  form.addEventListener("submit", (e) => {
-    e.preventDefault();
-    const q = input.value.trim();
-    if (!q) return;
-    void client
-      .search({ q, limit: 20 })
-      .then((r) => {
-        state.search = { q, hits: r.hits, done: true };
-        render();
-      })
-      .catch((err) => onErrorNow(err));
-  });
-  const hits = h("ul", { class: "hits", id: "search-hits" });
-  for (const hit of state.search.hits) {
-    const s = state.sessions.get(hit.sessionId);
-    const title = s?.summary.title || `session ${hit.sessionId.slice(0, 8)}`;
-    // The snippet marks matches with ** (Markdown bold): shown as text, without them.
-    const a = h("a", { href: `/app/s/${hit.sessionId}`, "data-session": hit.sessionId }, h("strong", {}, title), " ", hit.snippet.replaceAll("**", ""));
-    a.addEventListener("click", (e) => {
-      e.preventDefault();
-      if (state.sessions.has(hit.sessionId)) select(hit.sessionId);
-    });
-    hits.appendChild(h("li", {}, a));
-  }
-  const none = state.search.done && state.search.hits.length === 0 ? h("p", { class: "hint" }, `Nothing found for ${state.search.q}.`) : null;
-  return h("div", { class: "search-box" }, form, hits, none);
-}
-
-function conversationPane(): HTMLElement {
-  const s = state.sessions.get(state.current);
-  if (!s) return h("main", { class: "conversation empty" }, h("p", {}, "Create or pick a session."), errors());
-  const items = h("div", { class: "timeline", id: "timeline" });
-  for (const item of s.timeline.items) items.appendChild(renderItem(item));
-  const prompt = h("textarea", { id: "prompt", placeholder: s.busy ? "Steer the run in flight…" : "Ask vak…", "aria-label": "prompt" });
-  const send = async () => {
-    const text = prompt.value;
-    if (!text.trim()) return;
-    if (s.busy) await client.steer({ sessionId: s.summary.sessionId, text });
-    else await client.run({ sessionId: s.summary.sessionId, prompt: text });
-    prompt.value = "";
-    const el = document.getElementById("prompt") as HTMLTextAreaElement | null;
-    if (el) el.value = "";
-  };
-  prompt.addEventListener("keydown", (e) => {
-    if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) {
-      e.preventDefault();
-      void send().catch(onErrorNow);
-    }
-  });
-  const own = follower?.streamId ?? "";
-  const others = s.clients.filter((c) => c.clientId !== own);
-  return h(
-    "main",
-    { class: "conversation", "data-session": s.summary.sessionId },
-    h(
-      "div",
-      { class: "presence", id: "presence", "data-others": String(others.length) },
-      others.length
-        ? `also here: ${others.map((c) => `${enumJsonName(SurfaceSchema, c.surface)} ${c.clientId.slice(0, 11)}`).join(", ")}`
-        : "only you",
-    ),
-    items,
-    h(
-      "div",
-      { class: "composer" },
-      prompt,
-      button(s.busy ? "Steer" : "Send", send, { id: "send" }),
-      s.busy && button("Cancel", () => client.cancel({ sessionId: s.summary.sessionId }), { id: "cancel", class: "danger" }),
-    ),
-    errors(),
-  );
-}
-
-function onErrorNow(err: unknown): void {
-  state.errors.push(message(err));
-  schedule();
-}
-
-function details(item: TimelineItem, summary: string, ...body: (Node | string)[]): HTMLElement {
-  const d = h("details", { open: state.open.has(item.id) }, h("summary", {}, summary), ...body);
-  d.addEventListener("toggle", () => {
-    if (d.open) state.open.add(item.id);
-    else state.open.delete(item.id);
-  });
-  return d;
-}
-
-function renderItem(item: TimelineItem): HTMLElement {
-  // The page shows (and its CSS and tests read) the JSON names: "tool_call", "completed".
-  const kind = enumJsonName(ItemKindSchema, item.kind);
-  const status = enumJsonName(ItemStatusSchema, item.status);
-  const attrs = { class: `item ${kind} status-${status}`, "data-item": item.id, "data-kind": kind, "data-status": status };
-  switch (kind) {
-    case "user_input":
-      return h("div", attrs, h("div", { class: "who" }, "you"), h("div", { class: "text plain" }, item.text));
-    case "assistant_text": {
-      const body = h("div", { class: "text md" });
-      body.appendChild(renderMarkdown(item.text));
-      return h("div", attrs, h("div", { class: "who" }, "vak"), body);
-    }
-    case "thinking":
-      return h("div", attrs, details(item, status === "streaming" ? "Thinking…" : "Thought", h("pre", { class: "plain" }, item.text)));
-    case "tool_call":
-      return h(
-        "div",
-        attrs,
-        details(
-          item,
-          `${item.tool} · ${status}`,
-          h("pre", { class: "input" }, JSON.stringify(item.input ?? {}, null, 2)),
-          h("pre", { class: "output" }, item.text),
-        ),
-      );
-    case "approval":
-      return approval(item, status, attrs);
-    case "final_result":
-      return h("div", attrs, `Run ${status}${item.text && item.text !== status ? `: ${item.text}` : ""}`);
-    case "background":
-      // Delivered between runs: a script's output, or (status failed) an alert.
-      return h(
-        "div",
-        attrs,
-        h("div", { class: "who" }, status === "failed" ? "⚠ background alert" : "⟲ background"),
-        h("pre", { class: "text plain" }, item.text),
-      );
-    default:
-      return h("div", attrs, item.text);
-  }
-}
-
-function approval(item: TimelineItem, status: string, attrs: Record<string, string>): HTMLElement {
-  const sid = state.current;
-  const el = h(
-    "div",
-    attrs,
-    h("div", { class: "who" }, `approval · ${item.tool} · ${status}`),
-    h("div", { class: "text plain" }, item.text),
-    h("pre", { class: "input" }, JSON.stringify(item.input ?? {}, null, 2)),
-  );
-  if (status === "pending" && item.tool === "exit_plan_mode") {
-    // A plan: approving it leaves plan mode for the mode chosen here (docs/protocol.md section 13).
-    const reason = h("input", { id: `deny-reason-${item.id}`, placeholder: "reason (for deny)", "aria-label": "deny reason" });
-    el.append(
-      h(
-        "div",
-        { class: "actions" },
-        button("Approve, then accept edits", () => client.approve({ sessionId: sid, requestId: item.requestId, approve: true, mode: PlanExitMode.ACCEPT_EDITS }), { class: "approve-accept-edits" }),
-        button("Approve, then ask (default)", () => client.approve({ sessionId: sid, requestId: item.requestId, approve: true, mode: PlanExitMode.DEFAULT }), { class: "approve" }),
-        reason,
-        button("Deny", () => client.approve({ sessionId: sid, requestId: item.requestId, approve: false, reason: reason.value }), { class: "deny danger" }),
-      ),
-    );
-    return el;
-  }
-  if (status === "pending") {
-    const reason = h("input", { id: `deny-reason-${item.id}`, placeholder: "reason (for deny)", "aria-label": "deny reason" });
-    el.append(
-      h(
-        "div",
-        { class: "actions" },
-        button("Approve", () => client.approve({ sessionId: sid, requestId: item.requestId, approve: true }), { class: "approve" }),
-        button("Always", () => client.approve({ sessionId: sid, requestId: item.requestId, approve: true, always: true }), { class: "always" }),
-        reason,
-        button("Deny", () => client.approve({ sessionId: sid, requestId: item.requestId, approve: false, reason: reason.value }), { class: "deny danger" }),
-      ),
-    );
-  }
-  return el;
-}
-
-function sidePane(): HTMLElement {
-  if (!state.side) return h("aside", { class: "side hidden" });
+function sidePane(): HTMLElement | null {
+  if (!state.side) return null;
   if (state.side === "settings") {
-    const close = () => {
-      state.side = "";
-      render();
-    };
     return settingsPanel({ config: state.config, mcp: state.mcp, toolsOpen: state.mcpToolsOpen }, refreshMcp, close);
   }
   if (state.side === "tasks") {
     state.tasks.sessions = state.order.flatMap((id) => state.sessions.get(id)?.summary ?? []);
-    return tasksPanel(state.tasks, {
-      client,
-      refresh: refreshTasks,
-      render,
-      open: (id) => {
-        if (state.sessions.has(id)) select(id);
-        else void refreshList().then(() => select(id), onErrorNow);
-      },
-      close: () => {
-        state.side = "";
-        render();
-      },
-    });
+    return tasksPanel(state.tasks, { client: ctx.client, refresh: refreshTasks, render, open: openListed, close });
   }
   if (state.side === "workers") {
-    return workersPanel(state.workers, {
-      client,
-      refresh: refreshWorkers,
-      render,
-      open: (id) => {
-        if (state.sessions.has(id)) select(id);
-        else void refreshList().then(() => select(id), onErrorNow);
-      },
-      close: () => {
-        state.side = "";
-        render();
-      },
-    });
+    return workersPanel(state.workers, { client: ctx.client, refresh: refreshWorkers, render, open: openListed, close });
   }
   if (state.side === "terminal") {
     return h(
       "aside",
-      { class: "side side-terminal", id: "side" },
-      h("div", { class: "side-head" }, h("strong", {}, "Terminal"), button("Close", () => {
-        terminal.close();
-        state.side = "";
-        render();
-      }, { class: "small", id: "close-terminal" })),
+      { class: "side side-terminal", id: "side", "aria-label": "terminal" },
+      h("div", { class: "side-head" }, h("h2", {}, "Terminal"), button("Close", close, { class: "small", id: "close-terminal" })),
       terminal.el,
     );
   }
+  const files = state.side === "files";
   return h(
     "aside",
-    { class: "side", id: "side" },
-    h("div", { class: "side-head" }, h("strong", {}, state.side === "files" ? "Files" : "Diff"), button("Close", () => {
-      state.side = "";
-      render();
-    }, { class: "small" })),
-    h("pre", { class: "plain", id: "side-text" }, state.sideText),
+    { class: `side side-${state.side}`, id: "side", "aria-label": files ? "files" : "diff" },
+    h("div", { class: "side-head" }, h("h2", {}, files ? "Files" : "Changes"), button("Close", close, { class: "small", id: `close-${state.side}` })),
+    files ? h("pre", { class: "plain files", id: "side-text" }, state.sideText) : diffPanel(state.diff, state.open),
   );
+}
+
+function openListed(id: string): void {
+  if (state.sessions.has(id)) select(id);
+  else void refreshList().then(() => select(id), onErrorNow);
 }
 
 // ---- actions ----
 
+async function openSide(side: Side): Promise<void> {
+  if (state.side === "terminal" && side !== "terminal") terminal.close();
+  state.drawer = false;
+  if (side === "files") return showFiles();
+  if (side === "diff") return showDiff();
+  state.side = side;
+  render();
+  if (side === "settings") await refreshMcp();
+  else if (side === "tasks") await refreshTasks();
+  else if (side === "workers") await refreshWorkers();
+  else if (side === "terminal") terminal.open();
+}
+
 async function showFiles(): Promise<void> {
   // The current session's workspace (it may not be the server's own).
-  const t = await client.listTree({ limit: 2000, sessionId: state.current || undefined });
+  const t = await ctx.client.listTree({ limit: 2000, sessionId: state.current || undefined });
   state.side = "files";
   state.sideText = t.files.join("\n") + (t.truncated ? "\n… (more files)" : "") || "(no files)";
   render();
 }
 
-/** Opens the settings and reads the MCP servers afresh (their state changes on its own). */
-async function showSettings(): Promise<void> {
-  state.side = "settings";
+async function showDiff(): Promise<void> {
+  if (!state.current) throw new Error("Pick a session first: the diff is of its workspace.");
+  state.side = "diff";
+  state.diff = undefined;
   render();
-  await refreshMcp();
+  state.diff = diffView(await ctx.client.getDiff({ sessionId: state.current }));
+  render();
 }
 
 async function refreshMcp(): Promise<void> {
-  state.mcp = await client.getMcpConfig({});
+  state.mcp = await ctx.client.getMcpConfig({});
   render();
-}
-
-/** Opens the tasks panel and reads the list afresh. */
-async function showTasks(): Promise<void> {
-  state.side = "tasks";
-  render();
-  await refreshTasks();
 }
 
 /** Reads the tasks again; a script task's own new session is listed (and followed) too. */
 async function refreshTasks(): Promise<void> {
-  state.tasks.list = await client.listTasks({});
+  state.tasks.list = await ctx.client.listTasks({});
   const unlisted = state.tasks.list.tasks.some((t) => t.sessionId && !state.sessions.has(t.sessionId));
   if (unlisted) await refreshList();
   render();
@@ -616,15 +277,8 @@ function tasksChanged(): void {
   }, 200);
 }
 
-/** Opens the workers panel for the open session and reads its lists afresh. */
-async function showWorkers(): Promise<void> {
-  state.side = "workers";
-  render();
-  await refreshWorkers();
-}
-
 async function refreshWorkers(): Promise<void> {
-  await loadWorkers(state.workers, client, state.current);
+  await loadWorkers(state.workers, ctx.client, state.current);
   render();
 }
 
@@ -638,59 +292,51 @@ function workersChanged(sessionId: string): void {
   }, 200);
 }
 
-function showTerminal(): void {
-  state.side = "terminal";
-  render();
-  terminal.open();
-}
-
-async function showDiff(): Promise<void> {
-  if (!state.current) throw new Error("pick a session first");
-  const d = await client.getDiff({ sessionId: state.current });
-  state.side = "diff";
-  state.sideText = d.reason ? `${enumJsonName(DiffReasonSchema, d.reason)}: ${d.message}` : d.diff || "(no changes)";
-  render();
-}
-
 async function create(): Promise<void> {
-  const { sessionId } = await client.createSession({ workspace: state.newWorkspace });
-  const [summary] = (await client.listSessions({})).sessions.filter((s) => s.sessionId === sessionId);
-  addSession(summary ?? ({ sessionId, title: "", busy: false } as SessionSummary));
-  await follower?.follow(sessionId);
+  const { sessionId } = await ctx.client.createSession({ workspace: state.newWorkspace });
+  const [summary] = (await ctx.client.listSessions({})).sessions.filter((s) => s.sessionId === sessionId);
+  addSession(summary ?? ({ sessionId, title: "", busy: false, createdAt: new Date().toISOString() } as SessionSummary));
+  await ctx.follower?.follow(sessionId);
+  state.drawer = false;
   select(sessionId);
+  document.getElementById("prompt")?.focus();
 }
 
 async function remove(id: string): Promise<void> {
+  const title = titleOf(state.sessions.get(id), id);
   // Unfollowed first: once deleted, the stream no longer knows the session (404).
-  await follower?.unfollow(id).catch(() => undefined);
+  await ctx.follower?.unfollow(id).catch(() => undefined);
   try {
-    await client.deleteSession({ sessionId: id });
+    await ctx.client.deleteSession({ sessionId: id });
   } catch (err) {
-    await follower?.follow(id).catch(() => undefined);
+    await ctx.follower?.follow(id).catch(() => undefined);
     throw err;
   }
   state.sessions.delete(id);
   state.order = state.order.filter((x) => x !== id);
   state.confirmDelete = "";
+  state.menu = "";
+  state.notice = `Deleted “${title}”.`;
   if (state.current === id) select(state.order[0] ?? "");
   render();
 }
 
 function addSession(summary: SessionSummary): void {
   if (state.sessions.has(summary.sessionId)) return;
-  state.sessions.set(summary.sessionId, { summary, busy: summary.busy, timeline: empty(), clients: [] });
+  state.sessions.set(summary.sessionId, newSessionView(summary));
   state.order.unshift(summary.sessionId);
 }
 
 function select(id: string): void {
+  if (id !== state.current) ctx.toBottom = true;
   state.current = id;
   state.side = state.side === "diff" ? "" : state.side;
   const path = id ? `/app/s/${id}` : "/app/";
   if (location.pathname !== path) history.pushState(null, "", path);
   const s = state.sessions.get(id);
   // A session beyond the followed ones: its timeline by GET, not live.
-  if (s && !follower?.sessions.includes(id)) {
-    void client.getPresentation({ sessionId: id }).then((t) => {
+  if (s && !ctx.follower?.sessions.includes(id)) {
+    void ctx.client.getPresentation({ sessionId: id }).then((t) => {
       s.timeline = fromSnapshot(t);
       schedule();
     }, onErrorNow);
@@ -704,6 +350,20 @@ window.addEventListener("popstate", () => {
   const m = /^\/app\/s\/([\w-]+)/.exec(location.pathname);
   state.current = m?.[1] ?? "";
   render();
+});
+
+// Esc closes the drawer or a row menu (the composer's own Esc stops a run first).
+document.addEventListener("keydown", (e) => {
+  if (e.key !== "Escape" || e.defaultPrevented) return;
+  if (state.drawer || state.menu) {
+    const menu = state.menu;
+    state.drawer = false;
+    state.menu = "";
+    state.confirmDelete = "";
+    render();
+    // Back on the button that opened the menu.
+    if (menu) document.getElementById(`menu-${menu}`)?.focus();
+  }
 });
 
 // ---- start ----
@@ -721,10 +381,12 @@ async function start(): Promise<void> {
   if (!(await authenticated())) {
     state.authenticated = false;
     render();
+    document.getElementById("token")?.focus();
     return;
   }
   state.authenticated = true;
-  client = createAgentClient({ baseUrl: base });
+  const client = createAgentClient({ baseUrl: base });
+  ctx.client = client;
   const [list, config, host] = await Promise.all([client.listSessions({}), client.getConfig({}), client.getHost({})]);
   state.config = config;
   state.host = host;
@@ -736,8 +398,9 @@ async function start(): Promise<void> {
   const m = /^\/app\/s\/([\w-]+)/.exec(location.pathname);
   state.current = m?.[1] && state.sessions.has(m[1]) ? m[1] : state.order[0] ?? "";
 
-  follower?.close();
-  follower = new StreamFollower({ baseUrl: base, sessions: state.order.slice(0, FOLLOW_CAP), config: true });
+  ctx.follower?.close();
+  const follower = new StreamFollower({ baseUrl: base, sessions: state.order.slice(0, FOLLOW_CAP), config: true });
+  ctx.follower = follower;
   follower.on("presentation", (ev) => {
     const s = state.sessions.get(ev.sessionId);
     if (s && apply(s.timeline, ev)) schedule();
@@ -745,15 +408,31 @@ async function start(): Promise<void> {
   follower.on("agent", (ev) => {
     const s = state.sessions.get(ev.sessionId);
     if (!s) return;
-    if (ev.kind.case === "status") {
-      s.busy = ev.kind.value.busy;
+    s.active = Date.now();
+    const kind = ev.kind.case;
+    // The retrying line stays until the run's next event.
+    if (s.retrying && kind !== "status") {
+      s.retrying = undefined;
       schedule();
-    } else if (ev.kind.case === "userMessage" && !s.summary.title) {
+    }
+    if (kind === "status") {
+      s.busy = ev.kind.value.busy;
+      const r = ev.kind.value.retrying;
+      s.retrying = r ? { attempt: r.attempt, of: r.of, reason: r.reason } : undefined;
+      schedule();
+    } else if (kind === "userMessage" && !s.summary.title) {
       s.summary.title = ev.kind.value.text.split("\n")[0]?.slice(0, 80) ?? "";
       schedule();
-    } else if (ev.kind.case === "backgroundResult" || ev.kind.case === "runFinished") {
+    } else if (kind === "runFinished") {
+      const stop = ev.kind.value.stopReason;
+      // The final_result item run_finished opens is named by its seq (docs/protocol.md section 16).
+      if (stop !== undefined) s.stopReasons.set(`result-${ev.seq}`, enumJsonName(StopReasonSchema, stop));
+      s.retrying = undefined;
       tasksChanged();
-    } else if (["worker", "workbench", "draftDiscarded", "launchOutput"].includes(ev.kind.case ?? "")) {
+      schedule();
+    } else if (kind === "backgroundResult") {
+      tasksChanged();
+    } else if (["worker", "workbench", "draftDiscarded", "launchOutput"].includes(kind ?? "")) {
       workersChanged(ev.sessionId);
     }
   });
@@ -790,7 +469,10 @@ async function start(): Promise<void> {
   follower.start();
   select(state.current);
   clearInterval(listTimer);
+  let ticks = 0;
   listTimer = setInterval(() => {
+    // The sidebar's relative times move on without any event.
+    if (++ticks % 12 === 0) schedule();
     void refreshList().catch(() => undefined);
     // Scheduled fires move next_fire and last_fire with no event of their own here.
     if (state.side === "tasks") void refreshTasks().catch(() => undefined);
@@ -804,12 +486,25 @@ const LIST_EVERY_MS = 5000;
 let listTimer: ReturnType<typeof setInterval> | undefined;
 
 async function refreshList(): Promise<void> {
+  const follower = ctx.follower;
   if (!state.authenticated || !follower) return;
-  const list = await client.listSessions({});
+  const list = await ctx.client.listSessions({});
   const ids = new Set(list.sessions.map((s) => s.sessionId));
   let changed = false;
   for (const s of [...list.sessions].reverse()) {
-    if (state.sessions.has(s.sessionId)) continue;
+    const known = state.sessions.get(s.sessionId);
+    if (known) {
+      // A rename elsewhere, or a session beyond the followed ones going busy.
+      if (known.summary.title !== s.title && state.renaming !== s.sessionId) {
+        known.summary.title = s.title;
+        changed = true;
+      }
+      if (!follower.sessions.includes(s.sessionId) && known.busy !== s.busy) {
+        known.busy = s.busy;
+        changed = true;
+      }
+      continue;
+    }
     addSession(s);
     changed = true;
     if (follower.sessions.length < FOLLOW_CAP) await follower.follow(s.sessionId);
@@ -824,7 +519,23 @@ async function refreshList(): Promise<void> {
   if (changed) schedule();
 }
 
+Object.assign(ctx, {
+  render,
+  schedule,
+  select,
+  create,
+  remove,
+  openSide,
+  logout: async () => {
+    ctx.follower?.close();
+    forgetKey();
+    await logout(base);
+    state.authenticated = false;
+    render();
+  },
+});
+
 void start().catch((err) => {
-  state.errors.push(message(err));
+  state.errors.push(describe(err));
   render();
 });

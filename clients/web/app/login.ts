@@ -24,3 +24,30 @@ export function shareKey(key: string): void {
 export function forgetKey(): void {
   localStorage.removeItem(SHARED);
 }
+
+/**
+ * POST /auth/login with `token`; answers the session key (kept for this tab as the
+ * package's login does) or throws an error whose message is a sentence for the
+ * login form: by the answer's status, never its body.
+ */
+export async function appLogin(base: string, token: string): Promise<string> {
+  if (!token) throw new Error("Paste the token first.");
+  let resp: Response;
+  try {
+    resp = await fetch(`${base}/auth/login`, {
+      method: "POST",
+      credentials: "include",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ token }),
+    });
+  } catch {
+    throw new Error("Could not reach the vak server: is vak serve still running?");
+  }
+  if (resp.status === 401 || resp.status === 403) throw new Error("That token is not right. Run vak token on the server's machine and paste what it prints.");
+  if (resp.status === 429) throw new Error("Too many tries: wait a minute, then log in again.");
+  if (!resp.ok) throw new Error(`The server could not log you in (HTTP ${resp.status}). Try again in a moment.`);
+  const { key } = (await resp.json()) as { key?: unknown };
+  if (typeof key !== "string" || !key) throw new Error("The server answered without a session key: is this a vak server?");
+  keepKey(base, key);
+  return key;
+}

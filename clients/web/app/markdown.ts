@@ -1,8 +1,10 @@
 // A small markdown subset rendered by building DOM nodes: fenced code, headings,
 // bullet and numbered lists, paragraphs, `code`, **bold** and *emphasis*.
 // Everything else, HTML included, is text: the model's output never reaches
-// innerHTML, so `<script>` or `<img onerror>` is shown, never run.
-import { h } from "./dom.js";
+// innerHTML, so `<script>` or `<img onerror>` is shown, never run. A fenced
+// block is highlighted (highlight.ts) and has a copy button.
+import { button, h } from "./dom.js";
+import { highlightInto } from "./highlight.js";
 
 export function renderMarkdown(text: string): DocumentFragment {
   const frag = document.createDocumentFragment();
@@ -26,8 +28,7 @@ export function renderMarkdown(text: string): DocumentFragment {
       const body: string[] = [];
       i++;
       while (i < lines.length && !/^```\s*$/.test(lines[i] ?? "")) body.push(lines[i++] ?? "");
-      const code = h("code", fence[1] ? { "data-lang": fence[1] } : {}, body.join("\n"));
-      frag.appendChild(h("pre", { class: "code" }, code));
+      frag.appendChild(codeBlock(body.join("\n"), fence[1] ?? ""));
       continue;
     }
     const heading = /^(#{1,6})\s+(.*)$/.exec(line);
@@ -76,4 +77,34 @@ export function inline(text: string): Node[] {
   }
   if (last < text.length) out.push(document.createTextNode(text.slice(last)));
   return out;
+}
+
+/** A fenced block: its language, a copy button, and the code (highlighted when the language is known). */
+export function codeBlock(text: string, lang: string): HTMLElement {
+  const code = h("code", lang ? { "data-lang": lang } : {});
+  highlightInto(code, text, lang.toLowerCase());
+  const copy = button(
+    "Copy",
+    async () => {
+      try {
+        await navigator.clipboard.writeText(text);
+        copy.textContent = "Copied";
+      } catch {
+        // No clipboard API (a page served over plain http to another machine): select the code to copy by hand.
+        const range = document.createRange();
+        range.selectNodeContents(code);
+        getSelection()?.removeAllRanges();
+        getSelection()?.addRange(range);
+        copy.textContent = "Selected: press Ctrl+C";
+      }
+      setTimeout(() => (copy.textContent = "Copy"), 2000);
+    },
+    { class: "small copy", "aria-label": lang ? `Copy the ${lang} code` : "Copy the code" },
+  );
+  return h(
+    "div",
+    { class: "code-block" },
+    h("div", { class: "code-head" }, h("span", { class: "code-lang" }, lang || "text"), copy),
+    h("pre", { class: "code" }, code),
+  );
 }

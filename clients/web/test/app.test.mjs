@@ -32,6 +32,16 @@ import { startProxy } from "../harness/proxy.mjs";
 import { launchChromium, screenshot, stepper, within } from "../harness/steps.mjs";
 import { mcpStdioServer, startVak } from "../harness/vak.mjs";
 import { ItemKind } from "../dist/index.js";
+import { execFileSync } from "node:child_process";
+import { readFileSync } from "node:fs";
+import { createRequire } from "node:module";
+import { createServer } from "node:http";
+
+// axe-core's source, evaluated in the page through the browser's debugging protocol
+// (not a <script>: the page's CSP would refuse an inline one).
+const AXE = readFileSync(createRequire(import.meta.url).resolve("axe-core/axe.min.js"), "utf8");
+const DESKTOP = { width: 1280, height: 900 };
+const PHONE = { width: 390, height: 844 };
 
 const root = join(dirname(fileURLToPath(import.meta.url)), "..");
 // Its own folder: the demo page's test empties artifacts/ itself, except this.
@@ -118,9 +128,37 @@ async function expectingFailures(allowed, fn) {
   assert.ok(during.some((p) => allowed.test(p)), "the deliberate failure was seen");
 }
 
+/** Types a prompt and sends it with Enter (the Send button is clicked in one step of its own). */
 async function send(p, text) {
   await p.fill("#prompt", text);
-  await p.click("#send");
+  await p.press("#prompt", "Enter");
+}
+
+/** axe-core on the page as it is: the serious and critical violations, as lines. */
+async function axeProblems(p, what) {
+  await p.evaluate(AXE);
+  const found = await p.evaluate(async () => {
+    const r = await window.axe.run(document, { resultTypes: ["violations"], runOnly: { type: "tag", values: ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "best-practice"] } });
+    return r.violations
+      .filter((v) => v.impact === "serious" || v.impact === "critical")
+      .map((v) => `${v.impact} ${v.id}: ${v.help} (${v.nodes.slice(0, 3).map((n) => n.target.join(" ")).join("; ")})`);
+  });
+  return found.map((l) => `${what}: ${l}`);
+}
+
+/** Asserts that `inner` is laid out inside `outer` horizontally and inside the viewport (both selectors): nothing cut. */
+async function fullyShown(inner, outer) {
+  // Found and measured in one evaluation: the page re-renders every frame a run or the list changes.
+  const { a, b, vw, vh } = await page.evaluate(([inner, outer]) => {
+    const box = (el) => {
+      const r = el?.getBoundingClientRect() ?? { x: 0, y: 0, width: 0, height: 0 };
+      return { x: r.x, y: r.y, width: r.width, height: r.height };
+    };
+    return { a: box(document.querySelector(inner)), b: box(document.querySelector(outer)), vw: innerWidth, vh: innerHeight };
+  }, [inner, outer]);
+  assert.ok(a.width > 0 && a.height > 0, `laid out: ${JSON.stringify(a)}`);
+  assert.ok(a.x >= b.x - 0.5 && a.x + a.width <= b.x + b.width + 0.5, `inside ${outer} horizontally: ${JSON.stringify({ a, b })}`);
+  assert.ok(a.y >= -0.5 && a.y + a.height <= vh + 0.5 && a.x + a.width <= vw + 0.5, `inside the viewport: ${JSON.stringify(a)}`);
 }
 
 before(
@@ -142,7 +180,8 @@ before(
     vakArgs = ["--home", join(tmp, "home"), "--workspace", workspace, "--token", token];
     vak = await startVak(vakArgs);
     proxy = await startProxy(vak.port);
-    ctx = await launchChromium(CHROMIUM, join(tmp, "profile"), { viewport: { width: 1280, height: 800 } });
+    ctx = await launchChromium(CHROMIUM, join(tmp, "profile"), { viewport: DESKTOP });
+    await ctx.grantPermissions(["clipboard-read", "clipboard-write"], { origin: proxy.url });
   },
   { timeout: 90_000 },
 );
@@ -168,7 +207,25 @@ step("/app loads under its CSP and asks for the token", async () => {
     throw new Error(`no login form; the page says: ${await page.locator("body").innerText()} (was vak built after npm run build:app?)`);
   }
   await page.locator("#login").waitFor();
+  // Honest words: how to get the token, and no literal Markdown backticks.
+  const words = await page.locator("#login").innerText();
+  assert.match(words, /vak token/);
+  assert.doesNotMatch(words, /`/);
   await shot(page, "app-login-desktop");
+  assert.deepEqual(await axeProblems(page, "login"), []);
+});
+
+step("a wrong token is refused in words, never raw JSON", async () => {
+  const error = page.locator("#errors");
+  await expectingFailures(/401/, async () => {
+    await page.fill("#token", "not-the-token");
+    await page.press("#token", "Enter");
+    await error.filter({ hasText: /not right/ }).waitFor();
+  });
+  const text = await error.innerText();
+  assert.match(text, /That token is not right\. Run vak token/);
+  assert.doesNotMatch(text, /[{}"]|HTTP 401/);
+  await shot(page, "app-login-error");
 });
 
 step("logging in with the token shows the workspace", async () => {
@@ -176,8 +233,13 @@ step("logging in with the token shows the workspace", async () => {
   await page.click("#login button[type=submit]");
   await page.locator("#new-session").waitFor();
   await page.waitForFunction(() => document.querySelector("#conn")?.getAttribute("data-state") === "open");
+  // The connection in words, with a tooltip saying what it means.
+  assert.equal(await page.locator("#conn").innerText(), "live");
+  assert.match(await page.locator("#conn").getAttribute("title"), /Connected/);
   assert.match(await page.locator("#route").innerText(), /offline/);
-  assert.match(await page.locator("#mode").innerText(), /mode: default/);
+  assert.equal(await page.locator("#mode-select").inputValue(), "default");
+  // Alone on the session: no "only you", no avatars.
+  assert.doesNotMatch(await page.locator("header.top").innerText(), /only you|\bopen\b/);
 });
 
 step("a new session runs a prompt and shows the answer", async () => {
@@ -185,7 +247,15 @@ step("a new session runs a prompt and shows the answer", async () => {
   await page.waitForFunction(() => location.pathname.startsWith("/app/s/"));
   sessionId = new URL(page.url()).pathname.split("/")[3];
   assert.match(sessionId, /^[0-9a-f]{32}$/);
-  await send(page, "hello app");
+  // Shift+Enter is a new line (the hint says so), Enter sends, the Send button sends too.
+  assert.match(await page.locator("#composer-hint").innerText(), /Enter sends · Shift\+Enter new line/);
+  await page.fill("#prompt", "hello");
+  await page.press("#prompt", "Shift+Enter");
+  await page.keyboard.type("app");
+  assert.equal(await page.locator("#prompt").inputValue(), "hello\napp");
+  assert.equal(await page.locator("#timeline .item.user_input").count(), 0, "Shift+Enter sent nothing");
+  await page.fill("#prompt", "hello app");
+  await page.click("#send");
   assert.equal(await lastOutcome(page, 1), "completed");
   const text = await timelineText(page);
   assert.match(text, /hello app/);
@@ -196,15 +266,30 @@ step("a new session runs a prompt and shows the answer", async () => {
   await page.waitForFunction((id) => document.querySelector(`#sessions li[data-session="${id}"]`)?.getAttribute("data-busy") === "false", sessionId);
 });
 
-step("an approval is answered in the page", async () => {
+step("a tool call with an approval is one card: the bar inside while pending, a line once approved", async () => {
   await send(page, "/write f.txt hello from the app\ndone writing");
   const approve = page.locator("#timeline .item.approval[data-status=pending] button.approve");
   await approve.waitFor();
-  assert.match(await page.locator("#timeline .item.approval").last().innerText(), /write_file/);
+  // One card: the tool, the path as its title, the approval bar inside it, nothing beside it.
+  const card = page.locator("#timeline .card").filter({ has: page.locator(".item.approval") }).last();
+  assert.equal(await card.locator(".tool-name").innerText(), "write_file");
+  assert.equal(await card.locator(".card-title").innerText(), "f.txt");
+  assert.equal(await card.locator(".item.approval[data-status=pending] button.approve").count(), 1);
+  assert.equal(await page.locator("#timeline > .item.approval, #timeline > .item.tool_call:not(.card)").count(), 0, "no approval or call outside a card");
+  const callId = await card.getAttribute("data-call");
+  assert.equal(await page.locator(`#timeline [data-call="${callId}"]`).count(), 1, "one card per call");
   await shot(page, "app-approval-desktop");
   await approve.click();
   assert.equal(await lastOutcome(page, 2), "completed");
-  assert.equal(await page.locator("#timeline .item.approval").last().getAttribute("data-status"), "approved");
+  const done = page.locator(`#timeline .card[data-call="${callId}"]`);
+  await page.waitForFunction((id) => document.querySelector(`#timeline .card[data-call="${id}"]`)?.dataset.state === "completed", callId);
+  // The settled approval is one line inside the card; the input is shown once.
+  assert.equal(await done.locator(".item.approval").getAttribute("data-status"), "approved");
+  assert.equal(await done.locator(".item.approval button").count(), 0);
+  assert.equal((await done.textContent()).split("hello from the app").length, 2, "the input once");
+  assert.match(await done.locator(".badge").innerText(), /done/);
+  // Its output is collapsed.
+  assert.equal(await done.locator("details:has(pre.output)").getAttribute("open"), null);
   assert.match(await timelineText(page), /echo: done writing/);
 });
 
@@ -221,7 +306,7 @@ step("a reload shows exactly the same page", async () => {
   const before = await timelineText(page);
   await page.reload();
   await page.waitForFunction((n) => document.querySelectorAll("#timeline .item.final_result").length >= n, 3);
-  await page.locator("#presence").waitFor();
+  await page.locator("#presence").waitFor({ state: "attached" });
   assert.equal(await timelineText(page), before);
 });
 
@@ -255,7 +340,7 @@ step("a cut of /stream mid-run shows the reconnect indicator and ends with every
 step("a second browser on the same session sees the first one's prompt live and both see each other", async () => {
   // Another browser (its own profile, so its own cookie) logs in for itself and opens the
   // session by its URL, as a colleague would.
-  other = await launchChromium(CHROMIUM, join(tmp, "profile-2"), { viewport: { width: 1280, height: 800 } });
+  other = await launchChromium(CHROMIUM, join(tmp, "profile-2"), { viewport: DESKTOP });
   const tab = watch(await other.newPage());
   await tab.goto(`${proxy.url}/app/s/${sessionId}`);
   await tab.locator("#login").waitFor();
@@ -264,6 +349,9 @@ step("a second browser on the same session sees the first one's prompt live and 
   await tab.locator("#timeline").waitFor();
   await tab.waitForFunction(() => document.querySelector("#presence")?.getAttribute("data-others") !== "0");
   await page.waitForFunction(() => document.querySelector("#presence")?.getAttribute("data-others") !== "0");
+  // The other viewer is an avatar with a tooltip saying who it is.
+  const avatar = page.locator("#presence .avatar").first();
+  assert.match(await avatar.getAttribute("title"), /^Also watching: a browser tab or app/);
   const before = await lastOutcome(tab, 4);
   assert.equal(before, "completed");
   await send(page, "from the first tab");
@@ -272,12 +360,12 @@ step("a second browser on the same session sees the first one's prompt live and 
   assert.equal(await timelineText(tab), await timelineText(page), "both tabs show the same conversation");
   await shot(tab, "app-second-browser");
   // A session the other browser creates appears in this one's sidebar (the list is re-read).
-  const count = await page.locator("#sessions li").count();
+  const count = await page.locator("#sessions li[data-session]").count();
   await tab.click("#new-session");
   await tab.waitForFunction((id) => !location.pathname.endsWith(id), sessionId);
   const created = new URL(tab.url()).pathname.split("/")[3];
   await page.locator(`#sessions li[data-session="${created}"]`).waitFor();
-  assert.equal(await page.locator("#sessions li").count(), count + 1);
+  assert.equal(await page.locator("#sessions li[data-session]").count(), count + 1);
   await other.close();
   other = undefined;
   await page.waitForFunction(() => document.querySelector("#presence")?.getAttribute("data-others") === "0");
@@ -285,17 +373,21 @@ step("a second browser on the same session sees the first one's prompt live and 
 
 step("a session is renamed and deleted from the sidebar", async () => {
   const li = () => page.locator(`#sessions li[data-session="${sessionId}"]`);
+  await li().locator("button.row-menu").click();
   await li().locator("button", { hasText: "Rename" }).click();
   await page.fill(`#rename-${sessionId}`, "Renamed in the page");
   await li().locator("button[type=submit]").click();
   await page.waitForFunction((id) => document.querySelector(`#sessions li[data-session="${id}"]`)?.textContent?.includes("Renamed in the page"), sessionId);
   // The other browser's empty session: Delete asks once more, then it is gone.
-  const victim = await page.locator("#sessions li").evaluateAll((lis, keep) => lis.map((l) => l.dataset.session).find((s) => s !== keep), sessionId);
+  const victim = await page.locator("#sessions li[data-session]").evaluateAll((lis, keep) => lis.map((l) => l.dataset.session).find((s) => s !== keep), sessionId);
   assert.ok(victim);
   const row = () => page.locator(`#sessions li[data-session="${victim}"]`);
+  await row().locator("button.row-menu").click();
   await row().locator("button", { hasText: "Delete" }).click();
   await row().locator("button", { hasText: "Really delete?" }).click();
   await row().waitFor({ state: "detached" });
+  // The page says what it did.
+  await page.locator("#notice", { hasText: /^Deleted/ }).waitFor();
   const r = await fetch(`${vak.url}/sessions`, { headers: { authorization: `Bearer ${token}` } });
   const ids = (await r.json()).sessions.map((x) => x.session_id);
   assert.ok(!ids.includes(victim) && ids.includes(sessionId), ids.join(", "));
@@ -357,11 +449,11 @@ step("a plan is approved with the mode to leave plan mode for; a bash call is de
     body: JSON.stringify({ mode: "plan" }),
   });
   assert.equal(r.status, 200);
-  await page.waitForFunction(() => /mode: plan/.test(document.querySelector("#mode")?.textContent ?? ""));
+  await page.waitForFunction(() => document.querySelector("#mode-select")?.value === "plan");
   await send(page, "/plan write the notes");
   await page.locator("#timeline .item.approval[data-status=pending] button.approve-accept-edits").click();
   assert.equal(await lastOutcome(page, 7), "completed");
-  await page.waitForFunction(() => /mode: accept-edits/.test(document.querySelector("#mode")?.textContent ?? ""));
+  await page.waitForFunction(() => document.querySelector("#mode-select")?.value === "accept-edits");
   // accept-edits still asks for bash: deny it with a reason.
   await send(page, "/bash echo never");
   const pending = page.locator("#timeline .item.approval[data-status=pending]");
@@ -394,15 +486,31 @@ step("the theme PATCH /config sets reaches the page live: dark, then the browser
   await patch("system");
   await page.waitForFunction(() => document.documentElement.dataset.theme === "system");
   assert.equal(await background(), light);
+  // "system" follows the browser: dark when it prefers dark.
+  await page.emulateMedia({ colorScheme: "dark" });
+  await page.waitForFunction((light) => getComputedStyle(document.body).backgroundColor !== light, light);
+  const dark = await background();
+  assert.notEqual(dark, light);
+  await shot(page, "app-dark-desktop-early");
+  assert.deepEqual(await axeProblems(page, "dark desktop"), []);
+  await page.setViewportSize(PHONE);
+  await shot(page, "app-dark-phone-early");
+  await page.setViewportSize(DESKTOP);
+  await page.emulateMedia({ colorScheme: "light" });
+  await page.waitForFunction((light) => getComputedStyle(document.body).backgroundColor === light, light);
 });
 
 step("Files shows the workspace's tree and Diff the session's diff", async () => {
   await page.click("#show-files");
   await page.waitForFunction(() => /f\.txt/.test(document.querySelector("#side-text")?.textContent ?? ""));
-  // The workspace is no git repository: the diff says so instead of failing.
+  // The workspace is no git repository: the diff says so in words.
   await page.click("#show-diff");
-  await page.waitForFunction(() => /not_a_git_repo/.test(document.querySelector("#side-text")?.textContent ?? ""));
-  await shot(page, "app-diff");
+  await page.locator("#diff[data-reason]").waitFor();
+  const why = await page.locator("#diff").innerText();
+  assert.match(why, /not a git repository/);
+  assert.doesNotMatch(why, /not_a_git_repo/);
+  assert.equal(await page.locator("#show-diff").getAttribute("aria-selected"), "true");
+  await shot(page, "app-diff-no-git");
 });
 
 step("Files of a session opened in another workspace shows that workspace's tree", async () => {
@@ -417,11 +525,11 @@ step("Files of a session opened in another workspace shows that workspace's tree
   assert.equal(created.status, 201);
   const other = (await created.json()).session_id;
   await page.goto(`${proxy.url}/app/s/${other}`);
-  // The sidebar says where each session runs when it is not the server's workspace.
-  const ws = page.locator(`#sessions li[data-session="${other}"] .ws`);
-  assert.equal(await ws.textContent(), "sub");
-  assert.equal(await ws.getAttribute("title"), realpathSync(sub));
-  assert.equal(await page.locator(`#sessions li[data-session="${sessionId}"] .ws`).count(), 0);
+  // The sidebar groups the sessions by workspace: this one under its folder's name.
+  const group = page.locator(".ws-group", { has: page.locator(`li[data-session="${other}"]`) });
+  assert.equal(await group.locator(".ws-name").textContent(), "sub");
+  assert.equal(await group.getAttribute("data-workspace"), realpathSync(sub));
+  assert.equal(await group.locator(`li[data-session="${sessionId}"]`).count(), 0);
   await page.click("#show-files");
   await page.waitForFunction(() => /only-here\.txt/.test(document.querySelector("#side-text")?.textContent ?? ""));
   assert.doesNotMatch(await page.locator("#side-text").textContent(), /f\.txt/);
@@ -442,9 +550,43 @@ step("a folder opened from the sidebar is where the next new session runs", asyn
   await page.waitForFunction(() => document.querySelector("#new-workspace")?.value?.endsWith("/sub2"));
   await page.click("#new-session");
   // The new session is the current one, its row names the folder, and Files lists that folder.
-  await page.waitForFunction(() => document.querySelector("#sessions li.current .ws")?.textContent === "sub2");
+  await page.waitForFunction(() => document.querySelector(".ws-group:has(li.current) .ws-name")?.textContent === "sub2");
   await page.click("#show-files");
   await page.waitForFunction(() => document.querySelector("#side-text")?.textContent === "marker.txt");
+  await page.goto(`${proxy.url}/app/s/${sessionId}`);
+  await page.waitForFunction((n) => document.querySelectorAll("#timeline .item.final_result").length >= n, 3);
+});
+
+step("Diff of a session in a git repository shows one section per changed file", async () => {
+  const repo = join(workspace, "repo");
+  mkdirSync(repo);
+  const git = (...args) => execFileSync("git", ["-C", repo, ...args], { stdio: "pipe" });
+  git("init", "-q");
+  writeFileSync(join(repo, "a.txt"), "one\ntwo\nthree\n");
+  git("add", "a.txt");
+  git("-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "first");
+  writeFileSync(join(repo, "a.txt"), "one\nTWO\nthree\nfour\n");
+  writeFileSync(join(repo, "b.txt"), "new file\n");
+  const headers = { authorization: `Bearer ${token}`, "content-type": "application/json" };
+  const post = (path, body) => fetch(`${vak.url}${path}`, { method: "POST", headers, body: JSON.stringify(body) });
+  assert.equal((await post("/workspaces/open", { path: repo, trust: true })).status, 200);
+  const created = await post("/sessions", { workspace: repo });
+  assert.equal(created.status, 201);
+  const id = (await created.json()).session_id;
+  await page.goto(`${proxy.url}/app/s/${id}`);
+  await page.click("#show-diff");
+  await page.locator("#diff[data-files='2']").waitFor();
+  const file = (path) => page.locator(`#diff .diff-file[data-path="${path}"]`);
+  assert.equal(await file("a.txt").locator(".diff-count").innerText(), "+2 −1");
+  assert.equal(await file("b.txt").locator(".diff-count").innerText(), "+1 −0");
+  assert.match(await file("a.txt").locator(".diff-add").first().innerText(), /^\+TWO/);
+  assert.match(await file("a.txt").locator(".diff-del").first().innerText(), /^-two/);
+  // A section folds away.
+  await file("a.txt").locator("summary").click();
+  assert.equal(await file("a.txt").getAttribute("open"), null);
+  await file("a.txt").locator("summary").click();
+  await shot(page, "app-diff");
+  await page.click("#close-diff");
   await page.goto(`${proxy.url}/app/s/${sessionId}`);
   await page.waitForFunction((n) => document.querySelectorAll("#timeline .item.final_result").length >= n, 3);
 });
@@ -462,10 +604,28 @@ step("the terminal panel runs a real shell: `echo hi` shows hi", async () => {
   await page.locator("#side").waitFor({ state: "detached" });
 });
 
-step("at phone width the app still shows the conversation", async () => {
-  await page.setViewportSize({ width: 390, height: 844 });
-  await shot(page, "app-phone");
-  await page.setViewportSize({ width: 1280, height: 800 });
+step("at phone width the list is a drawer and the conversation has the screen", async () => {
+  await page.setViewportSize(PHONE);
+  assert.equal(await page.locator("#sidebar").isVisible(), false, "the list is closed");
+  const conv = await page.locator("#main").boundingBox();
+  assert.ok(conv.width >= PHONE.width - 1, `the conversation is as wide as the phone: ${conv.width}`);
+  assert.ok((await page.locator("#timeline").boundingBox()).y < 200, "the conversation starts near the top");
+  await shot(page, "app-phone-early");
+  await page.click("#toggle-sidebar");
+  await page.locator("#sidebar").waitFor();
+  await fullyShown("#search", "#sidebar");
+  await shot(page, "app-phone-drawer");
+  assert.deepEqual(await axeProblems(page, "phone with the drawer open"), []);
+  // Its own Close button closes it, and the header's button opens it again.
+  await page.click("#close-sidebar");
+  await page.locator("#sidebar").waitFor({ state: "hidden" });
+  await page.click("#toggle-sidebar");
+  await page.locator("#sidebar").waitFor();
+  // Picking a session closes the drawer.
+  await page.locator(`#sessions li[data-session="${sessionId}"] a.open`).click();
+  await page.locator("#sidebar").waitFor({ state: "hidden" });
+  assert.deepEqual(await axeProblems(page, "phone"), []);
+  await page.setViewportSize(DESKTOP);
 });
 
 step("the settings list the MCP servers with their state, read afresh when they open", async () => {
@@ -513,12 +673,15 @@ step("an MCP tool call is approved in the page and shown like the other tools", 
   await send(page, '/call mcp__demo__echo {"text": "from the app"}');
   const pending = page.locator("#timeline .item.approval[data-status=pending]");
   await pending.waitFor();
-  assert.match(await pending.innerText(), /mcp__demo__echo[\s\S]*run mcp__demo__echo/);
+  const card = page.locator("#timeline .card").filter({ has: page.locator(".item.approval[data-status=pending]") });
+  assert.equal(await card.locator(".tool-name").innerText(), "mcp__demo__echo");
+  assert.equal(await card.locator(".card-title").innerText(), "from the app");
   await pending.locator("button.approve").click();
   assert.equal(await lastOutcome(page, 9), "completed");
   const call = page.locator("#timeline .item.tool_call").last();
   assert.equal(await call.getAttribute("data-status"), "completed");
-  assert.match(await call.locator("summary").innerText(), /^mcp__demo__echo · completed$/);
+  assert.equal(await call.locator(".tool-name").innerText(), "mcp__demo__echo");
+  assert.match(await call.locator(".badge").innerText(), /^done/);
   assert.match(await call.textContent(), /echo: from the app/);
 });
 
@@ -606,13 +769,250 @@ step("the workers panel shows a worker's answer and runs a dev server with a liv
   await page.locator("#side").waitFor({ state: "detached" });
 });
 
+step("thinking is collapsed, and opens on a click", async () => {
+  const runs = await page.locator("#timeline .item.final_result").count();
+  await send(page, "/think weighing the options\nanswer after thinking");
+  await lastOutcome(page, runs + 1);
+  const thought = page.locator("#timeline .item.thinking").last();
+  assert.equal(await thought.locator("details").getAttribute("open"), null);
+  assert.equal(await thought.locator("summary").innerText(), "Thought");
+  await thought.locator("summary").click();
+  assert.match(await thought.locator("pre").innerText(), /weighing the options/);
+});
+
+step("a bash call shows its command as the title and its exit status", async () => {
+  // The mode is switched from the header (the plan step left it at accept-edits).
+  await page.selectOption("#mode-select", "default");
+  await page.locator("#notice", { hasText: "Mode set to default" }).waitFor();
+  const runs = await page.locator("#timeline .item.final_result").count();
+  await send(page, "/bash echo from-bash; exit 3");
+  const card = page.locator("#timeline .card").last();
+  await card.locator(".item.approval[data-status=pending] button.approve").click();
+  await lastOutcome(page, runs + 1);
+  assert.equal(await card.locator(".tool-name").innerText(), "bash");
+  assert.equal(await card.locator(".card-title").innerText(), "echo from-bash; exit 3");
+  assert.match(await card.locator(".badge").innerText(), /exit 3/);
+  await card.locator("summary", { hasText: "Output" }).click();
+  assert.match(await card.locator("pre.output").innerText(), /from-bash/);
+  assert.equal(await page.locator("#mode-select").inputValue(), "default");
+});
+
+step("Esc stops the live run (a Stop button shows while it is live); Up brings back the last prompt", async () => {
+  const runs = await page.locator("#timeline .item.final_result").count();
+  await send(page, "/sleep 30000");
+  await page.locator("#cancel").waitFor();
+  assert.equal(await page.locator("#cancel").innerText(), "Stop");
+  await page.waitForFunction((id) => document.querySelector(`#sessions li[data-session="${id}"] .dot.busy`), sessionId);
+  await page.press("#prompt", "Escape");
+  assert.equal(await lastOutcome(page, runs + 1), "cancelled");
+  await page.locator("#cancel").waitFor({ state: "detached" });
+  await page.fill("#prompt", "");
+  await page.press("#prompt", "ArrowUp");
+  assert.equal(await page.locator("#prompt").inputValue(), "/sleep 30000");
+  await page.fill("#prompt", "");
+});
+
+step("a failed run says so with the model's message", async () => {
+  const runs = await page.locator("#timeline .item.final_result").count();
+  await send(page, "/fail the model service is down");
+  assert.equal(await lastOutcome(page, runs + 1), "failed");
+  const result = page.locator("#timeline .item.final_result").last();
+  assert.match(await result.innerText(), /^Failed: .*the model service is down/);
+});
+
+step("at phone width: Enter sends, a tool call with its approval is one card, dark mode applies", async () => {
+  await page.setViewportSize(PHONE);
+  try {
+    const runs = await page.locator("#timeline .item.final_result").count();
+    await send(page, "/write phone.txt written from a phone");
+    const card = page.locator("#timeline .card").last();
+    await card.locator(".item.approval[data-status=pending] button.approve").waitFor();
+    assert.equal(await card.locator(".card-title").innerText(), "phone.txt");
+    // The card fits the phone: its approve button is inside it and inside the screen.
+    await fullyShown(`#timeline .card[data-call="${await card.getAttribute("data-call")}"] button.approve`, "#timeline");
+    await shot(page, "app-approval-phone");
+    await card.locator("button.approve").click();
+    assert.equal(await lastOutcome(page, runs + 1), "completed");
+    assert.equal(await card.getAttribute("data-state"), "completed");
+    assert.equal(await card.locator(".item.approval").getAttribute("data-status"), "approved");
+    const light = await page.evaluate(() => getComputedStyle(document.body).backgroundColor);
+    await page.emulateMedia({ colorScheme: "dark" });
+    await page.waitForFunction((light) => getComputedStyle(document.body).backgroundColor !== light, light);
+    assert.deepEqual(await axeProblems(page, "dark phone"), []);
+    await page.emulateMedia({ colorScheme: "light" });
+  } finally {
+    await page.setViewportSize(DESKTOP);
+  }
+});
+
+step("with 50 sessions every sidebar action is in view and works, at desktop and phone width", async () => {
+  const headers = { authorization: `Bearer ${token}`, "content-type": "application/json" };
+  for (let i = 0; i < 50; i++) {
+    const r = await fetch(`${vak.url}/sessions`, { method: "POST", headers, body: "{}" });
+    assert.equal(r.status, 201);
+  }
+  // The list is read again every few seconds.
+  await page.waitForFunction(() => document.querySelectorAll("#sessions li[data-session]").length >= 50, null, { timeout: 20_000 });
+  for (const [size, name] of [[DESKTOP, "desktop"], [PHONE, "phone"]]) {
+    await page.setViewportSize(size);
+    if (name === "phone") {
+      await page.click("#toggle-sidebar");
+      await page.locator("#sidebar").waitFor();
+    }
+    // New session and the search are in view without scrolling.
+    await fullyShown("#new-session", "#sidebar");
+    await fullyShown("#search", "#sidebar");
+    // Every row's menu button sits inside the list (nothing cut at the right).
+    const cut = await page.evaluate(() => {
+      const list = document.querySelector("#sessions").getBoundingClientRect();
+      return [...document.querySelectorAll("#sessions li[data-session]")].filter((li) => {
+        const b = li.querySelector(".row-menu")?.getBoundingClientRect();
+        return !b || b.width === 0 || b.right > list.right + 0.5 || b.left < list.left - 0.5;
+      }).length;
+    });
+    assert.equal(cut, 0, `${name}: rows whose menu is cut or missing`);
+    // The last row: its menu opens in the row, Rename and Delete in view, both work.
+    const rows = page.locator("#sessions li[data-session]");
+    const last = rows.last();
+    const id = await last.getAttribute("data-session");
+    const row = () => page.locator(`#sessions li[data-session="${id}"]`);
+    await row().locator(".row-menu").click();
+    for (const cls of ["row-rename", "row-delete"]) {
+      await row().locator(`.${cls}`).scrollIntoViewIfNeeded();
+      await fullyShown(`#sessions li[data-session="${id}"] .${cls}`, "#sessions");
+    }
+    await shot(page, `app-50-sessions-${name}`);
+    await row().locator(".row-actions button", { hasText: "Rename" }).click();
+    await page.fill(`#rename-${id}`, `renamed at ${name} width`);
+    await page.press(`#rename-${id}`, "Enter");
+    await page.waitForFunction(([id, t]) => document.querySelector(`#sessions li[data-session="${id}"] .title`)?.textContent === t, [id, `renamed at ${name} width`]);
+    await row().locator(".row-menu").click();
+    await row().locator(".row-actions button", { hasText: "Delete" }).click();
+    await row().locator(".row-actions button", { hasText: "Really delete?" }).click();
+    await row().waitFor({ state: "detached" });
+    if (name === "phone") {
+      await page.press("#search", "Escape");
+      await page.locator("#sidebar").waitFor({ state: "hidden" });
+    }
+  }
+  await page.setViewportSize(DESKTOP);
+  await page.goto(`${proxy.url}/app/s/${sessionId}`);
+  await page.locator("#timeline .item.final_result").first().waitFor();
+});
+
+step("the sidebar works from the keyboard: Tab to a session, Enter opens it, its menu opens and Esc closes it", async () => {
+  const focused = () => page.evaluate(() => document.activeElement?.id ?? "");
+  await page.focus("#search");
+  await page.keyboard.press("Tab");
+  const first = await focused();
+  assert.match(first, /^open-[0-9a-f]{32}$/, `Tab from the search lands on a session: ${first}`);
+  const id = first.slice("open-".length);
+  await page.keyboard.press("Enter");
+  await page.waitForFunction((id) => location.pathname.endsWith(id), id);
+  assert.equal(await focused(), first, "focus stays on the row");
+  await page.keyboard.press("Tab");
+  assert.equal(await focused(), `menu-${id}`);
+  await page.keyboard.press("Enter");
+  assert.equal(await focused(), `rename-btn-${id}`, "the menu's first action has the focus");
+  await page.keyboard.press("Tab");
+  assert.equal(await focused(), `delete-btn-${id}`);
+  await page.keyboard.press("Escape");
+  await page.locator(`#sessions li[data-session="${id}"] .row-actions`).waitFor({ state: "detached" });
+  assert.equal(await focused(), `menu-${id}`, "Esc closes the menu and gives the focus back to its button");
+  await page.goto(`${proxy.url}/app/s/${sessionId}`);
+  await page.locator("#timeline .item.final_result").first().waitFor();
+});
+
+step("a model's code block is highlighted with a copy button; a reply cut at the output limit says so (stop_reason)", async () => {
+  // A local OpenAI-compatible server (keyless, like Ollama) whose reply has a code block and stops at its length limit.
+  const ANSWER = "Here is the program:\n\n```rust\nfn main() { let answer = 42; }\n```\n\nThe beginning of a long explanation";
+  const chunk = (choices, extra = {}) => `data: ${JSON.stringify({ id: "c1", object: "chat.completion.chunk", created: 1, model: "fake", choices, ...extra })}\n\n`;
+  const fake = createServer((req, res) => {
+    req.resume();
+    if (req.method === "GET") {
+      res.writeHead(200, { "content-type": "application/json" });
+      return res.end(JSON.stringify({ object: "list", data: [{ id: "fake", object: "model" }] }));
+    }
+    res.writeHead(200, { "content-type": "text/event-stream" });
+    res.end(
+      chunk([{ index: 0, delta: { role: "assistant", content: ANSWER }, finish_reason: null }]) +
+        chunk([{ index: 0, delta: {}, finish_reason: "length" }]) +
+        chunk([], { usage: { prompt_tokens: 10, completion_tokens: 5, total_tokens: 15 } }) +
+        "data: [DONE]\n\n",
+    );
+  });
+  await new Promise((r) => fake.listen(0, "127.0.0.1", r));
+  const headers = { authorization: `Bearer ${token}`, "content-type": "application/json" };
+  const patch = (body) => fetch(`${vak.url}/config`, { method: "PATCH", headers, body: JSON.stringify(body) });
+  try {
+    const r = await patch({ provider: "openai", model: "fake", base_url: `http://127.0.0.1:${fake.address().port}/v1` });
+    assert.equal(r.status, 200, await r.text());
+    await page.waitForFunction(() => /fake/.test(document.querySelector("#route")?.textContent ?? ""));
+    const runs = await page.locator("#timeline .item.final_result").count();
+    await send(page, "tell me everything");
+    assert.equal(await lastOutcome(page, runs + 1), "completed");
+    const result = page.locator("#timeline .item.final_result").last();
+    assert.equal(await result.getAttribute("data-stop-reason"), "max_tokens");
+    assert.match(await result.innerText(), /cut at the output limit/);
+    assert.match(await timelineText(page), /The beginning of a long explanation/);
+    // The code block: highlighted by highlight.js, its language named, a copy button that copies it.
+    const block = page.locator("#timeline .item.assistant_text .code-block").last();
+    assert.ok((await block.locator(".hljs-keyword").count()) >= 2, "fn and let are keywords");
+    assert.equal(await block.locator(".code-lang").innerText(), "rust");
+    await block.locator("button.copy").click();
+    await page.waitForFunction(() => [...document.querySelectorAll("#timeline button.copy")].some((b) => b.textContent === "Copied"));
+    assert.equal(await page.evaluate(() => navigator.clipboard.readText()), "fn main() { let answer = 42; }");
+    await shot(page, "app-cut-at-limit");
+  } finally {
+    const r = await patch({ provider: "offline" });
+    assert.equal(r.status, 200, await r.text());
+    fake.close();
+  }
+  await page.waitForFunction(() => /offline/.test(document.querySelector("#route")?.textContent ?? ""));
+});
+
+step("the app passes axe-core at desktop width (no serious or critical violation)", async () => {
+  await page.locator(`#timeline .card`).first().waitFor();
+  await page.click("#show-diff");
+  await page.locator("#diff").waitFor();
+  assert.deepEqual(await axeProblems(page, "desktop with the diff"), []);
+  await page.click("#close-diff");
+  await page.locator("#side").waitFor({ state: "detached" });
+  await page.setViewportSize(DESKTOP);
+  // The README's picture: a conversation with a tool card and a code block.
+  await page.evaluate(() => document.querySelector("#scroll").scrollTo(0, 1e9));
+  await page.screenshot({ path: join(artifacts, "app-desktop.png") });
+  assert.deepEqual(await axeProblems(page, "desktop"), []);
+  // From 360 to 1920 px wide nothing scrolls sideways.
+  for (const width of [360, 1920]) {
+    await page.setViewportSize({ width, height: 900 });
+    const wide = await page.evaluate(() => document.documentElement.scrollWidth);
+    assert.ok(wide <= width, `${width} px: the page is ${wide} px wide`);
+  }
+  await page.setViewportSize(DESKTOP);
+  await page.setViewportSize(PHONE);
+  await page.evaluate(() => document.querySelector("#scroll").scrollTo(0, 1e9));
+  await page.screenshot({ path: join(artifacts, "app-phone.png") });
+  // The same in dark mode (the browser prefers dark; the config's theme is "system").
+  await page.emulateMedia({ colorScheme: "dark" });
+  await page.screenshot({ path: join(artifacts, "app-dark-phone.png") });
+  await page.setViewportSize(DESKTOP);
+  await page.evaluate(() => document.querySelector("#scroll").scrollTo(0, 1e9));
+  await page.screenshot({ path: join(artifacts, "app-dark-desktop.png") });
+  await page.emulateMedia({ colorScheme: "light" });
+});
+
 step("/admin lists the session", async () => {
   await page.click("#admin-link");
   await page.locator("#admin-sessions").waitFor();
-  await page.waitForFunction((id) => document.querySelector("#admin-sessions")?.textContent?.includes(id), sessionId);
+  const mine = page.locator(`#admin-sessions tr[data-key="${sessionId}"]`);
+  await mine.waitFor();
+  // A session reads as its title and the start of its id.
+  assert.match(await mine.innerText(), new RegExp(`Renamed in the page ${sessionId.slice(0, 8)}`));
   assert.match(await page.locator("#admin-config").innerText(), /offline/);
   // GetAdminStatus: this machine's streams (the console's own /stream at least) and the caps.
-  assert.match(await page.locator("#admin-clients").innerText(), /loopback\s+\d+/);
+  // (Once its own stream is open, the console reads the status again and counts it.)
+  await page.waitForFunction(() => /loopback\s+\d+/.test(document.querySelector("#admin-clients")?.innerText ?? ""));
   assert.match(await page.locator("#admin-caps").innerText(), /streams open; at most 256 per client/);
   // The scheduler: the enabled scheduled task and its next fire, the zone; the day's spend against the budget.
   await page.waitForFunction(() => document.querySelector("#admin-scheduler")?.textContent?.includes("hourly"));
@@ -620,14 +1020,29 @@ step("/admin lists the session", async () => {
   assert.doesNotMatch(await page.locator("#admin-scheduler").innerText(), /watchdog/, "an unscheduled task has no next fire");
   assert.match(await page.locator("#admin-timezone").innerText(), /Schedules are read in \S+/);
   assert.match(await page.locator("#admin-spend").innerText(), /^Today: \$0\.0000 of \$5\.00 \(0% of the daily budget\)$/);
-  await shot(page, "admin-desktop");
-  await page.setViewportSize({ width: 390, height: 844 });
-  await shot(page, "admin-phone");
-  await page.setViewportSize({ width: 1280, height: 800 });
+  // Who is attached, in words: the kind of client and how long it has been seen; no stream ids.
+  const sessions = await page.locator("#admin-sessions").innerText();
+  assert.doesNotMatch(sessions, /\bst_[0-9a-f]{6}|\bc_[0-9a-f]{6}/);
+  assert.doesNotMatch(await page.locator("#admin-caps").innerText(), /\bst_[0-9a-f]{6}/);
+  // An action says what it did: close (delete) a session, after asking once more.
+  const victim = await (await fetch(`${vak.url}/sessions`, { method: "POST", headers: { authorization: `Bearer ${token}`, "content-type": "application/json" }, body: "{}" })).json();
+  const actions = page.locator(`#admin-sessions .actions[data-session="${victim.session_id}"]`);
+  await actions.waitFor({ timeout: 10_000 });
+  await actions.locator("button", { hasText: "Close session" }).click();
+  await actions.locator("button", { hasText: "Really close?" }).click();
+  await page.locator("#admin-notice", { hasText: /^Closed session [0-9a-f]{8}: the session and its history are deleted\.$/ }).waitFor();
+  await actions.waitFor({ state: "detached" });
+  // The viewport (the page is as long as the server has sessions).
+  await page.screenshot({ path: join(artifacts, "admin-desktop.png") });
+  assert.deepEqual(await axeProblems(page, "admin desktop"), []);
+  await page.setViewportSize(PHONE);
+  await page.screenshot({ path: join(artifacts, "admin-phone.png") });
+  assert.deepEqual(await axeProblems(page, "admin phone"), []);
+  await page.setViewportSize(DESKTOP);
   // Opened by its URL in a new tab of the same browser, it uses the app's login.
   const tab = await newTab();
   await tab.goto(`${proxy.url}/admin?key=${await page.evaluate(() => localStorage.getItem(`vak-app-key ${location.origin}`))}`);
-  await tab.waitForFunction((id) => document.querySelector("#admin-sessions")?.textContent?.includes(id), sessionId);
+  await tab.locator(`#admin-sessions tr[data-key="${sessionId}"]`).waitFor();
   await tab.close();
 });
 
