@@ -15,7 +15,7 @@ import { createAgentClient, enumJsonName, logout, StopReasonSchema, StreamFollow
 import { button, h, onError } from "./dom.js";
 import { conversationPane } from "./conversation.js";
 import { diffPanel, diffView } from "./diff.js";
-import { appLogin, currentKey, forgetKey, shareKey } from "./login.js";
+import { appLogin, currentKey, forgetKey, shareKey, ticketLogin } from "./login.js";
 import { settingsPanel } from "./settings.js";
 import { sidebar } from "./sidebar.js";
 import { ctx, describe, newSessionView, onErrorNow, state, titleOf, type Side } from "./state.js";
@@ -535,7 +535,16 @@ Object.assign(ctx, {
   },
 });
 
-void start().catch((err) => {
-  state.errors.push(describe(err));
-  render();
-});
+// A one-time login link first, then whatever login this browser already has.
+void ticketLogin(base)
+  .then((key) => {
+    if (key) shareKey(key);
+  })
+  .catch((err) => {
+    state.errors.push(describe(err));
+  })
+  .then(() => start())
+  .catch((err) => {
+    state.errors.push(describe(err));
+    render();
+  });
