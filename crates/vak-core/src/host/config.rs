@@ -944,8 +944,14 @@ impl Settings {
         }
     }
 
-    /// Every provider with its reachable keys (fingerprints only).
+    /// Every provider with its reachable keys (fingerprints only). One is
+    /// configured when a key reaches it, or when it is the route's with a
+    /// base URL (a keyless local server).
     pub fn providers(&self) -> Vec<ProviderStatus> {
+        let local = {
+            let c = self.lock();
+            c.spec.base_url.is_some().then_some(c.spec.provider)
+        };
         ProviderKind::ALL
             .into_iter()
             .map(|kind| {
@@ -966,7 +972,9 @@ impl Settings {
                 }
                 ProviderStatus {
                     kind,
-                    configured: kind == ProviderKind::Offline || !fingerprints.is_empty(),
+                    configured: kind == ProviderKind::Offline
+                        || !fingerprints.is_empty()
+                        || local == Some(kind),
                     fingerprints,
                     key_sources,
                 }

@@ -194,6 +194,35 @@ impl FailureKind {
     }
 }
 
+/// Why a model service could not be reached, as far as the transport
+/// says (from the error's kind, never its text).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NetCause {
+    /// Nothing listens at the address.
+    Refused,
+    /// The connection was reset or closed before the answer was complete.
+    Closed,
+    /// Connecting, or waiting for the answer, took too long.
+    TimedOut,
+    /// The answer's stream went silent.
+    Stalled,
+    /// Some other failure to connect (a name that does not resolve, TLS).
+    NoConnection,
+}
+
+impl NetCause {
+    /// Words for a person, e.g. after "could not reach … (".
+    pub fn words(self) -> &'static str {
+        match self {
+            NetCause::Refused => "connection refused",
+            NetCause::Closed => "the connection was closed",
+            NetCause::TimedOut => "timed out",
+            NetCause::Stalled => "the answer stalled",
+            NetCause::NoConnection => "could not connect",
+        }
+    }
+}
+
 /// One failed attempt at a turn.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Failure {
@@ -204,6 +233,8 @@ pub struct Failure {
     pub retryable: bool,
     /// How long the service asked us to wait before trying again.
     pub retry_after: Option<Duration>,
+    /// For a `Network` failure: why, when the transport says.
+    pub cause: Option<NetCause>,
 }
 
 impl Failure {
@@ -213,6 +244,42 @@ impl Failure {
             detail: detail.into(),
             retryable,
             retry_after: None,
+            cause: None,
+        }
+    }
+
+    /// The same failure, knowing why the service was not reached.
+    pub fn with_cause(mut self, cause: Option<NetCause>) -> Self {
+        self.cause = cause;
+        self
+    }
+
+    /// What `run_finished` says when retries run out: the kind's message,
+    /// naming the service's `host` (`HOST:PORT`, never a path or key) when
+    /// it could not be reached.
+    pub fn message_at(&self, host: Option<&str>) -> String {
+        match (&self.kind, host) {
+            (FailureKind::Network, Some(h)) => format!("could not reach the model service at {h}"),
+            _ => self.kind.message(),
+        }
+    }
+
+    /// What a `status.retrying.reason` says before the next attempt: what
+    /// failed, naming the service's `host` and, when unreachable, why.
+    pub fn retry_reason(&self, host: Option<&str>) -> String {
+        let service = match host {
+            Some(h) => format!("the model service at {h}"),
+            None => "the model service".to_string(),
+        };
+        match self.kind {
+            FailureKind::Network => match self.cause {
+                Some(c) => format!("could not reach {service} ({})", c.words()),
+                None => format!("could not reach {service}"),
+            },
+            FailureKind::RateLimit => format!("{service} is rate limiting requests"),
+            FailureKind::Overloaded => format!("{service} is overloaded"),
+            FailureKind::BadResponse => format!("{service} sent an invalid response"),
+            _ => self.kind.message(),
         }
     }
 }
@@ -265,7 +332,22 @@ pub trait Provider: Send + Sync + 'static {
     ) -> TurnFuture<'a>;
     /// The models this provider's key can reach, asked live.
     fn list_models(&self) -> ModelsFuture<'_>;
+    /// Where the service is, as `HOST:PORT` (no scheme, path or key), for
+    /// messages a person reads; None for a model with no address.
+    fn host(&self) -> Option<String> {
+        None
+    }
+    /// Whether the service answers at all within `timeout`: its models
+    /// listing asked once, any HTTP status counting as an answer. A
+    /// model with no address always answers.
+    fn probe(&self, timeout: Duration) -> ProbeFuture<'_> {
+        let _ = timeout;
+        Box::pin(std::future::ready(Ok(())))
+    }
 }
+
+/// What `Provider::probe` found: Err when nothing answered (a `Network` failure).
+pub type ProbeFuture<'a> = Pin<Box<dyn Future<Output = Result<(), Failure>> + Send + 'a>>;
 
 /// The provider families vak speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
