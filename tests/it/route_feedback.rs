@@ -18,7 +18,7 @@ async fn server() -> TestServer {
 }
 
 /// A loopback address nothing listens at: a port bound, then released.
-async fn dead_addr() -> std::net::SocketAddr {
+pub(crate) async fn dead_addr() -> std::net::SocketAddr {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     drop(l);
@@ -255,4 +255,50 @@ async fn a_keyless_local_route_is_configured_and_lists_its_models() {
     let listing = fake.requests().pop().unwrap();
     assert_eq!(listing.path, "/v1/models", "the route's base URL");
     assert_eq!(listing.header("authorization"), None);
+}
+
+#[tokio::test]
+async fn a_silent_base_url_warns_that_it_timed_out_and_each_retry_says_so() {
+    // Accepts connections and never answers.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = silent.local_addr().unwrap();
+    let held = tokio::spawn(async move {
+        let mut conns = Vec::new();
+        while let Ok((c, _)) = silent.accept().await {
+            conns.push(c);
+        }
+    });
+    let s = TestServer::start_with(|c| {
+        c.core.provider_client.response_timeout = Duration::from_millis(200);
+        c.core.retry_backoff = Duration::from_millis(10);
+        c.core.provider_retries = 1;
+    })
+    .await;
+    let base = format!("http://{addr}/v1");
+    let started = std::time::Instant::now();
+    let (code, cfg) = patch(&s, json!({"provider": "openai", "model": "m", "base_url": base})).await;
+    assert_eq!(code, 200, "{cfg}");
+    assert_eq!(
+        cfg["warnings"],
+        json!([format!("{base} not reachable: timed out")])
+    );
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(2900) && waited < Duration::from_secs(10),
+        "the probe waits 3 s: {waited:?}"
+    );
+
+    let sid = s.create_session().await;
+    let mut sse = s.events(&sid, None).await;
+    s.run(&sid, "hi").await;
+    let frames = sse.until("run_finished").await;
+    let message = format!("could not reach the model service at {addr}");
+    let reasons: Vec<&Value> = frames
+        .iter()
+        .filter_map(|f| f.body().get("retrying"))
+        .map(|r| &r["reason"])
+        .collect();
+    assert_eq!(reasons, [&json!(format!("{message} (timed out)"))]);
+    assert_eq!(finished(&frames)["message"], message.as_str());
+    held.abort();
 }
