@@ -355,6 +355,21 @@ fn unreachable_warning(url: &str, f: &crate::provider::Failure) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_warning_shows_the_base_url_without_its_secrets_and_says_why() {
+        use crate::provider::{Failure, FailureKind, NetCause};
+        let refused = Failure::new(FailureKind::Network, "raw", true).with_cause(Some(NetCause::Refused));
+        assert_eq!(
+            super::unreachable_warning("http://127.0.0.1:9/v1", &refused),
+            "http://127.0.0.1:9/v1 not reachable: connection refused"
+        );
+        let silent = Failure::new(FailureKind::Network, "raw", true);
+        assert_eq!(
+            super::unreachable_warning("https://me:pw@llm.example:8443/v1/?key=sk-x#f", &silent),
+            "https://llm.example:8443/v1 not reachable: no answer"
+        );
+    }
+
     use crate::error::ErrorKind;
     use crate::host::hub::Hub;
     use crate::session::live::Route;

@@ -669,6 +669,36 @@ mod tests {
     }
 
     #[test]
+    fn a_host_is_host_and_port_without_user_path_or_query() {
+        assert_eq!(
+            host_of("http://127.0.0.1:11434/v1").as_deref(),
+            Some("127.0.0.1:11434")
+        );
+        assert_eq!(
+            host_of("https://api.openai.com/v1").as_deref(),
+            Some("api.openai.com:443")
+        );
+        assert_eq!(
+            host_of("http://user:secret@[::1]:8080/v1?key=sk-1").as_deref(),
+            Some("[::1]:8080")
+        );
+        assert_eq!(host_of("not a url"), None);
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_named_by_its_kind() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        drop(l);
+        let c = client(&ClientOptions::default()).unwrap();
+        let f = probe(c.get(format!("http://{addr}/v1/models")), Duration::from_secs(3))
+            .await
+            .unwrap_err();
+        assert_eq!((f.kind, f.cause), (FailureKind::Network, Some(NetCause::Refused)));
+        assert!(f.retryable);
+    }
+
+    #[test]
     fn key_headers_are_sensitive_and_bad_keys_refused() {
         assert!(key_header("sk-abc").unwrap().is_sensitive());
         let f = key_header("sk-abc\nX-Evil: 1").unwrap_err();

@@ -465,3 +465,54 @@ pub fn connect_with(
         )?)),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_network_failure_names_the_host_and_a_retry_says_why() {
+        let refused = Failure::new(
+            FailureKind::Network,
+            "connect error: tcp connect error: os error 111",
+            true,
+        )
+        .with_cause(Some(NetCause::Refused));
+        let host = Some("127.0.0.1:9");
+        assert_eq!(
+            refused.message_at(host),
+            "could not reach the model service at 127.0.0.1:9"
+        );
+        assert_eq!(
+            refused.retry_reason(host),
+            "could not reach the model service at 127.0.0.1:9 (connection refused)"
+        );
+        // No address (the offline model, a test's provider): as before.
+        assert_eq!(refused.message_at(None), "could not reach the model service");
+        assert_eq!(
+            refused.retry_reason(None),
+            "could not reach the model service (connection refused)"
+        );
+        // A cause the transport did not name: no parenthesis.
+        let cut = Failure::new(FailureKind::Network, "connection closed", true);
+        assert_eq!(
+            cut.retry_reason(host),
+            "could not reach the model service at 127.0.0.1:9"
+        );
+        // A retry is under way: no "try again later" in its reason.
+        let busy = Failure::new(FailureKind::RateLimit, "HTTP 429", true);
+        assert_eq!(
+            busy.retry_reason(Some("api.openai.com:443")),
+            "the model service at api.openai.com:443 is rate limiting requests"
+        );
+        assert_eq!(
+            busy.message_at(Some("api.openai.com:443")),
+            FailureKind::RateLimit.message(),
+            "only an unreachable service's final message names the host"
+        );
+        let fail = Failure::new(FailureKind::Directive("boom".into()), "boom", true);
+        assert_eq!(fail.retry_reason(host), "the model failed: boom");
+        // Never the raw detail.
+        assert!(!refused.retry_reason(host).contains("os error"));
+    }
+}
