@@ -4,7 +4,7 @@
 
 use super::conn::approval;
 use super::follow::{Resync, Update};
-use super::render::{background_lines, clean, plan_text, tool_text, Piece, Render, PLAN_TOOL};
+use super::render::{background_lines, clean, plan_text, retrying_line, tool_text, Piece, Render, PLAN_TOOL};
 use super::Policy;
 use pb::event::Kind;
 use std::collections::VecDeque;
@@ -270,6 +270,10 @@ impl<O: Out> Renderer<O> {
             }
             Kind::ApprovalRequested(a) if ours => self.approval_requested(&e, a),
             Kind::Notice(n) if ours && !self.json => self.note(&format!("! {}", clean(&n.text))),
+            // Our run waits to try the model service again: said on stderr.
+            Kind::Status(pb::Status {
+                retrying: Some(r), ..
+            }) if ours && !self.json => self.note(&retrying_line(r)),
             // Delivered only while the session is idle (before our prompt's
             // leg, or between legs): said on stderr, never mixed into the answer.
             Kind::BackgroundResult(b) if !self.json => {
@@ -745,6 +749,36 @@ mod tests {
             r.out.stdout
         );
         assert!(r.out.notes.is_empty(), "{:?}", r.out.notes);
+    }
+
+    #[test]
+    fn a_retry_of_our_run_is_a_note_never_part_of_the_answer() {
+        let retrying = |attempt| {
+            Kind::Status(pb::Status {
+                busy: true,
+                retrying: Some(pb::Retrying {
+                    attempt,
+                    of: 2,
+                    reason: "could not reach the model service at 127.0.0.1:9 (connection refused)".into(),
+                }),
+            })
+        };
+        let mut r = started(false, Policy::Ask);
+        feed(
+            &mut r,
+            vec![user(4, OURS), ev(5, retrying(1)), ev(6, retrying(2))],
+        );
+        let failed = finished(7, "failed", "could not reach the model service at 127.0.0.1:9");
+        assert_eq!(r.update(failed), Step::Exit(EXIT_FAILED));
+        assert_eq!(r.out.stdout, "");
+        assert_eq!(
+            r.out.notes,
+            [
+                "retrying 1/2: could not reach the model service at 127.0.0.1:9 (connection refused)",
+                "retrying 2/2: could not reach the model service at 127.0.0.1:9 (connection refused)",
+                "run failed: could not reach the model service at 127.0.0.1:9",
+            ]
+        );
     }
 
     #[test]
