@@ -126,6 +126,18 @@ async fn a_dead_base_url_is_applied_with_a_warning_and_a_run_shows_its_retries_t
     }
     assert_eq!(kind_of(events.last().unwrap()), "run_finished");
 
+    // Its models listing says where it looked too.
+    let (code, v) = s.get("/providers/openai/models").await;
+    assert_eq!(
+        (code, v["error"]["reason"].as_str()),
+        (502, Some("network")),
+        "{v}"
+    );
+    assert_eq!(
+        v["error"]["message"],
+        format!("could not reach the model service at {host}").as_str()
+    );
+
     // The presentation timeline shows no item for a retry status.
     let (_, t) = s.get(&format!("/sessions/{sid}/presentation")).await;
     assert!(

@@ -1002,7 +1002,15 @@ impl Settings {
         let client = provider::connect_with(&endpoint, &self.client).map_err(|f| failure_error(kind, f))?;
         match tokio::time::timeout(LIST_MODELS_TIMEOUT, client.list_models()).await {
             Ok(Ok(models)) => Ok(models),
-            Ok(Err(f)) => Err(failure_error(kind, f)),
+            Ok(Err(f)) => {
+                let host = client.host();
+                let mut e = failure_error(kind, f.clone());
+                // Unreachable: say where (HOST:PORT, never the path or key).
+                if f.kind == FailureKind::Network {
+                    e.message = f.message_at(host.as_deref());
+                }
+                Err(e)
+            }
             Err(_) => Err(Error::new(
                 ErrorKind::Upstream,
                 format!(
