@@ -1,7 +1,8 @@
 //! Model route feedback: `PATCH /config` (and gRPC UpdateConfig) probes a new base URL and warns when nothing answers there, a run retrying the model service shows `status.retrying` to SSE and gRPC clients, its failure names the host, and a keyless local route is configured for `/providers` and lists its models.
 
 use crate::support::fake_provider::{FakeProvider, Reply};
-use crate::support::{finished, grpc_subscribe, kind_of, TestServer};
+use crate::support::term::{attached, idle};
+use crate::support::{finished, grpc_subscribe, kind_of, Pty, TestServer};
 use serde_json::{json, Value};
 use std::time::Duration;
 use vak::proto::v1 as pb;
@@ -313,4 +314,29 @@ async fn a_silent_base_url_warns_that_it_timed_out_and_each_retry_says_so() {
     assert_eq!(reasons, [&json!(format!("{message} (timed out)"))]);
     assert_eq!(finished(&frames)["message"], message.as_str());
     held.abort();
+}
+
+#[tokio::test]
+async fn interactive_vak_term_shows_each_retry_as_one_dim_line() {
+    let server = TestServer::start().await;
+    for t in ["sse", "grpc"] {
+        let sid = server.create_session().await;
+        let mut pty = Pty::spawn(attached(&server, t, &sid), 30, 120);
+        idle(&pty).await;
+        // The offline model's /fail is retried (4 times by default), soon.
+        pty.send("/fail x\r");
+        let screen = pty.wait_for("retrying 4/4: the model failed: x").await;
+        for a in 1..=4 {
+            let line = format!("retrying {a}/4: the model failed: x");
+            assert_eq!(
+                screen.lines().filter(|l| l.contains(&line)).count(),
+                1,
+                "{t}: one line per retry:\n{screen}"
+            );
+            assert_eq!(pty.is_dim(&line), Some(true), "{t}: {line} is dim");
+        }
+        idle(&pty).await;
+        pty.send("\x04");
+        assert_eq!(pty.wait_exit().await, 0, "{t}");
+    }
 }
