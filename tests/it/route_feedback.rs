@@ -340,3 +340,40 @@ async fn interactive_vak_term_shows_each_retry_as_one_dim_line() {
         assert_eq!(pty.wait_exit().await, 0, "{t}");
     }
 }
+
+#[tokio::test]
+async fn a_keyless_local_route_from_the_flags_is_configured_and_lists_its_models_too() {
+    let fake = FakeProvider::start().await;
+    let base = format!("{}/v1", fake.url);
+    let s = TestServer::start_with(|c| {
+        c.core.route_flags = vak::core::host::config::RouteLayer {
+            provider: Some(vak::core::provider::ProviderKind::OpenAi),
+            model: Some("llama-3".into()),
+            base_url: Some(base.clone()),
+        };
+    })
+    .await;
+    let (_, cfg) = s.get("/config").await;
+    assert_eq!(
+        (&cfg["route"]["source"], &cfg["route"]["base_url"]),
+        (&json!("flag"), &json!(base))
+    );
+    let (_, providers) = s.get("/providers").await;
+    let openai = providers["providers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "openai")
+        .unwrap();
+    assert_eq!(openai["configured"], true, "{providers}");
+    fake.script([Reply::status(
+        200,
+        r#"{"object":"list","data":[{"id":"llama-3"}]}"#,
+    )]);
+    let (code, models) = s.get("/providers/openai/models").await;
+    assert_eq!(
+        (code, &models["models"][0]["id"]),
+        (200, &json!("llama-3")),
+        "{models}"
+    );
+}
