@@ -13,7 +13,7 @@ const KEY: &str = "sk-vaktest-5f2b9c1e7a3d4b6f8e0a1c2d3e4f5a6b";
 /// Another, for a second provider.
 const ANTHROPIC_KEY: &str = "sk-ant-vaktest-9d8c7b6a5f4e3d2c1b0a9f8e7d6c5b4a";
 
-/// A base URL that is only ever stored, never asked.
+/// A base URL that is only ever stored (and probed), never asked for a turn.
 const LOCAL: &str = "http://127.0.0.1:9/v1";
 
 /// A base URL where nothing listens: a port taken, then let go.
@@ -98,7 +98,8 @@ async fn patch_changes_the_route_keylessly_for_a_local_server_with_revisions() {
     )
     .await;
     assert_eq!(st, 200, "{v}");
-    let (_, now) = s.get("/config").await;
+    let (_, mut now) = s.get("/config").await;
+    now["warnings"] = v["warnings"].clone(); // the PATCH answer's own (its probe's)
     assert_eq!(now, v, "the answer is the new effective configuration");
     assert_eq!(now["route"]["provider"], "openai");
     assert_eq!(now["route"]["model"], "llama3");
@@ -484,13 +485,13 @@ async fn model_listings_are_live_and_fail_with_a_reason_never_a_fallback() {
     );
     assert!(!text.contains(KEY), "{text}");
     let reqs = fake.requests();
-    assert_eq!(reqs.len(), 1);
+    assert_eq!(reqs.len(), 2, "the PATCH's probe, then the listing");
     assert_eq!(
-        (reqs[0].method.as_str(), reqs[0].path.as_str()),
+        (reqs[1].method.as_str(), reqs[1].path.as_str()),
         ("GET", "/v1/models")
     );
     assert_eq!(
-        reqs[0].header("authorization"),
+        reqs[1].header("authorization"),
         Some(format!("Bearer {KEY}").as_str())
     );
 
@@ -506,7 +507,7 @@ async fn model_listings_are_live_and_fail_with_a_reason_never_a_fallback() {
         !text.contains(KEY) && !text.contains("Incorrect API key"),
         "{text}"
     );
-    assert_eq!(fake.requests().len(), 2, "a refused listing is not retried");
+    assert_eq!(fake.requests().len(), 3, "a refused listing is not retried");
 
     // Anthropic: its own wire format, its own key, as x-api-key.
     put_key(&s, "anthropic", ANTHROPIC_KEY).await;
@@ -529,7 +530,7 @@ async fn model_listings_are_live_and_fail_with_a_reason_never_a_fallback() {
         ])
     );
     assert!(!text.contains(ANTHROPIC_KEY), "{text}");
-    let r = &fake.requests()[2];
+    let r = &fake.requests()[4];
     assert_eq!((r.method.as_str(), r.path.as_str()), ("GET", "/v1/models"));
     assert_eq!(r.header("x-api-key"), Some(ANTHROPIC_KEY));
     assert!(r.header("anthropic-version").is_some());
@@ -553,7 +554,7 @@ async fn model_listings_are_live_and_fail_with_a_reason_never_a_fallback() {
             .contains("could not reach"),
         "{v}"
     );
-    assert_eq!(fake.requests().len(), 3);
+    assert_eq!(fake.requests().len(), 5);
     assert_key_in_no_file(&s.home);
 }
 
@@ -577,8 +578,8 @@ async fn a_patched_route_is_live_and_carries_the_stored_key_to_the_service_only(
     assert_completed(&frames);
     assert_eq!(text_of(&frames), "Hello! How can I help you today?");
     let reqs = fake.requests();
-    assert_eq!(reqs.len(), 1);
-    let r = &reqs[0];
+    assert_eq!(reqs.len(), 2, "the PATCH's probe, then the turn");
+    let r = &reqs[1];
     assert_eq!(
         (r.method.as_str(), r.path.as_str()),
         ("POST", "/v1/chat/completions")
@@ -606,8 +607,8 @@ async fn a_patched_route_is_live_and_carries_the_stored_key_to_the_service_only(
     fake.script([Reply::fixture("openai/text.sse")]);
     let frames = run_to_end(&s, &mut ev, &sid, "again").await;
     assert_completed(&frames);
-    let reqs = fake.wait_requests(2).await;
-    assert_eq!(reqs[1].header("authorization"), None);
+    let reqs = fake.wait_requests(3).await;
+    assert_eq!(reqs[2].header("authorization"), None);
     assert_key_in_no_file(&s.home);
 }
 
@@ -626,7 +627,8 @@ async fn stream_clients_that_asked_get_a_config_frame_on_every_route_change() {
     let first = next_config(&mut sse).await;
     assert_eq!(first["route"]["provider"], "offline");
     let (_, v) = patch(&s, json!({"provider": "openai", "model": "m", "base_url": LOCAL})).await;
-    let second = next_config(&mut sse).await;
+    let mut second = next_config(&mut sse).await;
+    second["warnings"] = v["warnings"].clone(); // the PATCH answer's own (its probe's)
     assert_eq!(second, v, "the frame is the GET /config body");
     patch(&s, json!({"model": "n"})).await;
     assert_eq!(next_config(&mut sse).await["route"]["model"], "n");
@@ -1021,12 +1023,10 @@ async fn a_real_provider_without_a_key_is_a_clear_startup_error() {
 #[tokio::test]
 async fn a_running_leg_keeps_its_route_and_the_next_one_takes_the_new_route() {
     let (old, new) = (FakeProvider::start().await, FakeProvider::start().await);
-    old.script([Reply::fixture("openai/text.sse")]);
-    new.script([Reply::fixture("anthropic/text.sse")]);
     // The old service is reached through a proxy that holds the connection
-    // until let through: the leg is surely running when the route changes.
+    // until let through (once the PATCH's probe passed): the leg is surely
+    // running when the route changes.
     let gate = HoldProxy::start(old.addr).await;
-    gate.hold();
     let s = TestServer::start_with(|cfg| cfg.core.provider_retries = 0).await;
     let (st, v) = patch(
         &s,
@@ -1034,6 +1034,8 @@ async fn a_running_leg_keeps_its_route_and_the_next_one_takes_the_new_route() {
     )
     .await;
     assert_eq!(st, 200, "{v}");
+    old.script([Reply::fixture("openai/text.sse")]);
+    gate.hold();
     let sid = s.create_session().await;
     let mut ev = s.events(&sid, None).await;
     let (st, _) = s.run(&sid, "first").await;
@@ -1045,26 +1047,27 @@ async fn a_running_leg_keeps_its_route_and_the_next_one_takes_the_new_route() {
     )
     .await;
     assert_eq!(st, 200, "{v}");
+    new.script([Reply::fixture("anthropic/text.sse")]); // after the PATCH's probe
     gate.release();
     let frames = ev.until("run_finished").await;
     assert_completed(&frames);
     assert_eq!(text_of(&frames), "Hello! How can I help you today?");
-    let asked = old.wait_requests(1).await;
-    assert_eq!(asked[0].path, "/v1/chat/completions");
-    assert_eq!(asked[0].body["model"], "gpt-4.1");
-    assert!(new.requests().is_empty(), "the running leg kept the old route");
+    let asked = old.wait_requests(2).await;
+    assert_eq!(asked[1].path, "/v1/chat/completions");
+    assert_eq!(asked[1].body["model"], "gpt-4.1");
+    assert_eq!(new.requests().len(), 1, "the running leg kept the old route");
 
     // The next leg asks the new route.
     let frames = run_to_end(&s, &mut ev, &sid, "second").await;
     assert_completed(&frames);
     assert_eq!(text_of(&frames), "Hello! How can I help you today?");
     let asked = new.requests();
-    assert_eq!(asked.len(), 1);
+    assert_eq!(asked.len(), 2, "its probe, then the turn");
     assert_eq!(
-        (asked[0].path.as_str(), &asked[0].body["model"]),
+        (asked[1].path.as_str(), &asked[1].body["model"]),
         ("/v1/messages", &json!("claude-sonnet-4-5"))
     );
-    assert_eq!(old.requests().len(), 1);
+    assert_eq!(old.requests().len(), 2);
 }
 
 #[tokio::test]

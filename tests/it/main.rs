@@ -44,6 +44,7 @@ mod providers;
 mod real_model;
 mod rest;
 mod resync;
+mod route_feedback;
 mod rules;
 mod sandbox;
 mod security;

@@ -100,7 +100,12 @@ fn event_json(e: &pb::Event) -> Value {
         K::ApprovalResolved(a) => {
             json!({"request_id": a.request_id, "outcome": a.outcome().json_name(), "reason": a.reason})
         }
-        K::Status(s) => json!({"busy": s.busy}),
+        K::Status(s) => match &s.retrying {
+            Some(r) => {
+                json!({"busy": s.busy, "retrying": {"attempt": r.attempt, "of": r.of, "reason": r.reason}})
+            }
+            None => json!({"busy": s.busy}),
+        },
         K::RunFinished(r) => json!({"outcome": r.outcome().json_name(), "message": r.message}),
         K::Resync(r) => json!({"reason": r.reason().json_name(), "latest_seq": r.latest_seq}),
         K::SessionClosed(c) => json!({"reason": c.reason}),

@@ -928,20 +928,20 @@ async fn connections_that_break_past_the_retries_fail_with_the_network_message()
     }
     let frames = sse.until("run_finished").await;
     let fin = finished(&frames);
+    let message = format!("could not reach the model service at {}", gate.addr);
     assert_eq!(
         (fin["outcome"].as_str(), fin["message"].as_str()),
-        (Some("failed"), Some("could not reach the model service"))
+        (Some("failed"), Some(message.as_str()))
     );
-    assert!(!all_text(&frames).contains(&gate.addr.to_string()));
+    assert!(!all_text(&frames).contains(&format!("{}/v1", gate.url)));
     assert_eq!(gate.accepted(), 1 + RETRIES as usize);
     assert!(fake.requests().is_empty());
 
     // Nothing listening at all: refused, every attempt.
-    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}/v1", closed.local_addr().unwrap());
-    drop(closed);
+    let addr = crate::route_feedback::dead_addr().await;
+    let base = format!("http://{addr}/v1");
     let s = vak(provider(ProviderKind::OpenAi, &base, Some(KEY)), "gpt-4.1").await;
-    fails_with(&s, "could not reach the model service", &base).await;
+    fails_with(&s, &format!("could not reach the model service at {addr}"), &base).await;
 }
 
 #[tokio::test]
@@ -990,8 +990,13 @@ async fn a_service_that_never_answers_times_out_per_the_configured_header_wait()
         .await;
     assert_eq!(code, 200, "{v}");
     let started = std::time::Instant::now();
-    fails_with(&s, "could not reach the model service", "no response headers").await;
-    assert_eq!(gate.accepted(), 3, "tried, then retried twice");
+    let message = format!("could not reach the model service at {}", gate.addr);
+    fails_with(&s, &message, "no response headers").await;
+    assert_eq!(
+        gate.accepted(),
+        4,
+        "the PATCH's probe, then tried, then retried twice"
+    );
     assert!(started.elapsed() < DEADLINE, "{:?}", started.elapsed());
     assert!(fake.requests().is_empty());
 }

@@ -327,12 +327,27 @@ async fn a_failing_provider_fails_the_run_without_leaking_internal_events() {
     for f in &frames {
         assert!(KNOWN.contains(&f.event.as_str()), "internal event leaked: {f:?}");
     }
-    // The retries themselves are invisible; each attempt that streamed
-    // something before failing is closed by a fresh turn_started, so the
-    // thinking streamed once per attempt (1 + 4 retries).
+    // The retries' raw errors are invisible; each retry is a status with
+    // `retrying` (the user's words, as the final message says them), and
+    // each attempt that streamed something before failing is closed by a
+    // fresh turn_started, so the thinking streamed once per attempt (1 + 4 retries).
     let count = |kind: &str| frames.iter().filter(|f| f.event == kind).count();
     assert_eq!(count("thinking_delta"), 5);
     assert_eq!(count("turn_started"), 5);
+    let retrying: Vec<&serde_json::Value> = frames.iter().filter_map(|f| f.body().get("retrying")).collect();
+    assert_eq!(retrying.len(), 4, "{retrying:?}");
+    assert_eq!(
+        (
+            &retrying[3]["attempt"],
+            &retrying[3]["of"],
+            &retrying[3]["reason"]
+        ),
+        (
+            &json!(4),
+            &json!(4),
+            &json!("the model failed: upstream exploded")
+        )
+    );
     let (_, t) = s.get(&format!("/sessions/{sid}/transcript")).await;
     let msgs = t["messages"].as_array().unwrap();
     let interrupted: Vec<_> = msgs.iter().map(|m| m["interrupted"] == true).collect();

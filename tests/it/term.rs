@@ -156,6 +156,17 @@ async fn a_failed_run_exits_1_with_the_reason() {
             "{t}: {}",
             out.stderr
         );
+        let retries = out
+            .stderr
+            .lines()
+            .filter(|l| l.contains("retrying "))
+            .collect::<Vec<_>>();
+        assert_eq!(
+            retries.last(),
+            Some(&"vak: retrying 4/4: the model failed: x"),
+            "{t}: {}",
+            out.stderr
+        );
     }
 }
 

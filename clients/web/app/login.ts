@@ -46,7 +46,7 @@ export async function ticketLogin(base: string): Promise<string | undefined> {
   const m = /^#ticket=([0-9a-f]{16,128})$/.exec(location.hash);
   if (!m) return undefined;
   history.replaceState(null, "", location.pathname + location.search);
-  return exchange(base, { ticket: m[1] }, "This login link was used already or is older than a minute: run vak open again, or log in with the token.");
+  return exchange(base, { ticket: m[1] ?? "" }, "This login link was used already or is older than a minute: run vak open again, or log in with the token.");
 }
 
 async function exchange(base: string, body: Record<string, string>, refused: string): Promise<string> {

@@ -4,7 +4,7 @@
 
 use super::conn::approval;
 use super::follow::{Resync, Update};
-use super::render::{background_lines, clean, plan_text, stopped_line, tool_text, Piece, Render, PLAN_TOOL};
+use super::render::{background_lines, clean, plan_text, retrying_line, stopped_line, tool_text, Piece, Render, PLAN_TOOL};
 use super::Policy;
 use pb::event::Kind;
 use std::collections::VecDeque;
@@ -270,6 +270,10 @@ impl<O: Out> Renderer<O> {
             }
             Kind::ApprovalRequested(a) if ours => self.approval_requested(&e, a),
             Kind::Notice(n) if ours && !self.json => self.note(&format!("! {}", clean(&n.text))),
+            // Our run waits to try the model service again: said on stderr.
+            Kind::Status(pb::Status {
+                retrying: Some(r), ..
+            }) if ours && !self.json => self.note(&retrying_line(r)),
             // Delivered only while the session is idle (before our prompt's
             // leg, or between legs): said on stderr, never mixed into the answer.
             Kind::BackgroundResult(b) if !self.json => {

@@ -153,6 +153,11 @@ impl Render {
             Kind::Notice(n) => vec![line(Style::Note, format!("! {}", clean(&n.text)))],
             // The server sends it only while the session is idle, so it falls between runs.
             Kind::BackgroundResult(b) => background_lines(b),
+            // A run about to try the model service again: one dim line
+            // (it stands until the run's next event).
+            Kind::Status(pb::Status {
+                retrying: Some(r), ..
+            }) => vec![line(Style::Dim, retrying_line(r))],
             Kind::StreamOpened(_)
             | Kind::TurnStarted(_)
             | Kind::Status(_)
@@ -458,6 +463,12 @@ pub(crate) fn worker_list(workers: &[pb::Worker]) -> Vec<Piece> {
 
 /// The most lines of a background result shown; the transcript keeps them all.
 const BACKGROUND_LINES: usize = 20;
+
+/// A run about to try the model service again, in one line:
+/// `retrying 1/3: could not reach the model service at 127.0.0.1:9 (connection refused)`.
+pub(crate) fn retrying_line(r: &pb::Retrying) -> String {
+    format!("retrying {}/{}: {}", r.attempt, r.of, clean(&r.reason))
+}
 
 /// A background result between runs: `⟲ background (script task_…): first line`
 /// (dimmed), or for an alert `⚠ script_failed (script task_…): first line` (red);

@@ -954,8 +954,14 @@ impl Settings {
         }
     }
 
-    /// Every provider with its reachable keys (fingerprints only).
+    /// Every provider with its reachable keys (fingerprints only). One is
+    /// configured when a key reaches it, or when it is the route's with a
+    /// base URL (a keyless local server).
     pub fn providers(&self) -> Vec<ProviderStatus> {
+        let local = {
+            let c = self.lock();
+            c.spec.base_url.is_some().then_some(c.spec.provider)
+        };
         ProviderKind::ALL
             .into_iter()
             .map(|kind| {
@@ -976,7 +982,9 @@ impl Settings {
                 }
                 ProviderStatus {
                     kind,
-                    configured: kind == ProviderKind::Offline || !fingerprints.is_empty(),
+                    configured: kind == ProviderKind::Offline
+                        || !fingerprints.is_empty()
+                        || local == Some(kind),
                     fingerprints,
                     key_sources,
                 }
@@ -1004,7 +1012,15 @@ impl Settings {
         let client = provider::connect_with(&endpoint, &self.client).map_err(|f| failure_error(kind, f))?;
         match tokio::time::timeout(LIST_MODELS_TIMEOUT, client.list_models()).await {
             Ok(Ok(models)) => Ok(models),
-            Ok(Err(f)) => Err(failure_error(kind, f)),
+            Ok(Err(f)) => {
+                let host = client.host();
+                let mut e = failure_error(kind, f.clone());
+                // Unreachable: say where (HOST:PORT, never the path or key).
+                if f.kind == FailureKind::Network {
+                    e.message = f.message_at(host.as_deref());
+                }
+                Err(e)
+            }
             Err(_) => Err(Error::new(
                 ErrorKind::Upstream,
                 format!(

@@ -24,7 +24,13 @@ pub struct ConfigInfo {
     pub revision: String,
     /// max_turns, theme and hooks, with their sources.
     pub settings: crate::host::agent_settings::AgentSettings,
+    /// What a change found worth saying although it was applied (a base
+    /// URL nothing answers at); empty but in an `update_route` answer.
+    pub warnings: Vec<String>,
 }
+
+/// How long `update_route` waits for a new base URL to answer.
+pub const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// What a permission mode change did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -165,17 +171,36 @@ impl ControlPlane {
     /// Changes the model route and max_turns, theme and hooks (resolved,
     /// persisted, then applied to legs that start from now on); the new
     /// effective configuration.
+    ///
+    /// A patch naming a base URL probes it once applied (its models
+    /// listing, at most `PROBE_TIMEOUT`, with no lock held): when nothing
+    /// answers, the change stands (a server may start later) and the
+    /// answer carries a warning saying so.
     pub async fn update_route(&self, patch: RoutePatch) -> Result<ConfigInfo> {
         let rt = self.rt.clone();
+        let probe = patch
+            .base_url
+            .as_deref()
+            .filter(|u| !u.is_empty())
+            .map(str::to_string);
+        let (tx, rx) = tokio::sync::oneshot::channel();
         self.settings
             .update(patch, move |route, settings| {
                 if let Some(route) = route {
+                    let _ = tx.send(route.provider.clone());
                     rt.set_route(route);
                 }
                 rt.set_agent_settings(settings);
             })
             .await?;
-        Ok(self.config_info())
+        let mut info = self.config_info();
+        if let (Some(url), Ok(provider)) = (probe, rx.await) {
+            if let Err(f) = provider.probe(PROBE_TIMEOUT).await {
+                tracing::warn!(base_url = %shown_url(&url), detail = %f.detail, "the new base URL does not answer");
+                info.warnings.push(unreachable_warning(&url, &f));
+            }
+        }
+        Ok(info)
     }
 
     /// Stores a provider key; its fingerprint. A route of that provider
@@ -301,12 +326,50 @@ impl ControlPlane {
             route,
             revision,
             settings: self.settings.agent_settings(),
+            warnings: Vec::new(),
         }
     }
 }
 
+/// `url` without what may be a secret (a user and password, the query,
+/// the fragment), for a warning and the log.
+fn shown_url(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut u) => {
+            let _ = u.set_username("");
+            let _ = u.set_password(None);
+            u.set_query(None);
+            u.set_fragment(None);
+            u.as_str().trim_end_matches('/').to_string()
+        }
+        Err(_) => url.to_string(),
+    }
+}
+
+/// The warning for a base URL whose probe found nothing answering:
+/// `<url> not reachable: connection refused`.
+fn unreachable_warning(url: &str, f: &crate::provider::Failure) -> String {
+    let why = f.cause.map_or("no answer", crate::provider::NetCause::words);
+    format!("{} not reachable: {why}", shown_url(url))
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_warning_shows_the_base_url_without_its_secrets_and_says_why() {
+        use crate::provider::{Failure, FailureKind, NetCause};
+        let refused = Failure::new(FailureKind::Network, "raw", true).with_cause(Some(NetCause::Refused));
+        assert_eq!(
+            super::unreachable_warning("http://127.0.0.1:9/v1", &refused),
+            "http://127.0.0.1:9/v1 not reachable: connection refused"
+        );
+        let silent = Failure::new(FailureKind::Network, "raw", true);
+        assert_eq!(
+            super::unreachable_warning("https://me:pw@llm.example:8443/v1/?key=sk-x#f", &silent),
+            "https://llm.example:8443/v1 not reachable: no answer"
+        );
+    }
+
     use crate::error::ErrorKind;
     use crate::host::hub::Hub;
     use crate::session::live::Route;

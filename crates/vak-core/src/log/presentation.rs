@@ -608,6 +608,16 @@ mod tests {
                 }
             )
             .is_empty());
+        // A retry's status line is no item either (clients show it aside).
+        let retrying = ClientEvent::Status {
+            busy: true,
+            retrying: Some(crate::event::Retrying {
+                attempt: 1,
+                of: 4,
+                reason: "could not reach the model service at 127.0.0.1:9 (connection refused)".into(),
+            }),
+        };
+        assert!(p.apply(3, &retrying).is_empty());
         assert!(p.timeline().items.is_empty());
         assert_eq!(p.timeline().seq, 0);
     }

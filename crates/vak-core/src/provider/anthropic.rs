@@ -162,6 +162,17 @@ impl Provider for Anthropic {
     fn list_models(&self) -> ModelsFuture<'_> {
         Box::pin(self.models())
     }
+
+    fn host(&self) -> Option<String> {
+        http::host_of(&self.base)
+    }
+
+    fn probe(&self, timeout: std::time::Duration) -> super::ProbeFuture<'_> {
+        Box::pin(http::probe(
+            self.headers(self.http.get(format!("{}/v1/models", self.base))),
+            timeout,
+        ))
+    }
 }
 
 /// The Messages body for `req`.

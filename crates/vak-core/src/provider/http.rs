@@ -1,6 +1,6 @@
 //! What the HTTP model providers share: the client and its timeouts, failure classification, and a bounded, idle-timed SSE event stream.
 
-use super::{Failure, FailureKind, ProviderError, Secret};
+use super::{Failure, FailureKind, NetCause, ProviderError, Secret};
 use bytes::Bytes;
 use eventsource_stream::{Event, EventStreamError, Eventsource};
 use futures_util::{Stream, StreamExt};
@@ -122,7 +122,61 @@ pub fn network(what: &str, e: &reqwest::Error) -> Failure {
         detail.push_str(&format!(": {s}"));
         source = s.source();
     }
-    Failure::new(FailureKind::Network, truncate(&detail, MAX_DETAIL), true)
+    Failure::new(FailureKind::Network, truncate(&detail, MAX_DETAIL), true).with_cause(net_cause(e))
+}
+
+/// Why a transport error happened, from the kinds of the errors it wraps
+/// (the OS's `ECONNREFUSED`, a reset, a timeout), never from their text.
+pub fn net_cause(e: &reqwest::Error) -> Option<NetCause> {
+    use std::io::ErrorKind;
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            match io.kind() {
+                ErrorKind::ConnectionRefused => return Some(NetCause::Refused),
+                ErrorKind::ConnectionReset
+                | ErrorKind::ConnectionAborted
+                | ErrorKind::BrokenPipe
+                | ErrorKind::UnexpectedEof => return Some(NetCause::Closed),
+                ErrorKind::TimedOut => return Some(NetCause::TimedOut),
+                _ => {}
+            }
+        }
+        source = s.source();
+    }
+    if e.is_timeout() {
+        Some(NetCause::TimedOut)
+    } else if e.is_connect() {
+        Some(NetCause::NoConnection)
+    } else {
+        None
+    }
+}
+
+/// `HOST:PORT` of a base URL (the scheme's port when none is given), for
+/// messages a person reads: no scheme, user, path or query, which may
+/// carry secrets. None when it is not a URL.
+pub fn host_of(base: &str) -> Option<String> {
+    let url = reqwest::Url::parse(base.trim()).ok()?;
+    Some(format!("{}:{}", url.host_str()?, url.port_or_known_default()?))
+}
+
+/// Asks `url` once (GET, with whatever `request` carries) and reads only
+/// the status: any HTTP answer, even 401 or 404, means something listens.
+/// Err (a `Network` failure with its cause) when nothing answered within
+/// `timeout`. The provider's own client, so its redirect rule holds: a
+/// redirect is an answer, and is not followed.
+pub async fn probe(request: reqwest::RequestBuilder, timeout: Duration) -> Result<(), Failure> {
+    match tokio::time::timeout(timeout, request.send()).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(network("probe failed", &e)),
+        Err(_) => Err(Failure::new(
+            FailureKind::Network,
+            format!("no answer within {timeout:?}"),
+            true,
+        )
+        .with_cause(Some(NetCause::TimedOut))),
+    }
 }
 
 /// Whether an error text says the prompt does not fit the context window.
@@ -258,7 +312,7 @@ pub async fn send(
                     FailureKind::Network,
                     format!("no response headers within {:?}", opts.response_timeout),
                     true,
-                )))
+                ).with_cause(Some(NetCause::TimedOut))))
             }
             Ok(Err(e)) => return Err(ProviderError::Failed(scrub(network("request failed", &e), key))),
             Ok(Ok(resp)) => resp,
@@ -464,13 +518,14 @@ impl SseStream {
         match next {
             None => Ok(None),
             Some(Ok(event)) => Ok(Some(event)),
-            Some(Err(EventStreamError::Transport(StreamError::Idle(idle)))) => {
-                Err(ProviderError::Failed(Failure::new(
+            Some(Err(EventStreamError::Transport(StreamError::Idle(idle)))) => Err(ProviderError::Failed(
+                Failure::new(
                     FailureKind::Network,
                     format!("the stream stalled: nothing for {idle:?}"),
                     true,
-                )))
-            }
+                )
+                .with_cause(Some(NetCause::Stalled)),
+            )),
             Some(Err(EventStreamError::Transport(StreamError::TooLarge(max)))) => {
                 Err(ProviderError::Failed(Failure::new(
                     FailureKind::BadResponse,
@@ -493,11 +548,14 @@ impl SseStream {
 /// The stream ended before the service said it was complete: the
 /// connection was cut, which another attempt may not meet.
 pub fn ended_early() -> ProviderError {
-    ProviderError::Failed(Failure::new(
-        FailureKind::Network,
-        "the stream ended before the response was complete",
-        true,
-    ))
+    ProviderError::Failed(
+        Failure::new(
+            FailureKind::Network,
+            "the stream ended before the response was complete",
+            true,
+        )
+        .with_cause(Some(NetCause::Closed)),
+    )
 }
 
 /// A data payload that is not the JSON it should be.
@@ -608,6 +666,36 @@ mod tests {
         let f = scrub(f, Some(&Secret::new("sk-secret-123".into())));
         assert!(!f.detail.contains("sk-secret-123"), "{}", f.detail);
         assert_eq!(truncate("héllo", 2), "h… (6 bytes in all)");
+    }
+
+    #[test]
+    fn a_host_is_host_and_port_without_user_path_or_query() {
+        assert_eq!(
+            host_of("http://127.0.0.1:11434/v1").as_deref(),
+            Some("127.0.0.1:11434")
+        );
+        assert_eq!(
+            host_of("https://api.openai.com/v1").as_deref(),
+            Some("api.openai.com:443")
+        );
+        assert_eq!(
+            host_of("http://user:secret@[::1]:8080/v1?key=sk-1").as_deref(),
+            Some("[::1]:8080")
+        );
+        assert_eq!(host_of("not a url"), None);
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_named_by_its_kind() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        drop(l);
+        let c = client(&ClientOptions::default()).unwrap();
+        let f = probe(c.get(format!("http://{addr}/v1/models")), Duration::from_secs(3))
+            .await
+            .unwrap_err();
+        assert_eq!((f.kind, f.cause), (FailureKind::Network, Some(NetCause::Refused)));
+        assert!(f.retryable);
     }
 
     #[test]

@@ -182,6 +182,35 @@ impl FailureKind {
     }
 }
 
+/// Why a model service could not be reached, as far as the transport
+/// says (from the error's kind, never its text).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NetCause {
+    /// Nothing listens at the address.
+    Refused,
+    /// The connection was reset or closed before the answer was complete.
+    Closed,
+    /// Connecting, or waiting for the answer, took too long.
+    TimedOut,
+    /// The answer's stream went silent.
+    Stalled,
+    /// Some other failure to connect (a name that does not resolve, TLS).
+    NoConnection,
+}
+
+impl NetCause {
+    /// Words for a person, e.g. after "could not reach … (".
+    pub fn words(self) -> &'static str {
+        match self {
+            NetCause::Refused => "connection refused",
+            NetCause::Closed => "the connection was closed",
+            NetCause::TimedOut => "timed out",
+            NetCause::Stalled => "the answer stalled",
+            NetCause::NoConnection => "could not connect",
+        }
+    }
+}
+
 /// One failed attempt at a turn.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Failure {
@@ -192,6 +221,8 @@ pub struct Failure {
     pub retryable: bool,
     /// How long the service asked us to wait before trying again.
     pub retry_after: Option<Duration>,
+    /// For a `Network` failure: why, when the transport says.
+    pub cause: Option<NetCause>,
 }
 
 impl Failure {
@@ -201,6 +232,42 @@ impl Failure {
             detail: detail.into(),
             retryable,
             retry_after: None,
+            cause: None,
+        }
+    }
+
+    /// The same failure, knowing why the service was not reached.
+    pub fn with_cause(mut self, cause: Option<NetCause>) -> Self {
+        self.cause = cause;
+        self
+    }
+
+    /// What `run_finished` says when retries run out: the kind's message,
+    /// naming the service's `host` (`HOST:PORT`, never a path or key) when
+    /// it could not be reached.
+    pub fn message_at(&self, host: Option<&str>) -> String {
+        match (&self.kind, host) {
+            (FailureKind::Network, Some(h)) => format!("could not reach the model service at {h}"),
+            _ => self.kind.message(),
+        }
+    }
+
+    /// What a `status.retrying.reason` says before the next attempt: what
+    /// failed, naming the service's `host` and, when unreachable, why.
+    pub fn retry_reason(&self, host: Option<&str>) -> String {
+        let service = match host {
+            Some(h) => format!("the model service at {h}"),
+            None => "the model service".to_string(),
+        };
+        match self.kind {
+            FailureKind::Network => match self.cause {
+                Some(c) => format!("could not reach {service} ({})", c.words()),
+                None => format!("could not reach {service}"),
+            },
+            FailureKind::RateLimit => format!("{service} is rate limiting requests"),
+            FailureKind::Overloaded => format!("{service} is overloaded"),
+            FailureKind::BadResponse => format!("{service} sent an invalid response"),
+            _ => self.kind.message(),
         }
     }
 }
@@ -253,7 +320,22 @@ pub trait Provider: Send + Sync + 'static {
     ) -> TurnFuture<'a>;
     /// The models this provider's key can reach, asked live.
     fn list_models(&self) -> ModelsFuture<'_>;
+    /// Where the service is, as `HOST:PORT` (no scheme, path or key), for
+    /// messages a person reads; None for a model with no address.
+    fn host(&self) -> Option<String> {
+        None
+    }
+    /// Whether the service answers at all within `timeout`: its models
+    /// listing asked once, any HTTP status counting as an answer. A
+    /// model with no address always answers.
+    fn probe(&self, timeout: Duration) -> ProbeFuture<'_> {
+        let _ = timeout;
+        Box::pin(std::future::ready(Ok(())))
+    }
 }
+
+/// What `Provider::probe` found: Err when nothing answered (a `Network` failure).
+pub type ProbeFuture<'a> = Pin<Box<dyn Future<Output = Result<(), Failure>> + Send + 'a>>;
 
 /// The provider families vak speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -369,5 +451,56 @@ pub fn connect_with(
             endpoint.key.clone(),
             options.clone(),
         )?)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_network_failure_names_the_host_and_a_retry_says_why() {
+        let refused = Failure::new(
+            FailureKind::Network,
+            "connect error: tcp connect error: os error 111",
+            true,
+        )
+        .with_cause(Some(NetCause::Refused));
+        let host = Some("127.0.0.1:9");
+        assert_eq!(
+            refused.message_at(host),
+            "could not reach the model service at 127.0.0.1:9"
+        );
+        assert_eq!(
+            refused.retry_reason(host),
+            "could not reach the model service at 127.0.0.1:9 (connection refused)"
+        );
+        // No address (the offline model, a test's provider): as before.
+        assert_eq!(refused.message_at(None), "could not reach the model service");
+        assert_eq!(
+            refused.retry_reason(None),
+            "could not reach the model service (connection refused)"
+        );
+        // A cause the transport did not name: no parenthesis.
+        let cut = Failure::new(FailureKind::Network, "connection closed", true);
+        assert_eq!(
+            cut.retry_reason(host),
+            "could not reach the model service at 127.0.0.1:9"
+        );
+        // A retry is under way: no "try again later" in its reason.
+        let busy = Failure::new(FailureKind::RateLimit, "HTTP 429", true);
+        assert_eq!(
+            busy.retry_reason(Some("api.openai.com:443")),
+            "the model service at api.openai.com:443 is rate limiting requests"
+        );
+        assert_eq!(
+            busy.message_at(Some("api.openai.com:443")),
+            FailureKind::RateLimit.message(),
+            "only an unreachable service's final message names the host"
+        );
+        let fail = Failure::new(FailureKind::Directive("boom".into()), "boom", true);
+        assert_eq!(fail.retry_reason(host), "the model failed: boom");
+        // Never the raw detail.
+        assert!(!refused.retry_reason(host).contains("os error"));
     }
 }

@@ -203,6 +203,17 @@ impl Provider for OpenAi {
     fn list_models(&self) -> ModelsFuture<'_> {
         Box::pin(self.models())
     }
+
+    fn host(&self) -> Option<String> {
+        http::host_of(&self.base)
+    }
+
+    fn probe(&self, timeout: std::time::Duration) -> super::ProbeFuture<'_> {
+        Box::pin(http::probe(
+            self.authorized(self.http.get(format!("{}/models", self.base))),
+            timeout,
+        ))
+    }
 }
 
 /// The Chat Completions body for `req`.

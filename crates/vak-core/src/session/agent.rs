@@ -1,6 +1,6 @@
 //! The agent loop: one leg of a turn chain. It asks the provider for a turn, runs the tools it calls (through approvals when needed), and repeats until the model answers without tools or the max-turns cap.
 
-use crate::event::{AgentEvent, ClientEvent, Compaction, RunOutcome, StopReason};
+use crate::event::{AgentEvent, ClientEvent, Compaction, Retrying, RunOutcome, StopReason};
 use crate::host::hooks::HookEvent;
 use crate::log::deltas::{Deltas, FREE};
 use crate::permissions::{self, Decision};
@@ -372,13 +372,25 @@ async fn leg_turns(
                     }
                 }
             }
+            // Where the service is, for the person reading (never its path or key).
+            let host = leg.route.provider.host();
             if !failure.retryable || attempt >= rt.cfg.provider_retries {
-                return LegEnd::new(RunOutcome::Failed, failure.kind.message());
+                return LegEnd::new(RunOutcome::Failed, failure.message_at(host.as_deref()));
             }
             attempt += 1;
             session.emit(AgentEvent::Retry {
                 attempt,
                 error: failure.detail.clone(),
+            });
+            // Clients see the wait (a status line, not a conversation item):
+            // it stands until the run's next event.
+            session.publish(ClientEvent::Status {
+                busy: true,
+                retrying: Some(Retrying {
+                    attempt,
+                    of: rt.cfg.provider_retries,
+                    reason: failure.retry_reason(host.as_deref()),
+                }),
             });
             let wait = retry_delay(rt.cfg.retry_backoff, attempt, &failure, random_unit());
             tokio::select! {

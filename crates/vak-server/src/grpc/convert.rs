@@ -548,7 +548,7 @@ pub(crate) fn config(c: ConfigInfo) -> pb::ConfigInfo {
         theme_source: enums::route_source(c.settings.theme_source) as i32,
         hooks: Some(hooks(&c.settings.hooks.specs())),
         hooks_source: enums::route_source(c.settings.hooks_source) as i32,
-        warnings: Vec::new(),
+        warnings: c.warnings,
     }
 }
 

@@ -573,3 +573,33 @@ fn a_run_cut_behind_a_resync_says_so_from_the_transcript() {
         ["resynced from the transcript", "⚠ cut at the output limit"]
     );
 }
+
+#[test]
+fn a_retry_of_our_run_is_a_note_never_part_of_the_answer() {
+    let retrying = |attempt| {
+        Kind::Status(pb::Status {
+            busy: true,
+            retrying: Some(pb::Retrying {
+                attempt,
+                of: 2,
+                reason: "could not reach the model service at 127.0.0.1:9 (connection refused)".into(),
+            }),
+        })
+    };
+    let mut r = started(false, Policy::Ask);
+    feed(
+        &mut r,
+        vec![user(4, OURS), ev(5, retrying(1)), ev(6, retrying(2))],
+    );
+    let failed = finished(7, "failed", "could not reach the model service at 127.0.0.1:9");
+    assert_eq!(r.update(failed), Step::Exit(EXIT_FAILED));
+    assert_eq!(r.out.stdout, "");
+    assert_eq!(
+        r.out.notes,
+        [
+            "retrying 1/2: could not reach the model service at 127.0.0.1:9 (connection refused)",
+            "retrying 2/2: could not reach the model service at 127.0.0.1:9 (connection refused)",
+            "run failed: could not reach the model service at 127.0.0.1:9",
+        ]
+    );
+}

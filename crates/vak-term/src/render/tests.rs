@@ -561,3 +561,25 @@ fn a_run_cut_or_stopped_is_one_line_live_and_on_a_redraw() {
         vec![note("⚠ cut at the output limit")]
     );
 }
+
+#[test]
+fn a_retrying_status_is_one_dim_line_and_a_plain_one_nothing() {
+    let status = |retrying| pb::Event {
+        kind: Some(Kind::Status(pb::Status { busy: true, retrying })),
+        ..Default::default()
+    };
+    let mut r = Render::default();
+    assert!(r.event(&status(None)).is_empty());
+    let retrying = pb::Retrying {
+        attempt: 1,
+        of: 3,
+        reason: "could not reach the model service at 127.0.0.1:9 (connection refused)\x1b[2J".into(),
+    };
+    assert_eq!(
+        r.event(&status(Some(retrying))),
+        vec![line(
+            Style::Dim,
+            "retrying 1/3: could not reach the model service at 127.0.0.1:9 (connection refused)[2J"
+        )]
+    );
+}
