@@ -4,7 +4,9 @@
 
 use super::conn::approval;
 use super::follow::{Resync, Update};
-use super::render::{background_lines, clean, plan_text, retrying_line, stopped_line, tool_text, Piece, Render, PLAN_TOOL};
+use super::render::{
+    background_lines, clean, plan_text, retrying_line, stopped_line, tool_text, Piece, Render, PLAN_TOOL,
+};
 use super::Policy;
 use pb::event::Kind;
 use std::collections::VecDeque;
