@@ -535,15 +535,23 @@ Object.assign(ctx, {
   },
 });
 
-// A one-time login link first, then whatever login this browser already has.
+// A one-time login link first, then whatever login this browser already has
+// (a spent link is said once the page shows, since start() clears old errors).
+let refusedLink: string | undefined;
 void ticketLogin(base)
   .then((key) => {
     if (key) shareKey(key);
   })
   .catch((err) => {
-    state.errors.push(describe(err));
+    refusedLink = describe(err);
   })
   .then(() => start())
+  .then(() => {
+    if (refusedLink) {
+      state.errors.push(refusedLink);
+      render();
+    }
+  })
   .catch((err) => {
     state.errors.push(describe(err));
     render();

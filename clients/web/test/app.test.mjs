@@ -971,6 +971,85 @@ step("a model's code block is highlighted with a copy button; a reply cut at the
   await page.waitForFunction(() => /offline/.test(document.querySelector("#route")?.textContent ?? ""));
 });
 
+step("a run retrying the model service shows a retrying line until the retry answers (status.retrying)", async () => {
+  // A local OpenAI-compatible server that is overloaded (503) twice, then answers.
+  let posts = 0;
+  const chunk = (choices) => `data: ${JSON.stringify({ id: "c2", object: "chat.completion.chunk", created: 1, model: "fake", choices })}\n\n`;
+  let release;
+  const released = new Promise((r) => (release = r));
+  const fake = createServer(async (req, res) => {
+    req.resume();
+    if (req.method === "GET") {
+      res.writeHead(200, { "content-type": "application/json" });
+      return res.end(JSON.stringify({ object: "list", data: [{ id: "fake", object: "model" }] }));
+    }
+    posts += 1;
+    if (posts <= 2) {
+      res.writeHead(503, { "content-type": "application/json" });
+      return res.end(JSON.stringify({ error: { message: "overloaded" } }));
+    }
+    // The answer waits until the page has shown the retrying line.
+    await released;
+    res.writeHead(200, { "content-type": "text/event-stream" });
+    res.end(chunk([{ index: 0, delta: { role: "assistant", content: "back again" }, finish_reason: null }]) + chunk([{ index: 0, delta: {}, finish_reason: "stop" }]) + "data: [DONE]\n\n");
+  });
+  await new Promise((r) => fake.listen(0, "127.0.0.1", r));
+  const headers = { authorization: `Bearer ${token}`, "content-type": "application/json" };
+  const patch = (body) => fetch(`${vak.url}/config`, { method: "PATCH", headers, body: JSON.stringify(body) });
+  try {
+    const r = await patch({ provider: "openai", model: "fake", base_url: `http://127.0.0.1:${fake.address().port}/v1` });
+    assert.equal(r.status, 200, await r.text());
+    await page.waitForFunction(() => /fake/.test(document.querySelector("#route")?.textContent ?? ""));
+    const runs = await page.locator("#timeline .item.final_result").count();
+    await send(page, "are you there");
+    await page.waitForFunction(() => /^retrying \(2\/\d+\): /.test(document.querySelector("#retrying")?.textContent ?? ""), null, { timeout: 30_000 });
+    assert.match(await page.locator("#retrying").innerText(), /127\.0\.0\.1:\d+/, "the reason names the host");
+    release();
+    assert.equal(await lastOutcome(page, runs + 1), "completed");
+    await page.locator("#retrying").waitFor({ state: "detached" });
+    assert.match(await timelineText(page), /back again/);
+  } finally {
+    release();
+    const r = await patch({ provider: "offline" });
+    assert.equal(r.status, 200, await r.text());
+    fake.close();
+  }
+  await page.waitForFunction(() => /offline/.test(document.querySelector("#route")?.textContent ?? ""));
+});
+
+step("a one-time login link (vak open) logs a new browser in once and leaves the address bar", async () => {
+  const headers = { authorization: `Bearer ${token}` };
+  const r = await fetch(`${vak.url}/auth/ticket`, { method: "POST", headers });
+  const body = await r.text();
+  assert.equal(r.status, 200, body);
+  const { path } = JSON.parse(body);
+  assert.match(path, /^\/app\/#ticket=[0-9a-f]{32,}$/);
+  const browser = await launchChromium(CHROMIUM, join(tmp, "profile-ticket"), { viewport: DESKTOP });
+  try {
+    const tab = watch(await browser.newPage());
+    await tab.goto(`${proxy.url}${path}`);
+    await tab.locator("#timeline").waitFor();
+    assert.equal(new URL(tab.url()).hash, "", "the ticket is off the address bar");
+    // A reload keeps the login (not the ticket, which is spent).
+    await tab.reload();
+    await tab.locator("#timeline").waitFor();
+  } finally {
+    await browser.close();
+  }
+  // The same link in another browser: spent, so the login form says so in words.
+  const again = await launchChromium(CHROMIUM, join(tmp, "profile-ticket-2"), { viewport: DESKTOP });
+  try {
+    await expectingFailures(/HTTP 401 for POST \/auth\/login|status of 401 \(Unauthorized\)/, async () => {
+      const tab = watch(await again.newPage());
+      await tab.goto(`${proxy.url}${path}`);
+      await tab.locator("#login").waitFor();
+      await tab.waitForFunction(() => /login link was used already/.test(document.querySelector("#errors")?.textContent ?? ""));
+    });
+  } finally {
+    await again.close();
+  }
+});
+
 step("the app passes axe-core at desktop width (no serious or critical violation)", async () => {
   await page.locator(`#timeline .card`).first().waitFor();
   await page.click("#show-diff");
