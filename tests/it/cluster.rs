@@ -912,6 +912,13 @@ async fn a_route_patched_on_one_replica_is_every_replicas_and_a_stale_revision_i
     )
     .await;
     assert_eq!(code, 200, "{v}");
+    // Nothing listens there: applied, with a warning only the PATCH's answer carries.
+    assert_eq!(
+        v["warnings"],
+        json!(["http://127.0.0.1:9/v1 not reachable: connection refused"])
+    );
+    let mut v = v;
+    v["warnings"] = json!([]);
     let rev1 = v["revision"].as_str().unwrap().to_string();
     assert_ne!(rev1, rev0);
     assert_eq!(v["route"]["model"], "gpt-shared");
