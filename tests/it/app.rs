@@ -275,9 +275,15 @@ async fn admin_status_shows_streams_per_client_presence_and_recent_failures_neve
         .find(|p| p["session_id"] == sid.as_str())
         .unwrap_or_else(|| panic!("{body}"));
     assert_eq!(session["busy"], false);
+    let clients = session["clients"].as_array().unwrap();
+    assert_eq!(clients.len(), 1, "{session}");
     assert_eq!(
-        session["clients"],
-        serde_json::json!([{"client_id": stream_id, "surface": "stream"}])
+        (&clients[0]["client_id"], &clients[0]["surface"]),
+        (&serde_json::json!(stream_id), &serde_json::json!("stream"))
+    );
+    assert!(
+        humantime::parse_rfc3339(clients[0]["attached_at"].as_str().unwrap()).is_ok(),
+        "{session}"
     );
     // The access log records the refusal when its answer ends.
     let mut errors = body["recent_errors"].clone();

@@ -179,7 +179,7 @@ fn grpc_frame(m: pb::StreamMessage) -> Frame {
         F::Coworking(c) => {
             let list = |l: &[pb::Client]| -> Value {
                 l.iter()
-                    .map(|c| json!({"client_id": c.client_id, "surface": c.surface().json_name()}))
+                    .map(|c| json!({"client_id": c.client_id, "surface": c.surface().json_name(), "attached_at": c.attached_at}))
                     .collect()
             };
             (
@@ -1069,7 +1069,14 @@ async fn coworking_frames_show_clients_joining_and_leaving_a_followed_session() 
             .collect()
     };
     assert!(log.read_until(&mut conn, |l| coworking(l).len() == 1).await);
-    let me = json!({"client_id": stream_id, "surface": "stream"});
+    let me = coworking(&log)[0].data["clients"][0].clone();
+    assert_eq!(
+        (&me["client_id"], &me["surface"]),
+        (&json!(stream_id), &json!("stream"))
+    );
+    // When it attached: RFC 3339, a moment ago.
+    let at = humantime::parse_rfc3339(me["attached_at"].as_str().unwrap()).unwrap();
+    assert!(std::time::SystemTime::now().duration_since(at).unwrap() < crate::support::DEADLINE);
     assert_eq!(
         coworking(&log)[0].data,
         json!({"session_id": a, "clients": [me], "joined": [], "left": []})

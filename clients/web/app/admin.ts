@@ -5,7 +5,7 @@
 // failures, the scheduler's next fires and its time zone, and the day's model
 // spend against [finops] max_day_usd (GetAdminStatus); and two actions: cancel a session's run, close
 // (delete) a session, each saying what it did. Who is attached reads as the
-// kind of client and how long this page has seen it, never raw stream ids.
+// kind of client and how long it has been attached, never raw stream ids.
 // Read through the same gRPC-web client and login as the app; refreshed live
 // from GET /stream (status frames) and every few seconds.
 import "./app.css";
@@ -44,27 +44,25 @@ const state = {
   notice: "",
   /** The session whose Close asks once more. */
   confirmClose: "",
-  /** When this page first saw each attached client (the server does not say when it attached). */
-  seen: new Map<string, number>(),
 };
 
 const SURFACE_WORDS: Record<string, string> = { stream: "a browser tab or app", sse: "an SSE follower", grpc: "a gRPC client" };
 const CONN_WORDS: Record<string, string> = { idle: "offline", connecting: "connecting…", open: "live", reconnecting: "reconnecting…", closed: "offline" };
 
-/** "under a minute", "5 min", "2 h": how long this page has seen a client. */
+/** "under a minute", "5 min", "2 h": how long ago `ms` (epoch milliseconds) was. */
 function age(ms: number): string {
-  const s = Math.round((Date.now() - ms) / 1000);
+  const s = Math.max(0, Math.round((Date.now() - ms) / 1000));
   if (s < 60) return "under a minute";
   if (s < 3600) return `${Math.round(s / 60)} min`;
   return `${Math.round(s / 3600)} h`;
 }
 
-/** One attached client in words: its kind, and for how long this page has seen it. */
+/** One attached client in words: its kind, and how long it has been attached. */
 function clientWords(c: Client): Node {
   const surface = enumJsonName(SurfaceSchema, c.surface);
-  const first = state.seen.get(c.clientId) ?? Date.now();
-  state.seen.set(c.clientId, first);
-  return h("span", { class: "client", title: `client id ${c.clientId}` }, `${SURFACE_WORDS[surface] ?? surface}, for ${age(first)}`);
+  const since = Date.parse(c.attachedAt);
+  const how = Number.isNaN(since) ? "" : `, for ${age(since)}`;
+  return h("span", { class: "client", title: `client id ${c.clientId}, attached ${c.attachedAt}` }, `${SURFACE_WORDS[surface] ?? surface}${how}`);
 }
 declare global {
   interface Window {

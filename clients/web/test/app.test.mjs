@@ -1089,6 +1089,8 @@ step("/admin lists the session", async () => {
   // A session reads as its title and the start of its id.
   assert.match(await mine.innerText(), new RegExp(`Renamed in the page ${sessionId.slice(0, 8)}`));
   assert.match(await page.locator("#admin-config").innerText(), /offline/);
+  // Who is attached, in words: the kind of client and how long it has been attached.
+  assert.match(await mine.innerText(), /a browser tab or app, for (under a minute|\d+ min|\d+ h)/);
   // GetAdminStatus: this machine's streams (the console's own /stream at least) and the caps.
   // (Once its own stream is open, the console reads the status again and counts it.)
   await page.waitForFunction(() => /loopback\s+\d+/.test(document.querySelector("#admin-clients")?.innerText ?? ""));

@@ -106,6 +106,8 @@ impl Drop for Session {
 pub struct Client {
     pub client_id: String,
     pub surface: Surface,
+    /// When it attached (RFC 3339, UTC, seconds).
+    pub attached_at: String,
 }
 
 /// Keeps a client listed as attached until dropped.
@@ -494,6 +496,7 @@ impl Session {
         let client = Client {
             client_id: client_id.to_string(),
             surface,
+            attached_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
         };
         self.presence.send_modify(|clients| clients.push(client));
         PresenceGuard {

@@ -433,6 +433,7 @@ fn client(c: &Client) -> pb::Client {
     pb::Client {
         client_id: c.client_id.clone(),
         surface: enums::surface(c.surface) as i32,
+        attached_at: c.attached_at.clone(),
     }
 }
 
