@@ -117,6 +117,7 @@ async fn an_unreachable_model_service_fails() {
     assert_eq!(provider["status"], "fail", "{report}");
     let detail = provider["detail"].as_str().unwrap();
     assert!(detail.contains("could not reach the model service"), "{detail}");
+    assert!(detail.contains(&format!("at 127.0.0.1:{port}")), "names the host: {detail}");
     assert!(!detail.contains("sk-test"), "{detail}");
 }
 

@@ -109,13 +109,10 @@ pub async fn run(hub: &Hub, session: Option<&str>) -> Result<Report> {
         .map_err(|e| Error::internal(format!("the home check stopped: {e}")))?;
     report.facts.home_free_bytes = free;
     report.checks.insert(0, home_check);
-    let info = hub.control().config_info();
     let route = hub.control().workspace_runtime(None).await?.route();
     report.facts.provider = route.provider.name().to_string();
     report.facts.model = route.model.clone();
-    report
-        .checks
-        .push(provider(&route, info.route.base_url.as_deref()).await);
+    report.checks.push(provider(&route).await);
     for server in hub.control().mcp().status() {
         let (status, detail) = match server.state {
             McpState::Ready => (CheckStatus::Ok, format!("ready, {} tools", server.tools.len())),
@@ -241,7 +238,7 @@ fn free_bytes(path: &Path) -> Option<u64> {
 }
 
 /// One models listing through the live route (its key and base URL).
-async fn provider(route: &crate::route::Route, base_url: Option<&str>) -> Check {
+async fn provider(route: &crate::route::Route) -> Check {
     let name = route.provider.name();
     if name == ProviderKind::Offline.as_str() {
         return Check::new(
@@ -250,12 +247,11 @@ async fn provider(route: &crate::route::Route, base_url: Option<&str>) -> Check 
             "the offline model (embedded: no service to reach)",
         );
     }
-    let at = base_url
-        .and_then(|b| reqwest::Url::parse(b).ok())
-        .and_then(|u| {
-            u.host_str()
-                .map(|h| format!(" at {h}{}", u.port().map(|p| format!(":{p}")).unwrap_or_default()))
-        })
+    // The host the provider's client calls (HOST:PORT, never a path or key).
+    let at = route
+        .provider
+        .host()
+        .map(|h| format!(" at {h}"))
         .unwrap_or_default();
     match tokio::time::timeout(PROVIDER_TIMEOUT, route.provider.list_models()).await {
         Ok(Ok(models)) => Check::new(
