@@ -923,23 +923,19 @@ step("the sidebar works from the keyboard: Tab to a session, Enter opens it, its
   await page.locator("#timeline .item.final_result").first().waitFor();
 });
 
-step("a model's code block is highlighted with a copy button; a reply cut at the output limit says so (stop_reason)", async () => {
-  // A local OpenAI-compatible server (keyless, like Ollama) whose reply has a code block and stops at its length limit.
-  const ANSWER = "Here is the program:\n\n```rust\nfn main() { let answer = 42; }\n```\n\nThe beginning of a long explanation";
-  const chunk = (choices, extra = {}) => `data: ${JSON.stringify({ id: "c1", object: "chat.completion.chunk", created: 1, model: "fake", choices, ...extra })}\n\n`;
+/**
+ * Routes vak to a local OpenAI-compatible server (keyless, like Ollama) for `fn`: its
+ * model listing answers one model, every POST goes to `answer(req, res)`; the route
+ * goes back to the offline model after, whatever `fn` did.
+ */
+async function withFakeModel(answer, fn) {
   const fake = createServer((req, res) => {
     req.resume();
     if (req.method === "GET") {
       res.writeHead(200, { "content-type": "application/json" });
       return res.end(JSON.stringify({ object: "list", data: [{ id: "fake", object: "model" }] }));
     }
-    res.writeHead(200, { "content-type": "text/event-stream" });
-    res.end(
-      chunk([{ index: 0, delta: { role: "assistant", content: ANSWER }, finish_reason: null }]) +
-        chunk([{ index: 0, delta: {}, finish_reason: "length" }]) +
-        chunk([], { usage: { prompt_tokens: 10, completion_tokens: 5, total_tokens: 15 } }) +
-        "data: [DONE]\n\n",
-    );
+    return answer(req, res);
   });
   await new Promise((r) => fake.listen(0, "127.0.0.1", r));
   const headers = { authorization: `Bearer ${token}`, "content-type": "application/json" };
@@ -948,6 +944,29 @@ step("a model's code block is highlighted with a copy button; a reply cut at the
     const r = await patch({ provider: "openai", model: "fake", base_url: `http://127.0.0.1:${fake.address().port}/v1` });
     assert.equal(r.status, 200, await r.text());
     await page.waitForFunction(() => /fake/.test(document.querySelector("#route")?.textContent ?? ""));
+    await fn();
+  } finally {
+    const r = await patch({ provider: "offline" });
+    assert.equal(r.status, 200, await r.text());
+    fake.close();
+  }
+  await page.waitForFunction(() => /offline/.test(document.querySelector("#route")?.textContent ?? ""));
+}
+
+step("a model's code block is highlighted with a copy button; a reply cut at the output limit says so (stop_reason)", async () => {
+  // A local OpenAI-compatible server (keyless, like Ollama) whose reply has a code block and stops at its length limit.
+  const ANSWER = "Here is the program:\n\n```rust\nfn main() { let answer = 42; }\n```\n\nThe beginning of a long explanation";
+  const chunk = (choices, extra = {}) => `data: ${JSON.stringify({ id: "c1", object: "chat.completion.chunk", created: 1, model: "fake", choices, ...extra })}\n\n`;
+  const answer = (req, res) => {
+    res.writeHead(200, { "content-type": "text/event-stream" });
+    res.end(
+      chunk([{ index: 0, delta: { role: "assistant", content: ANSWER }, finish_reason: null }]) +
+        chunk([{ index: 0, delta: {}, finish_reason: "length" }]) +
+        chunk([], { usage: { prompt_tokens: 10, completion_tokens: 5, total_tokens: 15 } }) +
+        "data: [DONE]\n\n",
+    );
+  };
+  await withFakeModel(answer, async () => {
     const runs = await page.locator("#timeline .item.final_result").count();
     await send(page, "tell me everything");
     assert.equal(await lastOutcome(page, runs + 1), "completed");
@@ -963,12 +982,7 @@ step("a model's code block is highlighted with a copy button; a reply cut at the
     await page.waitForFunction(() => [...document.querySelectorAll("#timeline button.copy")].some((b) => b.textContent === "Copied"));
     assert.equal(await page.evaluate(() => navigator.clipboard.readText()), "fn main() { let answer = 42; }");
     await shot(page, "app-cut-at-limit");
-  } finally {
-    const r = await patch({ provider: "offline" });
-    assert.equal(r.status, 200, await r.text());
-    fake.close();
-  }
-  await page.waitForFunction(() => /offline/.test(document.querySelector("#route")?.textContent ?? ""));
+  });
 });
 
 step("a run retrying the model service shows a retrying line until the retry answers (status.retrying)", async () => {
@@ -977,12 +991,7 @@ step("a run retrying the model service shows a retrying line until the retry ans
   const chunk = (choices) => `data: ${JSON.stringify({ id: "c2", object: "chat.completion.chunk", created: 1, model: "fake", choices })}\n\n`;
   let release;
   const released = new Promise((r) => (release = r));
-  const fake = createServer(async (req, res) => {
-    req.resume();
-    if (req.method === "GET") {
-      res.writeHead(200, { "content-type": "application/json" });
-      return res.end(JSON.stringify({ object: "list", data: [{ id: "fake", object: "model" }] }));
-    }
+  const answer = async (req, res) => {
     posts += 1;
     if (posts <= 2) {
       res.writeHead(503, { "content-type": "application/json" });
@@ -992,29 +1001,21 @@ step("a run retrying the model service shows a retrying line until the retry ans
     await released;
     res.writeHead(200, { "content-type": "text/event-stream" });
     res.end(chunk([{ index: 0, delta: { role: "assistant", content: "back again" }, finish_reason: null }]) + chunk([{ index: 0, delta: {}, finish_reason: "stop" }]) + "data: [DONE]\n\n");
-  });
-  await new Promise((r) => fake.listen(0, "127.0.0.1", r));
-  const headers = { authorization: `Bearer ${token}`, "content-type": "application/json" };
-  const patch = (body) => fetch(`${vak.url}/config`, { method: "PATCH", headers, body: JSON.stringify(body) });
+  };
   try {
-    const r = await patch({ provider: "openai", model: "fake", base_url: `http://127.0.0.1:${fake.address().port}/v1` });
-    assert.equal(r.status, 200, await r.text());
-    await page.waitForFunction(() => /fake/.test(document.querySelector("#route")?.textContent ?? ""));
-    const runs = await page.locator("#timeline .item.final_result").count();
-    await send(page, "are you there");
-    await page.waitForFunction(() => /^retrying \(2\/\d+\): /.test(document.querySelector("#retrying")?.textContent ?? ""), null, { timeout: 30_000 });
-    assert.match(await page.locator("#retrying").innerText(), /127\.0\.0\.1:\d+/, "the reason names the host");
-    release();
-    assert.equal(await lastOutcome(page, runs + 1), "completed");
-    await page.locator("#retrying").waitFor({ state: "detached" });
-    assert.match(await timelineText(page), /back again/);
+    await withFakeModel(answer, async () => {
+      const runs = await page.locator("#timeline .item.final_result").count();
+      await send(page, "are you there");
+      await page.waitForFunction(() => /^retrying \(2\/\d+\): /.test(document.querySelector("#retrying")?.textContent ?? ""), null, { timeout: 30_000 });
+      assert.match(await page.locator("#retrying").innerText(), /127\.0\.0\.1:\d+/, "the reason names the host");
+      release();
+      assert.equal(await lastOutcome(page, runs + 1), "completed");
+      await page.locator("#retrying").waitFor({ state: "detached" });
+      assert.match(await timelineText(page), /back again/);
+    });
   } finally {
     release();
-    const r = await patch({ provider: "offline" });
-    assert.equal(r.status, 200, await r.text());
-    fake.close();
   }
-  await page.waitForFunction(() => /offline/.test(document.querySelector("#route")?.textContent ?? ""));
 });
 
 step("a one-time login link (vak open) logs a new browser in once and leaves the address bar", async () => {
