@@ -117,20 +117,31 @@ async fn an_unreachable_model_service_fails() {
     assert_eq!(provider["status"], "fail", "{report}");
     let detail = provider["detail"].as_str().unwrap();
     assert!(detail.contains("could not reach the model service"), "{detail}");
-    assert!(detail.contains(&format!("at 127.0.0.1:{port}")), "names the host: {detail}");
+    assert!(
+        detail.contains(&format!("at 127.0.0.1:{port}")),
+        "names the host: {detail}"
+    );
     assert!(!detail.contains("sk-test"), "{detail}");
+}
+
+/// `vak doctor --home HOME`: its exit code and stdout.
+async fn vak_doctor(home: &std::path::Path) -> (Option<i32>, String) {
+    let out = vak(&["doctor", "--home", home.to_str().unwrap()])
+        .output()
+        .await
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
 }
 
 #[tokio::test]
 async fn vak_doctor_prints_the_checks_and_exits_1_when_one_fails() {
     let served = Serve::new().start().await;
     let home = served.dirs.home().to_path_buf();
-    let out = vak(&["doctor", "--home", home.to_str().unwrap()])
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    let (code, stdout) = vak_doctor(&home).await;
+    assert_eq!(code, Some(0), "{stdout}");
     assert!(
         stdout.starts_with(&format!("vak doctor: {} (vak ", served.url)),
         "{stdout}"
@@ -145,12 +156,8 @@ async fn vak_doctor_prints_the_checks_and_exits_1_when_one_fails() {
         .start()
         .await;
     let home = served.dirs.home().to_path_buf();
-    let out = vak(&["doctor", "--home", home.to_str().unwrap()])
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    let (code, stdout) = vak_doctor(&home).await;
+    assert_eq!(code, Some(1), "{stdout}");
     assert!(stdout.contains("\nfail  provider "), "{stdout}");
     let port = base.rsplit(':').next().unwrap().trim_end_matches("/v1");
     assert!(
@@ -166,10 +173,7 @@ async fn vak_doctor_prints_the_checks_and_exits_1_when_one_fails() {
     assert_eq!(served.vak.terminate().await.code(), Some(0));
 
     // No server at all.
-    let out = vak(&["doctor", "--home", home.to_str().unwrap()])
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("no server is running"));
+    let (code, stdout) = vak_doctor(&home).await;
+    assert_eq!(code, Some(1));
+    assert!(stdout.contains("no server is running"), "{stdout}");
 }
