@@ -473,6 +473,24 @@ impl AgentService for Baseline {
     ) -> Result<Response<pb::DoctorReport>, Status> {
         unimplemented()
     }
+    async fn list_receipts(
+        &self,
+        _: Request<pb::ListReceiptsRequest>,
+    ) -> Result<Response<pb::ListReceiptsResponse>, Status> {
+        unimplemented()
+    }
+    async fn export_backup(
+        &self,
+        _: Request<pb::ExportBackupRequest>,
+    ) -> Result<Response<pb::ExportBackupResponse>, Status> {
+        unimplemented()
+    }
+    async fn import_backup(
+        &self,
+        _: Request<pb::ImportBackupRequest>,
+    ) -> Result<Response<pb::ImportBackupResponse>, Status> {
+        unimplemented()
+    }
 }
 
 /// `vak-bench baseline-server`: serves until killed, announcing its address

@@ -19,11 +19,9 @@ use vak_core::host::registry::{Located, Registry};
 use vak_core::log::presentation::PresentationEvent;
 use vak_core::session::admission::AdmissionState;
 use vak_core::session::approvals::Answer;
-use vak_core::session::live::PresenceGuard;
 use vak_core::stream::cursor::CursorVector;
 use vak_core::stream::delivery::{Delivery, End};
 use vak_core::stream::mux::{self, Control, Mux};
-use vak_core::stream::subscription::Subscription;
 use vak_core::{host::diff, host::files, host::memory, host::search, session::wait};
 use vak_proto::v1 as pb;
 
@@ -32,17 +30,21 @@ use vak_proto::v1 as pb;
 const MCP_SETTLE: Duration = Duration::from_secs(30);
 
 mod admin;
+mod backup;
 mod digest;
 mod doctor;
 mod forwarding;
 mod host_info;
 mod launch;
 mod memory_writes;
+mod opened;
 mod pr;
+mod receipts;
 mod tasks;
 mod workers;
 
 use forwarding::{is_forwarded, Served};
+pub(crate) use opened::Opened;
 
 pub(crate) type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send>>;
 pub(crate) type MuxStream = Pin<Box<dyn Stream<Item = Result<pb::StreamMessage, Status>> + Send>>;
@@ -160,37 +162,6 @@ impl AgentApi {
             }
             None => Ok(self.control().config().workspace.clone()),
         }
-    }
-}
-
-/// A subscription opened for one client, with what holds its stream slot and
-/// its place in the session's coworking list for as long as it lives.
-pub struct Opened {
-    pub session_id: String,
-    pub latest_seq: u64,
-    /// The cursor the client resumed from (None: live only).
-    pub after: Option<u64>,
-    pub subscription: Subscription,
-    pub hold: (PresenceGuard, StreamPermit),
-}
-
-impl AgentApi {
-    /// Opens a session subscription: what Subscribe streams as messages and
-    /// SSE streams as pre-encoded frames.
-    pub async fn open_subscription(&self, req: Request<pb::SubscribeRequest>) -> Result<Opened, Status> {
-        let surface = surface(&req);
-        let permit = self.permit(&req)?;
-        let r = req.into_inner();
-        let s = self.session(&r.session_id).await?;
-        let presence = s.join(&client_id(), surface);
-        let subscription = s.subscribe(r.after);
-        Ok(Opened {
-            session_id: s.id().to_string(),
-            latest_seq: subscription.latest_seq(),
-            after: r.after,
-            subscription,
-            hold: (presence, permit),
-        })
     }
 }
 
@@ -957,6 +928,24 @@ impl AgentService for AgentApi {
         r: Request<pb::GetDoctorRequest>,
     ) -> Result<Response<pb::DoctorReport>, Status> {
         self.doctor(r.into_inner()).await.map(Response::new)
+    }
+    async fn list_receipts(
+        &self,
+        r: Request<pb::ListReceiptsRequest>,
+    ) -> Result<Response<pb::ListReceiptsResponse>, Status> {
+        self.receipts(r.into_inner()).await.map(Response::new)
+    }
+    async fn export_backup(
+        &self,
+        r: Request<pb::ExportBackupRequest>,
+    ) -> Result<Response<pb::ExportBackupResponse>, Status> {
+        self.backup_export(r.into_inner()).await.map(Response::new)
+    }
+    async fn import_backup(
+        &self,
+        r: Request<pb::ImportBackupRequest>,
+    ) -> Result<Response<pb::ImportBackupResponse>, Status> {
+        self.backup_import(r.into_inner()).await.map(Response::new)
     }
     async fn list_workers(
         &self,

@@ -23,6 +23,7 @@ fn params(route: &str) -> &'static [&'static str] {
         "/search" => &["q", "limit", "all"],
         "/digest" => &["days"],
         "/doctor" => &["session"],
+        "/sessions/{id}/receipts" => &["include"],
         "/sessions/{id}/launch/logs" => &["name", "tail"],
         "/pty" => super::pty::PARAMS,
         _ => &[],

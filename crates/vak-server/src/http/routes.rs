@@ -78,6 +78,9 @@ pub(crate) fn router(state: AppState) -> Router {
         // ---- Budget and digest (issue 29) ----
         .route("/digest", get(digest))
         .route("/doctor", get(doctor))
+        .route("/sessions/{id}/receipts", get(receipts))
+        .route("/backup/export", post(backup_export))
+        .route("/backup/import", post(backup_import))
         // ---- Workers, best-of-N, dev servers, the PR view (issue 30) ----
         .merge(super::workbench::routes())
         .method_not_allowed_fallback(|| async {
@@ -622,4 +625,27 @@ async fn doctor(State(st): State<AppState>, q: Query) -> Response {
         session: q.get("session").cloned(),
     };
     reply(StatusCode::OK, st.api.get_doctor(Request::new(req)).await)
+}
+
+/// `GET /sessions/ID/receipts?include=prompt`.
+async fn receipts(State(st): State<AppState>, Path(session_id): Path<String>, q: Query) -> Response {
+    let req = pb::ListReceiptsRequest {
+        session_id,
+        include: q.get("include").cloned(),
+    };
+    reply(StatusCode::OK, st.api.list_receipts(Request::new(req)).await)
+}
+
+async fn backup_export(State(st): State<AppState>, b: Body) -> Response {
+    match body::<pb::ExportBackupRequest>(&st, b).await {
+        Ok(req) => reply(StatusCode::OK, st.api.export_backup(Request::new(req)).await),
+        Err(e) => e,
+    }
+}
+
+async fn backup_import(State(st): State<AppState>, b: Body) -> Response {
+    match body::<pb::ImportBackupRequest>(&st, b).await {
+        Ok(req) => reply(StatusCode::OK, st.api.import_backup(Request::new(req)).await),
+        Err(e) => e,
+    }
 }
