@@ -1,6 +1,7 @@
 //! What the server holds besides sessions' logs: the hub, with its registry of live sessions and their recovery and its control plane; config and keys, rules, memory, search, workspaces, the session index, files, diffs, terminals, dev servers and the PR view.
 
 pub mod agent_settings;
+pub mod backup;
 pub mod children;
 pub mod config;
 pub mod control;

@@ -5,6 +5,7 @@
 //! first accesses to one session share one load (`OnceCell`). Loading is in
 //! `registry/load.rs`; delete, rename and fork in `registry/lifecycle.rs`.
 
+mod adopt;
 mod lifecycle;
 mod load;
 
@@ -450,7 +451,7 @@ impl Registry {
 
     /// Writes the index if it changed, off the runtime, from the index
     /// file's owner task (saves land in the order they were asked for).
-    async fn save_index(&self) {
+    pub(crate) async fn save_index(&self) {
         let saved = self
             .index_file
             .change(|index| {
