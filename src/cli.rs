@@ -36,6 +36,8 @@ pub enum Command {
     Open(crate::open::OpenArgs),
     /// Check the running server's health (GET /doctor); exits 1 when a check fails.
     Doctor(crate::doctor::DoctorArgs),
+    /// Copy a stopped home out to a directory (export) or back in (import).
+    Backup(crate::backup::BackupArgs),
 }
 
 /// `--permission-mode`; `ask`, `allow` and `deny`, its values before modes

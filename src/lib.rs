@@ -8,6 +8,7 @@
 //!
 //! The integration tests (tests/) reach the crates through the names below.
 
+pub mod backup;
 pub mod cli;
 pub mod doctor;
 pub mod open;

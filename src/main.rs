@@ -72,6 +72,7 @@ fn main() {
             Command::Token(args) => vak::open::token(args).map(|()| 0),
             Command::Open(args) => vak::open::open(args).await.map(|()| 0),
             Command::Doctor(args) => vak::doctor::run(args).await,
+            Command::Backup(args) => vak::backup::run(args).await,
         }
     });
     match result {

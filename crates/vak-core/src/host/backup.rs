@@ -65,6 +65,21 @@ pub(crate) struct FileEntry {
     pub sha256: String,
 }
 
+/// `export` of the home `hub` serves, off the runtime. Refused with `--bus`
+/// (the ledgers are in NATS JetStream, not in the home).
+pub async fn export_served(hub: &crate::host::hub::Hub, dest_dir: &str, include_secrets: bool) -> Result<Exported> {
+    let cfg = hub.control().config();
+    if cfg.nats.is_some() {
+        return Err(Error::invalid(
+            "with --bus, sessions live in NATS JetStream: backup export copies ledger files only",
+        ));
+    }
+    let (home, dest) = (cfg.home.clone(), dest_dir.to_string());
+    tokio::task::spawn_blocking(move || export(&home, &dest, include_secrets))
+        .await
+        .map_err(|e| Error::internal(format!("the backup task stopped: {e}")))?
+}
+
 /// `dir` as an absolute path outside the home (`what` names it in errors):
 /// relative, the home itself or anything inside it is invalid. Symlinks are
 /// resolved in the part of the path that exists, so a link into the home is
