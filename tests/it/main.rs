@@ -11,6 +11,7 @@ mod support;
 mod app;
 mod architecture;
 mod attachments;
+mod backup;
 mod big_records;
 mod cluster;
 mod config;
