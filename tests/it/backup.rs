@@ -239,11 +239,36 @@ async fn a_live_export_imported_into_a_fresh_home_replays_every_session_identica
         assert_eq!(r_new.last().unwrap().2["session_id"], to);
         assert_eq!(without_id(r_new), without_id(r_old), "{from} as {to}");
     }
-    // Overwriting a session loaded on the server is refused, and nothing changes.
+    // Overwriting a session loaded on the server is refused.
     let (code, v) = fresh
         .post("/backup/import", json!({"src_dir": plain.display().to_string(), "conflict": "overwrite"}))
         .await;
     assert_eq!((code, reason(&v)), (409, "session_live"), "{v}");
+
+    // After a restart nothing is loaded: overwrite replaces the sessions whole.
+    let (home, ws) = fresh.stop().await.unwrap();
+    let again = TestServer::start_in(home.path(), ws.path(), |c| {
+        c.core.permission = PermissionMode::Bypass;
+        c.core.allow_bypass = true;
+    })
+    .await;
+    run_to_end(&again, &ids[0], "a prompt the backup does not have").await;
+    let (code, v) = again
+        .post("/backup/import", json!({"src_dir": plain.display().to_string(), "conflict": "overwrite"}))
+        .await;
+    assert_eq!((code, reason(&v)), (409, "session_live"), "the one just used is loaded: {v}");
+    assert!(again.stop().await.is_none());
+    let again = TestServer::start_in(home.path(), ws.path(), |_| {}).await;
+    let (code, v) = again
+        .post("/backup/import", json!({"src_dir": plain.display().to_string(), "conflict": "overwrite"}))
+        .await;
+    assert_eq!(code, 200, "{v}");
+    let overwritten: Vec<_> = ids.iter().map(|id| (id.clone(), id.clone(), "overwritten".to_string())).collect();
+    assert_eq!(actions(&v), overwritten);
+    for id in &ids {
+        assert_eq!(seen(&again, id).await, seen(&s, id).await, "session {id}");
+        assert_eq!(again.latest_seq(id).await, s.latest_seq(id).await);
+    }
 }
 
 #[tokio::test]
