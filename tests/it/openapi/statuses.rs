@@ -265,6 +265,17 @@ async fn every_documented_status_is_reached_and_every_status_reached_is_document
     r.call(&s, "GET", "/doctor", &format!("/doctor?session={sid}"), None, 200).await;
     r.call(&s, "GET", "/doctor", "/doctor?session=bad%20id", None, 400).await;
     r.call(&s, "GET", "/doctor", "/doctor?session=nosuchsession", None, 404).await;
+    // Backup: out of the home and back; a loaded session is not overwritten.
+    let out = tempfile::tempdir().unwrap();
+    let dest = out.path().join("b").display().to_string();
+    r.call(&s, "POST", "/backup/export", "/backup/export", Some(json!({"dest_dir": dest})), 200).await;
+    let home = s.home.display().to_string();
+    r.call(&s, "POST", "/backup/export", "/backup/export", Some(json!({"dest_dir": home})), 400).await;
+    r.call(&s, "POST", "/backup/import", "/backup/import", Some(json!({"src_dir": dest})), 200).await;
+    r.call(&s, "POST", "/backup/import", "/backup/import", Some(json!({"src_dir": home})), 400).await;
+    let empty = out.path().display().to_string();
+    r.call(&s, "POST", "/backup/import", "/backup/import", Some(json!({"src_dir": empty})), 404).await;
+    r.call(&s, "POST", "/backup/import", "/backup/import", Some(json!({"src_dir": dest, "conflict": "overwrite"})), 409).await;
 
     // ---- configuration ----
     let cfg = r.call(&s, "GET", "/config", "/config", None, 200).await;
