@@ -191,7 +191,10 @@ async fn a_live_export_imported_into_a_fresh_home_replays_every_session_identica
     for p in ["secrets/keys.enc", "secrets/master.key"] {
         assert!(paths(&m).contains(&p.to_string()), "{m}");
     }
-    assert!(!any_file_holds(&secret, KEY), "the key is in a backup in plaintext");
+    assert!(
+        !any_file_holds(&secret, KEY),
+        "the key is in a backup in plaintext"
+    );
 
     // A fresh server on a fresh home takes the backup in.
     let fresh = server().await;
@@ -199,12 +202,19 @@ async fn a_live_export_imported_into_a_fresh_home_replays_every_session_identica
         .post("/backup/import", json!({"src_dir": plain.display().to_string()}))
         .await;
     assert_eq!(code, 200, "{v}");
-    let imported: Vec<_> = ids.iter().map(|id| (id.clone(), id.clone(), "imported".to_string())).collect();
+    let imported: Vec<_> = ids
+        .iter()
+        .map(|id| (id.clone(), id.clone(), "imported".to_string()))
+        .collect();
     assert_eq!(actions(&v), imported);
     let (_, list) = fresh.get("/sessions").await;
     for id in &ids {
         assert!(
-            list["sessions"].as_array().unwrap().iter().any(|x| x["session_id"] == *id),
+            list["sessions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|x| x["session_id"] == *id),
             "{id} is listed: {list}"
         );
         assert_eq!(seen(&fresh, id).await, seen(&s, id).await, "session {id}");
@@ -212,13 +222,22 @@ async fn a_live_export_imported_into_a_fresh_home_replays_every_session_identica
 
     // Again: skip keeps the home's sessions; rename brings copies in under new ids.
     let (code, v) = fresh
-        .post("/backup/import", json!({"src_dir": plain.display().to_string(), "conflict": "skip"}))
+        .post(
+            "/backup/import",
+            json!({"src_dir": plain.display().to_string(), "conflict": "skip"}),
+        )
         .await;
     assert_eq!(code, 200, "{v}");
-    let skipped: Vec<_> = ids.iter().map(|id| (id.clone(), id.clone(), "skipped".to_string())).collect();
+    let skipped: Vec<_> = ids
+        .iter()
+        .map(|id| (id.clone(), id.clone(), "skipped".to_string()))
+        .collect();
     assert_eq!(actions(&v), skipped);
     let (code, v) = fresh
-        .post("/backup/import", json!({"src_dir": plain.display().to_string(), "conflict": "rename"}))
+        .post(
+            "/backup/import",
+            json!({"src_dir": plain.display().to_string(), "conflict": "rename"}),
+        )
         .await;
     assert_eq!(code, 200, "{v}");
     for (from, to, action) in actions(&v) {
@@ -241,7 +260,10 @@ async fn a_live_export_imported_into_a_fresh_home_replays_every_session_identica
     }
     // Overwriting a session loaded on the server is refused.
     let (code, v) = fresh
-        .post("/backup/import", json!({"src_dir": plain.display().to_string(), "conflict": "overwrite"}))
+        .post(
+            "/backup/import",
+            json!({"src_dir": plain.display().to_string(), "conflict": "overwrite"}),
+        )
         .await;
     assert_eq!((code, reason(&v)), (409, "session_live"), "{v}");
 
@@ -254,16 +276,29 @@ async fn a_live_export_imported_into_a_fresh_home_replays_every_session_identica
     .await;
     run_to_end(&again, &ids[0], "a prompt the backup does not have").await;
     let (code, v) = again
-        .post("/backup/import", json!({"src_dir": plain.display().to_string(), "conflict": "overwrite"}))
+        .post(
+            "/backup/import",
+            json!({"src_dir": plain.display().to_string(), "conflict": "overwrite"}),
+        )
         .await;
-    assert_eq!((code, reason(&v)), (409, "session_live"), "the one just used is loaded: {v}");
+    assert_eq!(
+        (code, reason(&v)),
+        (409, "session_live"),
+        "the one just used is loaded: {v}"
+    );
     assert!(again.stop().await.is_none());
     let again = TestServer::start_in(home.path(), ws.path(), |_| {}).await;
     let (code, v) = again
-        .post("/backup/import", json!({"src_dir": plain.display().to_string(), "conflict": "overwrite"}))
+        .post(
+            "/backup/import",
+            json!({"src_dir": plain.display().to_string(), "conflict": "overwrite"}),
+        )
         .await;
     assert_eq!(code, 200, "{v}");
-    let overwritten: Vec<_> = ids.iter().map(|id| (id.clone(), id.clone(), "overwritten".to_string())).collect();
+    let overwritten: Vec<_> = ids
+        .iter()
+        .map(|id| (id.clone(), id.clone(), "overwritten".to_string()))
+        .collect();
     assert_eq!(actions(&v), overwritten);
     for id in &ids {
         assert_eq!(seen(&again, id).await, seen(&s, id).await, "session {id}");
@@ -314,7 +349,11 @@ async fn the_home_relative_paths_used_folders_and_tampered_backups_are_refused()
     let tampered = out.path().join("tampered");
     std::fs::create_dir(&tampered).unwrap();
     let status = std::process::Command::new("cp")
-        .args(["-a", &format!("{}/.", good.display()), &tampered.display().to_string()])
+        .args([
+            "-a",
+            &format!("{}/.", good.display()),
+            &tampered.display().to_string(),
+        ])
         .status()
         .unwrap();
     assert!(status.success());
@@ -324,10 +363,18 @@ async fn the_home_relative_paths_used_folders_and_tampered_backups_are_refused()
     bytes[at] ^= 0x20;
     std::fs::write(&victim, bytes).unwrap();
     let fresh = server().await;
-    let (code, v) = fresh.post("/backup/import", json!({"src_dir": tampered.display().to_string()})).await;
+    let (code, v) = fresh
+        .post(
+            "/backup/import",
+            json!({"src_dir": tampered.display().to_string()}),
+        )
+        .await;
     assert_eq!((code, reason(&v)), (400, "manifest_mismatch"), "{v}");
     let message = v["error"]["message"].as_str().unwrap();
-    assert!(message.contains(&format!("sessions/{}.jsonl", ids[1])), "{message}");
+    assert!(
+        message.contains(&format!("sessions/{}.jsonl", ids[1])),
+        "{message}"
+    );
     let (_, list) = fresh.get("/sessions").await;
     assert_eq!(list["sessions"], json!([]), "{list}");
     // No staging folder is left in the home.
@@ -362,7 +409,13 @@ async fn vak_backup_works_offline_on_a_stopped_home_and_refuses_a_running_one() 
     let (home, _ws) = s.stop().await.unwrap();
     let out = tempfile::tempdir().unwrap();
     let dir = out.path().join("b");
-    let (code, stdout, stderr) = vak_backup(&["export", dir.to_str().unwrap(), "--home", home.path().to_str().unwrap()]).await;
+    let (code, stdout, stderr) = vak_backup(&[
+        "export",
+        dir.to_str().unwrap(),
+        "--home",
+        home.path().to_str().unwrap(),
+    ])
+    .await;
     assert_eq!(code, Some(0), "{stdout}{stderr}");
     assert!(stdout.starts_with("exported 2 sessions"), "{stdout}");
     verified_manifest(&dir);
@@ -370,7 +423,13 @@ async fn vak_backup_works_offline_on_a_stopped_home_and_refuses_a_running_one() 
     // Into a fresh home, then served there: the same sessions, the same events.
     let to_home = tempfile::tempdir().unwrap();
     let to_ws = tempfile::tempdir().unwrap();
-    let (code, stdout, stderr) = vak_backup(&["import", dir.to_str().unwrap(), "--home", to_home.path().to_str().unwrap()]).await;
+    let (code, stdout, stderr) = vak_backup(&[
+        "import",
+        dir.to_str().unwrap(),
+        "--home",
+        to_home.path().to_str().unwrap(),
+    ])
+    .await;
     assert_eq!(code, Some(0), "{stdout}{stderr}");
     for id in &ids {
         assert!(stdout.contains(&format!("imported    {id}")), "{stdout}");
@@ -384,7 +443,8 @@ async fn vak_backup_works_offline_on_a_stopped_home_and_refuses_a_running_one() 
     // A home a server runs on is refused, naming the server.
     let running = Serve::new().start().await;
     let h = running.dirs.home().to_str().unwrap().to_string();
-    let (code, _, stderr) = vak_backup(&["export", out.path().join("c").to_str().unwrap(), "--home", &h]).await;
+    let (code, _, stderr) =
+        vak_backup(&["export", out.path().join("c").to_str().unwrap(), "--home", &h]).await;
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("a server is running on the home"), "{stderr}");
     assert!(stderr.contains(&running.url), "{stderr}");

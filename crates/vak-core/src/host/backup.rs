@@ -11,8 +11,8 @@ mod export;
 mod import;
 
 pub use export::{export, Exported};
-pub use import::{import, import_offline, Action, Conflict, Imported, ImportedSession};
 pub(crate) use import::place;
+pub use import::{import, import_offline, Action, Conflict, Imported, ImportedSession};
 
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -35,7 +35,14 @@ const MAX_TOTAL_BYTES: u64 = 1 << 40;
 
 /// The top-level names a backup may hold: files, then folders.
 const TOP_FILES: &[&str] = &["USER.md", "config.toml", "tasks.json"];
-const TOP_DIRS: &[&str] = &["sessions", "memory", "permissions", "attachments", "costs", "secrets"];
+const TOP_DIRS: &[&str] = &[
+    "sessions",
+    "memory",
+    "permissions",
+    "attachments",
+    "costs",
+    "secrets",
+];
 /// What opens the key store: copied only with `include_secrets`.
 const SECRET_FILES: &[&str] = &["secrets/keys.enc", "secrets/master.key"];
 
@@ -67,7 +74,11 @@ pub(crate) struct FileEntry {
 
 /// `export` of the home `hub` serves, off the runtime. Refused with `--bus`
 /// (the ledgers are in NATS JetStream, not in the home).
-pub async fn export_served(hub: &crate::host::hub::Hub, dest_dir: &str, include_secrets: bool) -> Result<Exported> {
+pub async fn export_served(
+    hub: &crate::host::hub::Hub,
+    dest_dir: &str,
+    include_secrets: bool,
+) -> Result<Exported> {
     let cfg = hub.control().config();
     if cfg.nats.is_some() {
         return Err(Error::invalid(
@@ -90,8 +101,10 @@ pub(crate) fn outside_home(home: &Path, dir: &str, what: &str) -> Result<PathBuf
     }
     let path = Path::new(dir);
     if !path.is_absolute() {
-        return Err(Error::invalid(format!("{what} must be an absolute path (got {dir:?})"))
-            .with_reason("relative_path"));
+        return Err(
+            Error::invalid(format!("{what} must be an absolute path (got {dir:?})"))
+                .with_reason("relative_path"),
+        );
     }
     if path.components().any(|c| c == Component::ParentDir) {
         return Err(Error::invalid(format!("{what} must not contain \"..\"")).with_reason("relative_path"));
@@ -202,7 +215,13 @@ mod tests {
 
     #[test]
     fn only_plain_paths_under_known_names_are_allowed() {
-        for ok in ["sessions/a.jsonl", "memory/k.md", "USER.md", "attachments/ab", "costs/2026-01-01.jsonl"] {
+        for ok in [
+            "sessions/a.jsonl",
+            "memory/k.md",
+            "USER.md",
+            "attachments/ab",
+            "costs/2026-01-01.jsonl",
+        ] {
             assert!(allowed_path(ok), "{ok}");
         }
         for bad in [

@@ -1,6 +1,8 @@
 //! Writing a backup: every file of the home a backup holds, ledgers cut at their last complete record, then `manifest.json`.
 
-use super::{copy_hashing, io_err, outside_home, FileEntry, Manifest, FORMAT, FORMAT_VERSION, MANIFEST, SECRET_FILES};
+use super::{
+    copy_hashing, io_err, outside_home, FileEntry, Manifest, FORMAT, FORMAT_VERSION, MANIFEST, SECRET_FILES,
+};
 use crate::error::{Error, Result};
 use crate::ids::validate_session_id;
 use std::fs::File;
@@ -34,8 +36,10 @@ pub fn export(home: &Path, dest_dir: &str, include_secrets: bool) -> Result<Expo
     let dest = outside_home(home, dest_dir, "dest_dir")?;
     match std::fs::symlink_metadata(&dest) {
         Ok(m) if !m.is_dir() => {
-            return Err(Error::invalid(format!("dest_dir {} is not a directory", dest.display()))
-                .with_reason("dest_not_empty"))
+            return Err(
+                Error::invalid(format!("dest_dir {} is not a directory", dest.display()))
+                    .with_reason("dest_not_empty"),
+            )
         }
         Ok(_) => {
             let mut entries = std::fs::read_dir(&dest).map_err(io_err(&dest))?;
@@ -61,7 +65,11 @@ pub fn export(home: &Path, dest_dir: &str, include_secrets: bool) -> Result<Expo
             continue;
         };
         if s.ledger {
-            if let Some(id) = s.rel.strip_prefix("sessions/").and_then(|n| n.strip_suffix(".jsonl")) {
+            if let Some(id) = s
+                .rel
+                .strip_prefix("sessions/")
+                .and_then(|n| n.strip_suffix(".jsonl"))
+            {
                 sessions.push(id.to_string());
             }
         }
@@ -164,7 +172,9 @@ fn sources(home: &Path, include_secrets: bool) -> Vec<Source> {
             let ledger_id = name.strip_suffix(".jsonl");
             let title_id = name.strip_suffix(".title");
             let keep = name == "index.json"
-                || ledger_id.or(title_id).is_some_and(|id| validate_session_id(id).is_ok());
+                || ledger_id
+                    .or(title_id)
+                    .is_some_and(|id| validate_session_id(id).is_ok());
             if keep {
                 out.push(Source {
                     rel: format!("sessions/{name}"),

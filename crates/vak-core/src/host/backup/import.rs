@@ -1,8 +1,8 @@
 //! Reading a backup back in: the manifest checked and every file copied into a staging folder in the home while its sha256 is checked, then sessions placed under their id (skip, overwrite) or a fresh one (rename), through the registry when a server runs.
 
 use super::{
-    allowed_path, copy_hashing, io_err, outside_home, Manifest, FORMAT, FORMAT_VERSION, MANIFEST,
-    MAX_FILES, MAX_MANIFEST_BYTES, MAX_TOTAL_BYTES, SECRET_FILES,
+    allowed_path, copy_hashing, io_err, outside_home, Manifest, FORMAT, FORMAT_VERSION, MANIFEST, MAX_FILES,
+    MAX_MANIFEST_BYTES, MAX_TOTAL_BYTES, SECRET_FILES,
 };
 use crate::error::{Error, Result};
 use crate::host::hub::Hub;
@@ -87,13 +87,19 @@ impl Staged {
         reader.read_until(b'\n', &mut first).map_err(io_err(&from))?;
         let header = match serde_json::from_slice::<Record>(&first) {
             Ok(Record::Header {
-                created_at, workspace, ..
+                created_at,
+                workspace,
+                ..
             }) => Record::Header {
                 session_id: to.to_string(),
                 created_at,
                 workspace,
             },
-            _ => return Err(Error::invalid(format!("sessions/{id}.jsonl has no ledger header"))),
+            _ => {
+                return Err(Error::invalid(format!(
+                    "sessions/{id}.jsonl has no ledger header"
+                )))
+            }
         };
         let mut out = std::fs::OpenOptions::new()
             .write(true)
@@ -137,12 +143,18 @@ fn stage(home: &Path, src_dir: &str) -> Result<Staged> {
         let mut file = open_inside(&src, &f.path)?;
         let size = file.metadata().map_err(io_err(&src.join(&f.path)))?.len();
         if size != f.size {
-            return Err(mismatch(format!("{} is {size} bytes, the manifest says {}", f.path, f.size)));
+            return Err(mismatch(format!(
+                "{} is {size} bytes, the manifest says {}",
+                f.path, f.size
+            )));
         }
         let to = staged.dir.join(&f.path);
         let sha = copy_hashing(&mut file, &to, f.size).map_err(|e| mismatch(format!("{}: {e}", f.path)))?;
         if sha != f.sha256 {
-            return Err(mismatch(format!("{}: sha256 {sha}, the manifest says {}", f.path, f.sha256)));
+            return Err(mismatch(format!(
+                "{}: sha256 {sha}, the manifest says {}",
+                f.path, f.sha256
+            )));
         }
     }
     Ok(staged)
@@ -152,12 +164,18 @@ fn stage(home: &Path, src_dir: &str) -> Result<Staged> {
 fn read_manifest(src: &Path) -> Result<Manifest> {
     let path = src.join(MANIFEST);
     let no_backup = || {
-        Error::not_found(format!("no backup in {}: it has no {MANIFEST}", src.display())).with_reason("no_manifest")
+        Error::not_found(format!("no backup in {}: it has no {MANIFEST}", src.display()))
+            .with_reason("no_manifest")
     };
     match std::fs::symlink_metadata(&path) {
         Ok(m) if m.is_file() => {}
         Ok(_) => return Err(no_backup()),
-        Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory) => {
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+            ) =>
+        {
             return Err(no_backup())
         }
         Err(e) => return Err(io_err(&path)(e)),
@@ -167,7 +185,9 @@ fn read_manifest(src: &Path) -> Result<Manifest> {
         .and_then(|f| f.take(MAX_MANIFEST_BYTES + 1).read_to_end(&mut body))
         .map_err(io_err(&path))?;
     if body.len() as u64 > MAX_MANIFEST_BYTES {
-        return Err(bad_manifest(format!("it is longer than {MAX_MANIFEST_BYTES} bytes")));
+        return Err(bad_manifest(format!(
+            "it is longer than {MAX_MANIFEST_BYTES} bytes"
+        )));
     }
     let m: Manifest = serde_json::from_slice(&body).map_err(|e| bad_manifest(e.to_string()))?;
     if m.format != FORMAT || m.version != FORMAT_VERSION {
@@ -198,13 +218,17 @@ fn read_manifest(src: &Path) -> Result<Manifest> {
         total = total.saturating_add(f.size);
     }
     if total > MAX_TOTAL_BYTES {
-        return Err(bad_manifest(format!("its files hold more than {MAX_TOTAL_BYTES} bytes")));
+        return Err(bad_manifest(format!(
+            "its files hold more than {MAX_TOTAL_BYTES} bytes"
+        )));
     }
     let mut ids = HashSet::with_capacity(m.sessions.len());
     for id in &m.sessions {
         validate_session_id(id).map_err(|e| bad_manifest(e.message))?;
         if !ids.insert(id.as_str()) || !seen.contains(format!("sessions/{id}.jsonl").as_str()) {
-            return Err(bad_manifest(format!("session {id} is listed twice or has no ledger")));
+            return Err(bad_manifest(format!(
+                "session {id} is listed twice or has no ledger"
+            )));
         }
     }
     Ok(m)
@@ -271,8 +295,13 @@ pub fn import_offline(home: &Path, src_dir: &str, conflict: Conflict) -> Result<
             if target != id {
                 staged.rename(&id, &target)?;
             }
-            place(&sessions, &target, &staged.ledger(&target), staged.title(&target).as_deref())
-                .map_err(io_err(&sessions))?;
+            place(
+                &sessions,
+                &target,
+                &staged.ledger(&target),
+                staged.title(&target).as_deref(),
+            )
+            .map_err(io_err(&sessions))?;
         }
         out.sessions.push(ImportedSession {
             session_id: id,
@@ -287,11 +316,17 @@ pub fn import_offline(home: &Path, src_dir: &str, conflict: Conflict) -> Result<
         .map(|f| f.path.clone())
         .filter(|p| !p.starts_with("sessions/"))
         .collect();
-    let secrets_free = SECRET_FILES.iter().all(|f| std::fs::symlink_metadata(home.join(f)).is_err());
+    let secrets_free = SECRET_FILES
+        .iter()
+        .all(|f| std::fs::symlink_metadata(home.join(f)).is_err());
     for rel in others {
         let to = home.join(&rel);
         let secret = SECRET_FILES.contains(&rel.as_str());
-        let free = if secret { secrets_free } else { std::fs::symlink_metadata(&to).is_err() };
+        let free = if secret {
+            secrets_free
+        } else {
+            std::fs::symlink_metadata(&to).is_err()
+        };
         if !free {
             out.kept.push(rel);
             continue;
@@ -351,7 +386,12 @@ async fn place_all(hub: &Hub, staged: &std::sync::Arc<Staged>, conflict: Conflic
     let registry = hub.sessions();
     let sessions_dir = cfg.sessions_dir();
     if conflict == Conflict::Overwrite {
-        if let Some(id) = staged.manifest.sessions.iter().find(|id| registry.loaded_session(id).is_some()) {
+        if let Some(id) = staged
+            .manifest
+            .sessions
+            .iter()
+            .find(|id| registry.loaded_session(id).is_some())
+        {
             return Err(live(id));
         }
     }
@@ -442,7 +482,8 @@ mod tests {
         let home = tempfile::tempdir().unwrap();
         let s = home.path().join("sessions");
         std::fs::create_dir_all(&s).unwrap();
-        let header = format!("{{\"header\":{{\"session_id\":\"{id}\",\"created_at\":\"2026-01-01T00:00:00Z\"}}}}\n");
+        let header =
+            format!("{{\"header\":{{\"session_id\":\"{id}\",\"created_at\":\"2026-01-01T00:00:00Z\"}}}}\n");
         std::fs::write(s.join(format!("{id}.jsonl")), header).unwrap();
         std::fs::create_dir_all(home.path().join("memory")).unwrap();
         std::fs::write(home.path().join("memory/k.md"), "note").unwrap();
@@ -484,13 +525,17 @@ mod tests {
             std::fs::write(src.path().join(MANIFEST), m).unwrap();
         };
         let s = sha(b"x");
-        write(&format!("[{{\"path\":\"../etc/passwd\",\"size\":1,\"sha256\":\"{s}\"}}]"));
+        write(&format!(
+            "[{{\"path\":\"../etc/passwd\",\"size\":1,\"sha256\":\"{s}\"}}]"
+        ));
         let e = import_offline(home.path(), src.path().to_str().unwrap(), Conflict::Skip).unwrap_err();
         assert_eq!(e.reason, Some("bad_manifest"));
         // A symlink out of the backup is not followed.
         std::fs::create_dir_all(src.path().join("memory")).unwrap();
         std::os::unix::fs::symlink("/etc/hostname", src.path().join("memory/x")).unwrap();
-        write(&format!("[{{\"path\":\"memory/x\",\"size\":1,\"sha256\":\"{s}\"}}]"));
+        write(&format!(
+            "[{{\"path\":\"memory/x\",\"size\":1,\"sha256\":\"{s}\"}}]"
+        ));
         let e = import_offline(home.path(), src.path().to_str().unwrap(), Conflict::Skip).unwrap_err();
         assert_eq!(e.reason, Some("manifest_mismatch"));
         assert!(e.message.contains("memory/x"), "{}", e.message);

@@ -12,7 +12,13 @@ impl Registry {
     /// session loaded in memory is refused (conflict, `session_live`);
     /// one only on disk is replaced whole. Concurrent uses of `id` wait for
     /// the load this starts and see the placed session.
-    pub(crate) async fn adopt(&self, id: &str, ledger: PathBuf, title: Option<PathBuf>, replace: bool) -> Result<bool> {
+    pub(crate) async fn adopt(
+        &self,
+        id: &str,
+        ledger: PathBuf,
+        title: Option<PathBuf>,
+        replace: bool,
+    ) -> Result<bool> {
         self.refuse_when_stopping()?;
         validate_session_id(id)?;
         let path = self.ledger_path(id);
@@ -71,7 +77,10 @@ impl Registry {
             }
             Err(LoadError::Elsewhere(o)) => {
                 self.forget(id, &cell);
-                Err(Error::internal(format!("session {id} is leased to {}", o.replica)))
+                Err(Error::internal(format!(
+                    "session {id} is leased to {}",
+                    o.replica
+                )))
             }
         }
     }
