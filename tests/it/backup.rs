@@ -453,3 +453,51 @@ async fn vak_backup_works_offline_on_a_stopped_home_and_refuses_a_running_one() 
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("POST /backup/import"), "{stderr}");
 }
+
+#[tokio::test]
+async fn an_export_during_a_run_copies_a_committed_prefix_of_its_ledger() {
+    let s = server().await;
+    let sid = s.create_session().await;
+    let mut sse = s.events(&sid, None).await;
+    // Ten seconds of deltas, cancelled once the export is done.
+    let (code, v) = s.run(&sid, "/pace 2000 200").await;
+    assert_eq!(code, 202, "{v}");
+    sse.until("text_delta").await;
+    let out = tempfile::tempdir().unwrap();
+    let dest = out.path().join("b");
+    let (code, v) = s
+        .post("/backup/export", json!({"dest_dir": dest.display().to_string()}))
+        .await;
+    assert_eq!(code, 200, "{v}");
+    let (code, v) = s.post(&format!("/sessions/{sid}/cancel"), json!({})).await;
+    assert_eq!(code, 200, "{v}");
+    sse.until("run_finished").await;
+    verified_manifest(&dest);
+
+    let copy = std::fs::read(dest.join(format!("sessions/{sid}.jsonl"))).unwrap();
+    let live = std::fs::read(s.home.join(format!("sessions/{sid}.jsonl"))).unwrap();
+    assert!(live.starts_with(&copy), "the copy is a prefix of the ledger");
+    assert_eq!(copy.last(), Some(&b'\n'), "no torn last line");
+    let text = String::from_utf8(copy).unwrap();
+    for line in text.lines() {
+        serde_json::from_str::<Value>(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+    }
+    assert!(text.contains("text_delta"), "the run had begun");
+    assert!(!text.contains("run_finished"), "the copy was taken mid-run");
+
+    // It loads: the cut-off run is settled like one a crash cut off.
+    let fresh = server().await;
+    let (code, v) = fresh
+        .post("/backup/import", json!({"src_dir": dest.display().to_string()}))
+        .await;
+    assert_eq!(code, 200, "{v}");
+    let (code, t) = fresh.get(&format!("/sessions/{sid}/transcript")).await;
+    assert_eq!(code, 200, "{t}");
+    assert!(t.to_string().contains("/pace 2000 200"), "{t}");
+    let cut = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok()?["event"]["seq"].as_u64())
+        .max()
+        .unwrap();
+    assert!(fresh.latest_seq(&sid).await >= cut);
+}
