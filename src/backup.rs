@@ -17,7 +17,7 @@ pub struct BackupArgs {
 pub enum BackupCommand {
     /// Write a backup of a stopped home to DIR (new or empty), with a manifest of sha256s.
     Export {
-        /// An absolute path outside the home.
+        /// A new or empty directory outside the home.
         dir: PathBuf,
         /// Copy the encrypted key store and the key file that opens it too.
         #[arg(long)]
@@ -28,7 +28,7 @@ pub enum BackupCommand {
     },
     /// Verify the backup in DIR and bring it into a stopped home.
     Import {
-        /// An absolute path outside the home, holding manifest.json.
+        /// The backup's directory (outside the home), holding manifest.json.
         dir: PathBuf,
         /// What to do with a session id the home already has.
         #[arg(long, value_enum, default_value_t = ConflictArg::Skip)]
@@ -103,8 +103,10 @@ fn run_blocking(args: BackupArgs) -> Result<i32> {
     Ok(0)
 }
 
-/// DIR as the core takes it (it refuses a relative path itself).
+/// DIR as the core takes it: absolute (a relative one is taken from the
+/// current directory, as a person typing it means).
 fn dir_arg(dir: &Path) -> Result<String> {
+    let dir = std::path::absolute(dir).map_err(|e| Error::invalid(format!("{}: {e}", dir.display())))?;
     dir.to_str()
         .map(str::to_string)
         .ok_or_else(|| Error::invalid(format!("{} is not UTF-8", dir.display())))

@@ -419,6 +419,14 @@ async fn vak_backup_works_offline_on_a_stopped_home_and_refuses_a_running_one() 
     assert_eq!(code, Some(0), "{stdout}{stderr}");
     assert!(stdout.starts_with("exported 2 sessions"), "{stdout}");
     verified_manifest(&dir);
+    // A relative DIR is taken from the current directory.
+    let out2 = vak(&["backup", "export", "rel", "--home", home.path().to_str().unwrap()])
+        .current_dir(out.path())
+        .output()
+        .await
+        .unwrap();
+    assert!(out2.status.success(), "{}", String::from_utf8_lossy(&out2.stderr));
+    assert_eq!(verified_manifest(&out.path().join("rel"))["sessions"], json!(ids));
 
     // Into a fresh home, then served there: the same sessions, the same events.
     let to_home = tempfile::tempdir().unwrap();
