@@ -6,6 +6,7 @@ use crate::support::TestServer;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use vak::core::PermissionMode;
+use vak::proto::v1 as pb;
 
 /// A key string that must never appear in plaintext in a backup.
 const KEY: &str = "sk-backup-test-0123456789abcdef";
@@ -258,6 +259,31 @@ async fn a_live_export_imported_into_a_fresh_home_replays_every_session_identica
         assert_eq!(r_new.last().unwrap().2["session_id"], to);
         assert_eq!(without_id(r_new), without_id(r_old), "{from} as {to}");
     }
+    // The same over gRPC: the conflict is an enum; an unknown number is refused.
+    let mut g = fresh.grpc().await;
+    let r = g
+        .import_backup(pb::ImportBackupRequest {
+            src_dir: plain.display().to_string(),
+            conflict: pb::BackupConflict::Skip as i32,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.sessions.len(), 2);
+    assert!(
+        r.sessions
+            .iter()
+            .all(|x| x.action == pb::ImportAction::Skipped as i32),
+        "{r:?}"
+    );
+    let e = g
+        .import_backup(pb::ImportBackupRequest {
+            src_dir: plain.display().to_string(),
+            conflict: 99,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
     // Overwriting a session loaded on the server is refused.
     let (code, v) = fresh
         .post(

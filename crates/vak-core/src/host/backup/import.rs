@@ -157,7 +157,30 @@ fn stage(home: &Path, src_dir: &str) -> Result<Staged> {
             )));
         }
     }
+    for id in &staged.manifest.sessions {
+        check_header(&staged.ledger(id), id)?;
+    }
     Ok(staged)
+}
+
+/// The longest ledger header line read (a real one is a few hundred bytes).
+const MAX_HEADER_BYTES: u64 = 64 * 1024;
+
+/// 400 unless the staged ledger of `id` starts with a ledger header naming
+/// `id` (sessions are found by file name: any other would not load).
+fn check_header(path: &Path, id: &str) -> Result<()> {
+    let file = File::open(path).map_err(io_err(path))?;
+    let mut first = Vec::new();
+    BufReader::new(file.take(MAX_HEADER_BYTES))
+        .read_until(b'\n', &mut first)
+        .map_err(io_err(path))?;
+    match serde_json::from_slice::<Record>(&first) {
+        Ok(Record::Header { session_id, .. }) if session_id == id => Ok(()),
+        _ => Err(Error::invalid(format!(
+            "sessions/{id}.jsonl does not start with a ledger header naming session {id}"
+        ))
+        .with_reason("bad_ledger")),
+    }
 }
 
 /// `src/manifest.json`, bounded and checked: 404 when there is none.
@@ -512,6 +535,23 @@ mod tests {
             .filter(|e| e.file_name().to_string_lossy().starts_with(".import-"))
             .collect();
         assert!(left.is_empty());
+    }
+
+    #[test]
+    fn a_ledger_naming_another_session_is_refused_before_anything_is_placed() {
+        let from = home_with_session("s1");
+        let out = tempfile::tempdir().unwrap();
+        let dest = out.path().join("b");
+        let ledger = from.path().join("sessions/s1.jsonl");
+        let text = std::fs::read_to_string(&ledger)
+            .unwrap()
+            .replace("\"s1\"", "\"other\"");
+        std::fs::write(&ledger, text).unwrap();
+        super::super::export(from.path(), dest.to_str().unwrap(), false).unwrap();
+        let to = tempfile::tempdir().unwrap();
+        let e = import_offline(to.path(), dest.to_str().unwrap(), Conflict::Skip).unwrap_err();
+        assert_eq!(e.reason, Some("bad_ledger"), "{}", e.message);
+        assert!(!to.path().join("sessions/s1.jsonl").exists());
     }
 
     #[test]
