@@ -435,7 +435,8 @@ async fn place_all(hub: &Hub, staged: &std::sync::Arc<Staged>, conflict: Conflic
                 blocking(move || s.rename(&from, &to)).await?;
             }
             let ledger = staged.ledger(&target);
-            let title = staged.title(&target);
+            let (s, t) = (staged.clone(), target.clone());
+            let title = blocking(move || Ok(s.title(&t))).await?;
             let placed = registry
                 .adopt(&target, ledger, title, action == Action::Overwritten)
                 .await?;
