@@ -24,8 +24,9 @@ pub struct Exported {
 struct Source {
     rel: String,
     path: PathBuf,
-    /// A ledger: copied only up to its last complete line.
-    ledger: bool,
+    /// An append-only JSONL file (a session ledger, a cost day file):
+    /// copied only up to its last complete line.
+    append_only: bool,
 }
 
 /// Writes a backup of `home` to `dest_dir` (absolute, outside the home,
@@ -64,7 +65,7 @@ pub fn export(home: &Path, dest_dir: &str, include_secrets: bool) -> Result<Expo
         let Some(entry) = copy_one(&s, &dest)? else {
             continue;
         };
-        if s.ledger {
+        if s.append_only {
             if let Some(id) = s
                 .rel
                 .strip_prefix("sessions/")
@@ -108,12 +109,12 @@ fn copy_one(s: &Source, dest: &Path) -> Result<Option<FileEntry>> {
         Err(e) => return Err(io_err(&s.path)(e)),
     };
     let len = file.metadata().map_err(io_err(&s.path))?.len();
-    let len = if s.ledger {
+    let len = if s.append_only {
         committed_len(&mut file, len).map_err(io_err(&s.path))?
     } else {
         len
     };
-    if s.ledger && len == 0 {
+    if s.append_only && len == 0 {
         return Ok(None);
     }
     file.seek(SeekFrom::Start(0)).map_err(io_err(&s.path))?;
@@ -153,7 +154,7 @@ fn sources(home: &Path, include_secrets: bool) -> Vec<Source> {
     let plain = |rel: &str| Source {
         rel: rel.to_string(),
         path: home.join(rel),
-        ledger: false,
+        append_only: false,
     };
     for name in super::TOP_FILES {
         if is_file(&home.join(name)) {
@@ -179,7 +180,7 @@ fn sources(home: &Path, include_secrets: bool) -> Vec<Source> {
                 out.push(Source {
                     rel: format!("sessions/{name}"),
                     path: e.path(),
-                    ledger: ledger_id.is_some(),
+                    append_only: ledger_id.is_some(),
                 });
             }
         }
@@ -216,7 +217,7 @@ fn walk(home: &Path, rel: &Path, depth: usize, out: &mut Vec<Source>) {
             out.push(Source {
                 rel: child.display().to_string(),
                 path: e.path(),
-                ledger: false,
+                append_only: rel.starts_with("costs") && name.ends_with(".jsonl"),
             });
         }
     }
