@@ -432,6 +432,13 @@ async fn vak_backup_works_offline_on_a_stopped_home_and_refuses_a_running_one() 
     for id in &ids {
         before.push(seen(&s, id).await);
     }
+    let (code, note) = s
+        .post(
+            "/memory",
+            json!({"text": "BACKUP-NOTE: call me Sam", "scope": "user"}),
+        )
+        .await;
+    assert_eq!(code, 201, "{note}");
     let (home, _ws) = s.stop().await.unwrap();
     let out = tempfile::tempdir().unwrap();
     let dir = out.path().join("b");
@@ -468,10 +475,17 @@ async fn vak_backup_works_offline_on_a_stopped_home_and_refuses_a_running_one() 
     for id in &ids {
         assert!(stdout.contains(&format!("imported    {id}")), "{stdout}");
     }
+    assert!(stdout.contains("restored    USER.md"), "{stdout}");
     let served = TestServer::start_in(to_home.path(), to_ws.path(), |_| {}).await;
     for (id, was) in ids.iter().zip(&before) {
         assert_eq!(&seen(&served, id).await, was, "session {id}");
     }
+    let (code, memory) = served.get("/memory").await;
+    assert_eq!(code, 200, "{memory}");
+    assert!(
+        memory.to_string().contains("BACKUP-NOTE: call me Sam"),
+        "{memory}"
+    );
     drop(served);
 
     // A home a server runs on is refused, naming the server.
