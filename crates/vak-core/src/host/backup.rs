@@ -16,6 +16,7 @@ pub use import::{import, import_offline, Action, Conflict, Imported, ImportedSes
 
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::path::{Component, Path, PathBuf};
 
@@ -85,8 +86,17 @@ pub async fn export_served(
             "with --bus, sessions live in NATS JetStream: backup export copies ledger files only",
         ));
     }
+    // What each loaded session's writer has appended whole, read before any
+    // copy starts: its ledger is copied no further, even if an append in
+    // flight then fails and is cut off the file.
+    let committed: HashMap<String, u64> = hub
+        .sessions()
+        .live()
+        .iter()
+        .filter_map(|s| Some((s.id().to_string(), s.committed_len()?)))
+        .collect();
     let (home, dest) = (cfg.home.clone(), dest_dir.to_string());
-    tokio::task::spawn_blocking(move || export(&home, &dest, include_secrets))
+    tokio::task::spawn_blocking(move || export::export_within(&home, &dest, include_secrets, &committed))
         .await
         .map_err(|e| Error::internal(format!("the backup task stopped: {e}")))?
 }

@@ -180,6 +180,11 @@ pub trait Log: Send + Sync + 'static {
     fn durable_seq(&self) -> u64;
     /// Forces what was appended to stable storage.
     fn sync(&self) -> std::io::Result<()>;
+    /// The length of the file up to the last batch appended whole (a
+    /// backup copies no further); None when the log is no file.
+    fn committed_len(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// How a snapshot line starts (`Record::Snapshot`, externally tagged).
@@ -522,6 +527,10 @@ impl Log for Ledger {
 
     fn durable_seq(&self) -> u64 {
         lock(&self.written).durable_seq
+    }
+
+    fn committed_len(&self) -> Option<u64> {
+        Some(lock(&self.written).len)
     }
 
     fn sync(&self) -> std::io::Result<()> {

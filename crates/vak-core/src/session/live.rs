@@ -440,6 +440,12 @@ impl Session {
         self.pipe.pace().await
     }
 
+    /// How much of its ledger file its writer has appended whole (a backup
+    /// copies no further); None when its log is no file.
+    pub(crate) fn committed_len(&self) -> Option<u64> {
+        self.log.committed_len()
+    }
+
     /// Resolves once everything published so far is durable and visible.
     pub async fn flush(&self) -> Result<()> {
         self.pipe.barrier().await.map_err(Error::from)

@@ -5,6 +5,7 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::ids::validate_session_id;
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -34,6 +35,17 @@ struct Source {
 /// their last complete record, every other file the home keeps is replaced
 /// by rename, so a copy is always one whole version. Blocking.
 pub fn export(home: &Path, dest_dir: &str, include_secrets: bool) -> Result<Exported> {
+    export_within(home, dest_dir, include_secrets, &HashMap::new())
+}
+
+/// `export`, copying the ledger of each session in `committed` no further
+/// than that length (what its writer has appended whole).
+pub(crate) fn export_within(
+    home: &Path,
+    dest_dir: &str,
+    include_secrets: bool,
+    committed: &HashMap<String, u64>,
+) -> Result<Exported> {
     let dest = outside_home(home, dest_dir, "dest_dir")?;
     match std::fs::symlink_metadata(&dest) {
         Ok(m) if !m.is_dir() => {
@@ -62,7 +74,12 @@ pub fn export(home: &Path, dest_dir: &str, include_secrets: bool) -> Result<Expo
     let mut sessions = Vec::new();
     let mut bytes = 0u64;
     for s in sources {
-        let Some(entry) = copy_one(&s, &dest)? else {
+        let cap = s
+            .rel
+            .strip_prefix("sessions/")
+            .and_then(|n| n.strip_suffix(".jsonl"))
+            .and_then(|id| committed.get(id).copied());
+        let Some(entry) = copy_one(&s, &dest, cap)? else {
             continue;
         };
         if s.append_only {
@@ -102,13 +119,14 @@ pub fn export(home: &Path, dest_dir: &str, include_secrets: bool) -> Result<Expo
 
 /// Copies one source into `dest`; None when it vanished meanwhile (a
 /// session deleted, a temporary file renamed) or a ledger has no complete line.
-fn copy_one(s: &Source, dest: &Path) -> Result<Option<FileEntry>> {
+fn copy_one(s: &Source, dest: &Path, cap: Option<u64>) -> Result<Option<FileEntry>> {
     let mut file = match File::open(&s.path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(io_err(&s.path)(e)),
     };
     let len = file.metadata().map_err(io_err(&s.path))?.len();
+    let len = cap.map_or(len, |cap| cap.min(len));
     let len = if s.append_only {
         committed_len(&mut file, len).map_err(io_err(&s.path))?
     } else {
@@ -230,6 +248,22 @@ fn is_file(path: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_loaded_sessions_ledger_is_copied_no_further_than_its_writer_committed() {
+        let home = tempfile::tempdir().unwrap();
+        std::fs::create_dir(home.path().join("sessions")).unwrap();
+        let header = "{\"header\":{\"session_id\":\"s1\",\"created_at\":\"t\"}}\n";
+        // A whole line the writer has not committed (an append that will fail).
+        let body = format!("{header}{{\"event\":{{\"seq\":1}}}}\n");
+        std::fs::write(home.path().join("sessions/s1.jsonl"), &body).unwrap();
+        let out = tempfile::tempdir().unwrap();
+        let dest = out.path().join("b");
+        let committed = HashMap::from([("s1".to_string(), header.len() as u64)]);
+        export_within(home.path(), dest.to_str().unwrap(), false, &committed).unwrap();
+        let copy = std::fs::read_to_string(dest.join("sessions/s1.jsonl")).unwrap();
+        assert_eq!(copy, header);
+    }
 
     #[test]
     fn a_ledger_is_cut_at_its_last_complete_line() {
