@@ -287,6 +287,12 @@ pub struct ServeArgs {
     /// for machines. RUST_LOG filters them (default `vak=info`).
     #[arg(long, value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    /// Export traces (spans of requests, runs, model calls, tool calls and
+    /// ledger commits) over OTLP/gRPC to this collector, e.g.
+    /// `http://127.0.0.1:4317`. Also OTEL_EXPORTER_OTLP_ENDPOINT. Neither
+    /// set: no exporter.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

@@ -249,6 +249,14 @@ thread_local! {
 /// Starts encoding and appending `items` on a blocking thread.
 fn spawn_append(log: &Arc<dyn Log>, items: Vec<Item>) -> tokio::task::JoinHandle<std::io::Result<u64>> {
     let log = log.clone();
+    // A root of its own: one batch holds the events of every run the session has live.
+    let span = tracing::info_span!(
+        target: crate::trace::TARGET,
+        parent: None,
+        "ledger_commit",
+        batch_size = crate::trace::int(items.len() as u64),
+        bytes = tracing::field::Empty,
+    );
     tokio::task::spawn_blocking(move || {
         let mut batch = BATCH.with(|b| std::mem::take(&mut *b.borrow_mut()));
         for item in &items {
@@ -258,6 +266,9 @@ fn spawn_append(log: &Arc<dyn Log>, items: Vec<Item>) -> tokio::task::JoinHandle
             }
         }
         let r = log.append(&batch).map(|()| batch.len() as u64);
+        if let Ok(bytes) = &r {
+            span.record("bytes", crate::trace::int(*bytes));
+        }
         batch.clear_keeping(KEEP_BATCH);
         BATCH.with(|b| *b.borrow_mut() = batch);
         r
