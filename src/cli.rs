@@ -284,7 +284,7 @@ pub struct ServeArgs {
     #[arg(long, env = "VAK_MAX_OUTPUT_TOKENS", default_value_t = 8192, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub max_output_tokens: u32,
     /// Log lines on stderr: `text` for people, `json` (one object per line)
-    /// for machines. RUST_LOG filters them (default `vak=info`).
+    /// for machines. RUST_LOG filters them (default `vak=info,opentelemetry_sdk=warn`).
     #[arg(long, value_enum, default_value = "text")]
     pub log_format: LogFormat,
     /// Export traces (spans of requests, runs, model calls, tool calls and

@@ -42,7 +42,11 @@ fn main() {
     let tracing = {
         let _inside = runtime.enter();
         let (format, otlp) = match &cli.command {
-            Command::Serve(args) => (args.log_format, args.otlp_endpoint.as_deref()),
+            Command::Serve(args) => (
+                args.log_format,
+                // An empty value is unset, never the exporter's default address.
+                args.otlp_endpoint.as_deref().filter(|e| !e.trim().is_empty()),
+            ),
             _ => (LogFormat::Text, None),
         };
         match vak::otlp::init(format, otlp) {

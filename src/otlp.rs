@@ -19,7 +19,8 @@ pub struct Tracing {
     provider: Option<SdkTracerProvider>,
 }
 
-/// Log lines go to stderr, filtered by RUST_LOG (default `vak=info`); colour
+/// Log lines go to stderr, filtered by RUST_LOG (default `vak=info`, and
+/// the OpenTelemetry SDK's warnings); colour
 /// only when stderr is a terminal, so files and pipes get plain text. The
 /// spans meant for OTLP never reach the log lines: their filter turns their
 /// target off, and only the exporter's layer (there only with `otlp`, a URL
@@ -27,7 +28,8 @@ pub struct Tracing {
 /// runtime: the exporter's channel and batch task live there.
 pub fn init(format: LogFormat, otlp: Option<&str>) -> Result<Tracing, String> {
     let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| "vak=info".into())
+        // The SDK's warnings (a failed export, spans dropped) too.
+        .unwrap_or_else(|_| "vak=info,opentelemetry_sdk=warn".into())
         .add_directive(format!("{TARGET}=off").parse().map_err(|e| format!("{e}"))?);
     let ansi = std::io::stderr().is_terminal();
     let lines = match format {
