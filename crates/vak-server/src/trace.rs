@@ -14,17 +14,12 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 /// route's template is known). Without `--otlp-endpoint` nothing listens to
 /// the span: it is disabled, and the headers are not read.
 pub(crate) async fn request_span(req: Request, next: Next) -> Response {
-    let grpc = is_grpc(req.headers());
-    let route = match req.extensions().get::<MatchedPath>() {
-        Some(p) if !grpc => p.as_str().to_string(),
-        _ => req.uri().path().to_string(),
-    };
     let span = tracing::info_span!(
         target: vak_core::trace::TARGET,
         "request",
         otel.kind = "server",
         http.method = %req.method(),
-        route = %route,
+        route = tracing::field::Empty,
         rpc.system = tracing::field::Empty,
         rpc.service = tracing::field::Empty,
         rpc.method = tracing::field::Empty,
@@ -32,10 +27,14 @@ pub(crate) async fn request_span(req: Request, next: Next) -> Response {
     if span.is_disabled() {
         return next.run(req).await;
     }
-    if grpc {
+    let path = req.uri().path();
+    match req.extensions().get::<MatchedPath>() {
+        Some(p) if !is_grpc(req.headers()) => span.record("route", p.as_str()),
+        _ => span.record("route", path),
+    };
+    if is_grpc(req.headers()) {
         // `/<package.Service>/<Method>`
-        let mut parts = route.trim_start_matches('/').splitn(2, '/');
-        if let (Some(service), Some(method)) = (parts.next(), parts.next()) {
+        if let Some((service, method)) = path.trim_start_matches('/').split_once('/') {
             span.record("rpc.system", "grpc");
             span.record("rpc.service", service);
             span.record("rpc.method", method);
