@@ -205,6 +205,10 @@ async fn a_run_is_traced_under_the_callers_traceparent_request_run_model_and_too
     // Ledger commits are traces of their own (one batch holds every live run's events).
     let commits: Vec<&Span> = spans.iter().filter(|s| s.name == "ledger_commit").collect();
     assert!(!commits.is_empty(), "ledger commits are traced");
+    assert!(
+        commits.iter().any(|c| attr_str(c, "session") == sid),
+        "the run's session's ledger"
+    );
     for c in &commits {
         assert!(c.parent_span_id.is_empty(), "a ledger commit is a root");
         assert!(attr_int(c, "batch_size") >= 1);
