@@ -273,20 +273,41 @@ async fn a_grpc_call_takes_its_parent_from_the_traceparent_metadata() {
 }
 
 #[tokio::test]
-async fn the_environment_variable_turns_the_exporter_on_too() {
+async fn the_environment_variable_turns_the_exporter_on_too_and_an_unsampled_caller_is_not_exported() {
     let (addr, mut rx) = collector().await;
     let served = serve()
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{addr}"))
         .start()
         .await;
     traced_run(&served).await;
+    // A caller that does not sample its trace (flags 00): the spans under it are not sampled either.
+    let unsampled = "0af7651916cd43dd8448eb211c80319c";
+    let api = served.api();
+    let sid = api.create_session().await;
+    let r = api
+        .http()
+        .post(format!("{}/sessions/{sid}/run", api.url))
+        .header("traceparent", format!("00-{unsampled}-b7ad6b7169203331-00"))
+        .json(&json!({"prompt": "hello", "wait": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
     stop(served).await;
-    receive(&mut rx, |spans| {
+    let mut spans = receive(&mut rx, |spans| {
         spans
             .iter()
             .any(|s| s.name == "run" && hex(&s.trace_id) == TRACE_ID)
     })
     .await;
+    // The exit flushed everything: what else was sent is in the channel already.
+    while let Ok(span) = rx.try_recv() {
+        spans.push(span);
+    }
+    assert!(
+        !spans.iter().any(|s| hex(&s.trace_id) == unsampled),
+        "a span of the unsampled trace was exported"
+    );
 }
 
 #[tokio::test]
