@@ -286,9 +286,15 @@ pub struct ServeArgs {
     #[arg(long, env = "VAK_MAX_OUTPUT_TOKENS", default_value_t = 8192, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub max_output_tokens: u32,
     /// Log lines on stderr: `text` for people, `json` (one object per line)
-    /// for machines. RUST_LOG filters them (default `vak=info`).
+    /// for machines. RUST_LOG filters them (default `vak=info,opentelemetry_sdk=warn`).
     #[arg(long, value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    /// Export traces (spans of requests, runs, model calls, tool calls and
+    /// ledger commits) over OTLP/gRPC to this collector, e.g.
+    /// `http://127.0.0.1:4317`. Also OTEL_EXPORTER_OTLP_ENDPOINT. Neither
+    /// set: no exporter.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

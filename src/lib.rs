@@ -12,6 +12,7 @@ pub mod backup;
 pub mod cli;
 pub mod doctor;
 pub mod open;
+pub mod otlp;
 
 pub use vak_core as core;
 pub use vak_core::home;

@@ -1,7 +1,6 @@
 //! The `vak` binary: parses the command line and runs it. Errors end the process with one line: exit code 2 when the home is owned by another running server, 1 otherwise; `vak term` chooses its own exit code.
 
 use clap::Parser;
-use std::io::IsTerminal;
 use vak::cli::{Cli, Command, LogFormat};
 
 /// jemalloc, not glibc's malloc: glibc kept what a burst had used (five
@@ -20,20 +19,6 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[export_name = "_rjem_malloc_conf"]
 static malloc_conf: &[u8] = b"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
 
-/// Log lines go to stderr, filtered by RUST_LOG (default `vak=info`); colour
-/// only when stderr is a terminal, so files and pipes get plain text.
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "vak=info".into());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
-    }
-}
-
 fn main() {
     // A write past a file-size limit (`ulimit -f`) must fail with EFBIG like
     // any other storage error, not kill the server with SIGXFSZ.
@@ -46,15 +31,30 @@ fn main() {
         // Before anything else, so a signal during startup stops it cleanly.
         vak::cli::early_signals();
     }
-    init_logging(match &cli.command {
-        Command::Serve(args) => args.log_format,
-        _ => LogFormat::Text,
-    });
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("vak: error: cannot start the runtime: {e}");
             std::process::exit(1);
+        }
+    };
+    // Inside the runtime: the OTLP exporter's channel and batch task live there.
+    let tracing = {
+        let _inside = runtime.enter();
+        let (format, otlp) = match &cli.command {
+            Command::Serve(args) => (
+                args.log_format,
+                // An empty value is unset, never the exporter's default address.
+                args.otlp_endpoint.as_deref().filter(|e| !e.trim().is_empty()),
+            ),
+            _ => (LogFormat::Text, None),
+        };
+        match vak::otlp::init(format, otlp) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("vak: error: {e}");
+                std::process::exit(1);
+            }
         }
     };
     let result = runtime.block_on(async {
@@ -75,6 +75,9 @@ fn main() {
             Command::Backup(args) => vak::backup::run(args).await,
         }
     });
+    // The server has stopped: the spans of its last runs are exported
+    // before the process ends (the runtime's workers still run the exporter).
+    tracing.shutdown();
     match result {
         Ok(0) => {}
         // `vak term`'s way of saying how a run ended (failed, cancelled).

@@ -155,7 +155,7 @@ const CORE_IMPORTS: &[(&str, &[&str])] = &[
             "zone",
         ],
     ),
-    ("log", &["background", "event", "provider", "stopped"]),
+    ("log", &["background", "event", "provider", "stopped", "trace"]),
     ("mcp", &["file_owner", "provider", "tools"]),
     ("permissions", &["tools"]),
     ("reasons", &["stopped"]),
@@ -179,12 +179,14 @@ const CORE_IMPORTS: &[(&str, &[&str])] = &[
             "stopped",
             "stream",
             "tools",
+            "trace",
             "worker",
             "workspace",
         ],
     ),
     ("stream", &["event", "host", "log", "reasons", "session"]),
     ("tools", &["event", "provider", "workspace"]),
+    ("trace", &["provider"]),
 ];
 
 #[test]

@@ -38,6 +38,7 @@ mod modes;
 mod mux;
 mod nats_auth;
 mod openapi;
+mod otlp;
 mod pr;
 mod presentation;
 mod process;

@@ -28,6 +28,7 @@ pub mod session;
 pub(crate) mod stopped;
 pub mod stream;
 pub mod tools;
+pub mod trace;
 pub mod worker;
 pub(crate) mod workspace;
 pub mod zone;

@@ -23,3 +23,4 @@ pub mod server;
 pub(crate) mod stream_caps;
 pub mod tickets;
 pub mod tls;
+pub(crate) mod trace;

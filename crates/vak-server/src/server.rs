@@ -240,6 +240,7 @@ pub async fn app(hub: Arc<Hub>, cfg: &ServeConfig) -> Result<Router> {
         .route_layer(axum::middleware::from_fn(super::http::query::refuse_unknown))
         .fallback(dispatch)
         .layer(axum::middleware::from_fn_with_state(auth, guard))
+        .layer(axum::middleware::from_fn(super::trace::request_span))
         .layer(axum::middleware::from_fn_with_state(
             errors,
             super::access_log::access_log,

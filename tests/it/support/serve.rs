@@ -12,7 +12,13 @@ use super::{TestServer, DEADLINE, TOKEN};
 
 /// Environment a developer's shell may hold that would change what `vak serve`
 /// does: removed from every child (a test that wants one sets it with `env`).
-const SCRUBBED: &[&str] = &["RUST_LOG", "OPENAI_API_KEY", "ANTHROPIC_API_KEY"];
+const SCRUBBED: &[&str] = &[
+    "RUST_LOG",
+    "OPENAI_API_KEY",
+    "ANTHROPIC_API_KEY",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+];
 
 /// Where a child's home or workspace is.
 enum Place {

@@ -231,8 +231,8 @@ enum Item {
 }
 
 /// Encodes and appends `items` on a blocking thread; the bytes written.
-async fn append(log: &Arc<dyn Log>, items: Vec<Item>) -> std::io::Result<u64> {
-    joined(spawn_append(log, items).await)
+async fn append(log: &Arc<dyn Log>, session: &str, items: Vec<Item>) -> std::io::Result<u64> {
+    joined(spawn_append(log, session, items).await)
 }
 
 /// The largest batch buffer a blocking thread keeps between appends.
@@ -247,8 +247,22 @@ thread_local! {
 }
 
 /// Starts encoding and appending `items` on a blocking thread.
-fn spawn_append(log: &Arc<dyn Log>, items: Vec<Item>) -> tokio::task::JoinHandle<std::io::Result<u64>> {
+/// `session` names the ledger in its `ledger_commit` span.
+fn spawn_append(
+    log: &Arc<dyn Log>,
+    session: &str,
+    items: Vec<Item>,
+) -> tokio::task::JoinHandle<std::io::Result<u64>> {
     let log = log.clone();
+    // A root of its own: one batch holds the events of every run the session has live.
+    let span = tracing::info_span!(
+        target: crate::trace::TARGET,
+        parent: None,
+        "ledger_commit",
+        session,
+        batch_size = crate::trace::int(items.len() as u64),
+        bytes = tracing::field::Empty,
+    );
     tokio::task::spawn_blocking(move || {
         let mut batch = BATCH.with(|b| std::mem::take(&mut *b.borrow_mut()));
         for item in &items {
@@ -258,6 +272,9 @@ fn spawn_append(log: &Arc<dyn Log>, items: Vec<Item>) -> tokio::task::JoinHandle
             }
         }
         let r = log.append(&batch).map(|()| batch.len() as u64);
+        if let Ok(bytes) = &r {
+            span.record("bytes", crate::trace::int(*bytes));
+        }
         batch.clear_keeping(KEEP_BATCH);
         BATCH.with(|b| *b.borrow_mut() = batch);
         r
@@ -408,7 +425,7 @@ pub(crate) async fn run(
         let snapshot_due = written.as_ref().is_some_and(|(_, due)| *due);
         let mut items = (!items.is_empty()).then_some(items);
         let in_flight = match items.take() {
-            Some(batch) if !snapshot_due => Some(spawn_append(&log, batch)),
+            Some(batch) if !snapshot_due => Some(spawn_append(&log, &session_id, batch)),
             batch => {
                 items = batch;
                 None
@@ -421,7 +438,7 @@ pub(crate) async fn run(
             }
             if let Some(v) = v.filter(|_| due) {
                 // Taken right after the commit: exact as of its last seq.
-                match append(&log, vec![Item::Record(v.snapshot())]).await {
+                match append(&log, &session_id, vec![Item::Record(v.snapshot())]).await {
                     Ok(size) => snapshots.taken(size),
                     Err(e) => {
                         let mut lost = next;
@@ -436,7 +453,7 @@ pub(crate) async fn run(
         }
         let appended = match (in_flight, items) {
             (Some(h), _) => joined(h.await),
-            (None, Some(batch)) => append(&log, batch).await,
+            (None, Some(batch)) => append(&log, &session_id, batch).await,
             (None, None) => Ok(0),
         };
         match appended {

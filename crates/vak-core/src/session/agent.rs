@@ -14,6 +14,7 @@ use crate::session::approvals::Answer;
 use crate::session::context::TurnContext;
 use crate::session::hooks;
 use crate::tools::ToolClass;
+use crate::trace::ToolOutcome;
 use crate::{session::prompt, tools, PermissionMode};
 use std::future::Future;
 use std::pin::Pin;
@@ -308,6 +309,7 @@ async fn leg_turns(
             );
         }
         turns += 1;
+        let mut traced = crate::trace::ModelCall::start(leg.route.provider.name(), &leg.route.model);
         let mut attempt = 0;
         let mut compacted = false;
         let output = loop {
@@ -339,6 +341,7 @@ async fn leg_turns(
                 streamed: AtomicBool::new(false),
                 deltas: Mutex::new(Deltas::new(FREE)),
             };
+            traced.attempt();
             let result = leg.route.provider.turn(&request, &sink, cancel).await;
             let held = sink.deltas.lock().unwrap_or_else(|p| p.into_inner()).flush();
             if let Some(event) = held {
@@ -407,6 +410,7 @@ async fn leg_turns(
                 });
             }
         };
+        traced.settled(output.usage);
         used.add(output.usage);
         leg.spent(Some(&input.request_id), output.usage).await;
         if output.tool_calls.is_empty() {
@@ -473,6 +477,13 @@ async fn call_tool(session: &impl TurnContext, defs: &[ToolDef], call: ToolCall,
     let ToolCall {
         name: tool, input, ..
     } = call;
+    let span = tracing::info_span!(
+        target: crate::trace::TARGET,
+        "tool_call",
+        tool = %tool,
+        call_id = %call_id,
+        outcome = tracing::field::Empty,
+    );
     session.publish(ClientEvent::ToolCall {
         call_id: call_id.clone(),
         tool: tool.clone(),
@@ -481,6 +492,7 @@ async fn call_tool(session: &impl TurnContext, defs: &[ToolDef], call: ToolCall,
     let rt = session.runtime();
     // Before the permission question: a blocked call never asks the user.
     if let Some(why) = pre_tool_hooks(session, &tool, &input, &call_id, cancel).await {
+        span.record("outcome", ToolOutcome::Blocked.as_str());
         session.publish(ClientEvent::ToolResult {
             call_id,
             ok: false,
@@ -577,6 +589,7 @@ async fn call_tool(session: &impl TurnContext, defs: &[ToolDef], call: ToolCall,
         Ok(a) if class != ToolClass::Plan => rt.check_workspace().await.map(|()| a).map_err(|e| e.message),
         other => other,
     };
+    let ran = permitted.is_ok();
     let result = match permitted {
         // The approval itself was the work: the session left plan mode
         // when it was answered.
@@ -637,6 +650,12 @@ async fn call_tool(session: &impl TurnContext, defs: &[ToolDef], call: ToolCall,
         input: &input,
         call_id: &call_id,
     };
+    let outcome = match (ran, result.ok) {
+        (false, _) => ToolOutcome::Refused,
+        (true, true) => ToolOutcome::Ok,
+        (true, false) => ToolOutcome::Error,
+    };
+    span.record("outcome", outcome.as_str());
     let post = (!rt.hooks().of(HookEvent::PostToolUse).is_empty()).then(|| result.output.clone());
     session.publish(ClientEvent::ToolResult {
         call_id: call_id.clone(),

@@ -600,7 +600,17 @@ impl Session {
         // Read before the chain exists: nothing of this run is published yet.
         let after_seq = self.bus.latest_seq();
         drop(run);
-        tokio::spawn(self.clone().chain(input));
+        // Made here, on the admitting task, so its parent is the span this
+        // admission runs under (an RPC's `request`), though the run executes
+        // on its own task.
+        let span = tracing::info_span!(
+            target: crate::trace::TARGET,
+            "run",
+            session = %self.id,
+            request_id = %request_id,
+            outcome = tracing::field::Empty,
+        );
+        tokio::spawn(tracing::Instrument::instrument(self.clone().chain(input), span));
         Ok(Admission {
             request_id,
             state: AdmissionState::Started,
@@ -654,6 +664,7 @@ impl Session {
                             crate::text::count(discarded, "queued input")
                         );
                     }
+                    tracing::Span::current().record("outcome", outcome.as_str());
                     tracing::info!(
                         session = %self.id(),
                         outcome = outcome.as_str(),
