@@ -297,9 +297,16 @@ mod tests {
             "the newest stay"
         );
 
-        let huge = Prompt::of(&request(1, 5000), 1000);
-        let v: Value = serde_json::from_str(huge.as_str()).unwrap();
-        assert_eq!(v["cut"], true);
+        // One message larger than the cap: left out, the rest kept.
+        let one = Prompt::of(&request(1, 5000), 1000);
+        let v: Value = serde_json::from_str(one.as_str()).unwrap();
+        assert_eq!((&v["omitted_messages"], &v["messages"]), (&json!(1), &json!([])));
+        assert_eq!(v["system"], "sys");
+        // A system prompt larger than the cap: only the model and the size.
+        let mut huge = request(1, 10);
+        huge.system = "s".repeat(5000);
+        let v: Value = serde_json::from_str(Prompt::of(&huge, 1000).as_str()).unwrap();
+        assert_eq!(v, json!({"model": "m", "cut": true, "bytes": v["bytes"]}));
         assert!(v["bytes"].as_u64().unwrap() > 5000);
     }
 
