@@ -244,6 +244,10 @@ async fn a_retried_model_call_shows_both_attempts_the_tool_call_and_never_the_ke
     assert_eq!(code, 400, "{v}");
     assert_eq!(v["error"]["reason"], "unknown_include", "{v}");
 
+    // The ledger that holds the receipts (and their prompts) holds no key.
+    let ledger = std::fs::read_to_string(s.home.join(format!("sessions/{sid}.jsonl"))).unwrap();
+    assert!(ledger.contains("{\"receipt\":") && !ledger.contains(KEY));
+
     // A restart loads the session with its receipts in the ledger: the same
     // transcript, the same receipts.
     let (home, ws) = s.stop().await.unwrap();
