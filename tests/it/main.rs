@@ -44,6 +44,7 @@ mod presentation;
 mod process;
 mod providers;
 mod real_model;
+mod receipts;
 mod rest;
 mod resync;
 mod route_feedback;

@@ -496,6 +496,8 @@ pub enum AgentEvent {
     /// The provider's signature over the thinking just streamed: persisted
     /// (the model needs it back), never streamed.
     ThinkingSignature(String),
+    /// A model call's or tool call's receipt: persisted, never streamed.
+    Receipt(Box<crate::receipt::Receipt>),
 }
 
 /// An internal fact the ledger keeps between events, folded into the
@@ -508,6 +510,9 @@ pub enum Note {
     Undo(Undo),
     /// A background result queued for delivery when the session is idle.
     Background(Pending),
+    /// A model call's or tool call's receipt (`GET /sessions/:id/receipts`
+    /// reads them from the ledger; no fold keeps them).
+    Receipt(Box<crate::receipt::Receipt>),
 }
 
 /// The last exchange taken back from the model: it no longer sees the
@@ -536,7 +541,8 @@ pub fn project(event: AgentEvent) -> Option<ClientEvent> {
         | AgentEvent::StopGate { .. }
         | AgentEvent::RawError(_)
         | AgentEvent::Usage(_)
-        | AgentEvent::ThinkingSignature(_) => None,
+        | AgentEvent::ThinkingSignature(_)
+        | AgentEvent::Receipt(_) => None,
     }
 }
 
@@ -680,6 +686,18 @@ mod tests {
                 ..TokenUsage::default()
             }),
             AgentEvent::ThinkingSignature("sig".into()),
+            AgentEvent::Receipt(Box::new(crate::receipt::Receipt {
+                request_id: "r".into(),
+                started_at: "t".into(),
+                call: crate::receipt::Call::ToolCall(crate::receipt::ToolCallReceipt {
+                    call_id: "c".into(),
+                    tool: "bash".into(),
+                    duration_ms: 1,
+                    exit_code: Some(0),
+                    output_bytes: 2,
+                    outcome: crate::receipt::Outcome::Ok,
+                }),
+            })),
         ] {
             assert_eq!(project(e), None);
         }

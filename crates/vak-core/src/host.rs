@@ -14,6 +14,7 @@ pub(crate) mod index;
 pub mod launch;
 pub mod memory;
 pub mod pr;
+pub mod receipts;
 pub(crate) mod recovery;
 pub mod registry;
 pub mod rules;

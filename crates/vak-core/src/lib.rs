@@ -22,6 +22,7 @@ pub mod mcp;
 pub mod permissions;
 pub mod provider;
 pub mod reasons;
+pub mod receipt;
 pub mod route;
 pub mod rule;
 pub mod session;

@@ -6,6 +6,7 @@ pub mod ledger;
 #[cfg(test)]
 pub(crate) mod memory;
 pub mod presentation;
+pub mod receipts;
 pub(crate) mod repair;
 pub(crate) mod replay;
 pub mod transcript;

@@ -9,6 +9,7 @@ pub(crate) mod hooks;
 pub(crate) mod lifecycle;
 pub mod live;
 pub mod prompt;
+pub(crate) mod receipts;
 pub(crate) mod restore;
 pub(crate) mod runtime;
 pub mod side;

@@ -30,6 +30,8 @@ pub const MAX_WORKER_PROMPT: usize = 32 * 1024;
 pub struct ToolOutput {
     pub ok: bool,
     pub output: String,
+    /// The command's exit status, for a tool that ran one to its end.
+    pub exit_code: Option<i32>,
 }
 
 impl ToolOutput {
@@ -37,12 +39,14 @@ impl ToolOutput {
         ToolOutput {
             ok: true,
             output: output.into(),
+            exit_code: None,
         }
     }
     fn err(output: impl Into<String>) -> Self {
         ToolOutput {
             ok: false,
             output: output.into(),
+            exit_code: None,
         }
     }
 }

@@ -172,7 +172,12 @@ fn apply(s: &Session, msgs: Vec<Stored>) {
             Record::Undo(u) => notes.push((latest, Note::Undo(u))),
             Record::Background(p) => notes.push((latest, Note::Background(p))),
             Record::Admitted { request_id } => admitted.push(request_id),
-            Record::Header { .. } | Record::Snapshot(_) | Record::Lost { .. } | Record::Lease { .. } => {}
+            // A mirror shows what clients see; receipts are read from the log.
+            Record::Header { .. }
+            | Record::Snapshot(_)
+            | Record::Lost { .. }
+            | Record::Lease { .. }
+            | Record::Receipt(_) => {}
         }
     }
     Visible::commit(s, frames, notes, admitted);

@@ -1141,18 +1141,7 @@ fn failure_error(kind: ProviderKind, f: Failure) -> Error {
 /// A model service failure as the error a client sees: its fixed message
 /// and a machine-readable reason (never the raw detail).
 pub(crate) fn upstream_error(f: &Failure) -> Error {
-    let reason = match f.kind {
-        FailureKind::NotConfigured => "not_configured",
-        FailureKind::Auth => "auth",
-        FailureKind::RateLimit => "rate_limit",
-        FailureKind::Overloaded => "overloaded",
-        FailureKind::ContextTooLong => "context_too_long",
-        FailureKind::Network => "network",
-        FailureKind::BadResponse => "bad_response",
-        FailureKind::Redirect(_) => "redirect",
-        FailureKind::Directive(_) => "directive",
-    };
-    Error::new(ErrorKind::Upstream, f.kind.message()).with_reason(reason)
+    Error::new(ErrorKind::Upstream, f.kind.message()).with_reason(f.kind.as_str())
 }
 
 #[cfg(test)]

@@ -76,7 +76,9 @@ async fn adopt_shared_config(
             let (Some(s), Some(rt)) = (settings.upgrade(), rt.upgrade()) else {
                 return;
             };
-            s.adopt(move |route| rt.set_route(route)).await;
+            let applied = rt.clone();
+            s.adopt(move |route| applied.set_route(route)).await;
+            rt.set_route_revision(s.current().1);
         }
         tokio::select! {
             changed = changes.changed() => if changed.is_err() { return },
@@ -127,6 +129,7 @@ impl ControlPlane {
     ) -> ControlPlane {
         let rt = runtimes.primary().clone();
         rt.set_agent_settings(&settings.agent_settings());
+        rt.set_route_revision(settings.current().1);
         let settings = Arc::new(settings);
         if let Some(shared) = rt.cfg.shared_config.clone() {
             // The bucket's mode wins over --permission-mode (a bypass this
@@ -193,6 +196,7 @@ impl ControlPlane {
                 rt.set_agent_settings(settings);
             })
             .await?;
+        self.rt.set_route_revision(self.settings.current().1);
         let mut info = self.config_info();
         if let (Some(url), Ok(provider)) = (probe, rx.await) {
             if let Err(f) = provider.probe(PROBE_TIMEOUT).await {

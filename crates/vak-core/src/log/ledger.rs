@@ -94,6 +94,9 @@ pub enum Record {
     /// A background result queued for the session (delivered later by a
     /// `background_result` event whose `upto` covers its number).
     Background(crate::background::Pending),
+    /// A model call's or tool call's receipt, under the latest event before
+    /// it; nothing folds it (`log/receipts.rs` reads them).
+    Receipt(Box<crate::receipt::Receipt>),
 }
 
 /// `Record::Event` by reference, so a batch encodes frames without copying

@@ -230,8 +230,9 @@ impl Transcript {
                     m.signature = sig.clone();
                 }
             }
-            // The session's background queue folds these, not the transcript.
-            Note::Background(_) => {}
+            // The session's background queue folds these, not the transcript;
+            // receipts are read from the ledger, never folded.
+            Note::Background(_) | Note::Receipt(_) => {}
         }
     }
 

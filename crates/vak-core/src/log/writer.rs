@@ -355,6 +355,7 @@ fn prepare(ops: &mut Vec<Op>, latest: &mut u64) -> (Vec<Item>, Pending) {
                     Note::Compaction(c) => Record::Compaction(c.clone()),
                     Note::Undo(u) => Record::Undo(*u),
                     Note::Background(p) => Record::Background(p.clone()),
+                    Note::Receipt(r) => Record::Receipt(r.clone()),
                 }));
                 p.notes.push((*latest, note));
             }

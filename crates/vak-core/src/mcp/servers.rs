@@ -113,7 +113,11 @@ impl Mcp {
     /// server's timeout; cancelled (`notifications/cancelled` to the server)
     /// when `cancel` fires or the timeout passes.
     pub(crate) async fn call(&self, name: &str, input: &Value, cancel: &CancellationToken) -> ToolOutput {
-        let err = |output: String| ToolOutput { ok: false, output };
+        let err = |output: String| ToolOutput {
+            ok: false,
+            output,
+            exit_code: None,
+        };
         let Some(server) = names::server_of(name).and_then(|s| self.current().get(s).cloned()) else {
             return err(format!("unknown tool {name}"));
         };
@@ -146,7 +150,11 @@ impl Mcp {
                 Ok(Ok(result)) => {
                     let json = serde_json::to_value(&result).unwrap_or_default();
                     let (ok, output) = super::result::render(&json);
-                    ToolOutput { ok, output }
+                    ToolOutput {
+                        ok,
+                        output,
+                        exit_code: None,
+                    }
                 }
                 Ok(Err(e)) => err(format!("mcp_error: {e}")),
                 Err(_) => err(format!(

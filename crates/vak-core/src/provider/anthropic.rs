@@ -76,28 +76,32 @@ impl Anthropic {
             .header("accept", "text/event-stream")
             .json(&request_body(request));
         let resp = http::send(rb, &self.opts, key, cancel).await?;
-        let mut events = http::event_stream(resp, &self.opts, key, cancel).await?;
-        let mut asm = Assembler::new(self.opts.max_tool_args_bytes);
-        loop {
-            let Some(event) = events.next(cancel).await.map_err(scrub)? else {
-                return asm.finish().map_err(scrub);
-            };
-            let step = asm
-                .on_event(&event.data)
-                .map_err(|f| ProviderError::Failed(http::scrub(f, key)))?;
-            for e in step.events {
-                sink.send(e);
-                tokio::select! {
-                    biased;
-                    _ = cancel.cancelled() => return Err(ProviderError::Cancelled),
-                    _ = sink.ready() => {}
+        let status = resp.status().as_u16();
+        let streamed = async {
+            let mut events = http::event_stream(resp, &self.opts, key, cancel).await?;
+            let mut asm = Assembler::new(self.opts.max_tool_args_bytes);
+            loop {
+                let Some(event) = events.next(cancel).await.map_err(scrub)? else {
+                    return asm.finish().map_err(scrub);
+                };
+                let step = asm
+                    .on_event(&event.data)
+                    .map_err(|f| ProviderError::Failed(http::scrub(f, key)))?;
+                for e in step.events {
+                    sink.send(e);
+                    tokio::select! {
+                        biased;
+                        _ = cancel.cancelled() => return Err(ProviderError::Cancelled),
+                        _ = sink.ready() => {}
+                    }
+                }
+                if step.done {
+                    events.read_to_end().await;
+                    return asm.finish().map_err(scrub);
                 }
             }
-            if step.done {
-                events.read_to_end().await;
-                return asm.finish().map_err(scrub);
-            }
-        }
+        };
+        super::answered(streamed.await, status)
     }
 
     async fn models(&self) -> Result<Vec<ModelInfo>, Failure> {
@@ -596,6 +600,7 @@ impl Assembler {
             tool_calls,
             usage: self.usage,
             stop,
+            status: None,
         })
     }
 }

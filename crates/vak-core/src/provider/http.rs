@@ -329,7 +329,7 @@ pub async fn send(
         b = tokio::time::timeout(opts.idle_timeout, bounded_text(resp, MAX_DETAIL)) => b.unwrap_or_default(),
     };
     Err(ProviderError::Failed(scrub(
-        classify_status(status, &headers, &body),
+        classify_status(status, &headers, &body).with_status(status),
         key,
     )))
 }

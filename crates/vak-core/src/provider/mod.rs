@@ -132,6 +132,8 @@ pub struct TurnOutput {
     pub tool_calls: Vec<ToolCall>,
     pub usage: TokenUsage,
     pub stop: StopReason,
+    /// The HTTP status the service answered with (None: not over HTTP).
+    pub status: Option<u16>,
 }
 
 /// What kind of failure a provider hit: each has one fixed human message,
@@ -163,6 +165,21 @@ pub enum FailureKind {
 }
 
 impl FailureKind {
+    /// The kind's snake_case name: an error's `reason`, a receipt's `failure`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            FailureKind::NotConfigured => "not_configured",
+            FailureKind::Auth => "auth",
+            FailureKind::RateLimit => "rate_limit",
+            FailureKind::Overloaded => "overloaded",
+            FailureKind::ContextTooLong => "context_too_long",
+            FailureKind::Network => "network",
+            FailureKind::BadResponse => "bad_response",
+            FailureKind::Redirect(_) => "redirect",
+            FailureKind::Directive(_) => "directive",
+        }
+    }
+
     pub fn message(&self) -> String {
         match self {
             FailureKind::Auth => "the model service refused the API key".into(),
@@ -223,6 +240,9 @@ pub struct Failure {
     pub retry_after: Option<Duration>,
     /// For a `Network` failure: why, when the transport says.
     pub cause: Option<NetCause>,
+    /// The HTTP status the service answered with, when it answered (an
+    /// error status, or the 2xx of a stream that broke afterwards).
+    pub status: Option<u16>,
 }
 
 impl Failure {
@@ -233,7 +253,14 @@ impl Failure {
             retryable,
             retry_after: None,
             cause: None,
+            status: None,
         }
+    }
+
+    /// The same failure, answered with HTTP `status` (kept if already set).
+    pub fn with_status(mut self, status: u16) -> Self {
+        self.status.get_or_insert(status);
+        self
     }
 
     /// The same failure, knowing why the service was not reached.
@@ -278,6 +305,22 @@ pub enum ProviderError {
     Cancelled,
     /// The attempt failed; the agent loop decides whether to retry.
     Failed(Failure),
+}
+
+/// A turn's result once the service answered with HTTP `status`: the
+/// output, or the failure that came after the answer began, says so.
+pub(crate) fn answered(
+    result: Result<TurnOutput, ProviderError>,
+    status: u16,
+) -> Result<TurnOutput, ProviderError> {
+    match result {
+        Ok(mut out) => {
+            out.status = Some(status);
+            Ok(out)
+        }
+        Err(ProviderError::Failed(f)) => Err(ProviderError::Failed(f.with_status(status))),
+        Err(other) => Err(other),
+    }
 }
 
 /// Where a turn streams to. `ready` is the consumer's backpressure: a

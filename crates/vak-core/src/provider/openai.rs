@@ -110,28 +110,32 @@ impl OpenAi {
             .json(&body);
         let key = self.key.as_ref();
         let resp = http::send(rb, &self.opts, key, cancel).await?;
-        let mut events = http::event_stream(resp, &self.opts, key, cancel).await?;
-        let mut asm = Assembler::new(self.opts.max_tool_args_bytes);
-        loop {
-            let Some(event) = events.next(cancel).await.map_err(|e| scrub(e, key))? else {
-                return asm.finish(false).map_err(|e| scrub(e, key));
-            };
-            let step = asm
-                .on_data(&event.data)
-                .map_err(|f| ProviderError::Failed(http::scrub(f, key)))?;
-            for e in step.events {
-                sink.send(e);
-                tokio::select! {
-                    biased;
-                    _ = cancel.cancelled() => return Err(ProviderError::Cancelled),
-                    _ = sink.ready() => {}
+        let status = resp.status().as_u16();
+        let streamed = async {
+            let mut events = http::event_stream(resp, &self.opts, key, cancel).await?;
+            let mut asm = Assembler::new(self.opts.max_tool_args_bytes);
+            loop {
+                let Some(event) = events.next(cancel).await.map_err(|e| scrub(e, key))? else {
+                    return asm.finish(false).map_err(|e| scrub(e, key));
+                };
+                let step = asm
+                    .on_data(&event.data)
+                    .map_err(|f| ProviderError::Failed(http::scrub(f, key)))?;
+                for e in step.events {
+                    sink.send(e);
+                    tokio::select! {
+                        biased;
+                        _ = cancel.cancelled() => return Err(ProviderError::Cancelled),
+                        _ = sink.ready() => {}
+                    }
+                }
+                if step.done {
+                    events.read_to_end().await;
+                    return asm.finish(true).map_err(|e| scrub(e, key));
                 }
             }
-            if step.done {
-                events.read_to_end().await;
-                return asm.finish(true).map_err(|e| scrub(e, key));
-            }
-        }
+        };
+        super::answered(streamed.await, status)
     }
 
     async fn models(&self) -> Result<Vec<ModelInfo>, Failure> {
@@ -588,6 +592,7 @@ impl Assembler {
             tool_calls,
             usage: self.usage,
             stop,
+            status: None,
         })
     }
 }

@@ -13,6 +13,7 @@ use crate::session::admission::Input;
 use crate::session::approvals::Answer;
 use crate::session::context::TurnContext;
 use crate::session::hooks;
+use crate::session::receipts::{self, ModelCallReceipt};
 use crate::tools::ToolClass;
 use crate::trace::ToolOutcome;
 use crate::{session::prompt, tools, PermissionMode};
@@ -102,6 +103,8 @@ fn near_full(context_tokens: u64, window: Option<u64>) -> bool {
 struct Leg<'a, S> {
     session: &'a S,
     route: Route,
+    /// The config revision the route came from.
+    revision: String,
     system: String,
     tools: Vec<ToolDef>,
 }
@@ -110,7 +113,7 @@ impl<'a, S: TurnContext> Leg<'a, S> {
     /// `model`: a model to use instead of the route's (a task's pin).
     async fn new(session: &'a S, model: Option<&str>) -> Leg<'a, S> {
         let rt = session.runtime();
-        let mut route = rt.route();
+        let (mut route, revision) = rt.route_and_revision();
         if let Some(m) = model {
             route.model = m.to_string();
         }
@@ -118,6 +121,7 @@ impl<'a, S: TurnContext> Leg<'a, S> {
             session,
             // Fixed for the whole leg: a config change applies to the next one.
             route,
+            revision,
             system: prompt::system(
                 &rt.cfg.workspace,
                 // AGENTS.md is read only from a folder that passes the check.
@@ -145,6 +149,20 @@ impl<'a, S: TurnContext> Leg<'a, S> {
             max_tokens: cfg.max_output_tokens,
             temperature: cfg.temperature,
         }
+    }
+
+    /// A model call's receipt, recorded as it goes and emitted when it ends.
+    fn receipt(&self, request_id: Option<&str>) -> ModelCallReceipt<'a, S> {
+        ModelCallReceipt::new(
+            self.session,
+            crate::receipt::ModelCallRecorder::new(
+                request_id,
+                self.route.provider.name(),
+                &self.route.model,
+                &self.revision,
+                &self.tools,
+            ),
+        )
     }
 
     /// Records one model call's usage: in the session's ledger, and priced
@@ -181,7 +199,12 @@ impl<'a, S: TurnContext> Leg<'a, S> {
                 summary.lock().unwrap_or_else(|p| p.into_inner()).push_str(&t);
             }
         };
-        let out = self.route.provider.turn(&request, &sink, cancel).await?;
+        let mut receipt = self.receipt(request_id);
+        receipt.at().sending(&request);
+        let out = self.route.provider.turn(&request, &sink, cancel).await;
+        receipt.at().ended(&out);
+        receipt.finish();
+        let out = out?;
         self.spent(request_id, out.usage).await;
         let summary = summary.into_inner().unwrap_or_else(|p| p.into_inner());
         if summary.trim().is_empty() {
@@ -312,6 +335,7 @@ async fn leg_turns(
         let mut traced = crate::trace::ModelCall::start(leg.route.provider.name(), &leg.route.model);
         let mut attempt = 0;
         let mut compacted = false;
+        let mut receipt = leg.receipt(Some(&input.request_id));
         let output = loop {
             // The history is the transcript, which folds what is durable: wait
             // until everything this leg published so far is.
@@ -342,7 +366,9 @@ async fn leg_turns(
                 deltas: Mutex::new(Deltas::new(FREE)),
             };
             traced.attempt();
+            receipt.at().sending(&request);
             let result = leg.route.provider.turn(&request, &sink, cancel).await;
+            receipt.at().ended(&result);
             let held = sink.deltas.lock().unwrap_or_else(|p| p.into_inner()).flush();
             if let Some(event) = held {
                 session.publish(event);
@@ -387,18 +413,23 @@ async fn leg_turns(
             });
             // Clients see the wait (a status line, not a conversation item):
             // it stands until the run's next event.
+            let reason = failure.retry_reason(host.as_deref());
+            receipt.at().retrying(&reason);
             session.publish(ClientEvent::Status {
                 busy: true,
                 retrying: Some(Retrying {
                     attempt,
                     of: rt.cfg.provider_retries,
-                    reason: failure.retry_reason(host.as_deref()),
+                    reason,
                 }),
             });
             let wait = retry_delay(rt.cfg.retry_backoff, attempt, &failure, random_unit());
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
-                _ = cancel.cancelled() => return LegEnd::new(RunOutcome::Cancelled, CANCELLED.into()),
+                _ = cancel.cancelled() => {
+                    receipt.at().cancelled();
+                    return LegEnd::new(RunOutcome::Cancelled, CANCELLED.into());
+                }
             }
             if streamed {
                 // The broken attempt's text stays where clients saw it; a
@@ -411,6 +442,7 @@ async fn leg_turns(
             }
         };
         traced.settled(output.usage);
+        receipt.finish();
         used.add(output.usage);
         leg.spent(Some(&input.request_id), output.usage).await;
         if output.tool_calls.is_empty() {
@@ -435,11 +467,11 @@ async fn leg_turns(
                 futures_util::future::join_all(
                     batch
                         .into_iter()
-                        .map(|c| call_tool(session, &leg.tools, c, cancel)),
+                        .map(|c| call_tool(session, &leg.tools, c, &input.request_id, cancel)),
                 )
                 .await;
             } else {
-                call_tool(session, &leg.tools, call, cancel).await;
+                call_tool(session, &leg.tools, call, &input.request_id, cancel).await;
             }
             if cancel.is_cancelled() {
                 return LegEnd::new(RunOutcome::Cancelled, CANCELLED.into());
@@ -466,7 +498,13 @@ fn plan_of(input: &serde_json::Value) -> Result<(), String> {
 
 /// Publishes tool_call, settles permission, runs the tool and publishes its
 /// tool_result: every call gets exactly one result, also when refused or cancelled.
-async fn call_tool(session: &impl TurnContext, defs: &[ToolDef], call: ToolCall, cancel: &CancellationToken) {
+async fn call_tool(
+    session: &impl TurnContext,
+    defs: &[ToolDef],
+    call: ToolCall,
+    request_id: &str,
+    cancel: &CancellationToken,
+) {
     // The provider's own id goes back to it with the result; a provider
     // that sends none (or an unusable one) gets one of ours.
     let call_id = if call.id.is_empty() || call.id.len() > 128 {
@@ -489,15 +527,30 @@ async fn call_tool(session: &impl TurnContext, defs: &[ToolDef], call: ToolCall,
         tool: tool.clone(),
         input: input.clone(),
     });
+    let started = (crate::receipt::now(), std::time::Instant::now());
     let rt = session.runtime();
     // Before the permission question: a blocked call never asks the user.
     if let Some(why) = pre_tool_hooks(session, &tool, &input, &call_id, cancel).await {
         span.record("outcome", ToolOutcome::Blocked.as_str());
+        let result = tools::ToolOutput {
+            ok: false,
+            output: why,
+            exit_code: None,
+        };
+        let receipt = receipts::tool_call(
+            request_id,
+            started,
+            &call_id,
+            &tool,
+            &result,
+            cancel.is_cancelled(),
+        );
         session.publish(ClientEvent::ToolResult {
             call_id,
             ok: false,
-            output: why,
+            output: result.output,
         });
+        session.emit(receipt);
         return;
     }
     let class = tools::class(&tool);
@@ -602,6 +655,7 @@ async fn call_tool(session: &impl TurnContext, defs: &[ToolDef], call: ToolCall,
                     .unwrap_or(PermissionMode::Default)
                     .as_str()
             ),
+            exit_code: None,
         },
         Ok(_) => {
             // Live output is published as it comes, every piece before the
@@ -642,6 +696,7 @@ async fn call_tool(session: &impl TurnContext, defs: &[ToolDef], call: ToolCall,
         Err(why) => tools::ToolOutput {
             ok: false,
             output: why,
+            exit_code: None,
         },
     };
     let seen = hooks::Call {
@@ -657,11 +712,20 @@ async fn call_tool(session: &impl TurnContext, defs: &[ToolDef], call: ToolCall,
     };
     span.record("outcome", outcome.as_str());
     let post = (!rt.hooks().of(HookEvent::PostToolUse).is_empty()).then(|| result.output.clone());
+    let receipt = receipts::tool_call(
+        request_id,
+        started,
+        &call_id,
+        &tool,
+        &result,
+        cancel.is_cancelled(),
+    );
     session.publish(ClientEvent::ToolResult {
         call_id: call_id.clone(),
         ok: result.ok,
         output: result.output,
     });
+    session.emit(receipt);
     if let Some(output) = post {
         hooks::post_tool_use(rt, &seen, result.ok, &output, cancel).await;
     }
@@ -766,6 +830,7 @@ mod tests {
                     }],
                     usage: usage(850),
                     stop: StopReason::ToolUse,
+                    status: None,
                 }
             } else {
                 sink.send(ProviderEvent::Text("done".into()));

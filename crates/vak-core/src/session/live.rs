@@ -423,6 +423,7 @@ impl Session {
             AgentEvent::Usage(u) => self.pipe.push(Op::Note(Note::Usage(u))),
             AgentEvent::ThinkingSignature(s) => self.pipe.push(Op::Note(Note::Signature(s))),
             AgentEvent::Compaction(c) => self.pipe.push(Op::Note(Note::Compaction(c))),
+            AgentEvent::Receipt(r) => self.pipe.push(Op::Note(Note::Receipt(r))),
             event => {
                 if let Some(client) = project(event) {
                     self.pipe.push(Op::event(self.bus.session_id(), client));

@@ -57,7 +57,7 @@ impl Restore {
             }
             Record::Compaction(c) => return self.folds().transcript.note(&Note::Compaction(c)),
             Record::Undo(u) => return self.folds().transcript.note(&Note::Undo(u)),
-            Record::Lease { .. } => return,
+            Record::Lease { .. } | Record::Receipt(_) => return,
             Record::Background(p) => return self.folds().note(&Note::Background(p)),
             Record::Snapshot(snap) => {
                 let Snapshot {

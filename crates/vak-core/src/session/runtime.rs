@@ -27,8 +27,9 @@ struct Services {
 /// Shared by every session of a server.
 pub struct Runtime {
     pub cfg: CoreConfig,
-    /// Shared by the runtimes of every workspace (`in_workspace`): one route.
-    route: Arc<std::sync::RwLock<Route>>,
+    /// Shared by the runtimes of every workspace (`in_workspace`): one route,
+    /// with the config revision it came from.
+    route: Arc<std::sync::RwLock<(Route, String)>>,
     /// The live permission mode; watched by config frames. Shared like the route.
     mode: Arc<watch::Sender<PermissionMode>>,
     /// Model turns a leg may take and the lifecycle hooks, shared like the
@@ -73,7 +74,7 @@ impl Runtime {
         };
         Self::with_shared(
             cfg,
-            Arc::new(std::sync::RwLock::new(route)),
+            Arc::new(std::sync::RwLock::new((route, String::new()))),
             mode,
             Arc::new(std::sync::RwLock::new(agent)),
             Services {
@@ -88,7 +89,7 @@ impl Runtime {
 
     fn with_shared(
         cfg: CoreConfig,
-        route: Arc<std::sync::RwLock<Route>>,
+        route: Arc<std::sync::RwLock<(Route, String)>>,
         mode: Arc<watch::Sender<PermissionMode>>,
         agent: Arc<std::sync::RwLock<Agent>>,
         services: Services,
@@ -232,12 +233,23 @@ impl Runtime {
 
     /// The current route; a leg takes it once and keeps it.
     pub fn route(&self) -> Route {
+        self.route.read().unwrap_or_else(|p| p.into_inner()).0.clone()
+    }
+
+    /// The current route and the config revision it came from (receipts name it).
+    pub fn route_and_revision(&self) -> (Route, String) {
         self.route.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Replaces the route for legs that start from now on.
     pub fn set_route(&self, route: Route) {
-        *self.route.write().unwrap_or_else(|p| p.into_inner()) = route;
+        self.route.write().unwrap_or_else(|p| p.into_inner()).0 = route;
+    }
+
+    /// The config revision now in effect (`ConfigInfo::revision`), set by
+    /// the control plane after each change of it.
+    pub fn set_route_revision(&self, revision: String) {
+        self.route.write().unwrap_or_else(|p| p.into_inner()).1 = revision;
     }
 
     fn agent(&self) -> Agent {

@@ -46,6 +46,7 @@ fn err(output: impl Into<String>) -> ToolOutput {
     ToolOutput {
         ok: false,
         output: output.into(),
+        exit_code: None,
     }
 }
 
@@ -118,6 +119,7 @@ pub(crate) async fn run(session: &impl TurnContext, input: &Value, cancel: &Canc
                 "worktree": child.worktree,
             })
             .to_string(),
+            exit_code: None,
         };
     }
     let settled = spawner.wait(&child.id, cancel.clone()).await;
@@ -164,7 +166,11 @@ pub(crate) fn answer(settled: &Settled) -> ToolOutput {
                     info.id, info.branch, info.worktree
                 ));
             }
-            ToolOutput { ok: true, output }
+            ToolOutput {
+                ok: true,
+                output,
+                exit_code: None,
+            }
         }
         WorkerState::Failed => err(format!("the worker {} failed: {summary}", info.id)),
         WorkerState::Cancelled => err(format!("the worker {} was cancelled", info.id)),

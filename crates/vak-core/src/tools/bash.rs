@@ -173,6 +173,7 @@ pub(super) async fn run(
     ToolOutput {
         ok: status.success(),
         output: text,
+        exit_code: status.code(),
     }
 }
 

@@ -192,6 +192,8 @@ impl Registry {
                 | Record::Admitted { .. }
                 | Record::Snapshot(_)
                 | Record::Lease { .. }
+                // Receipts stay the parent's: its calls, not the fork's.
+                | Record::Receipt(_)
                 // Undelivered results stay the parent's to deliver.
                 | Record::Background(_) => {}
             }
