@@ -250,6 +250,7 @@ thread_local! {
 fn spawn_append(log: &Arc<dyn Log>, items: Vec<Item>) -> tokio::task::JoinHandle<std::io::Result<u64>> {
     let log = log.clone();
     tokio::task::spawn_blocking(move || {
+        let started = Instant::now();
         let mut batch = BATCH.with(|b| std::mem::take(&mut *b.borrow_mut()));
         for item in &items {
             match item {
@@ -258,6 +259,13 @@ fn spawn_append(log: &Arc<dyn Log>, items: Vec<Item>) -> tokio::task::JoinHandle
             }
         }
         let r = log.append(&batch).map(|()| batch.len() as u64);
+        // Once per batch: its duration, size and records.
+        if let Ok(bytes) = &r {
+            let hot = crate::metrics_names::hot();
+            hot.ledger_seconds.record(started.elapsed().as_secs_f64());
+            hot.batch_records.record(items.len() as f64);
+            hot.ledger_bytes.increment(*bytes);
+        }
         batch.clear_keeping(KEEP_BATCH);
         BATCH.with(|b| *b.borrow_mut() = batch);
         r

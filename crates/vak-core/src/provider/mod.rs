@@ -163,6 +163,21 @@ pub enum FailureKind {
 }
 
 impl FailureKind {
+    /// The kind's name, a bounded metric label (`vak_provider_retries_total`).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            FailureKind::Auth => "auth",
+            FailureKind::RateLimit => "rate_limit",
+            FailureKind::Overloaded => "overloaded",
+            FailureKind::ContextTooLong => "context_too_long",
+            FailureKind::Network => "network",
+            FailureKind::BadResponse => "bad_response",
+            FailureKind::NotConfigured => "not_configured",
+            FailureKind::Redirect(_) => "redirect",
+            FailureKind::Directive(_) => "directive",
+        }
+    }
+
     pub fn message(&self) -> String {
         match self {
             FailureKind::Auth => "the model service refused the API key".into(),

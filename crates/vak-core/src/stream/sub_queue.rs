@@ -102,6 +102,7 @@ impl SubQueue {
         self.total.shift(bytes_then, st.bytes);
         if !placed {
             drop(guard);
+            crate::metrics_names::hot().lags.increment(1);
             self.notify.notify_one();
             return false;
         }
@@ -201,6 +202,7 @@ pub(super) fn merge_into(tail: &mut Arc<Frame>, frame: &Frame, room: usize) -> O
         if new.saturating_sub(old) > room || !own.absorb(frame) {
             return None;
         }
+        crate::metrics_names::hot().merges.increment(1);
         return Some(old);
     }
     let copy = Frame::merged(&[&**tail, frame]);
@@ -208,6 +210,7 @@ pub(super) fn merge_into(tail: &mut Arc<Frame>, frame: &Frame, room: usize) -> O
         return None;
     }
     *tail = Arc::new(copy);
+    crate::metrics_names::hot().merges.increment(1);
     Some(old)
 }
 
@@ -215,6 +218,7 @@ pub(super) fn merge_into(tail: &mut Arc<Frame>, frame: &Frame, room: usize) -> O
 /// merged frame at most `MAX_MERGED` of text, allocated at its exact
 /// length) and counts its bytes again.
 fn compact(st: &mut QueueState) {
+    let before = st.frames.len();
     let mut out: VecDeque<Arc<Frame>> = VecDeque::with_capacity(st.frames.len());
     let mut run: Vec<Arc<Frame>> = Vec::new();
     let mut run_len = 0;
@@ -229,6 +233,9 @@ fn compact(st: &mut QueueState) {
         run.push(f);
     }
     flush_run(&mut run, &mut out);
+    crate::metrics_names::hot()
+        .merges
+        .increment(before.saturating_sub(out.len()) as u64);
     st.bytes = out.iter().map(|f| f.queued_cost()).sum();
     st.frames = out;
 }

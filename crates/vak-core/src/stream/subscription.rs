@@ -66,6 +66,7 @@ pub(super) fn subscribe_holding(
     }
     drop(inner);
     shared.subscribed.notify_waiters();
+    crate::metrics_names::hot().subscribers.increment(1.0);
     sub
 }
 
@@ -174,11 +175,22 @@ impl Subscription {
             }
             return out;
         }
+        let out = self.take_fresh(max).await;
+        // Counted per take, not per frame or per subscriber.
+        let frames = out.iter().filter(|d| matches!(d, Delivery::Frame(_))).count();
+        crate::metrics_names::hot().delivered.increment(frames as u64);
+        out
+    }
+
+    /// Up to `max` deliveries not taken before: a resync due, retained
+    /// frames, or what is queued.
+    async fn take_fresh(&mut self, max: usize) -> Vec<Delivery> {
         loop {
             if self.done {
                 return Vec::new();
             }
             if let Some((reason, latest_seq, lost)) = self.resync.take() {
+                metrics::counter!(crate::metrics_names::RESYNCS, "reason" => reason.as_str()).increment(1);
                 return vec![Delivery::Resync {
                     reason,
                     latest_seq,
@@ -290,6 +302,7 @@ impl Subscription {
     /// Counts this subscription as replaying from the log.
     fn enter_disk(&mut self) {
         if !self.on_disk {
+            crate::metrics_names::hot().replays_from_disk.increment(1);
             self.on_disk = true;
             self.shared.on_disk.fetch_add(1, Ordering::AcqRel);
         }
@@ -450,6 +463,7 @@ impl Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
+        crate::metrics_names::hot().subscribers.decrement(1.0);
         self.leave_disk();
         let mut st = self.queue.lock();
         st.detached = true;

@@ -8,6 +8,7 @@
 //! "rows"}` in; `{"type":"started","pid","shell","workspace"}` and
 //! `{"type":"exit","code"}` out). docs/protocol.md section 26 has the contract.
 
+use crate::metrics::{OpenStream, StreamSurface, Transport};
 use super::state::AppState;
 use crate::errors::{status_response, to_status};
 use crate::listener::PeerAddr;
@@ -133,6 +134,7 @@ pub(crate) async fn pty(
     ws.max_message_size(MAX_MESSAGE)
         .max_frame_size(MAX_MESSAGE)
         .on_upgrade(move |socket| async move {
+            let _open = OpenStream::new(Transport::WebSocket, StreamSurface::Terminal);
             serve(socket, term, workspace, hub.closed()).await;
         })
 }
