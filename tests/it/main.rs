@@ -33,6 +33,7 @@ mod login_link;
 mod mcp;
 mod memory;
 mod memory_search;
+mod metrics;
 mod modes;
 mod mux;
 mod nats_auth;
