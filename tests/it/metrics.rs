@@ -180,9 +180,29 @@ async fn counters_move_with_a_run_a_tool_call_a_retry_and_a_lagging_subscriber()
     // A cursor older than the ring replays from the ledger on disk.
     let mut replay = s.events(&sid, Some(1)).await;
     replay.until("run_finished").await;
+    // A cursor ahead of the session resyncs.
+    let latest = frames.last().unwrap().seq();
+    let mut ahead = s.events(&sid, Some(latest + 5)).await;
+    assert_eq!(ahead.next().await.unwrap().event, "resync");
     // A wrong token.
     let (status, _, _) = get(&format!("{}/metrics", s.url), false).await;
     assert_eq!(status, 401);
+
+    // An approval, denied (the default mode asks before a write).
+    let asking = TestServer::start().await;
+    let asked = asking.create_session().await;
+    let mut sse = asking.events(&asked, None).await;
+    asking.run(&asked, "/write a.txt A").await;
+    let ask = sse.next_ask().await;
+    let rid = ask["request_id"].as_str().unwrap();
+    let (code, v) = asking
+        .post(
+            &format!("/sessions/{asked}/approvals/{rid}"),
+            serde_json::json!({"approve": false}),
+        )
+        .await;
+    assert_eq!((code, &v["outcome"]), (200, &serde_json::json!("denied")), "{v}");
+    assert_completed(&sse.until("run_finished").await);
 
     // A retry: a fake OpenAI-compatible service answers 429 once, then the answer.
     let fake = FakeProvider::start().await;
@@ -229,6 +249,13 @@ async fn counters_move_with_a_run_a_tool_call_a_retry_and_a_lagging_subscriber()
     assert!(moved("vak_ledger_batch_records_count", &[]) >= 1.0);
     // The batch sizes add up to at least every event published.
     assert!(moved("vak_ledger_batch_records_sum", &[]) >= moved("vak_events_published_total", &[]));
+    assert_eq!(moved("vak_resyncs_total", &[("reason", "cursor_ahead")]), 1.0);
+    assert_eq!(moved("vak_approvals_total", &[("outcome", "denied")]), 1.0);
+    assert_eq!(
+        moved("vak_tool_calls_total", &[("tool", "write_file"), ("outcome", "error")]),
+        1.0,
+        "a denied call is an error result"
+    );
     assert!(moved("vak_rejections_total", &[("cause", "auth")]) >= 1.0);
     assert!(moved("vak_connections_total", &[]) >= 1.0);
     assert!(after.sum("vak_connections_open", &[]) >= 1.0);
@@ -243,9 +270,10 @@ async fn counters_move_with_a_run_a_tool_call_a_retry_and_a_lagging_subscriber()
     assert!(!text.contains(&sid), "a session id in the exposition");
     assert_eq!(
         after.label_values("vak_tool_calls_total", "tool"),
-        vec!["bash".to_string()]
+        vec!["bash".to_string(), "write_file".to_string()]
     );
     drop(stalled);
+    asking.stop().await;
     routed.stop().await;
     s.stop().await;
 }
