@@ -120,6 +120,7 @@ const CORE_IMPORTS: &[(&str, &[&str])] = &[
             "host",
             "log",
             "mcp",
+            "metrics_names",
             "provider",
             "reasons",
             "route",
@@ -155,7 +156,7 @@ const CORE_IMPORTS: &[(&str, &[&str])] = &[
             "zone",
         ],
     ),
-    ("log", &["background", "event", "provider", "stopped"]),
+    ("log", &["background", "event", "metrics_names", "provider", "stopped"]),
     ("mcp", &["file_owner", "provider", "tools"]),
     ("permissions", &["tools"]),
     ("reasons", &["stopped"]),
@@ -172,6 +173,7 @@ const CORE_IMPORTS: &[(&str, &[&str])] = &[
             "host",
             "log",
             "mcp",
+            "metrics_names",
             "permissions",
             "provider",
             "reasons",
@@ -183,7 +185,7 @@ const CORE_IMPORTS: &[(&str, &[&str])] = &[
             "workspace",
         ],
     ),
-    ("stream", &["event", "host", "log", "reasons", "session"]),
+    ("stream", &["event", "host", "log", "metrics_names", "reasons", "session"]),
     ("tools", &["event", "provider", "workspace"]),
 ];
 
