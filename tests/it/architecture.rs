@@ -156,7 +156,10 @@ const CORE_IMPORTS: &[(&str, &[&str])] = &[
             "zone",
         ],
     ),
-    ("log", &["background", "event", "metrics_names", "provider", "stopped"]),
+    (
+        "log",
+        &["background", "event", "metrics_names", "provider", "stopped"],
+    ),
     ("mcp", &["file_owner", "provider", "tools"]),
     ("permissions", &["tools"]),
     ("reasons", &["stopped"]),
@@ -185,7 +188,10 @@ const CORE_IMPORTS: &[(&str, &[&str])] = &[
             "workspace",
         ],
     ),
-    ("stream", &["event", "host", "log", "metrics_names", "reasons", "session"]),
+    (
+        "stream",
+        &["event", "host", "log", "metrics_names", "reasons", "session"],
+    ),
     ("tools", &["event", "provider", "workspace"]),
 ];
 

@@ -207,8 +207,11 @@ async fn counters_move_with_a_run_a_tool_call_a_retry_and_a_lagging_subscriber()
     // A retry: a fake OpenAI-compatible service answers 429 once, then the answer.
     let fake = FakeProvider::start().await;
     fake.script([
-        Reply::status(429, r#"{"error":{"message":"slow down","type":"requests","code":"rate_limit_exceeded"}}"#)
-            .header("retry-after-ms", "1"),
+        Reply::status(
+            429,
+            r#"{"error":{"message":"slow down","type":"requests","code":"rate_limit_exceeded"}}"#,
+        )
+        .header("retry-after-ms", "1"),
         Reply::fixture("openai/text.sse"),
     ]);
     let routed = TestServer::start_with_route(fake.openai_route(), |c| {
@@ -223,9 +226,15 @@ async fn counters_move_with_a_run_a_tool_call_a_retry_and_a_lagging_subscriber()
     let moved = |name: &str, labels: &[(&str, &str)]| after.sum(name, labels) - before.sum(name, labels);
     assert!(moved("vak_runs_total", &[("outcome", "completed")]) >= 3.0);
     assert!(moved("vak_run_duration_seconds_count", &[("outcome", "completed")]) >= 3.0);
-    assert_eq!(moved("vak_tool_calls_total", &[("tool", "bash"), ("outcome", "ok")]), 1.0);
     assert_eq!(
-        moved("vak_provider_retries_total", &[("provider", "openai"), ("reason", "rate_limit")]),
+        moved("vak_tool_calls_total", &[("tool", "bash"), ("outcome", "ok")]),
+        1.0
+    );
+    assert_eq!(
+        moved(
+            "vak_provider_retries_total",
+            &[("provider", "openai"), ("reason", "rate_limit")]
+        ),
         1.0
     );
     assert_eq!(
@@ -234,15 +243,42 @@ async fn counters_move_with_a_run_a_tool_call_a_retry_and_a_lagging_subscriber()
         "both attempts are timed"
     );
     assert_eq!(
-        moved("vak_provider_request_seconds_count", &[("provider", "openai"), ("outcome", "error")]),
+        moved(
+            "vak_provider_request_seconds_count",
+            &[("provider", "openai"), ("outcome", "error")]
+        ),
         1.0
     );
-    assert!(moved("vak_tokens_total", &[("provider", "openai"), ("model", "gpt-4.1"), ("direction", "input")]) > 0.0);
-    assert!(moved("vak_tokens_total", &[("provider", "openai"), ("model", "gpt-4.1"), ("direction", "output")]) > 0.0);
+    assert!(
+        moved(
+            "vak_tokens_total",
+            &[
+                ("provider", "openai"),
+                ("model", "gpt-4.1"),
+                ("direction", "input")
+            ]
+        ) > 0.0
+    );
+    assert!(
+        moved(
+            "vak_tokens_total",
+            &[
+                ("provider", "openai"),
+                ("model", "gpt-4.1"),
+                ("direction", "output")
+            ]
+        ) > 0.0
+    );
     assert!(moved("vak_events_published_total", &[]) >= 2000.0);
     assert!(moved("vak_events_delivered_total", &[]) > 0.0);
-    assert!(moved("vak_lags_total", &[]) >= 1.0, "the stalled reader's queue was dropped");
-    assert!(moved("vak_merges_total", &[]) >= 1.0, "deltas merged in the full queue");
+    assert!(
+        moved("vak_lags_total", &[]) >= 1.0,
+        "the stalled reader's queue was dropped"
+    );
+    assert!(
+        moved("vak_merges_total", &[]) >= 1.0,
+        "deltas merged in the full queue"
+    );
     assert!(moved("vak_replays_from_disk_total", &[]) >= 1.0);
     assert!(moved("vak_ledger_append_seconds_count", &[]) >= 1.0);
     assert!(moved("vak_ledger_append_bytes_total", &[]) >= 2000.0 * 4096.0);
@@ -252,7 +288,10 @@ async fn counters_move_with_a_run_a_tool_call_a_retry_and_a_lagging_subscriber()
     assert_eq!(moved("vak_resyncs_total", &[("reason", "cursor_ahead")]), 1.0);
     assert_eq!(moved("vak_approvals_total", &[("outcome", "denied")]), 1.0);
     assert_eq!(
-        moved("vak_tool_calls_total", &[("tool", "write_file"), ("outcome", "error")]),
+        moved(
+            "vak_tool_calls_total",
+            &[("tool", "write_file"), ("outcome", "error")]
+        ),
         1.0,
         "a denied call is an error result"
     );
@@ -260,9 +299,17 @@ async fn counters_move_with_a_run_a_tool_call_a_retry_and_a_lagging_subscriber()
     assert!(moved("vak_connections_total", &[]) >= 1.0);
     assert!(after.sum("vak_connections_open", &[]) >= 1.0);
     // The open streams: the stalled reader, the replay and the watcher (SSE, one session each).
-    assert!(after.sum("vak_streams_open", &[("transport", "sse"), ("surface", "session")]) >= 1.0);
+    assert!(
+        after.sum(
+            "vak_streams_open",
+            &[("transport", "sse"), ("surface", "session")]
+        ) >= 1.0
+    );
     assert!(after.sum("vak_subscribers", &[]) >= 1.0);
-    assert_eq!(after.type_of("vak_ledger_append_seconds").as_deref(), Some("histogram"));
+    assert_eq!(
+        after.type_of("vak_ledger_append_seconds").as_deref(),
+        Some("histogram")
+    );
     assert_eq!(after.type_of("vak_streams_open").as_deref(), Some("gauge"));
     assert_eq!(after.type_of("vak_runs").as_deref(), Some("counter"));
     // Labels are closed sets: no session id anywhere.
@@ -319,7 +366,10 @@ async fn metrics_listen_on_loopback_serves_metrics_without_a_token_and_nothing_e
             break rest.split_whitespace().next().unwrap().to_string();
         }
     };
-    assert!(url.starts_with("http://127.0.0.1:") && url.ends_with("/metrics"), "{url}");
+    assert!(
+        url.starts_with("http://127.0.0.1:") && url.ends_with("/metrics"),
+        "{url}"
+    );
     // The main port still asks for the token.
     let (status, _, _) = get(&format!("{}/metrics", served.url), false).await;
     assert_eq!(status, 401);

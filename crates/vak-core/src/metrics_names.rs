@@ -87,19 +87,51 @@ pub fn describe() {
     describe_gauge!(SUBSCRIBERS, "Subscriptions attached to session buses.");
     describe_counter!(EVENTS_PUBLISHED, "Events made visible on session buses.");
     describe_counter!(EVENTS_DELIVERED, "Frames handed to stream readers.");
-    describe_counter!(MERGES, "Deltas merged into another frame in a full subscriber queue.");
-    describe_counter!(LAGS, "Subscriber queues dropped for lag; their readers resume from their cursor.");
+    describe_counter!(
+        MERGES,
+        "Deltas merged into another frame in a full subscriber queue."
+    );
+    describe_counter!(
+        LAGS,
+        "Subscriber queues dropped for lag; their readers resume from their cursor."
+    );
     describe_counter!(RESYNCS, "Resyncs handed to readers, by reason.");
-    describe_counter!(REPLAYS_FROM_DISK, "Subscriptions that replayed from the ledger on disk.");
-    describe_histogram!(LEDGER_APPEND_SECONDS, Unit::Seconds, "Duration of one ledger group-commit append.");
-    describe_counter!(LEDGER_APPEND_BYTES, Unit::Bytes, "Bytes appended to session ledgers.");
+    describe_counter!(
+        REPLAYS_FROM_DISK,
+        "Subscriptions that replayed from the ledger on disk."
+    );
+    describe_histogram!(
+        LEDGER_APPEND_SECONDS,
+        Unit::Seconds,
+        "Duration of one ledger group-commit append."
+    );
+    describe_counter!(
+        LEDGER_APPEND_BYTES,
+        Unit::Bytes,
+        "Bytes appended to session ledgers."
+    );
     describe_histogram!(LEDGER_BATCH_RECORDS, "Records in one ledger group-commit batch.");
-    describe_histogram!(JETSTREAM_APPEND_SECONDS, Unit::Seconds, "Duration of one JetStream session-log append.");
+    describe_histogram!(
+        JETSTREAM_APPEND_SECONDS,
+        Unit::Seconds,
+        "Duration of one JetStream session-log append."
+    );
     describe_counter!(RUNS, "Runs finished, by outcome.");
-    describe_histogram!(RUN_DURATION_SECONDS, Unit::Seconds, "Duration of a run, by outcome.");
+    describe_histogram!(
+        RUN_DURATION_SECONDS,
+        Unit::Seconds,
+        "Duration of a run, by outcome."
+    );
     describe_counter!(TOOL_CALLS, "Tool calls, by tool and outcome.");
-    describe_histogram!(PROVIDER_REQUEST_SECONDS, Unit::Seconds, "Duration of one model-service request.");
-    describe_counter!(PROVIDER_RETRIES, "Model-service requests retried, by provider and failure kind.");
+    describe_histogram!(
+        PROVIDER_REQUEST_SECONDS,
+        Unit::Seconds,
+        "Duration of one model-service request."
+    );
+    describe_counter!(
+        PROVIDER_RETRIES,
+        "Model-service requests retried, by provider and failure kind."
+    );
     describe_counter!(TOKENS, "Model tokens, by provider, model and direction.");
     describe_counter!(APPROVALS, "Approval requests settled, by outcome.");
     describe_counter!(CONNECTIONS, "Connections accepted.");
@@ -195,7 +227,10 @@ mod tests {
             REJECTIONS,
         ] {
             assert!(name.starts_with("vak_"), "{name}");
-            assert!(name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'), "{name}");
+            assert!(
+                name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
+                "{name}"
+            );
         }
     }
 }

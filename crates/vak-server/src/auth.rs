@@ -1,10 +1,10 @@
 //! The guard every request passes first: Host pinning (DNS rebinding), CORS and the cross-origin rule for browsers, then credentials (bearer token, login cookie with its session key, or `?token=` from an unproxied loopback peer), plus the browser login routes.
 
-use crate::metrics::{reject, Rejection};
 use super::errors::{grpc_content_type, json_error, refuse};
 use super::listener::{PeerAddr, Secure};
 use super::logins::{constant_time_eq, Logins};
 use super::tickets::{link_path, TicketRefused, Tickets, TICKET_TTL};
+use crate::metrics::{reject, Rejection};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
@@ -330,10 +330,10 @@ pub async fn guard(State(auth): State<Arc<Auth>>, req: Request, next: Next) -> R
             _ => {
                 reject(Rejection::Origin);
                 json_error(
-                StatusCode::FORBIDDEN,
-                "forbidden",
-                "this origin may not call this server",
-            )
+                    StatusCode::FORBIDDEN,
+                    "forbidden",
+                    "this origin may not call this server",
+                )
             }
         };
     }

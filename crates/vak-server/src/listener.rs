@@ -218,12 +218,7 @@ async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
 }
 
 /// A TLS connection's task: the handshake, then as a plain one.
-async fn tls_connection(
-    conn: Connection,
-    tcp: TcpStream,
-    acceptor: tokio_rustls::TlsAcceptor,
-    slot: Slot,
-) {
+async fn tls_connection(conn: Connection, tcp: TcpStream, acceptor: tokio_rustls::TlsAcceptor, slot: Slot) {
     let limit = conn.cfg.handshake_timeout;
     if let Some(tls) = Box::pin(handshake(tcp, &acceptor, limit)).await {
         drop(acceptor);

@@ -25,8 +25,13 @@ pub fn install() -> Option<&'static PrometheusHandle> {
     HANDLE
         .get_or_init(|| {
             let built = PrometheusBuilder::new()
-                .set_buckets_for_metric(Matcher::Full(m::RUN_DURATION_SECONDS.into()), m::RUN_SECONDS_BUCKETS)
-                .and_then(|b| b.set_buckets_for_metric(Matcher::Suffix("_seconds".into()), m::SECONDS_BUCKETS))
+                .set_buckets_for_metric(
+                    Matcher::Full(m::RUN_DURATION_SECONDS.into()),
+                    m::RUN_SECONDS_BUCKETS,
+                )
+                .and_then(|b| {
+                    b.set_buckets_for_metric(Matcher::Suffix("_seconds".into()), m::SECONDS_BUCKETS)
+                })
                 .and_then(|b| {
                     b.set_buckets_for_metric(Matcher::Full(m::LEDGER_BATCH_RECORDS.into()), m::BATCH_BUCKETS)
                 })
@@ -96,7 +101,11 @@ fn plain_router() -> axum::Router {
     axum::Router::new()
         .route("/metrics", axum::routing::get(scrape))
         .fallback(|| async {
-            crate::errors::json_error(StatusCode::NOT_FOUND, "not_found", "this listener serves /metrics only")
+            crate::errors::json_error(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "this listener serves /metrics only",
+            )
         })
         .layer(axum::middleware::from_fn(
             |req: Request, next: axum::middleware::Next| async move {
@@ -250,10 +259,23 @@ mod tests {
 
     #[test]
     fn only_loopback_hosts_pass() {
-        for ok in ["localhost", "localhost:9100", "127.0.0.1:9100", "[::1]:9100", "[::1]", "LOCALHOST"] {
+        for ok in [
+            "localhost",
+            "localhost:9100",
+            "127.0.0.1:9100",
+            "[::1]:9100",
+            "[::1]",
+            "LOCALHOST",
+        ] {
             assert!(loopback_host(ok), "{ok}");
         }
-        for bad in ["evil.example", "evil.example:9100", "10.0.0.1:9100", "[fe80::1]:1", "localhost.evil:1"] {
+        for bad in [
+            "evil.example",
+            "evil.example:9100",
+            "10.0.0.1:9100",
+            "[fe80::1]:1",
+            "localhost.evil:1",
+        ] {
             assert!(!loopback_host(bad), "{bad}");
         }
     }

@@ -94,7 +94,9 @@ impl Bus {
             return;
         }
         // Once per commit, never per subscriber.
-        crate::metrics_names::hot().published.increment(frames.len() as u64);
+        crate::metrics_names::hot()
+            .published
+            .increment(frames.len() as u64);
         let mut inner = self.shared.lock();
         let ring = self.shared.cfg.ring;
         for frame in &frames {

@@ -8,10 +8,10 @@
 //! "rows"}` in; `{"type":"started","pid","shell","workspace"}` and
 //! `{"type":"exit","code"}` out). docs/protocol.md section 26 has the contract.
 
-use crate::metrics::{OpenStream, StreamSurface, Transport};
 use super::state::AppState;
 use crate::errors::{status_response, to_status};
 use crate::listener::PeerAddr;
+use crate::metrics::{OpenStream, StreamSurface, Transport};
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Query, State};
 use axum::http::HeaderMap;
