@@ -2,6 +2,8 @@
 //!
 //! The metrics are process-wide (one recorder per process), so the test that
 //! checks what moved runs in a process of its own (`support::own_process`).
+//! Needs VAK_MCP_PYTHON (`make mcp`: the venv with prometheus_client) and, for
+//! the `--bus` test, VAK_NATS_SERVER (`make nats`).
 
 use crate::support::fake_provider::{FakeProvider, Reply};
 use crate::support::shared::own_process;
@@ -392,4 +394,32 @@ async fn metrics_listen_on_loopback_serves_metrics_without_a_token_and_nothing_e
         .unwrap();
     assert_eq!(rebound.status().as_u16(), 403);
     drop(served);
+}
+
+/// With `--bus` the JetStream log's appends are timed, and the writer's
+/// group commits (to the stream now) are counted as ledger appends too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_bus_jetstream_appends_are_timed() {
+    if !own_process("metrics::with_a_bus_jetstream_appends_are_timed") {
+        return;
+    }
+    use vak::core::cluster::jetstream::{self, StreamOptions};
+    let nats = crate::support::nats::Cluster::single().await;
+    let client = jetstream::connect(&nats.url(), &StreamOptions::default())
+        .await
+        .unwrap();
+    let s = TestServer::start_with(move |c| c.core.nats = Some(client)).await;
+    let before = scrape(&s).await;
+    let (_, frames) = run_to_end(&s, "hello").await;
+    assert_completed(&frames);
+    let after = scrape(&s).await;
+    let moved = |name: &str| after.sum(name, &[]) - before.sum(name, &[]);
+    assert_eq!(
+        after.type_of("vak_jetstream_append_seconds").as_deref(),
+        Some("histogram")
+    );
+    assert!(moved("vak_jetstream_append_seconds_count") >= 1.0);
+    // The writer's group commits go to the stream.
+    assert!(moved("vak_ledger_append_seconds_count") >= 1.0);
+    s.stop().await;
 }
