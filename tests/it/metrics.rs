@@ -332,11 +332,16 @@ async fn the_main_port_needs_the_token_for_metrics() {
     let s = TestServer::start().await;
     let (status, _, body) = get(&format!("{}/metrics", s.url), false).await;
     assert_eq!(status, 401, "{body}");
+    let (_, frames) = run_to_end(&s, "hello").await;
+    assert_completed(&frames);
     let (status, _, body) = get(&format!("{}/metrics", s.url), true).await;
     assert_eq!(status, 200);
-    // What the server recorded so far parses, and names the connection counters.
+    // What the process recorded so far parses (other tests' servers share it).
     let samples = parse(&body).await;
-    assert!(samples.sum("vak_connections_total", &[]) >= 1.0);
+    assert!(
+        samples.sum("vak_runs_total", &[("outcome", "completed")]) >= 1.0,
+        "{body}"
+    );
     s.stop().await;
 }
 
