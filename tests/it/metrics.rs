@@ -8,6 +8,7 @@
 use crate::support::fake_provider::{FakeProvider, Reply};
 use crate::support::shared::own_process;
 use crate::support::*;
+use prost::Message;
 use serde_json::Value;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
@@ -224,8 +225,39 @@ async fn counters_move_with_a_run_a_tool_call_a_retry_and_a_lagging_subscriber()
     assert_completed(&frames);
     assert_eq!(fake.requests().len(), 2, "one refusal, one answer");
 
+    // A stream of each other transport, open while the scrape is taken.
+    let mut grpc = s.grpc().await;
+    let (_grpc_stream, _) = grpc_subscribe(&mut grpc, &sid, None).await;
+    let msg = vak::proto::v1::SubscribeRequest {
+        session_id: sid.clone(),
+        after: None,
+    }
+    .encode_to_vec();
+    let mut framed = vec![0u8];
+    framed.extend((msg.len() as u32).to_be_bytes());
+    framed.extend(msg);
+    let web = reqwest::Client::new()
+        .post(format!("{}/vak.v1.AgentService/Subscribe", s.url))
+        .header("content-type", "application/grpc-web+proto")
+        .bearer_auth(TOKEN)
+        .body(framed)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(web.status(), 200);
+
     let after = scrape(&s).await;
     let moved = |name: &str, labels: &[(&str, &str)]| after.sum(name, labels) - before.sum(name, labels);
+    for transport in ["grpc", "grpc_web"] {
+        assert_eq!(
+            after.sum(
+                "vak_streams_open",
+                &[("transport", transport), ("surface", "session")]
+            ),
+            1.0,
+            "{transport}"
+        );
+    }
     assert!(moved("vak_runs_total", &[("outcome", "completed")]) >= 3.0);
     assert!(moved("vak_run_duration_seconds_count", &[("outcome", "completed")]) >= 3.0);
     assert_eq!(
