@@ -583,9 +583,7 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
             let stop = async move {
                 let _ = metrics_stopped.await;
             };
-            if let Err(e) = vak_server::metrics::serve_plain(l, stop).await {
-                tracing::warn!("the metrics listener stopped: {e}");
-            }
+            vak_server::metrics::serve_plain(l, stop).await;
         });
     }
     let _ = std::io::stdout().flush();

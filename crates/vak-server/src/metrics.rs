@@ -127,16 +127,25 @@ fn plain_router() -> axum::Router {
         ))
 }
 
+/// Connections the `--metrics-listen` listener keeps open at once (a scraper needs one).
+const PLAIN_MAX_CONNECTIONS: usize = 16;
+
 /// Serves `--metrics-listen` on `listener` (already checked to be loopback)
-/// until `stop` resolves.
-pub async fn serve_plain(
-    listener: tokio::net::TcpListener,
-    stop: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
+/// until `stop` resolves: the main port's accept loop with its timeouts, and
+/// a small connection cap.
+pub async fn serve_plain(listener: tokio::net::TcpListener, stop: impl Future<Output = ()>) {
     install();
-    axum::serve(listener, plain_router())
-        .with_graceful_shutdown(stop)
-        .await
+    let cfg = crate::listener::ListenConfig {
+        tls: None,
+        header_read_timeout: Duration::from_secs(10),
+        idle_timeout: Duration::from_secs(60),
+        body_read_timeout: Duration::from_secs(10),
+        write_timeout: Duration::from_secs(30),
+        handshake_timeout: Duration::from_secs(10),
+        drain: Duration::from_secs(1),
+        max_connections: PLAIN_MAX_CONNECTIONS,
+    };
+    crate::listener::serve(listener, plain_router(), cfg, stop).await;
 }
 
 /// How a stream reached the server (`transport` label of `vak_streams_open`).
