@@ -48,6 +48,7 @@ pub(super) fn subscribe_holding(
         ready: VecDeque::new(),
         ready_charge: None,
         on_disk: false,
+        merged: 0,
     };
     if let Some(n) = after {
         // What is due up to `latest` is read from the ring (or, older, the
@@ -109,6 +110,8 @@ pub struct Subscription {
     ready_charge: Option<Charge>,
     /// Counted in `Shared::on_disk`: replaying from the log.
     on_disk: bool,
+    /// Deltas this reader's takes merged since its last take was counted.
+    merged: u64,
 }
 
 /// The bytes a delivery holds.
@@ -178,7 +181,11 @@ impl Subscription {
         let out = self.take_fresh(max).await;
         // Counted per take, not per frame or per subscriber.
         let frames = out.iter().filter(|d| matches!(d, Delivery::Frame(_))).count();
-        crate::metrics_names::hot().delivered.increment(frames as u64);
+        let hot = crate::metrics_names::hot();
+        hot.delivered.increment(frames as u64);
+        if self.merged > 0 {
+            hot.merges.increment(std::mem::take(&mut self.merged));
+        }
         out
     }
 
@@ -348,6 +355,7 @@ impl Subscription {
         if self.catching_up {
             if let Some(Delivery::Frame(tail)) = out.last_mut() {
                 if merge_into(tail, f, usize::MAX).is_some() {
+                    self.merged += 1;
                     self.cursor = f.seq;
                     return true;
                 }
@@ -414,6 +422,7 @@ impl Subscription {
                 Some(Delivery::Frame(tail)) if full => merge_into(tail, f, usize::MAX).is_some(),
                 _ => false,
             };
+            self.merged += u64::from(merged);
             if !merged && out.len() >= max {
                 break;
             }
