@@ -583,7 +583,7 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
             let stop = async move {
                 let _ = metrics_stopped.await;
             };
-            vak_server::metrics::serve_plain(l, stop).await;
+            vak_server::server::serve_metrics(l, stop).await;
         });
     }
     let _ = std::io::stdout().flush();

@@ -4,7 +4,6 @@ use axum::extract::Request;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use std::future::Future;
 use std::sync::OnceLock;
 use std::time::Duration;
 use vak_core::metrics_names as m;
@@ -96,8 +95,9 @@ fn loopback_host(host: &str) -> bool {
             .is_ok_and(|ip| ip.to_canonical().is_loopback())
 }
 
-/// The `--metrics-listen` router: `/metrics` only, no token, loopback Host only.
-fn plain_router() -> axum::Router {
+/// The `--metrics-listen` router (`server::serve_metrics` serves it):
+/// `/metrics` only, no token, loopback Host only.
+pub(crate) fn plain_router() -> axum::Router {
     axum::Router::new()
         .route("/metrics", axum::routing::get(scrape))
         .fallback(|| async {
@@ -125,27 +125,6 @@ fn plain_router() -> axum::Router {
                 next.run(req).await
             },
         ))
-}
-
-/// Connections the `--metrics-listen` listener keeps open at once (a scraper needs one).
-const PLAIN_MAX_CONNECTIONS: usize = 16;
-
-/// Serves `--metrics-listen` on `listener` (already checked to be loopback)
-/// until `stop` resolves: the main port's accept loop with its timeouts, and
-/// a small connection cap.
-pub async fn serve_plain(listener: tokio::net::TcpListener, stop: impl Future<Output = ()>) {
-    install();
-    let cfg = crate::listener::ListenConfig {
-        tls: None,
-        header_read_timeout: Duration::from_secs(10),
-        idle_timeout: Duration::from_secs(60),
-        body_read_timeout: Duration::from_secs(10),
-        write_timeout: Duration::from_secs(30),
-        handshake_timeout: Duration::from_secs(10),
-        drain: Duration::from_secs(1),
-        max_connections: PLAIN_MAX_CONNECTIONS,
-    };
-    crate::listener::serve(listener, plain_router(), cfg, stop).await;
 }
 
 /// How a stream reached the server (`transport` label of `vak_streams_open`).

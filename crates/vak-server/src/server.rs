@@ -268,3 +268,24 @@ pub async fn app(hub: Arc<Hub>, cfg: &ServeConfig) -> Result<Router> {
 fn grpc_path_of<S: NamedService>(_: &S) -> String {
     format!("/{}/{{*rest}}", S::NAME)
 }
+
+/// Connections the `--metrics-listen` listener keeps open at once (a scraper needs one).
+const METRICS_MAX_CONNECTIONS: usize = 16;
+
+/// Serves `--metrics-listen` on `listener` (already checked to be loopback)
+/// until `stop` resolves: `/metrics` without a token, through the main
+/// port's accept loop with its timeouts and a small connection cap.
+pub async fn serve_metrics(listener: TcpListener, stop: impl Future<Output = ()>) {
+    super::metrics::install();
+    let cfg = ListenConfig {
+        tls: None,
+        header_read_timeout: Duration::from_secs(10),
+        idle_timeout: Duration::from_secs(60),
+        body_read_timeout: Duration::from_secs(10),
+        write_timeout: Duration::from_secs(30),
+        handshake_timeout: Duration::from_secs(10),
+        drain: Duration::from_secs(1),
+        max_connections: METRICS_MAX_CONNECTIONS,
+    };
+    listener::serve(listener, super::metrics::plain_router(), cfg, stop).await;
+}
