@@ -117,14 +117,16 @@ lint:
 ## A real MCP server for tests/it/mcp.rs: tests/mcp/server.py, written with the official
 ## Python SDK (the PyPI package mcp), served over stdio and streamable HTTP from a venv under
 ## target, found through VAK_MCP_PYTHON. The stamp names the pin, so a new pin reinstalls.
+## The same venv holds the Prometheus text parser tests/it/metrics.rs checks `GET /metrics` with.
 MCP_SDK ?= mcp==2.3.0
+PROMETHEUS_CLIENT ?= prometheus-client==0.26.0
 MCP_VENV := target/mcp-venv
-MCP_STAMP := $(MCP_VENV)/.installed-$(subst ==,-,$(MCP_SDK))
+MCP_STAMP := $(MCP_VENV)/.installed-$(subst ==,-,$(MCP_SDK))-$(subst ==,-,$(PROMETHEUS_CLIENT))
 mcp: $(MCP_STAMP)
 
 $(MCP_STAMP):
 	test -x $(MCP_VENV)/bin/python || python3 -m venv $(MCP_VENV)
-	$(MCP_VENV)/bin/pip install -q --disable-pip-version-check --no-input $(MCP_SDK)
+	$(MCP_VENV)/bin/pip install -q --disable-pip-version-check --no-input $(MCP_SDK) $(PROMETHEUS_CLIENT)
 	rm -f $(MCP_VENV)/.installed-*
 	touch $@
 

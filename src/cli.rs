@@ -105,6 +105,11 @@ pub struct ServeArgs {
     /// its hard limit at startup), at most 65536.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_connections: Option<u64>,
+    /// Also serve `GET /metrics` (Prometheus) without a token on this
+    /// loopback address (IP:PORT or localhost:PORT); on the main port it
+    /// always needs the token.
+    #[arg(long, value_name = "ADDR", value_parser = parse_listen)]
+    pub metrics_listen: Option<SocketAddr>,
     /// How long a new connection may take to send its first request head
     /// (any protocol), and an HTTP/1.1 client any request's headers.
     #[arg(long, default_value = "10s", value_parser = parse_timeout)]
@@ -561,6 +566,7 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
         tickets,
         server,
         listener,
+        metrics,
     } = started;
     home::write_server_json(&home, &url, &token)?;
     println!("vak: listening on {url}");
@@ -576,8 +582,21 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
             Err(_) => println!("vak: no login link: too many are waiting"),
         }
     }
+    let (metrics_stop, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
+    if let Some(l) = metrics {
+        if let Ok(at) = l.local_addr() {
+            println!("vak: metrics http://{at}/metrics (no token, loopback only)");
+        }
+        tokio::spawn(async move {
+            let stop = async move {
+                let _ = metrics_stopped.await;
+            };
+            vak_server::server::serve_metrics(l, stop).await;
+        });
+    }
     let _ = std::io::stdout().flush();
     let result = server.run(listener, stop).await;
+    let _ = metrics_stop.send(());
     home::remove_server_json(&home);
     result
 }
@@ -595,6 +614,8 @@ struct Started {
     tickets: vak_server::tickets::Tickets,
     server: Server,
     listener: tokio::net::TcpListener,
+    /// `--metrics-listen`'s listener, bound.
+    metrics: Option<tokio::net::TcpListener>,
 }
 
 /// Everything before the server takes requests: the home and its lock,
@@ -604,6 +625,11 @@ async fn start(args: ServeArgs) -> Result<Started> {
         return Err(Error::invalid(format!(
             "refusing to listen on {}: vak serves loopback only unless --allow-remote is given",
             args.listen
+        )));
+    }
+    if let Some(addr) = args.metrics_listen.filter(|a| !a.ip().is_loopback()) {
+        return Err(Error::invalid(format!(
+            "refusing to serve metrics on {addr}: --metrics-listen serves without a token, so only on a loopback address"
         )));
     }
     let home = home::resolve(args.home.clone())?;
@@ -722,6 +748,14 @@ async fn start(args: ServeArgs) -> Result<Started> {
         .await
         .map_err(|e| Error::internal(format!("cannot listen on {}: {e}", args.listen)))?;
     let addr = listener.local_addr()?;
+    let metrics = match args.metrics_listen {
+        Some(at) => Some(
+            tokio::net::TcpListener::bind(at)
+                .await
+                .map_err(|e| Error::internal(format!("cannot serve metrics on {at}: {e}")))?,
+        ),
+        None => None,
+    };
     // Once startup can no longer fail, so a failure stays one line.
     match nofile {
         Ok((before, now)) if before < now => tracing::info!(
@@ -782,6 +816,7 @@ async fn start(args: ServeArgs) -> Result<Started> {
         tickets,
         server,
         listener,
+        metrics,
     })
 }
 

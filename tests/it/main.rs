@@ -34,6 +34,7 @@ mod login_link;
 mod mcp;
 mod memory;
 mod memory_search;
+mod metrics;
 mod modes;
 mod mux;
 mod nats_auth;

@@ -19,6 +19,7 @@ pub mod host;
 mod lock_scan;
 pub mod log;
 pub mod mcp;
+pub mod metrics_names;
 pub mod permissions;
 pub mod provider;
 pub mod reasons;

@@ -391,6 +391,13 @@ fn extra_routes(paths: &mut Map<String, Value>) {
             "403": error("The terminal is off (reason terminal_off), the peer is not on this machine (terminal_loopback_only), the workspace is untrusted (untrusted_workspace), or the Origin is another site's"),
             "404": error("No open workspace there (workspace_not_open)"),
             "429": error("8 terminals are open already (too_many_terminals)")}}}));
+    // Not an RPC: the Prometheus text exposition, for a scraper (docs/protocol.md
+    // lists every metric). `vak serve --metrics-listen` also serves it token-free on loopback.
+    paths.insert("/metrics".into(), json!({"get": {
+        "operationId": "Metrics", "tags": ["Server"],
+        "summary": "Every metric in the Prometheus text exposition format 0.0.4 (vak_* counters, gauges and histograms with bounded labels). Also served without a token on `vak serve --metrics-listen <loopback ADDR>`.",
+        "responses": {"200": {"description": "The exposition", "content": {"text/plain; version=0.0.4; charset=utf-8": {"schema": {"type": "string"}}}},
+            "400": error(reason(400)), "401": error(reason(401)), "403": error(reason(403))}}}));
     paths.insert("/auth/logout".into(), json!({"post": {
         "operationId": "Logout", "summary": "Forgets the login cookie.", "tags": ["Auth"], "security": [],
         "responses": {"200": {"description": "OK", "content": {"application/json": {"schema": authenticated}}},

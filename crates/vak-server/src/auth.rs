@@ -4,6 +4,7 @@ use super::errors::{grpc_content_type, json_error, refuse};
 use super::listener::{PeerAddr, Secure};
 use super::logins::{constant_time_eq, Logins};
 use super::tickets::{link_path, TicketRefused, Tickets, TICKET_TTL};
+use crate::metrics::{reject, Rejection};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
@@ -305,9 +306,13 @@ pub async fn guard(State(auth): State<Arc<Auth>>, req: Request, next: Next) -> R
     let grpc = grpc_content_type(req.headers());
     let host = match authority(&req) {
         Ok(host) => host,
-        Err(status) => return refuse(grpc, status),
+        Err(status) => {
+            reject(Rejection::Host);
+            return refuse(grpc, status);
+        }
     };
     let Some(host) = host.filter(|h| auth.host_ok(h)) else {
+        reject(Rejection::Host);
         return refuse(
             grpc,
             Status::permission_denied(
@@ -322,11 +327,14 @@ pub async fn guard(State(auth): State<Arc<Auth>>, req: Request, next: Next) -> R
     if req.method() == Method::OPTIONS && req.headers().contains_key(header::ACCESS_CONTROL_REQUEST_METHOD) {
         return match origin.as_deref() {
             Some(o) if auth.origin_ok(o, &own) => preflight(o),
-            _ => json_error(
-                StatusCode::FORBIDDEN,
-                "forbidden",
-                "this origin may not call this server",
-            ),
+            _ => {
+                reject(Rejection::Origin);
+                json_error(
+                    StatusCode::FORBIDDEN,
+                    "forbidden",
+                    "this origin may not call this server",
+                )
+            }
         };
     }
     if let Some(o) = origin.as_deref() {
@@ -334,6 +342,7 @@ pub async fn guard(State(auth): State<Arc<Auth>>, req: Request, next: Next) -> R
         // sends it the cookie): its Origin is checked like a POST's, or a
         // page elsewhere could drive a terminal (cross-site WebSocket hijacking).
         if (is_state_changing(req.method()) || is_websocket(req.headers())) && !auth.origin_ok(o, &own) {
+            reject(Rejection::Origin);
             return refuse(
                 grpc,
                 Status::permission_denied(format!("cross-origin requests from {o} are refused")),
@@ -358,6 +367,9 @@ pub async fn guard(State(auth): State<Arc<Auth>>, req: Request, next: Next) -> R
                     || (!url_token_refused && url_token.is_some_and(|t| auth.token_ok(&t)))
             }
         };
+    if !allowed {
+        reject(Rejection::Auth);
+    }
     let mut resp = if allowed {
         next.run(req).await
     } else if url_token_refused {

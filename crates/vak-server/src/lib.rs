@@ -17,6 +17,7 @@ pub mod http;
 pub(crate) mod limits;
 pub mod listener;
 pub(crate) mod logins;
+pub mod metrics;
 pub(crate) mod reaper;
 pub(crate) mod recent_errors;
 pub mod server;

@@ -1,5 +1,6 @@
 //! Caps on open streams, per client address and in total, so that hostile or broken clients cannot pile up subscriptions. Every loopback address counts as one client (this machine): 127.0.0.2 is no fresh quota.
 
+use crate::metrics::{reject, OpenStream, Rejection, StreamSurface, Transport};
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
@@ -50,6 +51,16 @@ impl std::fmt::Display for Client {
 pub struct StreamPermit {
     limits: Arc<StreamLimits>,
     client: Option<Client>,
+    /// Its count in `vak_streams_open`, once its transport and surface are known.
+    open: Option<OpenStream>,
+}
+
+impl StreamPermit {
+    /// Counts this stream in `vak_streams_open` by transport and surface.
+    pub(crate) fn counted(mut self, transport: Transport, surface: StreamSurface) -> StreamPermit {
+        self.open = Some(OpenStream::new(transport, surface));
+        self
+    }
 }
 
 impl StreamLimits {
@@ -69,6 +80,8 @@ impl StreamLimits {
     pub fn acquire(self: &Arc<Self>, client: Option<IpAddr>) -> Result<StreamPermit, Status> {
         let mut open = self.lock();
         if open.total >= self.total {
+            drop(open);
+            reject(Rejection::StreamCap);
             return Err(Status::resource_exhausted(format!(
                 "the server has {} open, its limit; try again later",
                 streams(self.total)
@@ -78,6 +91,8 @@ impl StreamLimits {
         if let Some(c) = client {
             let n = open.by_client.entry(c).or_default();
             if *n >= self.per_client {
+                drop(open);
+                reject(Rejection::StreamCap);
                 return Err(Status::resource_exhausted(format!(
                     "{c} already has {} open, the per-client limit; close one first",
                     streams(self.per_client)
@@ -89,6 +104,7 @@ impl StreamLimits {
         Ok(StreamPermit {
             limits: self.clone(),
             client,
+            open: None,
         })
     }
 

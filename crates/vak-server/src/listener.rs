@@ -135,11 +135,13 @@ pub async fn serve(
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             // Over the cap: closed at once, before it costs anything more.
             drop(tcp);
+            crate::metrics::reject(crate::metrics::Rejection::ConnectionCap);
             if let Some(n) = refused.hit() {
                 log_refused(n, cfg.max_connections);
             }
             continue;
         };
+        let slot = Slot::new(slot);
         let _ = tcp.set_nodelay(true);
         let conn = Connection {
             app: app.clone(),
@@ -161,6 +163,27 @@ pub async fn serve(
     let _ = stop_tx.send(true);
     // Resolves when every connection task has ended (each holds a receiver).
     let _ = tokio::time::timeout(cfg.drain, stop_tx.closed()).await;
+}
+
+/// A connection's place under `--max-connections`, counted in
+/// `vak_connections_open` while the connection lives.
+struct Slot {
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Slot {
+    fn new(permit: OwnedSemaphorePermit) -> Slot {
+        let c = crate::metrics::connections();
+        c.accepted.increment(1);
+        c.open.increment(1.0);
+        Slot { _permit: permit }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        crate::metrics::connections().open.decrement(1.0);
+    }
 }
 
 fn log_refused(n: u64, max: usize) {
@@ -195,12 +218,7 @@ async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
 }
 
 /// A TLS connection's task: the handshake, then as a plain one.
-async fn tls_connection(
-    conn: Connection,
-    tcp: TcpStream,
-    acceptor: tokio_rustls::TlsAcceptor,
-    slot: OwnedSemaphorePermit,
-) {
+async fn tls_connection(conn: Connection, tcp: TcpStream, acceptor: tokio_rustls::TlsAcceptor, slot: Slot) {
     let limit = conn.cfg.handshake_timeout;
     if let Some(tls) = Box::pin(handshake(tcp, &acceptor, limit)).await {
         drop(acceptor);
@@ -221,7 +239,7 @@ impl Connection {
     /// Serves the connection through hyper; an HTTP/1.1 event stream then
     /// goes on in a `Writer` holding only its socket and body, once hyper's
     /// state (the boxed future of `serve`) is freed.
-    fn run<T>(self, io: T, secure: bool, slot: OwnedSemaphorePermit) -> Run<T>
+    fn run<T>(self, io: T, secure: bool, slot: Slot) -> Run<T>
     where
         T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
@@ -327,7 +345,7 @@ type Parked<T> = Option<(WriteTimeout<T>, axum::body::Body)>;
 struct Run<T> {
     stage: Stage<T>,
     _stop: watch::Receiver<bool>,
-    _slot: OwnedSemaphorePermit,
+    _slot: Slot,
 }
 
 enum Stage<T> {
@@ -514,7 +532,7 @@ mod tests {
             peer,
             stop,
         };
-        let slot = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
+        let slot = Slot::new(Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap());
         let task = conn.run(tcp, false, slot);
         let size = std::mem::size_of_val(&task);
         assert!(size <= 256, "a connection's task future is {size} bytes");

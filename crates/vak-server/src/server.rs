@@ -98,11 +98,14 @@ impl Server {
     /// Prepares the home and the core on the model route the configuration
     /// resolves to (flags, environment, config.toml; else the offline model).
     pub fn new(cfg: ServeConfig) -> Result<Server> {
+        // Before the core exists: what it records from its first event on is kept.
+        super::metrics::install();
         let hub = Arc::new(Hub::resolved(cfg.core.clone())?);
         Ok(Server { hub, cfg })
     }
 
     pub fn with_route(cfg: ServeConfig, route: Route) -> Result<Server> {
+        super::metrics::install();
         let hub = Arc::new(Hub::new(cfg.core.clone(), route)?);
         Ok(Server { hub, cfg })
     }
@@ -198,6 +201,19 @@ pub async fn app(hub: Arc<Hub>, cfg: &ServeConfig) -> Result<Router> {
         .fallback(unknown_rpc);
     // gRPC-web (binary and text) is translated to gRPC in front of the services.
     let grpc = tonic_web::GrpcWebLayer::new().layer(grpc);
+    // Marked before the translation, so its streams count as gRPC-web.
+    let grpc = tower::util::MapRequestLayer::new(|mut req: Request| {
+        let web = req
+            .headers()
+            .get(axum::http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.starts_with("application/grpc-web"));
+        if web {
+            req.extensions_mut().insert(super::metrics::GrpcWeb);
+        }
+        req
+    })
+    .layer(grpc);
     // What no REST route matched: gRPC and gRPC-web by content type, else a JSON 404.
     let dispatch = move |req: Request| {
         let grpc = grpc.clone();
@@ -236,6 +252,8 @@ pub async fn app(hub: Arc<Hub>, cfg: &ServeConfig) -> Result<Router> {
         .route("/auth/session", axum::routing::get(auth::session))
         .with_state(auth.clone());
     Ok(routes::router(state)
+        // Not an RPC: the Prometheus exposition (docs/protocol.md), behind the guard like every route.
+        .route("/metrics", axum::routing::get(super::metrics::scrape))
         .merge(login)
         .route_layer(axum::middleware::from_fn(super::http::query::refuse_unknown))
         .fallback(dispatch)
@@ -250,4 +268,25 @@ pub async fn app(hub: Arc<Hub>, cfg: &ServeConfig) -> Result<Router> {
 /// The route a tonic service answers on: `/<package.Service>/<Method>`.
 fn grpc_path_of<S: NamedService>(_: &S) -> String {
     format!("/{}/{{*rest}}", S::NAME)
+}
+
+/// Connections the `--metrics-listen` listener keeps open at once (a scraper needs one).
+const METRICS_MAX_CONNECTIONS: usize = 16;
+
+/// Serves `--metrics-listen` on `listener` (already checked to be loopback)
+/// until `stop` resolves: `/metrics` without a token, through the main
+/// port's accept loop with its timeouts and a small connection cap.
+pub async fn serve_metrics(listener: TcpListener, stop: impl Future<Output = ()>) {
+    super::metrics::install();
+    let cfg = ListenConfig {
+        tls: None,
+        header_read_timeout: Duration::from_secs(10),
+        idle_timeout: Duration::from_secs(60),
+        body_read_timeout: Duration::from_secs(10),
+        write_timeout: Duration::from_secs(30),
+        handshake_timeout: Duration::from_secs(10),
+        drain: Duration::from_secs(1),
+        max_connections: METRICS_MAX_CONNECTIONS,
+    };
+    listener::serve(listener, super::metrics::plain_router(), cfg, stop).await;
 }

@@ -24,7 +24,10 @@ pub(crate) async fn cap(State(limits): State<Arc<StreamLimits>>, req: Request, n
     }
     let client = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
     let permit = match limits.acquire(client) {
-        Ok(p) => p,
+        Ok(p) => p.counted(
+            crate::metrics::Transport::Grpc,
+            crate::metrics::StreamSurface::Service,
+        ),
         Err(status) => return refuse(grpc_content_type(req.headers()), status),
     };
     let (parts, body) = next.run(req).await.into_parts();

@@ -251,6 +251,7 @@ async fn every_documented_status_is_reached_and_every_status_reached_is_document
     // ---- the server and its surfaces ----
     r.call(&s, "GET", "/health", "/health", None, 200).await;
     r.call(&s, "GET", "/openapi.json", "/openapi.json", None, 200).await;
+    r.call(&s, "GET", "/metrics", "/metrics", None, 200).await;
     r.call(&s, "GET", "/admin/status", "/admin/status", None, 200).await;
     r.call(&s, "POST", "/auth/login", "/auth/login", Some(json!({"token": TOKEN})), 200).await;
     r.hit(&s, Who::Nobody, "POST", "/auth/login", "/auth/login", Body::Json(json!({"token": "wrong"})), 401).await;

@@ -516,7 +516,10 @@ async fn write(link: Arc<Link>, mut w: Writer, mut requests: mpsc::Receiver<Requ
     while let Some(r) = requests.recv().await {
         match r {
             Request::Append { batch, done } => {
+                let started = Instant::now();
                 let appended = w.append(&link, &batch).await;
+                metrics::histogram!(crate::metrics_names::JETSTREAM_APPEND_SECONDS)
+                    .record(started.elapsed().as_secs_f64());
                 w.publish(&link);
                 let _ = done.send(appended);
             }

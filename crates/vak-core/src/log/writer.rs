@@ -264,6 +264,7 @@ fn spawn_append(
         bytes = tracing::field::Empty,
     );
     tokio::task::spawn_blocking(move || {
+        let started = Instant::now();
         let mut batch = BATCH.with(|b| std::mem::take(&mut *b.borrow_mut()));
         for item in &items {
             match item {
@@ -272,8 +273,13 @@ fn spawn_append(
             }
         }
         let r = log.append(&batch).map(|()| batch.len() as u64);
+        // Once per batch: its duration, size and records.
         if let Ok(bytes) = &r {
             span.record("bytes", crate::trace::int(*bytes));
+            let hot = crate::metrics_names::hot();
+            hot.ledger_seconds.record(started.elapsed().as_secs_f64());
+            hot.batch_records.record(items.len() as f64);
+            hot.ledger_bytes.increment(*bytes);
         }
         batch.clear_keeping(KEEP_BATCH);
         BATCH.with(|b| *b.borrow_mut() = batch);

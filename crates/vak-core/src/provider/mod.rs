@@ -165,7 +165,8 @@ pub enum FailureKind {
 }
 
 impl FailureKind {
-    /// The kind's snake_case name: an error's `reason`, a receipt's `failure`.
+    /// The kind's snake_case name: an error's `reason`, a receipt's `failure`,
+    /// a bounded metric label (`vak_provider_retries_total`).
     pub fn as_str(&self) -> &'static str {
         match self {
             FailureKind::NotConfigured => "not_configured",

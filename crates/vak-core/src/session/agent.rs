@@ -3,6 +3,7 @@
 use crate::event::{AgentEvent, ClientEvent, Compaction, Retrying, RunOutcome, StopReason};
 use crate::host::hooks::HookEvent;
 use crate::log::deltas::{Deltas, FREE};
+use crate::metrics_names as metric;
 use crate::permissions::{self, Decision};
 use crate::provider::{
     ChatMessage, Failure, FailureKind, ProviderError, ProviderEvent, Sink, TokenUsage, ToolCall, ToolDef,
@@ -170,6 +171,7 @@ impl<'a, S: TurnContext> Leg<'a, S> {
     /// outside a run) and the model this leg's route really asked.
     async fn spent(&self, request_id: Option<&str>, usage: TokenUsage) {
         self.session.emit(AgentEvent::Usage(usage));
+        count_tokens(&self.route, usage);
         let rt = self.session.runtime();
         rt.finops()
             .record_usage(self.session.id(), request_id, &self.route, usage)
@@ -367,8 +369,20 @@ async fn leg_turns(
             };
             traced.attempt();
             receipt.at().sending(&request);
+            let asked = std::time::Instant::now();
             let result = leg.route.provider.turn(&request, &sink, cancel).await;
             receipt.at().ended(&result);
+            let outcome = match &result {
+                Ok(_) => "ok",
+                Err(ProviderError::Cancelled) => "cancelled",
+                Err(ProviderError::Failed(_)) => "error",
+            };
+            metrics::histogram!(
+                metric::PROVIDER_REQUEST_SECONDS,
+                "provider" => provider_label(&leg.route),
+                "outcome" => outcome
+            )
+            .record(asked.elapsed().as_secs_f64());
             let held = sink.deltas.lock().unwrap_or_else(|p| p.into_inner()).flush();
             if let Some(event) = held {
                 session.publish(event);
@@ -407,6 +421,12 @@ async fn leg_turns(
                 return LegEnd::new(RunOutcome::Failed, failure.message_at(host.as_deref()));
             }
             attempt += 1;
+            metrics::counter!(
+                metric::PROVIDER_RETRIES,
+                "provider" => provider_label(&leg.route),
+                "reason" => failure.kind.as_str()
+            )
+            .increment(1);
             session.emit(AgentEvent::Retry {
                 attempt,
                 error: failure.detail.clone(),
@@ -545,6 +565,7 @@ async fn call_tool(
             &result,
             cancel.is_cancelled(),
         );
+        count_tool(&tool, false);
         session.publish(ClientEvent::ToolResult {
             call_id,
             ok: false,
@@ -720,6 +741,7 @@ async fn call_tool(
         &result,
         cancel.is_cancelled(),
     );
+    count_tool(&tool, result.ok);
     session.publish(ClientEvent::ToolResult {
         call_id: call_id.clone(),
         ok: result.ok,
@@ -729,6 +751,57 @@ async fn call_tool(
     if let Some(output) = post {
         hooks::post_tool_use(rt, &seen, result.ok, &output, cancel).await;
     }
+}
+
+/// The `provider` label of a route: its family's name (a bounded set).
+fn provider_label(route: &Route) -> &'static str {
+    crate::provider::ProviderKind::parse(route.provider.name()).map_or("other", |k| k.as_str())
+}
+
+/// Counts a model call's tokens by provider, model (bounded) and direction.
+fn count_tokens(route: &Route, usage: TokenUsage) {
+    let provider = provider_label(route);
+    let model = metric::model_label(provider, &route.model);
+    for (direction, n) in [
+        ("input", usage.input_tokens),
+        ("output", usage.output_tokens),
+        ("cache_read", usage.cache_read_tokens),
+        ("cache_write", usage.cache_write_tokens),
+    ] {
+        if n > 0 {
+            metrics::counter!(
+                metric::TOKENS,
+                "provider" => provider,
+                "model" => model.clone(),
+                "direction" => direction
+            )
+            .increment(n);
+        }
+    }
+}
+
+/// The `tool` label of a call: a built-in tool's name, `mcp` for any MCP
+/// server's tool, `unknown` for a name no tool has (the model's invention).
+fn tool_label(tool: &str) -> &'static str {
+    if crate::mcp::names::server_of(tool).is_some() {
+        return "mcp";
+    }
+    // The built-in tools' names, made `'static` once (a fixed, small set).
+    static BUILTIN: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+    let names = BUILTIN.get_or_init(|| {
+        tools::definitions()
+            .into_iter()
+            .map(|d| &*Box::leak(d.name.into_boxed_str()))
+            .chain([tools::SPAWN_WORKER])
+            .collect()
+    });
+    names.iter().find(|n| **n == tool).copied().unwrap_or("unknown")
+}
+
+/// Counts one settled tool call by tool and outcome.
+fn count_tool(tool: &str, ok: bool) {
+    let outcome = if ok { "ok" } else { "error" };
+    metrics::counter!(metric::TOOL_CALLS, "tool" => tool_label(tool), "outcome" => outcome).increment(1);
 }
 
 /// The `pre_tool_use` hooks' say: None to go on, else the tool error

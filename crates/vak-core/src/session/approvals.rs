@@ -174,6 +174,7 @@ impl Approvals {
             ApprovalOutcome::Denied
         };
         inner.settle(request_id, outcome);
+        counted(outcome);
         let event = ClientEvent::ApprovalResolved {
             request_id: request_id.to_string(),
             outcome,
@@ -194,6 +195,7 @@ impl Approvals {
                 continue;
             };
             inner.settle(id, ApprovalOutcome::Denied);
+            counted(ApprovalOutcome::Denied);
             publish(ClientEvent::ApprovalResolved {
                 request_id: id.clone(),
                 outcome: ApprovalOutcome::Denied,
@@ -213,6 +215,7 @@ impl Approvals {
             return false;
         }
         inner.settle(id, ApprovalOutcome::Expired);
+        counted(ApprovalOutcome::Expired);
         publish(ClientEvent::ApprovalResolved {
             request_id: id.to_string(),
             outcome: ApprovalOutcome::Expired,
@@ -227,6 +230,7 @@ impl Approvals {
         for id in ids {
             inner.pending.remove(&id);
             inner.settle(&id, ApprovalOutcome::Expired);
+            counted(ApprovalOutcome::Expired);
             publish(ClientEvent::ApprovalResolved {
                 request_id: id,
                 outcome: ApprovalOutcome::Expired,
@@ -234,6 +238,11 @@ impl Approvals {
             });
         }
     }
+}
+
+/// Counts an approval settled now (not one remembered from the ledger).
+fn counted(outcome: ApprovalOutcome) {
+    metrics::counter!(crate::metrics_names::APPROVALS, "outcome" => outcome.as_str()).increment(1);
 }
 
 #[cfg(test)]

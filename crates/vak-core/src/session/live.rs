@@ -666,6 +666,10 @@ impl Session {
                         );
                     }
                     tracing::Span::current().record("outcome", outcome.as_str());
+                    let outcome_label = outcome.as_str();
+                    metrics::counter!(crate::metrics_names::RUNS, "outcome" => outcome_label).increment(1);
+                    metrics::histogram!(crate::metrics_names::RUN_DURATION_SECONDS, "outcome" => outcome_label)
+                        .record(started.elapsed().as_secs_f64());
                     tracing::info!(
                         session = %self.id(),
                         outcome = outcome.as_str(),

@@ -93,6 +93,10 @@ impl Bus {
         if frames.is_empty() {
             return;
         }
+        // Once per commit, never per subscriber.
+        crate::metrics_names::hot()
+            .published
+            .increment(frames.len() as u64);
         let mut inner = self.shared.lock();
         let ring = self.shared.cfg.ring;
         for frame in &frames {
@@ -103,7 +107,11 @@ impl Bus {
             inner.ring.push_back(frame.clone());
         }
         let wake = self.wake_now(&mut inner);
-        inner.subs.retain(|q| q.offer(&frames, wake));
+        let mut merged = 0;
+        inner.subs.retain(|q| q.offer(&frames, wake, &mut merged));
+        if merged > 0 {
+            crate::metrics_names::hot().merges.increment(merged);
+        }
     }
 
     /// Whether this commit wakes the subscribers now; if not, a wake-up at

@@ -79,7 +79,9 @@ impl SubQueue {
     /// Queues `frames`, waking the reader if `wake` (otherwise the bus wakes
     /// it at the end of its flush window); false means this queue is gone and
     /// the bus drops it.
-    pub(super) fn offer(&self, frames: &[Arc<Frame>], wake: bool) -> bool {
+    /// Frames merged into others are added to `merged` (the bus counts them
+    /// once per commit, not per subscriber).
+    pub(super) fn offer(&self, frames: &[Arc<Frame>], wake: bool, merged: &mut u64) -> bool {
         let mut guard = self.lock();
         let st = &mut *guard;
         if st.detached || st.lagged || st.end.is_some() {
@@ -91,7 +93,7 @@ impl SubQueue {
         let mut placed = true;
         for frame in frames {
             let total = (total_then + st.bytes).saturating_sub(bytes_then);
-            if !self.place(st, frame, total) {
+            if !self.place(st, frame, total, merged) {
                 // Everything queued stays deliverable; past it the reader
                 // resumes from its cursor, so nothing is lost by dropping here.
                 st.lagged = true;
@@ -102,6 +104,7 @@ impl SubQueue {
         self.total.shift(bytes_then, st.bytes);
         if !placed {
             drop(guard);
+            crate::metrics_names::hot().lags.increment(1);
             self.notify.notify_one();
             return false;
         }
@@ -117,7 +120,7 @@ impl SubQueue {
     /// as of now; the caller moves the shared total by what was placed.
     /// What a frame costs is what it adds to the memory the queue holds:
     /// its size, or what the merged tail's text grows by.
-    fn place(&self, st: &mut QueueState, frame: &Arc<Frame>, total: usize) -> bool {
+    fn place(&self, st: &mut QueueState, frame: &Arc<Frame>, total: usize, merged: &mut u64) -> bool {
         // What this queue may still add: its budget less what it and its
         // reader hold, within what the total budget has left.
         let held = self.held.load(Ordering::Relaxed);
@@ -129,17 +132,20 @@ impl SubQueue {
             return self.push(st, frame, room);
         }
         if self.merge_tail(st, frame, room) {
+            *merged += 1;
             return true;
         }
         // Merge every run of deltas in the queue (which only ever lowers
         // its bytes), then try once more.
         let before = st.bytes;
-        compact(st);
+        *merged += compact(st);
         let room = room + (before - st.bytes);
         if st.frames.len() < self.cap {
             return self.push(st, frame, room);
         }
-        self.merge_tail(st, frame, room)
+        let placed = self.merge_tail(st, frame, room);
+        *merged += u64::from(placed);
+        placed
     }
 
     fn push(&self, st: &mut QueueState, frame: &Arc<Frame>, room: usize) -> bool {
@@ -214,7 +220,9 @@ pub(super) fn merge_into(tail: &mut Arc<Frame>, frame: &Frame, room: usize) -> O
 /// Merges every run of consecutive same-kind deltas in the queue (each
 /// merged frame at most `MAX_MERGED` of text, allocated at its exact
 /// length) and counts its bytes again.
-fn compact(st: &mut QueueState) {
+/// Returns how many frames it merged away.
+fn compact(st: &mut QueueState) -> u64 {
+    let before = st.frames.len();
     let mut out: VecDeque<Arc<Frame>> = VecDeque::with_capacity(st.frames.len());
     let mut run: Vec<Arc<Frame>> = Vec::new();
     let mut run_len = 0;
@@ -231,6 +239,7 @@ fn compact(st: &mut QueueState) {
     flush_run(&mut run, &mut out);
     st.bytes = out.iter().map(|f| f.queued_cost()).sum();
     st.frames = out;
+    before.saturating_sub(st.frames.len()) as u64
 }
 
 fn flush_run(run: &mut Vec<Arc<Frame>>, out: &mut VecDeque<Arc<Frame>>) {

@@ -48,6 +48,7 @@ pub(super) fn subscribe_holding(
         ready: VecDeque::new(),
         ready_charge: None,
         on_disk: false,
+        merged: 0,
     };
     if let Some(n) = after {
         // What is due up to `latest` is read from the ring (or, older, the
@@ -66,6 +67,7 @@ pub(super) fn subscribe_holding(
     }
     drop(inner);
     shared.subscribed.notify_waiters();
+    crate::metrics_names::hot().subscribers.increment(1.0);
     sub
 }
 
@@ -108,6 +110,8 @@ pub struct Subscription {
     ready_charge: Option<Charge>,
     /// Counted in `Shared::on_disk`: replaying from the log.
     on_disk: bool,
+    /// Deltas this reader's takes merged since its last take was counted.
+    merged: u64,
 }
 
 /// The bytes a delivery holds.
@@ -174,11 +178,26 @@ impl Subscription {
             }
             return out;
         }
+        let out = self.take_fresh(max).await;
+        // Counted per take, not per frame or per subscriber.
+        let frames = out.iter().filter(|d| matches!(d, Delivery::Frame(_))).count();
+        let hot = crate::metrics_names::hot();
+        hot.delivered.increment(frames as u64);
+        if self.merged > 0 {
+            hot.merges.increment(std::mem::take(&mut self.merged));
+        }
+        out
+    }
+
+    /// Up to `max` deliveries not taken before: a resync due, retained
+    /// frames, or what is queued.
+    async fn take_fresh(&mut self, max: usize) -> Vec<Delivery> {
         loop {
             if self.done {
                 return Vec::new();
             }
             if let Some((reason, latest_seq, lost)) = self.resync.take() {
+                metrics::counter!(crate::metrics_names::RESYNCS, "reason" => reason.as_str()).increment(1);
                 return vec![Delivery::Resync {
                     reason,
                     latest_seq,
@@ -290,6 +309,7 @@ impl Subscription {
     /// Counts this subscription as replaying from the log.
     fn enter_disk(&mut self) {
         if !self.on_disk {
+            crate::metrics_names::hot().replays_from_disk.increment(1);
             self.on_disk = true;
             self.shared.on_disk.fetch_add(1, Ordering::AcqRel);
         }
@@ -335,6 +355,7 @@ impl Subscription {
         if self.catching_up {
             if let Some(Delivery::Frame(tail)) = out.last_mut() {
                 if merge_into(tail, f, usize::MAX).is_some() {
+                    self.merged += 1;
                     self.cursor = f.seq;
                     return true;
                 }
@@ -401,6 +422,7 @@ impl Subscription {
                 Some(Delivery::Frame(tail)) if full => merge_into(tail, f, usize::MAX).is_some(),
                 _ => false,
             };
+            self.merged += u64::from(merged);
             if !merged && out.len() >= max {
                 break;
             }
@@ -450,6 +472,7 @@ impl Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
+        crate::metrics_names::hot().subscribers.decrement(1.0);
         self.leave_disk();
         let mut st = self.queue.lock();
         st.detached = true;

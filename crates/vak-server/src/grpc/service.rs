@@ -5,6 +5,7 @@ use crate::errors::to_status;
 use crate::forward::{Method, FORWARD_TIMEOUT, SLOW_FORWARD_TIMEOUT};
 use crate::limits::{StreamLimits, StreamPermit};
 use crate::listener::PeerAddr;
+use crate::metrics::{StreamSurface, Transport};
 use crate::recent_errors::RecentErrors;
 use futures_util::stream::{self, Stream, StreamExt};
 use pb::agent_service_server::AgentService;
@@ -125,9 +126,16 @@ impl AgentApi {
     }
 
     /// A stream slot for the request's client (429 / RESOURCE_EXHAUSTED past the caps).
-    fn permit<T>(&self, req: &Request<T>) -> Result<StreamPermit, Status> {
+    fn permit<T>(&self, req: &Request<T>, surface: StreamSurface) -> Result<StreamPermit, Status> {
         let client = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
-        self.limits.acquire(client)
+        let transport = if req.extensions().get::<Surface>() == Some(&Surface::Sse) {
+            Transport::Sse
+        } else if req.extensions().get::<crate::metrics::GrpcWeb>().is_some() {
+            Transport::GrpcWeb
+        } else {
+            Transport::Grpc
+        };
+        Ok(self.limits.acquire(client)?.counted(transport, surface))
     }
 
     /// Checks and stores an input's attachments (before admission, so a
@@ -418,7 +426,7 @@ impl AgentService for AgentApi {
 
     async fn stream(&self, req: Request<pb::StreamRequest>) -> Result<Response<MuxStream>, Status> {
         use pb::stream_message::Frame as F;
-        let permit = self.permit(&req)?;
+        let permit = self.permit(&req, StreamSurface::Stream)?;
         let r = req.into_inner();
         let cursor = CursorVector::parse(&r.cursor).map_err(to_status)?;
         let mux = Mux::open(self.sessions(), self.hub.streams(), &r.sessions, &cursor)
@@ -1146,7 +1154,7 @@ impl AgentService for AgentApi {
         req: Request<pb::GetPresentationRequest>,
     ) -> Result<Response<PresentationStream>, Status> {
         let surface = surface(&req);
-        let permit = self.permit(&req)?;
+        let permit = self.permit(&req, StreamSurface::Presentation)?;
         let s = self.session(&req.into_inner().session_id).await?;
         let presence = (s.join(&client_id(), surface), permit);
         let presented = s.subscribe_presented(None);

@@ -11,6 +11,7 @@
 use super::state::AppState;
 use crate::errors::{status_response, to_status};
 use crate::listener::PeerAddr;
+use crate::metrics::{OpenStream, StreamSurface, Transport};
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Query, State};
 use axum::http::HeaderMap;
@@ -133,6 +134,7 @@ pub(crate) async fn pty(
     ws.max_message_size(MAX_MESSAGE)
         .max_frame_size(MAX_MESSAGE)
         .on_upgrade(move |socket| async move {
+            let _open = OpenStream::new(Transport::WebSocket, StreamSurface::Terminal);
             serve(socket, term, workspace, hub.closed()).await;
         })
 }

@@ -24,7 +24,7 @@ impl AgentApi {
     /// SSE streams as pre-encoded frames.
     pub async fn open_subscription(&self, req: Request<pb::SubscribeRequest>) -> Result<Opened, Status> {
         let surface = surface(&req);
-        let permit = self.permit(&req)?;
+        let permit = self.permit(&req, crate::metrics::StreamSurface::Session)?;
         let r = req.into_inner();
         let s = self.session(&r.session_id).await?;
         let presence = s.join(&client_id(), surface);
