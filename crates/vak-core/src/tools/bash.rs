@@ -462,27 +462,39 @@ mod tests {
         .await;
         assert_eq!(
             r,
-            ToolOutput::err(
-                "xxxxxxxxxx\n[output truncated: 999995 of 1000005 bytes cut; this is the first 10 bytes]\n[exit status: 4]"
-            )
+            ToolOutput {
+                exit_code: Some(4),
+                ..ToolOutput::err(
+                    "xxxxxxxxxx\n[output truncated: 999995 of 1000005 bytes cut; this is the first 10 bytes]\n[exit status: 4]"
+                )
+            }
         );
     }
 
     #[tokio::test]
     async fn a_cut_never_splits_a_character_and_invalid_output_is_lossy() {
         let r = sh("printf 'abc\\303\\251'", 4).await;
+        let exited = |out: ToolOutput| ToolOutput {
+            exit_code: Some(0),
+            ..out
+        };
         assert_eq!(
             r,
-            ToolOutput::ok("abc\n[output truncated: 2 of 5 bytes cut; this is the first 3 bytes]")
+            exited(ToolOutput::ok(
+                "abc\n[output truncated: 2 of 5 bytes cut; this is the first 3 bytes]"
+            ))
         );
-        assert_eq!(sh("printf 'a\\377b'", 10).await, ToolOutput::ok("a\u{FFFD}b"));
+        assert_eq!(
+            sh("printf 'a\\377b'", 10).await,
+            exited(ToolOutput::ok("a\u{FFFD}b"))
+        );
         // Ten invalid bytes would be thirty bytes of U+FFFD: three fit in 10.
         let r = sh("printf '\\377\\377\\377\\377\\377\\377\\377\\377\\377\\377'", 10).await;
         assert_eq!(
             r,
-            ToolOutput::ok(
+            exited(ToolOutput::ok(
                 "\u{FFFD}\u{FFFD}\u{FFFD}\n[output truncated: 7 of 10 bytes cut; this is the first 3 bytes]"
-            )
+            ))
         );
     }
 
