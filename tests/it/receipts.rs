@@ -196,6 +196,8 @@ async fn a_retried_model_call_shows_both_attempts_the_tool_call_and_never_the_ke
     let last = p2["messages"].as_array().unwrap().last().unwrap().clone();
     assert_eq!(last["role"], "tool", "{p2:#}");
     assert_eq!(last["call_id"], tool["call_id"]);
+    assert_eq!(p2["messages"][0], p0["messages"][0], "the whole history, rebuilt");
+    assert_eq!((&p2["system"], &p2["tools"]), (&p0["system"], &p0["tools"]));
     assert!(full["receipts"][1]["tool_call"].get("prompt").is_none());
 
     // Over gRPC: the same receipts with typed outcomes.
@@ -247,6 +249,24 @@ async fn a_retried_model_call_shows_both_attempts_the_tool_call_and_never_the_ke
     // The ledger that holds the receipts (and their prompts) holds no key.
     let ledger = std::fs::read_to_string(s.home.join(format!("sessions/{sid}.jsonl"))).unwrap();
     assert!(ledger.contains("{\"receipt\":") && !ledger.contains(KEY));
+    // Each model call stores only what changed since the one before: the
+    // second neither the system prompt nor the first message again.
+    let stored: Vec<Value> = ledger
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|v| {
+            v["receipt"]["call"]["model_call"]["prompt"]
+                .as_object()
+                .cloned()
+                .map(Value::Object)
+        })
+        .collect();
+    assert_eq!(stored.len(), 2, "{ledger}");
+    assert_eq!(stored[0]["base"], 0);
+    assert!(stored[0]["system"].is_string());
+    assert!(stored[1]["base"].as_u64().unwrap() >= 1, "{:#}", stored[1]);
+    assert!(stored[1].get("system").is_none() && stored[1].get("tools").is_none());
+    assert!(!stored[1].to_string().contains("run the command"));
 
     // A restart loads the session with its receipts in the ledger: the same
     // transcript, the same receipts.
@@ -257,4 +277,6 @@ async fn a_retried_model_call_shows_both_attempts_the_tool_call_and_never_the_ke
     assert_eq!(again["messages"], transcript["messages"]);
     let (_, relisted) = s.get(&format!("/sessions/{sid}/receipts")).await;
     assert_eq!(relisted, list);
+    let (_, relisted) = s.get(&format!("/sessions/{sid}/receipts?include=prompt")).await;
+    assert_eq!(relisted, full, "the prompts rebuild the same after a restart");
 }

@@ -6,8 +6,9 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use std::time::{Instant, SystemTime};
 
-/// The most a receipt's prompt holds: past it the oldest messages are left
-/// out (and counted), so the prompt stays valid JSON.
+/// The most a listed prompt holds (past it the oldest messages are left
+/// out, and counted, so the prompt stays valid JSON), and the most new
+/// messages one receipt stores.
 pub const PROMPT_CAP: usize = 256 * 1024;
 
 /// How a call, or one attempt at it, ended.
@@ -95,18 +96,13 @@ impl PartialEq for Prompt {
 }
 
 impl Prompt {
-    /// `request` as JSON: model, system, tools and messages (images by
-    /// reference, thinking without its signature), within `cap` bytes:
-    /// the oldest messages are left out first (`omitted_messages` counts
-    /// them); when even none fit, only the model and the size.
-    pub fn of(request: &TurnRequest, cap: usize) -> Prompt {
-        let tools: Vec<Value> = request
-            .tools
-            .iter()
-            .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.input_schema}))
-            .collect();
-        let head = json!({"model": request.model, "system": request.system, "tools": tools}).to_string();
-        let messages: Vec<String> = request.messages.iter().map(|m| message(m).to_string()).collect();
+    /// A request `stored` for the ledger, shown as the request it was:
+    /// model, system, tools and messages, within `cap` bytes: the oldest
+    /// messages are left out first (`omitted_messages` counts them); when
+    /// even none fit, only the model and the size.
+    fn render(model: &str, system: &str, tools: &str, messages: &[&str], cap: usize) -> Prompt {
+        let model = Value::from(model).to_string();
+        let head = format!("{{\"model\":{model},\"system\":{system},\"tools\":{tools}");
         let full = head.len() + messages.iter().map(|m| m.len() + 1).sum::<usize>() + 16;
         let mut size = full + 32;
         let mut skip = 0;
@@ -115,10 +111,10 @@ impl Prompt {
             skip += 1;
         }
         let text = if size > cap {
-            json!({"model": request.model, "cut": true, "bytes": full}).to_string()
+            format!("{{\"model\":{model},\"cut\":true,\"bytes\":{full}}}")
         } else {
             let mut s = String::with_capacity(size);
-            s.push_str(&head[..head.len() - 1]);
+            s.push_str(&head);
             if skip > 0 {
                 s.push_str(&format!(",\"omitted_messages\":{skip}"));
             }
@@ -127,13 +123,188 @@ impl Prompt {
             s.push_str("]}");
             s
         };
-        // Built from serde_json's own output: valid JSON.
+        // Made of serde_json's own output: valid JSON.
         Prompt(RawValue::from_string(text).unwrap_or_default())
     }
 
     pub fn as_str(&self) -> &str {
         self.0.get()
     }
+}
+
+/// The most of one message a stored prompt keeps: a longer one is stored
+/// as `{"role", "cut": true, "bytes"}`.
+pub const MESSAGE_CAP: usize = 64 * 1024;
+
+/// A request's parts as JSON texts, each message within `MESSAGE_CAP`.
+#[derive(Debug)]
+pub struct PromptParts {
+    model: String,
+    system: String,
+    tools: String,
+    messages: Vec<String>,
+}
+
+impl PromptParts {
+    pub fn of(request: &TurnRequest) -> PromptParts {
+        let tools: Vec<Value> = request
+            .tools
+            .iter()
+            .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.input_schema}))
+            .collect();
+        PromptParts {
+            model: request.model.clone(),
+            system: Value::from(request.system.as_str()).to_string(),
+            tools: Value::from(tools).to_string(),
+            messages: request.messages.iter().map(|m| capped(m, MESSAGE_CAP)).collect(),
+        }
+    }
+
+    /// The text a receipt stores: only what changed since the session's
+    /// previous stored prompt (`base`), which it then becomes. A request
+    /// repeats the whole history, so storing each whole would grow the
+    /// ledger with the square of the conversation; this grows it with the
+    /// conversation. Stored as `{"model", "system"?, "tools"?, "base": K,
+    /// "messages": [...]}`: the previous prompt's first K messages, then
+    /// these; system and tools only when they changed. At most `cap` bytes
+    /// of new messages: past it a message is stored as its stub (and sent
+    /// again by the next prompt, whose prefix ends there).
+    pub fn store(&self, base: &mut PromptBase, cap: usize) -> Prompt {
+        let hashes: Vec<u64> = self.messages.iter().map(|m| hash(m)).collect();
+        let k = base
+            .messages
+            .iter()
+            .zip(&hashes)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let mut text = format!("{{\"model\":{}", Value::from(self.model.as_str()));
+        for (name, value, kept) in [
+            ("system", &self.system, &mut base.system),
+            ("tools", &self.tools, &mut base.tools),
+        ] {
+            let h = hash(value);
+            if *kept != Some(h) || k == 0 {
+                text.push_str(&format!(",\"{name}\":{value}"));
+                *kept = Some(h);
+            }
+        }
+        text.push_str(&format!(",\"base\":{k},\"messages\":["));
+        base.messages.truncate(k);
+        let mut room = cap;
+        for (i, m) in self.messages[k..].iter().enumerate() {
+            let m = if m.len() <= room {
+                room -= m.len();
+                base.messages.push(hashes[k + i]);
+                m.clone()
+            } else {
+                let stub = stub_of(m);
+                base.messages.push(hash(&stub));
+                stub
+            };
+            if i > 0 {
+                text.push(',');
+            }
+            text.push_str(&m);
+        }
+        text.push_str("]}");
+        // Made of serde_json's own output: valid JSON.
+        Prompt(RawValue::from_string(text).unwrap_or_default())
+    }
+}
+
+/// What a session's last stored prompt held, by hash: the base the next
+/// one is stored against. Empty after a restart (the next prompt is stored whole).
+#[derive(Debug, Default)]
+pub struct PromptBase {
+    system: Option<u64>,
+    tools: Option<u64>,
+    messages: Vec<u64>,
+}
+
+/// The request a stored prompt rebuilds, as the previous ones left it.
+#[derive(Debug, Default)]
+pub struct Expander {
+    system: Option<Box<RawValue>>,
+    tools: Option<Box<RawValue>>,
+    messages: Vec<Box<RawValue>>,
+    /// A prompt could not be rebuilt: the ones after it cannot either,
+    /// until one is stored whole.
+    broken: bool,
+}
+
+#[derive(Deserialize)]
+struct Stored {
+    model: String,
+    system: Option<Box<RawValue>>,
+    tools: Option<Box<RawValue>>,
+    base: usize,
+    messages: Vec<Box<RawValue>>,
+}
+
+impl Expander {
+    /// The request `stored` was (within `cap`, as `Prompt::render` cuts
+    /// it); `None` when it cannot be rebuilt (the history it builds on is
+    /// not in this ledger).
+    pub fn expand(&mut self, stored: &Prompt, cap: usize) -> Option<Prompt> {
+        let s: Stored = match serde_json::from_str(stored.as_str()) {
+            Ok(s) => s,
+            Err(_) => {
+                self.broken = true;
+                return None;
+            }
+        };
+        if s.base == 0 {
+            self.broken = false;
+        }
+        if s.system.is_some() {
+            self.system = s.system;
+        }
+        if s.tools.is_some() {
+            self.tools = s.tools;
+        }
+        if s.base > self.messages.len() {
+            self.broken = true;
+        }
+        self.messages.truncate(s.base);
+        self.messages.extend(s.messages);
+        let (Some(system), Some(tools), false) = (&self.system, &self.tools, self.broken) else {
+            return None;
+        };
+        let messages: Vec<&str> = self.messages.iter().map(|m| m.get()).collect();
+        Some(Prompt::render(
+            &s.model,
+            system.get(),
+            tools.get(),
+            &messages,
+            cap,
+        ))
+    }
+}
+
+fn hash(s: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    s.hash(&mut h);
+    h.finish()
+}
+
+/// A message as JSON, or its stub when longer than `cap`.
+fn capped(m: &ChatMessage, cap: usize) -> String {
+    let text = message(m).to_string();
+    if text.len() <= cap {
+        text
+    } else {
+        stub_of(&text)
+    }
+}
+
+/// A message's stand-in: its role and size.
+fn stub_of(text: &str) -> String {
+    let role = serde_json::from_str::<Value>(text)
+        .ok()
+        .and_then(|v| v.get("role").and_then(Value::as_str).map(str::to_string))
+        .unwrap_or_default();
+    json!({"role": role, "cut": true, "bytes": text.len()}).to_string()
 }
 
 fn message(m: &ChatMessage) -> Value {
@@ -175,6 +346,8 @@ pub struct ModelCallRecorder {
     cancelled: bool,
     /// When the attempt under way was sent.
     sent: Option<Instant>,
+    /// The last attempt's request, stored by `finish`.
+    parts: Option<PromptParts>,
 }
 
 impl ModelCallRecorder {
@@ -200,12 +373,13 @@ impl ModelCallRecorder {
             },
             cancelled: false,
             sent: None,
+            parts: None,
         }
     }
 
     /// An attempt is about to send `request`.
     pub fn sending(&mut self, request: &TurnRequest) {
-        self.call.prompt = Some(Prompt::of(request, PROMPT_CAP));
+        self.parts = Some(PromptParts::of(request));
         self.sent = Some(Instant::now());
     }
 
@@ -246,9 +420,12 @@ impl ModelCallRecorder {
     }
 
     /// The receipt, or None when no attempt was made. Its outcome is the
-    /// last attempt's, or cancelled when the call was.
-    pub fn finish(mut self) -> Option<Receipt> {
+    /// last attempt's, or cancelled when the call was; its prompt is stored
+    /// against `base`, the session's previous one, which it becomes (emit
+    /// the receipt before another is stored against the same base).
+    pub fn finish(mut self, base: &mut PromptBase) -> Option<Receipt> {
         let last = self.call.attempts.last()?.outcome;
+        self.call.prompt = self.parts.take().map(|p| p.store(base, PROMPT_CAP));
         self.call.outcome = if self.cancelled { Outcome::Cancelled } else { last };
         Some(Receipt {
             request_id: self.request_id,
@@ -277,15 +454,100 @@ mod tests {
         }
     }
 
+    /// `request` stored on a fresh base and shown within `cap`.
+    fn whole(request: &TurnRequest, cap: usize) -> Prompt {
+        let stored = PromptParts::of(request).store(&mut PromptBase::default(), usize::MAX);
+        Expander::default().expand(&stored, cap).unwrap()
+    }
+
+    fn user(text: &str) -> ChatMessage {
+        ChatMessage::User {
+            text: text.into(),
+            images: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn each_prompt_stores_what_changed_and_the_reader_rebuilds_every_request() {
+        let mut base = PromptBase::default();
+        let mut reader = Expander::default();
+        let mut req = TurnRequest {
+            model: "m".into(),
+            system: "s".repeat(1000),
+            ..TurnRequest::default()
+        };
+        let mut stored_sizes = Vec::new();
+        let mut stored = Vec::new();
+        for i in 0..50 {
+            req.messages.push(user(&format!("{i}:{}", "x".repeat(500))));
+            let p = PromptParts::of(&req).store(&mut base, PROMPT_CAP);
+            stored_sizes.push(p.as_str().len());
+            assert_eq!(
+                reader.expand(&p, usize::MAX).unwrap(),
+                whole(&req, usize::MAX),
+                "call {i} rebuilds its request"
+            );
+            stored.push(p);
+        }
+        // The first holds the system prompt; the others one message each.
+        assert!(stored_sizes[0] > 1000);
+        assert!(stored_sizes[1..].iter().all(|&n| n < 600), "{stored_sizes:?}");
+        let v: Value = serde_json::from_str(stored[49].as_str()).unwrap();
+        assert_eq!((&v["base"], v.get("system")), (&json!(49), None));
+
+        // A history that changed at its start (a compaction): stored whole.
+        req.messages = vec![user("summary"), user("next")];
+        let p = PromptParts::of(&req).store(&mut base, PROMPT_CAP);
+        let v: Value = serde_json::from_str(p.as_str()).unwrap();
+        assert_eq!((&v["base"], &v["system"]), (&json!(0), &json!(req.system)));
+        assert_eq!(reader.expand(&p, usize::MAX).unwrap(), whole(&req, usize::MAX));
+
+        // A reader that starts past the first stored prompt cannot rebuild.
+        let mut late = Expander::default();
+        assert_eq!(late.expand(&stored[1], usize::MAX), None);
+        assert_eq!(late.expand(&stored[2], usize::MAX), None);
+        assert!(
+            late.expand(&p, usize::MAX).is_some(),
+            "a whole one starts it again"
+        );
+    }
+
+    #[test]
+    fn a_long_message_is_stored_as_its_stub_and_new_messages_past_the_cap_are_sent_again() {
+        let mut base = PromptBase::default();
+        let mut reader = Expander::default();
+        let mut req = TurnRequest::default();
+        req.messages.push(user(&"y".repeat(MESSAGE_CAP + 1)));
+        let p = PromptParts::of(&req).store(&mut base, PROMPT_CAP);
+        assert!(p.as_str().len() < 1000);
+        let v: Value = serde_json::from_str(reader.expand(&p, usize::MAX).unwrap().as_str()).unwrap();
+        assert_eq!(v["messages"][0]["role"], "user");
+        assert_eq!(v["messages"][0]["cut"], true);
+
+        // Three new messages where the cap holds two: the third is a stub now
+        // and stored in full by the next prompt.
+        for i in 0..3 {
+            req.messages.push(user(&format!("{i}{}", "z".repeat(900))));
+        }
+        let p = PromptParts::of(&req).store(&mut base, 2000);
+        let v: Value = serde_json::from_str(reader.expand(&p, usize::MAX).unwrap().as_str()).unwrap();
+        assert_eq!(v["messages"][3]["cut"], true);
+        assert!(v["messages"][2].get("cut").is_none());
+        let p = PromptParts::of(&req).store(&mut base, 2000);
+        let stored: Value = serde_json::from_str(p.as_str()).unwrap();
+        assert_eq!(stored["base"], 3, "sent again from the stub on");
+        assert_eq!(reader.expand(&p, usize::MAX).unwrap(), whole(&req, usize::MAX));
+    }
+
     #[test]
     fn a_prompt_past_the_cap_leaves_out_the_oldest_messages_and_stays_json() {
-        let small = Prompt::of(&request(3, 10), PROMPT_CAP);
+        let small = whole(&request(3, 10), PROMPT_CAP);
         let v: Value = serde_json::from_str(small.as_str()).unwrap();
         assert_eq!(v["messages"].as_array().unwrap().len(), 3);
         assert!(v.get("omitted_messages").is_none());
         assert_eq!(v["system"], "sys");
 
-        let big = Prompt::of(&request(100, 1000), 20_000);
+        let big = whole(&request(100, 1000), 20_000);
         assert!(big.as_str().len() <= 20_000, "{}", big.as_str().len());
         let v: Value = serde_json::from_str(big.as_str()).unwrap();
         let kept = v["messages"].as_array().unwrap();
@@ -298,14 +560,14 @@ mod tests {
         );
 
         // One message larger than the cap: left out, the rest kept.
-        let one = Prompt::of(&request(1, 5000), 1000);
+        let one = whole(&request(1, 5000), 1000);
         let v: Value = serde_json::from_str(one.as_str()).unwrap();
         assert_eq!((&v["omitted_messages"], &v["messages"]), (&json!(1), &json!([])));
         assert_eq!(v["system"], "sys");
         // A system prompt larger than the cap: only the model and the size.
         let mut huge = request(1, 10);
         huge.system = "s".repeat(5000);
-        let v: Value = serde_json::from_str(Prompt::of(&huge, 1000).as_str()).unwrap();
+        let v: Value = serde_json::from_str(whole(&huge, 1000).as_str()).unwrap();
         assert_eq!(v, json!({"model": "m", "cut": true, "bytes": v["bytes"]}));
         assert!(v["bytes"].as_u64().unwrap() > 5000);
     }
@@ -315,7 +577,7 @@ mod tests {
         let mut r = ModelCallRecorder::new(Some("r1"), "openai", "m", "rev", &[]);
         assert!(
             ModelCallRecorder::new(None, "p", "m", "rev", &[])
-                .finish()
+                .finish(&mut PromptBase::default())
                 .is_none(),
             "no attempt, no receipt"
         );
@@ -335,7 +597,7 @@ mod tests {
             status: Some(200),
             ..TurnOutput::default()
         }));
-        let receipt = r.finish().unwrap();
+        let receipt = r.finish(&mut PromptBase::default()).unwrap();
         let Call::ModelCall(c) = &receipt.call else {
             panic!()
         };
@@ -359,7 +621,7 @@ mod tests {
             true,
         ))));
         r.cancelled();
-        let Call::ModelCall(c) = r.finish().unwrap().call else {
+        let Call::ModelCall(c) = r.finish(&mut PromptBase::default()).unwrap().call else {
             panic!()
         };
         assert_eq!(c.outcome, Outcome::Cancelled, "cancelled while waiting to retry");

@@ -266,6 +266,7 @@ async fn every_documented_status_is_reached_and_every_status_reached_is_document
     r.call(&s, "GET", "/doctor", &format!("/doctor?session={sid}"), None, 200).await;
     r.call(&s, "GET", "/doctor", "/doctor?session=bad%20id", None, 400).await;
     r.call(&s, "GET", "/doctor", "/doctor?session=nosuchsession", None, 404).await;
+    r.call(&s, "GET", "/sessions/{session_id}/receipts", &format!("/sessions/{sid}/receipts"), None, 200).await;
     // Backup: out of the home and back; a loaded session is not overwritten.
     let out = tempfile::tempdir().unwrap();
     let dest = out.path().join("b").display().to_string();

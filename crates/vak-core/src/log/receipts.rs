@@ -1,7 +1,7 @@
 //! Reading a session's receipts from its ledger: one pass over the committed lines, keeping the newest within a count and a prompt budget.
 
 use crate::log::ledger::{self, Record};
-use crate::receipt::{Call, Receipt};
+use crate::receipt::{Call, Expander, Receipt, PROMPT_CAP};
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -78,6 +78,8 @@ struct Collector {
     /// The index in `kept` from which prompts are still held.
     first_with_prompt: usize,
     latest: u64,
+    /// Rebuilds each stored prompt (what changed since the one before) into its request.
+    prompts_so_far: Expander,
 }
 
 impl Collector {
@@ -90,6 +92,7 @@ impl Collector {
             held: 0,
             first_with_prompt: 0,
             latest: 0,
+            prompts_so_far: Expander::default(),
         }
     }
 
@@ -99,9 +102,10 @@ impl Collector {
 
     fn receipt(&mut self, mut receipt: Receipt) {
         if let Call::ModelCall(c) = &mut receipt.call {
-            if !self.prompts {
-                c.prompt = None;
-            }
+            c.prompt = match c.prompt.take() {
+                Some(stored) if self.prompts => self.prompts_so_far.expand(&stored, PROMPT_CAP),
+                _ => None,
+            };
         }
         let listed = Listed {
             seq: self.latest,
@@ -141,7 +145,7 @@ mod tests {
     use super::*;
     use crate::event::ClientEvent;
     use crate::provider::{TurnOutput, TurnRequest};
-    use crate::receipt::{ModelCallRecorder, Outcome, ToolCallReceipt};
+    use crate::receipt::{ModelCallRecorder, Outcome, PromptBase, ToolCallReceipt};
     use std::io::Write;
 
     fn model_call(n: usize) -> Receipt {
@@ -151,7 +155,7 @@ mod tests {
             ..TurnRequest::default()
         });
         r.ended(&Ok(TurnOutput::default()));
-        r.finish().unwrap()
+        r.finish(&mut PromptBase::default()).unwrap()
     }
 
     fn line(record: &Record) -> String {

@@ -35,4 +35,8 @@ pub(crate) trait TurnContext: Send + Sync {
     /// The session's slots for running `spawn_worker` children
     /// (`--max-workers` of them).
     fn worker_slots(&self) -> &std::sync::Arc<tokio::sync::Semaphore>;
+
+    /// What the session's last model-call receipt stored of its request:
+    /// the next stores only what changed.
+    fn prompt_base(&self) -> &std::sync::Mutex<crate::receipt::PromptBase>;
 }

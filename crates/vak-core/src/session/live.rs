@@ -86,6 +86,8 @@ pub struct Session {
     background: Mutex<BackgroundQueue>,
     /// Slots for the children its `spawn_worker` calls run (`--max-workers`).
     worker_slots: Arc<tokio::sync::Semaphore>,
+    /// The base each model-call receipt stores its request against.
+    prompt_base: std::sync::Mutex<crate::receipt::PromptBase>,
 }
 
 /// A side run in flight.
@@ -369,6 +371,7 @@ impl Session {
             stopped: watch::channel(false).0,
             background: Mutex::new(BackgroundQueue::default()),
             worker_slots,
+            prompt_base: Default::default(),
         });
         if let Some(why) = read_only {
             pipe.fail(&Stopped::ReadOnly { why: why.to_string() });
@@ -1056,6 +1059,9 @@ impl TurnContext for Session {
     }
     fn worker_slots(&self) -> &Arc<tokio::sync::Semaphore> {
         &self.worker_slots
+    }
+    fn prompt_base(&self) -> &std::sync::Mutex<crate::receipt::PromptBase> {
+        &self.prompt_base
     }
 }
 

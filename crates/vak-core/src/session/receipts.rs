@@ -34,7 +34,18 @@ impl<'a, S: TurnContext> ModelCallReceipt<'a, S> {
     }
 
     fn emit(&mut self) {
-        if let Some(receipt) = self.recorder.take().and_then(ModelCallRecorder::finish) {
+        let Some(recorder) = self.recorder.take() else {
+            return;
+        };
+        // Stored against the session's previous prompt and emitted under
+        // one guard, so the ledger holds them in the order they were stored
+        // against each other (emit only queues for the writer).
+        let mut base = self
+            .session
+            .prompt_base()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(receipt) = recorder.finish(&mut base) {
             self.session.emit(AgentEvent::Receipt(Box::new(receipt)));
         }
     }
