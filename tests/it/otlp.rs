@@ -80,13 +80,23 @@ fn attr_int(span: &Span, key: &str) -> i64 {
 /// A REST run with `wait`, made under the caller's trace, whose prompt
 /// writes a file (one tool call between two model calls).
 async fn traced_run(served: &Served) -> String {
+    run_under(
+        served,
+        &format!("00-{TRACE_ID}-{CALLER_SPAN}-01"),
+        "/write a.txt x",
+    )
+    .await
+}
+
+/// A REST run of `prompt` with `wait` under `traceparent`; its session.
+async fn run_under(served: &Served, traceparent: &str, prompt: &str) -> String {
     let api = served.api();
     let sid = api.create_session().await;
     let r = api
         .http()
         .post(format!("{}/sessions/{sid}/run", api.url))
-        .header("traceparent", format!("00-{TRACE_ID}-{CALLER_SPAN}-01"))
-        .json(&json!({"prompt": "/write a.txt x", "wait": true}))
+        .header("traceparent", traceparent)
+        .json(&json!({"prompt": prompt, "wait": true}))
         .send()
         .await
         .unwrap();
@@ -282,17 +292,7 @@ async fn the_environment_variable_turns_the_exporter_on_too_and_an_unsampled_cal
     traced_run(&served).await;
     // A caller that does not sample its trace (flags 00): the spans under it are not sampled either.
     let unsampled = "0af7651916cd43dd8448eb211c80319c";
-    let api = served.api();
-    let sid = api.create_session().await;
-    let r = api
-        .http()
-        .post(format!("{}/sessions/{sid}/run", api.url))
-        .header("traceparent", format!("00-{unsampled}-b7ad6b7169203331-00"))
-        .json(&json!({"prompt": "hello", "wait": true}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    run_under(&served, &format!("00-{unsampled}-b7ad6b7169203331-00"), "hello").await;
     stop(served).await;
     let mut spans = receive(&mut rx, |spans| {
         spans
