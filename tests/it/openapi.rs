@@ -152,3 +152,47 @@ fn the_committed_document_is_the_generated_one() {
 }
 
 mod statuses;
+
+/// The RPCs that only read carry `idempotency_level = NO_SIDE_EFFECTS`
+/// (what Connect's GET calls and retrying clients go by), and those are
+/// exactly the unary List*, Get*, Search and ReadFile, each a GET route.
+#[test]
+fn read_only_rpcs_are_marked_side_effect_free_and_are_gets() {
+    let pool = prost_reflect::DescriptorPool::decode(vak::proto::FILE_DESCRIPTOR_SET).unwrap();
+    let service = pool.get_service_by_name("vak.v1.AgentService").unwrap();
+    let doc = document();
+    let verb_of: std::collections::BTreeMap<String, String> = operations(&doc)
+        .iter()
+        .map(|(m, p)| {
+            (
+                doc["paths"][p][m]["operationId"].as_str().unwrap().to_string(),
+                m.to_string(),
+            )
+        })
+        .collect();
+    let mut marked = 0;
+    for method in service.methods() {
+        let name = method.name();
+        let reads = !method.is_server_streaming()
+            && (name.starts_with("List")
+                || name.starts_with("Get")
+                || name == "Search"
+                || name == "ReadFile");
+        let level = method
+            .options()
+            .get_field_by_name("idempotency_level")
+            .and_then(|v| v.as_enum_number())
+            .unwrap_or(0);
+        // google.protobuf.MethodOptions.IdempotencyLevel: NO_SIDE_EFFECTS = 1.
+        assert_eq!(level == 1, reads, "rpc {name}: idempotency_level {level}");
+        if reads {
+            marked += 1;
+            assert_eq!(
+                verb_of.get(name).map(String::as_str),
+                Some("get"),
+                "rpc {name} reads: a GET route"
+            );
+        }
+    }
+    assert!(marked >= 28, "{marked}");
+}
