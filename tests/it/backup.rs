@@ -148,14 +148,7 @@ fn actions(v: &Value) -> Vec<(String, String, String)> {
 #[tokio::test]
 async fn a_live_export_imported_into_a_fresh_home_replays_every_session_identically() {
     let s = server().await;
-    let (code, v) = s
-        .send(
-            reqwest::Method::PUT,
-            "/config/key",
-            Some(json!({"provider": "openai", "key": KEY})),
-        )
-        .await;
-    assert_eq!(code, 200, "{v}");
+    s.store_key("openai", KEY).await;
     let ids = two_sessions(&s).await;
     let out = tempfile::tempdir().unwrap();
     let plain = out.path().join("plain");

@@ -104,13 +104,7 @@ async fn get(url: &str, token: bool) -> (u16, String, String) {
         .await
         .expect("an answer within the deadline")
         .unwrap();
-    let status = r.status().as_u16();
-    let ct = r
-        .headers()
-        .get("content-type")
-        .map(|v| v.to_str().unwrap().to_string())
-        .unwrap_or_default();
-    (status, ct, r.text().await.unwrap())
+    crate::support::response_text(r).await
 }
 
 async fn scrape(s: &TestServer) -> Samples {

@@ -106,6 +106,17 @@ async fn run_under(served: &Served, traceparent: &str, prompt: &str) -> String {
     sid
 }
 
+/// A collector and a server that exports to it.
+async fn served_with_collector() -> (Served, mpsc::UnboundedReceiver<Span>) {
+    let (addr, rx) = collector().await;
+    let served = serve()
+        .arg("--otlp-endpoint")
+        .arg(format!("http://{addr}"))
+        .start()
+        .await;
+    (served, rx)
+}
+
 /// Stops the server gracefully (which flushes its exporter) and returns its log.
 async fn stop(served: Served) -> String {
     let Served { mut vak, dirs, .. } = served;
@@ -143,12 +154,7 @@ async fn receive(rx: &mut mpsc::UnboundedReceiver<Span>, done: impl Fn(&[Span]) 
 
 #[tokio::test]
 async fn a_run_is_traced_under_the_callers_traceparent_request_run_model_and_tool_calls() {
-    let (addr, mut rx) = collector().await;
-    let served = serve()
-        .arg("--otlp-endpoint")
-        .arg(format!("http://{addr}"))
-        .start()
-        .await;
+    let (served, mut rx) = served_with_collector().await;
     let sid = traced_run(&served).await;
     // Flushed on the way out: the spans of the last run are not lost.
     let log = stop(served).await;
@@ -234,12 +240,7 @@ async fn a_run_is_traced_under_the_callers_traceparent_request_run_model_and_too
 
 #[tokio::test]
 async fn a_grpc_call_takes_its_parent_from_the_traceparent_metadata() {
-    let (addr, mut rx) = collector().await;
-    let served = serve()
-        .arg("--otlp-endpoint")
-        .arg(format!("http://{addr}"))
-        .start()
-        .await;
+    let (served, mut rx) = served_with_collector().await;
     let api = served.api();
     let sid = api.create_session().await;
     let mut req = tonic::Request::new(pb::RunRequest {

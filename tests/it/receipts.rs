@@ -36,14 +36,7 @@ async fn a_retried_model_call_shows_both_attempts_the_tool_call_and_never_the_ke
         c.core.permission = PermissionMode::Allow;
     })
     .await;
-    let (code, v) = s
-        .send(
-            reqwest::Method::PUT,
-            "/config/key",
-            Some(json!({"provider": "openai", "key": KEY})),
-        )
-        .await;
-    assert_eq!(code, 200, "{v}");
+    s.store_key("openai", KEY).await;
     let base = format!("{}/v1", fake.url);
     let (code, cfg) = s
         .send(

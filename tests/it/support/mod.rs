@@ -617,14 +617,32 @@ impl TestServer {
             .send()
             .await
             .unwrap();
-        let status = r.status().as_u16();
-        let ct = r
-            .headers()
-            .get("content-type")
-            .map(|v| v.to_str().unwrap().to_string())
-            .unwrap_or_default();
-        (status, ct, r.text().await.unwrap())
+        response_text(r).await
     }
+
+    /// Stores `key` for `provider` (PUT /config/key), asserting it was taken; the answer.
+    pub async fn store_key(&self, provider: &str, key: &str) -> Value {
+        let (code, v) = self
+            .send(
+                reqwest::Method::PUT,
+                "/config/key",
+                Some(serde_json::json!({"provider": provider, "key": key})),
+            )
+            .await;
+        assert_eq!(code, 200, "{v}");
+        v
+    }
+}
+
+/// A response as text: (status, content-type, body).
+pub async fn response_text(r: reqwest::Response) -> (u16, String, String) {
+    let status = r.status().as_u16();
+    let ct = r
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    (status, ct, r.text().await.unwrap())
 }
 
 impl TestServer {
