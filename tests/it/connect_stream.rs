@@ -40,7 +40,7 @@ impl Deframer {
 }
 
 /// A Connect stream's envelopes, each read under the deadline.
-struct Envelopes {
+pub struct Envelopes {
     body: futures_util::stream::BoxStream<'static, reqwest::Result<bytes::Bytes>>,
     frames: Deframer,
 }
@@ -67,7 +67,7 @@ impl Envelopes {
     }
 
     /// JSON envelopes up to the one whose event kind is `kind`.
-    async fn until(&mut self, kind: &str) -> Vec<Value> {
+    pub async fn until(&mut self, kind: &str) -> Vec<Value> {
         let mut out = Vec::new();
         loop {
             let (flags, payload) = self
@@ -110,7 +110,7 @@ fn kind_of_json(v: &Value) -> &str {
         .map_or("", |k| k.as_str())
 }
 
-fn text_of_json(events: &[Value]) -> String {
+pub fn text_of_json(events: &[Value]) -> String {
     events
         .iter()
         .filter_map(|e| e["textDelta"]["text"].as_str())
@@ -137,7 +137,8 @@ async fn open(
     req.body(envelope(0, msg)).send().await.unwrap()
 }
 
-async fn subscribe_json(
+/// Subscribe as a Connect JSON stream, read up to its stream_opened.
+pub async fn subscribe_json(
     c: &reqwest::Client,
     s: &TestServer,
     sid: &str,
