@@ -77,28 +77,20 @@ fn prepare(call: &ConnectCall, req: &Request) -> Result<Prepared, Refused> {
     let Some(codec) = call.codec else {
         return Err(Refused::Media);
     };
-    let method = match codec::lookup(req.uri().path()) {
-        codec::Lookup::Method(m) => Some(m),
-        codec::Lookup::NoSuchMethod => {
-            return Err(Status::unimplemented(format!("no such RPC: {}", req.uri().path())).into())
-        }
-        codec::Lookup::Unknown => None,
+    let Some(method) = codec::method(req.uri().path()) else {
+        return Err(Status::unimplemented(format!("no such RPC: {}", req.uri().path())).into());
     };
-    let client_streaming = method.as_ref().is_none_or(|m| m.is_client_streaming());
-    if let Some(m) = &method {
-        // A unary content type for a streaming RPC (or the other way round).
-        if call.streaming != (m.is_client_streaming() || m.is_server_streaming()) {
-            return Err(Refused::Media);
-        }
+    // A unary content type for a streaming RPC (or the other way round).
+    if call.streaming != (method.is_client_streaming() || method.is_server_streaming()) {
+        return Err(Refused::Media);
     }
     if call.get {
-        let side_effect_free = method.as_ref().is_some_and(|m| {
-            m.method_descriptor_proto()
-                .options
-                .as_ref()
-                .and_then(|o| o.idempotency_level)
-                == Some(prost_types::method_options::IdempotencyLevel::NoSideEffects as i32)
-        });
+        let side_effect_free = method
+            .method_descriptor_proto()
+            .options
+            .as_ref()
+            .and_then(|o| o.idempotency_level)
+            == Some(prost_types::method_options::IdempotencyLevel::NoSideEffects as i32);
         if !side_effect_free {
             return Err(Refused::NotGet);
         }
@@ -109,10 +101,9 @@ fn prepare(call: &ConnectCall, req: &Request) -> Result<Prepared, Refused> {
             Status::invalid_argument("connect-timeout-ms must be a positive integer of at most 10 digits")
         })?),
     };
-    let transcoder = Transcoder::new(codec, method.as_ref())?;
     Ok(Prepared {
-        transcoder,
-        client_streaming,
+        transcoder: Transcoder::new(codec, &method),
+        client_streaming: method.is_client_streaming(),
         timeout,
     })
 }
