@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import importlib
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -42,7 +43,8 @@ from helpers import REPO, STEP, Proxy, Server, assert_gap_free, burst_text, fini
 PROMPT = "hello world\nbye"
 REPLY = "echo: hello world\necho: bye"
 TIMEOUT_MS = int(STEP * 1000)  # each call's deadline (the Connect-Timeout-Ms header)
-MAX_FILE_BYTES = 2 << 20  # the files API's cap (crates/vak-core/src/host/files.rs)
+MIB = 1 << 20
+MAX_FILE_BYTES = 2 * MIB  # the files API's cap (crates/vak-core/src/host/files.rs)
 
 
 @dataclass
@@ -171,6 +173,12 @@ def test_connect_unary_async(server: Server, stubs: Stubs, clients: Clients, pro
                     listed = await c.list_sessions(pb.ListSessionsRequest(), headers=auth(server), use_get=use_get)
                     assert sid in {s.session_id for s in listed.sessions}
 
+                # A 1 MiB answer (the server gzips it: the client accepts gzip).
+                name = f"connect-{secrets.token_hex(4)}.txt"
+                (server.workspace / name).write_text("x" * MIB)
+                read = await c.read_file(pb.ReadFileRequest(path=name), headers=auth(server), use_get=gzip)
+                assert (read.path, read.content) == (name, "x" * MIB)
+
     run_async(main)
     first_lines = [r.split(b"\r\n", 1)[0] for r in proxy.requests]
     assert first_lines, "no connection"
@@ -197,7 +205,8 @@ def test_connect_unary_sync(server: Server, stubs: Stubs, clients: Clients) -> N
 
 def test_connect_subscribe_async(server: Server, stubs: Stubs, clients: Clients) -> None:
     """Subscribe live, run a prompt over Connect, follow its text deltas to
-    run_finished; then a 300-delta burst on the same stream."""
+    run_finished; then a 300-delta burst and four 1 MiB deltas on the same
+    stream."""
     pb = stubs.pb
 
     async def main() -> None:
@@ -219,6 +228,12 @@ def test_connect_subscribe_async(server: Server, stubs: Stubs, clients: Clients)
                 more = await take_until_async(events, finished)
                 assert texts(more) == burst_text(300)
                 assert_gap_free(more, first=got[-1].seq + 1)
+
+                # Deltas of 1 MiB each: envelopes far larger than one read.
+                await c.run(pb.RunRequest(session_id=sid, prompt=f"/burst 4 {MIB}"), headers=auth(server))
+                big = await take_until_async(events, finished)
+                assert texts(big) == "".join(f"t{i}".ljust(MIB - 1, "_") + " " for i in range(4))
+                assert_gap_free(big, first=more[-1].seq + 1)
 
     run_async(main)
 
