@@ -38,7 +38,19 @@ from connectrpc.compat import google_protobuf_binary_codec, google_protobuf_json
 from connectrpc.compression.gzip import GzipCompression
 from connectrpc.errors import ConnectError
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-from helpers import REPO, STEP, Proxy, Server, assert_gap_free, burst_text, finished, kind, run_async, take_until_async, texts
+from helpers import (
+    REPO,
+    STEP,
+    Proxy,
+    Server,
+    assert_gap_free,
+    burst_text,
+    finished,
+    kind,
+    run_async,
+    take_until_async,
+    texts,
+)
 
 PROMPT = "hello world\nbye"
 REPLY = "echo: hello world\necho: bye"
@@ -263,7 +275,9 @@ def error_info_class() -> Any:
     """google.rpc.ErrorInfo (reason, domain, metadata), the detail vak's error
     kind travels in, built in a pool of its own (the googleapis protos are
     not a dependency)."""
-    file = descriptor_pb2.FileDescriptorProto(name="test_connect/error_info.proto", package="google.rpc", syntax="proto3")
+    file = descriptor_pb2.FileDescriptorProto(
+        name="test_connect/error_info.proto", package="google.rpc", syntax="proto3"
+    )
     info = file.message_type.add(name="ErrorInfo")
     entry = info.nested_type.add(name="MetadataEntry", options=descriptor_pb2.MessageOptions(map_entry=True))
     string, optional, repeated = (
@@ -312,7 +326,8 @@ def test_connect_errors_async(server: Server, stubs: Stubs, clients: Clients) ->
                 assert err.code == Code.NOT_FOUND, (err.code, err.message)
                 assert meta.http_status == 404
                 assert meta.headers.get("content-type", "").startswith("application/json"), meta.headers
-            err, _ = await connect_error_async(c.run(pb.RunRequest(session_id="nosuch", prompt="x"), headers=auth(server)))
+            unknown_run = pb.RunRequest(session_id="nosuch", prompt="x")
+            err, _ = await connect_error_async(c.run(unknown_run, headers=auth(server)))
             assert err.code == Code.NOT_FOUND, (err.code, err.message)
             err, _ = await connect_error_async(
                 anext(c.subscribe(pb.SubscribeRequest(session_id="nosuch"), headers=auth(server)))
