@@ -349,7 +349,7 @@ async fn drain(mut body: Body) {
 fn admit(auth: &Auth, req: &Request) -> Verdict {
     let answer = |resp| Verdict::Answer { resp, cross: None };
     let protocol = Protocol::of(req.method(), req.uri(), req.headers());
-    let host = match authority(&req) {
+    let host = match authority(req) {
         Ok(host) => host,
         Err(status) => {
             reject(Rejection::Host);
@@ -367,7 +367,7 @@ fn admit(auth: &Auth, req: &Request) -> Verdict {
     };
     let secure = req.extensions().get::<Secure>().is_some_and(|s| s.0);
     let own = format!("{}://{host}", if secure { "https" } else { "http" });
-    let origin = header_str(&req, header::ORIGIN).map(str::to_string);
+    let origin = header_str(req, header::ORIGIN).map(str::to_string);
 
     if req.method() == Method::OPTIONS && req.headers().contains_key(header::ACCESS_CONTROL_REQUEST_METHOD) {
         return answer(match origin.as_deref() {
