@@ -191,6 +191,20 @@ async fn side_effect_free_rpcs_answer_get() {
     let listed = pb::ListSessionsResponse::decode(r.bytes().await.unwrap()).unwrap();
     assert!(listed.sessions.iter().any(|x| x.session_id == sid));
 
+    // Binary percent-encoded, without base64 (bytes that are no UTF-8 among them).
+    let mut msg = pb::ReadFileRequest {
+        path: "notes.txt".into(),
+        session_id: None,
+    }
+    .encode_to_vec();
+    // An unknown field 15 = 300 (a varint, skipped by the decoder): 0xAC is no UTF-8.
+    msg.extend_from_slice(&[0x78, 0xAC, 0x02]);
+    let raw: String = msg.iter().map(|b| format!("%{b:02X}")).collect();
+    let r = get(format!("ReadFile?connect=v1&encoding=proto&message={raw}")).await;
+    assert_eq!(r.status(), 200);
+    let file = pb::FileContent::decode(r.bytes().await.unwrap()).unwrap();
+    assert_eq!(file.path, "notes.txt");
+
     // An RPC with side effects is never a GET.
     let r = get("CreateSession?connect=v1&encoding=json&message=%7B%7D".into()).await;
     assert_eq!(r.status(), 405);

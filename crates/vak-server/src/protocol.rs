@@ -136,10 +136,46 @@ pub(crate) fn is_rpc_path(path: &str) -> bool {
         && method.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }
 
-/// One query parameter, percent-decoded.
+/// One query parameter as text (None when absent or not UTF-8).
 pub(crate) fn query_value(uri: &Uri, name: &str) -> Option<String> {
-    let pairs: Vec<(String, String)> = serde_urlencoded::from_str(uri.query()?).ok()?;
-    pairs.into_iter().find(|(k, _)| k == name).map(|(_, v)| v)
+    String::from_utf8(query_bytes(uri, name)?).ok()
+}
+
+/// One query parameter's bytes, percent-decoded (`+` is a space): a Connect
+/// GET may carry a binary message percent-encoded, which is no UTF-8.
+pub(crate) fn query_bytes(uri: &Uri, name: &str) -> Option<Vec<u8>> {
+    uri.query()?.split('&').find_map(|pair| {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        (percent_decode(key) == name.as_bytes()).then(|| percent_decode(value))
+    })
+}
+
+fn percent_decode(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let hex = |c: u8| (c as char).to_digit(16);
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let escaped = match b.get(i..i + 3) {
+            Some([b'%', h, l]) => hex(*h).zip(hex(*l)).map(|(h, l)| (h * 16 + l) as u8),
+            _ => None,
+        };
+        match (escaped, b[i]) {
+            (Some(byte), _) => {
+                out.push(byte);
+                i += 3;
+            }
+            (None, b'+') => {
+                out.push(b' ');
+                i += 1;
+            }
+            (None, c) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -209,6 +245,16 @@ mod tests {
         );
         assert_eq!(of(Method::GET, rpc, None), Protocol::Rest);
         assert_eq!(of(Method::GET, "/openapi.json", None), Protocol::Rest);
+    }
+
+    #[test]
+    fn query_values_decode_to_bytes() {
+        let uri: Uri = "/a.B/C?encoding=proto&message=%0A%03ab%FF+c%2&x".parse().unwrap();
+        assert_eq!(query_bytes(&uri, "message").unwrap(), b"\n\x03ab\xff c%2");
+        assert_eq!(query_value(&uri, "message"), None, "not UTF-8");
+        assert_eq!(query_value(&uri, "encoding").as_deref(), Some("proto"));
+        assert_eq!(query_value(&uri, "x").as_deref(), Some(""));
+        assert_eq!(query_bytes(&uri, "nope"), None);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use super::codec::{envelope, Deframer, Encoding, COMPRESS_MIN};
 use super::error::{copy_metadata, unary_error};
 use super::{content_type, grpc_request, Prepared};
-use crate::protocol::query_value;
+use crate::protocol::{query_bytes, query_value};
 use axum::body::{Body, Bytes};
 use axum::extract::Request;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -42,14 +42,17 @@ async fn read(req: Request, max_body: usize) -> Result<(Bytes, Request), Status>
     let req = Request::from_parts(parts, Body::empty());
     if req.method() == axum::http::Method::GET {
         let uri = req.uri();
-        let message = query_value(uri, "message").unwrap_or_default();
+        let message = query_bytes(uri, "message").unwrap_or_default();
         let raw = if query_value(uri, "base64").as_deref() == Some("1") {
-            let trimmed = message.trim_end_matches('=');
+            let trimmed = message
+                .strip_suffix(b"==")
+                .or(message.strip_suffix(b"="))
+                .unwrap_or(&message);
             base64::engine::general_purpose::URL_SAFE_NO_PAD
                 .decode(trimmed)
                 .map_err(|e| Status::invalid_argument(format!("the message is not URL-safe base64: {e}")))?
         } else {
-            message.into_bytes()
+            message
         };
         if raw.len() > max_body {
             return Err(super::codec::too_large(max_body));
