@@ -334,7 +334,7 @@ async function bufUnary(common, method, data) {
 /**
  * Runs `buf curl ... Subscribe` on `sessionId` until its output shows
  * run_finished (then stops it), calling `whenOpen` once stream_opened is out.
- * Resolves to the events.
+ * Resolves to the events, once `whenOpen` has resolved too.
  */
 function bufSubscribe(common, sessionId, whenOpen, { ms = 60_000 } = {}) {
   return new Promise((resolveEvents, reject) => {
@@ -344,7 +344,7 @@ function bufSubscribe(common, sessionId, whenOpen, { ms = 60_000 } = {}) {
     });
     let stdout = "";
     let stderr = "";
-    let opened = false;
+    let opening; // whenOpen's promise, once stream_opened is out
     let settled = false;
     const finish = (err, events) => {
       if (settled) return;
@@ -362,11 +362,12 @@ function bufSubscribe(common, sessionId, whenOpen, { ms = 60_000 } = {}) {
     child.stdout.setEncoding("utf8").on("data", (d) => {
       stdout += d;
       const events = jsonValues(stdout);
-      if (!opened && events.some((e) => e.streamOpened)) {
-        opened = true;
-        whenOpen().catch((e) => finish(e));
+      if (!opening && events.some((e) => e.streamOpened)) {
+        opening = whenOpen();
+        opening.catch((e) => finish(e));
       }
-      if (events.some((e) => e.runFinished)) finish(null, events);
+      // Done at run_finished, once whenOpen is done too (its `buf curl` may exit after the run ends).
+      if (opening && events.some((e) => e.runFinished)) opening.then(() => finish(null, events), finish);
     });
     child.once("error", (e) => finish(e));
     child.once("exit", (code, signal) =>
