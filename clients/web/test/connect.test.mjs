@@ -17,7 +17,8 @@ import { dirname, join, resolve } from "node:path";
 import { setTimeout as delay } from "node:timers/promises";
 import { fileURLToPath } from "node:url";
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
-import { createConnectTransport, Http2SessionManager } from "@connectrpc/connect-node";
+import { compressionGzip, createConnectTransport, Http2SessionManager } from "@connectrpc/connect-node";
+import { createConnectTransport as createWebConnectTransport } from "@connectrpc/connect-web";
 import { AdmissionState, AgentService, bearer, createAgentClient, MessageRole, RunOutcome } from "../dist/index.js";
 import { startVak } from "../harness/vak.mjs";
 
@@ -161,6 +162,62 @@ test("connect-node: an unknown session is NotFound, a wrong token Unauthenticate
       assert.equal(ConnectError.from(e).code, Code.Unauthenticated, String(e));
       return true;
     });
+  }
+});
+
+test("Connect GET for side-effect-free RPCs, and gzip-compressed requests", { timeout: 60_000 }, async () => {
+  const client = nodeClient({ httpVersion: "1.1", binary: true });
+  const run = await followRun(client);
+  for (const binary of [true, false]) {
+    // connect-web with useHttpGet: GetTranscript and ListSessions are NO_SIDE_EFFECTS, so GET
+    // (?connect=v1&encoding=...&message=...), the rest POST.
+    const requests = [];
+    const viaGet = createClient(
+      AgentService,
+      createWebConnectTransport({
+        baseUrl: vak.url,
+        useBinaryFormat: binary,
+        useHttpGet: true,
+        interceptors: [bearer(token)],
+        fetch: (input, init) => {
+          requests.push(`${init?.method ?? "GET"} ${new URL(String(input)).pathname}`);
+          return fetch(input, init);
+        },
+      }),
+    );
+    assert.equal(await assistantText(viaGet, run.sessionId), REPLY);
+    const { sessions } = await viaGet.listSessions({});
+    assert.ok(sessions.some((s) => s.sessionId === run.sessionId));
+    await assert.rejects(viaGet.getTranscript({ sessionId: "0".repeat(32) }), (e) => {
+      assert.equal(ConnectError.from(e).code, Code.NotFound, String(e));
+      return true;
+    });
+    await viaGet.createSession({});
+    assert.deepEqual(requests, [
+      "GET /vak.v1.AgentService/GetTranscript",
+      "GET /vak.v1.AgentService/ListSessions",
+      "GET /vak.v1.AgentService/GetTranscript",
+      "POST /vak.v1.AgentService/CreateSession",
+    ]);
+
+    // connect-node gzips every request body (compressMinBytes 0); a server that ignored
+    // Content-Encoding would fail to read them.
+    const gzipped = createClient(
+      AgentService,
+      createConnectTransport({
+        baseUrl: vak.url,
+        httpVersion: "1.1",
+        useBinaryFormat: binary,
+        interceptors: [bearer(token)],
+        sendCompression: compressionGzip,
+        compressMinBytes: 0,
+        acceptCompression: [compressionGzip],
+      }),
+    );
+    const followed = await followRun(gzipped, "hello gzip");
+    assert.equal(followed.outcome, RunOutcome.COMPLETED);
+    assert.equal(followed.text, "echo: hello gzip");
+    assert.equal(await assistantText(gzipped, followed.sessionId), "echo: hello gzip");
   }
 });
 
