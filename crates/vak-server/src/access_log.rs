@@ -1,7 +1,8 @@
-//! One log line per request on every surface (REST, SSE, gRPC, gRPC-web): method, path, status, latency, peer; written when the response body ends, so a stream's line carries its whole duration and a gRPC call its grpc-status. Failures an operator should see also go to the console's recent errors.
+//! One log line per request on every surface (REST, SSE, gRPC, gRPC-web, Connect): protocol, method, path, status, latency, peer; written when the response body ends, so a stream's line carries its whole duration and a gRPC call its grpc-status. Failures an operator should see also go to the console's recent errors.
 
 use super::body::{watched, Watch};
 use super::listener::PeerAddr;
+use super::protocol::Protocol;
 use super::recent_errors::{noteworthy, RecentError, RecentErrors};
 use axum::body::Bytes;
 use axum::extract::{Request, State};
@@ -22,6 +23,7 @@ pub(crate) async fn access_log(
 ) -> Response {
     let start = Instant::now();
     let method = req.method().clone();
+    let protocol = Protocol::of(&method, req.uri(), req.headers()).name();
     let target = redacted(req.uri());
     let peer = req
         .extensions()
@@ -29,6 +31,7 @@ pub(crate) async fn access_log(
         .map_or_else(|| "-".to_string(), |p| p.0.to_string());
     let resp = next.run(req).await;
     let line = Line {
+        protocol,
         method,
         target,
         peer,
@@ -113,6 +116,8 @@ struct Line {
     /// From the headers (a trailers-only answer) or, later, the trailers.
     grpc_status: Option<u16>,
     grpc_message: Option<String>,
+    /// rest, grpc, grpc_web or connect.
+    protocol: &'static str,
     start: Instant,
     headers_after: Duration,
 }
@@ -153,6 +158,7 @@ impl Drop for Logged {
         let complete = self.complete;
         tracing::info!(
             target: "vak::access",
+            protocol = l.protocol,
             method = %l.method,
             path = %l.target,
             status = l.status,

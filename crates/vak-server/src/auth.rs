@@ -1,8 +1,9 @@
 //! The guard every request passes first: Host pinning (DNS rebinding), CORS and the cross-origin rule for browsers, then credentials (bearer token, login cookie with its session key, or `?token=` from an unproxied loopback peer), plus the browser login routes.
 
-use super::errors::{grpc_content_type, json_error, refuse};
+use super::errors::{json_error, refuse};
 use super::listener::{PeerAddr, Secure};
 use super::logins::{constant_time_eq, Logins};
+use super::protocol::Protocol;
 use super::tickets::{link_path, TicketRefused, Tickets, TICKET_TTL};
 use crate::metrics::{reject, Rejection};
 use axum::body::Body;
@@ -278,7 +279,9 @@ fn cors(resp: &mut Response, origin: &str) {
         );
         h.insert(
             header::ACCESS_CONTROL_EXPOSE_HEADERS,
-            HeaderValue::from_static("grpc-status, grpc-message, grpc-status-details-bin"),
+            HeaderValue::from_static(
+                "grpc-status, grpc-message, grpc-status-details-bin, connect-content-encoding, vak-error-kind, vak-error-reason",
+            ),
         );
         h.append(header::VARY, HeaderValue::from_static("Origin"));
     }
@@ -295,7 +298,7 @@ fn preflight(origin: &str) -> Response {
     h.insert(
         header::ACCESS_CONTROL_ALLOW_HEADERS,
         HeaderValue::from_static(
-            "authorization, content-type, last-event-id, x-grpc-web, x-user-agent, grpc-timeout, connect-protocol-version, x-vak-key",
+            "authorization, content-type, content-encoding, last-event-id, x-grpc-web, x-user-agent, grpc-timeout, connect-protocol-version, connect-timeout-ms, connect-content-encoding, connect-accept-encoding, traceparent, x-vak-key",
         ),
     );
     h.insert(header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static("600"));
@@ -303,18 +306,18 @@ fn preflight(origin: &str) -> Response {
 }
 
 pub async fn guard(State(auth): State<Arc<Auth>>, req: Request, next: Next) -> Response {
-    let grpc = grpc_content_type(req.headers());
+    let protocol = Protocol::of(req.method(), req.uri(), req.headers());
     let host = match authority(&req) {
         Ok(host) => host,
         Err(status) => {
             reject(Rejection::Host);
-            return refuse(grpc, status);
+            return refuse(&protocol, status);
         }
     };
     let Some(host) = host.filter(|h| auth.host_ok(h)) else {
         reject(Rejection::Host);
         return refuse(
-            grpc,
+            &protocol,
             Status::permission_denied(
                 "the Host header must name a loopback or trusted host (DNS rebinding protection)",
             ),
@@ -344,7 +347,7 @@ pub async fn guard(State(auth): State<Arc<Auth>>, req: Request, next: Next) -> R
         if (is_state_changing(req.method()) || is_websocket(req.headers())) && !auth.origin_ok(o, &own) {
             reject(Rejection::Origin);
             return refuse(
-                grpc,
+                &protocol,
                 Status::permission_denied(format!("cross-origin requests from {o} are refused")),
             );
         }
@@ -374,17 +377,17 @@ pub async fn guard(State(auth): State<Arc<Auth>>, req: Request, next: Next) -> R
         next.run(req).await
     } else if url_token_refused {
         refuse(
-            grpc,
+            &protocol,
             Status::unauthenticated(
                 "`?token=` is accepted only from this machine, never through a proxy or with --allow-remote: send `Authorization: Bearer <token>` or log in",
             ),
         )
-    } else if grpc.is_none() && crate::http::assets::is_console_page(&req) {
+    } else if protocol == Protocol::Rest && crate::http::assets::is_console_page(&req) {
         // A person opening the console before logging in: a page, not JSON.
         crate::http::assets::console_login_page()
     } else {
         refuse(
-            grpc,
+            &protocol,
             Status::unauthenticated(
                 "missing or invalid credentials: send `Authorization: Bearer <token>` or log in",
             ),

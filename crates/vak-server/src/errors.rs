@@ -1,5 +1,6 @@
 //! The one table that maps core errors to gRPC codes and gRPC codes to HTTP statuses and `{"error": {"code", "message"}}` bodies.
 
+use super::protocol::Protocol;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use tonic::{Code, Status};
@@ -155,29 +156,20 @@ pub(crate) fn status_response(s: &Status) -> Response {
     }
 }
 
-/// The content type of a gRPC or gRPC-web request (which wants its errors as grpc-status), if it is one.
-pub(crate) fn grpc_content_type(headers: &axum::http::HeaderMap) -> Option<HeaderValue> {
-    headers
-        .get(header::CONTENT_TYPE)
-        .filter(|v| v.to_str().is_ok_and(|ct| ct.starts_with("application/grpc")))
-        .cloned()
-}
-
-pub(crate) fn is_grpc(headers: &axum::http::HeaderMap) -> bool {
-    grpc_content_type(headers).is_some()
-}
-
-/// Refuses a request in the dialect it speaks: a trailers-only grpc-status
+/// Refuses a request in the protocol it speaks: a trailers-only grpc-status
 /// response labelled with the request's own gRPC or gRPC-web content type
-/// (browser clients check it before the status), JSON otherwise.
-pub(crate) fn refuse(grpc: Option<HeaderValue>, status: Status) -> Response {
-    match grpc {
-        Some(content_type) => {
+/// (browser clients check it before the status), a Connect error for a
+/// Connect call, JSON otherwise.
+pub(crate) fn refuse(protocol: &Protocol, status: Status) -> Response {
+    match protocol {
+        Protocol::Grpc { content_type, .. } => {
             let mut resp = status.into_http::<axum::body::Body>();
-            resp.headers_mut().insert(header::CONTENT_TYPE, content_type);
+            resp.headers_mut()
+                .insert(header::CONTENT_TYPE, content_type.clone());
             resp
         }
-        None => status_response(&status),
+        Protocol::Connect(call) => super::connect::error::refusal(call, &status),
+        Protocol::Rest => status_response(&status),
     }
 }
 

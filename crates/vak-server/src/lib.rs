@@ -7,6 +7,7 @@
 pub(crate) mod access_log;
 pub mod auth;
 pub(crate) mod body;
+pub(crate) mod connect;
 pub(crate) mod errors;
 pub mod fdlimit;
 pub(crate) mod forward;
@@ -18,6 +19,7 @@ pub(crate) mod limits;
 pub mod listener;
 pub(crate) mod logins;
 pub mod metrics;
+pub(crate) mod protocol;
 pub(crate) mod reaper;
 pub(crate) mod recent_errors;
 pub mod server;

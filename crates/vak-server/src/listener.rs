@@ -1,7 +1,8 @@
 //! The accept loop: plain TCP or TLS on one port, hyper serving HTTP/1.1 and HTTP/2 (h2c or ALPN) to one router, with each request tagged by its peer address; a cap on concurrent connections (the excess closed at once); accept errors backed off; deadlines for the first bytes and request head, the request body, and a connection with no request in flight (`reaper.rs`); a write timeout that reaps clients that stop reading; and a bounded graceful drain; an HTTP/1.1 event stream leaves hyper for a small writer once its head is out (`handoff.rs`).
 
-use super::errors::{is_grpc, json_error};
+use super::errors::json_error;
 use super::handoff::{self, LongLived, Park, Parkable, SharedIo, Writer};
+use super::protocol::is_grpc;
 use super::reaper::{ConnState, DeadlineBody, Tally, Tracked};
 use axum::Router;
 use http::StatusCode;

@@ -128,11 +128,14 @@ pub(crate) fn plain_router() -> axum::Router {
 }
 
 /// How a stream reached the server (`transport` label of `vak_streams_open`).
+/// A gRPC-web or Connect request carries its own as an extension, set before
+/// it is turned into gRPC, so its streams are counted as what the client spoke.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Transport {
     Sse,
     Grpc,
     GrpcWeb,
+    Connect,
     WebSocket,
 }
 
@@ -142,6 +145,7 @@ impl Transport {
             Transport::Sse => "sse",
             Transport::Grpc => "grpc",
             Transport::GrpcWeb => "grpc_web",
+            Transport::Connect => "connect",
             Transport::WebSocket => "websocket",
         }
     }
@@ -190,11 +194,6 @@ impl Drop for OpenStream {
         self.0.decrement(1.0);
     }
 }
-
-/// Marks a gRPC-web request before tonic-web turns it into gRPC, so its
-/// streams are counted as `grpc_web`.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct GrpcWeb;
 
 /// Why a connection or request was refused (`cause` label of `vak_rejections_total`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,11 +1,12 @@
-//! The one listener: gRPC (h2c), gRPC-web (HTTP/1.1), reflection, health, REST and SSE on one port, behind the auth guard, with graceful shutdown.
+//! The one listener: gRPC (h2c), gRPC-web (HTTP/1.1), Connect, reflection, health, REST and SSE on one port, behind the auth guard, with graceful shutdown.
 
 use super::auth::{self, guard, Auth, AuthConfig};
-use super::errors::{is_grpc, json_error};
+use super::errors::json_error;
 use super::grpc::AgentApi;
 use super::http::routes::{self, AppState};
 use super::limits::StreamLimits;
 use super::listener::{self, ListenConfig};
+use super::protocol::Protocol;
 use axum::extract::Request;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -193,14 +194,14 @@ pub async fn app(hub: Arc<Hub>, cfg: &ServeConfig) -> Result<Router> {
 
     // The streams anyone may open hold a stream permit like AgentService's own.
     let capped = axum::middleware::from_fn_with_state(limits, super::stream_caps::cap);
-    let grpc = Router::new()
+    let services = Router::new()
         .route_service(&grpc_path_of(&agent), agent)
         .route_service(&grpc_path_of(&health), capped.clone().layer(health))
         .route_service(&grpc_path_of(&v1), capped.clone().layer(v1))
         .route_service(&grpc_path_of(&v1alpha), capped.layer(v1alpha))
         .fallback(unknown_rpc);
     // gRPC-web (binary and text) is translated to gRPC in front of the services.
-    let grpc = tonic_web::GrpcWebLayer::new().layer(grpc);
+    let grpc = tonic_web::GrpcWebLayer::new().layer(services.clone());
     // Marked before the translation, so its streams count as gRPC-web.
     let grpc = tower::util::MapRequestLayer::new(|mut req: Request| {
         let web = req
@@ -209,21 +210,25 @@ pub async fn app(hub: Arc<Hub>, cfg: &ServeConfig) -> Result<Router> {
             .and_then(|v| v.to_str().ok())
             .is_some_and(|ct| ct.starts_with("application/grpc-web"));
         if web {
-            req.extensions_mut().insert(super::metrics::GrpcWeb);
+            req.extensions_mut().insert(super::metrics::Transport::GrpcWeb);
         }
         req
     })
     .layer(grpc);
-    // What no REST route matched: gRPC and gRPC-web by content type, else a JSON 404.
+    // What no REST route matched: gRPC and gRPC-web by content type, Connect
+    // (src/connect/) by content type and path, else a JSON 404.
+    let max_body = cfg.max_body;
     let dispatch = move |req: Request| {
         let grpc = grpc.clone();
+        let services = services.clone();
         async move {
-            if !is_grpc(req.headers()) {
-                return json_error(StatusCode::NOT_FOUND, "not_found", "no such route");
-            }
-            match grpc.oneshot(req).await {
-                Ok(resp) => resp.into_response(),
-                Err(never) => match never {},
+            match Protocol::of(req.method(), req.uri(), req.headers()) {
+                Protocol::Grpc { .. } => match grpc.oneshot(req).await {
+                    Ok(resp) => resp.into_response(),
+                    Err(never) => match never {},
+                },
+                Protocol::Connect(call) => super::connect::serve(services, call, req, max_body).await,
+                Protocol::Rest => json_error(StatusCode::NOT_FOUND, "not_found", "no such route"),
             }
         }
     };

@@ -1,9 +1,10 @@
 //! The stream caps for the long-lived streams that need no credentials (grpc.health Watch, reflection): each holds a `StreamPermit` for as long as its response body lives, like every AgentService stream does.
 
 use super::body::{watched, Watch};
-use super::errors::{grpc_content_type, refuse};
+use super::errors::refuse;
 use super::limits::{StreamLimits, StreamPermit};
 use super::listener::PeerAddr;
+use super::protocol::Protocol;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
@@ -28,7 +29,7 @@ pub(crate) async fn cap(State(limits): State<Arc<StreamLimits>>, req: Request, n
             crate::metrics::Transport::Grpc,
             crate::metrics::StreamSurface::Service,
         ),
-        Err(status) => return refuse(grpc_content_type(req.headers()), status),
+        Err(status) => return refuse(&Protocol::of(req.method(), req.uri(), req.headers()), status),
     };
     let (parts, body) = next.run(req).await.into_parts();
     Response::from_parts(parts, watched(body, permit))

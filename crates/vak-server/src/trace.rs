@@ -1,6 +1,6 @@
-//! The `request` span of every request (REST, SSE, gRPC, gRPC-web), made a child of the W3C `traceparent` the request carries (OpenTelemetry's TraceContextPropagator reads it), so what the request starts (a run) nests under the caller's trace.
+//! The `request` span of every request (REST, SSE, gRPC, gRPC-web, Connect), made a child of the W3C `traceparent` the request carries (OpenTelemetry's TraceContextPropagator reads it), so what the request starts (a run) nests under the caller's trace.
 
-use super::errors::is_grpc;
+use super::protocol::Protocol;
 use axum::extract::{MatchedPath, Request};
 use axum::http::HeaderMap;
 use axum::middleware::Next;
@@ -28,14 +28,19 @@ pub(crate) async fn request_span(req: Request, next: Next) -> Response {
         return next.run(req).await;
     }
     let path = req.uri().path();
+    let system = match Protocol::of(req.method(), req.uri(), req.headers()) {
+        Protocol::Grpc { .. } => Some("grpc"),
+        Protocol::Connect(_) => Some("connect_rpc"),
+        Protocol::Rest => None,
+    };
     match req.extensions().get::<MatchedPath>() {
-        Some(p) if !is_grpc(req.headers()) => span.record("route", p.as_str()),
+        Some(p) if system.is_none() => span.record("route", p.as_str()),
         _ => span.record("route", path),
     };
-    if is_grpc(req.headers()) {
+    if let Some(system) = system {
         // `/<package.Service>/<Method>`
         if let Some((service, method)) = path.trim_start_matches('/').split_once('/') {
-            span.record("rpc.system", "grpc");
+            span.record("rpc.system", system);
             span.record("rpc.service", service);
             span.record("rpc.method", method);
         }

@@ -130,10 +130,11 @@ impl AgentApi {
         let client = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
         let transport = if req.extensions().get::<Surface>() == Some(&Surface::Sse) {
             Transport::Sse
-        } else if req.extensions().get::<crate::metrics::GrpcWeb>().is_some() {
-            Transport::GrpcWeb
         } else {
-            Transport::Grpc
+            req.extensions()
+                .get::<Transport>()
+                .copied()
+                .unwrap_or(Transport::Grpc)
         };
         Ok(self.limits.acquire(client)?.counted(transport, surface))
     }
