@@ -154,9 +154,20 @@ test("connect-node: an unknown session is NotFound, a wrong token Unauthenticate
       assert.equal(ConnectError.from(e).code, Code.NotFound, String(e));
       return true;
     });
+    // Over h2c: over HTTP/1.1 the guard answers 401 without reading the request body and the
+    // connection then closes under a client still writing it, so Node's http client sometimes
+    // sees EPIPE instead of the answer (REST does the same; a server-side issue outside Connect).
+    const manager = new Http2SessionManager(vak.url);
+    managers.push(manager);
     const stranger = createClient(
       AgentService,
-      createConnectTransport({ baseUrl: vak.url, httpVersion: "1.1", useBinaryFormat: binary, interceptors: [bearer("x".repeat(48))] }),
+      createConnectTransport({
+        baseUrl: vak.url,
+        httpVersion: "2",
+        sessionManager: manager,
+        useBinaryFormat: binary,
+        interceptors: [bearer("x".repeat(48))],
+      }),
     );
     await assert.rejects(stranger.createSession({}), (e) => {
       assert.equal(ConnectError.from(e).code, Code.Unauthenticated, String(e));
