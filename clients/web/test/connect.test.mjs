@@ -17,7 +17,7 @@ import { dirname, join, resolve } from "node:path";
 import { setTimeout as delay } from "node:timers/promises";
 import { fileURLToPath } from "node:url";
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
-import { compressionGzip, createConnectTransport, Http2SessionManager } from "@connectrpc/connect-node";
+import { compressionBrotli, compressionGzip, createConnectTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import { createConnectTransport as createWebConnectTransport } from "@connectrpc/connect-web";
 import { AdmissionState, AgentService, bearer, createAgentClient, MessageRole, RunOutcome } from "../dist/index.js";
 import { startVak } from "../harness/vak.mjs";
@@ -230,6 +230,48 @@ test("Connect GET for side-effect-free RPCs, and gzip-compressed requests", { ti
     assert.equal(followed.text, "echo: hello gzip");
     assert.equal(await assistantText(gzipped, followed.sessionId), "echo: hello gzip");
   }
+});
+
+test("connect-node over HTTP/1.1: a call refused before its body is read leaves the connection usable", { timeout: 60_000 }, async () => {
+  // connect-node writes a request's body after its headers, on a pooled keep-alive connection.
+  // The server must read what it refuses (a Content-Encoding it does not speak, a wrong
+  // Connect-Protocol-Version) before answering, or the answer or the next call on that
+  // connection fails with EPIPE.
+  const { sessionId } = await nodeClient({ httpVersion: "1.1", binary: true }).createSession({});
+  const base = { baseUrl: vak.url, httpVersion: "1.1", useBinaryFormat: true, compressMinBytes: 0 };
+  const good = createClient(AgentService, createConnectTransport({ ...base, interceptors: [bearer(token)] }));
+  const brotli = createClient(
+    AgentService,
+    createConnectTransport({ ...base, sendCompression: compressionBrotli, interceptors: [bearer(token)] }),
+  );
+  const version2 = (next) => async (req) => {
+    req.header.set("connect-protocol-version", "2");
+    return next(req);
+  };
+  const future = createClient(AgentService, createConnectTransport({ ...base, interceptors: [bearer(token), version2] }));
+  const refusals = [
+    [() => brotli.getTranscript({ sessionId }), Code.Unimplemented],
+    [() => brotli.subscribe({ sessionId })[Symbol.asyncIterator]().next(), Code.Unimplemented],
+    [() => future.getTranscript({ sessionId }), Code.InvalidArgument],
+  ];
+  for (let i = 0; i < 10; i++) {
+    for (const [call, code] of refusals) {
+      await assert.rejects(call(), (e) => {
+        assert.equal(ConnectError.from(e).code, code, String(e));
+        return true;
+      });
+      assert.equal((await good.getTranscript({ sessionId })).sessionId, sessionId);
+    }
+  }
+
+  // A streaming content type for a unary RPC: 415, naming the types the RPC takes.
+  const resp = await fetch(`${vak.url}/vak.v1.AgentService/ListSessions`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${token}`, "content-type": "application/connect+json" },
+    body: "",
+  });
+  assert.equal(resp.status, 415);
+  assert.equal(resp.headers.get("accept-post"), "application/json, application/proto");
 });
 
 /**
