@@ -238,7 +238,7 @@ async fn a_slow_body_is_cut_with_408_on_login_and_on_rest_routes() {
 }
 
 #[tokio::test]
-async fn quiet_sse_and_grpc_streams_outlive_the_idle_timeout() {
+async fn quiet_sse_grpc_and_connect_streams_outlive_the_idle_timeout() {
     let s = TestServer::start_with(|c| {
         c.header_read_timeout = SHORT;
         c.idle_timeout = SHORT;
@@ -248,8 +248,10 @@ async fn quiet_sse_and_grpc_streams_outlive_the_idle_timeout() {
     let mut sse = s.events(&sid, None).await; // HTTP/1.1
     let mut grpc = s.grpc().await; // HTTP/2
     let (mut events, _) = grpc_subscribe(&mut grpc, &sid, None).await;
-    // A connection that goes idle after both streams opened: once it is closed, the idle
-    // timeout has passed for the streams' connections too.
+    let h1 = reqwest::Client::new();
+    let mut connect = crate::connect_stream::subscribe_json(&h1, &s, &sid, &[]).await; // HTTP/1.1
+                                                                                       // A connection that goes idle after the streams opened: once it is closed, the idle
+                                                                                       // timeout has passed for the streams' connections too.
     let mut sentinel = TcpStream::connect(s.addr).await.unwrap();
     let (head, _) = exchange(&mut sentinel, GET_HEALTH).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
@@ -266,6 +268,11 @@ async fn quiet_sse_and_grpc_streams_outlive_the_idle_timeout() {
     assert!(
         !grpc_text_of(&got).is_empty(),
         "the gRPC stream is still live: {got:?}"
+    );
+    let got = connect.until("runFinished").await;
+    assert!(
+        !crate::connect_stream::text_of_json(&got).is_empty(),
+        "the Connect stream is still live: {got:?}"
     );
 }
 

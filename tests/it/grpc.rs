@@ -46,6 +46,31 @@ fn code_of<T: std::fmt::Debug>(r: Result<tonic::Response<T>, tonic::Status>) -> 
 }
 
 #[tokio::test]
+async fn gzip_compressed_requests_are_accepted_and_answers_come_plain() {
+    let s = TestServer::start().await;
+    let mut grpc = s
+        .grpc()
+        .await
+        .send_compressed(tonic::codec::CompressionEncoding::Gzip)
+        .accept_compressed(tonic::codec::CompressionEncoding::Gzip);
+    let created = grpc
+        .create_session(pb::CreateSessionRequest::default())
+        .await
+        .expect("a gzipped request is served")
+        .into_inner();
+    let r = grpc
+        .run(pb::RunRequest {
+            wait: true,
+            ..run_req(&created.session_id, "compressed", "")
+        })
+        .await
+        .unwrap();
+    // The server never compresses what it sends, even to a client that accepts gzip.
+    assert!(r.metadata().get("grpc-encoding").is_none(), "{:?}", r.metadata());
+    assert_eq!(r.into_inner().result.unwrap().answer, "echo: compressed");
+}
+
+#[tokio::test]
 async fn a_session_created_over_grpc_runs_over_rest_and_streams_over_grpc() {
     let s = TestServer::start().await;
     let mut c = s.grpc().await;

@@ -15,6 +15,8 @@ mod backup;
 mod big_records;
 mod cluster;
 mod config;
+mod connect;
+mod connect_stream;
 mod connections;
 mod docs;
 mod doctor;

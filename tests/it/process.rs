@@ -631,6 +631,17 @@ async fn logs_of(extra: &[&str], token: &str) -> Vec<String> {
         pb::agent_service_client::AgentServiceClient::with_interceptor(channel, Auth(token.into()));
     grpc.list_sessions(pb::ListSessionsRequest {}).await.unwrap();
     drop(grpc);
+    // A Connect call, as curl makes it.
+    let r = reqwest::Client::new()
+        .post(format!("{url}/vak.v1.AgentService/ListSessions"))
+        .bearer_auth(token)
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.bytes().await.unwrap();
     v.signal("TERM");
     let status = v.wait().await;
     assert_eq!(status.code(), Some(0));
@@ -654,10 +665,11 @@ async fn logs_are_plain_one_line_per_request_and_never_hold_the_token() {
     );
     assert!(!all.contains(token), "the token never reaches a log: {all}");
     let requests: Vec<&String> = lines.iter().filter(|l| l.contains("vak::access")).collect();
-    assert_eq!(requests.len(), 4, "one line per request: {requests:#?}");
+    assert_eq!(requests.len(), 5, "one line per request: {requests:#?}");
     let has = |parts: &[&str]| requests.iter().any(|l| parts.iter().all(|p| l.contains(p)));
     assert!(
         has(&[
+            "protocol=\"rest\"",
             "method=GET",
             "path=/sessions ",
             "status=200",
@@ -670,9 +682,18 @@ async fn logs_are_plain_one_line_per_request_and_never_hold_the_token() {
     assert!(has(&["path=/sessions?token=[redacted]", "status=200"]), "{all}");
     assert!(
         has(&[
+            "protocol=\"grpc\"",
             "method=POST",
             "path=/vak.v1.AgentService/ListSessions",
             "grpc_status=0"
+        ]),
+        "{all}"
+    );
+    assert!(
+        has(&[
+            "protocol=\"connect\"",
+            "path=/vak.v1.AgentService/ListSessions",
+            "status=200"
         ]),
         "{all}"
     );
@@ -687,7 +708,8 @@ async fn log_format_json_writes_one_json_object_per_line() {
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
         .collect();
     let access: Vec<&Value> = objects.iter().filter(|o| o["target"] == "vak::access").collect();
-    assert_eq!(access.len(), 4, "{objects:#?}");
+    assert_eq!(access.len(), 5, "{objects:#?}");
+    assert!(access.iter().any(|o| o["protocol"] == "connect"), "{access:#?}");
     assert!(access
         .iter()
         .any(|o| o["method"] == "GET" && o["path"] == "/sessions" && o["status"] == 401));

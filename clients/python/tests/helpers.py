@@ -3,6 +3,7 @@ connections, and deadlines for blocking iteration."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import os
 import queue
@@ -13,10 +14,10 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Protocol, TypeVar
+from typing import IO, Any, Protocol, TypeVar
 
 from vak_client import Client, Event
 
@@ -291,6 +292,38 @@ def take_until(
     assert not fired.is_set(), (
         f"timed out after {timeout}s; got {len(out)} items ({state}); first {out[:8]!r}; last {out[-1:]!r}"
     )
+    raise AssertionError(f"the iteration ended after {len(out)} items, last {out[-1:]!r}")
+
+
+def run_async(main: Callable[[], Coroutine[Any, Any, None]], timeout: float = 2 * STEP) -> None:
+    """Runs `main` in a new event loop; fails if it takes over `timeout`."""
+
+    async def bounded() -> None:
+        async with asyncio.timeout(timeout):
+            await main()
+
+    asyncio.run(bounded())
+
+
+async def take_until_async(
+    items: AsyncIterator[T],
+    stop: Callable[[T], bool],
+    *,
+    timeout: float = STEP,
+    on_item: Callable[[T], None] | None = None,
+) -> list[T]:
+    """`take_until` for an async iterator."""
+    out: list[T] = []
+    try:
+        async with asyncio.timeout(timeout):
+            async for item in items:
+                out.append(item)
+                if on_item is not None:
+                    on_item(item)
+                if stop(item):
+                    return out
+    except TimeoutError:
+        raise AssertionError(f"timed out after {timeout}s; got {len(out)} items, last {out[-1:]!r}") from None
     raise AssertionError(f"the iteration ended after {len(out)} items, last {out[-1:]!r}")
 
 

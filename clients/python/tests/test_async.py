@@ -6,45 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any, TypeVar
 
 import pytest
-from helpers import STEP, Proxy, Server, assert_gap_free, burst_text, kind, texts
+from helpers import Proxy, Server, assert_gap_free, burst_text, kind, texts
+from helpers import run_async as run
+from helpers import take_until_async as take_until
 
 from vak_client import AsyncClient, Backoff, Event, StreamItem, VakError, agent_pb2, json_name
 from vak_client._common import parse_vector
-
-T = TypeVar("T")
-
-
-def run(main: Callable[[], Coroutine[Any, Any, None]], timeout: float = 2 * STEP) -> None:
-    async def bounded() -> None:
-        async with asyncio.timeout(timeout):
-            await main()
-
-    asyncio.run(bounded())
-
-
-async def take_until(
-    items: AsyncIterator[T],
-    stop: Callable[[T], bool],
-    *,
-    timeout: float = STEP,
-    on_item: Callable[[T], None] | None = None,
-) -> list[T]:
-    out: list[T] = []
-    try:
-        async with asyncio.timeout(timeout):
-            async for item in items:
-                out.append(item)
-                if on_item is not None:
-                    on_item(item)
-                if stop(item):
-                    return out
-    except TimeoutError:
-        raise AssertionError(f"timed out after {timeout}s; got {len(out)} items, last {out[-1:]!r}") from None
-    raise AssertionError(f"the iteration ended after {len(out)} items, last {out[-1:]!r}")
 
 
 def finished(ev: Event) -> bool:

@@ -45,21 +45,20 @@ impl Codec {
 impl Protocol {
     pub(crate) fn of(method: &Method, uri: &Uri, headers: &HeaderMap) -> Protocol {
         let content_type = headers.get(header::CONTENT_TYPE);
+        if let Some(v) = content_type.filter(|v| v.as_bytes().starts_with(b"application/grpc")) {
+            return Protocol::Grpc {
+                web: v.as_bytes().starts_with(b"application/grpc-web"),
+                content_type: v.clone(),
+            };
+        }
+        // Most requests end here, with nothing allocated.
+        if !is_rpc_path(uri.path()) {
+            return Protocol::Rest;
+        }
         let ct = content_type
             .and_then(|v| v.to_str().ok())
             .map(|v| v.split(';').next().unwrap_or("").trim().to_ascii_lowercase());
         let ct = ct.as_deref().unwrap_or("");
-        if ct.starts_with("application/grpc") {
-            return Protocol::Grpc {
-                web: ct.starts_with("application/grpc-web"),
-                content_type: content_type
-                    .cloned()
-                    .unwrap_or(HeaderValue::from_static("application/grpc")),
-            };
-        }
-        if !is_rpc_path(uri.path()) {
-            return Protocol::Rest;
-        }
         if *method == Method::GET {
             // A Connect GET always names its encoding; any other GET of an RPC path is no call.
             let encoding = query_value(uri, "encoding");

@@ -175,7 +175,11 @@ pub async fn app(hub: Arc<Hub>, cfg: &ServeConfig) -> Result<Router> {
         });
         tokio::spawn(super::forward_answer::serve(api.clone(), owners, stop));
     }
+    // Clients that gzip their requests (grpcio, connect-python's gRPC mode)
+    // are served; answers are never compressed, which would cost a
+    // compression per message of every stream.
     let agent = AgentServiceServer::new(api.clone())
+        .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
         .max_decoding_message_size(cfg.max_body)
         .max_encoding_message_size(usize::MAX);
     let (reporter, health) = tonic_health::server::health_reporter();

@@ -9,45 +9,30 @@ use std::io::{Read, Write};
 use std::sync::LazyLock;
 use tonic::Status;
 
-/// proto/ as written (enum values by their proto names) plus grpc.health, so
-/// Connect's JSON is the canonical mapping every generated client reads; the
-/// REST façade's own JSON style (vak_proto::json) is not used here.
+/// proto/ as written (enum values by their proto names) plus the health and
+/// reflection services the port also serves: every RPC a Connect call can
+/// name, and its canonical JSON mapping (the REST façade's own JSON style,
+/// vak_proto::json, is not used here).
 static POOL: LazyLock<DescriptorPool> = LazyLock::new(|| {
     let mut pool = DescriptorPool::decode(vak_proto::FILE_DESCRIPTOR_SET)
         .expect("build.rs wrote a valid descriptor set");
-    pool.decode_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .expect("tonic-health ships a valid descriptor set");
+    for set in [
+        tonic_health::pb::FILE_DESCRIPTOR_SET,
+        tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET,
+        tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
+    ] {
+        pool.decode_file_descriptor_set(set)
+            .expect("tonic-health and tonic-reflection ship valid descriptor sets");
+    }
     pool
 });
 
-/// What the pool knows of the RPC a `/<package.Service>/<Method>` path names.
-pub(crate) enum Lookup {
-    Method(MethodDescriptor),
-    /// A service the pool has, without that method: no such RPC.
-    NoSuchMethod,
-    /// A service the pool lacks (reflection): its calls pass as binary only.
-    Unknown,
-}
-
-pub(crate) fn lookup(path: &str) -> Lookup {
-    let Some((service, name)) = path.strip_prefix('/').and_then(|p| p.split_once('/')) else {
-        return Lookup::Unknown;
-    };
-    match POOL.get_service_by_name(service) {
-        Some(s) => s
-            .methods()
-            .find(|m| m.name() == name)
-            .map_or(Lookup::NoSuchMethod, Lookup::Method),
-        None => Lookup::Unknown,
-    }
-}
-
-#[cfg(test)]
-fn method(path: &str) -> Option<MethodDescriptor> {
-    match lookup(path) {
-        Lookup::Method(m) => Some(m),
-        _ => None,
-    }
+/// The RPC a `/<package.Service>/<Method>` path names, if the port serves it.
+pub(crate) fn method(path: &str) -> Option<MethodDescriptor> {
+    let (service, name) = path.strip_prefix('/')?.split_once('/')?;
+    POOL.get_service_by_name(service)?
+        .methods()
+        .find(|m| m.name() == name)
 }
 
 /// Bytes at or over this size are compressed when the client accepts gzip
@@ -64,19 +49,17 @@ pub(crate) const END_STREAM: u8 = 0b10;
 #[derive(Clone)]
 pub(crate) struct Transcoder {
     codec: Codec,
-    /// The method's input and output, for JSON; None: binary passes as is.
-    types: Option<(MessageDescriptor, MessageDescriptor)>,
+    input: MessageDescriptor,
+    output: MessageDescriptor,
 }
 
 impl Transcoder {
-    pub(crate) fn new(codec: Codec, method: Option<&MethodDescriptor>) -> Result<Transcoder, Status> {
-        let types = method.map(|m| (m.input(), m.output()));
-        if codec == Codec::Json && types.is_none() {
-            return Err(Status::unimplemented(
-                "this RPC is served over Connect with binary messages only (application/proto)",
-            ));
+    pub(crate) fn new(codec: Codec, method: &MethodDescriptor) -> Transcoder {
+        Transcoder {
+            codec,
+            input: method.input(),
+            output: method.output(),
         }
-        Ok(Transcoder { codec, types })
     }
 
     pub(crate) fn codec(&self) -> Codec {
@@ -85,17 +68,17 @@ impl Transcoder {
 
     /// A request message as protobuf.
     pub(crate) fn request(&self, bytes: Bytes) -> Result<Bytes, Status> {
-        match (&self.codec, &self.types) {
-            (Codec::Json, Some((input, _))) => from_json(input, &bytes),
-            _ => Ok(bytes),
+        match self.codec {
+            Codec::Json => from_json(&self.input, &bytes),
+            Codec::Proto => Ok(bytes),
         }
     }
 
     /// A response message in the client's codec.
     pub(crate) fn response(&self, bytes: Bytes) -> Result<Bytes, Status> {
-        match (&self.codec, &self.types) {
-            (Codec::Json, Some((_, output))) => to_json(output, &bytes),
-            _ => Ok(bytes),
+        match self.codec {
+            Codec::Json => to_json(&self.output, &bytes),
+            Codec::Proto => Ok(bytes),
         }
     }
 }
@@ -304,7 +287,7 @@ mod tests {
     #[test]
     fn json_is_the_canonical_mapping() {
         let m = method("/vak.v1.AgentService/AttachSession").unwrap();
-        let t = Transcoder::new(Codec::Json, Some(&m)).unwrap();
+        let t = Transcoder::new(Codec::Json, &m);
         let proto = t.request(Bytes::from_static(br#"{"sessionId": "abc"}"#)).unwrap();
         let back = t
             .request(Bytes::from_static(br#"{"session_id": "abc"}"#))
@@ -318,9 +301,8 @@ mod tests {
         );
         assert!(method("/vak.v1.AgentService/Nope").is_none());
         assert!(method("/grpc.health.v1.Health/Check").is_some());
-        assert_eq!(
-            Transcoder::new(Codec::Json, None).err().unwrap().code(),
-            tonic::Code::Unimplemented
-        );
+        assert!(method("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo").is_some());
+        assert!(method("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo").is_some());
+        assert!(method("/no.Such/Thing").is_none());
     }
 }

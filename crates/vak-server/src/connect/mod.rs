@@ -108,30 +108,22 @@ fn prepare(call: &ConnectCall, req: &Request) -> Result<Prepared, Refused> {
             streaming: call.streaming,
         });
     };
-    let method = match codec::lookup(req.uri().path()) {
-        codec::Lookup::Method(m) => Some(m),
-        codec::Lookup::NoSuchMethod => {
-            return Err(Status::unimplemented(format!("no such RPC: {}", req.uri().path())).into())
-        }
-        codec::Lookup::Unknown => None,
+    let Some(method) = codec::method(req.uri().path()) else {
+        return Err(Status::unimplemented(format!("no such RPC: {}", req.uri().path())).into());
     };
-    let client_streaming = method.as_ref().is_none_or(|m| m.is_client_streaming());
-    if let Some(m) = &method {
-        // A unary content type for a streaming RPC (or the other way round):
-        // the answer names the ones the RPC takes.
-        let streaming = m.is_client_streaming() || m.is_server_streaming();
-        if call.streaming != streaming {
-            return Err(Refused::Media { streaming });
-        }
+    // A unary content type for a streaming RPC (or the other way round):
+    // the answer names the ones the RPC takes.
+    let streaming = method.is_client_streaming() || method.is_server_streaming();
+    if call.streaming != streaming {
+        return Err(Refused::Media { streaming });
     }
     if call.get {
-        let side_effect_free = method.as_ref().is_some_and(|m| {
-            m.method_descriptor_proto()
-                .options
-                .as_ref()
-                .and_then(|o| o.idempotency_level)
-                == Some(prost_types::method_options::IdempotencyLevel::NoSideEffects as i32)
-        });
+        let side_effect_free = method
+            .method_descriptor_proto()
+            .options
+            .as_ref()
+            .and_then(|o| o.idempotency_level)
+            == Some(prost_types::method_options::IdempotencyLevel::NoSideEffects as i32);
         if !side_effect_free {
             return Err(Refused::NotGet);
         }
@@ -142,10 +134,9 @@ fn prepare(call: &ConnectCall, req: &Request) -> Result<Prepared, Refused> {
             Status::invalid_argument("connect-timeout-ms must be a positive integer of at most 10 digits")
         })?),
     };
-    let transcoder = Transcoder::new(codec, method.as_ref())?;
     Ok(Prepared {
-        transcoder,
-        client_streaming,
+        transcoder: Transcoder::new(codec, &method),
+        client_streaming: method.is_client_streaming(),
         timeout,
     })
 }
