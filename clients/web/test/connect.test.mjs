@@ -368,23 +368,23 @@ for (const json of [false, true]) {
     const stream = json ? "application/connect+json" : "application/connect+proto";
     assert.ok(types.length >= 6, types.join(", "));
     assert.deepEqual([...new Set(types)].sort(), [unary, stream].sort());
+
+    // Without `protocol` the client stays gRPC-web (what /app uses); json needs Connect.
+    const grpcWebTypes = [];
+    const grpcWeb = createAgentClient({
+      baseUrl: vak.url,
+      token,
+      fetch: (input, init) => {
+        grpcWebTypes.push(new Headers(init?.headers).get("content-type"));
+        return fetch(input, init);
+      },
+    });
+    assert.equal((await grpcWeb.getTranscript({ sessionId: run.sessionId })).sessionId, run.sessionId);
+    assert.deepEqual(grpcWebTypes, ["application/grpc-web+proto"]);
+    assert.throws(() => createAgentClient({ baseUrl: vak.url, token, json: true }), /protocol: "connect"/);
+    assert.throws(() => createAgentClient({ baseUrl: vak.url, token, protocol: "grpc" }), /unknown protocol/);
   });
 }
-
-test("createAgentClient: json needs the Connect protocol, and the default stays gRPC-web", () => {
-  assert.throws(() => createAgentClient({ baseUrl: vak.url, token, json: true }), /protocol: "connect"/);
-  assert.throws(() => createAgentClient({ baseUrl: vak.url, token, protocol: "grpc" }), /unknown protocol/);
-  const types = [];
-  const client = createAgentClient({
-    baseUrl: vak.url,
-    token,
-    fetch: (input, init) => {
-      types.push(new Headers(init?.headers).get("content-type"));
-      return fetch(input, init);
-    },
-  });
-  return client.listSessions({}).then(() => assert.deepEqual(types, ["application/grpc-web+proto"]));
-});
 
 /**
  * Runs `buf curl` with its default protocol (Connect); resolves to
