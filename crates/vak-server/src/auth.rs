@@ -306,29 +306,71 @@ fn preflight(origin: &str) -> Response {
 }
 
 pub async fn guard(State(auth): State<Arc<Auth>>, req: Request, next: Next) -> Response {
+    let (mut resp, cross) = match admit(&auth, &req) {
+        Verdict::Pass { cross } => (next.run(req).await, cross),
+        Verdict::Answer { resp, cross } => {
+            // The client may still be sending its body: read a bounded part
+            // of it first, so the answer is not lost to a reset of a
+            // connection closed with unread bytes in it (a client streams
+            // its body while the refusal is already on its way).
+            drain(req.into_body()).await;
+            (resp, cross)
+        }
+    };
+    if let Some(o) = cross {
+        cors(&mut resp, &o);
+    }
+    resp
+}
+
+/// What the guard decided about a request.
+enum Verdict {
+    /// On to the routes; CORS headers for an allowed cross origin.
+    Pass { cross: Option<String> },
+    /// Answered here (a refusal, a preflight, the console's login page).
+    Answer { resp: Response, cross: Option<String> },
+}
+
+/// How much of a refused request's body is read (and dropped) before its answer.
+const DRAIN_MAX: usize = 64 << 10;
+
+async fn drain(mut body: Body) {
+    use http_body_util::BodyExt;
+    let mut left = DRAIN_MAX;
+    while let Some(Ok(frame)) = body.frame().await {
+        let Some(data) = frame.data_ref() else { continue };
+        if data.len() >= left {
+            return;
+        }
+        left -= data.len();
+    }
+}
+
+fn admit(auth: &Auth, req: &Request) -> Verdict {
+    let answer = |resp| Verdict::Answer { resp, cross: None };
     let protocol = Protocol::of(req.method(), req.uri(), req.headers());
-    let host = match authority(&req) {
+    let host = match authority(req) {
         Ok(host) => host,
         Err(status) => {
             reject(Rejection::Host);
-            return refuse(&protocol, status);
+            return answer(refuse(&protocol, status));
         }
     };
     let Some(host) = host.filter(|h| auth.host_ok(h)) else {
         reject(Rejection::Host);
-        return refuse(
+        return answer(refuse(
             &protocol,
             Status::permission_denied(
                 "the Host header must name a loopback or trusted host (DNS rebinding protection)",
             ),
-        );
+        ));
     };
     let secure = req.extensions().get::<Secure>().is_some_and(|s| s.0);
     let own = format!("{}://{host}", if secure { "https" } else { "http" });
-    let origin = header_str(&req, header::ORIGIN).map(str::to_string);
+    let origin = header_str(req, header::ORIGIN).map(str::to_string);
 
     if req.method() == Method::OPTIONS && req.headers().contains_key(header::ACCESS_CONTROL_REQUEST_METHOD) {
-        return match origin.as_deref() {
+        return answer(match origin.as_deref() {
             Some(o) if auth.origin_ok(o, &own) => preflight(o),
             _ => {
                 reject(Rejection::Origin);
@@ -338,7 +380,7 @@ pub async fn guard(State(auth): State<Arc<Auth>>, req: Request, next: Next) -> R
                     "this origin may not call this server",
                 )
             }
-        };
+        });
     }
     if let Some(o) = origin.as_deref() {
         // A WebSocket is a GET a page on any site may open (and a browser
@@ -346,10 +388,10 @@ pub async fn guard(State(auth): State<Arc<Auth>>, req: Request, next: Next) -> R
         // page elsewhere could drive a terminal (cross-site WebSocket hijacking).
         if (is_state_changing(req.method()) || is_websocket(req.headers())) && !auth.origin_ok(o, &own) {
             reject(Rejection::Origin);
-            return refuse(
+            return answer(refuse(
                 &protocol,
                 Status::permission_denied(format!("cross-origin requests from {o} are refused")),
-            );
+            ));
         }
     }
     let cross = origin.filter(|o| auth.allowed_cross_origin(o));
@@ -357,12 +399,12 @@ pub async fn guard(State(auth): State<Arc<Auth>>, req: Request, next: Next) -> R
     // EventSource cannot send headers: a URL token is taken only from this
     // machine with no proxy in between (where no proxy logs it), and a URL
     // session key only on a GET (it is half a credential: the cookie is the other).
-    let url_token = query_param(&req, "token");
-    let url_token_refused = url_token.is_some() && !auth.url_token_allowed(&req);
+    let url_token = query_param(req, "token");
+    let url_token_refused = url_token.is_some() && !auth.url_token_allowed(req);
     let url_key = (req.method() == Method::GET)
-        .then(|| query_param(&req, "key"))
+        .then(|| query_param(req, "key"))
         .flatten();
-    let allowed = exempt(&req)
+    let allowed = exempt(req)
         || match bearer(req.headers()) {
             Some(t) => auth.token_ok(t),
             None => {
@@ -373,16 +415,17 @@ pub async fn guard(State(auth): State<Arc<Auth>>, req: Request, next: Next) -> R
     if !allowed {
         reject(Rejection::Auth);
     }
-    let mut resp = if allowed {
-        next.run(req).await
-    } else if url_token_refused {
+    if allowed {
+        return Verdict::Pass { cross };
+    }
+    let resp = if url_token_refused {
         refuse(
             &protocol,
             Status::unauthenticated(
                 "`?token=` is accepted only from this machine, never through a proxy or with --allow-remote: send `Authorization: Bearer <token>` or log in",
             ),
         )
-    } else if protocol == Protocol::Rest && crate::http::assets::is_console_page(&req) {
+    } else if protocol == Protocol::Rest && crate::http::assets::is_console_page(req) {
         // A person opening the console before logging in: a page, not JSON.
         crate::http::assets::console_login_page()
     } else {
@@ -393,10 +436,7 @@ pub async fn guard(State(auth): State<Arc<Auth>>, req: Request, next: Next) -> R
             ),
         )
     };
-    if let Some(o) = cross {
-        cors(&mut resp, &o);
-    }
-    resp
+    Verdict::Answer { resp, cross }
 }
 
 fn authenticated(yes: bool) -> Response {
@@ -546,6 +586,37 @@ pub async fn session(State(auth): State<Arc<Auth>>, req: Request<Body>) -> Respo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A refusal waits for the body the client is still sending (hyper
+    /// closes a connection whose body is unread after one poll, and a
+    /// client then writing it gets a reset instead of the answer).
+    #[tokio::test]
+    async fn a_refusal_is_answered_once_the_body_has_arrived() {
+        use futures_util::FutureExt;
+        use tower::ServiceExt;
+        let auth = Auth::new(AuthConfig {
+            token: "t".repeat(32),
+            ..Default::default()
+        });
+        let app = axum::Router::new()
+            .route("/sessions", axum::routing::post(|| async { "never" }))
+            .layer(axum::middleware::from_fn_with_state(auth, guard));
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, std::io::Error>>(1);
+        let body = Body::from_stream(futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx)));
+        let req = Request::post("/sessions")
+            .header(header::HOST, "127.0.0.1")
+            .body(body)
+            .unwrap();
+        let mut answer = Box::pin(app.oneshot(req));
+        assert!(
+            (&mut answer).now_or_never().is_none(),
+            "answered before the body came"
+        );
+        tx.send(Ok(bytes::Bytes::from_static(b"{}"))).await.unwrap();
+        drop(tx);
+        let resp = answer.await.unwrap();
+        assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+    }
 
     #[test]
     fn loopback_hosts() {
