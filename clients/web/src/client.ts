@@ -1,10 +1,14 @@
-// The typed gRPC-web client: every AgentService RPC, unary and server-streaming,
-// over @connectrpc/connect-web's gRPC-web transport (binary protobuf on fetch).
+// The typed client: every AgentService RPC, unary and server-streaming, over
+// @connectrpc/connect-web's gRPC-web transport (binary protobuf on fetch) or,
+// with `protocol: "connect"`, its Connect transport (binary or JSON).
 import { createClient, type Client, type Interceptor } from "@connectrpc/connect";
-import { createGrpcWebTransport } from "@connectrpc/connect-web";
+import { createConnectTransport, createGrpcWebTransport } from "@connectrpc/connect-web";
 import { AgentService } from "./gen/vak/v1/agent_pb.js";
 
 export type AgentClient = Client<typeof AgentService>;
+
+/** The wire protocol a client speaks; vak serves both on its one port. */
+export type ClientProtocol = "grpc-web" | "connect";
 
 export interface ClientOptions {
   /** The server's URL, e.g. "http://127.0.0.1:8901" (no trailing path). */
@@ -28,6 +32,18 @@ export interface ClientOptions {
   interceptors?: Interceptor[];
   /** A fetch to use instead of the global one. */
   fetch?: typeof globalThis.fetch;
+  /**
+   * The protocol: "grpc-web" (the default) or "connect" (the Connect
+   * protocol: `POST /vak.v1.AgentService/<Method>`, server streams as
+   * `application/connect+proto` or `application/connect+json`).
+   */
+  protocol?: ClientProtocol;
+  /**
+   * Connect only: send and read JSON (`application/json`, canonical proto3
+   * JSON) instead of binary protobuf (`application/proto`). gRPC-web is
+   * always binary; with it, `json: true` is an error.
+   */
+  json?: boolean;
 }
 
 /** An interceptor that sends `authorization: Bearer <token>` on every call. */
@@ -50,8 +66,15 @@ export function sessionKey(key: string): Interceptor {
   };
 }
 
-/** A client for vak.v1.AgentService over gRPC-web. */
+/** A client for vak.v1.AgentService over gRPC-web, or over Connect with `protocol: "connect"`. */
 export function createAgentClient(opts: ClientOptions): AgentClient {
+  const protocol = opts.protocol ?? "grpc-web";
+  if (protocol !== "grpc-web" && protocol !== "connect") {
+    throw new Error(`unknown protocol ${JSON.stringify(protocol)}: use "grpc-web" or "connect"`);
+  }
+  if (opts.json && protocol !== "connect") {
+    throw new Error('json: true needs protocol: "connect" (gRPC-web is binary only)');
+  }
   const baseFetch = opts.fetch ?? globalThis.fetch.bind(globalThis);
   const interceptors: Interceptor[] = [];
   if (opts.token !== undefined) {
@@ -61,18 +84,15 @@ export function createAgentClient(opts: ClientOptions): AgentClient {
     if (key !== undefined) interceptors.push(sessionKey(key));
   }
   interceptors.push(...(opts.interceptors ?? []));
-  const transport = createGrpcWebTransport({
-    baseUrl: trimSlash(opts.baseUrl),
-    useBinaryFormat: true,
-    interceptors,
-    defaultTimeoutMs: opts.timeoutMs,
-    // Without a token the login cookie is the credential, cross-origin too
-    // (the server must list this page's origin with --allow-origin).
-    fetch:
-      opts.token === undefined
-        ? (input, init) => baseFetch(input, { ...init, credentials: "include" })
-        : baseFetch,
-  });
+  // Without a token the login cookie is the credential, cross-origin too
+  // (the server must list this page's origin with --allow-origin).
+  const fetch: typeof globalThis.fetch =
+    opts.token === undefined ? (input, init) => baseFetch(input, { ...init, credentials: "include" }) : baseFetch;
+  const transportOptions = { baseUrl: trimSlash(opts.baseUrl), interceptors, defaultTimeoutMs: opts.timeoutMs, fetch };
+  const transport =
+    protocol === "connect"
+      ? createConnectTransport({ ...transportOptions, useBinaryFormat: !opts.json })
+      : createGrpcWebTransport({ ...transportOptions, useBinaryFormat: true });
   return createClient(AgentService, transport);
 }
 

@@ -1,4 +1,4 @@
-// @vak/client: the generated proto types, a gRPC-web AgentService client, and
+// @vak/client: the generated proto types, an AgentService client (gRPC-web or Connect), and
 // StreamFollower for the multiplexed SSE stream. Browsers and Node 20+.
 export * from "./gen/vak/v1/agent_pb.js";
 export { enumFromJsonName, enumJsonName, fromVakJson } from "./enums.js";
@@ -13,6 +13,7 @@ export {
   storedKey,
   type AgentClient,
   type ClientOptions,
+  type ClientProtocol,
 } from "./client.js";
 export {
   parseCursor,

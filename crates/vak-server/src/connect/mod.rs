@@ -26,21 +26,47 @@ use tonic::Status;
 /// The largest `Connect-Timeout-Ms` the spec allows: ten digits.
 const MAX_TIMEOUT_DIGITS: usize = 10;
 
+/// How much of a refused call's body is read (and dropped) before the answer.
+const DRAIN_BYTES: usize = 64 << 10;
+
+/// How long a refused call's body is read before the answer goes anyway.
+const DRAIN_FOR: Duration = Duration::from_secs(1);
+
 /// Serves one Connect call through `grpc`, the router of the tonic services.
 pub(crate) async fn serve(grpc: Router, call: ConnectCall, mut req: Request, max_body: usize) -> Response {
     req.extensions_mut().insert(crate::metrics::Transport::Connect);
-    match prepare(&call, &req) {
-        Ok(prep) => {
-            if call.streaming {
-                stream::serve(grpc, prep, req, max_body).await
-            } else {
-                unary::serve(grpc, prep, req, max_body).await
+    let refused = match prepare(&call, &req) {
+        Ok(prep) if call.streaming => return stream::serve(grpc, prep, req, max_body).await,
+        Ok(prep) => return unary::serve(grpc, prep, req, max_body).await,
+        Err(refused) => refused,
+    };
+    drain(req.into_body()).await;
+    match refused {
+        Refused::Status(s) => error::refusal(&call, &s),
+        Refused::Media { streaming } => unsupported_media_type(streaming),
+        Refused::NotGet => get_not_allowed(),
+    }
+}
+
+/// Reads what a refused call sent (at most `DRAIN_BYTES`, for at most
+/// `DRAIN_FOR`) and drops it. Over HTTP/1.1 hyper closes a connection whose
+/// request body is still unread when the answer goes, without saying so in
+/// the answer; a client that writes the body after the headers (connect-node
+/// does) then gets EPIPE instead of the answer, or its next call on the
+/// pooled connection does.
+pub(super) async fn drain(body: Body) {
+    use futures_util::StreamExt;
+    let mut data = body.into_data_stream();
+    let read = async {
+        let mut left = DRAIN_BYTES;
+        while let Some(Ok(chunk)) = data.next().await {
+            left = left.saturating_sub(chunk.len());
+            if left == 0 {
+                break;
             }
         }
-        Err(Refused::Status(s)) => error::refusal(&call, &s),
-        Err(Refused::Media) => unsupported_media_type(call.streaming),
-        Err(Refused::NotGet) => get_not_allowed(),
-    }
+    };
+    let _ = tokio::time::timeout(DRAIN_FOR, read).await;
 }
 
 /// What every call needs settled before its message is read.
@@ -55,8 +81,11 @@ pub(crate) struct Prepared {
 /// Why a call is refused before its message is read.
 enum Refused {
     Status(Box<Status>),
-    /// A content type this RPC does not take (415, plain HTTP as Connect servers answer).
-    Media,
+    /// A content type this RPC does not take (415, plain HTTP as Connect servers answer);
+    /// `streaming`: the RPC takes the streaming content types.
+    Media {
+        streaming: bool,
+    },
     /// GET of an RPC with side effects (405).
     NotGet,
 }
@@ -75,14 +104,18 @@ fn prepare(call: &ConnectCall, req: &Request) -> Result<Prepared, Refused> {
         }
     }
     let Some(codec) = call.codec else {
-        return Err(Refused::Media);
+        return Err(Refused::Media {
+            streaming: call.streaming,
+        });
     };
     let Some(method) = codec::method(req.uri().path()) else {
         return Err(Status::unimplemented(format!("no such RPC: {}", req.uri().path())).into());
     };
-    // A unary content type for a streaming RPC (or the other way round).
-    if call.streaming != (method.is_client_streaming() || method.is_server_streaming()) {
-        return Err(Refused::Media);
+    // A unary content type for a streaming RPC (or the other way round):
+    // the answer names the ones the RPC takes.
+    let streaming = method.is_client_streaming() || method.is_server_streaming();
+    if call.streaming != streaming {
+        return Err(Refused::Media { streaming });
     }
     if call.get {
         let side_effect_free = method

@@ -28,7 +28,10 @@ pub(super) async fn serve(grpc: Router, prep: Prepared, req: Request, max_body: 
     };
     let encoding = match encoding {
         Ok(e) => e,
-        Err(s) => return stream_error(Some(codec), &s),
+        Err(s) => {
+            super::drain(req.into_body()).await;
+            return stream_error(Some(codec), &s);
+        }
     };
     let deadline = prep.timeout.map(|d| Instant::now() + d);
     let (parts, body) = req.into_parts();

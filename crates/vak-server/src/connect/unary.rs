@@ -64,7 +64,14 @@ async fn read(req: Request, max_body: usize) -> Result<(Bytes, Request), Status>
         req.headers()
             .get(header::CONTENT_ENCODING)
             .and_then(|v| v.to_str().ok()),
-    )?;
+    );
+    let encoding = match encoding {
+        Ok(e) => e,
+        Err(s) => {
+            super::drain(body).await;
+            return Err(s);
+        }
+    };
     let body = http_body_util::Limited::new(body, max_body)
         .collect()
         .await
