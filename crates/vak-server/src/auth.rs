@@ -313,7 +313,7 @@ pub async fn guard(State(auth): State<Arc<Auth>>, req: Request, next: Next) -> R
             // of it first, so the answer is not lost to a reset of a
             // connection closed with unread bytes in it (a client streams
             // its body while the refusal is already on its way).
-            drain(req.into_body()).await;
+            super::body::drain(req.into_body()).await;
             (resp, cross)
         }
     };
@@ -329,21 +329,6 @@ enum Verdict {
     Pass { cross: Option<String> },
     /// Answered here (a refusal, a preflight, the console's login page).
     Answer { resp: Response, cross: Option<String> },
-}
-
-/// How much of a refused request's body is read (and dropped) before its answer.
-const DRAIN_MAX: usize = 64 << 10;
-
-async fn drain(mut body: Body) {
-    use http_body_util::BodyExt;
-    let mut left = DRAIN_MAX;
-    while let Some(Ok(frame)) = body.frame().await {
-        let Some(data) = frame.data_ref() else { continue };
-        if data.len() >= left {
-            return;
-        }
-        left -= data.len();
-    }
 }
 
 fn admit(auth: &Auth, req: &Request) -> Verdict {

@@ -1,8 +1,9 @@
-//! A response body passed through untouched to a watcher that sees each frame and the end, and lives exactly as long as the body: the access-log line, a stream permit.
+//! Bodies on their way through the edge: a response body passed untouched to a watcher that sees each frame and the end and lives exactly as long as the body (the access-log line, a stream permit), and the bounded drain of a refused request's body.
 
 use axum::body::{Body, Bytes, HttpBody};
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 /// What rides along a response body.
 pub(crate) trait Watch: Send + Unpin + 'static {
@@ -70,4 +71,31 @@ impl<W: Watch> Drop for Watched<W> {
             self.end();
         }
     }
+}
+
+/// How much of a refused request's body is read (and dropped) before its answer.
+const DRAIN_BYTES: usize = 64 << 10;
+
+/// How long a refused request's body is read before the answer goes anyway.
+const DRAIN_FOR: Duration = Duration::from_secs(1);
+
+/// Reads what a refused request sent (at most `DRAIN_BYTES`, for at most
+/// `DRAIN_FOR`) and drops it. Over HTTP/1.1 hyper polls an unread request
+/// body once after the answer and closes the connection if it has not all
+/// arrived, without saying so in the answer; a client that writes its body
+/// after the headers (Node's HTTP client, connect-node) then gets EPIPE
+/// instead of the answer, or its next call on the pooled connection does.
+pub(crate) async fn drain(body: Body) {
+    use futures_util::StreamExt;
+    let mut data = body.into_data_stream();
+    let read = async {
+        let mut left = DRAIN_BYTES;
+        while let Some(Ok(chunk)) = data.next().await {
+            left = left.saturating_sub(chunk.len());
+            if left == 0 {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DRAIN_FOR, read).await;
 }

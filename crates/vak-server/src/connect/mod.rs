@@ -26,12 +26,6 @@ use tonic::Status;
 /// The largest `Connect-Timeout-Ms` the spec allows: ten digits.
 const MAX_TIMEOUT_DIGITS: usize = 10;
 
-/// How much of a refused call's body is read (and dropped) before the answer.
-const DRAIN_BYTES: usize = 64 << 10;
-
-/// How long a refused call's body is read before the answer goes anyway.
-const DRAIN_FOR: Duration = Duration::from_secs(1);
-
 /// Serves one Connect call through `grpc`, the router of the tonic services.
 pub(crate) async fn serve(grpc: Router, call: ConnectCall, mut req: Request, max_body: usize) -> Response {
     req.extensions_mut().insert(crate::metrics::Transport::Connect);
@@ -40,33 +34,12 @@ pub(crate) async fn serve(grpc: Router, call: ConnectCall, mut req: Request, max
         Ok(prep) => return unary::serve(grpc, prep, req, max_body).await,
         Err(refused) => refused,
     };
-    drain(req.into_body()).await;
+    crate::body::drain(req.into_body()).await;
     match refused {
         Refused::Status(s) => error::refusal(&call, &s),
         Refused::Media { streaming } => unsupported_media_type(streaming),
         Refused::NotGet => get_not_allowed(),
     }
-}
-
-/// Reads what a refused call sent (at most `DRAIN_BYTES`, for at most
-/// `DRAIN_FOR`) and drops it. Over HTTP/1.1 hyper closes a connection whose
-/// request body is still unread when the answer goes, without saying so in
-/// the answer; a client that writes the body after the headers (connect-node
-/// does) then gets EPIPE instead of the answer, or its next call on the
-/// pooled connection does.
-pub(super) async fn drain(body: Body) {
-    use futures_util::StreamExt;
-    let mut data = body.into_data_stream();
-    let read = async {
-        let mut left = DRAIN_BYTES;
-        while let Some(Ok(chunk)) = data.next().await {
-            left = left.saturating_sub(chunk.len());
-            if left == 0 {
-                break;
-            }
-        }
-    };
-    let _ = tokio::time::timeout(DRAIN_FOR, read).await;
 }
 
 /// What every call needs settled before its message is read.

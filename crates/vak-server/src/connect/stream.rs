@@ -29,7 +29,7 @@ pub(super) async fn serve(grpc: Router, prep: Prepared, req: Request, max_body: 
     let encoding = match encoding {
         Ok(e) => e,
         Err(s) => {
-            super::drain(req.into_body()).await;
+            crate::body::drain(req.into_body()).await;
             return stream_error(Some(codec), &s);
         }
     };

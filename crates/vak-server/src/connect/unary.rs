@@ -68,7 +68,7 @@ async fn read(req: Request, max_body: usize) -> Result<(Bytes, Request), Status>
     let encoding = match encoding {
         Ok(e) => e,
         Err(s) => {
-            super::drain(body).await;
+            crate::body::drain(body).await;
             return Err(s);
         }
     };
