@@ -37,6 +37,31 @@ pub async fn call(s: &TestServer, method: &str, body: Value) -> (u16, reqwest::h
     answer(r).await
 }
 
+/// A Connect POST of `method` with the token and `headers` (the content type
+/// `application/json` unless they name one).
+async fn post(
+    s: &TestServer,
+    method: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<reqwest::Body>,
+) -> reqwest::Response {
+    let mut req = s.http().post(format!("{}{SERVICE}/{method}", s.url));
+    if !headers.iter().any(|(k, _)| *k == "content-type") {
+        req = req.header("content-type", "application/json");
+    }
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    req.body(body).send().await.unwrap()
+}
+
+/// Asserts a Connect error answer: its HTTP status and code; the error JSON.
+async fn assert_error(r: reqwest::Response, status: u16, code: &str) -> Value {
+    let (got, _, e) = answer(r).await;
+    assert_eq!((got, e["code"].as_str()), (status, Some(code)), "{e}");
+    e
+}
+
 async fn answer(r: reqwest::Response) -> (u16, reqwest::header::HeaderMap, Value) {
     let status = r.status().as_u16();
     let headers = r.headers().clone();
@@ -83,14 +108,7 @@ fn gunzip(data: &[u8]) -> Vec<u8> {
 async fn curl_style_json_calls_create_and_read_a_session() {
     let s = TestServer::start().await;
     // As curl sends it: no Connect header at all, just the content type.
-    let r = s
-        .http()
-        .post(format!("{}{SERVICE}/CreateSession", s.url))
-        .header("content-type", "application/json")
-        .body("{}")
-        .send()
-        .await
-        .unwrap();
+    let r = post(&s, "CreateSession", &[], "{}").await;
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["content-type"], "application/json");
     let (_, _, created) = answer(r).await;
@@ -129,35 +147,30 @@ async fn binary_bodies_carry_the_same_messages() {
     let req = pb::AttachSessionRequest {
         session_id: sid.clone(),
     };
-    let r = s
-        .http()
-        .post(format!("{}{SERVICE}/AttachSession", s.url))
-        .header("content-type", "application/proto")
-        .body(req.encode_to_vec())
-        .send()
-        .await
-        .unwrap();
+    let r = post(
+        &s,
+        "AttachSession",
+        &[("content-type", "application/proto")],
+        req.encode_to_vec(),
+    )
+    .await;
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["content-type"], "application/proto");
     let resp = pb::AttachSessionResponse::decode(r.bytes().await.unwrap()).unwrap();
     assert_eq!(resp.session.unwrap().session_id, sid);
 
     // An error on a binary call is still the error JSON.
-    let r = s
-        .http()
-        .post(format!("{}{SERVICE}/AttachSession", s.url))
-        .header("content-type", "application/proto")
-        .body(
-            pb::AttachSessionRequest {
-                session_id: "nope".into(),
-            }
-            .encode_to_vec(),
-        )
-        .send()
-        .await
-        .unwrap();
-    let (status, _, e) = answer(r).await;
-    assert_eq!((status, e["code"].as_str()), (404, Some("not_found")), "{e}");
+    let r = post(
+        &s,
+        "AttachSession",
+        &[("content-type", "application/proto")],
+        pb::AttachSessionRequest {
+            session_id: "nope".into(),
+        }
+        .encode_to_vec(),
+    )
+    .await;
+    assert_error(r, 404, "not_found").await;
 }
 
 #[tokio::test]
@@ -229,41 +242,19 @@ async fn errors_carry_the_specs_code_status_and_vaks_error_kind() {
     assert!(e["message"].as_str().unwrap().contains("nope"), "{e}");
 
     // No token: unauthenticated, 401; a wrong one too.
-    let r = reqwest::Client::new()
-        .post(format!("{}{SERVICE}/CreateSession", s.url))
-        .header("content-type", "application/json")
-        .body("{}")
-        .send()
-        .await
-        .unwrap();
-    let (status, _, e) = answer(r).await;
-    assert_eq!(
-        (status, e["code"].as_str()),
-        (401, Some("unauthenticated")),
-        "{e}"
-    );
-    let r = reqwest::Client::new()
-        .post(format!("{}{SERVICE}/ListSessions", s.url))
-        .bearer_auth("wrong")
-        .header("content-type", "application/json")
-        .body("{}")
-        .send()
-        .await
-        .unwrap();
-    let (status, _, e) = answer(r).await;
-    assert_eq!(
-        (status, e["code"].as_str()),
-        (401, Some("unauthenticated")),
-        "{e}"
-    );
+    for token in [None, Some("wrong")] {
+        let mut req = reqwest::Client::new()
+            .post(format!("{}{SERVICE}/ListSessions", s.url))
+            .header("content-type", "application/json");
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        assert_error(req.body("{}").send().await.unwrap(), 401, "unauthenticated").await;
+    }
 
     // invalid_argument: 400, for a body that is not the message.
-    let (status, _, e) = call(&s, "CreateSession", json!({"no_such_field": 1})).await;
-    assert_eq!(
-        (status, e["code"].as_str()),
-        (400, Some("invalid_argument")),
-        "{e}"
-    );
+    let r = post(&s, "CreateSession", &[], json!({"no_such_field": 1}).to_string()).await;
+    assert_error(r, 400, "invalid_argument").await;
 
     // A file over the files API's cap: out_of_range (400), with the kind REST
     // turns into 413, as a header and a google.rpc.ErrorInfo detail.
@@ -294,18 +285,10 @@ async fn errors_carry_the_specs_code_status_and_vaks_error_kind() {
     );
 
     // no_ai_service: failed_precondition (400) with its kind.
-    let (status, headers, e) = call(
-        &s,
-        "UpdateConfig",
-        json!({"provider": "openai", "model": "gpt-4o"}),
-    )
-    .await;
-    assert_eq!(
-        (status, e["code"].as_str()),
-        (400, Some("failed_precondition")),
-        "{e}"
-    );
-    assert_eq!(headers["vak-error-kind"], "no_ai_service");
+    let patch = json!({"provider": "openai", "model": "gpt-4o"}).to_string();
+    let r = post(&s, "UpdateConfig", &[], patch).await;
+    assert_eq!(r.headers()["vak-error-kind"], "no_ai_service");
+    assert_error(r, 400, "failed_precondition").await;
 }
 
 #[tokio::test]
@@ -315,16 +298,13 @@ async fn gzip_works_both_ways() {
         s.create_session().await;
     }
     // A gzipped request, and a response over 1 KiB gzipped because the client accepts it.
-    let r = s
-        .http()
-        .post(format!("{}{SERVICE}/ListSessions", s.url))
-        .header("content-type", "application/json")
-        .header("content-encoding", "gzip")
-        .header("accept-encoding", "gzip")
-        .body(gzip(b"{}"))
-        .send()
-        .await
-        .unwrap();
+    let r = post(
+        &s,
+        "ListSessions",
+        &[("content-encoding", "gzip"), ("accept-encoding", "gzip")],
+        gzip(b"{}"),
+    )
+    .await;
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["content-encoding"], "gzip");
     let body = gunzip(&r.bytes().await.unwrap());
@@ -332,189 +312,92 @@ async fn gzip_works_both_ways() {
     assert_eq!(v["sessions"].as_array().unwrap().len(), 12);
 
     // Without Accept-Encoding the same answer comes plain.
-    let r = s
-        .http()
-        .post(format!("{}{SERVICE}/ListSessions", s.url))
-        .header("content-type", "application/json")
-        .body("{}")
-        .send()
-        .await
-        .unwrap();
+    let r = post(&s, "ListSessions", &[], "{}").await;
     assert!(r.headers().get("content-encoding").is_none());
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["sessions"].as_array().unwrap().len(), 12);
 
     // A gzip bomb past the message limit is refused, not inflated.
     let bomb = gzip(&vec![b' '; 8 << 20]);
-    let r = s
-        .http()
-        .post(format!("{}{SERVICE}/ListSessions", s.url))
-        .header("content-type", "application/json")
-        .header("content-encoding", "gzip")
-        .body(bomb)
-        .send()
-        .await
-        .unwrap();
-    let (status, _, e) = answer(r).await;
-    assert_eq!(
-        (status, e["code"].as_str()),
-        (429, Some("resource_exhausted")),
-        "{e}"
-    );
+    let r = post(&s, "ListSessions", &[("content-encoding", "gzip")], bomb).await;
+    assert_error(r, 429, "resource_exhausted").await;
 }
 
 #[tokio::test]
 async fn a_call_past_its_timeout_is_deadline_exceeded() {
     let s = TestServer::start().await;
     let sid = s.create_session().await;
-    let r = s
-        .http()
-        .post(format!("{}{SERVICE}/Run", s.url))
-        .header("content-type", "application/json")
-        .header("connect-timeout-ms", "200")
-        .body(json!({"sessionId": sid, "prompt": "/sleep 20000", "wait": true}).to_string())
-        .send()
-        .await
-        .unwrap();
-    let (status, _, e) = answer(r).await;
-    assert_eq!(
-        (status, e["code"].as_str()),
-        (504, Some("deadline_exceeded")),
-        "{e}"
-    );
+    let r = post(
+        &s,
+        "Run",
+        &[("connect-timeout-ms", "200")],
+        json!({"sessionId": sid, "prompt": "/sleep 20000", "wait": true}).to_string(),
+    )
+    .await;
+    assert_error(r, 504, "deadline_exceeded").await;
 
     // A timeout header that is no timeout.
     for bad in ["soon", "-1", "12345678901"] {
-        let r = s
-            .http()
-            .post(format!("{}{SERVICE}/ListSessions", s.url))
-            .header("content-type", "application/json")
-            .header("connect-timeout-ms", bad)
-            .body("{}")
-            .send()
-            .await
-            .unwrap();
-        let (status, _, e) = answer(r).await;
-        assert_eq!(
-            (status, e["code"].as_str()),
-            (400, Some("invalid_argument")),
-            "{bad}: {e}"
-        );
+        let r = post(&s, "ListSessions", &[("connect-timeout-ms", bad)], "{}").await;
+        assert_error(r, 400, "invalid_argument").await;
     }
     // A generous one does not get in the way.
-    let r = s
-        .http()
-        .post(format!("{}{SERVICE}/ListSessions", s.url))
-        .header("content-type", "application/json")
-        .header("connect-timeout-ms", "30000")
-        .body("{}")
-        .send()
-        .await
-        .unwrap();
+    let r = post(&s, "ListSessions", &[("connect-timeout-ms", "30000")], "{}").await;
     assert_eq!(r.status(), 200);
 }
 
 #[tokio::test]
 async fn unsupported_requests_get_clear_refusals() {
     let s = TestServer::start().await;
-    let post = |method: &str, ct: &str| {
-        s.http()
-            .post(format!("{}{SERVICE}/{method}", s.url))
-            .header("content-type", ct.to_string())
-    };
     // A protocol version other than 1.
-    let r = post("ListSessions", "application/json")
-        .header("connect-protocol-version", "2")
-        .body("{}")
-        .send()
-        .await
-        .unwrap();
-    let (status, _, e) = answer(r).await;
-    assert_eq!(
-        (status, e["code"].as_str()),
-        (400, Some("invalid_argument")),
-        "{e}"
-    );
+    let r = post(&s, "ListSessions", &[("connect-protocol-version", "2")], "{}").await;
+    assert_error(r, 400, "invalid_argument").await;
 
     // A codec vak does not speak: 415 naming the ones it does.
-    let r = post("ListSessions", "application/xml")
-        .body("<x/>")
-        .send()
-        .await
-        .unwrap();
+    let r = post(&s, "ListSessions", &[("content-type", "application/xml")], "<x/>").await;
     assert_eq!(r.status(), 415);
-    assert!(r.headers()["accept-post"]
-        .to_str()
-        .unwrap()
-        .contains("application/json"));
+    let accepted = r.headers()["accept-post"].to_str().unwrap();
+    assert!(accepted.contains("application/json"), "{accepted}");
 
-    // A streaming RPC called as unary.
-    let r = post("Subscribe", "application/json")
-        .body("{}")
-        .send()
-        .await
-        .unwrap();
+    // A streaming RPC called as unary: 415 naming the streaming types.
+    let r = post(&s, "Subscribe", &[], "{}").await;
     assert_eq!(r.status(), 415);
+    let accepted = r.headers()["accept-post"].to_str().unwrap();
+    assert!(accepted.contains("application/connect+json"), "{accepted}");
 
     // A compression it does not speak.
-    let r = post("ListSessions", "application/json")
-        .header("content-encoding", "br")
-        .body("{}")
-        .send()
-        .await
-        .unwrap();
-    let (status, _, e) = answer(r).await;
-    assert_eq!((status, e["code"].as_str()), (501, Some("unimplemented")), "{e}");
+    let r = post(&s, "ListSessions", &[("content-encoding", "br")], "{}").await;
+    assert_error(r, 501, "unimplemented").await;
 
     // No such RPC.
-    let (status, _, e) = call(&s, "NoSuchThing", json!({})).await;
-    assert_eq!((status, e["code"].as_str()), (501, Some("unimplemented")), "{e}");
+    assert_error(post(&s, "NoSuchThing", &[], "{}").await, 501, "unimplemented").await;
     // A message over --max-body.
     let s2 = TestServer::start_with(|c| c.max_body = 1024).await;
-    let (status, _, e) = call(&s2, "CreateSession", json!({"workspace": "x".repeat(4096)})).await;
-    assert_eq!(
-        (status, e["code"].as_str()),
-        (429, Some("resource_exhausted")),
-        "{e}"
-    );
+    let big = json!({"workspace": "x".repeat(4096)}).to_string();
+    assert_error(
+        post(&s2, "CreateSession", &[], big).await,
+        429,
+        "resource_exhausted",
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn the_guard_answers_connect_calls_as_connect_errors() {
     let s = TestServer::start().await;
     // A Host that names no loopback or trusted host: permission_denied, 403.
-    let r = s
-        .http()
-        .post(format!("{}{SERVICE}/ListSessions", s.url))
-        .header("host", "evil.example.com")
-        .header("content-type", "application/json")
-        .body("{}")
-        .send()
-        .await
-        .unwrap();
-    let (status, _, e) = answer(r).await;
-    assert_eq!(
-        (status, e["code"].as_str()),
-        (403, Some("permission_denied")),
-        "{e}"
-    );
+    let r = post(&s, "ListSessions", &[("host", "evil.example.com")], "{}").await;
+    assert_error(r, 403, "permission_denied").await;
 
     // A page on another origin may not call it.
-    let r = s
-        .http()
-        .post(format!("{}{SERVICE}/CreateSession", s.url))
-        .header("origin", "http://evil.example.com")
-        .header("content-type", "application/json")
-        .body("{}")
-        .send()
-        .await
-        .unwrap();
-    let (status, _, e) = answer(r).await;
-    assert_eq!(
-        (status, e["code"].as_str()),
-        (403, Some("permission_denied")),
-        "{e}"
-    );
+    let r = post(
+        &s,
+        "CreateSession",
+        &[("origin", "http://evil.example.com")],
+        "{}",
+    )
+    .await;
+    assert_error(r, 403, "permission_denied").await;
 
     // A browser login: the cookie with its session key works, the cookie alone does not.
     let c = reqwest::Client::builder().cookie_store(true).build().unwrap();
@@ -540,10 +423,5 @@ async fn the_guard_answers_connect_calls_as_connect_errors() {
         req.send()
     };
     assert_eq!(list(true).await.unwrap().status(), 200);
-    let (status, _, e) = answer(list(false).await.unwrap()).await;
-    assert_eq!(
-        (status, e["code"].as_str()),
-        (401, Some("unauthenticated")),
-        "{e}"
-    );
+    assert_error(list(false).await.unwrap(), 401, "unauthenticated").await;
 }
