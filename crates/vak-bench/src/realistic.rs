@@ -113,10 +113,14 @@ pub(crate) struct Load {
     pub cpu: CpuUse,
     pub run_cpu: CpuUse,
     /// Seconds: opening every reader; from the first Run sent until every
-    /// Run was admitted, and until the last reader had its last delta.
+    /// Run was admitted, and until the sessions' common start; from that
+    /// start until the last reader had its last delta (nominal (N - 1) / R).
     pub open_s: f64,
     pub admit_s: f64,
+    pub lead_s: f64,
     pub stream_s: f64,
+    /// Sessions whose Run was sent after the common start (they started late).
+    pub late: usize,
     /// Server VmRSS with every reader open before the runs, and VmHWM at the end.
     pub open_kib: u64,
     pub peak_kib: u64,
@@ -260,10 +264,28 @@ async fn realistic_on(env: &Env, server: &Server, size: LoadSize) -> Result<Load
     let stop = CancellationToken::new();
     let ticks = sampler(server.pid, shared.clone(), stop.clone());
     let t0 = Instant::now();
-    let prompt = format!("/pace {n} {}", size.rate);
-    let runs = futures_util::future::join_all(ids.iter().map(|sid| ctl.run(sid, &prompt))).await;
+    let start = t0 + lead(&size);
+    let mut late = 0;
+    let mut failed_run = None;
+    for (c, chunk) in ids.chunks(RUN_BATCH).enumerate() {
+        let now = Instant::now();
+        if now > start {
+            late += chunk.len();
+        }
+        let runs = chunk.iter().enumerate().map(|(j, sid)| {
+            let prompt = prompt(&size, c * RUN_BATCH + j, start, now);
+            let ctl = &ctl;
+            async move { ctl.run(sid, &prompt).await }
+        });
+        failed_run = futures_util::future::join_all(runs)
+            .await
+            .into_iter()
+            .find_map(Result::err);
+        if failed_run.is_some() {
+            break;
+        }
+    }
     let admitted = Instant::now();
-    let failed_run = runs.into_iter().find_map(Result::err);
     if failed_run.is_some() {
         shared.cancel.cancel();
     }
@@ -276,23 +298,48 @@ async fn realistic_on(env: &Env, server: &Server, size: LoadSize) -> Result<Load
     }
     timed_out(&results, &shared, env.limit, n)?;
     first_error(&results)?;
-    summarize(&size, &results, n_sse, &ticks, t0, admitted, n)
-        .map(|l| Load {
-            open_s,
-            open_kib,
-            peak_kib,
-            ..l
-        })
+    summarize(&size, &results, n_sse, &ticks, start.max(t0), admitted, n).map(|l| Load {
+        open_s,
+        open_kib,
+        peak_kib,
+        late,
+        admit_s: admitted.duration_since(t0).as_secs_f64(),
+        lead_s: start.duration_since(t0).as_secs_f64(),
+        ..l
+    })
+}
+
+/// Runs are sent this many at a time.
+const RUN_BATCH: usize = 128;
+/// The common start is this long, plus `LEAD_PER_RUN` per session, after the first Run is sent.
+const LEAD: Duration = Duration::from_secs(1);
+const LEAD_PER_RUN: Duration = Duration::from_micros(1000);
+
+/// How long after the first Run is sent every session starts streaming:
+/// time enough to admit every run first, so all stream at once.
+pub(crate) fn lead(size: &LoadSize) -> Duration {
+    LEAD + LEAD_PER_RUN * size.sessions.min(1 << 20) as u32
+}
+
+/// Session `i`'s prompt, sent at `now`: sleep until `start` plus its phase
+/// (the sessions' first deltas spread evenly over one period 1/R, so they do
+/// not all tick at the same instant), then `/pace N R`. Late (`now` past
+/// `start`), it starts at once, at its phase.
+pub(crate) fn prompt(size: &LoadSize, i: usize, start: Instant, now: Instant) -> String {
+    let period_us = 1e6 / size.rate as f64;
+    let phase = Duration::from_micros((i as f64 * period_us / size.sessions.max(1) as f64) as u64);
+    let wait = (start + phase).saturating_duration_since(now);
+    format!("/sleep {}\n/pace {} {}", wait.as_millis(), size.deltas(), size.rate)
 }
 
 /// The figures of one run: `results` (the first `n_sse` SSE readers), the
-/// sampler's `ticks`, the first Run sent at `t0`, the last admitted at `admitted`.
+/// sampler's `ticks`, the sessions' common `start`, the last Run admitted at `admitted`.
 fn summarize(
     size: &LoadSize,
     results: &[SubResult],
     n_sse: usize,
     ticks: &[Tick],
-    t0: Instant,
+    start: Instant,
     admitted: Instant,
     n: u64,
 ) -> Result<Load, String> {
@@ -301,7 +348,7 @@ fn summarize(
     if deliveries != expected {
         return Err(format!("{deliveries} deltas delivered, {expected} expected"));
     }
-    let mut last = t0;
+    let mut last = start;
     for r in results {
         last = last.max(r.all_at.ok_or("a reader never had all of its deltas")?);
     }
@@ -317,9 +364,9 @@ fn summarize(
     let grpc = percentiles(&mut all[sse_samples..]);
     let all = percentiles(&mut all).ok_or("no latency samples")?;
 
-    // Every session streams from its own start (at or after t0) for (n - 1) / rate s.
+    // Every session streams from its start (at or after `start`) for (n - 1) / rate s.
     let streaming = Duration::from_secs_f64((n - 1) as f64 / size.rate as f64);
-    let (from, to) = (admitted + START_MARGIN, (t0 + streaming).checked_sub(END_MARGIN));
+    let (from, to) = (admitted.max(start) + START_MARGIN, (start + streaming).checked_sub(END_MARGIN));
     let steady = to.and_then(|to| window(ticks, from, to));
     let (a, b) = match steady {
         Some(w) => w,
@@ -345,8 +392,7 @@ fn summarize(
         frames: results.iter().map(|r| r.frames).sum(),
         cpu,
         run_cpu,
-        admit_s: admitted.duration_since(t0).as_secs_f64(),
-        stream_s: last.duration_since(t0).as_secs_f64(),
+        stream_s: last.duration_since(start).as_secs_f64(),
         ..Load::default()
     })
 }
@@ -407,6 +453,28 @@ mod tests {
         let sse = (0..5).filter(|&i| one.is_sse(i, 0)).count();
         assert_eq!((sse, 5 - sse), one.split());
         assert_eq!(one.split(), (3, 2));
+    }
+
+    #[test]
+    fn every_session_sleeps_until_the_common_start_plus_its_phase() {
+        let size = LoadSize {
+            sessions: 4,
+            rate: 50,
+            readers: 2,
+            secs: 1.0,
+        };
+        let t0 = Instant::now();
+        let start = t0 + Duration::from_secs(2);
+        // Phases spread over one period (20 ms): 0, 5, 10, 15 ms.
+        let sent = t0 + Duration::from_millis(500);
+        let p: Vec<String> = (0..4).map(|i| prompt(&size, i, start, sent)).collect();
+        assert_eq!(p[0], "/sleep 1500\n/pace 50 50");
+        assert_eq!(p[3], "/sleep 1515\n/pace 50 50");
+        // Sent after the start: at once, at its phase.
+        let late = start + Duration::from_millis(7);
+        assert_eq!(prompt(&size, 0, start, late), "/sleep 0\n/pace 50 50");
+        assert_eq!(prompt(&size, 2, start, late), "/sleep 3\n/pace 50 50");
+        assert_eq!(lead(&LoadSize::GOAL), Duration::from_secs(11));
     }
 
     fn tick(t0: Instant, ms: u64, delivered: u64, server_s: f64) -> Tick {
@@ -475,6 +543,7 @@ mod tests {
         let grpc = reader((101..=120).collect(), end - Duration::from_millis(50));
         let admitted = t0 + Duration::from_millis(10);
         let l = summarize(&size, &[sse, grpc], 1, &ticks, t0, admitted, n).unwrap();
+        assert_eq!((l.late, l.admit_s), (0, 0.0), "filled in by the caller");
         assert_eq!(l.offered_eps, 20.0);
         assert!(l.steady);
         assert!((l.delivered_eps - 20.0).abs() < 1e-6, "{}", l.delivered_eps);

@@ -18,7 +18,7 @@ fn load_msg(x: &Load) -> String {
     let p = |t: Option<realistic::Pcts>| t.map_or("-".into(), |p| format!("{:.2} ms", p.p99_us / 1e3));
     format!(
         "{} delivered of {} offered ({:.0}%) over {:.1} s{}; p50 {:.2} ms p99 {:.2} ms (SSE {}, gRPC {}) max {:.2} ms; \
-{} events per frame; readers opened in {:.1} s, runs admitted in {:.2} s, last delta {:.2} s after the first Run; \
+{} events per frame; readers opened in {:.1} s, runs admitted in {:.2} s (start at {:.2} s, {} late), last delta {:.2} s after the start; \
 server RSS {} MiB open, {} MiB peak; steady window {}; whole run {}",
         report::fmt_value(x.delivered_eps, Unit::Rate),
         report::fmt_value(x.offered_eps, Unit::Rate),
@@ -33,6 +33,8 @@ server RSS {} MiB open, {} MiB peak; steady window {}; whole run {}",
         format_args!("{:.2}", x.deliveries as f64 / x.frames.max(1) as f64),
         x.open_s,
         x.admit_s,
+        x.lead_s,
+        x.late,
         x.stream_s,
         x.open_kib / 1024,
         x.peak_kib / 1024,
@@ -108,7 +110,7 @@ pub(super) fn rows(s: &Samples, plan: &Plan, table: &mut Table) {
         if let (Some(d), Some(w), Some(st)) = (med(|x| x.delivered_eps), med(|x| x.window_s), med(|x| x.stream_s)) {
             let whole = v.iter().filter(|x| !x.steady).count();
             r.note = format!(
-                "{} delivered of {} offered ({} x {}/s x {}) in a {w:.1} s steady window{}; every reader had all {} deltas once, in order; the last {:.1} s after the first Run",
+                "{} delivered of {} offered ({} x {}/s x {}) in a {w:.1} s steady window{}; every reader had all {} deltas once, in order, the last {:.2} s after the common start (nominal {:.2} s){}",
                 report::fmt_value(d, Unit::Rate),
                 report::fmt_value(size.offered(), Unit::Rate),
                 size.sessions,
@@ -119,7 +121,12 @@ pub(super) fn rows(s: &Samples, plan: &Plan, table: &mut Table) {
                     k => format!(" ({k} run(s) had none: over the whole run)"),
                 },
                 size.deltas(),
-                st
+                st,
+                (size.deltas() - 1) as f64 / size.rate as f64,
+                match v.iter().map(|x| x.late).max().unwrap_or(0) {
+                    0 => String::new(),
+                    k => format!("; up to {k} sessions' Run sent after the common start (they started late)"),
+                }
             );
         }
         table.push_or_fail(r, err.clone());
