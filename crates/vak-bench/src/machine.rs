@@ -132,6 +132,11 @@ pub(crate) fn rss_kib(pid: u32) -> Option<u64> {
     status_kib(pid, "VmRSS")
 }
 
+/// The threads a process has now.
+pub(crate) fn threads(pid: u32) -> Option<u64> {
+    status_kib(pid, "Threads")
+}
+
 /// Peak resident memory since the process started.
 pub(crate) fn hwm_kib(pid: u32) -> Option<u64> {
     status_kib(pid, "VmHWM")

@@ -124,6 +124,8 @@ pub(crate) struct Load {
     /// Server VmRSS with every reader open before the runs, and VmHWM at the end.
     pub open_kib: u64,
     pub peak_kib: u64,
+    /// The server's threads at the end of the run (its blocking pool keeps idle threads 10 s).
+    pub threads: u64,
 }
 
 /// How often the sampler reads the delivered count and the CPU times.
@@ -293,6 +295,7 @@ async fn realistic_on(env: &Env, server: &Server, size: LoadSize) -> Result<Load
     stop.cancel();
     let ticks = ticks.await.map_err(|e| format!("the sampler failed: {e}"))?;
     let peak_kib = machine::hwm_kib(server.pid).unwrap_or(0);
+    let threads = machine::threads(server.pid).unwrap_or(0);
     if let Some(e) = failed_run {
         return Err(e);
     }
@@ -302,6 +305,7 @@ async fn realistic_on(env: &Env, server: &Server, size: LoadSize) -> Result<Load
         open_s,
         open_kib,
         peak_kib,
+        threads,
         late,
         admit_s: admitted.duration_since(t0).as_secs_f64(),
         lead_s: start.duration_since(t0).as_secs_f64(),
@@ -329,7 +333,12 @@ pub(crate) fn prompt(size: &LoadSize, i: usize, start: Instant, now: Instant) ->
     let period_us = 1e6 / size.rate as f64;
     let phase = Duration::from_micros((i as f64 * period_us / size.sessions.max(1) as f64) as u64);
     let wait = (start + phase).saturating_duration_since(now);
-    format!("/sleep {}\n/pace {} {}", wait.as_millis(), size.deltas(), size.rate)
+    format!(
+        "/sleep {}\n/pace {} {}",
+        wait.as_millis(),
+        size.deltas(),
+        size.rate
+    )
 }
 
 /// The figures of one run: `results` (the first `n_sse` SSE readers), the
@@ -366,7 +375,10 @@ fn summarize(
 
     // Every session streams from its start (at or after `start`) for (n - 1) / rate s.
     let streaming = Duration::from_secs_f64((n - 1) as f64 / size.rate as f64);
-    let (from, to) = (admitted.max(start) + START_MARGIN, (start + streaming).checked_sub(END_MARGIN));
+    let (from, to) = (
+        admitted.max(start) + START_MARGIN,
+        (start + streaming).checked_sub(END_MARGIN),
+    );
     let steady = to.and_then(|to| window(ticks, from, to));
     let (a, b) = match steady {
         Some(w) => w,
@@ -405,7 +417,10 @@ mod tests {
     fn percentiles_are_nearest_rank() {
         let mut v: Vec<u32> = (1..=100).rev().collect();
         let p = percentiles(&mut v).unwrap();
-        assert_eq!((p.p50_us, p.p99_us, p.max_us, p.samples), (50.0, 99.0, 100.0, 100));
+        assert_eq!(
+            (p.p50_us, p.p99_us, p.max_us, p.samples),
+            (50.0, 99.0, 100.0, 100)
+        );
         // With 10 samples the 99th percentile is the largest, not an interpolation.
         let mut v: Vec<u32> = vec![5, 1, 9, 3, 7, 2, 8, 4, 6, 1000];
         let p = percentiles(&mut v).unwrap();
@@ -493,7 +508,12 @@ mod tests {
         // A ramp, then 1 000 deliveries per 100 ms, half a core of server CPU.
         let mut ticks = vec![tick(t0, 0, 0, 0.0), tick(t0, 100, 10, 0.01)];
         for k in 2..=20u64 {
-            ticks.push(tick(t0, k * 100, 10 + (k - 1) * 1000, 0.01 + (k - 1) as f64 * 0.05));
+            ticks.push(tick(
+                t0,
+                k * 100,
+                10 + (k - 1) * 1000,
+                0.01 + (k - 1) as f64 * 0.05,
+            ));
         }
         let (a, b) = window(
             &ticks,
@@ -501,7 +521,10 @@ mod tests {
             t0 + Duration::from_millis(1950),
         )
         .unwrap();
-        assert_eq!((a.at - t0, b.at - t0), (Duration::from_millis(200), Duration::from_millis(1900)));
+        assert_eq!(
+            (a.at - t0, b.at - t0),
+            (Duration::from_millis(200), Duration::from_millis(1900))
+        );
         let (eps, cpu) = between(&a, &b);
         assert!((eps - 10_000.0).abs() < 1e-6, "{eps}");
         assert!((cpu.server / cpu.wall - 0.5).abs() < 1e-9);

@@ -69,7 +69,11 @@ pub(crate) async fn open(
 }
 
 /// Awaits every subscriber; past `limit` the rest are cancelled.
-pub(crate) async fn collect(handles: Vec<JoinHandle<SubResult>>, shared: &Shared, limit: Duration) -> Vec<SubResult> {
+pub(crate) async fn collect(
+    handles: Vec<JoinHandle<SubResult>>,
+    shared: &Shared,
+    limit: Duration,
+) -> Vec<SubResult> {
     let deadline = tokio::time::Instant::now() + limit;
     let mut out = Vec::with_capacity(handles.len());
     for mut h in handles {
@@ -93,7 +97,12 @@ pub(crate) const NOT_FINISHED: &str = "not finished within the";
 
 /// When `collect` hit its limit (it cancels the rest only then): how far the
 /// subscribers got, which says more than the cancellation errors.
-pub(crate) fn timed_out(results: &[SubResult], shared: &Shared, limit: Duration, expect: u64) -> Result<(), String> {
+pub(crate) fn timed_out(
+    results: &[SubResult],
+    shared: &Shared,
+    limit: Duration,
+    expect: u64,
+) -> Result<(), String> {
     if !shared.cancel.is_cancelled() {
         return Ok(());
     }

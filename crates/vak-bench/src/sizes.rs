@@ -1,7 +1,7 @@
 //! Every size the scenarios use: the full bench's, `--quick`'s, and what the flags override.
 
-use crate::scenarios::Transport;
 use crate::realistic::LoadSize;
+use crate::scenarios::Transport;
 use crate::{cluster, memory, Args};
 
 /// Every size the scenarios use.
@@ -182,7 +182,8 @@ impl Sizes {
 /// point (what is not given comes from its first default point);
 /// `--realistic-secs` sets every point's duration.
 fn realistic_of(args: &Args, points: &mut Vec<LoadSize>) {
-    if args.realistic_sessions.is_some() || args.realistic_rate.is_some() || args.realistic_readers.is_some() {
+    if args.realistic_sessions.is_some() || args.realistic_rate.is_some() || args.realistic_readers.is_some()
+    {
         let first = points.first().copied().unwrap_or(LoadSize::GOAL);
         *points = vec![LoadSize {
             sessions: args.realistic_sessions.unwrap_or(first.sessions).max(1),
@@ -208,7 +209,13 @@ mod tests {
         let full = Sizes::of(&Args::parse_from(["vak-bench"]));
         assert_eq!(full.realistic.len(), 2);
         assert_eq!(full.realistic[0], LoadSize::GOAL);
-        let a = Args::parse_from(["vak-bench", "--realistic-sessions", "2000", "--realistic-secs", "5"]);
+        let a = Args::parse_from([
+            "vak-bench",
+            "--realistic-sessions",
+            "2000",
+            "--realistic-secs",
+            "5",
+        ]);
         let s = Sizes::of(&a);
         assert_eq!(
             s.realistic,
@@ -218,7 +225,12 @@ mod tests {
                 ..LoadSize::GOAL
             }]
         );
-        let q = Sizes::of(&Args::parse_from(["vak-bench", "--quick", "--realistic-secs", "1"]));
+        let q = Sizes::of(&Args::parse_from([
+            "vak-bench",
+            "--quick",
+            "--realistic-secs",
+            "1",
+        ]));
         assert_eq!((q.realistic[0].sessions, q.realistic[0].secs), (50, 1.0));
     }
 }

@@ -19,7 +19,7 @@ fn load_msg(x: &Load) -> String {
     format!(
         "{} delivered of {} offered ({:.0}%) over {:.1} s{}; p50 {:.2} ms p99 {:.2} ms (SSE {}, gRPC {}) max {:.2} ms; \
 {} events per frame; readers opened in {:.1} s, runs admitted in {:.2} s (start at {:.2} s, {} late), last delta {:.2} s after the start; \
-server RSS {} MiB open, {} MiB peak; steady window {}; whole run {}",
+server RSS {} MiB open, {} MiB peak, {} threads at the end; steady window {}; whole run {}",
         report::fmt_value(x.delivered_eps, Unit::Rate),
         report::fmt_value(x.offered_eps, Unit::Rate),
         x.delivered_eps / x.offered_eps.max(1e-9) * 100.0,
@@ -38,6 +38,7 @@ server RSS {} MiB open, {} MiB peak; steady window {}; whole run {}",
         x.stream_s,
         x.open_kib / 1024,
         x.peak_kib / 1024,
+        x.threads,
         cpu_note(&x.cpu),
         cpu_note(&x.run_cpu)
     )
@@ -107,7 +108,9 @@ pub(super) fn rows(s: &Samples, plan: &Plan, table: &mut Table) {
             Unit::Fraction,
         );
         r.cpu = cpu;
-        if let (Some(d), Some(w), Some(st)) = (med(|x| x.delivered_eps), med(|x| x.window_s), med(|x| x.stream_s)) {
+        if let (Some(d), Some(w), Some(st)) =
+            (med(|x| x.delivered_eps), med(|x| x.window_s), med(|x| x.stream_s))
+        {
             let whole = v.iter().filter(|x| !x.steady).count();
             r.note = format!(
                 "{} delivered of {} offered ({} x {}/s x {}) in a {w:.1} s steady window{}; every reader had all {} deltas once, in order, the last {:.2} s after the common start (nominal {:.2} s){}",
@@ -144,8 +147,12 @@ pub(super) fn rows(s: &Samples, plan: &Plan, table: &mut Table) {
                     r.goal = Some(Goal::at_most(st.median, P99_GOAL_US, true, "< 50 ms"));
                 }
                 let by = |g: fn(&Load) -> Option<realistic::Pcts>| {
-                    report::Stat::of(&v.iter().filter_map(|x| g(x).map(|p| p.p99_us)).collect::<Vec<_>>())
-                        .map_or("-".into(), |st| report::fmt_value(st.median, Unit::Micros))
+                    report::Stat::of(
+                        &v.iter()
+                            .filter_map(|x| g(x).map(|p| p.p99_us))
+                            .collect::<Vec<_>>(),
+                    )
+                    .map_or("-".into(), |st| report::fmt_value(st.median, Unit::Micros))
                 };
                 r.note = format!(
                     "publish (the model's stamp) to receipt; SSE readers' p99 {}, gRPC readers' {}",
@@ -177,9 +184,10 @@ pub(super) fn rows(s: &Samples, plan: &Plan, table: &mut Table) {
             &vals(|x| x.peak_kib as f64 / 1024.0),
             Unit::MiB,
         );
-        if let Some(open) = med(|x| x.open_kib as f64 / 1024.0) {
+        if let (Some(open), Some(threads)) = (med(|x| x.open_kib as f64 / 1024.0), med(|x| x.threads as f64))
+        {
             r.note = format!(
-                "VmHWM; {open:.0} MiB with the sessions made and every reader open, before the runs"
+                "VmHWM; {open:.0} MiB with the sessions made and every reader open, before the runs; {threads:.0} server threads at the end of the run"
             );
         }
         table.push(r);
