@@ -13,7 +13,7 @@ use bytes::{Buf, Bytes};
 use memchr::memmem::Finder;
 use prost::Message;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -61,14 +61,26 @@ pub(crate) struct Shared {
     pub cancel: CancellationToken,
     /// Bounds connections being set up at once (the listen backlog is finite).
     pub connecting: Semaphore,
+    /// Tokens delivered so far, every subscriber together (read while a run goes on).
+    pub delivered: Delivered,
+    /// An SSE subscriber's read buffer in bytes; 0: by its mode (64 KiB when
+    /// counting, 2 KiB idle). Many slow streams want small ones.
+    pub read_size: usize,
 }
 
 impl Shared {
     pub(crate) fn new() -> Arc<Shared> {
+        Shared::with_read_size(0)
+    }
+
+    /// `new`, with SSE read buffers of `read_size` bytes.
+    pub(crate) fn with_read_size(read_size: usize) -> Arc<Shared> {
         Arc::new(Shared {
             opened: AtomicUsize::new(0),
             cancel: CancellationToken::new(),
             connecting: Semaphore::new(128),
+            delivered: Delivered::default(),
+            read_size,
         })
     }
 
@@ -85,6 +97,38 @@ impl Shared {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         Ok(())
+    }
+}
+
+/// Shards of the delivered-token count: each subscriber adds to one of its
+/// own, so the bench's threads do not contend for one cache line per delta.
+#[derive(Default)]
+pub(crate) struct Delivered {
+    shards: [Shard; DELIVERED_SHARDS],
+    next: AtomicUsize,
+}
+
+const DELIVERED_SHARDS: usize = 16;
+
+#[derive(Default)]
+#[repr(align(64))]
+struct Shard(AtomicU64);
+
+impl Delivered {
+    /// The shard a new subscriber adds to.
+    fn shard(&self) -> usize {
+        self.next.fetch_add(1, Ordering::Relaxed) % DELIVERED_SHARDS
+    }
+
+    fn add(&self, shard: usize, n: u64) {
+        self.shards[shard % DELIVERED_SHARDS]
+            .0
+            .fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Every subscriber's tokens so far.
+    pub(crate) fn total(&self) -> u64 {
+        self.shards.iter().map(|s| s.0.load(Ordering::Relaxed)).sum()
     }
 }
 
@@ -114,6 +158,8 @@ struct Tally {
     /// The next token due, and the first one (0 unless a replay started mid-burst).
     next: u64,
     start: u64,
+    /// Its shard of `Shared::delivered`.
+    shard: usize,
     res: SubResult,
 }
 
@@ -150,8 +196,14 @@ impl Tally {
             session: session.to_string(),
             next: 0,
             start: 0,
+            shard: 0,
             res: SubResult {
                 last_seq: after.unwrap_or(0),
+                // One latency per delta: sized once (bounded by the run's deltas).
+                latencies: match mode {
+                    Mode::Latency { expect } => Vec::with_capacity(expect.min(1 << 20) as usize),
+                    _ => Vec::new(),
+                },
                 ..Default::default()
             },
         }
@@ -478,6 +530,7 @@ pub(crate) async fn sse_subscriber(
     shared: Arc<Shared>,
 ) -> SubResult {
     let mut tally = Tally::new(mode, &session, after);
+    tally.shard = shared.delivered.shard();
     if let Err(e) = sse_run(&target, &session, after, &mut tally, &shared).await {
         tally.res.error = Some(e);
     }
@@ -518,9 +571,10 @@ async fn sse_run(
     tally: &mut Tally,
     shared: &Shared,
 ) -> Result<(), String> {
-    let read_size = match tally.mode {
-        Mode::Idle | Mode::Stalled => 2048,
-        _ => 64 * 1024,
+    let read_size = match (shared.read_size, tally.mode) {
+        (0, Mode::Idle | Mode::Stalled) => 2048,
+        (0, _) => 64 * 1024,
+        (n, _) => n,
     };
     let mut tcp = sse_connect(target, session, after, shared).await?;
     let mut buf = vec![0u8; read_size];
@@ -606,7 +660,9 @@ fn sse_frame(
                 sse_validate(data, id, text, &tally.session)?;
                 tally.res.validated += 1;
             }
-            Some(tally.text(text)?)
+            let n = tally.text(text)?;
+            shared.delivered.add(tally.shard, n);
+            Some(n)
         }
         Kind::Finished => {
             tally.check_complete()?;
@@ -766,6 +822,7 @@ pub(crate) async fn grpc_subscriber(
     shared: Arc<Shared>,
 ) -> SubResult {
     let mut tally = Tally::new(mode, &session, after);
+    tally.shard = shared.delivered.shard();
     if let Err(e) = grpc_run(channel, &token, &session, after, &mut tally, &shared).await {
         tally.res.error = Some(e);
     }
@@ -830,7 +887,9 @@ async fn grpc_run(
                     pb_validate(&msg, text, session)?;
                     tally.res.validated += 1;
                 }
-                Some(tally.text(text)?)
+                let n = tally.text(text)?;
+                shared.delivered.add(tally.shard, n);
+                Some(n)
             }
             Kind::Finished => {
                 tally.check_complete()?;

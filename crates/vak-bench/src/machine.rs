@@ -101,6 +101,19 @@ pub(crate) fn raise_nofile() -> ((u64, u64), u64) {
     }
 }
 
+/// This process's RLIMIT_NOFILE soft limit now (0 if unknown).
+pub(crate) fn nofile_soft() -> usize {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the struct we pass.
+    match unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } {
+        0 => usize::try_from(lim.rlim_cur).unwrap_or(usize::MAX),
+        _ => 0,
+    }
+}
+
 /// One field of /proc/<pid>/status in KiB (VmRSS, VmHWM).
 fn status_kib(pid: u32, field: &str) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -117,6 +130,11 @@ fn status_kib(pid: u32, field: &str) -> Option<u64> {
 /// Resident memory now.
 pub(crate) fn rss_kib(pid: u32) -> Option<u64> {
     status_kib(pid, "VmRSS")
+}
+
+/// The threads a process has now.
+pub(crate) fn threads(pid: u32) -> Option<u64> {
+    status_kib(pid, "Threads")
 }
 
 /// Peak resident memory since the process started.

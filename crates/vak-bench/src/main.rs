@@ -1,6 +1,6 @@
 //! `vak-bench`: fan-out (also with `--durability fsync`), a latency curve,
-//! many-session, idle-cost, stalled-client, replay-from-disk, growth and
-//! cluster benchmarks of a release `vak serve` over SSE and gRPC, against a
+//! many-session, idle-cost, stalled-client, replay-from-disk, growth,
+//! cluster, memory and realistic-load benchmarks of a release `vak serve` over SSE and gRPC, against a
 //! raw tonic baseline, with this process's own async clients. `make bench` runs it and
 //! writes BENCHMARKS.md; `make bench-quick` runs the same code at small sizes.
 
@@ -17,6 +17,7 @@ mod machine;
 mod memory;
 mod method;
 mod peer;
+mod realistic;
 mod report;
 mod scenarios;
 mod server;
@@ -35,7 +36,7 @@ use suite::{log, Plan};
 #[derive(Parser, Debug)]
 #[command(
     name = "vak-bench",
-    about = "Benchmarks a release `vak serve`: fan-out, latency curve, many sessions, idle cost, stalled client, replay from disk, search, growth, cluster, vs raw tonic"
+    about = "Benchmarks a release `vak serve`: fan-out, latency curve, many sessions, idle cost, stalled client, replay from disk, search, growth, cluster, memory, realistic load, vs raw tonic"
 )]
 pub(crate) struct Args {
     #[command(subcommand)]
@@ -55,7 +56,7 @@ pub(crate) struct Args {
     /// Print the table only.
     #[arg(long)]
     pub(crate) no_write: bool,
-    /// Only these scenarios: fanout, latency, sessions, idle, stalled, replay, search, growth, cluster, memory (comma-separated).
+    /// Only these scenarios: fanout, latency, sessions, idle, stalled, replay, search, growth, cluster, memory, realistic (comma-separated).
     #[arg(long, value_delimiter = ',')]
     pub(crate) only: Vec<String>,
     /// gRPC streams per HTTP/2 connection.
@@ -119,6 +120,18 @@ pub(crate) struct Args {
     /// compare allocators).
     #[arg(long)]
     pub(crate) serve_env: Vec<String>,
+    /// The realistic-load scenario as one point: sessions (S), deltas per
+    /// second each streams (R) and readers per session (K); what is not given
+    /// is the first default point's (10 000 x 50/s x 2; --quick 50 x 50/s x 2).
+    #[arg(long)]
+    pub(crate) realistic_sessions: Option<usize>,
+    #[arg(long)]
+    pub(crate) realistic_rate: Option<u64>,
+    #[arg(long)]
+    pub(crate) realistic_readers: Option<usize>,
+    /// Seconds each realistic-load session streams (default 10; --quick 2).
+    #[arg(long)]
+    pub(crate) realistic_secs: Option<f64>,
     /// Runs of the memory scenario (default 1).
     #[arg(long)]
     pub(crate) memory_runs: Option<usize>,

@@ -18,6 +18,7 @@ pub(crate) fn method(sizes: &Sizes, env: &Env) -> String {
         baselines(sizes, env),
         idle_stalled(sizes, env),
         replay_search(sizes, env),
+        realistic(sizes, env),
         cpu_sizes(sizes, env),
     ]
     .concat()
@@ -161,6 +162,35 @@ prompt carries a word of its own; once the last session's word is found, the fir
             .collect::<Vec<_>>()
             .join(", "),
         squeries = sizes.search_queries,
+    )
+}
+
+/// The realistic-load scenario.
+fn realistic(sizes: &Sizes, env: &Env) -> String {
+    format!(
+        "Realistic load (points S x R x K: {points}): S sessions made at once, K readers each, every other reader in \
+(session, reader) order SSE and the rest gRPC ({per} streams per HTTP/2 connection; with K = 2 each session has one of each), \
+SSE read buffers 4 KiB; once every reader has its stream_opened, the sessions get their runs (gRPC `Run`, 128 at a \
+time): `/sleep` until a common start (1 s + 1 ms per session after the first Run is sent, so every run is admitted \
+before any streams; a Run sent later starts at once and is counted late) plus the session's phase (spread evenly over \
+one period 1/R), then `/pace N R` (N = R x the seconds): every session streams a delta every 1/R s to its K readers, \
+S x R x K deliveries/s offered. Every reader \
+checks each delta continues its sequence exactly once and in order and that all N arrive. Latency is publish (the \
+model's stamp as it emits the delta) to receipt, p50/p99/max over every delta of every reader; a server that falls \
+behind shows in delivered/offered (the pacing catches up late) rather than in this latency. Delivered/offered, \
+server CPU and bench CPU come from a sampler reading the readers' delivered count and /proc every 100 ms, over the \
+steady window: from 0.25 s after the common start (or the last admission, if later) to 0.1 s before the first session's last delta was due, \
+when every session is streaming (the whole run if that is under 0.5 s). Server peak RSS is its VmHWM at the end. \
+The bench and the server share the machine's cores: at full size the bench's own reading of every delta competes \
+with the server (the CPU column shows both). \
+",
+        points = sizes
+            .realistic
+            .iter()
+            .map(|p| format!("{} x {}/s x {} for {} s", p.sessions, p.rate, p.readers, p.secs))
+            .collect::<Vec<_>>()
+            .join(", "),
+        per = env.per_conn,
     )
 }
 

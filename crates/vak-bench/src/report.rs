@@ -51,6 +51,8 @@ pub(crate) enum Unit {
     MiB,
     /// A fraction, printed as %.
     Fraction,
+    /// CPU cores (CPU seconds per second).
+    Cores,
 }
 
 pub(crate) fn fmt_value(v: f64, unit: Unit) -> String {
@@ -65,6 +67,7 @@ pub(crate) fn fmt_value(v: f64, unit: Unit) -> String {
         Unit::KiB => format!("{v:.1} KiB"),
         Unit::MiB => format!("{v:.0} MiB"),
         Unit::Fraction => format!("{:.0}%", v * 100.0),
+        Unit::Cores => format!("{v:.2} cores"),
     }
 }
 

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 /// Opens one subscriber per entry of `sessions` (SSE connections, or gRPC
 /// streams `per_conn` to an HTTP/2 connection). Subscriber `stalled`, if any,
 /// stops reading after stream_opened; on gRPC it gets a connection of its own.
-async fn open(
+pub(crate) async fn open(
     env: &Env,
     transport: Transport,
     target: &Target,
@@ -69,7 +69,11 @@ async fn open(
 }
 
 /// Awaits every subscriber; past `limit` the rest are cancelled.
-async fn collect(handles: Vec<JoinHandle<SubResult>>, shared: &Shared, limit: Duration) -> Vec<SubResult> {
+pub(crate) async fn collect(
+    handles: Vec<JoinHandle<SubResult>>,
+    shared: &Shared,
+    limit: Duration,
+) -> Vec<SubResult> {
     let deadline = tokio::time::Instant::now() + limit;
     let mut out = Vec::with_capacity(handles.len());
     for mut h in handles {
@@ -93,7 +97,12 @@ pub(crate) const NOT_FINISHED: &str = "not finished within the";
 
 /// When `collect` hit its limit (it cancels the rest only then): how far the
 /// subscribers got, which says more than the cancellation errors.
-fn timed_out(results: &[SubResult], shared: &Shared, limit: Duration, expect: u64) -> Result<(), String> {
+pub(crate) fn timed_out(
+    results: &[SubResult],
+    shared: &Shared,
+    limit: Duration,
+    expect: u64,
+) -> Result<(), String> {
     if !shared.cancel.is_cancelled() {
         return Ok(());
     }
@@ -108,7 +117,7 @@ fn timed_out(results: &[SubResult], shared: &Shared, limit: Duration, expect: u6
     ))
 }
 
-fn first_error(results: &[SubResult]) -> Result<(), String> {
+pub(crate) fn first_error(results: &[SubResult]) -> Result<(), String> {
     let failed = results.iter().filter(|r| r.error.is_some()).count();
     match results.iter().find_map(|r| r.error.as_ref()) {
         Some(e) => Err(format!(
@@ -450,7 +459,7 @@ pub(crate) async fn burst_on(
 }
 
 /// `n` new sessions, created 64 at a time.
-async fn create_sessions(ctl: &Control, n: usize) -> Result<Vec<String>, String> {
+pub(crate) async fn create_sessions(ctl: &Control, n: usize) -> Result<Vec<String>, String> {
     let mut ids = Vec::with_capacity(n);
     for chunk in (0..n).collect::<Vec<_>>().chunks(64) {
         let made = futures_util::future::join_all(chunk.iter().map(|_| ctl.create_session())).await;

@@ -1,5 +1,6 @@
 //! Every size the scenarios use: the full bench's, `--quick`'s, and what the flags override.
 
+use crate::realistic::LoadSize;
 use crate::scenarios::Transport;
 use crate::{cluster, memory, Args};
 
@@ -42,6 +43,8 @@ pub(crate) struct Sizes {
     /// The memory scenario (memory.rs) and its runs.
     pub(crate) memory: memory::MemorySizes,
     pub(crate) memory_runs: usize,
+    /// The realistic-load scenario's points (realistic.rs).
+    pub(crate) realistic: Vec<LoadSize>,
 }
 
 impl Sizes {
@@ -81,6 +84,15 @@ impl Sizes {
             search_queries: 200,
             memory: memory::MemorySizes::full(),
             memory_runs: 1,
+            realistic: vec![
+                LoadSize::GOAL,
+                LoadSize {
+                    sessions: 1000,
+                    rate: 200,
+                    readers: 2,
+                    secs: 10.0,
+                },
+            ],
         }
     }
 
@@ -120,6 +132,12 @@ impl Sizes {
             search_queries: 20,
             memory: memory::MemorySizes::quick(),
             memory_runs: 1,
+            realistic: vec![LoadSize {
+                sessions: 50,
+                rate: 50,
+                readers: 2,
+                secs: 2.0,
+            }],
         }
     }
 
@@ -155,6 +173,64 @@ impl Sizes {
         sizes.search_sessions = args.search_sessions.unwrap_or(sizes.search_sessions).max(1);
         sizes.search_queries = args.search_queries.unwrap_or(sizes.search_queries).max(1);
         sizes.memory_runs = args.memory_runs.unwrap_or(sizes.memory_runs).max(1);
+        realistic_of(args, &mut sizes.realistic);
         sizes
+    }
+}
+
+/// `--realistic-sessions/-rate/-readers` make the realistic scenario one
+/// point (what is not given comes from its first default point);
+/// `--realistic-secs` sets every point's duration.
+fn realistic_of(args: &Args, points: &mut Vec<LoadSize>) {
+    if args.realistic_sessions.is_some() || args.realistic_rate.is_some() || args.realistic_readers.is_some()
+    {
+        let first = points.first().copied().unwrap_or(LoadSize::GOAL);
+        *points = vec![LoadSize {
+            sessions: args.realistic_sessions.unwrap_or(first.sessions).max(1),
+            rate: args.realistic_rate.unwrap_or(first.rate).max(1),
+            readers: args.realistic_readers.unwrap_or(first.readers).max(1),
+            secs: first.secs,
+        }];
+    }
+    if let Some(secs) = args.realistic_secs {
+        for p in points.iter_mut() {
+            p.secs = secs.max(0.1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn realistic_flags_make_one_point_from_the_defaults() {
+        let full = Sizes::of(&Args::parse_from(["vak-bench"]));
+        assert_eq!(full.realistic.len(), 2);
+        assert_eq!(full.realistic[0], LoadSize::GOAL);
+        let a = Args::parse_from([
+            "vak-bench",
+            "--realistic-sessions",
+            "2000",
+            "--realistic-secs",
+            "5",
+        ]);
+        let s = Sizes::of(&a);
+        assert_eq!(
+            s.realistic,
+            [LoadSize {
+                sessions: 2000,
+                secs: 5.0,
+                ..LoadSize::GOAL
+            }]
+        );
+        let q = Sizes::of(&Args::parse_from([
+            "vak-bench",
+            "--quick",
+            "--realistic-secs",
+            "1",
+        ]));
+        assert_eq!((q.realistic[0].sessions, q.realistic[0].secs), (50, 1.0));
     }
 }

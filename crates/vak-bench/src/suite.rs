@@ -4,6 +4,7 @@
 mod fanout;
 mod latency;
 mod load;
+mod realistic;
 mod replay;
 mod scale;
 
@@ -97,6 +98,12 @@ pub(crate) const SCENARIOS: &[Scenario] = &[
         after_runs: Some(measure_memory),
         rows: memory_rows,
     },
+    Scenario {
+        name: "realistic",
+        each_run: Some(realistic::measure),
+        after_runs: None,
+        rows: realistic::rows,
+    },
 ];
 
 /// What a run of the bench measures, and with what.
@@ -152,6 +159,8 @@ pub(crate) struct Samples {
     pub(crate) replay: Vec<Sample<scenarios::Replay>>,
     pub(crate) search: Vec<Sample<scenarios::SearchLatency>>,
     pub(crate) memory: Vec<memory::MemoryRun>,
+    /// The realistic-load scenario, by point.
+    pub(crate) realistic: Vec<(crate::realistic::LoadSize, Sample<crate::realistic::Load>)>,
 }
 
 /// A latency point measured at a rate (events/s).
@@ -379,6 +388,10 @@ pub(crate) fn others_cores(s: &Samples) -> Option<f64> {
     s.replay
         .iter()
         .filter_map(|x| x.r.as_ref().ok())
+        .for_each(|x| add(&x.cpu));
+    s.realistic
+        .iter()
+        .filter_map(|(_, x)| x.r.as_ref().ok())
         .for_each(|x| add(&x.cpu));
     Stat::of(&all).map(|st| st.median)
 }
