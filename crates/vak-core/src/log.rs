@@ -1,5 +1,6 @@
 //! A session's durable record and what it folds into: the ledger, the one writer, repair on load, replay from disk, delta bounds, and the transcript and presentation projections.
 
+pub(crate) mod appender;
 pub(crate) mod deltas;
 pub(crate) mod folds;
 pub mod ledger;

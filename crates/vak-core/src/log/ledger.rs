@@ -177,6 +177,12 @@ impl Batch {
 pub trait Log: Send + Sync + 'static {
     /// Appends `batch` whole, or fails having made none of it readable.
     fn append(&self, batch: &Batch) -> std::io::Result<()>;
+    /// Whether an append waits on more than a `write`: a disk flush, a
+    /// network round trip. Such appends get a blocking-pool thread each;
+    /// the others share the few appender threads (log/appender.rs).
+    fn append_waits(&self) -> bool {
+        true
+    }
     /// Up to `max` events with seq > `after`, in seq order, from what is durable.
     fn read_events(&self, after: u64, max: usize) -> Result<Vec<(u64, ClientEvent)>>;
     /// The highest seq appended so far (0: none).
@@ -460,6 +466,10 @@ impl Ledger {
 }
 
 impl Log for Ledger {
+    fn append_waits(&self) -> bool {
+        self.durability == Durability::Fsync
+    }
+
     fn append(&self, batch: &Batch) -> std::io::Result<()> {
         if batch.is_empty() {
             return Ok(());
@@ -631,6 +641,18 @@ pub fn summarize(path: &Path) -> Result<LedgerSummary> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_fsync_appends_wait_for_more_than_a_write() {
+        let dir = tempfile::tempdir().unwrap();
+        for (durability, waits) in [(Durability::Process, false), (Durability::Fsync, true)] {
+            let path = dir.path().join(format!("{durability:?}.jsonl"));
+            let l = Ledger::create(&path, "s", "2026-01-01T00:00:00Z", durability).unwrap();
+            assert_eq!(l.append_waits(), waits, "{durability:?}");
+        }
+        // Any other log is taken to wait: it keeps a thread of its own.
+        assert!(crate::log::memory::MemLog::default().append_waits());
+    }
 
     fn open_fds() -> usize {
         std::fs::read_dir("/proc/self/fd").unwrap().count()

@@ -230,29 +230,50 @@ enum Item {
     Record(Record),
 }
 
-/// Encodes and appends `items` on a blocking thread; the bytes written.
+/// Encodes and appends `items` on another thread; the bytes written.
 async fn append(log: &Arc<dyn Log>, session: &str, items: Vec<Item>) -> std::io::Result<u64> {
-    joined(spawn_append(log, session, items).await)
+    spawn_append(log, session, items).finish().await
 }
 
 /// The largest batch buffer a blocking thread keeps between appends.
 const KEEP_BATCH: usize = 4 << 20;
 
 thread_local! {
-    /// The blocking thread's batch buffer, reused by its next append: a
+    /// The appending thread's batch buffer, reused by its next append: a
     /// fresh one grew by `realloc` through every size of a large batch and
     /// was mapped, faulted in and unmapped again each time (`realloc`, page
     /// faults and `free` were near the top of `perf` following a burst).
     static BATCH: std::cell::RefCell<Batch> = std::cell::RefCell::new(Batch::default());
 }
 
-/// Starts encoding and appending `items` on a blocking thread.
+/// An append under way: on an appender thread, or on a blocking-pool thread
+/// of its own when the log's appends wait on more than a `write`.
+enum InFlight {
+    Pool(tokio::task::JoinHandle<std::io::Result<u64>>),
+    Appender(tokio::sync::oneshot::Receiver<Result<std::io::Result<u64>, super::appender::Panicked>>),
+}
+
+impl InFlight {
+    async fn finish(self) -> std::io::Result<u64> {
+        let panicked = |what: String| {
+            Err(std::io::Error::other(format!(
+                "the ledger writer panicked: {what}"
+            )))
+        };
+        match self {
+            InFlight::Pool(h) => h.await.unwrap_or_else(|e| panicked(e.to_string())),
+            InFlight::Appender(rx) => match rx.await {
+                Ok(Ok(r)) => r,
+                _ => panicked("an appender job".into()),
+            },
+        }
+    }
+}
+
+/// Starts encoding and appending `items` (on another thread: see `InFlight`).
 /// `session` names the ledger in its `ledger_commit` span.
-fn spawn_append(
-    log: &Arc<dyn Log>,
-    session: &str,
-    items: Vec<Item>,
-) -> tokio::task::JoinHandle<std::io::Result<u64>> {
+fn spawn_append(log: &Arc<dyn Log>, session: &str, items: Vec<Item>) -> InFlight {
+    let waits = log.append_waits();
     let log = log.clone();
     // A root of its own: one batch holds the events of every run the session has live.
     let span = tracing::info_span!(
@@ -263,7 +284,7 @@ fn spawn_append(
         batch_size = crate::trace::int(items.len() as u64),
         bytes = tracing::field::Empty,
     );
-    tokio::task::spawn_blocking(move || {
+    let job = move || {
         let started = Instant::now();
         let mut batch = BATCH.with(|b| std::mem::take(&mut *b.borrow_mut()));
         for item in &items {
@@ -284,11 +305,12 @@ fn spawn_append(
         batch.clear_keeping(KEEP_BATCH);
         BATCH.with(|b| *b.borrow_mut() = batch);
         r
-    })
-}
-
-fn joined(r: Result<std::io::Result<u64>, tokio::task::JoinError>) -> std::io::Result<u64> {
-    r.unwrap_or_else(|e| Err(std::io::Error::other(format!("the ledger writer panicked: {e}"))))
+    };
+    if waits {
+        InFlight::Pool(tokio::task::spawn_blocking(job))
+    } else {
+        InFlight::Appender(super::appender::submit(job))
+    }
 }
 
 /// When the writer appends a snapshot: after at least `min` bytes, and at
@@ -459,7 +481,7 @@ pub(crate) async fn run(
             }
         }
         let appended = match (in_flight, items) {
-            (Some(h), _) => joined(h.await),
+            (Some(h), _) => h.finish().await,
             (None, Some(batch)) => append(&log, &session_id, batch).await,
             (None, None) => Ok(0),
         };
