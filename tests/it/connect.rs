@@ -262,7 +262,8 @@ async fn errors_carry_the_specs_code_status_and_vaks_error_kind() {
     std::fs::write(s.workspace.join("big.bin"), big).unwrap();
     let (status, headers, e) = call(&s, "ReadFile", json!({"path": "big.bin"})).await;
     assert_eq!((status, e["code"].as_str()), (400, Some("out_of_range")), "{e}");
-    assert_eq!(headers["vak-error-kind"], "payload_too_large");
+    let kinds: Vec<_> = headers.get_all("vak-error-kind").iter().collect();
+    assert_eq!(kinds, ["payload_too_large"], "the kind once");
     let detail = &e["details"][0];
     assert_eq!(detail["type"], "google.rpc.ErrorInfo", "{e}");
     assert_eq!(detail["debug"]["metadata"]["kind"], "payload_too_large");

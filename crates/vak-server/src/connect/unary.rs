@@ -86,9 +86,10 @@ async fn read(req: Request, max_body: usize) -> Result<(Bytes, Request), Status>
 /// The gRPC answer as a Connect one: the one message, or the error.
 async fn answer(resp: Response, prep: &Prepared, accept: Encoding) -> Result<Response, Status> {
     let (parts, body) = resp.into_parts();
-    // Trailers-only: the status came with the headers.
+    // Trailers-only: the status came with the headers, and holds their
+    // metadata already.
     if let Some(status) = Status::from_header_map(&parts.headers) {
-        return Err(with_headers(status, &parts.headers));
+        return Err(status);
     }
     let mut frames = Deframer::new(usize::MAX);
     let mut trailers = HeaderMap::new();
