@@ -6,7 +6,7 @@ use crate::clients::{Mode, Shared, SubResult};
 use crate::control::Control;
 use crate::env::{Env, Transport};
 use crate::machine::{self, CpuUse};
-use crate::scenarios::{collect, create_sessions, first_error, open, timed_out};
+use crate::scenarios::{collect, create_sessions, first_error, open, percentiles, timed_out, Pcts};
 use crate::server::{ServeOpts, Server};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -60,36 +60,6 @@ impl LoadSize {
     pub(crate) fn is_goal_point(&self) -> bool {
         (self.sessions, self.rate, self.readers) == (Self::GOAL.sessions, Self::GOAL.rate, Self::GOAL.readers)
     }
-}
-
-/// Percentiles of publish-to-receipt latency, in microseconds.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub(crate) struct Pcts {
-    pub p50_us: f64,
-    pub p99_us: f64,
-    pub max_us: f64,
-    pub samples: u64,
-}
-
-/// Nearest-rank percentiles of `v` (reordered in place); None when empty.
-pub(crate) fn percentiles(v: &mut [u32]) -> Option<Pcts> {
-    let n = v.len();
-    if n == 0 {
-        return None;
-    }
-    let mut at = |p: f64| {
-        let k = ((n as f64 * p).ceil() as usize).clamp(1, n) - 1;
-        f64::from(*v.select_nth_unstable(k).1)
-    };
-    let p50_us = at(0.50);
-    let p99_us = at(0.99);
-    let max_us = at(1.0);
-    Some(Pcts {
-        p50_us,
-        p99_us,
-        max_us,
-        samples: n as u64,
-    })
 }
 
 /// What one run of the scenario measured.

@@ -411,6 +411,36 @@ pub(crate) async fn floor_latency(env: &Env, subs: usize, n: u64, rate: u64) -> 
     summarize(results, cpu, last_s)
 }
 
+/// Percentiles of publish-to-receipt latency, in microseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct Pcts {
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub max_us: f64,
+    pub samples: u64,
+}
+
+/// Nearest-rank percentiles of `v` (reordered in place); None when empty.
+pub(crate) fn percentiles(v: &mut [u32]) -> Option<Pcts> {
+    let n = v.len();
+    if n == 0 {
+        return None;
+    }
+    let mut at = |p: f64| {
+        let k = ((n as f64 * p).ceil() as usize).clamp(1, n) - 1;
+        f64::from(*v.select_nth_unstable(k).1)
+    };
+    let p50_us = at(0.50);
+    let p99_us = at(0.99);
+    let max_us = at(1.0);
+    Some(Pcts {
+        p50_us,
+        p99_us,
+        max_us,
+        samples: n as u64,
+    })
+}
+
 /// Percentiles of every subscriber's latencies.
 fn summarize(results: Vec<SubResult>, cpu: CpuUse, last_s: f64) -> Result<Latency, String> {
     let subs = results.len();
@@ -419,22 +449,17 @@ fn summarize(results: Vec<SubResult>, cpu: CpuUse, last_s: f64) -> Result<Latenc
     for r in results {
         all.extend_from_slice(&r.latencies);
     }
-    if all.is_empty() {
-        return Err("no latency samples".into());
-    }
-    let samples = all.len();
-    let pct = |all: &mut Vec<u32>, p: f64| {
-        let k = (((samples as f64) * p).ceil() as usize).clamp(1, samples) - 1;
-        f64::from(*all.select_nth_unstable(k).1)
-    };
-    let p50_us = pct(&mut all, 0.50);
-    let p99_us = pct(&mut all, 0.99);
-    let max_us = f64::from(all.iter().copied().max().unwrap_or(0));
+    let Pcts {
+        p50_us,
+        p99_us,
+        max_us,
+        samples,
+    } = percentiles(&mut all).ok_or("no latency samples")?;
     Ok(Latency {
         p50_us,
         p99_us,
         max_us,
-        samples: samples as u64,
+        samples,
         eps: samples as f64 / last_s,
         cpu,
     })

@@ -15,7 +15,7 @@ const LABEL: &str = "half SSE, half gRPC";
 
 /// A run, as logged.
 fn load_msg(x: &Load) -> String {
-    let p = |t: Option<realistic::Pcts>| t.map_or("-".into(), |p| format!("{:.2} ms", p.p99_us / 1e3));
+    let p = |t: Option<crate::scenarios::Pcts>| t.map_or("-".into(), |p| format!("{:.2} ms", p.p99_us / 1e3));
     format!(
         "{} delivered of {} offered ({:.0}%) over {:.1} s{}; p50 {:.2} ms p99 {:.2} ms (SSE {}, gRPC {}) max {:.2} ms; \
 {} events per frame; readers opened in {:.1} s, runs admitted in {:.2} s (start at {:.2} s, {} late), last delta {:.2} s after the start; \
@@ -146,7 +146,7 @@ pub(super) fn rows(s: &Samples, plan: &Plan, table: &mut Table) {
                 if let (Some(st), true) = (&r.stat, size.is_goal_point()) {
                     r.goal = Some(Goal::at_most(st.median, P99_GOAL_US, true, "< 50 ms"));
                 }
-                let by = |g: fn(&Load) -> Option<realistic::Pcts>| {
+                let by = |g: fn(&Load) -> Option<crate::scenarios::Pcts>| {
                     report::Stat::of(
                         &v.iter()
                             .filter_map(|x| g(x).map(|p| p.p99_us))
