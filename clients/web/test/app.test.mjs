@@ -1083,6 +1083,11 @@ step("the app passes axe-core at desktop width (no serious or critical violation
 });
 
 step("/admin lists the session", async () => {
+  // Another tab keeps the session open, so /admin has a client to name for it (the app's own tab
+  // leaves the session when it navigates to /admin).
+  const watcher = await newTab();
+  await watcher.goto(`${proxy.url}/app/s/${sessionId}`);
+  await watcher.locator(`#timeline .card`).first().waitFor();
   await page.click("#admin-link");
   await page.locator("#admin-sessions").waitFor();
   const mine = page.locator(`#admin-sessions tr[data-key="${sessionId}"]`);
@@ -1092,6 +1097,7 @@ step("/admin lists the session", async () => {
   assert.match(await page.locator("#admin-config").innerText(), /offline/);
   // Who is attached, in words: the kind of client and how long it has been attached.
   assert.match(await mine.innerText(), /a browser tab or app, for (under a minute|\d+ min|\d+ h)/);
+  await watcher.close();
   // GetAdminStatus: this machine's streams (the console's own /stream at least) and the caps.
   // (Once its own stream is open, the console reads the status again and counts it.)
   await page.waitForFunction(() => /loopback\s+\d+/.test(document.querySelector("#admin-clients")?.innerText ?? ""));
