@@ -188,3 +188,32 @@ async fn a_subscriber_that_stops_reading_still_gets_the_whole_burst() {
     assert_numbered(&late);
     assert_eq!(late.last().unwrap().seq(), live.last().unwrap().seq());
 }
+
+/// Large deltas (from 4 KiB their JSON goes out as a chunk of its own,
+/// shared by every reader) arrive whole, numbered and in order, between the
+/// run's small frames, to a reader that keeps up and to one that reads only
+/// once the run is over.
+#[tokio::test]
+async fn large_deltas_arrive_whole_and_in_order_beside_small_frames() {
+    let s = TestServer::start().await;
+    let sid = s.create_session().await;
+    let late = s.events(&sid, None).await;
+    let reader = s.events(&sid, None).await;
+    s.run(&sid, "/burst 40 20000").await;
+    let token = |i: usize| {
+        let t = format!("t{i}");
+        format!("{t}{} ", "_".repeat(20000 - 1 - t.len()))
+    };
+    let expected: String = (0..40).map(token).collect();
+    for sse in [reader, late] {
+        let (frames, _) = read_resuming(&s, &sid, sse).await;
+        assert_numbered(&frames);
+        assert!(
+            frames.iter().any(|f| f.event == "user_message"),
+            "small frames too"
+        );
+        let text = text_of(&frames);
+        assert_eq!(text.len(), expected.len());
+        assert!(text == expected, "the deltas' text, whole and in order");
+    }
+}

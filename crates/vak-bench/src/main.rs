@@ -91,6 +91,15 @@ pub(crate) struct Args {
     /// Runs of the growth and cluster scenarios (default 1).
     #[arg(long)]
     pub(crate) growth_runs: Option<usize>,
+    /// The growth table's points: subscribers of one session, sessions of one
+    /// subscriber each, delta sizes in bytes (comma-separated). Once any of
+    /// the three is given, only the axes given are measured.
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) growth_subs: Vec<usize>,
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) growth_sessions: Vec<usize>,
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) growth_sizes: Vec<u64>,
     /// Subscribers of the cluster fan-out, spread over its 3 replicas.
     #[arg(long)]
     pub(crate) cluster_subs: Option<usize>,

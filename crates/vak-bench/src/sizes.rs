@@ -161,6 +161,11 @@ impl Sizes {
         }
         sizes.latency_secs = args.latency_secs.unwrap_or(sizes.latency_secs).max(0.01);
         sizes.growth_runs = args.growth_runs.unwrap_or(sizes.growth_runs).max(1);
+        if !(args.growth_subs.is_empty() && args.growth_sessions.is_empty() && args.growth_sizes.is_empty()) {
+            sizes.growth_subs = args.growth_subs.iter().copied().filter(|&n| n > 0).collect();
+            sizes.growth_sessions = args.growth_sessions.iter().copied().filter(|&n| n > 0).collect();
+            sizes.growth_sizes = args.growth_sizes.iter().copied().filter(|&n| n > 0).collect();
+        }
         sizes.cluster.subs = args.cluster_subs.unwrap_or(sizes.cluster.subs).max(1);
         if !args.fsync_subs.is_empty() {
             sizes.fsync_subs = args.fsync_subs.iter().copied().filter(|&n| n > 0).collect();

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
-pub(crate) use vak_proto::sse::{frame, write_frame};
+pub(crate) use vak_proto::sse::{frame, write_frame, write_head, FRAME_END};
 
 /// A comment is sent after this long without a frame, so proxies and
 /// clients see a live connection.
