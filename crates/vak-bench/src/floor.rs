@@ -23,10 +23,10 @@ pub(crate) struct Floor {
 
 /// One subscriber: its socket, how much of the frame log it has been
 /// given, and the chunk bytes not yet written.
-struct Conn {
-    tcp: TcpStream,
+pub(crate) struct Conn {
+    pub(crate) tcp: TcpStream,
     given: usize,
-    out: Vec<u8>,
+    pub(crate) out: Vec<u8>,
 }
 
 impl Floor {
@@ -174,7 +174,7 @@ fn pace(mut conns: Vec<Conn>, t0: Instant, n: u64, rate: u64, stop: &AtomicBool)
 
 /// Reads the request head, answers with the response head and `opened`,
 /// and leaves the socket non-blocking.
-fn open(mut tcp: TcpStream, opened: &[u8]) -> io::Result<Conn> {
+pub(crate) fn open(mut tcp: TcpStream, opened: &[u8]) -> io::Result<Conn> {
     tcp.set_nonblocking(false)?;
     tcp.set_read_timeout(Some(Duration::from_secs(10)))?;
     tcp.set_nodelay(true)?;
@@ -205,7 +205,7 @@ fn failed(what: &'static str) -> impl Fn(io::Error) -> String {
 }
 
 /// Appends `data` as one HTTP/1.1 chunk.
-fn chunk(out: &mut Vec<u8>, data: &[u8]) {
+pub(crate) fn chunk(out: &mut Vec<u8>, data: &[u8]) {
     out.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
     out.extend_from_slice(data);
     out.extend_from_slice(b"\r\n");

@@ -12,6 +12,7 @@ mod cluster;
 mod control;
 mod env;
 mod floor;
+mod floor_load;
 mod growth;
 mod machine;
 mod memory;
@@ -165,16 +166,49 @@ enum Cmd {
         #[arg(long, default_value_t = 1 << 17)]
         capacity: usize,
     },
+    /// The realistic-load floor (the bench starts it itself).
+    #[command(hide = true)]
+    LoadFloorServer {
+        #[arg(long)]
+        sessions: usize,
+        #[arg(long)]
+        readers: usize,
+        #[arg(long)]
+        deltas: u64,
+        #[arg(long)]
+        rate: u64,
+    },
 }
 
 fn main() {
     let args = Args::parse();
-    if let Some(Cmd::BaselineServer { listen, capacity }) = args.cmd {
-        if let Err(e) = baseline::serve(listen, capacity) {
-            eprintln!("baseline: error: {e}");
-            std::process::exit(1);
+    match args.cmd {
+        Some(Cmd::BaselineServer { listen, capacity }) => {
+            if let Err(e) = baseline::serve(listen, capacity) {
+                eprintln!("baseline: error: {e}");
+                std::process::exit(1);
+            }
+            return;
         }
-        return;
+        Some(Cmd::LoadFloorServer {
+            sessions,
+            readers,
+            deltas,
+            rate,
+        }) => {
+            let plan = floor_load::Plan {
+                sessions,
+                readers,
+                deltas,
+                rate,
+            };
+            if let Err(e) = floor_load::serve(plan) {
+                eprintln!("load floor: error: {e}");
+                std::process::exit(1);
+            }
+            return;
+        }
+        None => {}
     }
     let (before, after) = machine::raise_nofile();
     let runtime = tokio::runtime::Builder::new_multi_thread()

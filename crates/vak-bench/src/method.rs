@@ -78,8 +78,9 @@ fn growth_cluster(sizes: &Sizes, _env: &Env) -> String {
 /proc, divided by subscribers x deltas) and server peak RSS (VmHWM) as one session gets more subscribers \
 ({gsubs}), as more sessions run at once with one subscriber each ({gsess}, all `/burst` at once), and as deltas \
 grow ({gsizes} bytes, `/burst N SIZE` pads each `t{{i}}` token with `_`, to {gsizesubs} subscribers); each point \
-sends about {gdel} deliveries (half that for sessions; sized points at most {gbytes} MiB of deltas; never fewer \
-than {gmin} deltas per stream), the count is in the row. A point is flagged **faster than linear** when its CPU per \
+sends about {gdel} deliveries (half that for sessions, but at least {gsd} deltas per session: a run's own work, its \
+turn, receipts and search indexing, is the same however many deltas it streams; sized points at most {gbytes} MiB \
+of deltas; never fewer than {gmin} deltas per stream), the count is in the row. A point is flagged **faster than linear** when its CPU per \
 event exceeds the previous point's by more than 1.5x (on the size axis: by more than 1.5x the size ratio), or when \
 the RSS each added subscriber, session or byte costs over the first point rises by more than 1.5x from one step to \
 the next (and by more than 16 MiB). \
@@ -97,6 +98,7 @@ server (no `--bus`) the same right after: the ratio of the two events/s. CPU is 
         gdel = sizes.growth_deliveries,
         gbytes = sizes.growth_size_bytes >> 20,
         gmin = sizes.growth_min_events,
+        gsd = sizes.growth_session_deltas,
         cnodes = if std::env::var_os("VAK_NATS_SERVER").is_some() {
             "the binary VAK_NATS_SERVER names"
         } else {
@@ -182,7 +184,12 @@ server CPU and bench CPU come from a sampler reading the readers' delivered coun
 steady window: from 0.25 s after the common start (or the last admission, if later) to 0.1 s before the first session's last delta was due, \
 when every session is streaming (the whole run if that is under 0.5 s). Server peak RSS is its VmHWM at the end. \
 The bench and the server share the machine's cores: at full size the bench's own reading of every delta competes \
-with the server (the CPU column shows both). \
+with the server (the CPU column shows both). The floor rows (`SSE floor`) run each point right after with no \
+vak: this bench re-executed as a process of its own where one plain thread accepts S x K SSE readers (all SSE: it \
+speaks no gRPC) and writes each session's deltas, with the same phases and pacing, to its K sockets as each is due \
+(one write per delta per socket, sleeping until the next is due, never spinning); its CPU and RSS are read as a \
+server's: what S x R x K small writes a second cost this machine's loopback TCP before vak costs anything. One \
+thread, so past about one core of writes the floor itself falls behind (delivered/offered shows it). \
 ",
         points = sizes
             .realistic

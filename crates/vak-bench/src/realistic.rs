@@ -283,6 +283,65 @@ async fn realistic_on(env: &Env, server: &Server, size: LoadSize) -> Result<Load
     })
 }
 
+/// The same point with no vak: the load floor process (`floor_load.rs`)
+/// paces the same deltas to S x K SSE readers, every one SSE (the floor
+/// speaks no gRPC); its CPU and RSS are read as a server's.
+pub(crate) async fn realistic_floor(env: &Env, size: LoadSize) -> Result<Load, String> {
+    let readers = size.sessions * size.readers;
+    let need = readers + 8;
+    if need > machine::nofile_soft() * 3 / 4 {
+        return Err(format!(
+            "{need} connections do not fit RLIMIT_NOFILE {}",
+            machine::nofile_soft()
+        ));
+    }
+    let n = size.deltas();
+    let plan = crate::floor_load::Plan {
+        sessions: size.sessions,
+        readers: size.readers,
+        deltas: n,
+        rate: size.rate,
+    };
+    let floor = crate::floor_load::FloorProcess::start(&env.exe, plan).await?;
+    let target = crate::clients::Target {
+        addr: floor.addr,
+        token: String::new(),
+        peer: false,
+    };
+    let shared = Shared::with_read_size(READ_SIZE);
+    let opening = Instant::now();
+    let ids = vec![crate::floor::SESSION.to_string(); readers];
+    let mode = Mode::Latency { expect: n };
+    let handles = open(env, Transport::Sse, &target, &ids, mode, None, &shared).await?;
+    if let Err(e) = shared.wait_opened(readers, Duration::from_secs(300)).await {
+        shared.cancel.cancel();
+        collect(handles, &shared, Duration::from_secs(30)).await;
+        return Err(e);
+    }
+    let t0 = Instant::now();
+    let open_s = opening.elapsed().as_secs_f64();
+    let open_kib = machine::rss_kib(floor.pid).unwrap_or(0);
+    let stop = CancellationToken::new();
+    let ticks = sampler(floor.pid, shared.clone(), stop.clone());
+    // The floor paces from its last accept plus its lead: no later than this.
+    let start = t0 + crate::floor_load::LEAD;
+    let results = collect(handles, &shared, env.limit).await;
+    stop.cancel();
+    let ticks = ticks.await.map_err(|e| format!("the sampler failed: {e}"))?;
+    let peak_kib = machine::hwm_kib(floor.pid).unwrap_or(0);
+    floor.finish(Duration::from_secs(30)).await?;
+    timed_out(&results, &shared, env.limit, n)?;
+    first_error(&results)?;
+    summarize(&size, &results, results.len(), &ticks, start, start, n).map(|l| Load {
+        open_s,
+        open_kib,
+        peak_kib,
+        threads: 1,
+        lead_s: crate::floor_load::LEAD.as_secs_f64(),
+        ..l
+    })
+}
+
 /// Runs are sent this many at a time.
 const RUN_BATCH: usize = 128;
 /// The common start is this long, plus `LEAD_PER_RUN` per session, after the first Run is sent.

@@ -26,6 +26,11 @@ pub(crate) struct Sizes {
     /// fewest deltas a point sends, and the bytes a size point delivers.
     pub(crate) growth_deliveries: u64,
     pub(crate) growth_min_events: u64,
+    /// Deltas each session of a sessions point gets at least: a run's own
+    /// work (its turn, receipts, search indexing) is the same however many
+    /// deltas it streams, so points with fewer deltas per run would show
+    /// that fixed cost as a per-event cost growing with the sessions.
+    pub(crate) growth_session_deltas: u64,
     pub(crate) growth_size_bytes: u64,
     pub(crate) growth_runs: usize,
     pub(crate) cluster: cluster::ClusterSizes,
@@ -63,6 +68,7 @@ impl Sizes {
             growth_size_subs: 10,
             growth_deliveries: 2_000_000,
             growth_min_events: 100,
+            growth_session_deltas: 1000,
             growth_size_bytes: 256 << 20,
             growth_runs: 1,
             cluster: cluster::ClusterSizes {
@@ -111,6 +117,7 @@ impl Sizes {
             growth_size_subs: 3,
             growth_deliveries: 5_000,
             growth_min_events: 20,
+            growth_session_deltas: 20,
             growth_size_bytes: 1 << 20,
             growth_runs: 1,
             cluster: cluster::ClusterSizes {

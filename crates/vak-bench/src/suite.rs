@@ -161,6 +161,8 @@ pub(crate) struct Samples {
     pub(crate) memory: Vec<memory::MemoryRun>,
     /// The realistic-load scenario, by point.
     pub(crate) realistic: Vec<(crate::realistic::LoadSize, Sample<crate::realistic::Load>)>,
+    /// The same points with no vak (`floor_load.rs`).
+    pub(crate) realistic_floor: Vec<(crate::realistic::LoadSize, Sample<crate::realistic::Load>)>,
 }
 
 /// A latency point measured at a rate (events/s).

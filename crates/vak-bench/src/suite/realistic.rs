@@ -12,6 +12,8 @@ const CORES_GOAL: f64 = 1.0;
 
 /// The transport column: the readers are both.
 const LABEL: &str = "half SSE, half gRPC";
+/// The floor's transport column (`floor_load.rs`).
+const FLOOR_LABEL: &str = "SSE floor: one plain thread writes the sockets, no vak";
 
 /// A run, as logged.
 fn load_msg(x: &Load) -> String {
@@ -60,15 +62,17 @@ pub(super) fn measure<'a>(plan: &'a Plan, s: &'a mut Samples, run: usize) -> Mea
                 r.as_ref().map(load_msg),
             );
             let t = Transport::Sse;
-            s.realistic.push((
-                size,
-                Sample {
-                    run,
-                    subs: size.sessions * size.readers,
-                    t,
-                    r,
-                },
-            ));
+            let subs = size.sessions * size.readers;
+            s.realistic.push((size, Sample { run, subs, t, r }));
+            // The floor of the same point, right after.
+            let at = Instant::now();
+            let r = realistic::realistic_floor(&plan.env, size).await;
+            log_result(
+                format!("run {run}/{} realistic floor {}", plan.sizes.runs, point(&size)),
+                at,
+                r.as_ref().map(load_msg),
+            );
+            s.realistic_floor.push((size, Sample { run, subs, t, r }));
         }
     })
 }
@@ -82,18 +86,34 @@ fn point(size: &LoadSize) -> String {
 }
 
 /// Per point: delivered/offered, p50/p99/max, server CPU (cores), server peak RSS.
+/// Then the same for the floor (no vak), without goals.
 pub(super) fn rows(s: &Samples, plan: &Plan, table: &mut Table) {
     for size in &plan.sizes.realistic {
+        point_rows(&s.realistic, size, LABEL, true, table);
+        point_rows(&s.realistic_floor, size, FLOOR_LABEL, false, table);
+    }
+}
+
+/// One point's rows from `samples`, under the transport column `label`;
+/// `goals`: vak's rows (the floor's are not held to the goals).
+fn point_rows(
+    samples: &[(LoadSize, Sample<Load>)],
+    size: &LoadSize,
+    label: &'static str,
+    goals: bool,
+    table: &mut Table,
+) {
+    {
         let mut v: Vec<Load> = Vec::new();
         let mut err = None;
-        for (_, x) in s.realistic.iter().filter(|(p, _)| p == size) {
+        for (_, x) in samples.iter().filter(|(p, _)| p == size) {
             match &x.r {
                 Ok(l) => v.push(*l),
                 Err(e) => err = Some(e.clone()),
             }
         }
         if v.is_empty() && err.is_none() {
-            continue;
+            return;
         }
         let scen = format!("11. Realistic load, {}", point(size));
         let vals = |f: fn(&Load) -> f64| v.iter().map(f).collect::<Vec<f64>>();
@@ -102,7 +122,7 @@ pub(super) fn rows(s: &Samples, plan: &Plan, table: &mut Table) {
 
         let mut r = Row::new(
             &scen,
-            LABEL,
+            label,
             "delivered / offered",
             &vals(|x| x.delivered_eps / x.offered_eps.max(1e-9)),
             Unit::Fraction,
@@ -134,16 +154,16 @@ pub(super) fn rows(s: &Samples, plan: &Plan, table: &mut Table) {
         }
         table.push_or_fail(r, err.clone());
         if v.is_empty() {
-            continue;
+            return;
         }
         for (metric, f) in [
             ("p50", (|x: &Load| x.all.p50_us) as fn(&Load) -> f64),
             ("p99", |x: &Load| x.all.p99_us),
             ("max", |x: &Load| x.all.max_us),
         ] {
-            let mut r = Row::new(&scen, LABEL, metric, &vals(f), Unit::Micros);
+            let mut r = Row::new(&scen, label, metric, &vals(f), Unit::Micros);
             if metric == "p99" {
-                if let (Some(st), true) = (&r.stat, size.is_goal_point()) {
+                if let (Some(st), true) = (&r.stat, goals && size.is_goal_point()) {
                     r.goal = Some(Goal::at_most(st.median, P99_GOAL_US, true, "< 50 ms"));
                 }
                 let by = |g: fn(&Load) -> Option<crate::scenarios::Pcts>| {
@@ -164,12 +184,12 @@ pub(super) fn rows(s: &Samples, plan: &Plan, table: &mut Table) {
         }
         let mut r = Row::new(
             &scen,
-            LABEL,
+            label,
             "server CPU",
             &vals(|x| x.cpu.server / x.cpu.wall.max(1e-9)),
             Unit::Cores,
         );
-        if let (Some(st), true) = (&r.stat, size.is_goal_point()) {
+        if let (Some(st), true) = (&r.stat, goals && size.is_goal_point()) {
             r.goal = Some(Goal::at_most(st.median, CORES_GOAL, false, "<= 1 core"));
         }
         r.cpu = cpu;
@@ -179,7 +199,7 @@ pub(super) fn rows(s: &Samples, plan: &Plan, table: &mut Table) {
         table.push(r);
         let mut r = Row::new(
             &scen,
-            LABEL,
+            label,
             "server peak RSS",
             &vals(|x| x.peak_kib as f64 / 1024.0),
             Unit::MiB,

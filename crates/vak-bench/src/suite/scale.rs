@@ -33,14 +33,17 @@ pub(crate) struct GrowthSample {
 }
 
 /// Deltas each stream of a growth point gets: about `growth_deliveries`
-/// deliveries in all (half as many for sessions, which deliver slower), at
-/// least `growth_min_events`; a size point's bytes are bounded too.
+/// deliveries in all (half as many for sessions, which deliver slower, but
+/// at least `growth_session_deltas` per session), at least
+/// `growth_min_events`; a size point's bytes are bounded too.
 pub(crate) fn growth_events(sizes: &Sizes, axis: Axis, x: u64) -> u64 {
     let min = sizes.growth_min_events;
     let subs = sizes.growth_size_subs.max(1) as u64;
     match axis {
         Axis::Subscribers => (sizes.growth_deliveries / x.max(1)).max(min),
-        Axis::Sessions => (sizes.growth_deliveries / 2 / x.max(1)).max(min),
+        Axis::Sessions => (sizes.growth_deliveries / 2 / x.max(1))
+            .max(sizes.growth_session_deltas)
+            .max(min),
         Axis::Size => (sizes.growth_size_bytes / (x.max(1) * subs))
             .min(sizes.growth_deliveries / subs)
             .max(min),
