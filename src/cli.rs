@@ -147,6 +147,11 @@ pub struct ServeArgs {
     /// Frames each session keeps for replay.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub ring: u64,
+    /// The most memory all sessions' replay rings together may hold (MiB);
+    /// past it a session's ring keeps fewer frames (at least 64), and older
+    /// cursors replay from the ledger on disk.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    pub max_ring_mib: u64,
     /// Inputs (runs, steering) a busy session queues as its next legs; past
     /// it, admission answers 429 / RESOURCE_EXHAUSTED (`queue_full`).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=100_000))]
@@ -391,6 +396,7 @@ impl ServeArgs {
         }
         let mut core = CoreConfig::new(home, workspace);
         core.bus.ring = self.ring as usize;
+        core.bus.max_total_retained_bytes = (self.max_ring_mib as usize) << 20;
         core.max_queued_inputs = self.max_queued_inputs as usize;
         core.max_bestofn = self.max_bestofn;
         core.first_subscriber_wait = std::time::Duration::from_millis(self.first_subscriber_wait_ms);

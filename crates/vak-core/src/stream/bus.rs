@@ -31,6 +31,7 @@ use crate::stream::bus_config::BusConfig;
 use crate::stream::delivery::End;
 use crate::stream::ring::{Inner, Shared};
 use crate::stream::subscription::{subscribe_holding, Subscription};
+use std::collections::VecDeque;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -57,25 +58,27 @@ impl Bus {
             ..cfg
         };
         let skip = retained.len().saturating_sub(cfg.ring);
-        Bus {
-            shared: Arc::new(Shared {
-                session_id,
-                log,
-                inner: Mutex::new(Inner {
-                    latest,
-                    ring: retained.into_iter().skip(skip).collect(),
-                    subs: Vec::new(),
-                    closed: None,
-                    last_wake: None,
-                    wake_due: false,
-                    lost: Vec::new(),
-                }),
-                cfg,
-                subscribed: Notify::new(),
-                replay: ReplayCache::default(),
-                on_disk: AtomicUsize::new(0),
+        let shared = Arc::new(Shared {
+            session_id,
+            log,
+            inner: Mutex::new(Inner {
+                latest,
+                ring: VecDeque::new(),
+                ring_bytes: 0,
+                subs: Vec::new(),
+                closed: None,
+                last_wake: None,
+                wake_due: false,
+                lost: Vec::new(),
             }),
-        }
+            cfg,
+            subscribed: Notify::new(),
+            replay: ReplayCache::default(),
+            on_disk: AtomicUsize::new(0),
+        });
+        let kept: Vec<Arc<Frame>> = retained.into_iter().skip(skip).collect();
+        shared.retain(&mut shared.lock(), &kept);
+        Bus { shared }
     }
 
     pub(crate) fn session_id(&self) -> &Arc<str> {
@@ -98,14 +101,10 @@ impl Bus {
             .published
             .increment(frames.len() as u64);
         let mut inner = self.shared.lock();
-        let ring = self.shared.cfg.ring;
-        for frame in &frames {
-            inner.latest = frame.seq;
-            if inner.ring.len() == ring {
-                inner.ring.pop_front();
-            }
-            inner.ring.push_back(frame.clone());
+        if let Some(last) = frames.last() {
+            inner.latest = last.seq;
         }
+        self.shared.retain(&mut inner, &frames);
         let wake = self.wake_now(&mut inner);
         let mut merged = 0;
         inner.subs.retain(|q| q.offer(&frames, wake, &mut merged));

@@ -1,4 +1,4 @@
-//! The bus's sizes and byte budget: `BusConfig`, the queued total shared by every bus, and the `Charge` for what a reader holds outside its queue.
+//! The bus's sizes and byte budgets: `BusConfig`, the queued and retained totals shared by every bus, and the `Charge` for what a reader holds outside its queue.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -30,6 +30,36 @@ impl QueuedTotal {
         }
     }
 }
+
+/// Bytes every session's replay ring holds together, estimated per frame by
+/// `retained_cost`.
+#[derive(Clone, Debug, Default)]
+pub struct RetainedTotal(pub(super) Arc<AtomicUsize>);
+
+impl RetainedTotal {
+    pub fn get(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn add(&self, n: usize) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(super) fn sub(&self, n: usize) {
+        self.0.fetch_sub(n, Ordering::Relaxed);
+    }
+}
+
+/// What a frame kept in a ring pins, estimated: its event, the JSON an edge
+/// caches on it (about as large again) and the structures around them
+/// (measured: a one-token delta costs about 500 bytes of RSS per ring slot).
+pub(crate) fn retained_cost(frame: &crate::event::Frame) -> usize {
+    2 * frame.size + 320
+}
+
+/// A ring trimmed for the shared budget keeps at least this many frames:
+/// a reader a little behind still resumes from memory.
+pub const MIN_RING: usize = 64;
 
 /// Bytes a reader holds outside its queue (frames taken ahead of its caller,
 /// or encoded and not yet written by the edge), counted in its byte budget
@@ -73,6 +103,12 @@ impl std::fmt::Debug for Charge {
 pub struct BusConfig {
     /// Frames retained for replay.
     pub ring: usize,
+    /// The most bytes all sessions' rings together may hold (`retained_cost`
+    /// per frame): past it, a session that commits trims its own ring's
+    /// oldest frames (down to `MIN_RING`); older cursors replay from disk.
+    pub max_total_retained_bytes: usize,
+    /// The running total behind `max_total_retained_bytes`, shared by every bus.
+    pub retained: RetainedTotal,
     /// Frames a subscriber may have queued before merging or lag kicks in.
     pub queue: usize,
     /// The most bytes a subscriber may hold: its queued frames (merged
@@ -94,6 +130,8 @@ impl Default for BusConfig {
     fn default() -> Self {
         BusConfig {
             ring: 1024,
+            max_total_retained_bytes: 256 << 20,
+            retained: RetainedTotal::default(),
             queue: 1024,
             max_queued_bytes: 16 << 20,
             max_total_queued_bytes: 512 << 20,

@@ -714,3 +714,73 @@ async fn below_flush_from_or_with_no_window_every_commit_wakes_at_once() {
         }
     }
 }
+
+/// Every ring together holds at most `max_total_retained_bytes`: a session
+/// that commits past it gives up its own oldest frames (keeping
+/// `MIN_RING`), a cursor older than what it kept replays from the log
+/// without a gap, and an unloaded session's ring leaves the total.
+#[tokio::test]
+async fn rings_share_one_byte_budget_and_older_cursors_replay_from_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let one = Frame::new(1, "s".into(), text("0123456789"));
+    let cost = crate::stream::bus_config::retained_cost(&one);
+    let cfg = BusConfig {
+        ring: 1024,
+        queue: 4096,
+        max_queued_bytes: 1 << 20,
+        // Room for 300 frames in all.
+        max_total_retained_bytes: 300 * cost,
+        ..BusConfig::default()
+    };
+    let open = |name: &str| {
+        let ledger = Arc::new(
+            Ledger::create(
+                &dir.path().join(format!("{name}.jsonl")),
+                name,
+                "t",
+                Durability::Process,
+            )
+            .unwrap(),
+        );
+        let log: Arc<dyn Log> = ledger.clone();
+        (
+            Bus::new(name.into(), cfg.clone(), Some(log), 0, Vec::new()),
+            ledger,
+        )
+    };
+    let (a, la) = open("a");
+    for _ in 0..200 {
+        write(&a, &la, text("0123456789"));
+    }
+    assert_eq!(
+        cfg.retained.get(),
+        200 * cost,
+        "under the budget: a keeps all 200"
+    );
+    let (b, lb) = open("b");
+    for _ in 0..500 {
+        write(&b, &lb, text("0123456789"));
+    }
+    // a's 200 stay; b trims itself to what is left, never below MIN_RING.
+    assert_eq!(cfg.retained.get(), 300 * cost);
+    assert_eq!(a.shared.lock().ring.len(), 200);
+    assert_eq!(b.shared.lock().ring.len(), 100);
+    // A cursor older than b's ring comes back from the log, whole.
+    let mut sub = b.subscribe(Some(10));
+    let got = drain(&mut sub, b.latest_seq()).await;
+    assert!(got.iter().all(|d| matches!(d, Delivery::Frame(_))), "no resync");
+    assert_eq!(seqs(&got), (11..=500).collect::<Vec<_>>());
+    drop(sub);
+    // Over the budget a ring keeps MIN_RING however much the others hold.
+    let (c, lc) = open("c");
+    for _ in 0..100 {
+        write(&c, &lc, text("0123456789"));
+    }
+    assert_eq!(c.shared.lock().ring.len(), crate::stream::bus_config::MIN_RING);
+    // An unloaded session gives its share back.
+    drop(a);
+    assert_eq!(
+        cfg.retained.get(),
+        (100 + crate::stream::bus_config::MIN_RING) * cost
+    );
+}
