@@ -82,14 +82,7 @@ fn serve(
 ) -> Result<(), String> {
     listener.set_nonblocking(true).map_err(failed("listen"))?;
     let mut conns = Vec::with_capacity(subs);
-    let mut opened = Vec::new();
-    chunk(&mut opened, b"retry: 1000\n");
-    let head = sse::frame(
-        "stream_opened",
-        None,
-        format!("{{\"session_id\":\"{SESSION}\"}}").as_bytes(),
-    );
-    chunk(&mut opened, &head);
+    let opened = opened();
     while conns.len() < subs {
         if stop.load(Ordering::Acquire) {
             return Ok(());
@@ -202,6 +195,19 @@ pub(crate) fn open(mut tcp: TcpStream, opened: &[u8]) -> io::Result<Conn> {
 /// An I/O error of the floor, naming what it was doing.
 fn failed(what: &'static str) -> impl Fn(io::Error) -> String {
     move |err| format!("floor {what}: {err}")
+}
+
+/// What every floor subscriber gets first, as chunks: the retry line and stream_opened.
+pub(crate) fn opened() -> Vec<u8> {
+    let mut opened = Vec::new();
+    chunk(&mut opened, b"retry: 1000\n");
+    let head = sse::frame(
+        "stream_opened",
+        None,
+        format!("{{\"session_id\":\"{SESSION}\"}}").as_bytes(),
+    );
+    chunk(&mut opened, &head);
+    opened
 }
 
 /// Appends `data` as one HTTP/1.1 chunk.

@@ -108,14 +108,7 @@ pub(crate) fn serve(plan: Plan) -> Result<(), String> {
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     println!("load floor: listening on http://{addr}");
     let _ = io::stdout().flush();
-    let mut opened = Vec::new();
-    chunk(&mut opened, b"retry: 1000\n");
-    let head = sse::frame(
-        "stream_opened",
-        None,
-        format!("{{\"session_id\":\"{SESSION}\"}}").as_bytes(),
-    );
-    chunk(&mut opened, &head);
+    let opened = crate::floor::opened();
     let want = plan.sessions * plan.readers;
     let mut conns: Vec<Conn> = Vec::with_capacity(want);
     let deadline = Instant::now() + ACCEPT_FOR;

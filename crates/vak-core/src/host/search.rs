@@ -125,14 +125,8 @@ pub struct Hit {
 }
 
 enum Job {
-    /// A finished run's messages: those with from_seq < seq <= upto_seq.
-    Index {
-        session_id: String,
-        workspace: String,
-        from_seq: u64,
-        upto_seq: u64,
-        docs: Vec<Doc>,
-    },
+    /// A finished run's messages.
+    Index(Run),
     /// Read the session's ledger and index what the index lacks (a fork).
     CatchUp(String),
     Delete(String),
@@ -285,13 +279,13 @@ impl Search {
     pub fn index(&self, session_id: &str, workspace: &str, from_seq: u64, upto_seq: u64, docs: Vec<Doc>) {
         self.send(
             session_id,
-            Job::Index {
+            Job::Index(Run {
                 session_id: session_id.to_string(),
                 workspace: workspace.to_string(),
                 from_seq,
                 upto_seq,
                 docs,
-            },
+            }),
         );
     }
 
@@ -428,7 +422,7 @@ fn try_open(db: &Path) -> Result<Connection> {
 /// Runs whose docs one transaction takes at most.
 const MAX_RUNS_PER_TRANSACTION: usize = 256;
 
-/// A finished run's messages to index (from `Job::Index`).
+/// A finished run's messages to index: those with from_seq < seq <= upto_seq.
 struct Run {
     session_id: String,
     workspace: String,
@@ -487,35 +481,11 @@ impl Indexer {
             // thousands of sessions finishing at once, a transaction (and
             // a full-text flush) per run was a fifth of the server's CPU.
             let result = match job {
-                Job::Index {
-                    session_id,
-                    workspace,
-                    from_seq,
-                    upto_seq,
-                    docs,
-                } => {
-                    let mut runs = vec![Run {
-                        session_id,
-                        workspace,
-                        from_seq,
-                        upto_seq,
-                        docs,
-                    }];
+                Job::Index(run) => {
+                    let mut runs = vec![run];
                     while runs.len() < MAX_RUNS_PER_TRANSACTION {
                         match rx.try_recv() {
-                            Ok(Job::Index {
-                                session_id,
-                                workspace,
-                                from_seq,
-                                upto_seq,
-                                docs,
-                            }) => runs.push(Run {
-                                session_id,
-                                workspace,
-                                from_seq,
-                                upto_seq,
-                                docs,
-                            }),
+                            Ok(Job::Index(run)) => runs.push(run),
                             Ok(other) => {
                                 next = Some(other);
                                 break;
@@ -546,19 +516,7 @@ impl Indexer {
 
     fn job(&mut self, job: Job) -> Result<()> {
         match job {
-            Job::Index {
-                session_id,
-                workspace,
-                from_seq,
-                upto_seq,
-                docs,
-            } => self.index_runs(vec![Run {
-                session_id,
-                workspace,
-                from_seq,
-                upto_seq,
-                docs,
-            }]),
+            Job::Index(run) => self.index_runs(vec![run]),
             Job::CatchUp(id) => self.catch_up(&id),
             Job::Delete(id) => self.delete(&id),
             Job::Reconcile(sessions) => self.reconcile(sessions),
@@ -754,22 +712,29 @@ mod tests {
         std::fs::write(dir.join(format!("{id}.jsonl")), &file).unwrap();
     }
 
-    #[tokio::test]
-    async fn a_full_queue_never_blocks_and_loses_nothing_the_ledgers_have() {
-        let home = tempfile::tempdir().unwrap();
-        let ledgers = home.path().join("sessions");
+    /// An index over `home`'s `sessions` ledgers with a queue of `queue`
+    /// jobs, whose thread waits until the returned sender sends.
+    fn gated(home: &Path, queue: usize) -> (Search, PathBuf, std::sync::mpsc::Sender<()>) {
+        let ledgers = home.join("sessions");
         std::fs::create_dir(&ledgers).unwrap();
         let (open, gate) = std::sync::mpsc::channel();
-        // Room for the startup reconcile and one more job; the thread waits at the gate.
         let s = Search::open_with(
-            home.path(),
+            home,
             "/w/one",
             Some(ledgers.clone()),
             Vec::new(),
             Limits::default(),
-            2,
+            queue,
             Some(gate),
         );
+        (s, ledgers, open)
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_never_blocks_and_loses_nothing_the_ledgers_have() {
+        let home = tempfile::tempdir().unwrap();
+        // Room for the startup reconcile and one more job; the thread waits at the gate.
+        let (s, ledgers, open) = gated(home.path(), 2);
         for i in 0..10u64 {
             let id = format!("s{i}");
             let text = format!("the ocelot number{i}");
@@ -801,18 +766,7 @@ mod tests {
     #[tokio::test]
     async fn runs_queued_together_are_all_indexed_and_jobs_keep_their_order() {
         let home = tempfile::tempdir().unwrap();
-        let ledgers = home.path().join("sessions");
-        std::fs::create_dir(&ledgers).unwrap();
-        let (open, gate) = std::sync::mpsc::channel();
-        let s = Search::open_with(
-            home.path(),
-            "/w/one",
-            Some(ledgers.clone()),
-            Vec::new(),
-            Limits::default(),
-            64,
-            Some(gate),
-        );
+        let (s, ledgers, open) = gated(home.path(), 64);
         let doc = |seq: u64, text: &str| Doc {
             seq,
             role: "user",
