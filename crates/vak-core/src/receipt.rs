@@ -145,17 +145,40 @@ pub struct PromptParts {
     messages: Vec<String>,
 }
 
+/// A tool as a receipt stores it: its fields in the order a JSON object
+/// map sorts its keys, so the text is what `json!` of the three would be.
+#[derive(Serialize)]
+struct ToolJson<'a> {
+    description: &'a str,
+    input_schema: &'a Value,
+    name: &'a str,
+}
+
+impl<'a> ToolJson<'a> {
+    fn of(t: &'a ToolDef) -> Self {
+        ToolJson {
+            description: &t.description,
+            input_schema: &t.input_schema,
+            name: &t.name,
+        }
+    }
+}
+
+/// Compact JSON of plain data (which cannot fail to serialize).
+fn json_text<T: Serialize + ?Sized>(v: &T) -> String {
+    serde_json::to_string(v).unwrap_or_default()
+}
+
 impl PromptParts {
     pub fn of(request: &TurnRequest) -> PromptParts {
-        let tools: Vec<Value> = request
-            .tools
-            .iter()
-            .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.input_schema}))
-            .collect();
+        // Serialized from borrows: building a `Value` per tool deep-cloned
+        // every input schema on every model call (a twentieth of the
+        // server's CPU with thousands of short runs).
+        let tools: Vec<ToolJson<'_>> = request.tools.iter().map(ToolJson::of).collect();
         PromptParts {
             model: request.model.clone(),
-            system: Value::from(request.system.as_str()).to_string(),
-            tools: Value::from(tools).to_string(),
+            system: json_text(&request.system),
+            tools: json_text(&tools),
             messages: request.messages.iter().map(|m| capped(m, MESSAGE_CAP)).collect(),
         }
     }
@@ -437,6 +460,36 @@ impl ModelCallRecorder {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn prompt_parts_store_tools_and_system_as_json_of_their_values_would() {
+        use super::*;
+        let tools = vec![
+            ToolDef {
+                name: "bash".into(),
+                description: "Runs \"a\" command".into(),
+                input_schema: json!({"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}),
+            },
+            ToolDef {
+                name: "read".into(),
+                description: String::new(),
+                input_schema: json!({}),
+            },
+        ];
+        let request = TurnRequest {
+            model: "m".into(),
+            system: "be\nbrief \u{1F600}".into(),
+            tools: tools.clone(),
+            ..TurnRequest::default()
+        };
+        let parts = PromptParts::of(&request);
+        let values: Vec<Value> = tools
+            .iter()
+            .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.input_schema}))
+            .collect();
+        assert_eq!(parts.tools, Value::from(values).to_string());
+        assert_eq!(parts.system, Value::from(request.system.as_str()).to_string());
+    }
+
     use super::*;
     use crate::provider::{Failure, FailureKind};
 
