@@ -112,12 +112,20 @@ pub(crate) fn serve(plan: Plan) -> Result<(), String> {
     let want = plan.sessions * plan.readers;
     let mut conns: Vec<Conn> = Vec::with_capacity(want);
     let deadline = Instant::now() + ACCEPT_FOR;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| format!("listen: {e}"))?;
     while conns.len() < want {
-        if Instant::now() > deadline {
-            return Err(format!("{} of {want} readers connected", conns.len()));
+        match listener.accept() {
+            Ok((tcp, _)) => conns.push(open(tcp, &opened).map_err(|e| format!("accept: {e}"))?),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if Instant::now() > deadline {
+                    return Err(format!("{} of {want} readers connected", conns.len()));
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => return Err(format!("accept: {e}")),
         }
-        let (tcp, _) = listener.accept().map_err(|e| format!("accept: {e}"))?;
-        conns.push(open(tcp, &opened).map_err(|e| format!("accept: {e}"))?);
     }
     std::thread::sleep(LEAD);
     pace(&plan, &mut conns, Instant::now())?;

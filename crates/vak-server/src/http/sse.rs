@@ -149,10 +149,11 @@ pub(crate) async fn events(
 /// Frames taken from the subscription per write.
 const BATCH: usize = 256;
 
-/// A frame's JSON from this size up is written from the frame's own buffer
-/// (its own HTTP chunk, shared by every reader) instead of being copied into
-/// the reader's batch: with 64 KiB deltas the copy per reader, into a fresh
-/// large allocation each time, was a fifth of the server's CPU.
+/// A frame holding this many payload bytes or more has its JSON written from
+/// the frame's own buffer (its own HTTP chunk, shared by every reader)
+/// instead of copied into each reader's batch, a fresh large allocation per
+/// reader (measured: about 8% less server CPU with 64 KiB deltas to 10
+/// readers; BENCHMARKS.md). The batch is sized by the same test.
 const SHARED_JSON_FROM: usize = 4096;
 
 /// The per-session event stream as SSE. Each frame's JSON is made once and
@@ -217,7 +218,7 @@ fn event_stream(opened: Opened, keepalive: &Keepalive) -> Response {
                 Delivery::Frame(f) => {
                     let json = f.encoded_json(frame_json);
                     let id = Some(id.format(f.seq));
-                    if json.len() >= SHARED_JSON_FROM {
+                    if f.size >= SHARED_JSON_FROM {
                         sse_encode::write_head(&mut out, f.event.kind(), id);
                         pieces.push(out.split().freeze());
                         pieces.push(json);
