@@ -133,10 +133,22 @@ mod tests {
     use crate::log::ledger::{Batch, Log};
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    /// A log of `n` text deltas that counts its reads.
+    /// A log of `n` text deltas that counts its reads; a read waits while
+    /// the test holds `gate`.
     struct Counted {
         n: u64,
         reads: AtomicUsize,
+        gate: std::sync::Mutex<()>,
+    }
+
+    impl Counted {
+        fn new(n: u64) -> Self {
+            Counted {
+                n,
+                reads: AtomicUsize::new(0),
+                gate: std::sync::Mutex::new(()),
+            }
+        }
     }
 
     impl Log for Counted {
@@ -145,6 +157,7 @@ mod tests {
         }
         fn read_events(&self, after: u64, max: usize) -> crate::error::Result<Vec<(u64, ClientEvent)>> {
             self.reads.fetch_add(1, Ordering::SeqCst);
+            drop(self.gate.lock());
             Ok((after + 1..=self.n.min(after + max as u64))
                 .map(|s| {
                     (
@@ -170,17 +183,19 @@ mod tests {
     /// waited for that read forever.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_reader_that_is_never_polled_again_does_not_hold_up_the_others() {
-        let log: Arc<dyn Log> = Arc::new(Counted {
-            n: 2000,
-            reads: AtomicUsize::new(0),
-        });
+        let counted = Arc::new(Counted::new(2000));
+        let log: Arc<dyn Log> = counted.clone();
         let cache = Arc::new(ReplayCache::default());
         let sid: Arc<str> = Arc::from("s");
         let mut stalled = Box::pin(cache.chunk(1, &log, &sid));
+        // The read waits at the gate, so the stalled reader's one poll
+        // starts it and cannot finish it, whatever the scheduling.
+        let held = counted.gate.lock().unwrap();
         assert!(
             futures_util::FutureExt::now_or_never(stalled.as_mut()).is_none(),
-            "the read is off the runtime: the first poll cannot finish it"
+            "the read is held at the gate"
         );
+        drop(held);
         let other = tokio::time::timeout(std::time::Duration::from_secs(10), cache.chunk(1, &log, &sid))
             .await
             .expect("the other reader is not held up by the stalled one")
@@ -191,10 +206,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn readers_of_the_same_chunk_share_one_read_and_the_unfinished_tail_is_read_again() {
-        let counted = Arc::new(Counted {
-            n: 1000,
-            reads: AtomicUsize::new(0),
-        });
+        let counted = Arc::new(Counted::new(1000));
         let log: Arc<dyn Log> = counted.clone();
         let cache = Arc::new(ReplayCache::default());
         let sid: Arc<str> = Arc::from("s");
