@@ -99,6 +99,54 @@ pub enum Record {
     Receipt(Box<crate::receipt::Receipt>),
 }
 
+/// A delta's event line, the most common line by far, in a shape serde
+/// decodes straight into fields. `ClientEvent` is internally tagged
+/// (`"kind"`), which serde decodes by first buffering the whole object;
+/// this shape skips that, and `deny_unknown_fields` keeps it from ever
+/// reading a line differently: anything else falls back to `Record`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeltaLine {
+    event: DeltaRecord,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeltaRecord {
+    seq: u64,
+    event: DeltaEvent,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeltaEvent {
+    kind: DeltaKind,
+    text: String,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum DeltaKind {
+    TextDelta,
+    ThinkingDelta,
+}
+
+/// One ledger line as a `Record` (delta lines by the direct shape above).
+pub(crate) fn parse_line(line: &[u8]) -> serde_json::Result<Record> {
+    if let Ok(DeltaLine { event: record }) = serde_json::from_slice::<DeltaLine>(line) {
+        let text = record.event.text;
+        let event = match record.event.kind {
+            DeltaKind::TextDelta => ClientEvent::TextDelta { text },
+            DeltaKind::ThinkingDelta => ClientEvent::ThinkingDelta { text },
+        };
+        return Ok(Record::Event {
+            seq: record.seq,
+            event,
+        });
+    }
+    serde_json::from_slice::<Record>(line)
+}
+
 /// `Record::Event` by reference, so a batch encodes frames without copying
 /// their events (the same JSON as `Record`).
 #[derive(Serialize)]
@@ -422,7 +470,7 @@ impl Ledger {
                     break;
                 }
                 if line.len() > 1 {
-                    match serde_json::from_slice::<Record>(&line) {
+                    match parse_line(&line) {
                         Ok(r) => visit(r),
                         Err(e) => {
                             tracing::error!(path = %path.display(), line = n, "a corrupt ledger line is left out: {e}")
@@ -523,11 +571,12 @@ impl Log for Ledger {
             if reader.read_until(b'\n', &mut line)? == 0 {
                 break;
             }
-            // Cheap skip of lines that are not events, or events before `after`.
-            if !line.starts_with(b"{\"event\":") {
+            // Cheap skip of lines that are not events, or events before
+            // `after` (a read starts up to `MARK_EVERY` bytes early).
+            if !line.starts_with(b"{\"event\":") || event_seq(&line).is_some_and(|seq| seq <= after) {
                 continue;
             }
-            match serde_json::from_slice::<Record>(&line) {
+            match parse_line(&line) {
                 Ok(Record::Event { seq, event }) if seq > after => out.push((seq, event)),
                 Ok(_) => {}
                 Err(e) => {
@@ -641,6 +690,47 @@ pub fn summarize(path: &Path) -> Result<LedgerSummary> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn delta_lines_parse_directly_and_every_line_reads_as_record_would() {
+        let delta = |event: ClientEvent| {
+            serde_json::to_string(&EventRef::Event {
+                seq: 7,
+                event: &event,
+            })
+            .unwrap()
+        };
+        let lines = [
+            delta(ClientEvent::TextDelta {
+                text: "t1 \"quoted\" \u{e9}\n\u{1f600}".into(),
+            }),
+            delta(ClientEvent::ThinkingDelta { text: String::new() }),
+            delta(ClientEvent::TurnStarted {
+                request_id: "r".into(),
+            }),
+            // Keys in another order, an unknown field, a kind of another event.
+            r#"{"event":{"event":{"text":"a","kind":"text_delta"},"seq":9}}"#.to_string(),
+            r#"{"event":{"seq":9,"event":{"kind":"text_delta","text":"a","extra":1}}}"#.to_string(),
+            r#"{"event":{"seq":9,"event":{"kind":"text_delta"}}}"#.to_string(),
+            r#"{"event":{"seq":9,"event":{"kind":"tool_output","text":"a"}}}"#.to_string(),
+            r#"{"header":{"session_id":"s","created_at":"t"}}"#.to_string(),
+            r#"{"event":{"seq":"nine","event":{"kind":"text_delta","text":"a"}}}"#.to_string(),
+        ];
+        for line in &lines {
+            let direct = parse_line(line.as_bytes()).map_err(|e| e.to_string());
+            let general = serde_json::from_str::<Record>(line).map_err(|e| e.to_string());
+            assert_eq!(direct, general, "{line}");
+        }
+        assert_eq!(
+            parse_line(lines[0].as_bytes()).unwrap(),
+            Record::Event {
+                seq: 7,
+                event: ClientEvent::TextDelta {
+                    text: "t1 \"quoted\" \u{e9}\n\u{1f600}".into()
+                }
+            }
+        );
+    }
 
     #[test]
     fn only_fsync_appends_wait_for_more_than_a_write() {

@@ -15,8 +15,9 @@ const MAX_BYTES: usize = 32 << 20;
 
 pub(crate) type Chunk = Arc<[Arc<Frame>]>;
 
-/// A chunk's read: None while it runs, then its outcome.
-type Read = Option<Result<Chunk, String>>;
+/// A chunk's read: None while it runs, then its outcome (a chunk with its
+/// payload bytes, summed once: every ask weighs the cached chunks).
+type Read = Option<Result<(Chunk, usize), String>>;
 
 /// One cached chunk. The read runs in a task of its own, not in the future
 /// of the subscription that asked first: that future is polled only while
@@ -81,7 +82,7 @@ impl ReplayCache {
             }
         };
         let done = match read.wait_for(Option::is_some).await {
-            Ok(done) => done.clone().expect("waited for Some"),
+            Ok(done) => done.clone().expect("waited for Some").map(|(chunk, _)| chunk),
             Err(_) => Err("the ledger read ended without an answer".to_string()),
         };
         let mut entries = self.lock();
@@ -109,10 +110,12 @@ fn spawn_read(index: u64, log: Arc<dyn Log>, sid: Arc<str>) -> watch::Receiver<R
             .map_err(|e| e.to_string())
             .and_then(|r| r.map_err(|e| e.message))
             .map(|events| {
-                events
+                let chunk = events
                     .into_iter()
                     .map(|(seq, event)| Arc::new(Frame::new(seq, sid.clone(), event)))
-                    .collect::<Chunk>()
+                    .collect::<Chunk>();
+                let bytes = chunk.iter().map(|f| f.size).sum();
+                (chunk, bytes)
             });
         tx.send_replace(Some(read));
     });
@@ -121,7 +124,7 @@ fn spawn_read(index: u64, log: Arc<dyn Log>, sid: Arc<str>) -> watch::Receiver<R
 
 fn size(read: &Read) -> usize {
     match read {
-        Some(Ok(chunk)) => chunk.iter().map(|f| f.size).sum(),
+        Some(Ok((_, bytes))) => *bytes,
         _ => 0,
     }
 }
