@@ -131,8 +131,47 @@ enum DeltaKind {
     ThinkingDelta,
 }
 
-/// One ledger line as a `Record` (delta lines by the direct shape above).
+/// A delta line whose text needs no unescaping, read by its bytes: the
+/// line `EventRef` writes for a delta, exactly, or None.
+fn plain_delta_line(line: &[u8]) -> Option<Record> {
+    let rest = line.strip_prefix(EVENT_PREFIX)?;
+    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+    let (number, rest) = rest.split_at(digits);
+    // JSON has no empty numbers and no leading zeros.
+    if number.is_empty() || (number.len() > 1 && number[0] == b'0') {
+        return None;
+    }
+    let seq = number
+        .iter()
+        .try_fold(0u64, |n, d| n.checked_mul(10)?.checked_add(u64::from(d - b'0')))?;
+    let (thinking, rest) = match rest.strip_prefix(b",\"event\":{\"kind\":\"text_delta\",\"text\":\"") {
+        Some(rest) => (false, rest),
+        None => (
+            true,
+            rest.strip_prefix(b",\"event\":{\"kind\":\"thinking_delta\",\"text\":\"")?,
+        ),
+    };
+    let rest = rest.strip_suffix(b"\n").unwrap_or(rest);
+    let text = rest.strip_suffix(b"\"}}}")?;
+    // A quote, a backslash or a control character: not this shape, or
+    // escaped text (the general reader's work).
+    if text.iter().any(|&b| b == b'"' || b == b'\\' || b < 0x20) {
+        return None;
+    }
+    let text = std::str::from_utf8(text).ok()?.to_owned();
+    let event = if thinking {
+        ClientEvent::ThinkingDelta { text }
+    } else {
+        ClientEvent::TextDelta { text }
+    };
+    Some(Record::Event { seq, event })
+}
+
+/// One ledger line as a `Record` (delta lines by the direct readers above).
 pub(crate) fn parse_line(line: &[u8]) -> serde_json::Result<Record> {
+    if let Some(record) = plain_delta_line(line) {
+        return Ok(record);
+    }
     if let Ok(DeltaLine { event: record }) = serde_json::from_slice::<DeltaLine>(line) {
         let text = record.event.text;
         let event = match record.event.kind {
@@ -563,8 +602,8 @@ impl Log for Ledger {
         };
         let mut file = File::open(&self.path)?;
         file.seek(SeekFrom::Start(from))?;
-        let mut reader = BufReader::new(file.take(len - from));
-        let mut out = Vec::new();
+        let mut reader = BufReader::with_capacity(64 * 1024, file.take(len - from));
+        let mut out = Vec::with_capacity(max.min(1024));
         let mut line = Vec::new();
         while out.len() < max {
             line.clear();
@@ -715,7 +754,18 @@ mod tests {
             r#"{"event":{"seq":9,"event":{"kind":"tool_output","text":"a"}}}"#.to_string(),
             r#"{"header":{"session_id":"s","created_at":"t"}}"#.to_string(),
             r#"{"event":{"seq":"nine","event":{"kind":"text_delta","text":"a"}}}"#.to_string(),
+            // Read by their bytes, or refused as the general reader refuses them.
+            "{\"event\":{\"seq\":12,\"event\":{\"kind\":\"text_delta\",\"text\":\"t12 \u{e9}\"}}}\n"
+                .to_string(),
+            r#"{"event":{"seq":12,"event":{"kind":"thinking_delta","text":""}}}"#.to_string(),
+            r#"{"event":{"seq":012,"event":{"kind":"text_delta","text":"a"}}}"#.to_string(),
+            r#"{"event":{"seq":99999999999999999999,"event":{"kind":"text_delta","text":"a"}}}"#.to_string(),
+            r#"{"event":{"seq":1,"event":{"kind":"text_delta","text":"a","x":"b"}}}"#.to_string(),
+            "{\"event\":{\"seq\":1,\"event\":{\"kind\":\"text_delta\",\"text\":\"a\tb\"}}}".to_string(),
+            "{\"event\":{\"seq\":1,\"event\":{\"kind\":\"text_delta\",\"text\":\"a\"}}} ".to_string(),
         ];
+        assert!(plain_delta_line(lines[9].as_bytes()).is_some());
+        assert!(plain_delta_line(lines[10].as_bytes()).is_some());
         for line in &lines {
             let direct = parse_line(line.as_bytes()).map_err(|e| e.to_string());
             let general = serde_json::from_str::<Record>(line).map_err(|e| e.to_string());

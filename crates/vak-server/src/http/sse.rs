@@ -17,6 +17,7 @@ use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use pb::agent_service_server::AgentService;
 use std::collections::HashMap;
+use std::io::Write as _;
 use vak_core::event::{ClientEvent, Frame};
 use vak_core::session::live::PresenceGuard;
 use vak_core::stream::bus_config::Charge;
@@ -63,7 +64,7 @@ fn frame_json(f: &Frame) -> Bytes {
     };
     let mut out = Vec::with_capacity(text.len() + f.session_id.len() + 64);
     out.extend_from_slice(b"{\"seq\":");
-    out.extend_from_slice(f.seq.to_string().as_bytes());
+    write!(out, "{}", f.seq).expect("writing to a Vec cannot fail");
     out.extend_from_slice(b",\"session_id\":");
     json_str(&mut out, &f.session_id);
     out.extend_from_slice(b",\"");
