@@ -43,6 +43,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     config.boxed(".vak.v1.WorkerEvent.worker");
     config.boxed(".vak.v1.Workbench.candidate");
     tonic_prost_build::configure()
+        // A small first encode buffer per RPC (src/codec.rs).
+        .codec_path("crate::codec::SmallBufferCodec")
         .build_client(true)
         .build_server(true)
         .compile_fds_with_config(fds, config)?;

@@ -14,6 +14,8 @@ pub mod text;
 pub use error::{Error, ErrorKind, Result};
 
 #[cfg(feature = "wire")]
+pub mod codec;
+#[cfg(feature = "wire")]
 pub mod json;
 
 #[cfg(feature = "wire")]

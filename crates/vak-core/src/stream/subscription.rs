@@ -289,7 +289,10 @@ impl Subscription {
         };
         let frames = match from_ring {
             Ok(frames) => frames,
-            Err(older) => return self.read_disk(older.min(upto), max).await,
+            // Boxed: a read from disk is rare and its future is large, and
+            // every idle reader's pending receive would otherwise keep room
+            // for it.
+            Err(older) => return Box::pin(self.read_disk(older.min(upto), max)).await,
         };
         self.leave_disk();
         let mut out = Vec::new();

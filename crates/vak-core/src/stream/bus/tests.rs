@@ -784,3 +784,14 @@ async fn rings_share_one_byte_budget_and_older_cursors_replay_from_the_log() {
         (100 + crate::stream::bus_config::MIN_RING) * cost
     );
 }
+
+/// Every idle reader keeps one pending receive (inside its SSE body or its
+/// gRPC stream): a read from disk inside it, boxed, must not size it
+/// (440 bytes before it was boxed).
+#[test]
+fn a_pending_receive_stays_small() {
+    let b = bus(8, 16);
+    let mut sub = b.subscribe(None);
+    assert!(std::mem::size_of_val(&sub.recv()) <= 256);
+    assert!(std::mem::size_of_val(&sub.recv_many(4)) <= 256);
+}
