@@ -75,10 +75,19 @@ impl Shared {
 
     /// `new`, with SSE read buffers of `read_size` bytes.
     pub(crate) fn with_read_size(read_size: usize) -> Arc<Shared> {
+        Shared::with_limits(read_size, 128)
+    }
+
+    /// `new`, with all `streams` connecting at once (a reconnect storm).
+    pub(crate) fn storming(streams: usize) -> Arc<Shared> {
+        Shared::with_limits(0, streams.max(1))
+    }
+
+    fn with_limits(read_size: usize, connecting: usize) -> Arc<Shared> {
         Arc::new(Shared {
             opened: AtomicUsize::new(0),
             cancel: CancellationToken::new(),
-            connecting: Semaphore::new(128),
+            connecting: Semaphore::new(connecting),
             delivered: Delivered::default(),
             read_size,
         })

@@ -23,6 +23,7 @@ mod report;
 mod scenarios;
 mod server;
 mod sizes;
+mod storm;
 mod suite;
 mod web;
 

@@ -130,7 +130,7 @@ fn idle_stalled(sizes: &Sizes, _env: &Env) -> String {
     format!(
         "Idle: VmRSS of the server before the streams and after every one had stream_opened (plus 1 s), divided \
 by the streams; the SSE rows over TLS (`--tls-self-signed`, HTTP/1.1) and over HTTP/2 (h2c) use reqwest, one \
-connection per stream. nginx + nchan (with `--peer nchan`): nginx 1.22 with Debian's nchan module, one worker \
+connection per stream. Reconnect storm (SSE): on a fresh server, {idle} streams of one session opened all at once (the idle row opens them at most 128 at a time), VmRSS 2 s after the last had stream_opened, less VmRSS before the first storm, per stream; then they close, and 2 s later the next storm of {idle} comes, {storms} storms in all. nginx + nchan (with `--peer nchan`): nginx 1.22 with Debian's nchan module, one worker \
 process, a subscriber location `nchan_subscriber eventsource` read by the same raw SSE client, and a publisher \
 location fed by the bench on one connection with pipelined POSTs of the JSON vak writes for a delta (event name \
 from `X-EventSource-Event`), then a run_finished; RSS and CPU are the worker's, and its stream is open once its \
@@ -140,6 +140,8 @@ before it; peak RSS is the server's VmHWM; /burst {sburst_stall}. \
 ",
         stalled = sizes.stalled_subs,
         sburst_stall = sizes.stall_burst,
+        idle = sizes.idle,
+        storms = crate::storm::STORMS,
     )
 }
 

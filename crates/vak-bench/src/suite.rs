@@ -152,6 +152,7 @@ pub(crate) struct Samples {
     pub(crate) cluster_missing: Option<String>,
     pub(crate) sessions: Vec<Sample<scenarios::Throughput>>,
     pub(crate) idle: Vec<Sample<scenarios::Idle>>,
+    pub(crate) storm: Vec<Sample<crate::storm::Storm>>,
     /// (unstalled, stalled), measured back to back.
     pub(crate) stalled: Vec<Sample<(scenarios::Throughput, scenarios::Throughput)>>,
     /// Fan-out against `vak serve --durability fsync`.

@@ -76,6 +76,15 @@ pub(super) fn measure_idle<'a>(plan: &'a Plan, s: &'a mut Samples, run: usize) -
             });
             log_result(format!("{} idle {} x{subs}", tag(plan, run), t.label()), at, msg);
             s.idle.push(Sample { run, subs, t, r });
+            if t == Transport::Sse {
+                let at = Instant::now();
+                let r = crate::storm::storm(&plan.env, subs).await;
+                let msg = r
+                    .as_ref()
+                    .map(|x| format!("{:.2?} KiB per stream", x.kib_per_stream));
+                log_result(format!("{} storm {} x{subs}", tag(plan, run), t.label()), at, msg);
+                s.storm.push(Sample { run, subs, t, r });
+            }
         }
     })
 }
@@ -117,6 +126,41 @@ pub(super) fn idle_rows(s: &Samples, plan: &Plan, table: &mut Table) {
         }
         table.push_or_fail(r, err);
     }
+    storm_rows(s, plan, table);
+}
+
+/// Server RSS per stream a reconnect storm leaves: the first storm's, the
+/// others in the note.
+fn storm_rows(s: &Samples, plan: &Plan, table: &mut Table) {
+    let (v, err) = ok_values(&s.storm, Transport::Sse, None);
+    if v.is_empty() && err.is_none() {
+        return;
+    }
+    let scen = format!(
+        "4. Idle, reconnect storm: {} streams opened at once, {} storms",
+        plan.sizes.idle,
+        crate::storm::STORMS
+    );
+    let mut r = Row::new(
+        &scen,
+        Transport::Sse.label(),
+        "server RSS per stream 2 s after the first storm",
+        &values(&v, |x| x.kib_per_stream[0]),
+        Unit::KiB,
+    );
+    if let Some(st) = &r.stat {
+        r.goal = Some(Goal::at_most(st.median, 4.0, false, "<= 4 KiB"));
+    }
+    if let Some((_, x)) = v.first() {
+        let kib = |a: &[f64]| a.iter().map(|k| format!("{k:.1}")).collect::<Vec<_>>().join(", ");
+        r.note = format!(
+            "each storm, 2 s after: {} KiB per stream; peak (VmHWM) {} KiB; above the server's {} KiB before the first",
+            kib(&x.kib_per_stream),
+            kib(&x.peak_kib_per_stream),
+            x.before_kib
+        );
+    }
+    table.push_or_fail(r, err);
 }
 
 /// Round `run`: per transport, a fan-out, then the same with one subscriber stalled.
