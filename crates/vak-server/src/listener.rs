@@ -277,7 +277,11 @@ impl Connection {
             req.extensions_mut().insert(Secure(secure));
             let app = app.clone();
             let parking = parking.clone();
-            async move {
+            // Boxed: over HTTP/2 hyper runs each stream as a task of its own
+            // whose size is that of this future's largest state (the whole
+            // router's), kept for as long as the stream is open; boxed, the
+            // state goes once the response is made.
+            Box::pin(async move {
                 let resp = match app.oneshot(req).await {
                     Ok(r) => r,
                     Err(never) => match never {},
@@ -297,7 +301,7 @@ impl Connection {
                 } else {
                     resp
                 })
-            }
+            })
         });
         let (io, mine) = SharedIo::new(WriteTimeout::new(io, self.cfg.write_timeout), park.clone());
         // Boxed, so the connection's task keeps none of hyper's state once
