@@ -372,21 +372,26 @@ impl AgentService for AgentApi {
             subscription: sub,
             hold,
         } = self.open_subscription(req).await?;
-        let opened = convert::stream_opened(&sid, latest_seq);
         let last = after.unwrap_or(latest_seq);
         // Subscribed before announcing: nothing published after stream_opened can be missed.
         // The id travels in the state: cloned per item it was an allocation per event.
         // What `recv` takes ahead stays counted in the reader's byte budget
         // until it takes more: tonic encodes a message and h2 holds it until
-        // the stream's window lets it out.
-        let rest = stream::unfold(Some((sub, last, sid)), move |state| {
+        // the stream's window lets it out. stream_opened is made by the
+        // first step, not kept in a stream of its own beside this one: the
+        // boxed stream lives as long as the subscriber, idle or not.
+        let events = stream::unfold(Some((sub, last, sid, true)), move |state| {
             let _attached = &hold;
             async move {
-                let (mut sub, last, sid) = state?;
+                let (mut sub, last, sid, first) = state?;
+                if first {
+                    let opened = convert::stream_opened(&sid, latest_seq);
+                    return Some((Ok(opened), Some((sub, last, sid, false))));
+                }
                 match sub.recv().await? {
                     Delivery::Frame(f) => {
                         let seq = f.seq;
-                        Some((Ok(convert::frame(&f)), Some((sub, seq, sid))))
+                        Some((Ok(convert::frame(&f)), Some((sub, seq, sid, false))))
                     }
                     Delivery::Resync {
                         reason,
@@ -394,7 +399,7 @@ impl AgentService for AgentApi {
                         lost,
                     } => Some((
                         Ok(convert::resync(&sid, reason, latest_seq, lost)),
-                        Some((sub, last, sid)),
+                        Some((sub, last, sid, false)),
                     )),
                     Delivery::End(End::Closed(reason)) => {
                         Some((Ok(convert::session_closed(&sid, reason)), None))
@@ -402,7 +407,7 @@ impl AgentService for AgentApi {
                 }
             }
         });
-        ok(Box::pin(stream::once(async move { Ok(opened) }).chain(rest)) as EventStream)
+        ok(Box::pin(events) as EventStream)
     }
 
     async fn get_transcript(
