@@ -117,9 +117,24 @@ async fn appended_events_read_back_exactly_with_their_seqs() {
     assert_eq!(log.durable_seq(), 0);
     append(&log, 1..=1).await.unwrap();
     append(&log, 2..=40).await.unwrap();
-    append(&log, 41..=1300).await.unwrap(); // more than one atomic batch
+    append(&log, 41..=1300).await.unwrap();
     assert_eq!(log.durable_seq(), 1300);
     assert_eq!(read_all(&log).await, expected(1..=1300));
+    // Each append went as one message, a pack of its records (docs/scale-out.md,
+    // "Messages"), and every record reads back at a position of its own.
+    assert_eq!(log.head().await.unwrap(), 3);
+    let stored = log.stored_after(0).await.unwrap();
+    assert_eq!(stored.len(), 1300 + 130, "every event and note");
+    assert!(stored
+        .windows(2)
+        .all(|w| w[0].position.followed_by(w[1].position)));
+    for after in [0, 1, 9, 10, 39, 40, 41, 700, 1299] {
+        assert_eq!(
+            read(&log, after, 25).await,
+            expected(after + 1..=(after + 25).min(1300)),
+            "after {after}"
+        );
+    }
     // Ranges from anywhere, bounded.
     assert_eq!(read(&log, 511, 3).await, expected(512..=514));
     assert_eq!(read(&log, 1299, 10).await, expected(1300..=1300));
@@ -254,7 +269,8 @@ async fn a_retried_append_whose_ack_was_lost_is_stored_once() {
     let (_cluster, client) = cluster().await;
     let log = open(&client, "d1").await;
     append(&log, 1..=5).await.unwrap();
-    // One message, then an atomic batch: each retried as if its ack was lost.
+    // One record, a pack of records, then an atomic batch (a record in
+    // parts between two packs): each retried as if its ack was lost.
     append(&log, 6..=6).await.unwrap();
     log.forget_last_ack();
     append(&log, 6..=6)
@@ -262,10 +278,36 @@ async fn a_retried_append_whose_ack_was_lost_is_stored_once() {
         .expect("the retry finds its own message");
     append(&log, 7..=20).await.unwrap();
     log.forget_last_ack();
-    append(&log, 7..=20).await.expect("the retry finds its own batch");
+    append(&log, 7..=20).await.expect("the retry finds its own pack");
+    let with_parts = || {
+        let log = log.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut b = batch(21..=25);
+            b.push(&Record::Admitted {
+                request_id: "x".repeat(2_500_000),
+            });
+            b.push_frame(&Frame::new(26, "s".into(), event(26)));
+            log.append(&b)
+        })
+    };
+    with_parts().await.unwrap().unwrap();
+    log.forget_last_ack();
+    with_parts()
+        .await
+        .unwrap()
+        .expect("the retry finds its own atomic batch");
     assert!(!log.fenced());
-    append(&log, 21..=22).await.unwrap();
-    assert_eq!(read_all(&log).await, expected(1..=22));
+    append(&log, 27..=28).await.unwrap();
+    assert_eq!(read_all(&log).await, expected(1..=28));
+    let stored = open(&client, "d1").await.stored_after(0).await.unwrap();
+    let big = stored
+        .iter()
+        .filter(|s| matches!(&s.record, Record::Admitted { request_id } if request_id.len() == 2_500_000))
+        .count();
+    assert_eq!(big, 1, "the large record once, whole");
+    assert!(stored
+        .windows(2)
+        .all(|w| w[0].position.followed_by(w[1].position)));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -313,7 +355,7 @@ async fn appends_stall_while_the_stream_leader_is_killed_then_resume_with_no_seq
 }
 
 /// What an append costs on the R3 cluster: one event per append, and 50
-/// events per append (one atomic batch, one CAS). Printed for docs/scale-out.md.
+/// events per append (one message, a pack, one CAS). Printed for docs/scale-out.md.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batches_are_one_round_trip() {
     let (_cluster, client) = cluster().await;

@@ -8,8 +8,12 @@
 //! nats-server 2.12+), and `RePublish` from `vak.ev.>` to `vak.live.>`: the
 //! live path of the replicas will read only what the stream stored.
 //!
-//! **Messages.** One message per ledger record, its payload the record's
-//! JSON line (the same line the JSONL ledger writes, without the newline).
+//! **Messages.** A message holds one ledger record, its payload the
+//! record's JSON line (the same line the JSONL ledger writes, without the
+//! newline), or a pack of a batch's consecutive records (`packs.rs`: their
+//! lines joined by newlines, `Vak-First` the first one's position, the
+//! other headers the last one's): JetStream's work is per message, so a
+//! burst costs it one message per batch, not one per event.
 //! An event has `Vak-Seq: n` and `Nats-Msg-Id: <session>:<n>`. A note (a
 //! record with no seq: usage, signature, compaction, admitted request id,
 //! snapshot) has `Vak-Note: <n>.<k>`, the k-th note (from 1) after event
@@ -43,8 +47,9 @@
 //! `takeover.rs` has why, and the lease note a new holder appends first.
 //! `stop` (the lease was lost) makes a retrying append give up at once.
 //!
-//! **Atomic batches, measured.** A writer batch of several records goes as
-//! one atomic batch (`Nats-Batch-Id`, `Nats-Batch-Sequence`, and
+//! **Atomic batches, measured.** A writer batch of several messages (a
+//! record in parts, or more packs than one) goes as one atomic batch
+//! (`Nats-Batch-Id`, `Nats-Batch-Sequence`, and
 //! `Nats-Batch-Commit: 1` on the last message): the messages before the
 //! commit are plain publishes with no reply, the commit is one request, so a
 //! batch costs one round trip and one CAS and is stored whole or not at all.
@@ -102,6 +107,7 @@ use tokio_util::sync::CancellationToken;
 
 mod chunks;
 mod messages;
+mod packs;
 pub(crate) use chunks::{Live, LiveRecords};
 pub(crate) use messages::{plan, position_of, Planned};
 pub use messages::{Position, Stored};
@@ -133,8 +139,10 @@ pub const ATOMIC_MAX: usize = 1000;
 pub const RETRY_FOR: Duration = Duration::from_secs(30);
 /// How long one request waits for its answer.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
-/// Events a read asks for per direct-get batch.
+/// Messages a read asks for per direct-get batch.
 const READ_BATCH: usize = 512;
+/// The bytes a direct-get batch stops after (the server sends at least one message).
+const READ_BYTES: usize = 4 << 20;
 /// A read position is remembered at least every this many events.
 const MARK_EVERY: u64 = 256;
 
@@ -571,11 +579,11 @@ impl Writer {
                 Ok(last) => {
                     self.last = last;
                     let mut seen = lock(&link.seen);
-                    if let Some(first) = chunk.iter().find_map(|m| m.seq) {
+                    if let Some((first, _)) = chunk.iter().find_map(|m| m.events) {
                         // The chunk starts after `before` on the subject.
                         seen.marks.insert(first, before + 1);
                     }
-                    if let Some(top) = chunk.iter().rev().find_map(|m| m.seq) {
+                    if let Some((_, top)) = chunk.iter().rev().find_map(|m| m.events) {
                         seen.durable_seq = seen.durable_seq.max(top);
                     }
                 }
@@ -676,17 +684,28 @@ impl Link {
         let mut next = after + 1;
         let mut records = chunks::Records::default();
         loop {
-            let got = self
+            let (got, more) = self
                 .direct_batch(next, READ_BATCH)
                 .await
                 .map_err(|e| Error::internal(format!("cannot read the log of {}: {e}", self.session)))?;
-            let ended = got.len() < READ_BATCH;
+            let ended = !more;
             for (stream_seq, headers, payload) in got {
                 next = stream_seq + 1;
                 let Some(position) = position_of(&headers) else {
                     tracing::error!(subject = %self.subject, stream_seq, "a message with neither {H_SEQ} nor {H_NOTE} is left out");
                     continue;
                 };
+                let pack = packs::first_of(&headers).map_err(|b| self.broken(stream_seq, &b))?;
+                if let Some(first) = pack {
+                    let records =
+                        packs::unpack(first, position, &payload).map_err(|b| self.broken(stream_seq, &b))?;
+                    out.extend(records.into_iter().map(|(position, record)| Stored {
+                        stream_seq,
+                        position,
+                        record,
+                    }));
+                    continue;
+                }
                 let payload = match records.push(position, &headers, payload) {
                     Ok(Some(whole)) => whole,
                     Ok(None) => continue,
@@ -768,6 +787,9 @@ impl Link {
         }
         if let Some((after, k)) = m.note {
             h.insert(H_NOTE, format!("{after}.{k}").as_str());
+        }
+        if let Some(first) = m.first {
+            h.insert(packs::H_FIRST, first.header().as_str());
         }
         if let Some(part) = &m.part {
             h.insert(chunks::H_PART, part.header().as_str());
@@ -944,10 +966,26 @@ impl Link {
         let mut records = chunks::Records::default();
         loop {
             let ask = READ_BATCH.max(max - out.len());
-            let got = self.direct_batch(next, ask).await.map_err(ReadError::Again)?;
-            let ended = got.len() < ask;
+            let (got, more) = self.direct_batch(next, ask).await.map_err(ReadError::Again)?;
+            let ended = !more;
             for (stream_seq, headers, payload) in got {
                 next = stream_seq + 1;
+                let pack =
+                    packs::first_of(&headers).map_err(|b| ReadError::Broken(self.broken(stream_seq, &b)))?;
+                if pack.is_some() {
+                    let events = packs::events_after(&payload, after, |seq| {
+                        if seq % MARK_EVERY == 0 {
+                            lock(&self.seen).marks.insert(seq, stream_seq);
+                        }
+                    })
+                    .map_err(|b| ReadError::Broken(self.broken(stream_seq, &b)))?;
+                    out.extend(events);
+                    if out.len() >= max {
+                        out.truncate(max);
+                        return Ok(out);
+                    }
+                    continue;
+                }
                 let Some(seq) = headers.get(H_SEQ).and_then(|v| v.as_str().parse::<u64>().ok()) else {
                     continue;
                 };
@@ -985,19 +1023,28 @@ impl Link {
         }
     }
 
-    /// Up to `n` messages of the subject from stream sequence `from`, in one batched direct get.
+    /// Up to `n` messages of the subject from stream sequence `from` (and
+    /// about `READ_BYTES` at most: a pack is up to a message's payload
+    /// room), in one batched direct get; and whether the subject holds
+    /// more after them.
     async fn direct_batch(
         &self,
         from: u64,
         n: usize,
-    ) -> std::result::Result<Vec<(u64, HeaderMap, Bytes)>, String> {
+    ) -> std::result::Result<(Vec<(u64, HeaderMap, Bytes)>, bool), String> {
         let inbox = self.client.new_inbox();
         let mut sub = self
             .client
             .subscribe(inbox.clone())
             .await
             .map_err(|e| e.to_string())?;
-        let body = serde_json::json!({ "seq": from, "next_by_subj": self.subject, "batch": n }).to_string();
+        let body = serde_json::json!({
+            "seq": from,
+            "next_by_subj": self.subject,
+            "batch": n,
+            "max_bytes": READ_BYTES,
+        })
+        .to_string();
         self.client
             .publish_with_reply(format!("$JS.API.DIRECT.GET.{STREAM}"), inbox, body.into())
             .await
@@ -1009,10 +1056,25 @@ impl Link {
                 Ok(None) => return Err("the read's subscription ended".into()),
                 Err(_) => return Err(format!("a direct get gave no answer in {REQUEST_TIMEOUT:?}")),
             };
+            // The end of a batch says how many messages it left; a server
+            // that does not is taken to have stopped early only at `n`.
+            let pending = (msg.status.map(|s| s.as_u16()) == Some(204))
+                .then(|| {
+                    msg.headers
+                        .as_ref()?
+                        .get("Nats-Num-Pending")?
+                        .as_str()
+                        .parse::<u64>()
+                        .ok()
+                })
+                .flatten();
             match direct_answer(msg)? {
                 Some(found) => out.push(found),
                 // The end of the batch (or nothing at all).
-                None => return Ok(out),
+                None => {
+                    let more = pending.map_or(out.len() >= n, |p| p > 0);
+                    return Ok((out, more));
+                }
             }
         }
     }

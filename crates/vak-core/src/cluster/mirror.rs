@@ -10,7 +10,9 @@
 //! slow consumer), and the gap is filled by reading the subject after the
 //! last applied stream sequence with direct gets, never skipped. A record
 //! stored in parts (`Vak-Part`) is applied when its last part arrived and
-//! the whole matched its digest; a part missing or out of place is a gap. A quiet
+//! the whole matched its digest; a part missing or out of place is a gap. A
+//! pack (`Vak-First`) is applied whole when its first record comes right
+//! after the last one applied, and skipped when its last one was. A quiet
 //! tick reads the subject's head, so a lost last message is found too.
 //! Frames come only from what the stream stored, never from the raw
 //! subject, so a frame a writer was refused (fenced) is never shown.
@@ -33,7 +35,8 @@ use std::time::Duration;
 
 /// How often a quiet mirror reads the subject's head.
 const TICK: Duration = Duration::from_secs(1);
-/// Live messages applied in one commit at most.
+/// Records applied in one commit at most, give or take one message's (a
+/// pack holds up to a message's room of them).
 const APPLY_MAX: usize = 1024;
 
 /// Opens the mirror of session `id`; `read_only` is what its writes are refused with.
@@ -99,9 +102,11 @@ async fn follow(
                 while let Some(msg) = next.take() {
                     match records.next(&msg, pos) {
                         Live::Wait => {}
-                        Live::Record(m) => {
-                            (last, pos) = (m.stream_seq, m.position);
-                            ready.push(m);
+                        Live::Records(records) => {
+                            if let Some(m) = records.last() {
+                                (last, pos) = (m.stream_seq, m.position);
+                            }
+                            ready.extend(records);
                         }
                         Live::Gap => {
                             gap = true;

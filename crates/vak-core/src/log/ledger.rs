@@ -240,17 +240,29 @@ impl Batch {
     }
 
     /// Every record in order: its seq if it is an event, and its JSON line
-    /// without the newline (a replicated log stores one message per record).
+    /// without the newline.
     pub fn records(&self) -> impl Iterator<Item = (Option<u64>, &[u8])> + '_ {
+        self.lines().map(|(seq, at)| (seq, &self.bytes[at]))
+    }
+
+    /// Every record in order: its seq if it is an event, and where its JSON
+    /// line lies in `bytes` (without the newline), so a replicated log can
+    /// send several lines as one slice.
+    pub fn lines(&self) -> impl Iterator<Item = (Option<u64>, std::ops::Range<usize>)> + '_ {
         let mut events = self.events.iter().peekable();
         let mut at = 0;
         std::iter::from_fn(move || {
             let end = at + memchr::memchr(b'\n', self.bytes.get(at..)?)?;
             let seq = events.next_if(|&&(_, o)| o == at).map(|&(seq, _)| seq);
-            let line = &self.bytes[at..end];
+            let line = at..end;
             at = end + 1;
             Some((seq, line))
         })
+    }
+
+    /// The batch's lines, each ending in a newline.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
     }
 
     pub fn len(&self) -> usize {

@@ -24,8 +24,8 @@ pub(crate) const H_DIGEST: &str = "Vak-Digest";
 /// What the headers of one message take at most, as NATS counts them
 /// against `max_payload` (`NATS/1.0\r\n`, every `name: value\r\n`, `\r\n`),
 /// with every value at its longest: a 128-byte session id in
-/// `Nats-Msg-Id`, 20-digit numbers, a batch id and sequence, a part and a
-/// digest (`a_message_s_headers_fit_in_their_room` checks it). A message's
+/// `Nats-Msg-Id`, 20-digit numbers, a pack's first position, a batch id
+/// and sequence, a part and a digest (`a_message_s_headers_fit_in_their_room` checks it). A message's
 /// payload gets `max_payload` minus this.
 pub(crate) const HEADER_ROOM: usize = 1024;
 
@@ -117,6 +117,8 @@ pub(crate) enum Broken {
     Incomplete { have: usize, count: usize },
     /// All parts, but their concatenation has another digest.
     DigestMismatch,
+    /// A pack of records (`packs.rs`) that is not what its headers say.
+    Pack(String),
 }
 
 impl fmt::Display for Broken {
@@ -133,6 +135,7 @@ impl fmt::Display for Broken {
             Broken::DigestMismatch => {
                 write!(f, "a record whose parts do not match their {H_DIGEST}")
             }
+            Broken::Pack(why) => write!(f, "a pack of records: {why}"),
         }
     }
 }
@@ -265,8 +268,9 @@ impl Records {
 
 /// What one message of the live path is to a mirror.
 pub(crate) enum Live {
-    /// The record right after the last one applied, complete.
-    Record(Stored),
+    /// The records of the message right after the last one applied (one,
+    /// or a pack's), complete.
+    Records(Vec<Stored>),
     /// Nothing to apply yet: a duplicate (at or before the last applied)
     /// or a part of the next record.
     Wait,
@@ -294,19 +298,44 @@ impl LiveRecords {
         if position <= applied {
             return Live::Wait;
         }
-        if !applied.followed_by(position) {
+        let first = match super::packs::first_of(headers) {
+            Ok(first) => first,
+            Err(_) => return Live::Gap,
+        };
+        if !applied.followed_by(first.unwrap_or(position)) {
             self.parts.reset();
             return Live::Gap;
+        }
+        if let Some(first) = first {
+            return match super::packs::unpack(first, position, &msg.payload) {
+                Ok(records) => Live::Records(
+                    records
+                        .into_iter()
+                        .map(|(position, record)| Stored {
+                            stream_seq,
+                            position,
+                            record,
+                        })
+                        .collect(),
+                ),
+                Err(broken) => {
+                    tracing::debug!(
+                        stream_seq,
+                        "reading the subject instead of the live path: {broken}"
+                    );
+                    Live::Gap
+                }
+            };
         }
         let whole = part_of(headers).and_then(|part| self.parts.push(position, part, msg.payload.clone()));
         match whole {
             Ok(None) => Live::Wait,
             Ok(Some(bytes)) => match serde_json::from_slice(&bytes) {
-                Ok(record) => Live::Record(Stored {
+                Ok(record) => Live::Records(vec![Stored {
                     stream_seq,
                     position,
                     record,
-                }),
+                }]),
                 Err(_) => Live::Gap,
             },
             Err(broken) => {
@@ -538,6 +567,7 @@ mod tests {
         h.insert("Vak-Replica", "r".repeat(128).as_str());
         h.insert("Vak-Seq", max.as_str());
         h.insert("Vak-Note", format!("{max}.{max}").as_str());
+        h.insert(super::super::packs::H_FIRST, format!("{max}.{max}").as_str());
         h.insert(H_PART, format!("{max}/{max}").as_str());
         h.insert(H_DIGEST, digest(b"").as_str());
         h.insert("Nats-Expected-Last-Subject-Sequence", max.as_str());
@@ -631,9 +661,10 @@ mod tests {
             Live::Wait
         ));
         match r.next(&live(12, "4.1", Some((3, 3)), pieces[2]), at(0)) {
-            Live::Record(m) => {
-                assert_eq!((m.stream_seq, m.position), (12, at(1)));
-                assert_eq!(m.record, record);
+            Live::Records(m) => {
+                assert_eq!(m.len(), 1);
+                assert_eq!((m[0].stream_seq, m[0].position), (12, at(1)));
+                assert_eq!(m[0].record, record);
             }
             _ => panic!("the record, once whole"),
         }
@@ -648,7 +679,7 @@ mod tests {
         .unwrap();
         assert!(matches!(
             r.next(&live(13, "4.2", None, &small), at(1)),
-            Live::Record(_)
+            Live::Records(_)
         ));
 
         // A part missing: the next message is a gap, and nothing partial is applied.

@@ -18,21 +18,52 @@ pub struct Position {
 /// One message to publish.
 #[derive(Debug, PartialEq)]
 pub(crate) struct Planned<'a> {
-    /// `Vak-Seq` for an event; None for a note.
+    /// `Vak-Seq` when the (last) record is an event; None for a note.
     pub seq: Option<u64>,
-    /// `Vak-Note` for a note: (the event it follows, k).
+    /// `Vak-Note` when the (last) record is a note: (the event it follows, k).
     pub note: Option<(u64, u64)>,
+    /// A pack of several whole records (`Vak-First`): the first one's
+    /// position; `seq` or `note` is the last one's.
+    pub first: Option<Position>,
+    /// The first and last event seqs the message holds, if any.
+    pub events: Option<(u64, u64)>,
     pub msg_id: String,
     pub payload: &'a [u8],
     /// A record larger than `room`: which part this is (`Vak-Part`, `Vak-Digest`).
     pub(crate) part: Option<chunks::Part>,
 }
 
-/// The messages of `batch` for `session`, starting at `pos`, a record
-/// larger than `room` bytes cut in parts of at most `room`; the position
-/// after them, and how many messages each record takes. Err for a record
-/// that needs more parts than an atomic batch holds.
+/// The messages of `batch` for `session`, starting at `pos`, consecutive
+/// whole records packed into one message of at most `room` bytes (their
+/// lines, newline-separated), a record larger than `room` cut in parts of
+/// at most `room`; the position after them, and how many messages each
+/// unit (a pack, a whole record or a record's parts) takes. Err for a
+/// record that needs more parts than an atomic batch holds.
 pub(crate) type Plan<'a> = (Vec<Planned<'a>>, Position, Vec<usize>);
+
+/// Whole records gathered for one message.
+struct Pack {
+    first: Position,
+    last: Position,
+    events: Option<(u64, u64)>,
+    bytes: std::ops::Range<usize>,
+    msg_id: String,
+}
+
+impl Pack {
+    fn planned(self, bytes: &[u8]) -> Planned<'_> {
+        let several = self.first != self.last;
+        Planned {
+            seq: (self.last.notes == 0).then_some(self.last.after),
+            note: (self.last.notes > 0).then_some((self.last.after, self.last.notes)),
+            first: several.then_some(self.first),
+            events: self.events,
+            msg_id: self.msg_id,
+            payload: &bytes[self.bytes],
+            part: None,
+        }
+    }
+}
 
 pub(crate) fn plan<'a>(
     session: &str,
@@ -40,44 +71,67 @@ pub(crate) fn plan<'a>(
     mut pos: Position,
     room: usize,
 ) -> std::result::Result<Plan<'a>, chunks::Oversize> {
+    let bytes = batch.bytes();
     let (mut msgs, mut sizes) = (Vec::new(), Vec::new());
-    for (seq, payload) in batch.records() {
-        let (note, msg_id) = match seq {
-            Some(n) => {
-                pos = Position { after: n, notes: 0 };
-                (None, format!("{session}:{n}"))
-            }
-            None => {
-                pos.notes += 1;
-                (
-                    Some((pos.after, pos.notes)),
-                    format!("{session}:{}.{}", pos.after, pos.notes),
-                )
-            }
+    let mut pack: Option<Pack> = None;
+    for (seq, line) in batch.lines() {
+        pos = match seq {
+            Some(n) => Position { after: n, notes: 0 },
+            None => Position {
+                after: pos.after,
+                notes: pos.notes + 1,
+            },
         };
-        let count = chunks::parts(payload.len(), room);
+        let msg_id = format!("{session}:{}", pos.header());
+        let events = seq.map(|n| (n, n));
+        let count = chunks::parts(line.len(), room);
         if count == 1 {
-            msgs.push(Planned {
-                seq,
-                note,
-                msg_id,
-                payload,
-                part: None,
-            });
-            sizes.push(1);
+            match &mut pack {
+                // The pack's lines and this one, newlines between, still fit.
+                Some(p) if line.end - p.bytes.start <= room => {
+                    p.last = pos;
+                    p.bytes.end = line.end;
+                    p.events = match (p.events, seq) {
+                        (Some((first, _)), Some(n)) => Some((first, n)),
+                        (None, Some(n)) => Some((n, n)),
+                        (e, None) => e,
+                    };
+                    p.msg_id = msg_id;
+                }
+                _ => {
+                    if let Some(p) = pack.take() {
+                        msgs.push(p.planned(bytes));
+                        sizes.push(1);
+                    }
+                    pack = Some(Pack {
+                        first: pos,
+                        last: pos,
+                        events,
+                        bytes: line,
+                        msg_id,
+                    });
+                }
+            }
             continue;
+        }
+        if let Some(p) = pack.take() {
+            msgs.push(p.planned(bytes));
+            sizes.push(1);
         }
         if count > ATOMIC_MAX {
             return Err(chunks::Oversize {
-                bytes: payload.len(),
+                bytes: line.len(),
                 room,
             });
         }
+        let payload = &bytes[line];
         let digest = chunks::digest(payload);
         for (i, piece) in payload.chunks(room).enumerate() {
             msgs.push(Planned {
                 seq,
-                note,
+                note: seq.is_none().then_some((pos.after, pos.notes)),
+                first: None,
+                events,
                 msg_id: format!("{msg_id}/{}", i + 1),
                 payload: piece,
                 part: Some(chunks::Part {
@@ -89,10 +143,33 @@ pub(crate) fn plan<'a>(
         }
         sizes.push(count);
     }
+    if let Some(p) = pack.take() {
+        msgs.push(p.planned(bytes));
+        sizes.push(1);
+    }
     Ok((msgs, pos, sizes))
 }
 
 impl Position {
+    /// How a position is written in `Vak-First` (and in message ids): `n`
+    /// for event n, `n.k` for the k-th note after it.
+    pub(crate) fn header(self) -> String {
+        if self.notes == 0 {
+            self.after.to_string()
+        } else {
+            format!("{}.{}", self.after, self.notes)
+        }
+    }
+
+    /// A position written by `header`.
+    pub(crate) fn parse(value: &str) -> Option<Position> {
+        let (after, notes) = match value.split_once('.') {
+            Some((after, k)) => (after.parse().ok()?, k.parse().ok().filter(|k| *k > 0)?),
+            None => (value.parse().ok().filter(|n| *n > 0)?, 0),
+        };
+        Some(Position { after, notes })
+    }
+
     /// Whether a message at `next` comes right after one at `self` on a
     /// subject: the next event, or the next note after the same event.
     pub fn followed_by(self, next: Position) -> bool {
@@ -157,9 +234,12 @@ mod tests {
         b1.push(&Record::Signature {
             signature: "x".into(),
         });
-        let (m1, pos, _) = plan("s", &b1, Position::default(), 1 << 20).unwrap();
+        // Room for one record per message (no two of these lines fit in one).
+        let one = |b: &Batch| b.records().map(|(_, l)| l.len()).max().unwrap();
+        let (m1, pos, _) = plan("s", &b1, Position::default(), one(&b1)).unwrap();
         let ids: Vec<_> = m1.iter().map(|m| m.msg_id.as_str()).collect();
         assert_eq!(ids, ["s:0.1", "s:1", "s:2", "s:2.1"]);
+        assert!(m1.iter().all(|m| m.first.is_none()));
         assert_eq!(m1[1].seq, Some(1));
         assert_eq!(m1[3].note, Some((2, 1)));
         assert_eq!(pos, Position { after: 2, notes: 1 });
@@ -171,7 +251,7 @@ mod tests {
         b2.push(&Record::Admitted {
             request_id: "q".into(),
         });
-        let (m2, pos, _) = plan("s", &b2, pos, 1 << 20).unwrap();
+        let (m2, pos, _) = plan("s", &b2, pos, one(&b2)).unwrap();
         assert_eq!(m2[0].msg_id, "s:2.2");
         assert_eq!(pos, Position { after: 2, notes: 2 });
         let mut b3 = Batch::default();
@@ -179,9 +259,22 @@ mod tests {
         b3.push(&Record::Admitted {
             request_id: "z".into(),
         });
-        let (m3, _, _) = plan("s", &b3, pos, 1 << 20).unwrap();
+        let (m3, _, _) = plan("s", &b3, pos, one(&b3)).unwrap();
         let ids: Vec<_> = m3.iter().map(|m| m.msg_id.as_str()).collect();
         assert_eq!(ids, ["s:3", "s:3.1"]);
+
+        // With room for all, the batch is one pack under its last record's id.
+        let (m, pos, sizes) = plan("s", &b1, Position::default(), 1 << 20).unwrap();
+        assert_eq!((m.len(), sizes, m[0].msg_id.as_str()), (1, vec![1], "s:2.1"));
+        assert_eq!(
+            (m[0].first, m[0].note, m[0].seq),
+            (Some(Position { after: 0, notes: 1 }), Some((2, 1)), None)
+        );
+        assert_eq!(
+            (m[0].events, pos),
+            (Some((1, 2)), Position { after: 2, notes: 1 })
+        );
+        assert_eq!(m[0].payload, &b1.bytes()[..b1.len() - 1]);
     }
 
     #[test]
