@@ -1,4 +1,4 @@
-//! The latency floor: one thread writes the latency scenario's SSE frames straight to the subscribers' sockets (no runtime, no bus, no HTTP library), so the curve shows what this machine's loopback TCP allows before vak costs anything.
+//! The floors: one thread writes the latency scenario's paced SSE frames, or a sized burst's, straight to the subscribers' sockets (no runtime, no bus, no HTTP library), so a figure shows what this machine's loopback TCP allows before vak costs anything.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -11,8 +11,18 @@ use vak_proto::sse;
 /// The session id the floor's frames carry (the client checks it on sampled frames).
 pub(crate) const SESSION: &str = "floor";
 
+/// What a floor writes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Frames {
+    /// `rate` deltas a second, each stamped with its send time (`/pace`).
+    Paced { rate: u64 },
+    /// Every delta at once, each `t{i}` padded with `_` to `size` bytes
+    /// and a space (`/burst N SIZE`).
+    Sized { size: u64 },
+}
+
 /// A floor server on 127.0.0.1: it accepts `subs` SSE subscribers, and on
-/// `start` paces `n` text deltas at `rate` per second to all of them, then
+/// `start` writes `n` text deltas to all of them (as `frames` says), then
 /// `run_finished`.
 pub(crate) struct Floor {
     pub addr: SocketAddr,
@@ -30,7 +40,7 @@ pub(crate) struct Conn {
 }
 
 impl Floor {
-    pub(crate) fn start(subs: usize, n: u64, rate: u64) -> io::Result<Floor> {
+    pub(crate) fn start(subs: usize, n: u64, frames: Frames) -> io::Result<Floor> {
         let listener = TcpListener::bind("127.0.0.1:0")?;
         let addr = listener.local_addr()?;
         let (start, started) = mpsc::channel();
@@ -38,7 +48,7 @@ impl Floor {
         let flag = stop.clone();
         let thread = std::thread::Builder::new()
             .name("floor".into())
-            .spawn(move || serve(listener, subs, n, rate, started, &flag))?;
+            .spawn(move || serve(listener, subs, n, frames, started, &flag))?;
         Ok(Floor {
             addr,
             start: Some(start),
@@ -76,7 +86,7 @@ fn serve(
     listener: TcpListener,
     subs: usize,
     n: u64,
-    rate: u64,
+    frames: Frames,
     started: mpsc::Receiver<()>,
     stop: &AtomicBool,
 ) -> Result<(), String> {
@@ -104,15 +114,33 @@ fn serve(
     }
     // One thread: two (each with half the sockets) measured worse, p99 47
     // against 25 ms at 1 000/s, as they take the bench's cores.
-    pace(conns, Instant::now(), n, rate, stop)
+    pace(conns, Instant::now(), n, frames, stop)
 }
 
-/// Paces the frames to `conns` from `t0` on.
-fn pace(mut conns: Vec<Conn>, t0: Instant, n: u64, rate: u64, stop: &AtomicBool) -> Result<(), String> {
+/// `/burst N SIZE`'s delta `i`, as the offline model writes it.
+pub(crate) fn sized_token(i: u64, size: u64) -> String {
+    let mut t = format!("t{i}");
+    let want = size as usize;
+    if t.len() + 1 < want {
+        t.extend(std::iter::repeat_n('_', want - 1 - t.len()));
+    }
+    t.push(' ');
+    t
+}
+
+/// Writes the frames to `conns` from `t0` on.
+fn pace(mut conns: Vec<Conn>, t0: Instant, n: u64, frames: Frames, stop: &AtomicBool) -> Result<(), String> {
     // Every frame in order; a subscriber is given what it has not had yet,
     // as one chunk, on each sweep: the batching a reader that lags gets.
-    let mut log = bytes::BytesMut::with_capacity(n as usize * 128);
-    let due = |i: u64| t0 + Duration::from_secs_f64(i as f64 / rate as f64);
+    let per_frame = match frames {
+        Frames::Paced { .. } => 128,
+        Frames::Sized { size } => size as usize + 96,
+    };
+    let mut log = bytes::BytesMut::with_capacity(n as usize * per_frame);
+    let due = |i: u64| match frames {
+        Frames::Paced { rate } => t0 + Duration::from_secs_f64(i as f64 / rate as f64),
+        Frames::Sized { .. } => t0,
+    };
     let mut next = 0u64;
     let mut finished = false;
     loop {
@@ -123,9 +151,12 @@ fn pace(mut conns: Vec<Conn>, t0: Instant, n: u64, rate: u64, stop: &AtomicBool)
         while next < n && due(next) <= now {
             // vak's own frame encoder, so the bytes are what vak would send.
             let seq = next + 2;
-            let micros = crate::clients::unix_micros();
+            let text = match frames {
+                Frames::Paced { .. } => format!("p{next}@{} ", crate::clients::unix_micros()),
+                Frames::Sized { size } => sized_token(next, size),
+            };
             let json = format!(
-                "{{\"seq\":{seq},\"session_id\":\"{SESSION}\",\"text_delta\":{{\"text\":\"p{next}@{micros} \"}}}}"
+                "{{\"seq\":{seq},\"session_id\":\"{SESSION}\",\"text_delta\":{{\"text\":\"{text}\"}}}}"
             );
             sse::write_frame(&mut log, "text_delta", Some(&seq.to_string()), json.as_bytes());
             next += 1;
@@ -215,4 +246,19 @@ pub(crate) fn chunk(out: &mut Vec<u8>, data: &[u8]) {
     out.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
     out.extend_from_slice(data);
     out.extend_from_slice(b"\r\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sized_token_is_the_offline_models_one_token_of_that_size() {
+        assert_eq!(sized_token(7, 0), "t7 ");
+        assert_eq!(sized_token(7, 3), "t7 ");
+        assert_eq!(sized_token(7, 4), "t7_ ");
+        let t = sized_token(123, 65536);
+        assert_eq!(t.len(), 65536);
+        assert!(t.starts_with("t123_") && t.ends_with("_ ") && t.matches(' ').count() == 1);
+    }
 }

@@ -83,7 +83,9 @@ turn, receipts and search indexing, is the same however many deltas it streams; 
 of deltas; never fewer than {gmin} deltas per stream), the count is in the row. A point is flagged **faster than linear** when its CPU per \
 event exceeds the previous point's by more than 1.5x (on the size axis: by more than 1.5x the size ratio), or when \
 the RSS each added subscriber, session or byte costs over the first point rises by more than 1.5x from one step to \
-the next (and by more than 16 MiB). \
+the next (and by more than 16 MiB). Each size point also gives its delivered payload (deltas x size per second), \
+and is followed by its floor (`SSE floor`): the same frames, all due at once, written to the same readers by one \
+plain thread in the bench process with no vak, read and checked the same way. \
 Cluster: 3 nats-server nodes ({cnodes}; JetStream, an R3 stream) on loopback and 3 `vak serve --bus ... --bus-replicas 3` \
 replicas with one token; a session made and run on replica 0 (which takes its lease), {csubs} SSE subscribers \
 spread round-robin over the 3 replicas: delivered events/s of `/burst {cburst}`, then p50/p99/max of `/pace {cpace} {crate}` \

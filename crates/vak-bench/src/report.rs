@@ -53,6 +53,8 @@ pub(crate) enum Unit {
     Fraction,
     /// CPU cores (CPU seconds per second).
     Cores,
+    /// Bytes per second.
+    ByteRate,
 }
 
 pub(crate) fn fmt_value(v: f64, unit: Unit) -> String {
@@ -68,6 +70,8 @@ pub(crate) fn fmt_value(v: f64, unit: Unit) -> String {
         Unit::MiB => format!("{v:.0} MiB"),
         Unit::Fraction => format!("{:.0}%", v * 100.0),
         Unit::Cores => format!("{v:.2} cores"),
+        Unit::ByteRate if v >= 1e9 => format!("{:.2} GB/s", v / 1e9),
+        Unit::ByteRate => format!("{:.0} MB/s", v / 1e6),
     }
 }
 

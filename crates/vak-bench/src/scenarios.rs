@@ -386,7 +386,32 @@ pub(crate) async fn paced_on(
 /// SSE subscribers, written by one plain thread in this process; its CPU is
 /// counted as the bench's (server 0).
 pub(crate) async fn floor_latency(env: &Env, subs: usize, n: u64, rate: u64) -> Result<Latency, String> {
-    let mut floor = crate::floor::Floor::start(subs, n, rate).map_err(|e| format!("floor: {e}"))?;
+    let mode = Mode::Latency { expect: n };
+    let (results, cpu, last_s) = floor_run(env, subs, n, crate::floor::Frames::Paced { rate }, mode).await?;
+    summarize(results, cpu, last_s)
+}
+
+/// The large-delta floor (`floor.rs`): `/burst n size`'s frames to `subs`
+/// SSE subscribers, all at once, written by one plain thread in this
+/// process, read and checked as a growth size point's; its CPU is counted
+/// as the bench's (server 0), its peak RSS is not measured (0).
+pub(crate) async fn floor_sized(env: &Env, subs: usize, n: u64, size: u64) -> Result<Throughput, String> {
+    let mode = Mode::Count { expect: n };
+    let (results, cpu, last_s) = floor_run(env, subs, n, crate::floor::Frames::Sized { size }, mode).await?;
+    Ok(Throughput::of(&results, last_s, 0, cpu))
+}
+
+/// One floor run: `subs` SSE readers in `mode` open on a floor writing `n`
+/// deltas as `frames` says; their results, the CPU (the floor's counted as
+/// the bench's) and when the last reader had all.
+async fn floor_run(
+    env: &Env,
+    subs: usize,
+    n: u64,
+    frames: crate::floor::Frames,
+    mode: Mode,
+) -> Result<(Vec<SubResult>, CpuUse, f64), String> {
+    let mut floor = crate::floor::Floor::start(subs, n, frames).map_err(|e| format!("floor: {e}"))?;
     let target = Target {
         addr: floor.addr,
         token: String::new(),
@@ -394,7 +419,6 @@ pub(crate) async fn floor_latency(env: &Env, subs: usize, n: u64, rate: u64) -> 
     };
     let shared = Shared::new();
     let sessions = vec![crate::floor::SESSION.to_string(); subs];
-    let mode = Mode::Latency { expect: n };
     let handles = open(env, Transport::Sse, &target, &sessions, mode, None, &shared).await?;
     shared.wait_opened(subs, Duration::from_secs(120)).await?;
     let mark = CpuMark::now(std::process::id());
@@ -408,7 +432,7 @@ pub(crate) async fn floor_latency(env: &Env, subs: usize, n: u64, rate: u64) -> 
     timed_out(&results, &shared, env.limit, n)?;
     first_error(&results)?;
     let last_s = last_complete(&results, t0)?;
-    summarize(results, cpu, last_s)
+    Ok((results, cpu, last_s))
 }
 
 /// Percentiles of publish-to-receipt latency, in microseconds.

@@ -311,6 +311,9 @@ fn ok_values<T: Copy>(
 /// CPU time comes from /proc in clock ticks (10 ms): shorter intervals say nothing.
 const MIN_CPU_WALL: f64 = 0.25;
 
+/// The transport column of every floor row (no vak: `floor.rs`, `floor_load.rs`).
+const FLOOR_LABEL: &str = "SSE floor: one plain thread writes the sockets, no vak";
+
 fn median_cpu(c: &[machine::CpuUse]) -> Option<(f64, f64, f64)> {
     let m = |f: fn(&machine::CpuUse) -> f64| {
         Stat::of(
@@ -501,6 +504,7 @@ mod tests {
             x: 1,
             n: 5000,
             r: Err("gone".into()),
+            floor: None,
         });
         s.cluster_missing = Some("no nats-server".into());
         let t = rows(&s, &p);

@@ -3,7 +3,7 @@
 
 use super::{
     latency_msg, log_result, median_cpu, ok_values, values, Measuring, Plan, RatePoint, Sample, Samples,
-    Table,
+    Table, FLOOR_LABEL,
 };
 use crate::growth;
 use crate::report::{self, Goal, Row, Unit};
@@ -141,9 +141,6 @@ pub(super) fn rows(s: &Samples, plan: &Plan, table: &mut Table) {
     let rates = floor_rates(sizes);
     curve_rows(&s.floor, sizes, &rates, Transport::Sse, FLOOR_LABEL, table);
 }
-
-/// The transport column of the latency floor's rows (`floor.rs`).
-const FLOOR_LABEL: &str = "SSE floor: one plain thread writes the sockets, no vak";
 
 /// The floor's rates: first 10 events/s, where each event reaches every
 /// subscriber before the next is due (what one event costs), then the curve's.

@@ -1,6 +1,6 @@
 //! The realistic-load rows: per point, delivered/offered, p50/p99/max latency, server CPU and RSS.
 
-use super::{cpu_note, log, log_result, median_cpu, Measuring, Plan, Sample, Samples, Table};
+use super::{cpu_note, log, log_result, median_cpu, Measuring, Plan, Sample, Samples, Table, FLOOR_LABEL};
 use crate::realistic::{self, Load, LoadSize};
 use crate::report::{self, Goal, Row, Unit};
 use crate::scenarios::Transport;
@@ -12,9 +12,6 @@ const CORES_GOAL: f64 = 1.0;
 
 /// The transport column: the readers are both.
 const LABEL: &str = "half SSE, half gRPC";
-/// The floor's transport column (`floor_load.rs`).
-const FLOOR_LABEL: &str = "SSE floor: one plain thread writes the sockets, no vak";
-
 /// A run, as logged.
 fn load_msg(x: &Load) -> String {
     let p = |t: Option<crate::scenarios::Pcts>| t.map_or("-".into(), |p| format!("{:.2} ms", p.p99_us / 1e3));

@@ -3,7 +3,8 @@
 
 use super::{
     cpu_note, latency::P99_BOUND_US, latency_msg, log, log_result, median_cpu, ns_per_event, ok_values,
-    plural, throughput_msg, throughput_note, values, Measuring, Plan, Sample, Samples, Table, MIN_CPU_WALL,
+    plural, throughput_msg, throughput_note, values, Measuring, Plan, Sample, Samples, Table, FLOOR_LABEL,
+    MIN_CPU_WALL,
 };
 use crate::report::{self, Goal, Row, Unit};
 use crate::scenarios::{self, Throughput, Transport};
@@ -30,6 +31,8 @@ pub(crate) struct GrowthSample {
     pub(crate) x: u64,
     pub(crate) n: u64,
     pub(crate) r: Result<scenarios::Throughput, String>,
+    /// On the size axis: the same burst with no vak (`scenarios::floor_sized`).
+    pub(crate) floor: Option<Result<scenarios::Throughput, String>>,
 }
 
 /// Deltas each stream of a growth point gets: about `growth_deliveries`
@@ -69,7 +72,20 @@ pub(super) fn measure_growth<'a>(plan: &'a Plan, s: &'a mut Samples) -> Measurin
                     )
                 });
                 log_result(format!("run {run} growth {axis:?} {x} x /burst {n}"), at, msg);
-                s.growth.push(GrowthSample { axis, x, n, r });
+                // Right after it, what the machine allows the same burst with no vak.
+                let floor = match axis {
+                    Axis::Size => {
+                        let at = Instant::now();
+                        let f = scenarios::floor_sized(&plan.env, sizes.growth_size_subs, n, x).await;
+                        let msg = f
+                            .as_ref()
+                            .map(|t| format!("{:.0} events/s, {}", t.eps, cpu_note(&t.cpu)));
+                        log_result(format!("run {run} growth floor {x} x /burst {n}"), at, msg);
+                        Some(f)
+                    }
+                    _ => None,
+                };
+                s.growth.push(GrowthSample { axis, x, n, r, floor });
             }
         }
     })
@@ -104,6 +120,9 @@ struct PointRuns {
     n: u64,
     ok: Vec<Throughput>,
     err: Option<String>,
+    /// The floor's runs (size axis), and its last failure.
+    floor: Vec<Throughput>,
+    floor_err: Option<String>,
 }
 
 /// The growth table: per point, server CPU per delivered event and peak
@@ -132,7 +151,22 @@ fn point_runs(s: &Samples, axis: Axis, x: u64) -> Option<PointRuns> {
     let n = all.first()?.n;
     let ok = all.iter().filter_map(|g| g.r.as_ref().ok().copied()).collect();
     let err = all.iter().rev().find_map(|g| g.r.as_ref().err().cloned());
-    Some(PointRuns { x, n, ok, err })
+    let floor = all
+        .iter()
+        .filter_map(|g| g.floor.as_ref()?.as_ref().ok().copied())
+        .collect();
+    let floor_err = all
+        .iter()
+        .rev()
+        .find_map(|g| g.floor.as_ref()?.as_ref().err().cloned());
+    Some(PointRuns {
+        x,
+        n,
+        ok,
+        err,
+        floor,
+        floor_err,
+    })
 }
 
 /// The points (with RSS measured) that grow faster than linearly, flagged
@@ -206,6 +240,33 @@ fn point_rows(sizes: &Sizes, axis: Axis, p: &PointRuns, flag: Option<String>, ta
             Unit::MiB,
         ));
     }
+    if axis == Axis::Size {
+        payload_rows(&scen, p, table);
+    }
+}
+
+/// Issue 34's goal for the largest deltas: delivered payload to 10 readers.
+const PAYLOAD_GOAL: f64 = 2e9;
+const PAYLOAD_GOAL_FROM: u64 = 64 * 1024;
+
+/// A size point's delivered payload (deltas x their size, per second), vak's
+/// and the floor's (the same burst with no vak, measured right after).
+fn payload_rows(scen: &str, p: &PointRuns, table: &mut Table) {
+    let bytes = |runs: &[Throughput]| runs.iter().map(|t| t.eps * p.x as f64).collect::<Vec<_>>();
+    let (vak, floor) = (bytes(&p.ok), bytes(&p.floor));
+    let median = |v: &[f64]| report::Stat::of(v).map(|s| s.median);
+    let mut r = Row::new(scen, "SSE", "delivered payload", &vak, Unit::ByteRate);
+    if let (Some(v), true) = (median(&vak), p.x >= PAYLOAD_GOAL_FROM) {
+        r.goal = Some(Goal::at_least(v, PAYLOAD_GOAL, ">= 2 GB/s"));
+    }
+    if let (Some(v), Some(f)) = (median(&vak), median(&floor)) {
+        r.note = format!("{:.0}% of the floor's", 100.0 * v / f);
+    }
+    table.push_or_fail(r, p.err.clone());
+    let mut f = Row::new(scen, FLOOR_LABEL, "delivered payload", &floor, Unit::ByteRate);
+    f.cpu = median_cpu(&p.floor.iter().map(|t| t.cpu).collect::<Vec<_>>());
+    f.note = "the same frames, all due at once, written by one thread; its CPU is the bench's".into();
+    table.push_or_fail(f, p.floor_err.clone());
 }
 
 /// After the rounds, `growth_runs` times: the cluster (or why it cannot run).
