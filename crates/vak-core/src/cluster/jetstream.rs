@@ -697,9 +697,11 @@ impl Link {
                 };
                 let pack = packs::first_of(&headers).map_err(|b| self.broken(stream_seq, &b))?;
                 if let Some(first) = pack {
-                    let records =
-                        packs::unpack(first, position, &payload).map_err(|b| self.broken(stream_seq, &b))?;
-                    out.extend(records.into_iter().map(|(position, record)| Stored {
+                    let unpacked = records
+                        .pack_next()
+                        .and_then(|()| packs::unpack(first, position, &payload))
+                        .map_err(|b| self.broken(stream_seq, &b))?;
+                    out.extend(unpacked.into_iter().map(|(position, record)| Stored {
                         stream_seq,
                         position,
                         record,
@@ -973,12 +975,16 @@ impl Link {
                 let pack =
                     packs::first_of(&headers).map_err(|b| ReadError::Broken(self.broken(stream_seq, &b)))?;
                 if pack.is_some() {
-                    let events = packs::events_after(&payload, after, |seq| {
-                        if seq % MARK_EVERY == 0 {
-                            lock(&self.seen).marks.insert(seq, stream_seq);
-                        }
-                    })
-                    .map_err(|b| ReadError::Broken(self.broken(stream_seq, &b)))?;
+                    let events = records
+                        .pack_next()
+                        .and_then(|()| {
+                            packs::events_after(&payload, after, |seq| {
+                                if seq % MARK_EVERY == 0 {
+                                    lock(&self.seen).marks.insert(seq, stream_seq);
+                                }
+                            })
+                        })
+                        .map_err(|b| ReadError::Broken(self.broken(stream_seq, &b)))?;
                     out.extend(events);
                     if out.len() >= max {
                         out.truncate(max);

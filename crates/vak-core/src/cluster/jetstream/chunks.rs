@@ -234,6 +234,18 @@ impl<K: PartialEq> Assembler<K> {
     pub(super) fn reset(&mut self) {
         self.begun = None;
     }
+
+    /// A message that is no part comes next: an error if a record's parts
+    /// were begun and not finished (the parts so far are then dropped).
+    fn whole_next(&mut self) -> Result<(), Broken> {
+        match self.begun.take() {
+            None => Ok(()),
+            Some(b) => Err(Broken::Incomplete {
+                have: b.have,
+                count: b.count,
+            }),
+        }
+    }
 }
 
 /// Records read back from a subject's messages, read in order from a
@@ -247,6 +259,13 @@ pub(crate) struct Records {
 }
 
 impl Records {
+    /// A pack (`packs.rs`) comes next: an error if a record's parts were
+    /// begun and not finished.
+    pub(super) fn pack_next(&mut self) -> Result<(), Broken> {
+        self.started = true;
+        self.parts.whole_next()
+    }
+
     /// The record the message at `position` completes, None while its
     /// parts are missing, or why what was read is no record.
     pub(super) fn push(
@@ -449,6 +468,19 @@ mod tests {
         msgs.push((3, None, Bytes::from_static(b"last")));
         let got: Vec<_> = assemble(msgs).into_iter().map(Result::unwrap).collect();
         assert_eq!(got, [&b"first"[..], b"0123456789", b"last"]);
+    }
+
+    #[test]
+    fn a_pack_after_parts_begun_and_not_finished_is_an_error() {
+        let mut r = Records::default();
+        let mut h = HeaderMap::new();
+        h.insert(H_PART, "1/2");
+        h.insert(H_DIGEST, digest(b"xy").as_str());
+        let at = Position { after: 1, notes: 0 };
+        assert_eq!(r.push(at, &h, Bytes::from_static(b"x")), Ok(None));
+        assert_eq!(r.pack_next(), Err(Broken::Incomplete { have: 1, count: 2 }));
+        // The parts so far are dropped: the next pack reads on.
+        assert_eq!(r.pack_next(), Ok(()));
     }
 
     #[test]
