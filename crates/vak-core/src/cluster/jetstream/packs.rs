@@ -242,47 +242,6 @@ mod tests {
     }
 
     #[test]
-    fn a_mirror_applies_a_pack_that_follows_whole_skips_one_it_has_and_reads_past_a_gap() {
-        use crate::cluster::jetstream::{Live, LiveRecords};
-        let mut b = Batch::default();
-        for seq in 3..=5 {
-            b.push_frame(&delta(seq, "w"));
-        }
-        b.push(&note("n"));
-        let (msgs, _, _) = plan("s", &b, Position { after: 2, notes: 0 }, 1 << 20).unwrap();
-        let m = &msgs[0];
-        let mut h = HeaderMap::new();
-        h.insert("Nats-Sequence", "9");
-        h.insert("Vak-Note", "5.1");
-        h.insert(H_FIRST, m.first.unwrap().header().as_str());
-        let msg = async_nats::Message {
-            subject: "vak.live.s".into(),
-            reply: None,
-            payload: bytes::Bytes::copy_from_slice(m.payload),
-            headers: Some(h),
-            status: None,
-            description: None,
-            length: 0,
-        };
-        let at = |after, notes| Position { after, notes };
-        let mut r = LiveRecords::default();
-        match r.next(&msg, at(2, 0)) {
-            Live::Records(got) => {
-                let pos: Vec<_> = got.iter().map(|s| (s.stream_seq, s.position)).collect();
-                assert_eq!(pos, [(9, at(3, 0)), (9, at(4, 0)), (9, at(5, 0)), (9, at(5, 1))]);
-            }
-            _ => panic!("the pack, whole"),
-        }
-        // Had already (read from the subject): waits; further on: a gap.
-        assert!(matches!(r.next(&msg, at(5, 1)), Live::Wait));
-        assert!(matches!(r.next(&msg, at(1, 0)), Live::Gap));
-        assert!(
-            matches!(r.next(&msg, at(3, 0)), Live::Gap),
-            "overlapping: read from the subject"
-        );
-    }
-
-    #[test]
     fn a_pack_header_is_a_position_and_never_on_a_part() {
         let mut h = HeaderMap::new();
         assert_eq!(first_of(&h), Ok(None));
