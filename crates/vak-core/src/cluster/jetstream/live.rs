@@ -95,29 +95,13 @@ impl LiveRecords {
 #[cfg(test)]
 mod tests {
     use super::super::chunks::{digest, H_DIGEST, H_PART};
+    use super::super::packs::tests::{delta, note};
     use super::super::plan;
     use super::packs::H_FIRST;
     use super::*;
-    use crate::event::{ClientEvent, Frame};
     use crate::log::ledger::{Batch, Record};
     use async_nats::HeaderMap;
     use bytes::Bytes;
-
-    fn delta(seq: u64, text: &str) -> Frame {
-        Frame::new(
-            seq,
-            "s".into(),
-            ClientEvent::TextDelta {
-                text: text.to_string(),
-            },
-        )
-    }
-
-    fn note(id: &str) -> Record {
-        Record::Admitted {
-            request_id: id.to_string(),
-        }
-    }
 
     #[test]
     fn a_mirror_applies_a_record_in_parts_once_its_last_part_came_and_reads_the_subject_for_a_broken_one() {

@@ -126,13 +126,14 @@ pub(crate) fn events_after(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::cluster::jetstream::plan;
     use crate::event::{ClientEvent, Frame};
     use crate::log::ledger::Batch;
 
-    fn delta(seq: u64, text: &str) -> Frame {
+    /// A text delta of session `s` (also the live path's tests').
+    pub(in crate::cluster::jetstream) fn delta(seq: u64, text: &str) -> Frame {
         Frame::new(
             seq,
             "s".into(),
@@ -142,7 +143,8 @@ mod tests {
         )
     }
 
-    fn note(id: &str) -> Record {
+    /// A note record (an admitted request id).
+    pub(in crate::cluster::jetstream) fn note(id: &str) -> Record {
         Record::Admitted {
             request_id: id.to_string(),
         }
