@@ -283,18 +283,25 @@ async fn realistic_on(env: &Env, server: &Server, size: LoadSize) -> Result<Load
     })
 }
 
+/// Whether the floor's one process can hold the point's S x K readers (and
+/// a few more) within three quarters of RLIMIT_NOFILE; why not, if not.
+pub(crate) fn floor_fits(size: LoadSize) -> Result<(), String> {
+    let need = size.sessions * size.readers + 8;
+    if need > machine::nofile_soft() * 3 / 4 {
+        return Err(format!(
+            "{need} connections in one process do not fit RLIMIT_NOFILE {}",
+            machine::nofile_soft()
+        ));
+    }
+    Ok(())
+}
+
 /// The same point with no vak: the load floor process (`floor_load.rs`)
 /// paces the same deltas to S x K SSE readers, every one SSE (the floor
 /// speaks no gRPC); its CPU and RSS are read as a server's.
 pub(crate) async fn realistic_floor(env: &Env, size: LoadSize) -> Result<Load, String> {
+    floor_fits(size)?;
     let readers = size.sessions * size.readers;
-    let need = readers + 8;
-    if need > machine::nofile_soft() * 3 / 4 {
-        return Err(format!(
-            "{need} connections do not fit RLIMIT_NOFILE {}",
-            machine::nofile_soft()
-        ));
-    }
     let n = size.deltas();
     let plan = crate::floor_load::Plan {
         sessions: size.sessions,

@@ -164,6 +164,8 @@ pub(crate) struct Samples {
     pub(crate) realistic: Vec<(crate::realistic::LoadSize, Sample<crate::realistic::Load>)>,
     /// The same points with no vak (`floor_load.rs`).
     pub(crate) realistic_floor: Vec<(crate::realistic::LoadSize, Sample<crate::realistic::Load>)>,
+    /// Realistic points whose floor cannot run on this machine, and why (not a failure).
+    pub(crate) realistic_floor_skipped: Vec<(crate::realistic::LoadSize, String)>,
 }
 
 /// A latency point measured at a rate (events/s).

@@ -61,7 +61,14 @@ pub(super) fn measure<'a>(plan: &'a Plan, s: &'a mut Samples, run: usize) -> Mea
             let t = Transport::Sse;
             let subs = size.sessions * size.readers;
             s.realistic.push((size, Sample { run, subs, t, r }));
-            // The floor of the same point, right after.
+            // The floor of the same point, right after, where it fits.
+            if let Err(why) = realistic::floor_fits(size) {
+                if !s.realistic_floor_skipped.iter().any(|(p, _)| *p == size) {
+                    log(format!("realistic floor {}: not measured: {why}", point(&size)));
+                    s.realistic_floor_skipped.push((size, why));
+                }
+                continue;
+            }
             let at = Instant::now();
             let r = realistic::realistic_floor(&plan.env, size).await;
             log_result(
@@ -88,6 +95,17 @@ pub(super) fn rows(s: &Samples, plan: &Plan, table: &mut Table) {
     for size in &plan.sizes.realistic {
         point_rows(&s.realistic, size, LABEL, true, table);
         point_rows(&s.realistic_floor, size, FLOOR_LABEL, false, table);
+        if let Some((_, why)) = s.realistic_floor_skipped.iter().find(|(p, _)| p == size) {
+            let mut r = Row::new(
+                &format!("11. Realistic load, {}", point(size)),
+                FLOOR_LABEL,
+                "delivered / offered",
+                &[],
+                Unit::Fraction,
+            );
+            r.note = format!("not measured on this machine: {why}");
+            table.push(r);
+        }
     }
 }
 
