@@ -42,6 +42,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // so every `Event` (and each frame a stream moves) stays small.
     config.boxed(".vak.v1.WorkerEvent.worker");
     config.boxed(".vak.v1.Workbench.candidate");
+    // So is a commitment (and a plan item's copy of it).
+    config.boxed(".vak.v1.CommitmentEvent.commitment");
+    config.boxed(".vak.v1.TimelineItem.commitment");
     tonic_prost_build::configure()
         // A small first encode buffer per RPC (src/codec.rs).
         .codec_path("crate::codec::SmallBufferCodec")

@@ -14,6 +14,7 @@ mod attachments;
 mod backup;
 mod big_records;
 mod cluster;
+mod commitments;
 mod config;
 mod connect;
 mod connect_stream;

@@ -142,6 +142,7 @@ fn event_json(e: &pb::Event) -> Value {
         }
         // The mux tests never start children.
         K::Worker(_) | K::Workbench(_) => unreachable!("no children in these tests"),
+        K::Commitment(_) => unreachable!("no plans in these tests"),
     };
     json!({"seq": e.seq, "session_id": e.session_id, kind_of(e): body})
 }

@@ -434,6 +434,24 @@ impl AgentService for Baseline {
     ) -> Result<Response<pb::DraftDiscarded>, Status> {
         unimplemented()
     }
+    async fn list_commitments(
+        &self,
+        _: Request<pb::ListCommitmentsRequest>,
+    ) -> Result<Response<pb::CommitmentList>, Status> {
+        unimplemented()
+    }
+    async fn get_commitment(
+        &self,
+        _: Request<pb::GetCommitmentRequest>,
+    ) -> Result<Response<pb::CommitmentDetail>, Status> {
+        unimplemented()
+    }
+    async fn close_commitment(
+        &self,
+        _: Request<pb::CloseCommitmentRequest>,
+    ) -> Result<Response<pb::Commitment>, Status> {
+        unimplemented()
+    }
     async fn list_launch(
         &self,
         _: Request<pb::ListLaunchRequest>,

@@ -243,6 +243,13 @@ pub enum ClientEvent {
         branch: String,
         why: crate::worker::DiscardWhy,
     },
+    /// A commitment of the session's plan was created, updated or closed
+    /// (issue 35): its whole state after the change.
+    Commitment {
+        change: crate::commitment::Change,
+        /// Boxed: a commitment is large next to the other events.
+        commitment: Box<crate::commitment::Commitment>,
+    },
     /// A dev server's output, batched at the source.
     LaunchOutput {
         name: String,
@@ -320,6 +327,7 @@ impl ClientEvent {
             ClientEvent::Workbench { .. } => "workbench",
             ClientEvent::DraftDiscarded { .. } => "draft_discarded",
             ClientEvent::LaunchOutput { .. } => "launch_output",
+            ClientEvent::Commitment { .. } => "commitment",
         }
     }
 
@@ -439,6 +447,12 @@ impl ClientEvent {
                     w.prompt.len() + w.summary.len() + w.worktree.len() + 128
                 }
                 ClientEvent::LaunchOutput { name, text, .. } => name.len() + text.len(),
+                ClientEvent::Commitment { commitment: c, .. } => {
+                    c.text.len()
+                        + c.id.len() * 2
+                        + c.evidence.iter().map(|e| e.len() + 24).sum::<usize>()
+                        + 256
+                }
                 ClientEvent::Side { side_id, phase } => {
                     side_id.len()
                         + match phase {

@@ -13,6 +13,7 @@ pub mod hub;
 pub(crate) mod index;
 pub mod launch;
 pub mod memory;
+pub mod portfolio;
 pub mod pr;
 pub mod receipts;
 pub(crate) mod recovery;

@@ -11,6 +11,7 @@ pub use vak_proto::{Error, ErrorKind, Result};
 pub mod automation;
 pub mod background;
 pub mod cluster;
+pub mod commitment;
 pub mod event;
 pub mod file_owner;
 pub mod finops;

@@ -6,6 +6,7 @@ pub(crate) mod folds;
 pub mod ledger;
 #[cfg(test)]
 pub(crate) mod memory;
+pub mod plan;
 pub mod presentation;
 pub mod receipts;
 pub(crate) mod repair;

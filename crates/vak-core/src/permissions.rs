@@ -122,7 +122,7 @@ pub(crate) fn decide(mode: PermissionMode, class: ToolClass) -> Decision {
     use PermissionMode as M;
     use ToolClass as C;
     match (mode, class) {
-        (_, C::Read) => Decision::Run,
+        (_, C::Read | C::Track) => Decision::Run,
         (M::Plan, C::Delegate) => Decision::Refuse(PLAN_WORKER_REFUSAL.into()),
         (_, C::Delegate) => Decision::Run,
         (M::Plan, C::Plan) => Decision::Ask,
@@ -153,12 +153,18 @@ mod tests {
             assert_eq!(decide(mode, ToolClass::Exec), exec, "{mode:?}");
             assert!(refused(decide(mode, ToolClass::Plan)), "{mode:?}");
             assert_eq!(decide(mode, ToolClass::Delegate), Run, "{mode:?}");
+            assert_eq!(decide(mode, ToolClass::Track), Run, "{mode:?}");
         }
         assert_eq!(decide(M::Plan, ToolClass::Read), Run);
         assert_eq!(decide(M::Plan, ToolClass::Plan), Ask);
         assert!(refused(decide(M::Plan, ToolClass::Edit)));
         assert!(refused(decide(M::Plan, ToolClass::Exec)));
         assert!(refused(decide(M::Plan, ToolClass::Delegate)));
+        assert_eq!(
+            decide(M::Plan, ToolClass::Track),
+            Run,
+            "the plan is kept in plan mode too"
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub(crate) mod context;
 pub(crate) mod hooks;
 pub(crate) mod lifecycle;
 pub mod live;
+pub mod plan;
 pub mod prompt;
 pub(crate) mod receipts;
 pub(crate) mod restore;

@@ -1,6 +1,6 @@
 //! The tools the agent can call (read_file, write_file, edit_file, list_dir,
-//! glob, grep, bash), each confined to the workspace; exit_plan_mode and
-//! spawn_worker are defined here and carried out by the agent loop.
+//! glob, grep, bash), each confined to the workspace; exit_plan_mode,
+//! spawn_worker and update_plan are defined here and carried out by the agent loop.
 
 pub(crate) mod edit;
 mod read;
@@ -212,6 +212,57 @@ pub fn definitions() -> Vec<ToolDef> {
                 "additionalProperties": false
             }),
         ),
+        def(
+            crate::commitment::UPDATE_PLAN,
+            "Keep your plan: create or update its items, each a commitment the user can see and close. \
+             An item with a new `id` (or none: numbered for you) is created and needs `text`; an item with an existing \
+             `id` is updated (fields you leave out stay as they were; items you leave out are unchanged). Mark an item \
+             done only with `evidence`: the ids of the tool calls that show it (a passing test run, the write of a file). \
+             `requires` says what evidence closing it as fulfilled will need: {kind: tool_ok, tool?, pattern?} (a cited \
+             call that ended successfully; pattern is a regex over a bash command or another tool's input), \
+             {kind: file_changed, path}, {kind: approval}. The result is the whole plan.",
+            json!({
+                "type": "object",
+                "properties": {
+                    "items": {
+                        "type": "array",
+                        "minItems": 1,
+                        "maxItems": crate::commitment::MAX_ITEMS,
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "id": {"type": "string", "description": "The item's id in this plan (1 to 64 of A-Z a-z 0-9 - _)"},
+                                "text": {"type": "string", "maxLength": crate::commitment::MAX_TEXT, "description": "What you commit to do"},
+                                "status": {"type": "string", "enum": ["pending", "in_progress", "done", "dropped"]},
+                                "evidence": {"type": "array", "items": {"type": "string"}, "description": "Tool call ids that show it is done"},
+                                "requires": {
+                                    "type": "array",
+                                    "maxItems": crate::commitment::MAX_REQUIRES,
+                                    "items": {
+                                        "type": "object",
+                                        "properties": {
+                                            "kind": {"type": "string", "enum": ["tool_ok", "file_changed", "approval"]},
+                                            "tool": {"type": "string"},
+                                            "pattern": {"type": "string"},
+                                            "path": {"type": "string"}
+                                        },
+                                        "required": ["kind"],
+                                        "additionalProperties": false
+                                    }
+                                },
+                                "stakes": {"type": "string", "enum": ["low", "medium", "high"]},
+                                "due": {"type": "string", "description": "RFC 3339 time"},
+                                "blocked_by": {"type": "array", "items": {"type": "string"}, "description": "Items of this plan to finish first"}
+                            },
+                            "required": ["status"],
+                            "additionalProperties": false
+                        }
+                    }
+                },
+                "required": ["items"],
+                "additionalProperties": false
+            }),
+        ),
     ]
 }
 
@@ -230,6 +281,9 @@ pub enum ToolClass {
     /// child's tools go through the child's own permission path), but work
     /// that edits, so plan mode refuses it.
     Delegate,
+    /// Keeps the session's own plan (update_plan): touches nothing outside
+    /// the session's ledger, so it runs in every mode without asking.
+    Track,
 }
 
 /// The class of `tool`; a name this server does not know is `Exec`, the
@@ -240,13 +294,17 @@ pub fn class(tool: &str) -> ToolClass {
         "write_file" | "edit_file" => ToolClass::Edit,
         "exit_plan_mode" => ToolClass::Plan,
         SPAWN_WORKER => ToolClass::Delegate,
+        crate::commitment::UPDATE_PLAN => ToolClass::Track,
         _ => ToolClass::Exec,
     }
 }
 
 /// Whether `tool` asks the user before it runs (in the default permission mode).
 pub fn needs_approval(tool: &str) -> bool {
-    !matches!(class(tool), ToolClass::Read | ToolClass::Delegate)
+    !matches!(
+        class(tool),
+        ToolClass::Read | ToolClass::Delegate | ToolClass::Track
+    )
 }
 
 /// A one-line human reason shown with an approval request.

@@ -37,10 +37,11 @@ pub(crate) enum Method {
     CompactSession,
     SideRun,
     SideCancel,
+    CloseCommitment,
 }
 
 impl Method {
-    pub(crate) const ALL: [Method; 11] = [
+    pub(crate) const ALL: [Method; 12] = [
         Method::Run,
         Method::Steer,
         Method::Approve,
@@ -52,6 +53,7 @@ impl Method {
         Method::CompactSession,
         Method::SideRun,
         Method::SideCancel,
+        Method::CloseCommitment,
     ];
 
     /// The RPC's name in proto/ (and on the subject).
@@ -68,6 +70,7 @@ impl Method {
             Method::CompactSession => "CompactSession",
             Method::SideRun => "SideRun",
             Method::SideCancel => "SideCancel",
+            Method::CloseCommitment => "CloseCommitment",
         }
     }
 

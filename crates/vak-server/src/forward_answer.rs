@@ -110,5 +110,11 @@ async fn answer(api: &AgentApi, method: Method, body: bytes::Bytes) -> Result<Ve
         }
         Method::SideRun => dispatch(body, |r: Request<pb::SideRunRequest>| api.side_run(r)).await,
         Method::SideCancel => dispatch(body, |r: Request<pb::SideCancelRequest>| api.side_cancel(r)).await,
+        Method::CloseCommitment => {
+            dispatch(body, |r: Request<pb::CloseCommitmentRequest>| {
+                api.close_commitment(r)
+            })
+            .await
+        }
     }
 }

@@ -182,6 +182,9 @@ impl Render {
                 )]
             }
             Kind::LaunchOutput(o) => launch_lines(o),
+            Kind::Commitment(e) => e.commitment.as_ref().map_or_else(Vec::new, |c| {
+                vec![commitment_line(c)]
+            }),
         }
     }
 
@@ -402,6 +405,45 @@ pub(crate) fn worker_line(phase: &str, w: &pb::Worker) -> Piece {
 const LAUNCH_LINES: usize = 20;
 
 /// A dev server's output, a line each: `[NAME] text` (dimmed; stderr as a note).
+/// A plan item as its event leaves it: a mark for where it stands, its item
+/// id and text; once closed, the verdict and the person's note.
+pub(crate) fn commitment_line(c: &pb::Commitment) -> Piece {
+    let text = clean(&c.text);
+    if let Some(closed) = &c.closed {
+        let (style, mark) = match closed.verdict() {
+            pb::Verdict::Fulfilled => (Style::Good, "✓"),
+            _ => (Style::Dim, "✗"),
+        };
+        let note = if closed.note.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", clean(&closed.note))
+        };
+        return line(
+            style,
+            format!(
+                "{mark} plan [{}] {}: {text}{note}",
+                clean(&c.item),
+                closed.verdict().json_name()
+            ),
+        );
+    }
+    let (style, mark) = match c.status() {
+        pb::PlanStatus::InProgress => (Style::Note, "▸"),
+        pb::PlanStatus::Done => (Style::Good, "☑"),
+        pb::PlanStatus::Dropped => (Style::Dim, "☒"),
+        _ => (Style::Dim, "☐"),
+    };
+    line(
+        style,
+        format!(
+            "{mark} plan [{}] {}: {text}",
+            clean(&c.item),
+            c.status().json_name()
+        ),
+    )
+}
+
 fn launch_lines(o: &pb::LaunchOutput) -> Vec<Piece> {
     let style = match o.stream() {
         pb::OutputStream::Stderr => Style::Note,

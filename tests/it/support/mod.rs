@@ -499,6 +499,7 @@ pub fn kind_of(e: &pb::Event) -> &'static str {
         Some(Kind::Workbench(_)) => "workbench",
         Some(Kind::DraftDiscarded(_)) => "draft_discarded",
         Some(Kind::LaunchOutput(_)) => "launch_output",
+        Some(Kind::Commitment(_)) => "commitment",
     }
 }
 

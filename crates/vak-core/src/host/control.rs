@@ -298,6 +298,20 @@ impl ControlPlane {
             .collect())
     }
 
+    /// The commitments of this workspace's sessions (every workspace's with
+    /// `all`), in their natural order, and the open ones' priorities as of now.
+    pub fn commitments(
+        &self,
+        all: bool,
+    ) -> (
+        Vec<crate::commitment::Commitment>,
+        Vec<crate::commitment::Priority>,
+    ) {
+        let rows = self.rt.portfolio().list((!all).then(|| self.rt.workspace()));
+        let priorities = crate::commitment::priorities(&rows, std::time::SystemTime::now());
+        (rows, priorities)
+    }
+
     /// The workspace's canonical path (what search hits name).
     pub fn workspace(&self) -> &str {
         self.rt.workspace()

@@ -121,7 +121,12 @@ impl Hub {
             settings.file_finops(),
             tz.clone(),
         ));
-        let rt = Arc::new(Runtime::new(cfg, route, search, sandbox, mcp, finops.clone()));
+        let portfolio = Arc::new(crate::host::portfolio::Portfolio::open(
+            cfg.nats.is_none().then_some(dir.as_path()),
+        ));
+        let rt = Arc::new(
+            Runtime::new(cfg, route, search, sandbox, mcp, finops.clone()).with_portfolio(portfolio),
+        );
         let runtimes = Arc::new(Runtimes::new(rt, workspaces.clone()));
         let closing = CancellationToken::new();
         let (sessions, stopped_rx) = Registry::new(runtimes.clone(), index, closing.clone());

@@ -101,9 +101,9 @@ pub(crate) struct Index {
 }
 
 /// One `<id>.jsonl` in the directory.
-struct OnDisk {
-    path: PathBuf,
-    modified: Option<SystemTime>,
+pub(crate) struct OnDisk {
+    pub(crate) path: PathBuf,
+    pub(crate) modified: Option<SystemTime>,
 }
 
 impl Index {
@@ -360,7 +360,7 @@ fn sort(entries: &mut [Entry]) {
 }
 
 /// Writes `body` to `temp` (owner-only whatever the umask, synced) and renames it over `path`.
-fn write_replace(temp: &Path, path: &Path, body: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_replace(temp: &Path, path: &Path, body: &[u8]) -> std::io::Result<()> {
     // A temp file a crash left behind: create_new below refuses to reuse
     // (or follow) anything already there.
     match std::fs::remove_file(temp) {
@@ -380,7 +380,7 @@ fn write_replace(temp: &Path, path: &Path, body: &[u8]) -> std::io::Result<()> {
 }
 
 /// Every `<id>.jsonl` with a valid session id, by id.
-fn list_ledgers(dir: &Path) -> HashMap<String, OnDisk> {
+pub(crate) fn list_ledgers(dir: &Path) -> HashMap<String, OnDisk> {
     let mut out = HashMap::new();
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,

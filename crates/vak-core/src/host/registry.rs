@@ -683,6 +683,7 @@ impl Registry {
             tracing::warn!("the shared session index was not brought up to date before the stop");
         }
         self.save_index().await;
+        self.rt.portfolio().close().await;
         // After the sessions: their last runs' messages are queued by now.
         self.rt.search().close().await;
         // Every session is settled and synced: the leases go back, so

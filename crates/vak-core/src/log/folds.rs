@@ -4,6 +4,7 @@
 
 use crate::background::BackgroundQueue;
 use crate::event::{ApprovalOutcome, ClientEvent, Note, SideOutcome, SidePhase};
+use crate::log::plan::Plan;
 use crate::log::presentation::Presenter;
 use crate::log::transcript::Transcript;
 use serde::{Deserialize, Serialize};
@@ -28,6 +29,8 @@ pub(crate) struct Folds {
     pub(crate) sides: SideLog,
     /// Background results queued and not yet delivered.
     pub(crate) background: BackgroundQueue,
+    /// The session's commitments and what the calls they cite did.
+    pub(crate) plan: Plan,
 }
 
 impl Folds {
@@ -39,6 +42,7 @@ impl Folds {
             searched: 0,
             sides: SideLog::default(),
             background: BackgroundQueue::default(),
+            plan: Plan::default(),
         }
     }
 
@@ -63,6 +67,7 @@ impl Folds {
         }
         self.transcript.apply(seq, event);
         self.facts.apply(event);
+        self.plan.apply(seq, event);
         self.presenter.fold(seq, event);
     }
 }
@@ -122,6 +127,9 @@ pub struct Snapshot {
     /// Absent in snapshots written before background results.
     #[serde(default)]
     pub(crate) background: BackgroundQueue,
+    /// Absent in snapshots written before commitments.
+    #[serde(default)]
+    pub(crate) plan: Plan,
 }
 
 /// The side runs a session keeps readable (`GET /sessions/:id/side`);

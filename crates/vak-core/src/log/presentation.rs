@@ -25,6 +25,8 @@ pub enum ItemKind {
     FinalResult,
     /// A background result delivered while the session was idle.
     Background,
+    /// A commitment of the session's plan (update_plan), with its status.
+    PlanItem,
 }
 
 impl ItemKind {
@@ -37,6 +39,7 @@ impl ItemKind {
             ItemKind::Approval => "approval",
             ItemKind::FinalResult => "final_result",
             ItemKind::Background => "background",
+            ItemKind::PlanItem => "plan_item",
         }
     }
 }
@@ -119,6 +122,9 @@ pub struct Item {
     pub input: Value,
     /// Approvals: the approval request id; user input: the admission request id.
     pub request_id: String,
+    /// Plan items: the commitment as it stands.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commitment: Option<Box<crate::commitment::Commitment>>,
 }
 
 impl Item {
@@ -133,7 +139,28 @@ impl Item {
             call_id: String::new(),
             input: Value::Null,
             request_id: String::new(),
+            commitment: None,
         }
+    }
+
+    /// A commitment's plan item: stable id `plan-<item>`, its text, and a
+    /// status from the model's (pending, running for in_progress, completed
+    /// for done, cancelled for dropped) or, once closed, from its verdict
+    /// (completed when fulfilled, cancelled otherwise).
+    fn plan(seq: u64, c: &crate::commitment::Commitment) -> Item {
+        use crate::commitment::{PlanStatus, Verdict};
+        let status = match (&c.closed, c.status) {
+            (Some(closed), _) if closed.verdict == Verdict::Fulfilled => ItemStatus::Completed,
+            (Some(_), _) => ItemStatus::Cancelled,
+            (None, PlanStatus::Pending) => ItemStatus::Pending,
+            (None, PlanStatus::InProgress) => ItemStatus::Running,
+            (None, PlanStatus::Done) => ItemStatus::Completed,
+            (None, PlanStatus::Dropped) => ItemStatus::Cancelled,
+        };
+        let mut item = Item::new(ItemKind::PlanItem, "plan-", seq, status, c.text.clone());
+        item.id = format!("plan-{}", c.item);
+        item.commitment = Some(Box::new(c.clone()));
+        item
     }
 }
 
@@ -461,6 +488,29 @@ impl Presenter {
                     result.text.clone(),
                 );
                 self.start(item, &mut out);
+            }
+            ClientEvent::Commitment { commitment, .. } => {
+                let id = format!("plan-{}", commitment.item);
+                match self.timeline.items.iter_mut().rev().find(|i| i.id == id) {
+                    Some(old) => {
+                        // The plan's own rule, so the item shows what the plan holds.
+                        let mut c = old
+                            .commitment
+                            .take()
+                            .map_or_else(|| (**commitment).clone(), |b| *b);
+                        crate::commitment::merge(&mut c, commitment);
+                        *old = Item::plan(seq, &c);
+                        out.push(PresentationEvent::ItemReplaced(old.clone()));
+                    }
+                    None => {
+                        self.close_open(seq, &mut out);
+                        let mut c = (**commitment).clone();
+                        if c.created_seq == 0 {
+                            c.created_seq = seq;
+                        }
+                        self.start(Item::plan(seq, &c), &mut out);
+                    }
+                }
             }
             // A turn_started inside a run: the model's stream broke and the
             // turn starts over; what it had streamed stays, marked so.

@@ -2,7 +2,7 @@
 //!
 //! Each non-blank prompt line runs in order. Lines starting with a directive
 //! (`/think`, `/read`, `/write`, `/edit`, `/ls`, `/glob`, `/grep`, `/bash`,
-//! `/bash-timeout`, `/plan`, `/worker`, `/call`, `/sleep`, `/burst`, `/fail`) act;
+//! `/bash-timeout`, `/plan`, `/plan-items`, `/worker`, `/call`, `/sleep`, `/burst`, `/fail`) act;
 //! any other line L is answered `echo: L`, one text_delta per word. A tool
 //! directive ends the turn with that tool call (consecutive `/worker` lines
 //! end it with one spawn_worker call each, which run in parallel); the next
@@ -150,6 +150,15 @@ fn parse(line: &str) -> Directive<'_> {
             json!({ "prompt": rest, "isolated": true, "wait": true }),
         );
     }
+    if let Some(rest) = word("/plan-items") {
+        // A JSON array of items, or update_plan's whole input.
+        return match serde_json::from_str::<Value>(rest) {
+            Ok(Value::Array(items)) => Directive::Tool("update_plan", json!({ "items": items })),
+            Ok(v @ Value::Object(_)) => Directive::Tool("update_plan", v),
+            Ok(_) => Directive::Invalid("/plan-items expects a JSON array of items or an object".into()),
+            Err(e) => Directive::Invalid(format!("/plan-items: bad JSON: {e}")),
+        };
+    }
     if let Some(plan) = word("/plan") {
         return Directive::Tool("exit_plan_mode", json!({ "plan": plan }));
     }
@@ -204,6 +213,30 @@ fn parse(line: &str) -> Directive<'_> {
         return Directive::Fail(msg);
     }
     Directive::Echo(line)
+}
+
+/// `/plan-items`' evidence `$last` stands for the id of the last tool call
+/// in the history (the one the line before made): the prompt's writer
+/// cannot know a call's id in advance.
+fn cite_last_call(input: &mut Value, history: &[ChatMessage]) {
+    let last = history.iter().rev().find_map(|m| match m {
+        ChatMessage::Assistant { tool_calls, .. } => tool_calls.last().map(|c| c.id.clone()),
+        _ => None,
+    });
+    let Some(items) = input.get_mut("items").and_then(Value::as_array_mut) else {
+        return;
+    };
+    for cited in items
+        .iter_mut()
+        .filter_map(|i| i.get_mut("evidence").and_then(Value::as_array_mut))
+        .flatten()
+    {
+        if cited.as_str() == Some("$last") {
+            if let Some(id) = &last {
+                *cited = Value::String(id.clone());
+            }
+        }
+    }
 }
 
 /// Whether a prompt line is a `/worker` (a spawn_worker call).
@@ -396,7 +429,10 @@ impl OfflineModel {
                         out.usage.output_tokens += 1;
                     }
                 }
-                Directive::Tool(name, input) => {
+                Directive::Tool(name, mut input) => {
+                    if name == crate::commitment::UPDATE_PLAN {
+                        cite_last_call(&mut input, history);
+                    }
                     let batch = name == "spawn_worker";
                     let call = |name: &str, input| ToolCall {
                         id: format!("call_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]),
@@ -685,6 +721,45 @@ mod tests {
             t.apply(10 + i as u64, e);
         }
         assert_eq!(text(&turn(&t).await.1), "error: boom");
+    }
+
+    #[tokio::test]
+    async fn plan_items_call_update_plan_and_last_cites_the_call_before() {
+        assert_eq!(
+            parse(r#"/plan-items [{"text": "a", "status": "pending"}]"#),
+            Directive::Tool(
+                "update_plan",
+                json!({"items": [{"text": "a", "status": "pending"}]})
+            )
+        );
+        assert!(matches!(parse("/plan-items [oops"), Directive::Invalid(_)));
+        assert!(matches!(parse("/plan-items 3"), Directive::Invalid(_)));
+        let mut t = Transcript::default();
+        user(&mut t, "/bash true\n/plan-items [{\"id\": \"t\", \"status\": \"done\", \"evidence\": [\"$last\", \"x\"]}]");
+        let first = turn(&t).await.0.unwrap();
+        let bash = first.tool_calls[0].id.clone();
+        t.apply(
+            2,
+            &ClientEvent::ToolCall {
+                call_id: bash.clone(),
+                tool: "bash".into(),
+                input: json!({"command": "true"}),
+            },
+        );
+        t.apply(
+            3,
+            &ClientEvent::ToolResult {
+                call_id: bash.clone(),
+                ok: true,
+                output: String::new(),
+            },
+        );
+        let second = turn(&t).await.0.unwrap();
+        assert_eq!(second.tool_calls[0].name, "update_plan");
+        assert_eq!(
+            second.tool_calls[0].input["items"][0]["evidence"],
+            json!([bash, "x"])
+        );
     }
 
     #[test]

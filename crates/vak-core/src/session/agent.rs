@@ -660,7 +660,10 @@ async fn call_tool(
     // touches it: one replaced by a symlink (or another folder) since it
     // was opened is refused, so the tool never reaches outside.
     let permitted = match permitted {
-        Ok(a) if class != ToolClass::Plan => rt.check_workspace().await.map(|()| a).map_err(|e| e.message),
+        // update_plan touches only the session's ledger.
+        Ok(a) if !matches!(class, ToolClass::Plan | ToolClass::Track) => {
+            rt.check_workspace().await.map(|()| a).map_err(|e| e.message)
+        }
         other => other,
     };
     let ran = permitted.is_ok();
@@ -698,6 +701,17 @@ async fn call_tool(
                 let live = live;
                 if class == ToolClass::Delegate {
                     return crate::session::spawn_tool::run(session, &input, cancel).await;
+                }
+                if class == ToolClass::Track {
+                    let (ok, output) = match session.update_plan(&input).await {
+                        Ok(plan) => (true, plan),
+                        Err(why) => (false, why),
+                    };
+                    return tools::ToolOutput {
+                        ok,
+                        output,
+                        exit_code: None,
+                    };
                 }
                 if crate::mcp::names::server_of(&tool).is_some() {
                     return rt.mcp().call(&tool, &input, cancel).await;

@@ -36,6 +36,13 @@ pub(crate) trait TurnContext: Send + Sync {
     /// (`--max-workers` of them).
     fn worker_slots(&self) -> &std::sync::Arc<tokio::sync::Semaphore>;
 
+    /// Carries out update_plan (`session/plan.rs`): the plan in words once
+    /// its commitment events are folded, or why the call was refused.
+    fn update_plan<'a>(
+        &'a self,
+        input: &'a serde_json::Value,
+    ) -> impl Future<Output = std::result::Result<String, String>> + Send + 'a;
+
     /// What the session's last model-call receipt stored of its request:
     /// the next stores only what changed.
     fn prompt_base(&self) -> &std::sync::Mutex<crate::receipt::PromptBase>;

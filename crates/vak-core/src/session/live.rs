@@ -204,6 +204,14 @@ impl Session {
                 *f = restored;
             }
             f.searched = latest;
+            // The ledger is the truth: a listing that missed a change (an
+            // unclean stop) is mended when the session loads.
+            if !f.plan.rows().is_empty() {
+                session
+                    .rt
+                    .portfolio()
+                    .put(&id, session.rt.workspace(), f.plan.rows().to_vec());
+            }
             (f.facts.clone(), f.sides.open())
         };
         // A side run the server stopped in the middle of is settled too.
@@ -780,6 +788,11 @@ impl Session {
         Some(live.side_id.clone())
     }
 
+    /// Reads the session's plan (its commitments) as folded so far.
+    pub fn with_plan<R>(&self, f: impl FnOnce(&crate::log::plan::Plan) -> R) -> R {
+        f(&lock(&self.folds).plan)
+    }
+
     /// The session's recent side runs, oldest first.
     pub fn side_history(&self) -> Vec<SideEntry> {
         lock(&self.folds).sides.runs()
@@ -1060,6 +1073,12 @@ impl TurnContext for Session {
     fn worker_slots(&self) -> &Arc<tokio::sync::Semaphore> {
         &self.worker_slots
     }
+    fn update_plan<'a>(
+        &'a self,
+        input: &'a serde_json::Value,
+    ) -> impl Future<Output = std::result::Result<String, String>> + Send + 'a {
+        Session::update_plan(self, input)
+    }
     fn prompt_base(&self) -> &std::sync::Mutex<crate::receipt::PromptBase> {
         &self.prompt_base
     }
@@ -1082,6 +1101,15 @@ impl Visible for Session {
         }
         for (_, note) in notes {
             f.note(&note);
+        }
+        // The listing of commitments keeps the whole plan (never waits).
+        if frames
+            .iter()
+            .any(|fr| matches!(fr.event, ClientEvent::Commitment { .. }))
+        {
+            self.rt
+                .portfolio()
+                .put(&self.id, self.rt.workspace(), f.plan.rows().to_vec());
         }
         // A finished run's messages go to search (queued, never waited for).
         let finished = frames
@@ -1107,6 +1135,7 @@ impl Visible for Session {
             facts: f.facts.clone(),
             sides: f.sides.clone(),
             background: f.background.clone(),
+            plan: f.plan.clone(),
         }))
     }
 

@@ -67,6 +67,7 @@ impl Restore {
                     facts,
                     sides,
                     background,
+                    plan,
                 } = *snap;
                 self.latest = self.latest.max(seq);
                 self.ring.clear();
@@ -77,6 +78,7 @@ impl Restore {
                     searched: 0,
                     sides,
                     background,
+                    plan,
                 });
                 return;
             }

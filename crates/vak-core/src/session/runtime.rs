@@ -22,6 +22,7 @@ struct Services {
     mcp: Arc<crate::mcp::Mcp>,
     finops: Arc<crate::finops::Finops>,
     spawner: Arc<std::sync::RwLock<Option<Arc<dyn crate::worker::Spawner>>>>,
+    portfolio: Arc<crate::host::portfolio::Portfolio>,
 }
 
 /// Shared by every session of a server.
@@ -52,6 +53,8 @@ pub struct Runtime {
     /// What spawns child sessions (the host's children table), set when
     /// the hub is built; shared by every workspace's runtime.
     spawner: Arc<std::sync::RwLock<Option<Arc<dyn crate::worker::Spawner>>>>,
+    /// Every session's commitments, for listing (one for every workspace).
+    portfolio: Arc<crate::host::portfolio::Portfolio>,
     /// An opened workspace's folder, re-checked at every use; None for the
     /// server's own.
     pin: Option<crate::host::workspaces::Pinned>,
@@ -83,8 +86,17 @@ impl Runtime {
                 mcp,
                 finops,
                 spawner: Arc::default(),
+                // In memory only; the hub gives its runtime the home's (`with_portfolio`).
+                portfolio: Arc::new(crate::host::portfolio::Portfolio::open(None)),
             },
         )
+    }
+
+    /// This runtime with `portfolio` as the commitments listing every
+    /// workspace's runtime made from it shares.
+    pub(crate) fn with_portfolio(mut self, portfolio: Arc<crate::host::portfolio::Portfolio>) -> Runtime {
+        self.portfolio = portfolio;
+        self
     }
 
     fn with_shared(
@@ -100,6 +112,7 @@ impl Runtime {
             mcp,
             finops,
             spawner,
+            portfolio,
         } = services;
         let rules = match &cfg.shared_config {
             Some(shared) => Rules::shared(shared.clone(), &cfg.home, &cfg.workspace),
@@ -114,6 +127,7 @@ impl Runtime {
             mcp,
             finops,
             spawner,
+            portfolio,
             cfg,
             route,
             mode,
@@ -144,6 +158,7 @@ impl Runtime {
                     mcp: self.mcp.clone(),
                     finops: self.finops.clone(),
                     spawner: self.spawner.clone(),
+                    portfolio: self.portfolio.clone(),
                 },
             )
         }
@@ -177,6 +192,11 @@ impl Runtime {
 
     pub fn search(&self) -> &crate::host::search::Search {
         &self.search
+    }
+
+    /// Every session's commitments, for listing.
+    pub fn portfolio(&self) -> &Arc<crate::host::portfolio::Portfolio> {
+        &self.portfolio
     }
 
     pub fn sandbox(&self) -> &Arc<crate::tools::sandbox::Sandbox> {

@@ -155,6 +155,9 @@ pub(crate) fn kind(event: &ClientEvent) -> Kind {
             stream: enums::output_stream(stream) as i32,
             text,
         }),
+        ClientEvent::Commitment { change, commitment } => {
+            Kind::Commitment(super::commitments::event(change, *commitment))
+        }
     }
 }
 
@@ -404,6 +407,10 @@ pub(crate) fn item(i: &Item) -> pb::TimelineItem {
         call_id: i.call_id.clone(),
         input: (!i.input.is_null()).then(|| json_to_struct(&i.input)),
         request_id: i.request_id.clone(),
+        commitment: i
+            .commitment
+            .as_ref()
+            .map(|c| Box::new(super::commitments::commitment((**c).clone()))),
     }
 }
 

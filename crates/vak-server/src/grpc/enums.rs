@@ -246,6 +246,7 @@ pub(crate) fn item_kind(k: ItemKind) -> pb::ItemKind {
         ItemKind::Approval => pb::ItemKind::Approval,
         ItemKind::FinalResult => pb::ItemKind::FinalResult,
         ItemKind::Background => pb::ItemKind::Background,
+        ItemKind::PlanItem => pb::ItemKind::PlanItem,
     }
 }
 

@@ -32,6 +32,7 @@ const MCP_SETTLE: Duration = Duration::from_secs(30);
 
 mod admin;
 mod backup;
+mod commitments;
 mod digest;
 mod doctor;
 mod forwarding;
@@ -1023,6 +1024,25 @@ impl AgentService for AgentApi {
         r: Request<pb::MergePrRequest>,
     ) -> Result<Response<pb::MergePrResponse>, Status> {
         self.pr_merge(r.into_inner()).await.map(Response::new)
+    }
+
+    async fn list_commitments(
+        &self,
+        r: Request<pb::ListCommitmentsRequest>,
+    ) -> Result<Response<pb::CommitmentList>, Status> {
+        ok(self.commitments_listed(r.into_inner()))
+    }
+    async fn get_commitment(
+        &self,
+        r: Request<pb::GetCommitmentRequest>,
+    ) -> Result<Response<pb::CommitmentDetail>, Status> {
+        self.commitment_detail(r.into_inner()).await.map(Response::new)
+    }
+    async fn close_commitment(
+        &self,
+        r: Request<pb::CloseCommitmentRequest>,
+    ) -> Result<Response<pb::Commitment>, Status> {
+        self.commitment_close(is_forwarded(&r), r.into_inner()).await
     }
 
     async fn list_side(

@@ -83,6 +83,8 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/backup/import", post(backup_import))
         // ---- Workers, best-of-N, dev servers, the PR view (issue 30) ----
         .merge(super::workbench::routes())
+        // ---- Commitments (issue 35) ----
+        .merge(super::commitments::routes())
         .method_not_allowed_fallback(|| async {
             json_error(
                 StatusCode::METHOD_NOT_ALLOWED,

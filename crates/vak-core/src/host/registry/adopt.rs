@@ -63,10 +63,12 @@ impl Registry {
             .await
             .cloned();
         match loaded {
-            Ok(_) => {
+            Ok(s) => {
                 // A replaced session's hits go; the placed one's are read.
                 if replace {
                     self.rt.search().delete(id);
+                    // Its listed commitments are the placed one's (none: none listed).
+                    self.rt.portfolio().put(id, s.workspace(), s.commitments());
                 }
                 self.rt.search().catch_up(id);
                 Ok(true)

@@ -51,6 +51,7 @@ impl Registry {
         let to = moved?;
         self.index.remove(id);
         self.rt.search().delete(id);
+        self.rt.portfolio().remove(id);
         self.save_index().await;
         tracing::info!(session = id, trash = %to.display(), "session deleted");
         Ok(())
@@ -94,6 +95,7 @@ impl Registry {
         purged?;
         self.index.remove(id);
         self.rt.search().delete(id);
+        self.rt.portfolio().remove(id);
         self.save_index().await;
         tracing::info!(
             session = id,
