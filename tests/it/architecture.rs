@@ -129,7 +129,10 @@ const CORE_IMPORTS: &[(&str, &[&str])] = &[
             "stopped",
         ],
     ),
-    ("event", &["background", "provider", "receipt", "worker"]),
+    (
+        "event",
+        &["background", "commitment", "provider", "receipt", "worker"],
+    ),
     ("finops", &["background", "home", "provider", "route", "zone"]),
     (
         "host",
@@ -137,10 +140,12 @@ const CORE_IMPORTS: &[(&str, &[&str])] = &[
             "automation",
             "background",
             "cluster",
+            "commitment",
             "event",
             "file_owner",
             "finops",
             "home",
+            "intent",
             "log",
             "mcp",
             "provider",
@@ -160,6 +165,7 @@ const CORE_IMPORTS: &[(&str, &[&str])] = &[
         "log",
         &[
             "background",
+            "commitment",
             "event",
             "metrics_names",
             "provider",
@@ -168,6 +174,7 @@ const CORE_IMPORTS: &[(&str, &[&str])] = &[
             "trace",
         ],
     ),
+    ("intent", &["commitment", "permissions", "tools"]),
     ("mcp", &["file_owner", "provider", "tools"]),
     ("permissions", &["tools"]),
     ("reasons", &["stopped"]),
@@ -179,10 +186,12 @@ const CORE_IMPORTS: &[(&str, &[&str])] = &[
         &[
             "background",
             "cluster",
+            "commitment",
             "event",
             "finops",
             "home",
             "host",
+            "intent",
             "log",
             "mcp",
             "metrics_names",
@@ -203,7 +212,7 @@ const CORE_IMPORTS: &[(&str, &[&str])] = &[
         "stream",
         &["event", "host", "log", "metrics_names", "reasons", "session"],
     ),
-    ("tools", &["event", "provider", "workspace"]),
+    ("tools", &["commitment", "event", "provider", "workspace"]),
     ("trace", &["provider"]),
 ];
 

@@ -181,8 +181,19 @@ async fn plan_items_become_commitments_and_fulfilled_needs_the_cited_evidence() 
     assert_eq!(status, 400, "{e}");
     let (status, _) = s.post(&close(&tests_id), json!({"verdict": "maybe"})).await;
     assert_eq!(status, 400);
-    let (status, _) = s.get("/commitments?all=perhaps").await;
+    let (status, e) = s.get("/commitments?all=perhaps").await;
     assert_eq!(status, 400);
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("all must be true or false"),
+        "{e}"
+    );
+    let (status, every) = s.get("/commitments?all=true").await;
+    assert_eq!(status, 200, "{every}");
+    assert_eq!(every["commitments"].as_array().unwrap().len(), 2);
+    assert_eq!(every["workspace"], "");
 
     // gRPC answers the same.
     let mut g = s.grpc().await;

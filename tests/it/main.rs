@@ -29,6 +29,7 @@ mod grpc;
 mod grpc_web;
 mod hooks;
 mod host;
+mod intent;
 mod jetstream;
 mod launch;
 mod leases;

@@ -177,7 +177,8 @@ fn read_only_rpcs_are_marked_side_effect_free_and_are_gets() {
             && (name.starts_with("List")
                 || name.starts_with("Get")
                 || name == "Search"
-                || name == "ReadFile");
+                || name == "ReadFile"
+                || name == "ExplainIntent");
         let level = method
             .options()
             .get_field_by_name("idempotency_level")

@@ -434,6 +434,18 @@ impl AgentService for Baseline {
     ) -> Result<Response<pb::DraftDiscarded>, Status> {
         unimplemented()
     }
+    async fn explain_intent(
+        &self,
+        _: Request<pb::ExplainIntentRequest>,
+    ) -> Result<Response<pb::IntentExplanation>, Status> {
+        unimplemented()
+    }
+    async fn get_intent_policy(
+        &self,
+        _: Request<pb::GetIntentPolicyRequest>,
+    ) -> Result<Response<pb::IntentPolicy>, Status> {
+        unimplemented()
+    }
     async fn list_commitments(
         &self,
         _: Request<pb::ListCommitmentsRequest>,

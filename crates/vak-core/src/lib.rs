@@ -16,6 +16,7 @@ pub mod event;
 pub mod file_owner;
 pub mod finops;
 pub mod host;
+pub mod intent;
 #[cfg(test)]
 mod lock_scan;
 pub mod log;

@@ -180,6 +180,8 @@ fn unknown(template: &str) -> String {
         .split('/')
         .map(|seg| match seg {
             "{note_id}" => "mem_000000000000",
+            // A commitment's id names its session and item.
+            "{id}" if template.starts_with("/commitments/") => "nosuch.nosuch",
             s if s.starts_with('{') => "nosuch",
             s => s,
         })
@@ -201,6 +203,7 @@ fn valid_body(takes_body: bool, template: &str, sid: &str) -> Body {
         "{session_id}" => json!({"title": "x"}),
         "{note_id}" => json!({"text": "x"}),
         "follow" | "unfollow" => json!({"session_id": sid}),
+        "close" => json!({"verdict": "abandoned"}),
         _ => json!({}),
     })
 }
@@ -340,6 +343,19 @@ async fn every_documented_status_is_reached_and_every_status_reached_is_document
         r.call(&s, "POST", "/tasks", "/tasks", Some(t), 201).await;
     }
     r.call(&s, "POST", "/tasks", "/tasks", Some(json!({"name": "one too many", "prompt": "hi"})), 429).await;
+
+    // ---- commitments and intent ----
+    let csid = s.create_session().await;
+    let (status, ran) = s.post(&format!("/sessions/{csid}/run"), json!({"prompt": "/plan-items [{\"id\": \"a\", \"text\": \"x\", \"status\": \"pending\"}, {\"id\": \"b\", \"text\": \"y\", \"status\": \"pending\"}]", "wait": true})).await;
+    assert_eq!(status, 200, "{ran}");
+    r.call(&s, "GET", "/commitments", "/commitments", None, 200).await;
+    r.call(&s, "GET", "/commitments/{id}", &format!("/commitments/{csid}.a"), None, 200).await;
+    r.call(&s, "GET", "/commitments/{id}", "/commitments/no-dot", None, 400).await;
+    r.call(&s, "POST", "/commitments/{id}/close", &format!("/commitments/{csid}.a/close"), Some(json!({"verdict": "fulfilled"})), 409).await;
+    r.call(&s, "POST", "/commitments/{id}/close", &format!("/commitments/{csid}.a/close"), Some(json!({})), 400).await;
+    r.call(&s, "POST", "/commitments/{id}/close", &format!("/commitments/{csid}.a/close"), Some(json!({"verdict": "abandoned"})), 200).await;
+    r.call(&s, "GET", "/intent/explain", "/intent/explain?prompt=add%20a%20README", None, 200).await;
+    r.call(&s, "GET", "/intent/policy", "/intent/policy", None, 200).await;
 
     // ---- memory ----
     r.call(&s, "GET", "/memory", "/memory", None, 200).await;

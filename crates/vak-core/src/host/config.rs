@@ -266,6 +266,9 @@ pub struct FileConfig {
     pub automation: crate::automation::config::FileAutomation,
     /// `[finops]`: prices and the daily budget.
     pub finops: crate::finops::config::FileFinops,
+    /// `[intent]` and `[commitment]`: how a prompt's reading engages and
+    /// what a fulfilled close needs.
+    pub policy: crate::intent::Policy,
     pub ignored: Vec<String>,
 }
 
@@ -311,6 +314,10 @@ impl FileConfig {
             automation: crate::automation::config::FileAutomation,
             #[serde(default)]
             finops: crate::finops::config::FileFinops,
+            #[serde(default)]
+            intent: crate::intent::FileIntent,
+            #[serde(default)]
+            commitment: crate::intent::FileCommitment,
         }
         let at = |e: toml::de::Error| {
             let line = e
@@ -334,6 +341,8 @@ impl FileConfig {
                         | "hooks"
                         | "automation"
                         | "finops"
+                        | "intent"
+                        | "commitment"
                 )
             })
             .cloned()
@@ -348,7 +357,9 @@ impl FileConfig {
         crate::mcp::config::validate(&known.mcp.servers).map_err(|e| format!("[mcp] {}", e.message))?;
         let settings = FileSettings::check(known.agent, known.app, known.hooks).map_err(|e| e.message)?;
         known.finops.validate()?;
+        let policy = crate::intent::Policy::from_file(&known.intent, &known.commitment)?;
         Ok(FileConfig {
+            policy,
             mcp: known.mcp.servers,
             settings,
             automation: known.automation,
@@ -506,6 +517,8 @@ pub struct Settings {
     file_automation: crate::automation::config::FileAutomation,
     /// config.toml's `[finops]` as read at startup.
     file_finops: crate::finops::config::FileFinops,
+    /// config.toml's `[intent]` and `[commitment]` over the defaults.
+    file_policy: crate::intent::Policy,
 }
 
 impl Settings {
@@ -542,6 +555,7 @@ impl Settings {
             file_mcp: file.mcp,
             file_automation: file.automation,
             file_finops: file.finops,
+            file_policy: file.policy,
         };
         let fp = settings.route_key_fingerprint(&settings.lock().spec.clone());
         settings.lock().built = (bus_rev, fp);
@@ -556,6 +570,11 @@ impl Settings {
     /// config.toml's `[mcp.servers]` as read at startup.
     pub(crate) fn file_mcp(&self) -> crate::mcp::config::ServerDefs {
         self.file_mcp.clone()
+    }
+
+    /// config.toml's `[intent]` and `[commitment]` as read at startup, over the defaults.
+    pub(crate) fn file_policy(&self) -> crate::intent::Policy {
+        self.file_policy.clone()
     }
 
     /// config.toml's `[finops]` as read at startup.

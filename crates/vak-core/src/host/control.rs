@@ -3,7 +3,7 @@
 mod digest;
 mod mode;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::host::config::{RoutePatch, RouteSpec, Settings};
 use crate::host::registry::Registry;
 use crate::host::runtimes::Runtimes;
@@ -312,6 +312,47 @@ impl ControlPlane {
         (rows, priorities)
     }
 
+    /// Reads `prompt` as typed on `surface` without running it (`intent.rs`):
+    /// no model call, nothing dispatched or written. The tools are the
+    /// built-in ones and the MCP servers' as offered now; the mode and route
+    /// are the server's now.
+    pub fn explain(
+        &self,
+        prompt: &str,
+        surface: crate::intent::Surface,
+        given: &crate::intent::Given,
+    ) -> Result<Explanation> {
+        use crate::intent;
+        if prompt.len() > intent::MAX_PROMPT {
+            return Err(Error::invalid(format!(
+                "the prompt is {} bytes; at most {} are read",
+                prompt.len(),
+                intent::MAX_PROMPT
+            )));
+        }
+        let tools: Vec<String> = crate::tools::definitions()
+            .into_iter()
+            .chain(self.rt.mcp().tool_defs())
+            .map(|d| d.name)
+            .collect();
+        let route = self.rt.route();
+        let route = format!("{}/{}", route.provider.name(), route.model);
+        let policy = self.rt.policy();
+        let reading = intent::read(prompt, surface, given);
+        let engagement = intent::engage(&reading, policy, self.rt.mode(), &tools, &route);
+        let diff = intent::diff(&engagement, &tools);
+        Ok(Explanation {
+            reading,
+            engagement,
+            diff,
+        })
+    }
+
+    /// The `[intent]` and `[commitment]` policy in effect, with its sources.
+    pub fn policy(&self) -> &crate::intent::Policy {
+        self.rt.policy()
+    }
+
     /// The workspace's canonical path (what search hits name).
     pub fn workspace(&self) -> &str {
         self.rt.workspace()
@@ -431,4 +472,12 @@ mod tests {
             "the registry's sessions share it"
         );
     }
+}
+
+/// What `GET /intent/explain` answers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Explanation {
+    pub reading: crate::intent::Reading,
+    pub engagement: crate::intent::Engagement,
+    pub diff: crate::intent::Diff,
 }

@@ -124,8 +124,11 @@ impl Hub {
         let portfolio = Arc::new(crate::host::portfolio::Portfolio::open(
             cfg.nats.is_none().then_some(dir.as_path()),
         ));
+        let policy = Arc::new(settings.file_policy());
         let rt = Arc::new(
-            Runtime::new(cfg, route, search, sandbox, mcp, finops.clone()).with_portfolio(portfolio),
+            Runtime::new(cfg, route, search, sandbox, mcp, finops.clone())
+                .with_portfolio(portfolio)
+                .with_policy(policy),
         );
         let runtimes = Arc::new(Runtimes::new(rt, workspaces.clone()));
         let closing = CancellationToken::new();

@@ -269,12 +269,15 @@ impl Plan {
     }
 
     /// The closed commitment a close makes, or why it is refused.
+    /// `require_evidence` (`[commitment]`): whether a commitment with no
+    /// requirements needs one cited successful call to be fulfilled.
     pub(crate) fn plan_close(
         &self,
         item: &str,
         verdict: Verdict,
         note: String,
         now: &str,
+        require_evidence: bool,
     ) -> Result<Commitment, Refusal> {
         let Some(c) = self.get(item) else {
             return Err(Refusal::NotFound);
@@ -283,7 +286,7 @@ impl Plan {
             return Err(Refusal::AlreadyClosed(closed.verdict));
         }
         if verdict == Verdict::Fulfilled {
-            let missing = self.missing(c);
+            let missing = self.missing(c, require_evidence);
             if !missing.is_empty() {
                 return Err(Refusal::EvidenceMissing {
                     missing,
@@ -303,11 +306,11 @@ impl Plan {
 
     /// Each piece of evidence `c` needs and does not cite, in words: every
     /// requirement some cited call must meet, or, with none, one cited call
-    /// that ended successfully.
-    pub fn missing(&self, c: &Commitment) -> Vec<String> {
+    /// that ended successfully (unless `require_evidence` is off).
+    pub fn missing(&self, c: &Commitment, require_evidence: bool) -> Vec<String> {
         let cited: Vec<&CallFact> = c.evidence.iter().filter_map(|id| self.calls.get(id)).collect();
         if c.requires.is_empty() {
-            return if cited.iter().any(|f| f.ok == Some(true)) {
+            return if !require_evidence || cited.iter().any(|f| f.ok == Some(true)) {
                 Vec::new()
             } else {
                 vec!["tool_ok: at least one cited tool call that ended successfully".into()]
@@ -467,7 +470,7 @@ mod tests {
         assert_eq!(c.id, "s.1");
         assert_eq!(c.created_seq, 1);
         let refused = p
-            .plan_close("1", Verdict::Fulfilled, String::new(), NOW)
+            .plan_close("1", Verdict::Fulfilled, String::new(), NOW, true)
             .unwrap_err();
         let Refusal::EvidenceMissing { missing, .. } = refused else {
             panic!("{refused:?}")
@@ -507,7 +510,7 @@ mod tests {
         )
         .unwrap();
         let Err(Refusal::EvidenceMissing { missing, cited }) =
-            p.plan_close("1", Verdict::Fulfilled, String::new(), NOW)
+            p.plan_close("1", Verdict::Fulfilled, String::new(), NOW, true)
         else {
             panic!()
         };
@@ -535,7 +538,9 @@ mod tests {
         )
         .unwrap();
         assert_eq!(p.get("1").unwrap().evidence.len(), 5, "citations accumulate");
-        let closed = p.plan_close("1", Verdict::Fulfilled, "ok".into(), NOW).unwrap();
+        let closed = p
+            .plan_close("1", Verdict::Fulfilled, "ok".into(), NOW, true)
+            .unwrap();
         assert_eq!(closed.closed.as_ref().unwrap().verdict, Verdict::Fulfilled);
     }
 
@@ -549,10 +554,12 @@ mod tests {
         )
         .unwrap();
         assert!(matches!(
-            p.plan_close("1", Verdict::Fulfilled, String::new(), NOW),
+            p.plan_close("1", Verdict::Fulfilled, String::new(), NOW, true),
             Err(Refusal::EvidenceMissing { .. })
         ));
-        let c = p.plan_close("2", Verdict::Abandoned, String::new(), NOW).unwrap();
+        let c = p
+            .plan_close("2", Verdict::Abandoned, String::new(), NOW, true)
+            .unwrap();
         p.apply(
             3,
             &ClientEvent::Commitment {
@@ -561,11 +568,11 @@ mod tests {
             },
         );
         assert_eq!(
-            p.plan_close("2", Verdict::Superseded, String::new(), NOW),
+            p.plan_close("2", Verdict::Superseded, String::new(), NOW, true),
             Err(Refusal::AlreadyClosed(Verdict::Abandoned))
         );
         assert_eq!(
-            p.plan_close("9", Verdict::Abandoned, String::new(), NOW),
+            p.plan_close("9", Verdict::Abandoned, String::new(), NOW, true),
             Err(Refusal::NotFound)
         );
         let e = update(&mut p, 4, json!([{"id": "2", "status": "in_progress"}])).unwrap_err();
@@ -619,14 +626,18 @@ mod tests {
             json!([{"id": "1", "status": "done", "evidence": ["d"]}]),
         )
         .unwrap();
-        assert!(p.plan_close("1", Verdict::Fulfilled, String::new(), NOW).is_err());
+        assert!(p
+            .plan_close("1", Verdict::Fulfilled, String::new(), NOW, true)
+            .is_err());
         update(
             &mut p,
             9,
             json!([{"id": "1", "status": "done", "evidence": ["a"]}]),
         )
         .unwrap();
-        assert!(p.plan_close("1", Verdict::Fulfilled, String::new(), NOW).is_ok());
+        assert!(p
+            .plan_close("1", Verdict::Fulfilled, String::new(), NOW, true)
+            .is_ok());
     }
 
     #[test]
@@ -674,7 +685,9 @@ mod tests {
                 NOW,
             )
             .unwrap();
-        let closed = p.plan_close("1", Verdict::Abandoned, String::new(), NOW).unwrap();
+        let closed = p
+            .plan_close("1", Verdict::Abandoned, String::new(), NOW, true)
+            .unwrap();
         p.apply(
             2,
             &ClientEvent::Commitment {

@@ -430,7 +430,7 @@ impl OfflineModel {
                     }
                 }
                 Directive::Tool(name, mut input) => {
-                    if name == crate::commitment::UPDATE_PLAN {
+                    if name == "update_plan" {
                         cite_last_call(&mut input, history);
                     }
                     let batch = name == "spawn_worker";

@@ -51,7 +51,7 @@ impl Session {
             Ok(Detail {
                 commitment: c.clone(),
                 events: p.history(item),
-                missing: p.missing(c),
+                missing: p.missing(c, self.runtime().policy().require_evidence),
             })
         })
     }
@@ -70,7 +70,15 @@ impl Session {
         }
         self.flush().await?;
         let closed = self
-            .with_plan(|p| p.plan_close(item, verdict, note, &now()))
+            .with_plan(|p| {
+                p.plan_close(
+                    item,
+                    verdict,
+                    note,
+                    &now(),
+                    self.runtime().policy().require_evidence,
+                )
+            })
             .map_err(|r| refusal(self.id(), item, r))?;
         self.publish(ClientEvent::Commitment {
             change: Change::Closed,

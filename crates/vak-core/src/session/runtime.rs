@@ -23,6 +23,7 @@ struct Services {
     finops: Arc<crate::finops::Finops>,
     spawner: Arc<std::sync::RwLock<Option<Arc<dyn crate::worker::Spawner>>>>,
     portfolio: Arc<crate::host::portfolio::Portfolio>,
+    policy: Arc<crate::intent::Policy>,
 }
 
 /// Shared by every session of a server.
@@ -55,6 +56,9 @@ pub struct Runtime {
     spawner: Arc<std::sync::RwLock<Option<Arc<dyn crate::worker::Spawner>>>>,
     /// Every session's commitments, for listing (one for every workspace).
     portfolio: Arc<crate::host::portfolio::Portfolio>,
+    /// config.toml's `[intent]` and `[commitment]` (one for every workspace:
+    /// a workspace has no layer of its own, so a repository cannot loosen it).
+    policy: Arc<crate::intent::Policy>,
     /// An opened workspace's folder, re-checked at every use; None for the
     /// server's own.
     pin: Option<crate::host::workspaces::Pinned>,
@@ -88,6 +92,7 @@ impl Runtime {
                 spawner: Arc::default(),
                 // In memory only; the hub gives its runtime the home's (`with_portfolio`).
                 portfolio: Arc::new(crate::host::portfolio::Portfolio::open(None)),
+                policy: Arc::default(),
             },
         )
     }
@@ -96,6 +101,13 @@ impl Runtime {
     /// workspace's runtime made from it shares.
     pub(crate) fn with_portfolio(mut self, portfolio: Arc<crate::host::portfolio::Portfolio>) -> Runtime {
         self.portfolio = portfolio;
+        self
+    }
+
+    /// This runtime with config.toml's `policy`, which every workspace's
+    /// runtime made from it shares.
+    pub(crate) fn with_policy(mut self, policy: Arc<crate::intent::Policy>) -> Runtime {
+        self.policy = policy;
         self
     }
 
@@ -113,6 +125,7 @@ impl Runtime {
             finops,
             spawner,
             portfolio,
+            policy,
         } = services;
         let rules = match &cfg.shared_config {
             Some(shared) => Rules::shared(shared.clone(), &cfg.home, &cfg.workspace),
@@ -128,6 +141,7 @@ impl Runtime {
             finops,
             spawner,
             portfolio,
+            policy,
             cfg,
             route,
             mode,
@@ -159,6 +173,7 @@ impl Runtime {
                     finops: self.finops.clone(),
                     spawner: self.spawner.clone(),
                     portfolio: self.portfolio.clone(),
+                    policy: self.policy.clone(),
                 },
             )
         }
@@ -192,6 +207,11 @@ impl Runtime {
 
     pub fn search(&self) -> &crate::host::search::Search {
         &self.search
+    }
+
+    /// The `[intent]` and `[commitment]` policy.
+    pub fn policy(&self) -> &crate::intent::Policy {
+        &self.policy
     }
 
     /// Every session's commitments, for listing.

@@ -3,9 +3,8 @@
 use super::{convert, enums};
 use crate::errors::to_status;
 use crate::forward::{Method, FORWARD_TIMEOUT, SLOW_FORWARD_TIMEOUT};
-use crate::limits::{StreamLimits, StreamPermit};
-use crate::listener::PeerAddr;
-use crate::metrics::{StreamSurface, Transport};
+use crate::limits::StreamLimits;
+use crate::metrics::StreamSurface;
 use crate::recent_errors::RecentErrors;
 use futures_util::stream::{self, Stream, StreamExt};
 use pb::agent_service_server::AgentService;
@@ -30,6 +29,7 @@ use vak_proto::v1 as pb;
 /// failed before it answers (they go on starting after that).
 const MCP_SETTLE: Duration = Duration::from_secs(30);
 
+mod access;
 mod admin;
 mod backup;
 mod commitments;
@@ -126,52 +126,11 @@ impl AgentApi {
             .collect()
     }
 
-    /// A stream slot for the request's client (429 / RESOURCE_EXHAUSTED past the caps).
-    fn permit<T>(&self, req: &Request<T>, surface: StreamSurface) -> Result<StreamPermit, Status> {
-        let client = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
-        let transport = if req.extensions().get::<Surface>() == Some(&Surface::Sse) {
-            Transport::Sse
-        } else {
-            req.extensions()
-                .get::<Transport>()
-                .copied()
-                .unwrap_or(Transport::Grpc)
-        };
-        Ok(self.limits.acquire(client)?.counted(transport, surface))
-    }
-
-    /// Checks and stores an input's attachments (before admission, so a
-    /// refused one admits nothing); their references.
-    async fn attachments(
-        &self,
-        s: &vak_core::session::live::Session,
-        list: Vec<pb::Attachment>,
-    ) -> Result<Vec<vak_core::session::attachments::AttachmentRef>, Status> {
-        let list = list.into_iter().map(|a| (a.media_type, a.data, a.name)).collect();
-        vak_core::session::attachments::accept(&s.runtime().cfg.home, list)
-            .await
-            .map_err(to_status)
-    }
-
     async fn session(&self, id: &str) -> Result<Arc<vak_core::session::live::Session>, Status> {
         if id.is_empty() {
             return Err(Status::invalid_argument("session_id is required"));
         }
         self.sessions().get(id).await.map_err(to_status)
-    }
-
-    /// The workspace the files API works in: the session's when one is
-    /// named (a session keeps the workspace it was created in), else the server's.
-    async fn files_root(&self, session_id: Option<&str>) -> Result<std::path::PathBuf, Status> {
-        match session_id {
-            Some(id) => {
-                let s = self.session(id).await?;
-                // An opened workspace is re-checked at every use.
-                s.runtime().check_workspace().await.map_err(to_status)?;
-                Ok(s.workspace_dir().to_path_buf())
-            }
-            None => Ok(self.control().config().workspace.clone()),
-        }
     }
 }
 
@@ -1026,6 +985,18 @@ impl AgentService for AgentApi {
         self.pr_merge(r.into_inner()).await.map(Response::new)
     }
 
+    async fn explain_intent(
+        &self,
+        r: Request<pb::ExplainIntentRequest>,
+    ) -> Result<Response<pb::IntentExplanation>, Status> {
+        self.intent_explained(r.into_inner()).map(Response::new)
+    }
+    async fn get_intent_policy(
+        &self,
+        _: Request<pb::GetIntentPolicyRequest>,
+    ) -> Result<Response<pb::IntentPolicy>, Status> {
+        ok(self.intent_policy())
+    }
     async fn list_commitments(
         &self,
         r: Request<pb::ListCommitmentsRequest>,

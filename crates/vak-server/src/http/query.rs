@@ -21,6 +21,8 @@ fn params(route: &str) -> &'static [&'static str] {
         "/permissions/rules" | "/permissions/rules/{id}" => &["workspace"],
         "/memory/{note_id}" => &["scope"],
         "/search" => &["q", "limit", "all"],
+        "/commitments" => &["all"],
+        "/intent/explain" => &["prompt", "surface", "act", "horizon", "stakes", "evidence"],
         "/digest" => &["days"],
         "/doctor" => &["session"],
         "/sessions/{id}/receipts" => &["include"],

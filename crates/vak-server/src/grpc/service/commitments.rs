@@ -1,4 +1,4 @@
-//! ListCommitments, GetCommitment and CloseCommitment: the plans the sessions' models keep, and their closing by a person.
+//! ListCommitments, GetCommitment and CloseCommitment: the plans the sessions' models keep, and their closing by a person; ExplainIntent and GetIntentPolicy: how a prompt reads before it runs.
 
 use super::forwarding::Served;
 use super::AgentApi;
@@ -76,5 +76,23 @@ impl AgentApi {
             .await
             .map_err(to_status)?;
         Ok(Response::new(commitment(closed)))
+    }
+}
+
+impl AgentApi {
+    pub(super) fn intent_explained(
+        &self,
+        r: pb::ExplainIntentRequest,
+    ) -> Result<pb::IntentExplanation, Status> {
+        let (surface, given) = crate::grpc::intent::given(&r).map_err(to_status)?;
+        let e = self
+            .control()
+            .explain(&r.prompt, surface, &given)
+            .map_err(to_status)?;
+        Ok(crate::grpc::intent::explanation(surface, e))
+    }
+
+    pub(super) fn intent_policy(&self) -> pb::IntentPolicy {
+        crate::grpc::intent::policy(self.control().workspace(), self.control().policy())
     }
 }
