@@ -45,6 +45,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // So is a commitment (and a plan item's copy of it).
     config.boxed(".vak.v1.CommitmentEvent.commitment");
     config.boxed(".vak.v1.TimelineItem.commitment");
+    config.boxed(".vak.v1.GoalUpdateEvent.update");
+    config.boxed(".vak.v1.OutputTimeline.goal");
+    config.boxed(".vak.v1.PresentationEvent.kind.goal");
     tonic_prost_build::configure()
         // A small first encode buffer per RPC (src/codec.rs).
         .codec_path("crate::codec::SmallBufferCodec")

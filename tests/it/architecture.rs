@@ -131,7 +131,14 @@ const CORE_IMPORTS: &[(&str, &[&str])] = &[
     ),
     (
         "event",
-        &["background", "commitment", "provider", "receipt", "worker"],
+        &[
+            "background",
+            "commitment",
+            "goal",
+            "provider",
+            "receipt",
+            "worker",
+        ],
     ),
     ("finops", &["background", "home", "provider", "route", "zone"]),
     (
@@ -167,6 +174,7 @@ const CORE_IMPORTS: &[(&str, &[&str])] = &[
             "background",
             "commitment",
             "event",
+            "goal",
             "metrics_names",
             "provider",
             "receipt",
@@ -189,6 +197,7 @@ const CORE_IMPORTS: &[(&str, &[&str])] = &[
             "commitment",
             "event",
             "finops",
+            "goal",
             "home",
             "host",
             "intent",

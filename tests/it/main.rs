@@ -25,6 +25,7 @@ mod durability;
 mod eventsource_client;
 mod file_tools;
 mod finops;
+mod goal;
 mod grpc;
 mod grpc_web;
 mod hooks;

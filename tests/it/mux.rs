@@ -142,7 +142,7 @@ fn event_json(e: &pb::Event) -> Value {
         }
         // The mux tests never start children.
         K::Worker(_) | K::Workbench(_) => unreachable!("no children in these tests"),
-        K::Commitment(_) => unreachable!("no plans in these tests"),
+        K::Commitment(_) | K::GoalUpdate(_) => unreachable!("no plans or steering in these tests"),
     };
     json!({"seq": e.seq, "session_id": e.session_id, kind_of(e): body})
 }
@@ -170,6 +170,7 @@ fn grpc_frame(m: pb::StreamMessage) -> Frame {
                 P::TextDelta(_) => json!({"text_delta": {}}),
                 P::ItemReplaced(_) => json!({"item_replaced": {}}),
                 P::ItemCompleted(_) => json!({"item_completed": {}}),
+                P::Goal(_) => json!({"goal": {}}),
             };
             let mut data = json!({"seq": p.seq, "session_id": p.session_id});
             data.as_object_mut()

@@ -112,6 +112,7 @@ fn apply(t: &mut Value, ev: &Frame) {
             t["items"][i]["status"] = body["status"].clone();
             t["items"][i]["seq"] = json!(seq);
         }
+        "goal" => t["goal"] = body,
         other => panic!("unexpected presentation event {other}: {ev:?}"),
     }
     if seq > t["seq"].as_u64().unwrap() {

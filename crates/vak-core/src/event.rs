@@ -250,6 +250,11 @@ pub enum ClientEvent {
         /// Boxed: a commitment is large next to the other events.
         commitment: Box<crate::commitment::Commitment>,
     },
+    /// A steering message read as an update of the chain's goal (issue 35).
+    GoalUpdate {
+        /// Boxed: an update is large next to the other events.
+        update: Box<crate::goal::GoalUpdate>,
+    },
     /// A dev server's output, batched at the source.
     LaunchOutput {
         name: String,
@@ -328,6 +333,7 @@ impl ClientEvent {
             ClientEvent::DraftDiscarded { .. } => "draft_discarded",
             ClientEvent::LaunchOutput { .. } => "launch_output",
             ClientEvent::Commitment { .. } => "commitment",
+            ClientEvent::GoalUpdate { .. } => "goal_update",
         }
     }
 
@@ -447,6 +453,9 @@ impl ClientEvent {
                     w.prompt.len() + w.summary.len() + w.worktree.len() + 128
                 }
                 ClientEvent::LaunchOutput { name, text, .. } => name.len() + text.len(),
+                ClientEvent::GoalUpdate { update } => {
+                    update.text.len() + update.signals.iter().map(|s| s.len() + 24).sum::<usize>() + 128
+                }
                 ClientEvent::Commitment { commitment: c, .. } => {
                     c.text.len()
                         + c.id.len() * 2

@@ -15,6 +15,7 @@ pub mod commitment;
 pub mod event;
 pub mod file_owner;
 pub mod finops;
+pub mod goal;
 pub mod host;
 pub mod intent;
 #[cfg(test)]

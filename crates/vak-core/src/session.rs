@@ -15,4 +15,5 @@ pub(crate) mod restore;
 pub(crate) mod runtime;
 pub mod side;
 pub(crate) mod spawn_tool;
+pub(crate) mod steer;
 pub mod wait;

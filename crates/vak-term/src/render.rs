@@ -185,6 +185,13 @@ impl Render {
             Kind::Commitment(e) => e.commitment.as_ref().map_or_else(Vec::new, |c| {
                 vec![commitment_line(c)]
             }),
+            Kind::GoalUpdate(e) => e.update.as_ref().map_or_else(Vec::new, |u| {
+                let mut text = format!("↳ goal {}: {}", u.relation().json_name(), clean(&u.text));
+                if u.widens_permissions {
+                    text.push_str(" (asks for wider permissions: not applied)");
+                }
+                vec![line(Style::Dim, text)]
+            }),
         }
     }
 

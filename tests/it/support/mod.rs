@@ -500,6 +500,7 @@ pub fn kind_of(e: &pb::Event) -> &'static str {
         Some(Kind::DraftDiscarded(_)) => "draft_discarded",
         Some(Kind::LaunchOutput(_)) => "launch_output",
         Some(Kind::Commitment(_)) => "commitment",
+        Some(Kind::GoalUpdate(_)) => "goal_update",
     }
 }
 

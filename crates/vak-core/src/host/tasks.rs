@@ -118,7 +118,9 @@ impl HostFirer {
                     Ok(a) => {
                         let outcome = match a.state {
                             AdmissionState::Started => TaskOutcome::Started,
-                            AdmissionState::Queued => TaskOutcome::Queued,
+                            // A task's prompt is never read as steering
+                            // (`admit_pinned`): it is not `Applied`.
+                            AdmissionState::Queued | AdmissionState::Applied => TaskOutcome::Queued,
                             AdmissionState::Duplicate => TaskOutcome::Duplicate,
                         };
                         done(outcome, sid, String::new())

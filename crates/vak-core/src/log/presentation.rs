@@ -171,6 +171,9 @@ pub struct Timeline {
     /// The seq of the last event reflected in the items (0: none).
     pub seq: u64,
     pub items: Vec<Item>,
+    /// The latest turn chain's goal (absent before the first prompt).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub goal: Option<crate::goal::GoalState>,
 }
 
 /// A semantic change to a timeline.
@@ -193,6 +196,11 @@ pub enum PresentationEvent {
         status: ItemStatus,
         seq: u64,
     },
+    /// The goal's new full state.
+    Goal {
+        goal: crate::goal::GoalState,
+        seq: u64,
+    },
 }
 
 impl PresentationEvent {
@@ -203,6 +211,7 @@ impl PresentationEvent {
             PresentationEvent::TextDelta { .. } => "text_delta",
             PresentationEvent::ItemReplaced(_) => "item_replaced",
             PresentationEvent::ItemCompleted { .. } => "item_completed",
+            PresentationEvent::Goal { .. } => "goal",
         }
     }
 
@@ -210,7 +219,9 @@ impl PresentationEvent {
         match self {
             PresentationEvent::Snapshot(t) => t.seq,
             PresentationEvent::ItemStarted(i) | PresentationEvent::ItemReplaced(i) => i.seq,
-            PresentationEvent::TextDelta { seq, .. } | PresentationEvent::ItemCompleted { seq, .. } => *seq,
+            PresentationEvent::TextDelta { seq, .. }
+            | PresentationEvent::ItemCompleted { seq, .. }
+            | PresentationEvent::Goal { seq, .. } => *seq,
         }
     }
 }
@@ -222,6 +233,7 @@ impl Timeline {
             session_id: session_id.to_string(),
             seq: 0,
             items: Vec::new(),
+            goal: None,
         }
     }
 
@@ -251,6 +263,7 @@ impl Timeline {
                     i.seq = *seq;
                 }
             }
+            PresentationEvent::Goal { goal, .. } => self.goal = Some(goal.clone()),
         }
         let seq = event.seq();
         if seq > self.seq {
@@ -266,6 +279,9 @@ pub struct Presenter {
     timeline: Timeline,
     /// The index of the item still streaming text or thinking, if any.
     open: Option<usize>,
+    /// A turn chain is live: its next user_message is a leg, not a new goal.
+    #[serde(default)]
+    chain: bool,
 }
 
 impl Presenter {
@@ -273,6 +289,7 @@ impl Presenter {
         Presenter {
             timeline: Timeline::new(session_id),
             open: None,
+            chain: false,
         }
     }
 
@@ -349,6 +366,14 @@ impl Presenter {
         }
     }
 
+    fn set_goal(&mut self, goal: crate::goal::GoalState, seq: u64, out: &mut Vec<PresentationEvent>) {
+        out.push(PresentationEvent::Goal {
+            goal: goal.clone(),
+            seq,
+        });
+        self.timeline.goal = Some(goal);
+    }
+
     /// `apply` for a caller that keeps only the timeline (the session's
     /// own fold): a delta that extends the open item builds no presentation
     /// event, which was three allocations per delta thrown away at once.
@@ -369,6 +394,12 @@ impl Presenter {
         match event {
             ClientEvent::UserMessage { text, request_id, .. } => {
                 self.close_open(seq, &mut out);
+                // A chain's first prompt sets its goal; later legs' inputs
+                // were read as goal updates when they were admitted.
+                if !self.chain {
+                    self.chain = true;
+                    self.set_goal(crate::goal::GoalState::new(text), seq, &mut out);
+                }
                 let mut item = Item::new(
                     ItemKind::UserInput,
                     "user-",
@@ -462,6 +493,15 @@ impl Presenter {
             ),
             ClientEvent::RunFinished { outcome, message, .. } => {
                 self.close_open(seq, &mut out);
+                self.chain = false;
+                if let Some(mut goal) = self.timeline.goal.take() {
+                    goal.control = if *outcome == RunOutcome::Cancelled {
+                        crate::goal::Control::Cancelled
+                    } else {
+                        crate::goal::Control::Done
+                    };
+                    self.set_goal(goal, seq, &mut out);
+                }
                 let item = Item::new(
                     ItemKind::FinalResult,
                     "result-",
@@ -510,6 +550,12 @@ impl Presenter {
                         }
                         self.start(Item::plan(seq, &c), &mut out);
                     }
+                }
+            }
+            ClientEvent::GoalUpdate { update } => {
+                if let Some(mut goal) = self.timeline.goal.take() {
+                    goal.apply(seq, update);
+                    self.set_goal(goal, seq, &mut out);
                 }
             }
             // A turn_started inside a run: the model's stream broke and the

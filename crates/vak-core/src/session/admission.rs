@@ -14,6 +14,9 @@ pub enum AdmissionState {
     Started,
     Queued,
     Duplicate,
+    /// A steering message that pauses, resumes or cancels the live chain:
+    /// it acted on the run and is not the model's input.
+    Applied,
 }
 
 impl AdmissionState {
@@ -22,6 +25,7 @@ impl AdmissionState {
             AdmissionState::Started => "started",
             AdmissionState::Queued => "queued",
             AdmissionState::Duplicate => "duplicate",
+            AdmissionState::Applied => "applied",
         }
     }
 }
@@ -147,6 +151,9 @@ pub(crate) enum AfterLeg {
     /// The chain ends: the session is idle again; `discarded` queued inputs
     /// were dropped (a failed or cancelled leg, shutdown).
     Finished { discarded: usize },
+    /// Paused with input queued: the chain waits for a resume (or a cancel)
+    /// on this, then asks again.
+    Hold(std::sync::Arc<tokio::sync::Notify>),
 }
 
 /// A session's run state: whether a chain runs, its queued inputs, the
@@ -165,6 +172,10 @@ pub(crate) struct RunState {
     leg_cancel: Option<CancellationToken>,
     admitted: HashSet<String>,
     admitted_order: VecDeque<String>,
+    /// A steering "pause": the next leg waits until a "resume".
+    paused: bool,
+    /// Wakes a held chain (resume).
+    wake: std::sync::Arc<tokio::sync::Notify>,
 }
 
 impl RunState {
@@ -280,6 +291,9 @@ impl RunState {
     /// the next queued input (with a fresh leg token); a failed or cancelled
     /// one, or shutdown, ends the chain and discards the queue.
     pub(crate) fn after_leg(&mut self, outcome: RunOutcome) -> AfterLeg {
+        if self.paused && !self.closing && outcome == RunOutcome::Completed && !self.queue.is_empty() {
+            return AfterLeg::Hold(self.wake.clone());
+        }
         let next = if self.closing || outcome != RunOutcome::Completed {
             None
         } else {
@@ -294,10 +308,22 @@ impl RunState {
                 let discarded = self.queue.len();
                 self.queue.clear();
                 self.running = false;
+                self.paused = false;
                 self.leg_cancel = None;
                 AfterLeg::Finished { discarded }
             }
         }
+    }
+
+    /// Holds the live chain's next leg until `resume` (steering "pause").
+    pub(crate) fn pause(&mut self) {
+        self.paused = true;
+    }
+
+    /// Releases a held chain (steering "resume").
+    pub(crate) fn resume(&mut self) {
+        self.paused = false;
+        self.wake.notify_one();
     }
 
     /// Stops the live leg and discards the queued inputs.
@@ -341,6 +367,51 @@ impl RunState {
         self.deleted = true;
     }
 }
+#[cfg(test)]
+mod pause_tests {
+    use super::*;
+
+    fn input(id: &str) -> Input {
+        Input {
+            request_id: id.into(),
+            text: "x".into(),
+            attachments: Vec::new(),
+            model: None,
+        }
+    }
+
+    #[test]
+    fn a_paused_chain_holds_its_next_leg_until_resumed_and_a_cancel_ends_it() {
+        let mut run = RunState::default();
+        assert!(matches!(run.place(input("a"), None), Ok(Placed::Started(_))));
+        run.pause();
+        // Nothing queued: the chain ends as it would, and the pause with it.
+        assert!(matches!(
+            run.after_leg(RunOutcome::Completed),
+            AfterLeg::Finished { discarded: 0 }
+        ));
+        assert!(matches!(run.place(input("b"), None), Ok(Placed::Started(_))));
+        assert!(!run.paused, "a new chain is not paused");
+        run.pause();
+        assert!(matches!(run.place(input("c"), None), Ok(Placed::Queued)));
+        assert!(matches!(run.after_leg(RunOutcome::Completed), AfterLeg::Hold(_)));
+        assert!(
+            matches!(run.after_leg(RunOutcome::Completed), AfterLeg::Hold(_)),
+            "still held"
+        );
+        run.resume();
+        assert!(matches!(run.after_leg(RunOutcome::Completed), AfterLeg::Next(i) if i.request_id == "c"));
+        run.pause();
+        assert!(matches!(run.place(input("d"), None), Ok(Placed::Queued)));
+        assert!(matches!(run.after_leg(RunOutcome::Completed), AfterLeg::Hold(_)));
+        run.cancel();
+        assert!(matches!(
+            run.after_leg(RunOutcome::Completed),
+            AfterLeg::Finished { discarded: 0 }
+        ));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -742,7 +813,7 @@ mod tests {
             })
             .await;
             for id in ["steer-1", "steer-2"] {
-                let queued = s.admit("go on".into(), Some(id.into())).await.unwrap();
+                let queued = s.admit("next step".into(), Some(id.into())).await.unwrap();
                 assert_eq!(queued.state, AdmissionState::Queued);
                 assert_eq!(admitted_lines(&log, id), 1, "on the log before `queued`");
             }

@@ -25,7 +25,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-const CANCELLED: &str = "cancelled by a client";
+pub(crate) const CANCELLED: &str = "cancelled by a client";
 
 /// Live tool output pieces in flight between a tool and the session.
 const LIVE_QUEUE: usize = 16;

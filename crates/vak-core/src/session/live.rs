@@ -549,7 +549,7 @@ impl Session {
         request_id: Option<String>,
         attachments: Vec<AttachmentRef>,
     ) -> Result<Admission> {
-        self.admit_input(text, request_id, attachments, None).await
+        self.admit_input(text, request_id, attachments, None, true).await
     }
 
     /// `admit` for a task's fire: its leg runs on `model` when pinned.
@@ -559,7 +559,9 @@ impl Session {
         request_id: String,
         model: Option<String>,
     ) -> Result<Admission> {
-        self.admit_input(text, Some(request_id), Vec::new(), model).await
+        // A task's prompt is never read as steering of the user's goal.
+        self.admit_input(text, Some(request_id), Vec::new(), model, false)
+            .await
     }
 
     async fn admit_input(
@@ -568,6 +570,7 @@ impl Session {
         request_id: Option<String>,
         attachments: Vec<AttachmentRef>,
         model: Option<String>,
+        steering: bool,
     ) -> Result<Admission> {
         let id = &*self.id;
         let request_id = admission::request_id(&text, request_id).map_err(|r| r.error(id))?;
@@ -599,6 +602,17 @@ impl Session {
             model,
         };
         let mut run = lock(&self.run);
+        // Steering into a live chain is read against its goal first.
+        let steered = steering
+            .then(|| self.steer_goal(&mut run, &input.text, &request_id))
+            .flatten();
+        if let Some(state) = steered {
+            return Ok(Admission {
+                request_id,
+                state,
+                after_seq: self.bus.latest_seq(),
+            });
+        }
         // Refused when deleted or closed while the id was written.
         let placed = run.place(input, self.stopped_by()).map_err(|r| r.error(id))?;
         let Placed::Started(input) = placed else {
@@ -630,7 +644,7 @@ impl Session {
         })
     }
 
-    /// Runs legs until the steering queue is empty, then settles: exactly one
+    /// Runs legs until the steering queue is empty (holding while paused), then settles: exactly one
     /// run_finished per chain (a failed or cancelled leg ends its chain), published after the session is idle again so a
     /// client reacting to it is admitted as `started`.
     async fn chain(self: Arc<Self>, first: Input) {
@@ -651,7 +665,7 @@ impl Session {
             let cancel = lock(&self.run).leg_token();
             let (
                 agent::LegEnd {
-                    outcome,
+                    mut outcome,
                     mut message,
                     stop_reason,
                 },
@@ -659,49 +673,72 @@ impl Session {
             ) = agent::run_leg(&*self, &input, &cancel).await;
             usage.add(used);
             self.approvals.expire_all("the run ended", |e| self.publish(e));
-            let mut run = lock(&self.run);
-            if outcome == RunOutcome::Cancelled && run.closing() {
-                message = "cancelled: the server is shutting down".into();
-            }
             // A failed or cancelled leg ends its chain: steering queued for
             // it is discarded (as `cancel` does), and run_finished says so,
             // so a client reacting to run_finished is always admitted as
-            // `started`.
-            match run.after_leg(outcome) {
-                AfterLeg::Next(next) => input = next,
-                AfterLeg::Finished { discarded } => {
-                    if discarded > 0 {
-                        message = format!(
-                            "{message} ({} discarded)",
-                            crate::text::count(discarded, "queued input")
-                        );
+            // `started`. Paused by steering, the next leg waits for a resume
+            // or a cancel (the run lock is not held while it waits).
+            let next = loop {
+                let wake = {
+                    let mut run = lock(&self.run);
+                    if outcome == RunOutcome::Cancelled && run.closing() {
+                        message = "cancelled: the server is shutting down".into();
                     }
-                    tracing::Span::current().record("outcome", outcome.as_str());
-                    let outcome_label = outcome.as_str();
-                    metrics::counter!(crate::metrics_names::RUNS, "outcome" => outcome_label).increment(1);
-                    metrics::histogram!(crate::metrics_names::RUN_DURATION_SECONDS, "outcome" => outcome_label)
-                        .record(started.elapsed().as_secs_f64());
-                    tracing::info!(
-                        session = %self.id(),
-                        outcome = outcome.as_str(),
-                        stop_reason = stop_reason.map(StopReason::as_str),
-                        duration_ms = started.elapsed().as_millis() as u64,
-                        input_tokens = usage.input_tokens,
-                        output_tokens = usage.output_tokens,
-                        "run finished"
-                    );
-                    self.publish(ClientEvent::status(false));
-                    self.publish(ClientEvent::RunFinished {
-                        outcome,
-                        message,
-                        stop_reason,
-                    });
-                    // What arrived during the run, now that it is over.
-                    self.drain_background(&mut lock(&self.background));
-                    self.busy.send_replace(false);
-                    crate::session::hooks::stop(&self.rt, self.id(), outcome);
-                    return;
+                    match run.after_leg(outcome) {
+                        AfterLeg::Hold(wake) => wake,
+                        AfterLeg::Next(next) => break Some(next),
+                        AfterLeg::Finished { discarded } => {
+                            if discarded > 0 {
+                                message = format!(
+                                    "{message} ({} discarded)",
+                                    crate::text::count(discarded, "queued input")
+                                );
+                            }
+                            tracing::Span::current().record("outcome", outcome.as_str());
+                            let outcome_label = outcome.as_str();
+                            metrics::counter!(crate::metrics_names::RUNS, "outcome" => outcome_label)
+                                .increment(1);
+                            metrics::histogram!(crate::metrics_names::RUN_DURATION_SECONDS, "outcome" => outcome_label)
+                                .record(started.elapsed().as_secs_f64());
+                            tracing::info!(
+                                session = %self.id(),
+                                outcome = outcome.as_str(),
+                                stop_reason = stop_reason.map(StopReason::as_str),
+                                duration_ms = started.elapsed().as_millis() as u64,
+                                input_tokens = usage.input_tokens,
+                                output_tokens = usage.output_tokens,
+                                "run finished"
+                            );
+                            self.publish(ClientEvent::status(false));
+                            self.publish(ClientEvent::RunFinished {
+                                outcome,
+                                message,
+                                stop_reason,
+                            });
+                            // What arrived during the run, now that it is over.
+                            self.drain_background(&mut lock(&self.background));
+                            self.busy.send_replace(false);
+                            crate::session::hooks::stop(&self.rt, self.id(), outcome);
+                            break None;
+                        }
+                    }
+                };
+                self.publish(ClientEvent::Notice {
+                    level: NoticeLevel::Info,
+                    text: crate::goal::HELD.into(),
+                });
+                tokio::select! {
+                    _ = wake.notified() => {}
+                    _ = cancel.cancelled() => {
+                        // Cancelled while held: the run ends cancelled.
+                        outcome = RunOutcome::Cancelled;
+                        message = agent::CANCELLED.into();
+                    }
                 }
+            };
+            match next {
+                Some(next) => input = next,
+                None => return,
             }
         }
     }

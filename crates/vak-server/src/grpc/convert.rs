@@ -155,6 +155,9 @@ pub(crate) fn kind(event: &ClientEvent) -> Kind {
             stream: enums::output_stream(stream) as i32,
             text,
         }),
+        ClientEvent::GoalUpdate { update } => Kind::GoalUpdate(pb::GoalUpdateEvent {
+            update: Some(Box::new(super::goal::update(*update))),
+        }),
         ClientEvent::Commitment { change, commitment } => {
             Kind::Commitment(super::commitments::event(change, *commitment))
         }
@@ -393,6 +396,7 @@ pub(crate) fn timeline(t: &Timeline) -> pb::OutputTimeline {
         session_id: t.session_id.clone(),
         seq: t.seq,
         items: t.items.iter().map(item).collect(),
+        goal: t.goal.clone().map(|g| Box::new(super::goal::state(g))),
     }
 }
 
@@ -428,6 +432,7 @@ pub(crate) fn presentation(session_id: &str, e: &PresentationEvent) -> pb::Prese
             item_id: item_id.clone(),
             status: enums::item_status(*status) as i32,
         }),
+        PresentationEvent::Goal { goal, .. } => P::Goal(Box::new(super::goal::state(goal.clone()))),
     };
     pb::PresentationEvent {
         seq: e.seq(),
@@ -711,6 +716,7 @@ pub(crate) fn presentation_kind_name(kind: &pb::presentation_event::Kind) -> &'s
         P::TextDelta(_) => "text_delta",
         P::ItemReplaced(_) => "item_replaced",
         P::ItemCompleted(_) => "item_completed",
+        P::Goal(_) => "goal",
     }
 }
 

@@ -21,6 +21,7 @@ pub(crate) fn admission_state(s: AdmissionState) -> pb::AdmissionState {
         AdmissionState::Started => pb::AdmissionState::Started,
         AdmissionState::Queued => pb::AdmissionState::Queued,
         AdmissionState::Duplicate => pb::AdmissionState::Duplicate,
+        AdmissionState::Applied => pb::AdmissionState::Applied,
     }
 }
 

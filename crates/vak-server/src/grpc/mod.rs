@@ -3,6 +3,7 @@
 pub(crate) mod commitments;
 pub(crate) mod convert;
 pub(crate) mod enums;
+pub(crate) mod goal;
 pub(crate) mod intent;
 pub(crate) mod service;
 
