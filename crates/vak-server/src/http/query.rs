@@ -21,6 +21,7 @@ fn params(route: &str) -> &'static [&'static str] {
         "/permissions/rules" | "/permissions/rules/{id}" => &["workspace"],
         "/memory/{note_id}" => &["scope"],
         "/search" => &["q", "limit", "all"],
+        "/commitments" => &["all"],
         "/digest" => &["days"],
         "/doctor" => &["session"],
         "/sessions/{id}/receipts" => &["include"],
@@ -77,5 +78,6 @@ mod tests {
             .unwrap_err()
             .contains("it takes none"));
         assert!(check("/sessions", "token=x").is_ok());
+        assert!(check("/commitments", "all=true").is_ok());
     }
 }
