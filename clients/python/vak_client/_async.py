@@ -74,6 +74,11 @@ from vak_client._workbench import (
     call_stop_launch,
     call_stop_worker,
 )
+from vak_client._commitments import (
+    call_close_commitment,
+    call_get_commitment,
+    call_list_commitments,
+)
 from vak_client._tasks import (
     call_create_task,
     call_delete_task,
@@ -564,6 +569,17 @@ class AsyncClient(ClientConfig):
 
     async def merge_pr(self, session_id: str, number: int, method: str = "squash") -> agent_pb2.MergePrResponse:
         return await self._unary(call_merge_pr(session_id, number, method))
+
+    # -- commitments: the plan the model keeps (docs/protocol.md section 38) ---
+
+    async def list_commitments(self, all: bool = False) -> agent_pb2.CommitmentList:
+        return await self._unary(call_list_commitments(all))
+
+    async def get_commitment(self, commitment_id: str) -> agent_pb2.CommitmentDetail:
+        return await self._unary(call_get_commitment(commitment_id))
+
+    async def close_commitment(self, commitment_id: str, verdict: str, note: str | None = None) -> agent_pb2.Commitment:
+        return await self._unary(call_close_commitment(commitment_id, verdict, note))
 
     async def cancel(self, session_id: str) -> agent_pb2.CancelResponse:
         return await self._unary(call_cancel(session_id))

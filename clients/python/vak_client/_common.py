@@ -74,8 +74,12 @@ class VakError(Exception):
     (`invalid_argument`, `unauthenticated`, `forbidden`, `not_found`,
     `conflict`, `unavailable`, ...); `message` the server's human text;
     `body` the raw REST body ("" for gRPC); `grpc_code` the gRPC status code
-    when the call was made over gRPC. `retryable` says whether the followers
-    retry it.
+    when the call was made over gRPC. `reason` is the machine-readable reason
+    some refusals carry beside `code` ("" when none): `evidence_missing` and
+    `already_closed` (closing a commitment), `side_busy`, `not_a_git_repo`,
+    an upstream failure's `network` or `timeout`, ... (REST: the body's
+    `error.reason`; gRPC: the `vak-error-reason` metadata). `retryable` says
+    whether the followers retry it.
 
     `reached` is False when no answer came back over REST/SSE: the client
     could not connect, the connection broke, or the server did not answer in
@@ -96,6 +100,7 @@ class VakError(Exception):
         grpc_code: grpc.StatusCode | None = None,
         *,
         reached: bool = True,
+        reason: str = "",
     ) -> None:
         if not reached:
             text = message
@@ -110,6 +115,7 @@ class VakError(Exception):
         self.body = body
         self.grpc_code = grpc_code
         self.reached = reached
+        self.reason = reason
 
     @property
     def retryable(self) -> bool:
@@ -215,10 +221,25 @@ _GRPC_TO_HTTP: dict[grpc.StatusCode, tuple[int, str]] = {
 }
 
 
-def grpc_error(code: grpc.StatusCode | None, details: str | None) -> VakError:
+# The trailing metadata with a refusal's machine-readable reason (docs/protocol.md section 6).
+REASON_METADATA = "vak-error-reason"
+
+
+def grpc_error(code: grpc.StatusCode | None, details: str | None, reason: str = "") -> VakError:
     """A gRPC status as a VakError (any unlisted code is 500 internal)."""
     status, name = _GRPC_TO_HTTP.get(code, (500, "internal")) if code is not None else (500, "internal")
-    return VakError(status, name, details or (code.name if code is not None else "unknown"), "", code)
+    return VakError(status, name, details or (code.name if code is not None else "unknown"), "", code, reason=reason)
+
+
+def _grpc_reason(err: grpc.RpcError) -> str:
+    """The `vak-error-reason` of a failed call's trailing metadata ("" when none)."""
+    trailing = getattr(err, "trailing_metadata", None)
+    # (None when the call got no answer: the library's own UNAVAILABLE.)
+    pairs = trailing() if callable(trailing) else None
+    for key, value in pairs or ():
+        if key == REASON_METADATA:
+            return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    return ""
 
 
 def rpc_error(err: grpc.RpcError) -> VakError:
@@ -226,7 +247,7 @@ def rpc_error(err: grpc.RpcError) -> VakError:
     code = getattr(err, "code", None)
     details = getattr(err, "details", None)
     if callable(code) and callable(details):
-        return grpc_error(code(), details())
+        return grpc_error(code(), details(), _grpc_reason(err))
     return grpc_error(None, str(err))
 
 
@@ -235,7 +256,8 @@ def rest_error(status: int, raw: bytes) -> VakError:
     text = raw.decode("utf-8", "replace")
     try:
         err = json.loads(text)["error"]
-        return VakError(status, str(err["code"]), str(err["message"]), text)
+        reason = err.get("reason")
+        return VakError(status, str(err["code"]), str(err["message"]), text, reason=reason if isinstance(reason, str) else "")
     except (ValueError, KeyError, TypeError):
         return VakError(status, "", text[:500], text)
 

@@ -73,6 +73,11 @@ from vak_client._workbench import (
     call_stop_launch,
     call_stop_worker,
 )
+from vak_client._commitments import (
+    call_close_commitment,
+    call_get_commitment,
+    call_list_commitments,
+)
 from vak_client._tasks import (
     call_create_task,
     call_delete_task,
@@ -741,6 +746,33 @@ class Client(ClientConfig):
         """`gh pr merge NUMBER --auto --METHOD` ("squash", "merge" or
         "rebase"); gh's failure is `VakError` 502 with its stderr's tail."""
         return self._unary(call_merge_pr(session_id, number, method))
+
+    # -- commitments: the plan the model keeps (docs/protocol.md section 38) ---
+
+    def list_commitments(self, all: bool = False) -> agent_pb2.CommitmentList:
+        """The commitments of the server's workspace's sessions (`all=True`:
+        every workspace's) in their natural order (`commitments`), and beside
+        them the open ones highest score first (`priorities`: `id`, `score`,
+        `reasons` such as "stakes: high (+30)"); `workspace` is the one listed
+        ("" with `all=True`). `json_name(c, "status")` is "pending",
+        "in_progress", "done" or "dropped"; `c.HasField("closed")` once closed."""
+        return self._unary(call_list_commitments(all))
+
+    def get_commitment(self, commitment_id: str) -> agent_pb2.CommitmentDetail:
+        """One commitment (`<session id>.<item>`): `commitment`, its recent
+        `events` (`seq`, `change`, `commitment`) oldest first, and `missing`:
+        what a fulfilled close would still need, in words (empty: it would
+        close). `VakError` 404 for an unknown one, 400 for a malformed id."""
+        return self._unary(call_get_commitment(commitment_id))
+
+    def close_commitment(self, commitment_id: str, verdict: str, note: str | None = None) -> agent_pb2.Commitment:
+        """Closes a commitment as "fulfilled", "abandoned" or "superseded"
+        (another verdict is `VakError` 400 before any call); answers it with
+        `closed` (`verdict`, `note`, `at`). A fulfilled close the cited
+        evidence does not support is `VakError` 409 with `reason`
+        "evidence_missing", whose message names each missing piece; one
+        already closed is 409 with `reason` "already_closed"."""
+        return self._unary(call_close_commitment(commitment_id, verdict, note))
 
     def cancel(self, session_id: str) -> agent_pb2.CancelResponse:
         """Stops the run in flight and discards queued input."""

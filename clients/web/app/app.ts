@@ -2,16 +2,26 @@
 // the open conversation (conversation.ts, toolcard.ts), the header with the
 // model, mode, connection and viewers (status.ts), and a right-hand panel
 // whose tabs are the workspace's files, its diff (diff.ts), the scheduled
-// tasks (tasks.ts), the session's workers (workers.ts), a terminal
-// (terminal.ts) and the settings (settings.ts). Every listed session is
-// followed live on one GET /stream (resumed with its cursor vector).
+// tasks (tasks.ts), the session's workers (workers.ts), the session's plan
+// (plan.ts), a terminal (terminal.ts) and the settings (settings.ts). Every
+// listed session is followed live on one GET /stream (resumed with its
+// cursor vector).
 // This file holds the start, the stream's handlers and the actions; state.ts
 // what the page knows. Calls go through the package's gRPC-web client with
 // the login cookie and its session key; nothing the server or the model
 // sends is parsed as HTML.
 import "./app.css";
 import { Code, ConnectError } from "@connectrpc/connect";
-import { createAgentClient, enumJsonName, logout, StopReasonSchema, StreamFollower, type SessionSummary } from "../src/index.js";
+import {
+  createAgentClient,
+  enumJsonName,
+  logout,
+  StopReasonSchema,
+  StreamFollower,
+  type Commitment,
+  type SessionSummary,
+  type Verdict,
+} from "../src/index.js";
 import { button, h, onError } from "./dom.js";
 import { conversationPane } from "./conversation.js";
 import { diffPanel, diffView } from "./diff.js";
@@ -23,6 +33,7 @@ import { header } from "./status.js";
 import { tasksPanel } from "./tasks.js";
 import { applyTheme } from "./theme.js";
 import { loadWorkers, workersPanel } from "./workers.js";
+import { isPlanItem, planPanel } from "./plan.js";
 import { TerminalPanel } from "./terminal.js";
 import { apply, fromSnapshot } from "./timeline.js";
 
@@ -200,6 +211,16 @@ function sidePane(): HTMLElement | null {
   if (state.side === "workers") {
     return workersPanel(state.workers, { client: ctx.client, refresh: refreshWorkers, render, open: openListed, close });
   }
+  if (state.side === "plan") {
+    return planPanel(state.sessions.get(state.current), state.plan, {
+      close,
+      render,
+      closeCommitment,
+      notice: (text) => {
+        state.notice = text;
+      },
+    });
+  }
   if (state.side === "terminal") {
     return h(
       "aside",
@@ -275,6 +296,18 @@ function tasksChanged(): void {
     tasksTimer = undefined;
     void refreshTasks().catch(onErrorNow);
   }, 200);
+}
+
+/**
+ * Closes a commitment of the open session's plan. Its plan_item comes again
+ * on the stream (item_replaced); the answer is shown at once meanwhile.
+ */
+async function closeCommitment(id: string, verdict: Verdict): Promise<Commitment> {
+  const closed = await ctx.client.closeCommitment({ id, verdict });
+  const s = state.sessions.get(closed.sessionId);
+  const item = s?.timeline.items.find((i) => isPlanItem(i) && i.commitment?.id === closed.id);
+  if (item) item.commitment = closed;
+  return closed;
 }
 
 async function refreshWorkers(): Promise<void> {

@@ -16,6 +16,7 @@ import type {
 } from "../src/index.js";
 import type { TasksView } from "./tasks.js";
 import { emptyWorkers } from "./workers.js";
+import { emptyPlan } from "./plan.js";
 import { empty, type Timeline } from "./timeline.js";
 import type { DiffView } from "./diff.js";
 
@@ -39,7 +40,7 @@ export interface SessionView {
   stopReasons: Map<string, string>;
 }
 
-export type Side = "" | "files" | "diff" | "terminal" | "settings" | "tasks" | "workers";
+export type Side = "" | "files" | "diff" | "terminal" | "settings" | "tasks" | "workers" | "plan";
 
 export const state = {
   authenticated: false,
@@ -78,6 +79,8 @@ export const state = {
   tasks: { list: undefined, formError: "", confirmDelete: "", sessions: [], kind: "script", session: "" } as TasksView,
   /** The workers panel: the open session's children and dev servers (read when it opens). */
   workers: emptyWorkers(),
+  /** The plan panel: the open session's plan is its timeline's plan items; this keeps the refused closes. */
+  plan: emptyPlan(),
   /** What the last action in the page did, said once (the status line under the header). */
   notice: "",
 };

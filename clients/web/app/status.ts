@@ -2,7 +2,8 @@
 // permission mode as a select that switches it (SetMode), the connection
 // state in words with a tooltip saying what it means, the other viewers of
 // the open session as avatars (each with a tooltip), the right-hand panel's
-// tabs (Files, Diff, Tasks, Workers, Terminal, Settings), /admin and log out.
+// tabs (Files, Diff, Tasks, Workers, Plan with its open items' count,
+// Terminal, Settings), /admin and log out.
 import {
   enumFromJsonName,
   enumJsonName,
@@ -14,6 +15,7 @@ import {
   type FollowerState,
 } from "../src/index.js";
 import { button, h } from "./dom.js";
+import { openCount, planOf } from "./plan.js";
 import { ctx, onErrorNow, state, type Side } from "./state.js";
 
 const CONN: Record<FollowerState, [string, string]> = {
@@ -106,16 +108,21 @@ function tabs(): HTMLElement[] {
     ["diff", "Diff"],
     ["tasks", "Tasks"],
     ["workers", "Workers"],
+    ["plan", "Plan"],
   ];
   if (state.host?.features?.terminal) list.push(["terminal", "Terminal"]);
   list.push(["settings", "Settings"]);
-  return list.map(([side, label]) =>
-    button(label, () => ctx.openSide(side), {
+  // How many items of the open session's plan are still open, beside its tab.
+  const open = openCount(planOf(state.sessions.get(state.current)));
+  return list.map(([side, label]) => {
+    const tab = button(label, () => ctx.openSide(side), {
       id: `show-${side}`,
       class: "tab",
       role: "tab",
       "aria-selected": state.side === side ? "true" : "false",
       "aria-controls": "side",
-    }),
-  );
+    });
+    if (side === "plan" && open > 0) tab.append(" ", h("span", { class: "tab-count", id: "plan-open-count" }, String(open)), h("span", { class: "sr-only" }, " open"));
+    return tab;
+  });
 }

@@ -6,7 +6,8 @@
 // ended (its exit status for a command). An approval and its tool call are
 // paired by call_id wherever each appears in the timeline; an approval with
 // no call (a plan) is a card of its own. The run's end says how it ended,
-// with its stop_reason in words.
+// with its stop_reason in words. The plan's items (plan_item) are not shown
+// here but in the plan panel (plan.ts); the update_plan call's card opens it.
 import { enumJsonName, ItemKindSchema, ItemStatusSchema, PlanExitMode, type TimelineItem } from "../src/index.js";
 import { button, h } from "./dom.js";
 import { inline, renderMarkdown } from "./markdown.js";
@@ -36,6 +37,7 @@ export function renderTimeline(s: SessionView): HTMLElement[] {
   const done = new Set<string>();
   for (const item of s.timeline.items) {
     const k = kindOf(item);
+    if (k === "plan_item") continue;
     if ((k === "tool_call" || k === "approval") && item.callId) {
       if (done.has(item.callId)) continue;
       done.add(item.callId);
@@ -141,6 +143,10 @@ function toolCard(call: TimelineItem | undefined, approvals: TimelineItem[]): HT
   if (call && (call.text || callStatus === "running")) {
     const lines = call.text ? call.text.split("\n").length : 0;
     card.appendChild(details(call.id, callStatus === "running" ? "Output so far" : `Output (${lines} ${lines === 1 ? "line" : "lines"})`, false, h("pre", { class: "output" }, call.text)));
+  }
+  // The plan it changed is in the plan panel.
+  if (call && tool === "update_plan" && callStatus === "completed") {
+    card.appendChild(h("div", { class: "actions" }, button("Show the plan", () => ctx.openSide("plan"), { class: "small show-plan", id: `show-plan-${call.id}` })));
   }
   return card;
 }

@@ -12,7 +12,9 @@
 // output and alert show in the conversation, that the workers panel shows a
 // `/worker`'s child finished with its answer and starts a .vak/launch.toml dev
 // server whose output reaches the panel's log tail, then stops it (this step
-// needs the children table and the dev servers of issue 30), and that /admin lists the session,
+// needs the children table and the dev servers of issue 30), that the plan panel lists a
+// `/plan-items` plan, shows a refused fulfilled close in the server's words, abandons an item and
+// closes one whose cited bash run succeeded, and that /admin lists the session,
 // the scheduler and the day's spend; no console error and no CSP
 // violation during the whole run. Screenshots go to
 // artifacts/app/ (`make screenshots` copies four of them to docs/screenshots/).
@@ -795,6 +797,58 @@ step("a bash call shows its command as the title and its exit status", async () 
   await card.locator("summary", { hasText: "Output" }).click();
   assert.match(await card.locator("pre.output").innerText(), /from-bash/);
   assert.equal(await page.locator("#mode-select").inputValue(), "default");
+});
+
+step("the plan panel lists the model's plan; a fulfilled close without evidence is refused in the server's words; abandon closes", async () => {
+  const runs = await page.locator("#timeline .item.final_result").count();
+  const items = [
+    { id: "tests", text: "run the tests", status: "pending", requires: [{ kind: "tool_ok", tool: "bash" }] },
+    { id: "wipe", text: "delete the build folder", status: "in_progress" },
+  ];
+  await send(page, `/plan-items ${JSON.stringify(items)}`);
+  assert.equal(await lastOutcome(page, runs + 1), "completed");
+  // The items are not chat lines: the conversation has the update_plan call's card, the panel the plan.
+  await page.waitForFunction(() => document.querySelector("#plan-open-count")?.textContent === "2");
+  assert.equal(await page.locator("#timeline [data-kind=plan_item]").count(), 0);
+  const card = page.locator("#timeline .card", { has: page.locator(".tool-name", { hasText: /^update_plan$/ }) }).last();
+  await card.locator("button.show-plan").click();
+  const row = (item) => page.locator(`#plan li[data-item=${item}]`);
+  await row("wipe").waitFor();
+  assert.equal(await page.locator("#show-plan").getAttribute("aria-selected"), "true");
+  assert.deepEqual(await page.locator("#plan li").evaluateAll((ls) => ls.map((l) => l.dataset.item)), ["tests", "wipe"]);
+  assert.match(await row("tests").innerText(), /run the tests\s+to do[\s\S]*stakes\s+medium[\s\S]*evidence\s+no tool call cited[\s\S]*needs\s+a successful bash call/);
+  assert.match(await row("wipe").innerText(), /delete the build folder\s+in progress[\s\S]*stakes\s+high/);
+
+  // Nothing cited: the close is refused, and the page says why in the server's words (each missing piece).
+  await page.click("#plan-fulfil-tests");
+  const refusal = row("tests").locator(".commitment-refusal");
+  await refusal.waitFor();
+  assert.match(await refusal.innerText(), /cannot be closed as fulfilled[\s\S]*Missing: tool_ok: a cited `bash` call that ended successfully; it cites no tool call/);
+  assert.equal(await refusal.getAttribute("role"), "alert");
+  assert.equal(await row("tests").getAttribute("data-closed"), "");
+  assert.doesNotMatch(await page.locator("#errors").innerText(), /cannot be closed/, "said in the panel, not as a page error");
+  await shot(page, "app-plan");
+  assert.deepEqual(await axeProblems(page, "the plan panel with a refused close"), []);
+
+  // Abandon closes it whatever it cites; its buttons go.
+  await page.click("#plan-abandon-wipe");
+  await page.locator("#plan li[data-item=wipe][data-closed=abandoned]").waitFor();
+  assert.equal(await row("wipe").locator(".commitment-status").innerText(), "closed: abandoned");
+  assert.equal(await row("wipe").locator("button").count(), 0);
+  await page.locator("#notice", { hasText: "Closed “delete the build folder” as abandoned." }).waitFor();
+  await page.waitForFunction(() => document.querySelector("#plan-open-count")?.textContent === "1");
+
+  // A bash run (approved in the page) cited as its evidence: the row counts it live, and the close is taken.
+  await send(page, `/bash echo ok\n/plan-items ${JSON.stringify([{ id: "tests", status: "done", evidence: ["$last"] }])}`);
+  await page.locator("#timeline .card").last().locator(".item.approval[data-status=pending] button.approve").click();
+  assert.equal(await lastOutcome(page, runs + 2), "completed");
+  await page.locator("#plan li[data-item=tests][data-status=done] .commitment-evidence[data-count='1']").waitFor();
+  await page.click("#plan-fulfil-tests");
+  await page.locator("#plan li[data-item=tests][data-closed=fulfilled]").waitFor();
+  assert.equal(await row("tests").locator(".commitment-refusal").count(), 0, "the refusal is gone once it closed");
+  await page.locator("#plan-open-count").waitFor({ state: "detached" });
+  await page.click("#close-plan");
+  await page.locator("#side").waitFor({ state: "detached" });
 });
 
 step("Esc stops the live run (a Stop button shows while it is live); Up brings back the last prompt", async () => {

@@ -79,5 +79,6 @@ mod tests {
             .unwrap_err()
             .contains("it takes none"));
         assert!(check("/sessions", "token=x").is_ok());
+        assert!(check("/commitments", "all=true").is_ok());
     }
 }
