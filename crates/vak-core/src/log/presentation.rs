@@ -757,7 +757,10 @@ mod tests {
         assert_eq!(kinds, ["item_completed", "goal", "item_started", "snapshot"]);
         let t = p.timeline();
         let goal = t.goal.as_ref().expect("the first prompt set the goal");
-        assert_eq!((goal.objective.as_str(), goal.control), ("hi", crate::goal::Control::Done));
+        assert_eq!(
+            (goal.objective.as_str(), goal.control),
+            ("hi", crate::goal::Control::Done)
+        );
         assert_eq!(t.items.len(), 3);
         assert_eq!(t.items[1].text, "echo: hi");
         assert_eq!((t.items[1].status.as_str(), t.items[1].seq), ("completed", 5));
