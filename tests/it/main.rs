@@ -60,6 +60,7 @@ mod security;
 mod serve_cluster;
 mod settings;
 mod side;
+mod skills;
 mod stop_reason;
 mod storage;
 mod stream;

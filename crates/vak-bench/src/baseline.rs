@@ -434,6 +434,36 @@ impl AgentService for Baseline {
     ) -> Result<Response<pb::DraftDiscarded>, Status> {
         unimplemented()
     }
+    async fn list_skill_proposals(
+        &self,
+        _: Request<pb::ListSkillProposalsRequest>,
+    ) -> Result<Response<pb::SkillProposals>, Status> {
+        unimplemented()
+    }
+    async fn create_skill_proposal(
+        &self,
+        _: Request<pb::CreateSkillProposalRequest>,
+    ) -> Result<Response<pb::SkillProposal>, Status> {
+        unimplemented()
+    }
+    async fn promote_skill_proposal(
+        &self,
+        _: Request<pb::PromoteSkillProposalRequest>,
+    ) -> Result<Response<pb::Skill>, Status> {
+        unimplemented()
+    }
+    async fn reject_skill_proposal(
+        &self,
+        _: Request<pb::RejectSkillProposalRequest>,
+    ) -> Result<Response<pb::SkillProposal>, Status> {
+        unimplemented()
+    }
+    async fn list_skills(
+        &self,
+        _: Request<pb::ListSkillsRequest>,
+    ) -> Result<Response<pb::SkillList>, Status> {
+        unimplemented()
+    }
     async fn explain_intent(
         &self,
         _: Request<pb::ExplainIntentRequest>,

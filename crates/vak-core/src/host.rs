@@ -22,6 +22,7 @@ pub mod rules;
 pub(crate) mod runtimes;
 pub mod search;
 pub(crate) mod secrets;
+pub mod skills;
 pub mod tasks;
 pub mod terminal;
 pub mod workspaces;

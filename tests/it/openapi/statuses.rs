@@ -182,6 +182,7 @@ fn unknown(template: &str) -> String {
             "{note_id}" => "mem_000000000000",
             // A commitment's id names its session and item.
             "{id}" if template.starts_with("/commitments/") => "nosuch.nosuch",
+            "{id}" if template.starts_with("/skills/proposals/") => "sp_000000000000",
             s if s.starts_with('{') => "nosuch",
             s => s,
         })
@@ -356,6 +357,21 @@ async fn every_documented_status_is_reached_and_every_status_reached_is_document
     r.call(&s, "POST", "/commitments/{id}/close", &format!("/commitments/{csid}.a/close"), Some(json!({"verdict": "abandoned"})), 200).await;
     r.call(&s, "GET", "/intent/explain", "/intent/explain?prompt=add%20a%20README", None, 200).await;
     r.call(&s, "GET", "/intent/policy", "/intent/policy", None, 200).await;
+
+    // ---- skills ----
+    r.call(&s, "GET", "/skills", "/skills", None, 200).await;
+    r.call(&s, "GET", "/skills/proposals", "/skills/proposals", None, 200).await;
+    let made = r.call(&s, "POST", "/skills/proposals", "/skills/proposals", Some(json!({"from_session": csid})), 201).await;
+    r.call(&s, "POST", "/skills/proposals", "/skills/proposals", Some(json!({"from_session": "nosuch"})), 404).await;
+    r.call(&s, "POST", "/skills/proposals", "/skills/proposals", Some(json!({"from_session": csid, "name": "Bad Name"})), 400).await;
+    let spid = made["id"].as_str().unwrap().to_string();
+    r.call(&s, "POST", "/skills/proposals/{id}/promote", "/skills/proposals/nope/promote", Some(json!({})), 400).await;
+    r.call(&s, "POST", "/skills/proposals/{id}/promote", &format!("/skills/proposals/{spid}/promote"), Some(json!({})), 200).await;
+    r.call(&s, "POST", "/skills/proposals/{id}/promote", &format!("/skills/proposals/{spid}/promote"), Some(json!({})), 409).await;
+    let other = r.call(&s, "POST", "/skills/proposals", "/skills/proposals", Some(json!({"from_session": csid})), 201).await;
+    let other = other["id"].as_str().unwrap().to_string();
+    r.call(&s, "POST", "/skills/proposals/{id}/reject", &format!("/skills/proposals/{other}/reject"), Some(json!({})), 200).await;
+    r.call(&s, "POST", "/skills/proposals/{id}/reject", &format!("/skills/proposals/{other}/reject"), Some(json!({})), 409).await;
 
     // ---- memory ----
     r.call(&s, "GET", "/memory", "/memory", None, 200).await;

@@ -348,6 +348,11 @@ impl ControlPlane {
         })
     }
 
+    /// Skill proposals and the promoted skills.
+    pub fn skills(&self) -> &std::sync::Arc<crate::host::skills::Skills> {
+        self.rt.skills()
+    }
+
     /// The `[intent]` and `[commitment]` policy in effect, with its sources.
     pub fn policy(&self) -> &crate::intent::Policy {
         self.rt.policy()

@@ -125,10 +125,12 @@ impl Hub {
             cfg.nats.is_none().then_some(dir.as_path()),
         ));
         let policy = Arc::new(settings.file_policy());
+        let skills = Arc::new(crate::host::skills::Skills::open(&cfg.home, cfg.nats.is_none()));
         let rt = Arc::new(
             Runtime::new(cfg, route, search, sandbox, mcp, finops.clone())
                 .with_portfolio(portfolio)
-                .with_policy(policy),
+                .with_policy(policy)
+                .with_skills(skills),
         );
         let runtimes = Arc::new(Runtimes::new(rt, workspaces.clone()));
         let closing = CancellationToken::new();

@@ -108,6 +108,8 @@ struct Leg<'a, S> {
     revision: String,
     system: String,
     tools: Vec<ToolDef>,
+    /// The promoted skills, read when the leg starts (their tools are in `tools`).
+    skills: Vec<crate::host::skills::Skill>,
 }
 
 impl<'a, S: TurnContext> Leg<'a, S> {
@@ -118,6 +120,7 @@ impl<'a, S: TurnContext> Leg<'a, S> {
         if let Some(m) = model {
             route.model = m.to_string();
         }
+        let skills = crate::session::skill_tool::load(rt).await;
         Leg {
             session,
             // Fixed for the whole leg: a config change applies to the next one.
@@ -130,11 +133,13 @@ impl<'a, S: TurnContext> Leg<'a, S> {
                 &rt.memory().prompt().await,
             )
             .await,
-            // The MCP servers' tools next to the built-in ones.
+            // The MCP servers' tools and the skills' next to the built-in ones.
             tools: tools::definitions()
                 .into_iter()
                 .chain(rt.mcp().tool_defs())
+                .chain(crate::session::skill_tool::defs(&skills))
                 .collect(),
+            skills,
         }
     }
 
@@ -487,11 +492,18 @@ async fn leg_turns(
                 futures_util::future::join_all(
                     batch
                         .into_iter()
-                        .map(|c| call_tool(session, &leg.tools, c, &input.request_id, cancel)),
+                        .map(|c| call_tool(session, (&leg.tools, &leg.skills), c, &input.request_id, cancel)),
                 )
                 .await;
             } else {
-                call_tool(session, &leg.tools, call, &input.request_id, cancel).await;
+                call_tool(
+                    session,
+                    (&leg.tools, &leg.skills),
+                    call,
+                    &input.request_id,
+                    cancel,
+                )
+                .await;
             }
             if cancel.is_cancelled() {
                 return LegEnd::new(RunOutcome::Cancelled, CANCELLED.into());
@@ -520,7 +532,7 @@ fn plan_of(input: &serde_json::Value) -> Result<(), String> {
 /// tool_result: every call gets exactly one result, also when refused or cancelled.
 async fn call_tool(
     session: &impl TurnContext,
-    defs: &[ToolDef],
+    (defs, skills): (&[ToolDef], &[crate::host::skills::Skill]),
     call: ToolCall,
     request_id: &str,
     cancel: &CancellationToken,
@@ -574,7 +586,7 @@ async fn call_tool(
         session.emit(receipt);
         return;
     }
-    let class = tools::class(&tool);
+    let class = crate::session::skill_tool::class(&tool, skills).unwrap_or_else(|| tools::class(&tool));
     let decision = if defs.iter().any(|d| d.name == tool) {
         permissions::decide(rt.mode(), class)
     } else {
@@ -715,6 +727,11 @@ async fn call_tool(
                 }
                 if crate::mcp::names::server_of(&tool).is_some() {
                     return rt.mcp().call(&tool, &input, cancel).await;
+                }
+                if let Some(out) =
+                    crate::session::skill_tool::run(rt, &tool, skills, &input, cancel, Some(&live)).await
+                {
+                    return out;
                 }
                 tools::run_live(
                     &rt.cfg.workspace,

@@ -1139,27 +1139,7 @@ impl Visible for Session {
         for (_, note) in notes {
             f.note(&note);
         }
-        // The listing of commitments keeps the whole plan (never waits).
-        if frames
-            .iter()
-            .any(|fr| matches!(fr.event, ClientEvent::Commitment { .. }))
-        {
-            self.rt
-                .portfolio()
-                .put(&self.id, self.rt.workspace(), f.plan.rows().to_vec());
-        }
-        // A finished run's messages go to search (queued, never waited for).
-        let finished = frames
-            .iter()
-            .rev()
-            .find(|fr| matches!(fr.event, ClientEvent::RunFinished { .. }));
-        if let Some(upto) = finished.map(|fr| fr.seq) {
-            let from = std::mem::replace(&mut f.searched, upto);
-            let docs = crate::host::search::docs(&f.transcript, from, upto);
-            self.rt
-                .search()
-                .index(&self.id, self.rt.workspace(), from, upto, docs);
-        }
+        crate::session::derived::feed(&self.rt, &self.id, &mut f, &frames);
         self.bus.commit(frames);
     }
 

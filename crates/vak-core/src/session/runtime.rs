@@ -24,6 +24,7 @@ struct Services {
     spawner: Arc<std::sync::RwLock<Option<Arc<dyn crate::worker::Spawner>>>>,
     portfolio: Arc<crate::host::portfolio::Portfolio>,
     policy: Arc<crate::intent::Policy>,
+    skills: Arc<crate::host::skills::Skills>,
 }
 
 /// Shared by every session of a server.
@@ -59,6 +60,8 @@ pub struct Runtime {
     /// config.toml's `[intent]` and `[commitment]` (one for every workspace:
     /// a workspace has no layer of its own, so a repository cannot loosen it).
     policy: Arc<crate::intent::Policy>,
+    /// Skill proposals and where promoted skills are (one for every workspace).
+    skills: Arc<crate::host::skills::Skills>,
     /// An opened workspace's folder, re-checked at every use; None for the
     /// server's own.
     pin: Option<crate::host::workspaces::Pinned>,
@@ -75,6 +78,7 @@ impl Runtime {
         finops: Arc<crate::finops::Finops>,
     ) -> Runtime {
         let mode = Arc::new(watch::channel(cfg.permission).0);
+        let home = cfg.home.clone();
         let agent = Agent {
             max_turns: cfg.max_turns,
             hooks: Arc::new(Hooks::default()),
@@ -93,6 +97,7 @@ impl Runtime {
                 // In memory only; the hub gives its runtime the home's (`with_portfolio`).
                 portfolio: Arc::new(crate::host::portfolio::Portfolio::open(None)),
                 policy: Arc::default(),
+                skills: Arc::new(crate::host::skills::Skills::open(&home, false)),
             },
         )
     }
@@ -101,6 +106,13 @@ impl Runtime {
     /// workspace's runtime made from it shares.
     pub(crate) fn with_portfolio(mut self, portfolio: Arc<crate::host::portfolio::Portfolio>) -> Runtime {
         self.portfolio = portfolio;
+        self
+    }
+
+    /// This runtime with the home's skill proposals, which every
+    /// workspace's runtime made from it shares.
+    pub(crate) fn with_skills(mut self, skills: Arc<crate::host::skills::Skills>) -> Runtime {
+        self.skills = skills;
         self
     }
 
@@ -126,6 +138,7 @@ impl Runtime {
             spawner,
             portfolio,
             policy,
+            skills,
         } = services;
         let rules = match &cfg.shared_config {
             Some(shared) => Rules::shared(shared.clone(), &cfg.home, &cfg.workspace),
@@ -142,6 +155,7 @@ impl Runtime {
             spawner,
             portfolio,
             policy,
+            skills,
             cfg,
             route,
             mode,
@@ -174,6 +188,7 @@ impl Runtime {
                     spawner: self.spawner.clone(),
                     portfolio: self.portfolio.clone(),
                     policy: self.policy.clone(),
+                    skills: self.skills.clone(),
                 },
             )
         }
@@ -207,6 +222,11 @@ impl Runtime {
 
     pub fn search(&self) -> &crate::host::search::Search {
         &self.search
+    }
+
+    /// Skill proposals and the promoted skills.
+    pub fn skills(&self) -> &Arc<crate::host::skills::Skills> {
+        &self.skills
     }
 
     /// The `[intent]` and `[commitment]` policy.

@@ -30,6 +30,7 @@ use vak_proto::v1 as pb;
 const MCP_SETTLE: Duration = Duration::from_secs(30);
 
 mod access;
+use access::{blocking, limit_in};
 mod admin;
 mod backup;
 mod commitments;
@@ -42,6 +43,7 @@ mod memory_writes;
 mod opened;
 mod pr;
 mod receipts;
+mod skills;
 mod tasks;
 mod workers;
 
@@ -117,15 +119,6 @@ impl AgentApi {
         &self.host
     }
 
-    /// Sessions stopped by a storage failure, with the reason (for /health).
-    pub fn storage_failures(&self) -> Vec<(String, String)> {
-        self.sessions()
-            .storage_failures()
-            .into_iter()
-            .map(|(id, stopped)| (id, stopped.reason()))
-            .collect()
-    }
-
     async fn session(&self, id: &str) -> Result<Arc<vak_core::session::live::Session>, Status> {
         if id.is_empty() {
             return Err(Status::invalid_argument("session_id is required"));
@@ -136,25 +129,6 @@ impl AgentApi {
 
 fn ok<T>(v: T) -> Result<Response<T>, Status> {
     Ok(Response::new(v))
-}
-
-/// Runs blocking file work off the runtime's workers.
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> vak_core::Result<T> + Send + 'static,
-) -> Result<T, Status> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| to_status(vak_core::Error::internal(e.to_string())))?
-        .map_err(to_status)
-}
-
-/// A request's `limit`: absent is `default`, else 1 to `max`.
-fn limit_in(limit: Option<u32>, default: usize, max: usize) -> Result<usize, Status> {
-    match limit {
-        None => Ok(default),
-        Some(n) if n >= 1 && n as usize <= max => Ok(n as usize),
-        Some(n) => Err(Status::invalid_argument(format!("limit {n}: give 1 to {max}"))),
-    }
 }
 
 #[tonic::async_trait]
@@ -985,6 +959,36 @@ impl AgentService for AgentApi {
         self.pr_merge(r.into_inner()).await.map(Response::new)
     }
 
+    async fn list_skill_proposals(
+        &self,
+        _: Request<pb::ListSkillProposalsRequest>,
+    ) -> Result<Response<pb::SkillProposals>, Status> {
+        ok(self.skill_proposals())
+    }
+    async fn create_skill_proposal(
+        &self,
+        r: Request<pb::CreateSkillProposalRequest>,
+    ) -> Result<Response<pb::SkillProposal>, Status> {
+        self.skill_propose(r.into_inner()).await.map(Response::new)
+    }
+    async fn promote_skill_proposal(
+        &self,
+        r: Request<pb::PromoteSkillProposalRequest>,
+    ) -> Result<Response<pb::Skill>, Status> {
+        self.skill_promote(r.into_inner()).await.map(Response::new)
+    }
+    async fn reject_skill_proposal(
+        &self,
+        r: Request<pb::RejectSkillProposalRequest>,
+    ) -> Result<Response<pb::SkillProposal>, Status> {
+        self.skill_reject(r.into_inner()).map(Response::new)
+    }
+    async fn list_skills(
+        &self,
+        _: Request<pb::ListSkillsRequest>,
+    ) -> Result<Response<pb::SkillList>, Status> {
+        self.skills_listed().await.map(Response::new)
+    }
     async fn explain_intent(
         &self,
         r: Request<pb::ExplainIntentRequest>,

@@ -5,6 +5,7 @@ pub(crate) mod commitments;
 pub(crate) mod pty;
 pub(crate) mod query;
 pub(crate) mod routes;
+pub(crate) mod skills;
 pub(crate) mod sse;
 pub(crate) mod sse_encode;
 pub(crate) mod state;

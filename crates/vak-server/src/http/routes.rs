@@ -85,6 +85,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .merge(super::workbench::routes())
         // ---- Commitments (issue 35) ----
         .merge(super::commitments::routes())
+        .merge(super::skills::routes())
         .method_not_allowed_fallback(|| async {
             json_error(
                 StatusCode::METHOD_NOT_ALLOWED,

@@ -1,0 +1,73 @@
+//! The REST routes of learned skills (GET /skills, GET and POST /skills/proposals, POST /skills/proposals/:id/promote and /reject), each a thin translation onto an `AgentService` call.
+
+use super::state::{body, path_mismatch, reply, AppState};
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::Router;
+use pb::agent_service_server::AgentService;
+use tonic::Request;
+use vak_proto::v1 as pb;
+
+pub(super) fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/skills", get(list))
+        .route("/skills/proposals", get(proposals).post(propose))
+        .route("/skills/proposals/{id}/promote", post(promote))
+        .route("/skills/proposals/{id}/reject", post(reject))
+}
+
+async fn list(State(st): State<AppState>) -> Response {
+    reply(
+        StatusCode::OK,
+        st.api.list_skills(Request::new(pb::ListSkillsRequest {})).await,
+    )
+}
+
+async fn proposals(State(st): State<AppState>) -> Response {
+    let req = pb::ListSkillProposalsRequest {};
+    reply(
+        StatusCode::OK,
+        st.api.list_skill_proposals(Request::new(req)).await,
+    )
+}
+
+async fn propose(State(st): State<AppState>, b: Body) -> Response {
+    match body::<pb::CreateSkillProposalRequest>(&st, b).await {
+        Ok(req) => reply(
+            StatusCode::CREATED,
+            st.api.create_skill_proposal(Request::new(req)).await,
+        ),
+        Err(e) => e,
+    }
+}
+
+async fn promote(State(st): State<AppState>, Path(id): Path<String>, b: Body) -> Response {
+    let mut req: pb::PromoteSkillProposalRequest = match body(&st, b).await {
+        Ok(r) => r,
+        Err(e) => return e,
+    };
+    if let Some(e) = path_mismatch("id", &id, &mut req.id) {
+        return e;
+    }
+    reply(
+        StatusCode::OK,
+        st.api.promote_skill_proposal(Request::new(req)).await,
+    )
+}
+
+async fn reject(State(st): State<AppState>, Path(id): Path<String>, b: Body) -> Response {
+    let mut req: pb::RejectSkillProposalRequest = match body(&st, b).await {
+        Ok(r) => r,
+        Err(e) => return e,
+    };
+    if let Some(e) = path_mismatch("id", &id, &mut req.id) {
+        return e;
+    }
+    reply(
+        StatusCode::OK,
+        st.api.reject_skill_proposal(Request::new(req)).await,
+    )
+}
