@@ -299,14 +299,16 @@ impl ControlPlane {
     }
 
     /// The commitments of this workspace's sessions (every workspace's with
-    /// `all`), in their natural order, and the open ones' priorities as of now.
-    pub fn commitments(
+    /// `all`), in their natural order, and the open ones' priorities as of
+    /// now; once what was listed before this start is read back.
+    pub async fn commitments(
         &self,
         all: bool,
     ) -> (
         Vec<crate::commitment::Commitment>,
         Vec<crate::commitment::Priority>,
     ) {
+        self.rt.portfolio().wait_loaded().await;
         let rows = self.rt.portfolio().list((!all).then(|| self.rt.workspace()));
         let priorities = crate::commitment::priorities(&rows, std::time::SystemTime::now());
         (rows, priorities)

@@ -3,10 +3,12 @@
 //! The ledgers stay the truth. A session hands the cache its whole plan
 //! whenever it commits a `commitment` event and when it is loaded
 //! (`put`); a thread of its own writes the file (atomically, off every
-//! lock) after each change, and once more at shutdown. At startup the
-//! file is trusted for ledgers not written to since (less a margin, like
-//! the session index); a ledger written to later (an unclean stop skipped
-//! the save) is read again for its `commitment` lines. Bounded: at most
+//! lock) after each change, and once more at shutdown. When the server
+//! starts, that thread first reads the file back, trusting it for ledgers
+//! not written to since (less a margin, like the session index), and reads
+//! a ledger written to later (an unclean stop skipped the save) again for
+//! its `commitment` lines; listing waits for that (`wait_loaded`), startup
+//! does not. Bounded: at most
 //! `MAX_ROWS` commitments in all; past it the sessions changed longest ago
 //! are left out of the listing (their ledgers still hold them, and
 //! `GET /commitments/:id` still reads them from the session).
@@ -73,6 +75,9 @@ pub struct Portfolio {
     state: Arc<Mutex<State>>,
     tx: SyncSender<Msg>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// True once the file and the ledgers written since are read (on the
+    /// thread, so a large home does not hold up startup).
+    loaded: tokio::sync::watch::Sender<bool>,
 }
 
 fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -80,22 +85,40 @@ fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
 }
 
 impl Portfolio {
-    /// Loads `dir/commitments.json` and reads again the ledgers in `dir`
-    /// written since it was saved; None (the JetStream log, tests): kept in
-    /// memory only, fed by the sessions this server loads. Blocking: startup.
+    /// Starts the thread that loads `dir/commitments.json` and reads again
+    /// the ledgers in `dir` written since it was saved, then writes the file
+    /// after each change; None (the JetStream log, tests): kept in memory
+    /// only, fed by the sessions this server loads.
     pub fn open(dir: Option<&Path>) -> Portfolio {
-        let mut st = State::default();
-        if let Some(dir) = dir {
-            load(dir, &mut st);
-        }
-        let state = Arc::new(Mutex::new(st));
+        let state = Arc::new(Mutex::new(State::default()));
         let (tx, rx) = sync_channel(1);
+        let loaded = tokio::sync::watch::channel(dir.is_none()).0;
         let thread = dir.and_then(|dir| {
-            let (dir, state) = (dir.to_path_buf(), state.clone());
+            let (dir, state, done) = (dir.to_path_buf(), state.clone(), loaded.clone());
             std::thread::Builder::new()
                 .name("vak-portfolio".into())
-                .spawn(move || saver(&dir, &state, rx))
-                .map_err(|e| tracing::error!("commitments are not saved: cannot start their thread: {e}"))
+                .spawn(move || {
+                    let mut read = State::default();
+                    load(&dir, &mut read);
+                    {
+                        // What sessions put meanwhile is newer than any file or scan.
+                        let mut st = lock(&state);
+                        for (id, e) in read.entries {
+                            if !st.entries.contains_key(&id) {
+                                upsert(&mut st, &id, &e.workspace, e.rows);
+                            }
+                        }
+                        st.generation += 1;
+                    }
+                    done.send_replace(true);
+                    saver(&dir, &state, rx)
+                })
+                .map_err(|e| {
+                    loaded.send_replace(true);
+                    tracing::error!(
+                        "commitments are not listed from before this start: cannot start their thread: {e}"
+                    )
+                })
                 .ok()
         });
         Portfolio {
@@ -103,7 +126,14 @@ impl Portfolio {
             state,
             tx,
             thread: Mutex::new(thread),
+            loaded,
         }
+    }
+
+    /// Resolves once what was listed before this start is read back.
+    pub async fn wait_loaded(&self) {
+        let mut rx = self.loaded.subscribe();
+        let _ = rx.wait_for(|l| *l).await;
     }
 
     /// A session's whole plan, as of its latest commit (never waits: the
@@ -445,14 +475,16 @@ mod tests {
         ledger("s2", &[]);
         // No file yet: every ledger is read.
         let p = Portfolio::open(Some(dir.path()));
+        block_on(p.wait_loaded());
         assert_eq!(p.list(Some("/w")).len(), 2);
-        futures_executor_block_on(p.close());
+        block_on(p.close());
         assert!(dir.path().join(FILE).exists());
         // A file that says otherwise than a ledger written since loses to the ledger.
         let mut file: File = serde_json::from_slice(&std::fs::read(dir.path().join(FILE)).unwrap()).unwrap();
         file.sessions[0].rows.truncate(1);
         std::fs::write(dir.path().join(FILE), serde_json::to_vec(&file).unwrap()).unwrap();
         let p = Portfolio::open(Some(dir.path()));
+        block_on(p.wait_loaded());
         assert_eq!(
             p.list(Some("/w")).len(),
             2,
@@ -468,6 +500,7 @@ mod tests {
             .unwrap();
         std::fs::write(dir.path().join(FILE), serde_json::to_vec(&file).unwrap()).unwrap();
         let p = Portfolio::open(Some(dir.path()));
+        block_on(p.wait_loaded());
         assert_eq!(
             p.list(Some("/w")).len(),
             1,
@@ -475,7 +508,7 @@ mod tests {
         );
     }
 
-    fn futures_executor_block_on(f: impl std::future::Future<Output = ()>) {
+    fn block_on(f: impl std::future::Future<Output = ()>) {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

@@ -290,7 +290,7 @@ impl Skills {
         let dir = home.join("skills");
         let mut st = State::default();
         if persist {
-            match std::fs::read(dir.join(FILE)) {
+            match read_capped(&dir.join(FILE)) {
                 Ok(body) => match serde_json::from_slice::<State>(&body) {
                     Ok(s) => st = s,
                     Err(e) => tracing::warn!(
@@ -518,6 +518,22 @@ impl Skills {
     pub fn list(&self, workspace: &Path) -> Result<Vec<Skill>> {
         files::list(&self.home, workspace)
     }
+}
+
+/// More than `MAX_PROPOSALS` proposals and `MAX_SEEN` runs ever take.
+const MAX_FILE: u64 = 8 << 20;
+
+/// The proposals file, refused past `MAX_FILE` (it is not ours then).
+fn read_capped(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut body = Vec::new();
+    std::fs::File::open(path)?
+        .take(MAX_FILE + 1)
+        .read_to_end(&mut body)?;
+    if body.len() as u64 > MAX_FILE {
+        return Err(std::io::Error::other(format!("it is over {MAX_FILE} bytes")));
+    }
+    Ok(body)
 }
 
 fn save(dir: &Path, state: &Mutex<State>) {

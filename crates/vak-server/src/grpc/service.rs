@@ -1005,7 +1005,7 @@ impl AgentService for AgentApi {
         &self,
         r: Request<pb::ListCommitmentsRequest>,
     ) -> Result<Response<pb::CommitmentList>, Status> {
-        ok(self.commitments_listed(r.into_inner()))
+        ok(self.commitments_listed(r.into_inner()).await)
     }
     async fn get_commitment(
         &self,

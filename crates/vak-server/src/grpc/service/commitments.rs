@@ -20,8 +20,8 @@ fn parts(id: &str) -> Result<(&str, &str), Status> {
 }
 
 impl AgentApi {
-    pub(super) fn commitments_listed(&self, r: pb::ListCommitmentsRequest) -> pb::CommitmentList {
-        let (rows, priorities) = self.control().commitments(r.all);
+    pub(super) async fn commitments_listed(&self, r: pb::ListCommitmentsRequest) -> pb::CommitmentList {
+        let (rows, priorities) = self.control().commitments(r.all).await;
         pb::CommitmentList {
             commitments: rows.into_iter().map(commitment).collect(),
             priorities: priorities.into_iter().map(priority).collect(),
