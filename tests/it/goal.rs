@@ -167,3 +167,31 @@ async fn stop_cancels_the_run_and_a_request_for_bypass_changes_nothing() {
     assert_eq!(a["state"], "started");
     sse.until("run_finished").await;
 }
+
+#[tokio::test]
+async fn steering_before_the_first_leg_starts_is_part_of_that_chains_goal() {
+    // Nobody watches yet: the admitted chain waits for a first subscriber
+    // (long enough here that it is the test that ends the wait).
+    let s =
+        TestServer::start_with(|c| c.core.first_subscriber_wait = std::time::Duration::from_secs(60)).await;
+    let sid = s.create_session().await;
+    let (status, _) = s.run(&sid, "write the docs").await;
+    assert_eq!(status, 202);
+    assert_eq!(steer(&s, &sid, "also add a README").await, "queued");
+    let mut sse = s.events(&sid, Some(0)).await;
+    let frames = sse.until("run_finished").await;
+    let kinds: Vec<&str> = frames
+        .iter()
+        .map(|f| f.event.as_str())
+        .filter(|k| *k == "goal_update" || *k == "user_message")
+        .collect();
+    assert_eq!(
+        kinds,
+        ["goal_update", "user_message", "user_message"],
+        "the update came before the first leg"
+    );
+    let g = goal(&s, &sid).await;
+    assert_eq!(g["objective"], "write the docs");
+    assert_eq!(g["additions"], json!(["also add a README"]));
+    assert_eq!(g["updates"].as_array().unwrap().len(), 1);
+}

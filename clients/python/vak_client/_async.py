@@ -79,6 +79,15 @@ from vak_client._commitments import (
     call_get_commitment,
     call_list_commitments,
 )
+from vak_client._intent_skills import (
+    call_create_skill_proposal,
+    call_explain_intent,
+    call_intent_policy,
+    call_list_skill_proposals,
+    call_list_skills,
+    call_promote_skill_proposal,
+    call_reject_skill_proposal,
+)
 from vak_client._tasks import (
     call_create_task,
     call_delete_task,
@@ -580,6 +589,46 @@ class AsyncClient(ClientConfig):
 
     async def close_commitment(self, commitment_id: str, verdict: str, note: str | None = None) -> agent_pb2.Commitment:
         return await self._unary(call_close_commitment(commitment_id, verdict, note))
+
+    # -- intent: how a prompt reads before it runs (docs/protocol.md section 39) --
+
+    async def explain_intent(
+        self,
+        prompt: str,
+        *,
+        surface: str | None = None,
+        act: str | None = None,
+        horizon: str | None = None,
+        stakes: str | None = None,
+        evidence: Iterable[str] | None = None,
+    ) -> agent_pb2.IntentExplanation:
+        return await self._unary(
+            call_explain_intent(prompt, surface=surface, act=act, horizon=horizon, stakes=stakes, evidence=evidence)
+        )
+
+    async def intent_policy(self) -> agent_pb2.IntentPolicy:
+        return await self._unary(call_intent_policy())
+
+    # -- learned skills (docs/protocol.md section 41) ---------------------
+
+    async def list_skills(self) -> agent_pb2.SkillList:
+        return await self._unary(call_list_skills())
+
+    async def list_skill_proposals(self) -> agent_pb2.SkillProposals:
+        return await self._unary(call_list_skill_proposals())
+
+    async def create_skill_proposal(
+        self, from_session: str, *, seq_range: tuple[int, int] | None = None, name: str | None = None
+    ) -> agent_pb2.SkillProposal:
+        return await self._unary(call_create_skill_proposal(from_session, seq_range=seq_range, name=name))
+
+    async def promote_skill_proposal(
+        self, proposal_id: str, *, scope: str | None = None, name: str | None = None
+    ) -> agent_pb2.Skill:
+        return await self._unary(call_promote_skill_proposal(proposal_id, scope=scope, name=name))
+
+    async def reject_skill_proposal(self, proposal_id: str) -> agent_pb2.SkillProposal:
+        return await self._unary(call_reject_skill_proposal(proposal_id))
 
     async def cancel(self, session_id: str) -> agent_pb2.CancelResponse:
         return await self._unary(call_cancel(session_id))

@@ -78,6 +78,15 @@ from vak_client._commitments import (
     call_get_commitment,
     call_list_commitments,
 )
+from vak_client._intent_skills import (
+    call_create_skill_proposal,
+    call_explain_intent,
+    call_intent_policy,
+    call_list_skill_proposals,
+    call_list_skills,
+    call_promote_skill_proposal,
+    call_reject_skill_proposal,
+)
 from vak_client._tasks import (
     call_create_task,
     call_delete_task,
@@ -773,6 +782,78 @@ class Client(ClientConfig):
         "evidence_missing", whose message names each missing piece; one
         already closed is 409 with `reason` "already_closed"."""
         return self._unary(call_close_commitment(commitment_id, verdict, note))
+
+    # -- intent: how a prompt reads before it runs (docs/protocol.md section 39) --
+
+    def explain_intent(
+        self,
+        prompt: str,
+        *,
+        surface: str | None = None,
+        act: str | None = None,
+        horizon: str | None = None,
+        stakes: str | None = None,
+        evidence: Iterable[str] | None = None,
+    ) -> agent_pb2.IntentExplanation:
+        """Reads `prompt` without running it (no model call, nothing written):
+        `reading` (`act`, `horizon`, `stakes`, `evidence`, and the `signals`
+        that set them: `field`, `value`, `because`), the `engagement` that
+        implies (`mode`, `tools`, `approvals`, `route`, `plan_first`,
+        `read_only`) and `baseline_diff`, how it differs from bypass mode
+        with every tool. `surface` ("api", "app", "term", "ide", "task"),
+        `act`, `horizon`, `stakes` (by their JSON names) and `evidence` (a
+        list of "tool_ok", "file_changed", "approval"; `[]`: none) are what
+        the caller already knows and win over the words; None leaves one to
+        the words. A name no enum has is `VakError` 400 before any call."""
+        return self._unary(
+            call_explain_intent(prompt, surface=surface, act=act, horizon=horizon, stakes=stakes, evidence=evidence)
+        )
+
+    def intent_policy(self) -> agent_pb2.IntentPolicy:
+        """The `[intent]` and `[commitment]` policy in effect (`intent`:
+        `high_stakes_mode`, `read_only_acts`, `plan_first_at`; `commitment`:
+        `require_evidence`), and each value's `sources` (`key`, `source`:
+        "default" or "file")."""
+        return self._unary(call_intent_policy())
+
+    # -- learned skills (docs/protocol.md section 41) ---------------------
+
+    def list_skills(self) -> agent_pb2.SkillList:
+        """The skills promoted for the server's `workspace`, its own then the
+        home's (`skills`: `name`, `description`, `kind` "prompt" or "script",
+        `body`, `scope` "workspace" or "global", `path`)."""
+        return self._unary(call_list_skills())
+
+    def list_skill_proposals(self) -> agent_pb2.SkillProposals:
+        """Every kept skill proposal, oldest first (`proposals`: `id`, `name`,
+        `body`, `kind`, `source` (`session`, `seqs`), `duplicate_of`, `tags`,
+        `state` "pending", "promoted" or "rejected", `workspace`, ...). A tool
+        sequence completed twice in a workspace makes one, shortly after the
+        second run finishes."""
+        return self._unary(call_list_skill_proposals())
+
+    def create_skill_proposal(
+        self, from_session: str, *, seq_range: tuple[int, int] | None = None, name: str | None = None
+    ) -> agent_pb2.SkillProposal:
+        """A proposal made at once from the messages of `from_session` with
+        seq in `seq_range` (`(from, to)`, inclusive; None: the whole
+        session), named `name` (None: from its body's first words)."""
+        return self._unary(call_create_skill_proposal(from_session, seq_range=seq_range, name=name))
+
+    def promote_skill_proposal(
+        self, proposal_id: str, *, scope: str | None = None, name: str | None = None
+    ) -> agent_pb2.Skill:
+        """Writes a pending proposal as a skill file, in its workspace's
+        `.vak/skills/` (`scope` "workspace", the default) or the home's
+        (`scope="global"`), under `name` when given; answers the `Skill`.
+        `VakError` 409 with `reason` "skill_exists" when a skill there has
+        the name, "proposal_settled" when it was promoted or rejected."""
+        return self._unary(call_promote_skill_proposal(proposal_id, scope=scope, name=name))
+
+    def reject_skill_proposal(self, proposal_id: str) -> agent_pb2.SkillProposal:
+        """Settles a pending proposal without a file; answers it ("rejected").
+        `VakError` 409 with `reason` "proposal_settled" when already settled."""
+        return self._unary(call_reject_skill_proposal(proposal_id))
 
     def cancel(self, session_id: str) -> agent_pb2.CancelResponse:
         """Stops the run in flight and discards queued input."""

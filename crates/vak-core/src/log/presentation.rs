@@ -282,6 +282,10 @@ pub struct Presenter {
     /// A turn chain is live: its next user_message is a leg, not a new goal.
     #[serde(default)]
     chain: bool,
+    /// Goal updates of a chain admitted but not started yet (it waits for a
+    /// first subscriber): folded into its goal when its first prompt comes.
+    #[serde(default)]
+    early: Vec<crate::goal::GoalUpdate>,
 }
 
 impl Presenter {
@@ -290,6 +294,7 @@ impl Presenter {
             timeline: Timeline::new(session_id),
             open: None,
             chain: false,
+            early: Vec::new(),
         }
     }
 
@@ -398,7 +403,12 @@ impl Presenter {
                 // were read as goal updates when they were admitted.
                 if !self.chain {
                     self.chain = true;
-                    self.set_goal(crate::goal::GoalState::new(text), seq, &mut out);
+                    let mut goal = crate::goal::GoalState::new(text);
+                    for u in std::mem::take(&mut self.early) {
+                        let at = u.at_seq;
+                        goal.apply(at, &u);
+                    }
+                    self.set_goal(goal, seq, &mut out);
                 }
                 let mut item = Item::new(
                     ItemKind::UserInput,
@@ -552,12 +562,21 @@ impl Presenter {
                     }
                 }
             }
-            ClientEvent::GoalUpdate { update } => {
-                if let Some(mut goal) = self.timeline.goal.take() {
+            ClientEvent::GoalUpdate { update } => match self.timeline.goal.take() {
+                Some(mut goal) if self.chain => {
                     goal.apply(seq, update);
                     self.set_goal(goal, seq, &mut out);
                 }
-            }
+                // Steering of a chain whose first leg has not started yet.
+                other => {
+                    self.timeline.goal = other;
+                    if self.early.len() < crate::goal::MAX_UPDATES {
+                        let mut u = (**update).clone();
+                        u.at_seq = seq;
+                        self.early.push(u);
+                    }
+                }
+            },
             // A turn_started inside a run: the model's stream broke and the
             // turn starts over; what it had streamed stays, marked so.
             ClientEvent::TurnStarted { .. } => self.close_open_as(ItemStatus::Interrupted, seq, &mut out),
@@ -766,6 +785,39 @@ mod tests {
         assert_eq!((t.items[1].status.as_str(), t.items[1].seq), ("completed", 5));
         assert_eq!(t.items[2].kind, ItemKind::FinalResult);
         assert_eq!(t.seq, 5);
+    }
+
+    #[test]
+    fn steering_before_the_first_leg_starts_is_folded_into_that_chains_goal() {
+        use crate::goal::{Control, GoalUpdate, Relation};
+        let mut p = Presenter::new("s");
+        let update = |relation, text: &str| ClientEvent::GoalUpdate {
+            update: Box::new(GoalUpdate {
+                relation,
+                text: text.into(),
+                signals: Vec::new(),
+                request_id: "r".into(),
+                widens_permissions: false,
+                at_seq: 0,
+            }),
+        };
+        // The chain waits for a first subscriber; steering comes meanwhile.
+        assert!(p.apply(1, &update(Relation::Add, "also a README")).is_empty());
+        p.apply(2, &update(Relation::Pause, "pause"));
+        let ev = p.apply(
+            3,
+            &ClientEvent::UserMessage {
+                text: "write docs".into(),
+                request_id: "r0".into(),
+                attachments: Vec::new(),
+            },
+        );
+        assert!(ev.iter().any(|e| e.kind() == "goal"));
+        let goal = p.timeline().goal.as_ref().unwrap();
+        assert_eq!(goal.objective, "write docs");
+        assert_eq!(goal.additions, ["also a README"]);
+        assert_eq!(goal.control, Control::Paused);
+        assert_eq!(goal.updates.iter().map(|u| u.at_seq).collect::<Vec<_>>(), [1, 2]);
     }
 
     #[test]
