@@ -121,6 +121,15 @@ class Server:
             self.proc.wait(timeout=5)
 
 
+def serving(server: Server) -> Iterator[Server]:
+    """Yields `server` to a fixture, then stops it with SIGTERM: the test fails unless it exits cleanly."""
+    try:
+        yield server
+    finally:
+        rc = server.terminate()
+        assert rc == 0, f"vak serve exited with {rc} after SIGTERM:\n{server.output()}"
+
+
 class Proxy:
     """A TCP proxy on 127.0.0.1:0 in front of `port`. `cut()` shuts down
     every connection it carries (both sides); `hold()` also makes it close

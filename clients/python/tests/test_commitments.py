@@ -15,7 +15,7 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 
 import pytest
-from helpers import STEP, Server, finished, kind, take_until
+from helpers import STEP, Server, finished, kind, serving, take_until
 from helpers import run_async as run
 from helpers import take_until_async
 
@@ -29,11 +29,7 @@ MISSING_BASH = "tool_ok: a cited `bash` call that ended successfully"
 @pytest.fixture(scope="module")
 def plan_vak(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     server = Server(tmp_path_factory.mktemp("vak-commitments"), "--allow-bypass", "--permission-mode", "bypass")
-    try:
-        yield server
-    finally:
-        rc = server.terminate()
-        assert rc == 0, f"vak serve exited with {rc} after SIGTERM:\n{server.output()}"
+    yield from serving(server)
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import STEP, Server, finished, kind, take_until
+from helpers import STEP, Server, finished, kind, serving, take_until
 from helpers import run_async as run
 
 from vak_client import AsyncClient, Client, Event, VakError, agent_pb2, enum_json_name, json_name
@@ -31,11 +31,7 @@ from vak_client import AsyncClient, Client, Event, VakError, agent_pb2, enum_jso
 @pytest.fixture(scope="module")
 def skills_vak(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     server = Server(tmp_path_factory.mktemp("vak-skills"), "--allow-bypass", "--permission-mode", "bypass")
-    try:
-        yield server
-    finally:
-        rc = server.terminate()
-        assert rc == 0, f"vak serve exited with {rc} after SIGTERM:\n{server.output()}"
+    yield from serving(server)
 
 
 @pytest.fixture

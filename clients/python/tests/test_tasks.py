@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from helpers import STEP, Server, finished, kind, take_until
+from helpers import STEP, Server, finished, kind, serving, take_until
 
 from vak_client import AsyncClient, Client, Event, VakError, agent_pb2, json_name
 
@@ -20,11 +20,7 @@ from vak_client import AsyncClient, Client, Event, VakError, agent_pb2, json_nam
 @pytest.fixture(scope="module")
 def tasks_vak(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     server = Server(tmp_path_factory.mktemp("vak-tasks"))
-    try:
-        yield server
-    finally:
-        rc = server.terminate()
-        assert rc == 0, f"vak serve exited with {rc} after SIGTERM:\n{server.output()}"
+    yield from serving(server)
 
 
 @pytest.fixture

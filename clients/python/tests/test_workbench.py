@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from helpers import STEP, Server
+from helpers import STEP, Server, serving
 
 from vak_client import AsyncClient, Client, VakError, json_name
 
@@ -38,11 +38,7 @@ def bench_vak(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         server = Server(tmp_path_factory.mktemp("vak-workbench"))
     (server.workspace / ".vak").mkdir()
     (server.workspace / ".vak" / "launch.toml").write_text(LAUNCH_TOML)
-    try:
-        yield server
-    finally:
-        rc = server.terminate()
-        assert rc == 0, f"vak serve exited with {rc} after SIGTERM:\n{server.output()}"
+    yield from serving(server)
 
 
 @pytest.fixture

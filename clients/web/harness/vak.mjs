@@ -1,6 +1,8 @@
 // Starts `vak serve` on a free loopback port for a test and stops it again.
 import { spawn } from "node:child_process";
-import { existsSync } from "node:fs";
+import { randomBytes } from "node:crypto";
+import { existsSync, mkdirSync, mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -13,6 +15,32 @@ export function vakBin() {
     throw new Error(`no vak binary at ${bin}: run \`cargo build\` in ${repo} or set VAK_BIN`);
   }
   return bin;
+}
+
+/**
+ * `startVak` with a fresh home and workspace in a temporary folder named
+ * from `prefix` and a random token. Resolves to { vak, token, tmp, stop() };
+ * `stop` stops the server and removes the folder.
+ */
+export async function startTempVak(prefix, args = []) {
+  const tmp = mkdtempSync(join(tmpdir(), prefix));
+  mkdirSync(join(tmp, "workspace"));
+  const token = randomBytes(24).toString("hex");
+  try {
+    const vak = await startVak(["--home", join(tmp, "home"), "--workspace", join(tmp, "workspace"), "--token", token, ...args]);
+    return {
+      vak,
+      token,
+      tmp,
+      async stop() {
+        await vak.stop();
+        rmSync(tmp, { recursive: true, force: true });
+      },
+    };
+  } catch (e) {
+    rmSync(tmp, { recursive: true, force: true });
+    throw e;
+  }
 }
 
 /**

@@ -13,10 +13,6 @@
 //   VAK_BIN   the vak binary (default: <repo>/target/debug/vak)
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { randomBytes } from "node:crypto";
-import { mkdirSync, mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
 import { Code, ConnectError } from "@connectrpc/connect";
 import {
   CommitmentChange,
@@ -34,7 +30,7 @@ import {
   Verdict,
   fromVakJson,
 } from "../dist/index.js";
-import { startVak } from "../harness/vak.mjs";
+import { startTempVak } from "../harness/vak.mjs";
 
 const fromVakJsonOf = (schema, obj) => fromVakJson(schema, JSON.stringify(obj));
 
@@ -94,19 +90,15 @@ describe("fromVakJson reads the JSON of commitments", () => {
 });
 
 describe("commitments against a live vak serve", () => {
-  let tmp, vak, client;
+  let served, client;
 
   before(async () => {
-    tmp = mkdtempSync(join(tmpdir(), "vak-commitments-"));
-    mkdirSync(join(tmp, "workspace"));
-    const token = randomBytes(24).toString("hex");
-    vak = await startVak(["--home", join(tmp, "home"), "--workspace", join(tmp, "workspace"), "--token", token, "--allow-bypass", "--permission-mode", "bypass"]);
-    client = createAgentClient({ baseUrl: vak.url, token, timeoutMs: 20_000 });
+    served = await startTempVak("vak-commitments-", ["--allow-bypass", "--permission-mode", "bypass"]);
+    client = createAgentClient({ baseUrl: served.vak.url, token: served.token, timeoutMs: 20_000 });
   });
 
   after(async () => {
-    await vak?.stop();
-    if (tmp) rmSync(tmp, { recursive: true, force: true });
+    await served?.stop();
   });
 
   /** Runs `prompt` in a session; the session's events on its gRPC-web stream up to the run's end. */

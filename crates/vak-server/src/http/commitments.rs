@@ -98,16 +98,9 @@ async fn policy(State(st): State<AppState>) -> Response {
 }
 
 async fn list(State(st): State<AppState>, q: Query) -> Response {
-    let all = match q.get("all").map(String::as_str) {
-        None | Some("false") => false,
-        Some("true") => true,
-        Some(_) => {
-            return json_error(
-                StatusCode::BAD_REQUEST,
-                "invalid_argument",
-                "all must be true or false",
-            )
-        }
+    let all = match super::state::all_flag(&q) {
+        Ok(a) => a,
+        Err(e) => return *e,
     };
     let req = pb::ListCommitmentsRequest { all };
     reply(StatusCode::OK, st.api.list_commitments(Request::new(req)).await)

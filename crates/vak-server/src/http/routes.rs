@@ -519,16 +519,9 @@ async fn search(State(st): State<AppState>, q: Query) -> Response {
         Ok(l) => l,
         Err(e) => return *e,
     };
-    let all = match q.get("all").map(String::as_str) {
-        None | Some("false") => false,
-        Some("true") => true,
-        Some(_) => {
-            return json_error(
-                StatusCode::BAD_REQUEST,
-                "invalid_argument",
-                "all must be true or false",
-            )
-        }
+    let all = match super::state::all_flag(&q) {
+        Ok(a) => a,
+        Err(e) => return *e,
     };
     let req = pb::SearchRequest {
         q: q.get("q").cloned().unwrap_or_default(),

@@ -97,6 +97,19 @@ pub(super) fn session_mismatch(path: &str, body: &mut String) -> Option<Response
 
 /// The path names the resource (`field` in the body); a body that names
 /// another one is refused, an empty one takes the path's.
+/// A `?all=` flag: absent or `false` is false, `true` true, else a 400.
+pub(super) fn all_flag(q: &Query) -> Result<bool, Box<Response>> {
+    match q.get("all").map(String::as_str) {
+        None | Some("false") => Ok(false),
+        Some("true") => Ok(true),
+        Some(_) => Err(Box::new(json_error(
+            StatusCode::BAD_REQUEST,
+            "invalid_argument",
+            "all must be true or false",
+        ))),
+    }
+}
+
 pub(super) fn path_mismatch(field: &str, path: &str, body: &mut String) -> Option<Response> {
     if !body.is_empty() && body != path {
         return Some(json_error(
