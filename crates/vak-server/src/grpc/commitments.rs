@@ -120,3 +120,34 @@ fn change(c: Change) -> pb::CommitmentChange {
         Change::Closed => pb::CommitmentChange::Closed,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_core_value_has_the_proto_value_of_its_wire_name() {
+        for s in [
+            PlanStatus::Pending,
+            PlanStatus::InProgress,
+            PlanStatus::Done,
+            PlanStatus::Dropped,
+        ] {
+            assert_eq!(plan_status(s).json_name(), s.as_str());
+        }
+        for v in [Verdict::Fulfilled, Verdict::Abandoned, Verdict::Superseded] {
+            assert_eq!(verdict(v).json_name(), v.as_str());
+            assert_eq!(verdict_in(verdict(v) as i32), Some(v));
+        }
+        assert_eq!(verdict_in(0), None);
+        assert_eq!(verdict_in(99), None);
+        for s in [Stakes::Low, Stakes::Medium, Stakes::High] {
+            assert_eq!(stakes(s).json_name(), s.as_str());
+        }
+        for c in [Change::Created, Change::Updated, Change::Closed] {
+            assert_eq!(change(c).json_name(), c.as_str());
+        }
+        let r = requirement(Requirement::FileChanged { path: "a".into() });
+        assert_eq!(r.kind().json_name(), "file_changed");
+    }
+}

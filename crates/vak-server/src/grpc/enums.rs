@@ -312,7 +312,7 @@ mod tests {
         use AdmissionState as A;
         same_names(
             "vak.v1.AdmissionState",
-            &[A::Started, A::Queued, A::Duplicate],
+            &[A::Started, A::Queued, A::Duplicate, A::Applied],
             |c| c.as_str().into(),
             |c| admission_state(c).json_name(),
         );
@@ -484,6 +484,7 @@ mod tests {
                 K::Approval,
                 K::FinalResult,
                 K::Background,
+                K::PlanItem,
             ],
             |c| c.as_str().into(),
             |c| item_kind(c).json_name(),

@@ -44,3 +44,32 @@ pub(crate) fn state(g: GoalState) -> pb::GoalState {
         updates: g.updates.into_iter().map(update).collect(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_core_value_has_the_proto_value_of_its_wire_name() {
+        use Relation as R;
+        for r in [
+            R::Add,
+            R::Correct,
+            R::Replace,
+            R::Pause,
+            R::Resume,
+            R::Reprioritise,
+            R::Cancel,
+        ] {
+            assert_eq!(relation(r).json_name(), r.as_str());
+        }
+        for c in [
+            Control::Running,
+            Control::Paused,
+            Control::Cancelled,
+            Control::Done,
+        ] {
+            assert_eq!(control(c).json_name(), c.as_str());
+        }
+    }
+}

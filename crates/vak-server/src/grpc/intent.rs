@@ -170,3 +170,51 @@ pub(crate) fn policy(workspace: &str, p: &Policy) -> pb::IntentPolicy {
             .collect(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_core_value_has_the_proto_value_of_its_wire_name() {
+        for a in Act::ALL {
+            assert_eq!(act(a).json_name(), a.as_str());
+        }
+        for h in [Horizon::Now, Horizon::Session, Horizon::Scheduled] {
+            assert_eq!(horizon(h).json_name(), h.as_str());
+        }
+        for s in [
+            Surface::Api,
+            Surface::App,
+            Surface::Term,
+            Surface::Ide,
+            Surface::Task,
+        ] {
+            assert_eq!(surface(s).json_name(), s.as_str());
+        }
+        for k in [
+            EvidenceKind::ToolOk,
+            EvidenceKind::FileChanged,
+            EvidenceKind::Approval,
+        ] {
+            assert_eq!(evidence(k).json_name(), k.as_str());
+        }
+        // A request's values come back as the core's.
+        let r = pb::ExplainIntentRequest {
+            act: pb::Act::Review as i32,
+            surface: pb::IntentSurface::Task as i32,
+            evidence: Some(pb::EvidenceKinds { kinds: vec![] }),
+            ..Default::default()
+        };
+        let (s, g) = given(&r).unwrap();
+        assert_eq!(
+            (s, g.act, g.evidence),
+            (Surface::Task, Some(Act::Review), Some(vec![]))
+        );
+        assert!(given(&pb::ExplainIntentRequest {
+            act: 42,
+            ..Default::default()
+        })
+        .is_err());
+    }
+}
