@@ -544,6 +544,14 @@ async fn bad_requests_get_structured_errors() {
         .await
         .unwrap();
     assert_eq!(r.status(), 400);
+    // A malformed ?after= is refused also when a valid Last-Event-ID wins.
+    let r = h
+        .get(format!("{u}/sessions/{sid}/events?after=false"))
+        .header("last-event-id", "0")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
 
     let r = h.get(format!("{u}/no/such/route")).send().await.unwrap();
     assert_eq!(r.status(), 404);

@@ -121,18 +121,23 @@ pub(crate) async fn events(
         Ok(Query(q)) => q,
         Err(e) => return bad(format!("malformed query: {e}")),
     };
-    // A browser's reconnect sends Last-Event-ID while its URL keeps the
-    // original ?after=, so the header is the fresher cursor.
-    let raw = match headers.get("last-event-id") {
-        Some(v) => match v.to_str() {
-            Ok(s) => Some(s.to_string()),
-            Err(_) => return bad("malformed Last-Event-ID header".into()),
-        },
-        None => query.get("after").cloned(),
-    };
-    let after = match raw.map(|r| parse_cursor(&r)).transpose() {
+    // A malformed ?after= is refused even when the header wins below.
+    let from_query = match query.get("after").map(|r| parse_cursor(r)).transpose() {
         Ok(a) => a,
         Err(m) => return bad(m),
+    };
+    // A browser's reconnect sends Last-Event-ID while its URL keeps the
+    // original ?after=, so the header is the fresher cursor.
+    let after = match headers.get("last-event-id") {
+        Some(v) => match v
+            .to_str()
+            .map_err(|_| "malformed Last-Event-ID header".to_string())
+            .and_then(parse_cursor)
+        {
+            Ok(a) => Some(a),
+            Err(m) => return bad(m),
+        },
+        None => from_query,
     };
     let req = sse_request(
         pb::SubscribeRequest {
