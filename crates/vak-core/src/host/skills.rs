@@ -502,7 +502,7 @@ impl Skills {
             scope,
             path: files::dir(&self.home, workspace, scope).join(format!("{name}.md")),
         };
-        files::write(&skill)?;
+        files::write(&skill, workspace)?;
         self.settle(id, ProposalState::Promoted);
         Ok(skill)
     }

@@ -141,9 +141,25 @@ pub fn read_skill(path: &Path, scope: Scope) -> Result<Option<Skill>> {
     Ok(parse(&text, scope, path))
 }
 
+/// Whether `.vak` and `.vak/skills` of `workspace` are plain folders (not
+/// symlinks, which a hostile repository could point anywhere).
+fn plain_folders(workspace: &Path) -> bool {
+    let plain = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_dir());
+    let vak = workspace.join(".vak");
+    plain(&vak) && plain(&vak.join("skills"))
+}
+
 /// The skills for `workspace`: its own, then the home's (a name both have is the workspace's). Blocking.
 pub fn list(home: &Path, workspace: &Path) -> Result<Vec<Skill>> {
-    let mut out = read_dir(&dir(home, workspace, Scope::Workspace), Scope::Workspace);
+    let own = dir(home, workspace, Scope::Workspace);
+    let mut out = if plain_folders(workspace) {
+        read_dir(&own, Scope::Workspace)
+    } else {
+        if std::fs::symlink_metadata(&own).is_ok() {
+            tracing::warn!(dir = %own.display(), "the workspace's skills folder (or .vak) is a symlink: its skills are not read");
+        }
+        Vec::new()
+    };
     for s in read_dir(&dir(home, workspace, Scope::Global), Scope::Global) {
         if !out.iter().any(|o| o.name == s.name) {
             out.push(s);
@@ -152,8 +168,12 @@ pub fn list(home: &Path, workspace: &Path) -> Result<Vec<Skill>> {
     Ok(out)
 }
 
-/// Writes `s` at its path, never over a file already there. Blocking.
-pub(crate) fn write(s: &Skill) -> Result<()> {
+/// Writes `s` at its path, never over a file already there; in a
+/// workspace, confined to it (no symlink leads the write out). Blocking.
+pub(crate) fn write(s: &Skill, workspace: &Path) -> Result<()> {
+    if s.scope == Scope::Workspace {
+        return write_beneath(s, workspace);
+    }
     let dir = s
         .path
         .parent()
@@ -176,6 +196,36 @@ pub(crate) fn write(s: &Skill) -> Result<()> {
         }
         Err(e) => return Err(Error::internal(format!("cannot write {}: {e}", s.path.display()))),
     };
+    f.write_all(render(s).as_bytes())
+        .and_then(|()| f.sync_all())
+        .map_err(|e| Error::internal(format!("cannot write {}: {e}", s.path.display())))
+}
+
+fn write_beneath(s: &Skill, workspace: &Path) -> Result<()> {
+    use crate::workspace::{explain, make_dir_beneath, open_beneath, open_root};
+    let file = format!("{}.md", s.name);
+    let parts = [".vak", "skills", file.as_str()];
+    let refused =
+        |e: String| Error::invalid(format!("cannot write the skill in {}: {e}", workspace.display()));
+    let root = open_root(workspace).map_err(refused)?;
+    for depth in 1..=2 {
+        make_dir_beneath(&root, &parts[..depth])
+            .map_err(|e| refused(explain(&parts[..depth].join("/"), "create", e)))?;
+    }
+    let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    let fd = match open_beneath(&root, &parts, flags, 0o644) {
+        Ok(fd) => fd,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            return Err(Error::conflict(format!(
+                "a skill named {} already exists ({}): promote it under another name",
+                s.name,
+                s.path.display()
+            ))
+            .with_reason("skill_exists"))
+        }
+        Err(e) => return Err(refused(explain(&parts.join("/"), "write", e))),
+    };
+    let mut f = std::fs::File::from(fd);
     f.write_all(render(s).as_bytes())
         .and_then(|()| f.sync_all())
         .map_err(|e| Error::internal(format!("cannot write {}: {e}", s.path.display())))

@@ -138,3 +138,31 @@ fn skill_files_round_trip_and_hostile_ones_are_skipped() {
     );
     assert_eq!(listed[0].body, "say hi");
 }
+
+#[test]
+fn a_symlinked_skills_folder_is_neither_read_nor_written_through() {
+    let home = tempfile::tempdir().unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(
+        outside.path().join("x.md"),
+        "---\nname: x\nkind: prompt\n---\nhi\n",
+    )
+    .unwrap();
+    std::fs::create_dir(ws.path().join(".vak")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), ws.path().join(".vak/skills")).unwrap();
+    assert!(
+        list(home.path(), ws.path()).unwrap().is_empty(),
+        "not read through the symlink"
+    );
+    let skills = Skills::open(home.path(), false);
+    let p = skills
+        .propose(&run("a", ws.path(), &["echo hi"]), Some("echo-hi"))
+        .unwrap();
+    let e = skills.promote(&p.id, Scope::Workspace, None).unwrap_err();
+    assert!(e.message.contains("cannot write the skill"), "{e:?}");
+    assert!(
+        !outside.path().join("echo-hi.md").exists(),
+        "nothing written outside the workspace"
+    );
+}
