@@ -67,6 +67,7 @@ mod stream;
 mod tasks;
 mod term;
 mod term_background;
+mod term_skills;
 mod term_stop;
 mod term_workers;
 mod tools;

@@ -1,6 +1,6 @@
 //! Learned skills against a real server (issue 35): a tool sequence run twice yields one proposal;
 //! promoting it writes `.vak/skills/<name>.md` and makes `skill__<name>` a tool the model calls (a
-//! script skill runs its commands); a near-copy of a promoted skill carries `duplicate-of`; a person
+//! script skill runs its commands; a `/<name>` prompt line is that call); a near-copy of a promoted skill carries `duplicate-of`; a person
 //! can ask for a proposal from a session; settled proposals and taken names are 409s.
 
 use crate::support::TestServer;
@@ -79,6 +79,18 @@ async fn a_repeated_tool_sequence_is_proposed_and_once_promoted_its_tool_runs() 
     // The model can call it: a script skill runs its commands as one bash call.
     let ran = run(&s, &sid, "/call skill__echo-twice {}").await;
     assert_eq!(ran["result"]["answer"], "result: one\ntwo\n", "{ran}");
+    // And a person types it as a slash command: `/echo-twice` is that call.
+    let slash = run(&s, &sid, "/echo-twice").await;
+    assert_eq!(slash["result"]["answer"], "result: one\ntwo\n", "{slash}");
+    let (_, t) = s.get(&format!("/sessions/{sid}/transcript")).await;
+    let last_call = t["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "tool")
+        .unwrap();
+    assert_eq!(last_call["tool"], "skill__echo-twice", "{last_call}");
 
     // A near-copy of it, asked for from the first run's messages, is screened as one.
     let range = json!({"from": first["after_seq"].as_u64().unwrap() + 1, "to": first["result"]["seq"]});

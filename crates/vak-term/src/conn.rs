@@ -188,6 +188,9 @@ impl Transport for Reloading {
             Box::pin(async move { t.list_workers(&sid).await })
         }))
     }
+    fn list_skills(&self) -> Fut<'_, Vec<pb::Skill>> {
+        Box::pin(self.call(move |t| Box::pin(async move { t.list_skills().await })))
+    }
     fn subscribe(&self, session_id: &str, after: Option<u64>) -> Fut<'_, Events> {
         let sid = session_id.to_string();
         Box::pin(self.call(move |t| {
@@ -541,6 +544,9 @@ mod tests {
             Box::pin(async { Err(Failure::fatal("unused")) })
         }
         fn list_workers(&self, _: &str) -> Fut<'_, Vec<pb::Worker>> {
+            Box::pin(async { Err(Failure::fatal("unused")) })
+        }
+        fn list_skills(&self) -> Fut<'_, Vec<pb::Skill>> {
             Box::pin(async { Err(Failure::fatal("unused")) })
         }
         fn presentation(&self, session_id: &str) -> Fut<'_, pb::OutputTimeline> {

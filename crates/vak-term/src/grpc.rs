@@ -185,6 +185,17 @@ impl Transport for Grpc {
         })
     }
 
+    fn list_skills(&self) -> Fut<'_, Vec<pb::Skill>> {
+        Box::pin(async move {
+            let r = self
+                .client()
+                .list_skills(pb::ListSkillsRequest {})
+                .await
+                .map_err(failure)?;
+            Ok(r.into_inner().skills)
+        })
+    }
+
     fn list_workers(&self, session_id: &str) -> Fut<'_, Vec<pb::Worker>> {
         let sid = session_id.to_string();
         Box::pin(async move {

@@ -24,6 +24,8 @@ pub(crate) const HELP: &[&str] = &[
     "  /help           this list",
     "  /show [N]       the last tool output in full; /show N the Nth (a collapsed entry names its N)",
     "  /workers        the session's workers and best-of-N candidates: state, branch, diff stat",
+    "  /skills         the skills promoted for the server's workspace: each is a slash command,",
+    "                  /NAME [ARGUMENTS], that asks the model to use it (the line goes to the model)",
     "  /exit, /quit    leave vak term; the session, and a run going on, stay on the server",
     "                  (vak term --session ID attaches again)",
     "  //text          sends /text to the model (//help sends \"/help\")",
@@ -51,6 +53,8 @@ pub(crate) enum Command {
     BadShow,
     /// `/workers`: the session's children.
     Workers,
+    /// `/skills`: the promoted skills, each a slash command.
+    Skills,
     /// Text for the model (a prompt, or steering while a run is going).
     Send(String),
 }
@@ -66,6 +70,7 @@ pub(crate) fn command(line: &str) -> Command {
         "/exit" | "/quit" => Command::Exit,
         "/show" => Command::Show(None),
         "/workers" => Command::Workers,
+        "/skills" => Command::Skills,
         t => match t.strip_prefix("/show ") {
             Some(n) => match n.trim().parse::<usize>() {
                 Ok(n) if n > 0 => Command::Show(Some(n)),
@@ -107,6 +112,11 @@ enum Notice {
     Always(pb::PermissionRule),
     /// What `/workers` asked for.
     Workers(Vec<pb::Worker>),
+    /// The promoted skills: asked for with `/skills`, or looked up at the start.
+    Skills {
+        skills: Vec<pb::Skill>,
+        asked: bool,
+    },
 }
 
 struct Ui {
@@ -200,6 +210,8 @@ async fn event_loop(
             })
             .collect(),
     )?;
+    // The skills a person can type as slash commands, named once at the start.
+    ui.skills(false);
     // From seq 0: an attached session's history replays (or is redrawn from its transcript on a resync).
     let mut follower = ui.sid.clone().map(|sid| follow(conn.clone(), sid, Some(0), None));
     let mut keys = EventStream::new();
@@ -256,6 +268,7 @@ async fn event_loop(
                     }
                     Notice::Always(rule) => vec![Piece::Line { style: Style::Info, text: always_line(&rule) }],
                     Notice::Workers(workers) => super::render::worker_list(&workers),
+                    Notice::Skills { skills, asked } => super::render::skill_list(&skills, asked),
                     Notice::Created(Err(m)) => {
                         ui.creating = false;
                         let lost = std::mem::take(&mut ui.unsent).len();
@@ -575,6 +588,10 @@ impl Ui {
                 }
                 Command::BadShow => self.note(Style::Note, "usage: /show [N] (N: a number from 1)")?,
                 Command::Workers => self.workers()?,
+                Command::Skills => {
+                    self.skills(true);
+                    self.show(Vec::new())?;
+                }
                 Command::Send(text) => {
                     self.send(text);
                     self.show(Vec::new())?;
@@ -603,6 +620,24 @@ impl Ui {
             });
         });
         self.show(Vec::new())
+    }
+
+    /// Looks up the promoted skills; `asked` (by `/skills`): a failure is said,
+    /// and none is a line of its own. At the start a server without skills says nothing.
+    fn skills(&mut self, asked: bool) {
+        let (conn, tx) = (self.conn.clone(), self.notices.clone());
+        tokio::spawn(async move {
+            let listed = retry(move || {
+                let c = conn.clone();
+                Box::pin(async move { c.list_skills().await })
+            })
+            .await;
+            let _ = tx.send(match listed {
+                Ok(skills) => Notice::Skills { skills, asked },
+                Err(f) if asked => Notice::Failed(format!("cannot list the skills: {f}")),
+                Err(_) => return,
+            });
+        });
     }
 
     /// Idle: a new run. Busy: steering, which the server queues as the run's next leg.
@@ -673,6 +708,7 @@ mod tests {
         assert_eq!(command("/show 0"), Command::BadShow);
         assert_eq!(command("/show all"), Command::BadShow);
         assert_eq!(command("/workers"), Command::Workers);
+        assert_eq!(command("/skills"), Command::Skills);
         // The model's directives, and anything else, are sent as typed.
         for sent in [
             "/helpme",
@@ -698,6 +734,7 @@ mod tests {
             "/help",
             "/show [N]",
             "/workers",
+            "/skills",
             "/exit",
             "/quit",
             "//text",

@@ -478,6 +478,50 @@ fn launch_lines(o: &pb::LaunchOutput) -> Vec<Piece> {
 }
 
 /// `/workers`: the session's children, one line each (or that it has none).
+/// The promoted skills as slash commands: the whole list when `asked`
+/// (`/skills`), else the one line vak term starts with (none without skills).
+pub(crate) fn skill_list(skills: &[pb::Skill], asked: bool) -> Vec<Piece> {
+    let names = || skills.iter().map(|s| format!("/{}", clean(&s.name)));
+    match (asked, skills.is_empty()) {
+        (false, true) => Vec::new(),
+        (false, false) => vec![line(
+            Style::Info,
+            format!(
+                "· skills: {} (/skills says what each does)",
+                names().collect::<Vec<_>>().join(" ")
+            ),
+        )],
+        (true, true) => vec![line(
+            Style::Info,
+            "no skills promoted for this workspace (POST /skills/proposals/ID/promote makes one)",
+        )],
+        (true, false) => {
+            let mut out = vec![line(
+                Style::Info,
+                format!(
+                    "{}; type /NAME [ARGUMENTS] to have the model use one:",
+                    count(skills.len(), "skill")
+                ),
+            )];
+            for (s, name) in skills.iter().zip(names()) {
+                let kind = match s.kind() {
+                    pb::SkillKind::Script => "script",
+                    _ => "prompt",
+                };
+                let scope = match s.scope() {
+                    pb::SkillScope::Global => "  (every workspace)",
+                    _ => "",
+                };
+                out.push(line(
+                    Style::Plain,
+                    format!("  {name}  {kind}  {}{scope}", first_line(&s.description)),
+                ));
+            }
+            out
+        }
+    }
+}
+
 pub(crate) fn worker_list(workers: &[pb::Worker]) -> Vec<Piece> {
     if workers.is_empty() {
         return vec![line(Style::Info, "no workers in this session")];

@@ -227,6 +227,15 @@ impl Transport for Rest {
         })
     }
 
+    fn list_skills(&self) -> Fut<'_, Vec<pb::Skill>> {
+        Box::pin(async move {
+            let r: pb::SkillList = self
+                .call::<pb::ListSkillsRequest, _>(Method::GET, "/skills".to_string(), None)
+                .await?;
+            Ok(r.skills)
+        })
+    }
+
     fn list_workers(&self, session_id: &str) -> Fut<'_, Vec<pb::Worker>> {
         let sid = session_id.to_string();
         Box::pin(async move {

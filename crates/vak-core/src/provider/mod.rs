@@ -14,6 +14,10 @@ use std::pin::Pin;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
+/// The name prefix of a promoted skill's tool, `skill__<name>` (the offline
+/// model reads a skill's slash line by it).
+pub(crate) const SKILL_TOOL_PREFIX: &str = "skill__";
+
 /// A tool as the model sees it: its input is described by a JSON Schema.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ToolDef {

@@ -3,6 +3,7 @@
 //! Each non-blank prompt line runs in order. Lines starting with a directive
 //! (`/think`, `/read`, `/write`, `/edit`, `/ls`, `/glob`, `/grep`, `/bash`,
 //! `/bash-timeout`, `/plan`, `/plan-items`, `/worker`, `/call`, `/sleep`, `/burst`, `/fail`) act;
+//! `/NAME [ARGUMENTS]` calls an offered promoted skill `skill__NAME`;
 //! any other line L is answered `echo: L`, one text_delta per word. A tool
 //! directive ends the turn with that tool call (consecutive `/worker` lines
 //! end it with one spawn_worker call each, which run in parallel); the next
@@ -11,7 +12,7 @@
 
 use super::{
     ChatMessage, Failure, FailureKind, ModelInfo, ModelsFuture, Provider, ProviderError, ProviderEvent, Sink,
-    StopReason, ToolCall, TurnFuture, TurnOutput, TurnRequest,
+    StopReason, ToolCall, ToolDef, TurnFuture, TurnOutput, TurnRequest, SKILL_TOOL_PREFIX,
 };
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -215,6 +216,32 @@ fn parse(line: &str) -> Directive<'_> {
     Directive::Echo(line)
 }
 
+/// A line the turn's tools give a meaning the fixed directives do not: `/NAME
+/// [ARGUMENTS]` where the turn offers a promoted skill's tool `skill__NAME`
+/// (section 41's slash command) calls it, `{"arguments": ARGUMENTS}` (`{}`
+/// without). The fixed directives come first: a skill named `bash` is
+/// reached with `/call skill__bash`.
+fn parse_in<'a>(line: &'a str, tools: &'a [ToolDef]) -> Directive<'a> {
+    match parse(line) {
+        Directive::Echo(l) => skill_line(l, tools).unwrap_or(Directive::Echo(l)),
+        d => d,
+    }
+}
+
+fn skill_line<'a>(line: &'a str, tools: &'a [ToolDef]) -> Option<Directive<'a>> {
+    let rest = line.strip_prefix('/')?;
+    let (name, arguments) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
+    let tool = tools
+        .iter()
+        .find(|t| t.name.strip_prefix(SKILL_TOOL_PREFIX) == Some(name) && !name.is_empty())?;
+    let arguments = arguments.trim();
+    let input = match arguments.is_empty() {
+        true => json!({}),
+        false => json!({ "arguments": arguments }),
+    };
+    Some(Directive::Tool(tool.name.as_str(), input))
+}
+
 /// `/plan-items`' evidence `$last` stands for the id of the last tool call
 /// in the history (the one the line before made): the prompt's writer
 /// cannot know a call's id in advance.
@@ -359,7 +386,7 @@ impl OfflineModel {
         // The results of the `/worker` lines just before (one turn's batch).
         let mut workers: Vec<usize> = Vec::new();
         while let Some(line) = lines.next() {
-            let directive = parse(line);
+            let directive = parse_in(line, &request.tools);
             if skip_tools > 0 {
                 let worker = is_worker(&directive);
                 if !worker {
@@ -371,9 +398,11 @@ impl OfflineModel {
                     if worker {
                         workers.push(at);
                     }
-                    // A `/call` echoes the result it got, first thing in the
-                    // next turn; a batch of `/worker`s each of theirs.
-                    if skip_tools == 0 && line.starts_with("/call") {
+                    // A `/call` (or a skill's slash line) echoes the result it
+                    // got, first thing in the next turn; a batch of `/worker`s
+                    // each of theirs.
+                    let says_result = line.starts_with("/call") || skill_line(line, &request.tools).is_some();
+                    if skip_tools == 0 && says_result {
                         if let Some((content, is_error)) = results.last() {
                             let kind = if *is_error { "error" } else { "result" };
                             ack = Some(format!("{kind}: {content}"));
@@ -638,6 +667,32 @@ mod tests {
             Directive::Tool("exit_plan_mode", json!({"plan": "1. read  2. edit"}))
         );
         assert_eq!(parse("/planet"), Directive::Echo("/planet"));
+    }
+
+    #[test]
+    fn a_slash_line_naming_an_offered_skill_calls_its_tool_and_directives_come_first() {
+        let tool = |name: &str| ToolDef {
+            name: name.into(),
+            description: String::new(),
+            input_schema: json!({}),
+        };
+        let tools = [tool("skill__fmt-check"), tool("skill__bash"), tool("read_file")];
+        assert_eq!(
+            parse_in("/fmt-check", &tools),
+            Directive::Tool("skill__fmt-check", json!({}))
+        );
+        assert_eq!(
+            parse_in("/fmt-check  only src/ ", &tools),
+            Directive::Tool("skill__fmt-check", json!({"arguments": "only src/"}))
+        );
+        // Not offered, a prefix of a name, or a built-in tool's name: echoed.
+        for line in ["/fmt", "/fmt-checker", "/read_file", "/", "fmt-check"] {
+            assert_eq!(parse_in(line, &tools), Directive::Echo(line), "{line}");
+        }
+        assert_eq!(
+            parse_in("/bash ls", &tools),
+            Directive::Tool("bash", json!({"command": "ls"}))
+        );
     }
 
     #[tokio::test]

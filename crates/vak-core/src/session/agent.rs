@@ -132,7 +132,8 @@ impl<'a, S: TurnContext> Leg<'a, S> {
                 rt.check_workspace().await.is_ok(),
                 &rt.memory().prompt().await,
             )
-            .await,
+            .await
+                + crate::session::skill_tool::system_note(&skills),
             // The MCP servers' tools and the skills' next to the built-in ones.
             tools: tools::definitions()
                 .into_iter()

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 /// A skill tool's name prefix.
-pub(crate) const PREFIX: &str = "skill__";
+pub(crate) const PREFIX: &str = crate::provider::SKILL_TOOL_PREFIX;
 /// The longest `arguments` a skill call takes, in bytes.
 const MAX_ARGUMENTS: usize = 16 * 1024;
 
@@ -45,6 +45,18 @@ pub(crate) fn defs(skills: &[Skill]) -> Vec<ToolDef> {
             }),
         })
         .collect()
+}
+
+/// What the system prompt says of the skills' slash commands (nothing when
+/// there are none): a person types `/NAME ARGUMENTS` in a client to use one.
+pub(crate) fn system_note(skills: &[Skill]) -> &'static str {
+    match skills.is_empty() {
+        true => "",
+        false => {
+            "\nA user line `/NAME ARGUMENTS` where you have a tool `skill__NAME` asks you to call that tool \
+with {\"arguments\": \"ARGUMENTS\"} (no arguments: {}), then to carry on from its result.\n"
+        }
+    }
 }
 
 fn find<'a>(tool: &str, skills: &'a [Skill]) -> Option<&'a Skill> {
@@ -98,4 +110,29 @@ pub(crate) async fn run(
             tools::run_live(&rt.cfg.workspace, rt.sandbox(), "bash", &input, cancel, live).await
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::skills::Scope;
+
+    #[test]
+    fn the_system_prompt_explains_slash_commands_only_when_there_are_skills() {
+        assert_eq!(system_note(&[]), "");
+        let skill = Skill {
+            name: "fmt-check".into(),
+            description: "runs: cargo fmt --check".into(),
+            kind: SkillKind::Script,
+            body: "cargo fmt --check".into(),
+            scope: Scope::Workspace,
+            path: "/w/.vak/skills/fmt-check.md".into(),
+        };
+        let note = system_note(std::slice::from_ref(&skill));
+        assert!(
+            note.contains("`/NAME ARGUMENTS`") && note.contains("`skill__NAME`"),
+            "{note}"
+        );
+        assert_eq!(defs(&[skill])[0].name, "skill__fmt-check");
+    }
 }
