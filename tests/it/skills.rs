@@ -75,6 +75,12 @@ async fn a_repeated_tool_sequence_is_proposed_and_once_promoted_its_tool_runs() 
     );
     let (_, listed) = s.get("/skills").await;
     assert_eq!(listed["skills"][0]["name"], "echo-twice");
+    // A session's skills are its workspace's (here the server's).
+    let (status, of) = s.get(&format!("/skills?session_id={sid}")).await;
+    assert_eq!((status, &of["skills"]), (200, &listed["skills"]), "{of}");
+    assert_eq!(of["workspace"], listed["workspace"]);
+    let (status, _) = s.get("/skills?session_id=nosuch").await;
+    assert_eq!(status, 404);
 
     // The model can call it: a script skill runs its commands as one bash call.
     let ran = run(&s, &sid, "/call skill__echo-twice {}").await;

@@ -143,6 +143,8 @@ def test_a_repeated_tool_sequence_becomes_a_skill_a_run_can_call(sc: Client, ski
     assert path.resolve() == (skills_vak.workspace / ".vak" / "skills" / f"{p.name}.md").resolve()
     assert path.read_text().startswith(f"---\nname: {p.name}\n") and body in path.read_text()
     assert (p.name, body) in [(s.name, s.body) for s in sc.list_skills().skills]
+    # A session's skills are its workspace's, the ones its legs offer.
+    assert p.name in [s.name for s in sc.list_skills(session_id=second).skills]
     assert [json_name(q, "state") for q in proposals_with_body(sc, body)] == ["promoted"]
 
     # A run calls it as a tool: its body runs as one bash call.

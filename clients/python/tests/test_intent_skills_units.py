@@ -73,6 +73,8 @@ def test_explain_refuses_bad_names_before_any_call() -> None:
 def test_skill_calls_map_onto_their_routes() -> None:
     assert route(call_intent_policy()) == ("GetIntentPolicy", "GET", "/intent/policy", None)
     assert route(call_list_skills()) == ("ListSkills", "GET", "/skills", None)
+    assert route(call_list_skills("s1")) == ("ListSkills", "GET", "/skills?session_id=s1", None)
+    assert call_list_skills("s1").request.session_id == "s1"
     assert route(call_list_skill_proposals()) == ("ListSkillProposals", "GET", "/skills/proposals", None)
 
     whole = call_create_skill_proposal("s1")

@@ -611,8 +611,8 @@ class AsyncClient(ClientConfig):
 
     # -- learned skills (docs/protocol.md section 41) ---------------------
 
-    async def list_skills(self) -> agent_pb2.SkillList:
-        return await self._unary(call_list_skills())
+    async def list_skills(self, session_id: str | None = None) -> agent_pb2.SkillList:
+        return await self._unary(call_list_skills(session_id))
 
     async def list_skill_proposals(self) -> agent_pb2.SkillProposals:
         return await self._unary(call_list_skill_proposals())

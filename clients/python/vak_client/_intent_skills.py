@@ -62,8 +62,12 @@ def call_intent_policy() -> UnaryCall[agent_pb2.GetIntentPolicyRequest, agent_pb
     return UnaryCall("GetIntentPolicy", agent_pb2.GetIntentPolicyRequest(), agent_pb2.IntentPolicy, "GET", "/intent/policy")
 
 
-def call_list_skills() -> UnaryCall[agent_pb2.ListSkillsRequest, agent_pb2.SkillList]:
-    return UnaryCall("ListSkills", agent_pb2.ListSkillsRequest(), agent_pb2.SkillList, "GET", "/skills")
+def call_list_skills(session_id: str | None = None) -> UnaryCall[agent_pb2.ListSkillsRequest, agent_pb2.SkillList]:
+    # `session_id`: the skills that session's legs offer (its workspace's); None: the server's workspace's.
+    if session_id is None:
+        return UnaryCall("ListSkills", agent_pb2.ListSkillsRequest(), agent_pb2.SkillList, "GET", "/skills")
+    path = "/skills?" + urllib.parse.urlencode({"session_id": session_id})
+    return UnaryCall("ListSkills", agent_pb2.ListSkillsRequest(session_id=session_id), agent_pb2.SkillList, "GET", path)
 
 
 def call_list_skill_proposals() -> UnaryCall[agent_pb2.ListSkillProposalsRequest, agent_pb2.SkillProposals]:

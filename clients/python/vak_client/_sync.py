@@ -818,11 +818,13 @@ class Client(ClientConfig):
 
     # -- learned skills (docs/protocol.md section 41) ---------------------
 
-    def list_skills(self) -> agent_pb2.SkillList:
-        """The skills promoted for the server's `workspace`, its own then the
-        home's (`skills`: `name`, `description`, `kind` "prompt" or "script",
-        `body`, `scope` "workspace" or "global", `path`)."""
-        return self._unary(call_list_skills())
+    def list_skills(self, session_id: str | None = None) -> agent_pb2.SkillList:
+        """The skills promoted for the server's `workspace` (or, given
+        `session_id`, that session's), its own then the home's (`skills`:
+        `name`, `description`, `kind` "prompt" or "script", `body`, `scope`
+        "workspace" or "global", `path`). Each is a slash command: a prompt
+        `/NAME ARGUMENTS` asks the model to use it."""
+        return self._unary(call_list_skills(session_id))
 
     def list_skill_proposals(self) -> agent_pb2.SkillProposals:
         """Every kept skill proposal, oldest first (`proposals`: `id`, `name`,

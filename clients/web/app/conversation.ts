@@ -2,11 +2,13 @@
 // (steers while a run is live), Shift+Enter is a new line, Esc stops the live
 // run, Up in an empty box brings back the last prompt to edit; a Stop button
 // while a run is live; a "retrying (n/m): reason" line while the run waits to
-// try the model service again.
+// try the model service again. A "/" at the start of the box lists the
+// promoted skills as slash commands (slash.ts).
 import { enumJsonName, ItemKindSchema } from "../src/index.js";
 import { button, h } from "./dom.js";
-import { ctx, onErrorNow, state, titleOf, type SessionView } from "./state.js";
+import { ctx, describe, onErrorNow, state, titleOf, type SessionView } from "./state.js";
 import { renderTimeline } from "./toolcard.js";
+import { chosen, move, slashMenu, slashQuery } from "./slash.js";
 
 export function conversationPane(errors: () => HTMLElement): HTMLElement {
   const s = state.sessions.get(state.current);
@@ -76,9 +78,47 @@ function composer(s: SessionView): HTMLElement {
     state.notice = "Stopped the run.";
     ctx.schedule();
   });
+  const slash = state.slash;
+  // Only the open session's list: another session's may be another workspace's.
+  if (slash.open && slash.session !== id) slash.open = false;
+  const choose = (name: string) => {
+    const el = (document.getElementById("prompt") as HTMLTextAreaElement | null) ?? prompt;
+    el.value = `/${name} `;
+    el.setSelectionRange(el.value.length, el.value.length);
+    slash.open = false;
+    ctx.schedule();
+  };
+  prompt.addEventListener("input", () => {
+    const query = slashQuery(prompt.value);
+    if (query === undefined) {
+      if (slash.open) {
+        slash.open = false;
+        ctx.schedule();
+      }
+      return;
+    }
+    if (!slash.open) openSlash(id);
+    slash.query = query;
+    slash.selected = 0;
+    ctx.schedule();
+  });
   prompt.addEventListener("keydown", (e) => {
     if (e.isComposing) return;
-    if (e.key === "Enter" && !e.shiftKey && !e.altKey) {
+    const pick = chosen(slash);
+    if (slash.open && (e.key === "ArrowDown" || e.key === "ArrowUp")) {
+      e.preventDefault();
+      move(slash, e.key === "ArrowDown" ? 1 : -1);
+      ctx.schedule();
+    } else if (pick && (e.key === "Tab" || (e.key === "Enter" && !e.shiftKey && !e.altKey))) {
+      e.preventDefault();
+      choose(pick.name);
+    } else if (slash.open && e.key === "Escape") {
+      // Closes the list only; a second Esc stops a live run.
+      e.preventDefault();
+      e.stopPropagation();
+      slash.open = false;
+      ctx.schedule();
+    } else if (e.key === "Enter" && !e.shiftKey && !e.altKey) {
       e.preventDefault();
       void send().catch(onErrorNow);
     } else if (e.key === "Escape" && s.busy) {
@@ -92,9 +132,11 @@ function composer(s: SessionView): HTMLElement {
       prompt.setSelectionRange(last.length, last.length);
     }
   });
+  if (slash.open) prompt.setAttribute("aria-controls", "slash");
   return h(
     "div",
     { class: "composer" },
+    slashMenu(slash, choose),
     h(
       "div",
       { class: "composer-box" },
@@ -106,10 +148,25 @@ function composer(s: SessionView): HTMLElement {
       "p",
       { class: "composer-hint", id: "composer-hint" },
       h("kbd", {}, "Enter"), " sends · ", h("kbd", {}, "Shift"), "+", h("kbd", {}, "Enter"), " new line · ",
-      h("kbd", {}, "↑"), " edits your last prompt",
+      h("kbd", {}, "↑"), " edits your last prompt · ", h("kbd", {}, "/"), " lists the skills",
       s.busy ? " · " : null,
       s.busy ? h("kbd", {}, "Esc") : null,
       s.busy ? " stops the run" : null,
     ),
   );
+}
+
+/** Opens the slash list for session `id` and reads its skills afresh. */
+function openSlash(id: string): void {
+  const slash = state.slash;
+  Object.assign(slash, { open: true, session: id, skills: undefined, error: "" });
+  ctx.client
+    .listSkills({ sessionId: id })
+    .then((list) => {
+      if (slash.session === id) slash.skills = list.skills;
+    })
+    .catch((err: unknown) => {
+      if (slash.session === id) slash.error = describe(err);
+    })
+    .finally(() => ctx.schedule());
 }

@@ -17,6 +17,7 @@ import type {
 import type { TasksView } from "./tasks.js";
 import { emptyWorkers } from "./workers.js";
 import { emptyPlan } from "./plan.js";
+import { emptySlash } from "./slash.js";
 import { empty, type Timeline } from "./timeline.js";
 import type { DiffView } from "./diff.js";
 
@@ -81,6 +82,8 @@ export const state = {
   workers: emptyWorkers(),
   /** The plan panel: the open session's plan is its timeline's plan items; this keeps the refused closes. */
   plan: emptyPlan(),
+  /** The composer's list of skills as slash commands (slash.ts). */
+  slash: emptySlash(),
   /** What the last action in the page did, said once (the status line under the header). */
   notice: "",
 };

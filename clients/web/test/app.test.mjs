@@ -14,7 +14,8 @@
 // server whose output reaches the panel's log tail, then stops it (this step
 // needs the children table and the dev servers of issue 30), that the plan panel lists a
 // `/plan-items` plan, shows a refused fulfilled close in the server's words, abandons an item and
-// closes one whose cited bash run succeeded, and that /admin lists the session,
+// closes one whose cited bash run succeeded, that a promoted skill is listed by
+// typing "/" in the composer, completed with Tab and run when sent, and that /admin lists the session,
 // the scheduler and the day's spend; no console error and no CSP
 // violation during the whole run. Screenshots go to
 // artifacts/app/ (`make screenshots` copies four of them to docs/screenshots/).
@@ -849,6 +850,50 @@ step("the plan panel lists the model's plan; a fulfilled close without evidence 
   await page.locator("#plan-open-count").waitFor({ state: "detached" });
   await page.click("#close-plan");
   await page.locator("#side").waitFor({ state: "detached" });
+});
+
+step("a promoted skill is a slash command: / lists it, Tab completes it, and sent it runs", async () => {
+  const rest = async (method, path, body) => {
+    const r = await fetch(`${vak.url}${path}`, {
+      method,
+      headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
+      body: body && JSON.stringify(body),
+    });
+    const json = await r.json();
+    assert.ok(r.ok, `${method} ${path}: ${r.status} ${JSON.stringify(json)}`);
+    return json;
+  };
+  // A prompt skill (it reads nothing, so it runs without asking), made from another session's prompt.
+  const { session_id: other } = await rest("POST", "/sessions", {});
+  await rest("POST", `/sessions/${other}/run`, { prompt: "greetings from a skill", wait: true });
+  const proposal = await rest("POST", "/skills/proposals", { from_session: other, name: "greet" });
+  await rest("POST", `/skills/proposals/${proposal.id}/promote`, {});
+
+  const runs = await page.locator("#timeline .item.final_result").count();
+  await page.fill("#prompt", "");
+  await page.type("#prompt", "/gr");
+  const option = page.locator("#skill-menu li[role=option]", { hasText: "/greet" });
+  await option.waitFor();
+  assert.match(await option.innerText(), /\/greet\s+prompt\s+/);
+  assert.equal(await option.getAttribute("aria-selected"), "true");
+  assert.deepEqual(await axeProblems(page, "the slash list"), []);
+  // Nothing matches: the list says so, and Escape closes it without touching the text.
+  await page.type("#prompt", "x");
+  await page.locator("#skill-menu-note", { hasText: "no skill starts with /grx" }).waitFor();
+  await page.press("#prompt", "Escape");
+  await page.locator("#slash").waitFor({ state: "detached" });
+  assert.equal(await page.inputValue("#prompt"), "/grx");
+  await page.press("#prompt", "Backspace");
+  await option.waitFor();
+  await page.press("#prompt", "Tab");
+  await page.locator("#slash").waitFor({ state: "detached" });
+  assert.equal(await page.inputValue("#prompt"), "/greet ");
+  await page.type("#prompt", "the reader");
+  await page.press("#prompt", "Enter");
+  assert.equal(await lastOutcome(page, runs + 1), "completed");
+  // The offline model called skill__greet and said its answer: the skill's text with the arguments.
+  await page.waitForFunction(() => /result: skill greet:\s*greetings from a skill\s*arguments: the reader/.test(document.querySelector("#timeline")?.innerText ?? ""));
+  assert.match(await timelineText(page), /skill__greet/);
 });
 
 step("Esc stops the live run (a Stop button shows while it is live); Up brings back the last prompt", async () => {

@@ -188,8 +188,12 @@ impl Transport for Reloading {
             Box::pin(async move { t.list_workers(&sid).await })
         }))
     }
-    fn list_skills(&self) -> Fut<'_, Vec<pb::Skill>> {
-        Box::pin(self.call(move |t| Box::pin(async move { t.list_skills().await })))
+    fn list_skills(&self, session_id: Option<&str>) -> Fut<'_, Vec<pb::Skill>> {
+        let sid = session_id.map(str::to_string);
+        Box::pin(self.call(move |t| {
+            let sid = sid.clone();
+            Box::pin(async move { t.list_skills(sid.as_deref()).await })
+        }))
     }
     fn subscribe(&self, session_id: &str, after: Option<u64>) -> Fut<'_, Events> {
         let sid = session_id.to_string();
@@ -546,7 +550,7 @@ mod tests {
         fn list_workers(&self, _: &str) -> Fut<'_, Vec<pb::Worker>> {
             Box::pin(async { Err(Failure::fatal("unused")) })
         }
-        fn list_skills(&self) -> Fut<'_, Vec<pb::Skill>> {
+        fn list_skills(&self, _: Option<&str>) -> Fut<'_, Vec<pb::Skill>> {
             Box::pin(async { Err(Failure::fatal("unused")) })
         }
         fn presentation(&self, session_id: &str) -> Fut<'_, pb::OutputTimeline> {

@@ -185,11 +185,15 @@ impl Transport for Grpc {
         })
     }
 
-    fn list_skills(&self) -> Fut<'_, Vec<pb::Skill>> {
+    fn list_skills(&self, session_id: Option<&str>) -> Fut<'_, Vec<pb::Skill>> {
+        let session_id = session_id.map(str::to_string);
         Box::pin(async move {
+            if let Some(sid) = &session_id {
+                check_id("session id", sid)?;
+            }
             let r = self
                 .client()
-                .list_skills(pb::ListSkillsRequest {})
+                .list_skills(pb::ListSkillsRequest { session_id })
                 .await
                 .map_err(failure)?;
             Ok(r.into_inner().skills)

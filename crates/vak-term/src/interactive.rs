@@ -625,11 +625,11 @@ impl Ui {
     /// Looks up the promoted skills; `asked` (by `/skills`): a failure is said,
     /// and none is a line of its own. At the start a server without skills says nothing.
     fn skills(&mut self, asked: bool) {
-        let (conn, tx) = (self.conn.clone(), self.notices.clone());
+        let (conn, tx, sid) = (self.conn.clone(), self.notices.clone(), self.sid.clone());
         tokio::spawn(async move {
             let listed = retry(move || {
-                let c = conn.clone();
-                Box::pin(async move { c.list_skills().await })
+                let (c, sid) = (conn.clone(), sid.clone());
+                Box::pin(async move { c.list_skills(sid.as_deref()).await })
             })
             .await;
             let _ = tx.send(match listed {

@@ -227,10 +227,18 @@ impl Transport for Rest {
         })
     }
 
-    fn list_skills(&self) -> Fut<'_, Vec<pb::Skill>> {
+    fn list_skills(&self, session_id: Option<&str>) -> Fut<'_, Vec<pb::Skill>> {
+        let session_id = session_id.map(str::to_string);
         Box::pin(async move {
+            let path = match &session_id {
+                Some(sid) => {
+                    check_id("session id", sid)?;
+                    format!("/skills?session_id={sid}")
+                }
+                None => "/skills".to_string(),
+            };
             let r: pb::SkillList = self
-                .call::<pb::ListSkillsRequest, _>(Method::GET, "/skills".to_string(), None)
+                .call::<pb::ListSkillsRequest, _>(Method::GET, path, None)
                 .await?;
             Ok(r.skills)
         })

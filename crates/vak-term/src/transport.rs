@@ -96,8 +96,9 @@ pub(crate) trait Transport: Send + Sync {
     fn presentation(&self, session_id: &str) -> Fut<'_, pb::OutputTimeline>;
     /// The session's children (workers and best-of-N candidates), oldest first.
     fn list_workers(&self, session_id: &str) -> Fut<'_, Vec<pb::Worker>>;
-    /// The skills promoted for the server's workspace and its home, each a slash command.
-    fn list_skills(&self) -> Fut<'_, Vec<pb::Skill>>;
+    /// The skills a session's legs offer (its workspace's and the home's; None: the
+    /// server's workspace's), each a slash command.
+    fn list_skills(&self, session_id: Option<&str>) -> Fut<'_, Vec<pb::Skill>>;
     /// Opens the session's event stream; the server sends stream_opened first.
     fn subscribe(&self, session_id: &str, after: Option<u64>) -> Fut<'_, Events>;
 }

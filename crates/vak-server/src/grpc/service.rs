@@ -985,9 +985,9 @@ impl AgentService for AgentApi {
     }
     async fn list_skills(
         &self,
-        _: Request<pb::ListSkillsRequest>,
+        r: Request<pb::ListSkillsRequest>,
     ) -> Result<Response<pb::SkillList>, Status> {
-        self.skills_listed().await.map(Response::new)
+        self.skills_listed(r.into_inner()).await.map(Response::new)
     }
     async fn explain_intent(
         &self,

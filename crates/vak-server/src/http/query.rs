@@ -18,6 +18,7 @@ fn params(route: &str) -> &'static [&'static str] {
         "/fs/file" => &["path", "session_id"],
         "/fs/dirs" => &["path"],
         "/fs/tree" => &["limit", "session_id"],
+        "/skills" => &["session_id"],
         "/permissions/rules" | "/permissions/rules/{id}" => &["workspace"],
         "/memory/{note_id}" => &["scope"],
         "/search" => &["q", "limit", "all"],

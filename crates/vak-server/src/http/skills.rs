@@ -1,6 +1,6 @@
 //! The REST routes of learned skills (GET /skills, GET and POST /skills/proposals, POST /skills/proposals/:id/promote and /reject), each a thin translation onto an `AgentService` call.
 
-use super::state::{body, path_mismatch, reply, AppState};
+use super::state::{body, path_mismatch, reply, AppState, Query};
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -19,11 +19,11 @@ pub(super) fn routes() -> Router<AppState> {
         .route("/skills/proposals/{id}/reject", post(reject))
 }
 
-async fn list(State(st): State<AppState>) -> Response {
-    reply(
-        StatusCode::OK,
-        st.api.list_skills(Request::new(pb::ListSkillsRequest {})).await,
-    )
+async fn list(State(st): State<AppState>, q: Query) -> Response {
+    let req = pb::ListSkillsRequest {
+        session_id: q.get("session_id").cloned(),
+    };
+    reply(StatusCode::OK, st.api.list_skills(Request::new(req)).await)
 }
 
 async fn proposals(State(st): State<AppState>) -> Response {

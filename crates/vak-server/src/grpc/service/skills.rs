@@ -117,16 +117,17 @@ impl AgentApi {
         self.skills().reject(&r.id).map(proposal).map_err(to_status)
     }
 
-    pub(super) async fn skills_listed(&self) -> Result<pb::SkillList, Status> {
+    pub(super) async fn skills_listed(&self, r: pb::ListSkillsRequest) -> Result<pb::SkillList, Status> {
         let skills = self.skills();
-        let ws = self.control().config().workspace.clone();
+        let ws = self.files_root(r.session_id.as_deref()).await?;
+        let workspace = ws.display().to_string();
         let list = tokio::task::spawn_blocking(move || skills.list(&ws))
             .await
             .map_err(|e| Status::internal(e.to_string()))?
             .map_err(to_status)?;
         Ok(pb::SkillList {
             skills: list.into_iter().map(skill).collect(),
-            workspace: self.control().workspace().to_string(),
+            workspace,
         })
     }
 }
