@@ -2,7 +2,7 @@
 // the open conversation (conversation.ts, toolcard.ts), the header with the
 // model, mode, connection and viewers (status.ts), and a right-hand panel
 // whose tabs are the workspace's files, its diff (diff.ts), the scheduled
-// tasks (tasks.ts), the session's workers (workers.ts), the session's plan
+// tasks (tasks.ts), the session's workers (workers.ts), the session's goal and plan
 // (plan.ts), a terminal (terminal.ts) and the settings (settings.ts). Every
 // listed session is followed live on one GET /stream (resumed with its
 // cursor vector).

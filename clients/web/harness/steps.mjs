@@ -1,10 +1,28 @@
 // What the browser tests share: a deadline on any promise, screenshots into the
 // artifacts folder, and test steps that save every tab's screenshot and page
-// state when they fail; and Debian's chromium started the one way they all use.
+// state when they fail; Debian's chromium started the one way they all use;
+// and axe-core's accessibility check of a page.
 import { test } from "node:test";
 import { chromium } from "playwright-core";
-import { writeFileSync } from "node:fs";
+import { readFileSync, writeFileSync } from "node:fs";
+import { createRequire } from "node:module";
 import { join } from "node:path";
+
+// axe-core's source, evaluated in the page through the browser's debugging protocol
+// (not a <script>: the page's CSP would refuse an inline one).
+const AXE = readFileSync(createRequire(import.meta.url).resolve("axe-core/axe.min.js"), "utf8");
+
+/** axe-core on tab `p` as it is: the serious and critical violations, as lines prefixed with `what`. */
+export async function axeProblems(p, what) {
+  await p.evaluate(AXE);
+  const found = await p.evaluate(async () => {
+    const r = await window.axe.run(document, { resultTypes: ["violations"], runOnly: { type: "tag", values: ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "best-practice"] } });
+    return r.violations
+      .filter((v) => v.impact === "serious" || v.impact === "critical")
+      .map((v) => `${v.impact} ${v.id}: ${v.help} (${v.nodes.slice(0, 3).map((n) => n.target.join(" ")).join("; ")})`);
+  });
+  return found.map((l) => `${what}: ${l}`);
+}
 
 /** Rejects if `p` does not settle within `ms`. */
 export function within(ms, p, what) {

@@ -32,17 +32,12 @@ import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { startProxy } from "../harness/proxy.mjs";
-import { launchChromium, screenshot, stepper, within } from "../harness/steps.mjs";
+import { axeProblems, launchChromium, screenshot, stepper, within } from "../harness/steps.mjs";
 import { mcpStdioServer, startVak } from "../harness/vak.mjs";
 import { ItemKind } from "../dist/index.js";
 import { execFileSync } from "node:child_process";
-import { readFileSync } from "node:fs";
-import { createRequire } from "node:module";
 import { createServer } from "node:http";
 
-// axe-core's source, evaluated in the page through the browser's debugging protocol
-// (not a <script>: the page's CSP would refuse an inline one).
-const AXE = readFileSync(createRequire(import.meta.url).resolve("axe-core/axe.min.js"), "utf8");
 const DESKTOP = { width: 1280, height: 900 };
 const PHONE = { width: 390, height: 844 };
 
@@ -135,18 +130,6 @@ async function expectingFailures(allowed, fn) {
 async function send(p, text) {
   await p.fill("#prompt", text);
   await p.press("#prompt", "Enter");
-}
-
-/** axe-core on the page as it is: the serious and critical violations, as lines. */
-async function axeProblems(p, what) {
-  await p.evaluate(AXE);
-  const found = await p.evaluate(async () => {
-    const r = await window.axe.run(document, { resultTypes: ["violations"], runOnly: { type: "tag", values: ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "best-practice"] } });
-    return r.violations
-      .filter((v) => v.impact === "serious" || v.impact === "critical")
-      .map((v) => `${v.impact} ${v.id}: ${v.help} (${v.nodes.slice(0, 3).map((n) => n.target.join(" ")).join("; ")})`);
-  });
-  return found.map((l) => `${what}: ${l}`);
 }
 
 /** Asserts that `inner` is laid out inside `outer` horizontally and inside the viewport (both selectors): nothing cut. */

@@ -8,11 +8,21 @@
 // close without evidence is FailedPrecondition with the vak-error-reason
 // `evidence_missing` and a message naming what is missing; with a successful
 // `/bash` cited it closes; `abandoned` always closes, and a second close is
-// `already_closed`. Run by `npm test`, after the build.
+// `already_closed`. In /app (Debian's chromium, headless, via playwright-core),
+// the goal of a turn chain (section 40) above the plan in the Plan panel: a
+// prompt sets the objective, steering while it runs adds to it and corrects
+// the last addition (struck through as superseded), the control badge reads
+// `running`, then `done` once the chain ended, also after a reload. Run by
+// `npm test`, after the build (`make app` then `cargo build`: the app is
+// embedded in the binary).
 //
-//   VAK_BIN   the vak binary (default: <repo>/target/debug/vak)
+//   VAK_BIN      the vak binary (default: <repo>/target/debug/vak)
+//   CHROMIUM_BIN the browser (default: /usr/bin/chromium)
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
+import { existsSync, mkdirSync } from "node:fs";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
 import { Code, ConnectError } from "@connectrpc/connect";
 import {
   CommitmentChange,
@@ -30,6 +40,7 @@ import {
   Verdict,
   fromVakJson,
 } from "../dist/index.js";
+import { axeProblems, launchChromium, screenshot, stepper, within } from "../harness/steps.mjs";
 import { startTempVak } from "../harness/vak.mjs";
 
 const fromVakJsonOf = (schema, obj) => fromVakJson(schema, JSON.stringify(obj));
@@ -179,5 +190,122 @@ describe("commitments against a live vak serve", () => {
       client.closeCommitment({ id: `${sessionId}.nosuch`, verdict: Verdict.UNSPECIFIED }),
       (err) => err instanceof ConnectError && [Code.InvalidArgument, Code.NotFound].includes(err.code),
     );
+  });
+});
+
+describe("the goal in /app's Plan panel", () => {
+  const CHROMIUM = process.env.CHROMIUM_BIN || "/usr/bin/chromium";
+  // Screenshots, and the page state of a failed step (browser.test.mjs empties artifacts/ when it runs).
+  const artifacts = join(dirname(fileURLToPath(import.meta.url)), "..", "artifacts", "goal");
+  // The first leg sleeps, so the steering below lands while the chain is live (an input while
+  // the session is idle would start a new chain with a new goal).
+  const OBJECTIVE = "/sleep 6000\nmain task";
+  // Read by section 40's rules: `add` (starts with "also"), `add`, then `correct` (starts with
+  // "no"), which supersedes the latest revision: the last addition. Each keeps its text as sent.
+  const README = "also add a README";
+  const TESTS_TOO = "also write tests";
+  const CORRECTION = "no, write docs instead";
+  let served, ctx, page;
+  const problems = [];
+  const step = stepper({
+    dir: artifacts,
+    prefix: "goal-",
+    context: () => ctx,
+    state: (p) => p.evaluate(() => JSON.stringify(window.vakApp?.state ?? null, (_, v) => (typeof v === "bigint" ? String(v) : v instanceof Map ? Object.fromEntries(v) : v instanceof Set ? [...v] : v), 1)),
+  });
+
+  before(
+    async () => {
+      if (!existsSync(CHROMIUM)) throw new Error(`no browser at ${CHROMIUM}: apt-get install -y chromium`);
+      mkdirSync(artifacts, { recursive: true });
+      served = await startTempVak("vak-goal-");
+      ctx = await launchChromium(CHROMIUM, join(served.tmp, "profile"), { viewport: { width: 1280, height: 900 } });
+      page = await within(10_000, ctx.newPage(), "a new tab");
+      page.setDefaultTimeout(15_000);
+      page.on("console", (m) => m.type() === "error" && problems.push(`console error: ${m.text()}`));
+      page.on("pageerror", (e) => problems.push(`page error: ${e.message}`));
+    },
+    { timeout: 90_000 },
+  );
+
+  after(async () => {
+    await within(15_000, ctx?.close() ?? Promise.resolve(), "closing chromium").catch(() => {});
+    await served?.stop();
+  });
+
+  /** Types `text` into the composer and sends it with Enter (while the run is live, Enter steers). */
+  async function send(text) {
+    await page.fill("#prompt", text);
+    await page.press("#prompt", "Enter");
+  }
+
+  /** The goal section as the page shows it (textContent, so the objective's newline is kept). */
+  const shown = () =>
+    page.evaluate(() => {
+      const texts = (sel) => [...document.querySelectorAll(sel)].map((li) => li.textContent);
+      return {
+        objective: document.querySelector("#goal-objective")?.textContent,
+        additions: texts("#goal-additions li"),
+        superseded: texts("#goal-superseded li s"),
+        control: document.querySelector("#goal-control")?.textContent,
+      };
+    });
+
+  /** Waits (at most `ms`) until the goal's control badge reads `control` with the revisions section 40 gives. */
+  async function goalShows(control, ms) {
+    await page
+      .waitForFunction(
+        ([control, objective, additions, superseded]) => {
+          const texts = (sel) => JSON.stringify([...document.querySelectorAll(sel)].map((li) => li.textContent));
+          return (
+            document.querySelector("#goal-control")?.textContent === control &&
+            document.querySelector("#goal-objective")?.textContent === objective &&
+            texts("#goal-additions li") === JSON.stringify(additions) &&
+            texts("#goal-superseded li s") === JSON.stringify(superseded)
+          );
+        },
+        [control, OBJECTIVE, [README, CORRECTION], [TESTS_TOO]],
+        { timeout: ms },
+      )
+      .catch(async (err) => {
+        throw new Error(`the goal did not show as ${control} within ${ms} ms; the page shows ${JSON.stringify(await shown())}: ${err.message}`);
+      });
+  }
+
+  step("steering while a prompt runs shows in the goal above the plan: running, then done", async () => {
+    await page.goto(`${served.vak.url}/app`);
+    await page.fill("#token", served.token);
+    await page.click("#login button[type=submit]");
+    await page.click("#new-session");
+    await page.waitForFunction(() => location.pathname.startsWith("/app/s/"), null, { timeout: 10_000 });
+    // A session without a prompt has no goal.
+    await page.click("#show-plan");
+    await page.waitForFunction(() => document.querySelector("#plan")?.textContent?.startsWith("No plan in this session yet"), null, { timeout: 5_000 });
+    assert.equal(await page.locator("#goal").count(), 0);
+
+    await send(OBJECTIVE);
+    // The Stop button shows while the run is live: from then on the composer steers.
+    await page.locator("#cancel").waitFor();
+    for (const text of [README, TESTS_TOO, CORRECTION]) await send(text);
+    // The first leg sleeps 6 s: the chain is still live when the three are read.
+    await goalShows("running", 5_000);
+    assert.equal(await page.locator("#goal-heading").innerText(), "Goal");
+    assert.equal(await page.locator("#goal-additions").getAttribute("aria-label"), "additions");
+    // A goal but no commitments: the panel still shows, and says what is missing.
+    assert.equal(await page.locator("#plan").innerText(), "No commitments yet: the model makes them with its update_plan tool.");
+    await screenshot(page, artifacts, "goal-running");
+    assert.deepEqual(await axeProblems(page, "the plan panel with a goal"), []);
+
+    // The chain ends after its queued legs (each steering message, echoed): done.
+    await goalShows("done", 30_000);
+    assert.equal(await page.locator("#goal").getAttribute("data-control"), "done");
+    await screenshot(page, artifacts, "goal-done");
+    assert.match(await page.locator("#timeline").innerText(), /echo: also add a README[\s\S]*echo: no, write docs instead/);
+
+    // A reload reads the goal from the opening snapshot.
+    await page.reload();
+    await page.click("#show-plan");
+    await goalShows("done", 10_000);
+    assert.deepEqual(problems, []);
   });
 });
