@@ -105,3 +105,30 @@ export function mcpStdioServer() {
   }
   return { command: python, args: [join(repo, "tests", "mcp", "server.py"), "stdio"] };
 }
+
+/**
+ * Runs `prompt` in session `sessionId` through `client` (the @vak/client
+ * AgentClient) and answers the session's events on its gRPC-web stream up to
+ * the run's `runFinished`, within `timeoutMs`. The run is sent once the
+ * stream is live (its first frame, stream_opened), so nothing is missed.
+ */
+export async function runToEnd(client, sessionId, prompt, { timeoutMs = 20_000 } = {}) {
+  const ac = new AbortController();
+  const timer = setTimeout(() => ac.abort(), timeoutMs);
+  const events = [];
+  try {
+    let admitted = false;
+    for await (const ev of client.subscribe({ sessionId }, { signal: ac.signal })) {
+      if (!admitted) {
+        admitted = true;
+        await client.run({ sessionId, prompt });
+      }
+      events.push(ev);
+      if (ev.kind.case === "runFinished") return events;
+    }
+  } finally {
+    clearTimeout(timer);
+    ac.abort();
+  }
+  throw new Error(`the stream ended before the run did: ${events.map((e) => e.kind.case).join(", ")}`);
+}

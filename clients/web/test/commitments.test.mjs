@@ -41,7 +41,7 @@ import {
   fromVakJson,
 } from "../dist/index.js";
 import { axeProblems, launchChromium, screenshot, stepper, within } from "../harness/steps.mjs";
-import { startTempVak } from "../harness/vak.mjs";
+import { runToEnd as runEvents, startTempVak } from "../harness/vak.mjs";
 
 const fromVakJsonOf = (schema, obj) => fromVakJson(schema, JSON.stringify(obj));
 
@@ -112,29 +112,7 @@ describe("commitments against a live vak serve", () => {
     await served?.stop();
   });
 
-  /** Runs `prompt` in a session; the session's events on its gRPC-web stream up to the run's end. */
-  async function runToEnd(sessionId, prompt) {
-    const ac = new AbortController();
-    const timer = setTimeout(() => ac.abort(), 20_000);
-    const events = [];
-    try {
-      const stream = client.subscribe({ sessionId }, { signal: ac.signal });
-      let admitted = false;
-      for await (const ev of stream) {
-        // stream_opened first: the run is admitted once the stream is live, so nothing is missed.
-        if (!admitted) {
-          admitted = true;
-          await client.run({ sessionId, prompt });
-        }
-        events.push(ev);
-        if (ev.kind.case === "runFinished") return events;
-      }
-    } finally {
-      clearTimeout(timer);
-      ac.abort();
-    }
-    throw new Error(`the stream ended before the run did: ${events.map((e) => e.kind.case).join(", ")}`);
-  }
+  const runToEnd = (sessionId, prompt) => runEvents(client, sessionId, prompt);
 
   const refusedWith = (reason, words) => (err) =>
     err instanceof ConnectError && err.code === Code.FailedPrecondition && err.metadata.get("vak-error-reason") === reason && words.test(err.rawMessage);
@@ -197,9 +175,10 @@ describe("the goal in /app's Plan panel", () => {
   const CHROMIUM = process.env.CHROMIUM_BIN || "/usr/bin/chromium";
   // Screenshots, and the page state of a failed step (browser.test.mjs empties artifacts/ when it runs).
   const artifacts = join(dirname(fileURLToPath(import.meta.url)), "..", "artifacts", "goal");
-  // The first leg sleeps, so the steering below lands while the chain is live (an input while
-  // the session is idle would start a new chain with a new goal).
-  const OBJECTIVE = "/sleep 6000\nmain task";
+  // The first leg waits for the approval of its bash call (the default mode asks), so the
+  // steering below lands while the chain is live however slow the machine is (an input while
+  // the session is idle would start a new chain with a new goal); the test approves it later.
+  const OBJECTIVE = "/bash echo held\nmain task";
   // Read by section 40's rules: `add` (starts with "also"), `add`, then `correct` (starts with
   // "no"), which supersedes the latest revision: the last addition. Each keeps its text as sent.
   const README = "also add a README";
@@ -284,11 +263,11 @@ describe("the goal in /app's Plan panel", () => {
     assert.equal(await page.locator("#goal").count(), 0);
 
     await send(OBJECTIVE);
-    // The Stop button shows while the run is live: from then on the composer steers.
-    await page.locator("#cancel").waitFor();
+    // The run waits for its approval: from then on the composer steers.
+    const approve = page.locator("#timeline .item.approval[data-status=pending] button.approve");
+    await approve.waitFor();
     for (const text of [README, TESTS_TOO, CORRECTION]) await send(text);
-    // The first leg sleeps 6 s: the chain is still live when the three are read.
-    await goalShows("running", 5_000);
+    await goalShows("running", 15_000);
     assert.equal(await page.locator("#goal-heading").innerText(), "Goal");
     assert.equal(await page.locator("#goal-additions").getAttribute("aria-label"), "additions");
     // A goal but no commitments: the panel still shows, and says what is missing.
@@ -296,7 +275,8 @@ describe("the goal in /app's Plan panel", () => {
     await screenshot(page, artifacts, "goal-running");
     assert.deepEqual(await axeProblems(page, "the plan panel with a goal"), []);
 
-    // The chain ends after its queued legs (each steering message, echoed): done.
+    // Approved, the chain ends after its queued legs (each steering message, echoed): done.
+    await approve.click();
     await goalShows("done", 30_000);
     assert.equal(await page.locator("#goal").getAttribute("data-control"), "done");
     await screenshot(page, artifacts, "goal-done");

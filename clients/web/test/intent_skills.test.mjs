@@ -35,7 +35,7 @@ import {
   SkillScope,
   Stakes,
 } from "../dist/index.js";
-import { startTempVak } from "../harness/vak.mjs";
+import { runToEnd as runEvents, startTempVak } from "../harness/vak.mjs";
 
 const fromVakJsonOf = (schema, obj) => fromVakJson(schema, JSON.stringify(obj));
 
@@ -90,29 +90,10 @@ describe("intent and skills against a live vak serve", () => {
   /** Runs `prompt` in a new session; the session's events on its gRPC-web stream up to the run's end (it must complete). */
   async function runToEnd(prompt) {
     const { sessionId } = await client.createSession({});
-    const ac = new AbortController();
-    const timer = setTimeout(() => ac.abort(), 20_000);
-    const events = [];
-    try {
-      const stream = client.subscribe({ sessionId }, { signal: ac.signal });
-      let admitted = false;
-      for await (const ev of stream) {
-        // stream_opened first: the run is admitted once the stream is live, so nothing is missed.
-        if (!admitted) {
-          admitted = true;
-          await client.run({ sessionId, prompt });
-        }
-        events.push(ev);
-        if (ev.kind.case === "runFinished") {
-          assert.equal(ev.kind.value.outcome, RunOutcome.COMPLETED, `the run of ${JSON.stringify(prompt)} did not complete`);
-          return { sessionId, events };
-        }
-      }
-    } finally {
-      clearTimeout(timer);
-      ac.abort();
-    }
-    throw new Error(`the stream ended before the run did: ${events.map((e) => e.kind.case).join(", ")}`);
+    const events = await runEvents(client, sessionId, prompt);
+    const end = events.at(-1).kind.value;
+    assert.equal(end.outcome, RunOutcome.COMPLETED, `the run of ${JSON.stringify(prompt)} did not complete`);
+    return { sessionId, events };
   }
 
   /** The proposal of `body`, made on a thread of the server's own shortly after a run finishes: polled for at most 20 s. */
