@@ -71,6 +71,15 @@ async fn plan_items_become_commitments_and_fulfilled_needs_the_cited_evidence() 
 
     // Fulfilled without the evidence: 409, naming the missing piece.
     let close = |id: &str| format!("/commitments/{id}/close");
+    // A body naming another commitment than the path: 400, nothing closed.
+    let (status, e) = s
+        .post(&close(&tests_id), json!({"id": "x.y", "verdict": "abandoned"}))
+        .await;
+    assert_eq!(
+        (status, &e["error"]["code"]),
+        (400, &json!("invalid_argument")),
+        "{e}"
+    );
     let (status, e) = s.post(&close(&tests_id), json!({"verdict": "fulfilled"})).await;
     assert_eq!(status, 409, "{e}");
     assert_eq!(reason(&e), "evidence_missing", "{e}");

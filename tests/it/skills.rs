@@ -118,8 +118,20 @@ async fn a_repeated_tool_sequence_is_proposed_and_once_promoted_its_tool_runs() 
         .await;
     assert_eq!(status, 409, "{e}");
     assert_eq!(e["error"]["reason"], "skill_exists");
+    // A body naming another proposal than the path is refused; naming the same one is fine.
+    let (status, e) = s
+        .post(
+            &format!("/skills/proposals/{near_id}/reject"),
+            json!({"id": "sp_000000000000"}),
+        )
+        .await;
+    assert_eq!(status, 400, "{e}");
+    assert_eq!(e["error"]["message"], "id in the body does not match the path");
     let (status, r) = s
-        .post(&format!("/skills/proposals/{near_id}/reject"), json!({}))
+        .post(
+            &format!("/skills/proposals/{near_id}/reject"),
+            json!({"id": near_id}),
+        )
         .await;
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["state"], "rejected");

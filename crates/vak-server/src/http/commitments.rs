@@ -1,6 +1,6 @@
 //! The REST routes of commitments (GET /commitments, GET /commitments/:id, POST /commitments/:id/close) and intent (GET /intent/explain, GET /intent/policy), each a thin translation onto an `AgentService` call.
 
-use super::state::{body, path_mismatch, reply, AppState, Query};
+use super::state::{body_at, reply, AppState, Query};
 use crate::errors::json_error;
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -112,12 +112,12 @@ async fn detail(State(st): State<AppState>, Path(id): Path<String>) -> Response 
 }
 
 async fn close(State(st): State<AppState>, Path(id): Path<String>, b: Body) -> Response {
-    let mut req: pb::CloseCommitmentRequest = match body(&st, b).await {
-        Ok(r) => r,
-        Err(e) => return e,
-    };
-    if let Some(e) = path_mismatch("id", &id, &mut req.id) {
-        return e;
+    match body_at(&st, b, ("id", &id), |r: &mut pb::CloseCommitmentRequest| {
+        &mut r.id
+    })
+    .await
+    {
+        Ok(req) => reply(StatusCode::OK, st.api.close_commitment(Request::new(req)).await),
+        Err(e) => e,
     }
-    reply(StatusCode::OK, st.api.close_commitment(Request::new(req)).await)
 }

@@ -1,7 +1,7 @@
 //! The REST routes of the endpoint table, each a thin translation onto an `AgentService` call.
 
 pub(crate) use super::state::{body, json, AppState};
-use super::state::{for_session, path_mismatch, reply, session_mismatch, Query};
+use super::state::{body_at, for_session, path_mismatch, reply, session_mismatch, Query};
 use super::{sse, stream};
 use crate::errors::{json_error, status_response};
 use crate::grpc::convert;
@@ -494,14 +494,14 @@ async fn add_memory(State(st): State<AppState>, b: Body) -> Response {
 }
 
 async fn update_memory(State(st): State<AppState>, Path(id): Path<String>, b: Body) -> Response {
-    let mut req: pb::UpdateMemoryRequest = match body(&st, b).await {
-        Ok(r) => r,
-        Err(e) => return e,
-    };
-    if let Some(e) = path_mismatch("note_id", &id, &mut req.note_id) {
-        return e;
+    match body_at(&st, b, ("note_id", &id), |r: &mut pb::UpdateMemoryRequest| {
+        &mut r.note_id
+    })
+    .await
+    {
+        Ok(req) => reply(StatusCode::OK, st.api.update_memory(Request::new(req)).await),
+        Err(e) => e,
     }
-    reply(StatusCode::OK, st.api.update_memory(Request::new(req)).await)
 }
 
 async fn delete_memory(State(st): State<AppState>, Path(id): Path<String>, q: Query) -> Response {
@@ -576,14 +576,14 @@ async fn get_task(State(st): State<AppState>, Path(task_id): Path<String>) -> Re
 }
 
 async fn update_task(State(st): State<AppState>, Path(id): Path<String>, b: Body) -> Response {
-    let mut req: pb::UpdateTaskRequest = match body(&st, b).await {
-        Ok(r) => r,
-        Err(e) => return e,
-    };
-    if let Some(e) = path_mismatch("task_id", &id, &mut req.task_id) {
-        return e;
+    match body_at(&st, b, ("task_id", &id), |r: &mut pb::UpdateTaskRequest| {
+        &mut r.task_id
+    })
+    .await
+    {
+        Ok(req) => reply(StatusCode::OK, st.api.update_task(Request::new(req)).await),
+        Err(e) => e,
     }
-    reply(StatusCode::OK, st.api.update_task(Request::new(req)).await)
 }
 
 async fn delete_task(State(st): State<AppState>, Path(task_id): Path<String>) -> Response {

@@ -1,6 +1,6 @@
 //! The REST routes of learned skills (GET /skills, GET and POST /skills/proposals, POST /skills/proposals/:id/promote and /reject), each a thin translation onto an `AgentService` call.
 
-use super::state::{body, path_mismatch, reply, AppState, Query};
+use super::state::{body, body_at, reply, AppState, Query};
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -45,29 +45,29 @@ async fn propose(State(st): State<AppState>, b: Body) -> Response {
 }
 
 async fn promote(State(st): State<AppState>, Path(id): Path<String>, b: Body) -> Response {
-    let mut req: pb::PromoteSkillProposalRequest = match body(&st, b).await {
-        Ok(r) => r,
-        Err(e) => return e,
-    };
-    if let Some(e) = path_mismatch("id", &id, &mut req.id) {
-        return e;
+    match body_at(&st, b, ("id", &id), |r: &mut pb::PromoteSkillProposalRequest| {
+        &mut r.id
+    })
+    .await
+    {
+        Ok(req) => reply(
+            StatusCode::OK,
+            st.api.promote_skill_proposal(Request::new(req)).await,
+        ),
+        Err(e) => e,
     }
-    reply(
-        StatusCode::OK,
-        st.api.promote_skill_proposal(Request::new(req)).await,
-    )
 }
 
 async fn reject(State(st): State<AppState>, Path(id): Path<String>, b: Body) -> Response {
-    let mut req: pb::RejectSkillProposalRequest = match body(&st, b).await {
-        Ok(r) => r,
-        Err(e) => return e,
-    };
-    if let Some(e) = path_mismatch("id", &id, &mut req.id) {
-        return e;
+    match body_at(&st, b, ("id", &id), |r: &mut pb::RejectSkillProposalRequest| {
+        &mut r.id
+    })
+    .await
+    {
+        Ok(req) => reply(
+            StatusCode::OK,
+            st.api.reject_skill_proposal(Request::new(req)).await,
+        ),
+        Err(e) => e,
     }
-    reply(
-        StatusCode::OK,
-        st.api.reject_skill_proposal(Request::new(req)).await,
-    )
 }

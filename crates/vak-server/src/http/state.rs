@@ -110,6 +110,22 @@ pub(super) fn all_flag(q: &Query) -> Result<bool, Box<Response>> {
     }
 }
 
+/// A body for a route whose path names the object (`field`, e.g. a proposal's
+/// `id`): the body may leave the field out or repeat the path's value; one
+/// naming another object is refused (`path_mismatch`).
+pub(super) async fn body_at<M: Message + Name + Default>(
+    st: &AppState,
+    b: Body,
+    (field, path): (&str, &str),
+    slot: fn(&mut M) -> &mut String,
+) -> Result<M, Response> {
+    let mut req: M = body(st, b).await?;
+    match path_mismatch(field, path, slot(&mut req)) {
+        Some(e) => Err(e),
+        None => Ok(req),
+    }
+}
+
 pub(super) fn path_mismatch(field: &str, path: &str, body: &mut String) -> Option<Response> {
     if !body.is_empty() && body != path {
         return Some(json_error(
