@@ -71,8 +71,10 @@ function composer(s: SessionView): HTMLElement {
       if (el && !el.value) el.value = text;
       throw err;
     }
+    // Only what was sent: the person may have typed the next message while
+    // this one was on its way (a fast second steer was wiped here before).
     const el = document.getElementById("prompt") as HTMLTextAreaElement | null;
-    if (el) el.value = "";
+    if (el && el.value === text) el.value = "";
   };
   const stop = () => ctx.client.cancel({ sessionId: id }).then(() => {
     state.notice = "Stopped the run.";
