@@ -24,7 +24,7 @@ pub(crate) const HELP: &[&str] = &[
     "  /help           this list",
     "  /show [N]       the last tool output in full; /show N the Nth (a collapsed entry names its N)",
     "  /workers        the session's workers and best-of-N candidates: state, branch, diff stat",
-    "  /skills         the skills promoted for the server's workspace: each is a slash command,",
+    "  /skills         the skills promoted for the session's workspace: each is a slash command,",
     "                  /NAME [ARGUMENTS], that asks the model to use it (the line goes to the model)",
     "  /exit, /quit    leave vak term; the session, and a run going on, stay on the server",
     "                  (vak term --session ID attaches again)",

@@ -477,20 +477,26 @@ fn launch_lines(o: &pb::LaunchOutput) -> Vec<Piece> {
     out
 }
 
-/// `/workers`: the session's children, one line each (or that it has none).
+/// The most skill names vak term's start line shows.
+const START_NAMES: usize = 12;
+
 /// The promoted skills as slash commands: the whole list when `asked`
 /// (`/skills`), else the one line vak term starts with (none without skills).
 pub(crate) fn skill_list(skills: &[pb::Skill], asked: bool) -> Vec<Piece> {
     let names = || skills.iter().map(|s| format!("/{}", clean(&s.name)));
     match (asked, skills.is_empty()) {
         (false, true) => Vec::new(),
-        (false, false) => vec![line(
-            Style::Info,
-            format!(
-                "· skills: {} (/skills says what each does)",
-                names().collect::<Vec<_>>().join(" ")
-            ),
-        )],
+        (false, false) => {
+            // One line, however many there are (a workspace and the home may have 200 each).
+            let mut shown: Vec<String> = names().take(START_NAMES).collect();
+            if skills.len() > START_NAMES {
+                shown.push(format!("and {} more", skills.len() - START_NAMES));
+            }
+            vec![line(
+                Style::Info,
+                format!("· skills: {} (/skills says what each does)", shown.join(" ")),
+            )]
+        }
         (true, true) => vec![line(
             Style::Info,
             "no skills promoted for this workspace (POST /skills/proposals/ID/promote makes one)",
@@ -522,6 +528,7 @@ pub(crate) fn skill_list(skills: &[pb::Skill], asked: bool) -> Vec<Piece> {
     }
 }
 
+/// `/workers`: the session's children, one line each (or that it has none).
 pub(crate) fn worker_list(workers: &[pb::Worker]) -> Vec<Piece> {
     if workers.is_empty() {
         return vec![line(Style::Info, "no workers in this session")];

@@ -274,6 +274,56 @@ fn the_worker_list_is_a_line_per_child() {
     );
 }
 
+#[test]
+fn skills_are_one_bounded_line_at_the_start_and_a_line_each_when_asked() {
+    let skill = |name: &str, kind: pb::SkillKind, scope: pb::SkillScope| pb::Skill {
+        name: name.into(),
+        description: format!("runs: {name}\nmore"),
+        kind: kind as i32,
+        scope: scope as i32,
+        ..Default::default()
+    };
+    assert!(skill_list(&[], false).is_empty(), "nothing said without skills");
+    assert_eq!(
+        skill_list(&[], true),
+        vec![line(
+            Style::Info,
+            "no skills promoted for this workspace (POST /skills/proposals/ID/promote makes one)"
+        )]
+    );
+    let two = [
+        skill("fmt", pb::SkillKind::Script, pb::SkillScope::Workspace),
+        skill("greet", pb::SkillKind::Prompt, pb::SkillScope::Global),
+    ];
+    assert_eq!(
+        skill_list(&two, false),
+        vec![line(
+            Style::Info,
+            "· skills: /fmt /greet (/skills says what each does)"
+        )]
+    );
+    assert_eq!(
+        skill_list(&two, true),
+        vec![
+            line(
+                Style::Info,
+                "2 skills; type /NAME [ARGUMENTS] to have the model use one:"
+            ),
+            line(Style::Plain, "  /fmt  script  runs: fmt"),
+            line(Style::Plain, "  /greet  prompt  runs: greet  (every workspace)"),
+        ]
+    );
+    let many: Vec<pb::Skill> = (0..30)
+        .map(|i| skill(&format!("s{i}"), pb::SkillKind::Prompt, pb::SkillScope::Workspace))
+        .collect();
+    let start = skill_list(&many, false);
+    let Piece::Line { text, .. } = &start[0] else {
+        panic!("{start:?}")
+    };
+    assert!(text.contains("/s11 and 18 more ("), "{text}");
+    assert!(!text.contains("/s12"), "{text}");
+}
+
 fn background(source: &str, id: &str, text: &str, reason: Option<&str>) -> pb::BackgroundResult {
     let mut b = pb::BackgroundResult {
         id: id.into(),
