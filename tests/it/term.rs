@@ -5,7 +5,7 @@ use crate::support::*;
 use serde_json::Value;
 use std::path::Path;
 use std::process::Stdio;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 
@@ -57,8 +57,8 @@ impl Running {
         let err = child.stderr.take().unwrap();
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(async move {
-            let mut lines = BufReader::new(err).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
+            let mut err = BufReader::new(err);
+            while let Some(line) = crate::support::process::next_line_lossy(&mut err).await {
                 let _ = tx.send(line);
             }
         });

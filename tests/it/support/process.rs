@@ -8,6 +8,27 @@ use tokio::sync::mpsc;
 
 use super::DEADLINE;
 
+/// The next line of a child's output (without its line ending), invalid UTF-8 replaced by
+/// U+FFFD; `None` at its end or on a read error. Tokio's `Lines` ends with an error at the
+/// first invalid byte, and a drain built on it then stops reading for good: llama.cpp's debug
+/// log prints byte-level token pieces (half an emoji), and once its drain stopped the lines
+/// after were never seen and its pipe filled.
+pub async fn next_line_lossy(from: &mut (impl tokio::io::AsyncBufRead + Unpin)) -> Option<String> {
+    let mut line = Vec::new();
+    match from.read_until(b'\n', &mut line).await {
+        Ok(0) | Err(_) => None,
+        Ok(_) => {
+            if line.last() == Some(&b'\n') {
+                line.pop();
+                if line.last() == Some(&b'\r') {
+                    line.pop();
+                }
+            }
+            Some(String::from_utf8_lossy(&line).into_owned())
+        }
+    }
+}
+
 /// `vak` with a clean environment: no VAK_* or RUST_LOG inherited from whoever runs the tests.
 pub fn vak(args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_vak"));
@@ -50,8 +71,8 @@ impl Vak {
         let mut err = child.stderr.take().unwrap();
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(async move {
-            let mut lines = BufReader::new(out).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
+            let mut out = BufReader::new(out);
+            while let Some(line) = next_line_lossy(&mut out).await {
                 if tx.send(line).is_err() {
                     break;
                 }
