@@ -295,6 +295,31 @@ async fn an_mcp_tool_over_stdio_asks_in_default_runs_in_bypass_and_under_a_rule_
     s.stop().await;
 }
 
+/// A stdio server's stderr is read all along, whatever it holds: a server that first writes a
+/// line that is not UTF-8 and then four pipes' worth of lines starts and answers (vak once
+/// stopped reading at that line, the server blocked on its full pipe and never started).
+#[tokio::test]
+async fn a_stdio_server_that_writes_much_that_is_not_utf8_to_stderr_starts_and_answers() {
+    let config = format!(
+        "[mcp.servers.noisy]\ncommand = {}\nargs = [{}, \"stdio\"]\nenv = {{ MCP_TEST_NOISE_KIB = \"256\" }}\n",
+        lit(&python().display().to_string()),
+        lit(&server_py())
+    );
+    let (s, _home, _ws) = start(&config, PermissionMode::Bypass).await;
+    ready(&s, "noisy").await;
+    let (sid, mut sse) = session(&s).await;
+    let ran = run(
+        &s,
+        &sid,
+        &mut sse,
+        r#"/call mcp__noisy__echo {"text": "still here"}"#,
+        json!({}),
+    )
+    .await;
+    assert_eq!(ran.results[0]["ok"], true, "{:?}", ran.results);
+    assert_eq!(ran.results[0]["output"], "echo: still here", "{:?}", ran.results);
+}
+
 #[tokio::test]
 async fn a_killed_stdio_server_shows_failed_answers_mcp_unavailable_then_is_ready_again() {
     // The server refuses to start while `down` exists in the workspace, so

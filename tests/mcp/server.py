@@ -5,6 +5,8 @@ Usage: server.py stdio            serve over stdio
                                   printing "listening <url>" once it accepts
 With MCP_TEST_TOKEN set, HTTP requests need "Authorization: Bearer <token>" (401 otherwise).
 With MCP_TEST_DIR set, a cancelled `wait` call leaves the file <dir>/cancelled.
+With MCP_TEST_NOISE_KIB=N, a stdio server first writes a line that is not UTF-8, then N KiB
+of lines, to stderr.
 """
 
 import os
@@ -109,6 +111,14 @@ async def serve_http():
 if __name__ == "__main__":
     mode = sys.argv[1] if len(sys.argv) > 1 else "stdio"
     if mode == "stdio":
+        noise = int(os.environ.get("MCP_TEST_NOISE_KIB", "0"))
+        if noise:
+            # More than a pipe holds: whoever started this must read its stderr all along.
+            sys.stderr.buffer.write(b"\xff\xfe not utf-8\n")
+            for _ in range(noise):
+                sys.stderr.buffer.write(b"x" * 1023 + b"\n")
+            sys.stderr.buffer.write(b"noise done\n")
+            sys.stderr.buffer.flush()
         server.run("stdio")
     elif mode == "http":
         anyio.run(serve_http)

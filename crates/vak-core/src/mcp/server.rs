@@ -407,23 +407,48 @@ impl Owner {
     }
 }
 
-/// Keeps the last `STDERR_TAIL` bytes a stdio server wrote to stderr.
-async fn keep_tail(name: String, err: tokio::process::ChildStderr, tail: Arc<Mutex<String>>) {
-    use tokio::io::AsyncBufReadExt;
-    let mut lines = tokio::io::BufReader::new(err).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
-        tracing::debug!(server = %name, "MCP stderr: {line}");
-        let mut t = tail.lock().unwrap_or_else(|p| p.into_inner());
-        t.push_str(&line);
-        t.push('\n');
-        if t.len() > STDERR_TAIL {
-            let mut cut = t.len() - STDERR_TAIL;
-            while !t.is_char_boundary(cut) {
-                cut += 1;
+/// Keeps the last `STDERR_TAIL` bytes a stdio server wrote to stderr, reading it to its end
+/// whatever it holds. Bytes that are not UTF-8 or a line without an end must not stop the
+/// reading: the server would block once its stderr pipe filled, and hang every call.
+async fn keep_tail(name: String, mut err: impl tokio::io::AsyncRead + Unpin, tail: Arc<Mutex<String>>) {
+    use tokio::io::AsyncReadExt;
+    let mut chunk = [0u8; 4096];
+    let mut line: Vec<u8> = Vec::new();
+    loop {
+        let n = match err.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        for piece in chunk[..n].split_inclusive(|b| *b == b'\n') {
+            line.extend_from_slice(piece);
+            // A line longer than the tail is kept in pieces, so one line never pins more.
+            if line.ends_with(b"\n") || line.len() >= STDERR_TAIL {
+                take_line(&name, &mut line, &tail);
             }
-            t.drain(..cut);
         }
     }
+    if !line.is_empty() {
+        take_line(&name, &mut line, &tail);
+    }
+}
+
+/// Moves one line (or a piece of one) of a stdio server's stderr into its tail.
+fn take_line(name: &str, line: &mut Vec<u8>, tail: &Mutex<String>) {
+    let text = String::from_utf8_lossy(line);
+    let text = text.trim_end_matches(['\n', '\r']);
+    tracing::debug!(server = %name, "MCP stderr: {text}");
+    let mut t = tail.lock().unwrap_or_else(|p| p.into_inner());
+    t.push_str(text);
+    t.push('\n');
+    if t.len() > STDERR_TAIL {
+        let mut cut = t.len() - STDERR_TAIL;
+        while !t.is_char_boundary(cut) {
+            cut += 1;
+        }
+        t.drain(..cut);
+    }
+    drop(t);
+    line.clear();
 }
 
 /// Every tool of the server, named for the model; a name that collides
@@ -462,4 +487,33 @@ async fn list_tools(server: &str, peer: &Peer<RoleClient>) -> Result<Vec<McpTool
         });
     }
     Ok(tools)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn stderr_is_read_to_its_end_past_bytes_that_are_not_utf8_and_an_endless_line() {
+        let mut err = b"first\n\xff\xfe not utf-8\nafter it\n".to_vec();
+        err.extend(std::iter::repeat_n(b'x', 10 * STDERR_TAIL));
+        err.extend(b"\nthe last line\n");
+        let tail = Arc::new(Mutex::new(String::new()));
+        keep_tail("t".into(), err.as_slice(), tail.clone()).await;
+        let t = tail.lock().unwrap().clone();
+        assert!(t.len() <= STDERR_TAIL, "{}", t.len());
+        assert!(t.ends_with("x\nthe last line\n"), "{t:?}");
+
+        let tail = Arc::new(Mutex::new(String::new()));
+        keep_tail(
+            "t".into(),
+            &b"first\n\xff\xfe not utf-8\nafter it"[..],
+            tail.clone(),
+        )
+        .await;
+        assert_eq!(
+            *tail.lock().unwrap(),
+            "first\n\u{FFFD}\u{FFFD} not utf-8\nafter it\n"
+        );
+    }
 }
